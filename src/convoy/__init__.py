@@ -1,0 +1,66 @@
+"""convoy: from "which accelerators should this job use?" to "it is training on them".
+
+    import convoy
+    convoy.parse_devices("1,3", 4)            # -> [1, 3]
+    sel = convoy.select_devices(2, free=True)  # the devices, their environment, and why
+    accelerator = convoy.Accelerator()         # Accelerate's quick-tour API on PyTorch's engines
+
+``import convoy`` is cheap: names are resolved on first use (PEP 562), so the device layer never pulls in
+torch, and torch loads only when a torch-facing name (``Accelerator``, ``launch``, ...) is first touched.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it. The one list of convoy's top-level API.
+_LAZY: dict[str, str] = {
+    # errors
+    "ConvoyError": "convoy.errors",
+    "DeviceSpecError": "convoy.errors",
+    "InventoryError": "convoy.errors",
+    "SelectionError": "convoy.errors",
+    "LeaseError": "convoy.errors",
+    "VisibilityError": "convoy.errors",
+    "ConfigError": "convoy.errors",
+    "LaunchError": "convoy.errors",
+    "RankFailedError": "convoy.errors",
+    "StrategyError": "convoy.errors",
+    "CheckpointError": "convoy.errors",
+    "PlanError": "convoy.errors",
+    "CollectiveTimeoutError": "convoy.errors",
+    "NotSupportedYetError": "convoy.errors",
+    # devices (torch-free)
+    "parse_devices": "convoy.devices.spec",
+    "Device": "convoy.devices.inventory",
+    "Inventory": "convoy.devices.inventory",
+    "discover": "convoy.devices.discovery",
+    "select_devices": "convoy.devices.selection",
+    "Selection": "convoy.devices.selection",
+    "visibility_env": "convoy.devices.visibility",
+    "lease_devices": "convoy.devices.lease",
+    # launch
+    "launch": "convoy.launch.function",
+    # train
+    "Accelerator": "convoy.train.accelerator",
+    # plan
+    "plan": "convoy.plan.api",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'convoy' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # cache: the next access is a plain attribute lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,1 @@
+"""Command-line interface: one module per command, each with add_arguments(parser) and run(args)."""

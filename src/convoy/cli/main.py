@@ -1,0 +1,130 @@
+"""The ``convoy`` command: a lazy table of subcommands.
+
+Usage::
+
+    convoy devices            # what this machine has
+    convoy select 2 --free    # which devices a job would get
+    convoy launch train.py    # one process per device
+
+Each subcommand lives in its own module ``convoy.cli.<name>`` with ``add_arguments(parser)`` and
+``run(args) -> int``. Only the module of the command being run is imported, so ``convoy --help`` and the
+device commands never import torch. Errors become exit codes here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib
+import sys
+from typing import Sequence
+
+# name -> (module, one-line summary). Order is the order of ``convoy --help``.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "devices": ("convoy.cli.devices", "list this machine's accelerators (or an inventory file's)"),
+    "select": ("convoy.cli.select", "choose devices for a request and print them or their environment"),
+    "run": ("convoy.cli.run", "reserve devices, make them visible, and run any command"),
+    "launch": ("convoy.cli.launch", "start one process per device, on one machine or many (torchrun's flags)"),
+    "plan": ("convoy.cli.plan", "memory and time per parallelism strategy, and which to use"),
+    "env": ("convoy.cli.env", "print everything a bug report needs"),
+    "test": ("convoy.cli.test", "a short self-check of the selected devices and their links"),
+    "config": ("convoy.cli.config", "write or show convoy's settings file"),
+}
+
+EPILOG = """examples:
+  convoy devices --json > box.json        snapshot this machine (replay with CONVOY_INVENTORY=box.json)
+  eval $(convoy select 2 --free --format env)
+  convoy run --devices 1,3 -- python train.py
+  convoy launch --devices 0,2 train.py --lr 1e-3
+  convoy plan config.json --hardware 8xH100-80GB
+
+run 'convoy COMMAND --help' for a command's options."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line and exit 2, with a hint where a typo is likely."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="convoy",
+        description="Select accelerators, plan parallelism, launch and train on PyTorch's native engines.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="store_true", help="print convoy's version and exit")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
+    lines = "\n".join(f"  {name:<9} {summary}" for name, (_, summary) in COMMANDS.items())
+    parser.add_argument("command", nargs="?", metavar="COMMAND", help=f"one of:\n{lines}")
+    parser.formatter_class = argparse.RawTextHelpFormatter
+    return parser
+
+
+def _command_parser(name: str, module) -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=f"convoy {name}",
+        description=getattr(module, "DESCRIPTION", COMMANDS[name][1]),
+        epilog=getattr(module, "EPILOG", None),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
+    module.add_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``convoy`` with ``argv`` (default: ``sys.argv[1:]``) and return the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Split at the first non-option word: everything after it belongs to the subcommand.
+    head: list[str] = []
+    while argv and argv[0].startswith("-"):
+        head.append(argv.pop(0))
+    top = _top_parser()
+    top_args = top.parse_args(head)
+    if top_args.version:
+        from convoy import __version__
+
+        print(f"convoy {__version__}")
+        return 0
+    if not argv:
+        top.print_help()
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        close = difflib.get_close_matches(name, COMMANDS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else f"; commands: {', '.join(COMMANDS)}"
+        print(f"convoy: unknown command '{name}'{hint}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = _command_parser(name, module)
+    parse = getattr(module, "parse_args", None)
+    args = parse(parser, rest) if parse else parser.parse_args(rest)
+    debug = top_args.debug or getattr(args, "debug", False)
+    return _run(module, args, debug=debug)
+
+
+def _run(module, args: argparse.Namespace, *, debug: bool) -> int:
+    from convoy.errors import ConvoyError
+
+    try:
+        return int(module.run(args) or 0)
+    except ConvoyError as err:
+        if debug:
+            raise
+        print(f"convoy: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("convoy: interrupted", file=sys.stderr)
+        return 130
+
+
+def entry_point() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry_point()

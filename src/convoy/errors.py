@@ -1,0 +1,130 @@
+"""Every error convoy raises on purpose, in one place.
+
+Each class refines the builtin it behaves like, so ``except ValueError`` keeps working for callers who do
+not know convoy. Messages say what was wrong and what would be right, in one line, for a user::
+
+    ConvoyError                                   base; ``exit_code`` is what the CLI exits with
+    ├── DeviceSpecError(ValueError)               a device request that cannot be parsed or met
+    ├── InventoryError(ValueError)                an inventory file that is missing or malformed
+    ├── SelectionError(RuntimeError)              not enough devices pass the filters (exit 1)
+    ├── LeaseError(RuntimeError)                  devices held by another job past --wait (exit 1)
+    ├── VisibilityError(RuntimeError)             visibility changed after CUDA started (exit 1)
+    ├── ConfigError(ValueError)                   a malformed or conflicting setting
+    ├── LaunchError(RuntimeError)                 a launch that could not start (exit 1)
+    │   └── RankFailedError                       a rank failed; carries rank, host, exit code, traceback
+    ├── StrategyError(ValueError)                 a strategy or parallel layout that cannot work
+    ├── CheckpointError(RuntimeError)             no loadable checkpoint, or a save that failed (exit 1)
+    ├── PlanError(ValueError)                     a model or hardware description the planner cannot use
+    ├── CollectiveTimeoutError(RuntimeError)      a collective that not every rank reached (exit 1)
+    └── NotSupportedYetError(NotImplementedError) a real gap, named; never a silent fallback
+
+The CLI turns a ``ConvoyError`` into ``convoy: <message>`` on stderr and ``exit_code`` (2 for bad input,
+1 for a failure at run time) in exactly one place, ``convoy.cli.main.main``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConvoyError",
+    "DeviceSpecError",
+    "InventoryError",
+    "SelectionError",
+    "LeaseError",
+    "VisibilityError",
+    "ConfigError",
+    "LaunchError",
+    "RankFailedError",
+    "StrategyError",
+    "CheckpointError",
+    "PlanError",
+    "CollectiveTimeoutError",
+    "NotSupportedYetError",
+]
+
+
+class ConvoyError(Exception):
+    """Base of every error convoy raises on purpose."""
+
+    #: what ``convoy`` exits with when this error reaches the command line: 2 = bad input, 1 = runtime.
+    exit_code: int = 2
+
+
+class DeviceSpecError(ConvoyError, ValueError):
+    """A device request (``devices=``) that cannot be parsed or asks for devices that do not exist."""
+
+
+class InventoryError(ConvoyError, ValueError):
+    """An inventory file (``CONVOY_INVENTORY``) that is missing, unreadable or malformed."""
+
+
+class SelectionError(ConvoyError, RuntimeError):
+    """Too few devices pass the request's filters (free memory, utilisation, busy, excluded)."""
+
+    exit_code = 1
+
+
+class LeaseError(ConvoyError, RuntimeError):
+    """The devices are leased by another job and did not come free within the wait."""
+
+    exit_code = 1
+
+
+class VisibilityError(ConvoyError, RuntimeError):
+    """Device visibility was requested after the accelerator runtime had already started."""
+
+    exit_code = 1
+
+
+class ConfigError(ConvoyError, ValueError):
+    """A setting that is malformed, unknown, or conflicts with another setting."""
+
+
+class LaunchError(ConvoyError, RuntimeError):
+    """A launch that could not start, or whose worker group failed."""
+
+    exit_code = 1
+
+
+class RankFailedError(LaunchError):
+    """A rank of a launched job failed. The first failing rank is the one reported."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        host: str | None = None,
+        exitcode: int | None = None,
+        traceback: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.host = host
+        self.exitcode = exitcode
+        self.traceback = traceback
+
+
+class StrategyError(ConvoyError, ValueError):
+    """A training strategy or parallel layout that cannot work with this model, world size or device."""
+
+
+class CheckpointError(ConvoyError, RuntimeError):
+    """No complete checkpoint to load, or a checkpoint that could not be written."""
+
+    exit_code = 1
+
+
+class PlanError(ConvoyError, ValueError):
+    """A model, run or hardware description the planner cannot use."""
+
+
+class CollectiveTimeoutError(ConvoyError, RuntimeError):
+    """A collective operation that some ranks never reached within the timeout."""
+
+    exit_code = 1
+
+
+class NotSupportedYetError(ConvoyError, NotImplementedError):
+    """Something convoy does not do yet; the message says what, and what to use instead."""
+
+    exit_code = 1
