@@ -1,0 +1,136 @@
+"""Parallel degrees of a job: how the world of processes is split into dp x tp x pp.
+
+    dims = ParallelDims.parse("dp=2,tp=2", world_size=4)
+    dims.tp, dims.dp, dims.mesh_shape()       # 2, 2, (("dp", 2), ("tp", 2))
+    dims.check_divides(num_heads=8, num_layers=4)
+
+Plain data and arithmetic, no torch: the planner enumerates these, the launcher validates ``--dp/--tp/--pp``
+with them, and the training layer builds its ``DeviceMesh`` from ``mesh_shape()`` in one function elsewhere.
+``dp`` is data parallel as a whole; it splits into ``dp_replicate`` (plain replicas, DDP-style) times
+``dp_shard`` (ZeRO-3/FSDP sharding). HSDP is ``dp_replicate > 1`` and ``dp_shard > 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from convoy.errors import StrategyError
+
+__all__ = ["ParallelDims"]
+
+_KEYS = ("dp", "dp_replicate", "dp_shard", "tp", "pp")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelDims:
+    """Degrees of parallelism; their product is the world size."""
+
+    dp_replicate: int = 1
+    """Data-parallel replicas that each hold the whole (possibly tp/pp-split) model."""
+    dp_shard: int = 1
+    """Data-parallel ranks that shard parameters, gradients and optimizer state between them."""
+    tp: int = 1
+    """Tensor-parallel degree: each layer's matrices are split over this many ranks."""
+    pp: int = 1
+    """Pipeline-parallel degree: the layers are cut into this many stages."""
+
+    def __post_init__(self) -> None:
+        for name in ("dp_replicate", "dp_shard", "tp", "pp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise StrategyError(f"parallelism {name}={value!r}: each degree must be a whole number >= 1")
+
+    @property
+    def dp(self) -> int:
+        """Total data-parallel degree (replicas x shards)."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def is_trivial(self) -> bool:
+        """True when there is no model parallelism (tp = pp = 1)."""
+        return self.tp == 1 and self.pp == 1
+
+    def mesh_shape(self) -> tuple[tuple[str, int], ...]:
+        """Named mesh dimensions, outermost first (pp, dp_replicate, dp_shard, tp), degree-1 ones dropped.
+
+        tp is innermost so that its ranks are neighbours (same node, fastest links). Never empty: a world of
+        one process has the single dimension ("dp_shard", 1).
+        """
+        dims = (("pp", self.pp), ("dp_replicate", self.dp_replicate), ("dp_shard", self.dp_shard), ("tp", self.tp))
+        kept = tuple((name, size) for name, size in dims if size > 1)
+        return kept or (("dp_shard", 1),)
+
+    def check_world_size(self, world_size: int) -> None:
+        if self.world_size != world_size:
+            raise StrategyError(
+                f"parallelism {self.describe()} needs {self.world_size} processes but the job has {world_size}; "
+                f"make the product of the degrees equal {world_size}"
+            )
+
+    def check_divides(self, *, num_heads: int | None = None, num_layers: int | None = None) -> None:
+        """Raise ``StrategyError`` unless tp divides the attention heads and pp divides the layers."""
+        if num_heads is not None and num_heads % self.tp:
+            raise StrategyError(f"tp={self.tp} does not divide the model's {num_heads} attention heads; "
+                                f"choose a tp in {_divisors(num_heads)}")
+        if num_layers is not None and num_layers < self.pp:
+            raise StrategyError(f"pp={self.pp} is more stages than the model's {num_layers} layers; "
+                                f"choose pp <= {num_layers}")
+
+    def describe(self) -> str:
+        parts = [f"dp={self.dp}"] if self.dp_replicate == 1 or self.dp_shard == 1 else [
+            f"dp_replicate={self.dp_replicate}", f"dp_shard={self.dp_shard}"]
+        return ",".join(parts + [f"tp={self.tp}", f"pp={self.pp}"])
+
+    @classmethod
+    def from_mapping(cls, degrees: Mapping[str, int], *, world_size: int | None = None,
+                     shard_dp: bool = False) -> "ParallelDims":
+        """Build from ``{"dp": 2, "tp": 2, "pp": 1}``; a missing ``dp`` is inferred from ``world_size``.
+
+        ``dp`` maps to ``dp_shard`` when ``shard_dp`` (FSDP over the dp dimension), else to ``dp_replicate``.
+        """
+        unknown = sorted(set(degrees) - set(_KEYS))
+        if unknown:
+            raise StrategyError(f"unknown parallelism key {unknown[0]!r}; use {', '.join(_KEYS)}")
+        values = dict(degrees)
+        for key, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise StrategyError(f"parallelism {key}={value!r}: each degree must be a whole number >= 1")
+        tp, pp = values.get("tp", 1), values.get("pp", 1)
+        if "dp" in values and ("dp_replicate" in values or "dp_shard" in values):
+            raise StrategyError("give either dp or dp_replicate/dp_shard, not both")
+        if "dp" not in values and "dp_replicate" not in values and "dp_shard" not in values:
+            if world_size is None:
+                values["dp"] = 1
+            elif world_size % (tp * pp):
+                raise StrategyError(f"tp={tp} x pp={pp} does not divide the world size {world_size}")
+            else:
+                values["dp"] = world_size // (tp * pp)
+        if "dp" in values:
+            dp = values["dp"]
+            rep, shard = (1, dp) if shard_dp else (dp, 1)
+        else:
+            rep, shard = values.get("dp_replicate", 1), values.get("dp_shard", 1)
+        dims = cls(dp_replicate=rep, dp_shard=shard, tp=tp, pp=pp)
+        if world_size is not None:
+            dims.check_world_size(world_size)
+        return dims
+
+    @classmethod
+    def parse(cls, text: str, *, world_size: int | None = None, shard_dp: bool = False) -> "ParallelDims":
+        """Parse ``"dp=2,tp=2,pp=1"`` (the ``CONVOY_PARALLELISM`` / ``--dp --tp --pp`` form)."""
+        degrees: dict[str, int] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep or not value.strip().isdigit():
+                raise StrategyError(f"parallelism {text!r}: {item!r} is not KEY=NUMBER (e.g. 'dp=2,tp=2')")
+            degrees[key.strip()] = int(value)
+        return cls.from_mapping(degrees, world_size=world_size, shard_dp=shard_dp)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
