@@ -1,0 +1,58 @@
+"""The command table itself: help, version, typos, and the one place errors become exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import convoy
+from convoy.cli.main import COMMANDS, main
+
+
+def test_help_lists_every_command(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    for name in COMMANDS:
+        assert name in out
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"convoy {convoy.__version__}"
+
+
+def test_typo_suggests_the_command(capsys):
+    assert main(["lanch"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "convoy: unknown command 'lanch' (did you mean 'launch'?)"
+
+
+def test_unknown_command_without_a_near_match_lists_commands(capsys):
+    assert main(["zzz"]) == 2
+    assert "commands: devices, select" in capsys.readouterr().err
+
+
+def test_unknown_top_level_option_is_one_line_exit_2():
+    proc = subprocess.run([sys.executable, "-m", "convoy", "--frobnicate"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "unrecognized arguments: --frobnicate" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_public_surface_snapshot():
+    # Changing this list is a change of convoy's public API: say so in the release notes.
+    assert sorted(convoy.__all__) == sorted([
+        "__version__", "ConvoyError", "DeviceSpecError", "InventoryError", "SelectionError", "LeaseError",
+        "VisibilityError", "ConfigError", "LaunchError", "RankFailedError", "StrategyError", "CheckpointError",
+        "PlanError", "CollectiveTimeoutError", "NotSupportedYetError", "parse_devices", "Device", "Inventory",
+        "discover", "select_devices", "Selection", "visibility_env", "lease_devices", "launch", "Accelerator",
+        "plan",
+    ])
+
+
+def test_error_types_refine_the_builtins():
+    assert issubclass(convoy.DeviceSpecError, ValueError)
+    assert issubclass(convoy.ConfigError, ValueError)
+    assert issubclass(convoy.LaunchError, RuntimeError)
+    assert issubclass(convoy.NotSupportedYetError, NotImplementedError)
+    assert all(issubclass(getattr(convoy, n), convoy.ConvoyError) for n in convoy.__all__ if n.endswith("Error"))
