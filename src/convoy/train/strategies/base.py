@@ -1,0 +1,261 @@
+"""The strategy interface: how a model, its optimizer and its checkpoints are spread over processes.
+
+    from convoy.train.strategies.base import Strategy, StrategyContext, register_strategy, create_strategy
+
+    @register_strategy("tp")
+    class TensorParallelStrategy(Strategy):
+        def setup_module(self, module): ...          # wrap / parallelize, return the module to train
+        ...
+
+    strategy = create_strategy("tp", context)        # what the Accelerator does with strategy="tp"
+
+The ``Accelerator`` is a thin facade: every distributed decision (wrapping, gradient sync, clipping,
+state dicts, sharded checkpoints, which ranks form a data-parallel group) is a method here, and the facade
+never looks at a concrete strategy type. Optional abilities are separate small interfaces
+(``SupportsNoSync``); the facade tests ``isinstance(strategy, SupportsNoSync)``, never a name.
+
+Built-in strategies are listed in ``_BUILTIN`` as ``"module:Class"`` and imported on first use; another
+package registers more names with ``@register_strategy(name)``. Names not found are looked up once more
+after importing ``convoy.train.parallel`` (where tensor/pipeline parallel strategies register themselves),
+so ``strategy="tp"`` works without the facade importing that package itself.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import importlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
+
+from convoy.errors import StrategyError
+from convoy.plan.dims import ParallelDims
+
+if TYPE_CHECKING:  # pragma: no cover - typing only; torch is imported lazily by implementations
+    import torch
+
+__all__ = [
+    "StrategyContext",
+    "Strategy",
+    "SupportsNoSync",
+    "register_strategy",
+    "strategy_class",
+    "create_strategy",
+    "available_strategies",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategyContext:
+    """Everything a strategy needs to know about the job, resolved once by the Accelerator."""
+
+    rank: int = 0
+    """Global rank of this process (``RANK``)."""
+    local_rank: int = 0
+    """Rank on this machine (``LOCAL_RANK``); picks the device."""
+    world_size: int = 1
+    """Number of processes in the job (``WORLD_SIZE``)."""
+    local_world_size: int = 1
+    """Processes on this machine (``LOCAL_WORLD_SIZE``)."""
+    device_type: str = "cpu"
+    """``"cpu"``, ``"cuda"``, ... : the kind of device this process trains on."""
+    mixed_precision: str = "no"
+    """``"no"``, ``"fp16"`` or ``"bf16"``; strategies map it onto their engine's policy where they have one."""
+    collective_timeout_s: float = 300.0
+    """Timeout of the process group's collectives (convoy's default is 300 s, not torch's 30 min)."""
+    parallel_dims: ParallelDims | None = None
+    """Requested parallel degrees (``CONVOY_PARALLELISM``); ``None`` = pure data parallel over the world."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Strategy-specific options (``find_unused_parameters``, ``cpu_offload``, ``auto_wrap``, ...)."""
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+class Strategy(abc.ABC):
+    """How one process holds and trains its part of the model. One instance per Accelerator.
+
+    Call order used by the Accelerator: ``setup_environment()`` once; ``setup_module()`` for each model;
+    ``setup_optimizer()`` for each optimizer (after its model); then per step ``backward()``,
+    ``clip_grad_norm_()``; and ``teardown()`` at the end.
+    """
+
+    #: the registry name (``"ddp"``); set by ``register_strategy``.
+    name: ClassVar[str] = ""
+    #: ``distributed_type`` reported by ``Accelerator.distributed_type`` (Accelerate's names: "NO",
+    #: "MULTI_CPU", "MULTI_GPU", "FSDP", ...); "MULTI_" + device is used when empty.
+    distributed_type: ClassVar[str] = ""
+
+    def __init__(self, context: StrategyContext) -> None:
+        self.context = context
+
+    # --- environment -------------------------------------------------------------------------------
+    @property
+    def root_device(self) -> "torch.device":
+        """The device this process computes on."""
+        import torch
+
+        if self.context.device_type == "cpu":
+            return torch.device("cpu")
+        return torch.device(self.context.device_type, self.context.local_rank)
+
+    def setup_environment(self) -> None:
+        """Start what the strategy needs (the process group, the device mesh). Idempotent."""
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """Which data shard this process reads (ranks of one tp/pp group read the same data)."""
+        return self.context.rank
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many different data shards are read in one step."""
+        return self.context.world_size
+
+    # --- module and optimizer ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
+        """Move ``module`` to the device and wrap/shard it; return the module to call in the loop."""
+
+    def setup_optimizer(self, optimizer: "torch.optim.Optimizer", module: "torch.nn.Module | None" = None
+                        ) -> "torch.optim.Optimizer":
+        """Return the optimizer to step. ``module`` is the prepared model the optimizer belongs to, if known.
+
+        The default re-points the optimizer's parameter lists at the prepared model's parameters when
+        wrapping replaced them (an optimizer created before ``prepare`` keeps working).
+        """
+        return optimizer
+
+    def unwrap(self, module: "torch.nn.Module") -> "torch.nn.Module":
+        """The user's module inside whatever wrapper ``setup_module`` added."""
+        return module
+
+    # --- a training step ---------------------------------------------------------------------------
+    def backward(self, loss: "torch.Tensor", **kwargs: Any) -> None:
+        loss.backward(**kwargs)
+
+    def clip_grad_norm_(self, module: "torch.nn.Module | None", parameters: Any, max_norm: float,
+                        norm_type: float = 2.0) -> "torch.Tensor":
+        """Clip the global gradient norm (over every rank's shard); return the norm before clipping."""
+        import torch
+
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        import torch
+
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    # --- state -------------------------------------------------------------------------------------
+    def full_model_state_dict(self, module: "torch.nn.Module") -> dict[str, "torch.Tensor"]:
+        """Consolidated, unwrapped, CPU state dict (for ``save_model``). Collective: every rank calls it;
+        rank 0 gets the full tensors, other ranks may get an empty dict."""
+        return {k: v.detach().cpu() for k, v in self.unwrap(module).state_dict().items()}
+
+    def checkpoint_state(self, module: "torch.nn.Module", optimizer: "torch.optim.Optimizer | None"
+                         ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(model, optimizer) state dicts keyed by parameter name, possibly sharded (DTensors), ready for
+        ``torch.distributed.checkpoint``. Loadable by any strategy at any world size."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        optimizers = () if optimizer is None else (optimizer,)
+        msd, osd = get_state_dict(module, optimizers)
+        return msd, osd
+
+    def load_checkpoint_state(self, module: "torch.nn.Module", optimizer: "torch.optim.Optimizer | None",
+                              model_state: dict[str, Any], optimizer_state: dict[str, Any]) -> None:
+        """Apply state dicts produced by ``checkpoint_state`` (after ``torch.distributed.checkpoint.load``)."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        optimizers = () if optimizer is None else (optimizer,)
+        set_state_dict(module, optimizers, model_state_dict=model_state,
+                       optim_state_dict=optimizer_state if optimizer is not None else {})
+
+    def teardown(self) -> None:
+        """Release what ``setup_environment`` started (the Accelerator calls it once, at the end)."""
+
+
+class SupportsNoSync(abc.ABC):
+    """Optional ability: skip the gradient all-reduce for a backward (gradient accumulation)."""
+
+    @abc.abstractmethod
+    def no_sync(self, module: "torch.nn.Module") -> contextlib.AbstractContextManager[None]:
+        """Inside, backward accumulates local gradients without communicating."""
+
+
+# --- registry --------------------------------------------------------------------------------------
+
+# name -> "module:Class" for the built-in strategies; imported only when asked for.
+_BUILTIN: dict[str, str] = {
+    "single": "convoy.train.strategies.single:SingleStrategy",
+    "dp": "convoy.train.strategies.dp:DataParallelStrategy",
+    "ddp": "convoy.train.strategies.ddp:DDPStrategy",
+    "zero1": "convoy.train.strategies.ddp:Zero1Strategy",
+    "zero2": "convoy.train.strategies.fsdp:Zero2Strategy",
+    "zero3": "convoy.train.strategies.fsdp:Zero3Strategy",
+    "fsdp": "convoy.train.strategies.fsdp:FSDPStrategy",
+}
+_REGISTERED: dict[str, type[Strategy]] = {}
+# packages imported once when a name is not found, so that they can register their strategies.
+_PLUGIN_PACKAGES: tuple[str, ...] = ("convoy.train.parallel",)
+
+
+def register_strategy(name: str, *, replace: bool = False) -> Callable[[type[Strategy]], type[Strategy]]:
+    """Class decorator: make ``Accelerator(strategy=name)`` build this class."""
+
+    def decorate(cls: type[Strategy]) -> type[Strategy]:
+        if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+            raise TypeError(f"register_strategy({name!r}) needs a Strategy subclass, got {cls!r}")
+        if not replace and name in _REGISTERED and _REGISTERED[name] is not cls:
+            raise StrategyError(f"strategy {name!r} is already registered by {_REGISTERED[name].__qualname__}; "
+                                f"pass replace=True to override it")
+        cls.name = name
+        _REGISTERED[name] = cls
+        return cls
+
+    return decorate
+
+
+def available_strategies() -> tuple[str, ...]:
+    """Every name ``strategy=`` accepts (built-ins, registered ones, and ``"auto"``)."""
+    _import_plugins()
+    return tuple(sorted({"auto", *_BUILTIN, *_REGISTERED}))
+
+
+def strategy_class(name: str) -> type[Strategy]:
+    """The class registered under ``name``; ``StrategyError`` listing the valid names otherwise."""
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    if name in _BUILTIN:
+        module_name, _, cls_name = _BUILTIN[name].partition(":")
+        cls = getattr(importlib.import_module(module_name), cls_name)
+        _REGISTERED.setdefault(name, cls)
+        cls.name = name
+        return _REGISTERED[name]
+    _import_plugins()
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    raise StrategyError(f"strategy={name!r} is not a known strategy; choose one of "
+                        f"{', '.join(available_strategies())}")
+
+
+def create_strategy(name: str, context: StrategyContext) -> Strategy:
+    """Build the strategy registered under ``name`` for this job."""
+    return strategy_class(name)(context)
+
+
+_plugins_imported = False
+
+
+def _import_plugins() -> None:
+    global _plugins_imported
+    if _plugins_imported:
+        return
+    _plugins_imported = True
+    for package in _PLUGIN_PACKAGES:
+        try:
+            importlib.import_module(package)
+        except ModuleNotFoundError as exc:
+            if exc.name != package:  # the package exists but is broken: say so, do not hide it
+                raise
