@@ -1,0 +1,148 @@
+"""Settings files: where they live, how they are read (with line numbers for errors) and written.
+
+    from convoy.config.files import user_config_path, read_settings_file, write_settings_file
+    path = user_config_path()                         # $CONVOY_CONFIG, else $XDG_CONFIG_HOME/convoy/config.toml
+    values = read_settings_file(path)                 # {"strategy": FileValue("ddp", line=2), ...}
+    write_settings_file(path, {"strategy": "ddp"})    # merges with what the file already holds
+
+Files are TOML with top-level keys from ``convoy.config.schema``. A malformed file, an unknown key or a
+wrong value raises ``ConfigError`` naming the file, the line and the key. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from convoy.config.schema import KEYS, SCHEMA, closest_key
+from convoy.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = [
+    "PROJECT_FILE",
+    "FileValue",
+    "user_config_path",
+    "project_config_path",
+    "read_settings_file",
+    "write_settings_file",
+]
+
+PROJECT_FILE = "convoy.toml"
+
+
+@dataclass(frozen=True)
+class FileValue:
+    """A checked value read from a file, and the line it is on (1-based; 0 when not found)."""
+
+    value: Any
+    line: int
+
+
+def user_config_path(env: Mapping[str, str] | None = None) -> Path:
+    """The user's settings file: ``$CONVOY_CONFIG``, else ``$XDG_CONFIG_HOME/convoy/config.toml``,
+    else ``~/.config/convoy/config.toml``."""
+    env = os.environ if env is None else env
+    if env.get("CONVOY_CONFIG"):
+        return Path(env["CONVOY_CONFIG"]).expanduser()
+    base = env.get("XDG_CONFIG_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".config")
+    return Path(base).expanduser() / "convoy" / "config.toml"
+
+
+def project_config_path(cwd: str | os.PathLike[str] | None = None) -> Path:
+    """The project's settings file: ``./convoy.toml`` in ``cwd`` (default: the current directory)."""
+    return Path(os.getcwd() if cwd is None else cwd) / PROJECT_FILE
+
+
+def _line_of(lines: list[str], key: str) -> int:
+    """Line (1-based) where ``key`` is assigned or opens a table; 0 if it cannot be found."""
+    quoted = re.escape(key)
+    pattern = re.compile(rf"""^\s*(\[\s*)?(?:{quoted}|"{quoted}"|'{quoted}')\s*(=|\]|\.)""")
+    for number, line in enumerate(lines, 1):
+        if pattern.match(line):
+            return number
+    return 0
+
+
+def _where(path: Path, line: int, key: str) -> str:
+    return f"{path}, line {line}, key '{key}'" if line else f"{path}, key '{key}'"
+
+
+def read_settings_file(path: str | os.PathLike[str]) -> dict[str, FileValue]:
+    """Read and check a settings file; ``ConfigError`` (file, line, key) for anything wrong in it."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: settings file not found; create it with 'convoy config --path {path}'") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read settings file: {err}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        message = str(err)
+        found = re.search(r"\(at line (\d+), column (\d+)\)", message)
+        reason = message[: found.start()].strip() if found else message
+        at = f"line {found.group(1)}, column {found.group(2)}: " if found else ""
+        raise ConfigError(f"{path}, {at}not valid TOML: {reason}") from None
+    lines = text.splitlines()
+    values: dict[str, FileValue] = {}
+    for name, raw in data.items():
+        line = _line_of(lines, name)
+        if name not in KEYS:
+            close = closest_key(name)
+            hint = f" (did you mean '{close}'?)" if close else f"; known keys: {', '.join(KEYS)}"
+            kind = "table" if isinstance(raw, dict) else "key"
+            raise ConfigError(f"{_where(path, line, name)}: unknown {kind}{hint}")
+        if isinstance(raw, dict):
+            raise ConfigError(f"{_where(path, line, name)}: expected a value, found a table "
+                              f"(write '{name} = ...' at the top level)")
+        values[name] = FileValue(KEYS[name].parse(raw, where=_where(path, line, name)), line)
+    return values
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def write_settings_file(path: str | os.PathLike[str], values: Mapping[str, Any]) -> Path:
+    """Check ``values``, merge them into the file at ``path`` (created if missing) and return the path.
+
+    Keys already in the file and not in ``values`` are kept; a value of ``None`` removes the key. The
+    file is rewritten in schema order with each key's meaning as a comment, atomically.
+    """
+    path = Path(path).expanduser()
+    merged: dict[str, Any] = {}
+    if path.exists():
+        merged = {name: fv.value for name, fv in read_settings_file(path).items()}
+    for name, raw in values.items():
+        if name not in KEYS:
+            close = closest_key(name)
+            hint = f" (did you mean '{close}'?)" if close else f"; known keys: {', '.join(KEYS)}"
+            raise ConfigError(f"setting '{name}': unknown key{hint}")
+        if raw is None:
+            merged.pop(name, None)
+        else:
+            merged[name] = KEYS[name].parse(raw, where=f"setting '{name}'")
+    body = ["# convoy settings (see 'convoy config keys'); precedence:",
+            "# flag > CONVOY_<KEY> environment variable > ./convoy.toml > user file > default", ""]
+    for key in SCHEMA:
+        if key.name in merged:
+            body += [f"# {key.doc}", f"{key.name} = {_toml_value(merged[key.name])}", ""]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("\n".join(body), encoding="utf-8")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,240 @@
+"""Every setting convoy reads: its name, type, default and meaning, in one table.
+
+    from convoy.config.schema import SCHEMA, key_for
+    key_for("mixed_precision").parse("bf16", where="flag --mixed-precision")   # -> "bf16"
+    [k.name for k in SCHEMA]                                                    # every key, in order
+
+A key has one spelling per place it can come from: ``strategy`` in a TOML file, ``--strategy`` on the
+command line, ``CONVOY_STRATEGY`` in the environment. Values from files keep their TOML types; values from
+flags and the environment are strings and are converted by the key's type. A wrong value raises
+``ConfigError`` naming where it came from and what would be right. Torch-free.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from convoy.errors import ConfigError
+
+__all__ = ["Key", "SCHEMA", "KEYS", "key_for", "closest_key", "ENV_PREFIX"]
+
+ENV_PREFIX = "CONVOY_"
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+_NNODES = re.compile(r"^\d+(:\d+)?$")
+_DEVICE_WORD = re.compile(r"^(auto|all|-1|\d+(-\d+)?)$")
+
+
+def _bad(where: str, value: Any, expected: str) -> ConfigError:
+    return ConfigError(f"{where}: {value!r} is not valid; expected {expected}")
+
+
+def _to_str(value: Any, where: str, expected: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise _bad(where, value, expected)
+    return str(value).strip()
+
+
+def _parse_bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise _bad(where, value, "true or false")
+
+
+def _parse_int(value: Any, where: str, minimum: int) -> int:
+    expected = f"a whole number >= {minimum}"
+    if isinstance(value, bool):
+        raise _bad(where, value, expected)
+    number = int(value) if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value) else value
+    if not isinstance(number, int) or number < minimum:
+        raise _bad(where, value, expected)
+    return number
+
+
+def _parse_seconds(value: Any, where: str) -> float:
+    expected = "a number of seconds > 0 (e.g. 300)"
+    if isinstance(value, bool):
+        raise _bad(where, value, expected)
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            raise _bad(where, value, expected) from None
+    if not isinstance(number, (int, float)) or not math.isfinite(number) or number <= 0:
+        raise _bad(where, value, expected)
+    return float(number)
+
+
+def _parse_devices(value: Any, where: str) -> str:
+    """A device request in ``convoy.parse_devices``'s grammar, normalised to its string form.
+
+    Only the syntax is checked here: whether the indices exist depends on the machine, which
+    ``parse_devices`` checks when a job is launched.
+    """
+    expected = "a device request: 'auto', 'all', a count like 2, or indices like '0,2' or '0-3'"
+    if isinstance(value, list):
+        if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+            raise _bad(where, value, "a non-empty list of device indices like [0, 2]")
+        return ",".join(str(v) for v in value) + ("," if len(value) == 1 else "")
+    text = _to_str(value, where, expected).replace(" ", "")
+    words = [w for w in text.split(",") if w] if "," in text else [text]
+    if not text or not all(_DEVICE_WORD.match(w) for w in words):
+        raise _bad(where, value, expected)
+    return text
+
+
+def _parse_parallelism(value: Any, where: str) -> str:
+    from convoy.plan.dims import ParallelDims  # torch-free
+
+    text = _to_str(value, where, "degrees like 'dp=2,tp=2,pp=1'")
+    try:
+        ParallelDims.parse(text)
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    return text
+
+
+@dataclass(frozen=True, kw_only=True)
+class Key:
+    """One setting: how it is spelled, typed, defaulted and explained."""
+
+    name: str
+    """The TOML key (``mixed_precision``); ``--mixed-precision`` and ``CONVOY_MIXED_PRECISION`` derive from it."""
+    type: str
+    """What values look like, for ``convoy config keys`` (``"bool"``, ``"int >= 1"``, ``"one of ..."``)."""
+    default: Any
+    """The value when no flag, variable or file sets it (``None``: unset, the component decides)."""
+    doc: str
+    """One sentence: what the setting changes."""
+    convert: Callable[[Any, str], Any]
+    """``convert(raw, where) -> value``; raises ``ConfigError`` naming ``where`` on a wrong value."""
+    choices: tuple[str, ...] = ()
+    """Allowed values for a choice setting (shown in questions and errors)."""
+    ask: bool = False
+    """Whether the interactive ``convoy config`` asks for it."""
+
+    @property
+    def env_var(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def parse(self, raw: Any, *, where: str) -> Any:
+        """Convert ``raw`` (a TOML value or a string) to this key's type, or raise ``ConfigError``."""
+        return self.convert(raw, where)
+
+
+def _choice(*choices: str) -> Callable[[Any, str], str]:
+    def convert(value: Any, where: str) -> str:
+        text = value.strip().lower() if isinstance(value, str) else value
+        if text not in choices:
+            close = difflib.get_close_matches(str(text), choices, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{where}: {value!r} is not valid; expected one of {', '.join(choices)}{hint}")
+        return text
+
+    return convert
+
+
+def _name(value: Any, where: str) -> str:
+    text = _to_str(value, where, "a strategy name like 'ddp' or 'fsdp'")
+    if not _NAME.match(text):
+        raise _bad(where, value, "a strategy name like 'auto', 'ddp', 'zero1', 'zero2', 'zero3', 'fsdp'")
+    return text.lower()
+
+
+def _nnodes(value: Any, where: str) -> str:
+    text = _to_str(value, where, "a node count like 2, or a range MIN:MAX like '1:4'")
+    if not _NNODES.match(text) or any(int(p) < 1 for p in text.split(":")):
+        raise _bad(where, value, "a node count like 2, or a range MIN:MAX like '1:4'")
+    low, _, high = text.partition(":")
+    if high and int(high) < int(low):
+        raise _bad(where, value, f"a range MIN:MAX with MIN <= MAX, like '{high}:{low}'")
+    return text
+
+
+def _nproc(value: Any, where: str) -> str:
+    expected = "'auto' (one per selected device, or 1 on CPU) or a whole number >= 1"
+    text = _to_str(value, where, expected).lower()
+    if text != "auto" and not (text.isdigit() and int(text) >= 1):
+        raise _bad(where, value, expected)
+    return text
+
+
+def _endpoint(value: Any, where: str) -> str:
+    expected = "HOST:PORT, e.g. 'node0:29500' (or '' for this machine)"
+    text = _to_str(value, where, expected)
+    if text and not re.fullmatch(r"[^\s:]+(:\d{1,5})?|\[[0-9a-fA-F:]+\](:\d{1,5})?", text):
+        raise _bad(where, value, expected)
+    return text
+
+
+def _text(value: Any, where: str) -> str:
+    return _to_str(value, where, "a string")
+
+
+SCHEMA: tuple[Key, ...] = (
+    Key(name="devices", type="device request", default="auto", ask=True, convert=_parse_devices,
+        doc="Which accelerators a job uses: 'auto' (all visible), a count (2), or indices in order ('1,0')."),
+    Key(name="free", type="bool", default=False, ask=True, convert=_parse_bool,
+        doc="Only pick devices that no other process is using."),
+    Key(name="strategy", type="name", default="auto", ask=True, convert=_name,
+        doc="How the model is spread over processes: auto, ddp, zero1, zero2, zero3, fsdp, tp, pp."),
+    Key(name="mixed_precision", type="one of no, fp16, bf16", default="no", ask=True,
+        convert=_choice("no", "fp16", "bf16"), choices=("no", "fp16", "bf16"),
+        doc="Lower-precision compute: 'no' (fp32), 'fp16' (with loss scaling) or 'bf16'."),
+    Key(name="parallelism", type="degrees", default=None, convert=_parse_parallelism,
+        doc="Parallel degrees like 'dp=2,tp=2,pp=1' (unset: all data parallel)."),
+    Key(name="gradient_accumulation_steps", type="int >= 1", default=1, ask=True,
+        convert=lambda v, w: _parse_int(v, w, 1),
+        doc="Micro-batches whose gradients are summed before each optimizer step."),
+    Key(name="collective_timeout", type="seconds > 0", default=300.0, convert=_parse_seconds,
+        doc="Seconds a collective may wait for the other ranks before the job ends with their names."),
+    Key(name="nnodes", type="count or MIN:MAX", default="1", ask=True, convert=_nnodes,
+        doc="Machines in the job: a count, or MIN:MAX for an elastic job."),
+    Key(name="nproc_per_node", type="'auto' or int >= 1", default="auto", convert=_nproc,
+        doc="Processes per machine: 'auto' starts one per selected device (one on a CPU-only machine)."),
+    Key(name="rdzv_backend", type="one of c10d, static", default="c10d", convert=_choice("c10d", "static"),
+        choices=("c10d", "static"), doc="How the machines find each other (torchrun's --rdzv-backend)."),
+    Key(name="rdzv_endpoint", type="HOST:PORT", default="", ask=True, convert=_endpoint,
+        doc="Where the machines meet: the first node's address and a free port ('' on one machine)."),
+    Key(name="rdzv_id", type="string", default="", convert=_text,
+        doc="A job id shared by every machine of one job (torchrun's --rdzv-id)."),
+    Key(name="max_restarts", type="int >= 0", default=0, ask=True, convert=lambda v, w: _parse_int(v, w, 0),
+        doc="How many times the whole group restarts after a process fails (resume with load_state())."),
+    Key(name="log_level", type="one of debug, info, warning, error", default="info",
+        convert=_choice("debug", "info", "warning", "error"), choices=("debug", "info", "warning", "error"),
+        doc="Level of convoy's own log messages (convoy.train.logging.get_logger)."),
+)
+
+KEYS: dict[str, Key] = {key.name: key for key in SCHEMA}
+
+
+def closest_key(name: str) -> str | None:
+    """The known key nearest to a misspelt ``name`` (``mixed_precison`` -> ``mixed_precision``), if any."""
+    normal = name.strip().lower().replace("-", "_")
+    if normal in KEYS:
+        return normal
+    close = difflib.get_close_matches(normal, KEYS, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def key_for(name: str, *, where: str = "setting") -> Key:
+    """The ``Key`` called ``name``; ``ConfigError`` with the closest key's name otherwise."""
+    key = KEYS.get(name)
+    if key is None:
+        close = closest_key(name)
+        hint = f" (did you mean '{close}'?)" if close else f"; known keys: {', '.join(KEYS)}"
+        raise ConfigError(f"{where}: unknown key '{name}'{hint}")
+    return key

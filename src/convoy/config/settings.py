@@ -1,0 +1,119 @@
+"""The effective settings of a run, and where each value came from.
+
+    from convoy.config.settings import effective_settings
+    settings = effective_settings(flags={"strategy": "ddp"})      # flags as parsed from a command line
+    settings.get("mixed_precision")                                # "bf16"
+    settings.source("mixed_precision")                             # "environment CONVOY_MIXED_PRECISION"
+
+Precedence, highest first: flag > environment (``CONVOY_<KEY>``) > project file (``./convoy.toml``) >
+user file (``$CONVOY_CONFIG`` or ``$XDG_CONFIG_HOME/convoy/config.toml``) > default. Resolution is a pure
+function of its arguments (``env`` and ``cwd`` default to the process's) and the two files; nothing is
+cached and nothing is written. Torch-free.
+
+    $ convoy config show          # the same table on the command line
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from convoy.config.files import project_config_path, read_settings_file, user_config_path
+from convoy.config.schema import KEYS, SCHEMA, key_for
+
+__all__ = ["Source", "Settings", "effective_settings", "SOURCE_KINDS"]
+
+#: the places a value can come from, highest precedence first.
+SOURCE_KINDS = ("flag", "environment", "project file", "user file", "default")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a value came from: ``kind`` is one of ``SOURCE_KINDS``; ``location`` is the flag, variable or
+    file (empty for a default); ``line`` is the file line (0 when not a file)."""
+
+    kind: str
+    location: str = ""
+    line: int = 0
+
+    def __str__(self) -> str:
+        if self.line:
+            return f"{self.kind} {self.location}:{self.line}"
+        return f"{self.kind} {self.location}".strip()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every key's effective value and its source. Read with ``get`` and ``source``."""
+
+    values: Mapping[str, Any]
+    sources: Mapping[str, Source]
+    files: tuple[Path, ...] = field(default=())
+    """The settings files that were read (existing ones only), highest precedence first."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The effective value of ``key``; ``default`` when it is unset (its schema default is ``None``).
+
+        An unknown key raises ``ConfigError`` with the closest known key, so a typo cannot read as unset.
+        """
+        key_for(key, where="Settings.get")
+        value = self.values.get(key)
+        return default if value is None else value
+
+    def source(self, key: str) -> str:
+        """Where ``key``'s value came from, for people: ``"flag --strategy"``, ``"default"``, ..."""
+        return str(self.origin(key))
+
+    def origin(self, key: str) -> Source:
+        """Where ``key``'s value came from, as data."""
+        key_for(key, where="Settings.source")
+        return self.sources[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.values)
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        """``{key: {"value": ..., "source": "...", "doc": "..."}}`` in schema order (for ``--json``)."""
+        return {k: {"value": self.values[k], "source": self.source(k), "doc": KEYS[k].doc} for k in self.values}
+
+
+def effective_settings(
+    *,
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> Settings:
+    """Resolve every setting: flag > ``CONVOY_<KEY>`` > ``./convoy.toml`` > user file > default.
+
+    ``flags`` maps key names to values (``None`` means "not given" and is skipped, so an argparse
+    namespace's ``vars()`` restricted to setting names can be passed as is). An empty environment
+    variable counts as unset. ``ConfigError`` names the flag, variable or file/line/key of a bad value.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {key.name: key.default for key in SCHEMA}
+    sources: dict[str, Source] = {key.name: Source("default") for key in SCHEMA}
+    files: list[Path] = []
+    user = user_config_path(env)
+    if env.get("CONVOY_CONFIG") or user.is_file():
+        files.append(user)
+        for name, fv in read_settings_file(user).items():
+            values[name], sources[name] = fv.value, Source("user file", str(user), fv.line)
+    project = project_config_path(cwd)
+    if project.is_file() and project.resolve() != user.resolve():
+        files.append(project)
+        for name, fv in read_settings_file(project).items():
+            values[name], sources[name] = fv.value, Source("project file", str(project), fv.line)
+    for key in SCHEMA:
+        raw = env.get(key.env_var)
+        if raw is not None and raw.strip() != "":
+            values[key.name] = key.parse(raw, where=f"environment {key.env_var}")
+            sources[key.name] = Source("environment", key.env_var)
+    for name, raw in (flags or {}).items():
+        if raw is None:
+            continue
+        key = key_for(name, where="flag")
+        values[name] = key.parse(raw, where=f"flag {key.flag}")
+        sources[name] = Source("flag", key.flag)
+    return Settings(values=values, sources=sources, files=tuple(reversed(files)))

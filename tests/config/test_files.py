@@ -1,0 +1,93 @@
+"""Settings files: every malformed case gives one ConfigError naming file, line and key; writing merges."""
+
+from __future__ import annotations
+
+import pytest
+
+from convoy.config import read_settings_file, write_settings_file
+from convoy.errors import ConfigError
+
+
+def _read(tmp_path, text):
+    path = tmp_path / "convoy.toml"
+    path.write_text(text)
+    return path, lambda: read_settings_file(path)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    # not TOML at all
+    ('strategy = "ddp"\nmixed_precision = = "bf16"\n', r"convoy.toml, line 2, column \d+: not valid TOML"),
+    ('strategy = "ddp\n', r"convoy.toml, line 1, column \d+: not valid TOML"),
+    ('strategy = "ddp"\nstrategy = "fsdp"\n', r"line 2, column \d+: not valid TOML"),
+    # unknown keys, with the closest suggestion
+    ('\nmixed_precison = "bf16"\n', r"convoy.toml, line 2, key 'mixed_precison': unknown key "
+                                   r"\(did you mean 'mixed_precision'\?\)"),
+    ('"max-restarts" = 2\n', r"line 1, key 'max-restarts': unknown key \(did you mean 'max_restarts'\?\)"),
+    ('zzzzzz = 1\n', r"line 1, key 'zzzzzz': unknown key; known keys: devices, free, strategy"),
+    ('[launch]\nnnodes = 2\n', r"line 1, key 'launch': unknown table"),
+    ('[strategy]\nname = "ddp"\n', r"line 1, key 'strategy': expected a value, found a table"),
+    # wrong types and values
+    ('\n\ngradient_accumulation_steps = "four"\n', r"line 3, key 'gradient_accumulation_steps': 'four' is not "
+                                                   r"valid; expected a whole number >= 1"),
+    ('gradient_accumulation_steps = 2.5\n', r"expected a whole number >= 1"),
+    ('max_restarts = -1\n', r"key 'max_restarts': -1 is not valid; expected a whole number >= 0"),
+    ('free = "sometimes"\n', r"key 'free': 'sometimes' is not valid; expected true or false"),
+    ('mixed_precision = "fp8"\n', r"key 'mixed_precision': 'fp8' is not valid; expected one of no, fp16, bf16"),
+    ('collective_timeout = 0\n', r"key 'collective_timeout': 0 is not valid; expected a number of seconds > 0"),
+    ('collective_timeout = true\n', r"expected a number of seconds > 0"),
+    ('devices = [0, -2]\n', r"key 'devices': \[0, -2\] is not valid; expected a non-empty list"),
+    ('devices = 1.5\n', r"key 'devices': 1.5 is not valid; expected a device request"),
+    ('strategy = 3.0\n', r"key 'strategy': 3.0 is not valid"),
+    ('parallelism = "dp=2,xx=2"\n', r"key 'parallelism': unknown parallelism key 'xx'"),
+    ('rdzv_backend = "etcd"\n', r"expected one of c10d, static"),
+    ('nnodes = 0\n', r"expected a node count"),
+    ('log_level = "loud"\n', r"expected one of debug, info, warning, error"),
+])
+def test_malformed_files_name_file_line_and_key(tmp_path, text, message):
+    _, read = _read(tmp_path, text)
+    with pytest.raises(ConfigError, match=message) as info:
+        read()
+    assert "\n" not in str(info.value) and str(tmp_path) in str(info.value)
+
+
+def test_values_keep_their_lines_and_normalise(tmp_path):
+    _, read = _read(tmp_path, '# comment\ndevices = [2, 0]\n\n"free" = true\nnproc_per_node = 4\ndevices_x = 1\n'
+                    .replace("devices_x = 1\n", ""))
+    values = read()
+    assert values["devices"].value == "2,0" and values["devices"].line == 2
+    assert values["free"].value is True and values["free"].line == 4
+    assert values["nproc_per_node"].value == "4"
+
+
+def test_single_index_list_stays_an_index_list(tmp_path):
+    _, read = _read(tmp_path, "devices = [1]\n")
+    assert read()["devices"].value == "1,"  # "1" alone would mean a count of one device
+
+
+def test_unreadable_file(tmp_path):
+    path = tmp_path / "convoy.toml"
+    path.write_bytes(b"strategy = '\xff\xfe'\n")
+    with pytest.raises(ConfigError, match="cannot read settings file"):
+        read_settings_file(path)
+
+
+def test_write_merges_round_trips_and_removes(tmp_path):
+    path = tmp_path / "sub" / "config.toml"
+    write_settings_file(path, {"strategy": "ddp", "free": True})
+    write_settings_file(path, {"mixed_precision": "bf16", "collective_timeout": "60", "free": None,
+                               "rdzv_endpoint": 'node"0:29500'.replace('"', "")})
+    values = {k: v.value for k, v in read_settings_file(path).items()}
+    assert values == {"strategy": "ddp", "mixed_precision": "bf16", "collective_timeout": 60.0,
+                      "rdzv_endpoint": "node0:29500"}
+    assert "# How the model is spread" in path.read_text()
+
+
+def test_write_rejects_bad_values_and_unknown_keys_and_keeps_the_file(tmp_path):
+    path = tmp_path / "config.toml"
+    write_settings_file(path, {"strategy": "ddp"})
+    before = path.read_text()
+    with pytest.raises(ConfigError, match="unknown key"):
+        write_settings_file(path, {"stratgy": "fsdp"})
+    with pytest.raises(ConfigError, match="setting 'max_restarts'"):
+        write_settings_file(path, {"max_restarts": "x"})
+    assert path.read_text() == before
