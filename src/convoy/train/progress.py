@@ -1,0 +1,47 @@
+"""Progress bars on the main process only, and a switch to turn them all off.
+
+    from convoy.train.progress import progress_bar, disable_progress_bars
+    for batch in progress_bar(loader, desc="train"):    # a tqdm bar on rank 0; silent on the others
+        ...
+    disable_progress_bars()        # e.g. in CI logs; enable_progress_bars() turns them back on
+
+The switch is process-wide state with a documented reset: ``enable_progress_bars()`` restores the default.
+Other libraries' bars (transformers, datasets) read ``TQDM_DISABLE=1`` when tqdm is imported, so a launcher
+that wants them silent on non-zero ranks sets that variable in those ranks' environment.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from convoy.train.logging import is_main_process
+
+__all__ = ["progress_bar", "disable_progress_bars", "enable_progress_bars", "progress_bars_enabled"]
+
+_enabled = True
+
+
+def disable_progress_bars() -> None:
+    """Make every later ``progress_bar`` silent in this process, on every rank."""
+    global _enabled
+    _enabled = False
+
+
+def enable_progress_bars() -> None:
+    """Undo ``disable_progress_bars`` (bars show on the main process again)."""
+    global _enabled
+    _enabled = True
+
+
+def progress_bars_enabled() -> bool:
+    return _enabled
+
+
+def progress_bar(iterable: Iterable[Any] | None = None, *, main_process_only: bool = True, **kwargs: Any):
+    """``tqdm(iterable, **kwargs)``, disabled off the main process (unless ``main_process_only=False``)
+    and everywhere after ``disable_progress_bars()``. An explicit ``disable=True`` is kept."""
+    from tqdm.auto import tqdm
+
+    off = not _enabled or (main_process_only and not is_main_process())
+    kwargs["disable"] = bool(kwargs.get("disable")) or off
+    return tqdm(iterable, **kwargs)

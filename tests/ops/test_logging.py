@@ -1,0 +1,77 @@
+"""Rank-aware logging and progress bars, driven by the RANK/WORLD_SIZE a launcher sets."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from convoy.errors import ConfigError
+from convoy.train import progress
+from convoy.train.logging import get_logger, is_main_process, process_rank, world_size
+
+
+@pytest.fixture
+def logged(caplog):
+    caplog.set_level(logging.DEBUG, logger="convoy.test")
+    return caplog
+
+
+def _as_rank(monkeypatch, rank, size=2):
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(size))
+
+
+def test_main_process_only_by_default(monkeypatch, logged):
+    logger = get_logger("convoy.test")
+    _as_rank(monkeypatch, 1)
+    logger.info("from one")
+    logger.warning("every %s", "rank", main_process_only=False)
+    _as_rank(monkeypatch, 0)
+    logger.info("from zero %d", 0)
+    assert [r.getMessage() for r in logged.records] == ["[rank 1] every rank", "from zero 0"]
+
+
+def test_single_process_has_no_prefix(monkeypatch, logged):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    get_logger("convoy.test").error("plain", main_process_only=False)
+    assert logged.records[-1].getMessage() == "plain"
+    assert (process_rank(), world_size(), is_main_process()) == (0, 1, True)
+
+
+def test_levels_from_argument_and_environment(monkeypatch, caplog):
+    caplog.set_level(logging.NOTSET)
+    monkeypatch.setenv("CONVOY_LOG_LEVEL", "warning")
+    logger = get_logger("convoy.test.levels")
+    logger.info("hidden")
+    logger.warning("shown")
+    assert [r.getMessage() for r in caplog.records if r.name == "convoy.test.levels"] == ["shown"]
+    assert get_logger("convoy.test.levels", log_level="DEBUG").logger.level == logging.DEBUG
+    with pytest.raises(ConfigError, match="log level 'loud' is not valid"):
+        get_logger("convoy.test.levels", log_level="loud")
+
+
+def test_exception_keeps_the_traceback(logged, monkeypatch):
+    _as_rank(monkeypatch, 0)
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        get_logger("convoy.test").exception("failed")
+    assert logged.records[-1].exc_info[0] is ValueError
+
+
+def test_progress_bar_only_on_main_and_switch(monkeypatch):
+    _as_rank(monkeypatch, 1)
+    assert progress.progress_bar(range(3)).disable is True
+    assert progress.progress_bar(range(3), main_process_only=False).disable is False
+    _as_rank(monkeypatch, 0)
+    assert progress.progress_bar(range(3)).disable is False
+    assert progress.progress_bar(range(3), disable=True).disable is True
+    progress.disable_progress_bars()
+    try:
+        assert not progress.progress_bars_enabled()
+        assert progress.progress_bar(range(3)).disable is True
+    finally:
+        progress.enable_progress_bars()
+    assert list(progress.progress_bar(range(3))) == [0, 1, 2]
