@@ -1,0 +1,151 @@
+"""``convoy launch``: one process per device, on one machine or many, with torchrun's flags.
+
+    convoy launch train.py --lr 1e-3                  # every free accelerator here, or 2 CPU processes
+    convoy launch --devices 2,0 train.py              # 2 processes; physical GPU 2 is cuda:0 of rank 0
+    convoy launch --nproc-per-node 4 -m my.trainer    # torchrun's meaning
+    convoy launch --nnodes 2 --node-rank 0 --master-addr head --master-port 29500 train.py
+    convoy launch --dry-run --devices 0,1 train.py    # print the plan and exit
+
+Python: ``convoy.launch.job.launch_job(LaunchRequest(...))``; functions: ``convoy.launch(fn, args)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from convoy.errors import ConfigError
+
+DESCRIPTION = ("Start one process per selected device (or N CPU processes with gloo) with torchrun's "
+               "environment; torchrun's flags keep their names and meanings, Accelerate's spellings are aliases.")
+EPILOG = """examples:
+  convoy launch train.py                          all accelerators here (CPU: 2 gloo processes)
+  convoy launch --devices 0,2 --free train.py     GPUs 0 and 2, only if nobody uses them
+  convoy launch --nproc-per-node 2 train.py       as torchrun --nproc-per-node 2 train.py
+  convoy launch --num_processes 2 train.py        as accelerate launch --num_processes 2 train.py
+  convoy launch --max-restarts 2 train.py         restart the group up to twice (torch elastic agent)
+  convoy launch --dry-run --devices 2,0 train.py  print nodes, ranks, devices, environment, rendezvous"""
+
+_UNSUPPORTED = {"logs_specs": None, "numa_binding": None, "virtual_local_rank": False}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    dev = parser.add_argument_group("devices")
+    dev.add_argument("--devices", "--gpu_ids", "--gpu-ids", default=None, metavar="SPEC",
+                     help="devices to use: '0,2', '2' (first two), 'all', 'auto' (default; CPU when none)")
+    dev.add_argument("--free", action="store_true", help="only devices no process is using")
+    dev.add_argument("--min-free-memory", default=None, metavar="MEM", help="e.g. 20GiB")
+    dev.add_argument("--max-utilization", type=int, default=None, metavar="PCT")
+    dev.add_argument("--exclude", default="", metavar="IDX,...", help="physical indices never to use")
+    dev.add_argument("--order", default=None, help="device order: index, memory, topology, ...")
+    dev.add_argument("--wait", type=float, default=None, metavar="SECONDS",
+                     help="wait this long for devices leased by another job")
+    dev.add_argument("--no-lease", action="store_true", help="do not hold a lease on the devices")
+
+    tr = parser.add_argument_group("torchrun's flags (same names and meanings)")
+    tr.add_argument("--nproc-per-node", "--nproc_per_node", default=None, metavar="N",
+                    help="processes per node: a number, auto, cpu or gpu (default: one per selected device)")
+    tr.add_argument("--num_processes", "--num-processes", dest="num_processes", type=int, default=None,
+                    help="Accelerate: total processes over all machines")
+    tr.add_argument("--nnodes", "--num_machines", "--num-machines", default=None, metavar="N[:M]")
+    tr.add_argument("--node-rank", "--node_rank", "--machine_rank", "--machine-rank", type=int, default=None)
+    tr.add_argument("--master-addr", "--master_addr", "--main_process_ip", "--main-process-ip", default=None)
+    tr.add_argument("--master-port", "--master_port", "--main_process_port", "--main-process-port", type=int,
+                    default=None)
+    tr.add_argument("--rdzv-backend", "--rdzv_backend", default=None)
+    tr.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None)
+    tr.add_argument("--rdzv-id", "--rdzv_id", default=None)
+    tr.add_argument("--rdzv-conf", "--rdzv_conf", default=None)
+    tr.add_argument("--standalone", action="store_true")
+    tr.add_argument("--max-restarts", "--max_restarts", type=int, default=0)
+    tr.add_argument("--monitor-interval", "--monitor_interval", type=float, default=0.1)
+    tr.add_argument("--start-method", "--start_method", default="spawn", choices=["spawn", "fork", "forkserver"])
+    tr.add_argument("--role", default="default")
+    tr.add_argument("-m", "--module", action="store_true", help="run the program as a Python module")
+    tr.add_argument("--no-python", "--no_python", action="store_true", help="run the program as a command")
+    tr.add_argument("--run-path", "--run_path", action="store_true", help="accepted; scripts run by path anyway")
+    tr.add_argument("--log-dir", "--log_dir", default=None, help="one log file per rank here")
+    tr.add_argument("-r", "--redirects", default="0", help="streams to keep off the console: 0-3 or RANK:0-3,..")
+    tr.add_argument("-t", "--tee", default="0", help="streams to also write to --log-dir (always on there)")
+    tr.add_argument("--local-ranks-filter", "--local_ranks_filter", default="")
+    tr.add_argument("--local-addr", "--local_addr", default=None)
+    tr.add_argument("--event-log-handler", "--event_log_handler", default="null")
+    tr.add_argument("--signals-to-handle", "--signals_to_handle", default="SIGTERM,SIGINT,SIGHUP,SIGQUIT")
+    tr.add_argument("--shutdown-timeout", "--shutdown_timeout", type=int, default=None)
+    tr.add_argument("--duplicate-stdout-filters", "--duplicate_stdout_filters", default="")
+    tr.add_argument("--duplicate-stderr-filters", "--duplicate_stderr_filters", default="")
+    tr.add_argument("--logs-specs", "--logs_specs", default=None, help=argparse.SUPPRESS)
+    tr.add_argument("--numa-binding", "--numa_binding", default=None, help=argparse.SUPPRESS)
+    tr.add_argument("--virtual-local-rank", "--virtual_local_rank", action="store_true", help=argparse.SUPPRESS)
+
+    cv = parser.add_argument_group("training settings (CONVOY_* variables for the ranks' Accelerator)")
+    cv.add_argument("--mixed-precision", "--mixed_precision", default=None, choices=["no", "fp16", "bf16", "fp8"])
+    cv.add_argument("--strategy", default=None, help="auto, ddp, fsdp, zero1, ...")
+    cv.add_argument("--dp", type=int, default=None)
+    cv.add_argument("--tp", type=int, default=None)
+    cv.add_argument("--pp", type=int, default=None)
+    cv.add_argument("--gradient-accumulation-steps", "--gradient_accumulation_steps", type=int, default=None)
+    cv.add_argument("--collective-timeout", type=float, default=None, metavar="SECONDS",
+                    help="fail a collective not every rank reached after this long (default 300)")
+
+    parser.add_argument("--engine", default="auto", choices=["auto", "direct", "elastic"],
+                        help="direct: one node, no restarts, workers started without torch's agent; "
+                             "elastic: torch's agent (default for several nodes or restarts)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    parser.add_argument("training_script", metavar="PROGRAM", help="script (or module with -m, command with "
+                        "--no-python)")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, metavar="ARGS")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    return parser.parse_args(argv)
+
+
+def build_request(args: argparse.Namespace):
+    """The ``LaunchRequest`` and ``DeviceFilters`` for parsed flags (``ConfigError`` for conflicts)."""
+    from convoy.launch.env import ConvoyEnv
+    from convoy.launch.job import DeviceFilters
+    from convoy.launch.plan import LaunchRequest
+
+    for name, default in _UNSUPPORTED.items():
+        if getattr(args, name) != default:
+            from convoy.errors import NotSupportedYetError
+
+            raise NotSupportedYetError(f"--{name.replace('_', '-')} is not supported by convoy launch yet; "
+                                       "use torchrun for it")
+    nproc = args.nproc_per_node
+    if args.num_processes is not None:
+        machines = int(str(args.nnodes or "1").split(":")[-1]) if str(args.nnodes or "1").split(":")[-1].isdigit() else 1
+        if args.num_processes % machines:
+            raise ConfigError(f"--num_processes {args.num_processes} is not divisible by --num_machines {machines}")
+        per_node = str(args.num_processes // machines)
+        if nproc is not None and nproc != per_node:
+            raise ConfigError(f"--num_processes {args.num_processes} means {per_node} per node but "
+                              f"--nproc-per-node says {nproc}; give one of them")
+        nproc = per_node
+    dims = {k: getattr(args, k) for k in ("dp", "tp", "pp") if getattr(args, k) is not None}
+    settings = ConvoyEnv(
+        mixed_precision=args.mixed_precision, strategy=args.strategy,
+        parallelism=",".join(f"{k}={v}" for k, v in dims.items()) or None,
+        gradient_accumulation_steps=args.gradient_accumulation_steps, collective_timeout=args.collective_timeout,
+    )
+    request = LaunchRequest(
+        program=(args.training_script, *args.training_script_args), module=args.module, no_python=args.no_python,
+        devices=args.devices, nproc_per_node=nproc, nnodes=args.nnodes, node_rank=args.node_rank,
+        master_addr=args.master_addr, master_port=args.master_port, rdzv_backend=args.rdzv_backend,
+        rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, rdzv_conf=args.rdzv_conf,
+        standalone=args.standalone, max_restarts=args.max_restarts, monitor_interval=args.monitor_interval,
+        start_method=args.start_method, log_dir=args.log_dir, redirects=args.redirects, tee=args.tee,
+        local_ranks_filter=args.local_ranks_filter, role=args.role, engine=args.engine, settings=settings,
+    )
+    exclude = tuple(int(i) for i in args.exclude.split(",") if i.strip()) if args.exclude else ()
+    filters = DeviceFilters(free=args.free, min_free_memory=args.min_free_memory,
+                            max_utilization=args.max_utilization, exclude=exclude, order=args.order,
+                            lease_wait=args.wait, lease=not args.no_lease)
+    return request, filters
+
+
+def run(args: argparse.Namespace) -> int:
+    from convoy.launch.job import launch_job
+
+    request, filters = build_request(args)
+    return launch_job(request, filters=filters, dry_run=args.dry_run)

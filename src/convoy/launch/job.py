@@ -1,0 +1,104 @@
+"""Run a launch request end to end: select devices, resolve the plan, lease, start, report.
+
+    from convoy.launch.job import launch_job, DeviceFilters
+    from convoy.launch.plan import LaunchRequest
+    launch_job(LaunchRequest(program=("train.py",), devices="0,2"))           # what `convoy launch` calls
+    launch_job(LaunchRequest(program=("train.py",)), dry_run=True)            # prints the plan only
+
+The devices are leased for the life of the job and released on exit, success or crash.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from convoy.errors import NotSupportedYetError
+from convoy.launch.plan import LaunchPlan, LaunchRequest, describe_plan, resolve_launch
+
+__all__ = ["DeviceFilters", "launch_job", "plan_job"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceFilters:
+    """Selection filters passed to ``convoy.devices.selection.select_devices``."""
+
+    free: bool = False
+    """Only devices no process is using."""
+    min_free_memory: str | int | None = None
+    """Minimum free memory per device (MiB, or a string such as "20GiB")."""
+    max_utilization: int | None = None
+    """Maximum utilisation percent."""
+    exclude: tuple[int, ...] = ()
+    """Physical indices never to use."""
+    order: str | None = None
+    """Device order ("index", "memory", "topology", ...)."""
+    lease_wait: float | None = None
+    """Seconds to wait for leased devices to come free (None: fail at once)."""
+    lease: bool = True
+    """Hold an OS lease on the devices for the job's life."""
+
+
+@dataclass(frozen=True)
+class _CpuSelection:
+    devices: tuple = ()
+    vendor: str = "cpu"
+    env: dict = field(default_factory=dict)
+    explanation: tuple = ()
+
+
+def _select(request: LaunchRequest, filters: DeviceFilters, env: Mapping[str, str]):
+    try:
+        from convoy.devices.selection import select_devices
+
+        return select_devices(request.devices or "auto", env=env, free=filters.free,
+                              min_free_memory=filters.min_free_memory, max_utilization=filters.max_utilization,
+                              exclude=filters.exclude, order=filters.order)
+    except ModuleNotFoundError as err:  # a tree whose device layer is incomplete: CPU only
+        if not (err.name or "").startswith("convoy.devices"):
+            raise
+        if request.devices in (None, "auto"):
+            return _CpuSelection()
+        raise NotSupportedYetError("--devices needs convoy.devices, which is missing; use --nproc-per-node") from None
+
+
+def plan_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters(),
+             env: Mapping[str, str] | None = None) -> LaunchPlan:
+    """Select the devices and resolve the plan; starts nothing."""
+    env = dict(os.environ if env is None else env)
+    return resolve_launch(request, _select(request, filters, env), env=env)
+
+
+def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters(),
+               env: Mapping[str, str] | None = None, dry_run: bool = False,
+               echo: Callable[[str], None] | None = None) -> int:
+    """Run ``request``; returns 0, or raises ``RankFailedError`` naming the first failing rank."""
+    echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
+    base_env = dict(os.environ if env is None else env)
+    plan = plan_job(request, filters=filters, env=base_env)
+    if dry_run:
+        for line in describe_plan(plan):
+            print(line)
+        return 0
+    for note in plan.explanation:
+        if note.startswith("no accelerator found"):
+            echo(f"convoy: {note}")
+    with _lease(plan, filters):
+        if plan.engine == "direct":
+            from convoy.launch.workers import run_direct
+
+            return run_direct(plan, base_env=base_env)
+        from convoy.launch.elastic import run_elastic
+
+        return run_elastic(plan, base_env=base_env)
+
+
+def _lease(plan: LaunchPlan, filters: DeviceFilters):
+    if not plan.devices or not filters.lease:
+        return nullcontext()
+    from convoy.devices.lease import lease_devices
+
+    return lease_devices(plan.devices, wait=filters.lease_wait)

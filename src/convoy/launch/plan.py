@@ -1,0 +1,311 @@
+"""Resolve launch flags, the selected devices and the Slurm environment into one frozen ``LaunchPlan``.
+
+    from convoy.launch.plan import LaunchRequest, resolve_launch, describe_plan
+    request = LaunchRequest(program=("train.py", "--lr", "1e-3"), devices="0,2")
+    plan = resolve_launch(request, selection, env=os.environ)   # pure: no I/O, nothing started
+    print("\n".join(describe_plan(plan)))                        # what ``convoy launch --dry-run`` prints
+
+Every conflict (``--devices 0,2`` with ``--nproc-per-node 3``, ``--standalone`` with ``--nnodes 2``, ...) is
+reported once here, by one error that names both sides. The plan also says which engine runs the job:
+``direct`` (single node, no restarts: convoy starts the workers itself with torchrun's environment, without
+importing torch) or ``elastic`` (several nodes, ``--max-restarts``, a c10d/etcd rendezvous: PyTorch's own
+elastic agent, ``torch.distributed.launcher.api``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from convoy.errors import ConfigError, LaunchError
+from convoy.launch.env import ConvoyEnv, convoy_env, rank_env
+from convoy.launch.slurm import slurm_allocation
+
+__all__ = ["LaunchRequest", "LaunchPlan", "resolve_launch", "describe_plan", "ENGINES", "CPU_DEFAULT_NPROC"]
+
+ENGINES = ("auto", "direct", "elastic")
+#: processes started on a machine without accelerators when neither --devices nor --nproc-per-node says.
+CPU_DEFAULT_NPROC = 2
+_BACKEND_OF_VENDOR = {"nvidia": "nccl", "amd": "nccl", "intel": "xccl", "habana": "hccl", "ascend": "hccl"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchRequest:
+    """The launch as the user asked for it (flags, in torchrun's meaning); nothing resolved yet."""
+
+    program: tuple[str, ...]
+    """Script (or module with ``module``, or command with ``no_python``) followed by its arguments."""
+    module: bool = False
+    """Run ``program[0]`` as a module (``python -m``)."""
+    no_python: bool = False
+    """Run ``program`` as a command, not a Python script."""
+    devices: str | None = None
+    """Device request (``"0,2"``, ``"2"``, ``"auto"``); ``None`` = ``"auto"``."""
+    nproc_per_node: str | None = None
+    """torchrun's ``--nproc-per-node``: a number, ``auto``, ``cpu`` or ``gpu``; ``None`` = follow the devices."""
+    nnodes: str | None = None
+    """``"N"`` or ``"MIN:MAX"``; ``None`` = 1, or the Slurm allocation's node count."""
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    rdzv_backend: str | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    rdzv_conf: str | None = None
+    standalone: bool = False
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    start_method: str = "spawn"
+    log_dir: str | None = None
+    redirects: str = "0"
+    tee: str = "0"
+    local_ranks_filter: str = ""
+    role: str = "default"
+    engine: str = "auto"
+    """``auto`` picks ``direct`` for one node without restarts, else ``elastic``."""
+    settings: ConvoyEnv = field(default_factory=ConvoyEnv)
+    """What the ranks' ``Accelerator`` is asked for (``CONVOY_*`` variables)."""
+
+    def __post_init__(self) -> None:
+        if not self.program:
+            raise ConfigError("no training script given; usage: convoy launch [options] train.py [args]")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine {self.engine!r} is not one of {', '.join(ENGINES)}")
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts {self.max_restarts}: give 0 or more")
+        if self.module and self.no_python:
+            raise ConfigError("-m/--module and --no-python cannot be combined; choose one")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchPlan:
+    """Everything needed to start this node's processes; ``describe_plan`` prints it."""
+
+    command: tuple[str, ...]
+    """argv of every worker (torchrun's: ``python -u script.py args``)."""
+    engine: str
+    """``direct`` or ``elastic``."""
+    nproc_per_node: int
+    min_nodes: int
+    max_nodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    """0 = a free port on ``master_addr`` is chosen when the job starts."""
+    rdzv_backend: str
+    rdzv_endpoint: str
+    run_id: str
+    rdzv_configs: tuple[tuple[str, str], ...] = ()
+    vendor: str = "cpu"
+    backend: str = "gloo"
+    """The process-group backend the ranks will use (informative; the training layer chooses it)."""
+    devices: tuple[Any, ...] = ()
+    """Selected devices (``convoy.devices.inventory.Device``); local rank i uses ``devices[i]``."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Variables added to every worker's environment (visibility, CONVOY_*, OMP_NUM_THREADS)."""
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    start_method: str = "spawn"
+    log_dir: str | None = None
+    redirects: str = "0"
+    tee: str = "0"
+    local_ranks_filter: str = ""
+    role: str = "default"
+    explanation: tuple[str, ...] = ()
+
+    @property
+    def world_size(self) -> int | None:
+        """Total processes, or ``None`` when the node count is elastic (MIN < MAX)."""
+        return self.min_nodes * self.nproc_per_node if self.min_nodes == self.max_nodes else None
+
+    def rank_of(self, local_rank: int) -> int:
+        return self.node_rank * self.nproc_per_node + local_rank
+
+    def device_of(self, local_rank: int) -> Any | None:
+        return self.devices[local_rank] if local_rank < len(self.devices) else None
+
+
+def resolve_launch(request: LaunchRequest, selection: Any, *, env: Mapping[str, str]) -> LaunchPlan:
+    """The plan for ``request`` on ``selection`` (a ``convoy.devices.selection.Selection``) under ``env``."""
+    notes: list[str] = list(getattr(selection, "explanation", ()))
+    nproc, devices = _processes(request, selection, notes)
+    min_nodes, max_nodes = _nnodes(request.nnodes)
+    node_rank = request.node_rank if request.node_rank is not None else 0
+    master_addr, master_port = request.master_addr, request.master_port
+    run_id = request.rdzv_id
+    alloc = slurm_allocation(env) if request.nnodes is None else None
+    if alloc is not None and alloc.nnodes > 1:
+        if alloc.tasks_per_node and alloc.tasks_per_node > 1:
+            raise LaunchError(f"srun started {alloc.tasks_per_node} tasks on this node, but convoy launch "
+                              "starts the ranks itself; run it with srun --ntasks-per-node=1")
+        min_nodes = max_nodes = alloc.nnodes
+        node_rank = request.node_rank if request.node_rank is not None else alloc.node_rank
+        master_addr = master_addr or alloc.master_addr
+        master_port = master_port or alloc.master_port
+        run_id = run_id or alloc.job_id
+        notes.append(f"Slurm job {alloc.job_id}: node {node_rank} of {alloc.nnodes}, main node {master_addr}")
+    if not 0 <= node_rank < max_nodes:
+        raise ConfigError(f"--node-rank {node_rank} is outside --nnodes {max_nodes}; give 0..{max_nodes - 1}")
+    if request.standalone and max_nodes > 1:
+        raise ConfigError(f"--standalone means one node, but --nnodes is {request.nnodes}; drop one of them")
+    backend = (request.rdzv_backend or "static").lower()
+    engine = _engine(request, backend, min_nodes, max_nodes)
+    if engine == "direct":
+        master_addr, master_port = master_addr or "127.0.0.1", master_port or 0
+        endpoint = f"{master_addr}:{master_port or 'free port'}"
+    elif request.standalone or (max_nodes == 1 and backend == "static" and not request.master_port):
+        # one node with restarts: torchrun --standalone's c10d store on a free loopback port
+        backend, master_addr, master_port = "c10d", "127.0.0.1", 0
+        endpoint = request.rdzv_endpoint or "127.0.0.1:0"
+    elif backend == "static":
+        master_addr, master_port = master_addr or "127.0.0.1", master_port or 29500
+        endpoint = f"{master_addr}:{master_port}"
+    else:
+        if not request.rdzv_endpoint:
+            raise ConfigError(f"--rdzv-backend {backend} needs --rdzv-endpoint HOST:PORT (the same on every node)")
+        endpoint, master_addr, master_port = request.rdzv_endpoint, master_addr or "", master_port or 0
+    extra = dict(_rdzv_conf(request.rdzv_conf))
+    if backend == "static":
+        extra["rank"] = str(node_rank)
+    if request.settings.parallelism and min_nodes == max_nodes:
+        from convoy.plan.dims import ParallelDims
+
+        ParallelDims.parse(request.settings.parallelism, world_size=min_nodes * nproc)  # StrategyError if not
+    vendor = getattr(selection, "vendor", "cpu")
+    worker_env = {**dict(getattr(selection, "env", {}) or {}), **convoy_env(request.settings)}
+    if "OMP_NUM_THREADS" not in env and nproc > 1:
+        worker_env["OMP_NUM_THREADS"] = "1"  # torchrun's default, so N ranks do not oversubscribe the cores
+    return LaunchPlan(
+        command=_command(request),
+        engine=engine,
+        nproc_per_node=nproc,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
+        rdzv_configs=tuple(sorted(extra.items())),
+        run_id=run_id or "none",
+        vendor=vendor,
+        backend=_BACKEND_OF_VENDOR.get(vendor, "gloo"),
+        devices=tuple(devices),
+        env=worker_env,
+        max_restarts=request.max_restarts,
+        monitor_interval=request.monitor_interval,
+        start_method=request.start_method,
+        log_dir=request.log_dir,
+        redirects=request.redirects,
+        tee=request.tee,
+        local_ranks_filter=request.local_ranks_filter,
+        role=request.role,
+        explanation=tuple(notes),
+    )
+
+
+def _processes(request: LaunchRequest, selection: Any, notes: list[str]) -> tuple[int, tuple[Any, ...]]:
+    devices = tuple(getattr(selection, "devices", ()))
+    asked = request.nproc_per_node
+    explicit_devices = request.devices not in (None, "auto")
+    if asked in (None, "auto", "gpu", "xpu", "cuda"):
+        if devices:
+            return len(devices), devices
+        if asked in ("gpu", "xpu", "cuda"):
+            raise ConfigError(f"--nproc-per-node {asked} asks for one process per accelerator, but none was found; "
+                              f"give a number of CPU processes instead, e.g. --nproc-per-node {CPU_DEFAULT_NPROC}")
+        count = CPU_DEFAULT_NPROC if asked is None else (os.cpu_count() or 1)
+        notes.append(f"no accelerator found: running {count} CPU processes with the gloo backend")
+        return count, ()
+    if asked == "cpu":
+        count = os.cpu_count() or 1
+    else:
+        try:
+            count = int(asked)
+        except ValueError:
+            raise ConfigError(f"--nproc-per-node {asked!r}: give a number, or auto, cpu or gpu") from None
+        if count < 1:
+            raise ConfigError(f"--nproc-per-node {count}: give 1 or more")
+    if explicit_devices and devices and count != len(devices):
+        raise ConfigError(f"--devices {request.devices} selects {len(devices)} device(s) but --nproc-per-node "
+                          f"asks for {count} processes; give one of them, or make them agree")
+    if not devices:
+        notes.append(f"no accelerator found: running {count} CPU processes with the gloo backend")
+    return count, devices[:count]
+
+
+def _nnodes(text: str | None) -> tuple[int, int]:
+    text = (text or "1").strip()
+    low, sep, high = text.partition(":")
+    try:
+        lo, hi = int(low), int(high if sep else low)
+    except ValueError:
+        raise ConfigError(f"--nnodes {text!r}: give a number of nodes (2) or a range MIN:MAX (1:4)") from None
+    if not 1 <= lo <= hi:
+        raise ConfigError(f"--nnodes {text!r}: need 1 <= MIN <= MAX")
+    return lo, hi
+
+
+def _engine(request: LaunchRequest, backend: str, min_nodes: int, max_nodes: int) -> str:
+    single = max_nodes == 1 and request.max_restarts == 0 and backend == "static" and not request.rdzv_endpoint
+    if request.engine == "direct" and not single:
+        raise ConfigError("--engine direct runs one node without restarts; drop --nnodes/--max-restarts/"
+                          "--rdzv-backend, or use --engine elastic")
+    if request.engine == "auto":
+        return "direct" if single else "elastic"
+    return request.engine
+
+
+def _rdzv_conf(text: str | None) -> list[tuple[str, str]]:
+    pairs = []
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--rdzv-conf {text!r}: {item!r} is not KEY=VALUE (e.g. join_timeout=600)")
+        pairs.append((key.strip(), value.strip()))
+    return pairs
+
+
+def _command(request: LaunchRequest) -> tuple[str, ...]:
+    if request.no_python:
+        return tuple(request.program)
+    if request.module:
+        return (sys.executable, "-u", "-m", *request.program)
+    return (sys.executable, "-u", *request.program)
+
+
+def describe_plan(plan: LaunchPlan, *, base_env: Mapping[str, str] | None = None) -> list[str]:
+    """Human-readable lines: nodes, processes, each rank's device, environment and rendezvous."""
+    world = plan.world_size if plan.world_size is not None else f"{plan.min_nodes * plan.nproc_per_node}+"
+    nodes = f"{plan.min_nodes}" if plan.min_nodes == plan.max_nodes else f"{plan.min_nodes}:{plan.max_nodes}"
+    port = plan.master_port or "a free port chosen at start"
+    lines = [
+        f"command:    {' '.join(plan.command)}",
+        f"engine:     {plan.engine}" + ("  (torch elastic agent)" if plan.engine == "elastic" else
+                                         "  (workers started directly, torchrun's environment)"),
+        f"nodes:      {nodes} (this is node {plan.node_rank}); {plan.nproc_per_node} processes per node; "
+        f"world size {world}",
+        f"devices:    {plan.vendor}, backend {plan.backend}",
+        f"rendezvous: {plan.rdzv_backend} at {plan.rdzv_endpoint}; MASTER_ADDR={plan.master_addr} "
+        f"MASTER_PORT={port}; run id {plan.run_id}",
+        f"restarts:   {plan.max_restarts}",
+    ]
+    for local in range(plan.nproc_per_node):
+        device = plan.device_of(local)
+        where = (f"device {getattr(device, 'index', '?')} {getattr(device, 'name', '')} "
+                 f"uuid={getattr(device, 'uuid', '?')} as {plan.vendor}:{local}") if device is not None else "cpu"
+        lines.append(f"  rank {plan.rank_of(local)} (local {local}): {where}")
+    lines.append("environment (every rank):")
+    lines += [f"  {key}={value}" for key, value in sorted(plan.env.items())]
+    if plan.world_size is not None:
+        sample = rank_env(rank=plan.rank_of(0), local_rank=0, world_size=plan.world_size,
+                          local_world_size=plan.nproc_per_node, master_addr=plan.master_addr,
+                          master_port=plan.master_port, run_id=plan.run_id, group_rank=plan.node_rank,
+                          group_world_size=plan.max_nodes, max_restarts=plan.max_restarts)
+        lines.append("environment (per rank, shown for local rank 0; RANK/LOCAL_RANK differ):")
+        lines += [f"  {key}={value}" for key, value in sorted(sample.items())]
+    lines += [f"note: {text}" for text in plan.explanation]
+    return lines
+

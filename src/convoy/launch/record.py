@@ -1,0 +1,54 @@
+"""Run a script or module the way ``python`` would, recording an uncaught exception in torchelastic's error file.
+
+    python -m convoy.launch.record train.py --lr 1e-3
+    python -m convoy.launch.record -m my.module --lr 1e-3
+
+The elastic engine starts workers through this so that an unmodified script (no ``@record``) still leaves
+its traceback in ``TORCHELASTIC_ERROR_FILE``, where the agent reads the failing rank's root cause. Torch-free:
+it writes the same JSON as ``torch.distributed.elastic.multiprocessing.errors.ErrorHandler``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+
+__all__ = ["main", "write_error_file"]
+
+
+def write_error_file(exc: BaseException, path: str) -> None:
+    data = {"message": {"message": f"{type(exc).__name__}: {exc}", "extraInfo": {
+        "py_callstack": "".join(traceback.format_exception(exc)), "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as handle:
+            json.dump(data, handle)
+    except OSError:
+        pass
+
+
+def main(argv: list[str]) -> None:
+    if not argv:
+        sys.exit("usage: python -m convoy.launch.record SCRIPT [ARGS] | -m MODULE [ARGS]")
+    try:
+        if argv[0] == "-m":
+            sys.argv = argv[1:]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+        if path:
+            write_error_file(exc, path)
+        raise
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

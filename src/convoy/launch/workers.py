@@ -1,0 +1,267 @@
+"""The direct engine: start one node's workers with torchrun's environment, without importing torch.
+
+    from convoy.launch.workers import run_direct
+    run_direct(plan, base_env=os.environ)    # 0, or raises RankFailedError for the first failing rank
+
+For a single node without restarts, PyTorch's elastic agent adds nothing but its own ``import torch``
+(about 2.5 s on a 2-core box) before any worker starts. This engine starts the workers at once, gives each
+the variables torch's ``LocalElasticAgent`` would (``convoy.launch.env.rank_env``; rank 0's process group
+creates the TCPStore on ``MASTER_PORT``), and does what the agent's monitor does: stream rank-prefixed
+output, stop every rank within seconds when one fails (SIGTERM, then SIGKILL after ``grace`` seconds),
+report the first failing rank once, and leave no process behind (each worker leads its own process group,
+killed as a group, and dies with this process via ``PR_SET_PDEATHSIG`` on Linux). Multi-node jobs and
+``--max-restarts`` use the elastic agent instead (``convoy.launch.elastic``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Mapping
+
+from convoy.errors import LaunchError
+from convoy.launch.env import rank_env
+from convoy.launch.failures import RankFailure, TracebackHold, failure_error, read_error_file
+from convoy.launch.plan import LaunchPlan
+from convoy.launch.ports import free_port
+
+__all__ = ["run_direct", "parse_stream_map"]
+
+_POLL = 0.02
+_STALE_TRACEBACK = 1.0  # a held traceback of a live process is printed inline after this many seconds
+
+
+def parse_stream_map(text: str, nproc: int) -> dict[int, int]:
+    """torchrun's ``--redirects``/``--tee`` value: ``"3"`` (all ranks) or ``"0:1,1:2"``; 1=out 2=err 3=both."""
+    text = (text or "0").strip()
+    try:
+        if ":" not in text:
+            value = int(text)
+            mapping = {rank: value for rank in range(nproc)}
+        else:
+            mapping = {int(k): int(v) for k, v in (item.split(":") for item in text.split(","))}
+    except ValueError:
+        raise LaunchError(f"stream setting {text!r}: give 0-3, or LOCAL_RANK:0-3 pairs like '0:3,1:1'") from None
+    if any(not 0 <= v <= 3 for v in mapping.values()):
+        raise LaunchError(f"stream setting {text!r}: values are 0 (none), 1 (stdout), 2 (stderr) or 3 (both)")
+    return mapping
+
+
+class _Rank:
+    """One worker: its process, its output pumps and its held traceback."""
+
+    def __init__(self, local_rank: int, rank: int, proc: subprocess.Popen, *, show: tuple[bool, bool],
+                 log: IO[str] | None, lock: threading.Lock, error_file: str):
+        self.local_rank, self.rank, self.proc = local_rank, rank, proc
+        self.hold = TracebackHold()
+        self.shown_traceback = False
+        self.eof_at: float | None = None
+        self.held_since = 0.0
+        self.error_file = error_file
+        self._lock, self._log = lock, log
+        self._prefix = f"[rank{rank}]: "
+        self.threads = [
+            threading.Thread(target=self._pump, args=(proc.stdout, sys.stdout, show[0], False), daemon=True),
+            threading.Thread(target=self._pump, args=(proc.stderr, sys.stderr, show[1], True), daemon=True),
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _pump(self, stream, console, show: bool, is_err: bool) -> None:
+        for line in iter(stream.readline, ""):
+            if not line.endswith("\n"):
+                line += "\n"
+            if line.startswith(self._prefix):  # torch's excepthook already prefixes tracebacks with the rank
+                line = line[len(self._prefix):]
+            with self._lock:
+                if self._log is not None:
+                    self._log.write(line)
+                if not show:
+                    continue
+                if not is_err:
+                    self._write(console, [line])
+                    continue
+                was_holding = self.hold.holding
+                out = self.hold.feed(line)
+                if self.hold.holding and not was_holding:
+                    self.held_since = time.monotonic()
+                self._write(console, out)
+        if is_err:
+            self.eof_at = time.monotonic()
+        stream.close()
+
+    def _write(self, console, lines: list[str]) -> None:
+        if lines:
+            console.write("".join(self._prefix + line for line in lines))
+            console.flush()
+
+    def flush_stale(self, now: float) -> None:
+        """Print a held traceback inline when the process lives on after it (it was caught and printed)."""
+        with self._lock:
+            if self.hold.holding and self.proc.poll() is None and now - self.held_since > _STALE_TRACEBACK:
+                self._write(sys.stderr, self.hold.release())
+                self.shown_traceback = True
+
+    def release_inline(self) -> None:
+        with self._lock:
+            self._write(sys.stderr, self.hold.release())
+
+    def traceback(self) -> tuple[str | None, bool]:
+        """(traceback, already shown inline)."""
+        with self._lock:
+            if self.hold.holding:
+                return self.hold.take(), False
+            if self.hold.traceback:
+                return self.hold.traceback, True
+        return read_error_file(self.error_file), False
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 3.0) -> int:
+    """Run ``plan``'s workers on this node; 0 on success, else raise ``RankFailedError`` (first failure)."""
+    if plan.engine != "direct" or plan.world_size is None:
+        raise LaunchError("run_direct runs single-node plans without restarts; use convoy.launch.elastic")
+    port = plan.master_port or free_port(plan.master_addr)
+    scratch = Path(tempfile.mkdtemp(prefix="convoy-launch-"))
+    redirects = parse_stream_map(plan.redirects, plan.nproc_per_node)
+    shown = _shown_ranks(plan.local_ranks_filter, plan.nproc_per_node)
+    logs: list[IO[str]] = []
+    ranks: list[_Rank] = []
+    lock = threading.Lock()
+    start = time.monotonic()
+    stop = _StopSignal()
+    try:
+        for local in range(plan.nproc_per_node):
+            rank = plan.rank_of(local)
+            error_file = str(scratch / f"rank{rank}_error.json")
+            env = {**base_env, **plan.env, **rank_env(
+                rank=rank, local_rank=local, world_size=plan.world_size, local_world_size=plan.nproc_per_node,
+                master_addr=plan.master_addr, master_port=port, run_id=plan.run_id, group_rank=plan.node_rank,
+                group_world_size=plan.max_nodes, error_file=error_file, role=plan.role)}
+            log = _open_log(plan.log_dir, rank)
+            if log is not None:
+                logs.append(log)
+            try:
+                proc = subprocess.Popen(plan.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1,
+                                        start_new_session=True, preexec_fn=_die_with_parent)
+            except OSError as err:
+                raise LaunchError(f"cannot start {plan.command[0]!r} for rank {rank}: {err.strerror}") from None
+            mode = redirects.get(local, 0)
+            visible = local in shown
+            ranks.append(_Rank(local, rank, proc, show=(visible and not mode & 1, visible and not mode & 2),
+                               log=log, lock=lock, error_file=error_file))
+        stop.install()
+        failure = _monitor(ranks, start, stop, grace)
+        if failure is not None:
+            raise failure_error(failure, stopped=plan.nproc_per_node - 1)
+        if stop.signum is not None:
+            raise KeyboardInterrupt
+        return 0
+    finally:
+        stop.uninstall()
+        for worker in ranks:
+            if worker.proc.poll() is None:
+                worker.signal_group(signal.SIGKILL)
+            worker.proc.wait()
+            worker.signal_group(signal.SIGKILL)  # grandchildren left in the worker's group
+            for thread in worker.threads:
+                thread.join(timeout=2)
+        for log in logs:
+            log.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _monitor(ranks: list[_Rank], start: float, stop: "_StopSignal", grace: float) -> RankFailure | None:
+    failure: RankFailure | None = None
+    deadline: float | None = None
+    while True:
+        now = time.monotonic()
+        alive = [w for w in ranks if w.proc.poll() is None]
+        for worker in ranks:
+            worker.flush_stale(now)
+        if failure is None:
+            failed = [w for w in ranks if w.proc.returncode not in (None, 0)]
+            if failed:
+                first = min(failed, key=lambda w: (w.eof_at is None, w.eof_at or 0.0, w.rank))
+                if first.eof_at is None:
+                    first.threads[1].join(timeout=1)  # let its stderr drain so the traceback is complete
+                text, shown = first.traceback()
+                failure = RankFailure(rank=first.rank, local_rank=first.local_rank, host=socket.gethostname(),
+                                      returncode=first.proc.returncode, traceback=text, traceback_shown=shown,
+                                      elapsed=now - start)
+        if (failure is not None or stop.signum is not None) and deadline is None:
+            deadline = now + grace
+            for worker in alive:
+                worker.signal_group(signal.SIGTERM)
+        if not alive:
+            break
+        if deadline is not None and now > deadline:
+            for worker in alive:
+                worker.signal_group(signal.SIGKILL)
+        time.sleep(_POLL)
+    for worker in ranks:
+        for thread in worker.threads:
+            thread.join(timeout=2)
+        if failure is None or worker.rank != failure.rank:
+            worker.release_inline()  # other ranks' tracebacks (often consequences of the first failure)
+    return failure
+
+
+def _shown_ranks(text: str, nproc: int) -> set[int]:
+    if not text:
+        return set(range(nproc))
+    try:
+        return {int(item) for item in text.split(",") if item.strip()}
+    except ValueError:
+        raise LaunchError(f"--local-ranks-filter {text!r}: give local ranks like 0 or 0,2") from None
+
+
+def _open_log(log_dir: str | None, rank: int) -> IO[str] | None:
+    if not log_dir:
+        return None
+    path = Path(log_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    return open(path / f"rank{rank}.log", "w", buffering=1)
+
+
+class _StopSignal:
+    """SIGINT/SIGTERM to the launcher: stop the workers cleanly instead of dying and orphaning them."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+
+    def uninstall(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
