@@ -1,0 +1,322 @@
+"""What a machine has: one :class:`Device` per accelerator, gathered in an :class:`Inventory`.
+
+    convoy devices --json > box.json                  # snapshot a machine
+    CONVOY_INVENTORY=box.json convoy select 2 --free  # replay any decision elsewhere
+
+    from convoy.devices.inventory import load_inventory
+    inv = load_inventory("box.json")
+    [d.memory_free_mib for d in inv.devices]
+
+The JSON format is a contract (design.md): top level ``{"devices": [...]}``; per device ``index`` (NVML /
+PCI-bus order), ``uuid``, ``name``, ``vendor``, ``pci_bus_id``, ``memory_total_mib``, ``memory_used_mib``,
+``utilization_pct``, ``compute_capability``, ``compute_mode``, ``processes`` (``{"pid",
+"used_memory_mib"}``), ``nvlink_peers`` (indices), and ``mig_devices`` for a GPU split into MIG slices.
+Defaults for missing optional keys: ``vendor="nvidia"``, ``pci_bus_id=""``, ``memory_used_mib=0``,
+``utilization_pct=None`` (unknown), ``compute_capability=None``, ``compute_mode="default"``, empty lists,
+``multiprocessor_count``/``max_sm_clock_mhz`` ``None``. Unknown keys are kept in ``extra`` and written back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from convoy.errors import InventoryError
+
+__all__ = ["Process", "MigDevice", "Device", "Inventory", "load_inventory", "inventory_from_dict"]
+
+COMPUTE_MODES = ("default", "exclusive_process", "prohibited", "exclusive_thread")
+VENDORS = ("nvidia", "amd", "intel", "habana", "ascend", "apple")
+
+
+@dataclass(frozen=True)
+class Process:
+    """A process using a device."""
+
+    pid: int
+    """Operating-system process id (as the driver reports it; may be another container's pid)."""
+    used_memory_mib: int | None = None
+    """Device memory the process holds, when the driver reports it."""
+    name: str | None = None
+    """Command name, when known."""
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG slice of an NVIDIA GPU (A100/H100). CUDA lets one process use one slice only."""
+
+    uuid: str
+    """``MIG-...`` UUID, what ``CUDA_VISIBLE_DEVICES`` takes."""
+    profile: str
+    """Profile name such as ``"3g.40gb"``."""
+    memory_total_mib: int
+    memory_used_mib: int = 0
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    processes: tuple[Process, ...] = ()
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator, as discovery or an inventory file describes it."""
+
+    index: int
+    """Position in NVML / PCI-bus order: the number ``nvidia-smi`` shows."""
+    uuid: str
+    name: str
+    vendor: str = "nvidia"
+    pci_bus_id: str = ""
+    memory_total_mib: int = 0
+    memory_used_mib: int = 0
+    utilization_pct: float | None = None
+    """GPU utilisation in percent, ``None`` when unknown."""
+    compute_capability: str | None = None
+    """``"9.0"`` for NVIDIA; the architecture name (``"gfx90a"``) for AMD; ``None`` when unknown."""
+    compute_mode: str = "default"
+    """``"default"``, ``"exclusive_process"``, ``"prohibited"``."""
+    processes: tuple[Process, ...] = ()
+    nvlink_peers: tuple[int, ...] = ()
+    """Indices of the devices this one reaches over NVLink/NVSwitch (or xGMI, for AMD)."""
+    multiprocessor_count: int | None = None
+    max_sm_clock_mhz: int | None = None
+    mig_devices: tuple[MigDevice, ...] = ()
+    """The MIG slices, when MIG mode is on; empty otherwise."""
+    mig_parent_uuid: str | None = None
+    """Set on a :class:`Device` that stands for one MIG slice: the UUID of the GPU it belongs to."""
+    extra: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    """Keys of the inventory file convoy does not know, kept so that ``to_json`` writes them back."""
+
+    @property
+    def memory_free_mib(self) -> int:
+        return max(self.memory_total_mib - self.memory_used_mib, 0)
+
+    @property
+    def is_mig_slice(self) -> bool:
+        return self.mig_parent_uuid is not None
+
+    @property
+    def busy_reason(self) -> str | None:
+        """Why a job should not take this device (``--free``), or ``None`` when it is free."""
+        if self.compute_mode == "prohibited":
+            return "compute mode is prohibited"
+        if self.processes:
+            used = sum(p.used_memory_mib or 0 for p in self.processes)
+            pids = ", ".join(str(p.pid) for p in self.processes[:4])
+            what = f"{len(self.processes)} process{'es' if len(self.processes) > 1 else ''} (pid {pids})"
+            if self.compute_mode in ("exclusive_process", "exclusive_thread"):
+                return f"exclusive-process mode and taken by {what}"
+            return f"in use by {what}, {used} MiB"
+        return None
+
+    @property
+    def label(self) -> str:
+        """``'GPU 2 (NVIDIA H100 80GB HBM3)'``: how explanations and errors name a device."""
+        if self.is_mig_slice:
+            return f"GPU {self.index} MIG {self.uuid} ({self.name})"
+        return f"GPU {self.index} ({self.name})"
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "index": self.index,
+            "uuid": self.uuid,
+            "name": self.name,
+            "vendor": self.vendor,
+            "pci_bus_id": self.pci_bus_id,
+            "memory_total_mib": self.memory_total_mib,
+            "memory_used_mib": self.memory_used_mib,
+            "utilization_pct": self.utilization_pct,
+            "compute_capability": self.compute_capability,
+            "compute_mode": self.compute_mode,
+            "processes": [_process_dict(p) for p in self.processes],
+            "nvlink_peers": list(self.nvlink_peers),
+        }
+        if self.multiprocessor_count is not None:
+            data["multiprocessor_count"] = self.multiprocessor_count
+        if self.max_sm_clock_mhz is not None:
+            data["max_sm_clock_mhz"] = self.max_sm_clock_mhz
+        if self.mig_devices:
+            data["mig_devices"] = [
+                {
+                    "uuid": m.uuid,
+                    "profile": m.profile,
+                    "memory_total_mib": m.memory_total_mib,
+                    "memory_used_mib": m.memory_used_mib,
+                    "gpu_instance_id": m.gpu_instance_id,
+                    "compute_instance_id": m.compute_instance_id,
+                    "processes": [_process_dict(p) for p in m.processes],
+                }
+                for m in self.mig_devices
+            ]
+        for key, value in self.extra.items():
+            data.setdefault(key, value)
+        return data
+
+
+def _process_dict(p: Process) -> dict[str, Any]:
+    data: dict[str, Any] = {"pid": p.pid, "used_memory_mib": p.used_memory_mib}
+    if p.name is not None:
+        data["name"] = p.name
+    return data
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Every accelerator of one machine, in index order. Empty when the machine has none (CPU only)."""
+
+    devices: tuple[Device, ...] = ()
+    source: str = "none"
+    """Where it came from: ``"nvml"``, ``"file:<path>"``, ``"rocm-smi"``, ``"sysfs"``, ``"none"``, ..."""
+
+    @property
+    def vendor(self) -> str:
+        """The vendor a job would use: the most common one (ties: NVIDIA first), ``"cpu"`` when empty."""
+        if not self.devices:
+            return "cpu"
+        counts: dict[str, int] = {}
+        for device in self.devices:
+            counts[device.vendor] = counts.get(device.vendor, 0) + 1
+        rank = {v: i for i, v in enumerate(VENDORS)}
+        return min(counts, key=lambda v: (-counts[v], rank.get(v, len(rank)), v))
+
+    def by_uuid(self, uuid: str) -> Device | None:
+        for device in self.devices:
+            if device.uuid == uuid:
+                return device
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"devices": [d.to_dict() for d in self.devices]}
+
+    def to_json(self) -> str:
+        """The inventory file format (what ``convoy devices --json`` prints)."""
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    """Read an inventory file. Raises :class:`InventoryError` naming the file and what is wrong."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InventoryError(f"inventory file {str(path)!r} does not exist; write one with "
+                             f"'convoy devices --json > {path.name}'") from None
+    except OSError as err:
+        raise InventoryError(f"inventory file {str(path)!r} cannot be read: {err.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InventoryError(f"inventory file {str(path)!r} is not valid JSON (line {err.lineno}: {err.msg}); "
+                             f"expected {{\"devices\": [...]}}") from None
+    return inventory_from_dict(data, source=f"file:{path}")
+
+
+def inventory_from_dict(data: Any, *, source: str = "dict") -> Inventory:
+    """Build an :class:`Inventory` from the parsed JSON format, validating every field."""
+    if not isinstance(data, dict) or not isinstance(data.get("devices"), list):
+        raise InventoryError(f"inventory ({source}): top level must be {{\"devices\": [...]}}, "
+                             f"got {type(data).__name__}")
+    devices = tuple(_device(item, i, source) for i, item in enumerate(data["devices"]))
+    devices = tuple(sorted(devices, key=lambda d: (d.vendor != devices[0].vendor, d.vendor, d.index)))
+    keys = [(d.vendor, d.index) for d in devices]
+    if len(set(keys)) != len(keys):
+        raise InventoryError(f"inventory ({source}): device indices repeat: {[d.index for d in devices]}; "
+                             f"each vendor's indices must be unique")
+    uuids = [d.uuid for d in devices]
+    if len(set(uuids)) != len(uuids):
+        raise InventoryError(f"inventory ({source}): device uuids repeat; each must be unique")
+    return Inventory(devices=devices, source=source)
+
+
+_KNOWN = {
+    "index", "uuid", "name", "vendor", "pci_bus_id", "memory_total_mib", "memory_used_mib",
+    "utilization_pct", "compute_capability", "compute_mode", "processes", "nvlink_peers",
+    "multiprocessor_count", "max_sm_clock_mhz", "mig_devices",
+}
+
+
+def _device(item: Any, position: int, source: str) -> Device:
+    where = f"inventory ({source}): device #{position}"
+    if not isinstance(item, dict):
+        raise InventoryError(f"{where} must be an object, got {type(item).__name__}")
+    for key in ("index", "uuid", "name"):
+        if key not in item:
+            raise InventoryError(f"{where} has no {key!r}; required keys are index, uuid, name")
+    compute_mode = item.get("compute_mode") or "default"
+    if compute_mode not in COMPUTE_MODES:
+        raise InventoryError(f"{where}: compute_mode {compute_mode!r} is not one of {', '.join(COMPUTE_MODES)}")
+    cc = item.get("compute_capability")
+    return Device(
+        index=_int(item["index"], f"{where}: index"),
+        uuid=_str(item["uuid"], f"{where}: uuid"),
+        name=_str(item["name"], f"{where}: name"),
+        vendor=_str(item.get("vendor", "nvidia"), f"{where}: vendor").lower(),
+        pci_bus_id=_str(item.get("pci_bus_id", ""), f"{where}: pci_bus_id"),
+        memory_total_mib=_int(item.get("memory_total_mib", 0), f"{where}: memory_total_mib"),
+        memory_used_mib=_int(item.get("memory_used_mib", 0), f"{where}: memory_used_mib"),
+        utilization_pct=_number(item.get("utilization_pct"), f"{where}: utilization_pct"),
+        compute_capability=None if cc is None else str(cc),
+        compute_mode=compute_mode,
+        processes=tuple(_process(p, f"{where}: processes") for p in _list(item.get("processes"), where)),
+        nvlink_peers=tuple(_int(p, f"{where}: nvlink_peers") for p in _list(item.get("nvlink_peers"), where)),
+        multiprocessor_count=_opt_int(item.get("multiprocessor_count"), f"{where}: multiprocessor_count"),
+        max_sm_clock_mhz=_opt_int(item.get("max_sm_clock_mhz"), f"{where}: max_sm_clock_mhz"),
+        mig_devices=tuple(_mig(m, f"{where}: mig_devices") for m in _list(item.get("mig_devices"), where)),
+        extra={k: v for k, v in item.items() if k not in _KNOWN},
+    )
+
+
+def _mig(item: Any, where: str) -> MigDevice:
+    if not isinstance(item, dict) or "uuid" not in item:
+        raise InventoryError(f"{where}: each MIG slice needs at least 'uuid', 'profile', 'memory_total_mib'")
+    return MigDevice(
+        uuid=_str(item["uuid"], f"{where}: uuid"),
+        profile=_str(item.get("profile", ""), f"{where}: profile"),
+        memory_total_mib=_int(item.get("memory_total_mib", 0), f"{where}: memory_total_mib"),
+        memory_used_mib=_int(item.get("memory_used_mib", 0), f"{where}: memory_used_mib"),
+        gpu_instance_id=_opt_int(item.get("gpu_instance_id"), f"{where}: gpu_instance_id"),
+        compute_instance_id=_opt_int(item.get("compute_instance_id"), f"{where}: compute_instance_id"),
+        processes=tuple(_process(p, f"{where}: processes") for p in _list(item.get("processes"), where)),
+    )
+
+
+def _process(item: Any, where: str) -> Process:
+    if not isinstance(item, dict) or "pid" not in item:
+        raise InventoryError(f"{where}: each process needs 'pid' (and optionally 'used_memory_mib')")
+    name = item.get("name")
+    return Process(pid=_int(item["pid"], f"{where}: pid"),
+                   used_memory_mib=_opt_int(item.get("used_memory_mib"), f"{where}: used_memory_mib"),
+                   name=None if name is None else str(name))
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InventoryError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InventoryError(f"{where} must be an integer, got {value!r}")
+    return value
+
+
+def _opt_int(value: Any, where: str) -> int | None:
+    return None if value is None else _int(value, where)
+
+
+def _number(value: Any, where: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InventoryError(f"{where} must be a number or null, got {value!r}")
+    return value
+
+
+def _str(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise InventoryError(f"{where} must be a string, got {value!r}")
+    return value

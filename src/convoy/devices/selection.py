@@ -1,0 +1,302 @@
+"""Choose devices for a request: filters, order, topology, MIG, and an explanation of every decision.
+
+    convoy select 2 --free --order topology --format env
+    convoy select 2,0                      # physical 2 becomes cuda:0, physical 0 cuda:1
+
+    from convoy.devices.selection import select_devices
+    sel = select_devices(4, free=True, min_free_memory="20GiB", order="topology")
+    sel.indices, sel.env, print("\\n".join(sel.explanation))
+
+Requests are relative to what the environment leaves visible (a pre-set ``CUDA_VISIBLE_DEVICES``, see
+``visibility.py``). A *count* (``2``, ``"all"``, ``"auto"``) is filled from the devices that pass the
+filters, in ``order``; an *index list* names exact devices, keeps the user's order, and fails if a named
+device does not pass. ``"auto"`` takes every visible device that passes; with no accelerator at all it is
+an empty, CPU-only selection.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from convoy.devices.inventory import Device, Inventory
+from convoy.devices.spec import describe_available, is_count, parse_devices
+from convoy.devices.units import MemoryAmount, parse_memory, parse_percent
+from convoy.devices.visibility import HIDE_ALL, visibility_env, visible_devices
+from convoy.errors import DeviceSpecError, SelectionError
+
+__all__ = ["Selection", "select_devices", "ORDERS", "DEVICE_PREFIX"]
+
+ORDERS = ("index", "free-memory", "fastest", "topology")
+# How each vendor's framework device is called, for explanations ("GPU 2 -> cuda:0").
+DEVICE_PREFIX = {"nvidia": "cuda", "amd": "cuda", "intel": "xpu", "habana": "hpu", "ascend": "npu",
+                 "apple": "mps"}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The chosen devices, the environment that makes them visible, and why."""
+
+    devices: tuple[Device, ...]
+    """Physical devices in the order they become ``cuda:0``, ``cuda:1``, ..."""
+    vendor: str
+    """``"nvidia"``, ``"amd"``, ``"intel"``, ``"habana"``, ``"ascend"``, ``"apple"``; ``"cpu"`` when empty."""
+    env: dict[str, str] = field(default_factory=dict, hash=False)
+    """Visibility variables for child processes; an empty selection hides every accelerator."""
+    explanation: tuple[str, ...] = ()
+    """One line per decision: what was chosen, and why each other device was not."""
+
+    @property
+    def indices(self) -> list[int]:
+        """Physical (``nvidia-smi``) indices of the chosen devices, in order."""
+        return [d.index for d in self.devices]
+
+    @property
+    def uuids(self) -> list[str]:
+        return [d.uuid for d in self.devices]
+
+
+def select_devices(
+    spec: Any = "auto",
+    *,
+    inventory: Inventory | None = None,
+    env: Mapping[str, str] | None = None,
+    free: bool = False,
+    min_free_memory: str | int | float | MemoryAmount | None = None,
+    max_utilization: str | int | float | None = None,
+    exclude: Iterable[int | str] = (),
+    order: str | None = None,
+    held: Mapping[str, str] | None = None,
+) -> Selection:
+    """Resolve a device request against an inventory (default: this machine's) and an environment.
+
+    Args:
+        spec: ``parse_devices`` grammar, or ``"auto"``: every visible device that passes the filters.
+        free: skip busy devices (any process on them, or compute mode prohibited/exclusive and taken).
+        min_free_memory: ``"20GiB"``, ``"80%"`` (of each device's total) or MiB.
+        max_utilization: ``"10%"`` or 10; devices whose utilisation is unknown pass.
+        exclude: visible indices (as the request counts them) or UUIDs (prefixes allowed) never to take.
+        order: ``"index"`` (default), ``"free-memory"``, ``"fastest"``, ``"topology"`` (a count from the best
+            connected NVLink island). Explicit index lists keep the user's order unless ``order`` is given.
+        held: UUID -> who holds it (leases of other jobs, see ``lease.py``): such devices are not taken.
+
+    Raises:
+        DeviceSpecError: malformed request or filter, or indices that do not exist (exit 2 in the CLI).
+        SelectionError: too few devices pass the filters; the message names each rejected device and why.
+    """
+    env = os.environ if env is None else env
+    if inventory is None:
+        from convoy.devices.discovery import discover
+
+        inventory = discover(env)
+    if order is not None and order not in ORDERS:
+        raise DeviceSpecError(f"order {order!r} is not one of {', '.join(ORDERS)}")
+    need_mem = None if min_free_memory is None else parse_memory(min_free_memory)
+    max_util = None if max_utilization is None else parse_percent(max_utilization)
+
+    vendor = inventory.vendor
+    view = visible_devices(inventory, env, vendor)
+    units = list(view.devices)
+    lines = [_inventory_line(inventory, vendor)]
+    lines += [f"{name}={value!r} was already set: requests count within the {len(units)} device(s) it "
+              f"leaves visible" for name, value in view.masks]
+    lines += list(view.notes)
+    auto = isinstance(spec, str) and spec.strip().lower() == "auto"
+    try:
+        indices = parse_devices(spec, len(units))
+    except DeviceSpecError as err:
+        raise DeviceSpecError(f"{err}{_mask_hint(view, inventory)}") from None
+
+    excluded = _excluded(exclude, units)
+    reasons: dict[int, str] = {}
+    for position, device in enumerate(units):
+        reason = _rejection(device, position, free=free, need_mem=need_mem, max_util=max_util,
+                            excluded=excluded, held=held or {})
+        if reason:
+            reasons[position] = reason
+    prefix = DEVICE_PREFIX.get(vendor, "device")
+
+    if is_count(spec) or auto:
+        wants_all = auto or _means_all(spec)
+        eligible = [p for p in range(len(units)) if p not in reasons]
+        count = len(eligible) if wants_all else len(indices)
+        if count == 0 and not units:
+            lines.append("no accelerator is visible: the job runs on the CPU")
+        if len(eligible) < count or (wants_all and units and not eligible):
+            raise SelectionError(_shortage(spec, count, units, reasons, view))
+        chosen, why = _pick(eligible, count, units, order or "index")
+        if why:
+            lines.append(why)
+        request = f"request {spec!r}" + (f", {count} of {len(units)}" if not wants_all else "")
+    else:
+        bad = [(p, reasons[p]) for p in indices if p in reasons]
+        if bad:
+            position, reason = bad[0]
+            raise SelectionError(f"devices={spec!r}: {_name(units[position], position, prefix, view)} "
+                                 f"cannot be used: {reason}")
+        chosen = list(indices)
+        if order is not None:
+            chosen, why = _pick(chosen, len(chosen), units, order)
+            lines.append(why or f"ordered by {order}")
+        request = f"request {spec!r}, order kept" if order is None else f"request {spec!r}"
+
+    devices = [units[p] for p in chosen]
+    _check_mig(devices, spec)
+    for rank, (position, device) in enumerate(zip(chosen, devices)):
+        lines.append(f"took {_name(device, position, prefix, view)} -> {prefix}:{rank} ({request})")
+    for position, device in enumerate(units):
+        if position in chosen:
+            continue
+        lines.append(f"left {_name(device, position, prefix, view)}: {reasons.get(position, 'not needed')}")
+    if not devices:
+        lines.append("empty selection: every accelerator is hidden (CPU run)")
+        return Selection((), "cpu", dict(HIDE_ALL), tuple(lines))
+    child_env = visibility_env(devices, vendor=vendor, base_env=env, inventory=inventory)
+    return Selection(tuple(devices), vendor, child_env, tuple(lines))
+
+
+def _means_all(spec: Any) -> bool:
+    if isinstance(spec, str):
+        return spec.strip().lower() in ("all", "auto", "-1")
+    return not isinstance(spec, bool) and spec == -1
+
+
+def _inventory_line(inventory: Inventory, vendor: str) -> str:
+    n = sum(1 for d in inventory.devices if d.vendor == vendor)
+    if not inventory.devices:
+        return f"inventory: no accelerators ({inventory.source})"
+    others = len(inventory.devices) - n
+    tail = f"; {others} device(s) of other vendors ignored" if others else ""
+    return f"inventory: {n} {vendor} device(s) from {inventory.source}{tail}"
+
+
+def _mask_hint(view, inventory: Inventory) -> str:
+    if not view.masks:
+        return ""
+    shown = ", ".join(f"{n}={v!r}" for n, v in view.masks)
+    total = sum(1 for d in inventory.devices if d.vendor == view.vendor)
+    return f" ({shown} leaves {len(view.devices)} of the machine's {total} visible)"
+
+
+def _name(device: Device, position: int, prefix: str, view) -> str:
+    if view.masks and position != device.index:
+        return f"{device.label} [visible #{position}]"
+    return device.label
+
+
+def _excluded(exclude: Iterable[int | str], units: Sequence[Device]) -> set[int]:
+    out: set[int] = set()
+    for item in exclude:
+        if isinstance(item, bool):
+            raise DeviceSpecError(f"exclude={item!r}: a bool is not a device; give indices or UUIDs")
+        text = str(item).strip()
+        if text.lstrip("-").isdigit():
+            position = int(text)
+            if not 0 <= position < len(units):
+                raise DeviceSpecError(f"exclude: index {position} is out of range; "
+                                      f"{describe_available(len(units))}")
+            out.add(position)
+            continue
+        hits = [p for p, d in enumerate(units) if d.uuid.startswith(text) or d.mig_parent_uuid == text]
+        if not hits:
+            raise DeviceSpecError(f"exclude: {text!r} matches no visible device's index or UUID; "
+                                  f"{describe_available(len(units))}")
+        out.update(hits)
+    return out
+
+
+def _rejection(device: Device, position: int, *, free: bool, need_mem: MemoryAmount | None,
+               max_util: float | None, excluded: set[int], held: Mapping[str, str]) -> str | None:
+    if position in excluded:
+        return "excluded by request"
+    if device.uuid in held:
+        return f"leased by {held[device.uuid]}"
+    if free and device.busy_reason:
+        return f"busy: {device.busy_reason}"
+    if need_mem is not None:
+        need = need_mem.mib_of(device.memory_total_mib)
+        if device.memory_free_mib < need:
+            return f"only {device.memory_free_mib} MiB free, needs {need} MiB ({need_mem})"
+    if max_util is not None and device.utilization_pct is not None and device.utilization_pct > max_util:
+        return f"utilisation {device.utilization_pct:g}% is above {max_util:g}%"
+    return None
+
+
+def _shortage(spec: Any, count: int, units: Sequence[Device], reasons: Mapping[int, str], view) -> str:
+    passing = len(units) - len(reasons)
+    if not units:
+        return f"devices={spec!r}: no accelerator is visible"
+    why = "; ".join(f"GPU {units[p].index}: {r}" if units[p].vendor in ("nvidia", "amd")
+                    else f"{units[p].label}: {r}" for p, r in sorted(reasons.items()))
+    want = "at least one device" if count == 0 else f"{count} device(s)"
+    return (f"devices={spec!r}: needs {want} but only {passing} of {len(units)} visible pass the filters "
+            f"({why})")
+
+
+def _pick(eligible: list[int], count: int, units: Sequence[Device], order: str) -> tuple[list[int], str]:
+    if order == "index":
+        return sorted(eligible)[:count], ""
+    if order == "free-memory":
+        ranked = sorted(eligible, key=lambda p: (-units[p].memory_free_mib, p))
+        return ranked[:count], "ordered by free memory, most first"
+    if order == "fastest":
+        from convoy.devices.visibility import fastest_order
+
+        ranked_devices = fastest_order([units[p] for p in eligible])
+        ranked = [eligible[[units[p] for p in eligible].index(d)] for d in ranked_devices]
+        return ranked[:count], "ordered fastest first (SMs x cores/SM x clock)"
+    return _topology_pick(eligible, count, units)
+
+
+def _topology_pick(eligible: list[int], count: int, units: Sequence[Device]) -> tuple[list[int], str]:
+    """The best-connected ``count`` devices: inside one NVLink island when one has room (the smallest
+    island that fits, so larger islands stay whole for bigger jobs), else filling the largest islands."""
+    by_index = {units[p].index: p for p in eligible}
+    links = {p: {by_index[i] for i in units[p].nvlink_peers if i in by_index} for p in eligible}
+    islands: list[list[int]] = []
+    seen: set[int] = set()
+    for start in sorted(eligible):
+        if start in seen:
+            continue
+        stack, island = [start], []
+        seen.add(start)
+        while stack:
+            p = stack.pop()
+            island.append(p)
+            for q in links[p] - seen:
+                seen.add(q)
+                stack.append(q)
+        islands.append(sorted(island))
+    fitting = [isl for isl in islands if len(isl) >= count]
+    if fitting:
+        island = min(fitting, key=lambda isl: (len(isl), isl[0]))
+        chosen = _densest(island, count, links)
+        names = ",".join(str(units[p].index) for p in island)
+        return chosen, f"topology: {count} device(s) inside one NVLink island (GPUs {names})"
+    chosen = []
+    for island in sorted(islands, key=lambda isl: (-len(isl), isl[0])):
+        chosen.extend(_densest(island, min(count - len(chosen), len(island)), links))
+        if len(chosen) == count:
+            break
+    return chosen, f"topology: no NVLink island has {count} eligible devices; took the largest islands"
+
+
+def _densest(island: list[int], count: int, links: Mapping[int, set[int]]) -> list[int]:
+    chosen: list[int] = []
+    rest = list(island)
+    while len(chosen) < count:
+        best = max(rest, key=lambda p: (len(links[p] & set(chosen)), len(links[p]), -p))
+        chosen.append(best)
+        rest.remove(best)
+    return sorted(chosen)
+
+
+def _check_mig(devices: Sequence[Device], spec: Any) -> None:
+    slices = [d for d in devices if d.is_mig_slice]
+    if slices and len(devices) > 1:
+        raise SelectionError(
+            f"devices={spec!r} would give one process {len(devices)} devices including MIG slice "
+            f"{slices[0].uuid}, but CUDA lets a process use a single MIG slice; ask for 1 device per process "
+            f"(e.g. devices='0'), or run one process per slice"
+        )
