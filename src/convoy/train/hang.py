@@ -1,0 +1,121 @@
+"""Hang detection: a collective that not every rank reaches ends the job with the names of the missing ranks.
+
+    from convoy.train.hang import CollectiveWatch
+    watch = CollectiveWatch(timeout=60)                 # default: CONVOY_COLLECTIVE_TIMEOUT, else 300 s
+    with watch.guard("all_reduce loss"):                # every rank must arrive here within 60 s ...
+        dist.all_reduce(loss)
+    watch.barrier()                                     # a barrier that names the ranks that never came
+
+If a rank skips the collective (or is stuck before it), the ranks that did arrive raise
+``CollectiveTimeoutError``: ``collective 'all_reduce loss' (#3) did not complete within 60 s: rank 1 of 2
+did not arrive ...``. Ranks that arrive at *different* guarded collectives raise the same error naming who is
+where. The exception ends the rank; ``convoy launch`` (like torchrun) then stops the others, so the job ends
+instead of hanging for torch's default 30 minutes.
+
+How it works: before the collective each rank writes ``<seq>/<rank> = name`` into the job's rendezvous
+store (the c10d store every process group already has) and waits, with the timeout, for every rank's key;
+on a timeout the keys that are missing are exactly the ranks that did not arrive. This works for every
+backend (gloo, NCCL) and costs two small store round trips per guarded call, so guard the collectives you
+want watched, not every tensor operation. The process-group timeout (``CONVOY_COLLECTIVE_TIMEOUT``, passed
+to ``init_process_group``) still catches a collective that hangs after every rank arrived.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from typing import Any, Iterator, Mapping
+
+from convoy.errors import CollectiveTimeoutError, ConfigError
+
+__all__ = ["CollectiveWatch", "collective_timeout", "DEFAULT_COLLECTIVE_TIMEOUT"]
+
+DEFAULT_COLLECTIVE_TIMEOUT = 300.0
+
+
+def collective_timeout(env: Mapping[str, str] | None = None) -> float:
+    """Seconds from ``CONVOY_COLLECTIVE_TIMEOUT`` (what ``convoy launch`` sets), else 300."""
+    raw = (os.environ if env is None else env).get("CONVOY_COLLECTIVE_TIMEOUT", "").strip()
+    if not raw:
+        return DEFAULT_COLLECTIVE_TIMEOUT
+    from convoy.config.schema import KEYS
+
+    return KEYS["collective_timeout"].parse(raw, where="environment CONVOY_COLLECTIVE_TIMEOUT")
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+class CollectiveWatch:
+    """Watches the collectives of one process group; every rank of the group must create one and guard the
+    same collectives in the same order. Hold it for the life of the group (the Accelerator does)."""
+
+    def __init__(self, *, timeout: float | None = None, group: Any = None, store: Any = None,
+                 prefix: str = "convoy/arrive") -> None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise ConfigError("CollectiveWatch needs an initialised process group: call "
+                              "torch.distributed.init_process_group() (or create the Accelerator) first")
+        self.timeout = collective_timeout() if timeout is None else float(timeout)
+        if self.timeout <= 0:
+            raise ConfigError(f"timeout={timeout!r} is not valid; expected a number of seconds > 0")
+        self._dist = dist
+        self._group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        if store is None:
+            from torch.distributed.distributed_c10d import _get_default_store
+
+            store = _get_default_store()
+        group_name = getattr(group, "group_name", "default") if group is not None else "default"
+        self._store = dist.PrefixStore(f"{prefix}/{group_name}/", store)
+        self._seq = 0
+
+    @property
+    def calls(self) -> int:
+        """How many guarded collectives this rank has passed."""
+        return self._seq
+
+    def arrive(self, name: str, *, timeout: float | None = None) -> None:
+        """Mark this rank as arrived at collective ``name`` and wait for the others (``timeout`` seconds).
+
+        Raises ``CollectiveTimeoutError`` naming the ranks that did not arrive, or the ranks that arrived
+        at a different collective.
+        """
+        seconds = self.timeout if timeout is None else float(timeout)
+        seq, self._seq = self._seq, self._seq + 1
+        keys = [f"{seq}/{r}" for r in range(self.world_size)]
+        self._store.set(keys[self.rank], name)
+        try:
+            self._store.wait(keys, datetime.timedelta(seconds=seconds))
+        except RuntimeError:  # DistStoreError: some keys never appeared
+            missing = [r for r, key in enumerate(keys) if not self._store.check([key])]
+            if missing:
+                raise CollectiveTimeoutError(
+                    f"collective {name!r} (#{seq}) did not complete within {seconds:g} s: {_ranks(missing)} of "
+                    f"{self.world_size} did not arrive (they skipped it, or are stuck or slower before it; "
+                    f"their stack traces show where: 'py-spy dump --pid PID'); raise CONVOY_COLLECTIVE_TIMEOUT "
+                    f"if they are only slow") from None
+            raise
+        names = {r: self._store.get(key).decode() for r, key in enumerate(keys)}
+        strays = {r: n for r, n in names.items() if n != name}
+        if strays:
+            where = "; ".join(f"rank {r} is at {n!r}" for r, n in sorted(strays.items()))
+            raise CollectiveTimeoutError(
+                f"ranks are out of step at guarded collective #{seq}: rank {self.rank} is at {name!r}; {where} "
+                f"(every rank must run the same collectives in the same order)")
+        if seq:  # every rank has passed seq-1 (they set seq only after), so its key can go
+            self._store.delete_key(f"{seq - 1}/{self.rank}")
+
+    @contextlib.contextmanager
+    def guard(self, name: str, *, timeout: float | None = None) -> Iterator[None]:
+        """``with watch.guard("all_reduce"): dist.all_reduce(t)``: check arrival, then run the block."""
+        self.arrive(name, timeout=timeout)
+        yield
+
+    def barrier(self, name: str = "barrier", *, timeout: float | None = None) -> None:
+        """A barrier that names the ranks that did not reach it (works on every backend)."""
+        self.arrive(name, timeout=timeout)
