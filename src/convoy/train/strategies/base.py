@@ -86,6 +86,9 @@ class Strategy(abc.ABC):
     #: ``distributed_type`` reported by ``Accelerator.distributed_type`` (Accelerate's names: "NO",
     #: "MULTI_CPU", "MULTI_GPU", "FSDP", ...); "MULTI_" + device is used when empty.
     distributed_type: ClassVar[str] = ""
+    #: True when the engine needs a process group even for a one-process job (DDP, FSDP); the
+    #: Accelerator then starts a one-rank group before ``setup_environment``.
+    needs_process_group: ClassVar[bool] = False
 
     def __init__(self, context: StrategyContext) -> None:
         self.context = context
@@ -101,7 +104,11 @@ class Strategy(abc.ABC):
         return torch.device(self.context.device_type, self.context.local_rank)
 
     def setup_environment(self) -> None:
-        """Start what the strategy needs (the process group, the device mesh). Idempotent."""
+        """Build what the strategy needs beyond the default process group (a device mesh). Idempotent.
+
+        The Accelerator has already started the default process group (``torch.distributed``) when the
+        job has several processes, or when ``needs_process_group`` is set.
+        """
 
     @property
     def data_parallel_rank(self) -> int:
@@ -157,20 +164,21 @@ class Strategy(abc.ABC):
                          ) -> tuple[dict[str, Any], dict[str, Any]]:
         """(model, optimizer) state dicts keyed by parameter name, possibly sharded (DTensors), ready for
         ``torch.distributed.checkpoint``. Loadable by any strategy at any world size."""
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
-        optimizers = () if optimizer is None else (optimizer,)
-        msd, osd = get_state_dict(module, optimizers)
-        return msd, osd
+        if optimizer is None:
+            return get_model_state_dict(module), {}
+        return get_state_dict(module, (optimizer,))
 
     def load_checkpoint_state(self, module: "torch.nn.Module", optimizer: "torch.optim.Optimizer | None",
                               model_state: dict[str, Any], optimizer_state: dict[str, Any]) -> None:
         """Apply state dicts produced by ``checkpoint_state`` (after ``torch.distributed.checkpoint.load``)."""
-        from torch.distributed.checkpoint.state_dict import set_state_dict
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
-        optimizers = () if optimizer is None else (optimizer,)
-        set_state_dict(module, optimizers, model_state_dict=model_state,
-                       optim_state_dict=optimizer_state if optimizer is not None else {})
+        if optimizer is None:
+            set_model_state_dict(module, model_state)
+            return
+        set_state_dict(module, (optimizer,), model_state_dict=model_state, optim_state_dict=optimizer_state)
 
     def teardown(self) -> None:
         """Release what ``setup_environment`` started (the Accelerator calls it once, at the end)."""

@@ -1,0 +1,648 @@
+"""``convoy.Accelerator``: Accelerate's quick-tour API on PyTorch's own engines.
+
+    from convoy import Accelerator                      # was: from accelerate import Accelerator
+    accelerator = Accelerator(mixed_precision="bf16", strategy="zero3")
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    for inputs, targets in loader:
+        with accelerator.accumulate(model):
+            loss = loss_fn(model(inputs), targets)
+            accelerator.backward(loss)
+            optimizer.step(); scheduler.step(); optimizer.zero_grad()
+    accelerator.save_state()                            # project_dir/checkpoints/checkpoint_<n>
+
+Run it with ``convoy launch train.py`` (or torchrun): the process group is started here from
+``RANK``/``WORLD_SIZE``, also on a CPU-only machine. Every distributed decision is the strategy's
+(``convoy.train.strategies``); this class only keeps the API and the loop's state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from convoy.errors import CheckpointError, ConfigError, NotSupportedYetError
+from convoy.train import checkpoint as ckpt
+from convoy.train import collectives, saving
+from convoy.train.auto import choose_strategy, device_memory_bytes
+from convoy.train.data import LoopState, PreparedDataLoader, SkipFirstBatches
+from convoy.train.environment import resolve_settings, start_process_group, stop_process_group
+from convoy.train.strategies.base import Strategy, StrategyContext, SupportsNoSync, create_strategy, strategy_class
+from convoy.train.wrappers import PreparedOptimizer, PreparedScheduler
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = ["Accelerator", "ProjectConfiguration", "DataLoaderConfiguration"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProjectConfiguration:
+    """Where checkpoints go (Accelerate's names)."""
+
+    project_dir: str | None = None
+    """Root of the run's files; checkpoints go to ``project_dir/checkpoints/checkpoint_<n>``."""
+    automatic_checkpoint_naming: bool = False
+    """Name every ``save_state`` directory ``checkpoint_<n>`` even when a directory is given."""
+    total_limit: int | None = None
+    """Keep only this many newest automatic checkpoints."""
+    iteration: int = 0
+    """Number of the next automatic checkpoint."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataLoaderConfiguration:
+    """How prepared dataloaders shard (Accelerate 1.x moved these here from the constructor)."""
+
+    split_batches: bool = False
+    """The loader's batch size is global and split between processes (else: per process)."""
+    even_batches: bool = True
+    """Pad the last round so every process gets the same number of full batches."""
+
+
+class Accelerator:
+    """The training loop's handle on devices, processes and checkpoints. See the module docstring."""
+
+    def __init__(self, device_placement: bool = True, split_batches: bool | None = None,
+                 mixed_precision: str | None = None, gradient_accumulation_steps: int | None = None,
+                 cpu: bool = False, strategy: str | None = None, step_scheduler_with_optimizer: bool = True,
+                 even_batches: bool | None = None, project_dir: str | os.PathLike[str] | None = None,
+                 project_config: ProjectConfiguration | None = None, dataloader_config: Any = None,
+                 rng_types: Any = None, log_with: Any = None, strategy_options: dict[str, Any] | None = None,
+                 collective_timeout: float | None = None, planner: Callable[..., Any] | None = None,
+                 **unsupported: Any) -> None:
+        if unsupported:
+            raise NotSupportedYetError(f"Accelerator({', '.join(sorted(unsupported))}=...) is not supported by "
+                                       "convoy yet; remove the argument(s)")
+        if log_with is not None:
+            raise NotSupportedYetError("Accelerator(log_with=...) experiment trackers are not supported yet; "
+                                       "log from `if accelerator.is_main_process:`")
+        self.settings = resolve_settings(explicit={
+            "mixed_precision": mixed_precision, "strategy": strategy, "collective_timeout": collective_timeout,
+            "gradient_accumulation_steps": gradient_accumulation_steps}, cpu=cpu)
+        strategy_class(self.settings.strategy) if self.settings.strategy != "auto" else None  # fail early
+        config = dataloader_config or DataLoaderConfiguration()
+        self.split_batches = bool(config.split_batches if split_batches is None else split_batches)
+        self.even_batches = bool(config.even_batches if even_batches is None else even_batches)
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        project = project_config or ProjectConfiguration()
+        if project_dir is not None:
+            project = ProjectConfiguration(project_dir=str(project_dir), total_limit=project.total_limit,
+                                           automatic_checkpoint_naming=project.automatic_checkpoint_naming,
+                                           iteration=project.iteration)
+        self.project_configuration = project
+        self.save_iteration = project.iteration
+        self._strategy_options = dict(strategy_options or {})
+        self._planner = planner
+        self._loop = LoopState()
+        self.step = 0  # micro-steps seen by accumulate()
+        self._strategy: Strategy | None = None
+        self._models: list[Any] = []
+        self._optimizers: list[PreparedOptimizer] = []
+        self._optimizer_models: list[Any] = []
+        self._schedulers: list[PreparedScheduler] = []
+        self._dataloaders: list[PreparedDataLoader] = []
+        self._custom: list[Any] = []
+        self.scaler = self._make_scaler()
+        if self.settings.device_type == "cuda":
+            import torch
+
+            torch.cuda.set_device(self.settings.local_rank)
+        start_process_group(self.settings)
+
+    # --- properties ------------------------------------------------------------------------------------
+    @property
+    def device(self) -> "torch.device":
+        import torch
+
+        if self.settings.device_type == "cpu":
+            return torch.device("cpu")
+        return torch.device(self.settings.device_type, self.settings.local_rank)
+
+    @property
+    def num_processes(self) -> int:
+        return self.settings.world_size
+
+    @property
+    def process_index(self) -> int:
+        return self.settings.rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self.settings.local_rank
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.settings.rank == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.settings.local_rank == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.settings.rank == self.settings.world_size - 1
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.settings.world_size > 1
+
+    @property
+    def distributed_type(self) -> str:
+        """Accelerate's name of the set-up: ``"NO"``, ``"MULTI_CPU"``, ``"MULTI_GPU"``, ``"FSDP"``, ..."""
+        kind = self._strategy.distributed_type if self._strategy is not None else ""
+        if kind:
+            return kind
+        if self.settings.world_size == 1:
+            return "NO"
+        return "MULTI_GPU" if self.settings.device_type == "cuda" else "MULTI_" + self.settings.device_type.upper()
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.settings.mixed_precision
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.settings.gradient_accumulation_steps
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self._loop.sync_gradients
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        return any(o.step_was_skipped for o in self._optimizers)
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def strategy(self) -> Strategy:
+        """The strategy object (built at the first ``prepare`` of a model when ``strategy="auto"``)."""
+        return self._ensure_strategy(None)
+
+    # --- strategy --------------------------------------------------------------------------------------
+    def _ensure_strategy(self, model: Any) -> Strategy:
+        if self._strategy is not None:
+            return self._strategy
+        name = self.settings.strategy
+        if name == "auto":
+            count = sum(p.numel() for p in model.parameters()) if model is not None else 0
+            name, reason = choose_strategy(
+                world_size=self.settings.world_size, num_parameters=count, planner=self._planner,
+                device_bytes=device_memory_bytes(self.settings.device_type, self.settings.local_world_size))
+            if self.settings.world_size > 1 and self.is_main_process:
+                print(f"convoy: strategy=auto chose {name}: {reason}", flush=True)
+        context = StrategyContext(
+            rank=self.settings.rank, local_rank=self.settings.local_rank, world_size=self.settings.world_size,
+            local_world_size=self.settings.local_world_size, device_type=self.settings.device_type,
+            mixed_precision=self.settings.mixed_precision, collective_timeout_s=self.settings.collective_timeout_s,
+            parallel_dims=self.settings.parallel_dims, options=self._strategy_options)
+        strategy = create_strategy(name, context)
+        if strategy.needs_process_group:
+            start_process_group(self.settings, always=True)
+        strategy.setup_environment()
+        self._strategy = strategy
+        return strategy
+
+    def _make_scaler(self) -> Any:
+        if self.settings.mixed_precision != "fp16":
+            return None
+        import torch
+
+        return torch.amp.GradScaler(self.settings.device_type)
+
+    # --- prepare ---------------------------------------------------------------------------------------
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, dataloaders and schedulers (any order); returned in the same order."""
+        out: list[Any] = list(args)
+        kinds = [self._kind(obj) for obj in args]
+        for i, obj in enumerate(args):
+            if kinds[i] == "model":
+                out[i] = self.prepare_model(obj)
+        originals: dict[int, PreparedOptimizer] = {}
+        for i, obj in enumerate(args):
+            if kinds[i] == "optimizer":
+                out[i] = self.prepare_optimizer(obj)
+                originals[id(obj)] = out[i]
+        for i, obj in enumerate(args):
+            if kinds[i] == "dataloader":
+                out[i] = self.prepare_data_loader(obj)
+        for i, obj in enumerate(args):
+            if kinds[i] == "scheduler":
+                out[i] = self.prepare_scheduler(obj, _originals=originals)
+        return out[0] if len(out) == 1 else tuple(out)
+
+    @staticmethod
+    def _kind(obj: Any) -> str:
+        import torch
+        from torch.utils.data import DataLoader
+
+        if isinstance(obj, torch.nn.Module):
+            return "model"
+        if isinstance(obj, torch.optim.Optimizer):
+            return "optimizer"
+        if isinstance(obj, (DataLoader, PreparedDataLoader)):
+            return "dataloader"
+        if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+                hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "state_dict")):
+            return "scheduler"
+        return "other"
+
+    def prepare_model(self, model: "torch.nn.Module", device_placement: bool | None = None,
+                      evaluation_mode: bool = False) -> "torch.nn.Module":
+        strategy = self._ensure_strategy(model)
+        prepared = strategy.setup_module(model)
+        if self.settings.mixed_precision in ("fp16", "bf16"):
+            _autocast_forward(prepared, self.autocast)
+        self._models.append(prepared)
+        return prepared
+
+    def prepare_optimizer(self, optimizer: "torch.optim.Optimizer", device_placement: bool | None = None
+                          ) -> PreparedOptimizer:
+        if isinstance(optimizer, PreparedOptimizer):
+            return optimizer
+        strategy = self._ensure_strategy(None)
+        inner = strategy.setup_optimizer(optimizer, None)
+        first_now = next((p for g in inner.param_groups for p in g["params"]), None)
+        owner = next((m for m in self._models if any(p is first_now for p in m.parameters())), None)
+        prepared = PreparedOptimizer(inner, state=self._loop, scaler=self.scaler)
+        self._optimizers.append(prepared)
+        self._optimizer_models.append(owner)
+        return prepared
+
+    def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None) -> PreparedDataLoader:
+        import torch
+
+        if isinstance(data_loader, PreparedDataLoader):
+            return data_loader
+        strategy = self._ensure_strategy(None) if self._strategy is not None or self.settings.strategy != "auto" \
+            else None
+        shards = strategy.data_parallel_size if strategy else self.settings.world_size
+        shard = strategy.data_parallel_rank if strategy else self.settings.rank
+        source = data_loader.generator
+        draw = torch.randint(0, 2**31 - 1, (1,), generator=source) if source is not None \
+            else torch.randint(0, 2**31 - 1, (1,))
+        seed = int(collectives.broadcast_object(int(draw.item())))  # every rank shuffles with rank 0's seed
+        place = self.device_placement if device_placement is None else device_placement
+        prepared = PreparedDataLoader(data_loader, num_shards=shards, shard=shard, split_batches=self.split_batches,
+                                      even_batches=self.even_batches, seed=seed,
+                                      device=self.device if place else None, state=self._loop)
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def prepare_scheduler(self, scheduler: Any, _originals: dict[int, PreparedOptimizer] | None = None
+                          ) -> PreparedScheduler:
+        if isinstance(scheduler, PreparedScheduler):
+            return scheduler
+        originals = _originals or {}
+        target = getattr(scheduler, "optimizer", None)
+        prepared_opt = originals.get(id(target))
+        if prepared_opt is None:
+            prepared_opt = next((o for o in self._optimizers if o is target or o.optimizer is target), None)
+        if prepared_opt is not None and prepared_opt.optimizer is not target and prepared_opt is not target:
+            scheduler.optimizer = prepared_opt  # the strategy replaced the optimizer (zero1): follow it
+        prepared = PreparedScheduler(scheduler, [prepared_opt] if prepared_opt else list(self._optimizers),
+                                     state=self._loop, step_with_optimizer=self.step_scheduler_with_optimizer,
+                                     split_batches=self.split_batches, num_processes=self.num_processes)
+        self._schedulers.append(prepared)
+        return prepared
+
+    # --- the step --------------------------------------------------------------------------------------
+    def backward(self, loss: "torch.Tensor", **kwargs: Any) -> None:
+        """``loss.backward()``, divided by the accumulation steps and scaled for fp16."""
+        if self.gradient_accumulation_steps > 1:
+            loss = loss / self.gradient_accumulation_steps
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        self.strategy.backward(loss, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self, model: "torch.nn.Module") -> Iterator[None]:
+        """Inside, backward accumulates gradients locally without synchronising them."""
+        strategy = self.strategy
+        if isinstance(strategy, SupportsNoSync):
+            with strategy.no_sync(model):
+                yield
+        else:
+            yield
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: "torch.nn.Module") -> Iterator[None]:
+        """One micro-step: gradients are synchronised (and the optimizer steps) every
+        ``gradient_accumulation_steps`` micro-steps and at the end of the dataloader."""
+        self.step += 1
+        end = self._loop.end_of_dataloader
+        self._loop.sync_gradients = end or self.step % self.gradient_accumulation_steps == 0
+        if end:
+            self.step = 0
+        with contextlib.ExitStack() as stack:
+            if not self._loop.sync_gradients:
+                for model in models:
+                    stack.enter_context(self.no_sync(model))
+            yield
+
+    @contextlib.contextmanager
+    def autocast(self, autocast_handler: Any = None) -> Iterator[None]:
+        """Compute in the mixed-precision dtype inside (no-op for ``mixed_precision="no"``)."""
+        import torch
+
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.settings.mixed_precision)
+        if dtype is None:
+            yield
+            return
+        with torch.autocast(device_type=self.settings.device_type, dtype=dtype):
+            yield
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        for opt in [optimizer] if optimizer is not None else self._optimizers:
+            if isinstance(opt, PreparedOptimizer) and self._loop.sync_gradients:
+                opt.unscale_gradients()
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> "torch.Tensor":
+        """Clip the global gradient norm (across processes and shards); returns the norm before clipping."""
+        parameters = list(parameters)
+        self.unscale_gradients()
+        ids = {id(p) for p in parameters}
+        owner = next((m for m in self._models if any(id(p) in ids for p in m.parameters())), None)
+        return self.strategy.clip_grad_norm_(owner, parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        parameters = list(parameters)
+        self.unscale_gradients()
+        self.strategy.clip_grad_value_(parameters, clip_value)
+
+    def unwrap_model(self, model: "torch.nn.Module", keep_fp32_wrapper: bool = True) -> "torch.nn.Module":
+        inner = self.strategy.unwrap(model)
+        if not keep_fp32_wrapper:
+            for candidate in (model, inner):
+                original = candidate.__dict__.pop("_convoy_original_forward", None)
+                if original is not None:
+                    candidate.__dict__.pop("forward", None)
+        return inner
+
+    # --- collectives -----------------------------------------------------------------------------------
+    def gather(self, tensor: Any) -> Any:
+        return collectives.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """``gather``, minus the samples added to even out the last batch: metrics equal one process's."""
+        tensors = not use_gather_object and _all_tensors(input_data)
+        data = collectives.gather(input_data) if tensors else collectives.gather_object(input_data)
+        remainder = self._loop.remainder
+        if remainder is not None:
+            data = collectives.truncate(data, remainder)
+        return data
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        return collectives.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        return collectives.reduce(tensor, reduction=reduction, scale=scale)
+
+    def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
+        return collectives.broadcast(tensor, src=from_process)
+
+    def wait_for_everyone(self) -> None:
+        if collectives.is_distributed():
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    # --- processes -------------------------------------------------------------------------------------
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the local main process only."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """The main process runs the block first (downloads, caches), then the others."""
+        if not self.is_main_process:
+            self.wait_for_everyone()
+        yield
+        if self.is_main_process:
+            self.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        if not self.is_local_main_process:
+            self.wait_for_everyone()
+        yield
+        if self.is_local_main_process:
+            self.wait_for_everyone()
+
+    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: run ``function`` on the main process only (others get None)."""
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if self.is_main_process else None
+        return wrapper
+
+    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if self.is_local_main_process else None
+        return wrapper
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int = 0) -> Any:
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                return fn(*args, **kwargs) if self.process_index == process_index else None
+            return wrapper
+        return decorate(function) if function is not None else decorate
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """This process's contiguous share of a list, tuple, dict of lists or tensor."""
+        yield _split(inputs, self.num_processes, self.process_index, apply_padding)
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """A loader whose next iteration starts ``num_batches`` batches in (resuming mid-epoch)."""
+        if isinstance(dataloader, PreparedDataLoader):
+            dataloader.skip(num_batches)
+            return dataloader
+        return SkipFirstBatches(dataloader, num_batches)
+
+    def end_training(self) -> None:
+        """Tear down the strategy and the process group this Accelerator started."""
+        self.wait_for_everyone()
+        if self._strategy is not None:
+            self._strategy.teardown()
+        stop_process_group()
+
+    def init_trackers(self, *args: Any, **kwargs: Any) -> None:
+        raise NotSupportedYetError("experiment trackers (init_trackers/log) are not supported yet; "
+                                   "log from `if accelerator.is_main_process:`")
+
+    log = init_trackers
+
+    # --- saving ----------------------------------------------------------------------------------------
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and load these objects (each with ``state_dict``/``load_state_dict``) with ``save_state``."""
+        bad = [o for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))]
+        if bad:
+            raise ConfigError(f"register_for_checkpointing: {bad[0]!r} has no state_dict()/load_state_dict(); "
+                              "register objects that have both")
+        self._custom.extend(objects)
+
+    def save_model(self, model: "torch.nn.Module", save_directory: str | os.PathLike[str],
+                   max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
+        """Unwrapped, consolidated weights in safetensors (transformers' file layout). Collective."""
+        state = self.strategy.full_model_state_dict(model)
+        if self.is_main_process:
+            saving.write_model(state, save_directory, max_shard_size=max_shard_size,
+                               safe_serialization=safe_serialization)
+        self.wait_for_everyone()
+
+    def get_state_dict(self, model: "torch.nn.Module", unwrap: bool = True) -> dict[str, Any]:
+        return self.strategy.full_model_state_dict(model)
+
+    def _checkpoint_root(self) -> Path:
+        if self.project_dir is None:
+            raise CheckpointError("save_state()/load_state() without a directory needs "
+                                  "Accelerator(project_dir=...); or pass a directory")
+        return Path(self.project_dir) / "checkpoints"
+
+    def save_state(self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True,
+                   **kwargs: Any) -> str:
+        """Write a complete checkpoint atomically; returns its directory."""
+        import torch
+        import torch.distributed.checkpoint as dcp
+
+        automatic = output_dir is None or self.project_configuration.automatic_checkpoint_naming
+        if automatic:
+            root = self._checkpoint_root()
+            final = root / f"checkpoint_{self.save_iteration}"
+            if self.is_main_process:
+                final = max(final, ckpt.next_checkpoint_dir(root), key=lambda p: int(p.name.split("_")[1]))
+        else:
+            final = Path(output_dir)  # type: ignore[arg-type]
+        staging = collectives.broadcast_object(str(ckpt.begin_checkpoint(final)) if self.is_main_process else None)
+        final = Path(collectives.broadcast_object(str(final)))
+        strategy = self.strategy
+        state = saving.collect_checkpoint(strategy, self._models, list(zip(self._optimizers_inner(),
+                                                                          self._optimizer_models)))
+        dcp.save(state, checkpoint_id=os.path.join(staging, "distributed"), no_dist=not _group_running())
+        torch.save(saving.rng_state(), os.path.join(staging, f"random_states_{self.process_index}.pkl"))
+        if self.is_main_process:
+            extra = {"schedulers": [s.state_dict() for s in self._schedulers],
+                     "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                     "dataloaders": [d.state_dict() for d in self._dataloaders],
+                     "custom": [o.state_dict() for o in self._custom], "step": self.step}
+            torch.save(extra, os.path.join(staging, "state.pt"))
+        self.wait_for_everyone()
+        if self.is_main_process:
+            ckpt.commit_checkpoint(staging, final, {"world_size": self.num_processes, "strategy": strategy.name,
+                                                    "iteration": self.save_iteration})
+            if automatic:
+                ckpt.prune_checkpoints(final.parent, self.project_configuration.total_limit)
+        self.wait_for_everyone()
+        if automatic:
+            self.save_iteration = int(final.name.split("_")[1]) + 1
+        return str(final)
+
+    def _optimizers_inner(self) -> list[Any]:
+        return [o.optimizer for o in self._optimizers]
+
+    def load_state(self, input_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> str:
+        """Restore the newest complete checkpoint under ``project_dir`` (or ``input_dir``); returns it."""
+        import torch
+        import torch.distributed.checkpoint as dcp
+
+        if input_dir is None:
+            found = ckpt.latest_checkpoint(self._checkpoint_root())
+            if found is None:
+                raise CheckpointError(f"no complete checkpoint under {self._checkpoint_root()}; "
+                                      "save_state() first, or pass input_dir")
+            path = found
+        else:
+            path = Path(input_dir)
+        meta = ckpt.read_meta(path)
+        strategy = self.strategy
+        pairs = list(zip(self._optimizers_inner(), self._optimizer_models))
+        state = saving.collect_checkpoint(strategy, self._models, pairs)
+        dcp.load(state, checkpoint_id=str(path / "distributed"), no_dist=not _group_running())
+        saving.apply_checkpoint(strategy, self._models, pairs, state)
+        extra = torch.load(path / "state.pt", weights_only=False)
+        for scheduler, sd in zip(self._schedulers, extra["schedulers"]):
+            scheduler.load_state_dict(sd)
+        if self.scaler is not None and extra["scaler"] is not None:
+            self.scaler.load_state_dict(extra["scaler"])
+        for loader, sd in zip(self._dataloaders, extra["dataloaders"]):
+            loader.load_state_dict(sd)
+        for obj, sd in zip(self._custom, extra["custom"]):
+            obj.load_state_dict(sd)
+        rng = path / f"random_states_{self.process_index}.pkl"
+        if rng.exists():  # a checkpoint from fewer processes has no RNG state for the extra ranks
+            saving.set_rng_state(torch.load(rng, weights_only=False))
+        if self.project_dir is not None and path.parent == self._checkpoint_root():
+            self.save_iteration = int(meta.get("iteration", 0)) + 1
+        self.wait_for_everyone()
+        return str(path)
+
+    def __repr__(self) -> str:
+        return (f"Accelerator(strategy={self.settings.strategy!r}, num_processes={self.num_processes}, "
+                f"process_index={self.process_index}, device={self.device}, "
+                f"mixed_precision={self.mixed_precision!r})")
+
+
+def _group_running() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _all_tensors(data: Any) -> bool:
+    import torch
+
+    if isinstance(data, torch.Tensor):
+        return True
+    if isinstance(data, dict):
+        return all(_all_tensors(v) for v in data.values())
+    if isinstance(data, (list, tuple)):
+        return len(data) > 0 and all(_all_tensors(v) for v in data)
+    return False
+
+
+def _autocast_forward(model: Any, autocast: Callable[[], Any]) -> None:
+    """Run ``model.forward`` under autocast and hand back fp32 outputs (Accelerate's behaviour)."""
+    import torch
+
+    original = model.forward
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with autocast():
+            out = original(*args, **kwargs)
+        return collectives.map_tensors(
+            lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t, out)
+
+    model.__dict__["_convoy_original_forward"] = original
+    model.forward = forward
+
+
+def _split(inputs: Any, n: int, index: int, pad: bool) -> Any:
+    if isinstance(inputs, dict):
+        return {k: _split(v, n, index, pad) for k, v in inputs.items()}
+    length = len(inputs)
+    base, extra = divmod(length, n)
+    start = index * base + min(index, extra)
+    end = start + base + (1 if index < extra else 0)
+    part = inputs[start:end]
+    if pad and extra and index >= extra:
+        last = inputs[-1:] if not hasattr(inputs, "shape") else inputs[-1:]
+        part = part + last if isinstance(part, (list, tuple)) else _cat(part, last)
+    return part
+
+
+def _cat(a: Any, b: Any) -> Any:
+    import torch
+
+    return torch.cat([a, b])

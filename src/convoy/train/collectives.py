@@ -1,0 +1,155 @@
+"""Collectives over nested data (tensors inside dicts, lists, tuples), as the Accelerator exposes them.
+
+    gather(torch.tensor([rank]))                 # -> tensor([0, 1]) on every rank
+    pad_across_processes(t, dim=0)               # pad to the longest t of any rank
+    reduce(t, "mean"); broadcast(t, src=0)
+
+Every function is a no-op copy when no process group is running (one process).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from convoy.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = ["is_distributed", "gather", "gather_object", "pad_across_processes", "reduce", "broadcast",
+           "broadcast_object", "truncate", "map_tensors"]
+
+
+def is_distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def map_tensors(fn: Callable[["torch.Tensor"], Any], data: Any) -> Any:
+    """Apply ``fn`` to every tensor in ``data``, keeping the container structure."""
+    import torch
+
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, dict):
+        return type(data)({k: map_tensors(fn, v) for k, v in data.items()})
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(map_tensors(fn, v) for v in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(map_tensors(fn, v) for v in data)
+    return data
+
+
+def _gather_one(tensor: "torch.Tensor") -> "torch.Tensor":
+    import torch
+    import torch.distributed as dist
+
+    if tensor.ndim == 0:
+        tensor = tensor.reshape(1)
+    tensor = tensor.contiguous()
+    sizes = [None] * dist.get_world_size()
+    dist.all_gather_object(sizes, tuple(tensor.shape))
+    if len(set(sizes)) > 1:
+        raise ConfigError(f"gather() needs the same shape on every process, got {sizes}; call "
+                          "pad_across_processes() first, or use gather_for_metrics()")
+    parts = [torch.empty_like(tensor) for _ in sizes]
+    dist.all_gather(parts, tensor)
+    return torch.cat(parts, dim=0)
+
+
+def gather(data: Any) -> Any:
+    """Concatenate every process's tensors along the first dimension (scalars become 1-d)."""
+    if not is_distributed():
+        return map_tensors(lambda t: t.reshape(1) if t.ndim == 0 else t, data)
+    return map_tensors(_gather_one, data)
+
+
+def gather_object(obj: Any) -> list[Any]:
+    """Every process's picklable ``obj``; lists are concatenated, other objects collected in a list."""
+    import torch.distributed as dist
+
+    if not is_distributed():
+        return list(obj) if isinstance(obj, list) else [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    if all(isinstance(o, list) for o in out):
+        return [item for o in out for item in o]
+    return out
+
+
+def truncate(data: Any, length: int) -> Any:
+    """Keep the first ``length`` rows of every tensor (list) in ``data``."""
+    if isinstance(data, list) and not any(hasattr(x, "shape") for x in data[:1]):
+        return data[:length]
+    return map_tensors(lambda t: t[:length], data)
+
+
+def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+    """Pad each tensor along ``dim`` to the largest size any process has there."""
+    import torch
+    import torch.distributed as dist
+
+    def pad(tensor: "torch.Tensor") -> "torch.Tensor":
+        if tensor.ndim == 0 or dim >= tensor.ndim:
+            return tensor
+        size = torch.tensor([tensor.shape[dim]], dtype=torch.long)
+        dist.all_reduce(size, op=dist.ReduceOp.MAX)
+        longest = int(size.item())
+        if longest == tensor.shape[dim]:
+            return tensor
+        shape = list(tensor.shape)
+        shape[dim] = longest
+        out = tensor.new_full(shape, pad_index)
+        index = [slice(None)] * tensor.ndim
+        length = tensor.shape[dim]
+        index[dim] = slice(longest - length, longest) if pad_first else slice(0, length)
+        out[tuple(index)] = tensor
+        return out
+
+    if not is_distributed():
+        return data
+    return map_tensors(pad, data)
+
+
+def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+    """All-reduce copies of the tensors: ``"sum"``, ``"mean"`` or ``"none"``; the result times ``scale``."""
+    import torch.distributed as dist
+
+    if reduction not in ("sum", "mean", "none"):
+        raise ConfigError(f"reduction={reduction!r} is not supported; choose 'sum', 'mean' or 'none'")
+
+    def one(tensor: "torch.Tensor") -> "torch.Tensor":
+        out = tensor.clone()
+        if reduction != "none" and is_distributed():
+            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+            if reduction == "mean":
+                out = out / dist.get_world_size()
+        return out * scale if scale != 1.0 else out
+
+    return map_tensors(one, data)
+
+
+def broadcast(data: Any, src: int = 0) -> Any:
+    """Every tensor replaced (in place) by process ``src``'s; returns ``data``."""
+    import torch.distributed as dist
+
+    if not is_distributed():
+        return data
+
+    def one(tensor: "torch.Tensor") -> "torch.Tensor":
+        dist.broadcast(tensor, src=src)
+        return tensor
+
+    return map_tensors(one, data)
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Process ``src``'s picklable ``obj`` on every process."""
+    import torch.distributed as dist
+
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]

@@ -1,0 +1,148 @@
+"""The training process's view of its job: rank, world, device, settings from ``convoy launch``.
+
+    settings = resolve_settings(explicit={"mixed_precision": "bf16"}, env=os.environ)
+    settings.mixed_precision, settings.strategy          # explicit argument > CONVOY_* variable > default
+    start_process_group(settings)                        # gloo on CPU, nccl on CUDA; no-op for one process
+
+Reads the launcher contract (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ... set by ``convoy launch`` or
+torchrun, and ``CONVOY_MIXED_PRECISION``, ``CONVOY_STRATEGY``, ``CONVOY_PARALLELISM``,
+``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``). When ``RANK``/``WORLD_SIZE`` say
+the job has several processes, a process group is started even on a CPU-only machine: convoy never trains
+N independent copies that each believe they are alone.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from convoy.errors import ConfigError
+from convoy.plan.dims import ParallelDims
+
+__all__ = ["TrainSettings", "resolve_settings", "start_process_group", "stop_process_group"]
+
+MIXED_PRECISIONS = ("no", "fp16", "bf16")
+DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSettings:
+    """Resolved settings of one training process."""
+
+    rank: int = 0
+    """Global rank."""
+    local_rank: int = 0
+    """Rank on this machine."""
+    world_size: int = 1
+    """Processes in the job."""
+    local_world_size: int = 1
+    """Processes on this machine."""
+    device_type: str = "cpu"
+    """Where this process computes: ``"cpu"`` or an accelerator type (``"cuda"``)."""
+    mixed_precision: str = "no"
+    """``"no"``, ``"fp16"`` or ``"bf16"``."""
+    strategy: str = "auto"
+    """Strategy name (``"auto"``, ``"ddp"``, ``"zero3"``, ...)."""
+    gradient_accumulation_steps: int = 1
+    """Micro-steps per optimizer step."""
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+    """Timeout of every collective."""
+    parallel_dims: ParallelDims | None = None
+    """Parallel degrees from ``CONVOY_PARALLELISM``, if given."""
+
+    def __post_init__(self) -> None:
+        if self.mixed_precision not in MIXED_PRECISIONS:
+            raise ConfigError(f"mixed_precision={self.mixed_precision!r} is not supported; "
+                              f"choose one of {', '.join(MIXED_PRECISIONS)}")
+        if self.gradient_accumulation_steps < 1:
+            raise ConfigError(f"gradient_accumulation_steps={self.gradient_accumulation_steps} must be >= 1")
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"RANK={self.rank} is outside WORLD_SIZE={self.world_size}; "
+                              f"a rank must be in 0..{self.world_size - 1}")
+        if self.collective_timeout_s <= 0:
+            raise ConfigError(f"collective timeout {self.collective_timeout_s} s must be positive")
+
+
+def _int(env: Mapping[str, str], key: str, default: int) -> int:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r} is not a whole number") from None
+
+
+def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
+                     cpu: bool = False) -> TrainSettings:
+    """Combine explicit constructor arguments (``None`` = not given) with the environment. Pure."""
+    env = os.environ if env is None else env
+    given = {k: v for k, v in (explicit or {}).items() if v is not None}
+    world_size = _int(env, "WORLD_SIZE", 1)
+    rank = _int(env, "RANK", 0)
+    local_rank = _int(env, "LOCAL_RANK", rank if world_size > 1 else 0)
+    local_world_size = _int(env, "LOCAL_WORLD_SIZE", world_size)
+
+    mixed = given.get("mixed_precision", env.get("CONVOY_MIXED_PRECISION") or env.get("ACCELERATE_MIXED_PRECISION")
+                      or "no")
+    strategy = given.get("strategy", env.get("CONVOY_STRATEGY") or "auto")
+    accum = given.get("gradient_accumulation_steps", _int(env, "CONVOY_GRADIENT_ACCUMULATION_STEPS", 1))
+    timeout_raw = given.get("collective_timeout", env.get("CONVOY_COLLECTIVE_TIMEOUT"))
+    try:
+        timeout = DEFAULT_COLLECTIVE_TIMEOUT_S if timeout_raw in (None, "") else float(timeout_raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"CONVOY_COLLECTIVE_TIMEOUT={timeout_raw!r} is not a number of seconds") from None
+    dims = given.get("parallelism", env.get("CONVOY_PARALLELISM") or None)
+    if isinstance(dims, str):
+        dims = ParallelDims.parse(dims, world_size=world_size)
+    return TrainSettings(
+        rank=rank, local_rank=local_rank, world_size=world_size, local_world_size=local_world_size,
+        device_type="cpu" if cpu else _device_type(),
+        mixed_precision=str(mixed), strategy=str(strategy), gradient_accumulation_steps=int(accum),
+        collective_timeout_s=timeout, parallel_dims=dims,
+    )
+
+
+def _device_type() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+_owned_group = False
+
+
+def start_process_group(settings: TrainSettings, *, always: bool = False) -> bool:
+    """Start the default process group for this job if there is none; True when this call started it.
+
+    ``always`` starts a one-process group (an in-memory store) even when the job has a single process,
+    for strategies whose engine needs a group (DDP, FSDP).
+    """
+    global _owned_group
+    import datetime
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return False
+    if settings.world_size == 1 and not always:
+        return False
+    timeout = datetime.timedelta(seconds=settings.collective_timeout_s)
+    backend = "cpu:gloo,cuda:nccl" if settings.device_type == "cuda" else "gloo"
+    if settings.world_size == 1 and "MASTER_ADDR" not in os.environ:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    else:
+        dist.init_process_group(backend, rank=settings.rank, world_size=settings.world_size, timeout=timeout)
+    _owned_group = True
+    return True
+
+
+def stop_process_group() -> None:
+    """Destroy the default process group if ``start_process_group`` started it. Idempotent."""
+    global _owned_group
+    import torch.distributed as dist
+
+    if _owned_group and dist.is_initialized():
+        dist.destroy_process_group()
+    _owned_group = False

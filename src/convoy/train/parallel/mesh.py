@@ -1,0 +1,113 @@
+"""The one place a ``DeviceMesh`` is built from parallel degrees.
+
+    from convoy.plan.dims import ParallelDims
+    from convoy.train.parallel.mesh import build_mesh
+    pm = build_mesh(ParallelDims.parse("dp=2,tp=2", world_size=4))   # after init_process_group
+    pm.tp, pm.dp, pm.pp          # the sub-meshes (None where the degree is 1)
+    pm.dp_rank, pm.dp_size       # which data shard this process reads, and how many there are
+
+Dimension order comes from ``ParallelDims.mesh_shape()`` (pp outermost, tp innermost so tensor-parallel
+ranks are neighbours). When dp is both replicated and sharded, a flattened ``"dp"`` dimension is added so
+that data loading and loss averaging see one data-parallel group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from convoy.errors import StrategyError
+from convoy.plan.dims import ParallelDims
+
+if TYPE_CHECKING:  # torch is imported lazily: this module is reachable from torch-free code paths
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = ["ParallelMesh", "build_mesh", "default_device_type"]
+
+
+@dataclass(frozen=True)
+class ParallelMesh:
+    """A built mesh and the degrees it was built from."""
+
+    dims: ParallelDims
+    """The degrees; their product is the world size."""
+    mesh: "DeviceMesh"
+    """The whole mesh, with the named dimensions of ``dims.mesh_shape()``."""
+
+    def _sub(self, name: str) -> "DeviceMesh | None":
+        names = self.mesh.mesh_dim_names or ()
+        return self.mesh[name] if name in names else None
+
+    @property
+    def tp(self) -> "DeviceMesh | None":
+        """Tensor-parallel sub-mesh, or None when tp == 1."""
+        return self._sub("tp") if self.dims.tp > 1 else None
+
+    @property
+    def pp(self) -> "DeviceMesh | None":
+        """Pipeline sub-mesh, or None when pp == 1."""
+        return self._sub("pp") if self.dims.pp > 1 else None
+
+    @property
+    def dp(self) -> "DeviceMesh | None":
+        """The whole data-parallel sub-mesh (replicas x shards, flattened), or None when dp == 1."""
+        if self.dims.dp == 1:
+            return None
+        if self.dims.dp_replicate > 1 and self.dims.dp_shard > 1:
+            return self._sub("dp")
+        return self._sub("dp_shard") if self.dims.dp_shard > 1 else self._sub("dp_replicate")
+
+    @property
+    def dp_shard_mesh(self) -> "DeviceMesh | None":
+        """The mesh FSDP shards over: ("dp_replicate", "dp_shard") for HSDP, else the dp mesh."""
+        if self.dims.dp_replicate > 1 and self.dims.dp_shard > 1:
+            return self.mesh["dp_replicate", "dp_shard"]
+        return self.dp
+
+    def _rank_in(self, sub: "DeviceMesh | None") -> int:
+        return 0 if sub is None else sub.get_local_rank()
+
+    @property
+    def dp_rank(self) -> int:
+        return self._rank_in(self.dp)
+
+    @property
+    def dp_size(self) -> int:
+        return self.dims.dp
+
+    @property
+    def tp_rank(self) -> int:
+        return self._rank_in(self.tp)
+
+    @property
+    def pp_rank(self) -> int:
+        return self._rank_in(self.pp)
+
+
+def default_device_type() -> str:
+    """"cuda" (or the current accelerator's type) when one is available, else "cpu"."""
+    import torch
+
+    accel = getattr(torch, "accelerator", None)
+    if accel is not None and accel.is_available():
+        current = accel.current_accelerator()
+        if current is not None:
+            return current.type
+    return "cpu"
+
+
+def build_mesh(dims: ParallelDims, *, device_type: str | None = None) -> ParallelMesh:
+    """Build the mesh for ``dims`` over the current process group (which must match its world size)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_initialized():
+        raise StrategyError("building a device mesh needs a process group; launch with 'convoy launch' "
+                            "(or call torch.distributed.init_process_group first)")
+    dims.check_world_size(dist.get_world_size())
+    shape = dims.mesh_shape()
+    mesh = init_device_mesh(device_type or default_device_type(), tuple(size for _, size in shape),
+                            mesh_dim_names=tuple(name for name, _ in shape))
+    if dims.dp_replicate > 1 and dims.dp_shard > 1:
+        mesh["dp_replicate", "dp_shard"]._flatten("dp")  # private but the documented torchtitan idiom
+    return ParallelMesh(dims=dims, mesh=mesh)

@@ -1,0 +1,317 @@
+"""Pipeline parallelism on ``torch.distributed.pipelining``: stages, schedules, micro-batches.
+
+    from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule, stage_boundaries
+    stage_boundaries(model, 2)                                   # ("layers.2",): stage 1 starts there
+    pipe = PipelineModule(model, config=PipelineConfig(schedule="1f1b", microbatches=4),
+                          loss_fn=F.cross_entropy, group=pp_group)
+    loss = pipe(x, target=y)    # forward and backward of every micro-batch; grads are ready for opt.step()
+
+The model is split by tracing (``torch.distributed.pipelining.pipeline`` with ``SplitPoint.BEGINNING`` at
+each boundary), so the model's own ``forward`` needs no change; the boundaries are either given by name
+(``split_at=("layers.4",)``) or cut evenly from the model's largest ``nn.ModuleList`` (``layers=`` names
+another one). Tracing happens on the first call, with the first micro-batch as the example, so every
+batch afterwards must have the same shape (use ``drop_last``). Stage parameters are the model's own
+``Parameter`` objects: an optimizer built on the whole model keeps working (other stages' parameters get
+no gradient and are skipped). Each process still builds the whole model before splitting.
+
+Schedules (``SCHEDULES``): ``gpipe``, ``1f1b``, ``interleaved_1f1b`` and ``looped_bfs`` (the last two hold
+several stages per process, ``stages_per_rank``, default 2). Gradients are the mean over micro-batches
+(the schedule scales them), so with a mean loss they equal the full-batch gradient.
+
+Naive model parallelism (one process, layers spread over its devices) is ``pp`` with one micro-batch and
+no second process; convoy does not move layers between devices in one process, see docs/parallelism.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from convoy.errors import NotSupportedYetError, StrategyError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = ["SCHEDULES", "PipelineConfig", "PipelineModule", "stage_boundaries", "find_layers"]
+
+#: schedule name -> (class name in torch.distributed.pipelining, several stages per process)
+SCHEDULES: dict[str, tuple[str, bool]] = {
+    "gpipe": ("ScheduleGPipe", False),
+    "1f1b": ("Schedule1F1B", False),
+    "interleaved_1f1b": ("ScheduleInterleaved1F1B", True),
+    "looped_bfs": ("ScheduleLoopedBFS", True),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineConfig:
+    """How to cut the model and run the micro-batches."""
+
+    schedule: str = "1f1b"
+    """One of ``SCHEDULES``."""
+    microbatches: int | None = None
+    """Micro-batches per step; must divide the batch. Default: the number of stages."""
+    stages_per_rank: int | None = None
+    """Stages held by each process; only multi-stage schedules take more than 1 (default 2 for them)."""
+    split_at: tuple[str, ...] | None = None
+    """Module names where stages 1, 2, ... begin, in model order. Default: cut ``layers`` evenly."""
+    layers: str | None = None
+    """Name of the ``nn.ModuleList`` to cut evenly; default: the model's largest one."""
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise StrategyError(f"pipeline schedule {self.schedule!r} is unknown; choose one of {', '.join(SCHEDULES)}")
+        for name in ("microbatches", "stages_per_rank"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise StrategyError(f"pipeline {name}={value!r} must be a whole number >= 1")
+        multi = SCHEDULES[self.schedule][1]
+        if not multi and self.stages_per_rank not in (None, 1):
+            raise StrategyError(f"schedule {self.schedule!r} runs one stage per process; use interleaved_1f1b "
+                                f"or looped_bfs for stages_per_rank={self.stages_per_rank}")
+        if self.split_at is not None and not isinstance(self.split_at, tuple):
+            object.__setattr__(self, "split_at", tuple(self.split_at))
+
+    def local_stages(self) -> int:
+        if self.stages_per_rank is not None:
+            return self.stages_per_rank
+        return 2 if SCHEDULES[self.schedule][1] else 1
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> "PipelineConfig":
+        """Build from ``strategy_options`` keys ``pp_schedule``, ``pp_microbatches``, ``pp_stages_per_rank``,
+        ``pp_split_at``, ``pp_layers``."""
+        keys = {"pp_schedule": "schedule", "pp_microbatches": "microbatches", "pp_stages_per_rank": "stages_per_rank",
+                "pp_split_at": "split_at", "pp_layers": "layers"}
+        kwargs = {field: options[key] for key, field in keys.items() if key in options}
+        if isinstance(kwargs.get("split_at"), str):
+            kwargs["split_at"] = tuple(s.strip() for s in kwargs["split_at"].split(",") if s.strip())
+        return cls(**kwargs)
+
+
+def find_layers(model: "nn.Module", name: str | None = None) -> tuple[str, int]:
+    """(name, length) of the ``nn.ModuleList`` to cut: ``name`` if given, else the longest one."""
+    from torch import nn
+
+    lists = [(n, len(m)) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m)]
+    if name is not None:
+        found = [entry for entry in lists if entry[0] == name]
+        if not found:
+            raise StrategyError(f"pipeline layers={name!r} is not a non-empty nn.ModuleList of "
+                                f"{type(model).__name__}; lists: {[n for n, _ in lists] or 'none'}")
+        return found[0]
+    if not lists:
+        raise StrategyError(f"{type(model).__name__} has no nn.ModuleList of layers to cut into stages; "
+                            f"pass split_at=('<module name>', ...)")
+    return max(lists, key=lambda entry: entry[1])
+
+
+def stage_boundaries(model: "nn.Module", num_stages: int, *, split_at: Sequence[str] | None = None,
+                     layers: str | None = None) -> tuple[str, ...]:
+    """Module names where stages 1..num_stages-1 begin; ``StrategyError`` when the cut is impossible."""
+    if num_stages < 1:
+        raise StrategyError(f"pipeline stages={num_stages}: need at least 1")
+    names = [n for n, _ in model.named_modules() if n]
+    if split_at is not None:
+        split_at = tuple(split_at)
+        unknown = [s for s in split_at if s not in names]
+        if unknown:
+            raise StrategyError(f"pipeline split_at {unknown[0]!r} is not a module of {type(model).__name__}")
+        if len(split_at) != num_stages - 1:
+            raise StrategyError(f"{num_stages} stages need {num_stages - 1} split points, got {len(split_at)} "
+                                f"({', '.join(split_at) or 'none'})")
+        order = [names.index(s) for s in split_at]
+        if order != sorted(order) or len(set(order)) != len(order):
+            raise StrategyError(f"pipeline split_at {list(split_at)} must be distinct and in the model's order")
+        return split_at
+    list_name, count = find_layers(model, layers)
+    if num_stages > count:
+        raise StrategyError(f"{num_stages} pipeline stages are more than the {count} layers of "
+                            f"{list_name!r}; choose pp x stages_per_rank <= {count}")
+    return tuple(f"{list_name}.{(i * count) // num_stages}" for i in range(1, num_stages))
+
+
+def _pipelining_module():
+    import torch.distributed.pipelining as pipelining
+
+    return pipelining
+
+
+class PipelineModule:
+    """This process's stages of a model and the schedule that runs them. Built on the first call.
+
+    Not an ``nn.Module`` on purpose: calling it runs forward *and* backward (``target=`` given), which a
+    module's ``__call__`` must not hide. ``parameters()`` are this process's stages' parameters.
+    """
+
+    def __init__(self, model: "nn.Module", *, config: PipelineConfig, loss_fn: Callable[..., "torch.Tensor"] | None,
+                 group: Any, device: "torch.device | None" = None,
+                 wrap_stage: Callable[["nn.Module"], "nn.Module"] | None = None) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.model = model
+        self.config = config
+        self.loss_fn = loss_fn
+        self.group = group
+        self.device = device or torch.device("cpu")
+        self.pp_size = dist.get_world_size(group)
+        self.pp_rank = dist.get_rank(group)
+        self.num_stages = self.pp_size * config.local_stages()
+        self.boundaries = stage_boundaries(model, self.num_stages, split_at=config.split_at, layers=config.layers)
+        self.microbatches = config.microbatches or self.num_stages
+        self.stage_indices = tuple(self.pp_rank + k * self.pp_size for k in range(config.local_stages()))
+        self.training = True
+        self._wrap_stage = wrap_stage
+        self._stages: list[Any] = []
+        self._stage_modules: list["nn.Module"] = []
+        self._schedule: Any = None
+        self._on_build: list[Callable[["PipelineModule"], None]] = []
+
+    # --- building -------------------------------------------------------------------------------------
+    @property
+    def built(self) -> bool:
+        return self._schedule is not None
+
+    @property
+    def is_first(self) -> bool:
+        return 0 in self.stage_indices
+
+    @property
+    def is_last(self) -> bool:
+        return self.num_stages - 1 in self.stage_indices
+
+    def on_build(self, callback: Callable[["PipelineModule"], None]) -> None:
+        """Run ``callback(self)`` once the stages exist (now, if they already do)."""
+        if self.built:
+            callback(self)
+        else:
+            self._on_build.append(callback)
+
+    def _example(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        import torch
+
+        def first(t: Any) -> Any:
+            if isinstance(t, torch.Tensor):
+                if t.shape[0] % self.microbatches:
+                    raise StrategyError(f"batch of {t.shape[0]} does not split into {self.microbatches} "
+                                        f"micro-batches; make the batch size a multiple of {self.microbatches}")
+                return t.chunk(self.microbatches)[0]
+            return t
+
+        return tuple(first(a) for a in args), {k: first(v) for k, v in kwargs.items()}
+
+    def build(self, *args: Any, **kwargs: Any) -> None:
+        """Trace the model with one micro-batch of ``args`` and build this process's stages and schedule."""
+        pp = _pipelining_module()
+        mb_args, mb_kwargs = self._example(args, kwargs)
+        try:
+            pipe = pp.pipeline(self.model, mb_args=mb_args, mb_kwargs=mb_kwargs or None,
+                               split_spec={name: pp.SplitPoint.BEGINNING for name in self.boundaries})
+        except Exception as exc:  # tracing errors come from deep inside torch.export
+            raise NotSupportedYetError(f"pipeline: {type(self.model).__name__} could not be traced for "
+                                       f"splitting ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+                                       f"simplify its forward or use tp/fsdp instead") from exc
+        if pipe.num_stages != self.num_stages:
+            raise StrategyError(f"pipeline: tracing produced {pipe.num_stages} stages, expected "
+                                f"{self.num_stages}; the split points {self.boundaries} are not all on the "
+                                f"forward path")
+        for index in self.stage_indices:
+            stage = pipe.build_stage(index, self.device, group=self.group)
+            self._stage_modules.append(stage.submod)
+            if self._wrap_stage is not None:
+                stage.submod = self._wrap_stage(stage.submod)
+            self._stages.append(stage)
+        self._schedule = self._make_schedule(self.loss_fn)
+        callbacks, self._on_build = self._on_build, []
+        for callback in callbacks:
+            callback(self)
+
+    def _make_schedule(self, loss_fn: Any) -> Any:
+        pp = _pipelining_module()
+        cls_name, multi = SCHEDULES[self.config.schedule]
+        cls = getattr(pp, cls_name)
+        stages = self._stages if multi else self._stages[0]
+        try:
+            return cls(stages, n_microbatches=self.microbatches, loss_fn=loss_fn)
+        except ValueError as exc:
+            raise StrategyError(f"pipeline schedule {self.config.schedule!r} with {self.microbatches} "
+                                f"micro-batches on {self.pp_size} processes: {exc}") from exc
+
+    # --- running --------------------------------------------------------------------------------------
+    def __call__(self, *args: Any, target: Any = None, **kwargs: Any) -> Any:
+        """Training (``target`` given): run forward and backward over the micro-batches and return the mean
+        loss (on every stage). Without ``target``: forward only; the last stage returns the output, the
+        others ``None``."""
+        import torch
+
+        if not self.built:
+            self.build(*args, **kwargs)
+        if target is None:
+            if torch.is_grad_enabled() and self.training:
+                raise StrategyError("a pipeline-parallel model trains with model(inputs, target=labels) and "
+                                    "a loss_fn (forward and backward run together, stage by stage)")
+            return self._forward_only(*args, **kwargs)
+        if self.loss_fn is None:
+            raise StrategyError("pipeline training needs a loss function: strategy_options={'loss_fn': fn}")
+        losses: list = []
+        feed = args if self.is_first else ()
+        self._schedule.step(*feed, target=target if self.is_last else None, losses=losses, **kwargs)
+        return self._mean_loss(losses)
+
+    def _mean_loss(self, losses: list) -> "torch.Tensor":
+        import torch
+        import torch.distributed as dist
+
+        if self.is_last:
+            loss = torch.stack([l.detach().float() for l in losses]).mean().to(self.device)
+        else:
+            loss = torch.zeros((), dtype=torch.float32, device=self.device)
+        last_rank = dist.get_global_rank(self.group, (self.num_stages - 1) % self.pp_size)
+        dist.broadcast(loss, src=last_rank, group=self.group)
+        return loss
+
+    def _forward_only(self, *args: Any, **kwargs: Any) -> Any:
+        feed = args if self.is_first else ()
+        with _no_grad():
+            return self._schedule.eval(*feed, **kwargs)
+
+    # --- the nn.Module surface a training loop touches ----------------------------------------------------
+    def stage_modules(self) -> list["nn.Module"]:
+        """This process's stage modules (unwrapped), in stage order."""
+        return list(self._stage_modules)
+
+    def named_parameters(self):
+        if not self.built:
+            raise StrategyError("the pipeline is built on its first call; call it once before asking for "
+                                "its parameters, or build it with .build(example_batch)")
+        for module in self._stage_modules:
+            yield from module.named_parameters()
+
+    def parameters(self):
+        for _, p in self.named_parameters():
+            yield p
+
+    def state_dict(self) -> dict[str, "torch.Tensor"]:
+        """This process's stages' entries, under the original model's names."""
+        out: dict[str, Any] = {}
+        for module in self._stage_modules:
+            out.update(module.state_dict())
+        return out
+
+    def train(self, mode: bool = True) -> "PipelineModule":
+        self.training = mode
+        self.model.train(mode)
+        for module in self._stage_modules:
+            module.train(mode)
+        return self
+
+    def eval(self) -> "PipelineModule":
+        return self.train(False)
+
+
+def _no_grad():
+    import torch
+
+    return torch.no_grad()

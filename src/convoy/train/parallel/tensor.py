@@ -1,0 +1,266 @@
+"""Tensor parallelism: which module gets which DTensor style, and applying it with ``parallelize_module``.
+
+    from convoy.train.parallel.tensor import resolve_tp_plan, apply_tensor_parallel
+    plan = resolve_tp_plan(model)                                   # the model's own plan, or the default one
+    plan = resolve_tp_plan(model, {"layers.*.attn.wq": "colwise", "layers.*.attn.wo": "rowwise"})
+    apply_tensor_parallel(model, tp_mesh, plan)                      # in place; returns the model
+
+Where the plan comes from, first match wins: the ``plan`` argument (module-name patterns, ``*`` stands for
+one name component such as a layer number), the model's declared plan (Hugging Face models carry
+``config.base_model_tp_plan`` for the base model and ``_tp_plan`` for heads such as ``lm_head``), or
+convoy's default for common transformer names (q/k/v/o projections, MLP up/gate/down, token embedding,
+LM head; ``nn.Linear``/``nn.Embedding`` only, tied embeddings left replicated).
+
+Styles (Hugging Face's names where they exist): ``colwise``, ``rowwise`` (on an ``nn.Embedding``: the
+vocabulary is split and the input ids are replicated), ``colwise_rep``/``colwise_gather_output`` (output
+gathered to every rank, for LM heads), ``rowwise_rep``, ``embedding``, ``sequence_parallel`` (norms, when
+sequence parallelism is on), ``replicate`` (leave the module whole). With ``sequence_parallel=True`` the
+activations between blocks are split along the sequence dimension: every norm must then be in the plan as
+``sequence_parallel`` (the default plan does this). Attention modules whose projections are split have
+their head-count attributes (``num_heads``, ``n_heads``, ...) divided by tp, as their local head count.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping
+
+from convoy.errors import NotSupportedYetError, StrategyError
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = ["STYLES", "TPPlan", "resolve_tp_plan", "check_tp_plan", "apply_tensor_parallel", "model_num_heads"]
+
+#: the style names convoy applies, with what each does
+STYLES: dict[str, str] = {
+    "colwise": "split the output features; output stays split",
+    "rowwise": "split the input features (Embedding: the vocabulary); output summed to every rank",
+    "colwise_rep": "split the output features, then gather the output on every rank",
+    "colwise_gather_output": "same as colwise_rep (Hugging Face's name for LM heads)",
+    "rowwise_rep": "split the input features of a replicated input; output summed to every rank",
+    "embedding": "split an Embedding's vocabulary; ids replicated, output summed",
+    "sequence_parallel": "norm/dropout running on a sequence shard (only with sequence_parallel=True)",
+    "replicate": "leave the module whole on every rank",
+}
+_ALIASES = {"replicated_with_grad_allreduce": "replicate", "colwise_gather_output": "colwise_rep"}
+# Hugging Face styles that need layers of Hugging Face's own (packed, expert, local-only weights).
+_HF_ONLY = ("local_colwise", "local_rowwise", "local_packed_rowwise", "local", "gather", "packed_colwise",
+            "packed_rowwise", "isolated", "ep_router", "moe_tp_experts", "grouped_gemm", "mla_kv_a_proj")
+
+_DEFAULT_LEAF_STYLES = {
+    **{name: "colwise" for name in ("q_proj", "k_proj", "v_proj", "wq", "wk", "wv", "query", "key", "value",
+                                    "gate_proj", "up_proj", "w1", "w3", "fc1")},
+    **{name: "rowwise" for name in ("o_proj", "out_proj", "wo", "down_proj", "w2", "fc2")},
+}
+_DEFAULT_EMBEDDINGS = ("embed_tokens", "wte", "tok_embeddings", "tok_emb", "word_embeddings")
+_DEFAULT_HEADS = ("lm_head", "output")
+_HEAD_ATTRS = ("num_heads", "n_heads", "n_head", "num_attention_heads", "num_key_value_heads", "n_kv_heads",
+               "num_kv_heads")
+
+
+@dataclass(frozen=True)
+class TPPlan:
+    """A resolved plan: concrete module names and their styles."""
+
+    styles: tuple[tuple[str, str], ...]
+    """(module name, style) pairs, in the model's module order."""
+    source: str
+    """Where the plan came from: "user", "model" or "default"."""
+    sequence_parallel: bool = False
+    """Split activations between blocks along the sequence dimension (dim 1)."""
+    notes: tuple[str, ...] = ()
+    """Decisions worth telling the user (e.g. tied embeddings left replicated)."""
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(self.styles)
+
+
+def _pattern(text: str) -> re.Pattern[str]:
+    return re.compile("".join("[^.]+" if part == "*" else re.escape(part) for part in re.split(r"(\*)", text)))
+
+
+def _canonical(style: str, where: str) -> str:
+    if not isinstance(style, str):
+        raise StrategyError(f"tp plan entry {where!r}: style {style!r} is not a string; use one of "
+                            f"{', '.join(STYLES)}")
+    if style in _HF_ONLY:
+        raise NotSupportedYetError(f"tp plan entry {where!r}: style {style!r} needs Hugging Face's own "
+                                   f"parallel layers; convoy supports {', '.join(STYLES)}")
+    if style not in STYLES and style not in _ALIASES:
+        raise StrategyError(f"tp plan entry {where!r}: unknown style {style!r}; use one of {', '.join(STYLES)}")
+    return _ALIASES.get(style, style)
+
+
+def _declared_plan(model: "nn.Module") -> dict[str, str]:
+    """The Hugging Face-style plan a model declares, with base-model entries prefixed."""
+    declared: dict[str, str] = {}
+    config = getattr(model, "config", None)
+    base = dict(getattr(config, "base_model_tp_plan", None) or {})
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    has_prefix = bool(prefix) and any(name == prefix for name, _ in model.named_children())
+    for pattern, style in base.items():
+        declared[f"{prefix}.{pattern}" if has_prefix else pattern] = style
+    declared.update(dict(getattr(model, "_tp_plan", None) or {}))
+    return declared
+
+
+def _tied(model: "nn.Module", a: str, b: str) -> bool:
+    ma, mb = model.get_submodule(a), model.get_submodule(b)
+    return getattr(ma, "weight", None) is not None and getattr(ma, "weight", None) is getattr(mb, "weight", None)
+
+
+def _default_plan(model: "nn.Module", sequence_parallel: bool) -> tuple[dict[str, str], list[str]]:
+    from torch import nn
+
+    plan: dict[str, str] = {}
+    notes: list[str] = []
+    embeddings, heads = [], []
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if isinstance(module, nn.Linear) and leaf in _DEFAULT_LEAF_STYLES:
+            plan[name] = _DEFAULT_LEAF_STYLES[leaf]
+        elif isinstance(module, nn.Embedding) and leaf in _DEFAULT_EMBEDDINGS:
+            embeddings.append(name)
+        elif isinstance(module, nn.Linear) and leaf in _DEFAULT_HEADS and "." not in name:
+            heads.append(name)
+        elif sequence_parallel and type(module).__name__.endswith("Norm"):
+            plan[name] = "sequence_parallel"
+    tied = [(e, h) for e in embeddings for h in heads if _tied(model, e, h)]
+    for emb, head in tied:
+        notes.append(f"{emb} and {head} share their weight: both left replicated")
+    tied_names = {n for pair in tied for n in pair}
+    plan.update({e: "embedding" for e in embeddings if e not in tied_names})
+    plan.update({h: "colwise_rep" for h in heads if h not in tied_names})
+    return plan, notes
+
+
+def resolve_tp_plan(model: "nn.Module", plan: Mapping[str, str] | None = None, *,
+                    sequence_parallel: bool = False) -> TPPlan:
+    """Resolve patterns to the model's module names; raise ``StrategyError`` for a pattern that matches none."""
+    names = [name for name, _ in model.named_modules() if name]
+    notes: list[str] = []
+    if plan is not None:
+        patterns, source, strict = dict(plan), "user", True
+    else:
+        patterns, source, strict = _declared_plan(model), "model", False
+        if not patterns:
+            patterns, notes = _default_plan(model, sequence_parallel)
+            source = "default"
+    resolved: dict[str, str] = {}
+    for pattern, style in patterns.items():
+        style = _canonical(style, pattern)
+        regex = _pattern(pattern)
+        hits = [n for n in names if regex.fullmatch(n)]
+        if not hits and strict:
+            raise StrategyError(f"tp plan pattern {pattern!r} matches no module of {type(model).__name__}; "
+                                f"module names look like {names[1] if len(names) > 1 else names[:1]!r}")
+        for hit in hits:
+            resolved.setdefault(hit, style)
+    if sequence_parallel and source == "model":
+        from torch import nn  # noqa: F401  (norms of a declared plan are added the default way)
+
+        for name, module in model.named_modules():
+            if type(module).__name__.endswith("Norm") and name not in resolved:
+                resolved[name] = "sequence_parallel"
+    order = {name: i for i, name in enumerate(names)}
+    styles = tuple(sorted(((n, s) for n, s in resolved.items() if s != "replicate"), key=lambda p: order[p[0]]))
+    if not styles:
+        raise StrategyError(f"no tensor-parallel plan for {type(model).__name__}: it declares none and no "
+                            f"module has a common projection name (q_proj, o_proj, up_proj, ...); pass "
+                            f"tp_plan={{'<module pattern>': 'colwise' | 'rowwise', ...}}")
+    return TPPlan(styles=styles, source=source, sequence_parallel=sequence_parallel, notes=tuple(notes))
+
+
+def model_num_heads(model: "nn.Module") -> int | None:
+    """The attention head count from a Hugging Face-style config, when the model has one."""
+    config = getattr(model, "config", None)
+    for attr in ("num_attention_heads", "n_head", "n_heads", "num_heads"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def check_tp_plan(model: "nn.Module", plan: TPPlan, tp: int) -> None:
+    """Raise ``StrategyError`` unless tp divides every split dimension and the heads."""
+    from torch import nn
+
+    heads = model_num_heads(model)
+    if heads is not None and heads % tp:
+        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+        raise StrategyError(f"tp={tp} does not divide the model's {heads} attention heads; choose tp in {divisors}")
+    for name, style in plan.styles:
+        module = model.get_submodule(name)
+        if style == "sequence_parallel" and not plan.sequence_parallel:
+            raise StrategyError(f"tp plan gives {name!r} 'sequence_parallel' but sequence_parallel is off; "
+                                f"turn it on or use 'replicate'")
+        if style == "sequence_parallel":
+            continue
+        if isinstance(module, nn.Embedding):
+            size, what = module.num_embeddings, "vocabulary size"
+            if style not in ("rowwise", "embedding", "rowwise_rep"):
+                raise StrategyError(f"tp plan gives Embedding {name!r} style {style!r}; embeddings take 'embedding'")
+        elif isinstance(module, nn.Linear):
+            colwise = style.startswith("colwise")
+            size = module.out_features if colwise else module.in_features
+            what = "output features" if colwise else "input features"
+        else:
+            raise StrategyError(f"tp plan gives {type(module).__name__} {name!r} style {style!r}; only Linear "
+                                f"and Embedding modules can be split")
+        if size % tp:
+            raise StrategyError(f"tp={tp} does not divide the {size} {what} of {name!r}; choose a tp dividing {size}")
+    if plan.sequence_parallel:
+        missing = [n for n, m in model.named_modules() if type(m).__name__.endswith("Norm") and n not in plan.as_dict()]
+        if missing:
+            raise StrategyError(f"sequence parallelism needs every norm in the plan as 'sequence_parallel'; "
+                                f"missing {missing[0]!r}")
+
+
+def _style_object(style: str, module: "nn.Module", sequence_parallel: bool):
+    from torch import nn
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    seq = Shard(1) if sequence_parallel else Replicate()
+    if style == "sequence_parallel":
+        return SequenceParallel()
+    if isinstance(module, nn.Embedding):
+        return RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+    if style == "colwise":
+        return ColwiseParallel(input_layouts=seq)
+    if style == "colwise_rep":
+        return ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+    if style == "rowwise":
+        return RowwiseParallel(output_layouts=seq)
+    if style == "rowwise_rep":
+        return RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+    raise AssertionError(f"unhandled style {style}")  # _canonical admits only the styles above
+
+
+def _localize_head_counts(model: "nn.Module", plan: TPPlan, tp: int) -> None:
+    """Divide head-count attributes of modules whose projections were split colwise (their local heads)."""
+    parents = {name.rpartition(".")[0] for name, style in plan.styles if style == "colwise"}
+    for parent in sorted(parents):
+        module = model.get_submodule(parent)
+        for attr in _HEAD_ATTRS:
+            value = getattr(module, attr, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                if value % tp:
+                    raise StrategyError(f"tp={tp} does not divide {parent or 'model'}.{attr}={value}")
+                setattr(module, attr, value // tp)
+
+
+def apply_tensor_parallel(model: "nn.Module", tp_mesh: "DeviceMesh", plan: TPPlan) -> "nn.Module":
+    """Split ``model`` in place over ``tp_mesh`` (1-D) following ``plan``; returns ``model``."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    tp = tp_mesh.size()
+    check_tp_plan(model, plan, tp)
+    styles = {name: _style_object(style, model.get_submodule(name), plan.sequence_parallel)
+              for name, style in plan.styles}
+    parallelize_module(model, tp_mesh, styles)
+    _localize_head_counts(model, plan, tp)
+    return model

@@ -1,0 +1,143 @@
+"""What ``save_state``/``load_state``/``save_model`` write, and how it is read back.
+
+A ``save_state`` directory::
+
+    checkpoint_3/
+      distributed/                 torch.distributed.checkpoint: model_<i>, optimizer_<j> (sharded or not;
+                                   loadable by any strategy on any number of processes)
+      state.pt                     schedulers, gradient scaler, dataloader positions, registered objects
+      random_states_<rank>.pkl     python / numpy / torch (and CUDA) RNG of each rank
+      convoy_checkpoint.json       written last: the checkpoint is complete (see checkpoint.py)
+
+``save_model`` writes the unwrapped, consolidated weights as ``model.safetensors`` (or shards plus
+``model.safetensors.index.json`` past ``max_shard_size``), the layout transformers reads.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from convoy.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from convoy.train.strategies.base import Strategy
+
+__all__ = ["collect_checkpoint", "apply_checkpoint", "rng_state", "set_rng_state", "write_model", "parse_size"]
+
+
+def collect_checkpoint(strategy: "Strategy", models: Sequence[Any], optimizers: Sequence[tuple[Any, Any]]
+                       ) -> dict[str, Any]:
+    """The DCP state dict: ``model_<i>`` and ``optimizer_<j>``; ``optimizers`` pairs (optimizer, its model)."""
+    state: dict[str, Any] = {}
+    for i, model in enumerate(models):
+        state[f"model_{i}"] = strategy.checkpoint_state(model, None)[0]
+    for j, (optimizer, model) in enumerate(optimizers):
+        if model is None:
+            raise CheckpointError(f"optimizer {j} holds no parameter of a prepared model; prepare its model "
+                                  "together with it so that save_state can name its state")
+        state[f"optimizer_{j}"] = strategy.checkpoint_state(model, optimizer)[1]
+    return state
+
+
+def apply_checkpoint(strategy: "Strategy", models: Sequence[Any], optimizers: Sequence[tuple[Any, Any]],
+                     state: dict[str, Any]) -> None:
+    for i, model in enumerate(models):
+        strategy.load_checkpoint_state(model, None, state[f"model_{i}"], {})
+    for j, (optimizer, model) in enumerate(optimizers):
+        strategy.load_checkpoint_state(model, optimizer, state[f"model_{models.index(model)}"],
+                                       state[f"optimizer_{j}"])
+
+
+def rng_state() -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    out: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
+                           "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(size: int | str) -> int:
+    """``"5GB"`` -> 5_000_000_000; ints pass through."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        return size
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(size))
+    if not match or match.group(2).upper() not in _UNITS:
+        raise ConfigError(f"max_shard_size={size!r} is not a size; write e.g. '5GB', '500MB' or a byte count")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def _drop_shared(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
+    """safetensors refuses tensors that share memory (tied weights): keep the first name of each."""
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+    out = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if tensor.numel() and key in seen:
+            continue
+        seen.add(key)
+        out[name] = tensor.contiguous()
+    return out
+
+
+def write_model(state: dict[str, "torch.Tensor"], directory: str | Path, *, max_shard_size: int | str,
+                safe_serialization: bool) -> list[Path]:
+    """Write weights as one file or several shards plus an index; returns the files written."""
+    import torch
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    limit = parse_size(max_shard_size)
+    state = _drop_shared(state) if safe_serialization else state
+    shards: list[dict[str, Any]] = [{}]
+    size = 0
+    for name, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > limit:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    stem, ext = ("model", "safetensors") if safe_serialization else ("pytorch_model", "bin")
+    names = ([f"{stem}.{ext}"] if len(shards) == 1 else
+             [f"{stem}-{i + 1:05d}-of-{len(shards):05d}.{ext}" for i in range(len(shards))])
+    written = []
+    for filename, shard in zip(names, shards):
+        path = directory / filename
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file(shard, str(path), metadata={"format": "pt"})
+        else:
+            torch.save(shard, path)
+        written.append(path)
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
+                 "weight_map": {n: f for f, s in zip(names, shards) for n in s}}
+        path = directory / f"{stem}.{ext}.index.json"
+        path.write_text(json.dumps(index, indent=2, sort_keys=True))
+        written.append(path)
+    return written

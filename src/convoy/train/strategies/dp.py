@@ -1,0 +1,44 @@
+"""``strategy="dp"``: ``torch.nn.DataParallel``, one process driving every visible GPU.
+
+    accelerator = Accelerator(strategy="dp")    # python train.py, no launcher
+
+Known costs (as PyTorch's own guide says, prefer ``ddp``): the model is replicated to every GPU on every
+forward, outputs are gathered on GPU 0 and one Python thread per GPU contends for the GIL, so it is usually
+slower than DDP even on one machine. It exists for scripts that cannot be launched as several processes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from convoy.errors import StrategyError
+from convoy.train.strategies.base import Strategy
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = ["DataParallelStrategy"]
+
+
+class DataParallelStrategy(Strategy):
+    """``torch.nn.DataParallel`` over every visible GPU of this one process."""
+
+    distributed_type = "MULTI_GPU"
+
+    def setup_environment(self) -> None:
+        if self.context.world_size > 1:
+            raise StrategyError(f"strategy='dp' runs in one process, but this job has {self.context.world_size}; "
+                                "use strategy='ddp' with several processes")
+        if self.context.device_type != "cuda":
+            raise StrategyError("strategy='dp' (torch.nn.DataParallel) needs CUDA GPUs; on the CPU use "
+                                "strategy='single', or several processes with strategy='ddp'")
+
+    def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
+        import torch
+
+        return torch.nn.DataParallel(module.to(self.root_device))
+
+    def unwrap(self, module: "torch.nn.Module") -> "torch.nn.Module":
+        import torch
+
+        return module.module if isinstance(module, torch.nn.DataParallel) else module

@@ -1,0 +1,142 @@
+"""``strategy="zero2"``, ``"zero3"`` and ``"fsdp"``: parameters, gradients and optimizer state sharded
+with FSDP2 (``torch.distributed.fsdp.fully_shard``), never the legacy ``FullyShardedDataParallel``.
+
+    accelerator = Accelerator(strategy="zero3")   # reshard after forward: least memory
+    accelerator = Accelerator(strategy="zero2")   # keep parameters gathered between forward and backward
+    accelerator = Accelerator(strategy="fsdp")    # the same as zero3, under PyTorch's name
+
+Options (``Accelerator(strategy_options={...})``): ``auto_wrap`` (a set of module classes to shard one by
+one; default: every block held in an ``nn.ModuleList``), ``cpu_offload`` (bool; uses
+``CPUOffloadPolicy(pin_memory=False)`` on machines without an accelerator, where pinning fails).
+
+Mixed precision maps onto ``MixedPrecisionPolicy``: ``bf16``/``fp16`` compute in that dtype and reduce
+gradients in fp32. Legacy FSDP is avoided on purpose: on CPU it trains wrong numbers with SHARD_GRAD_OP +
+``use_orig_params`` + auto-wrap, and HYBRID_SHARD diverges (see docs/training.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator
+
+from convoy.errors import NotSupportedYetError
+from convoy.train.strategies.base import Strategy, SupportsNoSync
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = ["Zero2Strategy", "Zero3Strategy", "FSDPStrategy"]
+
+
+class _FullyShardStrategy(Strategy, SupportsNoSync):
+    distributed_type = "FSDP"
+    needs_process_group = True
+    reshard_after_forward: ClassVar[bool] = True
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self._mesh: Any = None
+        # id(original parameter) -> (prepared module, parameter name), to re-point optimizers built
+        # before prepare(): fully_shard replaces every Parameter with a sharded one.
+        self._origin: dict[int, tuple[Any, str]] = {}
+
+    def setup_environment(self) -> None:
+        if self._mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._mesh = init_device_mesh(self.root_device.type, (self.context.world_size,))
+
+    def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
+        import torch
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        self.setup_environment()
+        module = module.to(self.root_device)
+        names = {id(p): n for n, p in module.named_parameters()}
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.context.mixed_precision)
+        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+        offload: Any = OffloadPolicy()
+        if self.context.options.get("cpu_offload"):
+            offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+        kwargs = dict(mesh=self._mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=mp,
+                      offload_policy=offload)
+        for block in _blocks(module, self.context.options.get("auto_wrap")):
+            fully_shard(block, **kwargs)
+        fully_shard(module, **kwargs)
+        for pid, name in names.items():
+            self._origin[pid] = (module, name)
+        return module
+
+    def setup_optimizer(self, optimizer: "torch.optim.Optimizer", module: "torch.nn.Module | None" = None
+                        ) -> "torch.optim.Optimizer":
+        if any(id(p) in self._origin for p in optimizer.state):
+            raise NotSupportedYetError(f"strategy={self.name!r}: the optimizer already has state (it has "
+                                       "stepped); pass it through prepare() before its first step")
+        for group in optimizer.param_groups:
+            group["params"] = [self._current(p) for p in group["params"]]
+        return optimizer
+
+    def _current(self, param: "torch.nn.Parameter") -> "torch.nn.Parameter":
+        found = self._origin.get(id(param))
+        if found is None:
+            return param
+        module, name = found
+        return module.get_parameter(name)
+
+    def no_sync(self, module: "torch.nn.Module") -> contextlib.AbstractContextManager[None]:
+        return _no_gradient_sync(module)
+
+    def clip_grad_norm_(self, module: "torch.nn.Module | None", parameters: Any, max_norm: float,
+                        norm_type: float = 2.0) -> "torch.Tensor":
+        import torch
+        from torch.distributed.tensor import DTensor
+
+        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    def full_model_state_dict(self, module: "torch.nn.Module") -> dict[str, "torch.Tensor"]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # cpu_offload=True is avoided: it crashed (SIGSEGV) with legacy FSDP on CPU; copying after is safe.
+        full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
+        return {k: v.detach().cpu() for k, v in full.items()}
+
+
+@contextlib.contextmanager
+def _no_gradient_sync(module: "torch.nn.Module") -> Iterator[None]:
+    if not hasattr(module, "set_requires_gradient_sync"):
+        yield
+        return
+    module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
+
+
+def _blocks(module: "torch.nn.Module", classes: Any) -> list["torch.nn.Module"]:
+    """Sub-modules sharded one by one (innermost first), so only one block is gathered at a time."""
+    import torch
+
+    if classes:
+        wanted = tuple(classes)
+        found = [m for m in module.modules() if isinstance(m, wanted) and m is not module]
+    else:
+        found = [child for m in module.modules() if isinstance(m, torch.nn.ModuleList) for child in m]
+    return list(reversed(found))
+
+
+class Zero3Strategy(_FullyShardStrategy):
+    """Parameters, gradients and optimizer state sharded; parameters freed again after forward."""
+
+    reshard_after_forward = True
+
+
+class FSDPStrategy(Zero3Strategy):
+    """PyTorch's name for ZeRO-3."""
+
+
+class Zero2Strategy(_FullyShardStrategy):
+    """Gradients and optimizer state sharded; parameters stay gathered from forward until backward."""
+
+    reshard_after_forward = False

@@ -1,0 +1,26 @@
+"""``strategy="single"``: one process, one device (or the CPU); no wrapping, no communication.
+
+    accelerator = Accelerator(strategy="single")
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from convoy.train.strategies.base import Strategy
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = ["SingleStrategy"]
+
+
+class SingleStrategy(Strategy):
+    """The model on ``root_device``; every method is the plain PyTorch one."""
+
+    distributed_type = "NO"
+
+    def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
+        # Module.to moves parameters in place (same Parameter objects), so an optimizer built earlier
+        # still points at them.
+        return module.to(self.root_device)
