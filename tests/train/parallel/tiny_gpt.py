@@ -1,0 +1,101 @@
+"""A tiny GPT for the parallelism tests: Llama-style module names, so default TP plans apply to it.
+
+    model = TinyGPT(TinyConfig(vocab=32, dim=16, heads=4, layers=4))
+    logits = model(torch.randint(0, 32, (2, 8)))       # [2, 8, 32]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    vocab: int = 32
+    dim: int = 16
+    heads: int = 4
+    layers: int = 4
+    seq: int = 8
+    hidden: int = 32
+
+    @property
+    def num_attention_heads(self) -> int:  # Hugging Face's name, read by convoy's head check
+        return self.heads
+
+    @property
+    def num_hidden_layers(self) -> int:
+        return self.layers
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TinyConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.heads
+        self.head_dim = cfg.dim // cfg.heads
+        self.q_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.k_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.v_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.o_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        # num_heads is the local head count under TP (convoy divides it); head_dim stays whole
+        q, k, v = (p(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: TinyConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.dim, cfg.hidden, bias=False)
+        self.up_proj = nn.Linear(cfg.dim, cfg.hidden, bias=False)
+        self.down_proj = nn.Linear(cfg.hidden, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: TinyConfig) -> None:
+        super().__init__()
+        self.input_layernorm = nn.LayerNorm(cfg.dim)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = nn.LayerNorm(cfg.dim)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, cfg: TinyConfig = TinyConfig()) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.norm = nn.LayerNorm(cfg.dim)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.norm(x))
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def batch(cfg: TinyConfig, *, size: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same deterministic batch on every rank for a given step."""
+    g = torch.Generator().manual_seed(1000 + step)
+    ids = torch.randint(0, cfg.vocab, (size, cfg.seq + 1), generator=g)
+    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
