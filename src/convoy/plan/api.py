@@ -1,0 +1,255 @@
+"""``convoy.plan``: memory and time of every parallelism layout for a model on a machine, and which to use.
+
+    import convoy
+    p = convoy.plan("Llama-2-7b/config.json", hardware="8xH100-80GB", seq_len=4096, micro_batch=1)
+    p.recommendation.candidate.name, p.recommendation.reasons
+    [(r.name, r.memory.total, r.time.seconds, r.fits) for r in p.rows]
+    p.to_json()
+
+    convoy plan Llama-2-7b/config.json --hardware 8xH100-80GB --seq-len 4096        # the same, as a table
+
+For ``Accelerator(strategy="auto")``: ``recommend_for_module(module, world_size=..., device_memory_bytes=...)``
+returns the ``Recommendation`` (``.strategy``, ``.dims``, ``.cpu_offload``, ``.reasons``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Collection
+
+from convoy.errors import PlanError
+from convoy.plan.candidates import Candidate, enumerate_candidates
+from convoy.plan.hardware import GpuSpec, Hardware, hardware_from_inventory, lookup_gpu, parse_hardware
+from convoy.plan.memory import Layout, MemoryBreakdown, RunSpec, memory_per_gpu
+from convoy.plan.model import ModelSpec, resolve_model
+from convoy.plan.recommend import Recommendation, Row, recommend
+from convoy.plan.timing import DEFAULT_EFFICIENCY, step_time
+from convoy.plan.units import format_bytes, format_seconds
+
+__all__ = ["Plan", "plan", "plan_for", "recommend_for_module"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """Everything ``convoy plan`` prints, as data."""
+
+    model: ModelSpec
+    run: RunSpec
+    hardware: Hardware
+    global_batch: int
+    efficiency: float
+    rows: tuple[Row, ...]
+    """One per candidate, in enumeration order."""
+    single_gpu: MemoryBreakdown
+    """The unsharded one-GPU memory (what the guide's case 1 asks about)."""
+    recommendation: Recommendation
+
+    def row(self, name: str) -> Row:
+        for r in self.rows:
+            if r.name == name:
+                return r
+        raise PlanError(f"no candidate named {name!r}; have: {', '.join(r.name for r in self.rows)}")
+
+    def as_dict(self) -> dict[str, Any]:
+        m, hw = self.model, self.hardware
+        return {
+            "model": {"name": m.name, "params": m.num_params, "layers": m.num_layers, "hidden": m.hidden,
+                      "heads": m.heads, "kv_heads": m.kv_heads, "ffn": m.ffn, "vocab": m.vocab, "source": m.source},
+            "run": {**self.run.__dict__, "global_batch": self.global_batch, "efficiency": self.efficiency},
+            "hardware": {"gpu": hw.gpu.name, "memory_bytes": hw.gpu.memory_bytes, "gpus_per_node": hw.gpus_per_node,
+                         "nodes": hw.nodes, "intra": hw.intra, "intra_bytes_per_s": hw.intra_bandwidth,
+                         "inter_gbps": hw.inter_gbps, "source": hw.gpu.source},
+            "single_gpu": self.single_gpu.as_dict(),
+            "candidates": [r.as_dict() for r in self.rows],
+            "recommendation": self.recommendation.as_dict(),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), indent=2)
+
+
+def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int | None = None,
+             efficiency: float = DEFAULT_EFFICIENCY, offload: bool = True,
+             allowed: Collection[str] | None = None, explain_breaks: bool = True) -> Plan:
+    """The plan for already-resolved inputs (``plan`` resolves names, files and the inventory first)."""
+    if not 0 < efficiency <= 1:
+        raise PlanError(f"efficiency must be in (0, 1], got {efficiency}")
+    gb = global_batch or run.global_batch or run.micro_batch * hw.world_size
+    if gb < run.micro_batch:
+        raise PlanError(f"global batch {gb} is smaller than the micro-batch {run.micro_batch}")
+    rows = []
+    for cand in enumerate_candidates(model, hw, global_batch=gb, micro_batch=run.micro_batch, offload=offload):
+        if allowed is not None and not _allowed(cand, allowed):
+            continue
+        mem = memory_per_gpu(model, run, cand.layout)
+        t = step_time(model, run, cand.layout, hw, global_batch=gb, efficiency=efficiency)
+        rows.append(Row(candidate=cand, memory=mem, time=t, fits=mem.total <= hw.gpu.memory_bytes))
+    if not rows:
+        raise PlanError(f"no candidate layout is allowed ({', '.join(sorted(allowed or ()))}) on {hw.describe()}")
+    single = memory_per_gpu(model, run, Layout())
+    rec = recommend(rows, model=model, run=run, hw=hw, single=single)
+    if explain_breaks and rec.row is not None:
+        rec = replace(rec, breaks=_breaks(rec, model, run, hw, gb, efficiency, offload, allowed))
+    return Plan(model=model, run=run, hardware=hw, global_batch=gb, efficiency=efficiency, rows=tuple(rows),
+                single_gpu=single, recommendation=rec)
+
+
+def _allowed(cand: Candidate, allowed: Collection[str]) -> bool:
+    d = cand.layout.dims
+    ok = cand.strategy in allowed or (cand.strategy == "zero3" and "fsdp" in allowed)
+    return ok and (d.tp == 1 or "tp" in allowed) and (d.pp == 1 or "pp" in allowed) and (
+        not cand.layout.offload or "offload" in allowed)
+
+
+def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowed) -> tuple[str, ...]:
+    """What would change the answer: twice the sequence length, and (on NVLink machines) PCIe instead."""
+    name = rec.row.name  # type: ignore[union-attr]
+    out = []
+    longer = replace(run, seq_len=run.seq_len * 2)
+    alt = plan_for(model, longer, hw, global_batch=gb, efficiency=efficiency, offload=offload, allowed=allowed,
+                   explain_breaks=False)
+    same = next((r for r in alt.rows if r.name == name), None)
+    pick = alt.recommendation.row
+    if same is not None and not same.fits:
+        then = f"; {pick.name} would be chosen" if pick else "; nothing would fit"
+        out.append(f"At sequence length {longer.seq_len} {name} needs {format_bytes(same.memory.total)} per GPU "
+                   f"and no longer fits{then}.")
+    elif pick is not None and pick.name != name:
+        out.append(f"At sequence length {longer.seq_len} {pick.name} would be faster than {name}.")
+    else:
+        out.append(f"At sequence length {longer.seq_len} {name} still fits and stays the choice.")
+    if hw.intra == "nvlink" and hw.gpus_per_node > 1:
+        pcie = replace(hw, intra="pcie", intra_gbs=None)
+        alt = plan_for(model, run, pcie, global_batch=gb, efficiency=efficiency, offload=offload, allowed=allowed,
+                       explain_breaks=False)
+        pick = alt.recommendation.row
+        same = next((r for r in alt.rows if r.name == name), None)
+        slower = f" and takes {format_seconds(same.time.seconds)} per step" if same else ""
+        if pick is not None and pick.name != name:
+            out.append(f"Without NVLink (PCIe only) {pick.name} would be chosen instead; {name} slows down{slower}.")
+        else:
+            out.append(f"Without NVLink (PCIe only) {name} stays the choice{slower}.")
+    return tuple(out)
+
+
+def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory: Any = None, nodes: int = 1,
+         intra: str | None = None, intra_gbs: float | None = None, inter_gbps: float = 400.0,
+         gpu_memory_gib: float | None = None, peak_tflops: float | None = None,
+         seq_len: int = 2048, micro_batch: int = 1, global_batch: int | None = None, precision: str = "bf16",
+         optimizer: str = "adamw", recompute: str = "none", attention: str = "flash", dropout: bool = False,
+         efficiency: float = DEFAULT_EFFICIENCY, offload: bool = True, allowed: Collection[str] | None = None,
+         params: float | None = None, **shape: Any) -> Plan:
+    """Plan ``model`` (config.json path or dict, ``module:function``, ``nn.Module``, ``ModelSpec``, or ``params=``
+    with ``layers=``/``hidden=``/``heads=``/``vocab=``/``ffn=``) on ``hardware``.
+
+    ``hardware``: ``"8xH100-80GB"`` or a ``Hardware``; else ``inventory`` (a path or a ``convoy.devices``
+    ``Inventory``); else this machine's detected inventory (``convoy.devices.discovery.discover()``).
+    """
+    spec = resolve_model(model, params=params, **shape)
+    hw = resolve_hardware(hardware, inventory=inventory, nodes=nodes, intra=intra, intra_gbs=intra_gbs,
+                          inter_gbps=inter_gbps, gpu_memory_gib=gpu_memory_gib, peak_tflops=peak_tflops)
+    run = RunSpec(seq_len=seq_len, micro_batch=micro_batch, global_batch=global_batch, precision=precision,
+                  optimizer=optimizer, recompute=recompute, attention=attention, dropout=dropout)
+    return plan_for(spec, run, hw, efficiency=efficiency, offload=offload, allowed=allowed)
+
+
+def resolve_hardware(hardware: str | Hardware | None = None, *, inventory: Any = None, nodes: int = 1,
+                     intra: str | None = None, intra_gbs: float | None = None, inter_gbps: float = 400.0,
+                     gpu_memory_gib: float | None = None, peak_tflops: float | None = None) -> Hardware:
+    """A ``Hardware`` from a description, an inventory (file or object), or this machine."""
+    if isinstance(hardware, Hardware):
+        return hardware
+    if hardware:
+        return parse_hardware(hardware, nodes=nodes, intra=intra, intra_gbs=intra_gbs, inter_gbps=inter_gbps,
+                              memory_gib=gpu_memory_gib, peak_tflops=peak_tflops)
+    if isinstance(inventory, (str, Path)):
+        from convoy.devices.inventory import load_inventory
+
+        inventory = load_inventory(inventory)
+    if inventory is None:
+        from convoy.devices.discovery import discover
+
+        inventory = discover()
+    if not getattr(inventory, "devices", ()):
+        raise PlanError("no accelerator detected on this machine; describe the target with --hardware, "
+                        "e.g. --hardware 8xH100-80GB (or --inventory box.json)")
+    hw = hardware_from_inventory(inventory, nodes=nodes, intra=intra, inter_gbps=inter_gbps)
+    if gpu_memory_gib is not None or peak_tflops is not None or intra_gbs is not None:
+        from convoy.plan.hardware import override_gpu
+
+        hw = replace(hw, gpu=override_gpu(hw.gpu, memory_gib=gpu_memory_gib, peak_tflops=peak_tflops),
+                     intra_gbs=intra_gbs)
+    return hw
+
+
+#: the strategies the training layer implements today (convoy.train.strategies registry).
+TRAINER_STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
+
+
+def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: int, precision: str = "bf16",
+                         seq_len: int = 2048, micro_batch: int = 1, optimizer: str = "adamw",
+                         gpu: str | None = None, peak_tflops: float | None = None, gpus_per_node: int | None = None,
+                         nodes: int = 1, allowed: Collection[str] = TRAINER_STRATEGIES,
+                         **shape: Any) -> Recommendation:
+    """The layout ``Accelerator(strategy="auto")`` should use for ``module`` on ``world_size`` devices.
+
+    ``device_memory_bytes``: memory of one device (the smallest). ``gpu``: a table name or NVML device name
+    for peak FLOPs and links (default: a generic PCIe device with 100 TFLOPs, which only affects time ties).
+    ``allowed``: strategy names the caller can run (add ``"tp"``, ``"pp"``, ``"offload"`` when supported).
+    Raises ``PlanError`` when no allowed layout fits.
+    """
+    if world_size < 1 or device_memory_bytes <= 0:
+        raise PlanError(f"recommend_for_module needs world_size >= 1 and device memory > 0, got "
+                        f"{world_size} and {device_memory_bytes}")
+    per_node = gpus_per_node or max(1, world_size // nodes)
+    if per_node * nodes != world_size:
+        raise PlanError(f"{nodes} nodes x {per_node} devices per node is not the world size {world_size}")
+    spec = lookup_gpu(gpu) if gpu else GpuSpec(name="device", memory_bytes=device_memory_bytes, bf16_tflops=100.0,
+                                               fp16_tflops=100.0, fp32_tflops=25.0, nvlink_gbs=None, pcie_gbs=16,
+                                               source="generic device (no table row)")
+    spec = replace(spec, memory_bytes=int(device_memory_bytes))
+    if peak_tflops:
+        spec = replace(spec, bf16_tflops=peak_tflops, fp16_tflops=peak_tflops, fp32_tflops=peak_tflops)
+    hw = Hardware(gpu=spec, gpus_per_node=per_node, nodes=nodes,
+                  intra="nvlink" if spec.nvlink_gbs is not None else "pcie")
+    model = resolve_model(module, **shape)
+    run = RunSpec(seq_len=seq_len, micro_batch=micro_batch, precision=precision, optimizer=optimizer)
+    result = plan_for(model, run, hw, offload="offload" in allowed, allowed=allowed, explain_breaks=False)
+    rec = result.recommendation
+    if rec.row is None:
+        raise PlanError(" ".join(rec.reasons))
+    return rec
+
+
+def format_plan(p: Plan) -> str:
+    """The readable table ``convoy plan`` prints."""
+    hw, m = p.hardware, p.model
+    lines = [f"model     {m.name}: {m.num_params:,} parameters ({m.source})",
+             f"hardware  {hw.describe()}, {format_bytes(hw.gpu.memory_bytes)} per GPU",
+             f"run       seq {p.run.seq_len} x micro-batch {p.run.micro_batch}, global batch {p.global_batch}, "
+             f"{p.run.precision} {p.run.optimizer}, recompute {p.run.recompute}, attention {p.run.attention}",
+             ""]
+    head = ("candidate", "dp", "tp", "pp", "params", "grads", "optim", "master", "activ", "buffers", "total",
+            "fits", "step", "comm/GPU", "MFU")
+    table = [head]
+    for r in sorted(p.rows, key=lambda r: (not r.fits, r.time.seconds)):
+        d, mem = r.candidate.layout.dims, r.memory
+        table.append((r.name, str(d.dp), str(d.tp), str(d.pp), format_bytes(mem.params), format_bytes(mem.grads),
+                      format_bytes(mem.optimizer), format_bytes(mem.master), format_bytes(mem.activations),
+                      format_bytes(mem.buffers), format_bytes(mem.total), "yes" if r.fits else "NO",
+                      format_seconds(r.time.seconds), format_bytes(r.time.comm_bytes), f"{r.time.mfu:.0%}"))
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    for row in table:
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    rec = p.recommendation
+    lines.append("")
+    lines.append(f"recommended: {rec.row.name if rec.row else 'nothing fits'}"
+                 + (f"  (strategy={rec.strategy}, {rec.dims.describe()})" if rec.row else ""))
+    lines += [f"  - {s}" for s in rec.reasons]
+    if rec.breaks:
+        lines.append("what would change it:")
+        lines += [f"  - {s}" for s in rec.breaks]
+    lines.append("total = params + grads + optim + master + activ + buffers + reserve (CUDA context, 5% fragmentation)")
+    return "\n".join(lines)

@@ -1,0 +1,110 @@
+"""The layouts worth comparing for a model on a machine: DDP, ZeRO 1/2/3, HSDP, TP, PP, their products, offload.
+
+    from convoy.plan.candidates import enumerate_candidates
+    for c in enumerate_candidates(model, hw, global_batch=64, micro_batch=1):
+        c.name, c.strategy, c.layout.dims.describe()      # 'zero1+tp2+pp2', 'zero1', 'dp=2,tp=2,pp=2'
+
+Rules (from the Hugging Face "Efficient training on multiple GPUs" guide and Megatron/torchtitan practice):
+tensor parallelism stays inside one node (its NVLink domain) and divides the attention heads; pipeline
+stages do not outnumber the layers; ZeRO-2/3 are not combined with pipelining (gradients accumulate across
+micro-batches, which sharded gradients fight); HSDP shards within a node and replicates across nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+from convoy.plan.dims import ParallelDims
+from convoy.plan.hardware import Hardware
+from convoy.plan.memory import Layout
+from convoy.plan.model import ModelSpec
+
+__all__ = ["Candidate", "enumerate_candidates", "STRATEGY_NAMES"]
+
+#: data-parallel strategy names, as ``Accelerator(strategy=...)`` spells them.
+STRATEGY_NAMES = ("single", "ddp", "zero1", "zero2", "zero3", "hsdp")
+_STAGE = {"single": 0, "ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "hsdp": 3}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One way to lay the model out: a name for people, a strategy for the trainer, a layout for the model."""
+
+    name: str
+    """e.g. ``"zero3"``, ``"ddp+tp4"``, ``"zero2+offload"``, ``"tp2+pp4"``."""
+    strategy: str
+    """Data-parallel strategy name (``single``, ``ddp``, ``zero1``, ``zero2``, ``zero3``, ``hsdp``)."""
+    layout: Layout
+    """Degrees, ZeRO stage, offload and micro-batches."""
+
+    @property
+    def dims(self) -> ParallelDims:
+        return self.layout.dims
+
+    @property
+    def sharding_rank(self) -> tuple[int, ...]:
+        """Smaller is simpler: ties between equally fast candidates go to the smallest."""
+        d = self.layout.dims
+        return (int(self.layout.offload), int(d.pp > 1), int(d.tp > 1), self.layout.zero_stage,
+                int(d.dp_replicate > 1 and d.dp_shard > 1), d.tp, d.pp)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _name(strategy: str, dims: ParallelDims, offload: bool) -> str:
+    parts = [strategy] if dims.dp > 1 or (dims.tp == 1 and dims.pp == 1) else []
+    if dims.tp > 1:
+        parts.append(f"tp{dims.tp}")
+    if dims.pp > 1:
+        parts.append(f"pp{dims.pp}")
+    if offload:
+        parts.append("offload")
+    return "+".join(parts)
+
+
+def enumerate_candidates(model: ModelSpec, hw: Hardware, *, global_batch: int, micro_batch: int,
+                         offload: bool = True) -> Iterator[Candidate]:
+    """Every candidate layout for ``model`` on ``hw`` (all of its GPUs)."""
+    world = hw.world_size
+
+    def make(strategy: str, dims: ParallelDims, off: bool = False) -> Candidate:
+        m = max(1, math.ceil(global_batch / (micro_batch * dims.dp)))
+        layout = Layout(dims=dims, zero_stage=_STAGE[strategy], offload=off, microbatches=m)
+        return Candidate(name=_name(strategy, dims, off), strategy=strategy, layout=layout)
+
+    if world == 1:
+        yield make("single", ParallelDims())
+        if offload:
+            yield make("zero3", ParallelDims(), True)
+        return
+    tps = [1]
+    if model.heads:
+        tps = [t for t in _divisors(model.heads) if t <= hw.gpus_per_node and world % t == 0]
+    for tp in tps:
+        for pp in _divisors(world // tp):
+            if pp > 1 and (model.num_layers is None or pp > model.num_layers):
+                continue
+            dp = world // (tp * pp)
+            if dp == 1:
+                yield make("single" if tp == pp == 1 else "ddp", ParallelDims(tp=tp, pp=pp))
+                continue
+            plain = ParallelDims(dp_replicate=dp, tp=tp, pp=pp)
+            yield make("ddp", plain)
+            yield make("zero1", plain)
+            if pp > 1:
+                continue
+            sharded = ParallelDims(dp_shard=dp, tp=tp)
+            if tp == 1:
+                yield make("zero2", plain)
+                if offload:
+                    yield make("zero2", plain, True)
+            yield make("zero3", sharded)
+            if tp == 1 and offload:
+                yield make("zero3", sharded, True)
+            per_node = hw.gpus_per_node // tp
+            if hw.nodes > 1 and 1 < per_node < dp and dp % per_node == 0:
+                yield make("hsdp", ParallelDims(dp_replicate=dp // per_node, dp_shard=per_node, tp=tp))

@@ -1,0 +1,233 @@
+"""Hardware facts the planner uses: a table of common accelerators (one source per row) and the machine shape.
+
+    from convoy.plan.hardware import parse_hardware, lookup_gpu
+    hw = parse_hardware("8xH100-80GB", nodes=2, intra="nvlink", inter_gbps=3200)
+    hw.world_size, hw.gpu.memory_bytes, hw.gpu.peak_flops("bf16")     # 16, 85520809984, 9.894e14
+    lookup_gpu("NVIDIA A100-SXM4-80GB").name                          # 'A100-80GB'
+
+Peak FLOPs are the datasheets' dense figures (no 2:4 sparsity); memory is what ``nvidia-smi`` reports as
+total for that board (slightly less than the marketing size). Link bandwidths are per GPU and per direction,
+which is what a ring collective can use: NVLink 4 is 900 GB/s "total" = 450 GB/s each way. Every number is
+an input: pass your own ``GpuSpec`` (or ``--gpu-memory-gib``/``--peak-tflops``/``--intra-gbps`` on the CLI)
+where your board differs. Probing the machine is elsewhere (``convoy.devices``); ``hardware_from_inventory``
+turns its inventory into a ``Hardware``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+from convoy.errors import PlanError
+from convoy.plan.units import GB, MiB
+
+__all__ = ["GpuSpec", "Hardware", "GPUS", "lookup_gpu", "parse_hardware", "hardware_from_inventory"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuSpec:
+    """One accelerator model's published numbers."""
+
+    name: str
+    """Short name used on the command line, e.g. ``"H100-80GB"``."""
+    memory_bytes: int
+    """Total device memory as ``nvidia-smi`` reports it."""
+    bf16_tflops: float | None
+    """Dense bf16 tensor-core peak (None: no bf16 support)."""
+    fp16_tflops: float
+    """Dense fp16 tensor-core peak."""
+    fp32_tflops: float
+    """Plain fp32 peak (PyTorch does not use TF32 for matmuls by default)."""
+    nvlink_gbs: float | None
+    """Peer link bandwidth per GPU, one direction, GB/s (NVLink / Infinity Fabric); None when absent."""
+    pcie_gbs: float
+    """Host link bandwidth, one direction, GB/s (PCIe x16 of the board's generation)."""
+    source: str
+    """Where the numbers come from."""
+    aliases: tuple[str, ...] = ()
+    """Lower-case substrings that identify this board in a device name from NVML/ROCm."""
+
+    def peak_flops(self, dtype: str) -> float:
+        """Peak FLOP/s for ``"bf16"``, ``"fp16"`` or ``"fp32"`` compute."""
+        if dtype == "bf16":
+            if self.bf16_tflops is None:
+                raise PlanError(f"{self.name} has no bf16 support; use precision fp16 or fp32")
+            return self.bf16_tflops * 1e12
+        if dtype == "fp16":
+            return self.fp16_tflops * 1e12
+        if dtype == "fp32":
+            return self.fp32_tflops * 1e12
+        raise PlanError(f"unknown compute dtype {dtype!r}; use bf16, fp16 or fp32")
+
+
+def _gpu(name, mib, bf16, fp16, fp32, nvlink, pcie, source, aliases=()) -> GpuSpec:
+    return GpuSpec(name=name, memory_bytes=mib * MiB, bf16_tflops=bf16, fp16_tflops=fp16, fp32_tflops=fp32,
+                   nvlink_gbs=nvlink, pcie_gbs=pcie, source=source, aliases=aliases)
+
+
+# name -> spec. Memory: nvidia-smi's "total" for the board. Links: GB/s per GPU per direction.
+GPUS: dict[str, GpuSpec] = {g.name.lower(): g for g in (
+    _gpu("H100-80GB", 81559, 989.4, 989.4, 66.9, 450, 64,
+         "NVIDIA H100 Tensor Core GPU datasheet (SXM5): https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
+         ("h100 80gb hbm3", "h100-sxm", "h100 sxm")),
+    _gpu("H100-PCIE", 81559, 756.5, 756.5, 51.2, None, 64,
+         "NVIDIA H100 datasheet (PCIe column; the optional NVLink bridge pairs only two boards)",
+         ("h100 pcie",)),
+    _gpu("H200-141GB", 143771, 989.4, 989.4, 66.9, 450, 64,
+         "NVIDIA H200 datasheet (SXM): https://www.nvidia.com/en-us/data-center/h200/", ("h200",)),
+    _gpu("A100-80GB", 81920, 312, 312, 19.5, 300, 32,
+         "NVIDIA A100 datasheet (SXM4, NVLink 3 600 GB/s total): https://www.nvidia.com/en-us/data-center/a100/",
+         ("a100-sxm4-80gb", "a100 80gb", "a100-80gb")),
+    _gpu("A100-40GB", 40960, 312, 312, 19.5, 300, 32,
+         "NVIDIA A100 datasheet (SXM4 40GB)", ("a100-sxm4-40gb", "a100-pcie-40gb", "a100 40gb", "a100-40gb")),
+    _gpu("V100-32GB", 32768, None, 125, 15.7, 150, 16,
+         "NVIDIA V100 datasheet (SXM2, NVLink 2 300 GB/s total): https://www.nvidia.com/en-us/data-center/v100/",
+         ("v100-sxm2-32gb", "v100 32gb", "v100-32gb")),
+    _gpu("V100-16GB", 16160, None, 125, 15.7, 150, 16, "NVIDIA V100 datasheet (SXM2 16GB)",
+         ("v100-sxm2-16gb", "v100-16gb")),
+    _gpu("L40S", 46068, 362.05, 362.05, 91.6, None, 32,
+         "NVIDIA L40S datasheet (dense, without sparsity): https://www.nvidia.com/en-us/data-center/l40s/", ("l40s",)),
+    _gpu("L4", 23034, 121, 121, 30.3, None, 32,
+         "NVIDIA L4 datasheet (dense, without sparsity): https://www.nvidia.com/en-us/data-center/l4/", ("nvidia l4",)),
+    _gpu("A10", 23028, 125, 125, 31.2, None, 32,
+         "NVIDIA A10 datasheet: https://www.nvidia.com/en-us/data-center/products/a10-gpu/", ("nvidia a10",)),
+    _gpu("T4", 15360, None, 65, 8.1, None, 16,
+         "NVIDIA T4 datasheet: https://www.nvidia.com/en-us/data-center/tesla-t4/", ("tesla t4",)),
+    _gpu("RTX4090", 24564, 165.2, 165.2, 82.6, None, 32,
+         "NVIDIA Ada architecture whitepaper, RTX 4090 (fp16/bf16 with fp32 accumulate, dense)",
+         ("rtx 4090",)),
+    _gpu("MI300X", 196592, 1307.4, 1307.4, 163.4, 448, 64,
+         "AMD Instinct MI300X datasheet (7 Infinity Fabric links x 64 GB/s each way): "
+         "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html", ("mi300x",)),
+)}
+
+_SPEC = re.compile(r"^\s*(?:(\d+)\s*[xX*]\s*)?(.+?)\s*$")
+
+
+def lookup_gpu(name: str) -> GpuSpec:
+    """The table row for ``name``: a short name (``H100-80GB``, any case) or a device name from NVML."""
+    key = name.strip().lower()
+    if key in GPUS:
+        return GPUS[key]
+    for spec in GPUS.values():  # device names from NVML/ROCm: "NVIDIA H100 80GB HBM3"
+        if any(alias in key for alias in spec.aliases):
+            return spec
+    close = [g.name for g in GPUS.values() if key.split("-")[0] and key.split("-")[0] in g.name.lower()]
+    hint = f"did you mean {', '.join(close)}?" if close else "known: " + ", ".join(g.name for g in GPUS.values())
+    raise PlanError(f"unknown accelerator {name!r}; {hint} (or give --gpu-memory-gib and --peak-tflops)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hardware:
+    """The machine shape a plan is for: which GPU, how many per node, how many nodes, and their links."""
+
+    gpu: GpuSpec
+    """The accelerator (all GPUs of a job are assumed alike)."""
+    gpus_per_node: int
+    """Accelerators per node: the NVLink domain for tensor parallelism."""
+    nodes: int = 1
+    """Number of nodes."""
+    intra: str = "nvlink"
+    """Link between GPUs of one node: ``"nvlink"`` or ``"pcie"``."""
+    intra_gbs: float | None = None
+    """Override of the per-GPU intra-node bandwidth (GB/s, one direction); default from the table."""
+    inter_gbps: float = 400.0
+    """Inter-node network bandwidth per node, Gbit/s, all NICs together (a DGX H100 has 8 x 400)."""
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_node < 1 or self.nodes < 1:
+            raise PlanError(f"hardware needs >= 1 GPU per node and >= 1 node, got {self.gpus_per_node} x {self.nodes}")
+        if self.intra not in ("nvlink", "pcie"):
+            raise PlanError(f"intra-node link {self.intra!r} is not one of: nvlink, pcie")
+        if self.intra == "nvlink" and self.gpu.nvlink_gbs is None and self.intra_gbs is None and self.gpus_per_node > 1:
+            raise PlanError(f"{self.gpu.name} has no NVLink in the table; use --intra pcie (or give --intra-gbs)")
+        if self.inter_gbps <= 0:
+            raise PlanError(f"inter-node bandwidth must be > 0 Gbit/s, got {self.inter_gbps}")
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def intra_bandwidth(self) -> float:
+        """Bytes/s one GPU can send to its node's peers (one direction)."""
+        if self.intra_gbs is not None:
+            return self.intra_gbs * GB
+        gbs = self.gpu.nvlink_gbs if self.intra == "nvlink" else self.gpu.pcie_gbs
+        return float(gbs or self.gpu.pcie_gbs) * GB
+
+    @property
+    def inter_bandwidth(self) -> float:
+        """Bytes/s one node can send to the others (all NICs, one direction)."""
+        return self.inter_gbps * 1e9 / 8
+
+    @property
+    def host_bandwidth(self) -> float:
+        """Bytes/s between one GPU and host memory (offload traffic)."""
+        return self.gpu.pcie_gbs * GB
+
+    def describe(self) -> str:
+        nodes = f" x {self.nodes} nodes ({self.inter_gbps:g} Gbit/s between nodes)" if self.nodes > 1 else ""
+        return f"{self.gpus_per_node}x{self.gpu.name} ({self.intra}){nodes}"
+
+
+def parse_hardware(text: str, *, nodes: int = 1, intra: str | None = None, intra_gbs: float | None = None,
+                   inter_gbps: float = 400.0, memory_gib: float | None = None,
+                   peak_tflops: float | None = None) -> Hardware:
+    """``"8xH100-80GB"`` (count x table name; count defaults to 1) into a ``Hardware``.
+
+    ``intra`` defaults to NVLink when the board has it, else PCIe. ``memory_gib`` / ``peak_tflops`` override
+    the table (peak_tflops replaces every dtype's peak).
+    """
+    match = _SPEC.match(text or "")
+    if not match or not match.group(2):
+        raise PlanError(f"hardware {text!r} is not COUNTxGPU, e.g. '8xH100-80GB'")
+    count = int(match.group(1) or 1)
+    if count < 1:
+        raise PlanError(f"hardware {text!r}: the GPU count must be >= 1")
+    gpu = lookup_gpu(match.group(2))
+    gpu = override_gpu(gpu, memory_gib=memory_gib, peak_tflops=peak_tflops)
+    if intra is None:
+        intra = "nvlink" if gpu.nvlink_gbs is not None else "pcie"
+    return Hardware(gpu=gpu, gpus_per_node=count, nodes=nodes, intra=intra, intra_gbs=intra_gbs,
+                    inter_gbps=inter_gbps)
+
+
+def override_gpu(gpu: GpuSpec, *, memory_gib: float | None = None, peak_tflops: float | None = None) -> GpuSpec:
+    """A copy of ``gpu`` with the user's memory and/or peak figures."""
+    if memory_gib is not None:
+        if memory_gib <= 0:
+            raise PlanError(f"GPU memory must be > 0 GiB, got {memory_gib}")
+        gpu = replace(gpu, memory_bytes=int(memory_gib * 2**30), source=gpu.source + "; memory given by the user")
+    if peak_tflops is not None:
+        if peak_tflops <= 0:
+            raise PlanError(f"peak TFLOPs must be > 0, got {peak_tflops}")
+        gpu = replace(gpu, bf16_tflops=peak_tflops, fp16_tflops=peak_tflops, fp32_tflops=peak_tflops,
+                      source=gpu.source + "; peak given by the user")
+    return gpu
+
+
+def hardware_from_inventory(inventory: Any, *, nodes: int = 1, intra: str | None = None,
+                            inter_gbps: float = 400.0) -> Hardware:
+    """A ``Hardware`` from a ``convoy.devices`` inventory (or selection): its devices' name, memory, NVLink.
+
+    Boards missing from the table still plan: their memory comes from the inventory and their peak FLOPs
+    must then be given (``PlanError`` says so).
+    """
+    devices = tuple(getattr(inventory, "devices", ()) or ())
+    if not devices:
+        raise PlanError("the inventory has no accelerators to plan for; describe the hardware instead, "
+                        "e.g. --hardware 8xH100-80GB")
+    names = {d.name for d in devices}
+    if len(names) > 1:
+        raise PlanError(f"the inventory mixes accelerators ({', '.join(sorted(names))}); the planner assumes "
+                        "identical GPUs: select one kind (convoy select) or give --hardware")
+    gpu = lookup_gpu(devices[0].name)
+    memory_mib = min(int(d.memory_total_mib) for d in devices)
+    if memory_mib > 0:
+        gpu = replace(gpu, memory_bytes=memory_mib * MiB)
+    if intra is None:
+        linked = len(devices) > 1 and all(len(getattr(d, "nvlink_peers", ()) or ()) > 0 for d in devices)
+        intra = "nvlink" if linked and gpu.nvlink_gbs is not None else "pcie"
+    return Hardware(gpu=gpu, gpus_per_node=len(devices), nodes=nodes, intra=intra, inter_gbps=inter_gbps)

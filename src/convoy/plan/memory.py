@@ -1,0 +1,300 @@
+"""Bytes per GPU for one training layout: model states, activations, buffers and the framework's reserve.
+
+    from convoy.plan.memory import RunSpec, Layout, memory_per_gpu, korthikanti_layer_bytes
+    run = RunSpec(seq_len=2048, micro_batch=1, precision="bf16")
+    mem = memory_per_gpu(model, run, Layout(zero_stage=3, dims=ParallelDims(dp_shard=64)))
+    mem.model_states, mem.activations, mem.total
+
+Model states follow the ZeRO paper (Rajbhandari et al. 2020, https://arxiv.org/abs/1910.02054, section 3.1
+and figure 1): mixed-precision Adam keeps 2 bytes of 16-bit weights, 2 of 16-bit gradients and K = 12 of fp32
+master weights, momentum and variance per parameter, i.e. 16 bytes; stage 1 shards the K bytes, stage 2 also
+the gradients, stage 3 also the weights, over the data-parallel degree. Activations follow Korthikanti et al.
+2022, "Reducing Activation Recomputation in Large Transformer Models" (https://arxiv.org/abs/2205.05198,
+table 2): ``sbh(34 + 5as/h)`` bytes per layer, divided by t under tensor + sequence parallelism, ``34sbh/t``
+with selective recomputation, ``2sbh/t`` with full recomputation. Buffers and the reserve are documented
+estimates (docs/planner.md says where each comes from).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from convoy.errors import PlanError
+from convoy.plan.dims import ParallelDims
+from convoy.plan.model import ModelSpec
+from convoy.plan.units import MiB
+
+__all__ = ["Precision", "PRECISIONS", "OPTIMIZER_STATE_BYTES", "RunSpec", "Layout", "MemoryBreakdown",
+           "memory_per_gpu", "korthikanti_layer_bytes", "layer_activation_bytes", "CUDA_CONTEXT_BYTES",
+           "FRAGMENTATION"]
+
+#: CUDA context plus cuBLAS/cuDNN workspaces a PyTorch process holds outside the caching allocator; a typical
+#: figure for recent PyTorch on Hopper/Ampere with lazy module loading (nvidia-smi minus max_memory_reserved).
+CUDA_CONTEXT_BYTES = 600 * MiB
+#: allowance for the caching allocator's fragmentation (reserved beyond allocated), as a fraction of allocated.
+FRAGMENTATION = 0.05
+
+
+@dataclass(frozen=True, kw_only=True)
+class Precision:
+    """Bytes per parameter a precision recipe keeps, before any sharding (optimizer states are separate)."""
+
+    name: str
+    weight_bytes: int
+    """Working weights the forward reads (2 for 16-bit, 4 for fp32)."""
+    grad_bytes: int
+    """Gradients as the backward writes and the collectives reduce them."""
+    master_bytes: int
+    """fp32 master copy of the weights kept for the optimizer (0 when the weights are already fp32)."""
+    accum_bytes: int = 0
+    """A separate fp32 gradient-accumulation buffer (Megatron's main_grad), 0 when none."""
+    compute: str = "bf16"
+    """Matmul dtype: sets the peak FLOPs used for time."""
+    activation_bytes: int = 2
+    """Bytes per activation element (Korthikanti's formulas assume 2)."""
+    description: str = ""
+
+
+PRECISIONS: dict[str, Precision] = {p.name: p for p in (
+    Precision(name="fp32", weight_bytes=4, grad_bytes=4, master_bytes=0, compute="fp32", activation_bytes=4,
+              description="everything fp32: 4 + 4 bytes per parameter plus the optimizer"),
+    Precision(name="bf16", weight_bytes=2, grad_bytes=2, master_bytes=4, compute="bf16",
+              description="bf16 weights and gradients, fp32 master weights (as the ZeRO paper counts: 16 B/param with Adam)"),
+    Precision(name="fp16", weight_bytes=2, grad_bytes=2, master_bytes=4, compute="fp16",
+              description="fp16 weights and gradients, fp32 master weights (16 B/param with Adam)"),
+    Precision(name="bf16-fp32-grads", weight_bytes=2, grad_bytes=4, master_bytes=4, compute="bf16",
+              description="bf16 weights, fp32 gradients and master weights (18 B/param with Adam)"),
+    Precision(name="bf16-fp32-accum", weight_bytes=2, grad_bytes=2, master_bytes=4, accum_bytes=4, compute="bf16",
+              description="bf16 weights and gradients plus an fp32 accumulation buffer (20 B/param with Adam)"),
+    Precision(name="bf16-autocast", weight_bytes=4, grad_bytes=4, master_bytes=0, compute="bf16",
+              description="fp32 weights under torch.autocast(bf16), as Accelerate's mixed_precision='bf16' (16 B/param with Adam)"),
+)}
+
+#: fp32 optimizer state bytes per parameter. "none" means inference: no gradients and no optimizer either.
+OPTIMIZER_STATE_BYTES: dict[str, int] = {"adamw": 8, "adam": 8, "sgd-momentum": 4, "sgd": 0, "none": 0}
+
+RECOMPUTE = ("none", "selective", "full")
+ATTENTION = ("flash", "eager")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """What one training step processes and how."""
+
+    seq_len: int = 2048
+    """Tokens per sequence s."""
+    micro_batch: int = 1
+    """Sequences per GPU per forward b."""
+    global_batch: int | None = None
+    """Sequences per optimizer step; default: micro_batch x the world size (no accumulation for pure DP)."""
+    precision: str = "bf16"
+    """A key of ``PRECISIONS``."""
+    optimizer: str = "adamw"
+    """A key of ``OPTIMIZER_STATE_BYTES``; ``"none"`` plans inference."""
+    recompute: str = "none"
+    """Activation checkpointing: none, selective (attention core) or full (every block)."""
+    attention: str = "flash"
+    """``"flash"`` (SDPA's fused kernels keep no s x s matrix) or ``"eager"`` (Korthikanti's 5as^2b term)."""
+    dropout: bool = False
+    """Whether the model has dropout (masks cost 1 byte per element; modern LLMs use none)."""
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise PlanError(f"precision {self.precision!r} is not one of: {', '.join(PRECISIONS)}")
+        if self.optimizer not in OPTIMIZER_STATE_BYTES:
+            raise PlanError(f"optimizer {self.optimizer!r} is not one of: {', '.join(OPTIMIZER_STATE_BYTES)}")
+        if self.recompute not in RECOMPUTE:
+            raise PlanError(f"recompute {self.recompute!r} is not one of: {', '.join(RECOMPUTE)}")
+        if self.attention not in ATTENTION:
+            raise PlanError(f"attention {self.attention!r} is not one of: {', '.join(ATTENTION)}")
+        for name in ("seq_len", "micro_batch"):
+            if getattr(self, name) < 1:
+                raise PlanError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.global_batch is not None and self.global_batch < self.micro_batch:
+            raise PlanError(f"global batch {self.global_batch} is smaller than the micro-batch {self.micro_batch}")
+
+    @property
+    def training(self) -> bool:
+        return self.optimizer != "none"
+
+    @property
+    def recipe(self) -> Precision:
+        return PRECISIONS[self.precision]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """How a candidate places the model on the GPUs."""
+
+    dims: ParallelDims = field(default_factory=ParallelDims)
+    """Parallel degrees."""
+    zero_stage: int = 0
+    """0 = replicated (DDP), 1 = optimizer sharded, 2 = + gradients, 3 = + weights (FSDP)."""
+    offload: bool = False
+    """Optimizer state, master weights and gradients (and stage-3 weights) live in host memory."""
+    microbatches: int = 1
+    """Micro-batches per optimizer step on each pipeline (gradient accumulation steps)."""
+
+    @property
+    def shard_degree(self) -> int:
+        """Ranks a ZeRO stage shards over: dp_shard for stage 3 (HSDP replicates across it), else all of dp."""
+        return self.dims.dp_shard if self.zero_stage == 3 else self.dims.dp
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryBreakdown:
+    """Bytes on one GPU (the busiest one: the first pipeline stage)."""
+
+    params: int
+    grads: int
+    optimizer: int
+    master: int
+    activations: int
+    buffers: int
+    reserve: int
+    host: int = 0
+    """Bytes this rank keeps in host memory (offload)."""
+
+    @property
+    def model_states(self) -> int:
+        """Weights + gradients + optimizer states + master weights: the ZeRO paper's figure."""
+        return self.params + self.grads + self.optimizer + self.master
+
+    @property
+    def allocated(self) -> int:
+        """What ``torch.cuda.max_memory_allocated`` would see at the peak."""
+        return self.model_states + self.activations + self.buffers
+
+    @property
+    def total(self) -> int:
+        return self.allocated + self.reserve
+
+    def as_dict(self) -> dict[str, int]:
+        return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer, "master": self.master,
+                "activations": self.activations, "buffers": self.buffers, "reserve": self.reserve,
+                "total": self.total, "host": self.host}
+
+
+def korthikanti_layer_bytes(*, s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
+                            recompute: str = "none") -> float:
+    """Activation bytes of one transformer layer, exactly table 2 of Korthikanti et al. 2022.
+
+    Assumes 16-bit activations, dropout, GELU MLP of 4h and attention that stores its s x s scores.
+    """
+    if recompute == "full":
+        return 2 * s * b * h / (t if sequence_parallel else 1)
+    if recompute == "selective":
+        return s * b * h * (34 / t if sequence_parallel else 10 + 24 / t)
+    if recompute != "none":
+        raise PlanError(f"recompute {recompute!r} is not one of: {', '.join(RECOMPUTE)}")
+    if sequence_parallel:
+        return s * b * h * (34 / t + 5 * a * s / (h * t))
+    return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+
+
+def layer_activation_bytes(model: ModelSpec, run: RunSpec, *, tp: int = 1, stored_only: bool = True) -> float:
+    """Activation bytes one block keeps for backward, generalised from Korthikanti's breakdown.
+
+    With GELU of 4h, eager attention, dropout and 2-byte activations it equals ``korthikanti_layer_bytes``
+    (sequence parallel when ``tp > 1``, as torch's ``SequenceParallel`` does). ``stored_only=False`` gives
+    what a block holds while it is recomputed (its full no-recompute set), used for the full-recompute peak.
+    """
+    s, b, h, a = run.seq_len, run.micro_batch, model.hidden, model.heads
+    assert h is not None and a is not None
+    f = model.ffn or 4 * h
+    kv_frac = (model.kv_heads or a) / a
+    e = run.recipe.activation_bytes / 2  # Korthikanti's coefficients are for 2-byte elements
+    mask = 1 if run.dropout else 0
+    recompute = run.recompute if stored_only else "none"
+    if recompute == "full":
+        return 2 * e * s * b * h / tp
+    # attention block: QKV input 2, Q 2 + K 2*kv, V 2*kv, out-proj input 2, dropout mask after out-proj
+    attn = (2 + 2 + 2 * kv_frac + 2 * kv_frac + 2) * e * s * b * h + mask * s * b * h
+    scores = 0.0
+    if recompute == "none":
+        if run.attention == "eager":  # softmax output 2, its dropout mask 1 (when dropout), dropout output 2
+            scores = (2 * e + mask + (2 * e if run.dropout else 0)) * a * s * s * b
+        else:  # fused kernels keep only the fp32 log-sum-exp per row
+            scores = 4 * a * s * b
+    if model.gated_mlp:  # input, gate and up outputs, their product (down-proj input)
+        mlp = (2 * s * b * h + 3 * 2 * s * b * f) * e + 2 * e * s * b * f
+    else:  # input, GELU input, down-proj input
+        mlp = (2 * s * b * h + 2 * s * b * f + 2 * s * b * f) * e
+    mlp += mask * s * b * h
+    norms = 4 * e * s * b * h
+    return (attn + scores + mlp + norms) / tp
+
+
+def _stage_params(model: ModelSpec, pp: int) -> int:
+    """Parameters on the heaviest pipeline stage (its share of blocks plus the embedding or the head)."""
+    if pp == 1:
+        return model.num_params
+    if model.layer_params is None or model.num_layers is None:
+        return math.ceil(model.num_params / pp)
+    blocks = math.ceil(model.num_layers / pp) * model.layer_params
+    embed = (model.vocab or 0) * (model.hidden or 0)
+    outside = model.non_layer_params
+    return blocks + max(min(embed, outside), outside - min(embed, outside))
+
+
+def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout) -> MemoryBreakdown:
+    """Per-GPU bytes of ``model`` trained as ``run`` under ``layout``."""
+    dims, recipe = layout.dims, run.recipe
+    psi = _stage_params(model, dims.pp) / dims.tp  # parameters this GPU's model-parallel shard owns
+    dp, shard = dims.dp, layout.shard_degree
+    stage = layout.zero_stage
+    train = run.training
+    opt_bytes = OPTIMIZER_STATE_BYTES[run.optimizer]
+    master_bytes = recipe.master_bytes if train else 0
+    weight = psi * recipe.weight_bytes / (shard if stage >= 3 else 1)
+    grads = psi * (recipe.grad_bytes + recipe.accum_bytes) / (dp if stage >= 2 else 1) if train else 0.0
+    optimizer = psi * opt_bytes / (dp if stage >= 1 else 1) if train else 0.0
+    master = psi * master_bytes / (dp if stage >= 1 else 1)
+    if stage == 3 and dims.dp_replicate > 1:  # HSDP: every state is sharded within the shard group only
+        grads, optimizer, master = (x * dp / shard for x in (grads, optimizer, master))
+    host = 0.0
+    if layout.offload:
+        host = grads + optimizer + master + (weight if stage >= 3 else 0)
+        grads = optimizer = master = 0.0
+        if stage >= 3:
+            weight = 0.0
+    unit = min(model.largest_unit_params, psi * dims.tp) / dims.tp  # one block (or the embedding), tp-split
+    buffers = 0.0
+    if train and stage <= 1 and dp > 1:
+        # DDP's reducer keeps its own flat buckets as large as all gradients unless gradient_as_bucket_view=True
+        buffers += psi * recipe.grad_bytes
+    if stage >= 2 and dp > 1:
+        buffers += unit * recipe.grad_bytes  # unsharded gradients of the unit being reduce-scattered
+    if stage >= 3 and shard > 1:
+        buffers += 2 * unit * recipe.weight_bytes  # the gathered unit and the prefetched next one
+    if layout.offload:
+        buffers += 2 * unit * recipe.weight_bytes
+    activations = _activations(model, run, layout)
+    allocated = weight + grads + optimizer + master + activations + buffers
+    reserve = CUDA_CONTEXT_BYTES + FRAGMENTATION * allocated
+    return MemoryBreakdown(params=round(weight), grads=round(grads), optimizer=round(optimizer),
+                           master=round(master), activations=round(activations), buffers=round(buffers),
+                           reserve=round(reserve), host=round(host))
+
+
+def _activations(model: ModelSpec, run: RunSpec, layout: Layout) -> float:
+    """Peak activation bytes on the first pipeline stage (or the only one)."""
+    if not model.has_shape:
+        return 0.0
+    tp, pp = layout.dims.tp, layout.dims.pp
+    s, b, h = run.seq_len, run.micro_batch, model.hidden
+    assert h is not None and model.num_layers is not None
+    if not run.training:  # inference: one block's working set at a time, nothing kept for backward
+        return layer_activation_bytes(model, run, tp=tp, stored_only=False) / 2
+    layers = math.ceil(model.num_layers / pp)
+    in_flight = min(pp, layout.microbatches) if pp > 1 else 1  # 1F1B: stage 0 holds pp micro-batches
+    kept = layers * in_flight * layer_activation_bytes(model, run, tp=tp)
+    if run.recompute == "full":  # the block being recomputed holds its full set during its backward
+        kept += layer_activation_bytes(model, run, tp=tp, stored_only=False)
+    # output layer: Korthikanti counts 4sbv/t for the fp32 logits of the cross-entropy (last stage)
+    logits = 4 * s * b * (model.vocab or 0) / tp
+    if pp == 1:
+        return kept + logits
+    last = math.ceil(model.num_layers / pp) * layer_activation_bytes(model, run, tp=tp) + logits
+    return max(kept, last)

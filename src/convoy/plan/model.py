@@ -1,0 +1,282 @@
+"""What the planner knows about a model: parameter counts and the transformer shape that sets activations.
+
+    from convoy.plan.model import ModelSpec, from_hf_config, from_factory, from_numbers
+    m = from_hf_config("Llama-2-7b/config.json")    # read as JSON, closed form per architecture; 6,738,415,616
+    m = from_factory("mypkg.models:build")           # built on the meta device (imports torch)
+    m = from_numbers(7.5e9, layers=32, hidden=4096, heads=32, vocab=32000)
+
+A ``config.json`` is read as plain JSON, never downloaded. Architectures with a closed form here: the Llama
+family (llama, mistral, qwen2, qwen3) and gpt2. Any other ``model_type`` is built on the meta device when
+``transformers`` is installed, else refused with ``NotSupportedYetError`` naming the supported types.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from convoy.errors import NotSupportedYetError, PlanError
+
+__all__ = ["ModelSpec", "from_hf_config", "from_factory", "from_numbers", "resolve_model"]
+
+_LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A model as the planner sees it. Shape fields are None when unknown (then activations cannot be estimated)."""
+
+    name: str
+    """What the user called it (a path, a factory, or "7.5e9 params")."""
+    num_params: int
+    """Total parameters."""
+    num_layers: int | None = None
+    """Transformer blocks (the unit pipeline stages and FSDP wrap)."""
+    hidden: int | None = None
+    """Hidden size h."""
+    heads: int | None = None
+    """Attention heads a (tensor parallelism must divide them)."""
+    kv_heads: int | None = None
+    """Key/value heads (grouped-query attention); None means = heads."""
+    ffn: int | None = None
+    """MLP inner size (4h for GPT; SwiGLU models differ)."""
+    vocab: int | None = None
+    """Vocabulary size V."""
+    layer_params: int | None = None
+    """Parameters of one block: the largest unit FSDP gathers and a GPU must hold for tp=1."""
+    gated_mlp: bool = False
+    """True for SwiGLU-style MLPs (three matrices), False for GELU (two)."""
+    source: str = ""
+    """How these numbers were obtained."""
+
+    def __post_init__(self) -> None:
+        if self.num_params <= 0:
+            raise PlanError(f"model {self.name!r}: parameter count must be > 0, got {self.num_params}")
+        for field in ("num_layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "layer_params"):
+            value = getattr(self, field)
+            if value is not None and value <= 0:
+                raise PlanError(f"model {self.name!r}: {field} must be > 0, got {value}")
+
+    @property
+    def has_shape(self) -> bool:
+        """True when layers, hidden and heads are known (activations can be computed)."""
+        return self.num_layers is not None and self.hidden is not None and self.heads is not None
+
+    @property
+    def largest_unit_params(self) -> int:
+        """Parameters of the largest piece a GPU holds whole: a block, or the embedding when it is bigger."""
+        embed = (self.vocab or 0) * (self.hidden or 0)
+        return max(self.layer_params or self.num_params, embed)
+
+    @property
+    def non_layer_params(self) -> int:
+        """Embeddings, output head and final norm: what is left outside the blocks."""
+        if self.layer_params is None or self.num_layers is None:
+            return 0
+        return max(0, self.num_params - self.layer_params * self.num_layers)
+
+
+def from_numbers(params: float, *, layers: int | None = None, hidden: int | None = None, heads: int | None = None,
+                 vocab: int | None = None, ffn: int | None = None, kv_heads: int | None = None,
+                 name: str | None = None) -> ModelSpec:
+    """A model from bare numbers (``--params 7.5e9 --layers 32 ...``)."""
+    if params is None or params <= 0:
+        raise PlanError(f"--params must be a positive number of parameters (e.g. 7.5e9), got {params}")
+    n = int(round(params))
+    layer_params = None
+    if layers:
+        outside = (vocab or 0) * (hidden or 0)
+        layer_params = max(1, (n - outside) // layers)
+    return ModelSpec(name=name or f"{n:.3g} params", num_params=n, num_layers=layers, hidden=hidden, heads=heads,
+                     kv_heads=kv_heads, ffn=ffn or (4 * hidden if hidden else None), vocab=vocab,
+                     layer_params=layer_params, source="numbers given by the user")
+
+
+def from_hf_config(path: str | Path | Mapping[str, Any]) -> ModelSpec:
+    """A model from a Hugging Face ``config.json`` (a path, a directory holding one, or the parsed dict)."""
+    if isinstance(path, Mapping):
+        config, name = dict(path), str(path.get("_name_or_path") or path.get("model_type") or "config")
+    else:
+        p = Path(path)
+        if p.is_dir():
+            p = p / "config.json"
+        try:
+            config = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise PlanError(f"model config {str(p)!r} does not exist; give a config.json path, "
+                            "a module:function factory, or --params") from None
+        except (OSError, json.JSONDecodeError) as err:
+            raise PlanError(f"model config {str(p)!r} is not readable JSON ({err})") from None
+        if not isinstance(config, dict):
+            raise PlanError(f"model config {str(p)!r} is not a JSON object")
+        name = str(p)
+    if config.get("num_local_experts") or config.get("num_experts") or config.get("n_routed_experts"):
+        raise NotSupportedYetError(f"{name}: mixture-of-experts configs are not planned yet; "
+                                   "give --params with the dense-equivalent shape instead")
+    model_type = str(config.get("model_type", ""))
+    try:
+        if model_type in _LLAMA_FAMILY:
+            return _llama_family(config, name)
+        if model_type == "gpt2":
+            return _gpt2(config, name)
+    except KeyError as err:
+        raise PlanError(f"{name}: config.json of model_type {model_type!r} lacks {err.args[0]!r}") from None
+    if importlib.util.find_spec("transformers") is not None:
+        return _transformers_meta(config, name)
+    raise NotSupportedYetError(
+        f"{name}: model_type {model_type!r} has no closed form yet (have: {', '.join(_LLAMA_FAMILY)}, gpt2) "
+        "and transformers is not installed to build it on the meta device; give --params/--layers/--hidden/--heads")
+
+
+def _llama_family(c: Mapping[str, Any], name: str) -> ModelSpec:
+    h, f, layers, heads = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["num_attention_heads"]
+    kv = c.get("num_key_value_heads") or heads
+    hd = c.get("head_dim") or h // heads
+    vocab = c["vocab_size"]
+    qkv_bias = c["model_type"] == "qwen2" or bool(c.get("attention_bias", False))
+    attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
+    if qkv_bias:
+        attn += heads * hd + 2 * kv * hd
+    if c.get("attention_bias", False):
+        attn += h  # o_proj bias
+    if c["model_type"] == "qwen3":
+        attn += 2 * hd  # q_norm and k_norm (RMSNorm over head_dim)
+    mlp = 3 * h * f + (2 * f + h if c.get("mlp_bias", False) else 0)
+    layer = attn + mlp + 2 * h  # two RMSNorms
+    tied = bool(c.get("tie_word_embeddings", False))
+    total = layers * layer + vocab * h * (1 if tied else 2) + h
+    return ModelSpec(name=name, num_params=total, num_layers=layers, hidden=h, heads=heads, kv_heads=kv, ffn=f,
+                     vocab=vocab, layer_params=layer, gated_mlp=True,
+                     source=f"config.json, closed form for {c['model_type']} (Llama-style blocks)")
+
+
+def _gpt2(c: Mapping[str, Any], name: str) -> ModelSpec:
+    h, layers, heads, vocab = c["n_embd"], c["n_layer"], c["n_head"], c["vocab_size"]
+    f = c.get("n_inner") or 4 * h
+    layer = (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 4 * h  # attn, proj, mlp, 2 LayerNorms
+    total = layers * layer + vocab * h + c.get("n_positions", 1024) * h + 2 * h  # tied head, final LayerNorm
+    return ModelSpec(name=name, num_params=total, num_layers=layers, hidden=h, heads=heads, ffn=f, vocab=vocab,
+                     layer_params=layer, source="config.json, closed form for gpt2")
+
+
+def _transformers_meta(config: Mapping[str, Any], name: str) -> ModelSpec:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(**dict(config))
+    with torch.device("meta"):
+        module = AutoModelForCausalLM.from_config(cfg)
+    spec = describe_module(module, name=name)
+    return ModelSpec(**{**spec.__dict__, "source": f"config.json, built on the meta device with transformers"})
+
+
+def from_factory(target: str, *, name: str | None = None) -> ModelSpec:
+    """A model from ``"package.module:function"`` or ``"path/to/file.py:function"``, built on the meta device."""
+    module_name, sep, func_name = target.rpartition(":")
+    if not sep or not module_name or not func_name.isidentifier():
+        raise PlanError(f"model factory {target!r} is not MODULE:FUNCTION (e.g. 'mypkg.models:build')")
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            if not path.exists():
+                raise PlanError(f"model factory file {module_name!r} does not exist")
+            spec = importlib.util.spec_from_file_location(f"_convoy_factory_{path.stem}", path)
+            mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+            sys.modules[spec.name] = mod  # type: ignore[union-attr]
+            spec.loader.exec_module(mod)  # type: ignore[union-attr]
+        else:
+            mod = importlib.import_module(module_name)
+    except ImportError as err:
+        raise PlanError(f"model factory {target!r}: cannot import {module_name!r} ({err})") from None
+    func = getattr(mod, func_name, None)
+    if not callable(func):
+        raise PlanError(f"model factory {target!r}: {module_name} has no function {func_name!r}")
+    import torch
+
+    with torch.device("meta"):
+        module = func()
+    if not isinstance(module, torch.nn.Module):
+        raise PlanError(f"model factory {target!r} returned {type(module).__name__}, not a torch.nn.Module")
+    return describe_module(module, name=name or target)
+
+
+def describe_module(module: Any, *, name: str) -> ModelSpec:
+    """A ``ModelSpec`` from an ``nn.Module`` (real or meta): exact parameter count, blocks found by structure.
+
+    The blocks are the longest ``ModuleList`` of same-typed modules; hidden size and vocabulary come from the
+    largest ``nn.Embedding``; heads from a ``num_heads``/``n_head``/``num_attention_heads`` attribute.
+    """
+    import torch
+
+    seen: set[int] = set()
+    total = 0
+    for p in module.parameters():
+        if id(p) not in seen:  # tied weights count once
+            seen.add(id(p))
+            total += p.numel()
+    blocks: list[Any] = []
+    for sub in module.modules():
+        if isinstance(sub, torch.nn.ModuleList) and len(sub) > len(blocks):
+            kinds = {type(m) for m in sub}
+            if len(kinds) == 1:
+                blocks = list(sub)
+    layer_params = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=None) or None
+    embeds = [m for m in module.modules() if isinstance(m, torch.nn.Embedding)]
+    emb = max(embeds, key=lambda m: m.num_embeddings, default=None)
+    heads = None
+    for sub in module.modules():
+        for attr in ("num_heads", "n_head", "num_attention_heads", "n_heads"):
+            value = getattr(sub, attr, None)
+            if isinstance(value, int) and value > 0:
+                heads = value
+                break
+        if heads:
+            break
+    hidden = emb.embedding_dim if emb is not None else None
+    return ModelSpec(name=name, num_params=int(total), num_layers=len(blocks) or None, hidden=hidden, heads=heads,
+                     ffn=4 * hidden if hidden else None, vocab=emb.num_embeddings if emb is not None else None,
+                     layer_params=layer_params, source="module built on the meta device (exact parameter count)")
+
+
+def resolve_model(model: Any = None, *, params: float | None = None, **shape: Any) -> ModelSpec:
+    """One entry point for every way to name a model: a ``ModelSpec``, an ``nn.Module``, a config path or dict,
+    a ``module:function`` factory, or ``params=`` with shape keywords (layers, hidden, heads, vocab, ffn).
+
+    Shape keywords also override what a config or factory says (e.g. ``heads=`` for a module without one).
+    """
+    fields = _shape_fields(shape)  # validates the keywords before anything else
+    if model is None:
+        if params is None:
+            raise PlanError("no model given; give a config.json path, a module:function factory, or --params")
+        return from_numbers(params, **shape)
+    if isinstance(model, ModelSpec):
+        spec = model
+    elif isinstance(model, Mapping):
+        spec = from_hf_config(model)
+    elif isinstance(model, (str, Path)):
+        text = str(model)
+        is_path = text.endswith(".json") or Path(text).is_dir() or Path(text).exists()
+        spec = from_hf_config(text) if is_path or ":" not in text else from_factory(text)
+    elif "torch" in sys.modules and isinstance(model, sys.modules["torch"].nn.Module):
+        spec = describe_module(model, name=type(model).__name__)
+    else:
+        raise PlanError(f"cannot plan a {type(model).__name__}; give a config.json path, a module:function "
+                        "factory, an nn.Module, or params=")
+    overrides = {k: v for k, v in fields.items() if v is not None}
+    if params is not None:
+        overrides["num_params"] = int(round(params))
+    return ModelSpec(**{**spec.__dict__, **overrides}) if overrides else spec
+
+
+def _shape_fields(shape: Mapping[str, Any]) -> dict[str, Any]:
+    names = {"layers": "num_layers", "hidden": "hidden", "heads": "heads", "vocab": "vocab", "ffn": "ffn",
+             "kv_heads": "kv_heads"}
+    unknown = sorted(set(shape) - set(names))
+    if unknown:
+        raise PlanError(f"unknown model field {unknown[0]!r}; use {', '.join(names)}")
+    return {names[k]: v for k, v in shape.items()}

@@ -1,0 +1,156 @@
+"""The guide's decision process as an algorithm: the fastest layout that fits, with the case and the reasons.
+
+    from convoy.plan.recommend import recommend, guide_case
+    rec = recommend(rows, model=model, run=run, hardware=hw)
+    rec.candidate.name, rec.case, rec.reasons
+
+The Hugging Face guide "Efficient Training on Multiple GPUs" (https://huggingface.co/docs/transformers/
+perf_train_gpu_many, "Scalability strategy") sorts a job into cases: (1) the model fits on one GPU -> DDP or
+ZeRO; (2) it does not -> PP, ZeRO or TP (TP/ZeRO need NVLink to compete); (3) its largest layer does not fit
+-> TP or ZeRO; and multi-node with fast links -> ZeRO or 3D, with slow links -> DP x PP x TP with ZeRO-1.
+Here every candidate is costed instead of guessed, the fastest fitting one wins, and a candidate within
+``TIE`` of the fastest but with less sharding (``Candidate.sharding_rank``) wins the tie.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from convoy.plan.candidates import Candidate
+from convoy.plan.hardware import Hardware
+from convoy.plan.memory import MemoryBreakdown, RunSpec, layer_activation_bytes, OPTIMIZER_STATE_BYTES
+from convoy.plan.model import ModelSpec
+from convoy.plan.timing import StepTime
+from convoy.plan.units import format_bytes, format_seconds
+
+__all__ = ["Row", "Recommendation", "recommend", "guide_case", "TIE", "FAST_INTER_GBPS_PER_GPU"]
+
+#: step times within this fraction of the fastest count as a tie (the cost model is not finer than that).
+TIE = 0.05
+#: inter-node bandwidth per GPU (Gbit/s) from which the guide's "fast inter-node connectivity" applies:
+#: one 100 Gbit/s NIC per GPU is where ZeRO-3 across nodes stops being network-bound for billion-scale models.
+FAST_INTER_GBPS_PER_GPU = 100.0
+
+_CASE_ADVICE = {
+    "case 1": "the model fits on one GPU, so data parallelism (DDP, or ZeRO to save memory) is the guide's choice",
+    "case 2": "the model does not fit on one GPU, so it must be split: pipeline, ZeRO or tensor parallelism",
+    "case 3": "even its largest layer does not fit on one GPU, so only tensor parallelism or ZeRO-3 can hold it",
+    "multi-node fast": "several nodes with fast links: ZeRO across nodes, or DP x TP x PP",
+    "multi-node slow": "several nodes with slow links: keep TP inside nodes and PP/DP (with ZeRO-1) across them",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    """One candidate with its memory, time and verdict."""
+
+    candidate: Candidate
+    memory: MemoryBreakdown
+    time: StepTime
+    fits: bool
+    """True when the per-GPU total (with reserve) is within the GPU's memory."""
+
+    @property
+    def name(self) -> str:
+        return self.candidate.name
+
+    def as_dict(self) -> dict:
+        d = self.candidate.layout.dims
+        return {"name": self.name, "strategy": self.candidate.strategy, "zero_stage": self.candidate.layout.zero_stage,
+                "offload": self.candidate.layout.offload, "dp_replicate": d.dp_replicate, "dp_shard": d.dp_shard,
+                "tp": d.tp, "pp": d.pp, "microbatches": self.candidate.layout.microbatches, "fits": self.fits,
+                "memory": self.memory.as_dict(), "time": self.time.as_dict()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommendation:
+    """The chosen row (None when nothing fits), the guide's case, and why, in plain sentences."""
+
+    row: Row | None
+    case: str
+    """``"case 1"``, ``"case 2"``, ``"case 3"``, ``"multi-node fast"`` or ``"multi-node slow"``."""
+    reasons: tuple[str, ...]
+    breaks: tuple[str, ...] = ()
+    """What would change the answer (2x sequence length, no NVLink), filled in by ``convoy.plan``."""
+
+    @property
+    def candidate(self) -> Candidate | None:
+        return self.row.candidate if self.row else None
+
+    @property
+    def strategy(self) -> str | None:
+        """The ``Accelerator(strategy=...)`` name of the choice."""
+        return self.row.candidate.strategy if self.row else None
+
+    @property
+    def dims(self):
+        """The ``ParallelDims`` of the choice (for ``CONVOY_PARALLELISM``)."""
+        return self.row.candidate.layout.dims if self.row else None
+
+    @property
+    def cpu_offload(self) -> bool:
+        return bool(self.row and self.row.candidate.layout.offload)
+
+    def as_dict(self) -> dict:
+        return {"candidate": self.row.name if self.row else None, "strategy": self.strategy,
+                "parallelism": self.dims.describe() if self.dims else None, "cpu_offload": self.cpu_offload,
+                "case": self.case, "advice": _CASE_ADVICE[self.case], "reasons": list(self.reasons),
+                "breaks": list(self.breaks)}
+
+
+def guide_case(model: ModelSpec, run: RunSpec, hw: Hardware, single: MemoryBreakdown) -> str:
+    """Which of the guide's cases this job is (``single`` is the one-GPU, unsharded memory)."""
+    if hw.nodes > 1:
+        fast = hw.inter_gbps / hw.gpus_per_node >= FAST_INTER_GBPS_PER_GPU
+        return "multi-node fast" if fast else "multi-node slow"
+    limit = hw.gpu.memory_bytes
+    if single.total <= limit:
+        return "case 1"
+    recipe = run.recipe
+    per_param = recipe.weight_bytes + (recipe.grad_bytes + recipe.master_bytes + OPTIMIZER_STATE_BYTES[run.optimizer]
+                                       if run.training else 0)
+    layer = model.largest_unit_params * per_param
+    if model.has_shape:
+        layer += layer_activation_bytes(model, run)
+    return "case 3" if layer > limit else "case 2"
+
+
+def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, single: MemoryBreakdown) -> Recommendation:
+    """Pick the fastest fitting row, ties toward less sharding, and say why."""
+    case = guide_case(model, run, hw, single)
+    limit = hw.gpu.memory_bytes
+    states = format_bytes(single.model_states)
+    reasons = [f"{model.num_params / 1e9:.2f}B parameters with {run.precision} {run.optimizer}: "
+               f"{states} of weights, gradients and optimizer state on one GPU, whose memory is "
+               f"{format_bytes(limit)}; the guide's {case}: {_CASE_ADVICE[case]}."]
+    fitting = [r for r in rows if r.fits]
+    if not fitting:
+        smallest = min(rows, key=lambda r: r.memory.total)
+        reasons.append(f"No layout fits: the smallest, {smallest.name}, needs {format_bytes(smallest.memory.total)} "
+                       f"per GPU. Use more GPUs, recompute='full', a shorter sequence or a smaller micro-batch.")
+        return Recommendation(row=None, case=case, reasons=tuple(reasons))
+    fastest = min(fitting, key=lambda r: r.time.seconds)
+    ties = [r for r in fitting if r.time.seconds <= fastest.time.seconds * (1 + TIE)]
+    best = min(ties, key=lambda r: (r.candidate.sharding_rank, r.time.seconds))
+    t = best.time
+    reasons.append(f"{best.name} fits at {format_bytes(best.memory.total)} per GPU and takes about "
+                   f"{format_seconds(t.seconds)} per step ({t.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, "
+                   f"{t.mfu:.0%} MFU).")
+    if best is not fastest:
+        reasons.append(f"{fastest.name} is {(1 - fastest.time.seconds / t.seconds):.0%} faster on paper, within the "
+                       f"{TIE:.0%} noise of this model, so the layout with less sharding wins.")
+    others = sorted((r for r in fitting if r is not best), key=lambda r: r.time.seconds)
+    if others and others[0] is not fastest:
+        nxt = others[0]
+        reasons.append(f"The next best, {nxt.name}, takes {format_seconds(nxt.time.seconds)} per step.")
+    elif others and best is fastest:
+        nxt = others[0]
+        reasons.append(f"The next best, {nxt.name}, is {nxt.time.seconds / t.seconds - 1:.0%} slower.")
+    misfits = len(rows) - len(fitting)
+    if misfits:
+        reasons.append(f"{misfits} of {len(rows)} layouts do not fit in memory.")
+    exposed = t.exposed_dp + t.tp_comm + t.pp_comm + t.offload
+    if exposed > 0.2 * t.seconds:
+        reasons.append(f"Communication that compute cannot hide is {exposed / t.seconds:.0%} of its step; "
+                       "faster links would speed it up.")
+    return Recommendation(row=best, case=case, reasons=tuple(reasons))

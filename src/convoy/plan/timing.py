@@ -1,0 +1,183 @@
+"""Time per training step for one layout: FLOPs at a stated efficiency, ring collectives per link, overlap, bubble.
+
+    from convoy.plan.timing import step_time, model_flops_per_token
+    t = step_time(model, run, layout, hardware, global_batch=512)
+    t.seconds, t.tokens_per_s_per_gpu, t.mfu, t.comm_bytes
+
+Sources: training FLOPs per token 6N + 12·L·h·s (Kaplan et al. 2020 for 6N; the attention term and the MFU
+definition from PaLM, Chowdhery et al. 2022, appendix B); full recomputation adds one forward (8N, Korthikanti
+et al. 2022). Collectives use the ring (bandwidth-optimal) cost: all-reduce moves 2(n-1)/n of the buffer
+through each GPU's link, all-gather and reduce-scatter (n-1)/n (Thakur, Rabenseifner & Gropp 2005; NCCL's
+"bus bandwidth" doc). Megatron tensor parallelism does 4 all-reduce-equivalents of the layer's activations per
+block per micro-batch (Narayanan et al. 2021); a 1F1B pipeline idles (p-1)/(m+p-1) of the time (GPipe bubble).
+Data-parallel traffic overlaps with the backward; tensor-parallel and offload traffic are counted as exposed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from convoy.plan.hardware import Hardware
+from convoy.plan.memory import Layout, RunSpec, _stage_params
+from convoy.plan.model import ModelSpec
+
+__all__ = ["StepTime", "step_time", "model_flops_per_token", "ring_all_reduce_seconds", "ring_gather_seconds",
+           "DEFAULT_EFFICIENCY", "CPU_ADAM_PARAMS_PER_S"]
+
+#: fraction of peak FLOPs the compute kernels reach: a typical large-model figure (PaLM reports 46% MFU,
+#: Megatron-LM 52% on A100); a stated assumption, override with ``efficiency=``.
+DEFAULT_EFFICIENCY = 0.5
+#: parameters per second a CPU Adam step updates per process, for offloaded optimizers (DeepSpeed's
+#: CPU-Adam reports about 1e9 on a server socket); a stated assumption.
+CPU_ADAM_PARAMS_PER_S = 1.0e9
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTime:
+    """Seconds of one optimizer step and where they go (per GPU, all GPUs in lock step)."""
+
+    compute: float
+    """Matmul time including the pipeline bubble."""
+    bubble: float
+    """Of which: pipeline idle time."""
+    dp_comm: float
+    """Data-parallel collectives (all-reduce / reduce-scatter / all-gather), before overlap."""
+    tp_comm: float
+    """Tensor-parallel collectives (exposed)."""
+    pp_comm: float
+    """Pipeline send/recv of activations (exposed)."""
+    offload: float
+    """Host transfers and the CPU optimizer step (exposed)."""
+    exposed_dp: float
+    """The part of dp_comm the backward could not hide."""
+    comm_bytes: float
+    """Bytes each GPU sends per step over all collectives."""
+    tokens: int
+    """Tokens per optimizer step (all GPUs)."""
+    world_size: int
+    model_flops: float
+    """Model FLOPs per step (no recomputation), the MFU numerator."""
+    peak_flops: float
+    """Per-GPU peak for the compute dtype."""
+
+    @property
+    def seconds(self) -> float:
+        return self.compute + self.exposed_dp + self.tp_comm + self.pp_comm + self.offload
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens / self.seconds / self.world_size
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation: model FLOPs per second over the GPUs' peak (PaLM's definition)."""
+        return self.model_flops / (self.seconds * self.world_size * self.peak_flops)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"seconds": self.seconds, "compute": self.compute, "bubble": self.bubble, "dp_comm": self.dp_comm,
+                "exposed_dp": self.exposed_dp, "tp_comm": self.tp_comm, "pp_comm": self.pp_comm,
+                "offload": self.offload, "comm_bytes": self.comm_bytes,
+                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu}
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int, *, training: bool = True) -> float:
+    """6N + 12·L·h·s per token for training (2N + 4·L·h·s for a forward only)."""
+    attention = 0.0
+    if model.num_layers and model.hidden:
+        attention = 2 * 2 * model.num_layers * model.hidden * seq_len  # QK^T and AV, 2 FLOPs per MAC
+    forward = 2 * model.num_params + attention
+    return 3 * forward if training else forward
+
+
+def ring_all_reduce_seconds(nbytes: float, n: int, bandwidth: float) -> float:
+    """Ring all-reduce of ``nbytes`` over ``n`` ranks on links of ``bandwidth`` bytes/s."""
+    return 0.0 if n <= 1 else 2 * (n - 1) / n * nbytes / bandwidth
+
+
+def ring_gather_seconds(nbytes: float, n: int, bandwidth: float) -> float:
+    """Ring all-gather (or reduce-scatter) of a ``nbytes`` full buffer over ``n`` ranks."""
+    return 0.0 if n <= 1 else (n - 1) / n * nbytes / bandwidth
+
+
+def _group_bandwidth(hw: Hardware, ranks_per_node: int, group: int) -> float:
+    """Bus bandwidth a ring of ``group`` ranks gets, ``ranks_per_node`` of them on each node.
+
+    Inside one node: the intra-node link. Across nodes every GPU of a node is in some group at once, so this
+    group gets its share of the node's NICs: inter x ranks_per_node / gpus_per_node (NCCL runs one ring per NIC).
+    """
+    if group <= ranks_per_node or hw.nodes == 1:
+        return hw.intra_bandwidth
+    return min(hw.intra_bandwidth, hw.inter_bandwidth * ranks_per_node / hw.gpus_per_node)
+
+
+def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, global_batch: int,
+              efficiency: float = DEFAULT_EFFICIENCY) -> StepTime:
+    """Estimated seconds of one optimizer step processing ``global_batch`` sequences."""
+    dims, recipe = layout.dims, run.recipe
+    world = dims.world_size
+    s, b, m = run.seq_len, run.micro_batch, layout.microbatches
+    tokens = global_batch * s
+    per_token = model_flops_per_token(model, s, training=run.training)
+    model_flops = per_token * tokens
+    hw_flops = model_flops
+    if run.training and run.recompute == "full":
+        hw_flops = model_flops * 4 / 3  # one more forward
+    elif run.training and run.recompute == "selective" and model.num_layers and model.hidden:
+        hw_flops = model_flops + 4 * model.num_layers * model.hidden * s * tokens  # the attention core again
+    peak = hw.gpu.peak_flops(recipe.compute)
+    compute = hw_flops / world / (peak * efficiency)
+    bubble = compute * (dims.pp - 1) / m if dims.pp > 1 else 0.0
+    compute += bubble
+
+    # data parallel: rank layout pp (outer) x dp x tp (inner), so a dp group has gpus_per_node/tp ranks per node
+    psi = _stage_params(model, dims.pp) / dims.tp
+    per_node = max(1, min(dims.dp, hw.gpus_per_node // dims.tp))
+    dp_bw = _group_bandwidth(hw, per_node, dims.dp)
+    grads, weights = psi * recipe.grad_bytes, psi * recipe.weight_bytes
+    dp_comm = comm = 0.0
+    if run.training and dims.dp > 1:
+        if layout.zero_stage == 0:
+            dp_comm, comm = ring_all_reduce_seconds(grads, dims.dp, dp_bw), 2 * (dims.dp - 1) / dims.dp * grads
+        elif layout.zero_stage in (1, 2):  # reduce-scatter gradients, all-gather updated weights
+            dp_comm = ring_gather_seconds(grads, dims.dp, dp_bw) + ring_gather_seconds(weights, dims.dp, dp_bw)
+            comm = (dims.dp - 1) / dims.dp * (grads + weights)
+        else:  # every micro-batch: gather weights for forward and backward, reduce-scatter gradients
+            n = layout.shard_degree
+            shard_bw = _group_bandwidth(hw, max(1, min(n, hw.gpus_per_node // dims.tp)), n)
+            dp_comm = m * (2 * ring_gather_seconds(weights, n, shard_bw) + ring_gather_seconds(grads, n, shard_bw))
+            comm = m * (n - 1) / n * (2 * weights + grads) if n > 1 else 0.0
+            if dims.dp_replicate > 1:  # HSDP: all-reduce the shard's gradients across replicas once per step
+                rep_bw = _group_bandwidth(hw, 1, dims.dp_replicate)
+                dp_comm += ring_all_reduce_seconds(grads / n, dims.dp_replicate, rep_bw)
+                comm += 2 * (dims.dp_replicate - 1) / dims.dp_replicate * grads / n
+    # overlap: stage 0-2 hide their one exchange behind the last micro-batch's backward (2/3 of its compute);
+    # stage 3 prefetches along the whole forward and backward
+    window = compute - bubble if layout.zero_stage == 3 else (compute - bubble) / m * 2 / 3
+    exposed_dp = max(0.0, dp_comm - window)
+
+    tp_comm = 0.0
+    if dims.tp > 1 and model.has_shape:
+        layers = math.ceil(model.num_layers / dims.pp)  # type: ignore[operator]
+        act = s * b * model.hidden * recipe.activation_bytes  # type: ignore[operator]
+        per_layer = 4 + (2 if run.recompute == "full" else 0)
+        tp_bw = _group_bandwidth(hw, min(dims.tp, hw.gpus_per_node), dims.tp)
+        tp_comm = m * layers * per_layer * ring_all_reduce_seconds(act, dims.tp, tp_bw)
+        comm += m * layers * per_layer * 2 * (dims.tp - 1) / dims.tp * act
+    pp_comm = 0.0
+    if dims.pp > 1 and model.hidden:
+        act = s * b * model.hidden * recipe.activation_bytes / dims.tp
+        crosses = dims.tp * dims.dp * dims.pp > hw.gpus_per_node
+        bw = _group_bandwidth(hw, 1, 2) if crosses else hw.intra_bandwidth
+        pp_comm = 2 * m * act / bw  # forward activations out, their gradients back
+        comm += 2 * m * act
+    offload = 0.0
+    if layout.offload and run.training:
+        shard = psi / (layout.shard_degree if layout.zero_stage >= 1 else 1)
+        transfer = shard * (recipe.grad_bytes + recipe.weight_bytes)  # gradients down, updated weights up
+        if layout.zero_stage == 3:
+            transfer += shard * recipe.weight_bytes * 2 * (m - 1)  # weights up again every micro-batch
+        offload = transfer / hw.host_bandwidth + shard / CPU_ADAM_PARAMS_PER_S
+    return StepTime(compute=compute, bubble=bubble, dp_comm=dp_comm, tp_comm=tp_comm, pp_comm=pp_comm,
+                    offload=offload, exposed_dp=exposed_dp, comm_bytes=comm, tokens=tokens, world_size=world,
+                    model_flops=model_flops, peak_flops=peak)

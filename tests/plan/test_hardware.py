@@ -1,0 +1,65 @@
+"""The GPU table and machine descriptions."""
+
+from __future__ import annotations
+
+import pytest
+
+from convoy.errors import PlanError
+from convoy.plan.hardware import GPUS, Hardware, hardware_from_inventory, lookup_gpu, parse_hardware
+from convoy.plan.units import GB, MiB
+
+
+def test_every_row_has_a_source_and_sane_numbers():
+    for gpu in GPUS.values():
+        assert gpu.source and gpu.memory_bytes > 8 * GB
+        assert gpu.fp16_tflops >= gpu.fp32_tflops > 0
+        assert gpu.pcie_gbs in (16, 32, 64)
+
+
+def test_parse_hardware_and_links():
+    hw = parse_hardware("8xH100-80GB", nodes=2, inter_gbps=3200)
+    assert (hw.world_size, hw.intra, hw.gpu.memory_bytes) == (16, "nvlink", 81559 * MiB)
+    assert hw.intra_bandwidth == 450 * GB and hw.inter_bandwidth == 400 * GB
+    assert hw.gpu.peak_flops("bf16") == pytest.approx(989.4e12)
+    assert parse_hardware("4 x l40s").intra == "pcie"  # no NVLink on the board: PCIe by default
+    assert parse_hardware("h100-80gb").gpus_per_node == 1
+    custom = parse_hardware("2xA100-40GB", memory_gib=20, peak_tflops=100)
+    assert custom.gpu.memory_bytes == 20 * 2**30 and custom.gpu.peak_flops("fp32") == 1e14
+
+
+@pytest.mark.parametrize("text,word", [("8xB999", "unknown accelerator"), ("0xH100-80GB", "count"),
+                                       ("", "COUNTxGPU")])
+def test_bad_descriptions(text, word):
+    with pytest.raises(PlanError, match=word):
+        parse_hardware(text)
+
+
+def test_bad_links_and_dtypes():
+    with pytest.raises(PlanError, match="no NVLink"):
+        parse_hardware("4xL4", intra="nvlink")
+    with pytest.raises(PlanError, match="nvlink, pcie"):
+        parse_hardware("4xH100-80GB", intra="infiniband")
+    with pytest.raises(PlanError, match="no bf16"):
+        lookup_gpu("V100-32GB").peak_flops("bf16")
+
+
+def test_nvml_names_find_their_rows():
+    assert lookup_gpu("NVIDIA H100 80GB HBM3").name == "H100-80GB"
+    assert lookup_gpu("NVIDIA A100-SXM4-80GB").name == "A100-80GB"
+    assert lookup_gpu("AMD Instinct MI300X").name == "MI300X"
+
+
+def test_hardware_from_inventory_files(inventory_path):
+    from convoy.devices.inventory import load_inventory
+
+    hw = hardware_from_inventory(load_inventory(inventory_path("8xh100_nvswitch")))
+    assert (hw.gpu.name, hw.gpus_per_node, hw.intra) == ("H100-80GB", 8, "nvlink")
+    with pytest.raises(PlanError, match="mixes accelerators"):
+        hardware_from_inventory(load_inventory(inventory_path("4_mixed_pcie")))
+
+
+def test_hardware_validation():
+    with pytest.raises(PlanError, match=">= 1"):
+        Hardware(gpu=lookup_gpu("H100-80GB"), gpus_per_node=0)
+    with pytest.raises(PlanError, match="inter-node"):
+        parse_hardware("8xH100-80GB", inter_gbps=0)

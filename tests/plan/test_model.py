@@ -1,0 +1,106 @@
+"""Model descriptions: closed forms against the published parameter counts, factories on the meta device."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from convoy.errors import NotSupportedYetError, PlanError
+from convoy.plan.model import from_factory, from_hf_config, from_numbers, resolve_model
+
+CONFIGS = Path(__file__).parent / "configs"
+
+
+@pytest.mark.parametrize("name,params", [
+    ("llama2_7b", 6_738_415_616),     # Llama-2-7b-hf model card / sum of safetensors shapes
+    ("llama2_70b", 68_976_648_192),   # Llama-2-70b-hf (grouped-query attention, 8 kv heads)
+    ("gpt2", 124_439_808),            # GPT2LMHeadModel.num_parameters() (tied head)
+    ("qwen2_0_5b", 494_032_768),      # Qwen2-0.5B (qkv bias, tied embeddings)
+])
+def test_closed_forms_match_published_counts(name, params):
+    spec = from_hf_config(CONFIGS / f"{name}.json")
+    assert spec.num_params == params
+    assert spec.has_shape and spec.layer_params * spec.num_layers < params
+
+
+def test_config_directory_and_dict_work():
+    by_dir = from_hf_config(CONFIGS.parent / "configs" / "llama2_7b.json")
+    as_dict = from_hf_config(json.loads((CONFIGS / "llama2_7b.json").read_text()))
+    assert by_dir.num_params == as_dict.num_params
+
+
+def test_config_errors_are_clear(tmp_path):
+    with pytest.raises(PlanError, match="does not exist"):
+        from_hf_config(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(PlanError, match="not readable JSON"):
+        from_hf_config(bad)
+    with pytest.raises(NotSupportedYetError, match="mixture-of-experts"):
+        from_hf_config(CONFIGS / "mixtral.json")
+    partial = tmp_path / "partial.json"
+    partial.write_text('{"model_type": "llama", "hidden_size": 64}')
+    with pytest.raises(PlanError, match="lacks 'intermediate_size'"):
+        from_hf_config(partial)
+
+
+def test_numbers_and_overrides():
+    spec = from_numbers(7.5e9, layers=32, hidden=4096, heads=32, vocab=32000)
+    assert spec.num_params == 7_500_000_000 and spec.layer_params == (7_500_000_000 - 32000 * 4096) // 32
+    with pytest.raises(PlanError, match="positive"):
+        from_numbers(-1)
+    over = resolve_model(CONFIGS / "gpt2.json", heads=16)
+    assert over.heads == 16 and over.num_params == 124_439_808
+    with pytest.raises(PlanError, match="unknown model field"):
+        resolve_model(CONFIGS / "gpt2.json", depth=3)
+    with pytest.raises(PlanError, match="no model given"):
+        resolve_model(None)
+
+
+FACTORY = '''
+import torch.nn as nn
+
+class Block(nn.Module):
+    def __init__(self, h, n_head):
+        super().__init__()
+        self.n_head = n_head
+        self.attn = nn.Linear(h, 3 * h)
+        self.proj = nn.Linear(h, h)
+        self.mlp = nn.Sequential(nn.Linear(h, 4 * h), nn.GELU(), nn.Linear(4 * h, h))
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(1000, 64)
+        self.blocks = nn.ModuleList(Block(64, 4) for _ in range(3))
+        self.head = nn.Linear(64, 1000, bias=False)
+        self.head.weight = self.emb.weight   # tied: counted once
+
+def build():
+    net = Net()
+    assert next(net.parameters()).is_meta
+    return net
+
+def not_a_module():
+    return 3
+'''
+
+
+def test_factory_is_built_on_meta_and_counted_exactly(tmp_path):
+    path = tmp_path / "tiny_factory.py"
+    path.write_text(FACTORY)
+    spec = from_factory(f"{path}:build")
+    block = (64 * 192 + 192) + (64 * 64 + 64) + (64 * 256 + 256) + (256 * 64 + 64)
+    assert spec.num_params == 1000 * 64 + 3 * block
+    assert (spec.num_layers, spec.hidden, spec.heads, spec.vocab, spec.layer_params) == (3, 64, 4, 1000, block)
+    with pytest.raises(PlanError, match="not a torch.nn.Module"):
+        from_factory(f"{path}:not_a_module")
+    with pytest.raises(PlanError, match="no function"):
+        from_factory(f"{path}:missing")
+    with pytest.raises(PlanError, match="MODULE:FUNCTION"):
+        from_factory("justaname:")
+    with pytest.raises(PlanError, match="cannot import"):
+        from_factory("no_such_package_xyz.mod:build")
