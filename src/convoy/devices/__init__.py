@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from convoy.devices.discovery import discover
 from convoy.devices.inventory import Device, Inventory, load_inventory
+from convoy.devices.lease import Lease, lease_devices, select_and_lease
 from convoy.devices.selection import Selection, select_devices
 from convoy.devices.spec import parse_devices
 from convoy.devices.visibility import ensure_runtime_not_started, visibility_env
@@ -28,4 +29,7 @@ __all__ = [
     "Selection",
     "visibility_env",
     "ensure_runtime_not_started",
+    "Lease",
+    "lease_devices",
+    "select_and_lease",
 ]

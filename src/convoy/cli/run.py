@@ -1,0 +1,109 @@
+"""``convoy run``: reserve devices, make exactly those visible, and run any command on them.
+
+    convoy run --devices 1 --free --wait 5m -- python train.py --lr 1e-3
+    convoy run --devices 2,0 -- ./my_jax_job.sh      # physical 2 is the job's first device
+
+Resolves the request with ``select_devices`` (leasing the devices with ``select_and_lease`` when ``--free``
+or ``--wait`` is given), starts CMD with the visibility variables set, forwards SIGTERM/SIGHUP/SIGINT/
+SIGQUIT/SIGUSR1/SIGUSR2 to it, and exits with its exit code (128+N when a signal N killed it). The lease
+is held by convoy and by CMD (it inherits the lock), so it ends when both are gone, SIGKILL included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from typing import Sequence
+
+from convoy.cli.select import add_filter_arguments, command_env, selection_kwargs
+
+DESCRIPTION = "Reserve devices, make exactly those visible, and run any command (any framework) on them."
+EPILOG = """examples:
+  convoy run --devices 1 --free -- python train.py
+  convoy run --devices 2 --free --wait 10m -- bash job.sh     # wait for 2 GPUs no other job holds
+  convoy run --devices 0 -- python -c "import torch; print(torch.cuda.get_device_name())"
+exit code: CMD's own; 128+N if signal N killed it; 1 if no devices could be had; 2 for bad flags."""
+
+_FORWARDED = ("SIGTERM", "SIGHUP", "SIGINT", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--devices", metavar="SPEC", default="auto",
+                        help="count (2), index list (2,0), range (0-3), -1/all, or auto (default)")
+    add_filter_arguments(parser)
+    parser.add_argument("--wait", metavar="T", default=None,
+                        help="wait up to T (30s, 5m, 1h, inf) for devices other jobs hold; implies a lease")
+    parser.add_argument("--no-lease", action="store_true", help="do not reserve the devices (with --free)")
+    parser.add_argument("--explain", action="store_true", help="print why these devices, to stderr")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    argv = list(argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        args = parser.parse_args(argv[:cut])
+        args.command = list(args.command) + argv[cut + 1:]
+    else:
+        args = parser.parse_args(argv)
+    if not args.command:
+        parser.error("no command to run; write e.g.: convoy run --devices 1 -- python train.py")
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
+    from convoy.devices.lease import select_and_lease
+    from convoy.devices.selection import select_devices
+    from convoy.devices.units import parse_duration
+
+    env = command_env(args)
+    wait = None if args.wait is None else parse_duration(args.wait)
+    leasing = (args.free or wait is not None) and not args.no_lease
+    lease = None
+    if leasing:
+        selection, lease = select_and_lease(args.devices, wait=wait, env=env, **selection_kwargs(args))
+    else:
+        selection = select_devices(args.devices, env=env, **selection_kwargs(args))
+    try:
+        if args.explain:
+            print("\n".join(selection.explanation), file=sys.stderr)
+        child_env = {**os.environ, **selection.env}
+        return _run_child(args.command, child_env, pass_fds=lease.fds if lease else ())
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _run_child(command: list[str], env: dict[str, str], pass_fds: Sequence[int]) -> int:
+    try:
+        child = subprocess.Popen(command, env=env, pass_fds=tuple(pass_fds))
+    except FileNotFoundError:
+        print(f"convoy: command not found: {command[0]!r}", file=sys.stderr)
+        return 127
+    except PermissionError:
+        print(f"convoy: command not executable: {command[0]!r}", file=sys.stderr)
+        return 126
+
+    def forward(signum, _frame):
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {}
+    for name in _FORWARDED:
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            previous[sig] = signal.signal(sig, forward)
+    try:
+        while True:
+            try:
+                code = child.wait()
+                break
+            except InterruptedError:  # pragma: no cover - PEP 475 retries for us
+                continue
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code
