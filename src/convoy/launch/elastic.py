@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from contextlib import contextmanager
 from typing import Iterator, Mapping
 
@@ -33,9 +34,13 @@ def launch_config(plan: LaunchPlan):
 
     from convoy.launch.workers import parse_stream_map
 
+    from torch.distributed.elastic.multiprocessing import Std
+
     redirects = parse_stream_map(plan.redirects, plan.nproc_per_node)
-    tee = parse_stream_map(plan.tee, plan.nproc_per_node)
-    logs = DefaultLogsSpecs(log_dir=plan.log_dir, redirects=redirects, tee=tee,
+    # Output reaches the console through torch's tee (log file, then tailed with the "[rankN]: " prefix);
+    # streams the user redirected stay in the files only.
+    tee = {rank: Std(3 & ~redirects.get(rank, 0)) for rank in range(plan.nproc_per_node)}
+    logs = DefaultLogsSpecs(log_dir=plan.log_dir, redirects={r: Std(v) for r, v in redirects.items()}, tee=tee,
                             local_ranks_filter=_filter(plan.local_ranks_filter))
     configs: dict[str, object] = dict(plan.rdzv_configs)
     if "rank" in configs:
@@ -90,17 +95,18 @@ def run_elastic(plan: LaunchPlan, *, base_env: Mapping[str, str]) -> int:
         extra.setdefault("MASTER_ADDR", plan.master_addr)
         extra.setdefault("MASTER_PORT", str(plan.master_port))
     entrypoint, args = _worker_command(plan)
+    start = time.monotonic()
     try:
         with _environment(extra):
             elastic_launch(launch_config(plan), entrypoint)(*args)
     except ChildFailedError as err:
-        raise _root_cause(err, plan) from None
+        raise _root_cause(err, plan, elapsed=time.monotonic() - start) from None
     except (RuntimeError, ValueError) as err:  # rendezvous errors, closed stores, ...
         raise LaunchError(f"the elastic agent failed before the workers ran: {err}") from None
     return 0
 
 
-def _root_cause(err, plan: LaunchPlan) -> Exception:
+def _root_cause(err, plan: LaunchPlan, *, elapsed: float) -> Exception:
     failures = err.failures  # {global rank: ProcessFailure}
     # The agent SIGTERMs the rest after the first failure; those (-15) are consequences, not causes.
     rank, pf = min(failures.items(), key=lambda kv: (kv[1].exitcode == -15, kv[1].timestamp, kv[0]))
@@ -111,5 +117,5 @@ def _root_cause(err, plan: LaunchPlan) -> Exception:
     elif isinstance(message, str) and "To enable traceback" not in message and message:
         text = message
     failure = RankFailure(rank=rank, local_rank=pf.local_rank, host=socket.gethostname(), returncode=pf.exitcode,
-                          traceback=text, traceback_shown=text is not None)
+                          traceback=text, traceback_shown=text is not None, elapsed=elapsed)
     return failure_error(failure, stopped=len(failures) - 1 if len(failures) > 1 else plan.nproc_per_node - 1)

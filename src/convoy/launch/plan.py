@@ -217,7 +217,7 @@ def _processes(request: LaunchRequest, selection: Any, notes: list[str]) -> tupl
             raise ConfigError(f"--nproc-per-node {asked} asks for one process per accelerator, but none was found; "
                               f"give a number of CPU processes instead, e.g. --nproc-per-node {CPU_DEFAULT_NPROC}")
         count = CPU_DEFAULT_NPROC if asked is None else (os.cpu_count() or 1)
-        notes.append(f"no accelerator found: running {count} CPU processes with the gloo backend")
+        notes.append(_cpu_note(count))
         return count, ()
     if asked == "cpu":
         count = os.cpu_count() or 1
@@ -232,8 +232,12 @@ def _processes(request: LaunchRequest, selection: Any, notes: list[str]) -> tupl
         raise ConfigError(f"--devices {request.devices} selects {len(devices)} device(s) but --nproc-per-node "
                           f"asks for {count} processes; give one of them, or make them agree")
     if not devices:
-        notes.append(f"no accelerator found: running {count} CPU processes with the gloo backend")
+        notes.append(_cpu_note(count))
     return count, devices[:count]
+
+
+def _cpu_note(count: int) -> str:
+    return f"no accelerator found: running {count} CPU process{'es' if count != 1 else ''} with the gloo backend"
 
 
 def _nnodes(text: str | None) -> tuple[int, int]:
@@ -292,10 +296,13 @@ def describe_plan(plan: LaunchPlan, *, base_env: Mapping[str, str] | None = None
         f"MASTER_PORT={port}; run id {plan.run_id}",
         f"restarts:   {plan.max_restarts}",
     ]
+    from convoy.devices.selection import DEVICE_PREFIX
+
+    prefix = DEVICE_PREFIX.get(plan.vendor, plan.vendor)
     for local in range(plan.nproc_per_node):
         device = plan.device_of(local)
         where = (f"device {getattr(device, 'index', '?')} {getattr(device, 'name', '')} "
-                 f"uuid={getattr(device, 'uuid', '?')} as {plan.vendor}:{local}") if device is not None else "cpu"
+                 f"uuid={getattr(device, 'uuid', '?')} as {prefix}:{local}") if device is not None else "cpu"
         lines.append(f"  rank {plan.rank_of(local)} (local {local}): {where}")
     lines.append("environment (every rank):")
     lines += [f"  {key}={value}" for key, value in sorted(plan.env.items())]

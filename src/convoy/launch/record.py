@@ -44,10 +44,21 @@ def main(argv: list[str]) -> None:
     except SystemExit:
         raise
     except BaseException as exc:
+        exc.__traceback__ = _user_frames(exc.__traceback__)
         path = os.environ.get("TORCHELASTIC_ERROR_FILE")
         if path:
             write_error_file(exc, path)
-        raise
+        traceback.print_exception(exc, file=sys.stderr)  # as Python would, without this wrapper's frames
+        sys.stderr.flush()
+        sys.exit(1)
+
+
+def _user_frames(tb):
+    """Drop the leading frames of this module and runpy, so the traceback starts in the user's program."""
+    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>")
+                              or tb.tb_frame.f_code.co_filename.endswith("runpy.py")):
+        tb = tb.tb_next
+    return tb
 
 
 if __name__ == "__main__":

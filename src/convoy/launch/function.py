@@ -1,0 +1,213 @@
+"""``convoy.launch(fn)``: run a function on several processes from a script or a notebook.
+
+    import convoy
+    def train(lr):
+        import torch.distributed as dist
+        dist.init_process_group("gloo")          # RANK, WORLD_SIZE, MASTER_ADDR, ... are set
+        ...
+        return dist.get_rank()
+    convoy.launch(train, args=(1e-3,), nproc_per_node=2)   # -> rank 0's return value
+
+The role of Accelerate's ``notebook_launcher``: each rank gets torchrun's environment (and the selected
+devices' visibility variables); the call returns rank 0's return value, and when a rank raises, the other
+ranks are stopped and *that rank's* exception is raised here, with its rank and remote traceback attached
+as a note (``RankFailedError`` when it cannot be sent back, or the rank died without raising).
+The first failing rank is decided by when each rank raised, not by which exit the parent noticed first.
+``start_method="fork"`` (the default on Linux) runs functions defined in a notebook; ``"spawn"`` needs a
+module-level function and the call under ``if __name__ == "__main__":``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Any, Callable, Mapping, Sequence
+
+from convoy.errors import LaunchError, RankFailedError
+from convoy.launch.env import ConvoyEnv, rank_env
+from convoy.launch.failures import describe_exit
+from convoy.launch.plan import LaunchRequest
+from convoy.launch.ports import free_port
+
+__all__ = ["launch"]
+
+_GRACE = 3.0
+
+
+def launch(
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    devices: str | int | None = "auto",
+    nproc_per_node: int | None = None,
+    start_method: str | None = None,
+    mixed_precision: str | None = None,
+    collective_timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Any:
+    """Run ``fn(*args, **kwargs)`` on one process per device (or ``nproc_per_node`` CPU processes).
+
+    Returns rank 0's return value. Raises the first failing rank's exception (``RankFailedError`` when the
+    rank died without one). ``devices``/``nproc_per_node`` mean what they mean for ``convoy launch``.
+    """
+    from convoy.launch.job import DeviceFilters, plan_job
+
+    method = start_method or ("fork" if sys.platform.startswith("linux") else "spawn")
+    if method not in ("fork", "spawn", "forkserver"):
+        raise LaunchError(f"start_method {method!r}: use 'fork', 'spawn' or 'forkserver'")
+    if method == "fork":
+        _check_fork_safe()
+    name = getattr(fn, "__qualname__", repr(fn))
+    request = LaunchRequest(
+        program=(f"<function {name}>",), devices=None if devices in (None, "auto") else str(devices),
+        nproc_per_node=None if nproc_per_node is None else str(nproc_per_node),
+        settings=ConvoyEnv(mixed_precision=mixed_precision, collective_timeout=collective_timeout),
+    )
+    base_env = dict(os.environ if env is None else env)
+    plan = plan_job(request, filters=DeviceFilters(lease=False), env=base_env)
+    port = free_port(plan.master_addr)
+    ctx = multiprocessing.get_context(method)
+    run_id = f"convoy-fn-{os.getpid()}-{port}"
+    procs, pipes = [], []
+    try:
+        for local in range(plan.nproc_per_node):
+            child_env = {**plan.env, **rank_env(
+                rank=local, local_rank=local, world_size=plan.nproc_per_node, local_world_size=plan.nproc_per_node,
+                master_addr=plan.master_addr, master_port=port, run_id=run_id)}
+            if env is not None:
+                child_env = {**base_env, **child_env}
+            receive, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_child, args=(fn, tuple(args), dict(kwargs or {}), child_env, send,
+                                                    env is not None), daemon=True, name=f"convoy-rank{local}")
+            proc.start()
+            send.close()
+            procs.append(proc)
+            pipes.append(receive)
+        return _collect(procs, pipes)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                _kill_group(proc.pid, signal.SIGKILL)
+            proc.join(timeout=5)
+        for pipe in pipes:
+            pipe.close()
+
+
+def _check_fork_safe() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch.cuda, "is_initialized", lambda: False)():
+        raise LaunchError("CUDA is already initialised in this process, so forked ranks cannot use it; "
+                          "call convoy.launch(..., start_method='spawn') or restart without touching CUDA first")
+
+
+def _child(fn, args, kwargs, env: dict, send, replace_env: bool) -> None:
+    os.setpgrp()  # its own process group: the parent stops the rank together with anything it started
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlive the caller
+    if replace_env:
+        os.environ.clear()
+    os.environ.update(env)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)  # a forked intra-op pool hangs (notes: fork safety)
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller
+        stamp = time.time()
+        text = traceback.format_exc()
+        try:
+            payload = pickle.dumps(exc)
+        except Exception:  # noqa: BLE001
+            payload = None
+        send.send(("error", stamp, text, payload))
+        send.close()
+        _exit(1)
+    try:
+        send.send(("ok", time.time(), None, pickle.dumps(result) if env["RANK"] == "0" else None))
+    except Exception as exc:  # noqa: BLE001 - an unpicklable return value
+        send.send(("error", time.time(), f"rank 0's return value cannot be sent back: {exc}\n", None))
+        _exit(1)
+    send.close()
+    _exit(0)
+
+
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip atexit handlers inherited from the parent (fork)
+
+
+def _collect(procs, pipes) -> Any:
+    reports: dict[int, tuple] = {}
+    failed_at: float | None = None
+    while True:
+        for rank, pipe in enumerate(pipes):
+            if rank not in reports and pipe.poll():
+                try:
+                    reports[rank] = pipe.recv()
+                except EOFError:
+                    reports[rank] = ("died", time.time(), None, None)
+        bad = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+        bad += [r for r, rep in reports.items() if rep[0] == "error" and r not in bad]
+        if bad and failed_at is None:
+            failed_at = time.monotonic()
+        alive = [p for p in procs if p.is_alive()]
+        if failed_at is not None and time.monotonic() - failed_at > 0.2:
+            return _raise_first(procs, pipes, reports, bad)
+        if not alive and failed_at is None:
+            if all(rep[0] == "ok" for rep in reports.values()) and len(reports) == len(procs):
+                return pickle.loads(reports[0][3])
+            if len(reports) < len(procs) and all(not pipe.poll() for r, pipe in enumerate(pipes) if r not in reports):
+                missing = [r for r in range(len(procs)) if r not in reports]
+                raise RankFailedError(f"rank {missing[0]} exited without a result", rank=missing[0],
+                                      host=socket.gethostname(), exitcode=procs[missing[0]].exitcode)
+        time.sleep(0.01)
+
+
+def _raise_first(procs, pipes, reports, bad) -> Any:
+    for proc in procs:
+        if proc.is_alive():
+            _kill_group(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + _GRACE
+    for proc in procs:
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            _kill_group(proc.pid, signal.SIGKILL)
+    raised = {r: rep for r, rep in reports.items() if rep[0] == "error"}
+    host = socket.gethostname()
+    if raised:
+        rank, (_, _, text, payload) = min(raised.items(), key=lambda kv: (kv[1][1], kv[0]))
+        header = f"rank {rank} on host {host} raised; stopped the other {len(procs) - 1} rank(s)"
+        exc = None
+        if payload is not None:
+            try:
+                exc = pickle.loads(payload)
+            except Exception:  # noqa: BLE001
+                exc = None
+        if isinstance(exc, BaseException):
+            exc.add_note(f"{header}. Its traceback:\n{text.rstrip()}")
+            raise exc
+        raise RankFailedError(f"{header}:\n{text.rstrip()}", rank=rank, host=host, exitcode=1, traceback=text)
+    rank = bad[0]
+    code = procs[rank].exitcode
+    raise RankFailedError(f"rank {rank} on host {host} died with {describe_exit(code if code is not None else 1)}; "
+                          f"stopped the other {len(procs) - 1} rank(s)", rank=rank, host=host, exitcode=code)
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass

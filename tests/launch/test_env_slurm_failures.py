@@ -1,0 +1,110 @@
+"""The pure pieces: torchrun's rank variables, CONVOY_* settings, Slurm host lists, failure reports."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from convoy.errors import ConfigError, LaunchError, RankFailedError, StrategyError
+from convoy.launch.env import (CONVOY_VARIABLES, RANK_VARIABLES, ConvoyEnv, convoy_env, rank_env,
+                               read_convoy_env)
+from convoy.launch.failures import RankFailure, TracebackHold, describe_exit, failure_error, read_error_file
+from convoy.launch.ports import DEFAULT_TORCHRUN_PORT, free_port
+from convoy.launch.slurm import expand_hostlist, slurm_allocation
+
+
+def test_rank_env_has_torchruns_variables():
+    env = rank_env(rank=3, local_rank=1, world_size=4, local_world_size=2, master_addr="h", master_port=5,
+                   run_id="j", group_rank=1, group_world_size=2, error_file="/e")
+    assert set(env) == set(RANK_VARIABLES)
+    assert (env["RANK"], env["LOCAL_RANK"], env["GROUP_RANK"], env["WORLD_SIZE"]) == ("3", "1", "1", "4")
+    assert env["TORCHELASTIC_USE_AGENT_STORE"] == "False"  # rank 0 creates the store itself
+    with pytest.raises(ValueError):
+        rank_env(rank=0, local_rank=2, world_size=2, local_world_size=2, master_addr="h", master_port=1, run_id="")
+
+
+def test_convoy_env_round_trips_and_rejects_bad_values():
+    settings = ConvoyEnv(mixed_precision="fp16", strategy="zero1", parallelism="dp=2",
+                         gradient_accumulation_steps=2, collective_timeout=12.5)
+    env = convoy_env(settings)
+    assert set(env) == set(CONVOY_VARIABLES) and env["CONVOY_COLLECTIVE_TIMEOUT"] == "12.5"
+    assert read_convoy_env(env) == settings
+    assert read_convoy_env({}) == ConvoyEnv() and convoy_env(ConvoyEnv()) == {}
+    with pytest.raises(ConfigError, match="'fp12' is not one of no, fp16, bf16"):
+        ConvoyEnv(mixed_precision="fp12")
+    with pytest.raises(ConfigError, match="CONVOY_GRADIENT_ACCUMULATION_STEPS='x' is not a int"):
+        read_convoy_env({"CONVOY_GRADIENT_ACCUMULATION_STEPS": "x"})
+    with pytest.raises(ConfigError, match="give a number of seconds > 0"):
+        ConvoyEnv(collective_timeout=0)
+    with pytest.raises(StrategyError):
+        ConvoyEnv(parallelism="dp2")
+
+
+def test_free_port_is_bindable_and_never_torchruns_default():
+    port = free_port()
+    assert port != DEFAULT_TORCHRUN_PORT
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+@pytest.mark.parametrize("text, hosts", [
+    ("n1", ["n1"]), ("n1,n2", ["n1", "n2"]), ("gpu[01-03,07],login", ["gpu01", "gpu02", "gpu03", "gpu07", "login"]),
+    ("a[1-2]-ib", ["a1-ib", "a2-ib"]),
+])
+def test_expand_hostlist(text, hosts):
+    assert expand_hostlist(text) == hosts
+
+
+def test_slurm_allocation():
+    assert slurm_allocation({}) is None
+    alloc = slurm_allocation({"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "x[1-4]", "SLURM_NODEID": "2"})
+    assert (alloc.nnodes, alloc.node_rank, alloc.master_addr) == (4, 2, "x1")
+    with pytest.raises(LaunchError, match="outside the allocation"):
+        slurm_allocation({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "x1", "SLURM_NODEID": "3"})
+    with pytest.raises(LaunchError, match="cannot read the range"):
+        expand_hostlist("x[a-b]")
+
+
+def test_describe_exit():
+    assert describe_exit(3) == "exit code 3" and describe_exit(-9) == "signal SIGKILL"
+
+
+TB = ["Traceback (most recent call last):\n", '  File "t.py", line 1, in <module>\n', "    f()\n",
+      "ValueError: boom\n"]
+
+
+def test_traceback_hold_keeps_a_final_traceback_for_the_report():
+    hold = TracebackHold()
+    assert hold.feed("hello\n") == ["hello\n"]
+    assert [hold.feed(line) for line in TB] == [[], [], [], []]
+    assert hold.take() == "".join(TB) and not hold.holding
+
+
+def test_traceback_hold_releases_a_caught_traceback_when_output_continues():
+    hold = TracebackHold()
+    for line in TB + ["\n", "During handling of the above exception, another exception occurred:\n", "\n"] + TB:
+        assert hold.feed(line) == []
+    assert hold.feed("still running\n") == TB + ["\n", "During handling of the above exception, another "
+                                                 "exception occurred:\n", "\n"] + TB + ["still running\n"]
+    assert hold.traceback.startswith("Traceback") and not hold.holding
+
+
+def test_failure_error_prints_the_traceback_once_with_rank_host_and_cause():
+    failure = RankFailure(rank=1, local_rank=1, host="h", returncode=-9, traceback="".join(TB), elapsed=2.0)
+    err = failure_error(failure, stopped=3)
+    assert isinstance(err, RankFailedError) and (err.rank, err.host, err.exitcode) == (1, "h", -9)
+    lines = str(err).splitlines()
+    assert lines[0] == "rank 1 (local rank 1) on host h failed with signal SIGKILL after 2.0 s; stopped the " \
+                       "other 3 rank(s)"
+    assert lines[1:] == [f"[rank1]: {line.rstrip()}" for line in TB]
+    shown = RankFailure(rank=1, local_rank=1, host="h", returncode=1, traceback="x", traceback_shown=True)
+    assert str(failure_error(shown, stopped=1)).endswith("(its traceback is above)")
+
+
+def test_read_error_file(tmp_path):
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps({"message": {"message": "E", "extraInfo": {"py_callstack": "TB", "timestamp": "1"}}}))
+    assert read_error_file(path) == "TB"
+    assert read_error_file(tmp_path / "missing.json") is None

@@ -1,0 +1,117 @@
+"""Resolving flags + a selection + the environment into a LaunchPlan: pure, no process started."""
+
+from __future__ import annotations
+
+import pytest
+
+from convoy.devices.inventory import Inventory, load_inventory
+from convoy.devices.selection import select_devices
+from convoy.errors import ConfigError, LaunchError, StrategyError
+from convoy.launch.env import ConvoyEnv
+from convoy.launch.plan import LaunchRequest, describe_plan, resolve_launch
+
+CPU = select_devices("auto", inventory=Inventory(devices=(), source="none"), env={})
+
+
+def req(**kw) -> LaunchRequest:
+    return LaunchRequest(program=kw.pop("program", ("train.py", "--lr", "1")), **kw)
+
+
+def test_cpu_box_defaults_to_two_gloo_processes_on_a_free_loopback_port():
+    plan = resolve_launch(req(), CPU, env={})
+    assert (plan.nproc_per_node, plan.world_size, plan.engine, plan.backend) == (2, 2, "direct", "gloo")
+    assert (plan.master_addr, plan.master_port) == ("127.0.0.1", 0)
+    assert plan.command[1:] == ("-u", "train.py", "--lr", "1")
+    assert plan.env["OMP_NUM_THREADS"] == "1"
+    assert any("no accelerator found: running 2 CPU processes" in n for n in plan.explanation)
+
+
+def test_nproc_per_node_keeps_torchruns_meaning_and_user_omp_wins():
+    plan = resolve_launch(req(nproc_per_node="3"), CPU, env={"OMP_NUM_THREADS": "4"})
+    assert plan.nproc_per_node == 3 and "OMP_NUM_THREADS" not in plan.env
+    with pytest.raises(ConfigError, match="--nproc-per-node gpu asks for one process per accelerator"):
+        resolve_launch(req(nproc_per_node="gpu"), CPU, env={})
+    with pytest.raises(ConfigError, match="give a number, or auto, cpu or gpu"):
+        resolve_launch(req(nproc_per_node="two"), CPU, env={})
+
+
+def test_devices_decide_the_process_count_and_order(inventory_path):
+    inv = load_inventory(inventory_path("8xh100_nvswitch"))
+    sel = select_devices("2,0", inventory=inv, env={})
+    plan = resolve_launch(req(devices="2,0"), sel, env={})
+    assert plan.nproc_per_node == 2 and [d.index for d in plan.devices] == [2, 0]
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == "2,0" and plan.backend == "nccl"
+    assert plan.device_of(0).index == 2 and plan.device_of(1).index == 0
+    with pytest.raises(ConfigError, match="--devices 2,0 selects 2 device.* --nproc-per-node asks for 3"):
+        resolve_launch(req(devices="2,0", nproc_per_node="3"), sel, env={})
+    assert resolve_launch(req(devices="2,0", nproc_per_node="2"), sel, env={}).nproc_per_node == 2
+
+
+def test_engine_choice_direct_only_for_one_node_without_restarts():
+    assert resolve_launch(req(max_restarts=1), CPU, env={}).engine == "elastic"
+    plan = resolve_launch(req(max_restarts=1), CPU, env={})
+    assert (plan.rdzv_backend, plan.rdzv_endpoint) == ("c10d", "127.0.0.1:0")  # as torchrun --standalone
+    two = resolve_launch(req(nnodes="2", node_rank=1, master_port=29600, nproc_per_node="1"), CPU, env={})
+    assert (two.engine, two.world_size, two.rank_of(0), two.rdzv_backend) == ("elastic", 2, 1, "static")
+    assert dict(two.rdzv_configs)["rank"] == "1" and two.rdzv_endpoint == "127.0.0.1:29600"
+    with pytest.raises(ConfigError, match="--engine direct runs one node"):
+        resolve_launch(req(engine="direct", max_restarts=2), CPU, env={})
+    elastic = resolve_launch(req(nnodes="1:4", rdzv_backend="c10d", rdzv_endpoint="h:1"), CPU, env={})
+    assert elastic.world_size is None and (elastic.min_nodes, elastic.max_nodes) == (1, 4)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(nnodes="2", standalone=True), "--standalone means one node"),
+    (dict(nnodes="2", node_rank=2), "--node-rank 2 is outside --nnodes 2"),
+    (dict(nnodes="x"), "--nnodes 'x'"),
+    (dict(nnodes="3:2"), "MIN <= MAX"),
+    (dict(nnodes="2", rdzv_backend="c10d"), "needs --rdzv-endpoint"),
+    (dict(rdzv_conf="timeout"), "is not KEY=VALUE"),
+])
+def test_conflicts_are_one_clear_error(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_launch(req(**kw), CPU, env={})
+
+
+def test_request_validation():
+    with pytest.raises(ConfigError, match="no training script"):
+        LaunchRequest(program=())
+    with pytest.raises(ConfigError, match="cannot be combined"):
+        req(module=True, no_python=True)
+    assert resolve_launch(req(module=True), CPU, env={}).command[1:4] == ("-u", "-m", "train.py")
+    assert resolve_launch(req(no_python=True, program=("echo", "hi")), CPU, env={}).command == ("echo", "hi")
+
+
+def test_convoy_settings_are_forwarded_and_parallelism_must_fit_the_world():
+    settings = ConvoyEnv(mixed_precision="bf16", strategy="fsdp", parallelism="dp=1,tp=2",
+                         gradient_accumulation_steps=4, collective_timeout=60.0)
+    plan = resolve_launch(req(settings=settings), CPU, env={})
+    assert {k: v for k, v in plan.env.items() if k.startswith("CONVOY_")} == {
+        "CONVOY_MIXED_PRECISION": "bf16", "CONVOY_STRATEGY": "fsdp", "CONVOY_PARALLELISM": "dp=1,tp=2",
+        "CONVOY_GRADIENT_ACCUMULATION_STEPS": "4", "CONVOY_COLLECTIVE_TIMEOUT": "60"}
+    with pytest.raises(StrategyError, match="needs 4 processes but the job has 2"):
+        resolve_launch(req(settings=ConvoyEnv(parallelism="dp=2,tp=2")), CPU, env={})
+
+
+SLURM = {"SLURM_JOB_ID": "123456", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_NNODES": "2", "SLURM_NODEID": "1"}
+
+
+def test_slurm_allocation_gives_nodes_rank_and_main_address():
+    plan = resolve_launch(req(nproc_per_node="1"), CPU, env=SLURM)
+    assert (plan.min_nodes, plan.node_rank, plan.master_addr, plan.run_id) == (2, 1, "gpu07", "123456")
+    assert plan.engine == "elastic" and 15000 <= plan.master_port < 35000
+    assert resolve_launch(req(nproc_per_node="1"), CPU, env={**SLURM, "SLURM_NODEID": "0"}).master_port == \
+        plan.master_port  # every node derives the same port
+    assert resolve_launch(req(nnodes="1"), CPU, env=SLURM).engine == "direct"  # explicit flags win
+    with pytest.raises(LaunchError, match="srun --ntasks-per-node=1"):
+        resolve_launch(req(), CPU, env={**SLURM, "SLURM_STEP_TASKS_PER_NODE": "4(x2)"})
+
+
+def test_describe_plan_shows_ranks_devices_env_and_rendezvous(inventory_path):
+    inv = load_inventory(inventory_path("8xh100_nvswitch"))
+    sel = select_devices("2,0", inventory=inv, env={})
+    text = "\n".join(describe_plan(resolve_launch(req(devices="2,0", settings=ConvoyEnv(strategy="ddp")), sel,
+                                                  env={})))
+    assert f"rank 0 (local 0): device 2 NVIDIA H100 80GB HBM3 uuid={inv.devices[2].uuid} as cuda:0" in text
+    assert f"rank 1 (local 1): device 0" in text and "CUDA_VISIBLE_DEVICES=2,0" in text
+    assert "CONVOY_STRATEGY=ddp" in text and "WORLD_SIZE=2" in text and "rendezvous: static" in text
