@@ -1,0 +1,89 @@
+"""The inventory file format: every shipped machine shape loads, round-trips, and bad files fail clearly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from convoy.devices.inventory import Device, Inventory, inventory_from_dict, load_inventory
+from tests.conftest import INVENTORIES
+from convoy.errors import InventoryError
+
+SHAPES = sorted(p.stem for p in INVENTORIES.glob("*.json"))
+
+
+def test_the_issue_shapes_are_shipped():
+    for name in ("8xh100_nvswitch", "4_mixed_pcie", "2_busy_exclusive", "a100_mig", "8gpu_two_islands",
+                 "amd_mi250x", "intel_max1550"):
+        assert name in SHAPES
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_shape_loads_and_round_trips(name, inventory_path):
+    inv = load_inventory(inventory_path(name))
+    assert inv.devices and inv.source.startswith("file:")
+    assert [d.index for d in inv.devices] == sorted(d.index for d in inv.devices)
+    again = inventory_from_dict(json.loads(inv.to_json()))
+    assert again.devices == inv.devices
+    assert [d.extra for d in again.devices] == [d.extra for d in inv.devices]
+
+
+def test_h100_box_facts(inventory_path):
+    inv = load_inventory(inventory_path("8xh100_nvswitch"))
+    assert len(inv.devices) == 8 and inv.vendor == "nvidia"
+    h = inv.devices[3]
+    assert h.name == "NVIDIA H100 80GB HBM3" and h.memory_total_mib == 81559 and h.compute_capability == "9.0"
+    assert h.memory_free_mib == 81558 and set(h.nvlink_peers) == {0, 1, 2, 4, 5, 6, 7}
+    assert h.extra["numa_node"] == 0  # unknown keys are kept
+
+
+def test_busy_reasons(inventory_path):
+    inv = load_inventory(inventory_path("2_busy_exclusive"))
+    assert "in use by 2 processes (pid 48121, 48122), 38200 MiB" == inv.devices[0].busy_reason
+    assert "exclusive-process mode" in inv.devices[1].busy_reason
+
+
+def test_defaults_for_missing_optional_keys():
+    inv = inventory_from_dict({"devices": [{"index": 0, "uuid": "GPU-x", "name": "Some GPU"}]})
+    d = inv.devices[0]
+    assert (d.vendor, d.pci_bus_id, d.memory_used_mib, d.utilization_pct, d.compute_mode) == \
+        ("nvidia", "", 0, None, "default")
+    assert d.processes == () and d.nvlink_peers == () and d.mig_devices == () and d.busy_reason is None
+
+
+def test_empty_inventory_is_cpu():
+    assert Inventory().vendor == "cpu"
+    assert json.loads(Inventory().to_json()) == {"devices": []}
+
+
+def test_main_vendor_is_the_most_common():
+    devices = (Device(0, "a", "x", vendor="intel"), Device(0, "b", "y", vendor="nvidia"),
+               Device(1, "c", "z", vendor="nvidia"))
+    assert Inventory(devices).vendor == "nvidia"
+
+
+@pytest.mark.parametrize("data, fragment", [
+    ([], "top level must be"),
+    ({"devices": [{"uuid": "u", "name": "n"}]}, "has no 'index'"),
+    ({"devices": [{"index": "0", "uuid": "u", "name": "n"}]}, "index must be an integer, got '0'"),
+    ({"devices": [{"index": 0, "uuid": "u", "name": "n", "compute_mode": "weird"}]}, "compute_mode 'weird'"),
+    ({"devices": [{"index": 0, "uuid": "u", "name": "n"}, {"index": 0, "uuid": "v", "name": "n"}]},
+     "indices repeat"),
+    ({"devices": [{"index": 0, "uuid": "u", "name": "n"}, {"index": 1, "uuid": "u", "name": "n"}]},
+     "uuids repeat"),
+    ({"devices": [{"index": 0, "uuid": "u", "name": "n", "processes": [{"used_memory_mib": 1}]}]}, "needs 'pid'"),
+    ({"devices": [{"index": 0, "uuid": "u", "name": "n", "nvlink_peers": 3}]}, "expected a list"),
+])
+def test_malformed_data(data, fragment):
+    with pytest.raises(InventoryError, match=fragment):
+        inventory_from_dict(data)
+
+
+def test_missing_and_invalid_files(tmp_path):
+    with pytest.raises(InventoryError, match="does not exist; write one with 'convoy devices --json"):
+        load_inventory(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(InventoryError, match="is not valid JSON"):
+        load_inventory(bad)

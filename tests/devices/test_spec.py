@@ -1,0 +1,137 @@
+"""The device request grammar: Lightning's devices= table exactly, convoy's extensions, and the errors."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import convoy
+from convoy.devices.spec import is_count, parse_devices
+from convoy.errors import DeviceSpecError
+
+# Lightning's devices= table (lightning.fabric.utilities.device_parser), on a machine with 4 devices.
+LIGHTNING_TABLE = [
+    (3, [0, 1, 2]),
+    ("3", [0, 1, 2]),
+    (-1, [0, 1, 2, 3]),
+    ("-1", [0, 1, 2, 3]),
+    ([0], [0]),
+    ([1, 3], [1, 3]),
+    ((1, 3), [1, 3]),
+    ("1, 3", [1, 3]),
+    ("3,1", [3, 1]),
+    ("2,", [2]),
+    (0, []),
+    ("0", []),
+    ([], []),
+    (None, []),
+    ("", []),
+]
+
+
+@pytest.mark.parametrize("spec, expected", LIGHTNING_TABLE)
+def test_lightning_table(spec, expected):
+    assert parse_devices(spec, 4) == expected
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("0-3,6", [0, 1, 2, 3, 6]),
+    ("6,0-2", [6, 0, 1, 2]),
+    ("1-2", [1, 2]),
+    ("all", list(range(8))),
+    ("ALL", list(range(8))),
+    ("auto", list(range(8))),
+    (" 2 ", [0, 1]),
+    ([7, 0], [7, 0]),
+])
+def test_extensions(spec, expected):
+    assert parse_devices(spec, 8) == expected
+
+
+def test_all_of_nothing_is_nothing():
+    assert parse_devices(-1, 0) == [] and parse_devices("all", 0) == []
+
+
+def test_top_level_name_is_the_same_function():
+    assert convoy.parse_devices is parse_devices
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    (True, "a bool is not a device request"),
+    (False, "a bool"),
+    (1.0, "1.0 is a float"),
+    ([0, [1]], "list item [1] is not a device index"),
+    ([0, "1"], "list item '1' is not a device index"),
+    ([0, True], "list item True"),
+    ([1, 1], "index 1 appears twice"),
+    ("1,1", "index 1 appears twice"),
+    ("0-2,1", "index 1 appears twice"),
+    ([9], "index 9 is out of range"),
+    ("1,9", "index 9 is out of range"),
+    (-2, "-2 is negative"),
+    ("-2", "-2 is negative"),
+    ("0,-1", "index -1 is negative"),
+    ([-1], "index -1 is negative"),
+    (5, "asks for 5 devices"),
+    ("5", "asks for 5 devices"),
+    ("gpu0", "cannot parse 'gpu0'"),
+    ("1,x", "cannot parse 'x'"),
+    ("3-1", "range '3-1' runs backwards"),
+    (",", "the list names no device"),
+    ({"a": 1}, "a dict is not a device request"),
+])
+def test_errors_name_the_token_and_what_is_available(spec, fragment):
+    with pytest.raises(DeviceSpecError) as info:
+        parse_devices(spec, 4)
+    message = str(info.value)
+    assert fragment in message
+    assert "4 devices are available (0-3)" in message
+    assert isinstance(info.value, ValueError)
+
+
+def test_error_wording_with_one_and_no_devices():
+    with pytest.raises(DeviceSpecError, match=r"1 device is available \(0\)"):
+        parse_devices("1,2", 1)
+    with pytest.raises(DeviceSpecError, match="no devices are available"):
+        parse_devices(1, 0)
+
+
+def test_bad_num_available():
+    with pytest.raises(DeviceSpecError, match="num_available"):
+        parse_devices(1, -1)
+
+
+@pytest.mark.parametrize("spec, expected", [
+    (2, True), ("2", True), (-1, True), ("all", True), ("auto", True),
+    ("1,2", False), ([1], False), (None, False), (True, False), ("0-3", False),
+])
+def test_is_count(spec, expected):
+    assert is_count(spec) is expected
+
+
+_tokens = st.one_of(
+    st.integers(-3, 12).map(str),
+    st.tuples(st.integers(0, 9), st.integers(0, 9)).map(lambda t: f"{t[0]}-{t[1]}"),
+    st.sampled_from(["", " ", "all", "auto", "x", "-", "1.5", "--1"]),
+)
+_specs = st.one_of(
+    st.none(), st.booleans(), st.integers(-5, 20), st.floats(allow_nan=True),
+    st.text(max_size=12),
+    st.lists(_tokens, max_size=6).map(",".join),
+    st.lists(st.one_of(st.integers(-3, 12), st.booleans(), st.text(max_size=2), st.none()), max_size=6),
+    st.lists(st.integers(-2, 12), max_size=6).map(tuple),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(spec=_specs, n=st.integers(0, 10))
+def test_fuzz_returns_a_valid_list_or_raises_device_spec_error(spec, n):
+    try:
+        result = parse_devices(spec, n)
+    except DeviceSpecError as err:
+        assert str(err).startswith("devices=")
+        return
+    assert isinstance(result, list)
+    assert all(type(i) is int and 0 <= i < n for i in result)
+    assert len(set(result)) == len(result)
