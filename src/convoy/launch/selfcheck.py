@@ -136,7 +136,8 @@ def run_selfcheck(*, devices: str | None = None, nproc_per_node: str | None = No
 
 
 def _read_results(path: Path, launch_error: str) -> SelfCheckReport:
-    data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    found = [path] if path.exists() else sorted(path.parent.glob(f"{path.name}.rank*[0-9]"))
+    data: dict[str, Any] = json.loads(found[0].read_text()) if found else {}
     checks = tuple(Check(**c) for c in data.get("checks", []))
     if not checks and launch_error:
         checks = (Check("rendezvous", "fail", "the processes ended before any check finished", _HINTS["rendezvous"]),)
@@ -168,12 +169,15 @@ class _Worker:
     def record(self, name: str, status: str, detail: str, hint: str = "", seconds: float = 0.0) -> None:
         self.checks.append({"name": name, "status": status, "detail": detail, "hint": hint,
                             "seconds": round(seconds, 4)})
-        if self.rank == 0:
+        # rank 0 speaks for the job; another rank writes its own file only when it could not join (then
+        # rank 0 may never hear from it).
+        if self.rank == 0 or (name == "rendezvous" and status == "fail"):
             data = {"world_size": self.world, "backend": self.backend, "checks": self.checks,
                     "bus_bandwidth_gbps": self.bandwidth}
-            tmp = Path(f"{self.args.out}.tmp")
+            target = Path(self.args.out if self.rank == 0 else f"{self.args.out}.rank{self.rank}")
+            tmp = target.with_name(target.name + ".tmp")
             tmp.write_text(json.dumps(data))
-            os.replace(tmp, self.args.out)
+            os.replace(tmp, target)
 
     def join(self) -> bool:
         """Rendezvous on MASTER_ADDR:MASTER_PORT; rank 0 names the ranks that did not join in time."""
@@ -205,7 +209,8 @@ class _Worker:
             dist.init_process_group(self.backend, store=dist.PrefixStore("pg", store), rank=self.rank,
                                     world_size=self.world, timeout=timeout)
         except Exception as err:  # noqa: BLE001 - reported as the check's failure
-            self.record("rendezvous", "fail", _short(err), _HINTS["rendezvous"], time.monotonic() - started)
+            self.record("rendezvous", "fail", f"rank {self.rank} could not join {addr}:{port}: {_short(err)}",
+                        _HINTS["rendezvous"], time.monotonic() - started)
             return False
         self.record("rendezvous", "pass", f"{self.world} of {self.world} ranks joined {addr}:{port} "
                     f"({self.backend})", seconds=time.monotonic() - started)
