@@ -92,6 +92,13 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
     rec = recommend(rows, model=model, run=run, hw=hw, single=single)
     if explain_breaks and rec.row is not None:
         rec = replace(rec, breaks=_breaks(rec, model, run, hw, gb, efficiency, offload, allowed))
+    elif explain_breaks and run.recompute != "full" and run.training:
+        full = plan_for(model, replace(run, recompute="full"), hw, global_batch=gb, efficiency=efficiency,
+                        offload=offload, allowed=allowed, explain_breaks=False).recommendation.row
+        if full is not None:
+            rec = replace(rec, breaks=(f"With recompute='full' (checkpoint every block) {full.name} fits at "
+                                       f"{format_bytes(full.memory.total, binary=True)} per GPU and takes "
+                                       f"{format_seconds(full.time.seconds)} per step.",))
     return Plan(model=model, run=run, hardware=hw, global_batch=gb, efficiency=efficiency, rows=tuple(rows),
                 single_gpu=single, recommendation=rec)
 
@@ -114,7 +121,7 @@ def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowe
     pick = alt.recommendation.row
     if same is not None and not same.fits:
         then = f"; {pick.name} would be chosen" if pick else "; nothing would fit"
-        out.append(f"At sequence length {longer.seq_len} {name} needs {format_bytes(same.memory.total)} per GPU "
+        out.append(f"At sequence length {longer.seq_len} {name} needs {format_bytes(same.memory.total, binary=True)} per GPU "
                    f"and no longer fits{then}.")
     elif pick is not None and pick.name != name:
         out.append(f"At sequence length {longer.seq_len} {pick.name} would be faster than {name}.")
@@ -227,7 +234,7 @@ def format_plan(p: Plan) -> str:
     """The readable table ``convoy plan`` prints."""
     hw, m = p.hardware, p.model
     lines = [f"model     {m.name}: {m.num_params:,} parameters ({m.source})",
-             f"hardware  {hw.describe()}, {format_bytes(hw.gpu.memory_bytes)} per GPU",
+             f"hardware  {hw.describe()}, {format_bytes(hw.gpu.memory_bytes, binary=True)} per GPU",
              f"run       seq {p.run.seq_len} x micro-batch {p.run.micro_batch}, global batch {p.global_batch}, "
              f"{p.run.precision} {p.run.optimizer}, recompute {p.run.recompute}, attention {p.run.attention}",
              ""]
@@ -236,10 +243,11 @@ def format_plan(p: Plan) -> str:
     table = [head]
     for r in sorted(p.rows, key=lambda r: (not r.fits, r.time.seconds)):
         d, mem = r.candidate.layout.dims, r.memory
-        table.append((r.name, str(d.dp), str(d.tp), str(d.pp), format_bytes(mem.params), format_bytes(mem.grads),
-                      format_bytes(mem.optimizer), format_bytes(mem.master), format_bytes(mem.activations),
-                      format_bytes(mem.buffers), format_bytes(mem.total), "yes" if r.fits else "NO",
-                      format_seconds(r.time.seconds), format_bytes(r.time.comm_bytes), f"{r.time.mfu:.0%}"))
+        gib = [format_bytes(x, binary=True) for x in (mem.params, mem.grads, mem.optimizer, mem.master,
+                                                       mem.activations, mem.buffers, mem.total)]
+        table.append((r.name, str(d.dp), str(d.tp), str(d.pp), *gib, "yes" if r.fits else "NO",
+                      format_seconds(r.time.seconds), format_bytes(r.time.comm_bytes, binary=True),
+                      f"{r.time.mfu:.0%}"))
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
         lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))

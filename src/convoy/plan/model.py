@@ -208,7 +208,7 @@ def from_factory(target: str, *, name: str | None = None) -> ModelSpec:
 def describe_module(module: Any, *, name: str) -> ModelSpec:
     """A ``ModelSpec`` from an ``nn.Module`` (real or meta): exact parameter count, blocks found by structure.
 
-    The blocks are the longest ``ModuleList`` of same-typed modules; hidden size and vocabulary come from the
+    The blocks are the longest ``ModuleList``/``Sequential`` of same-typed modules; hidden size and vocabulary come from the
     largest ``nn.Embedding``; heads from a ``num_heads``/``n_head``/``num_attention_heads`` attribute.
     """
     import torch
@@ -221,7 +221,7 @@ def describe_module(module: Any, *, name: str) -> ModelSpec:
             total += p.numel()
     blocks: list[Any] = []
     for sub in module.modules():
-        if isinstance(sub, torch.nn.ModuleList) and len(sub) > len(blocks):
+        if isinstance(sub, (torch.nn.ModuleList, torch.nn.Sequential)) and len(sub) > max(1, len(blocks)):
             kinds = {type(m) for m in sub}
             if len(kinds) == 1:
                 blocks = list(sub)

@@ -119,21 +119,21 @@ def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, 
     """Pick the fastest fitting row, ties toward less sharding, and say why."""
     case = guide_case(model, run, hw, single)
     limit = hw.gpu.memory_bytes
-    states = format_bytes(single.model_states)
+    states = format_bytes(single.model_states, binary=True)
     reasons = [f"{model.num_params / 1e9:.2f}B parameters with {run.precision} {run.optimizer}: "
                f"{states} of weights, gradients and optimizer state on one GPU, whose memory is "
-               f"{format_bytes(limit)}; the guide's {case}: {_CASE_ADVICE[case]}."]
+               f"{format_bytes(limit, binary=True)}; the guide's {case}: {_CASE_ADVICE[case]}."]
     fitting = [r for r in rows if r.fits]
     if not fitting:
         smallest = min(rows, key=lambda r: r.memory.total)
-        reasons.append(f"No layout fits: the smallest, {smallest.name}, needs {format_bytes(smallest.memory.total)} "
+        reasons.append(f"No layout fits: the smallest, {smallest.name}, needs {format_bytes(smallest.memory.total, binary=True)} "
                        f"per GPU. Use more GPUs, recompute='full', a shorter sequence or a smaller micro-batch.")
         return Recommendation(row=None, case=case, reasons=tuple(reasons))
     fastest = min(fitting, key=lambda r: r.time.seconds)
     ties = [r for r in fitting if r.time.seconds <= fastest.time.seconds * (1 + TIE)]
     best = min(ties, key=lambda r: (r.candidate.sharding_rank, r.time.seconds))
     t = best.time
-    reasons.append(f"{best.name} fits at {format_bytes(best.memory.total)} per GPU and takes about "
+    reasons.append(f"{best.name} fits at {format_bytes(best.memory.total, binary=True)} per GPU and takes about "
                    f"{format_seconds(t.seconds)} per step ({t.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, "
                    f"{t.mfu:.0%} MFU).")
     if best is not fastest:

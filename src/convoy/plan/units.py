@@ -2,7 +2,7 @@
 
     from convoy.plan.units import GB, GiB, format_bytes
     format_bytes(31.4e9)          # '31.4 GB'
-    format_bytes(3 * GiB, binary=True)   # '3.00 GiB'
+    format_bytes(3 * GiB, binary=True)   # '3.0 GiB'
 
 The ZeRO paper and GPU datasheets count memory in decimal gigabytes (1e9 bytes); ``nvidia-smi`` and
 ``torch.cuda`` count in binary MiB/GiB. The planner computes in bytes and converts only to print.
@@ -21,7 +21,7 @@ def format_bytes(n: float, *, binary: bool = False) -> str:
     if binary:
         for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
             if abs(n) >= size:
-                return f"{n / size:.2f} {unit}"
+                return f"{n / size:.1f} {unit}"
         return f"{n:.0f} B"
     for unit, size in (("TB", TB), ("GB", GB), ("MB", MB), ("KB", KB)):
         if abs(n) >= size:

@@ -1,0 +1,123 @@
+"""``convoy plan``: memory and time per parallelism layout, and which to use.
+
+    convoy plan config.json --hardware 8xH100-80GB --seq-len 4096
+    convoy plan --params 7.5e9 --hardware 64xA100-80GB --json
+    convoy plan mypkg.models:build --hardware 2xL40S --plot plan.png
+    convoy plan config.json --inventory box.json            # a machine described by `convoy devices --json`
+
+The same as ``convoy.plan(...)``; this module only parses and prints. torch is imported only when MODEL is
+a ``module:function`` factory (built on the meta device).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+DESCRIPTION = "Estimate per-GPU memory and step time of every parallelism layout, and recommend one."
+EPILOG = """examples:
+  convoy plan Llama-2-7b/config.json --hardware 8xH100-80GB --seq-len 4096
+  convoy plan --params 7.5e9 --hardware 64xA100-80GB --json
+  convoy plan config.json --hardware 8xH100-80GB --nodes 4 --inter-gbps 3200 --recompute full
+  convoy plan mypkg.models:build --inventory box.json --plot plan.png
+
+MODEL is a Hugging Face config.json (or its directory), or MODULE:FUNCTION returning an nn.Module.
+Hardware: --hardware, else --inventory, else this machine's accelerators (CONVOY_INVENTORY is honoured).
+Numbers and their sources: docs/planner.md."""
+
+_PRECISIONS = ("fp32", "bf16", "fp16", "bf16-fp32-grads", "bf16-fp32-accum", "bf16-autocast")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 7.5e9)") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", metavar="MODEL", help="config.json path, or MODULE:FUNCTION")
+    m = parser.add_argument_group("model by numbers (also override MODEL's values)")
+    m.add_argument("--params", type=_positive_float, help="parameter count, e.g. 7.5e9")
+    m.add_argument("--layers", type=_positive_int, help="transformer blocks")
+    m.add_argument("--hidden", type=_positive_int, help="hidden size")
+    m.add_argument("--heads", type=_positive_int, help="attention heads")
+    m.add_argument("--kv-heads", type=_positive_int, help="key/value heads (grouped-query attention)")
+    m.add_argument("--ffn", type=_positive_int, help="MLP inner size (default 4 x hidden)")
+    m.add_argument("--vocab", type=_positive_int, help="vocabulary size")
+    h = parser.add_argument_group("hardware")
+    h.add_argument("--hardware", metavar="NxGPU", help="e.g. 8xH100-80GB (GPUs per node x table name)")
+    h.add_argument("--inventory", metavar="FILE", help="plan for the machine in this inventory file")
+    h.add_argument("--nodes", type=_positive_int, default=1, help="number of nodes (default 1)")
+    h.add_argument("--intra", choices=("nvlink", "pcie"), help="link inside a node (default: NVLink if the GPU has it)")
+    h.add_argument("--intra-gbs", type=_positive_float, help="override intra-node GB/s per GPU, one direction")
+    h.add_argument("--inter-gbps", type=_positive_float, default=400.0,
+                   help="network Gbit/s per node, all NICs (default 400; a DGX H100 has 3200)")
+    h.add_argument("--gpu-memory-gib", type=_positive_float, help="override the GPU's memory")
+    h.add_argument("--peak-tflops", type=_positive_float, help="override the GPU's peak TFLOPs")
+    r = parser.add_argument_group("run")
+    r.add_argument("--seq-len", type=_positive_int, default=2048, help="tokens per sequence (default 2048)")
+    r.add_argument("--micro-batch", type=_positive_int, default=1, help="sequences per GPU per forward (default 1)")
+    r.add_argument("--global-batch", type=_positive_int, help="sequences per step (default micro-batch x GPUs)")
+    r.add_argument("--precision", choices=_PRECISIONS, default="bf16", help="precision recipe (default bf16)")
+    r.add_argument("--optimizer", choices=("adamw", "adam", "sgd", "sgd-momentum", "none"), default="adamw",
+                   help="optimizer; 'none' plans inference (default adamw)")
+    r.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+                   help="activation checkpointing (default none)")
+    r.add_argument("--attention", choices=("flash", "eager"), default="flash",
+                   help="flash: fused SDPA keeps no s x s scores; eager: it does (default flash)")
+    r.add_argument("--dropout", action="store_true", help="the model uses dropout (masks cost memory)")
+    r.add_argument("--efficiency", type=_positive_float, default=None,
+                   help="fraction of peak FLOPs compute reaches (default 0.5)")
+    r.add_argument("--no-offload", action="store_true", help="leave out CPU-offload candidates")
+    r.add_argument("--strategies", metavar="LIST",
+                   help="only these, comma-separated: single,ddp,zero1,zero2,zero3,hsdp,tp,pp,offload")
+    o = parser.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print the plan as JSON")
+    o.add_argument("--plot", metavar="OUT.png", help="draw per-GPU memory per candidate (needs matplotlib)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from convoy.errors import PlanError
+    from convoy.plan.api import format_plan, plan
+    from convoy.plan.timing import DEFAULT_EFFICIENCY
+
+    if args.model is None and args.params is None:
+        raise PlanError("no model given; pass a config.json path, a MODULE:FUNCTION factory, or --params 7.5e9")
+    allowed = None
+    if args.strategies:
+        allowed = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
+        known = {"single", "ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "tp", "pp", "offload"}
+        bad = [s for s in allowed if s not in known]
+        if bad:
+            raise PlanError(f"--strategies: unknown {bad[0]!r}; use some of {', '.join(sorted(known))}")
+    if args.efficiency is not None and args.efficiency > 1:
+        raise PlanError(f"--efficiency {args.efficiency} is a fraction of peak; give a number in (0, 1], e.g. 0.45")
+    result = plan(args.model, hardware=args.hardware, inventory=args.inventory, nodes=args.nodes, intra=args.intra,
+                  intra_gbs=args.intra_gbs, inter_gbps=args.inter_gbps, gpu_memory_gib=args.gpu_memory_gib,
+                  peak_tflops=args.peak_tflops, seq_len=args.seq_len, micro_batch=args.micro_batch,
+                  global_batch=args.global_batch, precision=args.precision, optimizer=args.optimizer,
+                  recompute=args.recompute, attention=args.attention, dropout=args.dropout,
+                  efficiency=args.efficiency or DEFAULT_EFFICIENCY, offload=not args.no_offload, allowed=allowed,
+                  params=args.params, layers=args.layers, hidden=args.hidden, heads=args.heads,
+                  kv_heads=args.kv_heads, ffn=args.ffn, vocab=args.vocab)
+    if args.plot:
+        from convoy.plan.plot import plot_memory
+
+        plot_memory(result, args.plot)
+    print(result.to_json() if args.json else format_plan(result))
+    if args.plot and not args.json:
+        print(f"memory plot written to {args.plot}")
+    return 0

@@ -1,0 +1,97 @@
+"""convoy.plan end to end: rows, the recommendation, its reasons, speed, and the Accelerator's entry point."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import convoy
+from convoy.errors import PlanError
+from convoy.plan.api import format_plan, plan, recommend_for_module
+from convoy.plan.units import GiB
+
+CONFIGS = Path(__file__).parent / "configs"
+
+
+def test_convoy_plan_is_the_public_function_even_after_submodule_imports():
+    import convoy.plan.hardware  # noqa: F401  binds the package to convoy.plan
+
+    p = convoy.plan(params=1e9, hardware="2xA100-80GB")
+    assert p.recommendation.row is not None and "plan" in convoy.__all__
+
+
+def test_70b_config_plans_in_well_under_a_second():
+    start = time.perf_counter()
+    p = plan(CONFIGS / "llama2_70b.json", hardware="8xH100-80GB", nodes=4, inter_gbps=3200, seq_len=4096,
+             recompute="full")
+    elapsed = time.perf_counter() - start
+    assert elapsed < 0.5, elapsed
+    assert len(p.rows) > 20 and p.recommendation.row is not None
+    assert p.recommendation.case == "multi-node fast"
+
+
+def test_small_model_on_one_box_is_case_1_and_data_parallel():
+    p = plan(CONFIGS / "gpt2.json", hardware="8xA100-80GB", seq_len=1024, micro_batch=8)
+    rec = p.recommendation
+    assert rec.case == "case 1" and rec.strategy == "ddp" and rec.dims.dp == 8
+    assert "case 1" in rec.reasons[0] and any("sequence length 2048" in b for b in rec.breaks)
+    assert any("Without NVLink" in b for b in rec.breaks)
+
+
+def test_7b_on_8_gpus_is_case_2_and_picks_a_sharded_layout_that_fits():
+    p = plan(CONFIGS / "llama2_7b.json", hardware="8xH100-80GB", seq_len=4096, global_batch=64)
+    rec = p.recommendation
+    assert rec.case == "case 2" and not p.row("ddp").fits
+    assert rec.row.fits and rec.row.memory.total <= p.hardware.gpu.memory_bytes
+    fastest = min((r for r in p.rows if r.fits), key=lambda r: r.time.seconds)
+    assert rec.row.time.seconds <= fastest.time.seconds * 1.05
+    # ties go to less sharding: nothing as fast and simpler was passed over
+    simpler = [r for r in p.rows if r.fits and r.candidate.sharding_rank < rec.row.candidate.sharding_rank]
+    assert all(r.time.seconds > fastest.time.seconds * 1.05 for r in simpler)
+
+
+def test_nothing_fits_says_so_and_suggests_recompute():
+    p = plan(CONFIGS / "llama2_70b.json", hardware="8xH100-80GB", seq_len=4096)
+    assert p.recommendation.row is None and "No layout fits" in " ".join(p.recommendation.reasons)
+    assert any("recompute='full'" in b for b in p.recommendation.breaks)
+    assert "nothing fits" in format_plan(p)
+
+
+def test_largest_layer_too_big_is_case_3():
+    p = plan(params=2e9, layers=1, hidden=16384, heads=128, vocab=1000, hardware="8xL4", seq_len=512)
+    assert p.recommendation.case == "case 3"
+
+
+def test_allowed_strategies_filter_and_json_round_trip():
+    p = plan(params=3e9, layers=24, hidden=3072, heads=24, vocab=32000, hardware="4xA100-40GB",
+             allowed=("ddp", "zero1", "zero2"))
+    assert {r.candidate.strategy for r in p.rows} <= {"ddp", "zero1", "zero2"}
+    data = json.loads(p.to_json())
+    assert data["recommendation"]["strategy"] in ("ddp", "zero1", "zero2")
+    assert {"params", "grads", "optimizer", "master", "activations", "buffers", "reserve", "total"} <= set(
+        data["candidates"][0]["memory"])
+    with pytest.raises(PlanError, match="no candidate layout is allowed"):
+        plan(params=3e9, hardware="4xA100-40GB", allowed=("hsdp",))
+
+
+def test_inventory_file_gives_the_hardware(inventory_path):
+    p = plan(params=1e9, inventory=inventory_path("8xh100_nvswitch"))
+    assert p.hardware.gpus_per_node == 8 and p.hardware.intra == "nvlink"
+
+
+def test_recommend_for_module_for_the_accelerator():
+    torch = pytest.importorskip("torch")
+    net = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)])  # 4.2M parameters
+    rec = recommend_for_module(net, world_size=2, device_memory_bytes=16 * GiB, precision="fp32", seq_len=1)
+    assert rec.strategy == "ddp" and rec.dims.dp == 2 and not rec.cpu_offload
+    # fp32 Adam: DDP needs 16 B/param + its 4 B/param buckets (84 MB); sharded layouts about half of that
+    rec = recommend_for_module(net, world_size=2, device_memory_bytes=600 * 2**20 + 60 * 10**6,
+                               precision="fp32", seq_len=1)
+    assert rec.strategy in ("zero2", "zero3") and rec.row.fits
+    with pytest.raises(PlanError, match="No layout fits"):
+        recommend_for_module(net, world_size=2, device_memory_bytes=2**20, precision="fp32", seq_len=1)

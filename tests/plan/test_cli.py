@@ -1,0 +1,101 @@
+"""``convoy plan``: table, JSON, plot, errors as one line with exit 2, and no torch for --help or configs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from convoy.cli.main import main
+
+CONFIGS = Path(__file__).parent / "configs"
+
+
+def test_help_and_a_config_plan_do_not_import_torch():
+    code = ("import sys, io, contextlib\n"
+            "from convoy.cli.main import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try: main(['plan', '--help'])\n"
+            "    except SystemExit: pass\n"
+            f"    rc = main(['plan', {str(CONFIGS / 'llama2_7b.json')!r}, '--hardware', '8xH100-80GB'])\n"
+            "assert rc == 0, rc\n"
+            "print('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_table_names_every_candidate_and_the_recommendation(capsys):
+    assert main(["plan", str(CONFIGS / "llama2_7b.json"), "--hardware", "8xH100-80GB", "--seq-len", "4096"]) == 0
+    out = capsys.readouterr().out
+    for word in ("candidate", "zero1", "zero3", "tp8", "pp8", "recommended:", "case 2", "what would change it"):
+        assert word in out
+    assert "6,738,415,616 parameters" in out
+
+
+def test_json_output_is_the_plan(capsys):
+    assert main(["plan", "--params", "7.5e9", "--hardware", "64xA100-80GB", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    states = {c["name"]: sum(c["memory"][k] for k in ("params", "grads", "optimizer", "master"))
+              for c in data["candidates"]}
+    assert round(states["zero1"] / 1e9, 1) == 31.4 and round(states["zero3"] / 1e9, 1) == 1.9
+    assert data["hardware"]["gpus_per_node"] == 64 and data["recommendation"]["candidate"]
+
+
+def test_hardware_flags_reach_the_plan(capsys):
+    argv = ["plan", "--params", "13e9", "--layers", "40", "--hidden", "5120", "--heads", "40", "--vocab", "32000",
+            "--hardware", "8xH100-80GB", "--nodes", "2", "--intra", "pcie", "--inter-gbps", "400", "--json",
+            "--recompute", "full", "--precision", "bf16-fp32-grads", "--strategies", "ddp,zero1,zero3,hsdp"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["hardware"]["nodes"] == 2 and data["hardware"]["intra"] == "pcie"
+    assert data["run"]["recompute"] == "full" and data["recommendation"]["case"] == "multi-node slow"
+    assert {c["strategy"] for c in data["candidates"]} <= {"ddp", "zero1", "zero3", "hsdp"}
+
+
+@pytest.mark.parametrize("argv,word", [
+    (["plan"], "no model given"),
+    (["plan", "--params", "1e9", "--hardware", "8xB999"], "unknown accelerator 'B999'"),
+    (["plan", str(CONFIGS / "nope.json"), "--hardware", "8xH100-80GB"], "does not exist"),
+    (["plan", "--params", "1e9", "--hardware", "8xH100-80GB", "--strategies", "ddp,magic"], "unknown 'magic'"),
+    (["plan", "--params", "1e9", "--hardware", "8xH100-80GB", "--efficiency", "45"], "fraction of peak"),
+    (["plan", "--params", "1e9", "--hardware", "4xL4", "--intra", "nvlink"], "no NVLink"),
+    (["plan", "--params", "1e9", "--hardware", "8xH100-80GB", "--precision", "bf15"], "invalid choice"),
+    (["plan", "--params", "-3"], "must be > 0"),
+    (["plan", "--params", "1e9", "--hardware", "8xH100-80GB", "--seq-len", "0"], "must be >= 1"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, word):
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        rc = exc.code
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert word in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_no_accelerator_here_asks_for_hardware(capsys, tmp_path, monkeypatch):
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"devices": []}')
+    monkeypatch.setenv("CONVOY_INVENTORY", str(empty))
+    assert main(["plan", "--params", "1e9"]) == 2
+    assert "--hardware" in capsys.readouterr().err
+
+
+def test_inventory_flag(capsys, inventory_path):
+    assert main(["plan", "--params", "1e9", "--inventory", str(inventory_path("8xh100_nvswitch")), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["hardware"]["gpus_per_node"] == 8
+
+
+def test_plot(capsys, tmp_path):
+    out = tmp_path / "plan.png"
+    rc = main(["plan", "--params", "7e9", "--layers", "32", "--hidden", "4096", "--heads", "32",
+               "--hardware", "8xH100-80GB", "--plot", str(out)])
+    if importlib.util.find_spec("matplotlib") is None:
+        assert rc == 1 and "needs matplotlib" in capsys.readouterr().err and not out.exists()
+    else:
+        assert rc == 0 and out.read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,63 @@
+"""Step-time model: FLOPs, ring collective costs, bubble, overlap, MFU."""
+
+from __future__ import annotations
+
+import pytest
+
+from convoy.plan.dims import ParallelDims
+from convoy.plan.hardware import parse_hardware
+from convoy.plan.memory import Layout, RunSpec
+from convoy.plan.model import from_numbers
+from convoy.plan.timing import (model_flops_per_token, ring_all_reduce_seconds, ring_gather_seconds, step_time)
+
+MODEL = from_numbers(7e9, layers=32, hidden=4096, heads=32, vocab=32000)
+
+
+def test_flops_per_token_is_6n_plus_attention():
+    assert model_flops_per_token(MODEL, 2048) == 6 * 7e9 + 12 * 32 * 4096 * 2048
+    assert model_flops_per_token(MODEL, 2048, training=False) == 2 * 7e9 + 4 * 32 * 4096 * 2048
+    assert model_flops_per_token(from_numbers(1e9), 4096) == 6e9  # no shape: no attention term
+
+
+def test_ring_costs():
+    assert ring_all_reduce_seconds(8e9, 8, 1e9) == pytest.approx(2 * 7 / 8 * 8)
+    assert ring_gather_seconds(8e9, 8, 1e9) == pytest.approx(7 / 8 * 8)
+    assert ring_all_reduce_seconds(8e9, 1, 1e9) == 0
+
+
+def test_single_gpu_step_is_flops_over_peak_at_the_efficiency():
+    hw = parse_hardware("1xH100-80GB")
+    run = RunSpec(seq_len=2048, micro_batch=4)
+    t = step_time(MODEL, run, Layout(), hw, global_batch=4, efficiency=0.5)
+    flops = model_flops_per_token(MODEL, 2048) * 4 * 2048
+    assert t.seconds == pytest.approx(flops / (989.4e12 * 0.5))
+    assert t.mfu == pytest.approx(0.5) and t.comm_bytes == 0
+    full = step_time(MODEL, RunSpec(seq_len=2048, micro_batch=4, recompute="full"), Layout(), hw, global_batch=4)
+    assert full.seconds == pytest.approx(t.seconds * 4 / 3) and full.mfu == pytest.approx(0.5 * 3 / 4)
+
+
+def test_bubble_overlap_and_slow_links_cost_time():
+    hw = parse_hardware("8xH100-80GB")
+    run = RunSpec(seq_len=2048, micro_batch=1)
+    pp = step_time(MODEL, run, Layout(dims=ParallelDims(pp=8), microbatches=8), hw, global_batch=8)
+    assert pp.bubble == pytest.approx((pp.compute - pp.bubble) * 7 / 8)
+    ddp = step_time(MODEL, run, Layout(dims=ParallelDims(dp_replicate=8)), hw, global_batch=8)
+    assert ddp.comm_bytes == pytest.approx(2 * 7 / 8 * 2 * 7e9)
+    assert ddp.exposed_dp == pytest.approx(max(0.0, ddp.dp_comm - ddp.compute * 2 / 3))
+    slow = step_time(MODEL, run, Layout(dims=ParallelDims(dp_replicate=8)), parse_hardware("8xH100-80GB", intra="pcie"),
+                     global_batch=8)
+    assert slow.dp_comm == pytest.approx(ddp.dp_comm * 450 / 64) and slow.seconds > ddp.seconds
+    z3 = step_time(MODEL, run, Layout(dims=ParallelDims(dp_shard=8), zero_stage=3), hw, global_batch=8)
+    assert z3.comm_bytes == pytest.approx(ddp.comm_bytes * 1.5)  # ZeRO-3: 1.5x the all-reduce volume
+    tp = step_time(MODEL, run, Layout(dims=ParallelDims(tp=8), microbatches=8), hw, global_batch=8)
+    assert tp.tp_comm > 0 and tp.seconds > ddp.seconds
+
+
+def test_multi_node_shares_the_nics():
+    run = RunSpec(seq_len=2048, micro_batch=1)
+    one = parse_hardware("8xH100-80GB", nodes=2, inter_gbps=3200)
+    thin = parse_hardware("8xH100-80GB", nodes=2, inter_gbps=400)
+    layout = Layout(dims=ParallelDims(dp_replicate=16))
+    fast = step_time(MODEL, run, layout, one, global_batch=16)
+    slow = step_time(MODEL, run, layout, thin, global_batch=16)
+    assert slow.dp_comm == pytest.approx(fast.dp_comm * 8)
