@@ -42,7 +42,7 @@ RANK_VARIABLES = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
     "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCHELASTIC_ERROR_FILE",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE",
 )
 CONVOY_VARIABLES = (
     "CONVOY_MIXED_PRECISION", "CONVOY_STRATEGY", "CONVOY_PARALLELISM", "CONVOY_GRADIENT_ACCUMULATION_STEPS",
@@ -66,6 +66,7 @@ def rank_env(
     error_file: str | None = None,
     role: str = "default",
     nccl_async_error_handling: str = "1",
+    signals_to_handle: str = "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
 ) -> dict[str, str]:
     """torchrun's per-worker variables, as ``LocalElasticAgent._start_workers`` sets them (torch 2.13).
 
@@ -91,6 +92,7 @@ def rank_env(
         "TORCHELASTIC_RUN_ID": run_id,
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": nccl_async_error_handling,
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": signals_to_handle,  # torchrun exports it for its agent
     }
     if error_file:
         env["TORCHELASTIC_ERROR_FILE"] = error_file

@@ -1,0 +1,94 @@
+"""``convoy launch`` flags: torchrun's all accepted, Accelerate aliases, conflicts as one line, dry run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from convoy.cli import launch as cli
+from convoy.cli.main import _command_parser, main
+
+SHOW_ENV = "tests/launch/scripts/show_env.py"
+
+
+def parser() -> argparse.ArgumentParser:
+    return _command_parser("launch", cli)
+
+
+def test_every_torchrun_flag_is_accepted_under_its_own_names():
+    tdr = pytest.importorskip("torch.distributed.run")
+    ours = set(parser()._option_string_actions)
+    theirs = {s for a in tdr.get_args_parser()._actions for s in a.option_strings} - {"-h", "--help"}
+    assert theirs - ours == set()
+
+
+def request(*argv):
+    return cli.build_request(parser().parse_args([*argv, "train.py", "--lr", "1"]))
+
+
+def test_accelerate_aliases_map_to_torchrun_meanings():
+    r, _ = request("--num_processes", "4", "--num_machines", "2", "--machine_rank", "1", "--main_process_ip",
+                   "h", "--main_process_port", "2", "--mixed_precision", "bf16", "--gpu_ids", "0,1")
+    assert (r.nproc_per_node, r.nnodes, r.node_rank, r.master_addr, r.master_port) == ("2", "2", 1, "h", 2)
+    assert (r.settings.mixed_precision, r.devices, r.program) == ("bf16", "0,1", ("train.py", "--lr", "1"))
+    r, filters = request("--nproc_per_node=3", "--dp", "3", "--collective-timeout", "9", "--free", "--exclude",
+                         "1,2", "--no-lease")
+    assert (r.nproc_per_node, r.settings.parallelism, r.settings.collective_timeout) == ("3", "dp=3", 9.0)
+    assert (filters.free, filters.exclude, filters.lease) == (True, (1, 2), False)
+
+
+def test_conflicting_counts_exit_2_with_one_line(capsys):
+    assert main(["launch", "--num_processes", "4", "--nproc-per-node", "3", "x.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--num_processes 4 means 4 per node but --nproc-per-node says 3" in err
+    assert main(["launch", "--logs-specs", "x", "x.py"]) == 1
+    assert "not supported by convoy launch yet" in capsys.readouterr().err
+
+
+def test_dry_run_on_an_inventory_box_and_no_torch_in_the_parent(inventory_path, tmp_path):
+    code = ("import sys; from convoy.cli.main import main; rc = main(['launch', '--dry-run', '--devices', '2,0',"
+            f" '--strategy', 'ddp', {SHOW_ENV!r}]); print('torch' in sys.modules, rc)")
+    env = {"CONVOY_INVENTORY": str(inventory_path("8xh100_nvswitch")), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.strip().endswith("False 0"), out
+    assert "rank 0 (local 0): device 2" in out and "CUDA_VISIBLE_DEVICES=2,0" in out and "CONVOY_STRATEGY=ddp" in out
+
+
+def test_devices_on_an_inventory_box_reach_each_rank(inventory_path, tmp_path):
+    """From inside the ranks: exactly 2 processes, physical 2 then 0 visible in that order, LOCAL_RANK 0/1."""
+    env = {"CONVOY_INVENTORY": str(inventory_path("8xh100_nvswitch")), "CONVOY_LEASE_DIR": str(tmp_path),
+           "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", "2,0", "--mixed-precision", "bf16",
+                           "--dp", "2", SHOW_ENV], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    seen = {}
+    for line in proc.stdout.splitlines():
+        prefix, _, rest = line.partition(": ENV ")
+        if rest:
+            data = json.loads(rest)
+            assert prefix == f"[rank{data['RANK']}]"
+            seen[data["RANK"]] = data
+    assert sorted(seen) == ["0", "1"]
+    for rank, data in seen.items():
+        assert data["LOCAL_RANK"] == rank and data["WORLD_SIZE"] == "2" and data["LOCAL_WORLD_SIZE"] == "2"
+        assert (data["CUDA_VISIBLE_DEVICES"], data["CUDA_DEVICE_ORDER"]) == ("2,0", "PCI_BUS_ID")
+        assert (data["CONVOY_MIXED_PRECISION"], data["CONVOY_PARALLELISM"]) == ("bf16", "dp=2")
+        assert data["MASTER_ADDR"] == "127.0.0.1" and data["MASTER_PORT"] != "29500"
+    assert list(tmp_path.iterdir()) != []  # the leases' lock files lived there
+
+
+def test_same_variables_as_torchrun():
+    """An unmodified torchrun script sees the same variable names under convoy launch as under torchrun."""
+    pytest.importorskip("torch")
+    runs = {}
+    for name, prefix in {"convoy": [sys.executable, "-m", "convoy", "launch"],
+                         "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone"]}.items():
+        out = subprocess.run([*prefix, "--nproc-per-node", "1", SHOW_ENV], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+        runs[name] = json.loads(out.split("KEYS ", 1)[1].splitlines()[0])
+    missing = set(runs["torchrun"]) - set(runs["convoy"])
+    assert missing == set(), missing

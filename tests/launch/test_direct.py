@@ -1,0 +1,82 @@
+"""convoy launch on one node, for real: gloo ranks train, fail loudly, leave nothing behind, never collide."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.distributed import run_script
+
+pytestmark = pytest.mark.slow
+SCRIPTS = Path(__file__).parent / "scripts"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+ENV.pop("CONVOY_INVENTORY", None)
+
+
+def convoy_launch(*argv: str, env=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "convoy", "launch", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env or ENV)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_unmodified_ddp_script_trains_with_prefixed_output_and_per_rank_logs(tmp_path):
+    two = [convoy_launch("--log-dir", str(tmp_path / name), str(SCRIPTS / "ddp_train.py"), "--steps", "2")
+           for name in ("a", "b")]  # two jobs at once on one machine
+    outs = [p.communicate(timeout=120)[0] for p in two]
+    assert [p.returncode for p in two] == [0, 0], outs
+    ports = set()
+    for out, name in zip(outs, ("a", "b")):
+        lines = [line for line in out.splitlines() if "trained" in line]
+        assert sorted(line.split(":")[0] for line in lines) == ["[rank0]", "[rank1]"]
+        ports |= {re.search(r"port=(\d+)", line).group(1) for line in lines}
+        assert "no accelerator found: running 2 CPU processes with the gloo backend" in out
+        logs = sorted(p.name for p in (tmp_path / name).iterdir())
+        assert logs == ["rank0.log", "rank1.log"]
+        assert "trained rank=1" in (tmp_path / name / "rank1.log").read_text()
+    assert len(ports) == 2 and "29500" not in ports  # each job its own free port
+
+
+@pytest.mark.parametrize("how, expect", [("raise", "exit code 1"), ("kill", "signal SIGKILL")])
+def test_a_failing_rank_stops_the_group_with_its_traceback_once(how, expect):
+    start = time.monotonic()
+    result = run_script(SCRIPTS / "fail.py", nproc=2, args=["--how", how], timeout=60)
+    took = time.monotonic() - start
+    out = result.output
+    assert result.returncode == 1, out
+    assert took < 30, f"the survivor was not stopped ({took:.0f} s)"  # it would sleep 60 s
+    assert f"convoy: rank 1 (local rank 1) on host " in out and f"failed with {expect}" in out
+    if how == "raise":
+        assert out.count("ValueError: boom from rank 1") == 1, out
+        assert "[rank1]: Traceback (most recent call last):" in out
+    pids = [int(pid) for pid in re.findall(r"pid=(\d+)", out)]
+    assert len(pids) == 2 and not any(alive(pid) for pid in pids), "orphan worker left"
+
+
+def test_devices_are_leased_for_the_job(inventory_path, tmp_path):
+    env = {**ENV, "CONVOY_INVENTORY": str(inventory_path("8xh100_nvswitch")), "CONVOY_LEASE_DIR": str(tmp_path)}
+    first = convoy_launch("--devices", "0,1", "--no-python", "sleep", "3", env=env)
+    time.sleep(1.0)
+    second = subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", "1", "--no-python", "true"],
+                            capture_output=True, text=True, env=env, timeout=30)
+    other = subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", "2,3", "--no-python", "true"],
+                           capture_output=True, text=True, env=env, timeout=30)
+    assert first.wait(timeout=30) == 0
+    assert second.returncode == 1 and second.stderr.startswith("convoy: "), second.stderr
+    assert "GPU" in second.stderr or "lease" in second.stderr.lower()
+    assert other.returncode == 0, other.stderr
+    again = subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", "1", "--no-python", "true"],
+                           capture_output=True, text=True, env=env, timeout=30)
+    assert again.returncode == 0, again.stderr  # released when the first job ended
