@@ -1,0 +1,39 @@
+"""Module-level functions for convoy.launch tests (spawn needs importable functions)."""
+
+import datetime
+import os
+
+
+def all_reduce_rank(offset):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    value = torch.tensor([dist.get_rank() + offset])
+    dist.all_reduce(value)
+    result = (dist.get_rank(), dist.get_world_size(), int(value.item()), os.environ["LOCAL_RANK"])
+    dist.destroy_process_group()
+    return result
+
+
+class RankOneError(Exception):
+    pass
+
+
+def rank_one_raises():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    dist.barrier()
+    if dist.get_rank() == 1:
+        raise RankOneError("rank one broke")
+    dist.barrier()  # rank 0 waits here: its later "connection closed" error must not be reported instead
+    dist.destroy_process_group()
+
+
+def rank_zero_dies():
+    if os.environ["RANK"] == "0":
+        os._exit(7)
+    import time
+
+    time.sleep(30)
