@@ -23,3 +23,6 @@ __all__ = [
     "apply_tensor_parallel",
     "resolve_tp_plan",
 ]
+
+# registers "parallel", "tp" and "pp" with convoy.train.strategies.base (imported last: it needs the above)
+from convoy.train.parallel import strategies as _strategies  # noqa: E402,F401

@@ -221,7 +221,12 @@ class PipelineModule:
             stage = pipe.build_stage(index, self.device, group=self.group)
             self._stage_modules.append(stage.submod)
             if self._wrap_stage is not None:
-                stage.submod = self._wrap_stage(stage.submod)
+                wrapped = self._wrap_stage(stage.submod)
+                if wrapped is not stage.submod and hasattr(stage.submod, "graph"):
+                    # a traced stage reads its fx graph (inputs/outputs) on the first step; torch's stage
+                    # runs a DDP-wrapped submod with no_sync per micro-batch, so the wrapper needs the graph
+                    wrapped.graph = stage.submod.graph
+                stage.submod = wrapped
             self._stages.append(stage)
         self._schedule = self._make_schedule(self.loss_fn)
         callbacks, self._on_build = self._on_build, []
@@ -240,7 +245,10 @@ class PipelineModule:
                                 f"micro-batches on {self.pp_size} processes: {exc}") from exc
 
     # --- running --------------------------------------------------------------------------------------
-    def __call__(self, *args: Any, target: Any = None, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args: Any, target: Any = None, **kwargs: Any) -> Any:
         """Training (``target`` given): run forward and backward over the micro-batches and return the mean
         loss (on every stage). Without ``target``: forward only; the last stage returns the output, the
         others ``None``."""
@@ -283,9 +291,10 @@ class PipelineModule:
         return list(self._stage_modules)
 
     def named_parameters(self):
+        """This process's stages' parameters once built; before the first call, the whole model's."""
         if not self.built:
-            raise StrategyError("the pipeline is built on its first call; call it once before asking for "
-                                "its parameters, or build it with .build(example_batch)")
+            yield from self.model.named_parameters()
+            return
         for module in self._stage_modules:
             yield from module.named_parameters()
 

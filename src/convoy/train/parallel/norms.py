@@ -1,0 +1,57 @@
+"""Gradient-norm clipping over parameters split by TP (DTensor), FSDP (DTensor) and pipeline stages.
+
+    from convoy.train.parallel.norms import clip_grad_norm_
+    total = clip_grad_norm_(model.parameters(), 1.0, pp_group=pp_mesh.get_group())
+
+``torch.nn.utils.clip_grad_norm_`` cannot stack DTensor norms with plain-tensor norms (a TP model keeps
+its norms' weights plain) nor see the other pipeline stages. Here each gradient's norm is made whole with
+``DTensor.full_tensor()`` (a scalar reduction), the norms are combined, and the stages' totals are
+combined with one all-reduce over the pipeline group.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["total_grad_norm", "clip_grad_norm_"]
+
+
+def total_grad_norm(parameters: Iterable["torch.Tensor"], *, norm_type: float = 2.0, pp_group: Any = None
+                    ) -> "torch.Tensor":
+    """The norm of every gradient of the model, over all its shards and stages (same on every rank)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    norm_type = float(norm_type)
+    norms = []
+    for p in parameters:
+        if p.grad is None:
+            continue
+        n = torch.linalg.vector_norm(p.grad, norm_type)
+        norms.append((n.full_tensor() if isinstance(n, DTensor) else n).float())
+    total = torch.linalg.vector_norm(torch.stack(norms), norm_type) if norms else torch.zeros(())
+    if pp_group is not None:
+        if math.isinf(norm_type):
+            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=pp_group)
+        else:
+            total = total ** norm_type
+            dist.all_reduce(total, group=pp_group)
+            total = total ** (1.0 / norm_type)
+    return total
+
+
+def clip_grad_norm_(parameters: Iterable["torch.Tensor"], max_norm: float, *, norm_type: float = 2.0,
+                    pp_group: Any = None) -> "torch.Tensor":
+    """Scale gradients so that their total norm is at most ``max_norm``; return the norm before."""
+    params = [p for p in parameters if p.grad is not None]
+    total = total_grad_norm(params, norm_type=norm_type, pp_group=pp_group)
+    coef = min(1.0, float(max_norm) / (float(total) + 1e-6))
+    if coef < 1.0:
+        for p in params:
+            p.grad.mul_(coef)
+    return total

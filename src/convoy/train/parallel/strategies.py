@@ -1,0 +1,290 @@
+"""Strategies ``"parallel"``, ``"tp"`` and ``"pp"``: any dp x tp x pp layout through the Accelerator.
+
+    accelerator = Accelerator(parallelism={"dp": 2, "tp": 2})          # 2D: FSDP2 over dp, TP inside
+    accelerator = Accelerator(strategy="tp")                          # tp = every process
+    accelerator = Accelerator(parallelism={"dp": 2, "pp": 2},          # DP x PP, ZeRO-1 over dp
+                              strategy_options={"loss_fn": F.cross_entropy, "pp_schedule": "1f1b"})
+    convoy launch --nproc-per-node 4 --dp 2 --tp 2 train.py           # the same through CONVOY_PARALLELISM
+
+How each axis is realised:
+
+- tp: ``resolve_tp_plan`` (option ``tp_plan``: a mapping of module patterns to styles; otherwise the
+  model's declared plan or convoy's default; option ``sequence_parallel``) applied with DTensor's
+  ``parallelize_module``.
+- pp: ``PipelineModule`` (options ``pp_schedule``, ``pp_microbatches``, ``pp_stages_per_rank``,
+  ``pp_split_at``, ``pp_layers``, and the required ``loss_fn(output, target)``). The training step is
+  ``loss = model(inputs, target=labels)`` (forward and backward together); ``accelerator.backward(loss)``
+  then has nothing left to do and is a no-op.
+- dp: option ``dp_engine`` = ``"fsdp"`` (FSDP2 ``fully_shard`` over the dp mesh; the default without pp),
+  ``"ddp"``, or ``"zero1"`` (DDP + ``ZeroRedundancyOptimizer`` over the dp group; the default with pp, as
+  the multi-GPU guide recommends). ``dp_replicate`` x ``dp_shard`` both > 1 is HSDP (``fully_shard`` on
+  the 2-D dp mesh).
+
+Not supported yet (``NotSupportedYetError``): tp together with pp (3D), tp with ``dp_engine`` ddp/zero1,
+pp with ``dp_engine="fsdp"``, checkpoints of zero1 layouts, gradient accumulation (``no_sync``) with pp.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import TYPE_CHECKING, Any
+
+from convoy.errors import NotSupportedYetError, StrategyError
+from convoy.plan.dims import ParallelDims
+from convoy.train.parallel.mesh import ParallelMesh, build_mesh
+from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule
+from convoy.train.parallel.tensor import apply_tensor_parallel, resolve_tp_plan
+from convoy.train.strategies.base import Strategy, StrategyContext, SupportsNoSync, register_strategy
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = ["ParallelStrategy", "TensorParallelStrategy", "PipelineParallelStrategy"]
+
+_DP_ENGINES = ("fsdp", "ddp", "zero1")
+_OPTIONS = ("tp_plan", "sequence_parallel", "loss_fn", "dp_engine", "auto_wrap", "pp_schedule",
+            "pp_microbatches", "pp_stages_per_rank", "pp_split_at", "pp_layers")
+
+
+@register_strategy("parallel")
+class ParallelStrategy(Strategy, SupportsNoSync):
+    """dp x tp x pp from ``context.parallel_dims`` (pure data parallel over the world when absent)."""
+
+    needs_process_group = True
+
+    def __init__(self, context: StrategyContext) -> None:
+        super().__init__(context)
+        unknown = sorted(set(context.options) - set(_OPTIONS) - {"find_unused_parameters", "cpu_offload"})
+        if unknown:
+            raise StrategyError(f"strategy={self.name!r}: unknown option {unknown[0]!r}; options are "
+                                f"{', '.join(_OPTIONS)}")
+        dims = self.default_dims(context)
+        dims.check_world_size(context.world_size)
+        engine = context.options.get("dp_engine", "zero1" if dims.pp > 1 else "fsdp")
+        if engine not in _DP_ENGINES:
+            raise StrategyError(f"dp_engine={engine!r} is unknown; choose one of {', '.join(_DP_ENGINES)}")
+        if dims.tp > 1 and dims.pp > 1:
+            raise NotSupportedYetError("tp and pp together (3D) are not supported yet; use tp x dp or pp x dp")
+        if dims.pp > 1 and dims.dp > 1 and engine == "fsdp":
+            raise NotSupportedYetError("pp with dp_engine='fsdp' is not supported yet; use dp_engine='zero1' "
+                                       "(the default with pp) or 'ddp'")
+        if dims.tp > 1 and dims.dp > 1 and engine != "fsdp":
+            raise NotSupportedYetError(f"tp with dp_engine={engine!r} is not supported yet; use dp_engine='fsdp'")
+        if dims.dp_replicate > 1 and dims.dp_shard > 1 and engine != "fsdp":
+            raise StrategyError(f"dp_replicate x dp_shard (HSDP) needs dp_engine='fsdp', not {engine!r}")
+        if dims.dp_replicate == 1 or dims.dp_shard == 1:  # one dp axis: name it by how it is realised
+            rep, shard = (1, dims.dp) if engine == "fsdp" else (dims.dp, 1)
+            dims = ParallelDims(dp_replicate=rep, dp_shard=shard, tp=dims.tp, pp=dims.pp)
+        self.dims = dims
+        self.dp_engine = engine
+        self._pm: ParallelMesh | None = None
+        # id(parameter before prepare) -> (prepared module, parameter name): parallelize_module and
+        # fully_shard replace parameters, and an optimizer built before prepare() must follow them.
+        self._origin: dict[int, tuple[Any, str]] = {}
+        self._pipelines: list[PipelineModule] = []
+
+    @classmethod
+    def default_dims(cls, context: StrategyContext) -> ParallelDims:
+        return context.parallel_dims or ParallelDims(dp_replicate=context.world_size)
+
+    @property
+    def distributed_type(self) -> str:  # type: ignore[override]
+        dp = {"fsdp": "FSDP", "ddp": "DDP", "zero1": "ZERO1"}[self.dp_engine] if self.dims.dp > 1 else ""
+        axes = [dp] + [name.upper() for name in ("tp", "pp") if getattr(self.dims, name) > 1]
+        return "+".join(a for a in axes if a) or "NO"
+
+    # --- environment ----------------------------------------------------------------------------------
+    def setup_environment(self) -> None:
+        if self._pm is None:
+            self._pm = build_mesh(self.dims, device_type=self.root_device.type)
+
+    @property
+    def mesh(self) -> ParallelMesh:
+        self.setup_environment()
+        assert self._pm is not None
+        return self._pm
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return self.mesh.dp_rank
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.dims.dp
+
+    # --- module and optimizer -------------------------------------------------------------------------
+    def setup_module(self, module: "torch.nn.Module") -> Any:
+        pm = self.mesh
+        module = module.to(self.root_device)
+        names = {id(p): n for n, p in module.named_parameters()}
+        if self.dims.tp > 1:
+            plan = resolve_tp_plan(module, self.context.options.get("tp_plan"),
+                                   sequence_parallel=bool(self.context.options.get("sequence_parallel", False)))
+            apply_tensor_parallel(module, pm.tp, plan)
+        if self.dims.pp > 1:
+            pipe = PipelineModule(module, config=PipelineConfig.from_options(dict(self.context.options)),
+                                  loss_fn=self.context.options.get("loss_fn"), group=pm.pp.get_group(),
+                                  device=self.root_device, wrap_stage=self._wrap_stage if self.dims.dp > 1 else None)
+            self._pipelines.append(pipe)
+            return pipe
+        if self.dims.dp > 1:
+            module = self._data_parallel(module)
+        for pid, name in names.items():
+            self._origin[pid] = (module, name)
+        return module
+
+    def _data_parallel(self, module: "torch.nn.Module") -> "torch.nn.Module":
+        if self.dp_engine == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            from convoy.train.strategies.fsdp import _blocks
+
+            mesh = self.mesh.dp_shard_mesh
+            for block in _blocks(module, self.context.options.get("auto_wrap")):
+                fully_shard(block, mesh=mesh)
+            fully_shard(module, mesh=mesh)
+            return module
+        return self._wrap_stage(module)
+
+    def _wrap_stage(self, module: "torch.nn.Module") -> "torch.nn.Module":
+        """DDP over the dp group (used for whole models and for pipeline stages)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
+        return DistributedDataParallel(module, device_ids=device_ids, process_group=self.mesh.dp.get_group(),
+                                       find_unused_parameters=bool(self.context.options.get("find_unused_parameters")))
+
+    def setup_optimizer(self, optimizer: "torch.optim.Optimizer", module: Any = None) -> "torch.optim.Optimizer":
+        for group in optimizer.param_groups:
+            group["params"] = [self._current(p) for p in group["params"]]
+        if self.dp_engine == "zero1" and self.dims.dp > 1:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            if not isinstance(optimizer, ZeroRedundancyOptimizer):
+                groups = [dict(g) for g in optimizer.param_groups]
+                # defaults can hold keys the constructor does not take (AdamW's decoupled_weight_decay)
+                accepted = inspect.signature(type(optimizer).__init__).parameters
+                defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+                optimizer = ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer),
+                                                    process_group=self.mesh.dp.get_group(), **defaults)
+        return optimizer
+
+    def _current(self, param: "torch.nn.Parameter") -> "torch.nn.Parameter":
+        found = self._origin.get(id(param))
+        if found is None:
+            return param
+        module, name = found
+        return module.get_parameter(name)
+
+    def unwrap(self, module: Any) -> "torch.nn.Module":
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(module, PipelineModule):
+            return module.model  # parameters of other stages in it are never trained here
+        return module.module if isinstance(module, DistributedDataParallel) else module
+
+    # --- a step ---------------------------------------------------------------------------------------
+    def backward(self, loss: "torch.Tensor", **kwargs: Any) -> None:
+        if self._pipelines:
+            return  # the pipeline schedule ran backward with the forward, micro-batch by micro-batch
+        loss.backward(**kwargs)
+
+    def no_sync(self, module: Any) -> contextlib.AbstractContextManager[None]:
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(module, PipelineModule):
+            raise NotSupportedYetError("gradient accumulation with pp: raise pp_microbatches instead")
+        if isinstance(module, DistributedDataParallel):
+            return module.no_sync()
+        if hasattr(module, "set_requires_gradient_sync"):
+            return _fsdp_no_sync(module)
+        return contextlib.nullcontext()
+
+    def clip_grad_norm_(self, module: Any, parameters: Any, max_norm: float, norm_type: float = 2.0
+                        ) -> "torch.Tensor":
+        from convoy.train.parallel.norms import clip_grad_norm_
+
+        pp_group = self.mesh.pp.get_group() if self.dims.pp > 1 else None
+        return clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type, pp_group=pp_group)
+
+    # --- state ----------------------------------------------------------------------------------------
+    def full_model_state_dict(self, module: Any) -> dict[str, "torch.Tensor"]:
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        if isinstance(module, PipelineModule):
+            local = {k: _full(v).detach().cpu() for k, v in module.state_dict().items()}
+            parts: list[Any] = [None] * self.dims.pp
+            dist.all_gather_object(parts, local, group=self.mesh.pp.get_group())
+            return {k: v for part in parts for k, v in part.items()}
+        full = get_model_state_dict(self.unwrap(module), options=StateDictOptions(full_state_dict=True))
+        return {k: v.detach().cpu() for k, v in full.items()}
+
+    def checkpoint_state(self, module: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        if not isinstance(module, PipelineModule):
+            if self.dp_engine == "zero1" and self.dims.dp > 1 and optimizer is not None:
+                raise NotSupportedYetError("checkpoints of dp_engine='zero1' layouts are not supported yet")
+            return super().checkpoint_state(self.unwrap(module), optimizer)
+        return self._pipeline_state(module, optimizer)
+
+    def _pipeline_state(self, pipe: PipelineModule, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        if not pipe.built:
+            raise StrategyError("a pipeline is built on its first training call; save after at least one step")
+        msd = pipe.state_dict()  # only this process's stages: other stages' copies here are stale
+        if optimizer is None:
+            return msd, {}
+        if isinstance(optimizer, ZeroRedundancyOptimizer):
+            raise NotSupportedYetError("checkpoints of pp with dp_engine='zero1' are not supported yet; "
+                                       "use dp_engine='ddp' or 'fsdp' to save optimizer state")
+        osd = get_optimizer_state_dict(pipe.model, optimizer)
+        osd = {**osd, "state": {k: v for k, v in osd.get("state", {}).items() if k in msd}}
+        return msd, osd
+
+    def load_checkpoint_state(self, module: Any, optimizer: Any, model_state: dict[str, Any],
+                              optimizer_state: dict[str, Any]) -> None:
+        if not isinstance(module, PipelineModule):
+            super().load_checkpoint_state(self.unwrap(module), optimizer, model_state, optimizer_state)
+            return
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        for stage in module.stage_modules():
+            stage.load_state_dict({k: v for k, v in model_state.items() if k in stage.state_dict()})
+        if optimizer is not None and optimizer_state:
+            set_optimizer_state_dict(module.model, optimizer, optimizer_state)
+
+
+@register_strategy("tp")
+class TensorParallelStrategy(ParallelStrategy):
+    """Tensor parallel; without ``parallelism`` every process is one tp rank."""
+
+    @classmethod
+    def default_dims(cls, context: StrategyContext) -> ParallelDims:
+        return context.parallel_dims or ParallelDims(tp=context.world_size)
+
+
+@register_strategy("pp")
+class PipelineParallelStrategy(ParallelStrategy):
+    """Pipeline parallel; without ``parallelism`` every process is one stage."""
+
+    @classmethod
+    def default_dims(cls, context: StrategyContext) -> ParallelDims:
+        return context.parallel_dims or ParallelDims(pp=context.world_size)
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(module: Any):
+    module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
+
+
+def _full(t: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t

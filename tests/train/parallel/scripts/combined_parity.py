@@ -1,0 +1,103 @@
+"""dp=2 x tp=2 (FSDP2 + TP) and dp=2 x pp=2 (ZeRO-1 + 1F1B) through the Accelerator, against one process.
+
+Run on 4 processes. Both layouts clip gradients, so the global norm over shards and stages is checked too.
+"""
+
+import copy
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repo root, for tests.*
+
+import torch
+import torch.distributed as dist
+
+from convoy.train.accelerator import Accelerator
+from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, batch, lm_loss
+
+STEPS, BATCH, CLIP = 3, 8, 0.5
+
+
+def reference(start, cfg):
+    model = copy.deepcopy(start)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses, norms = [], []
+    for step in range(STEPS):
+        x, y = batch(cfg, size=BATCH, step=step)
+        loss = lm_loss(model(x), y)
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item())
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return model, losses, norms
+
+
+def world_mean(value):
+    t = torch.tensor(float(value))
+    dist.all_reduce(t)
+    return t.item() / dist.get_world_size()
+
+
+def check(name, acc, model, losses, norms, ref, ref_losses, ref_norms):
+    full = acc.strategy.full_model_state_dict(model)
+    ref_sd = ref.state_dict()
+    assert set(full) == set(ref_sd), sorted(set(full) ^ set(ref_sd))
+    pdiff = max((full[k] - ref_sd[k]).abs().max().item() for k in ref_sd)
+    ldiff = max(abs(a - b) for a, b in zip(losses, ref_losses))
+    ndiff = max(abs(a - b) for a, b in zip(norms, ref_norms))
+    assert ldiff < 1e-5 and ndiff < 1e-4 and pdiff < 2e-5, (name, losses, ref_losses, norms, ref_norms, pdiff)
+    assert min(norms) > CLIP, norms  # clipping was active in every step
+    print(f"rank {dist.get_rank()} {name} ({acc.strategy.distributed_type}): loss diff {ldiff:.1e} "
+          f"norm diff {ndiff:.1e} (norms {norms[0]:.4f}..) param diff {pdiff:.1e} OK", flush=True)
+
+
+def main():
+    cfg = TinyConfig()
+    torch.manual_seed(0)
+    start = TinyGPT(cfg)
+    ref, ref_losses, ref_norms = reference(start, cfg)
+
+    os.environ["CONVOY_PARALLELISM"] = "dp=2,tp=2"
+    acc = Accelerator(strategy="parallel", collective_timeout=60)
+    model = copy.deepcopy(start)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = acc.prepare(model, opt)
+    dp_rank, dp = acc.strategy.data_parallel_rank, acc.strategy.data_parallel_size
+    assert dp == 2
+    losses, norms = [], []
+    for step in range(STEPS):
+        x, y = batch(cfg, size=BATCH, step=step)
+        x, y = x.chunk(dp)[dp_rank], y.chunk(dp)[dp_rank]
+        loss = lm_loss(model(x), y)
+        acc.backward(loss)
+        norms.append(float(acc.clip_grad_norm_(model.parameters(), CLIP)))
+        opt.step()
+        opt.zero_grad()
+        losses.append(world_mean(loss.item()))
+    check("dp=2 x tp=2", acc, model, losses, norms, ref, ref_losses, ref_norms)
+
+    os.environ["CONVOY_PARALLELISM"] = "dp=2,pp=2"
+    acc = Accelerator(strategy="parallel", collective_timeout=60,
+                      strategy_options={"loss_fn": lm_loss, "pp_schedule": "1f1b", "pp_microbatches": 2})
+    model = copy.deepcopy(start)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = acc.prepare(model, opt)
+    dp_rank, dp = acc.strategy.data_parallel_rank, acc.strategy.data_parallel_size
+    losses, norms = [], []
+    for step in range(STEPS):
+        x, y = batch(cfg, size=BATCH, step=step)
+        x, y = x.chunk(dp)[dp_rank], y.chunk(dp)[dp_rank]
+        loss = model(x, target=y)
+        acc.backward(loss)
+        norms.append(float(acc.clip_grad_norm_(model.parameters(), CLIP)))
+        opt.step()
+        opt.zero_grad()
+        losses.append(world_mean(loss.item()))
+    check("dp=2 x pp=2", acc, model, losses, norms, ref, ref_losses, ref_norms)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
