@@ -87,3 +87,12 @@ def test_missing_and_invalid_files(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(InventoryError, match="is not valid JSON"):
         load_inventory(bad)
+
+
+def test_package_names_resolve_lazily():
+    import convoy.devices as devices
+
+    assert devices.select_devices.__module__ == "convoy.devices.selection"
+    assert set(dir(devices)) >= {"parse_devices", "lease_devices", "visibility_env", "Selection"}
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        devices.nope

@@ -1,4 +1,4 @@
-"""convoy.devices: which accelerators a job uses. Torch-free; importing it is cheap.
+"""convoy.devices: which accelerators a job uses. Torch-free; importing it is cheap (names load on use).
 
     from convoy.devices import parse_devices, discover, select_devices
     parse_devices("1,3", 4)                      # [1, 3]
@@ -12,24 +12,35 @@ environment variables), ``lease`` (reservations), ``units`` ("20GiB", "80%", "5m
 
 from __future__ import annotations
 
-from convoy.devices.discovery import discover
-from convoy.devices.inventory import Device, Inventory, load_inventory
-from convoy.devices.lease import Lease, lease_devices, select_and_lease
-from convoy.devices.selection import Selection, select_devices
-from convoy.devices.spec import parse_devices
-from convoy.devices.visibility import ensure_runtime_not_started, visibility_env
+import importlib
+from typing import Any
 
-__all__ = [
-    "parse_devices",
-    "Device",
-    "Inventory",
-    "load_inventory",
-    "discover",
-    "select_devices",
-    "Selection",
-    "visibility_env",
-    "ensure_runtime_not_started",
-    "Lease",
-    "lease_devices",
-    "select_and_lease",
-]
+_LAZY: dict[str, str] = {
+    "parse_devices": "convoy.devices.spec",
+    "Device": "convoy.devices.inventory",
+    "Inventory": "convoy.devices.inventory",
+    "load_inventory": "convoy.devices.inventory",
+    "discover": "convoy.devices.discovery",
+    "select_devices": "convoy.devices.selection",
+    "Selection": "convoy.devices.selection",
+    "visibility_env": "convoy.devices.visibility",
+    "ensure_runtime_not_started": "convoy.devices.visibility",
+    "Lease": "convoy.devices.lease",
+    "lease_devices": "convoy.devices.lease",
+    "select_and_lease": "convoy.devices.lease",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'convoy.devices' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

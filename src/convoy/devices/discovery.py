@@ -14,10 +14,12 @@ than breaking discovery. Nothing here starts an accelerator runtime or imports t
 from __future__ import annotations
 
 import os
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
-from convoy.devices.backends.base import Backend
 from convoy.devices.inventory import Device, Inventory, load_inventory
+
+if TYPE_CHECKING:  # the backends (subprocess, shutil, ...) load only when the hardware is asked
+    from convoy.devices.backends.base import Backend
 
 __all__ = ["discover", "INVENTORY_VARIABLE"]
 

@@ -1,0 +1,82 @@
+"""Start-up latency of the device commands, next to bare Python and ``import torch``.
+
+    python benchmarks/cli_latency.py              # median of 9 runs each (3 for import torch)
+    python benchmarks/cli_latency.py --runs 15
+
+Each row is the median wall time of a fresh process (``time.perf_counter`` around it) and its median
+CPU time (user + system, from ``os.wait4``), which a busy machine distorts less. The target (issue 2): ``convoy select`` within 0.15 s of bare Python start-up, which
+holds only as long as the device layer never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+INVENTORY = REPO / "tests" / "inventories" / "8xh100_nvswitch.json"
+
+
+def _cases(python: str, convoy: list[str]) -> list[tuple[str, list[str], dict[str, str]]]:
+    inv = {"CONVOY_INVENTORY": str(INVENTORY)}
+    return [
+        ("python -c pass", [python, "-c", "pass"], {}),
+        ("convoy --help", [*convoy, "--help"], {}),
+        ("convoy devices (this machine)", [*convoy, "devices"], {}),
+        ("convoy devices (8xH100 inventory)", [*convoy, "devices"], inv),
+        ("convoy select 2 --free --format env", [*convoy, "select", "2", "--free", "--format", "env"], inv),
+        ("convoy run --devices 1 --free -- true", [*convoy, "run", "--devices", "1", "--free", "--", "true"], inv),
+        ('python -c "import torch"', [python, "-c", "import torch"], {}),
+    ]
+
+
+def _time(argv: list[str], env: dict[str, str], runs: int) -> tuple[float, float]:
+    """Median wall time and median CPU time (user + system, from wait4) of ``runs`` fresh processes."""
+    full = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    walls, cpus = [], []
+    for _ in range(runs):
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=full)
+        _, status, usage = os.wait4(proc.pid, 0)
+        walls.append(time.perf_counter() - start)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(argv)} exited {proc.returncode}")
+        cpus.append(usage.ru_utime + usage.ru_stime)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=9, help="runs per command (import torch: a third)")
+    args = parser.parse_args(argv)
+    python = sys.executable
+    script = Path(python).with_name("convoy")
+    convoy = [str(script)] if script.exists() else [python, "-m", "convoy"]
+    rows = []
+    for label, cmd, env in _cases(python, convoy):
+        runs = max(3, args.runs // 3) if "import torch" in label else args.runs
+        _time(cmd, env, 1)  # warm the page cache
+        rows.append((label, *_time(cmd, env, runs), runs))
+    base, base_cpu = rows[0][1], rows[0][2]
+    print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall time includes waiting "
+          f"for a core; CPU time does not)")
+    print(f"{'command':<40} {'wall s':>7} {'x python':>9} {'+ms':>6} {'cpu s':>7} {'x python':>9} {'+ms':>6} "
+          f"{'runs':>5}")
+    for label, wall, cpu, runs in rows:
+        print(f"{label:<40} {wall:>7.3f} {wall / base:>9.1f} {1000 * (wall - base):>6.0f} {cpu:>7.3f} "
+              f"{cpu / base_cpu:>9.1f} {1000 * (cpu - base_cpu):>6.0f} {runs:>5}")
+    select_wall, select_cpu = next((w, c) for label, w, c, _ in rows if label.startswith("convoy select"))
+    verdict = "meets" if select_wall - base <= 0.15 else "misses"
+    print(f"\nconvoy select: +{1000 * (select_wall - base):.0f} ms wall, +{1000 * (select_cpu - base_cpu):.0f} ms "
+          f"CPU above bare Python: {verdict} the 150 ms target")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
