@@ -73,7 +73,7 @@ class Accelerator:
                  project_config: ProjectConfiguration | None = None, dataloader_config: Any = None,
                  rng_types: Any = None, log_with: Any = None, strategy_options: dict[str, Any] | None = None,
                  collective_timeout: float | None = None, planner: Callable[..., Any] | None = None,
-                 **unsupported: Any) -> None:
+                 parallelism: Any = None, **unsupported: Any) -> None:
         if unsupported:
             raise NotSupportedYetError(f"Accelerator({', '.join(sorted(unsupported))}=...) is not supported by "
                                        "convoy yet; remove the argument(s)")
@@ -82,7 +82,7 @@ class Accelerator:
                                        "log from `if accelerator.is_main_process:`")
         self.settings = resolve_settings(explicit={
             "mixed_precision": mixed_precision, "strategy": strategy, "collective_timeout": collective_timeout,
-            "gradient_accumulation_steps": gradient_accumulation_steps}, cpu=cpu)
+            "gradient_accumulation_steps": gradient_accumulation_steps, "parallelism": parallelism}, cpu=cpu)
         strategy_class(self.settings.strategy) if self.settings.strategy != "auto" else None  # fail early
         config = dataloader_config or DataLoaderConfiguration()
         self.split_batches = bool(config.split_batches if split_batches is None else split_batches)
@@ -191,6 +191,9 @@ class Accelerator:
         if self._strategy is not None:
             return self._strategy
         name = self.settings.strategy
+        dims = self.settings.parallel_dims
+        if name == "auto" and dims is not None and not dims.is_trivial:
+            name = "parallel"  # tp/pp requested: convoy.train.parallel's strategy builds that layout
         if name == "auto":
             count = sum(p.numel() for p in model.parameters()) if model is not None else 0
             name, reason = choose_strategy(

@@ -96,6 +96,8 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
     dims = given.get("parallelism", env.get("CONVOY_PARALLELISM") or None)
     if isinstance(dims, str):
         dims = ParallelDims.parse(dims, world_size=world_size)
+    elif isinstance(dims, dict):  # Accelerator(parallelism={"dp": 2, "tp": 2})
+        dims = ParallelDims.from_mapping(dims, world_size=world_size)
     return TrainSettings(
         rank=rank, local_rank=local_rank, world_size=world_size, local_world_size=local_world_size,
         device_type="cpu" if cpu else _device_type(),

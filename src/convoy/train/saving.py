@@ -50,8 +50,7 @@ def apply_checkpoint(strategy: "Strategy", models: Sequence[Any], optimizers: Se
     for i, model in enumerate(models):
         strategy.load_checkpoint_state(model, None, state[f"model_{i}"], {})
     for j, (optimizer, model) in enumerate(optimizers):
-        strategy.load_checkpoint_state(model, optimizer, state[f"model_{models.index(model)}"],
-                                       state[f"optimizer_{j}"])
+        strategy.load_checkpoint_state(model, optimizer, {}, state[f"optimizer_{j}"])
 
 
 def rng_state() -> dict[str, Any]:

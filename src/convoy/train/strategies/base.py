@@ -172,13 +172,15 @@ class Strategy(abc.ABC):
 
     def load_checkpoint_state(self, module: "torch.nn.Module", optimizer: "torch.optim.Optimizer | None",
                               model_state: dict[str, Any], optimizer_state: dict[str, Any]) -> None:
-        """Apply state dicts produced by ``checkpoint_state`` (after ``torch.distributed.checkpoint.load``)."""
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+        """Apply state dicts produced by ``checkpoint_state`` (after ``torch.distributed.checkpoint.load``).
+        An empty ``model_state`` or ``optimizer_state`` means: leave that part alone."""
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-        if optimizer is None:
+        # either part may be empty: the Accelerator loads each model once, then each optimizer
+        if model_state:
             set_model_state_dict(module, model_state)
-            return
-        set_state_dict(module, (optimizer,), model_state_dict=model_state, optim_state_dict=optimizer_state)
+        if optimizer is not None and optimizer_state:
+            set_optimizer_state_dict(module, (optimizer,), optimizer_state)
 
     def teardown(self) -> None:
         """Release what ``setup_environment`` started (the Accelerator calls it once, at the end)."""

@@ -13,6 +13,7 @@ torch 2.13 CPU); convoy builds each DDP wrapper once per model, never twice.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from convoy.train.strategies.base import Strategy, SupportsNoSync
@@ -63,8 +64,10 @@ class Zero1Strategy(DDPStrategy):
         # param_groups carry every per-group setting (and a scheduler's initial_lr); defaults are exactly
         # the constructor's keyword arguments.
         groups = [dict(g) for g in optimizer.param_groups]
-        zero = ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer), **optimizer.defaults)
-        return zero
+        accepted = inspect.signature(type(optimizer).__init__).parameters
+        # defaults can hold keys the constructor does not take (AdamW's decoupled_weight_decay)
+        defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+        return ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer), **defaults)
 
     # ZeroRedundancyOptimizer's state lives partitioned on its ranks; checkpoints store it consolidated,
     # keyed by parameter name like every other strategy's, so that any strategy at any size can load it.
@@ -86,8 +89,10 @@ class Zero1Strategy(DDPStrategy):
         if not isinstance(optimizer, ZeroRedundancyOptimizer):
             super().load_checkpoint_state(module, optimizer, model_state, optimizer_state)
             return
-        set_model_state_dict(module, model_state)
-        optimizer.load_state_dict(_to_indexed(optimizer_state, self._param_names(module, optimizer)))
+        if model_state:
+            set_model_state_dict(module, model_state)
+        if optimizer_state:
+            optimizer.load_state_dict(_to_indexed(optimizer_state, self._param_names(module, optimizer)))
 
     def _param_names(self, module: "torch.nn.Module", optimizer: Any) -> list[str]:
         names = {id(p): n for n, p in self.unwrap(module).named_parameters()}
