@@ -59,8 +59,9 @@ def main():
     start = TinyGPT(cfg)
     ref, ref_losses, ref_norms = reference(start, cfg)
 
-    os.environ["CONVOY_PARALLELISM"] = "dp=2,tp=2"
-    acc = Accelerator(strategy="parallel", collective_timeout=60)
+    os.environ["CONVOY_PARALLELISM"] = "dp=2,tp=2"  # what `convoy launch --dp 2 --tp 2` sets; auto picks it up
+    acc = Accelerator(collective_timeout=60)
+    assert acc.strategy.name == "parallel", acc.strategy.name
     model = copy.deepcopy(start)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, opt = acc.prepare(model, opt)
@@ -78,8 +79,8 @@ def main():
         losses.append(world_mean(loss.item()))
     check("dp=2 x tp=2", acc, model, losses, norms, ref, ref_losses, ref_norms)
 
-    os.environ["CONVOY_PARALLELISM"] = "dp=2,pp=2"
-    acc = Accelerator(strategy="parallel", collective_timeout=60,
+    del os.environ["CONVOY_PARALLELISM"]
+    acc = Accelerator(parallelism={"dp": 2, "pp": 2}, collective_timeout=60,
                       strategy_options={"loss_fn": lm_loss, "pp_schedule": "1f1b", "pp_microbatches": 2})
     model = copy.deepcopy(start)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)

@@ -1,0 +1,52 @@
+"""Layout validation of the parallel strategies (no process group needed) and their registration."""
+
+from __future__ import annotations
+
+import pytest
+
+from convoy.errors import NotSupportedYetError, StrategyError
+from convoy.plan.dims import ParallelDims
+from convoy.train.strategies.base import StrategyContext, available_strategies, create_strategy
+from convoy.train.environment import resolve_settings
+
+
+def _ctx(world: int, dims: ParallelDims | None = None, **options) -> StrategyContext:
+    return StrategyContext(world_size=world, local_world_size=world, parallel_dims=dims, options=options)
+
+
+def test_registered_names():
+    assert {"parallel", "tp", "pp"} <= set(available_strategies())
+
+
+def test_default_layouts_per_name():
+    assert create_strategy("tp", _ctx(4)).dims == ParallelDims(tp=4)
+    assert create_strategy("pp", _ctx(2)).dims == ParallelDims(pp=2)
+    two_d = create_strategy("parallel", _ctx(4, ParallelDims(dp_replicate=2, tp=2)))
+    assert two_d.dims == ParallelDims(dp_shard=2, tp=2) and two_d.dp_engine == "fsdp"
+    dp_pp = create_strategy("parallel", _ctx(4, ParallelDims(dp_replicate=2, pp=2)))
+    assert dp_pp.dims == ParallelDims(dp_replicate=2, pp=2) and dp_pp.dp_engine == "zero1"
+
+
+def test_degrees_must_multiply_to_the_world_size():
+    with pytest.raises(StrategyError, match="needs 4 processes but the job has 2"):
+        create_strategy("parallel", _ctx(2, ParallelDims(dp_replicate=2, tp=2)))
+
+
+@pytest.mark.parametrize("dims, options, error, text", [
+    (ParallelDims(tp=2, pp=2), {}, NotSupportedYetError, "3D"),
+    (ParallelDims(dp_replicate=2, tp=2), {"dp_engine": "ddp"}, NotSupportedYetError, "dp_engine='fsdp'"),
+    (ParallelDims(dp_replicate=2, pp=2), {"dp_engine": "fsdp"}, NotSupportedYetError, "zero1"),
+    (ParallelDims(tp=4), {"dp_engine": "deepspeed"}, StrategyError, "'deepspeed' is unknown"),
+    (ParallelDims(tp=4), {"tp_plna": {}}, StrategyError, "unknown option 'tp_plna'"),
+])
+def test_layouts_that_cannot_work_are_named(dims, options, error, text):
+    with pytest.raises(error, match=text):
+        create_strategy("parallel", _ctx(dims.world_size, dims, **options))
+
+
+def test_accelerator_settings_take_a_mapping_or_the_launcher_string():
+    by_map = resolve_settings(explicit={"parallelism": {"dp": 2, "tp": 2}}, env={"WORLD_SIZE": "4"}, cpu=True)
+    by_env = resolve_settings(env={"WORLD_SIZE": "4", "CONVOY_PARALLELISM": "dp=2,tp=2"}, cpu=True)
+    assert by_map.parallel_dims == by_env.parallel_dims == ParallelDims(dp_replicate=2, tp=2)
+    with pytest.raises(StrategyError, match="needs 8 processes"):
+        resolve_settings(explicit={"parallelism": {"dp": 4, "tp": 2}}, env={"WORLD_SIZE": "4"}, cpu=True)

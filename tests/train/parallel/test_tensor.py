@@ -1,0 +1,115 @@
+"""TP plans: where they come from, how patterns resolve, and the errors for layouts that cannot work."""
+
+from __future__ import annotations
+
+import pytest
+from torch import nn
+
+from convoy.errors import NotSupportedYetError, StrategyError
+from convoy.train.parallel.tensor import STYLES, check_tp_plan, model_num_heads, resolve_tp_plan
+from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT
+
+
+def test_default_plan_covers_attention_mlp_embedding_and_head():
+    plan = resolve_tp_plan(TinyGPT(TinyConfig(layers=2)))
+    styles = plan.as_dict()
+    assert plan.source == "default"
+    assert styles["layers.0.self_attn.q_proj"] == "colwise"
+    assert styles["layers.1.self_attn.o_proj"] == "rowwise"
+    assert styles["layers.1.mlp.gate_proj"] == styles["layers.1.mlp.up_proj"] == "colwise"
+    assert styles["layers.0.mlp.down_proj"] == "rowwise"
+    assert styles["embed_tokens"] == "embedding" and styles["lm_head"] == "colwise_rep"
+    assert not any(name.endswith("norm") for name in styles)  # norms only with sequence parallelism
+    assert len(styles) == 2 * 7 + 2
+
+
+def test_sequence_parallel_default_plan_adds_every_norm():
+    styles = resolve_tp_plan(TinyGPT(TinyConfig(layers=2)), sequence_parallel=True).as_dict()
+    norms = [n for n, s in styles.items() if s == "sequence_parallel"]
+    assert sorted(norms) == sorted(["norm", "layers.0.input_layernorm", "layers.0.post_attention_layernorm",
+                                    "layers.1.input_layernorm", "layers.1.post_attention_layernorm"])
+
+
+def test_tied_embedding_and_head_stay_replicated():
+    model = TinyGPT(TinyConfig(layers=1))
+    model.lm_head.weight = model.embed_tokens.weight
+    plan = resolve_tp_plan(model)
+    assert "embed_tokens" not in plan.as_dict() and "lm_head" not in plan.as_dict()
+    assert any("share their weight" in note for note in plan.notes)
+
+
+def test_declared_hugging_face_plan_wins_and_gets_the_base_model_prefix():
+    class Config:
+        base_model_tp_plan = {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise"}
+        num_attention_heads = 4
+
+    class ForCausalLM(nn.Module):
+        base_model_prefix = "model"
+        _tp_plan = {"lm_head": "colwise_gather_output"}
+
+        def __init__(self):
+            super().__init__()
+            self.config = Config()
+            self.model = TinyGPT(TinyConfig(layers=2))
+            self.lm_head = nn.Linear(16, 32, bias=False)
+
+    plan = resolve_tp_plan(ForCausalLM())
+    assert plan.source == "model"
+    assert plan.as_dict() == {"model.layers.0.self_attn.q_proj": "colwise",
+                              "model.layers.0.self_attn.o_proj": "rowwise",
+                              "model.layers.1.self_attn.q_proj": "colwise",
+                              "model.layers.1.self_attn.o_proj": "rowwise", "lm_head": "colwise_rep"}
+
+
+def test_user_plan_patterns_match_one_name_component_per_star():
+    model = TinyGPT(TinyConfig(layers=3))
+    plan = resolve_tp_plan(model, {"layers.*.mlp.up_proj": "colwise", "layers.1.mlp.down_proj": "rowwise"})
+    assert plan.source == "user"
+    assert plan.as_dict() == {"layers.0.mlp.up_proj": "colwise", "layers.1.mlp.up_proj": "colwise",
+                              "layers.1.mlp.down_proj": "rowwise", "layers.2.mlp.up_proj": "colwise"}
+    with pytest.raises(StrategyError, match="matches no module"):
+        resolve_tp_plan(model, {"*.up_proj": "colwise"})  # '*' is one component, not several
+
+
+@pytest.mark.parametrize("style, error", [("diagonal", StrategyError), ("local_colwise", NotSupportedYetError),
+                                          ("packed_colwise", NotSupportedYetError)])
+def test_unknown_and_hugging_face_only_styles_are_named(style, error):
+    with pytest.raises(error, match=style):
+        resolve_tp_plan(TinyGPT(), {"layers.*.mlp.up_proj": style})
+
+
+def test_model_without_a_plan_or_known_names_asks_for_one():
+    with pytest.raises(StrategyError, match="pass tp_plan"):
+        resolve_tp_plan(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)))
+
+
+def test_checks_heads_features_and_module_kinds():
+    model = TinyGPT(TinyConfig(heads=4, dim=16, hidden=32))
+    assert model_num_heads(model) == 4
+    plan = resolve_tp_plan(model)
+    check_tp_plan(model, plan, 2)
+    check_tp_plan(model, plan, 4)
+    with pytest.raises(StrategyError, match="tp=3 does not divide the model's 4 attention heads"):
+        check_tp_plan(model, plan, 3)
+    odd = TinyGPT(TinyConfig(heads=4, dim=16, hidden=30))
+    with pytest.raises(StrategyError, match="30 output features of 'layers.0.mlp.gate_proj'"):
+        check_tp_plan(odd, resolve_tp_plan(odd), 4)
+    with pytest.raises(StrategyError, match="only Linear and Embedding"):
+        check_tp_plan(model, resolve_tp_plan(model, {"norm": "colwise"}), 2)
+    with pytest.raises(StrategyError, match="sequence_parallel is off"):
+        check_tp_plan(model, resolve_tp_plan(model, {"norm": "sequence_parallel"}), 2)
+
+
+def test_sequence_parallel_needs_every_norm_in_the_plan():
+    model = TinyGPT(TinyConfig(layers=1))
+    plan = resolve_tp_plan(model, {"layers.*.mlp.up_proj": "colwise"}, sequence_parallel=True)
+    with pytest.raises(StrategyError, match="missing 'layers.0.input_layernorm'"):
+        check_tp_plan(model, plan, 2)
+
+
+def test_every_documented_style_resolves_to_a_style_convoy_applies():
+    model = nn.ModuleDict({"a": nn.Linear(4, 4), "b": nn.Linear(4, 4)})
+    for style in STYLES:
+        plan = resolve_tp_plan(model, {"a": style, "b": "colwise"})
+        expected = {"colwise_gather_output": "colwise_rep"}.get(style, style)
+        assert plan.as_dict().get("a") == (None if style == "replicate" else expected)
