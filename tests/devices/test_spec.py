@@ -61,6 +61,8 @@ def test_top_level_name_is_the_same_function():
     (True, "a bool is not a device request"),
     (False, "a bool"),
     (1.0, "1.0 is a float"),
+    (float("nan"), "nan is a float"),
+    (float("inf"), "inf is a float"),
     ([0, [1]], "list item [1] is not a device index"),
     ([0, "1"], "list item '1' is not a device index"),
     ([0, True], "list item True"),

@@ -79,8 +79,8 @@ def parse_devices(spec: Any, num_available: int) -> list[int]:
         return _check_indices([_list_item(item, shown, num_available) for item in spec], num_available, shown)
     if isinstance(spec, float):
         raise DeviceSpecError(
-            f"devices={shown}: {spec!r} is a float; use a whole count like {max(int(spec), 1)} or an index "
-            f"list; {describe_available(num_available)}"
+            f"devices={shown}: {spec!r} is a float; use a whole count like 2 or an index list like '0,1'; "
+            f"{describe_available(num_available)}"
         )
     try:
         count = operator.index(spec)
