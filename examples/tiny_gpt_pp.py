@@ -1,0 +1,57 @@
+"""The tiny GPT of ``tiny_gpt_tp.py`` trained with pipeline parallelism (``torch.distributed.pipelining``).
+
+    convoy launch --nproc-per-node 2 examples/tiny_gpt_pp.py                        # pp=2, 1F1B
+    convoy launch --nproc-per-node 2 examples/tiny_gpt_pp.py --schedule interleaved_1f1b
+    convoy launch --nproc-per-node 4 --dp 2 --pp 2 examples/tiny_gpt_pp.py           # DP x PP, ZeRO-1 over dp
+
+With pp the training step is ``loss = model(inputs, target=labels)``: the schedule runs forward and
+backward of every micro-batch, stage by stage, and returns the mean loss on every rank;
+``accelerator.backward(loss)`` is then a no-op, kept so that the loop reads like any other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny_gpt_tp import TinyGPT, lm_loss, make_batch  # noqa: E402  (the model is shared with the TP example)
+
+from convoy import Accelerator  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b, interleaved_1f1b, looped_bfs")
+    parser.add_argument("--microbatches", type=int, default=4)
+    args = parser.parse_args()
+
+    torch.manual_seed(0)  # the same initial weights on every rank before the model is cut into stages
+    accelerator = Accelerator(strategy="pp", strategy_options={
+        "loss_fn": lm_loss, "pp_schedule": args.schedule, "pp_microbatches": args.microbatches})
+    model = TinyGPT()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    strategy = accelerator.strategy
+    accelerator.print(f"layout {strategy.dims.describe()} ({strategy.distributed_type}), schedule {args.schedule}")
+    for step in range(args.steps):
+        x, y = make_batch(step, args.batch_size, strategy.data_parallel_rank, strategy.data_parallel_size)
+        loss = model(x, target=y)
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        if step == 0:
+            print(f"rank {accelerator.process_index}: stages {model.stage_indices} of {model.num_stages}", flush=True)
+        if step % 10 == 0 or step == args.steps - 1:
+            accelerator.print(f"step {step:3d}  loss {loss.item():.4f}")
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main()
