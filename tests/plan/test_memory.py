@@ -109,3 +109,15 @@ def test_run_spec_rejects_bad_values():
                          ({"global_batch": 1, "micro_batch": 4}, "global batch")]:
         with pytest.raises(PlanError, match=word):
             RunSpec(**kwargs)
+
+
+def test_peak_overlaps_gradients_with_activations_only_when_accumulating():
+    m = from_numbers(1e9, layers=16, hidden=2048, heads=16, vocab=32000)
+    run = RunSpec(seq_len=4096, micro_batch=2)
+    one = memory_per_gpu(m, run, Layout(microbatches=1))
+    acc = memory_per_gpu(m, run, Layout(microbatches=4))
+    static = one.params + one.optimizer + one.master + one.buffers
+    assert one.temporary == 4 * 4096 * 2 * 32000  # fp32 gradient of the logits
+    assert not one.grads_at_peak and one.allocated == static + max(one.activations + one.temporary, one.grads)
+    assert acc.grads_at_peak and acc.allocated == static + acc.activations + acc.temporary + acc.grads
+    assert acc.total > one.total and one.total == one.allocated + one.reserve

@@ -238,13 +238,13 @@ def format_plan(p: Plan) -> str:
              f"run       seq {p.run.seq_len} x micro-batch {p.run.micro_batch}, global batch {p.global_batch}, "
              f"{p.run.precision} {p.run.optimizer}, recompute {p.run.recompute}, attention {p.run.attention}",
              ""]
-    head = ("candidate", "dp", "tp", "pp", "params", "grads", "optim", "master", "activ", "buffers", "total",
-            "fits", "step", "comm/GPU", "MFU")
+    head = ("candidate", "dp", "tp", "pp", "params", "grads", "optim", "master", "activ", "buffers", "temp",
+            "total", "fits", "step", "comm/GPU", "MFU")
     table = [head]
     for r in sorted(p.rows, key=lambda r: (not r.fits, r.time.seconds)):
         d, mem = r.candidate.layout.dims, r.memory
         gib = [format_bytes(x, binary=True) for x in (mem.params, mem.grads, mem.optimizer, mem.master,
-                                                       mem.activations, mem.buffers, mem.total)]
+                                                       mem.activations, mem.buffers, mem.temporary, mem.total)]
         table.append((r.name, str(d.dp), str(d.tp), str(d.pp), *gib, "yes" if r.fits else "NO",
                       format_seconds(r.time.seconds), format_bytes(r.time.comm_bytes, binary=True),
                       f"{r.time.mfu:.0%}"))
@@ -259,5 +259,6 @@ def format_plan(p: Plan) -> str:
     if rec.breaks:
         lines.append("what would change it:")
         lines += [f"  - {s}" for s in rec.breaks]
-    lines.append("total = params + grads + optim + master + activ + buffers + reserve (CUDA context, 5% fragmentation)")
+    lines.append("total = params + optim + master + buffers + max(activ + temp, grads) + reserve (CUDA context, 5% "
+                 "fragmentation);\n        grads are added, not maxed, when they live through gradient accumulation")
     return "\n".join(lines)

@@ -18,7 +18,7 @@ estimates (docs/planner.md says where each comes from).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from convoy.errors import PlanError
 from convoy.plan.dims import ParallelDims
@@ -153,6 +153,11 @@ class MemoryBreakdown:
     activations: int
     buffers: int
     reserve: int
+    temporary: int = 0
+    """Short-lived tensors alive at the activation peak: the fp32 gradient of the logits."""
+    grads_at_peak: bool = True
+    """False when gradients are freed between steps (``zero_grad(set_to_none=True)``, no accumulation): the
+    activation peak (start of backward) and the gradient peak (end of backward) then do not coincide."""
     host: int = 0
     """Bytes this rank keeps in host memory (offload)."""
 
@@ -163,8 +168,14 @@ class MemoryBreakdown:
 
     @property
     def allocated(self) -> int:
-        """What ``torch.cuda.max_memory_allocated`` would see at the peak."""
-        return self.model_states + self.activations + self.buffers
+        """What ``torch.cuda.max_memory_allocated`` would see at the peak of a step.
+
+        Static states + buffers, plus activations and temporaries (start of backward) or the gradients (end
+        of backward), whichever is larger; both when gradients live through the step (accumulation).
+        """
+        static = self.params + self.optimizer + self.master + self.buffers
+        live = self.activations + self.temporary
+        return static + (live + self.grads if self.grads_at_peak else max(live, self.grads))
 
     @property
     def total(self) -> int:
@@ -172,8 +183,9 @@ class MemoryBreakdown:
 
     def as_dict(self) -> dict[str, int]:
         return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer, "master": self.master,
-                "activations": self.activations, "buffers": self.buffers, "reserve": self.reserve,
-                "total": self.total, "host": self.host}
+                "activations": self.activations, "buffers": self.buffers, "temporary": self.temporary,
+                "reserve": self.reserve, "allocated": self.allocated, "total": self.total,
+                "grads_at_peak": self.grads_at_peak, "host": self.host}
 
 
 def korthikanti_layer_bytes(*, s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
@@ -271,11 +283,12 @@ def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout) -> MemoryBrea
     if layout.offload:
         buffers += 2 * unit * recipe.weight_bytes
     activations = _activations(model, run, layout)
-    allocated = weight + grads + optimizer + master + activations + buffers
-    reserve = CUDA_CONTEXT_BYTES + FRAGMENTATION * allocated
-    return MemoryBreakdown(params=round(weight), grads=round(grads), optimizer=round(optimizer),
-                           master=round(master), activations=round(activations), buffers=round(buffers),
-                           reserve=round(reserve), host=round(host))
+    temporary = 4 * run.seq_len * run.micro_batch * (model.vocab or 0) / dims.tp if train else 0.0
+    mem = MemoryBreakdown(params=round(weight), grads=round(grads), optimizer=round(optimizer),
+                          master=round(master), activations=round(activations), buffers=round(buffers),
+                          temporary=round(temporary), reserve=0, grads_at_peak=layout.microbatches > 1,
+                          host=round(host))
+    return replace(mem, reserve=round(CUDA_CONTEXT_BYTES + FRAGMENTATION * mem.allocated))
 
 
 def _activations(model: ModelSpec, run: RunSpec, layout: Layout) -> float:

@@ -16,7 +16,7 @@ from convoy.plan.units import GiB
 
 __all__ = ["plot_memory", "PARTS"]
 
-PARTS = ("params", "grads", "optimizer", "master", "activations", "buffers", "reserve")
+PARTS = ("params", "grads", "optimizer", "master", "activations", "buffers", "temporary", "reserve")
 
 
 def plot_memory(plan, path: str | Path) -> Path:
@@ -43,6 +43,8 @@ def plot_memory(plan, path: str | Path) -> Path:
     rec = plan.recommendation.row
     if rec is not None:
         ax.get_xticklabels()[names.index(rec.name)].set_fontweight("bold")
+    ax.scatter(names, [r.memory.total / GiB for r in rows], marker="_", s=200, color="black", zorder=3,
+               label="peak (grads and activations do not all coincide)")
     ax.set_ylabel("GiB per GPU")
     ax.set_title(f"{plan.model.name}: per-GPU memory on {plan.hardware.describe()}")
     ax.tick_params(axis="x", rotation=60)
