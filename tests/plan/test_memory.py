@@ -117,7 +117,7 @@ def test_peak_overlaps_gradients_with_activations_only_when_accumulating():
     one = memory_per_gpu(m, run, Layout(microbatches=1))
     acc = memory_per_gpu(m, run, Layout(microbatches=4))
     static = one.params + one.optimizer + one.master + one.buffers
-    assert one.temporary == 4 * 4096 * 2 * 32000  # fp32 gradient of the logits
+    assert one.temporary == 2 * 4 * 4096 * 2 * 32000  # two fp32 s x b x V gradients in cross-entropy
     assert not one.grads_at_peak and one.allocated == static + max(one.activations + one.temporary, one.grads)
     assert acc.grads_at_peak and acc.allocated == static + acc.activations + acc.temporary + acc.grads
     assert acc.total > one.total and one.total == one.allocated + one.reserve

@@ -154,7 +154,7 @@ class MemoryBreakdown:
     buffers: int
     reserve: int
     temporary: int = 0
-    """Short-lived tensors alive at the activation peak: the fp32 gradient of the logits."""
+    """Short-lived tensors alive at the activation peak: cross-entropy's fp32 gradients of the logits."""
     grads_at_peak: bool = True
     """False when gradients are freed between steps (``zero_grad(set_to_none=True)``, no accumulation): the
     activation peak (start of backward) and the gradient peak (end of backward) then do not coincide."""
@@ -283,7 +283,9 @@ def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout) -> MemoryBrea
     if layout.offload:
         buffers += 2 * unit * recipe.weight_bytes
     activations = _activations(model, run, layout)
-    temporary = 4 * run.seq_len * run.micro_batch * (model.vocab or 0) / dims.tp if train else 0.0
+    # cross-entropy's backward makes two fp32 s x b x V tensors (grad of log-softmax, grad of the logits);
+    # measured with MemTracker on CPU (docs/planner-accuracy.md)
+    temporary = 2 * 4 * run.seq_len * run.micro_batch * (model.vocab or 0) / dims.tp if train else 0.0
     mem = MemoryBreakdown(params=round(weight), grads=round(grads), optimizer=round(optimizer),
                           master=round(master), activations=round(activations), buffers=round(buffers),
                           temporary=round(temporary), reserve=0, grads_at_peak=layout.microbatches > 1,
