@@ -1,0 +1,35 @@
+"""Atomic checkpoint directories: marker written last, newest complete wins, total_limit."""
+
+from __future__ import annotations
+
+import pytest
+
+from convoy.errors import CheckpointError
+from convoy.train import checkpoint as ckpt
+
+
+def test_commit_then_latest_and_prune(tmp_path):
+    for n in range(3):
+        staging = ckpt.begin_checkpoint(ckpt.next_checkpoint_dir(tmp_path))
+        (staging / "data").write_text(str(n))
+        ckpt.commit_checkpoint(staging, tmp_path / f"checkpoint_{n}", {"iteration": n})
+    (tmp_path / "checkpoint_3").mkdir()  # incomplete: no marker
+    ckpt.begin_checkpoint(tmp_path / "checkpoint_4")  # a crashed save's staging directory
+    assert ckpt.latest_checkpoint(tmp_path).name == "checkpoint_2"
+    assert ckpt.read_meta(tmp_path / "checkpoint_1")["iteration"] == 1
+    ckpt.prune_checkpoints(tmp_path, total_limit=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_1", "checkpoint_2"]
+
+
+def test_incomplete_directory_is_refused(tmp_path):
+    with pytest.raises(CheckpointError, match="not a complete convoy checkpoint"):
+        ckpt.read_meta(tmp_path)
+
+
+def test_saving_twice_to_one_directory_replaces_it(tmp_path):
+    for n in range(2):
+        staging = ckpt.begin_checkpoint(tmp_path / "ck")
+        (staging / "data").write_text(str(n))
+        ckpt.commit_checkpoint(staging, tmp_path / "ck", {})
+    assert (tmp_path / "ck" / "data").read_text() == "1"
+    assert [p.name for p in tmp_path.iterdir()] == ["ck"]
