@@ -95,3 +95,13 @@ def test_recommend_for_module_for_the_accelerator():
     assert rec.strategy in ("zero2", "zero3") and rec.row.fits
     with pytest.raises(PlanError, match="No layout fits"):
         recommend_for_module(net, world_size=2, device_memory_bytes=2**20, precision="fp32", seq_len=1)
+
+
+def test_auto_strategy_hook_for_choose_strategy():
+    from convoy.plan.api import auto_strategy
+
+    name, reason = auto_strategy(num_parameters=10**8, world_size=4, device_bytes=80 * GiB)
+    assert name == "ddp" and "fits" in reason
+    assert auto_strategy(num_parameters=7 * 10**9, world_size=4, device_bytes=80 * GiB)[0] in ("zero2", "zero3")
+    assert auto_strategy(num_parameters=10**8, world_size=1, device_bytes=80 * GiB)[0] == "single"
+    assert auto_strategy(num_parameters=10**12, world_size=2, device_bytes=GiB) is None

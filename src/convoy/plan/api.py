@@ -28,7 +28,7 @@ from convoy.plan.recommend import Recommendation, Row, recommend
 from convoy.plan.timing import DEFAULT_EFFICIENCY, step_time
 from convoy.plan.units import format_bytes, format_seconds
 
-__all__ = ["Plan", "plan", "plan_for", "recommend_for_module"]
+__all__ = ["Plan", "plan", "plan_for", "recommend_for_module", "auto_strategy"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,6 +228,19 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
     if rec.row is None:
         raise PlanError(" ".join(rec.reasons))
     return rec
+
+
+def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, precision: str = "fp32",
+                  **kwargs: Any) -> tuple[str, str] | None:
+    """The ``planner`` hook of ``convoy.train.auto.choose_strategy``: ``(strategy name, one-line reason)``, or
+    None when no layout the trainer runs fits (the caller's own rule then answers)."""
+    try:
+        rec = recommend_for_module(ModelSpec(name=f"{num_parameters:,} parameters", num_params=int(num_parameters)),
+                                   world_size=world_size, device_memory_bytes=device_bytes, precision=precision,
+                                   **kwargs)
+    except PlanError:
+        return None
+    return rec.strategy or "single", " ".join(rec.reasons[:2])
 
 
 def format_plan(p: Plan) -> str:
