@@ -122,3 +122,29 @@ def test_project_file_that_is_the_user_file_is_read_once(home):
     (project / "convoy.toml").write_text('strategy = "ddp"\n')
     s = effective_settings(env={**env, "CONVOY_CONFIG": str(project / "convoy.toml")}, cwd=project)
     assert s.source("strategy").startswith("user file") and len(s.files) == 1
+
+
+def test_file_settings_env_holds_only_file_values(home):
+    from convoy.config.settings import file_settings_env
+
+    env, user_file, project = home
+    user_file.write_text('strategy = "zero1"\nfree = true\n')
+    (project / "convoy.toml").write_text("collective_timeout = 60\n")
+    got = file_settings_env({**env, "CONVOY_STRATEGY": "fsdp"}, cwd=project)
+    # the variable is not echoed back: callers put the environment on top of this layer
+    assert got == {"CONVOY_STRATEGY": "zero1", "CONVOY_FREE": "true", "CONVOY_COLLECTIVE_TIMEOUT": "60.0"}
+
+
+def test_fill_unset_keeps_flags_and_fills_from_files_and_env(home):
+    import argparse
+
+    from convoy.config.settings import fill_unset
+
+    env, user_file, project = home
+    user_file.write_text('strategy = "zero1"\nmixed_precision = "bf16"\nrdzv_endpoint = ""\n')
+    args = argparse.Namespace(strategy=None, mixed_precision="fp16", nnodes=None, rdzv_endpoint=None,
+                              collective_timeout=None, script="train.py")
+    got = fill_unset(args, env={**env, "CONVOY_COLLECTIVE_TIMEOUT": "9"}, cwd=project)
+    assert vars(got) == {"strategy": "zero1", "mixed_precision": "fp16", "nnodes": None, "rdzv_endpoint": None,
+                         "collective_timeout": 9.0, "script": "train.py"}
+    assert args.strategy is None  # the original is not changed

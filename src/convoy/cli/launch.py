@@ -105,6 +105,9 @@ def build_request(args: argparse.Namespace):
     from convoy.launch.env import ConvoyEnv
     from convoy.launch.job import DeviceFilters
     from convoy.launch.plan import LaunchRequest
+    from convoy.config.settings import fill_unset
+
+    args = fill_unset(args)  # flags not given: CONVOY_<KEY>, ./convoy.toml, the user file (convoy config)
 
     for name, default in _UNSUPPORTED.items():
         if getattr(args, name) != default:

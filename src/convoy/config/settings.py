@@ -23,7 +23,7 @@ from typing import Any, Iterator, Mapping
 from convoy.config.files import project_config_path, read_settings_file, user_config_path
 from convoy.config.schema import KEYS, SCHEMA, key_for
 
-__all__ = ["Source", "Settings", "effective_settings", "SOURCE_KINDS"]
+__all__ = ["Source", "Settings", "effective_settings", "file_settings_env", "fill_unset", "SOURCE_KINDS"]
 
 #: the places a value can come from, highest precedence first.
 SOURCE_KINDS = ("flag", "environment", "project file", "user file", "default")
@@ -117,3 +117,38 @@ def effective_settings(
         values[name] = key.parse(raw, where=f"flag {key.flag}")
         sources[name] = Source("flag", key.flag)
     return Settings(values=values, sources=sources, files=tuple(reversed(files)))
+
+
+def file_settings_env(env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None
+                      ) -> dict[str, str]:
+    """The settings files' values as ``CONVOY_<KEY>`` variables, for a layer *below* the environment.
+
+    ``{**file_settings_env(env), **env}`` is the environment a component reads when it understands
+    ``CONVOY_*`` variables (the Accelerator): the variables win, the files fill in, defaults stay the
+    component's own. Only keys set in a file appear.
+    """
+    settings = effective_settings(env={k: v for k, v in (os.environ if env is None else env).items()
+                                       if not k.startswith("CONVOY_") or k == "CONVOY_CONFIG"}, cwd=cwd)
+    out: dict[str, str] = {}
+    for name in settings:
+        if settings.origin(name).kind in ("project file", "user file"):
+            value = settings.get(name)
+            out[KEYS[name].env_var] = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    return out
+
+
+def fill_unset(args: Any, *, env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None
+               ) -> Any:
+    """A copy of an argparse namespace whose unset (``None``) setting attributes are filled from the
+    environment and the settings files; flags given on the command line are kept, schema defaults are not
+    applied (the command keeps its own). Attributes that are not setting names are untouched."""
+    import argparse
+
+    values = dict(vars(args))
+    settings = effective_settings(env=env, cwd=cwd)
+    for name in settings:
+        if name in values and values[name] is None and settings.origin(name).kind != "default":
+            value = settings.get(name)
+            if value is not None and value != "":
+                values[name] = value
+    return argparse.Namespace(**values)

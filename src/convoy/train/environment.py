@@ -77,7 +77,10 @@ def _int(env: Mapping[str, str], key: str, default: int) -> int:
 def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
                      cpu: bool = False) -> TrainSettings:
     """Combine explicit constructor arguments (``None`` = not given) with the environment. Pure."""
+    from convoy.config.settings import file_settings_env
+
     env = os.environ if env is None else env
+    env = {**file_settings_env(env), **env}  # settings files (convoy config) below the environment
     given = {k: v for k, v in (explicit or {}).items() if v is not None}
     world_size = _int(env, "WORLD_SIZE", 1)
     rank = _int(env, "RANK", 0)

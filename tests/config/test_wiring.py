@@ -1,0 +1,50 @@
+"""The settings files reach ``convoy launch`` and the ``Accelerator`` (below flags and CONVOY_* variables)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from convoy.errors import ConfigError
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    for name in ("CONFIG", "STRATEGY", "MIXED_PRECISION", "COLLECTIVE_TIMEOUT", "NNODES"):
+        monkeypatch.delenv(f"CONVOY_{name}", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _launch_request(argv):
+    from convoy.cli.main import _command_parser
+
+    module = importlib.import_module("convoy.cli.launch")
+    parser = _command_parser("launch", module)
+    parse = getattr(module, "parse_args", None)
+    args = parse(parser, argv) if parse else parser.parse_args(argv)
+    return module.build_request(args)[0]
+
+
+def test_launch_takes_unset_flags_from_the_project_file(project):
+    (project / "convoy.toml").write_text('mixed_precision = "bf16"\nstrategy = "zero1"\nnnodes = "1"\n')
+    request = _launch_request(["--strategy", "ddp", "train.py"])
+    assert request.settings.mixed_precision == "bf16"  # from the file
+    assert request.settings.strategy == "ddp"  # the flag wins
+
+
+def test_launch_stops_on_a_malformed_file(project):
+    (project / "convoy.toml").write_text('mixed_precison = "bf16"\n')
+    with pytest.raises(ConfigError, match=r"convoy.toml, line 1, key 'mixed_precison': unknown key"):
+        _launch_request(["train.py"])
+
+
+def test_accelerator_settings_read_the_files_below_the_environment(project):
+    from convoy.train.environment import resolve_settings
+
+    (project / "convoy.toml").write_text('strategy = "zero2"\ncollective_timeout = 42\n')
+    settings = resolve_settings(env={"XDG_CONFIG_HOME": str(project / "xdg"), "CONVOY_STRATEGY": "ddp"}, cpu=True)
+    assert settings.strategy == "ddp" and settings.collective_timeout_s == 42.0
+    assert resolve_settings(explicit={"strategy": "fsdp"}, env={}, cpu=True).strategy == "fsdp"
