@@ -1,0 +1,149 @@
+"""The Accelerator in one process: settings, API surface, accumulation, precision, saving."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from convoy import Accelerator
+from convoy.errors import CheckpointError, ConfigError, NotSupportedYetError, StrategyError
+from convoy.train import ProjectConfiguration
+from convoy.train.environment import resolve_settings
+from convoy.train.strategies import Strategy, available_strategies, register_strategy, strategy_class
+
+PUBLIC = [
+    "accumulate", "autocast", "backward", "broadcast", "clip_grad_norm_", "clip_grad_value_", "device",
+    "distributed_type", "end_training", "gather", "gather_for_metrics", "get_state_dict",
+    "gradient_accumulation_steps", "init_trackers", "is_last_process", "is_local_main_process", "is_main_process",
+    "load_state", "local_main_process_first", "local_process_index", "log", "main_process_first",
+    "mixed_precision", "no_sync", "num_processes", "on_local_main_process", "on_main_process", "on_process",
+    "optimizer_step_was_skipped", "pad_across_processes", "prepare", "prepare_data_loader", "prepare_model",
+    "prepare_optimizer", "prepare_scheduler", "print", "process_index", "project_dir", "reduce",
+    "register_for_checkpointing", "save_model", "save_state", "skip_first_batches", "split_between_processes",
+    "strategy", "sync_gradients", "unscale_gradients", "unwrap_model", "use_distributed", "wait_for_everyone",
+]
+
+
+def test_public_surface_snapshot():
+    assert sorted(n for n in dir(Accelerator) if not n.startswith("_")) == PUBLIC
+
+
+def test_explicit_argument_beats_environment():
+    env = {"CONVOY_MIXED_PRECISION": "bf16", "CONVOY_STRATEGY": "ddp", "CONVOY_GRADIENT_ACCUMULATION_STEPS": "4",
+           "CONVOY_COLLECTIVE_TIMEOUT": "12"}
+    s = resolve_settings(explicit={"mixed_precision": "no"}, env=env, cpu=True)
+    assert (s.mixed_precision, s.strategy, s.gradient_accumulation_steps, s.collective_timeout_s) == \
+        ("no", "ddp", 4, 12.0)
+    assert resolve_settings(env={"RANK": "1", "WORLD_SIZE": "2"}, cpu=True).world_size == 2
+
+
+def test_bad_settings_are_one_clear_error():
+    with pytest.raises(ConfigError, match="mixed_precision='fp8'"):
+        Accelerator(mixed_precision="fp8")
+    with pytest.raises(StrategyError, match="choose one of"):
+        Accelerator(strategy="zero4")
+    with pytest.raises(NotSupportedYetError):
+        Accelerator(log_with="wandb")
+
+
+def test_registry_takes_new_strategies_without_touching_the_facade():
+    @register_strategy("test-identity", replace=True)
+    class Identity(Strategy):
+        def setup_module(self, module):
+            module.marked = True
+            return module
+
+    assert "test-identity" in available_strategies() and strategy_class("ddp").name == "ddp"
+    model = Accelerator(strategy="test-identity").prepare(torch.nn.Linear(2, 2))
+    assert model.marked
+
+
+def _setup(acc, n=12, batch=2):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(n, 3), torch.randn(n, 1))
+    return acc.prepare(model, opt, DataLoader(data, batch_size=batch))
+
+
+def test_accumulate_steps_only_on_sync_micro_steps_and_at_the_end():
+    acc = Accelerator(gradient_accumulation_steps=4)
+    model, opt, loader = _setup(acc, n=12, batch=2)  # 6 micro-steps: sync at 4 and at the end (6)
+    syncs = []
+    for x, y in loader:
+        with acc.accumulate(model):
+            before = model.weight.detach().clone()
+            acc.backward(torch.nn.functional.mse_loss(model(x), y))
+            opt.step()
+            opt.zero_grad()
+            syncs.append((acc.sync_gradients, not torch.equal(before, model.weight)))
+    assert syncs == [(False, False)] * 3 + [(True, True), (False, False), (True, True)]
+
+
+def test_fp16_skips_a_step_with_inf_gradients_and_bf16_autocasts():
+    acc = Accelerator(mixed_precision="fp16")
+    model, opt, _ = _setup(acc)
+    loss = model(torch.randn(2, 3)).sum() * float("inf")
+    acc.backward(loss)
+    before = model.weight.detach().clone()
+    opt.step()
+    assert acc.optimizer_step_was_skipped and torch.equal(before, model.weight)
+    acc = Accelerator(mixed_precision="bf16")
+    model, _, _ = _setup(acc)
+    with acc.autocast():
+        assert (torch.randn(2, 2) @ torch.randn(2, 2)).dtype == torch.bfloat16
+    assert model(torch.randn(2, 3)).dtype == torch.float32  # outputs handed back in fp32
+
+
+def test_helpers_in_one_process():
+    acc = Accelerator()
+    with acc.split_between_processes([1, 2, 3]) as part:
+        assert part == [1, 2, 3]
+    assert acc.gather(torch.tensor(5.0)).tolist() == [5.0]
+    assert acc.reduce(torch.tensor([2.0]), "mean").tolist() == [2.0]
+    assert acc.on_main_process(lambda: 7)() == 7
+    loader = DataLoader(list(range(10)), batch_size=2)
+    assert [b.tolist() for b in acc.skip_first_batches(loader, 3)] == [[6, 7], [8, 9]]
+
+
+def test_save_state_names_limits_and_restores(tmp_path):
+    acc = Accelerator(project_config=ProjectConfiguration(project_dir=str(tmp_path), total_limit=2))
+    model, opt, loader = _setup(acc)
+
+    class Counter:
+        n = 0
+
+        def state_dict(self):
+            return {"n": self.n}
+
+        def load_state_dict(self, s):
+            self.n = s["n"]
+
+    counter = Counter()
+    acc.register_for_checkpointing(counter)
+    for n in range(3):
+        counter.n = n
+        acc.save_state()
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["checkpoint_1", "checkpoint_2"]
+    counter.n = -1
+    assert acc.load_state().endswith("checkpoint_2") and counter.n == 2
+    with pytest.raises(CheckpointError):
+        Accelerator().save_state()
+
+
+def test_save_model_writes_safetensors_shards(tmp_path):
+    from safetensors.torch import load_file
+
+    acc = Accelerator()
+    model = acc.prepare(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)))
+    acc.save_model(model, tmp_path, max_shard_size="20KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    loaded = {}
+    for f in set(index["weight_map"].values()):
+        loaded.update(load_file(tmp_path / f))
+    assert loaded.keys() == model.state_dict().keys()
+    assert all(torch.equal(loaded[k], v) for k, v in model.state_dict().items())
