@@ -105,7 +105,9 @@ def main() -> None:
             accelerator.print(f"step {step:3d}  loss {loss.item():.4f}")
     if args.save:
         accelerator.save_state(args.save)
-        accelerator.print(f"saved {args.save} (loadable at any tp degree)")
+        with torch.no_grad():  # the loss the next step would see, to compare after loading elsewhere
+            x, y = make_batch(args.steps, args.batch_size, strategy.data_parallel_rank, strategy.data_parallel_size)
+            accelerator.print(f"saved {args.save} (loadable at any tp degree); next loss {lm_loss(model(x), y).item():.6f}")
     accelerator.end_training()
 
 

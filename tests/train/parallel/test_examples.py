@@ -1,8 +1,11 @@
-"""The two examples train (loss falls) under ``convoy launch`` on 2 CPU processes."""
+"""The two examples train (loss falls) under ``convoy launch`` on 2 CPU processes; a tp=2 checkpoint\nresumes at tp=1 through the Accelerator."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -12,7 +15,6 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("script, args, layout", [
-    ("tiny_gpt_tp.py", ["--steps", "11"], "dp=1,tp=2,pp=1 (TP)"),
     ("tiny_gpt_pp.py", ["--steps", "11", "--schedule", "gpipe", "--microbatches", "2"], "dp=1,tp=1,pp=2 (PP)"),
 ])
 def test_example_trains_on_two_processes(script, args, layout):
@@ -21,3 +23,21 @@ def test_example_trains_on_two_processes(script, args, layout):
     assert layout in result.output, result.output
     losses = [float(v) for v in re.findall(r"step +\d+ +loss ([0-9.]+)", result.output)]
     assert len(losses) == 2 and losses[-1] < 0.5 * losses[0], result.output
+
+
+def test_tp2_example_trains_and_its_checkpoint_resumes_in_one_plain_process(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    result = run_script(REPO / "examples" / "tiny_gpt_tp.py", nproc=2, args=["--steps", "11", "--save", str(ckpt)])
+    assert result.returncode == 0, result.output
+    assert "dp=1,tp=2,pp=1 (TP)" in result.output, result.output
+    losses = [float(v) for v in re.findall(r"step +\d+ +loss ([0-9.]+)", result.output)]
+    assert len(losses) == 2 and losses[-1] < 0.5 * losses[0], result.output
+    saved = re.search(r"next loss ([0-9.]+)", result.output)
+    assert saved, result.output
+    env = {k: v for k, v in os.environ.items() if k not in ("CONVOY_PARALLELISM", "CONVOY_STRATEGY")}
+    loaded = subprocess.run([sys.executable, str(REPO / "tests/train/parallel/scripts/load_at_tp1.py"), str(ckpt),
+                             "11", "8"], capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"},
+                            timeout=120)
+    assert loaded.returncode == 0, loaded.stderr
+    resumed = re.search(r"next loss ([0-9.]+)", loaded.stdout)
+    assert resumed and abs(float(resumed.group(1)) - float(saved.group(1))) < 1e-5, (saved, loaded.stdout)
