@@ -25,6 +25,12 @@ def test_returns_rank_zeros_value_with_fork_and_spawn():
     assert "RANK" not in os.environ and "MASTER_PORT" not in os.environ  # the caller's environment is untouched
 
 
+def test_convoy_launch_is_callable_even_after_the_package_is_imported():
+    import convoy.launch.plan  # noqa: F401 - binds the package to the name convoy.launch
+
+    assert convoy.launch(fn_targets.env_value, args=("LOCAL_WORLD_SIZE",), nproc_per_node=1) == "1"
+
+
 def test_reraises_the_failing_ranks_exception_and_reports_a_dead_rank():
     with pytest.raises(fn_targets.RankOneError, match="rank one broke") as info:
         convoy.launch(fn_targets.rank_one_raises, nproc_per_node=2)
