@@ -131,3 +131,11 @@ def test_unknown_action_and_flag_exit_2(tmp_path):
 def test_help_has_examples():
     proc = subprocess.run([sys.executable, "-m", "convoy", "config", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "examples:" in proc.stdout and "convoy config show" in proc.stdout
+
+
+def test_config_show_and_env_without_torch_stay_torch_free(tmp_path):
+    code = ("import sys; from convoy.cli.main import main; main(['config', 'show']); main(['env', '--no-torch']); "
+            "sys.exit(3 if 'torch' in sys.modules else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PATH": "", "HOME": str(tmp_path), "PYTHONPATH": ":".join(sys.path)})
+    assert proc.returncode == 0, proc.stderr
