@@ -130,11 +130,22 @@ class _Rank:
             pass
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        import ctypes
+def _die_with_parent_hook():
+    """A pre-exec hook that makes the worker die with this process (Linux ``PR_SET_PDEATHSIG``).
 
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    libc is loaded here, before any fork: importing in the child could deadlock on an import lock held by
+    one of this process's output threads at fork time.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None).prctl
+
+    def hook() -> None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    return hook
 
 
 def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 3.0) -> int:
@@ -150,6 +161,7 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
     lock = threading.Lock()
     start = time.monotonic()
     stop = _StopSignal()
+    pre_exec = _die_with_parent_hook()
     try:
         for local in range(plan.nproc_per_node):
             rank = plan.rank_of(local)
@@ -164,7 +176,7 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
             try:
                 proc = subprocess.Popen(plan.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1,
-                                        start_new_session=True, preexec_fn=_die_with_parent)
+                                        start_new_session=True, preexec_fn=pre_exec)
             except OSError as err:
                 raise LaunchError(f"cannot start {plan.command[0]!r} for rank {rank}: {err.strerror}") from None
             mode = redirects.get(local, 0)
