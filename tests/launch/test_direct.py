@@ -80,3 +80,17 @@ def test_devices_are_leased_for_the_job(inventory_path, tmp_path):
     again = subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", "1", "--no-python", "true"],
                            capture_output=True, text=True, env=env, timeout=30)
     assert again.returncode == 0, again.stderr  # released when the first job ended
+
+
+def test_stopping_convoy_stops_its_workers():
+    job = convoy_launch("--no-python", "sh", "-c", "echo pid=$$; sleep 60")
+    pids = []
+    while len(pids) < 2:
+        line = job.stdout.readline()
+        assert line, "the job ended early"
+        pids += [int(p) for p in re.findall(r"pid=(\d+)", line)]
+    job.terminate()
+    out = job.communicate(timeout=30)[0]
+    assert job.returncode == 130 and "convoy: interrupted" in out, out
+    time.sleep(0.2)
+    assert not any(alive(pid) for pid in pids), "orphan worker left"

@@ -212,7 +212,7 @@ def _monitor(ranks: list[_Rank], start: float, stop: "_StopSignal", grace: float
         alive = [w for w in ranks if w.proc.poll() is None]
         for worker in ranks:
             worker.flush_stale(now)
-        if failure is None:
+        if failure is None and stop.signum is None:  # after our own stop signal, exits are not failures
             failed = [w for w in ranks if w.proc.returncode not in (None, 0)]
             if failed:
                 first = min(failed, key=lambda w: (w.eof_at is None, w.eof_at or 0.0, w.rank))
