@@ -162,6 +162,7 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
     start = time.monotonic()
     stop = _StopSignal()
     pre_exec = _die_with_parent_hook()
+    stop.install()  # before the first worker: a stop that comes while they start still stops them all
     try:
         for local in range(plan.nproc_per_node):
             rank = plan.rank_of(local)
@@ -183,7 +184,6 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
             visible = local in shown
             ranks.append(_Rank(local, rank, proc, show=(visible and not mode & 1, visible and not mode & 2),
                                log=log, lock=lock, error_file=error_file))
-        stop.install()
         failure = _monitor(ranks, start, stop, grace)
         if failure is not None:
             raise failure_error(failure, stopped=plan.nproc_per_node - 1)
