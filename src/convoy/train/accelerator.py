@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -532,7 +533,9 @@ class Accelerator:
         strategy = self.strategy
         state = saving.collect_checkpoint(strategy, self._models, list(zip(self._optimizers_inner(),
                                                                           self._optimizer_models)))
-        dcp.save(state, checkpoint_id=os.path.join(staging, "distributed"), no_dist=not _group_running())
+        with warnings.catch_warnings():  # DCP warns that one process without a group means one process
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(state, checkpoint_id=os.path.join(staging, "distributed"), no_dist=not _group_running())
         torch.save(saving.rng_state(), os.path.join(staging, f"random_states_{self.process_index}.pkl"))
         if self.is_main_process:
             extra = {"schedulers": [s.state_dict() for s in self._schedulers],
@@ -571,7 +574,9 @@ class Accelerator:
         strategy = self.strategy
         pairs = list(zip(self._optimizers_inner(), self._optimizer_models))
         state = saving.collect_checkpoint(strategy, self._models, pairs)
-        dcp.load(state, checkpoint_id=str(path / "distributed"), no_dist=not _group_running())
+        with warnings.catch_warnings():  # DCP warns that one process without a group means one process
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=str(path / "distributed"), no_dist=not _group_running())
         saving.apply_checkpoint(strategy, self._models, pairs, state)
         extra = torch.load(path / "state.pt", weights_only=False)
         for scheduler, sd in zip(self._schedulers, extra["schedulers"]):
