@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dev = parser.add_argument_group("devices")
     dev.add_argument("--devices", "--gpu_ids", "--gpu-ids", default=None, metavar="SPEC",
                      help="devices to use: '0,2', '2' (first two), 'all', 'auto' (default; CPU when none)")
-    dev.add_argument("--free", action="store_true", help="only devices no process is using")
+    dev.add_argument("--free", action="store_true", default=None, help="only devices no process is using")
     dev.add_argument("--min-free-memory", default=None, metavar="MEM", help="e.g. 20GiB")
     dev.add_argument("--max-utilization", type=int, default=None, metavar="PCT")
     dev.add_argument("--exclude", default="", metavar="IDX,...", help="physical indices never to use")
@@ -56,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--rdzv-id", "--rdzv_id", default=None)
     tr.add_argument("--rdzv-conf", "--rdzv_conf", default=None)
     tr.add_argument("--standalone", action="store_true")
-    tr.add_argument("--max-restarts", "--max_restarts", type=int, default=0)
+    tr.add_argument("--max-restarts", "--max_restarts", type=int, default=None,
+                    help="restart the whole worker group up to N times after a failure (default 0)")
     tr.add_argument("--monitor-interval", "--monitor_interval", type=float, default=0.1)
     tr.add_argument("--start-method", "--start_method", default="spawn", choices=["spawn", "fork", "forkserver"])
     tr.add_argument("--role", default="default")
@@ -136,12 +137,12 @@ def build_request(args: argparse.Namespace):
         devices=args.devices, nproc_per_node=nproc, nnodes=args.nnodes, node_rank=args.node_rank,
         master_addr=args.master_addr, master_port=args.master_port, rdzv_backend=args.rdzv_backend,
         rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, rdzv_conf=args.rdzv_conf,
-        standalone=args.standalone, max_restarts=args.max_restarts, monitor_interval=args.monitor_interval,
+        standalone=args.standalone, max_restarts=args.max_restarts or 0, monitor_interval=args.monitor_interval,
         start_method=args.start_method, log_dir=args.log_dir, redirects=args.redirects, tee=args.tee,
         local_ranks_filter=args.local_ranks_filter, role=args.role, engine=args.engine, settings=settings,
     )
     exclude = tuple(int(i) for i in args.exclude.split(",") if i.strip()) if args.exclude else ()
-    filters = DeviceFilters(free=args.free, min_free_memory=args.min_free_memory,
+    filters = DeviceFilters(free=bool(args.free), min_free_memory=args.min_free_memory,
                             max_utilization=args.max_utilization, exclude=exclude, order=args.order,
                             lease_wait=args.wait, lease=not args.no_lease)
     return request, filters

@@ -98,6 +98,14 @@ class Recommendation:
                 "breaks": list(self.breaks)}
 
 
+def _count(n: int) -> str:
+    """A parameter count as people say it: 125.0M, 7.00B, 82.3K."""
+    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= size:
+            return f"{n / size:.2f}{unit}" if unit == "B" else f"{n / size:.1f}{unit}"
+    return str(n)
+
+
 def guide_case(model: ModelSpec, run: RunSpec, hw: Hardware, single: MemoryBreakdown) -> str:
     """Which of the guide's cases this job is (``single`` is the one-GPU, unsharded memory)."""
     if hw.nodes > 1:
@@ -109,6 +117,10 @@ def guide_case(model: ModelSpec, run: RunSpec, hw: Hardware, single: MemoryBreak
     recipe = run.recipe
     per_param = recipe.weight_bytes + (recipe.grad_bytes + recipe.master_bytes + OPTIMIZER_STATE_BYTES[run.optimizer]
                                        if run.training else 0)
+    if not model.has_shape:
+        # Bare parameter counts say nothing about layer sizes; assume a layered model (the common case)
+        # rather than claim that one layer cannot fit.
+        return "case 2"
     layer = model.largest_unit_params * per_param
     if model.has_shape:
         layer += layer_activation_bytes(model, run)
@@ -120,7 +132,7 @@ def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, 
     case = guide_case(model, run, hw, single)
     limit = hw.gpu.memory_bytes
     states = format_bytes(single.model_states, binary=True)
-    reasons = [f"{model.num_params / 1e9:.2f}B parameters with {run.precision} {run.optimizer}: "
+    reasons = [f"{_count(model.num_params)} parameters with {run.precision} {run.optimizer}: "
                f"{states} of weights, gradients and optimizer state on one GPU, whose memory is "
                f"{format_bytes(limit, binary=True)}; the guide's {case}: {_CASE_ADVICE[case]}."]
     fitting = [r for r in rows if r.fits]

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from convoy.errors import CheckpointError, ConfigError, NotSupportedYetError
 from convoy.train import checkpoint as ckpt
 from convoy.train import collectives, saving
-from convoy.train.auto import choose_strategy, device_memory_bytes
+from convoy.train.auto import choose_strategy, device_memory_bytes, planner_hook
 from convoy.train.data import LoopState, PreparedDataLoader, SkipFirstBatches
 from convoy.train.environment import resolve_settings, start_process_group, stop_process_group
 from convoy.train.strategies.base import Strategy, StrategyContext, SupportsNoSync, create_strategy, strategy_class
@@ -198,7 +198,8 @@ class Accelerator:
         if name == "auto":
             count = sum(p.numel() for p in model.parameters()) if model is not None else 0
             name, reason = choose_strategy(
-                world_size=self.settings.world_size, num_parameters=count, planner=self._planner,
+                world_size=self.settings.world_size, num_parameters=count,
+                planner=self._planner or planner_hook(self.settings.mixed_precision),
                 device_bytes=device_memory_bytes(self.settings.device_type, self.settings.local_world_size))
             if self.settings.world_size > 1 and self.is_main_process:
                 print(f"convoy: strategy=auto chose {name}: {reason}", flush=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-__all__ = ["choose_strategy", "training_bytes", "device_memory_bytes"]
+__all__ = ["choose_strategy", "planner_hook", "training_bytes", "device_memory_bytes"]
 
 # fp32 weights (4) + gradients (4) + Adam's two moments (8); activations come on top, hence the headroom.
 BYTES_PER_PARAMETER = 16
@@ -42,6 +42,16 @@ def device_memory_bytes(device_type: str, local_world_size: int = 1) -> int:
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
+
+
+def planner_hook(mixed_precision: str | None) -> Planner:
+    """convoy's planner as the ``planner`` of ``choose_strategy``, for this run's precision recipe."""
+    from functools import partial
+
+    from convoy.plan.api import auto_strategy
+
+    precision = mixed_precision if mixed_precision in ("bf16", "fp16") else "fp32"
+    return partial(auto_strategy, precision=precision)
 
 
 def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int,

@@ -13,6 +13,7 @@ N independent copies that each believe they are alone.
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -140,6 +141,11 @@ def start_process_group(settings: TrainSettings, *, always: bool = False) -> boo
     else:
         dist.init_process_group(backend, rank=settings.rank, world_size=settings.world_size, timeout=timeout)
     _owned_group = True
+    # A group still alive at interpreter shutdown leaves gloo's worker threads holding tensors, and the
+    # process aborts (SIGABRT, "terminate called without an active exception") after all its work is done
+    # (pytorch/pytorch#179291). Destroying it while the interpreter is alive avoids that; a no-op after
+    # end_training().
+    atexit.register(stop_process_group)
     return True
 
 
