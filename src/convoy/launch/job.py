@@ -15,10 +15,9 @@ import os
 import sys
 import threading
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from convoy.errors import NotSupportedYetError
 from convoy.launch.plan import LaunchPlan, LaunchRequest, describe_plan, resolve_launch
 
 __all__ = ["DeviceFilters", "launch_job", "plan_job"]
@@ -44,27 +43,12 @@ class DeviceFilters:
     """Hold an OS lease on the devices for the job's life."""
 
 
-@dataclass(frozen=True)
-class _CpuSelection:
-    devices: tuple = ()
-    vendor: str = "cpu"
-    env: dict = field(default_factory=dict)
-    explanation: tuple = ()
-
-
 def _select(request: LaunchRequest, filters: DeviceFilters, env: Mapping[str, str]):
-    try:
-        from convoy.devices.selection import select_devices
+    from convoy.devices.selection import select_devices
 
-        return select_devices(request.devices or "auto", env=env, free=filters.free,
-                              min_free_memory=filters.min_free_memory, max_utilization=filters.max_utilization,
-                              exclude=filters.exclude, order=filters.order)
-    except ModuleNotFoundError as err:  # a tree whose device layer is incomplete: CPU only
-        if not (err.name or "").startswith("convoy.devices"):
-            raise
-        if request.devices in (None, "auto"):
-            return _CpuSelection()
-        raise NotSupportedYetError("--devices needs convoy.devices, which is missing; use --nproc-per-node") from None
+    return select_devices(request.devices or "auto", env=env, free=filters.free,
+                          min_free_memory=filters.min_free_memory, max_utilization=filters.max_utilization,
+                          exclude=filters.exclude, order=filters.order)
 
 
 def plan_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters(),
