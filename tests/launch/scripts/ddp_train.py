@@ -2,6 +2,7 @@
 import argparse
 import datetime
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -29,3 +30,6 @@ dist.all_gather(gathered, weights)
 assert all(torch.equal(g, weights) for g in gathered), "ranks diverged"
 print(f"trained rank={rank} world={world} local={os.environ['LOCAL_RANK']} port={os.environ['MASTER_PORT']} loss={loss.item():.6f}")
 dist.destroy_process_group()
+# gloo can abort at interpreter shutdown after all work is done (pytorch/pytorch#179291): end here.
+sys.stdout.flush()
+os._exit(0)

@@ -6,6 +6,7 @@ complete checkpoint. Every rank appends (attempt, step, sample ids) to trace_ran
 final parameters to final.pt.
 """
 
+import sys
 import argparse
 import json
 import os
@@ -76,3 +77,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # gloo can abort at interpreter shutdown after all work is done (pytorch/pytorch#179291): end here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

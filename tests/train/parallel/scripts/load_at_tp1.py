@@ -1,5 +1,6 @@
 """One plain process (tp=1) loads a checkpoint saved by examples/tiny_gpt_tp.py and prints the next loss."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -26,3 +27,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # gloo can abort at interpreter shutdown after all work is done (pytorch/pytorch#179291): end here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -1,5 +1,6 @@
 """pp=2 parity: every schedule trains the tiny GPT like one process does (run on 2 processes)."""
 
+import os
 import copy
 import datetime
 import sys
@@ -61,3 +62,7 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # gloo can abort at interpreter shutdown after all work is done (pytorch/pytorch#179291): end here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
