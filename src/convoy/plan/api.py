@@ -240,7 +240,7 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
                                    **kwargs)
     except PlanError:
         return None
-    return rec.strategy or "single", " ".join(rec.reasons[:2])
+    return rec.strategy or "single", rec.reasons[0]
 
 
 def format_plan(p: Plan) -> str:
