@@ -1,4 +1,4 @@
-"""Parity on CPU/gloo: tp=2, pp=2 (each schedule), dp=2 x tp=2 and dp=2 x pp=2 match one process.
+"""Parity on CPU/gloo: tp=2, pp=2 (each schedule), dp=2 x tp=2, dp=2 x pp=2 and tp=2 x pp=2 match one process.
 
 Each test is one multi-process launch running several checks (a process start costs ~3 s of torch import);
 the scripts assert and print one ``OK`` line per check and rank.
@@ -44,3 +44,12 @@ def test_dp2_tp2_and_dp2_pp2_through_the_accelerator_match_one_process():
     ok = _ok_lines(result.output)
     assert sum("dp=2 x tp=2 (FSDP+TP)" in line for line in ok) == 4, result.output
     assert sum("dp=2 x pp=2 (ZERO1+PP)" in line for line in ok) == 4, result.output
+
+
+def test_tp2_pp2_through_the_accelerator_matches_one_process():
+    result = run_script(SCRIPTS / "tp_pp_parity.py", nproc=4, timeout=120)
+    assert result.returncode == 0, result.output
+    ok = _ok_lines(result.output)
+    assert sum("tp=2 x pp=2 (TP+PP)" in line for line in ok) == 4, result.output
+    assert {line.split(" stage ")[1].split(":")[0] for line in ok} == {
+        f"{stage} tp rank {r}" for stage in (0, 1) for r in (0, 1)}, result.output

@@ -25,6 +25,8 @@ def test_default_layouts_per_name():
     assert two_d.dims == ParallelDims(dp_shard=2, tp=2) and two_d.dp_engine == "fsdp"
     dp_pp = create_strategy("parallel", _ctx(4, ParallelDims(dp_replicate=2, pp=2)))
     assert dp_pp.dims == ParallelDims(dp_replicate=2, pp=2) and dp_pp.dp_engine == "zero1"
+    tp_pp = create_strategy("parallel", _ctx(4, ParallelDims(tp=2, pp=2)))
+    assert tp_pp.dims == ParallelDims(tp=2, pp=2) and tp_pp.distributed_type == "TP+PP"
 
 
 def test_degrees_must_multiply_to_the_world_size():
@@ -33,7 +35,8 @@ def test_degrees_must_multiply_to_the_world_size():
 
 
 @pytest.mark.parametrize("dims, options, error, text", [
-    (ParallelDims(tp=2, pp=2), {}, NotSupportedYetError, "3D"),
+    (ParallelDims(dp_replicate=2, tp=2, pp=2), {}, NotSupportedYetError, "dp together with tp and pp"),
+    (ParallelDims(tp=2, pp=2), {"sequence_parallel": True}, NotSupportedYetError, "sequence_parallel"),
     (ParallelDims(dp_replicate=2, tp=2), {"dp_engine": "ddp"}, NotSupportedYetError, "dp_engine='fsdp'"),
     (ParallelDims(dp_replicate=2, pp=2), {"dp_engine": "fsdp"}, NotSupportedYetError, "zero1"),
     (ParallelDims(tp=4), {"dp_engine": "deepspeed"}, StrategyError, "'deepspeed' is unknown"),

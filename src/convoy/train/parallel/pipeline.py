@@ -25,7 +25,7 @@ no second process; convoy does not move layers between devices in one process, s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from convoy.errors import NotSupportedYetError, StrategyError
 
@@ -147,7 +147,8 @@ class PipelineModule:
 
     def __init__(self, model: "nn.Module", *, config: PipelineConfig, loss_fn: Callable[..., "torch.Tensor"] | None,
                  group: Any, device: "torch.device | None" = None,
-                 wrap_stage: Callable[["nn.Module"], "nn.Module"] | None = None) -> None:
+                 wrap_stage: Callable[["nn.Module"], "nn.Module"] | None = None,
+                 trace_stand_ins: Callable[[], Mapping[str, "nn.Module"]] | None = None) -> None:
         import torch
         import torch.distributed as dist
 
@@ -164,6 +165,7 @@ class PipelineModule:
         self.stage_indices = tuple(self.pp_rank + k * self.pp_size for k in range(config.local_stages()))
         self.training = True
         self._wrap_stage = wrap_stage
+        self._trace_stand_ins = trace_stand_ins
         self._stages: list[Any] = []
         self._stage_modules: list["nn.Module"] = []
         self._schedule: Any = None
@@ -206,19 +208,28 @@ class PipelineModule:
         """Trace the model with one micro-batch of ``args`` and build this process's stages and schedule."""
         pp = _pipelining_module()
         mb_args, mb_kwargs = self._example(args, kwargs)
+        # tensor-parallel modules are traced as plain stand-ins of their local shapes, then put back
+        stand_ins = dict(self._trace_stand_ins()) if self._trace_stand_ins is not None else {}
+        originals = {name: self.model.get_submodule(name) for name in stand_ins}
         try:
+            for name, stand_in in stand_ins.items():
+                self.model.set_submodule(name, stand_in)
             pipe = pp.pipeline(self.model, mb_args=mb_args, mb_kwargs=mb_kwargs or None,
                                split_spec={name: pp.SplitPoint.BEGINNING for name in self.boundaries})
         except Exception as exc:  # tracing errors come from deep inside torch.export
             raise NotSupportedYetError(f"pipeline: {type(self.model).__name__} could not be traced for "
                                        f"splitting ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
                                        f"simplify its forward or use tp/fsdp instead") from exc
+        finally:
+            for name, module in originals.items():
+                self.model.set_submodule(name, module)
         if pipe.num_stages != self.num_stages:
             raise StrategyError(f"pipeline: tracing produced {pipe.num_stages} stages, expected "
                                 f"{self.num_stages}; the split points {self.boundaries} are not all on the "
                                 f"forward path")
         for index in self.stage_indices:
             stage = pipe.build_stage(index, self.device, group=self.group)
+            _restore_modules(stage.submod, originals)
             self._stage_modules.append(stage.submod)
             if self._wrap_stage is not None:
                 wrapped = self._wrap_stage(stage.submod)
@@ -318,6 +329,15 @@ class PipelineModule:
 
     def eval(self) -> "PipelineModule":
         return self.train(False)
+
+
+def _restore_modules(submod: "nn.Module", originals: Mapping[str, "nn.Module"]) -> None:
+    """Put the model's own (tensor-parallel) modules back where a stage traced their stand-ins: the traced
+    graph calls each module by name, so the stage then runs the real module with its DTensor hooks."""
+    present = {name for name, _ in submod.named_modules()}
+    for name, module in originals.items():
+        if name in present:
+            submod.set_submodule(name, module)
 
 
 def _no_grad():

@@ -20,13 +20,19 @@ How each axis is realised:
   the multi-GPU guide recommends). ``dp_replicate`` x ``dp_shard`` both > 1 is HSDP (``fully_shard`` on
   the 2-D dp mesh).
 
-Not supported yet (``NotSupportedYetError``): tp together with pp (3D), tp with ``dp_engine`` ddp/zero1,
-pp with ``dp_engine="fsdp"``, checkpoints of zero1 layouts, gradient accumulation (``no_sync``) with pp.
+- tp x pp: the TP plan is applied to the whole model on the tp sub-mesh first; the pipeline then traces it
+  with plain stand-ins of the split modules (``tracing_stand_ins``: this rank's local shapes) and puts
+  the real tensor-parallel modules back into each stage, whose schedule runs over the pp sub-mesh's group.
+
+Not supported yet (``NotSupportedYetError``): dp together with tp and pp, ``sequence_parallel`` with pp,
+checkpoints of tp x pp, tp with ``dp_engine`` ddp/zero1, pp with ``dp_engine="fsdp"``, checkpoints of
+zero1 layouts, gradient accumulation (``no_sync``) with pp.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +40,7 @@ from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.plan.dims import ParallelDims
 from convoy.train.parallel.mesh import ParallelMesh, build_mesh
 from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule
-from convoy.train.parallel.tensor import apply_tensor_parallel, resolve_tp_plan
+from convoy.train.parallel.tensor import apply_tensor_parallel, resolve_tp_plan, tracing_stand_ins
 from convoy.train.strategies.base import Strategy, StrategyContext, SupportsNoSync, register_strategy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -64,8 +70,11 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         engine = context.options.get("dp_engine", "zero1" if dims.pp > 1 else "fsdp")
         if engine not in _DP_ENGINES:
             raise StrategyError(f"dp_engine={engine!r} is unknown; choose one of {', '.join(_DP_ENGINES)}")
-        if dims.tp > 1 and dims.pp > 1:
-            raise NotSupportedYetError("tp and pp together (3D) are not supported yet; use tp x dp or pp x dp")
+        if dims.tp > 1 and dims.pp > 1 and dims.dp > 1:
+            raise NotSupportedYetError("dp together with tp and pp is not supported yet; use tp x pp, tp x dp "
+                                       "or pp x dp")
+        if dims.tp > 1 and dims.pp > 1 and context.options.get("sequence_parallel"):
+            raise NotSupportedYetError("sequence_parallel together with pp is not supported yet; turn it off")
         if dims.pp > 1 and dims.dp > 1 and engine == "fsdp":
             raise NotSupportedYetError("pp with dp_engine='fsdp' is not supported yet; use dp_engine='zero1' "
                                        "(the default with pp) or 'ddp'")
@@ -118,14 +127,22 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         pm = self.mesh
         module = module.to(self.root_device)
         names = {id(p): n for n, p in module.named_parameters()}
+        stand_ins = None
         if self.dims.tp > 1:
             plan = resolve_tp_plan(module, self.context.options.get("tp_plan"),
                                    sequence_parallel=bool(self.context.options.get("sequence_parallel", False)))
             apply_tensor_parallel(module, pm.tp, plan)
+            if self.dims.pp > 1:  # the pipeline traces plain stand-ins of the split modules (see tensor.py)
+                stand_ins = functools.partial(tracing_stand_ins, module, plan)
         if self.dims.pp > 1:
+            # with tp, parallelize_module replaced the split parameters (DTensors, which the stages share):
+            # an optimizer built before prepare() must follow them
+            for pid, name in names.items():
+                self._origin[pid] = (module, name)
             pipe = PipelineModule(module, config=PipelineConfig.from_options(dict(self.context.options)),
                                   loss_fn=self.context.options.get("loss_fn"), group=pm.pp.get_group(),
-                                  device=self.root_device, wrap_stage=self._wrap_stage if self.dims.dp > 1 else None)
+                                  device=self.root_device, wrap_stage=self._wrap_stage if self.dims.dp > 1 else None,
+                                  trace_stand_ins=stand_ins)
             self._pipelines.append(pipe)
             return pipe
         if self.dims.dp > 1:
@@ -226,6 +243,8 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             if self.dp_engine == "zero1" and self.dims.dp > 1 and optimizer is not None:
                 raise NotSupportedYetError("checkpoints of dp_engine='zero1' layouts are not supported yet")
             return super().checkpoint_state(self.unwrap(module), optimizer)
+        if self.dims.tp > 1:
+            raise NotSupportedYetError("checkpoints of tp x pp layouts are not supported yet")
         return self._pipeline_state(module, optimizer)
 
     def _pipeline_state(self, pipe: PipelineModule, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -251,6 +270,8 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             return
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
+        if self.dims.tp > 1:
+            raise NotSupportedYetError("checkpoints of tp x pp layouts are not supported yet")
         for stage in module.stage_modules():
             stage.load_state_dict({k: v for k, v in model_state.items() if k in stage.state_dict()})
         if optimizer is not None and optimizer_state:

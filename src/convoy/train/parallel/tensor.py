@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from torch import nn
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["STYLES", "TPPlan", "resolve_tp_plan", "check_tp_plan", "apply_tensor_parallel", "model_num_heads"]
+__all__ = ["STYLES", "TPPlan", "resolve_tp_plan", "check_tp_plan", "apply_tensor_parallel", "model_num_heads",
+           "tracing_stand_ins"]
 
 #: the style names convoy applies, with what each does
 STYLES: dict[str, str] = {
@@ -264,3 +265,35 @@ def apply_tensor_parallel(model: "nn.Module", tp_mesh: "DeviceMesh", plan: TPPla
     parallelize_module(model, tp_mesh, styles)
     _localize_head_counts(model, plan, tp)
     return model
+
+
+def tracing_stand_ins(model: "nn.Module", plan: TPPlan) -> dict[str, "nn.Module"]:
+    """Plain modules shaped like what each split module of ``model`` computes on this rank, for tracing.
+
+    ``torch.export`` (and so pipeline splitting) cannot trace DTensor parameters. A tensor-parallel model is
+    traced with these in place of its split modules: ``colwise``/``rowwise`` Linears take their local shard's
+    shape (so the traced graph holds this rank's activation shapes and local head counts), the others
+    (embeddings, gathered heads) their whole shape. Weights are left uninitialised: only shapes are traced.
+    """
+    import torch
+    from torch import nn
+    from torch.distributed.tensor import DTensor
+
+    if plan.sequence_parallel:
+        raise NotSupportedYetError("sequence_parallel together with pp is not supported yet; turn it off")
+    stand_ins: dict[str, nn.Module] = {}
+    for name, style in plan.styles:
+        module = model.get_submodule(name)
+        weight = module.weight
+        local = style in ("colwise", "rowwise") and isinstance(module, nn.Linear)
+        shape = weight.to_local().shape if local and isinstance(weight, DTensor) else weight.shape
+        kwargs = {"device": weight.device, "dtype": weight.dtype}
+        if isinstance(module, nn.Linear):
+            stand_ins[name] = torch.nn.utils.skip_init(nn.Linear, shape[1], shape[0], bias=module.bias is not None,
+                                                       **kwargs)
+        elif isinstance(module, nn.Embedding):
+            stand_ins[name] = torch.nn.utils.skip_init(nn.Embedding, shape[0], shape[1],
+                                                       padding_idx=module.padding_idx, **kwargs)
+        else:  # check_tp_plan admits only Linear and Embedding for the styles left here
+            raise NotSupportedYetError(f"tp with pp: cannot trace split module {name!r} ({type(module).__name__})")
+    return stand_ins
