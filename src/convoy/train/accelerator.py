@@ -99,6 +99,7 @@ class Accelerator:
         self.save_iteration = project.iteration
         self._strategy_options = dict(strategy_options or {})
         self._planner = planner
+        self._watch: Any = None  # CollectiveWatch, created at the first wait_for_everyone()
         self._loop = LoopState()
         self.step = 0  # micro-steps seen by accumulate()
         self._strategy: Strategy | None = None
@@ -414,9 +415,16 @@ class Accelerator:
         return collectives.broadcast(tensor, src=from_process)
 
     def wait_for_everyone(self) -> None:
+        """A barrier; a rank that does not reach it within the collective timeout is named in the
+        ``CollectiveTimeoutError`` the others raise, instead of the job hanging."""
         if collectives.is_distributed():
             import torch.distributed as dist
 
+            if self._watch is None:
+                from convoy.train.hang import CollectiveWatch
+
+                self._watch = CollectiveWatch(timeout=self.settings.collective_timeout_s)
+            self._watch.barrier("wait_for_everyone")
             dist.barrier()
 
     # --- processes -------------------------------------------------------------------------------------
