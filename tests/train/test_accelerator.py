@@ -147,3 +147,20 @@ def test_save_model_writes_safetensors_shards(tmp_path):
         loaded.update(load_file(tmp_path / f))
     assert loaded.keys() == model.state_dict().keys()
     assert all(torch.equal(loaded[k], v) for k, v in model.state_dict().items())
+
+
+def test_parameter_origins_repoint_an_optimizer_at_replaced_parameters():
+    import torch
+
+    from convoy.train.strategies.base import ParameterOrigins
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    old_weight = model.weight
+    origins = ParameterOrigins()
+    origins.record(model, {id(p): n for n, p in model.named_parameters()})
+    model.weight = torch.nn.Parameter(old_weight.detach().clone())  # what a sharding engine does
+    assert origins.knows(old_weight) and not origins.knows(model.weight)
+    origins.repoint(optimizer)
+    assert optimizer.param_groups[0]["params"][0] is model.weight
+    assert origins.current(torch.nn.Parameter(torch.zeros(1))) is not model.weight  # unknown: itself

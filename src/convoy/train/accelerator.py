@@ -99,7 +99,7 @@ class Accelerator:
         self.save_iteration = project.iteration
         self._strategy_options = dict(strategy_options or {})
         self._planner = planner
-        self._watch: Any = None  # CollectiveWatch, created at the first wait_for_everyone()
+        self._waits = 0  # wait_for_everyone() calls, for their store keys
         self._loop = LoopState()
         self.step = 0  # micro-steps seen by accumulate()
         self._strategy: Strategy | None = None
@@ -420,11 +420,13 @@ class Accelerator:
         if collectives.is_distributed():
             import torch.distributed as dist
 
-            if self._watch is None:
-                from convoy.train.hang import CollectiveWatch
+            from convoy.train.hang import CollectiveWatch
 
-                self._watch = CollectiveWatch(timeout=self.settings.collective_timeout_s)
-            self._watch.barrier("wait_for_everyone")
+            # A watch per call, under its own key prefix: one kept on the Accelerator would hold the c10d
+            # store alive past destroy_process_group(), and gloo then aborts the process at exit.
+            self._waits += 1
+            watch = CollectiveWatch(timeout=self.settings.collective_timeout_s, prefix=f"convoy/wait/{self._waits}")
+            watch.barrier("wait_for_everyone")
             dist.barrier()
 
     # --- processes -------------------------------------------------------------------------------------

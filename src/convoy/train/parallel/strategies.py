@@ -41,7 +41,8 @@ from convoy.plan.dims import ParallelDims
 from convoy.train.parallel.mesh import ParallelMesh, build_mesh
 from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule
 from convoy.train.parallel.tensor import apply_tensor_parallel, resolve_tp_plan, tracing_stand_ins
-from convoy.train.strategies.base import Strategy, StrategyContext, SupportsNoSync, register_strategy
+from convoy.train.strategies.base import (ParameterOrigins, Strategy, StrategyContext, SupportsNoSync,
+                                          register_strategy)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -90,7 +91,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         self._pm: ParallelMesh | None = None
         # id(parameter before prepare) -> (prepared module, parameter name): parallelize_module and
         # fully_shard replace parameters, and an optimizer built before prepare() must follow them.
-        self._origin: dict[int, tuple[Any, str]] = {}
+        self._origins = ParameterOrigins()
         self._pipelines: list[PipelineModule] = []
 
     @classmethod
@@ -137,8 +138,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         if self.dims.pp > 1:
             # with tp, parallelize_module replaced the split parameters (DTensors, which the stages share):
             # an optimizer built before prepare() must follow them
-            for pid, name in names.items():
-                self._origin[pid] = (module, name)
+            self._origins.record(module, names)
             pipe = PipelineModule(module, config=PipelineConfig.from_options(dict(self.context.options)),
                                   loss_fn=self.context.options.get("loss_fn"), group=pm.pp.get_group(),
                                   device=self.root_device, wrap_stage=self._wrap_stage if self.dims.dp > 1 else None,
@@ -147,8 +147,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             return pipe
         if self.dims.dp > 1:
             module = self._data_parallel(module)
-        for pid, name in names.items():
-            self._origin[pid] = (module, name)
+        self._origins.record(module, names)
         return module
 
     def _data_parallel(self, module: "torch.nn.Module") -> "torch.nn.Module":
@@ -173,8 +172,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
                                        find_unused_parameters=bool(self.context.options.get("find_unused_parameters")))
 
     def setup_optimizer(self, optimizer: "torch.optim.Optimizer", module: Any = None) -> "torch.optim.Optimizer":
-        for group in optimizer.param_groups:
-            group["params"] = [self._current(p) for p in group["params"]]
+        self._origins.repoint(optimizer)
         if self.dp_engine == "zero1" and self.dims.dp > 1:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -186,13 +184,6 @@ class ParallelStrategy(Strategy, SupportsNoSync):
                 optimizer = ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer),
                                                     process_group=self.mesh.dp.get_group(), **defaults)
         return optimizer
-
-    def _current(self, param: "torch.nn.Parameter") -> "torch.nn.Parameter":
-        found = self._origin.get(id(param))
-        if found is None:
-            return param
-        module, name = found
-        return module.get_parameter(name)
 
     def unwrap(self, module: Any) -> "torch.nn.Module":
         from torch.nn.parallel import DistributedDataParallel

@@ -38,6 +38,7 @@ __all__ = [
     "StrategyContext",
     "Strategy",
     "SupportsNoSync",
+    "ParameterOrigins",
     "register_strategy",
     "strategy_class",
     "create_strategy",
@@ -184,6 +185,39 @@ class Strategy(abc.ABC):
 
     def teardown(self) -> None:
         """Release what ``setup_environment`` started (the Accelerator calls it once, at the end)."""
+
+
+class ParameterOrigins:
+    """Where each parameter a user saw before ``prepare()`` lives afterwards.
+
+    Engines such as FSDP2 and tensor parallel replace a module's parameters with new (sharded) ones, so an
+    optimizer created before ``prepare()`` would step tensors the model no longer uses. A strategy records
+    the module and name of every original parameter, then re-points the optimizer at what is there now.
+    """
+
+    def __init__(self) -> None:
+        self._where: dict[int, tuple[Any, str]] = {}
+
+    def record(self, module: Any, names: dict[int, str]) -> None:
+        """``names`` maps ``id(original parameter)`` to its name in ``module``."""
+        for pid, name in names.items():
+            self._where[pid] = (module, name)
+
+    def knows(self, param: Any) -> bool:
+        return id(param) in self._where
+
+    def current(self, param: Any) -> Any:
+        """The parameter that now stands where ``param`` stood (``param`` itself if it was not recorded)."""
+        found = self._where.get(id(param))
+        if found is None:
+            return param
+        module, name = found
+        return module.get_parameter(name)
+
+    def repoint(self, optimizer: Any) -> None:
+        """Make ``optimizer``'s parameter groups hold the current parameters."""
+        for group in optimizer.param_groups:
+            group["params"] = [self.current(p) for p in group["params"]]
 
 
 class SupportsNoSync(abc.ABC):

@@ -20,7 +20,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator
 
 from convoy.errors import NotSupportedYetError
-from convoy.train.strategies.base import Strategy, SupportsNoSync
+from convoy.train.strategies.base import ParameterOrigins, Strategy, SupportsNoSync
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -38,7 +38,7 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
         self._mesh: Any = None
         # id(original parameter) -> (prepared module, parameter name), to re-point optimizers built
         # before prepare(): fully_shard replaces every Parameter with a sharded one.
-        self._origin: dict[int, tuple[Any, str]] = {}
+        self._origins = ParameterOrigins()
 
     def setup_environment(self) -> None:
         if self._mesh is None:
@@ -63,25 +63,16 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
         for block in _blocks(module, self.context.options.get("auto_wrap")):
             fully_shard(block, **kwargs)
         fully_shard(module, **kwargs)
-        for pid, name in names.items():
-            self._origin[pid] = (module, name)
+        self._origins.record(module, names)
         return module
 
     def setup_optimizer(self, optimizer: "torch.optim.Optimizer", module: "torch.nn.Module | None" = None
                         ) -> "torch.optim.Optimizer":
-        if any(id(p) in self._origin for p in optimizer.state):
+        if any(self._origins.knows(p) for p in optimizer.state):
             raise NotSupportedYetError(f"strategy={self.name!r}: the optimizer already has state (it has "
                                        "stepped); pass it through prepare() before its first step")
-        for group in optimizer.param_groups:
-            group["params"] = [self._current(p) for p in group["params"]]
+        self._origins.repoint(optimizer)
         return optimizer
-
-    def _current(self, param: "torch.nn.Parameter") -> "torch.nn.Parameter":
-        found = self._origin.get(id(param))
-        if found is None:
-            return param
-        module, name = found
-        return module.get_parameter(name)
 
     def no_sync(self, module: "torch.nn.Module") -> contextlib.AbstractContextManager[None]:
         return _no_gradient_sync(module)
