@@ -99,3 +99,35 @@ def batch(cfg: TinyConfig, *, size: int, step: int) -> tuple[torch.Tensor, torch
     g = torch.Generator().manual_seed(1000 + step)
     ids = torch.randint(0, cfg.vocab, (size, cfg.seq + 1), generator=g)
     return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+
+def reference_run(start: nn.Module, cfg: TinyConfig, *, steps: int, size: int, clip: float
+                  ) -> tuple[nn.Module, list[float], list[float]]:
+    """One process, AdamW with gradient-norm clipping: the model, losses and pre-clip norms to match."""
+    import copy
+
+    model = copy.deepcopy(start)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses, norms = [], []
+    for step in range(steps):
+        x, y = batch(cfg, size=size, step=step)
+        loss = lm_loss(model(x), y)
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item())
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return model, losses, norms
+
+
+def assert_matches_reference(name: str, full: dict, ref: nn.Module, losses: list[float], ref_losses: list[float],
+                             norms: list[float], ref_norms: list[float], *, clip: float) -> str:
+    """Assert a parallel run equals ``reference_run`` (fp32 tolerances); returns the diffs as a line to print."""
+    ref_sd = ref.state_dict()
+    assert set(full) == set(ref_sd), sorted(set(full) ^ set(ref_sd))
+    pdiff = max((full[k] - ref_sd[k]).abs().max().item() for k in ref_sd)
+    ldiff = max(abs(a - b) for a, b in zip(losses, ref_losses))
+    ndiff = max(abs(a - b) for a, b in zip(norms, ref_norms))
+    assert ldiff < 1e-5 and ndiff < 1e-4 and pdiff < 2e-5, (name, losses, ref_losses, norms, ref_norms, pdiff)
+    assert min(norms) > clip, norms  # clipping was active in every step
+    return f"loss diff {ldiff:.1e} norm diff {ndiff:.1e} (norms {norms[0]:.4f}..) param diff {pdiff:.1e}"

@@ -14,24 +14,10 @@ import torch
 import torch.distributed as dist
 
 from convoy.train.accelerator import Accelerator
-from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, batch, lm_loss
+from tests.train.parallel.tiny_gpt import (TinyConfig, TinyGPT, assert_matches_reference, batch, lm_loss,
+                                          reference_run)
 
 STEPS, BATCH, CLIP = 3, 8, 0.5
-
-
-def reference(start, cfg):
-    model = copy.deepcopy(start)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses, norms = [], []
-    for step in range(STEPS):
-        x, y = batch(cfg, size=BATCH, step=step)
-        loss = lm_loss(model(x), y)
-        loss.backward()
-        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item())
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return model, losses, norms
 
 
 def world_mean(value):
@@ -41,23 +27,16 @@ def world_mean(value):
 
 
 def check(name, acc, model, losses, norms, ref, ref_losses, ref_norms):
-    full = acc.strategy.full_model_state_dict(model)
-    ref_sd = ref.state_dict()
-    assert set(full) == set(ref_sd), sorted(set(full) ^ set(ref_sd))
-    pdiff = max((full[k] - ref_sd[k]).abs().max().item() for k in ref_sd)
-    ldiff = max(abs(a - b) for a, b in zip(losses, ref_losses))
-    ndiff = max(abs(a - b) for a, b in zip(norms, ref_norms))
-    assert ldiff < 1e-5 and ndiff < 1e-4 and pdiff < 2e-5, (name, losses, ref_losses, norms, ref_norms, pdiff)
-    assert min(norms) > CLIP, norms  # clipping was active in every step
-    print(f"rank {dist.get_rank()} {name} ({acc.strategy.distributed_type}): loss diff {ldiff:.1e} "
-          f"norm diff {ndiff:.1e} (norms {norms[0]:.4f}..) param diff {pdiff:.1e} OK", flush=True)
+    diffs = assert_matches_reference(name, acc.strategy.full_model_state_dict(model), ref, losses, ref_losses,
+                                     norms, ref_norms, clip=CLIP)
+    print(f"rank {dist.get_rank()} {name} ({acc.strategy.distributed_type}): {diffs} OK", flush=True)
 
 
 def main():
     cfg = TinyConfig()
     torch.manual_seed(0)
     start = TinyGPT(cfg)
-    ref, ref_losses, ref_norms = reference(start, cfg)
+    ref, ref_losses, ref_norms = reference_run(start, cfg, steps=STEPS, size=BATCH, clip=CLIP)
 
     os.environ["CONVOY_PARALLELISM"] = "dp=2,tp=2"  # what `convoy launch --dp 2 --tp 2` sets; auto picks it up
     acc = Accelerator(collective_timeout=60)

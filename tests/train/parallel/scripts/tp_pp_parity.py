@@ -15,31 +15,17 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from convoy.train.accelerator import Accelerator
-from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, batch, lm_loss
+from tests.train.parallel.tiny_gpt import (TinyConfig, TinyGPT, assert_matches_reference, batch, lm_loss,
+                                          reference_run)
 
 STEPS, BATCH, CLIP = 3, 8, 0.5
-
-
-def reference(start, cfg):
-    model = copy.deepcopy(start)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses, norms = [], []
-    for step in range(STEPS):
-        x, y = batch(cfg, size=BATCH, step=step)
-        loss = lm_loss(model(x), y)
-        loss.backward()
-        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item())
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return model, losses, norms
 
 
 def main():
     cfg = TinyConfig()
     torch.manual_seed(0)
     start = TinyGPT(cfg)
-    ref, ref_losses, ref_norms = reference(start, cfg)
+    ref, ref_losses, ref_norms = reference_run(start, cfg, steps=STEPS, size=BATCH, clip=CLIP)
 
     acc = Accelerator(parallelism={"tp": 2, "pp": 2}, collective_timeout=60,
                       strategy_options={"loss_fn": lm_loss, "pp_schedule": "1f1b", "pp_microbatches": 2})
@@ -61,18 +47,11 @@ def main():
     assert any(isinstance(p, DTensor) for p in local.values()), "no tensor-parallel parameter in the stage"
     assert all(n.startswith(("embed_tokens", "layers.0.", "layers.1.")) == (acc.strategy.mesh.pp_rank == 0)
                for n in local), sorted(local)
-    full = acc.strategy.full_model_state_dict(model)
-    ref_sd = ref.state_dict()
-    assert set(full) == set(ref_sd), sorted(set(full) ^ set(ref_sd))
-    pdiff = max((full[k] - ref_sd[k]).abs().max().item() for k in ref_sd)
-    ldiff = max(abs(a - b) for a, b in zip(losses, ref_losses))
-    ndiff = max(abs(a - b) for a, b in zip(norms, ref_norms))
-    assert ldiff < 1e-5 and ndiff < 1e-4 and pdiff < 2e-5, (losses, ref_losses, norms, ref_norms, pdiff)
-    assert min(norms) > CLIP, norms  # clipping was active in every step
+    diffs = assert_matches_reference("tp=2 x pp=2", acc.strategy.full_model_state_dict(model), ref, losses,
+                                     ref_losses, norms, ref_norms, clip=CLIP)
     pm = acc.strategy.mesh
     print(f"rank {dist.get_rank()} tp=2 x pp=2 ({acc.strategy.distributed_type}) stage {pm.pp_rank} "
-          f"tp rank {pm.tp_rank}: loss diff {ldiff:.1e} norm diff {ndiff:.1e} param diff {pdiff:.1e} OK",
-          flush=True)
+          f"tp rank {pm.tp_rank}: {diffs} OK", flush=True)
     dist.destroy_process_group()
 
 
