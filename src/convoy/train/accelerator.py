@@ -426,8 +426,8 @@ class Accelerator:
             # store alive past destroy_process_group(), and gloo then aborts the process at exit.
             self._waits += 1
             watch = CollectiveWatch(timeout=self.settings.collective_timeout_s, prefix=f"convoy/wait/{self._waits}")
-            watch.barrier("wait_for_everyone")
-            dist.barrier()
+            watch.barrier("wait_for_everyone")  # every rank arrived, or the missing ones are named
+            dist.barrier()  # and the backend's queued work (NCCL streams) is ordered, as Accelerate's barrier is
 
     # --- processes -------------------------------------------------------------------------------------
     def print(self, *args: Any, **kwargs: Any) -> None:
