@@ -1,4 +1,5 @@
-"""Parity on CPU/gloo: tp=2, pp=2 (each schedule), dp=2 x tp=2, dp=2 x pp=2 and tp=2 x pp=2 match one process.
+"""Parity on CPU/gloo: tp=2, pp=2 (each schedule), dp=2 x tp=2, dp=2 x pp=2 (ZeRO-1 and FSDP2), tp=2 x pp=2 and
+dp=2 x tp=2 x pp=2 (8 processes) match one process.
 
 Each test is one multi-process launch running several checks (a process start costs ~3 s of torch import);
 the scripts assert and print one ``OK`` line per check and rank.
@@ -39,11 +40,23 @@ def test_pp2_every_schedule_matches_one_process():
 
 
 def test_dp2_tp2_and_dp2_pp2_through_the_accelerator_match_one_process():
-    result = run_script(SCRIPTS / "combined_parity.py", nproc=4, timeout=180)
+    # dp x tp from the launcher's variable; dp x pp with ZeRO-1 (the default) and with FSDP2 per stage
+    layouts = ["env:dp=2,tp=2", "dp=2,pp=2", "dp=2,pp=2:fsdp:gpipe"]
+    result = run_script(SCRIPTS / "layout_parity.py", nproc=4, args=layouts, timeout=180)
     assert result.returncode == 0, result.output
     ok = _ok_lines(result.output)
-    assert sum("dp=2 x tp=2 (FSDP+TP)" in line for line in ok) == 4, result.output
-    assert sum("dp=2 x pp=2 (ZERO1+PP)" in line for line in ok) == 4, result.output
+    assert sum("env:dp=2,tp=2 (FSDP+TP)" in line for line in ok) == 4, result.output
+    assert sum("dp=2,pp=2 (ZERO1+PP)" in line for line in ok) == 4, result.output
+    assert sum("dp=2,pp=2:fsdp:gpipe (FSDP+PP)" in line for line in ok) == 4, result.output
+
+
+def test_dp2_tp2_pp2_on_eight_processes_matches_one_process():
+    result = run_script(SCRIPTS / "layout_parity.py", nproc=8, args=["dp=2,tp=2,pp=2"], timeout=240)
+    assert result.returncode == 0, result.output
+    ok = [line for line in _ok_lines(result.output) if "dp=2,tp=2,pp=2 (FSDP+TP+PP)" in line]
+    # every (dp, tp, pp) coordinate of the mesh trained and matched
+    coords = {line.split(") ")[1].split(":")[0] for line in ok}
+    assert coords == {f"dp {d} tp {t} pp {p}" for d in (0, 1) for t in (0, 1) for p in (0, 1)}, result.output
 
 
 def test_tp2_pp2_through_the_accelerator_matches_one_process():

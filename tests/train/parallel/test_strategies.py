@@ -27,6 +27,11 @@ def test_default_layouts_per_name():
     assert dp_pp.dims == ParallelDims(dp_replicate=2, pp=2) and dp_pp.dp_engine == "zero1"
     tp_pp = create_strategy("parallel", _ctx(4, ParallelDims(tp=2, pp=2)))
     assert tp_pp.dims == ParallelDims(tp=2, pp=2) and tp_pp.distributed_type == "TP+PP"
+    # 3D: tp splits the weights into DTensors, which only FSDP2 takes, so dp is sharded
+    three_d = create_strategy("parallel", _ctx(8, ParallelDims(dp_replicate=2, tp=2, pp=2)))
+    assert three_d.dims == ParallelDims(dp_shard=2, tp=2, pp=2) and three_d.distributed_type == "FSDP+TP+PP"
+    dp_pp_fsdp = create_strategy("parallel", _ctx(4, ParallelDims(dp_replicate=2, pp=2), dp_engine="fsdp"))
+    assert dp_pp_fsdp.dims == ParallelDims(dp_shard=2, pp=2) and dp_pp_fsdp.distributed_type == "FSDP+PP"
 
 
 def test_degrees_must_multiply_to_the_world_size():
@@ -35,10 +40,8 @@ def test_degrees_must_multiply_to_the_world_size():
 
 
 @pytest.mark.parametrize("dims, options, error, text", [
-    (ParallelDims(dp_replicate=2, tp=2, pp=2), {}, NotSupportedYetError, "dp together with tp and pp"),
-    (ParallelDims(tp=2, pp=2), {"sequence_parallel": True}, NotSupportedYetError, "sequence_parallel"),
     (ParallelDims(dp_replicate=2, tp=2), {"dp_engine": "ddp"}, NotSupportedYetError, "dp_engine='fsdp'"),
-    (ParallelDims(dp_replicate=2, pp=2), {"dp_engine": "fsdp"}, NotSupportedYetError, "zero1"),
+    (ParallelDims(dp_replicate=2, tp=2, pp=2), {"dp_engine": "zero1"}, NotSupportedYetError, "dp_engine='fsdp'"),
     (ParallelDims(tp=4), {"dp_engine": "deepspeed"}, StrategyError, "'deepspeed' is unknown"),
     (ParallelDims(tp=4), {"tp_plna": {}}, StrategyError, "unknown option 'tp_plna'"),
 ])

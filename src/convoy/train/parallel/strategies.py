@@ -15,18 +15,19 @@ How each axis is realised:
   ``pp_split_at``, ``pp_layers``, and the required ``loss_fn(output, target)``). The training step is
   ``loss = model(inputs, target=labels)`` (forward and backward together); ``accelerator.backward(loss)``
   then has nothing left to do and is a no-op.
-- dp: option ``dp_engine`` = ``"fsdp"`` (FSDP2 ``fully_shard`` over the dp mesh; the default without pp),
-  ``"ddp"``, or ``"zero1"`` (DDP + ``ZeroRedundancyOptimizer`` over the dp group; the default with pp, as
-  the multi-GPU guide recommends). ``dp_replicate`` x ``dp_shard`` both > 1 is HSDP (``fully_shard`` on
-  the 2-D dp mesh).
+- dp: option ``dp_engine`` = ``"fsdp"`` (FSDP2 ``fully_shard`` over the dp mesh: of the whole model, or of
+  each pipeline stage with ``reshard_after_forward=False``), ``"ddp"``, or ``"zero1"`` (DDP +
+  ``ZeroRedundancyOptimizer`` over the dp group). Default: ``"zero1"`` for dp x pp, as the multi-GPU guide
+  recommends, else ``"fsdp"`` (tp makes the weights DTensors, which only FSDP2 takes). ``dp_replicate`` x
+  ``dp_shard`` both > 1 is HSDP (``fully_shard`` on the 2-D dp mesh).
 
 - tp x pp: the TP plan is applied to the whole model on the tp sub-mesh first; the pipeline then traces it
   with plain stand-ins of the split modules (``tracing_stand_ins``: this rank's local shapes) and puts
   the real tensor-parallel modules back into each stage, whose schedule runs over the pp sub-mesh's group.
+- dp x tp x pp: as tp x pp, then each stage is sharded with FSDP2 over the dp mesh (torchtitan's 3D layout).
 
-Not supported yet (``NotSupportedYetError``): dp together with tp and pp, ``sequence_parallel`` with pp,
-checkpoints of tp x pp, tp with ``dp_engine`` ddp/zero1, pp with ``dp_engine="fsdp"``, checkpoints of
-zero1 layouts, gradient accumulation (``no_sync``) with pp.
+Not supported yet (``NotSupportedYetError``): tp with ``dp_engine`` ddp/zero1 (use fsdp), checkpoints of
+zero1 layouts, gradient accumulation (``no_sync``) with pp (raise ``pp_microbatches`` instead).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from convoy.errors import NotSupportedYetError, StrategyError
@@ -68,17 +70,11 @@ class ParallelStrategy(Strategy, SupportsNoSync):
                                 f"{', '.join(_OPTIONS)}")
         dims = self.default_dims(context)
         dims.check_world_size(context.world_size)
-        engine = context.options.get("dp_engine", "zero1" if dims.pp > 1 else "fsdp")
+        # ZeRO-1 with pp, as the multi-GPU guide recommends; FSDP2 wherever tp splits the weights (DDP and
+        # ZeroRedundancyOptimizer do not take DTensor parameters)
+        engine = context.options.get("dp_engine", "zero1" if dims.pp > 1 and dims.tp == 1 else "fsdp")
         if engine not in _DP_ENGINES:
             raise StrategyError(f"dp_engine={engine!r} is unknown; choose one of {', '.join(_DP_ENGINES)}")
-        if dims.tp > 1 and dims.pp > 1 and dims.dp > 1:
-            raise NotSupportedYetError("dp together with tp and pp is not supported yet; use tp x pp, tp x dp "
-                                       "or pp x dp")
-        if dims.tp > 1 and dims.pp > 1 and context.options.get("sequence_parallel"):
-            raise NotSupportedYetError("sequence_parallel together with pp is not supported yet; turn it off")
-        if dims.pp > 1 and dims.dp > 1 and engine == "fsdp":
-            raise NotSupportedYetError("pp with dp_engine='fsdp' is not supported yet; use dp_engine='zero1' "
-                                       "(the default with pp) or 'ddp'")
         if dims.tp > 1 and dims.dp > 1 and engine != "fsdp":
             raise NotSupportedYetError(f"tp with dp_engine={engine!r} is not supported yet; use dp_engine='fsdp'")
         if dims.dp_replicate > 1 and dims.dp_shard > 1 and engine != "fsdp":
@@ -93,6 +89,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         # fully_shard replace parameters, and an optimizer built before prepare() must follow them.
         self._origins = ParameterOrigins()
         self._pipelines: list[PipelineModule] = []
+        self._optimizers: list[Any] = []  # re-pointed again when a pipeline shards its stages on the first call
 
     @classmethod
     def default_dims(cls, context: StrategyContext) -> ParallelDims:
@@ -139,10 +136,14 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             # with tp, parallelize_module replaced the split parameters (DTensors, which the stages share):
             # an optimizer built before prepare() must follow them
             self._origins.record(module, names)
+            wrap = None
+            if self.dims.dp > 1:
+                wrap = self._shard_stage if self.dp_engine == "fsdp" else self._wrap_stage
             pipe = PipelineModule(module, config=PipelineConfig.from_options(dict(self.context.options)),
                                   loss_fn=self.context.options.get("loss_fn"), group=pm.pp.get_group(),
-                                  device=self.root_device, wrap_stage=self._wrap_stage if self.dims.dp > 1 else None,
-                                  trace_stand_ins=stand_ins)
+                                  device=self.root_device, wrap_stage=wrap, trace_stand_ins=stand_ins)
+            # stages are built (and, with fsdp, sharded) on the first call: optimizers follow them then
+            pipe.on_build(lambda _: [self._origins.repoint(opt) for opt in self._optimizers])
             self._pipelines.append(pipe)
             return pipe
         if self.dims.dp > 1:
@@ -163,6 +164,25 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             return module
         return self._wrap_stage(module)
 
+    def _shard_stage(self, stage: "torch.nn.Module") -> "torch.nn.Module":
+        """FSDP2 over the dp mesh for one pipeline stage. Parameters stay gathered between the micro-batches'
+        forward and backward (``reshard_after_forward=False``, as torchtitan does with pp); the schedule itself
+        turns gradient reduction off until the last micro-batch."""
+        from torch.distributed.fsdp import fully_shard
+
+        from convoy.train.strategies.fsdp import _blocks
+
+        self._origins.record(stage, {id(p): n for n, p in stage.named_parameters()})
+        # A traced stage can end in a view (a reshape); FSDP2 warns that an in-place op on it would skip the
+        # all-gather. The schedule only sends it on or feeds it to the loss, never in place: the warning,
+        # printed by every rank, says nothing to the user here.
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPGraphModule\) returned a view")
+        mesh = self.mesh.dp_shard_mesh
+        for block in _blocks(stage, self.context.options.get("auto_wrap")):
+            fully_shard(block, mesh=mesh, reshard_after_forward=False)
+        fully_shard(stage, mesh=mesh, reshard_after_forward=False)
+        return stage
+
     def _wrap_stage(self, module: "torch.nn.Module") -> "torch.nn.Module":
         """DDP over the dp group (used for whole models and for pipeline stages)."""
         from torch.nn.parallel import DistributedDataParallel
@@ -173,6 +193,8 @@ class ParallelStrategy(Strategy, SupportsNoSync):
 
     def setup_optimizer(self, optimizer: "torch.optim.Optimizer", module: Any = None) -> "torch.optim.Optimizer":
         self._origins.repoint(optimizer)
+        if self.dp_engine != "zero1" or self.dims.dp == 1:
+            self._optimizers.append(optimizer)  # ZeRO-1 stages keep their parameters; nothing to re-point
         if self.dp_engine == "zero1" and self.dims.dp > 1:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
