@@ -100,8 +100,62 @@ def test_recommend_for_module_for_the_accelerator():
 def test_auto_strategy_hook_for_choose_strategy():
     from convoy.plan.api import auto_strategy
 
-    name, reason = auto_strategy(num_parameters=10**8, world_size=4, device_bytes=80 * GiB)
-    assert name == "ddp" and "fits" in reason
-    assert auto_strategy(num_parameters=7 * 10**9, world_size=4, device_bytes=80 * GiB)[0] in ("zero2", "zero3")
-    assert auto_strategy(num_parameters=10**8, world_size=1, device_bytes=80 * GiB)[0] == "single"
+    layout = auto_strategy(num_parameters=10**8, world_size=4, device_bytes=80 * GiB)
+    assert layout.name == "ddp" and layout.dims is None and "fits" in layout.reason
+    assert auto_strategy(num_parameters=7 * 10**9, world_size=4, device_bytes=80 * GiB).name in ("zero2", "zero3")
+    assert auto_strategy(num_parameters=10**8, world_size=1, device_bytes=80 * GiB).name == "single"
     assert auto_strategy(num_parameters=10**12, world_size=2, device_bytes=GiB) is None
+
+
+def _gpt_config(**overrides):
+    """A Llama-2-7B-shaped config dict (32 heads, 32 layers)."""
+    return {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "vocab_size": 32000, **overrides}
+
+
+def test_auto_strategy_splits_only_by_the_degrees_it_is_given():
+    from convoy.plan.api import auto_strategy
+
+    model = _gpt_config()
+    n = 6_738_415_616
+    # 4 x 30 GiB bf16: no data-parallel layout fits; tp4 does
+    layout = auto_strategy(num_parameters=n, world_size=4, device_bytes=30 * GiB, precision="bf16", model=model,
+                           tp_degrees=(2, 4))
+    assert layout.name == "parallel" and layout.dims.tp == 4 and layout.dims.world_size == 4
+    assert layout.describe() == "parallel (dp=1,tp=4,pp=1)" and "tp4 fits" in layout.reason
+    # tp=2 only (as for a model whose kv heads tp=4 would not divide): nothing fits
+    assert auto_strategy(num_parameters=n, world_size=4, device_bytes=30 * GiB, precision="bf16", model=model,
+                         tp_degrees=(2,)) is None
+    # no degrees: the data-parallel comparison of a bare parameter count, whatever the model
+    assert auto_strategy(num_parameters=n, world_size=4, device_bytes=30 * GiB, precision="bf16",
+                         model=model) is None
+    # a pipeline loop: pipeline layouts only, each replica by DDP or ZeRO-1
+    layout = auto_strategy(num_parameters=n, world_size=4, device_bytes=80 * GiB, precision="bf16", model=model,
+                           tp_degrees=(2, 4), pp_degrees=(2, 4), pipeline=True)
+    assert layout.dims.pp > 1 and "loss_fn" in layout.reason
+    assert layout.dp_engine in (("ddp", "zero1") if layout.dims.dp > 1 else (None,)), layout
+
+
+def test_auto_layout_degrees_go_with_strategy_parallel_only():
+    from convoy.plan.api import AutoLayout
+    from convoy.plan.dims import ParallelDims
+
+    with pytest.raises(PlanError, match="parallel"):
+        AutoLayout(name="ddp", reason="", dims=ParallelDims(tp=2))
+    with pytest.raises(PlanError, match="parallel"):
+        AutoLayout(name="parallel", reason="")
+
+
+def test_recommend_for_module_proposes_only_layouts_the_trainer_runs():
+    from convoy.plan.api import runs_in_trainer
+    from convoy.plan.hardware import parse_hardware
+    from convoy.plan.model import from_hf_config
+
+    cands = list(convoy.plan.candidates.enumerate_candidates(from_hf_config(_gpt_config()),
+                                                             parse_hardware("8xH100-80GB"), global_batch=8,
+                                                             micro_batch=1))
+    kept = {c.name for c in cands if runs_in_trainer(c)}
+    assert {"ddp", "zero3", "zero3+tp2", "tp8", "ddp+pp2", "zero1+pp2", "tp2+pp4"} <= kept
+    # tp with dp > 1 only through FSDP2; dp x tp x pp not at all
+    assert not kept & {"ddp+tp2", "zero1+tp2", "ddp+tp2+pp2", "zero1+tp2+pp2"}
+    assert {"ddp+tp2", "zero1+tp2", "ddp+tp2+pp2"} <= {c.name for c in cands}

@@ -1,25 +1,155 @@
-"""strategy="auto": the planner answers, the simple rule is the fallback."""
+"""strategy="auto": the planner answers (data parallel, or tp/pp where model and loop allow), the rule is the fallback."""
 
-from convoy.train.auto import choose_strategy, planner_hook
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from convoy.train.auto import AutoLayout, choose_strategy, planner_hook, pp_degrees, tp_degrees
+from tests.distributed import run_script
+from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, lm_loss
 
 GIB = 2**30
+SCRIPTS = Path(__file__).parent / "scripts"
+# a Llama-7B-shaped model (6.74B parameters, 32 heads, 32 blocks), built on the meta device: no memory
+LLAMA_7B_SHAPE = TinyConfig(vocab=32000, dim=4096, heads=32, layers=32, hidden=11008)
+
+
+def meta_gpt(cfg: TinyConfig = LLAMA_7B_SHAPE) -> TinyGPT:
+    with torch.device("meta"):
+        return TinyGPT(cfg)
+
+
+def count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def auto(model, *, world_size, device_gib, options=None, precision="bf16") -> AutoLayout:
+    return choose_strategy(world_size=world_size, num_parameters=count(model), device_bytes=int(device_gib * GIB),
+                           planner=planner_hook(precision), model=model, options=options or {})
 
 
 def test_planner_keeps_a_small_model_replicated():
-    name, reason = choose_strategy(world_size=2, num_parameters=100_000, device_bytes=12 * GIB,
-                                   planner=planner_hook("no"))
-    assert name == "ddp"
-    assert "100.0K parameters with fp32 adamw" in reason and "case 1" in reason
+    layout = choose_strategy(world_size=2, num_parameters=100_000, device_bytes=12 * GIB, planner=planner_hook("no"))
+    assert layout.name == "ddp" and layout.dims is None
+    assert "100.0K parameters with fp32 adamw" in layout.reason and "case 1" in layout.reason
 
 
 def test_planner_shards_a_model_that_does_not_fit_one_device():
-    name, reason = choose_strategy(world_size=8, num_parameters=7_000_000_000, device_bytes=80 * GIB,
-                                   planner=planner_hook("bf16"))
-    assert name in ("zero1", "zero2", "zero3")
-    assert "104.3 GiB" in reason and "case 2" in reason
+    layout = choose_strategy(world_size=8, num_parameters=7_000_000_000, device_bytes=80 * GIB,
+                             planner=planner_hook("bf16"))
+    assert layout.name in ("zero1", "zero2", "zero3")
+    assert "104.3 GiB" in layout.reason and "case 2" in layout.reason
 
 
 def test_rule_answers_when_nothing_fits_for_the_planner():
     # 1e12 parameters on 2 x 1 GiB: no layout fits, the planner declines, the rule says zero3.
-    name, _ = choose_strategy(world_size=2, num_parameters=10**12, device_bytes=GIB, planner=planner_hook("no"))
-    assert name == "zero3"
+    layout = choose_strategy(world_size=2, num_parameters=10**12, device_bytes=GIB, planner=planner_hook("no"))
+    assert layout.name == "zero3"
+
+
+def test_a_model_too_big_for_sharded_data_parallel_gets_tensor_parallel():
+    model = meta_gpt()
+    # 4 x 30 GiB: zero3 needs 34 GiB per device, zero3 + tp2 32 GiB, tp4 29 GiB
+    layout = auto(model, world_size=4, device_gib=30)
+    assert layout.name == "parallel" and layout.dims.tp == 4 and layout.dims.world_size == 4
+    assert "tp4 fits" in layout.reason and "case 2" in layout.reason
+    assert layout.describe() == "parallel (dp=1,tp=4,pp=1)"
+    # 4 x 33 GiB: FSDP2 over dp=2 with tp=2 inside
+    layout = auto(model, world_size=4, device_gib=33)
+    assert (layout.dims.dp_shard, layout.dims.tp, layout.dims.pp, layout.dp_engine) == (2, 2, 1, "fsdp")
+    assert layout.dims.world_size == 4
+    # with room for ZeRO the planner keeps data parallelism (faster on paper than tp here)
+    assert auto(model, world_size=4, device_gib=40).name == "zero3"
+
+
+def test_a_model_that_fits_stays_data_parallel_though_it_could_be_split():
+    model = TinyGPT(TinyConfig())
+    assert tp_degrees(model, world_size=2, options={}) == (2,)
+    layout = auto(model, world_size=2, device_gib=64, precision="no")
+    assert layout.name == "ddp" and layout.dims is None
+
+
+class BigMLP(torch.nn.Module):
+    """No projection names, so no tensor-parallel plan, even with a head count attribute."""
+
+    num_heads = 32
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(16384, 16384) for _ in range(24))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def test_an_mlp_without_a_tp_plan_never_gets_tp():
+    with torch.device("meta"):
+        mlp = BigMLP()
+    assert tp_degrees(mlp, world_size=4, options={}) == ()
+    for gib in (30, 40, 80):
+        layout = auto(mlp, world_size=4, device_gib=gib)
+        assert layout.name != "parallel" and layout.dims is None, layout
+
+
+def test_tp_needs_heads_that_are_known_and_divisible():
+    three_heads = TinyGPT(TinyConfig(vocab=48, dim=12, heads=3, hidden=24))
+    assert tp_degrees(three_heads, world_size=2, options={}) == ()
+    assert tp_degrees(three_heads, world_size=6, options={}) == (3,)
+    unknown = TinyGPT(TinyConfig())
+    del unknown.config  # the head count now lives only on the attention modules
+    assert tp_degrees(unknown, world_size=2, options={}) == (2,)
+    for block in unknown.layers:
+        del block.self_attn.num_heads
+        block.self_attn.head_dim = 4
+    assert tp_degrees(unknown, world_size=2, options={}) == ()
+
+
+def test_nn_multihead_attention_gets_no_tp():
+    # its q/k/v are one packed parameter; splitting only out_proj would be wrong
+    enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True), 2)
+    assert tp_degrees(enc, world_size=2, options={}) == ()
+
+
+def test_pp_only_with_loss_fn():
+    model = meta_gpt()
+    assert pp_degrees(model, world_size=4, options={}) == ()
+    assert pp_degrees(model, world_size=4, options={"loss_fn": lm_loss}) == (2, 4)
+    for gib in (30, 33, 80):
+        layout = auto(model, world_size=4, device_gib=gib)
+        assert layout.dims is None or layout.dims.pp == 1, layout
+    # the loop trains with model(x, target=y): only pipeline layouts are compared
+    for gib in (33, 80):
+        layout = auto(model, world_size=4, device_gib=gib, options={"loss_fn": lm_loss})
+        assert layout.name == "parallel" and layout.dims.pp > 1 and layout.dims.world_size == 4, layout
+        assert "loss_fn" in layout.reason
+        if layout.dims.dp > 1:
+            assert layout.dp_engine in ("ddp", "zero1")
+
+
+def test_pp_degrees_follow_the_pipeline_options():
+    model = TinyGPT(TinyConfig(layers=4))
+    assert pp_degrees(model, world_size=8, options={"loss_fn": lm_loss}) == (2, 4)
+    # interleaved: two stages per process, so pp=4 would need 8 layers
+    options = {"loss_fn": lm_loss, "pp_schedule": "interleaved_1f1b"}
+    assert pp_degrees(model, world_size=8, options=options) == (2,)
+
+
+def test_a_planner_with_the_old_three_keywords_and_a_pair_still_answers():
+    def planner(*, num_parameters, world_size, device_bytes):
+        return "zero2", f"{num_parameters} on {world_size}"
+
+    layout = choose_strategy(world_size=2, num_parameters=10, device_bytes=GIB, planner=planner,
+                             model=TinyGPT(TinyConfig()), options={})
+    assert layout == AutoLayout(name="zero2", reason="10 on 2")
+
+
+def test_strategy_auto_trains_tiny_gpt_at_tp2_on_two_processes():
+    result = run_script(SCRIPTS / "auto_tp.py", nproc=2, timeout=120)
+    assert result.returncode == 0, result.output
+    assert re.search(r"strategy=auto chose parallel \(dp=1,tp=2,pp=1\): .*tp2 fits", result.output), result.output
+    # both tp ranks matched one process (losses, clipped gradient norms, final weights)
+    assert sorted(re.findall(r"rank (\d) TP loss diff .* OK", result.output)) == ["0", "1"], result.output

@@ -9,7 +9,8 @@
     convoy plan Llama-2-7b/config.json --hardware 8xH100-80GB --seq-len 4096        # the same, as a table
 
 For ``Accelerator(strategy="auto")``: ``recommend_for_module(module, world_size=..., device_memory_bytes=...)``
-returns the ``Recommendation`` (``.strategy``, ``.dims``, ``.cpu_offload``, ``.reasons``).
+returns the ``Recommendation`` (``.strategy``, ``.dims``, ``.cpu_offload``, ``.reasons``), and ``auto_strategy``
+turns it into the ``AutoLayout`` the trainer builds (a strategy name, and for tp/pp its ``ParallelDims``).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any, Callable, Collection
 
 from convoy.errors import PlanError
 from convoy.plan.candidates import Candidate, enumerate_candidates
+from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import GpuSpec, Hardware, hardware_from_inventory, lookup_gpu, parse_hardware
 from convoy.plan.memory import Layout, MemoryBreakdown, RunSpec, memory_per_gpu
 from convoy.plan.model import ModelSpec, resolve_model
@@ -28,7 +30,7 @@ from convoy.plan.recommend import Recommendation, Row, recommend
 from convoy.plan.timing import DEFAULT_EFFICIENCY, step_time
 from convoy.plan.units import format_bytes, format_seconds
 
-__all__ = ["Plan", "plan", "plan_for", "recommend_for_module", "auto_strategy"]
+__all__ = ["Plan", "plan", "plan_for", "recommend_for_module", "auto_strategy", "AutoLayout", "runs_in_trainer"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,8 +74,11 @@ class Plan:
 
 def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int | None = None,
              efficiency: float = DEFAULT_EFFICIENCY, offload: bool = True,
-             allowed: Collection[str] | None = None, explain_breaks: bool = True) -> Plan:
-    """The plan for already-resolved inputs (``plan`` resolves names, files and the inventory first)."""
+             allowed: Collection[str] | None = None, explain_breaks: bool = True,
+             keep: Callable[[Candidate], bool] | None = None) -> Plan:
+    """The plan for already-resolved inputs (``plan`` resolves names, files and the inventory first).
+
+    ``keep``: a further filter on the candidates (``recommend_for_module`` keeps what the trainer can run)."""
     if not 0 < efficiency <= 1:
         raise PlanError(f"efficiency must be in (0, 1], got {efficiency}")
     gb = global_batch or run.global_batch or run.micro_batch * hw.world_size
@@ -83,6 +88,8 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
     for cand in enumerate_candidates(model, hw, global_batch=gb, micro_batch=run.micro_batch, offload=offload):
         if allowed is not None and not _allowed(cand, allowed):
             continue
+        if keep is not None and not keep(cand):
+            continue
         mem = memory_per_gpu(model, run, cand.layout)
         t = step_time(model, run, cand.layout, hw, global_batch=gb, efficiency=efficiency)
         rows.append(Row(candidate=cand, memory=mem, time=t, fits=mem.total <= hw.gpu.memory_bytes))
@@ -91,10 +98,10 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
     single = memory_per_gpu(model, run, Layout())
     rec = recommend(rows, model=model, run=run, hw=hw, single=single)
     if explain_breaks and rec.row is not None:
-        rec = replace(rec, breaks=_breaks(rec, model, run, hw, gb, efficiency, offload, allowed))
+        rec = replace(rec, breaks=_breaks(rec, model, run, hw, gb, efficiency, offload, allowed, keep))
     elif explain_breaks and run.recompute != "full" and run.training:
         full = plan_for(model, replace(run, recompute="full"), hw, global_batch=gb, efficiency=efficiency,
-                        offload=offload, allowed=allowed, explain_breaks=False).recommendation.row
+                        offload=offload, allowed=allowed, explain_breaks=False, keep=keep).recommendation.row
         if full is not None:
             rec = replace(rec, breaks=(f"With recompute='full' (checkpoint every block) {full.name} fits at "
                                        f"{format_bytes(full.memory.total, binary=True)} per GPU and takes "
@@ -110,13 +117,13 @@ def _allowed(cand: Candidate, allowed: Collection[str]) -> bool:
         not cand.layout.offload or "offload" in allowed)
 
 
-def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowed) -> tuple[str, ...]:
+def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowed, keep) -> tuple[str, ...]:
     """What would change the answer: twice the sequence length, and (on NVLink machines) PCIe instead."""
     name = rec.row.name  # type: ignore[union-attr]
     out = []
     longer = replace(run, seq_len=run.seq_len * 2)
     alt = plan_for(model, longer, hw, global_batch=gb, efficiency=efficiency, offload=offload, allowed=allowed,
-                   explain_breaks=False)
+                   explain_breaks=False, keep=keep)
     same = next((r for r in alt.rows if r.name == name), None)
     pick = alt.recommendation.row
     if same is not None and not same.fits:
@@ -130,7 +137,7 @@ def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowe
     if hw.intra == "nvlink" and hw.gpus_per_node > 1:
         pcie = replace(hw, intra="pcie", intra_gbs=None)
         alt = plan_for(model, run, pcie, global_batch=gb, efficiency=efficiency, offload=offload, allowed=allowed,
-                       explain_breaks=False)
+                       explain_breaks=False, keep=keep)
         pick = alt.recommendation.row
         same = next((r for r in alt.rows if r.name == name), None)
         slower = f" and takes {format_seconds(same.time.seconds)} per step" if same else ""
@@ -193,19 +200,61 @@ def resolve_hardware(hardware: str | Hardware | None = None, *, inventory: Any =
 
 #: the strategies the training layer implements today (convoy.train.strategies registry).
 TRAINER_STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
+#: the trainer's data-parallel engine (``strategy_options["dp_engine"]`` of strategy "parallel") for each
+#: candidate strategy, when a tp/pp layout also has dp > 1
+_DP_ENGINE = {"ddp": "ddp", "zero1": "zero1", "zero3": "fsdp"}
+_SHAPE_KEYS = ("layers", "hidden", "heads", "vocab", "ffn", "kv_heads")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutoLayout:
+    """What ``Accelerator(strategy="auto")`` builds: a strategy, its parallel degrees, and why."""
+
+    name: str
+    """The ``Accelerator(strategy=...)`` name: ``single``, ``ddp``, ``zero1``-``zero3``, or ``parallel`` (tp/pp)."""
+    reason: str
+    """One line saying why (printed by the Accelerator)."""
+    dims: ParallelDims | None = None
+    """The degrees for strategy ``parallel`` (tp or pp above 1); None for the data-parallel strategies."""
+    dp_engine: str | None = None
+    """How ``parallel`` realises dp > 1 (``fsdp``, ``ddp``, ``zero1``); None when dp = 1 or not ``parallel``."""
+
+    def __post_init__(self) -> None:
+        if (self.name == "parallel") != (self.dims is not None):
+            raise PlanError(f"layout {self.name!r}: parallel degrees go with strategy 'parallel' only")
+
+    def describe(self) -> str:
+        """``"zero3"``, or ``"parallel (dp=1,tp=2,pp=1)"``."""
+        return f"{self.name} ({self.dims.describe()})" if self.dims is not None else self.name
+
+
+def runs_in_trainer(candidate: Candidate) -> bool:
+    """True for layouts strategy ``"parallel"`` (``convoy.train.parallel``) builds from a candidate: with tp and
+    dp > 1 the weights are DTensors, which only FSDP2 shards (candidate ``zero3``); with pp and dp > 1 the
+    stages are replicated by DDP or ZeRO-1 (the only pipeline candidates). The planner never proposes sharded
+    (zero3) pipelines, so dp x tp x pp candidates (ddp or zero1 with tp) are left out by the first rule."""
+    d = candidate.layout.dims
+    if d.is_trivial or d.dp == 1:
+        return True
+    if d.tp > 1:
+        return candidate.strategy == "zero3"
+    return candidate.strategy in ("ddp", "zero1")
 
 
 def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: int, precision: str = "bf16",
                          seq_len: int = 2048, micro_batch: int = 1, optimizer: str = "adamw",
                          gpu: str | None = None, peak_tflops: float | None = None, gpus_per_node: int | None = None,
                          nodes: int = 1, allowed: Collection[str] = TRAINER_STRATEGIES,
-                         **shape: Any) -> Recommendation:
+                         tp_degrees: Collection[int] | None = None, pp_degrees: Collection[int] | None = None,
+                         require_pp: bool = False, **shape: Any) -> Recommendation:
     """The layout ``Accelerator(strategy="auto")`` should use for ``module`` on ``world_size`` devices.
 
     ``device_memory_bytes``: memory of one device (the smallest). ``gpu``: a table name or NVML device name
     for peak FLOPs and links (default: a generic PCIe device with 100 TFLOPs, which only affects time ties).
     ``allowed``: strategy names the caller can run (add ``"tp"``, ``"pp"``, ``"offload"`` when supported).
-    Raises ``PlanError`` when no allowed layout fits.
+    ``tp_degrees``/``pp_degrees``: the tp and pp degrees above 1 the model can take (None: any the planner
+    proposes); ``require_pp``: compare pipeline layouts only. Layouts the trainer cannot run
+    (``runs_in_trainer``) are never proposed. Raises ``PlanError`` when no allowed layout fits.
     """
     if world_size < 1 or device_memory_bytes <= 0:
         raise PlanError(f"recommend_for_module needs world_size >= 1 and device memory > 0, got "
@@ -223,7 +272,14 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
                   intra="nvlink" if spec.nvlink_gbs is not None else "pcie")
     model = resolve_model(module, **shape)
     run = RunSpec(seq_len=seq_len, micro_batch=micro_batch, precision=precision, optimizer=optimizer)
-    result = plan_for(model, run, hw, offload="offload" in allowed, allowed=allowed, explain_breaks=False)
+
+    def keep(cand: Candidate) -> bool:
+        d = cand.layout.dims
+        return (runs_in_trainer(cand) and (d.pp > 1 or not require_pp)
+                and (d.tp == 1 or tp_degrees is None or d.tp in tp_degrees)
+                and (d.pp == 1 or pp_degrees is None or d.pp in pp_degrees))
+
+    result = plan_for(model, run, hw, offload="offload" in allowed, allowed=allowed, explain_breaks=False, keep=keep)
     rec = result.recommendation
     if rec.row is None:
         raise PlanError(" ".join(rec.reasons))
@@ -231,16 +287,44 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
 
 
 def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, precision: str = "fp32",
-                  **kwargs: Any) -> tuple[str, str] | None:
-    """The ``planner`` hook of ``convoy.train.auto.choose_strategy``: ``(strategy name, one-line reason)``, or
-    None when no layout the trainer runs fits (the caller's own rule then answers)."""
+                  model: Any = None, tp_degrees: Collection[int] = (), pp_degrees: Collection[int] = (),
+                  pipeline: bool = False, **kwargs: Any) -> AutoLayout | None:
+    """The ``planner`` hook of ``convoy.train.auto.choose_strategy``: the ``AutoLayout`` to build, or None when
+    no layout the trainer runs fits (the caller's own rule then answers).
+
+    Without ``tp_degrees``/``pp_degrees`` (the degrees the training layer checked ``model`` can take) only the
+    data-parallel strategies are compared, for a model known by its parameter count alone. With them the
+    planner reads ``model``'s shape (blocks, hidden size, heads; ``heads=`` etc. in ``kwargs`` override) and
+    compares tp and pp layouts too; ``pipeline`` (the loop trains with ``model(x, target=y)``, which only a
+    pipeline runs) compares pipeline layouts only.
+    """
+    tp_degrees = tuple(t for t in tp_degrees if t > 1)
+    pp_degrees = tuple(p for p in pp_degrees if p > 1)
+    split = model is not None and bool(tp_degrees or pp_degrees)
+    allowed = TRAINER_STRATEGIES + (("tp",) if tp_degrees else ()) + (("pp",) if pp_degrees else ())
     try:
-        rec = recommend_for_module(ModelSpec(name=f"{num_parameters:,} parameters", num_params=int(num_parameters)),
-                                   world_size=world_size, device_memory_bytes=device_bytes, precision=precision,
-                                   **kwargs)
+        if split:
+            rec = recommend_for_module(model, world_size=world_size, device_memory_bytes=device_bytes,
+                                       precision=precision, allowed=allowed, tp_degrees=tp_degrees,
+                                       pp_degrees=pp_degrees, require_pp=pipeline and bool(pp_degrees), **kwargs)
+        else:  # a bare parameter count: no shape, so no activations (what auto compared before tp and pp)
+            rest = {k: v for k, v in kwargs.items() if k not in _SHAPE_KEYS}
+            rec = recommend_for_module(ModelSpec(name=f"{num_parameters:,} parameters",
+                                                 num_params=int(num_parameters)),
+                                       world_size=world_size, device_memory_bytes=device_bytes, precision=precision,
+                                       **rest)
     except PlanError:
         return None
-    return rec.strategy or "single", rec.reasons[0]
+    dims = rec.dims
+    assert rec.row is not None and dims is not None  # recommend_for_module raises when nothing fits
+    reason = rec.reasons[0]
+    if dims.is_trivial:
+        return AutoLayout(name=rec.strategy or "single", reason=reason)
+    if pipeline and dims.pp > 1:
+        reason += (" strategy_options has loss_fn (a loop that trains with model(x, target=y)), so only "
+                   "pipeline layouts were compared.")
+    return AutoLayout(name="parallel", reason=f"{reason} {rec.reasons[1]}", dims=dims,
+                      dp_engine=_DP_ENGINE[rec.strategy or "ddp"] if dims.dp > 1 else None)
 
 
 def format_plan(p: Plan) -> str:

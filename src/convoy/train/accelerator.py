@@ -194,21 +194,27 @@ class Accelerator:
             return self._strategy
         name = self.settings.strategy
         dims = self.settings.parallel_dims
+        options = self._strategy_options
         if name == "auto" and dims is not None and not dims.is_trivial:
             name = "parallel"  # tp/pp requested: convoy.train.parallel's strategy builds that layout
         if name == "auto":
             count = sum(p.numel() for p in model.parameters()) if model is not None else 0
-            name, reason = choose_strategy(
+            layout = choose_strategy(
                 world_size=self.settings.world_size, num_parameters=count,
                 planner=self._planner or planner_hook(self.settings.mixed_precision),
-                device_bytes=device_memory_bytes(self.settings.device_type, self.settings.local_world_size))
+                device_bytes=device_memory_bytes(self.settings.device_type, self.settings.local_world_size),
+                model=model if dims is None else None, options=options)  # degrees given: data parallel only
+            name = layout.name
+            if layout.dims is not None:  # tp/pp chosen: strategy "parallel" builds these degrees
+                dims = layout.dims
+                options = {**({"dp_engine": layout.dp_engine} if layout.dp_engine else {}), **options}
             if self.settings.world_size > 1 and self.is_main_process:
-                print(f"convoy: strategy=auto chose {name}: {reason}", flush=True)
+                print(f"convoy: strategy=auto chose {layout.describe()}: {layout.reason}", flush=True)
         context = StrategyContext(
             rank=self.settings.rank, local_rank=self.settings.local_rank, world_size=self.settings.world_size,
             local_world_size=self.settings.local_world_size, device_type=self.settings.device_type,
             mixed_precision=self.settings.mixed_precision, collective_timeout_s=self.settings.collective_timeout_s,
-            parallel_dims=self.settings.parallel_dims, options=self._strategy_options)
+            parallel_dims=dims, options=options)
         strategy = create_strategy(name, context)
         if strategy.needs_process_group:
             start_process_group(self.settings, always=True)

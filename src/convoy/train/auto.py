@@ -1,25 +1,43 @@
-"""``strategy="auto"``: DDP when the model's training state fits one device, else sharding.
+"""``strategy="auto"``: the planner's layout (data parallel, or tp/pp where the model and the loop allow), else a rule.
 
-    name, reason = choose_strategy(world_size=4, num_parameters=7e9, device_bytes=80 * 2**30)
-    # -> ("zero3", "the model needs ~104.3 GiB for fp32 weights, gradients and Adam state; ...")
+    layout = choose_strategy(world_size=4, num_parameters=7e9, device_bytes=80 * 2**30)
+    layout.name, layout.reason   # ("zero3", "the model needs ~104.3 GiB for fp32 weights, gradients and Adam ...")
+    layout = choose_strategy(world_size=2, num_parameters=n, device_bytes=b, planner=planner_hook(None),
+                             model=model, options={})
+    layout.name, layout.dims     # ("parallel", ParallelDims(tp=2)) when the planner's winner splits the model
 
-``planner`` is the hook for ``convoy.plan``: a callable ``planner(num_parameters=, world_size=,
-device_bytes=) -> (name, reason) | None``; when it answers, its answer wins, and the rule below is the
-fallback.
+``planner`` is the hook for ``convoy.plan``: a callable ``planner(num_parameters=, world_size=, device_bytes=,
+model=, tp_degrees=, pp_degrees=, pipeline=) -> AutoLayout | (name, reason) | None`` (a planner that takes
+only the first three keywords gets only those). When it answers, its answer wins, and the rule below is the
+fallback. What the planner may split is decided here, where the model can be inspected:
+
+- tp degrees: those dividing the world size for which the model has a tensor-parallel plan
+  (``resolve_tp_plan``; a model without projection names has none) that ``check_tp_plan`` accepts, and
+  whose attention head counts are known and divisible. A model whose heads are unknown gets no tp.
+- pp degrees: only when ``options`` has ``loss_fn``, the signal of a loop that trains with
+  ``loss = model(x, target=y)``; then only pipeline layouts are compared (that loop runs only under pp).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
-from typing import Callable
+from typing import Any, Callable, Mapping
 
-__all__ = ["choose_strategy", "planner_hook", "training_bytes", "device_memory_bytes"]
+from convoy.errors import NotSupportedYetError, StrategyError
+from convoy.plan.api import AutoLayout
+
+__all__ = ["AutoLayout", "choose_strategy", "planner_hook", "training_bytes", "device_memory_bytes",
+           "tp_degrees", "pp_degrees", "model_head_counts"]
 
 # fp32 weights (4) + gradients (4) + Adam's two moments (8); activations come on top, hence the headroom.
 BYTES_PER_PARAMETER = 16
 HEADROOM = 0.8
+# attributes holding head counts (on a Hugging Face config or on attention modules); tp must divide each
+_HEAD_ATTRS = ("num_attention_heads", "num_heads", "n_heads", "n_head", "num_key_value_heads", "n_kv_heads",
+               "num_kv_heads")
 
-Planner = Callable[..., "tuple[str, str] | None"]
+Planner = Callable[..., "AutoLayout | tuple[str, str] | None"]
 
 
 def training_bytes(num_parameters: int) -> int:
@@ -44,6 +62,68 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
+def _divisors_above_one(n: int) -> list[int]:
+    return [d for d in range(2, n + 1) if n % d == 0]
+
+
+def model_head_counts(model: Any) -> dict[str, int]:
+    """Every head count the model states: its config's and its modules' (``name.attr`` -> count)."""
+    found: dict[str, int] = {}
+    config = getattr(model, "config", None)
+    for owner, prefix in [(config, "config")] + [(m, n or "model") for n, m in model.named_modules()]:
+        for attr in _HEAD_ATTRS:
+            value = getattr(owner, attr, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                found[f"{prefix}.{attr}"] = value
+    return found
+
+
+def tp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tuple[int, ...]:
+    """The tp degrees above 1 (dividing ``world_size``) that ``model`` can be split by; () when none."""
+    if model is None or world_size < 2:
+        return ()
+    heads = model_head_counts(model)
+    if not heads:  # the planner cannot cost tp, and a head count the split would break is unknown
+        return ()
+    from convoy.train.parallel.tensor import check_tp_plan, resolve_tp_plan
+
+    try:
+        plan = resolve_tp_plan(model, options.get("tp_plan"),
+                               sequence_parallel=bool(options.get("sequence_parallel", False)))
+    except (StrategyError, NotSupportedYetError):
+        return ()
+    styles = {style for _, style in plan.styles}
+    if not any(s.startswith("colwise") for s in styles) or not any(s.startswith("rowwise") for s in styles):
+        return ()  # a lone split (e.g. nn.MultiheadAttention's out_proj beside its packed in_proj) is no tp plan
+    out = []
+    for tp in _divisors_above_one(world_size):
+        if any(count % tp for count in heads.values()):
+            continue
+        try:
+            check_tp_plan(model, plan, tp)
+        except StrategyError:
+            continue
+        out.append(tp)
+    return tuple(out)
+
+
+def pp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tuple[int, ...]:
+    """The pp degrees above 1 ``model`` can be cut into, when ``options`` has ``loss_fn``; () otherwise."""
+    if model is None or world_size < 2 or options.get("loss_fn") is None:
+        return ()
+    from convoy.train.parallel.pipeline import PipelineConfig, stage_boundaries
+
+    config = PipelineConfig.from_options(dict(options))  # bad pipeline options are the user's error: raise
+    out = []
+    for pp in _divisors_above_one(world_size):
+        try:
+            stage_boundaries(model, pp * config.local_stages(), split_at=config.split_at, layers=config.layers)
+        except StrategyError:
+            continue
+        out.append(pp)
+    return tuple(out)
+
+
 def planner_hook(mixed_precision: str | None) -> Planner:
     """convoy's planner as the ``planner`` of ``choose_strategy``, for this run's precision recipe."""
     from functools import partial
@@ -54,20 +134,54 @@ def planner_hook(mixed_precision: str | None) -> Planner:
     return partial(auto_strategy, precision=precision)
 
 
-def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int,
-                    planner: Planner | None = None) -> tuple[str, str]:
-    """The strategy ``"auto"`` stands for, and one line saying why. Pure (given ``planner``)."""
+def _ask(planner: Planner, **kwargs: Any) -> AutoLayout | None:
+    """Call ``planner`` with the keywords it takes; accept a layout or a ``(name, reason)`` pair."""
+    try:
+        params = inspect.signature(planner).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        params = {}
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    answer = planner(**kwargs)
+    if answer is None or isinstance(answer, AutoLayout):
+        return answer
+    name, reason = answer
+    return AutoLayout(name=name, reason=reason)
+
+
+def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int, planner: Planner | None = None,
+                    model: Any = None, options: Mapping[str, Any] | None = None) -> AutoLayout:
+    """The layout ``"auto"`` stands for, and one line saying why. Pure (given ``planner``).
+
+    ``model`` and ``options`` (the ``strategy_options``) decide which tp and pp degrees the planner may
+    propose (see the module docstring); without ``model`` only data-parallel strategies are compared.
+    """
     if planner is not None:
-        answer = planner(num_parameters=num_parameters, world_size=world_size, device_bytes=device_bytes)
+        options = options or {}
+        tps = tp_degrees(model, world_size=world_size, options=options)
+        pps = pp_degrees(model, world_size=world_size, options=options)
+        split = bool(tps or pps)
+        heads = _config_heads(model) if split else None
+        answer = _ask(planner, num_parameters=num_parameters, world_size=world_size, device_bytes=device_bytes,
+                      model=model if split else None, tp_degrees=tps, pp_degrees=pps,
+                      pipeline=options.get("loss_fn") is not None, **({"heads": heads} if heads else {}))
         if answer is not None:
             return answer
     need = training_bytes(num_parameters)
     if world_size == 1:
-        return "single", f"one process; the model needs ~{_gib(need)} for weights, gradients and Adam state"
+        return AutoLayout(name="single", reason=f"one process; the model needs ~{_gib(need)} for weights, "
+                                                "gradients and Adam state")
     if need <= HEADROOM * device_bytes:
-        return "ddp", (f"the model needs ~{_gib(need)} for fp32 weights, gradients and Adam state, which fits "
-                       f"one device ({_gib(device_bytes)} available), so each of the {world_size} processes "
-                       "keeps a full replica (DDP)")
-    return "zero3", (f"the model needs ~{_gib(need)} for fp32 weights, gradients and Adam state, more than "
-                     f"{HEADROOM:.0%} of one device ({_gib(device_bytes)}), so it is sharded over "
-                     f"{world_size} processes (FSDP2, zero3)")
+        return AutoLayout(name="ddp", reason=(
+            f"the model needs ~{_gib(need)} for fp32 weights, gradients and Adam state, which fits one device "
+            f"({_gib(device_bytes)} available), so each of the {world_size} processes keeps a full replica (DDP)"))
+    return AutoLayout(name="zero3", reason=(
+        f"the model needs ~{_gib(need)} for fp32 weights, gradients and Adam state, more than {HEADROOM:.0%} of "
+        f"one device ({_gib(device_bytes)}), so it is sharded over {world_size} processes (FSDP2, zero3)"))
+
+
+def _config_heads(model: Any) -> int | None:
+    """The attention heads a Hugging Face-style config states (wins over what the planner finds in modules)."""
+    from convoy.train.parallel.tensor import model_num_heads
+
+    return model_num_heads(model) if model is not None else None
