@@ -6,7 +6,8 @@ import pytest
 from torch import nn
 
 from convoy.errors import NotSupportedYetError, StrategyError
-from convoy.train.parallel.tensor import STYLES, check_tp_plan, model_num_heads, resolve_tp_plan
+from convoy.train.parallel.tensor import (STYLES, apply_tensor_parallel, check_tp_plan, model_num_heads,
+                                           resolve_tp_plan, tracing_stand_ins)
 from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT
 
 
@@ -113,3 +114,106 @@ def test_every_documented_style_resolves_to_a_style_convoy_applies():
         plan = resolve_tp_plan(model, {"a": style, "b": "colwise"})
         expected = {"colwise_gather_output": "colwise_rep"}.get(style, style)
         assert plan.as_dict().get("a") == (None if style == "replicate" else expected)
+
+
+# --- tracing stand-ins (tp x pp): one process on torch's "fake" backend, whose collectives only keep shapes ----
+
+@pytest.fixture
+def tp2_mesh():
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        yield init_device_mesh("cpu", (2,))
+    finally:
+        dist.destroy_process_group()
+
+
+def _split_tiny_gpt(mesh, *, sequence_parallel: bool):
+    model = TinyGPT(TinyConfig(layers=2))
+    plan = resolve_tp_plan(model, sequence_parallel=sequence_parallel)
+    apply_tensor_parallel(model, mesh, plan)
+    return model, plan
+
+
+def _module_shapes(model: nn.Module, names, ids) -> dict[str, tuple]:
+    """(input shape as passed in, output shape as the caller gets it) of each named module in a forward."""
+    seen: dict[str, tuple] = {}
+    handles = []
+    for name in names:
+        module = model.get_submodule(name)
+        # prepended: runs before DTensor's own input hooks, so it sees what the model's forward passes
+        handles.append(module.register_forward_pre_hook(
+            lambda _, args, name=name: seen.__setitem__(name, (tuple(args[0].shape),)), prepend=True))
+        handles.append(module.register_forward_hook(
+            lambda _, args, out, name=name: seen.__setitem__(name, seen[name] + (tuple(out.shape),))))
+    try:
+        model(ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+def _swapped(model: nn.Module, modules: dict) -> dict:
+    previous = {name: model.get_submodule(name) for name in modules}
+    for name, module in modules.items():
+        model.set_submodule(name, module)
+    return previous
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_stand_ins_see_and_return_the_shapes_the_split_modules_do(tp2_mesh, sequence_parallel):
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    model, plan = _split_tiny_gpt(tp2_mesh, sequence_parallel=sequence_parallel)
+    ids = torch.randint(0, 32, (2, 8))
+    real = _module_shapes(model, plan.as_dict(), ids)
+    stand_ins = tracing_stand_ins(model, plan)
+    assert set(stand_ins) == set(plan.as_dict())
+    assert not any(isinstance(p, DTensor) for m in stand_ins.values() for p in m.parameters())  # traceable
+    originals = _swapped(model, stand_ins)
+    traced = _module_shapes(model, plan.as_dict(), ids)
+    _swapped(model, originals)
+    assert traced == real
+    seq = 4 if sequence_parallel else 8  # the residual stream: this rank's half of the sequence with sp
+    assert real["embed_tokens"][1] == real["layers.0.self_attn.o_proj"][1] == (2, seq, 16)
+    assert real["layers.0.self_attn.q_proj"] == ((2, 8, 16), (2, 8, 8))  # local heads, whole sequence
+    if sequence_parallel:
+        assert real["layers.0.input_layernorm"] == ((2, 4, 16), (2, 8, 16))  # a DTensor: global shape
+
+
+def test_sequence_parallel_pipeline_stages_pass_sequence_shards(tp2_mesh):
+    import torch
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    from convoy.train.parallel.pipeline import _restore_modules
+
+    model, plan = _split_tiny_gpt(tp2_mesh, sequence_parallel=True)
+    stand_ins = tracing_stand_ins(model, plan)
+    ids = torch.randint(0, 32, (2, 8))
+    originals = _swapped(model, stand_ins)
+    try:
+        pipe = pipeline(model, mb_args=(ids,), split_spec={"layers.1": SplitPoint.BEGINNING})
+    finally:
+        _swapped(model, originals)
+    first, last = pipe.split_gm.submod_pp_0, pipe.split_gm.submod_pp_1
+    assert first(ids).shape == (2, 4, 16)  # traced with the stand-ins
+    _restore_modules(first, originals)
+    _restore_modules(last, originals)
+    assert first.get_submodule("layers.0.input_layernorm") is originals["layers.0.input_layernorm"]
+    sent = first(ids)  # the real split modules, put back
+    assert type(sent) is torch.Tensor and sent.shape == (2, 4, 16)  # a plain local shard crosses stages
+    assert last(sent).shape == (2, 8, 32)  # the LM head gathers the whole sequence
+
+
+def test_sequence_parallel_stand_ins_need_a_sequence_tp_divides(tp2_mesh):
+    import torch
+
+    model, plan = _split_tiny_gpt(tp2_mesh, sequence_parallel=True)
+    embed = tracing_stand_ins(model, plan)["embed_tokens"]
+    with pytest.raises(StrategyError, match=r"shape \(2, 7, 16\); make the sequence length a multiple of 2"):
+        embed(torch.randint(0, 32, (2, 7)))

@@ -22,6 +22,7 @@ their head-count attributes (``num_heads``, ``n_heads``, ...) divided by tp, as 
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Mapping
 from convoy.errors import NotSupportedYetError, StrategyError
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -274,26 +276,107 @@ def tracing_stand_ins(model: "nn.Module", plan: TPPlan) -> dict[str, "nn.Module"
     traced with these in place of its split modules: ``colwise``/``rowwise`` Linears take their local shard's
     shape (so the traced graph holds this rank's activation shapes and local head counts), the others
     (embeddings, gathered heads) their whole shape. Weights are left uninitialised: only shapes are traced.
+
+    With ``plan.sequence_parallel`` each stand-in returns the shape the model's forward sees in eager mode:
+    embeddings and ``rowwise``/``rowwise_rep`` Linears return this rank's sequence shard (a plain tensor, dim 1
+    divided by tp), ``sequence_parallel`` modules (norms) take that shard and return the *whole* sequence (the
+    real ones return a DTensor, whose ``.shape`` is global), and ``colwise`` Linears and gathered heads take
+    the whole sequence as it is. So the pipeline's inter-stage activations (the residual stream) are this
+    rank's ``[batch, seq / tp, ...]`` shards, and reshapes after a projection hold the whole sequence.
     """
     import torch
     from torch import nn
     from torch.distributed.tensor import DTensor
 
-    if plan.sequence_parallel:
-        raise NotSupportedYetError("sequence_parallel together with pp is not supported yet; turn it off")
+    shard_linear, shard_embedding, gather = _stand_in_classes()
+    tp = _tp_size(model, plan)
     stand_ins: dict[str, nn.Module] = {}
     for name, style in plan.styles:
         module = model.get_submodule(name)
+        if style == "sequence_parallel":
+            stand_ins[name] = gather(module, tp)
+            continue
         weight = module.weight
         local = style in ("colwise", "rowwise") and isinstance(module, nn.Linear)
         shape = weight.to_local().shape if local and isinstance(weight, DTensor) else weight.shape
         kwargs = {"device": weight.device, "dtype": weight.dtype}
+        # with sequence parallelism these return this rank's sequence shard (output_layouts=Shard(1))
+        shard_seq = plan.sequence_parallel and (isinstance(module, nn.Embedding) or style.startswith("rowwise"))
         if isinstance(module, nn.Linear):
-            stand_ins[name] = torch.nn.utils.skip_init(nn.Linear, shape[1], shape[0], bias=module.bias is not None,
-                                                       **kwargs)
+            cls = shard_linear if shard_seq else nn.Linear
+            stand_in = torch.nn.utils.skip_init(cls, shape[1], shape[0], bias=module.bias is not None, **kwargs)
         elif isinstance(module, nn.Embedding):
-            stand_ins[name] = torch.nn.utils.skip_init(nn.Embedding, shape[0], shape[1],
-                                                       padding_idx=module.padding_idx, **kwargs)
+            cls = shard_embedding if shard_seq else nn.Embedding
+            stand_in = torch.nn.utils.skip_init(cls, shape[0], shape[1], padding_idx=module.padding_idx, **kwargs)
         else:  # check_tp_plan admits only Linear and Embedding for the styles left here
             raise NotSupportedYetError(f"tp with pp: cannot trace split module {name!r} ({type(module).__name__})")
+        if shard_seq:
+            stand_in.tp = tp
+        stand_ins[name] = stand_in
     return stand_ins
+
+
+def _tp_size(model: "nn.Module", plan: TPPlan) -> int:
+    """The tp degree, read from the mesh of the first split parameter (1 before the model is split)."""
+    from torch.distributed.tensor import DTensor
+
+    for name, _ in plan.styles:
+        for param in model.get_submodule(name).parameters():
+            if isinstance(param, DTensor):
+                return param.device_mesh.size()
+    return 1
+
+
+def _sequence_shard(y: "torch.Tensor", tp: int) -> "torch.Tensor":
+    """This rank's share of dim 1 (its size is what matters for tracing, not which slice)."""
+    if y.dim() < 2 or y.shape[1] % tp:
+        raise StrategyError(f"sequence_parallel with tp={tp} splits activations along dim 1 (the sequence), "
+                            f"but an activation has shape {tuple(y.shape)}; make the sequence length a "
+                            f"multiple of {tp}")
+    return y.narrow(1, 0, y.shape[1] // tp)
+
+
+@functools.cache
+def _stand_in_classes():
+    """(Linear, Embedding, SequenceParallel) stand-in classes; defined on first use (torch loads lazily)."""
+    from torch import nn
+
+    class SequenceShardLinear(nn.Linear):
+        """A Linear whose output is a sequence shard (``RowwiseParallel(output_layouts=Shard(1))``)."""
+
+        tp = 1
+
+        def forward(self, x):
+            return _sequence_shard(super().forward(x), self.tp)
+
+    class SequenceShardEmbedding(nn.Embedding):
+        """An Embedding whose output is a sequence shard (vocabulary split, ``output_layouts=Shard(1)``)."""
+
+        tp = 1
+
+        def forward(self, ids):
+            return _sequence_shard(super().forward(ids), self.tp)
+
+    class SequenceGatherStandIn(nn.Module):
+        """A ``SequenceParallel`` module (a norm): takes a sequence shard, returns the whole sequence's shape.
+
+        The real module returns a DTensor sharded on dim 1, whose shape (what the model's forward reads, e.g.
+        ``b, s, _ = x.shape`` in attention) is the global one. Holds uninitialised plain parameters of the
+        module's names and shapes, so the traced model has the same parameter names.
+        """
+
+        def __init__(self, module: nn.Module, tp: int) -> None:
+            import torch
+            from torch.distributed.tensor import DTensor
+
+            super().__init__()
+            self.tp = tp
+            for pname, param in module.named_parameters(recurse=False):
+                local = param.to_local() if isinstance(param, DTensor) else param
+                self.register_parameter(pname, nn.Parameter(torch.empty_like(local), param.requires_grad))
+
+        def forward(self, x, *args, **kwargs):
+            y = x.repeat(1, self.tp, *([1] * (x.dim() - 2)))
+            return y
+
+    return SequenceShardLinear, SequenceShardEmbedding, SequenceGatherStandIn
