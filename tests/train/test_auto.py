@@ -1,4 +1,4 @@
-"""strategy="auto": the planner answers (data parallel, or tp/pp where model and loop allow), the rule is the fallback."""
+"""strategy="auto": the planner answers (data parallel, or tp/pp where model and loop allow), else the rule."""
 
 import re
 from pathlib import Path

@@ -8,8 +8,9 @@
 
 ``planner`` is the hook for ``convoy.plan``: a callable ``planner(num_parameters=, world_size=, device_bytes=,
 model=, tp_degrees=, pp_degrees=, pipeline=[, heads=]) -> AutoLayout | (name, reason) | None`` (``heads``: the
-model config's attention heads, given when known; a planner gets only the keywords it takes). When it answers, its answer wins, and the rule below is the
-fallback. What the planner may split is decided here, where the model can be inspected:
+model config's attention heads, given when known; a planner gets only the keywords it takes). When it
+answers, its answer wins, and the rule below is the fallback. What the planner may split is decided here,
+where the model can be inspected:
 
 - tp degrees: those dividing the world size for which the model has a tensor-parallel plan
   (``resolve_tp_plan``; a model without projection names has none) that ``check_tp_plan`` accepts, and
