@@ -577,7 +577,6 @@ class Accelerator:
     def load_state(self, input_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> str:
         """Restore the newest complete checkpoint under ``project_dir`` (or ``input_dir``); returns it."""
         import torch
-        import torch.distributed.checkpoint as dcp
 
         if input_dir is None:
             found = ckpt.latest_checkpoint(self._checkpoint_root())
@@ -588,13 +587,9 @@ class Accelerator:
         else:
             path = Path(input_dir)
         meta = ckpt.read_meta(path)
-        strategy = self.strategy
         pairs = list(zip(self._optimizers_inner(), self._optimizer_models))
-        state = saving.collect_checkpoint(strategy, self._models, pairs)
-        with warnings.catch_warnings():  # DCP warns that one process without a group means one process
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, checkpoint_id=str(path / "distributed"), no_dist=not _group_running())
-        saving.apply_checkpoint(strategy, self._models, pairs, state)
+        saving.load_checkpoint(self.strategy, self._models, pairs, str(path / "distributed"),
+                               no_dist=not _group_running())
         extra = torch.load(path / "state.pt", weights_only=False)
         for scheduler, sd in zip(self._schedulers, extra["schedulers"]):
             scheduler.load_state_dict(sd)

@@ -15,8 +15,10 @@ A ``save_state`` directory::
 
 from __future__ import annotations
 
+import functools
 import json
 import random
+import warnings
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -28,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from convoy.train.strategies.base import Strategy
 
-__all__ = ["collect_checkpoint", "apply_checkpoint", "rng_state", "set_rng_state", "write_model", "parse_size"]
+__all__ = ["collect_checkpoint", "load_checkpoint", "rng_state", "set_rng_state", "write_model", "parse_size"]
 
 
 def collect_checkpoint(strategy: "Strategy", models: Sequence[Any], optimizers: Sequence[tuple[Any, Any]]
@@ -45,11 +47,31 @@ def collect_checkpoint(strategy: "Strategy", models: Sequence[Any], optimizers: 
     return state
 
 
-def apply_checkpoint(strategy: "Strategy", models: Sequence[Any], optimizers: Sequence[tuple[Any, Any]],
-                     state: dict[str, Any]) -> None:
+def load_checkpoint(strategy: "Strategy", models: Sequence[Any], optimizers: Sequence[tuple[Any, Any]],
+                    checkpoint_id: str, *, no_dist: bool) -> None:
+    """Read ``model_<i>``/``optimizer_<j>`` from a DCP checkpoint into the prepared objects, each model with its
+    optimizers. A model the strategy builds later (a pipeline is split on its first call) is read then: every
+    rank reaches that first call together, so the collective read stays in step."""
+    for j, (_, model) in enumerate(optimizers):
+        if model is None:
+            raise CheckpointError(f"optimizer {j} holds no parameter of a prepared model; prepare its model "
+                                  "together with it so that load_state can name its state")
     for i, model in enumerate(models):
-        strategy.load_checkpoint_state(model, None, state[f"model_{i}"], {})
-    for j, (optimizer, model) in enumerate(optimizers):
+        own = {j: optimizer for j, (optimizer, m) in enumerate(optimizers) if m is model}
+        strategy.after_build(model, functools.partial(_load_model, strategy, i, model, own, checkpoint_id, no_dist))
+
+
+def _load_model(strategy: "Strategy", i: int, model: Any, optimizers: dict[int, Any], checkpoint_id: str,
+                no_dist: bool) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    state = {f"model_{i}": strategy.checkpoint_state(model, None)[0]}
+    state.update({f"optimizer_{j}": strategy.checkpoint_state(model, opt)[1] for j, opt in optimizers.items()})
+    with warnings.catch_warnings():  # DCP warns that one process without a group means one process
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=checkpoint_id, no_dist=no_dist)
+    strategy.load_checkpoint_state(model, None, state[f"model_{i}"], {})
+    for j, optimizer in optimizers.items():
         strategy.load_checkpoint_state(model, optimizer, {}, state[f"optimizer_{j}"])
 
 

@@ -50,13 +50,32 @@ def test_dp2_tp2_and_dp2_pp2_through_the_accelerator_match_one_process():
     assert sum("dp=2,pp=2:fsdp:gpipe (FSDP+PP)" in line for line in ok) == 4, result.output
 
 
-def test_dp2_tp2_pp2_on_eight_processes_matches_one_process():
-    result = run_script(SCRIPTS / "layout_parity.py", nproc=8, args=["dp=2,tp=2,pp=2"], timeout=240)
+def _resumed(ok: list[str], layout: str, kind: str) -> set[str]:
+    """The mesh coordinates that printed an OK line for ``layout`` resumed as ``kind``."""
+    return {line.split(") ")[1].split(":")[0] for line in ok if f"resume {layout} ({kind})" in line}
+
+
+def test_dp2_tp2_pp2_on_eight_processes_matches_one_process_and_resumes_at_other_degrees(tmp_path):
+    # trains 2 steps at 3D and saves; resumed at 3D the next 2 steps match one process (3D parity), and the
+    # same checkpoint resumed at dp=4 x tp=2 (no pipeline) matches too
+    layouts = ["dp=2,tp=2,pp=2", "dp=2,tp=2,pp=2", "dp=4,tp=2"]
+    result = run_script(SCRIPTS / "layout_resume.py", nproc=8, args=[str(tmp_path / "ckpt"), *layouts], timeout=300)
     assert result.returncode == 0, result.output
-    ok = [line for line in _ok_lines(result.output) if "dp=2,tp=2,pp=2 (FSDP+TP+PP)" in line]
-    # every (dp, tp, pp) coordinate of the mesh trained and matched
-    coords = {line.split(") ")[1].split(":")[0] for line in ok}
-    assert coords == {f"dp {d} tp {t} pp {p}" for d in (0, 1) for t in (0, 1) for p in (0, 1)}, result.output
+    ok = _ok_lines(result.output)
+    assert _resumed(ok, "dp=2,tp=2,pp=2", "FSDP+TP+PP") == {
+        f"dp {d} tp {t} pp {p}" for d in (0, 1) for t in (0, 1) for p in (0, 1)}, result.output
+    assert len(_resumed(ok, "dp=4,tp=2", "FSDP+TP")) == 8, result.output
+
+
+def test_a_tp2_pp2_checkpoint_resumes_under_fsdp_pp_plain_ddp_and_itself(tmp_path):
+    # saved by tensor-parallel pipeline stages; loaded by a pipeline not yet built (read on its first call)
+    layouts = ["tp=2,pp=2", "dp=2,pp=2:fsdp", "dp=4", "tp=2,pp=2"]
+    result = run_script(SCRIPTS / "layout_resume.py", nproc=4, args=[str(tmp_path / "ckpt"), *layouts], timeout=240)
+    assert result.returncode == 0, result.output
+    ok = _ok_lines(result.output)
+    assert len(_resumed(ok, "dp=2,pp=2:fsdp", "FSDP+PP")) == 4, result.output
+    assert sum("resume dp=4 (" in line for line in ok) == 4, result.output
+    assert len(_resumed(ok, "tp=2,pp=2", "TP+PP")) == 4, result.output
 
 
 def test_tp2_pp2_through_the_accelerator_matches_one_process():

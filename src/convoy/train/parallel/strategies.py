@@ -90,6 +90,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         self._origins = ParameterOrigins()
         self._pipelines: list[PipelineModule] = []
         self._optimizers: list[Any] = []  # re-pointed again when a pipeline shards its stages on the first call
+        self._group_names: dict[int, list[list[str]]] = {}  # id(optimizer) -> its groups' names, whole model
 
     @classmethod
     def default_dims(cls, context: StrategyContext) -> ParallelDims:
@@ -138,12 +139,12 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             self._origins.record(module, names)
             wrap = None
             if self.dims.dp > 1:
-                wrap = self._shard_stage if self.dp_engine == "fsdp" else self._wrap_stage
+                wrap = functools.partial(self._shard_stage, module) if self.dp_engine == "fsdp" else self._wrap_stage
             pipe = PipelineModule(module, config=PipelineConfig.from_options(dict(self.context.options)),
                                   loss_fn=self.context.options.get("loss_fn"), group=pm.pp.get_group(),
                                   device=self.root_device, wrap_stage=wrap, trace_stand_ins=stand_ins)
             # stages are built (and, with fsdp, sharded) on the first call: optimizers follow them then
-            pipe.on_build(lambda _: [self._origins.repoint(opt) for opt in self._optimizers])
+            pipe.on_build(self._follow_stages)
             self._pipelines.append(pipe)
             return pipe
         if self.dims.dp > 1:
@@ -164,10 +165,25 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             return module
         return self._wrap_stage(module)
 
-    def _shard_stage(self, stage: "torch.nn.Module") -> "torch.nn.Module":
-        """FSDP2 over the dp mesh for one pipeline stage. Parameters stay gathered between the micro-batches'
-        forward and backward (``reshard_after_forward=False``, as torchtitan does with pp); the schedule itself
-        turns gradient reduction off until the last micro-batch."""
+    def _follow_stages(self, pipe: PipelineModule) -> None:
+        """Once the stages exist, each optimizer holds exactly this process's stage parameters (sharded
+        ones where FSDP replaced them): no state for other stages' weights, and state dicts that name only
+        what this process trains."""
+        mine = {id(p) for p in pipe.parameters()}
+        names = {id(p): n for n, p in pipe.model.named_parameters()}
+        for optimizer in self._optimizers:
+            self._origins.repoint(optimizer)
+            # every rank's checkpoint names the whole model's groups, so any stage layout can load it
+            self._group_names[id(optimizer)] = [[names[id(p)] for p in group["params"] if id(p) in names]
+                                                for group in optimizer.param_groups]
+            for group in optimizer.param_groups:
+                group["params"] = [p for p in group["params"] if id(p) in mine]
+
+    def _shard_stage(self, model: "torch.nn.Module", stage: "torch.nn.Module") -> "torch.nn.Module":
+        """FSDP2 over the dp mesh for one pipeline stage of ``model``. Parameters stay gathered between the
+        micro-batches' forward and backward (``reshard_after_forward=False``, as torchtitan does with pp); the
+        schedule itself turns gradient reduction off until the last micro-batch. ``model`` then holds the
+        stage's sharded parameters too, so that its state dicts (and the optimizer's) name them."""
         from torch.distributed.fsdp import fully_shard
 
         from convoy.train.strategies.fsdp import _blocks
@@ -181,6 +197,9 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         for block in _blocks(stage, self.context.options.get("auto_wrap")):
             fully_shard(block, mesh=mesh, reshard_after_forward=False)
         fully_shard(stage, mesh=mesh, reshard_after_forward=False)
+        for name, param in stage.named_parameters():
+            parent, _, leaf = name.rpartition(".")
+            model.get_submodule(parent).register_parameter(leaf, param)
         return stage
 
     def _wrap_stage(self, module: "torch.nn.Module") -> "torch.nn.Module":
@@ -256,8 +275,6 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             if self.dp_engine == "zero1" and self.dims.dp > 1 and optimizer is not None:
                 raise NotSupportedYetError("checkpoints of dp_engine='zero1' layouts are not supported yet")
             return super().checkpoint_state(self.unwrap(module), optimizer)
-        if self.dims.tp > 1:
-            raise NotSupportedYetError("checkpoints of tp x pp layouts are not supported yet")
         return self._pipeline_state(module, optimizer)
 
     def _pipeline_state(self, pipe: PipelineModule, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -273,8 +290,15 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             raise NotSupportedYetError("checkpoints of pp with dp_engine='zero1' are not supported yet; "
                                        "use dp_engine='ddp' or 'fsdp' to save optimizer state")
         osd = get_optimizer_state_dict(pipe.model, optimizer)
-        osd = {**osd, "state": {k: v for k, v in osd.get("state", {}).items() if k in msd}}
-        return msd, osd
+        groups = [dict(group, params=list(names)) for group, names in
+                  zip(osd["param_groups"], self._group_names.get(id(optimizer), []))] or osd["param_groups"]
+        return msd, {**osd, "param_groups": groups}
+
+    def after_build(self, module: Any, callback: Any) -> None:
+        if isinstance(module, PipelineModule):
+            module.on_build(lambda _: callback())  # at once when already built
+        else:
+            callback()
 
     def load_checkpoint_state(self, module: Any, optimizer: Any, model_state: dict[str, Any],
                               optimizer_state: dict[str, Any]) -> None:
@@ -283,9 +307,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             return
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        if self.dims.tp > 1:
-            raise NotSupportedYetError("checkpoints of tp x pp layouts are not supported yet")
-        for stage in module.stage_modules():
+        for stage in module.stage_modules() if model_state else ():
             stage.load_state_dict({k: v for k, v in model_state.items() if k in stage.state_dict()})
         if optimizer is not None and optimizer_state:
             set_optimizer_state_dict(module.model, optimizer, optimizer_state)

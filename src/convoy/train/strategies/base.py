@@ -183,6 +183,11 @@ class Strategy(abc.ABC):
         if optimizer is not None and optimizer_state:
             set_optimizer_state_dict(module, (optimizer,), optimizer_state)
 
+    def after_build(self, module: Any, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once ``module`` holds its final parameters: at once, unless the strategy builds the
+        module later (a pipeline is split on its first call); ``load_state`` waits for that."""
+        callback()
+
     def teardown(self) -> None:
         """Release what ``setup_environment`` started (the Accelerator calls it once, at the end)."""
 

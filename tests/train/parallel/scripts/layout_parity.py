@@ -32,7 +32,8 @@ def world_mean(value):
     return t.item() / dist.get_world_size()
 
 
-def train(layout, start, cfg):
+def prepare(layout, start):
+    """An Accelerator for ``layout`` and a copy of ``start`` prepared with AdamW: (acc, model, opt, dims)."""
     from_env = layout.startswith("env:")
     degrees, engine, schedule = (layout.removeprefix("env:").split(":") + [None, None])[:3]
     options = {"loss_fn": lm_loss, "pp_schedule": schedule or "1f1b", "pp_microbatches": 2}
@@ -49,10 +50,15 @@ def train(layout, start, cfg):
     model = copy.deepcopy(start)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, opt = acc.prepare(model, opt)
+    assert acc.strategy.data_parallel_size == dims.get("dp", 1), (acc.strategy.data_parallel_size, dims)
+    return acc, model, opt, dims
+
+
+def run_steps(acc, model, opt, dims, cfg, steps):
+    """Train ``steps`` (step numbers, which pick the batches); returns the mean losses and pre-clip norms."""
     dp_rank, dp = acc.strategy.data_parallel_rank, acc.strategy.data_parallel_size
-    assert dp == dims.get("dp", 1), (dp, dims)
     losses, norms = [], []
-    for step in range(STEPS):
+    for step in steps:
         x, y = batch(cfg, size=BATCH, step=step)
         x, y = x.chunk(dp)[dp_rank], y.chunk(dp)[dp_rank]
         loss = model(x, target=y) if dims.get("pp", 1) > 1 else lm_loss(model(x), y)
@@ -61,7 +67,13 @@ def train(layout, start, cfg):
         opt.step()
         opt.zero_grad()
         losses.append(world_mean(loss.item()))
-    return acc, model, losses, norms
+    return losses, norms
+
+
+def report(acc, layout, diffs):
+    pm = getattr(acc.strategy, "mesh", None)  # plain data parallel ("dp=4" alone) has no mesh
+    where = f"dp {pm.dp_rank} tp {pm.tp_rank} pp {pm.pp_rank}" if pm else f"dp {acc.strategy.data_parallel_rank}"
+    print(f"rank {dist.get_rank()} {layout} ({acc.strategy.distributed_type}) {where}: {diffs} OK", flush=True)
 
 
 def main():
@@ -70,12 +82,11 @@ def main():
     start = TinyGPT(cfg)
     ref, ref_losses, ref_norms = reference_run(start, cfg, steps=STEPS, size=BATCH, clip=CLIP)
     for layout in sys.argv[1:]:
-        acc, model, losses, norms = train(layout, start, cfg)
+        acc, model, opt, dims = prepare(layout, start)
+        losses, norms = run_steps(acc, model, opt, dims, cfg, range(STEPS))
         diffs = assert_matches_reference(layout, acc.strategy.full_model_state_dict(model), ref, losses, ref_losses,
                                          norms, ref_norms, clip=CLIP)
-        pm = acc.strategy.mesh
-        print(f"rank {dist.get_rank()} {layout} ({acc.strategy.distributed_type}) dp {pm.dp_rank} tp {pm.tp_rank} "
-              f"pp {pm.pp_rank}: {diffs} OK", flush=True)
+        report(acc, layout, diffs)
     dist.destroy_process_group()
 
 

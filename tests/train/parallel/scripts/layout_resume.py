@@ -1,0 +1,55 @@
+"""Save a parallel layout with ``save_state`` and resume it at other layouts, against one unbroken process.
+
+    convoy launch --nproc-per-node 4 tests/train/parallel/scripts/layout_resume.py CKPT tp=2,pp=2 dp=2,pp=2:fsdp dp=4
+
+The first layout trains ``SAVED`` steps from the common start and saves; every other layout starts from a
+*different* model, loads the checkpoint before its first step (a pipeline reads it when it is built, on
+that first call) and trains the remaining steps; its losses, gradient norms and final parameters must equal
+an unbroken one-process run. Every rank prints ``resume <layout> (<type>) ... OK`` per resumed layout.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repo root, for tests.*
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+import torch.distributed as dist
+from layout_parity import CLIP, BATCH, prepare, report, run_steps  # noqa: E402
+
+from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, assert_matches_reference, reference_run  # noqa: E402
+
+SAVED, TOTAL = 2, 4
+
+
+def main():
+    ckpt, saved_layout, *resumed = sys.argv[1:]
+    cfg = TinyConfig()
+    torch.manual_seed(0)
+    start = TinyGPT(cfg)
+    ref, ref_losses, ref_norms = reference_run(start, cfg, steps=TOTAL, size=BATCH, clip=CLIP)
+
+    acc, model, opt, dims = prepare(saved_layout, start)
+    run_steps(acc, model, opt, dims, cfg, range(SAVED))
+    acc.save_state(ckpt)
+
+    torch.manual_seed(1)
+    other = TinyGPT(cfg)  # a different start: only the checkpoint can make the runs agree
+    for layout in resumed:
+        acc, model, opt, dims = prepare(layout, other)
+        acc.load_state(ckpt)
+        losses, norms = run_steps(acc, model, opt, dims, cfg, range(SAVED, TOTAL))
+        diffs = assert_matches_reference(layout, acc.strategy.full_model_state_dict(model), ref, losses,
+                                         ref_losses[SAVED:], norms, ref_norms[SAVED:], clip=CLIP)
+        report(acc, f"resume {layout}", diffs)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+    # gloo can abort at interpreter shutdown after all work is done (pytorch/pytorch#179291): end here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
