@@ -6,6 +6,13 @@ Compares, on the same trivial script and interleaved run by run (so load changes
 ``convoy launch`` (direct engine), ``convoy launch --engine elastic`` (torch's agent), ``torchrun
 --standalone``, ``accelerate launch --multi_gpu`` (when installed; on CPU it runs torchrun's agent), and the
 floor: one bare process that imports torch.distributed. Prints medians and ratios.
+
+Two more rows split the gap between a launcher and the floor into what no launcher can avoid and what the
+launcher adds: "bare" starts the ranks from a ten-line Python script with torchrun's variables (rank 0's
+process group hosts the store, as under the direct engine), and "N processes import torch.distributed"
+starts N ranks that only import (no rendezvous). The "init s" column is the median, over runs, of the
+slowest rank's ``init_process_group`` + barrier: a rank whose store client arrives before rank 0 listens is
+refused and retried by torch after a backoff, which shows up there.
 """
 
 from __future__ import annotations
@@ -23,25 +30,42 @@ from pathlib import Path
 RANK_SCRIPT = """
 import datetime, os, sys, time
 import torch.distributed as dist
+began = time.time()
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 dist.barrier()
 with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}"), "w") as f:
-    f.write(repr(time.time()))
+    f.write(f"{time.time()!r} {time.time() - began!r}")
 dist.destroy_process_group()
 """
 FLOOR_SCRIPT = """
 import os, sys, time
 import torch.distributed
-open(os.path.join(sys.argv[1], "rank0"), "w").write(repr(time.time()))
+open(os.path.join(sys.argv[1], "rank" + os.environ.get("RANK", "0")), "w").write(repr(time.time()))
 """
+BARE_LAUNCHER = """
+import os, socket, subprocess, sys
+nproc, script, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+procs = [subprocess.Popen([sys.executable, "-u", script, out], env={
+    **os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
+    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}) for r in range(nproc)]
+sys.exit(max(p.wait() for p in procs))
+"""
+FLOOR = "floor (1 process, import torch.distributed)"
 
 
-def launchers(nproc: int, script: str, floor: str) -> dict[str, list[str]]:
+def launchers(nproc: int, script: str, floor: str, bare: str, baseline: str | None) -> dict[str, list[str]]:
     py = sys.executable
     table = {
         "convoy launch": [py, "-m", "convoy", "launch", f"--nproc-per-node={nproc}", script],
         "convoy launch --engine elastic": [py, "-m", "convoy", "launch", "--engine", "elastic",
                                            f"--nproc-per-node={nproc}", script],
+    }
+    if baseline:  # the same commands on another checkout's src/ (before/after a change, in the same run)
+        table.update({f"{name} (baseline)": [f"PYTHONPATH={baseline}", *argv] for name, argv in table.items()})
+    table |= {
         "torchrun --standalone": [py, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                                   script],
     }
@@ -50,52 +74,67 @@ def launchers(nproc: int, script: str, floor: str) -> dict[str, list[str]]:
         table["accelerate launch"] = [accelerate, "launch", "--multi_gpu", "--num_processes", str(nproc),
                                       "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                                       script]
-    table["floor (1 process, import torch.distributed)"] = [py, floor]
+    table[f"bare: {nproc} processes, torchrun's variables"] = [py, bare, str(nproc), script]
+    table[f"{nproc} processes import torch.distributed"] = [py, bare, str(nproc), floor]
+    table[FLOOR] = [py, floor]
     return table
 
 
-def measure(argv: list[str], expect: int) -> float | None:
+def measure(argv: list[str], expect: int) -> tuple[float, float | None] | None:
+    """(seconds until the last rank was ready, the slowest rank's init + barrier seconds) or None."""
     out = Path(tempfile.mkdtemp(prefix="convoy-bench-"))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    while "=" in argv[0]:  # leading NAME=value items are environment variables, as in a shell
+        name, value = argv[0].split("=", 1)
+        env[name], argv = value, argv[1:]
     start = time.time()
     proc = subprocess.run([*argv, str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                           env=env, timeout=300)
-    stamps = [float(p.read_text()) for p in out.iterdir()]
+    stamps = [[float(field) for field in p.read_text().split()] for p in out.iterdir()]
     shutil.rmtree(out, ignore_errors=True)
     if proc.returncode != 0 or len(stamps) != expect:
         print(f"  failed: {' '.join(argv[:4])}...: rc={proc.returncode} {proc.stderr.strip()[-300:]}",
               file=sys.stderr)
         return None
-    return max(stamps) - start
+    inits = [fields[1] for fields in stamps if len(fields) > 1]
+    return max(fields[0] for fields in stamps) - start, max(inits) if inits else None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--baseline", metavar="SRC", help="also time convoy from this src/ directory (PYTHONPATH)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="convoy-bench-scripts-"))
-    script, floor = work / "ready.py", work / "floor.py"
+    script, floor, bare = work / "ready.py", work / "floor.py", work / "bare.py"
     script.write_text(RANK_SCRIPT)
     floor.write_text(FLOOR_SCRIPT)
-    table = launchers(args.nproc, str(script), str(floor))
+    bare.write_text(BARE_LAUNCHER)
+    table = launchers(args.nproc, str(script), str(floor), str(bare), args.baseline)
     times: dict[str, list[float]] = {name: [] for name in table}
+    inits: dict[str, list[float]] = {name: [] for name in table}
     for run in range(args.runs):  # interleaved: every launcher once per round
         for name, argv in table.items():
-            value = measure(argv, 1 if name.startswith("floor") else args.nproc)
+            value = measure(argv, 1 if name == FLOOR else args.nproc)
             if value is not None:
-                times[name].append(value)
+                times[name].append(value[0])
+                if value[1] is not None:
+                    inits[name].append(value[1])
         print(f"round {run + 1}/{args.runs} done", file=sys.stderr)
     shutil.rmtree(work, ignore_errors=True)
     medians = {name: statistics.median(v) for name, v in times.items() if v}
     torchrun = medians.get("torchrun --standalone")
-    floor_s = medians.get("floor (1 process, import torch.distributed)")
+    floor_s = medians.get(FLOOR)
     print(f"\n{args.nproc} ranks, {args.runs} interleaved runs, median seconds until every rank passed a barrier")
-    print(f"{'launcher':<46} {'median s':>9} {'min s':>7} {'/ torchrun':>11} {'/ floor':>8}")
+    print(f"{'launcher':<50} {'median s':>9} {'min s':>7} {'max s':>7} {'/ torchrun':>11} {'/ floor':>8} "
+          f"{'init s':>7}")
     for name, med in medians.items():
         ratio_t = f"{med / torchrun:.2f}" if torchrun else "-"
         ratio_f = f"{med / floor_s:.2f}" if floor_s else "-"
-        print(f"{name:<46} {med:>9.2f} {min(times[name]):>7.2f} {ratio_t:>11} {ratio_f:>8}")
+        init = f"{statistics.median(inits[name]):.2f}" if inits[name] else "-"
+        print(f"{name:<50} {med:>9.2f} {min(times[name]):>7.2f} {max(times[name]):>7.2f} {ratio_t:>11} "
+              f"{ratio_f:>8} {init:>7}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ killed as a group, and dies with this process via ``PR_SET_PDEATHSIG`` on Linux)
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import socket
@@ -35,7 +36,7 @@ from convoy.launch.ports import free_port
 
 __all__ = ["run_direct", "parse_stream_map"]
 
-_POLL = 0.02
+_TICK = 0.25  # the monitor wakes at once on an exit or a stop signal; this bounds the wait otherwise
 _STALE_TRACEBACK = 1.0  # a held traceback of a live process is printed inline after this many seconds
 
 
@@ -59,21 +60,34 @@ class _Rank:
     """One worker: its process, its output pumps and its held traceback."""
 
     def __init__(self, local_rank: int, rank: int, proc: subprocess.Popen, *, show: tuple[bool, bool],
-                 log: IO[str] | None, lock: threading.Lock, error_file: str):
+                 log: IO[str] | None, lock: threading.Lock, error_file: str, wake: "_Wake"):
         self.local_rank, self.rank, self.proc = local_rank, rank, proc
         self.hold = TracebackHold()
         self.shown_traceback = False
         self.eof_at: float | None = None
         self.held_since = 0.0
         self.error_file = error_file
-        self._lock, self._log = lock, log
+        self._lock, self._log, self._wake = lock, log, wake
         self._prefix = f"[rank{rank}]: "
         self.threads = [
             threading.Thread(target=self._pump, args=(proc.stdout, sys.stdout, show[0], False), daemon=True),
             threading.Thread(target=self._pump, args=(proc.stderr, sys.stderr, show[1], True), daemon=True),
         ]
-        for thread in self.threads:
+        self._waiter = threading.Thread(target=self._wait, daemon=True)
+
+    def start(self) -> None:
+        """Start the output pumps and the exit waiter (after every worker has been started)."""
+        for thread in (*self.threads, self._waiter):
             thread.start()
+
+    def join(self, timeout: float) -> None:
+        for thread in (*self.threads, self._waiter):
+            if thread.ident is not None:  # started
+                thread.join(timeout=timeout)
+
+    def _wait(self) -> None:
+        self.proc.wait()
+        self._wake.set()
 
     def _pump(self, stream, console, show: bool, is_err: bool) -> None:
         for line in iter(stream.readline, ""):
@@ -159,8 +173,9 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
     logs: list[IO[str]] = []
     ranks: list[_Rank] = []
     lock = threading.Lock()
+    wake = _Wake()
     start = time.monotonic()
-    stop = _StopSignal()
+    stop = _StopSignal(wake)
     pre_exec = _die_with_parent_hook()
     stop.install()  # before the first worker: a stop that comes while they start still stops them all
     try:
@@ -183,8 +198,10 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
             mode = redirects.get(local, 0)
             visible = local in shown
             ranks.append(_Rank(local, rank, proc, show=(visible and not mode & 1, visible and not mode & 2),
-                               log=log, lock=lock, error_file=error_file))
-        failure = _monitor(ranks, start, stop, grace)
+                               log=log, lock=lock, error_file=error_file, wake=wake))
+        for worker in ranks:  # threads start once every rank runs: rank N's start does not wait on them
+            worker.start()
+        failure = _monitor(ranks, start, stop, grace, wake)
         if failure is not None:
             raise failure_error(failure, stopped=plan.nproc_per_node - 1)
         if stop.signum is not None:
@@ -197,17 +214,19 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
                 worker.signal_group(signal.SIGKILL)
             worker.proc.wait()
             worker.signal_group(signal.SIGKILL)  # grandchildren left in the worker's group
-            for thread in worker.threads:
-                thread.join(timeout=2)
+            worker.join(timeout=2)
         for log in logs:
             log.close()
+        wake.close()
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _monitor(ranks: list[_Rank], start: float, stop: "_StopSignal", grace: float) -> RankFailure | None:
+def _monitor(ranks: list[_Rank], start: float, stop: "_StopSignal", grace: float,
+             wake: "_Wake") -> RankFailure | None:
     failure: RankFailure | None = None
     deadline: float | None = None
     while True:
+        wake.clear()  # before looking: an exit from now on wakes the wait below at once
         now = time.monotonic()
         alive = [w for w in ranks if w.proc.poll() is None]
         for worker in ranks:
@@ -231,10 +250,9 @@ def _monitor(ranks: list[_Rank], start: float, stop: "_StopSignal", grace: float
         if deadline is not None and now > deadline:
             for worker in alive:
                 worker.signal_group(signal.SIGKILL)
-        time.sleep(_POLL)
+        wake.wait(min(_TICK, deadline - now) if deadline is not None and now < deadline else _TICK)
     for worker in ranks:
-        for thread in worker.threads:
-            thread.join(timeout=2)
+        worker.join(timeout=2)
         if failure is None or worker.rank != failure.rank:
             worker.release_inline()  # other ranks' tracebacks (often consequences of the first failure)
     return failure
@@ -257,11 +275,45 @@ def _open_log(log_dir: str | None, rank: int) -> IO[str] | None:
     return open(path / f"rank{rank}.log", "w", buffering=1)
 
 
+class _Wake:
+    """Wakes the monitor when a worker exits or a stop signal comes, instead of a sleep-based poll.
+
+    A pipe rather than a ``threading.Event``: the signal handler may run while the main thread holds the
+    event's lock; writing a byte to a non-blocking pipe is safe from anywhere.
+    """
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+
+    def set(self) -> None:
+        try:
+            os.write(self._write, b"!")
+        except (BlockingIOError, OSError):  # full (a wake is pending anyway) or already closed
+            pass
+
+    def clear(self) -> None:
+        try:
+            while os.read(self._read, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def wait(self, timeout: float) -> None:
+        select.select([self._read], [], [], timeout)
+
+    def close(self) -> None:
+        os.close(self._read)
+        os.close(self._write)
+
+
 class _StopSignal:
     """SIGINT/SIGTERM to the launcher: stop the workers cleanly instead of dying and orphaning them."""
 
-    def __init__(self) -> None:
+    def __init__(self, wake: _Wake | None = None) -> None:
         self.signum: int | None = None
+        self._wake = wake
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
@@ -272,6 +324,8 @@ class _StopSignal:
 
     def _handle(self, signum, frame) -> None:
         self.signum = signum
+        if self._wake is not None:
+            self._wake.set()
 
     def uninstall(self) -> None:
         for signum, handler in self._previous.items():
