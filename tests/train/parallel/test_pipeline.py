@@ -62,3 +62,17 @@ def test_config_from_strategy_options():
     cfg = PipelineConfig.from_options({"pp_schedule": "gpipe", "pp_microbatches": 8, "pp_split_at": "layers.1, layers.3",
                                        "other": 1})
     assert (cfg.schedule, cfg.microbatches, cfg.split_at) == ("gpipe", 8, ("layers.1", "layers.3"))
+
+
+def test_convoy_errors_raised_while_tracing_reach_the_user_as_themselves():
+    from convoy.train.parallel.pipeline import _convoy_cause
+
+    mine = StrategyError("make the sequence length a multiple of 2")
+    try:
+        try:
+            raise mine
+        except StrategyError as inner:
+            raise RuntimeError("torch.export: cannot capture your model as a full graph") from inner
+    except RuntimeError as wrapped:
+        assert _convoy_cause(wrapped) is mine
+    assert _convoy_cause(RuntimeError("unrelated")) is None

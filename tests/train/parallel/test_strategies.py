@@ -56,3 +56,15 @@ def test_accelerator_settings_take_a_mapping_or_the_launcher_string():
     assert by_map.parallel_dims == by_env.parallel_dims == ParallelDims(dp_replicate=2, tp=2)
     with pytest.raises(StrategyError, match="needs 8 processes"):
         resolve_settings(explicit={"parallelism": {"dp": 4, "tp": 2}}, env={"WORLD_SIZE": "4"}, cpu=True)
+
+
+def test_sequence_parallel_pipelines_start_stages_only_between_blocks():
+    from convoy.train.parallel.pipeline import PipelineConfig
+    from convoy.train.parallel.strategies import _check_block_boundaries
+    from tests.train.parallel.tiny_gpt import TinyGPT
+
+    model = TinyGPT()
+    _check_block_boundaries(model, PipelineConfig(split_at=("layers.2",)))  # between blocks: fine
+    _check_block_boundaries(model, PipelineConfig())  # the default even cut of the layer list: fine
+    with pytest.raises(StrategyError, match="pp_split_at 'lm_head' with sequence_parallel: .*'layers.1'"):
+        _check_block_boundaries(model, PipelineConfig(split_at=("lm_head",)))

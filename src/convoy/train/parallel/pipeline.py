@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from convoy.errors import NotSupportedYetError, StrategyError
+from convoy.errors import ConvoyError, NotSupportedYetError, StrategyError
 
 if TYPE_CHECKING:
     import torch
@@ -217,6 +217,9 @@ class PipelineModule:
             pipe = pp.pipeline(self.model, mb_args=mb_args, mb_kwargs=mb_kwargs or None,
                                split_spec={name: pp.SplitPoint.BEGINNING for name in self.boundaries})
         except Exception as exc:  # tracing errors come from deep inside torch.export
+            cause = _convoy_cause(exc)
+            if cause is not None:  # convoy's own check (e.g. in a stand-in) said what is wrong: say that
+                raise cause from None
             raise NotSupportedYetError(f"pipeline: {type(self.model).__name__} could not be traced for "
                                        f"splitting ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
                                        f"simplify its forward or use tp/fsdp instead") from exc
@@ -261,8 +264,9 @@ class PipelineModule:
 
     def forward(self, *args: Any, target: Any = None, **kwargs: Any) -> Any:
         """Training (``target`` given): run forward and backward over the micro-batches and return the mean
-        loss (on every stage). Without ``target``: forward only; the last stage returns the output, the
-        others ``None``."""
+        loss (on every stage). In eval mode or under ``torch.no_grad()`` with ``target``: forward only, the
+        mean loss on every stage (a validation loss). Without ``target``: forward only; the last stage returns
+        the output, the others ``None``."""
         import torch
 
         if not self.built:
@@ -276,7 +280,12 @@ class PipelineModule:
             raise StrategyError("pipeline training needs a loss function: strategy_options={'loss_fn': fn}")
         losses: list = []
         feed = args if self.is_first else ()
-        self._schedule.step(*feed, target=target if self.is_last else None, losses=losses, **kwargs)
+        target = target if self.is_last else None
+        if torch.is_grad_enabled() and self.training:
+            self._schedule.step(*feed, target=target, losses=losses, **kwargs)
+        else:
+            with _no_grad():
+                self._schedule.eval(*feed, target=target, losses=losses, **kwargs)
         return self._mean_loss(losses)
 
     def _mean_loss(self, losses: list) -> "torch.Tensor":
@@ -293,8 +302,14 @@ class PipelineModule:
 
     def _forward_only(self, *args: Any, **kwargs: Any) -> Any:
         feed = args if self.is_first else ()
-        with _no_grad():
-            return self._schedule.eval(*feed, **kwargs)
+        # torch's eval still applies the loss function when the schedule has one, and there is no target
+        # here: the schedule runs without it for this call
+        loss_fn, self._schedule._loss_fn = self._schedule._loss_fn, None
+        try:
+            with _no_grad():
+                return self._schedule.eval(*feed, **kwargs)
+        finally:
+            self._schedule._loss_fn = loss_fn
 
     # --- the nn.Module surface a training loop touches ----------------------------------------------------
     def stage_modules(self) -> list["nn.Module"]:
@@ -338,6 +353,18 @@ def _restore_modules(submod: "nn.Module", originals: Mapping[str, "nn.Module"]) 
     for name, module in originals.items():
         if name in present:
             submod.set_submodule(name, module)
+
+
+def _convoy_cause(exc: BaseException) -> "ConvoyError | None":
+    """The first convoy error in ``exc``'s chain of causes (torch.export wraps errors raised while tracing)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ConvoyError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _no_grad():

@@ -140,7 +140,10 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             wrap = None
             if self.dims.dp > 1:
                 wrap = functools.partial(self._shard_stage, module) if self.dp_engine == "fsdp" else self._wrap_stage
-            pipe = PipelineModule(module, config=PipelineConfig.from_options(dict(self.context.options)),
+            config = PipelineConfig.from_options(dict(self.context.options))
+            if self.dims.tp > 1 and self.context.options.get("sequence_parallel"):
+                _check_block_boundaries(module, config)
+            pipe = PipelineModule(module, config=config,
                                   loss_fn=self.context.options.get("loss_fn"), group=pm.pp.get_group(),
                                   device=self.root_device, wrap_stage=wrap, trace_stand_ins=stand_ins)
             # stages are built (and, with fsdp, sharded) on the first call: optimizers follow them then
@@ -329,6 +332,22 @@ class PipelineParallelStrategy(ParallelStrategy):
     @classmethod
     def default_dims(cls, context: StrategyContext) -> ParallelDims:
         return context.parallel_dims or ParallelDims(pp=context.world_size)
+
+
+def _check_block_boundaries(model: "torch.nn.Module", config: PipelineConfig) -> None:
+    """With sequence parallelism only the activations between blocks are plain sequence shards; anywhere else
+    they are DTensors, which pipeline stages cannot send. Stages must begin at entries of the layer list."""
+    from convoy.train.parallel.pipeline import find_layers
+
+    if config.split_at is None:
+        return  # the default cut is between entries of the layer list
+    layers, count = find_layers(model, config.layers)
+    blocks = {f"{layers}.{i}" for i in range(count)}
+    for name in config.split_at:
+        if name not in blocks:
+            raise StrategyError(f"pp_split_at {name!r} with sequence_parallel: stages must begin at an entry of "
+                                f"{layers!r} (e.g. '{layers}.1'); between blocks the activations are sequence "
+                                "shards, elsewhere they are DTensors, which stages cannot send")
 
 
 @contextlib.contextmanager

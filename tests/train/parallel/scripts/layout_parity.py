@@ -70,6 +70,25 @@ def run_steps(acc, model, opt, dims, cfg, steps):
     return losses, norms
 
 
+def check_eval(acc, model, dims, cfg, ref):
+    """Forward only after training: logits (on the last stage, for a pipeline) and a validation loss."""
+    dp_rank, dp = acc.strategy.data_parallel_rank, acc.strategy.data_parallel_size
+    x, y = batch(cfg, size=BATCH, step=99)
+    x, y = x.chunk(dp)[dp_rank], y.chunk(dp)[dp_rank]
+    with torch.no_grad():
+        want = ref(x)
+        model.eval()
+        logits = model(x)
+        if dims.get("pp", 1) > 1:
+            val = model(x, target=y)  # forward only under no_grad: the mean loss on every stage
+            assert abs(val.item() - lm_loss(want, y).item()) < 1e-5, (val.item(), lm_loss(want, y).item())
+            if not acc.strategy.mesh.pp_rank == dims["pp"] - 1:
+                assert logits is None, type(logits)
+                logits = want
+        model.train()
+    assert (logits - want).abs().max().item() < 1e-5, (logits - want).abs().max().item()
+
+
 def report(acc, layout, diffs):
     pm = getattr(acc.strategy, "mesh", None)  # plain data parallel ("dp=4" alone) has no mesh
     where = f"dp {pm.dp_rank} tp {pm.tp_rank} pp {pm.pp_rank}" if pm else f"dp {acc.strategy.data_parallel_rank}"
@@ -86,6 +105,7 @@ def main():
         losses, norms = run_steps(acc, model, opt, dims, cfg, range(STEPS))
         diffs = assert_matches_reference(layout, acc.strategy.full_model_state_dict(model), ref, losses, ref_losses,
                                          norms, ref_norms, clip=CLIP)
+        check_eval(acc, model, dims, cfg, ref)
         report(acc, layout, diffs)
     dist.destroy_process_group()
 
