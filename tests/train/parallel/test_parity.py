@@ -85,3 +85,13 @@ def test_tp2_pp2_through_the_accelerator_matches_one_process():
     assert sum("tp=2 x pp=2 (TP+PP)" in line for line in ok) == 4, result.output
     assert {line.split(" stage ")[1].split(":")[0] for line in ok} == {
         f"{stage} tp rank {r}" for stage in (0, 1) for r in (0, 1)}, result.output
+
+
+def test_a_zero1_pipeline_checkpoint_gathers_optimizer_state_and_resumes_at_zero1_and_tp_pp(tmp_path):
+    # dp x pp uses ZeRO-1 by default (the guide's choice): its partitioned optimizer state is gathered per stage
+    layouts = ["dp=2,pp=2", "dp=2,pp=2", "tp=2,pp=2"]
+    result = run_script(SCRIPTS / "layout_resume.py", nproc=4, args=[str(tmp_path / "ckpt"), *layouts], timeout=240)
+    assert result.returncode == 0, result.output
+    ok = _ok_lines(result.output)
+    assert len(_resumed(ok, "dp=2,pp=2", "ZERO1+PP")) == 4, result.output
+    assert len(_resumed(ok, "tp=2,pp=2", "TP+PP")) == 4, result.output

@@ -26,8 +26,12 @@ How each axis is realised:
   the real tensor-parallel modules back into each stage, whose schedule runs over the pp sub-mesh's group.
 - dp x tp x pp: as tp x pp, then each stage is sharded with FSDP2 over the dp mesh (torchtitan's 3D layout).
 
-Not supported yet (``NotSupportedYetError``): tp with ``dp_engine`` ddp/zero1 (use fsdp), checkpoints of
-zero1 layouts, gradient accumulation (``no_sync``) with pp (raise ``pp_microbatches`` instead).
+Checkpoints of every layout (``save_state``) are ``torch.distributed.checkpoint`` directories keyed by the
+model's parameter names, loadable at any other layout; a pipeline loads on its first call (when its stages
+are built). ZeRO-1 state is gathered over the dp group first.
+
+Not supported yet (``NotSupportedYetError``): tp with ``dp_engine`` ddp/zero1 (use fsdp), gradient
+accumulation (``no_sync``) with pp (raise ``pp_microbatches`` instead).
 """
 
 from __future__ import annotations
@@ -274,11 +278,30 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         return {k: v.detach().cpu() for k, v in full.items()}
 
     def checkpoint_state(self, module: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
         if not isinstance(module, PipelineModule):
-            if self.dp_engine == "zero1" and self.dims.dp > 1 and optimizer is not None:
-                raise NotSupportedYetError("checkpoints of dp_engine='zero1' layouts are not supported yet")
+            if isinstance(optimizer, ZeroRedundancyOptimizer):
+                msd = super().checkpoint_state(self.unwrap(module), None)[0]
+                return msd, self._zero_state(self.unwrap(module), optimizer, keep=set(msd))
             return super().checkpoint_state(self.unwrap(module), optimizer)
         return self._pipeline_state(module, optimizer)
+
+    def _zero_state(self, model: Any, optimizer: Any, *, keep: set[str]) -> dict[str, Any]:
+        """A ZeroRedundancyOptimizer's state, gathered from its dp group and named like every other
+        strategy's (``keep``: the parameter names this process saves; a pipeline's other stages are not)."""
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+        from convoy.train.strategies.ddp import _to_named
+
+        group = self.mesh.dp.get_group()
+        _init_optim_state(optimizer.optim)  # a fresh optimizer has no state yet: make its shapes exist
+        optimizer.consolidate_state_dict(to=0)  # rank 0 of the dp group
+        box = [optimizer.state_dict() if dist.get_rank(group) == 0 else None]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+        named = _to_named(box[0], _names_in(model, optimizer))
+        return {**named, "state": {k: v for k, v in named["state"].items() if k in keep}}
 
     def _pipeline_state(self, pipe: PipelineModule, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -290,8 +313,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         if optimizer is None:
             return msd, {}
         if isinstance(optimizer, ZeroRedundancyOptimizer):
-            raise NotSupportedYetError("checkpoints of pp with dp_engine='zero1' are not supported yet; "
-                                       "use dp_engine='ddp' or 'fsdp' to save optimizer state")
+            return msd, self._zero_state(pipe.model, optimizer, keep=set(msd))
         osd = get_optimizer_state_dict(pipe.model, optimizer)
         groups = [dict(group, params=list(names)) for group, names in
                   zip(osd["param_groups"], self._group_names.get(id(optimizer), []))] or osd["param_groups"]
@@ -305,15 +327,23 @@ class ParallelStrategy(Strategy, SupportsNoSync):
 
     def load_checkpoint_state(self, module: Any, optimizer: Any, model_state: dict[str, Any],
                               optimizer_state: dict[str, Any]) -> None:
-        if not isinstance(module, PipelineModule):
-            super().load_checkpoint_state(self.unwrap(module), optimizer, model_state, optimizer_state)
-            return
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+        from torch.distributed.optim import ZeroRedundancyOptimizer
 
+        from convoy.train.strategies.ddp import _to_indexed
+
+        model = module.model if isinstance(module, PipelineModule) else self.unwrap(module)
+        if isinstance(optimizer, ZeroRedundancyOptimizer) and optimizer_state:
+            # every rank holds the gathered state; ZeRO keeps its own partition of it
+            optimizer.load_state_dict(_to_indexed(optimizer_state, _names_in(model, optimizer)))
+            optimizer, optimizer_state = None, {}
+        if not isinstance(module, PipelineModule):
+            super().load_checkpoint_state(model, optimizer, model_state, optimizer_state)
+            return
         for stage in module.stage_modules() if model_state else ():
             stage.load_state_dict({k: v for k, v in model_state.items() if k in stage.state_dict()})
         if optimizer is not None and optimizer_state:
-            set_optimizer_state_dict(module.model, optimizer, optimizer_state)
+            set_optimizer_state_dict(model, optimizer, optimizer_state)
 
 
 @register_strategy("tp")
@@ -357,6 +387,12 @@ def _fsdp_no_sync(module: Any):
         yield
     finally:
         module.set_requires_gradient_sync(True)
+
+
+def _names_in(model: Any, optimizer: Any) -> list[str]:
+    """The names in ``model`` of ``optimizer``'s parameters, in its groups' order."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
 def _full(t: Any) -> Any:
