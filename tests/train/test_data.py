@@ -39,3 +39,29 @@ def test_round_robin_without_even_batches():
 def test_split_batches_needs_divisible_batch_size():
     with pytest.raises(ConfigError, match="divisible"):
         shard_batches(batches(10, 5), batch_size=5, num_shards=2, shard=0, split_batches=True, even_batches=True)
+
+
+def _prepared(num_shards: int, shard: int):
+    import torch
+    from torch.utils.data import DataLoader
+
+    from convoy.train.data import LoopState, PreparedDataLoader
+
+    loader = DataLoader(torch.arange(16), batch_size=2)
+    return PreparedDataLoader(loader, num_shards=num_shards, shard=shard, split_batches=False, even_batches=True,
+                              seed=0, device=None, state=LoopState())
+
+
+def test_a_loader_prepared_before_auto_chose_reads_its_data_parallel_shard():
+    # prepared over 4 processes; auto then chose dp=2 x tp=2: this process reads dp shard 1 of 2
+    early = _prepared(4, 3)
+    early.reshard(num_shards=2, shard=1)
+    assert [b.tolist() for b in early] == [b.tolist() for b in _prepared(2, 1)] == [[2, 3], [6, 7], [10, 11], [14, 15]]
+
+
+def test_a_loader_already_iterating_cannot_change_its_shard():
+    early = _prepared(4, 3)
+    next(iter(early))
+    with pytest.raises(ConfigError, match="prepare the model first"):
+        early.reshard(num_shards=2, shard=1)
+    early.reshard(num_shards=4, shard=3)  # the same shard: nothing to change

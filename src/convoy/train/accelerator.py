@@ -220,6 +220,8 @@ class Accelerator:
             start_process_group(self.settings, always=True)
         strategy.setup_environment()
         self._strategy = strategy
+        for loader in self._dataloaders:  # prepared before auto chose: shard over its data-parallel groups
+            loader.reshard(num_shards=strategy.data_parallel_size, shard=strategy.data_parallel_rank)
         return strategy
 
     def _make_scaler(self) -> Any:

@@ -178,6 +178,17 @@ class PreparedDataLoader:
             kwargs["prefetch_factor"] = loader.prefetch_factor
         self._inner = DataLoader(loader.dataset, batch_sampler=_RankBatchSampler(self), **kwargs)
 
+    def reshard(self, *, num_shards: int, shard: int) -> None:
+        """Read another shard of each batch from the next epoch on: a loader prepared before
+        ``strategy="auto"`` chose a layout whose data-parallel groups are not the processes."""
+        if (num_shards, shard) == (self.num_shards, self.shard):
+            return
+        if self._running:
+            raise ConfigError(f"this DataLoader was prepared and iterated before strategy='auto' chose a layout "
+                              f"with {num_shards} data-parallel groups; prepare the model first "
+                              "(accelerator.prepare(model, optimizer, dataloader))")
+        self.num_shards, self.shard = num_shards, shard
+
     # --- epochs and positions ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """The epoch of the next iteration (shuffling seed); ``DistributedSampler.set_epoch`` semantics."""
