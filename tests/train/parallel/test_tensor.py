@@ -101,6 +101,17 @@ def test_checks_heads_features_and_module_kinds():
         check_tp_plan(model, resolve_tp_plan(model, {"norm": "sequence_parallel"}), 2)
 
 
+def test_head_counts_on_attention_modules_are_checked_before_splitting():
+    model = TinyGPT(TinyConfig(heads=4, dim=16))
+    model.config = None  # no model-level head count: only the modules' own attributes say it
+    for layer in model.layers:
+        layer.self_attn.num_key_value_heads = 2  # grouped-query attention: fewer key/value heads
+    plan = resolve_tp_plan(model)
+    check_tp_plan(model, plan, 2)
+    with pytest.raises(StrategyError, match=r"tp=4 does not divide layers.0.self_attn.num_key_value_heads=2"):
+        check_tp_plan(model, plan, 4)
+
+
 def test_sequence_parallel_needs_every_norm_in_the_plan():
     model = TinyGPT(TinyConfig(layers=1))
     plan = resolve_tp_plan(model, {"layers.*.mlp.up_proj": "colwise"}, sequence_parallel=True)

@@ -215,6 +215,13 @@ def check_tp_plan(model: "nn.Module", plan: TPPlan, tp: int) -> None:
                                 f"and Embedding modules can be split")
         if size % tp:
             raise StrategyError(f"tp={tp} does not divide the {size} {what} of {name!r}; choose a tp dividing {size}")
+    for parent in sorted({name.rpartition(".")[0] for name, style in plan.styles if style == "colwise"}):
+        module = model.get_submodule(parent)  # the head counts _localize_head_counts will divide
+        for attr in _HEAD_ATTRS:
+            value = getattr(module, attr, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value % tp:
+                raise StrategyError(f"tp={tp} does not divide {parent or 'model'}.{attr}={value}; choose a tp "
+                                    f"dividing {value}")
     if plan.sequence_parallel:
         missing = [n for n, m in model.named_modules() if type(m).__name__.endswith("Norm") and n not in plan.as_dict()]
         if missing:
