@@ -3,6 +3,7 @@
     convoy launch --nproc-per-node 2 examples/tiny_gpt_pp.py                        # pp=2, 1F1B
     convoy launch --nproc-per-node 2 examples/tiny_gpt_pp.py --schedule interleaved_1f1b
     convoy launch --nproc-per-node 4 --dp 2 --pp 2 examples/tiny_gpt_pp.py           # DP x PP, ZeRO-1 over dp
+    convoy launch --nproc-per-node 8 --dp 2 --tp 2 --pp 2 examples/tiny_gpt_pp.py    # 3D: FSDP2 x TP x PP
 
 With pp the training step is ``loss = model(inputs, target=labels)``: the schedule runs forward and
 backward of every micro-batch, stage by stage, and returns the mean loss on every rank;
