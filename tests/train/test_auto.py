@@ -130,6 +130,13 @@ def test_pp_only_with_loss_fn():
             assert layout.dp_engine in ("ddp", "zero1")
 
 
+def test_auto_can_choose_dp_x_tp_x_pp_realised_with_fsdp_per_stage():
+    # 8 devices of 40 GiB, a 7B-shaped model and a pipeline loop: 3D wins; dp over tp-split weights is FSDP2
+    layout = auto(meta_gpt(), world_size=8, device_gib=40, options={"loss_fn": lm_loss})
+    assert layout.name == "parallel" and layout.dims.dp > 1 and layout.dims.tp > 1 and layout.dims.pp > 1, layout
+    assert layout.dims.world_size == 8 and layout.dp_engine == "fsdp", layout
+
+
 def test_pp_degrees_follow_the_pipeline_options():
     model = TinyGPT(TinyConfig(layers=4))
     assert pp_degrees(model, world_size=8, options={"loss_fn": lm_loss}) == (2, 4)

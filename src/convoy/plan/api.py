@@ -231,14 +231,27 @@ class AutoLayout:
 def runs_in_trainer(candidate: Candidate) -> bool:
     """True for layouts strategy ``"parallel"`` (``convoy.train.parallel``) builds from a candidate: with tp and
     dp > 1 the weights are DTensors, which only FSDP2 shards (candidate ``zero3``); with pp and dp > 1 the
-    stages are replicated by DDP or ZeRO-1 (the only pipeline candidates). The planner never proposes sharded
-    (zero3) pipelines, so dp x tp x pp candidates (ddp or zero1 with tp) are left out by the first rule."""
+    stages are replicated by DDP or ZeRO-1 (the only pipeline candidates). dp x tp x pp is the ``zero1``
+    candidate, which the trainer realises with FSDP2 per stage (``_dp_engine``): through the step a stage's
+    parameters and gradients are whole, as with ZeRO-1, and at rest they are sharded too, so the candidate's
+    memory is an upper bound."""
     d = candidate.layout.dims
     if d.is_trivial or d.dp == 1:
         return True
+    if d.tp > 1 and d.pp > 1:
+        return candidate.strategy == "zero1"
     if d.tp > 1:
         return candidate.strategy == "zero3"
     return candidate.strategy in ("ddp", "zero1")
+
+
+def _dp_engine(strategy: str, dims: ParallelDims) -> str | None:
+    """The trainer's ``dp_engine`` for a candidate the trainer runs (see ``runs_in_trainer``)."""
+    if dims.dp == 1:
+        return None
+    if dims.tp > 1:
+        return "fsdp"  # DTensor weights: FSDP2 (for dp x tp x pp, per pipeline stage)
+    return _DP_ENGINE[strategy]
 
 
 def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: int, precision: str = "bf16",
@@ -324,7 +337,7 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
         reason += (" strategy_options has loss_fn (a loop that trains with model(x, target=y)), so only "
                    "pipeline layouts were compared.")
     return AutoLayout(name="parallel", reason=f"{reason} {rec.reasons[1]}", dims=dims,
-                      dp_engine=_DP_ENGINE[rec.strategy or "ddp"] if dims.dp > 1 else None)
+                      dp_engine=_dp_engine(rec.strategy or "ddp", dims))
 
 
 def format_plan(p: Plan) -> str:
