@@ -137,6 +137,16 @@ def test_auto_can_choose_dp_x_tp_x_pp_realised_with_fsdp_per_stage():
     assert layout.dims.world_size == 8 and layout.dp_engine == "fsdp", layout
 
 
+def test_a_pipeline_loop_keeps_a_pipeline_when_none_fits_the_estimate():
+    # 8 GiB devices: nothing fits by the planner's guess; the loop calls model(x, target=y), so a data-parallel
+    # layout would break it: the most split pipeline is used, and the line says so
+    layout = auto(meta_gpt(), world_size=8, device_gib=8, options={"loss_fn": lm_loss})
+    assert layout.name == "parallel" and layout.dims.pp == 8 and layout.dims.dp == 1, layout
+    assert "none fits" in layout.reason and "parallelism=" in layout.reason
+    small = auto(TinyGPT(TinyConfig(layers=2)), world_size=8, device_gib=1e-6, options={"loss_fn": lm_loss})
+    assert small.dims.pp == 2 and small.dims.dp == 4 and small.dp_engine == "zero1", small
+
+
 def test_pp_degrees_follow_the_pipeline_options():
     model = TinyGPT(TinyConfig(layers=4))
     assert pp_degrees(model, world_size=8, options={"loss_fn": lm_loss}) == (2, 4)

@@ -168,6 +168,8 @@ def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int, 
                       pipeline=options.get("loss_fn") is not None, **({"heads": heads} if heads else {}))
         if answer is not None:
             return answer
+        if pps and options.get("loss_fn") is not None:
+            return _most_split_pipeline(world_size, pps)
     need = training_bytes(num_parameters)
     if world_size == 1:
         return AutoLayout(name="single", reason=f"one process; the model needs ~{_gib(need)} for weights, "
@@ -179,6 +181,19 @@ def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int, 
     return AutoLayout(name="zero3", reason=(
         f"the model needs ~{_gib(need)} for fp32 weights, gradients and Adam state, more than {HEADROOM:.0%} of "
         f"one device ({_gib(device_bytes)}), so it is sharded over {world_size} processes (FSDP2, zero3)"))
+
+
+def _most_split_pipeline(world_size: int, pps: tuple[int, ...]) -> AutoLayout:
+    """The loop trains with ``model(x, target=y)``, which only a pipeline runs, and no pipeline layout fits by
+    the planner's estimate (which guesses the sequence length and micro-batch): the most split one is used."""
+    from convoy.plan.dims import ParallelDims
+
+    pp = max(pps)
+    dims = ParallelDims(dp_replicate=world_size // pp, pp=pp)
+    return AutoLayout(name="parallel", dims=dims, dp_engine="zero1" if dims.dp > 1 else None, reason=(
+        f"strategy_options has loss_fn (a loop that trains with model(x, target=y)), so only pipeline layouts "
+        f"are compared, and none fits by the planner's estimate (sequence 2048, micro-batch 1); the most split "
+        f"one, pp={pp}, is used. Give parallelism= to choose the degrees yourself."))
 
 
 def _config_heads(model: Any) -> int | None:
