@@ -50,6 +50,14 @@ def test_layouts_that_cannot_work_are_named(dims, options, error, text):
         create_strategy("parallel", _ctx(dims.world_size, dims, **options))
 
 
+def test_fp16_loss_scaling_cannot_reach_a_pipeline_and_is_refused():
+    ctx = StrategyContext(world_size=2, local_world_size=2, parallel_dims=ParallelDims(pp=2), mixed_precision="fp16")
+    with pytest.raises(NotSupportedYetError, match="fp16.*pp.*bf16"):
+        create_strategy("parallel", ctx)
+    bf16 = StrategyContext(world_size=2, local_world_size=2, parallel_dims=ParallelDims(pp=2), mixed_precision="bf16")
+    assert create_strategy("parallel", bf16).dims.pp == 2
+
+
 def test_accelerator_settings_take_a_mapping_or_the_launcher_string():
     by_map = resolve_settings(explicit={"parallelism": {"dp": 2, "tp": 2}}, env={"WORLD_SIZE": "4"}, cpu=True)
     by_env = resolve_settings(env={"WORLD_SIZE": "4", "CONVOY_PARALLELISM": "dp=2,tp=2"}, cpu=True)

@@ -79,6 +79,11 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         engine = context.options.get("dp_engine", "zero1" if dims.pp > 1 and dims.tp == 1 else "fsdp")
         if engine not in _DP_ENGINES:
             raise StrategyError(f"dp_engine={engine!r} is unknown; choose one of {', '.join(_DP_ENGINES)}")
+        if dims.pp > 1 and context.mixed_precision == "fp16":
+            # the schedule runs backward itself, so the gradient scaler never scales the loss: training would
+            # silently divide every gradient by the scale
+            raise NotSupportedYetError("mixed_precision='fp16' with pp is not supported yet (its loss scaling "
+                                       "cannot reach the pipeline's backward); use 'bf16'")
         if dims.tp > 1 and dims.dp > 1 and engine != "fsdp":
             raise NotSupportedYetError(f"tp with dp_engine={engine!r} is not supported yet; use dp_engine='fsdp'")
         if dims.dp_replicate > 1 and dims.dp_shard > 1 and engine != "fsdp":
