@@ -32,6 +32,8 @@ ORDERS = ("index", "free-memory", "fastest", "topology")
 # How each vendor's framework device is called, for explanations ("GPU 2 -> cuda:0").
 DEVICE_PREFIX = {"nvidia": "cuda", "amd": "cuda", "intel": "xpu", "habana": "hpu", "ascend": "npu",
                  "apple": "mps"}
+# What the fast links in ``Device.nvlink_peers`` are, per vendor, for explanations ("one xGMI island").
+LINK_KIND = {"nvidia": "NVLink", "amd": "xGMI"}
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,8 @@ def select_devices(
         max_utilization: ``"10%"`` or 10; devices whose utilisation is unknown pass.
         exclude: visible indices (as the request counts them) or UUIDs (prefixes allowed) never to take.
         order: ``"index"`` (default), ``"free-memory"``, ``"fastest"``, ``"topology"`` (a count from the best
-            connected NVLink island). Explicit index lists keep the user's order unless ``order`` is given.
+            connected island of fast links: NVLink/NVSwitch on NVIDIA, xGMI on AMD). Explicit index lists keep
+            the user's order unless ``order`` is given.
         held: UUID -> who holds it (leases of other jobs, see ``lease.py``): such devices are not taken.
 
     Raises:
@@ -250,10 +253,14 @@ def _pick(eligible: list[int], count: int, units: Sequence[Device], order: str) 
 
 
 def _topology_pick(eligible: list[int], count: int, units: Sequence[Device]) -> tuple[list[int], str]:
-    """The best-connected ``count`` devices: inside one NVLink island when one has room (the smallest
-    island that fits, so larger islands stay whole for bigger jobs), else filling the largest islands."""
+    """The best-connected ``count`` devices: inside one NVLink (xGMI on AMD) island when one has room (the
+    smallest island that fits, so larger islands stay whole for bigger jobs), else filling the largest islands."""
     by_index = {units[p].index: p for p in eligible}
     links = {p: {by_index[i] for i in units[p].nvlink_peers if i in by_index} for p in eligible}
+    kind = LINK_KIND.get(units[eligible[0]].vendor, "fast-link") if eligible else "fast-link"
+    if count > 1 and not any(links.values()):
+        return sorted(eligible)[:count], (f"topology: no {kind} links between the eligible devices were found "
+                                          f"(none discovered, or none to a device that passes); took index order")
     islands: list[list[int]] = []
     seen: set[int] = set()
     for start in sorted(eligible):
@@ -273,13 +280,13 @@ def _topology_pick(eligible: list[int], count: int, units: Sequence[Device]) -> 
         island = min(fitting, key=lambda isl: (len(isl), isl[0]))
         chosen = _densest(island, count, links)
         names = ",".join(str(units[p].index) for p in island)
-        return chosen, f"topology: {count} device(s) inside one NVLink island (GPUs {names})"
+        return chosen, f"topology: {count} device(s) inside one {kind} island (GPUs {names})"
     chosen = []
     for island in sorted(islands, key=lambda isl: (-len(isl), isl[0])):
         chosen.extend(_densest(island, min(count - len(chosen), len(island)), links))
         if len(chosen) == count:
             break
-    return chosen, f"topology: no NVLink island has {count} eligible devices; took the largest islands"
+    return chosen, f"topology: no {kind} island has {count} eligible devices; took the largest islands"
 
 
 def _densest(island: list[int], count: int, links: Mapping[int, set[int]]) -> list[int]:
