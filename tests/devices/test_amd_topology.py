@@ -153,3 +153,19 @@ def test_pcie_links_are_not_fast_links(tmp_path):
     for props in kfd.glob("nodes/*/io_links/*/properties"):
         props.write_text(props.read_text().replace(f"type {XGMI}\n", f"type {PCIE}\n"))
     assert all(d.nvlink_peers == () for d in devices_from_sysfs(pci, kfd_root=kfd))
+
+
+def test_cli_free_topology_on_the_xgmi_pairs_inventory(inventory_path, capsys):
+    from convoy.cli.main import main
+
+    path = str(inventory_path("amd_4gpu_xgmi_pairs"))  # GPU 0 busy; pairs 0-2 and 1-3
+    assert main(["select", "2", "--free", "--order", "topology", "--inventory", path, "--format", "index"]) == 0
+    assert capsys.readouterr().out.strip() == "1,3"
+    assert main(["select", "2", "--free", "--inventory", path, "--format", "env"]) == 0
+    assert capsys.readouterr().out.strip() == "export HIP_VISIBLE_DEVICES=1,2"
+
+
+def test_discovered_links_are_written_to_the_inventory_format(tmp_path):
+    pci, kfd = _two_pairs(tmp_path)
+    data = Inventory(tuple(devices_from_sysfs(pci, kfd_root=kfd)), source="sysfs").to_dict()
+    assert [d["nvlink_peers"] for d in data["devices"]] == [[2], [3], [0], [1]]
