@@ -47,3 +47,23 @@ def test_collective_timeout_from_the_environment():
 def test_watch_needs_a_process_group():
     with pytest.raises(ConfigError, match="needs an initialised process group"):
         CollectiveWatch(timeout=1)
+
+
+def test_watch_call_counts_calls_in_the_store_and_leaves_no_keys_behind():
+    import torch.distributed as dist
+
+    from convoy.train.hang import watch_call
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        watch_call("gather", timeout=5)
+        keys_after_one = store.num_keys()
+        for name in ["reduce", "broadcast"] * 10:
+            watch_call(name, timeout=5)
+        assert store.num_keys() == keys_after_one  # the previous call's key goes as the next one arrives
+        watch = CollectiveWatch(timeout=5, prefix="convoy/watched")
+        counter = int(watch._store.add("calls/0", 0))
+        assert counter == 21  # one sequence over every call, though no watch was kept between them
+    finally:
+        dist.destroy_process_group()

@@ -20,18 +20,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from convoy.errors import CheckpointError, ConfigError, NotSupportedYetError
-from convoy.train import checkpoint as ckpt
-from convoy.train import collectives, saving
-from convoy.train.auto import choose_strategy, device_memory_bytes, planner_hook
+from convoy.errors import ConfigError, NotSupportedYetError
+from convoy.train import collectives, state
 from convoy.train.data import LoopState, PreparedDataLoader, SkipFirstBatches
 from convoy.train.environment import resolve_settings, start_process_group, stop_process_group
-from convoy.train.strategies.base import Strategy, StrategyContext, SupportsNoSync, create_strategy, strategy_class
+from convoy.train.strategies.base import Strategy, SupportsNoSync, strategy_class
+from convoy.train.strategy_setup import build_strategy
 from convoy.train.wrappers import PreparedOptimizer, PreparedScheduler
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -99,7 +96,6 @@ class Accelerator:
         self.save_iteration = project.iteration
         self._strategy_options = dict(strategy_options or {})
         self._planner = planner
-        self._waits = 0  # wait_for_everyone() calls, for their store keys
         self._loop = LoopState()
         self.step = 0  # micro-steps seen by accumulate()
         self._strategy: Strategy | None = None
@@ -192,33 +188,7 @@ class Accelerator:
     def _ensure_strategy(self, model: Any) -> Strategy:
         if self._strategy is not None:
             return self._strategy
-        name = self.settings.strategy
-        dims = self.settings.parallel_dims
-        options = self._strategy_options
-        if name == "auto" and dims is not None and not dims.is_trivial:
-            name = "parallel"  # tp/pp requested: convoy.train.parallel's strategy builds that layout
-        if name == "auto":
-            count = sum(p.numel() for p in model.parameters()) if model is not None else 0
-            layout = choose_strategy(
-                world_size=self.settings.world_size, num_parameters=count,
-                planner=self._planner or planner_hook(self.settings.mixed_precision),
-                device_bytes=device_memory_bytes(self.settings.device_type, self.settings.local_world_size),
-                model=model if dims is None else None, options=options)  # degrees given: data parallel only
-            name = layout.name
-            if layout.dims is not None:  # tp/pp chosen: strategy "parallel" builds these degrees
-                dims = layout.dims
-                options = {**({"dp_engine": layout.dp_engine} if layout.dp_engine else {}), **options}
-            if self.settings.world_size > 1 and self.is_main_process:
-                print(f"convoy: strategy=auto chose {layout.describe()}: {layout.reason}", flush=True)
-        context = StrategyContext(
-            rank=self.settings.rank, local_rank=self.settings.local_rank, world_size=self.settings.world_size,
-            local_world_size=self.settings.local_world_size, device_type=self.settings.device_type,
-            mixed_precision=self.settings.mixed_precision, collective_timeout_s=self.settings.collective_timeout_s,
-            parallel_dims=dims, options=options)
-        strategy = create_strategy(name, context)
-        if strategy.needs_process_group:
-            start_process_group(self.settings, always=True)
-        strategy.setup_environment()
+        strategy = build_strategy(self.settings, model=model, options=self._strategy_options, planner=self._planner)
         self._strategy = strategy
         for loader in self._dataloaders:  # prepared before auto chose: shard over its data-parallel groups
             loader.reshard(num_shards=strategy.data_parallel_size, shard=strategy.data_parallel_rank)
@@ -401,12 +371,24 @@ class Accelerator:
         return inner
 
     # --- collectives -----------------------------------------------------------------------------------
+    # Each is watched (_arrive): a rank that does not reach it within the collective timeout is named in the
+    # CollectiveTimeoutError the others raise, instead of the job hanging until the process-group timeout.
+    def _arrive(self, name: str) -> None:
+        if collectives.is_distributed():
+            from convoy.train.hang import watch_call
+
+            # No watch kept on the Accelerator: it would hold the c10d store alive past destroy_process_group(),
+            # and gloo then aborts the process at exit. watch_call counts the calls in the store instead.
+            watch_call(name, timeout=self.settings.collective_timeout_s)
+
     def gather(self, tensor: Any) -> Any:
+        self._arrive("gather")
         return collectives.gather(tensor)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """``gather``, minus the samples added to even out the last batch: metrics equal one process's."""
-        tensors = not use_gather_object and _all_tensors(input_data)
+        tensors = not use_gather_object and collectives.all_tensors(input_data)
+        self._arrive("gather_for_metrics")
         data = collectives.gather(input_data) if tensors else collectives.gather_object(input_data)
         remainder = self._loop.remainder
         if remainder is not None:
@@ -414,27 +396,23 @@ class Accelerator:
         return data
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        self._arrive("pad_across_processes")
         return collectives.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        self._arrive("reduce")
         return collectives.reduce(tensor, reduction=reduction, scale=scale)
 
     def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
+        self._arrive("broadcast")
         return collectives.broadcast(tensor, src=from_process)
 
     def wait_for_everyone(self) -> None:
-        """A barrier; a rank that does not reach it within the collective timeout is named in the
-        ``CollectiveTimeoutError`` the others raise, instead of the job hanging."""
+        """A barrier (watched like the collectives above)."""
         if collectives.is_distributed():
             import torch.distributed as dist
 
-            from convoy.train.hang import CollectiveWatch
-
-            # A watch per call, under its own key prefix: one kept on the Accelerator would hold the c10d
-            # store alive past destroy_process_group(), and gloo then aborts the process at exit.
-            self._waits += 1
-            watch = CollectiveWatch(timeout=self.settings.collective_timeout_s, prefix=f"convoy/wait/{self._waits}")
-            watch.barrier("wait_for_everyone")  # every rank arrived, or the missing ones are named
+            self._arrive("wait_for_everyone")  # every rank arrived, or the missing ones are named
             dist.barrier()  # and the backend's queued work (NCCL streams) is ordered, as Accelerate's barrier is
 
     # --- processes -------------------------------------------------------------------------------------
@@ -484,7 +462,7 @@ class Accelerator:
     @contextlib.contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
         """This process's contiguous share of a list, tuple, dict of lists or tensor."""
-        yield _split(inputs, self.num_processes, self.process_index, apply_padding)
+        yield collectives.split(inputs, self.num_processes, self.process_index, apply_padding)
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """A loader whose next iteration starts ``num_batches`` batches in (resuming mid-epoch)."""
@@ -518,119 +496,25 @@ class Accelerator:
     def save_model(self, model: "torch.nn.Module", save_directory: str | os.PathLike[str],
                    max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
         """Unwrapped, consolidated weights in safetensors (transformers' file layout). Collective."""
-        state = self.strategy.full_model_state_dict(model)
-        if self.is_main_process:
-            saving.write_model(state, save_directory, max_shard_size=max_shard_size,
-                               safe_serialization=safe_serialization)
-        self.wait_for_everyone()
+        state.save_model(self, model, save_directory, max_shard_size=max_shard_size,
+                         safe_serialization=safe_serialization)
 
     def get_state_dict(self, model: "torch.nn.Module", unwrap: bool = True) -> dict[str, Any]:
         return self.strategy.full_model_state_dict(model)
 
-    def _checkpoint_root(self) -> Path:
-        if self.project_dir is None:
-            raise CheckpointError("save_state()/load_state() without a directory needs "
-                                  "Accelerator(project_dir=...); or pass a directory")
-        return Path(self.project_dir) / "checkpoints"
-
     def save_state(self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True,
                    **kwargs: Any) -> str:
         """Write a complete checkpoint atomically; returns its directory."""
-        import torch
-        import torch.distributed.checkpoint as dcp
-
-        automatic = output_dir is None or self.project_configuration.automatic_checkpoint_naming
-        if automatic:
-            root = self._checkpoint_root()
-            final = root / f"checkpoint_{self.save_iteration}"
-            if self.is_main_process:
-                final = max(final, ckpt.next_checkpoint_dir(root), key=lambda p: int(p.name.split("_")[1]))
-        else:
-            final = Path(output_dir)  # type: ignore[arg-type]
-        staging = collectives.broadcast_object(str(ckpt.begin_checkpoint(final)) if self.is_main_process else None)
-        final = Path(collectives.broadcast_object(str(final)))
-        strategy = self.strategy
-        state = saving.collect_checkpoint(strategy, self._models, list(zip(self._optimizers_inner(),
-                                                                          self._optimizer_models)))
-        with warnings.catch_warnings():  # DCP warns that one process without a group means one process
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.save(state, checkpoint_id=os.path.join(staging, "distributed"), no_dist=not _group_running())
-        torch.save(saving.rng_state(), os.path.join(staging, f"random_states_{self.process_index}.pkl"))
-        if self.is_main_process:
-            extra = {"schedulers": [s.state_dict() for s in self._schedulers],
-                     "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                     "dataloaders": [d.state_dict() for d in self._dataloaders],
-                     "custom": [o.state_dict() for o in self._custom], "step": self.step}
-            torch.save(extra, os.path.join(staging, "state.pt"))
-        self.wait_for_everyone()
-        if self.is_main_process:
-            ckpt.commit_checkpoint(staging, final, {"world_size": self.num_processes, "strategy": strategy.name,
-                                                    "iteration": self.save_iteration})
-            if automatic:
-                ckpt.prune_checkpoints(final.parent, self.project_configuration.total_limit)
-        self.wait_for_everyone()
-        if automatic:
-            self.save_iteration = int(final.name.split("_")[1]) + 1
-        return str(final)
-
-    def _optimizers_inner(self) -> list[Any]:
-        return [o.optimizer for o in self._optimizers]
+        return state.save_state(self, output_dir)
 
     def load_state(self, input_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> str:
         """Restore the newest complete checkpoint under ``project_dir`` (or ``input_dir``); returns it."""
-        import torch
-
-        if input_dir is None:
-            found = ckpt.latest_checkpoint(self._checkpoint_root())
-            if found is None:
-                raise CheckpointError(f"no complete checkpoint under {self._checkpoint_root()}; "
-                                      "save_state() first, or pass input_dir")
-            path = found
-        else:
-            path = Path(input_dir)
-        meta = ckpt.read_meta(path)
-        pairs = list(zip(self._optimizers_inner(), self._optimizer_models))
-        saving.load_checkpoint(self.strategy, self._models, pairs, str(path / "distributed"),
-                               no_dist=not _group_running())
-        extra = torch.load(path / "state.pt", weights_only=False)
-        for scheduler, sd in zip(self._schedulers, extra["schedulers"]):
-            scheduler.load_state_dict(sd)
-        if self.scaler is not None and extra["scaler"] is not None:
-            self.scaler.load_state_dict(extra["scaler"])
-        for loader, sd in zip(self._dataloaders, extra["dataloaders"]):
-            loader.load_state_dict(sd)
-        for obj, sd in zip(self._custom, extra["custom"]):
-            obj.load_state_dict(sd)
-        rng = path / f"random_states_{self.process_index}.pkl"
-        if rng.exists():  # a checkpoint from fewer processes has no RNG state for the extra ranks
-            saving.set_rng_state(torch.load(rng, weights_only=False))
-        if self.project_dir is not None and path.parent == self._checkpoint_root():
-            self.save_iteration = int(meta.get("iteration", 0)) + 1
-        self.wait_for_everyone()
-        return str(path)
+        return state.load_state(self, input_dir)
 
     def __repr__(self) -> str:
         return (f"Accelerator(strategy={self.settings.strategy!r}, num_processes={self.num_processes}, "
                 f"process_index={self.process_index}, device={self.device}, "
                 f"mixed_precision={self.mixed_precision!r})")
-
-
-def _group_running() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized()
-
-
-def _all_tensors(data: Any) -> bool:
-    import torch
-
-    if isinstance(data, torch.Tensor):
-        return True
-    if isinstance(data, dict):
-        return all(_all_tensors(v) for v in data.values())
-    if isinstance(data, (list, tuple)):
-        return len(data) > 0 and all(_all_tensors(v) for v in data)
-    return False
 
 
 def _autocast_forward(model: Any, autocast: Callable[[], Any]) -> None:
@@ -648,23 +532,3 @@ def _autocast_forward(model: Any, autocast: Callable[[], Any]) -> None:
 
     model.__dict__["_convoy_original_forward"] = original
     model.forward = forward
-
-
-def _split(inputs: Any, n: int, index: int, pad: bool) -> Any:
-    if isinstance(inputs, dict):
-        return {k: _split(v, n, index, pad) for k, v in inputs.items()}
-    length = len(inputs)
-    base, extra = divmod(length, n)
-    start = index * base + min(index, extra)
-    end = start + base + (1 if index < extra else 0)
-    part = inputs[start:end]
-    if pad and extra and index >= extra:
-        last = inputs[-1:] if not hasattr(inputs, "shape") else inputs[-1:]
-        part = part + last if isinstance(part, (list, tuple)) else _cat(part, last)
-    return part
-
-
-def _cat(a: Any, b: Any) -> Any:
-    import torch
-
-    return torch.cat([a, b])

@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["is_distributed", "gather", "gather_object", "pad_across_processes", "reduce", "broadcast",
-           "broadcast_object", "truncate", "map_tensors"]
+           "broadcast_object", "truncate", "map_tensors", "all_tensors", "split"]
 
 
 def is_distributed() -> bool:
@@ -39,6 +39,40 @@ def map_tensors(fn: Callable[["torch.Tensor"], Any], data: Any) -> Any:
     if isinstance(data, (list, tuple)):
         return type(data)(map_tensors(fn, v) for v in data)
     return data
+
+
+def all_tensors(data: Any) -> bool:
+    """``data`` is a tensor, or a non-empty nest of dicts/lists/tuples holding only tensors."""
+    import torch
+
+    if isinstance(data, torch.Tensor):
+        return True
+    if isinstance(data, dict):
+        return all(all_tensors(v) for v in data.values())
+    if isinstance(data, (list, tuple)):
+        return len(data) > 0 and all(all_tensors(v) for v in data)
+    return False
+
+
+def split(inputs: Any, n: int, index: int, pad: bool) -> Any:
+    """Process ``index``'s contiguous share (of ``n``) of a list, tuple, tensor or dict of them; ``pad``
+    repeats the last item so every share has the same length."""
+    if isinstance(inputs, dict):
+        return {k: split(v, n, index, pad) for k, v in inputs.items()}
+    length = len(inputs)
+    base, extra = divmod(length, n)
+    start = index * base + min(index, extra)
+    end = start + base + (1 if index < extra else 0)
+    part = inputs[start:end]
+    if pad and extra and index >= extra:
+        last = inputs[-1:]
+        if isinstance(part, (list, tuple)):
+            part = part + last
+        else:
+            import torch
+
+            part = torch.cat([part, last])
+    return part
 
 
 def _gather_one(tensor: "torch.Tensor") -> "torch.Tensor":

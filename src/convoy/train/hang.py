@@ -5,6 +5,7 @@
     with watch.guard("all_reduce loss"):                # every rank must arrive here within 60 s ...
         dist.all_reduce(loss)
     watch.barrier()                                     # a barrier that names the ranks that never came
+    watch_call("gather", timeout=60)                    # one watched call, no watch kept (the Accelerator's way)
 
 If a rank skips the collective (or is stuck before it), the ranks that did arrive raise
 ``CollectiveTimeoutError``: ``collective 'all_reduce loss' (#3) did not complete within 60 s: rank 1 of 2
@@ -18,6 +19,11 @@ on a timeout the keys that are missing are exactly the ranks that did not arrive
 backend (gloo, NCCL) and costs two small store round trips per guarded call, so guard the collectives you
 want watched, not every tensor operation. The process-group timeout (``CONVOY_COLLECTIVE_TIMEOUT``, passed
 to ``init_process_group``) still catches a collective that hangs after every rank arrived.
+
+``watch_call`` is for callers that must not hold the store between calls (a watch kept for the life of the
+group holds the c10d store past ``destroy_process_group()``, and gloo then aborts the process at exit): it
+makes a short-lived watch whose call number is counted in the store itself, so every caller of the job
+shares one sequence and the store keeps at most two keys per rank.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from typing import Any, Iterator, Mapping
 
 from convoy.errors import CollectiveTimeoutError, ConfigError
 
-__all__ = ["CollectiveWatch", "collective_timeout", "DEFAULT_COLLECTIVE_TIMEOUT"]
+__all__ = ["CollectiveWatch", "watch_call", "collective_timeout", "DEFAULT_COLLECTIVE_TIMEOUT"]
 
 DEFAULT_COLLECTIVE_TIMEOUT = 300.0
 
@@ -100,7 +106,7 @@ class CollectiveWatch:
                     f"their stack traces show where: 'py-spy dump --pid PID'); raise CONVOY_COLLECTIVE_TIMEOUT "
                     f"if they are only slow") from None
             raise
-        names = {r: self._store.get(key).decode() for r, key in enumerate(keys)}
+        names = dict(enumerate(value.decode() for value in self._values(keys)))
         strays = {r: n for r, n in names.items() if n != name}
         if strays:
             where = "; ".join(f"rank {r} is at {n!r}" for r, n in sorted(strays.items()))
@@ -109,6 +115,12 @@ class CollectiveWatch:
                 f"(every rank must run the same collectives in the same order)")
         if seq:  # every rank has passed seq-1 (they set seq only after), so its key can go
             self._store.delete_key(f"{seq - 1}/{self.rank}")
+
+    def _values(self, keys: list[str]) -> list[bytes]:
+        try:  # one round trip where the store has it (TCPStore, HashStore)
+            return list(self._store.multi_get(keys))
+        except (RuntimeError, NotImplementedError):
+            return [self._store.get(key) for key in keys]
 
     @contextlib.contextmanager
     def guard(self, name: str, *, timeout: float | None = None) -> Iterator[None]:
@@ -119,3 +131,15 @@ class CollectiveWatch:
     def barrier(self, name: str = "barrier", *, timeout: float | None = None) -> None:
         """A barrier that names the ranks that did not reach it (works on every backend)."""
         self.arrive(name, timeout=timeout)
+
+
+def watch_call(name: str, *, timeout: float | None = None, group: Any = None,
+               prefix: str = "convoy/watched") -> None:
+    """Wait until every rank of ``group`` arrives at collective ``name`` (``timeout`` seconds); no watch is kept.
+
+    The call number comes from a per-rank counter in the store, so separate callers (two Accelerators of one
+    job) stay in one sequence; raises ``CollectiveTimeoutError`` like ``CollectiveWatch.arrive``.
+    """
+    watch = CollectiveWatch(timeout=timeout, group=group, prefix=prefix)
+    watch._seq = int(watch._store.add(f"calls/{watch.rank}", 1)) - 1
+    watch.arrive(name)

@@ -1,0 +1,126 @@
+"""The Accelerator's checkpoints: ``save_state``/``load_state``/``save_model`` bodies, over the loop's objects.
+
+    path = save_state(accelerator, None)        # project_dir/checkpoints/checkpoint_<n>, written atomically
+    load_state(accelerator, None)               # the newest complete one under project_dir/checkpoints
+
+``convoy.Accelerator`` delegates its methods here; the file layout is ``convoy.train.checkpoint``'s (staging
+directory, ``meta.json`` last), the tensor state ``torch.distributed.checkpoint``'s (``saving``).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from convoy.errors import CheckpointError
+from convoy.train import checkpoint as ckpt
+from convoy.train import collectives, saving
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from convoy.train.accelerator import Accelerator
+
+__all__ = ["checkpoint_root", "save_state", "load_state", "save_model"]
+
+
+def checkpoint_root(acc: "Accelerator") -> Path:
+    """``project_dir/checkpoints``; a ``CheckpointError`` when the Accelerator has no project_dir."""
+    if acc.project_dir is None:
+        raise CheckpointError("save_state()/load_state() without a directory needs "
+                              "Accelerator(project_dir=...); or pass a directory")
+    return Path(acc.project_dir) / "checkpoints"
+
+
+def _group_running() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _optimizer_pairs(acc: "Accelerator") -> list[tuple[Any, Any]]:
+    return list(zip([o.optimizer for o in acc._optimizers], acc._optimizer_models))
+
+
+def save_model(acc: "Accelerator", model: "torch.nn.Module", save_directory: str | os.PathLike[str], *,
+               max_shard_size: int | str, safe_serialization: bool) -> None:
+    """Unwrapped, consolidated weights in safetensors (transformers' file layout). Collective."""
+    state = acc.strategy.full_model_state_dict(model)
+    if acc.is_main_process:
+        saving.write_model(state, save_directory, max_shard_size=max_shard_size,
+                           safe_serialization=safe_serialization)
+    acc.wait_for_everyone()
+
+
+def save_state(acc: "Accelerator", output_dir: str | os.PathLike[str] | None) -> str:
+    """Write a complete checkpoint atomically; returns its directory (and advances ``save_iteration``)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    automatic = output_dir is None or acc.project_configuration.automatic_checkpoint_naming
+    if automatic:
+        root = checkpoint_root(acc)
+        final = root / f"checkpoint_{acc.save_iteration}"
+        if acc.is_main_process:
+            final = max(final, ckpt.next_checkpoint_dir(root), key=lambda p: int(p.name.split("_")[1]))
+    else:
+        final = Path(output_dir)  # type: ignore[arg-type]
+    staging = collectives.broadcast_object(str(ckpt.begin_checkpoint(final)) if acc.is_main_process else None)
+    final = Path(collectives.broadcast_object(str(final)))
+    strategy = acc.strategy
+    state = saving.collect_checkpoint(strategy, acc._models, _optimizer_pairs(acc))
+    with warnings.catch_warnings():  # DCP warns that one process without a group means one process
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(state, checkpoint_id=os.path.join(staging, "distributed"), no_dist=not _group_running())
+    torch.save(saving.rng_state(), os.path.join(staging, f"random_states_{acc.process_index}.pkl"))
+    if acc.is_main_process:
+        extra = {"schedulers": [s.state_dict() for s in acc._schedulers],
+                 "scaler": acc.scaler.state_dict() if acc.scaler is not None else None,
+                 "dataloaders": [d.state_dict() for d in acc._dataloaders],
+                 "custom": [o.state_dict() for o in acc._custom], "step": acc.step}
+        torch.save(extra, os.path.join(staging, "state.pt"))
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        ckpt.commit_checkpoint(staging, final, {"world_size": acc.num_processes, "strategy": strategy.name,
+                                                "iteration": acc.save_iteration})
+        if automatic:
+            ckpt.prune_checkpoints(final.parent, acc.project_configuration.total_limit)
+    acc.wait_for_everyone()
+    if automatic:
+        acc.save_iteration = int(final.name.split("_")[1]) + 1
+    return str(final)
+
+
+def load_state(acc: "Accelerator", input_dir: str | os.PathLike[str] | None) -> str:
+    """Restore the newest complete checkpoint under ``project_dir`` (or ``input_dir``); returns it."""
+    import torch
+
+    if input_dir is None:
+        found = ckpt.latest_checkpoint(checkpoint_root(acc))
+        if found is None:
+            raise CheckpointError(f"no complete checkpoint under {checkpoint_root(acc)}; "
+                                  "save_state() first, or pass input_dir")
+        path = found
+    else:
+        path = Path(input_dir)
+    meta = ckpt.read_meta(path)
+    saving.load_checkpoint(acc.strategy, acc._models, _optimizer_pairs(acc), str(path / "distributed"),
+                           no_dist=not _group_running())
+    extra = torch.load(path / "state.pt", weights_only=False)
+    for scheduler, sd in zip(acc._schedulers, extra["schedulers"]):
+        scheduler.load_state_dict(sd)
+    if acc.scaler is not None and extra["scaler"] is not None:
+        acc.scaler.load_state_dict(extra["scaler"])
+    for loader, sd in zip(acc._dataloaders, extra["dataloaders"]):
+        loader.load_state_dict(sd)
+    for obj, sd in zip(acc._custom, extra["custom"]):
+        obj.load_state_dict(sd)
+    rng = path / f"random_states_{acc.process_index}.pkl"
+    if rng.exists():  # a checkpoint from fewer processes has no RNG state for the extra ranks
+        saving.set_rng_state(torch.load(rng, weights_only=False))
+    if acc.project_dir is not None and path.parent == checkpoint_root(acc):
+        acc.save_iteration = int(meta.get("iteration", 0)) + 1
+    acc.wait_for_everyone()
+    return str(path)
