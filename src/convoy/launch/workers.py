@@ -286,6 +286,8 @@ class _Wake:
         self._read, self._write = os.pipe()
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
+        self._poll = select.poll()  # not select.select: a host process may hold more than 1024 descriptors
+        self._poll.register(self._read, select.POLLIN)
 
     def set(self) -> None:
         try:
@@ -301,7 +303,7 @@ class _Wake:
             pass
 
     def wait(self, timeout: float) -> None:
-        select.select([self._read], [], [], timeout)
+        self._poll.poll(timeout * 1000)
 
     def close(self) -> None:
         os.close(self._read)
