@@ -1,6 +1,6 @@
 """``convoy devices``: this machine's accelerators (or an inventory file's), as a table or JSON.
 
-    convoy devices                    # index, name, memory, utilisation, processes, NVLink island, state
+    convoy devices                    # index, name, memory, utilisation, processes, NVLink/xGMI island, state
     convoy devices --json > box.json  # the inventory format; replay with CONVOY_INVENTORY=box.json
 
 Calls ``convoy.devices.discovery.discover``; never imports torch and never starts a CUDA context.
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def islands(devices: Sequence) -> dict[int, str]:
-    """Device index -> NVLink island label (``A``, ``B``, ...); ``-`` for a device with no link."""
+    """Device index -> NVLink/xGMI island label (``A``, ``B``, ...); ``-`` for a device with no link."""
     peers = {d.index: set(d.nvlink_peers) for d in devices}
     labels: dict[int, str] = {}
     next_label = 0

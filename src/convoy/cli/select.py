@@ -21,7 +21,7 @@ DESCRIPTION = "Choose devices for a request and print them, or the environment t
 EPILOG = """examples:
   eval $(convoy select 2 --free --format env)      # bash: make 2 free GPUs visible
   convoy select 2,0 --format env                   # physical 2 becomes cuda:0
-  convoy select 4 --order topology --explain       # 4 GPUs inside one NVLink island
+  convoy select 4 --order topology --explain       # 4 GPUs inside one NVLink (NVIDIA) or xGMI (AMD) island
   CONVOY_INVENTORY=box.json convoy select 1 --free # replay another machine's decision"""
 
 FORMATS = ("env", "index", "uuid", "json")
@@ -41,7 +41,7 @@ def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
                        help="never take these devices: visible indices or UUIDs, comma-separated")
     group.add_argument("--order", choices=ORDERS, default=None,
                        help="how to rank devices for a count: index (default; lists keep your order), "
-                            "free-memory, fastest, topology (best-connected NVLink island)")
+                            "free-memory, fastest, topology (best-connected NVLink/xGMI island)")
     parser.add_argument("--inventory", metavar="FILE",
                         help="read devices from an inventory file instead of the hardware (= CONVOY_INVENTORY)")
 
