@@ -13,6 +13,7 @@ traceback in the error file. Imports torch (the agent needs it); the direct engi
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import sys
@@ -83,10 +84,28 @@ def _environment(extra: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while torch's agent is imported.
+
+    ``import torch`` allocates hundreds of thousands of objects, which triggers full collections that find
+    next to nothing: on a 2-core box the import took ~0.1 s less CPU with the collector paused (median of 5,
+    1.22 -> 1.09 s; docs/launching.md). The collector's previous state is restored afterwards.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def run_elastic(plan: LaunchPlan, *, base_env: Mapping[str, str]) -> int:
     """Run ``plan`` under torch's elastic agent; 0 on success, else raise ``RankFailedError``."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
+    with _gc_paused():
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.launcher.api import elastic_launch
 
     extra = {key: value for key, value in {**base_env, **plan.env}.items() if os.environ.get(key) != value}
     if plan.max_restarts > 0:
