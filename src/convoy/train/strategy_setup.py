@@ -42,7 +42,7 @@ def build_strategy(settings: TrainSettings, *, model: Any, options: Mapping[str,
         rank=settings.rank, local_rank=settings.local_rank, world_size=settings.world_size,
         local_world_size=settings.local_world_size, device_type=settings.device_type,
         mixed_precision=settings.mixed_precision, collective_timeout_s=settings.collective_timeout_s,
-        parallel_dims=dims, options=options)
+        parallel_dims=dims, options=options, gradient_accumulation_steps=settings.gradient_accumulation_steps)
     strategy = create_strategy(name, context)
     if strategy.needs_process_group:
         start_process_group(settings, always=True)

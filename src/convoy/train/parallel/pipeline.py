@@ -148,13 +148,16 @@ class PipelineModule:
     def __init__(self, model: "nn.Module", *, config: PipelineConfig, loss_fn: Callable[..., "torch.Tensor"] | None,
                  group: Any, device: "torch.device | None" = None,
                  wrap_stage: Callable[["nn.Module"], "nn.Module"] | None = None,
-                 trace_stand_ins: Callable[[], Mapping[str, "nn.Module"]] | None = None) -> None:
+                 trace_stand_ins: Callable[[], Mapping[str, "nn.Module"]] | None = None,
+                 loss_scale: float = 1.0) -> None:
         import torch
         import torch.distributed as dist
 
         self.model = model
         self.config = config
         self.loss_fn = loss_fn
+        self.loss_scale = loss_scale  # 1 / gradient accumulation steps: each call adds loss_scale x its gradient
+        self._losses: list["torch.Tensor"] = []  # this call's micro-batch losses, unscaled (last stage)
         self.group = group
         self.device = device or torch.device("cpu")
         self.pp_size = dist.get_world_size(group)
@@ -252,8 +255,17 @@ class PipelineModule:
         cls_name, multi = SCHEDULES[self.config.schedule]
         cls = getattr(pp, cls_name)
         stages = self._stages if multi else self._stages[0]
+
+        def scaled(output: Any, target: Any) -> "torch.Tensor":
+            # each micro-batch's loss is divided here rather than by the schedule's scale_grads, which divides
+            # every gradient present at the end of a step, also those accumulated by earlier calls
+            loss = loss_fn(output, target)
+            self._losses.append(loss.detach())
+            return loss * (self.loss_scale / self.microbatches)
+
         try:
-            return cls(stages, n_microbatches=self.microbatches, loss_fn=loss_fn)
+            return cls(stages, n_microbatches=self.microbatches, loss_fn=scaled if loss_fn else None,
+                       scale_grads=False)
         except ValueError as exc:
             raise StrategyError(f"pipeline schedule {self.config.schedule!r} with {self.microbatches} "
                                 f"micro-batches on {self.pp_size} processes: {exc}") from exc
@@ -278,15 +290,15 @@ class PipelineModule:
             return self._forward_only(*args, **kwargs)
         if self.loss_fn is None:
             raise StrategyError("pipeline training needs a loss function: strategy_options={'loss_fn': fn}")
-        losses: list = []
         feed = args if self.is_first else ()
         target = target if self.is_last else None
+        self._losses = []
         if torch.is_grad_enabled() and self.training:
-            self._schedule.step(*feed, target=target, losses=losses, **kwargs)
+            self._schedule.step(*feed, target=target, **kwargs)
         else:
             with _no_grad():
-                self._schedule.eval(*feed, target=target, losses=losses, **kwargs)
-        return self._mean_loss(losses)
+                self._schedule.eval(*feed, target=target, **kwargs)
+        return self._mean_loss(self._losses)
 
     def _mean_loss(self, losses: list) -> "torch.Tensor":
         import torch

@@ -30,8 +30,11 @@ Checkpoints of every layout (``save_state``) are ``torch.distributed.checkpoint`
 model's parameter names, loadable at any other layout; a pipeline loads on its first call (when its stages
 are built). ZeRO-1 state is gathered over the dp group first.
 
-Not supported yet (``NotSupportedYetError``): tp with ``dp_engine`` ddp/zero1 (use fsdp), gradient
-accumulation (``no_sync``) with pp (raise ``pp_microbatches`` instead).
+Gradient accumulation with pp (``accumulate``/``no_sync``): the pipeline scales each micro-batch's loss by
+1 / (micro-batches x accumulation steps) and gradients add up in the stages across calls; the dp reduction
+is not skipped on the accumulating calls (correct, as it is linear, but not saved).
+
+Not supported yet (``NotSupportedYetError``): tp with ``dp_engine`` ddp/zero1 (use fsdp), fp16 with pp.
 """
 
 from __future__ import annotations
@@ -154,7 +157,8 @@ class ParallelStrategy(Strategy, SupportsNoSync):
                 _check_block_boundaries(module, config)
             pipe = PipelineModule(module, config=config,
                                   loss_fn=self.context.options.get("loss_fn"), group=pm.pp.get_group(),
-                                  device=self.root_device, wrap_stage=wrap, trace_stand_ins=stand_ins)
+                                  device=self.root_device, wrap_stage=wrap, trace_stand_ins=stand_ins,
+                                  loss_scale=1.0 / self.context.gradient_accumulation_steps)
             # stages are built (and, with fsdp, sharded) on the first call: optimizers follow them then
             pipe.on_build(self._follow_stages)
             self._pipelines.append(pipe)
@@ -255,7 +259,10 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         from torch.nn.parallel import DistributedDataParallel
 
         if isinstance(module, PipelineModule):
-            raise NotSupportedYetError("gradient accumulation with pp: raise pp_microbatches instead")
+            # gradients accumulate in the stages across calls (each scaled by loss_scale); the dp reduction
+            # still runs on every call, which is correct (it is linear) but not saved: more pp_microbatches
+            # give the same gradient with one reduction
+            return contextlib.nullcontext()
         if isinstance(module, DistributedDataParallel):
             return module.no_sync()
         if hasattr(module, "set_requires_gradient_sync"):

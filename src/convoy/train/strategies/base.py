@@ -68,6 +68,8 @@ class StrategyContext:
     """Requested parallel degrees (``CONVOY_PARALLELISM``); ``None`` = pure data parallel over the world."""
     options: Mapping[str, Any] = field(default_factory=dict)
     """Strategy-specific options (``find_unused_parameters``, ``cpu_offload``, ``auto_wrap``, ...)."""
+    gradient_accumulation_steps: int = 1
+    """Backward passes per optimizer step; a strategy that runs backward itself (a pipeline) scales by it."""
 
     @property
     def distributed(self) -> bool:

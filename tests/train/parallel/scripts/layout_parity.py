@@ -3,7 +3,7 @@
     convoy launch --nproc-per-node 8 tests/train/parallel/scripts/layout_parity.py dp=2,tp=2,pp=2
     convoy launch --nproc-per-node 4 tests/train/parallel/scripts/layout_parity.py dp=2,pp=2:fsdp
 
-Each argument is one layout (``degrees[:dp_engine[:schedule]]``), trained for a few steps with clipping and
+Each argument is one layout (``degrees[:dp_engine[:schedule[:accumulateK]]]``, empty fields for defaults), trained for a few steps with clipping and
 compared with ``reference_run``; every rank prints one ``<layout> (<distributed type>) ... OK`` line per layout.
 A layout written ``env:dp=2,tp=2`` reaches the Accelerator only through ``CONVOY_PARALLELISM`` (what
 ``convoy launch --dp 2 --tp 2`` sets), with the strategy left at ``"auto"``.
@@ -35,18 +35,20 @@ def world_mean(value):
 def prepare(layout, start):
     """An Accelerator for ``layout`` and a copy of ``start`` prepared with AdamW: (acc, model, opt, dims)."""
     from_env = layout.startswith("env:")
-    degrees, engine, schedule = (layout.removeprefix("env:").split(":") + [None, None])[:3]
+    degrees, engine, schedule, accumulate = (layout.removeprefix("env:").split(":") + [None] * 3)[:4]
     options = {"loss_fn": lm_loss, "pp_schedule": schedule or "1f1b", "pp_microbatches": 2}
+    steps = int(accumulate.removeprefix("accumulate")) if accumulate else 1
     if engine:
         options["dp_engine"] = engine
     dims = dict((k, int(v)) for k, v in (part.split("=") for part in degrees.split(",")))
     if from_env:
         os.environ["CONVOY_PARALLELISM"] = degrees
-        acc = Accelerator(collective_timeout=60, strategy_options=options)
+        acc = Accelerator(collective_timeout=60, strategy_options=options, gradient_accumulation_steps=steps)
         del os.environ["CONVOY_PARALLELISM"]
         assert acc.strategy.name == "parallel", acc.strategy.name
     else:
-        acc = Accelerator(parallelism=dims, collective_timeout=60, strategy_options=options)
+        acc = Accelerator(parallelism=dims, collective_timeout=60, strategy_options=options,
+                          gradient_accumulation_steps=steps)
     model = copy.deepcopy(start)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, opt = acc.prepare(model, opt)
@@ -55,18 +57,25 @@ def prepare(layout, start):
 
 
 def run_steps(acc, model, opt, dims, cfg, steps):
-    """Train ``steps`` (step numbers, which pick the batches); returns the mean losses and pre-clip norms."""
+    """Train ``steps`` (step numbers, which pick the batches); returns the mean losses and pre-clip norms.
+    With gradient accumulation each step's batch is cut into that many micro-steps under ``accumulate``."""
     dp_rank, dp = acc.strategy.data_parallel_rank, acc.strategy.data_parallel_size
+    k = acc.gradient_accumulation_steps
     losses, norms = [], []
     for step in steps:
         x, y = batch(cfg, size=BATCH, step=step)
         x, y = x.chunk(dp)[dp_rank], y.chunk(dp)[dp_rank]
-        loss = model(x, target=y) if dims.get("pp", 1) > 1 else lm_loss(model(x), y)
-        acc.backward(loss)
-        norms.append(float(acc.clip_grad_norm_(model.parameters(), CLIP)))
-        opt.step()
-        opt.zero_grad()
-        losses.append(world_mean(loss.item()))
+        parts = []
+        for xs, ys in zip(x.chunk(k), y.chunk(k)):
+            with acc.accumulate(model):
+                loss = model(xs, target=ys) if dims.get("pp", 1) > 1 else lm_loss(model(xs), ys)
+                acc.backward(loss)
+                if acc.sync_gradients:
+                    norms.append(float(acc.clip_grad_norm_(model.parameters(), CLIP)))
+                opt.step()
+                opt.zero_grad()
+            parts.append(loss.item())
+        losses.append(world_mean(sum(parts) / k))
     return losses, norms
 
 
@@ -75,6 +84,8 @@ def check_eval(acc, model, dims, cfg, ref):
     dp_rank, dp = acc.strategy.data_parallel_rank, acc.strategy.data_parallel_size
     x, y = batch(cfg, size=BATCH, step=99)
     x, y = x.chunk(dp)[dp_rank], y.chunk(dp)[dp_rank]
+    k = acc.gradient_accumulation_steps  # a pipeline is traced for the micro-step's batch shape
+    x, y = x.chunk(k)[0], y.chunk(k)[0]
     with torch.no_grad():
         want = ref(x)
         model.eval()
