@@ -12,7 +12,8 @@ launcher adds: "bare" starts the ranks from a ten-line Python script with torchr
 process group hosts the store, as under the direct engine), and "N processes import torch.distributed"
 starts N ranks that only import (no rendezvous). The "init s" column is the median, over runs, of the
 slowest rank's ``init_process_group`` + barrier: a rank whose store client arrives before rank 0 listens is
-refused and retried by torch after a backoff, which shows up there.
+refused and retried by torch after a backoff, which shows up there. ``--baseline OTHER/src`` adds the convoy
+rows run from another checkout's ``src/`` (``PYTHONPATH``), for a before/after in the same run.
 """
 
 from __future__ import annotations
