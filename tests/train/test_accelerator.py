@@ -109,6 +109,22 @@ def test_helpers_in_one_process():
     assert [b.tolist() for b in acc.skip_first_batches(loader, 3)] == [[6, 7], [8, 9]]
 
 
+def test_split_between_processes_shares_and_pads():
+    from convoy.train.collectives import split
+
+    assert [split([1, 2, 3, 4, 5], 2, i, False) for i in range(2)] == [[1, 2, 3], [4, 5]]
+    assert [split([1, 2, 3, 4, 5], 2, i, True) for i in range(2)] == [[1, 2, 3], [4, 5, 5]]
+    assert split({"a": [1, 2, 3], "b": (4, 5, 6)}, 3, 2, False) == {"a": [3], "b": (6,)}
+    assert split(torch.arange(3), 2, 1, True).tolist() == [2, 2]
+
+
+def test_save_and_load_state_without_a_directory_say_what_is_missing(tmp_path):
+    with pytest.raises(CheckpointError, match=r"needs Accelerator\(project_dir=...\); or pass a directory"):
+        Accelerator().save_state()
+    with pytest.raises(CheckpointError, match="no complete checkpoint under .*checkpoints; save_state"):
+        Accelerator(project_dir=tmp_path).load_state()
+
+
 def test_save_state_names_limits_and_restores(tmp_path):
     acc = Accelerator(project_config=ProjectConfiguration(project_dir=str(tmp_path), total_limit=2))
     model, opt, loader = _setup(acc)
