@@ -92,3 +92,16 @@ def test_same_variables_as_torchrun():
         runs[name] = json.loads(out.split("KEYS ", 1)[1].splitlines()[0])
     missing = set(runs["torchrun"]) - set(runs["convoy"])
     assert missing == set(), missing
+
+
+def test_parallelism_from_a_settings_file_reaches_the_workers_and_flags_win(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CONVOY_PARALLELISM", raising=False)
+    (tmp_path / "convoy.toml").write_text('parallelism = "dp=2,tp=2"\n')
+    r, _ = request("--nproc-per-node", "4")
+    assert r.settings.parallelism == "dp=2,tp=2"
+    r, _ = request("--nproc-per-node", "4", "--tp", "4")  # a degree flag replaces the file's layout
+    assert r.settings.parallelism == "tp=4"
+    monkeypatch.setenv("CONVOY_PARALLELISM", "pp=4")  # the variable is above the file
+    r, _ = request("--nproc-per-node", "4")
+    assert r.settings.parallelism == "pp=4"

@@ -108,7 +108,9 @@ def build_request(args: argparse.Namespace):
     from convoy.launch.plan import LaunchRequest
     from convoy.config.settings import fill_unset
 
-    args = fill_unset(args)  # flags not given: CONVOY_<KEY>, ./convoy.toml, the user file (convoy config)
+    # flags not given: CONVOY_<KEY>, ./convoy.toml, the user file (convoy config); ``parallelism`` has no flag
+    # of its own (--dp/--tp/--pp spell it) but comes from the same places
+    args = fill_unset(argparse.Namespace(**{"parallelism": None, **vars(args)}))
 
     for name, default in _UNSUPPORTED.items():
         if getattr(args, name) != default:
@@ -129,7 +131,7 @@ def build_request(args: argparse.Namespace):
     dims = {k: getattr(args, k) for k in ("dp", "tp", "pp") if getattr(args, k) is not None}
     settings = ConvoyEnv(
         mixed_precision=args.mixed_precision, strategy=args.strategy,
-        parallelism=",".join(f"{k}={v}" for k, v in dims.items()) or None,
+        parallelism=",".join(f"{k}={v}" for k, v in dims.items()) or args.parallelism,
         gradient_accumulation_steps=args.gradient_accumulation_steps, collective_timeout=args.collective_timeout,
     )
     request = LaunchRequest(
