@@ -299,20 +299,13 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             return super().checkpoint_state(self.unwrap(module), optimizer)
         return self._pipeline_state(module, optimizer)
 
-    def _zero_state(self, model: Any, optimizer: Any, *, keep: set[str]) -> dict[str, Any]:
-        """A ZeroRedundancyOptimizer's state, gathered from its dp group and named like every other
-        strategy's (``keep``: the parameter names this process saves; a pipeline's other stages are not)."""
-        import torch.distributed as dist
-        from torch.distributed.checkpoint.state_dict import _init_optim_state
+    @staticmethod
+    def _zero_state(model: Any, optimizer: Any, *, keep: set[str]) -> dict[str, Any]:
+        """A ZeroRedundancyOptimizer's state, gathered over its dp group, for the parameters named in ``keep``
+        (those this process saves: a pipeline's other stages are not)."""
+        from convoy.train.strategies.ddp import gathered_zero_state, param_names
 
-        from convoy.train.strategies.ddp import _to_named
-
-        group = self.mesh.dp.get_group()
-        _init_optim_state(optimizer.optim)  # a fresh optimizer has no state yet: make its shapes exist
-        optimizer.consolidate_state_dict(to=0)  # rank 0 of the dp group
-        box = [optimizer.state_dict() if dist.get_rank(group) == 0 else None]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-        named = _to_named(box[0], _names_in(model, optimizer))
+        named = gathered_zero_state(optimizer, param_names(model, optimizer))
         return {**named, "state": {k: v for k, v in named["state"].items() if k in keep}}
 
     def _pipeline_state(self, pipe: PipelineModule, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -342,12 +335,11 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        from convoy.train.strategies.ddp import _to_indexed
+        from convoy.train.strategies.ddp import load_zero_state, param_names
 
         model = module.model if isinstance(module, PipelineModule) else self.unwrap(module)
         if isinstance(optimizer, ZeroRedundancyOptimizer) and optimizer_state:
-            # every rank holds the gathered state; ZeRO keeps its own partition of it
-            optimizer.load_state_dict(_to_indexed(optimizer_state, _names_in(model, optimizer)))
+            load_zero_state(optimizer, optimizer_state, param_names(model, optimizer))
             optimizer, optimizer_state = None, {}
         if not isinstance(module, PipelineModule):
             super().load_checkpoint_state(model, optimizer, model_state, optimizer_state)
@@ -399,12 +391,6 @@ def _fsdp_no_sync(module: Any):
         yield
     finally:
         module.set_requires_gradient_sync(True)
-
-
-def _names_in(model: Any, optimizer: Any) -> list[str]:
-    """The names in ``model`` of ``optimizer``'s parameters, in its groups' order."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
 def _full(t: Any) -> Any:

@@ -79,7 +79,7 @@ class Zero1Strategy(DDPStrategy):
         msd = get_model_state_dict(module)
         if not isinstance(optimizer, ZeroRedundancyOptimizer):
             return super().checkpoint_state(module, optimizer)
-        return msd, _to_named(self._consolidated(optimizer), self._param_names(module, optimizer))
+        return msd, gathered_zero_state(optimizer, param_names(self.unwrap(module), optimizer))
 
     def load_checkpoint_state(self, module: "torch.nn.Module", optimizer: "torch.optim.Optimizer | None",
                               model_state: dict[str, Any], optimizer_state: dict[str, Any]) -> None:
@@ -92,21 +92,32 @@ class Zero1Strategy(DDPStrategy):
         if model_state:
             set_model_state_dict(module, model_state)
         if optimizer_state:
-            optimizer.load_state_dict(_to_indexed(optimizer_state, self._param_names(module, optimizer)))
+            load_zero_state(optimizer, optimizer_state, param_names(self.unwrap(module), optimizer))
 
-    def _param_names(self, module: "torch.nn.Module", optimizer: Any) -> list[str]:
-        names = {id(p): n for n, p in self.unwrap(module).named_parameters()}
-        return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
 
-    def _consolidated(self, optimizer: Any) -> dict[str, Any]:
-        import torch.distributed as dist
-        from torch.distributed.checkpoint.state_dict import _init_optim_state
+def param_names(model: "torch.nn.Module", optimizer: Any) -> list[str]:
+    """The names in ``model`` of ``optimizer``'s parameters, in its groups' order."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
-        _init_optim_state(optimizer.optim)  # a fresh optimizer has no state yet: make its shapes exist
-        optimizer.consolidate_state_dict(to=0)
-        box = [optimizer.state_dict() if dist.get_rank() == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+
+def gathered_zero_state(optimizer: Any, names: list[str]) -> dict[str, Any]:
+    """A ``ZeroRedundancyOptimizer``'s whole state, gathered from the ranks of its process group onto each of
+    them, keyed by parameter name (``names``, from ``param_names``) like every other strategy's."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+    group = optimizer.process_group
+    _init_optim_state(optimizer.optim)  # a fresh optimizer has no state yet: make its shapes exist
+    optimizer.consolidate_state_dict(to=0)  # rank 0 of the group
+    box = [optimizer.state_dict() if dist.get_rank(group) == 0 else None]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+    return _to_named(box[0], names)
+
+
+def load_zero_state(optimizer: Any, state: dict[str, Any], names: list[str]) -> None:
+    """Load a state from ``gathered_zero_state`` (every rank holds it; ZeRO keeps its own partition)."""
+    optimizer.load_state_dict(_to_indexed(state, names))
 
 
 def _to_named(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
