@@ -41,3 +41,26 @@ def rank_zero_dies():
 
 def env_value(name):
     return os.environ[name]
+
+
+def second_job(devices):
+    """What another job sees while this rank runs: `convoy launch --devices DEVICES` -> (exit code, stderr)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
+    done = subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", devices, "--no-python", "true"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    return done.returncode, done.stderr
+
+
+def raises_value_error():
+    raise ValueError("rank failed on purpose")
+
+
+def interrupts_the_caller():
+    import signal
+    import time
+
+    os.kill(os.getppid(), signal.SIGINT)  # Ctrl-C in the notebook while the ranks run
+    time.sleep(30)

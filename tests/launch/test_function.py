@@ -39,3 +39,52 @@ def test_reraises_the_failing_ranks_exception_and_reports_a_dead_rank():
     with pytest.raises(RankFailedError, match="rank 0 on host .* died with exit code 7") as info:
         convoy.launch(fn_targets.rank_zero_dies, nproc_per_node=2)
     assert info.value.rank == 0 and info.value.exitcode == 7
+
+
+@pytest.fixture
+def gpu_inventory(inventory_path, tmp_path, monkeypatch):
+    """An 8-GPU inventory and a private lease directory; returns a function that leases GPU ``index`` here."""
+    from convoy.devices.discovery import discover
+    from convoy.devices.lease import lease_devices
+
+    monkeypatch.setenv("CONVOY_INVENTORY", str(inventory_path("8xh100_nvswitch")))
+    monkeypatch.setenv("CONVOY_LEASE_DIR", str(tmp_path))
+    gpus = discover().devices
+    return lambda index: lease_devices([gpus[index]])
+
+
+def test_the_selected_gpus_are_leased_for_the_call_and_released_after(gpu_inventory):
+    # "0," is the index list [0]; "0" alone would mean no accelerator (Lightning's devices= table)
+    code, err = convoy.launch(fn_targets.second_job, args=("0,",), devices="0,")
+    assert code == 1 and err.startswith("convoy: ") and err.count("\n") == 1, err
+    assert "GPU 0" in err and f"is leased by pid {os.getpid()} " in err, err  # names this caller as the holder
+    assert convoy.launch(fn_targets.second_job, args=("1,",), devices="0,") == (0, "")  # other GPUs stay free
+    assert convoy.launch(fn_targets.second_job, args=("0,",), devices="0,", lease=False) == (0, "")
+    gpu_inventory(0).release()  # the call returned: GPU 0 is free again
+
+
+def test_a_leased_gpu_stops_the_call_before_any_rank_starts(gpu_inventory):
+    from convoy.errors import LeaseError
+
+    with gpu_inventory(0):
+        with pytest.raises(LeaseError, match=rf"GPU 0 .*is leased by pid {os.getpid()} "):
+            convoy.launch(fn_targets.raises_value_error, devices="0,1")
+        with pytest.raises(LeaseError, match=r"after waiting 0\.2s"):
+            convoy.launch(fn_targets.raises_value_error, devices="0,", wait=0.2)
+        gpu_inventory(1).release()  # all or none: GPU 1 was not kept by the failed call
+
+
+def test_a_raising_rank_or_an_interrupt_releases_the_lease(gpu_inventory):
+    with pytest.raises(ValueError, match="rank failed on purpose"):
+        convoy.launch(fn_targets.raises_value_error, devices="0,1")
+    gpu_inventory(0).release()
+    gpu_inventory(1).release()
+    with pytest.raises(KeyboardInterrupt):
+        convoy.launch(fn_targets.interrupts_the_caller, devices="0,")
+    gpu_inventory(0).release()
+
+
+def test_cpu_runs_take_no_lease(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVOY_LEASE_DIR", str(tmp_path / "leases"))
+    assert convoy.launch(fn_targets.env_value, args=("WORLD_SIZE",), nproc_per_node=2) == "2"
+    assert not (tmp_path / "leases").exists()

@@ -13,6 +13,7 @@ devices' visibility variables); the call returns rank 0's return value, and when
 ranks are stopped and *that rank's* exception is raised here, with its rank and remote traceback attached
 as a note (``RankFailedError`` when it cannot be sent back, or the rank died without raising).
 The first failing rank is decided by when each rank raised, not by which exit the parent noticed first.
+The selected accelerators are leased for the call, like ``convoy launch`` (``lease=False``, ``wait=``).
 ``start_method="fork"`` (the default on Linux) runs functions defined in a notebook; ``"spawn"`` needs a
 module-level function and the call under ``if __name__ == "__main__":``.
 """
@@ -51,13 +52,17 @@ def launch(
     mixed_precision: str | None = None,
     collective_timeout: float | None = None,
     env: Mapping[str, str] | None = None,
+    lease: bool = True,
+    wait: float | None = None,
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` on one process per device (or ``nproc_per_node`` CPU processes).
 
     Returns rank 0's return value. Raises the first failing rank's exception (``RankFailedError`` when the
     rank died without one). ``devices``/``nproc_per_node`` mean what they mean for ``convoy launch``.
+    The selected accelerators are leased for the call, as ``convoy launch`` leases them (``lease=False`` is
+    ``--no-lease``; ``wait`` is ``--wait``: seconds to wait for another job's lease, else ``LeaseError`` at once).
     """
-    from convoy.launch.job import DeviceFilters, plan_job
+    from convoy.launch.job import DeviceFilters, lease_plan, plan_job
 
     method = start_method or ("fork" if sys.platform.startswith("linux") else "spawn")
     if method not in ("fork", "spawn", "forkserver"):
@@ -71,7 +76,13 @@ def launch(
         settings=ConvoyEnv(mixed_precision=mixed_precision, collective_timeout=collective_timeout),
     )
     base_env = dict(os.environ if env is None else env)
-    plan = plan_job(request, filters=DeviceFilters(lease=False), env=base_env)
+    filters = DeviceFilters(lease=lease, lease_wait=wait)
+    plan = plan_job(request, filters=filters, env=base_env)
+    with lease_plan(plan, filters=filters, env=base_env):  # released after every rank is stopped
+        return _run(fn, tuple(args), dict(kwargs or {}), plan, method, base_env, replace_env=env is not None)
+
+
+def _run(fn, args: tuple, kwargs: dict, plan, method: str, base_env: dict, *, replace_env: bool) -> Any:
     port = free_port(plan.master_addr)
     ctx = multiprocessing.get_context(method)
     run_id = f"convoy-fn-{os.getpid()}-{port}"
@@ -81,11 +92,11 @@ def launch(
             child_env = {**plan.env, **rank_env(
                 rank=local, local_rank=local, world_size=plan.nproc_per_node, local_world_size=plan.nproc_per_node,
                 master_addr=plan.master_addr, master_port=port, run_id=run_id)}
-            if env is not None:
+            if replace_env:
                 child_env = {**base_env, **child_env}
             receive, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_child, args=(fn, tuple(args), dict(kwargs or {}), child_env, send,
-                                                    env is not None), daemon=True, name=f"convoy-rank{local}")
+            proc = ctx.Process(target=_child, args=(fn, args, kwargs, child_env, send, replace_env),
+                               daemon=True, name=f"convoy-rank{local}")
             proc.start()
             send.close()
             procs.append(proc)

@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 
 from convoy.launch.plan import LaunchPlan, LaunchRequest, describe_plan, resolve_launch
 
-__all__ = ["DeviceFilters", "launch_job", "plan_job"]
+__all__ = ["DeviceFilters", "launch_job", "lease_plan", "plan_job"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +72,7 @@ def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters
     for note in plan.explanation:
         if note.startswith("no accelerator found"):
             echo(f"convoy: {note}")
-    with _lease(plan, filters):
+    with lease_plan(plan, filters=filters, env=base_env):
         if plan.engine == "direct":
             from convoy.launch.workers import run_direct
 
@@ -82,9 +82,14 @@ def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters
         return run_elastic(plan, base_env=base_env)
 
 
-def _lease(plan: LaunchPlan, filters: DeviceFilters):
+def lease_plan(plan: LaunchPlan, *, filters: DeviceFilters = DeviceFilters(), env: Mapping[str, str] | None = None):
+    """A context manager holding a lease on ``plan.devices`` (in ``env``'s lease directory) while it is open.
+
+    Does nothing for a CPU plan or ``filters.lease=False``. Raises ``LeaseError`` naming the holders when
+    another job still has a device after ``filters.lease_wait`` seconds. Used by ``convoy.launch(fn)`` too.
+    """
     if not plan.devices or not filters.lease:
         return nullcontext()
-    from convoy.devices.lease import lease_devices
+    from convoy.devices.lease import default_lock_dir, lease_devices
 
-    return lease_devices(plan.devices, wait=filters.lease_wait)
+    return lease_devices(plan.devices, wait=filters.lease_wait, lock_dir=default_lock_dir(env))
