@@ -88,3 +88,17 @@ def test_cpu_runs_take_no_lease(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVOY_LEASE_DIR", str(tmp_path / "leases"))
     assert convoy.launch(fn_targets.env_value, args=("WORLD_SIZE",), nproc_per_node=2) == "2"
     assert not (tmp_path / "leases").exists()
+
+
+def test_a_list_names_devices_as_lightning_reads_it():
+    from convoy.launch.function import _device_request
+
+    assert _device_request([0]) == "0,"  # GPU 0, not "no accelerator"
+    assert _device_request([2, 0]) == "2,0"
+    assert _device_request(()) == "0"
+    assert _device_request(0) == "0" and _device_request("auto") is None and _device_request(None) is None
+
+
+def test_a_one_gpu_list_leases_that_gpu(gpu_inventory):
+    code, err = convoy.launch(fn_targets.second_job, args=("0,",), devices=[0])
+    assert code == 1 and "GPU 0" in err and f"is leased by pid {os.getpid()} " in err, err

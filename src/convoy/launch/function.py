@@ -46,7 +46,7 @@ def launch(
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
     *,
-    devices: str | int | None = "auto",
+    devices: str | int | Sequence[int | str] | None = "auto",
     nproc_per_node: int | None = None,
     start_method: str | None = None,
     mixed_precision: str | None = None,
@@ -71,7 +71,7 @@ def launch(
         _check_fork_safe()
     name = getattr(fn, "__qualname__", repr(fn))
     request = LaunchRequest(
-        program=(f"<function {name}>",), devices=None if devices in (None, "auto") else str(devices),
+        program=(f"<function {name}>",), devices=_device_request(devices),
         nproc_per_node=None if nproc_per_node is None else str(nproc_per_node),
         settings=ConvoyEnv(mixed_precision=mixed_precision, collective_timeout=collective_timeout),
     )
@@ -109,6 +109,18 @@ def _run(fn, args: tuple, kwargs: dict, plan, method: str, base_env: dict, *, re
             proc.join(timeout=5)
         for pipe in pipes:
             pipe.close()
+
+
+def _device_request(devices: Any) -> str | None:
+    """``devices`` as ``convoy launch --devices`` spells it. A list names devices (Lightning's rule): ``[0]`` is
+    GPU 0 (``"0,"``), ``[2, 0]`` is ``"2,0"`` and ``[]`` is none, while the number ``0`` or ``"0"`` is a count."""
+    if devices is None or devices == "auto":
+        return None
+    if isinstance(devices, (list, tuple)):
+        if not devices:
+            return "0"
+        return ",".join(str(d) for d in devices) + ("," if len(devices) == 1 else "")
+    return str(devices)
 
 
 def _check_fork_safe() -> None:
