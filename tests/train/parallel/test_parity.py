@@ -59,14 +59,17 @@ def _resumed(ok: list[str], layout: str, kind: str) -> set[str]:
 
 def test_dp2_tp2_pp2_on_eight_processes_matches_one_process_and_resumes_at_other_degrees(tmp_path):
     # trains 2 steps at 3D and saves; resumed at 3D the next 2 steps match one process (3D parity), and the
-    # same checkpoint resumed at dp=4 x tp=2 (no pipeline) matches too
-    layouts = ["dp=2,tp=2,pp=2", "dp=2,tp=2,pp=2", "dp=4,tp=2"]
+    # same checkpoint resumed at dp=4 x tp=2 and at HSDP (2 replicas x 2 shards) x tp=2 (no pipeline) too
+    layouts = ["dp=2,tp=2,pp=2", "dp=2,tp=2,pp=2", "dp=4,tp=2", "dp_replicate=2,dp_shard=2,tp=2"]
     result = run_script(SCRIPTS / "layout_resume.py", nproc=8, args=[str(tmp_path / "ckpt"), *layouts], timeout=300)
     assert result.returncode == 0, result.output
     ok = _ok_lines(result.output)
     assert _resumed(ok, "dp=2,tp=2,pp=2", "FSDP+TP+PP") == {
         f"dp {d} tp {t} pp {p}" for d in (0, 1) for t in (0, 1) for p in (0, 1)}, result.output
     assert len(_resumed(ok, "dp=4,tp=2", "FSDP+TP")) == 8, result.output
+    # every replica reads its own data shard (the flattened dp mesh): 4 dp ranks, each on its tp pair
+    assert _resumed(ok, "dp_replicate=2,dp_shard=2,tp=2", "HSDP+TP") == {
+        f"dp {d} tp {t} pp 0" for d in range(4) for t in (0, 1)}, result.output
 
 
 def test_a_tp2_pp2_checkpoint_resumes_under_fsdp_pp_plain_ddp_and_itself(tmp_path):

@@ -54,7 +54,7 @@ class ParallelMesh:
         if self.dims.dp == 1:
             return None
         if self.dims.dp_replicate > 1 and self.dims.dp_shard > 1:
-            return self._sub("dp")
+            return self.mesh["dp"]  # the flattened dimension build_mesh adds (not among mesh_dim_names)
         return self._sub("dp_shard") if self.dims.dp_shard > 1 else self._sub("dp_replicate")
 
     @property

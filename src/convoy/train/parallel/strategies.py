@@ -110,7 +110,9 @@ class ParallelStrategy(Strategy, SupportsNoSync):
 
     @property
     def distributed_type(self) -> str:  # type: ignore[override]
-        dp = {"fsdp": "FSDP", "ddp": "DDP", "zero1": "ZERO1"}[self.dp_engine] if self.dims.dp > 1 else ""
+        hsdp = self.dims.dp_replicate > 1 and self.dims.dp_shard > 1
+        engines = {"fsdp": "HSDP" if hsdp else "FSDP", "ddp": "DDP", "zero1": "ZERO1"}
+        dp = engines[self.dp_engine] if self.dims.dp > 1 else ""
         axes = [dp] + [name.upper() for name in ("tp", "pp") if getattr(self.dims, name) > 1]
         return "+".join(a for a in axes if a) or "NO"
 

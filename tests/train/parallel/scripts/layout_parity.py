@@ -52,7 +52,8 @@ def prepare(layout, start):
     model = copy.deepcopy(start)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, opt = acc.prepare(model, opt)
-    assert acc.strategy.data_parallel_size == dims.get("dp", 1), (acc.strategy.data_parallel_size, dims)
+    dp = dims.get("dp", dims.get("dp_replicate", 1) * dims.get("dp_shard", 1))
+    assert acc.strategy.data_parallel_size == dp, (acc.strategy.data_parallel_size, dims)
     return acc, model, opt, dims
 
 
