@@ -57,14 +57,15 @@ def _resumed(ok: list[str], layout: str, kind: str) -> set[str]:
     return {line.split(") ")[1].split(":")[0] for line in ok if f"resume {layout} ({kind})" in line}
 
 
-def test_dp2_tp2_pp2_on_eight_processes_matches_one_process_and_resumes_at_other_degrees(tmp_path):
-    # trains 2 steps at 3D and saves; resumed at 3D the next 2 steps match one process (3D parity), and the
-    # same checkpoint resumed at dp=4 x tp=2 and at HSDP (2 replicas x 2 shards) x tp=2 (no pipeline) too
-    layouts = ["dp=2,tp=2,pp=2", "dp=2,tp=2,pp=2", "dp=4,tp=2", "dp_replicate=2,dp_shard=2,tp=2"]
+def test_dp2_tp2_pp2_on_eight_processes_resumes_at_3d_with_sequence_parallel_and_other_degrees(tmp_path):
+    # trains 2 steps at 3D and saves (its steps are only right if every resume below matches); resumed at 3D
+    # with sequence parallelism the next 2 steps match one process, and so does the same checkpoint resumed
+    # at dp=4 x tp=2 and at HSDP (2 replicas x 2 shards) x tp=2 (no pipeline)
+    layouts = ["dp=2,tp=2,pp=2", "dp=2,tp=2,pp=2,sp", "dp=4,tp=2", "dp_replicate=2,dp_shard=2,tp=2"]
     result = run_script(SCRIPTS / "layout_resume.py", nproc=8, args=[str(tmp_path / "ckpt"), *layouts], timeout=300)
     assert result.returncode == 0, result.output
     ok = _ok_lines(result.output)
-    assert _resumed(ok, "dp=2,tp=2,pp=2", "FSDP+TP+PP") == {
+    assert _resumed(ok, "dp=2,tp=2,pp=2,sp", "FSDP+TP+PP") == {
         f"dp {d} tp {t} pp {p}" for d in (0, 1) for t in (0, 1) for p in (0, 1)}, result.output
     assert len(_resumed(ok, "dp=4,tp=2", "FSDP+TP")) == 8, result.output
     # every replica reads its own data shard (the flattened dp mesh): 4 dp ranks, each on its tp pair

@@ -3,7 +3,8 @@
     convoy launch --nproc-per-node 8 tests/train/parallel/scripts/layout_parity.py dp=2,tp=2,pp=2
     convoy launch --nproc-per-node 4 tests/train/parallel/scripts/layout_parity.py dp=2,pp=2:fsdp
 
-Each argument is one layout (``degrees[:dp_engine[:schedule[:accumulateK]]]``, empty fields for defaults), trained for a few steps with clipping and
+Each argument is one layout (``degrees[:dp_engine[:schedule[:accumulateK]]]``, empty fields for defaults;
+``sp`` among the degrees turns on sequence parallelism), trained for a few steps with clipping and
 compared with ``reference_run``; every rank prints one ``<layout> (<distributed type>) ... OK`` line per layout.
 A layout written ``env:dp=2,tp=2`` reaches the Accelerator only through ``CONVOY_PARALLELISM`` (what
 ``convoy launch --dp 2 --tp 2`` sets), with the strategy left at ``"auto"``.
@@ -40,9 +41,12 @@ def prepare(layout, start):
     steps = int(accumulate.removeprefix("accumulate")) if accumulate else 1
     if engine:
         options["dp_engine"] = engine
-    dims = dict((k, int(v)) for k, v in (part.split("=") for part in degrees.split(",")))
+    parts = degrees.split(",")
+    if "sp" in parts:  # sequence parallelism on the tp axis
+        options["sequence_parallel"] = True
+    dims = dict((k, int(v)) for k, v in (part.split("=") for part in parts if part != "sp"))
     if from_env:
-        os.environ["CONVOY_PARALLELISM"] = degrees
+        os.environ["CONVOY_PARALLELISM"] = ",".join(f"{k}={v}" for k, v in dims.items())
         acc = Accelerator(collective_timeout=60, strategy_options=options, gradient_accumulation_steps=steps)
         del os.environ["CONVOY_PARALLELISM"]
         assert acc.strategy.name == "parallel", acc.strategy.name
