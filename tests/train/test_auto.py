@@ -147,6 +147,17 @@ def test_a_pipeline_loop_keeps_a_pipeline_when_none_fits_the_estimate():
     assert small.dims.pp == 2 and small.dims.dp == 4 and small.dp_engine == "zero1", small
 
 
+def test_a_pipeline_loop_without_a_pipeline_degree_keeps_its_call_at_pp1():
+    # one process: nothing to split, but the loop still calls model(x, target=y) (strategy "parallel" wraps it)
+    one = auto(TinyGPT(TinyConfig(layers=2)), world_size=1, device_gib=80, options={"loss_fn": lm_loss})
+    assert one.name == "parallel" and one.dims.world_size == 1 and one.dp_engine is None, one
+    assert "pp=1" in one.reason
+    # 3 processes and 2 layers: no pp degree divides 3 and fits, so data parallel at pp=1
+    three = auto(TinyGPT(TinyConfig(layers=2)), world_size=3, device_gib=80, options={"loss_fn": lm_loss})
+    assert three.name == "parallel" and three.dims.pp == 1 and three.dims.dp == 3, three
+    assert three.dp_engine in ("ddp", "zero1", "fsdp"), three
+
+
 def test_pp_degrees_follow_the_pipeline_options():
     model = TinyGPT(TinyConfig(layers=4))
     assert pp_degrees(model, world_size=8, options={"loss_fn": lm_loss}) == (2, 4)

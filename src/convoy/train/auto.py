@@ -166,9 +166,12 @@ def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int, 
         answer = _ask(planner, num_parameters=num_parameters, world_size=world_size, device_bytes=device_bytes,
                       model=model if split else None, tp_degrees=tps, pp_degrees=pps,
                       pipeline=options.get("loss_fn") is not None, **({"heads": heads} if heads else {}))
+        pipeline_loop = options.get("loss_fn") is not None
+        if pipeline_loop and not pps:
+            return _whole_model_per_process(world_size, answer)
         if answer is not None:
             return answer
-        if pps and options.get("loss_fn") is not None:
+        if pps and pipeline_loop:
             return _most_split_pipeline(world_size, pps)
     need = training_bytes(num_parameters)
     if world_size == 1:
@@ -181,6 +184,29 @@ def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int, 
     return AutoLayout(name="zero3", reason=(
         f"the model needs ~{_gib(need)} for fp32 weights, gradients and Adam state, more than {HEADROOM:.0%} of "
         f"one device ({_gib(device_bytes)}), so it is sharded over {world_size} processes (FSDP2, zero3)"))
+
+
+#: the data-parallel strategy the planner chose -> how strategy "parallel" realises it
+_DP_ENGINE = {"ddp": "ddp", "zero1": "zero1", "zero2": "fsdp", "zero3": "fsdp", "fsdp": "fsdp", "hsdp": "fsdp"}
+
+
+def _whole_model_per_process(world_size: int, answer: AutoLayout | None) -> AutoLayout:
+    """The loop trains with ``model(x, target=y)`` but no pipeline degree fits this job (one process, or too
+    few layers): strategy "parallel" at pp = 1 keeps that call working (``SingleStage``), with the planner's
+    tp or data-parallel choice."""
+    from convoy.plan.dims import ParallelDims
+
+    if answer is not None and answer.dims is not None:
+        return answer  # tp chosen: strategy "parallel" runs the loop at pp = 1 as well
+    engine = _DP_ENGINE.get(answer.name) if answer is not None and world_size > 1 else None
+    if world_size > 1 and engine is None:
+        engine = "ddp"
+    why = answer.reason if answer is not None else "no planner answer"
+    return AutoLayout(name="parallel", dims=ParallelDims(dp_replicate=world_size), dp_engine=engine, reason=(
+        f"strategy_options has loss_fn (a loop that trains with model(x, target=y)) but no pipeline layout was "
+        f"asked for or fits {world_size} process(es), so each runs the whole model (pp=1)"
+        f"{f' with {engine}' if engine else ''}: "
+        f"{why}"))
 
 
 def _most_split_pipeline(world_size: int, pps: tuple[int, ...]) -> AutoLayout:

@@ -14,11 +14,13 @@ from tests.distributed import REPO, run_script
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("script, args, layout", [
-    ("tiny_gpt_pp.py", ["--steps", "11", "--schedule", "gpipe", "--microbatches", "2"], "dp=1,tp=1,pp=2 (PP)"),
+@pytest.mark.parametrize("script, args, nproc, layout", [
+    ("tiny_gpt_pp.py", ["--steps", "11", "--schedule", "gpipe", "--microbatches", "2"], 2, "dp=1,tp=1,pp=2 (PP)"),
+    # the same pipeline script on one process: nothing to split, the loop runs unchanged (pp=1)
+    ("tiny_gpt_pp.py", ["--steps", "11"], 1, "dp=1,tp=1,pp=1 (NO)"),
 ])
-def test_example_trains_on_two_processes(script, args, layout):
-    result = run_script(REPO / "examples" / script, nproc=2, args=args)
+def test_example_trains(script, args, nproc, layout):
+    result = run_script(REPO / "examples" / script, nproc=nproc, args=args)
     assert result.returncode == 0, result.output
     assert layout in result.output, result.output
     losses = [float(v) for v in re.findall(r"step +\d+ +loss ([0-9.]+)", result.output)]

@@ -42,7 +42,9 @@ def test_pp2_every_schedule_matches_one_process():
 def test_dp2_tp2_and_dp2_pp2_through_the_accelerator_match_one_process():
     # dp x tp from the launcher's variable; dp x pp with ZeRO-1 (the default) and with FSDP2 per stage; and
     # gradient accumulation (accumulate(), 2 micro-steps per reference step) through pipelines of both kinds
-    layouts = ["env:dp=2,tp=2", "dp=2,pp=2", "dp=2,pp=2:fsdp:interleaved_1f1b:accumulate2", "dp=2,pp=2:::accumulate2"]
+    # and the pipeline's loop, model(x, target=y), with no pipeline to build (pp=1): auto keeps it working
+    layouts = ["env:dp=2,tp=2", "dp=2,pp=2", "dp=2,pp=2:fsdp:interleaved_1f1b:accumulate2", "dp=2,pp=2:::accumulate2",
+               "dp=4,target::::accumulate2"]
     result = run_script(SCRIPTS / "layout_parity.py", nproc=4, args=layouts, timeout=180)
     assert result.returncode == 0, result.output
     ok = _ok_lines(result.output)
@@ -50,6 +52,8 @@ def test_dp2_tp2_and_dp2_pp2_through_the_accelerator_match_one_process():
     assert sum("dp=2,pp=2 (ZERO1+PP)" in line for line in ok) == 4, result.output
     assert sum("dp=2,pp=2:fsdp:interleaved_1f1b:accumulate2 (FSDP+PP)" in line for line in ok) == 4, result.output
     assert sum("dp=2,pp=2:::accumulate2 (ZERO1+PP)" in line for line in ok) == 4, result.output
+    assert sum("dp=4,target::::accumulate2 (DDP)" in line for line in ok) == 4, result.output
+    assert "strategy=auto chose parallel (dp=4,tp=1,pp=1)" in result.output, result.output
 
 
 def _resumed(ok: list[str], layout: str, kind: str) -> set[str]:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["SCHEDULES", "PipelineConfig", "PipelineModule", "stage_boundaries", "find_layers"]
+__all__ = ["SCHEDULES", "PipelineConfig", "PipelineModule", "SingleStage", "stage_boundaries", "find_layers"]
 
 #: schedule name -> (class name in torch.distributed.pipelining, several stages per process)
 SCHEDULES: dict[str, tuple[str, bool]] = {
@@ -355,6 +355,56 @@ class PipelineModule:
         return self
 
     def eval(self) -> "PipelineModule":
+        return self.train(False)
+
+
+class SingleStage:
+    """pp = 1 with a ``loss_fn``: the pipeline's call contract on the model itself, so a pipeline training
+    loop (``loss = model(x, target=y)``; ``accelerator.backward(loss)`` then a no-op) runs unchanged on one
+    process, or with data parallelism only, with no tracing and no schedule (nothing to split at degree 1).
+
+    ``module`` is the model or its data-parallel wrapper; ``loss_scale`` is 1 / gradient accumulation steps.
+    """
+
+    def __init__(self, module: "nn.Module", *, loss_fn: Callable[..., "torch.Tensor"], loss_scale: float = 1.0
+                 ) -> None:
+        self.module = module
+        self.loss_fn = loss_fn
+        self.loss_scale = loss_scale
+        self.training = True
+
+    # what a loop may read of a PipelineModule: one stage, which is first and last
+    num_stages, stage_indices, is_first, is_last, built = 1, (0,), True, True, True
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args: Any, target: Any = None, **kwargs: Any) -> Any:
+        """With ``target``: the loss (detached), its backward already run when training. Without: the output."""
+        import torch
+
+        if target is None:
+            return self.module(*args, **kwargs)
+        loss = self.loss_fn(self.module(*args, **kwargs), target)
+        if torch.is_grad_enabled() and self.training:
+            (loss * self.loss_scale).backward()
+        return loss.detach()
+
+    def parameters(self):
+        return self.module.parameters()
+
+    def named_parameters(self, *args: Any, **kwargs: Any):
+        return self.module.named_parameters(*args, **kwargs)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return self.module.state_dict(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> "SingleStage":
+        self.training = mode
+        self.module.train(mode)
+        return self
+
+    def eval(self) -> "SingleStage":
         return self.train(False)
 
 

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.plan.dims import ParallelDims
 from convoy.train.parallel.mesh import ParallelMesh, build_mesh
-from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule
+from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule, SingleStage
 from convoy.train.parallel.tensor import apply_tensor_parallel, resolve_tp_plan, tracing_stand_ins
 from convoy.train.strategies.base import (ParameterOrigins, Strategy, StrategyContext, SupportsNoSync,
                                           register_strategy)
@@ -101,6 +101,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         # fully_shard replace parameters, and an optimizer built before prepare() must follow them.
         self._origins = ParameterOrigins()
         self._pipelines: list[PipelineModule] = []
+        self._own_backward = False  # a prepared model runs its own backward (pipeline or SingleStage)
         self._optimizers: list[Any] = []  # re-pointed again when a pipeline shards its stages on the first call
         self._group_names: dict[int, list[list[str]]] = {}  # id(optimizer) -> its groups' names, whole model
 
@@ -164,10 +165,15 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             # stages are built (and, with fsdp, sharded) on the first call: optimizers follow them then
             pipe.on_build(self._follow_stages)
             self._pipelines.append(pipe)
+            self._own_backward = True
             return pipe
         if self.dims.dp > 1:
             module = self._data_parallel(module)
-        self._origins.record(module, names)
+        self._origins.record(self.unwrap(module), names)  # names are the model's, not a DDP wrapper's
+        loss_fn = self.context.options.get("loss_fn")
+        if loss_fn is not None:  # a pipeline loop (model(x, target=y)) at pp = 1: nothing to split
+            self._own_backward = True
+            return SingleStage(module, loss_fn=loss_fn, loss_scale=1.0 / self.context.gradient_accumulation_steps)
         return module
 
     def _data_parallel(self, module: "torch.nn.Module") -> "torch.nn.Module":
@@ -249,12 +255,14 @@ class ParallelStrategy(Strategy, SupportsNoSync):
 
         if isinstance(module, PipelineModule):
             return module.model  # parameters of other stages in it are never trained here
+        if isinstance(module, SingleStage):
+            module = module.module
         return module.module if isinstance(module, DistributedDataParallel) else module
 
     # --- a step ---------------------------------------------------------------------------------------
     def backward(self, loss: "torch.Tensor", **kwargs: Any) -> None:
-        if self._pipelines:
-            return  # the pipeline schedule ran backward with the forward, micro-batch by micro-batch
+        if self._own_backward and not loss.requires_grad:
+            return  # a pipeline (or SingleStage) ran backward with the forward; its loss comes back detached
         loss.backward(**kwargs)
 
     def no_sync(self, module: Any) -> contextlib.AbstractContextManager[None]:
@@ -265,6 +273,8 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             # still runs on every call, which is correct (it is linear) but not saved: more pp_microbatches
             # give the same gradient with one reduction
             return contextlib.nullcontext()
+        if isinstance(module, SingleStage):
+            return self.no_sync(module.module)
         if isinstance(module, DistributedDataParallel):
             return module.no_sync()
         if hasattr(module, "set_requires_gradient_sync"):

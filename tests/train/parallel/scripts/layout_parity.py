@@ -4,7 +4,8 @@
     convoy launch --nproc-per-node 4 tests/train/parallel/scripts/layout_parity.py dp=2,pp=2:fsdp
 
 Each argument is one layout (``degrees[:dp_engine[:schedule[:accumulateK]]]``, empty fields for defaults;
-``sp`` among the degrees turns on sequence parallelism), trained for a few steps with clipping and
+``sp`` among the degrees turns on sequence parallelism, ``target`` trains with the pipeline's loop
+``model(x, target=y)`` at pp=1 too), trained for a few steps with clipping and
 compared with ``reference_run``; every rank prints one ``<layout> (<distributed type>) ... OK`` line per layout.
 A layout written ``env:dp=2,tp=2`` reaches the Accelerator only through ``CONVOY_PARALLELISM`` (what
 ``convoy launch --dp 2 --tp 2`` sets), with the strategy left at ``"auto"``.
@@ -44,7 +45,9 @@ def prepare(layout, start):
     parts = degrees.split(",")
     if "sp" in parts:  # sequence parallelism on the tp axis
         options["sequence_parallel"] = True
-    dims = dict((k, int(v)) for k, v in (part.split("=") for part in parts if part != "sp"))
+    dims = dict((k, int(v)) for k, v in (part.split("=") for part in parts if "=" in part))
+    if dims.get("pp", 1) == 1 and "target" not in parts:
+        del options["loss_fn"]  # a plain loop: loss = loss_fn(model(x), y); accelerator.backward(loss)
     if from_env:
         os.environ["CONVOY_PARALLELISM"] = ",".join(f"{k}={v}" for k, v in dims.items())
         acc = Accelerator(collective_timeout=60, strategy_options=options, gradient_accumulation_steps=steps)
@@ -73,7 +76,9 @@ def run_steps(acc, model, opt, dims, cfg, steps):
         parts = []
         for xs, ys in zip(x.chunk(k), y.chunk(k)):
             with acc.accumulate(model):
-                loss = model(xs, target=ys) if dims.get("pp", 1) > 1 else lm_loss(model(xs), ys)
+                # a pipeline loop (and, at pp=1, the same loop on the whole model: "target" layouts)
+                target_call = "loss_fn" in acc.strategy.context.options
+                loss = model(xs, target=ys) if target_call else lm_loss(model(xs), ys)
                 acc.backward(loss)
                 if acc.sync_gradients:
                     norms.append(float(acc.clip_grad_norm_(model.parameters(), CLIP)))
