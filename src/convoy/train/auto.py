@@ -34,9 +34,6 @@ __all__ = ["AutoLayout", "choose_strategy", "planner_hook", "training_bytes", "d
 # fp32 weights (4) + gradients (4) + Adam's two moments (8); activations come on top, hence the headroom.
 BYTES_PER_PARAMETER = 16
 HEADROOM = 0.8
-# attributes holding head counts (on a Hugging Face config or on attention modules); tp must divide each
-_HEAD_ATTRS = ("num_attention_heads", "num_heads", "n_heads", "n_head", "num_key_value_heads", "n_kv_heads",
-               "num_kv_heads")
 
 Planner = Callable[..., "AutoLayout | tuple[str, str] | None"]
 
@@ -69,10 +66,12 @@ def _divisors_above_one(n: int) -> list[int]:
 
 def model_head_counts(model: Any) -> dict[str, int]:
     """Every head count the model states: its config's and its modules' (``name.attr`` -> count)."""
+    from convoy.train.parallel.tensor import HEAD_ATTRS
+
     found: dict[str, int] = {}
     config = getattr(model, "config", None)
     for owner, prefix in [(config, "config")] + [(m, n or "model") for n, m in model.named_modules()]:
-        for attr in _HEAD_ATTRS:
+        for attr in HEAD_ATTRS:
             value = getattr(owner, attr, None)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 found[f"{prefix}.{attr}"] = value

@@ -60,8 +60,9 @@ _DEFAULT_LEAF_STYLES = {
 }
 _DEFAULT_EMBEDDINGS = ("embed_tokens", "wte", "tok_embeddings", "tok_emb", "word_embeddings")
 _DEFAULT_HEADS = ("lm_head", "output")
-_HEAD_ATTRS = ("num_heads", "n_heads", "n_head", "num_attention_heads", "num_key_value_heads", "n_kv_heads",
-               "num_kv_heads")
+#: attributes holding head counts (on a Hugging Face config or on attention modules); tp must divide each
+HEAD_ATTRS = ("num_heads", "n_heads", "n_head", "num_attention_heads", "num_key_value_heads", "n_kv_heads",
+              "num_kv_heads")
 
 
 @dataclass(frozen=True)
@@ -215,13 +216,10 @@ def check_tp_plan(model: "nn.Module", plan: TPPlan, tp: int) -> None:
                                 f"and Embedding modules can be split")
         if size % tp:
             raise StrategyError(f"tp={tp} does not divide the {size} {what} of {name!r}; choose a tp dividing {size}")
-    for parent in sorted({name.rpartition(".")[0] for name, style in plan.styles if style == "colwise"}):
-        module = model.get_submodule(parent)  # the head counts _localize_head_counts will divide
-        for attr in _HEAD_ATTRS:
-            value = getattr(module, attr, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value % tp:
-                raise StrategyError(f"tp={tp} does not divide {parent or 'model'}.{attr}={value}; choose a tp "
-                                    f"dividing {value}")
+    for parent, attr, value in _split_head_counts(model, plan):  # what _localize_head_counts will divide
+        if value % tp:
+            raise StrategyError(f"tp={tp} does not divide {parent or 'model'}.{attr}={value}; choose a tp "
+                                f"dividing {value}")
     if plan.sequence_parallel:
         missing = [n for n, m in model.named_modules() if type(m).__name__.endswith("Norm") and n not in plan.as_dict()]
         if missing:
@@ -250,17 +248,23 @@ def _style_object(style: str, module: "nn.Module", sequence_parallel: bool):
     raise AssertionError(f"unhandled style {style}")  # _canonical admits only the styles above
 
 
-def _localize_head_counts(model: "nn.Module", plan: TPPlan, tp: int) -> None:
-    """Divide head-count attributes of modules whose projections were split colwise (their local heads)."""
-    parents = {name.rpartition(".")[0] for name, style in plan.styles if style == "colwise"}
-    for parent in sorted(parents):
+def _split_head_counts(model: "nn.Module", plan: TPPlan) -> list[tuple[str, str, int]]:
+    """(module, attribute, count) of the head counts on modules whose projections ``plan`` splits colwise."""
+    found = []
+    for parent in sorted({name.rpartition(".")[0] for name, style in plan.styles if style == "colwise"}):
         module = model.get_submodule(parent)
-        for attr in _HEAD_ATTRS:
+        for attr in HEAD_ATTRS:
             value = getattr(module, attr, None)
             if isinstance(value, int) and not isinstance(value, bool):
-                if value % tp:
-                    raise StrategyError(f"tp={tp} does not divide {parent or 'model'}.{attr}={value}")
-                setattr(module, attr, value // tp)
+                found.append((parent, attr, value))
+    return found
+
+
+def _localize_head_counts(model: "nn.Module", plan: TPPlan, tp: int) -> None:
+    """Divide head-count attributes of modules whose projections were split colwise (their local heads);
+    ``check_tp_plan`` has checked that tp divides each."""
+    for parent, attr, value in _split_head_counts(model, plan):
+        setattr(model.get_submodule(parent), attr, value // tp)
 
 
 def apply_tensor_parallel(model: "nn.Module", tp_mesh: "DeviceMesh", plan: TPPlan) -> "nn.Module":
