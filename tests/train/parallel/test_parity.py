@@ -88,13 +88,17 @@ def test_a_tp2_pp2_checkpoint_resumes_under_fsdp_pp_plain_ddp_and_itself(tmp_pat
     assert len(_resumed(ok, "tp=2,pp=2", "TP+PP")) == 4, result.output
 
 
-def test_tp2_pp2_through_the_accelerator_matches_one_process():
-    result = run_script(SCRIPTS / "tp_pp_parity.py", nproc=4, timeout=120)
+def test_tp2_pp2_plain_and_sequence_parallel_through_the_accelerator_match_one_process():
+    # one launch, both variants; the script also checks the stage-boundary shape (seq / 2 with sequence
+    # parallelism), where each parameter sits, and that sequence-parallel norms are DTensors
+    result = run_script(SCRIPTS / "tp_pp_parity.py", nproc=4, timeout=180)
     assert result.returncode == 0, result.output
     ok = _ok_lines(result.output)
-    assert sum("tp=2 x pp=2 (TP+PP)" in line for line in ok) == 4, result.output
-    assert {line.split(" stage ")[1].split(":")[0] for line in ok} == {
-        f"{stage} tp rank {r}" for stage in (0, 1) for r in (0, 1)}, result.output
+    for sp in (False, True):
+        mine = [line for line in ok if f"tp=2 x pp=2 sp={sp} (TP+PP)" in line]
+        assert len(mine) == 4, result.output
+        assert {line.split(" stage ")[1].split(":")[0] for line in mine} == {
+            f"{stage} tp rank {r}" for stage in (0, 1) for r in (0, 1)}, result.output
 
 
 def test_a_zero1_pipeline_checkpoint_gathers_optimizer_state_and_resumes_at_zero1_and_tp_pp(tmp_path):
