@@ -147,7 +147,7 @@ def test_auto_layout_degrees_go_with_strategy_parallel_only():
 
 
 def test_recommend_for_module_proposes_only_layouts_the_trainer_runs():
-    from convoy.plan.api import _dp_engine, runs_in_trainer
+    from convoy.plan.api import dp_engine_for, runs_in_trainer
     from convoy.plan.hardware import parse_hardware
     from convoy.plan.model import from_hf_config
 
@@ -159,6 +159,6 @@ def test_recommend_for_module_proposes_only_layouts_the_trainer_runs():
     # tp with dp > 1 only through FSDP2 (dp x tp x pp: the zero1 candidate, FSDP2 per stage)
     assert not kept & {"ddp+tp2", "zero1+tp2", "ddp+tp2+pp2"}
     three_d = next(c for c in cands if c.name == "zero1+tp2+pp2")
-    assert _dp_engine(three_d.strategy, three_d.dims) == "fsdp"
-    assert _dp_engine("zero1", next(c for c in cands if c.name == "zero1+pp2").dims) == "zero1"
+    assert dp_engine_for(three_d.strategy, three_d.dims) == "fsdp"
+    assert dp_engine_for("zero1", next(c for c in cands if c.name == "zero1+pp2").dims) == "zero1"
     assert {"ddp+tp2", "zero1+tp2", "ddp+tp2+pp2"} <= {c.name for c in cands}

@@ -202,7 +202,7 @@ def resolve_hardware(hardware: str | Hardware | None = None, *, inventory: Any =
 TRAINER_STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
 #: the trainer's data-parallel engine (``strategy_options["dp_engine"]`` of strategy "parallel") for each
 #: candidate strategy, when a tp/pp layout also has dp > 1
-_DP_ENGINE = {"ddp": "ddp", "zero1": "zero1", "zero3": "fsdp"}
+_DP_ENGINE = {"ddp": "ddp", "zero1": "zero1", "zero2": "fsdp", "zero3": "fsdp", "fsdp": "fsdp", "hsdp": "fsdp"}
 _SHAPE_KEYS = ("layers", "hidden", "heads", "vocab", "ffn", "kv_heads")
 
 
@@ -232,7 +232,7 @@ def runs_in_trainer(candidate: Candidate) -> bool:
     """True for layouts strategy ``"parallel"`` (``convoy.train.parallel``) builds from a candidate: with tp and
     dp > 1 the weights are DTensors, which only FSDP2 shards (candidate ``zero3``); with pp and dp > 1 the
     stages are replicated by DDP or ZeRO-1 (the only pipeline candidates). dp x tp x pp is the ``zero1``
-    candidate, which the trainer realises with FSDP2 per stage (``_dp_engine``): through the step a stage's
+    candidate, which the trainer realises with FSDP2 per stage (``dp_engine_for``): through the step a stage's
     parameters and gradients are whole, as with ZeRO-1, and at rest they are sharded too, so the candidate's
     memory is an upper bound."""
     d = candidate.layout.dims
@@ -245,13 +245,14 @@ def runs_in_trainer(candidate: Candidate) -> bool:
     return candidate.strategy in ("ddp", "zero1")
 
 
-def _dp_engine(strategy: str, dims: ParallelDims) -> str | None:
-    """The trainer's ``dp_engine`` for a candidate the trainer runs (see ``runs_in_trainer``)."""
+def dp_engine_for(strategy: str, dims: ParallelDims) -> str | None:
+    """The trainer's ``dp_engine`` for a data-parallel strategy name at ``dims`` (see ``runs_in_trainer``);
+    a name it does not know (a custom planner's) replicates with DDP."""
     if dims.dp == 1:
         return None
     if dims.tp > 1:
         return "fsdp"  # DTensor weights: FSDP2 (for dp x tp x pp, per pipeline stage)
-    return _DP_ENGINE[strategy]
+    return _DP_ENGINE.get(strategy, "ddp")
 
 
 def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: int, precision: str = "bf16",
@@ -337,7 +338,7 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
         reason += (" strategy_options has loss_fn (a loop that trains with model(x, target=y)), so only "
                    "pipeline layouts were compared.")
     return AutoLayout(name="parallel", reason=f"{reason} {rec.reasons[1]}", dims=dims,
-                      dp_engine=_dp_engine(rec.strategy or "ddp", dims))
+                      dp_engine=dp_engine_for(rec.strategy or "ddp", dims))
 
 
 def format_plan(p: Plan) -> str:

@@ -185,23 +185,20 @@ def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int, 
         f"one device ({_gib(device_bytes)}), so it is sharded over {world_size} processes (FSDP2, zero3)"))
 
 
-#: the data-parallel strategy the planner chose -> how strategy "parallel" realises it
-_DP_ENGINE = {"ddp": "ddp", "zero1": "zero1", "zero2": "fsdp", "zero3": "fsdp", "fsdp": "fsdp", "hsdp": "fsdp"}
-
-
 def _whole_model_per_process(world_size: int, answer: AutoLayout | None) -> AutoLayout:
     """The loop trains with ``model(x, target=y)`` but no pipeline degree fits this job (one process, or too
     few layers): strategy "parallel" at pp = 1 keeps that call working (``SingleStage``), with the planner's
     tp or data-parallel choice."""
+    from convoy.plan.api import dp_engine_for
     from convoy.plan.dims import ParallelDims
 
     if answer is not None and answer.dims is not None:
         return answer  # tp chosen: strategy "parallel" runs the loop at pp = 1 as well
-    engine = _DP_ENGINE.get(answer.name) if answer is not None and world_size > 1 else None
-    if world_size > 1 and engine is None:
-        engine = "ddp"
+    dims = ParallelDims(dp_replicate=world_size)
+    chosen = answer.name if answer is not None and answer.name != "single" else "ddp"
+    engine = dp_engine_for(chosen, dims)
     why = answer.reason if answer is not None else "no planner answer"
-    return AutoLayout(name="parallel", dims=ParallelDims(dp_replicate=world_size), dp_engine=engine, reason=(
+    return AutoLayout(name="parallel", dims=dims, dp_engine=engine, reason=(
         f"strategy_options has loss_fn (a loop that trains with model(x, target=y)) but no pipeline layout was "
         f"asked for or fits {world_size} process(es), so each runs the whole model (pp=1)"
         f"{f' with {engine}' if engine else ''}: "
