@@ -1,5 +1,8 @@
 """Run a script on several CPU processes (gloo), the way users run it, and return what it printed.
 
+CPU processes on every machine: a GPU box runs the same gloo job (``--devices 0`` and hidden accelerators),
+so the default suite gives the same result there; GPU runs are the ``gpu``-marked tests (``tests/gpu``).
+
     from tests.distributed import run_script
     result = run_script(SCRIPTS / "ddp_parity.py", nproc=2, args=["--steps", "3"])
     assert result.returncode == 0, result.output
@@ -11,11 +14,12 @@ launch`` once it exists (``CONVOY_TEST_LAUNCHER=torchrun`` switches to torchrun 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
+
+from tests.processes import finish, start
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -27,10 +31,20 @@ class Result:
 
 
 def launcher_argv(nproc: int) -> list[str]:
-    """The command prefix that starts ``nproc`` CPU processes on this machine."""
+    """The command prefix that starts ``nproc`` CPU processes on this machine, whatever accelerators it has.
+
+    ``--devices 0`` is the launcher's "no accelerator" (Lightning's table): ``nproc`` gloo processes even on a
+    GPU box, where "2 ranks" would otherwise mean 2 GPUs (and fail on a box with one).
+    """
     if os.environ.get("CONVOY_TEST_LAUNCHER", "convoy") == "torchrun" or not _convoy_launch_exists():
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    return [sys.executable, "-m", "convoy", "launch", f"--nproc-per-node={nproc}"]
+    return [sys.executable, "-m", "convoy", "launch", "--devices", "0", f"--nproc-per-node={nproc}"]
+
+
+def cpu_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a job of CPU processes: accelerators hidden from the workers (torchrun
+    does not hide them itself), one intra-op thread per rank, unbuffered output, then ``env`` on top."""
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
 
 
 def _convoy_launch_exists() -> bool:
@@ -46,16 +60,11 @@ def run_script(
     timeout: float = 120,
     cwd: str | Path | None = None,
 ) -> Result:
-    """Start ``script`` on ``nproc`` processes and wait for it (``timeout`` seconds at most)."""
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
-    full_env.pop("CONVOY_INVENTORY", None) if env is None or "CONVOY_INVENTORY" not in env else None
-    proc = subprocess.run(
-        [*launcher_argv(nproc), str(script), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=full_env,
-        timeout=timeout,
-        cwd=cwd,
-    )
-    return Result(proc.returncode, proc.stdout)
+    """Start ``script`` on ``nproc`` CPU processes and wait for it (``timeout`` seconds at most).
+
+    The launcher runs in a session of its own; on timeout it is stopped with every process below it before
+    ``subprocess.TimeoutExpired`` is raised (its output attached), so a hung job leaves nothing behind.
+    """
+    proc = start([*launcher_argv(nproc), str(script), *args], env=cpu_env(env), cwd=cwd)
+    output = finish(proc, timeout=timeout)
+    return Result(proc.returncode, output)

@@ -64,3 +64,10 @@ def interrupts_the_caller():
 
     os.kill(os.getppid(), signal.SIGINT)  # Ctrl-C in the notebook while the ranks run
     time.sleep(30)
+
+
+def started_by():
+    """"spawn" in a freshly started rank, "fork" in a copy of the caller (which has pytest loaded)."""
+    import sys
+
+    return "fork" if "pytest" in sys.modules else "spawn"

@@ -1,30 +1,36 @@
-"""The elastic engine (torch's agent) for restarts and several nodes, for real on loopback."""
+"""The elastic engine (torch's agent) for restarts and several nodes, for real on loopback.
+
+Every job here runs CPU processes (``--devices 0``), also on a GPU box: two loopback "nodes" or two restarting
+ranks on one GPU would mean two ranks per GPU. What a user gets on one GPU is tested with an inventory file.
+"""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from convoy.launch.ports import free_port
+from tests.conftest import INVENTORIES, held_leases
+from tests.distributed import cpu_env
+from tests.processes import finish, start, stop_tree
 
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).parent / "scripts"
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-ENV.pop("CONVOY_INVENTORY", None)
 
 
-def launch(*argv: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "convoy", "launch", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=ENV)
+def launch(*argv: str, env=None):
+    """``convoy launch`` in its own session; CPU processes unless ``argv`` names devices."""
+    cpu = () if "--devices" in argv else ("--devices", "0")
+    return start([sys.executable, "-m", "convoy", "launch", *cpu, *argv], env=env or cpu_env())
 
 
 def test_max_restarts_recovers_from_one_failure():
     ok = launch("--max-restarts", "1", str(SCRIPTS / "fail.py"), "--until-restart", "1")
-    out = ok.communicate(timeout=120)[0]
+    out = finish(ok, timeout=120)
     assert ok.returncode == 0, out
     assert "[rank0]: recovered rank=0 restart=1" in out and "[rank1]: recovered rank=1 restart=1" in out
     assert "[rank1]: ValueError: boom from rank 1" in out  # the first attempt's failure was shown
@@ -32,7 +38,7 @@ def test_max_restarts_recovers_from_one_failure():
 
 def test_elastic_engine_reports_the_real_failing_rank():
     bad = launch("--engine", "elastic", str(SCRIPTS / "fail.py"), "--bad", "1")
-    out = bad.communicate(timeout=120)[0]
+    out = finish(bad, timeout=120)
     assert bad.returncode == 1, out
     assert "convoy: rank 1 (local rank 1) on host" in out and "failed with exit code 1" in out
     assert out.count("ValueError: boom from rank 1") == 1, out
@@ -43,7 +49,34 @@ def test_two_nodes_on_loopback_train():
     port = str(free_port())
     nodes = [launch("--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", port,
                     "--nproc-per-node", "1", str(SCRIPTS / "ddp_train.py"), "--steps", "2") for rank in (1, 0)]
-    outs = [node.communicate(timeout=120)[0] for node in nodes]
+    outs = [finish(node, timeout=120) for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outs
     assert "[rank1]: trained rank=1 world=2 local=0" in outs[0]  # --node-rank is respected
     assert "[rank0]: trained rank=0 world=2 local=0" in outs[1]
+
+
+def test_two_nodes_on_a_one_gpu_host_refuse_the_second_at_once(tmp_path):
+    """Both loopback "nodes" want GPU 0: the second is refused with a line that says what to do, not a hang."""
+    env = cpu_env({"CONVOY_INVENTORY": str(INVENTORIES / "1xh100.json"), "CONVOY_LEASE_DIR": str(tmp_path)})
+    env.pop("CUDA_VISIBLE_DEVICES")  # the inventory's GPU is visible: the user's one-GPU host
+    port = str(free_port())
+    argv = ("--devices", "auto", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port,
+            "--no-python", "true")
+    first = launch("--node-rank", "1", *argv, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not held_leases(tmp_path) and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert held_leases(tmp_path), "the first node did not lease GPU 0"
+        began = time.monotonic()
+        second = launch("--node-rank", "0", *argv, env=env)
+        out = finish(second, timeout=30)
+        assert time.monotonic() - began < 20
+        assert second.returncode == 1, out
+        line = out.strip().splitlines()[-1]
+        assert line.startswith("convoy: cannot lease") and "GPU 0" in line and f"pid {first.pid}" in line, out
+        assert "several nodes on one host" in line and "--devices 0" in line, line
+    finally:
+        stop_tree(first.pid)
+        first.communicate()
+    assert not held_leases(tmp_path)

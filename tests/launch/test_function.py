@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -19,8 +20,8 @@ def _one_thread(monkeypatch):
 
 
 def test_returns_rank_zeros_value_with_fork_and_spawn():
-    assert convoy.launch(fn_targets.all_reduce_rank, args=(10,), nproc_per_node=2) == (0, 2, 21, "0")
-    assert convoy.launch(fn_targets.all_reduce_rank, args=(1,), nproc_per_node=2, start_method="spawn") == \
+    assert convoy.launch(fn_targets.all_reduce_rank, args=(10,), devices=0, nproc_per_node=2) == (0, 2, 21, "0")
+    assert convoy.launch(fn_targets.all_reduce_rank, args=(1,), devices=0, nproc_per_node=2, start_method="spawn") == \
         (0, 2, 3, "0")
     assert "RANK" not in os.environ and "MASTER_PORT" not in os.environ  # the caller's environment is untouched
 
@@ -28,16 +29,16 @@ def test_returns_rank_zeros_value_with_fork_and_spawn():
 def test_convoy_launch_is_callable_even_after_the_package_is_imported():
     import convoy.launch.plan  # noqa: F401 - binds the package to the name convoy.launch
 
-    assert convoy.launch(fn_targets.env_value, args=("LOCAL_WORLD_SIZE",), nproc_per_node=1) == "1"
+    assert convoy.launch(fn_targets.env_value, args=("LOCAL_WORLD_SIZE",), devices=0, nproc_per_node=1) == "1"
 
 
 def test_reraises_the_failing_ranks_exception_and_reports_a_dead_rank():
     with pytest.raises(fn_targets.RankOneError, match="rank one broke") as info:
-        convoy.launch(fn_targets.rank_one_raises, nproc_per_node=2)
+        convoy.launch(fn_targets.rank_one_raises, devices=0, nproc_per_node=2)
     note = "\n".join(info.value.__notes__)
     assert note.startswith("rank 1 on host") and "in rank_one_raises" in note
     with pytest.raises(RankFailedError, match="rank 0 on host .* died with exit code 7") as info:
-        convoy.launch(fn_targets.rank_zero_dies, nproc_per_node=2)
+        convoy.launch(fn_targets.rank_zero_dies, devices=0, nproc_per_node=2)
     assert info.value.rank == 0 and info.value.exitcode == 7
 
 
@@ -86,7 +87,7 @@ def test_a_raising_rank_or_an_interrupt_releases_the_lease(gpu_inventory):
 
 def test_cpu_runs_take_no_lease(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVOY_LEASE_DIR", str(tmp_path / "leases"))
-    assert convoy.launch(fn_targets.env_value, args=("WORLD_SIZE",), nproc_per_node=2) == "2"
+    assert convoy.launch(fn_targets.env_value, args=("WORLD_SIZE",), devices=0, nproc_per_node=2) == "2"
     assert not (tmp_path / "leases").exists()
 
 
@@ -102,3 +103,67 @@ def test_a_list_names_devices_as_lightning_reads_it():
 def test_a_one_gpu_list_leases_that_gpu(gpu_inventory):
     code, err = convoy.launch(fn_targets.second_job, args=("0,",), devices=[0])
     assert code == 1 and "GPU 0" in err and f"is leased by pid {os.getpid()} " in err, err
+
+
+def test_the_start_method_is_fork_until_cuda_is_initialised_here():
+    from convoy.errors import LaunchError
+    from convoy.launch.function import start_method_for
+
+    assert start_method_for(None, cuda_initialized=False, platform="linux") == "fork"
+    assert start_method_for(None, cuda_initialized=True, platform="linux") == "spawn"  # a notebook that used CUDA
+    assert start_method_for(None, cuda_initialized=False, platform="darwin") == "spawn"
+    assert start_method_for("forkserver", cuda_initialized=True, platform="linux") == "forkserver"
+    with pytest.raises(LaunchError, match="CUDA is already initialised .* leave start_method unset"):
+        start_method_for("fork", cuda_initialized=True, platform="linux")
+    with pytest.raises(LaunchError, match="'threads': use 'fork', 'spawn' or 'forkserver'"):
+        start_method_for("threads", cuda_initialized=False, platform="linux")
+
+
+@pytest.fixture
+def cuda_touched(monkeypatch):
+    """This process as a notebook that has used CUDA looks to convoy (``torch.cuda.is_initialized()``)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+
+
+def test_after_cuda_the_default_spawns_and_just_works(cuda_touched):
+    assert convoy.launch(fn_targets.started_by, devices=0, nproc_per_node=1) == "spawn"
+    assert convoy.launch(fn_targets.all_reduce_rank, args=(5,), devices=0, nproc_per_node=2) == (0, 2, 11, "0")
+    from convoy.errors import LaunchError
+
+    with pytest.raises(LaunchError, match="forked ranks cannot use it"):
+        convoy.launch(fn_targets.started_by, devices=0, nproc_per_node=1, start_method="fork")
+
+
+def test_without_cuda_the_default_forks():
+    assert convoy.launch(fn_targets.started_by, devices=0, nproc_per_node=1) == "fork"
+
+
+def test_a_notebook_function_is_sent_by_value_when_ranks_are_spawned(cuda_touched):
+    from convoy.launch.function import importable
+
+    scale = 3
+
+    def train(x):  # defined in a cell: a spawned rank cannot import it by name
+        import os
+
+        return x * scale, os.environ["WORLD_SIZE"]
+
+    assert not importable(train) and importable(fn_targets.started_by)
+    assert convoy.launch(train, args=(7,), devices=0, nproc_per_node=2) == (21, "2")
+
+
+def test_a_notebook_function_without_cloudpickle_is_a_clear_error(cuda_touched, monkeypatch):
+    from convoy.errors import LaunchError
+
+    monkeypatch.setitem(sys.modules, "cloudpickle", None)  # import cloudpickle -> ImportError
+    with pytest.raises(LaunchError, match="cannot import .*train.* move it to a module, or install cloudpickle"):
+        convoy.launch(_local_train(), devices=0, nproc_per_node=1)
+
+
+def _local_train():
+    def train():
+        return 1
+
+    return train

@@ -115,3 +115,15 @@ def test_describe_plan_shows_ranks_devices_env_and_rendezvous(inventory_path):
     assert f"rank 0 (local 0): device 2 NVIDIA H100 80GB HBM3 uuid={inv.devices[2].uuid} as cuda:0" in text
     assert f"rank 1 (local 1): device 0" in text and "CUDA_VISIBLE_DEVICES=2,0" in text
     assert "CONVOY_STRATEGY=ddp" in text and "WORLD_SIZE=2" in text and "rendezvous: static" in text
+
+
+def test_more_processes_than_gpus_is_one_clear_error_and_devices_0_means_cpu(inventory_path):
+    """Two ranks on a one-GPU box would put rank 1 on a device that does not exist (issue 11)."""
+    inv = load_inventory(inventory_path("1xh100"))
+    with pytest.raises(ConfigError, match=r"--nproc-per-node 2 needs 2 devices .* only 1 \(GPU 0 .*\) is selected; "
+                                          r"give --nproc-per-node 1, or --devices 0 --nproc-per-node 2"):
+        resolve_launch(req(nproc_per_node="2"), select_devices("auto", inventory=inv, env={}), env={})
+    cpu = resolve_launch(req(devices="0", nproc_per_node="2"), select_devices("0", inventory=inv, env={}), env={})
+    assert (cpu.nproc_per_node, cpu.devices, cpu.backend, cpu.env["CUDA_VISIBLE_DEVICES"]) == (2, (), "gloo", "")
+    one = resolve_launch(req(nproc_per_node="1"), select_devices("auto", inventory=inv, env={}), env={})
+    assert (one.nproc_per_node, one.backend, len(one.devices)) == (1, "nccl", 1)

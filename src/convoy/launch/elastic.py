@@ -54,8 +54,16 @@ def launch_config(plan: LaunchPlan):
         logs_specs=logs, run_id=plan.run_id, role=plan.role, rdzv_endpoint=endpoint,
         rdzv_backend=plan.rdzv_backend, rdzv_configs=configs, max_restarts=plan.max_restarts,
         monitor_interval=plan.monitor_interval, start_method=plan.start_method,
-        log_line_prefix_template="[rank${rank}]: ", local_addr=None,
+        log_line_prefix_template="[rank${rank}]: ", local_addr=_local_addr(plan),
     )
+
+
+def _local_addr(plan: LaunchPlan) -> str | None:
+    """The address this node's workers reach rank 0's store on. One node: loopback. Without it torch's agent
+    publishes ``socket.getfqdn()``, and with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (restarts) every restarted
+    group's ``MASTER_ADDR`` is that name, which on a container or cloud host often does not resolve to this
+    machine, so the restarted ranks never meet. Several nodes: torch's default (the host name)."""
+    return "127.0.0.1" if plan.max_nodes == 1 else None
 
 
 def _filter(text: str) -> set[int] | None:

@@ -14,8 +14,11 @@ ranks are stopped and *that rank's* exception is raised here, with its rank and 
 as a note (``RankFailedError`` when it cannot be sent back, or the rank died without raising).
 The first failing rank is decided by when each rank raised, not by which exit the parent noticed first.
 The selected accelerators are leased for the call, like ``convoy launch`` (``lease=False``, ``wait=``).
-``start_method="fork"`` (the default on Linux) runs functions defined in a notebook; ``"spawn"`` needs a
-module-level function and the call under ``if __name__ == "__main__":``.
+The start method is chosen by ``start_method_for``: ``fork`` on Linux (fast, and it runs functions defined in
+a notebook), but ``spawn`` once this process has initialised CUDA (a forked child cannot use the parent's CUDA
+context; a notebook user has usually touched ``torch.cuda`` before launching). A spawned rank imports ``fn`` by
+name; a function it cannot import (defined in a notebook cell or inside another function) is sent by value with
+``cloudpickle`` (as Ray and Dask send functions), and without ``cloudpickle`` the call fails at once saying so.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from convoy.launch.failures import describe_exit
 from convoy.launch.plan import LaunchRequest
 from convoy.launch.ports import free_port
 
-__all__ = ["launch"]
+__all__ = ["launch", "start_method_for", "importable"]
 
 _GRACE = 3.0
 
@@ -64,11 +67,8 @@ def launch(
     """
     from convoy.launch.job import DeviceFilters, lease_plan, plan_job
 
-    method = start_method or ("fork" if sys.platform.startswith("linux") else "spawn")
-    if method not in ("fork", "spawn", "forkserver"):
-        raise LaunchError(f"start_method {method!r}: use 'fork', 'spawn' or 'forkserver'")
-    if method == "fork":
-        _check_fork_safe()
+    method = start_method_for(start_method, cuda_initialized=_cuda_initialized(), platform=sys.platform)
+    target = _target(fn, method)
     name = getattr(fn, "__qualname__", repr(fn))
     request = LaunchRequest(
         program=(f"<function {name}>",), devices=_device_request(devices),
@@ -79,7 +79,7 @@ def launch(
     filters = DeviceFilters(lease=lease, lease_wait=wait)
     plan = plan_job(request, filters=filters, env=base_env)
     with lease_plan(plan, filters=filters, env=base_env):  # released after every rank is stopped
-        return _run(fn, tuple(args), dict(kwargs or {}), plan, method, base_env, replace_env=env is not None)
+        return _run(target, tuple(args), dict(kwargs or {}), plan, method, base_env, replace_env=env is not None)
 
 
 def _run(fn, args: tuple, kwargs: dict, plan, method: str, base_env: dict, *, replace_env: bool) -> Any:
@@ -123,11 +123,67 @@ def _device_request(devices: Any) -> str | None:
     return str(devices)
 
 
-def _check_fork_safe() -> None:
-    torch = sys.modules.get("torch")
-    if torch is not None and getattr(torch.cuda, "is_initialized", lambda: False)():
-        raise LaunchError("CUDA is already initialised in this process, so forked ranks cannot use it; "
-                          "call convoy.launch(..., start_method='spawn') or restart without touching CUDA first")
+START_METHODS = ("fork", "spawn", "forkserver")
+
+
+def start_method_for(requested: str | None, *, cuda_initialized: bool, platform: str) -> str:
+    """The multiprocessing start method for the ranks. Pure.
+
+    ``requested`` wins when given (``fork`` after CUDA is initialised is refused: the ranks could not use it).
+    Otherwise ``fork`` on Linux while CUDA is untouched here, else ``spawn``.
+    """
+    if requested is not None and requested not in START_METHODS:
+        raise LaunchError(f"start_method {requested!r}: use 'fork', 'spawn' or 'forkserver'")
+    if requested == "fork" and cuda_initialized:
+        raise LaunchError("start_method='fork': CUDA is already initialised in this process, so forked ranks "
+                          "cannot use it; leave start_method unset (convoy then spawns the ranks) or use 'spawn'")
+    if requested is not None:
+        return requested
+    return "spawn" if cuda_initialized or not platform.startswith("linux") else "fork"
+
+
+def _cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")  # not imported: nothing can have initialised CUDA through it
+    return bool(torch is not None and getattr(torch.cuda, "is_initialized", lambda: False)())
+
+
+def importable(fn: Callable[..., Any]) -> bool:
+    """True when a spawned process can import ``fn`` by its module and qualified name."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    qualname = getattr(fn, "__qualname__", "")
+    if module is None or not qualname or "<" in qualname:  # <locals>, <lambda>
+        return False
+    if module.__name__ == "__main__" and not getattr(module, "__file__", None):  # a notebook or the REPL
+        return False
+    obj: Any = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj is fn
+
+
+class _ByValue:
+    """``fn`` carried to a spawned rank as cloudpickle bytes (it cannot be imported there by name)."""
+
+    def __init__(self, payload: bytes, name: str):
+        self.payload, self.__qualname__ = payload, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return pickle.loads(self.payload)(*args, **kwargs)
+
+
+def _target(fn: Callable[..., Any], method: str) -> Callable[..., Any]:
+    """What the ranks call: ``fn`` itself, or for spawn/forkserver a by-value copy when it is not importable."""
+    if method == "fork" or importable(fn):
+        return fn
+    name = getattr(fn, "__qualname__", repr(fn))
+    try:
+        import cloudpickle
+    except ImportError:
+        raise LaunchError(f"the ranks must be spawned ({method}: CUDA is initialised here, or this is not Linux) "
+                          f"and they cannot import {name!r} (defined in a notebook or inside a function); move "
+                          "it to a module, or install cloudpickle (pip install cloudpickle) to send it by value"
+                          ) from None
+    return _ByValue(cloudpickle.dumps(fn), name)
 
 
 def _child(fn, args, kwargs, env: dict, send, replace_env: bool) -> None:

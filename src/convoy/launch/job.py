@@ -91,5 +91,17 @@ def lease_plan(plan: LaunchPlan, *, filters: DeviceFilters = DeviceFilters(), en
     if not plan.devices or not filters.lease:
         return nullcontext()
     from convoy.devices.lease import default_lock_dir, lease_devices
+    from convoy.errors import LeaseError
 
-    return lease_devices(plan.devices, wait=filters.lease_wait, lock_dir=default_lock_dir(env))
+    try:
+        return lease_devices(plan.devices, wait=filters.lease_wait, lock_dir=default_lock_dir(env))
+    except LeaseError as err:
+        if plan.max_nodes > 1 and plan.master_addr in _LOOPBACK:
+            # Several "nodes" on one host (a loopback rehearsal of a multi-node job) each select the same
+            # devices; the first holds them and waits for its peers (issue 11).
+            raise LeaseError(f"{err}; several nodes on one host need devices of their own: give each node "
+                             "different --devices, or --devices 0 for CPU processes") from None
+        raise
+
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")

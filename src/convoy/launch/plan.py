@@ -233,7 +233,17 @@ def _processes(request: LaunchRequest, selection: Any, notes: list[str]) -> tupl
                           f"asks for {count} processes; give one of them, or make them agree")
     if not devices:
         notes.append(_cpu_note(count))
+    elif count > len(devices):
+        # Each rank computes on the device of its LOCAL_RANK: a rank past the last device would find none.
+        raise ConfigError(f"--nproc-per-node {count} needs {count} devices (one per process) but "
+                          f"{_devices_text(devices)} selected; give --nproc-per-node {len(devices)}, or "
+                          f"--devices 0 --nproc-per-node {count} for CPU processes")
     return count, devices[:count]
+
+
+def _devices_text(devices: tuple[Any, ...]) -> str:
+    labels = ", ".join(str(getattr(d, "label", getattr(d, "index", "?"))) for d in devices)
+    return f"only {len(devices)} ({labels}) {'is' if len(devices) == 1 else 'are'}"
 
 
 def _cpu_note(count: int) -> str:
