@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import subprocess
@@ -38,7 +39,10 @@ def test_json_has_every_section_with_torch_builds(clean_env, capsys, monkeypatch
     assert report["torch"]["cuda_build"] == torch.version.cuda
     assert "gloo" in report["torch"]["distributed_backends"]
     assert report["system"]["python"] == ".".join(map(str, sys.version_info[:3]))
-    assert report["packages"]["torch"] == torch.__version__
+    # the installed distribution's version (pip's metadata): PyPI's CUDA wheels say "2.11.0" while
+    # torch.__version__ says "2.11.0+cu130"; the CPU wheel has "+cpu" in both. Same release either way.
+    assert report["packages"]["torch"] == importlib.metadata.version("torch")
+    assert report["packages"]["torch"].split("+")[0] == torch.__version__.split("+")[0]
     assert report["settings"]["values"]["strategy"] == {"value": "zero2", "source": "environment CONVOY_STRATEGY"}
     assert report["distributed_variables"]["NCCL_DEBUG"] == "INFO"
     assert set(report["driver"]) & {"nvidia", "error"}

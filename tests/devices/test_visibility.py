@@ -120,7 +120,12 @@ def test_intel_and_habana_masks(load):
 
 
 def test_runtime_guard(monkeypatch):
-    ensure_runtime_not_started()  # torch absent or CUDA not started: fine
+    # Each state set explicitly: in this test runner CUDA may or may not have been started by earlier tests.
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    ensure_runtime_not_started()  # torch not loaded: no runtime can have started through it
+    untouched = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: False))
+    monkeypatch.setitem(sys.modules, "torch", untouched)
+    ensure_runtime_not_started()  # torch loaded, CUDA not started: fine
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True))
     monkeypatch.setitem(sys.modules, "torch", fake)
     with pytest.raises(VisibilityError, match="torch.cuda is already initialised"):

@@ -1,4 +1,6 @@
-"""convoy launch on one node, for real: gloo ranks train, fail loudly, leave nothing behind, never collide."""
+"""convoy launch on one node, for real: gloo ranks train, fail loudly, leave nothing behind, never collide.
+
+CPU processes on every machine (``--devices 0`` unless a test names devices of an inventory file)."""
 
 from __future__ import annotations
 
@@ -11,17 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed import run_script
+from tests.distributed import cpu_env, run_script
+from tests.processes import finish, start
 
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).parent / "scripts"
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-ENV.pop("CONVOY_INVENTORY", None)
+ENV = cpu_env()
 
 
 def convoy_launch(*argv: str, env=None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "convoy", "launch", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env or ENV)
+    """``convoy launch`` in its own session; CPU processes unless ``argv`` names devices."""
+    cpu = () if "--devices" in argv else ("--devices", "0")
+    return start([sys.executable, "-m", "convoy", "launch", *cpu, *argv], env=env or ENV)
 
 
 def alive(pid: int) -> bool:
@@ -35,7 +38,7 @@ def alive(pid: int) -> bool:
 def test_unmodified_ddp_script_trains_with_prefixed_output_and_per_rank_logs(tmp_path):
     two = [convoy_launch("--log-dir", str(tmp_path / name), str(SCRIPTS / "ddp_train.py"), "--steps", "2")
            for name in ("a", "b")]  # two jobs at once on one machine
-    outs = [p.communicate(timeout=120)[0] for p in two]
+    outs = [finish(p, timeout=120) for p in two]
     assert [p.returncode for p in two] == [0, 0], outs
     ports = set()
     for out, name in zip(outs, ("a", "b")):
@@ -67,6 +70,7 @@ def test_a_failing_rank_stops_the_group_with_its_traceback_once(how, expect):
 
 def test_devices_are_leased_for_the_job(inventory_path, tmp_path):
     env = {**ENV, "CONVOY_INVENTORY": str(inventory_path("8xh100_nvswitch")), "CONVOY_LEASE_DIR": str(tmp_path)}
+    env.pop("CUDA_VISIBLE_DEVICES")  # the inventory's GPUs are visible
     first = convoy_launch("--devices", "0,1", "--no-python", "sleep", "3", env=env)
     time.sleep(1.0)
     second = subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", "1", "--no-python", "true"],
@@ -90,7 +94,7 @@ def test_stopping_convoy_stops_its_workers():
         assert line, "the job ended early"
         pids += [int(p) for p in re.findall(r"pid=(\d+)", line)]
     job.terminate()
-    out = job.communicate(timeout=30)[0]
+    out = finish(job, timeout=30)
     assert job.returncode == 130 and "convoy: interrupted" in out, out
     time.sleep(0.2)
     assert not any(alive(pid) for pid in pids), "orphan worker left"

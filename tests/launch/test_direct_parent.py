@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-ENV.pop("CONVOY_INVENTORY", None)
+from tests.distributed import cpu_env
+
+ENV = cpu_env()  # CPU processes on every machine: --devices 0 below
 
 
 def test_a_direct_launch_never_imports_torch_in_the_launcher():
     """The launcher starts the workers at once instead of first spending seconds on ``import torch``."""
-    code = ("import sys; from convoy.cli.main import main; rc = main(['launch', '--nproc-per-node', '3', "
+    code = ("import sys; from convoy.cli.main import main; rc = main(['launch', '--devices', '0', '--nproc-per-node', '3', "
             "'--no-python', 'sh', '-c', 'echo rank=$RANK of $WORLD_SIZE']); "
             "print('torch loaded:', 'torch' in sys.modules, 'rc:', rc)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
@@ -24,8 +24,8 @@ def test_a_direct_launch_never_imports_torch_in_the_launcher():
 def test_every_line_of_a_quick_exit_reaches_the_console():
     """Workers that print and exit at once: the launcher ends only after their last line is out."""
     script = "for i in $(seq 1 200); do echo line-$i; done; echo err-last >&2"
-    proc = subprocess.run([sys.executable, "-m", "convoy", "launch", "--nproc-per-node", "2", "--no-python",
-                           "sh", "-c", script], capture_output=True, text=True, env=ENV, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", "0", "--nproc-per-node", "2",
+                           "--no-python", "sh", "-c", script], capture_output=True, text=True, env=ENV, timeout=60)
     assert proc.returncode == 0, proc.stderr
     for rank in (0, 1):
         assert [line for line in proc.stdout.splitlines() if line.startswith(f"[rank{rank}]: ")] == \
@@ -34,8 +34,8 @@ def test_every_line_of_a_quick_exit_reaches_the_console():
 
 
 def test_a_program_that_cannot_start_is_a_one_line_error():
-    proc = subprocess.run([sys.executable, "-m", "convoy", "launch", "--nproc-per-node", "2", "--no-python",
-                           "/nonexistent/trainer"], capture_output=True, text=True, env=ENV, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", "0", "--nproc-per-node", "2",
+                           "--no-python", "/nonexistent/trainer"], capture_output=True, text=True, env=ENV, timeout=60)
     assert proc.returncode == 1
     assert proc.stderr.splitlines()[-1] == \
         "convoy: cannot start '/nonexistent/trainer' for rank 0: No such file or directory", proc.stderr

@@ -5,30 +5,29 @@ step trained twice or skipped (the dataloader position is restored)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.distributed import cpu_env
+from tests.processes import finish, start
+
 SCRIPT = Path(__file__).parent / "scripts" / "resume_worker.py"
 
 
 def _launch(project: Path, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    env.pop("CONVOY_INVENTORY", None)
-    cmd = [sys.executable, "-m", "convoy", "launch", "--nproc-per-node=2", "--max-restarts=1", str(SCRIPT),
-           "--project-dir", str(project), *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    cmd = [sys.executable, "-m", "convoy", "launch", "--devices=0", "--nproc-per-node=2", "--max-restarts=1",
+           str(SCRIPT), "--project-dir", str(project), *extra]  # two CPU processes on every machine
+    return start(cmd, env=cpu_env())
 
 
 def _finish(proc: subprocess.Popen) -> tuple[int, str]:
     try:
-        out, _ = proc.communicate(timeout=150)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
+        out = finish(proc, timeout=150)
+    except subprocess.TimeoutExpired as err:
+        out = err.output or ""
     return proc.returncode, out
 
 

@@ -13,14 +13,15 @@ from convoy.launch.selfcheck import CHECKS, Check, SelfCheckReport, format_selfc
 
 
 def _env():
-    import os
+    from tests.distributed import cpu_env
 
-    return {**os.environ, "OMP_NUM_THREADS": "1"}
+    return cpu_env()  # two CPU processes on every machine (the GPU run is tests/gpu)
 
 
 @pytest.mark.slow
 def test_selfcheck_passes_on_two_cpu_processes():
-    proc = subprocess.run([sys.executable, "-m", "convoy", "test", "--json", "--size-mib", "4", "--timeout", "20"],
+    proc = subprocess.run([sys.executable, "-m", "convoy", "test", "--devices", "0", "--json", "--size-mib", "4", "--timeout",
+                           "20"],
                           capture_output=True, text=True, env=_env(), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
@@ -33,7 +34,7 @@ def test_selfcheck_passes_on_two_cpu_processes():
 
 @pytest.mark.slow
 def test_a_rank_that_cannot_join_is_named_with_what_to_do():
-    report = run_selfcheck(timeout=3, absent_ranks=(1,), env=_env(), echo=lambda line: None)
+    report = run_selfcheck(devices="0", timeout=3, absent_ranks=(1,), env=_env(), echo=lambda line: None)
     assert not report.ok
     first = report.checks[0]
     assert (first.name, first.status) == ("rendezvous", "fail")

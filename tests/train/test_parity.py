@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed import run_script
+from tests.distributed import cpu_env, run_script
 
 SCRIPT = Path(__file__).parent / "scripts" / "parity.py"
 pytestmark = pytest.mark.slow
@@ -27,8 +27,7 @@ def test_parity_accumulation_and_data_on_two_processes(strategy):
 
 
 def _one_process(args: list[str]) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["OMP_NUM_THREADS"] = "1"
+    env = {k: v for k, v in cpu_env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}  # CPU, as the ranks
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env,
                           timeout=120)
 

@@ -127,7 +127,7 @@ def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first:
     def pad(tensor: "torch.Tensor") -> "torch.Tensor":
         if tensor.ndim == 0 or dim >= tensor.ndim:
             return tensor
-        size = torch.tensor([tensor.shape[dim]], dtype=torch.long)
+        size = torch.tensor([tensor.shape[dim]], dtype=torch.long, device=tensor.device)  # nccl needs CUDA
         dist.all_reduce(size, op=dist.ReduceOp.MAX)
         longest = int(size.item())
         if longest == tensor.shape[dim]:

@@ -124,6 +124,21 @@ def _drop_shared(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
     return out
 
 
+def _on_cpu(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
+    """CPU copies of accelerator tensors (weights files are read where that GPU is not), ties kept tied."""
+    copies: dict[tuple, "torch.Tensor"] = {}
+    out = {}
+    for name, tensor in state.items():
+        if tensor.device.type == "cpu":
+            out[name] = tensor
+            continue
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
+        if key not in copies:
+            copies[key] = tensor.detach().to("cpu")
+        out[name] = copies[key]
+    return out
+
+
 def write_model(state: dict[str, "torch.Tensor"], directory: str | Path, *, max_shard_size: int | str,
                 safe_serialization: bool) -> list[Path]:
     """Write weights as one file or several shards plus an index; returns the files written."""
@@ -132,6 +147,7 @@ def write_model(state: dict[str, "torch.Tensor"], directory: str | Path, *, max_
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     limit = parse_size(max_shard_size)
+    state = _on_cpu(state)
     state = _drop_shared(state) if safe_serialization else state
     shards: list[dict[str, Any]] = [{}]
     size = 0

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.distributed import REPO, run_script
+from tests.distributed import REPO, cpu_env, run_script
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def test_tp2_example_trains_and_its_checkpoint_resumes_in_one_plain_process(tmp_
     assert len(losses) == 2 and losses[-1] < 0.5 * losses[0], result.output
     saved = re.search(r"next loss ([0-9.]+)", result.output)
     assert saved, result.output
-    env = {k: v for k, v in os.environ.items() if k not in ("CONVOY_PARALLELISM", "CONVOY_STRATEGY")}
+    env = {k: v for k, v in cpu_env().items() if k not in ("CONVOY_PARALLELISM", "CONVOY_STRATEGY")}
     loaded = subprocess.run([sys.executable, str(REPO / "tests/train/parallel/scripts/load_at_tp1.py"), str(ckpt),
                              "11", "8"], capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"},
                             timeout=120)

@@ -28,13 +28,17 @@ def total_grad_norm(parameters: Iterable["torch.Tensor"], *, norm_type: float = 
     from torch.distributed.tensor import DTensor
 
     norm_type = float(norm_type)
+    parameters = list(parameters)
     norms = []
     for p in parameters:
         if p.grad is None:
             continue
         n = torch.linalg.vector_norm(p.grad, norm_type)
         norms.append((n.full_tensor() if isinstance(n, DTensor) else n).float())
-    total = torch.linalg.vector_norm(torch.stack(norms), norm_type) if norms else torch.zeros(())
+    # A stage without gradients still joins the pp all-reduce, with a zero on the device its peers use:
+    # a CPU zero among CUDA tensors would go to another backend and never meet them.
+    total = (torch.linalg.vector_norm(torch.stack(norms), norm_type) if norms
+             else torch.zeros((), device=_device_of(parameters)))
     if pp_group is not None:
         if math.isinf(norm_type):
             dist.all_reduce(total, op=dist.ReduceOp.MAX, group=pp_group)
@@ -43,6 +47,14 @@ def total_grad_norm(parameters: Iterable["torch.Tensor"], *, norm_type: float = 
             dist.all_reduce(total, group=pp_group)
             total = total ** (1.0 / norm_type)
     return total
+
+
+def _device_of(parameters: list["torch.Tensor"]) -> "torch.device":
+    import torch
+
+    if parameters:
+        return parameters[0].device
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def clip_grad_norm_(parameters: Iterable["torch.Tensor"], max_norm: float, *, norm_type: float = 2.0,
