@@ -136,7 +136,10 @@ def test_after_cuda_the_default_spawns_and_just_works(cuda_touched):
         convoy.launch(fn_targets.started_by, devices=0, nproc_per_node=1, start_method="fork")
 
 
-def test_without_cuda_the_default_forks():
+def test_without_cuda_the_default_forks(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # as on a CPU box, also on a GPU one
     assert convoy.launch(fn_targets.started_by, devices=0, nproc_per_node=1) == "fork"
 
 
