@@ -1,0 +1,77 @@
+"""The suite's own guarantees: a hermetic environment whatever the shell exports, and launched processes that
+never outlive their test (tests/conftest.py, tests/processes.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import processes
+from tests.conftest import SCRUBBED, held_leases, scrub_environment
+
+
+def test_the_session_runs_without_the_shells_device_rank_and_convoy_variables():
+    for name in SCRUBBED:
+        assert name not in os.environ or name in ("XDG_CONFIG_HOME",), name
+    assert not [k for k in os.environ if k.startswith(("CONVOY_", "TORCHELASTIC_", "SLURM_", "ACCELERATE_"))
+                and k not in ("CONVOY_LEASE_DIR", "CONVOY_INVENTORY") and not k.startswith("CONVOY_TEST_")]
+    lease_dir, home = Path(os.environ["CONVOY_LEASE_DIR"]), Path(os.environ["HOME"])
+    assert lease_dir.is_dir() and lease_dir.parent == home.parent  # one scratch directory for the session
+    assert os.environ["XDG_CONFIG_HOME"] == str(home / ".config")  # the user's settings file is not read
+
+
+def test_scrub_removes_what_changes_behaviour_and_keeps_the_rest():
+    hostile = {"CUDA_VISIBLE_DEVICES": "0,1", "CONVOY_INVENTORY": "/x.json", "CONVOY_NPROC_PER_NODE": "3",
+               "CONVOY_STRATEGY": "fsdp", "RANK": "3", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "r",
+               "SLURM_JOB_ID": "7", "OMP_NUM_THREADS": "8", "ZE_AFFINITY_MASK": "0", "HOME": "/home/someone",
+               "CONVOY_TEST_LAUNCHER": "torchrun", "PATH": "/usr/bin", "LANG": "C.UTF-8"}
+    environ = dict(hostile)
+    removed = scrub_environment(environ, simulate_inventory="tests/inventories/8xh100_nvswitch.json")
+    assert set(environ) == {"CONVOY_TEST_LAUNCHER", "PATH", "LANG", "HOME", "XDG_CONFIG_HOME", "CONVOY_LEASE_DIR",
+                            "CONVOY_INVENTORY"}
+    assert environ["HOME"] != "/home/someone" and environ["CONVOY_INVENTORY"].endswith("8xh100_nvswitch.json")
+    assert removed["CUDA_VISIBLE_DEVICES"] == "0,1" and removed["HOME"] == "/home/someone"
+
+
+def test_a_timed_out_launcher_is_stopped_with_everything_below_it(tmp_path):
+    # a "launcher" that starts a worker in a session of its own (as torch's agent does) and ignores SIGTERM
+    pid_file = tmp_path / "worker.pid"
+    code = ("import pathlib, signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "w = subprocess.Popen(['sleep', '60'], start_new_session=True); "
+            f"pathlib.Path({str(pid_file)!r}).write_text(str(w.pid)); print('waiting', flush=True); time.sleep(60)")
+    proc = processes.start([sys.executable, "-c", code])
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired) as info:
+        processes.finish(proc, timeout=3)
+    assert "waiting" in info.value.output and time.monotonic() - started < 10  # its output is kept
+    assert proc.returncode is not None
+    worker = int(pid_file.read_text())
+    time.sleep(0.2)
+    assert not Path(f"/proc/{worker}").exists() or Path(f"/proc/{worker}/stat").read_text().split()[2] == "Z"
+
+
+def test_held_leases_tells_a_held_lock_from_a_released_one(tmp_path, inventory_path):
+    from convoy.devices.discovery import discover
+    from convoy.devices.lease import lease_devices
+
+    gpus = discover({"CONVOY_INVENTORY": str(inventory_path("1xh100"))}).devices
+    with lease_devices(gpus, lock_dir=tmp_path):
+        assert [line.split(":")[0] for line in held_leases(tmp_path)] == [f"{gpus[0].uuid}.lock"]
+    assert held_leases(tmp_path) == [] and list(tmp_path.glob("*.lock"))  # the file stays, unlocked
+
+
+def test_a_child_left_running_is_seen_and_a_started_one_is_stopped():
+    stray = subprocess.Popen(["sleep", "30"])  # not through tests.processes: only the /proc walk sees it
+    started = processes.start(["sleep", "30"])
+    try:
+        assert {stray.pid, started.pid} <= set(processes.live_children(grace=0.1))
+        assert processes.stop_started() == [started.pid] and started.poll() is not None
+    finally:
+        stray.kill()
+        stray.wait()
+    assert stray.pid not in processes.live_children(grace=0.1)
