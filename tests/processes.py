@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["start", "finish", "descendants", "stop_tree", "live_children"]
+__all__ = ["start", "finish", "run", "descendants", "stop_tree", "live_children"]
 
 _started: list[subprocess.Popen] = []
 
@@ -44,6 +44,30 @@ def finish(proc: subprocess.Popen, timeout: float) -> str:
         stop_tree(proc.pid)
         out = proc.communicate()[0] or ""
         raise subprocess.TimeoutExpired(proc.args, timeout, output=out) from None
+
+
+def run(argv: Sequence[str], *, timeout: float, capture_output: bool = False, check: bool = False,
+        **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run`` in a session of its own whose whole tree is stopped on timeout (``TimeoutExpired``).
+
+    ``subprocess.run`` kills only the direct child on timeout: workers that torch's agent started in sessions
+    of their own would outlive it, holding a port and the CPU.
+    """
+    if capture_output:
+        kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+    kwargs.setdefault("stdout", None)
+    kwargs.setdefault("stderr", None)
+    proc = start(argv, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_tree(proc.pid)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(proc.args, timeout, output=out, stderr=err) from None
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    if check:
+        done.check_returncode()
+    return done
 
 
 def stop_started() -> list[int]:

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tests import processes
+
 from convoy.cli import launch as cli
 from convoy.cli.main import _command_parser, main
 
@@ -53,7 +55,8 @@ def test_dry_run_on_an_inventory_box_and_no_torch_in_the_parent(inventory_path, 
     code = ("import sys; from convoy.cli.main import main; rc = main(['launch', '--dry-run', '--devices', '2,0',"
             f" '--strategy', 'ddp', {SHOW_ENV!r}]); print('torch' in sys.modules, rc)")
     env = {"CONVOY_INVENTORY": str(inventory_path("8xh100_nvswitch")), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    out = processes.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
+                        timeout=120).stdout
     assert out.strip().endswith("False 0"), out
     assert "rank 0 (local 0): device 2" in out and "CUDA_VISIBLE_DEVICES=2,0" in out and "CONVOY_STRATEGY=ddp" in out
 
@@ -62,7 +65,7 @@ def test_devices_on_an_inventory_box_reach_each_rank(inventory_path, tmp_path):
     """From inside the ranks: exactly 2 processes, physical 2 then 0 visible in that order, LOCAL_RANK 0/1."""
     env = {"CONVOY_INVENTORY": str(inventory_path("8xh100_nvswitch")), "CONVOY_LEASE_DIR": str(tmp_path),
            "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", "2,0", "--mixed-precision", "bf16",
+    proc = processes.run([sys.executable, "-m", "convoy", "launch", "--devices", "2,0", "--mixed-precision", "bf16",
                            "--dp", "2", SHOW_ENV], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     seen = {}
@@ -87,7 +90,7 @@ def test_same_variables_as_torchrun():
     runs = {}
     for name, prefix in {"convoy": [sys.executable, "-m", "convoy", "launch"],
                          "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone"]}.items():
-        out = subprocess.run([*prefix, "--nproc-per-node", "1", SHOW_ENV], capture_output=True, text=True,
+        out = processes.run([*prefix, "--nproc-per-node", "1", SHOW_ENV], capture_output=True, text=True,
                              timeout=60, check=True).stdout
         runs[name] = json.loads(out.split("KEYS ", 1)[1].splitlines()[0])
     missing = set(runs["torchrun"]) - set(runs["convoy"])

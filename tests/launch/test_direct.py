@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import processes
 from tests.distributed import cpu_env, run_script
 from tests.processes import finish, start
 
@@ -73,15 +74,15 @@ def test_devices_are_leased_for_the_job(inventory_path, tmp_path):
     env.pop("CUDA_VISIBLE_DEVICES")  # the inventory's GPUs are visible
     first = convoy_launch("--devices", "0,1", "--no-python", "sleep", "3", env=env)
     time.sleep(1.0)
-    second = subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", "1", "--no-python", "true"],
+    second = processes.run([sys.executable, "-m", "convoy", "launch", "--devices", "1", "--no-python", "true"],
                             capture_output=True, text=True, env=env, timeout=30)
-    other = subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", "2,3", "--no-python", "true"],
+    other = processes.run([sys.executable, "-m", "convoy", "launch", "--devices", "2,3", "--no-python", "true"],
                            capture_output=True, text=True, env=env, timeout=30)
     assert first.wait(timeout=30) == 0
     assert second.returncode == 1 and second.stderr.startswith("convoy: "), second.stderr
     assert "GPU" in second.stderr or "lease" in second.stderr.lower()
     assert other.returncode == 0, other.stderr
-    again = subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", "1", "--no-python", "true"],
+    again = processes.run([sys.executable, "-m", "convoy", "launch", "--devices", "1", "--no-python", "true"],
                            capture_output=True, text=True, env=env, timeout=30)
     assert again.returncode == 0, again.stderr  # released when the first job ended
 

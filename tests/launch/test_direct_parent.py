@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from tests import processes
 from tests.distributed import cpu_env
 
 ENV = cpu_env()  # CPU processes on every machine: --devices 0 below
@@ -15,7 +16,7 @@ def test_a_direct_launch_never_imports_torch_in_the_launcher():
     code = ("import sys; from convoy.cli.main import main; rc = main(['launch', '--devices', '0', '--nproc-per-node', '3', "
             "'--no-python', 'sh', '-c', 'echo rank=$RANK of $WORLD_SIZE']); "
             "print('torch loaded:', 'torch' in sys.modules, 'rc:', rc)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
+    proc = processes.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
     lines = proc.stdout.splitlines()
     assert lines[-1] == "torch loaded: False rc: 0", proc.stdout + proc.stderr
     assert sorted(lines[:-1]) == [f"[rank{r}]: rank={r} of 3" for r in range(3)]
@@ -24,7 +25,7 @@ def test_a_direct_launch_never_imports_torch_in_the_launcher():
 def test_every_line_of_a_quick_exit_reaches_the_console():
     """Workers that print and exit at once: the launcher ends only after their last line is out."""
     script = "for i in $(seq 1 200); do echo line-$i; done; echo err-last >&2"
-    proc = subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", "0", "--nproc-per-node", "2",
+    proc = processes.run([sys.executable, "-m", "convoy", "launch", "--devices", "0", "--nproc-per-node", "2",
                            "--no-python", "sh", "-c", script], capture_output=True, text=True, env=ENV, timeout=60)
     assert proc.returncode == 0, proc.stderr
     for rank in (0, 1):
@@ -34,7 +35,7 @@ def test_every_line_of_a_quick_exit_reaches_the_console():
 
 
 def test_a_program_that_cannot_start_is_a_one_line_error():
-    proc = subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", "0", "--nproc-per-node", "2",
+    proc = processes.run([sys.executable, "-m", "convoy", "launch", "--devices", "0", "--nproc-per-node", "2",
                            "--no-python", "/nonexistent/trainer"], capture_output=True, text=True, env=ENV, timeout=60)
     assert proc.returncode == 1
     assert proc.stderr.splitlines()[-1] == \

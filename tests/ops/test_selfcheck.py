@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tests import processes
+
 from convoy.cli.main import main
 from convoy.launch.selfcheck import CHECKS, Check, SelfCheckReport, format_selfcheck, run_selfcheck
 
@@ -20,7 +22,7 @@ def _env():
 
 @pytest.mark.slow
 def test_selfcheck_passes_on_two_cpu_processes():
-    proc = subprocess.run([sys.executable, "-m", "convoy", "test", "--devices", "0", "--json", "--size-mib", "4", "--timeout",
+    proc = processes.run([sys.executable, "-m", "convoy", "test", "--devices", "0", "--json", "--size-mib", "4", "--timeout",
                            "20"],
                           capture_output=True, text=True, env=_env(), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import processes
 from tests.distributed import cpu_env, run_script
 
 SCRIPT = Path(__file__).parent / "scripts" / "parity.py"
@@ -28,7 +29,7 @@ def test_parity_accumulation_and_data_on_two_processes(strategy):
 
 def _one_process(args: list[str]) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in cpu_env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}  # CPU, as the ranks
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env,
+    return processes.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env,
                           timeout=120)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import processes
 from tests.distributed import cpu_env, run_script
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -23,7 +24,7 @@ def test_accelerate_quick_tour_runs_on_two_cpu_processes():
 
 def _python(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in cpu_env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}  # CPU, as the ranks
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=120)
+    return processes.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=120)
 
 
 def test_kill_during_save_state_leaves_last_checkpoint_loadable(tmp_path):

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tests import processes
 from tests.distributed import REPO, cpu_env, run_script
 
 pytestmark = pytest.mark.slow
@@ -37,7 +38,7 @@ def test_tp2_example_trains_and_its_checkpoint_resumes_in_one_plain_process(tmp_
     saved = re.search(r"next loss ([0-9.]+)", result.output)
     assert saved, result.output
     env = {k: v for k, v in cpu_env().items() if k not in ("CONVOY_PARALLELISM", "CONVOY_STRATEGY")}
-    loaded = subprocess.run([sys.executable, str(REPO / "tests/train/parallel/scripts/load_at_tp1.py"), str(ckpt),
+    loaded = processes.run([sys.executable, str(REPO / "tests/train/parallel/scripts/load_at_tp1.py"), str(ckpt),
                              "11", "8"], capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"},
                             timeout=120)
     assert loaded.returncode == 0, loaded.stderr
