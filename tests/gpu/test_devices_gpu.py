@@ -48,14 +48,15 @@ def test_a_fresh_torch_process_sees_the_selected_gpu_in_pci_order():
     code = ("import json, os, torch; p = torch.cuda.get_device_properties(0); "
             "print(json.dumps({'count': torch.cuda.device_count(), 'uuid': 'GPU-' + str(p.uuid), 'name': p.name, "
             "'order': os.environ.get('CUDA_DEVICE_ORDER'), 'visible': os.environ.get('CUDA_VISIBLE_DEVICES')}))")
-    out = run_ok(["convoy", "run", "--devices", "1", "--", sys.executable, "-c", code])
-    seen = json.loads(out.strip().splitlines()[-1])
+    code, seen, output = run_json(["convoy", "run", "--devices", "1", "--", sys.executable, "-c", code])
+    assert code == 0 and seen is not None, output
     assert seen["count"] == 1 and seen["order"] == "PCI_BUS_ID", seen
     assert seen["uuid"] == first["uuid"] and seen["name"] == first["name"], (seen, first)
     assert seen["visible"] == str(first["index"]), seen
-    hidden = run_ok(["convoy", "run", "--devices", "0", "--", sys.executable, "-c",
-                     "import torch; print(torch.cuda.device_count(), torch.cuda.is_available())"])
-    assert hidden.strip().splitlines()[-1] == "0 False"  # "0" is Lightning's "no accelerator"
+    code, hidden, output = run_json(["convoy", "run", "--devices", "0", "--", sys.executable, "-c",
+                                     "import json, torch; print(json.dumps([torch.cuda.device_count(), "
+                                     "torch.cuda.is_available()]))"])
+    assert code == 0 and hidden == [0, False], output  # "0" is Lightning's "no accelerator"
 
 
 def test_plan_for_the_live_machine(tmp_path):
