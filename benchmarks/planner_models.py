@@ -36,6 +36,14 @@ def _cuda_fp32(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
     return x
 
 
+def _dropout(x: torch.Tensor, p: float, mod: nn.Module) -> torch.Tensor:
+    """F.dropout; when emulating CUDA on the CPU, the fused ``native_dropout`` CUDA uses (a bool mask is saved;
+    CPU's unfused dropout saves a noise tensor of the input's dtype instead)."""
+    if getattr(mod, "cuda_rules", False) and mod.training and 0 < p < 1 and x.device.type == "cpu":
+        return torch.native_dropout(x, p, True)[0]
+    return F.dropout(x, p=p, training=mod.training)
+
+
 def _attention(mod: nn.Module, q, k, v, *, impl: str, dropout: float, scale: float, softmax_dtype=None):
     """SDPA (fused) or HF's eager path; q (b, a, s, d), k/v (b, kv, s, d); returns (b, s, a, d)."""
     b, a, s, d = q.shape
@@ -54,7 +62,7 @@ def _attention(mod: nn.Module, q, k, v, *, impl: str, dropout: float, scale: flo
         w = F.softmax(w, dim=-1, dtype=softmax_dtype).to(q.dtype)
     else:  # GPT-2: softmax (fp32 under CUDA autocast), then .type(value.dtype)
         w = F.softmax(_cuda_fp32(w, mod), dim=-1).type(v.dtype)
-    w = F.dropout(w, p=dropout, training=mod.training)
+    w = _dropout(w, dropout, mod)
     return torch.matmul(w, v).transpose(1, 2)
 
 
@@ -98,11 +106,11 @@ class GPT2Block(nn.Module):
         q, k, v = self.c_attn(self.ln_1(x)).split(h, dim=2)
         q, k, v = (t.view(b, s, self.heads, d).transpose(1, 2) for t in (q, k, v))
         out = _attention(self, q, k, v, impl=self.impl, dropout=self.p_attn, scale=d ** -0.5)
-        out = F.dropout(self.c_proj(out.reshape(b, s, h)), p=self.p_resid, training=self.training)
+        out = _dropout(self.c_proj(out.reshape(b, s, h)), self.p_resid, self)
         x = x + out
         y = self.c_fc(self.ln_2(x))
         y = gelu_new(y, self) if self.act == "gelu_new" else F.gelu(y, approximate="tanh")
-        return x + F.dropout(self.mlp_proj(y), p=self.p_resid, training=self.training)
+        return x + _dropout(self.mlp_proj(y), self.p_resid, self)
 
 
 class GPT2(nn.Module):
@@ -116,7 +124,7 @@ class GPT2(nn.Module):
 
     def forward(self, ids):
         pos = torch.arange(ids.shape[1], device=ids.device)
-        x = F.dropout(self.wte(ids) + self.wpe(pos), p=self.p_embd, training=self.training)
+        x = _dropout(self.wte(ids) + self.wpe(pos), self.p_embd, self)
         for block in self.h:
             x = block(x)
         return F.linear(self.ln_f(x), self.wte.weight)  # tied head
@@ -226,16 +234,16 @@ class NeoXLayer(nn.Module):
         k = torch.cat((_rotary(k[..., :self.rot], cos, sin), k[..., self.rot:]), dim=-1)
         out = _attention(self, q, k, v, impl=self.impl, dropout=self.p_attn, scale=self.d ** -0.5,
                          softmax_dtype=torch.float32)
-        return F.dropout(self.dense(out.reshape(b, s, h)), p=self.p_hidden, training=self.training)
+        return _dropout(self.dense(out.reshape(b, s, h)), self.p_hidden, self)
 
     def forward(self, x, cos, sin):
         a = self._attn(self.input_layernorm(x), cos, sin)
         if self.parallel:
             m = self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(self.post_attention_layernorm(x))))
-            return F.dropout(m, p=self.p_hidden, training=self.training) + a + x
+            return _dropout(m, self.p_hidden, self) + a + x
         x = a + x
         m = self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(self.post_attention_layernorm(x))))
-        return F.dropout(m, p=self.p_hidden, training=self.training) + x
+        return _dropout(m, self.p_hidden, self) + x
 
 
 class GPTNeoX(nn.Module):

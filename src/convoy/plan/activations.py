@@ -165,8 +165,12 @@ def _gpt_neox(model, run) -> list[Saved]:
     res, lo, cast = _bytes(run)
     drop = _dropout(model, run)
     out = [Saved("input_layernorm input", res * h), Saved("layernorm mean/rstd (x2)", 2 * LN_STATS),
-           Saved("query_key_value input", lo * h), Saved("qkv output (v is a view)", 3 * lo * h)]
-    out += _attention(model, run, q_bytes=lo * h, k_bytes=lo * h, v_bytes=0, softmax="fp32")
+           Saved("query_key_value input", lo * h)]
+    if run.attention == "flash":  # SDPA keeps v, a view of the whole qkv output
+        out.append(Saved("qkv output (v is a view)", 3 * lo * h))
+    # q and k are new tensors (rotary + cat); eager's matmul copies the strided v view
+    out += _attention(model, run, q_bytes=lo * h, k_bytes=lo * h, v_bytes=0 if run.attention == "flash" else lo * h,
+                      softmax="fp32")
     if not model.parallel_residual:
         out.append(Saved("post_attention_layernorm input", res * h))
     out += [Saved("dense_h_to_4h input", lo * h), Saved("gelu input", lo * f), Saved("dense_4h_to_h input", lo * f)]

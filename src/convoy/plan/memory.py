@@ -168,6 +168,9 @@ class MemoryBreakdown:
     activation peak (start of backward) and the gradient peak (end of backward) then do not coincide."""
     host: int = 0
     """Bytes this rank keeps in host memory (offload)."""
+    late: int = 0
+    """Bytes alive at the end of the backward next to (nearly) all gradients: under full recomputation, the
+    working set of the first block, recomputed last."""
 
     @property
     def model_states(self) -> int:
@@ -183,7 +186,9 @@ class MemoryBreakdown:
         """
         static = self.params + self.optimizer + self.master + self.buffers
         live = self.activations + self.temporary
-        return static + (live + self.grads if self.grads_at_peak else max(live, self.grads))
+        if self.grads_at_peak:
+            return static + max(live, self.late) + self.grads
+        return static + max(live, self.grads + self.late)
 
     @property
     def total(self) -> int:
@@ -193,7 +198,7 @@ class MemoryBreakdown:
         return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer, "master": self.master,
                 "activations": self.activations, "buffers": self.buffers, "temporary": self.temporary,
                 "reserve": self.reserve, "allocated": self.allocated, "total": self.total,
-                "grads_at_peak": self.grads_at_peak, "host": self.host}
+                "late": self.late, "grads_at_peak": self.grads_at_peak, "host": self.host}
 
 
 def korthikanti_layer_bytes(*, s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
@@ -268,40 +273,45 @@ def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout) -> MemoryBrea
         buffers += 2 * unit * recipe.weight_bytes  # the gathered unit and the prefetched next one
     if layout.offload:
         buffers += 2 * unit * recipe.weight_bytes
-    activations = _activations(model, run, layout)
+    activations, recomputing = _activations(model, run, layout)
     # cross-entropy's backward makes two fp32 s x b x V tensors (grad of log-softmax, grad of the logits);
-    # measured with MemTracker on CPU (docs/planner-accuracy.md)
+    # measured with MemTracker on CPU (docs/planner-accuracy.md); with full recomputation the first block,
+    # recomputed at the end of the backward, is alive next to the gradients (``late``)
     temporary = 2 * 4 * run.seq_len * run.micro_batch * (model.vocab or 0) / dims.tp if train else 0.0
     mem = MemoryBreakdown(params=round(weight), grads=round(grads), optimizer=round(optimizer),
                           master=round(master), activations=round(activations), buffers=round(buffers),
                           temporary=round(temporary), reserve=0, grads_at_peak=layout.microbatches > 1,
-                          host=round(host))
+                          host=round(host), late=round(recomputing))
     return replace(mem, reserve=round(CUDA_CONTEXT_BYTES + FRAGMENTATION * mem.allocated))
 
 
-def _activations(model: ModelSpec, run: RunSpec, layout: Layout) -> float:
-    """Peak activation bytes on the first pipeline stage (or the only one): the blocks' saved tensors, the
-    autocast weight copies, the final norm / head inputs and the loss's fp32 log-softmax."""
+def _activations(model: ModelSpec, run: RunSpec, layout: Layout) -> tuple[float, float]:
+    """Activation bytes on the first pipeline stage (or the only one) when the backward starts -- the blocks'
+    saved tensors, autocast's weight copies, the final norm / head inputs and the loss's fp32 log-softmax -- and,
+    with full recomputation, the working set of the block being recomputed (which the backward reaches after
+    the loss's temporaries are gone: it competes with them, it does not add to them)."""
     if not model.has_shape:
-        return 0.0
+        return 0.0, 0.0
     tp, pp = layout.dims.tp, layout.dims.pp
     assert model.num_layers is not None
     if not run.training:  # inference: one block's working set at a time, nothing kept for backward
-        return layer_activation_bytes(model, run, tp=tp, stored_only=False) / 2
+        return layer_activation_bytes(model, run, tp=tp, stored_only=False) / 2, 0.0
     layers = math.ceil(model.num_layers / pp)
     in_flight = min(pp, layout.microbatches) if pp > 1 else 1  # 1F1B: stage 0 holds pp micro-batches
     full = layer_activation_bytes(model, run, tp=tp, stored_only=False)
+    head = head_saved_bytes(model, run, tp=tp) + weight_cast_bytes(model, run, layers=0, tp=tp)
+    recomputing = 0.0
     if run.recompute == "full":
         checkpointed = math.ceil(layers / run.recompute_every)  # torchtitan: every k-th block from the first
         per_mb = checkpointed * layer_activation_bytes(model, run, tp=tp) + (layers - checkpointed) * full
-        kept = in_flight * per_mb + full  # the block being recomputed holds its full set during its backward
+        kept = in_flight * per_mb
         # autocast's weight copies of checkpointed blocks are not saved; the recomputed block makes its own
-        casts = weight_cast_bytes(model, run, layers=layers - checkpointed + 1, tp=tp, head=False)
+        casts = weight_cast_bytes(model, run, layers=layers - checkpointed, tp=tp, head=False)
+        recomputing = full + weight_cast_bytes(model, run, layers=1, tp=tp, head=False)
     else:
         kept = layers * in_flight * layer_activation_bytes(model, run, tp=tp)
         casts = weight_cast_bytes(model, run, layers=layers, tp=tp, head=False)
-    head = head_saved_bytes(model, run, tp=tp) + weight_cast_bytes(model, run, layers=0, tp=tp)
     if pp == 1:
-        return kept + casts + head
+        return kept + casts + head, recomputing
     last = math.ceil(model.num_layers / pp) * layer_activation_bytes(model, run, tp=tp) + casts + head
-    return max(kept + casts, last)
+    return max(kept + casts, last), recomputing
