@@ -281,14 +281,17 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
                          gpu: str | None = None, peak_tflops: float | None = None, gpus_per_node: int | None = None,
                          nodes: int = 1, allowed: Collection[str] = TRAINER_STRATEGIES,
                          tp_degrees: Collection[int] | None = None, pp_degrees: Collection[int] | None = None,
-                         require_pp: bool = False, **shape: Any) -> Recommendation:
+                         require_pp: bool = False, calibration: Calibration | None = None,
+                         **shape: Any) -> Recommendation:
     """The layout ``Accelerator(strategy="auto")`` should use for ``module`` on ``world_size`` devices.
 
     ``device_memory_bytes``: memory of one device (the smallest). ``gpu``: a table name or NVML device name
     for peak FLOPs and links (default: a generic PCIe device with 100 TFLOPs, which only affects time ties).
     ``allowed``: strategy names the caller can run (add ``"tp"``, ``"pp"``, ``"offload"`` when supported).
     ``tp_degrees``/``pp_degrees``: the tp and pp degrees above 1 the model can take (None: any the planner
-    proposes); ``require_pp``: compare pipeline layouts only. Layouts the trainer cannot run
+    proposes); ``require_pp``: compare pipeline layouts only. ``calibration``: rates measured on this device
+    (``convoy.plan.calibrate.calibrate(spec, run)``; the hook for ``strategy="auto"`` on a GPU, which
+    ``auto_strategy`` passes through its keywords); None keeps the datasheet time model. Layouts the trainer cannot run
     (``runs_in_trainer``) are never proposed. Raises ``PlanError`` when no allowed layout fits.
     """
     if world_size < 1 or device_memory_bytes <= 0:
@@ -314,7 +317,8 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
                 and (d.tp == 1 or tp_degrees is None or d.tp in tp_degrees)
                 and (d.pp == 1 or pp_degrees is None or d.pp in pp_degrees))
 
-    result = plan_for(model, run, hw, offload="offload" in allowed, allowed=allowed, explain_breaks=False, keep=keep)
+    result = plan_for(model, run, hw, offload="offload" in allowed, allowed=allowed, explain_breaks=False, keep=keep,
+                      calibration=calibration)
     rec = result.recommendation
     if rec.row is None:
         raise PlanError(" ".join(rec.reasons))
