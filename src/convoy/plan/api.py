@@ -396,6 +396,7 @@ def format_plan(p: Plan) -> str:
     if rec.breaks:
         lines.append("what would change it:")
         lines += [f"  - {s}" for s in rec.breaks]
-    lines.append("total = params + optim + master + buffers + max(activ + temp, grads) + reserve (CUDA context, 5% "
-                 "fragmentation);\n        grads are added, not maxed, when they live through gradient accumulation")
+    lines.append("total = params + optim + master + buffers + max(activ + temp, grads [+ the block recomputed "
+                 "last]) + reserve\n        (CUDA context, 5% fragmentation); grads are added, not maxed, when they "
+                 "live through gradient accumulation")
     return "\n".join(lines)
