@@ -1,6 +1,8 @@
 """The planner's activations, recipe by recipe, against what PyTorch saves and what MemTracker sees, on the CPU.
 
     OMP_NUM_THREADS=1 .venv/bin/python tests/plan/scripts/measure_recipes.py          # prints markdown tables
+    OMP_NUM_THREADS=1 .venv/bin/python tests/plan/scripts/measure_recipes.py --full-size   # the benchmark's
+                                                       # models at full size under FakeTensorMode (minutes)
 
 Models: benchmarks/planner_models.py (plain-PyTorch copies of transformers' GPT2Block, LlamaDecoderLayer and
 GPTNeoXLayer). Autocast runs use CPU autocast with ``cuda_rules=True``: the explicit fp32 casts CUDA autocast
@@ -159,8 +161,51 @@ def step(case: str, recipe: str, attention: str, recompute: str = "none", *, seq
             "peak": (got.get("total", 0), est.allocated)}
 
 
+def full_size(name: str, seq: int, batch: int) -> dict:
+    """One bf16-autocast SDPA step of a benchmark model at full size under FakeTensorMode (no memory is
+    allocated) with MemTracker: categories at the peak, and the planner's. Dropout is set to 0: CPU SDPA
+    with dropout falls back to the math kernel, which a GPU's flash kernel does not."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from planner_models import CONFIGS
+
+    config = {**CONFIGS[name], **({k: 0.0 for k in ("attn_pdrop", "resid_pdrop", "embd_pdrop")}
+                                  if CONFIGS[name]["model_type"] == "gpt2" else {})}
+    with FakeTensorMode():
+        model = build(config, attention="sdpa", cuda_rules=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        ids = torch.randint(0, config["vocab_size"], (batch, seq))
+        mt = MemTracker()
+        mt.track_external(model, opt, ids)
+        with mt:
+            for i in range(2):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = causal_lm_loss(model(ids), ids)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                if i == 0:
+                    mt.reset_mod_stats()
+    peak = next(iter(mt.get_tracker_snapshot("peak").values()))
+    got = {str(k).split(".")[-1].lower(): v for k, v in peak.items()}
+    spec = from_hf_config(config)
+    est = memory_per_gpu(spec, RunSpec(seq_len=seq, micro_batch=batch, precision="bf16-autocast"), Layout())
+    return {"activations": (got.get("act", 0), est.activations), "temporaries": (got.get("temp", 0), est.temporary),
+            "peak": (got.get("total", 0), est.allocated)}
+
+
 def main() -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if "--full-size" in sys.argv:
+        print("| model | s x b | activations: MemTracker / planner (GB) | temporaries | peak |")
+        print("|---|---|---|---|---|")
+        for name, seq, batch in (("gpt2-124m", 1024, 8), ("llama-1.1b-gqa", 2048, 4), ("pythia-410m", 2048, 4),
+                                 ("qwen2-0.5b", 4096, 1)):
+            r = full_size(name, seq, batch)
+            cells = " | ".join(f"{m / 1e9:.3f} / {e / 1e9:.3f} ({e / m:.3f})" for m, e in r.values())
+            print(f"| {name} | {seq} x {batch} | {cells} |", flush=True)
+        return
     print("## saved for backward, one block (s=48, b=2), bytes\n")
     print("| family | recipe | attention | saved (autograd) | of which CPU-only | planned | planned / (saved - CPU-only) "
           "| weight casts | planned |")
