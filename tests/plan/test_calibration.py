@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from convoy.devices.inventory import load_inventory
+from convoy.plan.activations import block_bytes, head_saved_bytes
 from convoy.plan.api import plan, plan_for
 from convoy.plan.calibration import (FORMAT, Calibration, attention_key, cache_path, calibration_key, gemm_key,
                                      load_calibration, resolve_calibration, save_calibration)
@@ -84,6 +85,12 @@ def test_measured_rates_replace_the_fixed_efficiency():
     full = step_time(GPT2, RUN, layout, H100, global_batch=8, calibration=_record())
     assert full.seconds > fast.seconds + 12 * 2e-3
     assert full.mfu == pytest.approx(model_flops_per_token(GPT2, 1024) * 8192 / (full.seconds * 989.4e12))
+    # a measured cost per saved byte replaces the 4x-traffic-at-bandwidth estimate for memory-bound work
+    only_pointwise = _record(attn=0.0, memory_bytes_per_s=float("inf"), launch_seconds=0.0,
+                             pointwise_seconds_per_byte=1e-12)
+    pw = step_time(GPT2, RUN, layout, H100, global_batch=8, calibration=only_pointwise)
+    saved = 12 * block_bytes(GPT2, RUN) + head_saved_bytes(GPT2, RUN)
+    assert pw.seconds == pytest.approx(fast.seconds + saved * 1e-12)
 
 
 def test_recompute_and_unknown_shapes():
@@ -133,6 +140,7 @@ def test_measuring_code_runs_on_the_cpu_and_caches(tmp_path, monkeypatch):
     path = tmp_path / "c.json"
     rec = cal.calibrate(tiny, run, device="cpu", path=path, reps=2, copy_bytes=1 << 20)
     assert rec.device_type == "cpu" and rec.memory_bytes_per_s > 0 and rec.launch_seconds > 0
+    assert 0 < rec.pointwise_seconds_per_byte < 1e-6
     assert {gemm_key(m, k, n, "fp32") for m, k, n, _ in gemm_shapes(tiny, run)} == set(rec.gemm_flops)
     assert all(v > 0 for v in rec.gemm_flops.values()) and len(rec.attention_seconds) == 1
     monkeypatch.setattr(cal, "measure", lambda *a, **k: pytest.fail("a cached record was measured again"))

@@ -105,6 +105,7 @@ def measure(model: ModelSpec, run: RunSpec, *, device: str = "cuda", tp: int = 1
     bandwidth = 2 * copy_bytes / timed(lambda: dst.copy_(src), 2, reps)
     small = torch.zeros(16, device=dev)
     launch = timed(lambda: [small.add_(1) for _ in range(100)], 1, reps) / 100
+    pointwise = _pointwise_seconds_per_byte(model, run, dev, dtype, timed, reps) if model.has_shape else 0.0
     peer = None
     if dev.type == "cuda" and torch.cuda.device_count() > 1:
         other = torch.empty_like(src, device=torch.device("cuda", 1 if (dev.index or 0) == 0 else 0))
@@ -113,7 +114,38 @@ def measure(model: ModelSpec, run: RunSpec, *, device: str = "cuda", tp: int = 1
     del src, dst
     return Calibration(device_name=name, device_uuid=uuid, torch_version=version, device_type=dev.type,
                        gemm_flops=flops, attention_seconds=attn, memory_bytes_per_s=bandwidth,
-                       launch_seconds=launch, peer_bytes_per_s=peer, measured_at=time.time())
+                       launch_seconds=launch, pointwise_seconds_per_byte=pointwise, peer_bytes_per_s=peer,
+                       measured_at=time.time())
+
+
+def _pointwise_seconds_per_byte(model: ModelSpec, run: RunSpec, dev: Any, dtype: Any, timed, reps: int) -> float:
+    """Forward + backward of a memory-bound chain like a block's (LayerNorm in fp32, GPT-2's unfused tanh GELU,
+    SiLU x up, residual add) on (tokens, hidden) under autocast, per byte it saves for backward."""
+    import torch
+    import torch.nn.functional as F
+
+    h = model.hidden or 1
+    m = max(1, min(run.seq_len * run.micro_batch, (1 << 26) // h))  # at most 64M elements
+    x = torch.randn(m, h, device=dev, dtype=torch.float32, requires_grad=True)
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    def chain(count: bool = False) -> None:
+        with torch.autograd.graph.saved_tensors_hooks(pack if count else (lambda t: t), lambda t: t):
+            with torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32):
+                y = F.layer_norm(x, (h,))
+                g = 0.5 * y * (1.0 + torch.tanh(0.7978845608 * (y + 0.044715 * torch.pow(y, 3.0))))
+                lo = y.to(dtype)
+                out = g + F.silu(lo) * lo + x
+        out.backward(torch.ones_like(out))
+
+    chain(count=True)
+    x.grad = None
+    seconds = timed(chain, 1, reps)
+    return seconds / max(1, sum(saved.values()))
 
 
 def calibrate(model: ModelSpec, run: RunSpec, *, device: str = "cuda", tp: int = 1, path: Path | None = None,

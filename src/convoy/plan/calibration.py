@@ -62,6 +62,9 @@ class Calibration:
     """Device memory bandwidth: bytes read + written per second by a large copy."""
     launch_seconds: float = 0.0
     """Seconds per small kernel in a row of them (launch overhead as eager PyTorch sees it)."""
+    pointwise_seconds_per_byte: float = 0.0
+    """Seconds of forward + backward of a chain of norm / GELU / SiLU / residual ops per byte they save for
+    backward: what memory-bound work costs per saved activation byte (0: not measured)."""
     peer_bytes_per_s: float | None = None
     """One-direction copy bandwidth between two devices of the node; None with one device."""
     measured_at: float = 0.0
@@ -78,6 +81,7 @@ class Calibration:
                        attention_seconds={**self.attention_seconds, **other.attention_seconds},
                        memory_bytes_per_s=other.memory_bytes_per_s or self.memory_bytes_per_s,
                        launch_seconds=other.launch_seconds or self.launch_seconds,
+                       pointwise_seconds_per_byte=other.pointwise_seconds_per_byte or self.pointwise_seconds_per_byte,
                        peer_bytes_per_s=other.peer_bytes_per_s or self.peer_bytes_per_s,
                        measured_at=max(self.measured_at, other.measured_at))
 

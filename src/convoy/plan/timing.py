@@ -15,9 +15,10 @@ Data-parallel traffic overlaps with the backward; tensor-parallel and offload tr
 With a ``Calibration`` (``convoy plan --calibrate``, measured on the device by ``convoy.plan.calibrate``) the
 compute term is built from what that device achieved instead of peak x efficiency: every GEMM of the model at
 its own shape at its measured FLOP/s (x3 for forward + two backward products, x4 with full recomputation),
-the fused attention's measured forward + backward seconds, memory-bound traffic (each saved activation
-written, read, and its gradient written and read: 4x the saved bytes; the optimizer's reads and writes) at
-the measured bandwidth, and a launch overhead per kernel (about three per saved tensor). Measured peer
+the fused attention's measured forward + backward seconds, memory-bound work (the saved activation bytes
+times the measured seconds per saved byte of a norm / GELU / SiLU / residual chain's forward + backward; the
+optimizer's reads and writes at the measured bandwidth); a record without that rate uses 4x the saved bytes at
+the measured bandwidth plus a launch overhead per kernel (about three per saved tensor). Measured peer
 bandwidth replaces the datasheet's intra-node link.
 """
 
@@ -180,9 +181,13 @@ def calibrated_compute(model: ModelSpec, run: RunSpec, layout: Layout, cal: Cali
         attn_fwd_bwd *= 2  # the s x s scores go through memory (a stated factor, not measured)
     attn = layers * attn_fwd_bwd * (4 / 3 if passes == 4 else (1 if run.training else 1 / 3))
     saved = layers * block_bytes(model, replace(run, recompute="none"), tp=tp) + head_saved_bytes(model, run, tp=tp)
-    traffic = (4 if run.training else 1) * saved
-    kernels = 3 * layers * len(block_saved(model, run)) if model.has_shape else 0
-    per_microbatch = gemm + attn + traffic / (cal.memory_bytes_per_s or float("inf")) + kernels * cal.launch_seconds
+    if cal.pointwise_seconds_per_byte:  # measured: memory-bound forward + backward (launches included) per byte
+        memory_bound = saved * cal.pointwise_seconds_per_byte * (1 if run.training else 1 / 3)
+        kernels = 0
+    else:  # each saved byte written and read, its gradient written and read; ~3 kernels per saved tensor
+        memory_bound = (4 if run.training else 1) * saved / (cal.memory_bytes_per_s or float("inf"))
+        kernels = 3 * layers * len(block_saved(model, run)) if model.has_shape else 0
+    per_microbatch = gemm + attn + memory_bound + kernels * cal.launch_seconds
     optimizer = 0.0
     if run.training:
         recipe = run.recipe
