@@ -47,6 +47,7 @@ def test_block_keeps_exactly_what_autograd_saves(case, recipe, attention):
 def test_training_step_matches_memtracker_by_category(case, recipe, attention):
     r = measure_recipes.step(case, recipe, attention)
     assert r["params"][0] == r["params"][1]
+    assert r["gradients at the peak"] == (0, 0)  # zero_grad(set_to_none=True): none while activations peak
     assert r["temporaries"][0] == r["temporaries"][1]  # cross-entropy's two fp32 s x b x V gradients
     assert r["optimizer"][1] == pytest.approx(r["optimizer"][0], abs=200)  # AdamW's step counters aside
     assert r["activations"][1] == pytest.approx(r["activations"][0], rel=0.005)

@@ -157,6 +157,7 @@ def step(case: str, recipe: str, attention: str, recompute: str = "none", *, seq
     run = RunSpec(seq_len=seq, micro_batch=batch, precision=recipe, attention=attention, recompute=recompute)
     est = memory_per_gpu(spec, run, Layout())
     return {"params": (got.get("param", 0), est.params), "optimizer": (got.get("opt", 0), est.optimizer),
+            "gradients at the peak": (got.get("grad", 0), est.grads if est.grads_at_peak else 0),
             "activations": (got.get("act", 0), est.activations), "temporaries": (got.get("temp", 0), est.temporary),
             "peak": (got.get("total", 0), est.allocated)}
 
