@@ -126,6 +126,14 @@ def test_without_the_planned_gpu_the_plan_says_it_keeps_the_datasheet(tmp_path, 
     d = p.as_dict()["time_model"]
     assert d["kind"] == "datasheet" and d["calibration"] is None and "needs the H100-80GB" in d["note"]
     assert all(r.time.time_model == "datasheet" for r in p.rows)
+    # the planned GPU is visible but this torch cannot reach it (a CPU build): the datasheet, and why
+    h100 = type("One", (), {"devices": (type("D", (), {"name": "NVIDIA H100 80GB HBM3"})(),)})()
+    import convoy.plan.calibrate as cal
+
+    monkeypatch.setattr(cal, "device_identity", lambda device: (_ for _ in ()).throw(
+        cal.PlanError("calibration needs a CUDA device and torch.cuda.is_available() is False")))
+    record, note = resolve_calibration(H100, GPT2, RUN, inventory=h100, path=tmp_path / "c.json")
+    assert record is None and "calibration failed" in note and "is_available() is False" in note
     plain = plan(GPT2, hardware="1xH100-80GB").as_dict()["time_model"]
     assert plain["kind"] == "datasheet" and "--calibrate" in plain["note"]
 

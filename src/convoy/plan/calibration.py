@@ -191,5 +191,8 @@ def resolve_calibration(hw: Any, model: Any, run: Any, *, tp: int = 1, inventory
                       f"{datasheet}")
     from convoy.plan.calibrate import calibrate
 
-    record = calibrate(model, run, device="cuda", tp=tp, path=path)
+    try:
+        record = calibrate(model, run, device="cuda", tp=tp, path=path)
+    except PlanError as err:  # e.g. a CPU-only torch on a GPU machine: the plan stands on the datasheet
+        return None, f"calibration failed ({err}); {datasheet}"
     return record, f"step times use rates measured on this machine: {record.describe()}"
