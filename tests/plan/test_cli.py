@@ -40,9 +40,11 @@ def test_table_names_every_candidate_and_the_recommendation(capsys):
 def test_json_output_is_the_plan(capsys):
     assert main(["plan", "--params", "7.5e9", "--hardware", "64xA100-80GB", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    states = {c["name"]: sum(c["memory"][k] for k in ("params", "grads", "optimizer", "master"))
-              for c in data["candidates"]}
-    assert round(states["zero1"] / 1e9, 1) == 31.4 and round(states["zero3"] / 1e9, 1) == 1.9
+    states = {c["name"]: c["model_states_bytes"] for c in data["candidates"]}
+    for c in data["candidates"]:  # one number: parameters + gradients + optimizer + master weights
+        assert c["model_states_bytes"] == sum(c["memory"][k] for k in ("params", "grads", "optimizer", "master"))
+    # the ZeRO paper's figure 1 (Psi = 7.5B, Nd = 64, K = 12): 120 / 31.4 / 16.6 / 1.9 GB
+    assert [round(states[n] / 1e9, 1) for n in ("ddp", "zero1", "zero2", "zero3")] == [120.0, 31.4, 16.6, 1.9]
     assert data["hardware"]["gpus_per_node"] == 64 and data["recommendation"]["candidate"]
 
 

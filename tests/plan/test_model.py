@@ -19,11 +19,22 @@ CONFIGS = Path(__file__).parent / "configs"
     ("llama2_70b", 68_976_648_192),   # Llama-2-70b-hf (grouped-query attention, 8 kv heads)
     ("gpt2", 124_439_808),            # GPT2LMHeadModel.num_parameters() (tied head)
     ("qwen2_0_5b", 494_032_768),      # Qwen2-0.5B (qkv bias, tied embeddings)
+    ("pythia_160m", 162_322_944),     # Pythia paper, table of models ("total params"; untied embed_out)
+    ("pythia_410m", 405_334_016),
 ])
 def test_closed_forms_match_published_counts(name, params):
     spec = from_hf_config(CONFIGS / f"{name}.json")
     assert spec.num_params == params
     assert spec.has_shape and spec.layer_params * spec.num_layers < params
+
+
+def test_configs_record_the_block_layout_for_activations():
+    gpt2, llama, neox = (from_hf_config(CONFIGS / f"{n}.json") for n in ("gpt2", "llama2_70b", "pythia_410m"))
+    assert (gpt2.family, gpt2.activation, gpt2.dropout) == ("gpt2", "gelu_new", 0.1)  # GPT-2's pdrop defaults
+    assert (llama.family, llama.gated_mlp, llama.kv_heads, llama.dropout) == ("llama", True, 8, 0.0)
+    assert (neox.family, neox.parallel_residual, neox.activation) == ("gpt_neox", True, "gelu")
+    assert from_hf_config({**json.loads((CONFIGS / "gpt2.json").read_text()), "resid_pdrop": 0.0,
+                           "attn_pdrop": 0.0, "embd_pdrop": 0.0}).dropout == 0.0
 
 
 def test_config_directory_and_dict_work():

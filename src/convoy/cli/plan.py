@@ -24,7 +24,7 @@ MODEL is a Hugging Face config.json (or its directory), or MODULE:FUNCTION retur
 Hardware: --hardware, else --inventory, else this machine's accelerators (CONVOY_INVENTORY is honoured).
 Numbers and their sources: docs/planner.md."""
 
-_PRECISIONS = ("fp32", "bf16", "fp16", "bf16-fp32-grads", "bf16-fp32-accum", "bf16-autocast")
+_PRECISIONS = ("fp32", "bf16", "fp16", "bf16-fp32-grads", "bf16-fp32-accum", "bf16-autocast", "fp16-autocast")
 
 
 def _positive_int(text: str) -> int:
@@ -82,6 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--efficiency", type=_positive_float, default=None,
                    help="fraction of peak FLOPs compute reaches (default 0.5)")
     r.add_argument("--no-offload", action="store_true", help="leave out CPU-offload candidates")
+    r.add_argument("--calibrate", action="store_true",
+                   help="measure the planned GPU on this machine (cached) and time with the measured rates")
     r.add_argument("--strategies", metavar="LIST",
                    help="only these, comma-separated: single,ddp,zero1,zero2,zero3,hsdp,tp,pp,offload")
     o = parser.add_argument_group("output")
@@ -112,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                   recompute=args.recompute, attention=args.attention, dropout=args.dropout,
                   efficiency=args.efficiency or DEFAULT_EFFICIENCY, offload=not args.no_offload, allowed=allowed,
                   params=args.params, layers=args.layers, hidden=args.hidden, heads=args.heads,
-                  kv_heads=args.kv_heads, ffn=args.ffn, vocab=args.vocab)
+                  kv_heads=args.kv_heads, ffn=args.ffn, vocab=args.vocab, calibrate=args.calibrate)
     if args.plot:
         from convoy.plan.plot import plot_memory
 

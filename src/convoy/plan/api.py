@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Collection
 
 from convoy.errors import PlanError
+from convoy.plan.calibration import Calibration
 from convoy.plan.candidates import Candidate, enumerate_candidates
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import GpuSpec, Hardware, hardware_from_inventory, lookup_gpu, parse_hardware
@@ -47,6 +48,10 @@ class Plan:
     single_gpu: MemoryBreakdown
     """The unsharded one-GPU memory (what the guide's case 1 asks about)."""
     recommendation: Recommendation
+    calibration: Calibration | None = None
+    """Rates measured on this machine (``--calibrate``) the step times use; None: the datasheet model."""
+    time_note: str = ""
+    """One sentence: which time model the step times come from, and why."""
 
     def row(self, name: str) -> Row:
         for r in self.rows:
@@ -63,6 +68,9 @@ class Plan:
             "hardware": {"gpu": hw.gpu.name, "memory_bytes": hw.gpu.memory_bytes, "gpus_per_node": hw.gpus_per_node,
                          "nodes": hw.nodes, "intra": hw.intra, "intra_bytes_per_s": hw.intra_bandwidth,
                          "inter_gbps": hw.inter_gbps, "source": hw.gpu.source},
+            "time_model": {"kind": "calibrated" if self.calibration else "datasheet",
+                           "note": self.time_note or _DATASHEET_NOTE,
+                           "calibration": self.calibration.as_dict() if self.calibration else None},
             "single_gpu": self.single_gpu.as_dict(),
             "candidates": [r.as_dict() for r in self.rows],
             "recommendation": self.recommendation.as_dict(),
@@ -75,7 +83,8 @@ class Plan:
 def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int | None = None,
              efficiency: float = DEFAULT_EFFICIENCY, offload: bool = True,
              allowed: Collection[str] | None = None, explain_breaks: bool = True,
-             keep: Callable[[Candidate], bool] | None = None) -> Plan:
+             keep: Callable[[Candidate], bool] | None = None, calibration: Calibration | None = None,
+             time_note: str = "") -> Plan:
     """The plan for already-resolved inputs (``plan`` resolves names, files and the inventory first).
 
     ``keep``: a further filter on the candidates (``recommend_for_module`` keeps what the trainer can run)."""
@@ -91,23 +100,24 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
         if keep is not None and not keep(cand):
             continue
         mem = memory_per_gpu(model, run, cand.layout)
-        t = step_time(model, run, cand.layout, hw, global_batch=gb, efficiency=efficiency)
+        t = step_time(model, run, cand.layout, hw, global_batch=gb, efficiency=efficiency, calibration=calibration)
         rows.append(Row(candidate=cand, memory=mem, time=t, fits=mem.total <= hw.gpu.memory_bytes))
     if not rows:
         raise PlanError(f"no candidate layout is allowed ({', '.join(sorted(allowed or ()))}) on {hw.describe()}")
     single = memory_per_gpu(model, run, Layout())
     rec = recommend(rows, model=model, run=run, hw=hw, single=single)
     if explain_breaks and rec.row is not None:
-        rec = replace(rec, breaks=_breaks(rec, model, run, hw, gb, efficiency, offload, allowed, keep))
+        rec = replace(rec, breaks=_breaks(rec, model, run, hw, gb, efficiency, offload, allowed, keep, calibration))
     elif explain_breaks and run.recompute != "full" and run.training:
         full = plan_for(model, replace(run, recompute="full"), hw, global_batch=gb, efficiency=efficiency,
-                        offload=offload, allowed=allowed, explain_breaks=False, keep=keep).recommendation.row
+                        offload=offload, allowed=allowed, explain_breaks=False, keep=keep,
+                        calibration=calibration).recommendation.row
         if full is not None:
             rec = replace(rec, breaks=(f"With recompute='full' (checkpoint every block) {full.name} fits at "
                                        f"{format_bytes(full.memory.total, binary=True)} per GPU and takes "
                                        f"{format_seconds(full.time.seconds)} per step.",))
     return Plan(model=model, run=run, hardware=hw, global_batch=gb, efficiency=efficiency, rows=tuple(rows),
-                single_gpu=single, recommendation=rec)
+                single_gpu=single, recommendation=rec, calibration=calibration, time_note=time_note)
 
 
 def _allowed(cand: Candidate, allowed: Collection[str]) -> bool:
@@ -117,13 +127,14 @@ def _allowed(cand: Candidate, allowed: Collection[str]) -> bool:
         not cand.layout.offload or "offload" in allowed)
 
 
-def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowed, keep) -> tuple[str, ...]:
+def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowed, keep,
+            calibration=None) -> tuple[str, ...]:
     """What would change the answer: twice the sequence length, and (on NVLink machines) PCIe instead."""
     name = rec.row.name  # type: ignore[union-attr]
     out = []
     longer = replace(run, seq_len=run.seq_len * 2)
     alt = plan_for(model, longer, hw, global_batch=gb, efficiency=efficiency, offload=offload, allowed=allowed,
-                   explain_breaks=False, keep=keep)
+                   explain_breaks=False, keep=keep, calibration=calibration)
     same = next((r for r in alt.rows if r.name == name), None)
     pick = alt.recommendation.row
     if same is not None and not same.fits:
@@ -137,7 +148,7 @@ def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowe
     if hw.intra == "nvlink" and hw.gpus_per_node > 1:
         pcie = replace(hw, intra="pcie", intra_gbs=None)
         alt = plan_for(model, run, pcie, global_batch=gb, efficiency=efficiency, offload=offload, allowed=allowed,
-                       explain_breaks=False, keep=keep)
+                       explain_breaks=False, keep=keep, calibration=calibration)
         pick = alt.recommendation.row
         same = next((r for r in alt.rows if r.name == name), None)
         slower = f" and takes {format_seconds(same.time.seconds)} per step" if same else ""
@@ -154,19 +165,27 @@ def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory
          seq_len: int = 2048, micro_batch: int = 1, global_batch: int | None = None, precision: str = "bf16",
          optimizer: str = "adamw", recompute: str = "none", attention: str = "flash", dropout: bool = False,
          efficiency: float = DEFAULT_EFFICIENCY, offload: bool = True, allowed: Collection[str] | None = None,
-         params: float | None = None, **shape: Any) -> Plan:
+         params: float | None = None, calibrate: bool = False, **shape: Any) -> Plan:
     """Plan ``model`` (config.json path or dict, ``module:function``, ``nn.Module``, ``ModelSpec``, or ``params=``
     with ``layers=``/``hidden=``/``heads=``/``vocab=``/``ffn=``) on ``hardware``.
 
     ``hardware``: ``"8xH100-80GB"`` or a ``Hardware``; else ``inventory`` (a path or a ``convoy.devices``
     ``Inventory``); else this machine's detected inventory (``convoy.devices.discovery.discover()``).
+    ``calibrate``: measure the planned GPU here (when one is visible; cached per device and torch version,
+    ``convoy.plan.calibration``) and time every candidate with the measured rates.
     """
     spec = resolve_model(model, params=params, **shape)
     hw = resolve_hardware(hardware, inventory=inventory, nodes=nodes, intra=intra, intra_gbs=intra_gbs,
                           inter_gbps=inter_gbps, gpu_memory_gib=gpu_memory_gib, peak_tflops=peak_tflops)
     run = RunSpec(seq_len=seq_len, micro_batch=micro_batch, global_batch=global_batch, precision=precision,
                   optimizer=optimizer, recompute=recompute, attention=attention, dropout=dropout)
-    return plan_for(spec, run, hw, efficiency=efficiency, offload=offload, allowed=allowed)
+    calibration, note = None, ""
+    if calibrate:
+        from convoy.plan.calibration import resolve_calibration
+
+        calibration, note = resolve_calibration(hw, spec, run)
+    return plan_for(spec, run, hw, efficiency=efficiency, offload=offload, allowed=allowed, calibration=calibration,
+                    time_note=note)
 
 
 def resolve_hardware(hardware: str | Hardware | None = None, *, inventory: Any = None, nodes: int = 1,
@@ -197,6 +216,8 @@ def resolve_hardware(hardware: str | Hardware | None = None, *, inventory: Any =
                      intra_gbs=intra_gbs)
     return hw
 
+
+_DATASHEET_NOTE = "step times use the datasheet model (peak FLOPs x a fixed efficiency); --calibrate measures this machine"
 
 #: the strategies the training layer implements today (convoy.train.strategies registry).
 TRAINER_STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
@@ -260,14 +281,17 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
                          gpu: str | None = None, peak_tflops: float | None = None, gpus_per_node: int | None = None,
                          nodes: int = 1, allowed: Collection[str] = TRAINER_STRATEGIES,
                          tp_degrees: Collection[int] | None = None, pp_degrees: Collection[int] | None = None,
-                         require_pp: bool = False, **shape: Any) -> Recommendation:
+                         require_pp: bool = False, calibration: Calibration | None = None,
+                         **shape: Any) -> Recommendation:
     """The layout ``Accelerator(strategy="auto")`` should use for ``module`` on ``world_size`` devices.
 
     ``device_memory_bytes``: memory of one device (the smallest). ``gpu``: a table name or NVML device name
     for peak FLOPs and links (default: a generic PCIe device with 100 TFLOPs, which only affects time ties).
     ``allowed``: strategy names the caller can run (add ``"tp"``, ``"pp"``, ``"offload"`` when supported).
     ``tp_degrees``/``pp_degrees``: the tp and pp degrees above 1 the model can take (None: any the planner
-    proposes); ``require_pp``: compare pipeline layouts only. Layouts the trainer cannot run
+    proposes); ``require_pp``: compare pipeline layouts only. ``calibration``: rates measured on this device
+    (``convoy.plan.calibrate.calibrate(spec, run)``; the hook for ``strategy="auto"`` on a GPU, which
+    ``auto_strategy`` passes through its keywords); None keeps the datasheet time model. Layouts the trainer cannot run
     (``runs_in_trainer``) are never proposed. Raises ``PlanError`` when no allowed layout fits.
     """
     if world_size < 1 or device_memory_bytes <= 0:
@@ -293,7 +317,8 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
                 and (d.tp == 1 or tp_degrees is None or d.tp in tp_degrees)
                 and (d.pp == 1 or pp_degrees is None or d.pp in pp_degrees))
 
-    result = plan_for(model, run, hw, offload="offload" in allowed, allowed=allowed, explain_breaks=False, keep=keep)
+    result = plan_for(model, run, hw, offload="offload" in allowed, allowed=allowed, explain_breaks=False, keep=keep,
+                      calibration=calibration)
     rec = result.recommendation
     if rec.row is None:
         raise PlanError(" ".join(rec.reasons))
@@ -364,12 +389,14 @@ def format_plan(p: Plan) -> str:
         lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
     rec = p.recommendation
     lines.append("")
+    lines.append(f"time: {p.time_note or _DATASHEET_NOTE}")
     lines.append(f"recommended: {rec.row.name if rec.row else 'nothing fits'}"
                  + (f"  (strategy={rec.strategy}, {rec.dims.describe()})" if rec.row else ""))
     lines += [f"  - {s}" for s in rec.reasons]
     if rec.breaks:
         lines.append("what would change it:")
         lines += [f"  - {s}" for s in rec.breaks]
-    lines.append("total = params + optim + master + buffers + max(activ + temp, grads) + reserve (CUDA context, 5% "
-                 "fragmentation);\n        grads are added, not maxed, when they live through gradient accumulation")
+    lines.append("total = params + optim + master + buffers + max(activ + temp, grads [+ the block recomputed "
+                 "last]) + reserve\n        (CUDA context, 5% fragmentation); grads are added, not maxed, when they "
+                 "live through gradient accumulation")
     return "\n".join(lines)

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from convoy.errors import PlanError
+from convoy.plan.activations import block_bytes, head_saved_bytes, weight_cast_bytes
 from convoy.plan.dims import ParallelDims
 from convoy.plan.model import ModelSpec
 from convoy.plan.units import MiB
@@ -52,7 +53,9 @@ class Precision:
     compute: str = "bf16"
     """Matmul dtype: sets the peak FLOPs used for time."""
     activation_bytes: int = 2
-    """Bytes per activation element (Korthikanti's formulas assume 2)."""
+    """Bytes per matmul activation element (Korthikanti's formulas assume 2)."""
+    autocast: bool = False
+    """fp32 weights under ``torch.autocast``: fp32 residual stream and norms, 16-bit casts for every matmul."""
     description: str = ""
 
 
@@ -67,8 +70,10 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
               description="bf16 weights, fp32 gradients and master weights (18 B/param with Adam)"),
     Precision(name="bf16-fp32-accum", weight_bytes=2, grad_bytes=2, master_bytes=4, accum_bytes=4, compute="bf16",
               description="bf16 weights and gradients plus an fp32 accumulation buffer (20 B/param with Adam)"),
-    Precision(name="bf16-autocast", weight_bytes=4, grad_bytes=4, master_bytes=0, compute="bf16",
+    Precision(name="bf16-autocast", weight_bytes=4, grad_bytes=4, master_bytes=0, compute="bf16", autocast=True,
               description="fp32 weights under torch.autocast(bf16), as Accelerate's mixed_precision='bf16' (16 B/param with Adam)"),
+    Precision(name="fp16-autocast", weight_bytes=4, grad_bytes=4, master_bytes=0, compute="fp16", autocast=True,
+              description="fp32 weights under torch.autocast(float16) with a GradScaler (16 B/param with Adam)"),
 )}
 
 #: fp32 optimizer state bytes per parameter. "none" means inference: no gradients and no optimizer either.
@@ -97,7 +102,10 @@ class RunSpec:
     attention: str = "flash"
     """``"flash"`` (SDPA's fused kernels keep no s x s matrix) or ``"eager"`` (Korthikanti's 5as^2b term)."""
     dropout: bool = False
-    """Whether the model has dropout (masks cost 1 byte per element; modern LLMs use none)."""
+    """Force dropout masks (1 byte per element) even when the model's config has no dropout."""
+    recompute_every: int = 1
+    """With ``recompute="full"``: checkpoint every k-th block only (1 = every block, torchtitan's
+    per-layer selective AC uses k = 2)."""
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -108,7 +116,7 @@ class RunSpec:
             raise PlanError(f"recompute {self.recompute!r} is not one of: {', '.join(RECOMPUTE)}")
         if self.attention not in ATTENTION:
             raise PlanError(f"attention {self.attention!r} is not one of: {', '.join(ATTENTION)}")
-        for name in ("seq_len", "micro_batch"):
+        for name in ("seq_len", "micro_batch", "recompute_every"):
             if getattr(self, name) < 1:
                 raise PlanError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.global_batch is not None and self.global_batch < self.micro_batch:
@@ -160,6 +168,9 @@ class MemoryBreakdown:
     activation peak (start of backward) and the gradient peak (end of backward) then do not coincide."""
     host: int = 0
     """Bytes this rank keeps in host memory (offload)."""
+    late: int = 0
+    """Bytes alive at the end of the backward next to (nearly) all gradients: under full recomputation, the
+    working set of the first block, recomputed last."""
 
     @property
     def model_states(self) -> int:
@@ -175,7 +186,9 @@ class MemoryBreakdown:
         """
         static = self.params + self.optimizer + self.master + self.buffers
         live = self.activations + self.temporary
-        return static + (live + self.grads if self.grads_at_peak else max(live, self.grads))
+        if self.grads_at_peak:
+            return static + max(live, self.late) + self.grads
+        return static + max(live, self.grads + self.late)
 
     @property
     def total(self) -> int:
@@ -185,7 +198,7 @@ class MemoryBreakdown:
         return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer, "master": self.master,
                 "activations": self.activations, "buffers": self.buffers, "temporary": self.temporary,
                 "reserve": self.reserve, "allocated": self.allocated, "total": self.total,
-                "grads_at_peak": self.grads_at_peak, "host": self.host}
+                "late": self.late, "grads_at_peak": self.grads_at_peak, "host": self.host}
 
 
 def korthikanti_layer_bytes(*, s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
@@ -206,36 +219,14 @@ def korthikanti_layer_bytes(*, s: int, b: int, h: int, a: int, t: int = 1, seque
 
 
 def layer_activation_bytes(model: ModelSpec, run: RunSpec, *, tp: int = 1, stored_only: bool = True) -> float:
-    """Activation bytes one block keeps for backward, generalised from Korthikanti's breakdown.
+    """Activation bytes one block keeps for backward: ``convoy.plan.activations.block_bytes``, tensor by tensor.
 
-    With GELU of 4h, eager attention, dropout and 2-byte activations it equals ``korthikanti_layer_bytes``
-    (sequence parallel when ``tp > 1``, as torch's ``SequenceParallel`` does). ``stored_only=False`` gives
-    what a block holds while it is recomputed (its full no-recompute set), used for the full-recompute peak.
+    For the ``generic`` family with GELU of 4h, eager attention, dropout and 16-bit activations it equals
+    ``korthikanti_layer_bytes`` (sequence parallel when ``tp > 1``, as torch's ``SequenceParallel`` does).
+    ``stored_only=False`` gives what a block holds while it is recomputed (its full no-recompute set).
     """
-    s, b, h, a = run.seq_len, run.micro_batch, model.hidden, model.heads
-    assert h is not None and a is not None
-    f = model.ffn or 4 * h
-    kv_frac = (model.kv_heads or a) / a
-    e = run.recipe.activation_bytes / 2  # Korthikanti's coefficients are for 2-byte elements
-    mask = 1 if run.dropout else 0
-    recompute = run.recompute if stored_only else "none"
-    if recompute == "full":
-        return 2 * e * s * b * h / tp
-    # attention block: QKV input 2, Q 2 + K 2*kv, V 2*kv, out-proj input 2, dropout mask after out-proj
-    attn = (2 + 2 + 2 * kv_frac + 2 * kv_frac + 2) * e * s * b * h + mask * s * b * h
-    scores = 0.0
-    if recompute == "none":
-        if run.attention == "eager":  # softmax output 2, its dropout mask 1 (when dropout), dropout output 2
-            scores = (2 * e + mask + (2 * e if run.dropout else 0)) * a * s * s * b
-        else:  # fused kernels keep only the fp32 log-sum-exp per row
-            scores = 4 * a * s * b
-    if model.gated_mlp:  # input, gate and up outputs, their product (down-proj input)
-        mlp = (2 * s * b * h + 3 * 2 * s * b * f) * e + 2 * e * s * b * f
-    else:  # input, GELU input, down-proj input
-        mlp = (2 * s * b * h + 2 * s * b * f + 2 * s * b * f) * e
-    mlp += mask * s * b * h
-    norms = 4 * e * s * b * h
-    return (attn + scores + mlp + norms) / tp
+    assert model.hidden is not None and model.heads is not None
+    return block_bytes(model, run, tp=tp, stored_only=stored_only)
 
 
 def _stage_params(model: ModelSpec, pp: int) -> int:
@@ -282,34 +273,45 @@ def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout) -> MemoryBrea
         buffers += 2 * unit * recipe.weight_bytes  # the gathered unit and the prefetched next one
     if layout.offload:
         buffers += 2 * unit * recipe.weight_bytes
-    activations = _activations(model, run, layout)
+    activations, recomputing = _activations(model, run, layout)
     # cross-entropy's backward makes two fp32 s x b x V tensors (grad of log-softmax, grad of the logits);
-    # measured with MemTracker on CPU (docs/planner-accuracy.md)
+    # measured with MemTracker on CPU (docs/planner-accuracy.md); with full recomputation the first block,
+    # recomputed at the end of the backward, is alive next to the gradients (``late``)
     temporary = 2 * 4 * run.seq_len * run.micro_batch * (model.vocab or 0) / dims.tp if train else 0.0
     mem = MemoryBreakdown(params=round(weight), grads=round(grads), optimizer=round(optimizer),
                           master=round(master), activations=round(activations), buffers=round(buffers),
                           temporary=round(temporary), reserve=0, grads_at_peak=layout.microbatches > 1,
-                          host=round(host))
+                          host=round(host), late=round(recomputing))
     return replace(mem, reserve=round(CUDA_CONTEXT_BYTES + FRAGMENTATION * mem.allocated))
 
 
-def _activations(model: ModelSpec, run: RunSpec, layout: Layout) -> float:
-    """Peak activation bytes on the first pipeline stage (or the only one)."""
+def _activations(model: ModelSpec, run: RunSpec, layout: Layout) -> tuple[float, float]:
+    """Activation bytes on the first pipeline stage (or the only one) when the backward starts -- the blocks'
+    saved tensors, autocast's weight copies, the final norm / head inputs and the loss's fp32 log-softmax -- and,
+    with full recomputation, the working set of the block being recomputed (which the backward reaches after
+    the loss's temporaries are gone: it competes with them, it does not add to them)."""
     if not model.has_shape:
-        return 0.0
+        return 0.0, 0.0
     tp, pp = layout.dims.tp, layout.dims.pp
-    s, b, h = run.seq_len, run.micro_batch, model.hidden
-    assert h is not None and model.num_layers is not None
+    assert model.num_layers is not None
     if not run.training:  # inference: one block's working set at a time, nothing kept for backward
-        return layer_activation_bytes(model, run, tp=tp, stored_only=False) / 2
+        return layer_activation_bytes(model, run, tp=tp, stored_only=False) / 2, 0.0
     layers = math.ceil(model.num_layers / pp)
     in_flight = min(pp, layout.microbatches) if pp > 1 else 1  # 1F1B: stage 0 holds pp micro-batches
-    kept = layers * in_flight * layer_activation_bytes(model, run, tp=tp)
-    if run.recompute == "full":  # the block being recomputed holds its full set during its backward
-        kept += layer_activation_bytes(model, run, tp=tp, stored_only=False)
-    # output layer: Korthikanti counts 4sbv/t for the fp32 logits of the cross-entropy (last stage)
-    logits = 4 * s * b * (model.vocab or 0) / tp
+    full = layer_activation_bytes(model, run, tp=tp, stored_only=False)
+    head = head_saved_bytes(model, run, tp=tp) + weight_cast_bytes(model, run, layers=0, tp=tp)
+    recomputing = 0.0
+    if run.recompute == "full":
+        checkpointed = math.ceil(layers / run.recompute_every)  # torchtitan: every k-th block from the first
+        per_mb = checkpointed * layer_activation_bytes(model, run, tp=tp) + (layers - checkpointed) * full
+        kept = in_flight * per_mb
+        # autocast's weight copies of checkpointed blocks are not saved; the recomputed block makes its own
+        casts = weight_cast_bytes(model, run, layers=layers - checkpointed, tp=tp, head=False)
+        recomputing = full + weight_cast_bytes(model, run, layers=1, tp=tp, head=False)
+    else:
+        kept = layers * in_flight * layer_activation_bytes(model, run, tp=tp)
+        casts = weight_cast_bytes(model, run, layers=layers, tp=tp, head=False)
     if pp == 1:
-        return kept + logits
-    last = math.ceil(model.num_layers / pp) * layer_activation_bytes(model, run, tp=tp) + logits
-    return max(kept, last)
+        return kept + casts + head, recomputing
+    last = math.ceil(model.num_layers / pp) * layer_activation_bytes(model, run, tp=tp) + casts + head
+    return max(kept + casts, last), recomputing

@@ -25,6 +25,7 @@ from convoy.errors import NotSupportedYetError, PlanError
 __all__ = ["ModelSpec", "from_hf_config", "from_factory", "from_numbers", "resolve_model"]
 
 _LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
+_DROPOUT_KEYS = ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout", "hidden_dropout", "dropout")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +52,14 @@ class ModelSpec:
     """Parameters of one block: the largest unit FSDP gathers and a GPU must hold for tp=1."""
     gated_mlp: bool = False
     """True for SwiGLU-style MLPs (three matrices), False for GELU (two)."""
+    family: str = "generic"
+    """Block layout for activations (``convoy.plan.activations``): gpt2, llama, gpt_neox, or generic."""
+    activation: str = "gelu"
+    """MLP activation as config.json names it (``gelu_new`` is GPT-2's unfused tanh GELU)."""
+    dropout: float = 0.0
+    """The config's largest dropout probability (masks cost memory when > 0 in training)."""
+    parallel_residual: bool = False
+    """GPT-NeoX's attention and MLP reading the same input (one norm input kept instead of two)."""
     source: str = ""
     """How these numbers were obtained."""
 
@@ -124,12 +133,14 @@ def from_hf_config(path: str | Path | Mapping[str, Any]) -> ModelSpec:
             return _llama_family(config, name)
         if model_type == "gpt2":
             return _gpt2(config, name)
+        if model_type == "gpt_neox":
+            return _gpt_neox(config, name)
     except KeyError as err:
         raise PlanError(f"{name}: config.json of model_type {model_type!r} lacks {err.args[0]!r}") from None
     if importlib.util.find_spec("transformers") is not None:
         return _transformers_meta(config, name)
     raise NotSupportedYetError(
-        f"{name}: model_type {model_type!r} has no closed form yet (have: {', '.join(_LLAMA_FAMILY)}, gpt2) "
+        f"{name}: model_type {model_type!r} has no closed form yet (have: {', '.join(_LLAMA_FAMILY)}, gpt2, gpt_neox) "
         "and transformers is not installed to build it on the meta device; give --params/--layers/--hidden/--heads")
 
 
@@ -151,7 +162,8 @@ def _llama_family(c: Mapping[str, Any], name: str) -> ModelSpec:
     tied = bool(c.get("tie_word_embeddings", False))
     total = layers * layer + vocab * h * (1 if tied else 2) + h
     return ModelSpec(name=name, num_params=total, num_layers=layers, hidden=h, heads=heads, kv_heads=kv, ffn=f,
-                     vocab=vocab, layer_params=layer, gated_mlp=True,
+                     vocab=vocab, layer_params=layer, gated_mlp=True, family="llama",
+                     activation=str(c.get("hidden_act", "silu")), dropout=_config_dropout(c),
                      source=f"config.json, closed form for {c['model_type']} (Llama-style blocks)")
 
 
@@ -161,7 +173,28 @@ def _gpt2(c: Mapping[str, Any], name: str) -> ModelSpec:
     layer = (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 4 * h  # attn, proj, mlp, 2 LayerNorms
     total = layers * layer + vocab * h + c.get("n_positions", 1024) * h + 2 * h  # tied head, final LayerNorm
     return ModelSpec(name=name, num_params=total, num_layers=layers, hidden=h, heads=heads, ffn=f, vocab=vocab,
-                     layer_params=layer, source="config.json, closed form for gpt2")
+                     layer_params=layer, family="gpt2", activation=str(c.get("activation_function", "gelu_new")),
+                     dropout=_config_dropout(c, default=0.1), source="config.json, closed form for gpt2")
+
+
+def _gpt_neox(c: Mapping[str, Any], name: str) -> ModelSpec:
+    """GPT-NeoX / Pythia: fused QKV with biases, two LayerNorms, GELU MLP, untied embed_out (unless tied)."""
+    h, layers, heads, vocab = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"], c["vocab_size"]
+    f = c.get("intermediate_size") or 4 * h
+    layer = (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 4 * h
+    tied = bool(c.get("tie_word_embeddings", False))
+    total = layers * layer + vocab * h * (1 if tied else 2) + 2 * h
+    return ModelSpec(name=name, num_params=total, num_layers=layers, hidden=h, heads=heads, ffn=f, vocab=vocab,
+                     layer_params=layer, family="gpt_neox", activation=str(c.get("hidden_act", "gelu")),
+                     dropout=_config_dropout(c), parallel_residual=bool(c.get("use_parallel_residual", True)),
+                     source="config.json, closed form for gpt_neox")
+
+
+def _config_dropout(c: Mapping[str, Any], default: float = 0.0) -> float:
+    """The largest dropout probability a config sets (``default`` for GPT-2's keys when absent: 0.1)."""
+    gpt2_keys = ("attn_pdrop", "resid_pdrop", "embd_pdrop")
+    values = [c.get(k, default if k in gpt2_keys else 0.0) for k in _DROPOUT_KEYS]
+    return max((float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)), default=0.0)
 
 
 def _transformers_meta(config: Mapping[str, Any], name: str) -> ModelSpec:

@@ -59,6 +59,7 @@ class Row:
         return {"name": self.name, "strategy": self.candidate.strategy, "zero_stage": self.candidate.layout.zero_stage,
                 "offload": self.candidate.layout.offload, "dp_replicate": d.dp_replicate, "dp_shard": d.dp_shard,
                 "tp": d.tp, "pp": d.pp, "microbatches": self.candidate.layout.microbatches, "fits": self.fits,
+                "model_states_bytes": self.memory.model_states,
                 "memory": self.memory.as_dict(), "time": self.time.as_dict()}
 
 

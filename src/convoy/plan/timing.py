@@ -11,19 +11,30 @@ through each GPU's link, all-gather and reduce-scatter (n-1)/n (Thakur, Rabensei
 "bus bandwidth" doc). Megatron tensor parallelism does 4 all-reduce-equivalents of the layer's activations per
 block per micro-batch (Narayanan et al. 2021); a 1F1B pipeline idles (p-1)/(m+p-1) of the time (GPipe bubble).
 Data-parallel traffic overlaps with the backward; tensor-parallel and offload traffic are counted as exposed.
+
+With a ``Calibration`` (``convoy plan --calibrate``, measured on the device by ``convoy.plan.calibrate``) the
+compute term is built from what that device achieved instead of peak x efficiency: every GEMM of the model at
+its own shape at its measured FLOP/s (x3 for forward + two backward products, x4 with full recomputation),
+the fused attention's measured forward + backward seconds, memory-bound work (the saved activation bytes
+times the measured seconds per saved byte of a norm / GELU / SiLU / residual chain's forward + backward; the
+optimizer's reads and writes at the measured bandwidth); a record without that rate uses 4x the saved bytes at
+the measured bandwidth plus a launch overhead per kernel (about three per saved tensor). Measured peer
+bandwidth replaces the datasheet's intra-node link.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from convoy.plan.activations import block_bytes, block_saved, head_saved_bytes
+from convoy.plan.calibration import Calibration, attention_key, gemm_key
 from convoy.plan.hardware import Hardware
-from convoy.plan.memory import Layout, RunSpec, _stage_params
+from convoy.plan.memory import OPTIMIZER_STATE_BYTES, Layout, RunSpec, _stage_params
 from convoy.plan.model import ModelSpec
 
 __all__ = ["StepTime", "step_time", "model_flops_per_token", "ring_all_reduce_seconds", "ring_gather_seconds",
-           "DEFAULT_EFFICIENCY", "CPU_ADAM_PARAMS_PER_S"]
+           "DEFAULT_EFFICIENCY", "CPU_ADAM_PARAMS_PER_S", "gemm_shapes", "attention_shape", "calibrated_compute"]
 
 #: fraction of peak FLOPs the compute kernels reach: a typical large-model figure (PaLM reports 46% MFU,
 #: Megatron-LM 52% on A100); a stated assumption, override with ``efficiency=``.
@@ -60,6 +71,8 @@ class StepTime:
     """Model FLOPs per step (no recomputation), the MFU numerator."""
     peak_flops: float
     """Per-GPU peak for the compute dtype."""
+    time_model: str = "datasheet"
+    """``"datasheet"`` (peak FLOPs x a fixed efficiency) or ``"calibrated"`` (rates measured on the device)."""
 
     @property
     def seconds(self) -> float:
@@ -78,7 +91,7 @@ class StepTime:
         return {"seconds": self.seconds, "compute": self.compute, "bubble": self.bubble, "dp_comm": self.dp_comm,
                 "exposed_dp": self.exposed_dp, "tp_comm": self.tp_comm, "pp_comm": self.pp_comm,
                 "offload": self.offload, "comm_bytes": self.comm_bytes,
-                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu}
+                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu, "time_model": self.time_model}
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: int, *, training: bool = True) -> float:
@@ -111,9 +124,87 @@ def _group_bandwidth(hw: Hardware, ranks_per_node: int, group: int) -> float:
     return min(hw.intra_bandwidth, hw.inter_bandwidth * ranks_per_node / hw.gpus_per_node)
 
 
+def gemm_shapes(model: ModelSpec, run: RunSpec, *, tp: int = 1) -> list[tuple[int, int, int, int]]:
+    """The forward GEMMs of one micro-batch as (m, k, n, count): per block (count = layers) and the head
+    (count 1). Column-parallel projections split n by ``tp``, row-parallel ones k."""
+    assert model.hidden is not None and model.num_layers is not None and model.heads is not None
+    m, h, L = run.seq_len * run.micro_batch, model.hidden, model.num_layers
+    f, kv = model.ffn or 4 * h, h * (model.kv_heads or model.heads) // model.heads
+    if model.family == "llama":
+        out = [(m, h, h // tp, L), (m, h, kv // tp, 2 * L), (m, h // tp, h, L)]
+    else:
+        out = [(m, h, (h + 2 * kv) // tp, L), (m, h // tp, h, L)]
+    if model.gated_mlp:
+        out += [(m, h, f // tp, 2 * L), (m, f // tp, h, L)]
+    else:
+        out += [(m, h, f // tp, L), (m, f // tp, h, L)]
+    if model.vocab:
+        out.append((m, h, model.vocab // tp, 1))
+    return out
+
+
+def attention_shape(model: ModelSpec, run: RunSpec, *, tp: int = 1) -> tuple[int, int, int, int, int]:
+    """(batch, heads, kv heads, seq, head dim) of one block's attention on one tensor-parallel rank."""
+    a = model.heads or 1
+    return (run.micro_batch, max(1, a // tp), max(1, (model.kv_heads or a) // tp), run.seq_len,
+            (model.hidden or a) // a)
+
+
+def _gemm_rate(cal: Calibration, m: int, k: int, n: int, dtype: str, fallback: float) -> float:
+    rate = cal.gemm_flops.get(gemm_key(m, k, n, dtype))
+    if rate:
+        return rate
+    rates = sorted(r for key, r in cal.gemm_flops.items() if key.endswith(f":{dtype}"))
+    return rates[len(rates) // 2] if rates else fallback
+
+
+def calibrated_compute(model: ModelSpec, run: RunSpec, layout: Layout, cal: Calibration, *,
+                       fallback_flops: float) -> float:
+    """Seconds of one GPU's compute for one optimizer step (no bubble, no communication) from measured rates.
+
+    ``fallback_flops``: the rate for a GEMM shape the record lacks when it has none in that dtype at all.
+    """
+    dims, dtype = layout.dims, run.recipe.compute
+    tp, pp, m = dims.tp, dims.pp, layout.microbatches
+    passes = 4 if run.training and run.recompute == "full" else (3 if run.training else 1)
+    layers = math.ceil((model.num_layers or 1) / pp)
+    share = layers / (model.num_layers or 1)
+    gemm = 0.0
+    for mm, k, n, count in gemm_shapes(model, run, tp=tp):
+        scale = share if count > 1 else 1.0  # the head (count 1) is on one stage: count it on the busiest
+        gemm += passes * count * scale * 2 * mm * k * n / _gemm_rate(cal, mm, k, n, dtype, fallback_flops)
+    b, a, kv, s, d = attention_shape(model, run, tp=tp)
+    attn_fwd_bwd = cal.attention_seconds.get(attention_key(b, a, kv, s, d, dtype))
+    if attn_fwd_bwd is None:  # no measurement at this shape: 4·b·a·s²·d forward FLOPs x3 at the GEMM rate
+        attn_fwd_bwd = 3 * 4 * b * a * s * s * d / _gemm_rate(cal, 0, 0, 0, dtype, fallback_flops)
+    if run.attention == "eager":
+        attn_fwd_bwd *= 2  # the s x s scores go through memory (a stated factor, not measured)
+    attn = layers * attn_fwd_bwd * (4 / 3 if passes == 4 else (1 if run.training else 1 / 3))
+    saved = layers * block_bytes(model, replace(run, recompute="none"), tp=tp) + head_saved_bytes(model, run, tp=tp)
+    if cal.pointwise_seconds_per_byte:  # measured: memory-bound forward + backward (launches included) per byte
+        memory_bound = saved * cal.pointwise_seconds_per_byte * (1 if run.training else 1 / 3)
+        kernels = 0
+    else:  # each saved byte written and read, its gradient written and read; ~3 kernels per saved tensor
+        memory_bound = (4 if run.training else 1) * saved / (cal.memory_bytes_per_s or float("inf"))
+        kernels = 3 * layers * len(block_saved(model, run)) if model.has_shape else 0
+    per_microbatch = gemm + attn + memory_bound + kernels * cal.launch_seconds
+    optimizer = 0.0
+    if run.training:
+        recipe = run.recipe
+        psi = _stage_params(model, pp) / tp / (layout.shard_degree if layout.zero_stage >= 1 else 1)
+        state = OPTIMIZER_STATE_BYTES[run.optimizer] + recipe.master_bytes
+        moved = psi * (recipe.grad_bytes + 2 * state + 2 * recipe.weight_bytes)  # read all, write weights + state
+        optimizer = moved / (cal.memory_bytes_per_s or float("inf"))
+    return m * per_microbatch + optimizer
+
+
 def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, global_batch: int,
-              efficiency: float = DEFAULT_EFFICIENCY) -> StepTime:
-    """Estimated seconds of one optimizer step processing ``global_batch`` sequences."""
+              efficiency: float = DEFAULT_EFFICIENCY, calibration: Calibration | None = None) -> StepTime:
+    """Estimated seconds of one optimizer step processing ``global_batch`` sequences.
+
+    ``calibration``: rates measured on the device (see the module docstring); None keeps the datasheet model."""
+    if calibration is not None and calibration.peer_bytes_per_s and hw.gpus_per_node > 1:
+        hw = replace(hw, intra_gbs=calibration.peer_bytes_per_s / 1e9)
     dims, recipe = layout.dims, run.recipe
     world = dims.world_size
     s, b, m = run.seq_len, run.micro_batch, layout.microbatches
@@ -126,7 +217,10 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
     elif run.training and run.recompute == "selective" and model.num_layers and model.hidden:
         hw_flops = model_flops + 4 * model.num_layers * model.hidden * s * tokens  # the attention core again
     peak = hw.gpu.peak_flops(recipe.compute)
-    compute = hw_flops / world / (peak * efficiency)
+    if calibration is not None and model.has_shape:
+        compute = calibrated_compute(model, run, layout, calibration, fallback_flops=peak * efficiency)
+    else:
+        compute = hw_flops / world / (peak * efficiency)
     bubble = compute * (dims.pp - 1) / m if dims.pp > 1 else 0.0
     compute += bubble
 
@@ -180,4 +274,5 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
         offload = transfer / hw.host_bandwidth + shard / CPU_ADAM_PARAMS_PER_S
     return StepTime(compute=compute, bubble=bubble, dp_comm=dp_comm, tp_comm=tp_comm, pp_comm=pp_comm,
                     offload=offload, exposed_dp=exposed_dp, comm_bytes=comm, tokens=tokens, world_size=world,
-                    model_flops=model_flops, peak_flops=peak)
+                    model_flops=model_flops, peak_flops=peak,
+                    time_model="calibrated" if calibration is not None and model.has_shape else "datasheet")

@@ -1,0 +1,226 @@
+"""What PyTorch keeps for backward in one transformer block, tensor by tensor, per precision recipe and family.
+
+    from convoy.plan.activations import block_saved, block_bytes
+    [(t.what, t.bytes_per_token) for t in block_saved(model, run)]     # one block, one token
+    block_bytes(model, run, tp=1)                                      # x seq_len x micro_batch / tp
+
+Each block is the list of tensors autograd saves when the family's modeling code runs (Hugging Face
+``transformers`` for ``gpt2``, ``llama`` (Llama/Mistral/Qwen2/Qwen3) and ``gpt_neox`` (Pythia); Megatron/
+nanoGPT-style blocks, Korthikanti et al. 2022's breakdown, for ``generic``), under one of three regimes:
+
+* ``fp32``: every activation 4 bytes.
+* ``autocast`` (``torch.autocast(bfloat16|float16)`` with fp32 weights): matmuls (``linear``, ``addmm``,
+  ``matmul``, SDPA) take 16-bit casts of their inputs, made anew for every call (autocast caches casts of leaf
+  tensors, i.e. weights, only); the residual stream stays fp32 (fp32 embedding + 16-bit branch = fp32), so
+  norms save fp32 inputs; CUDA autocast runs ``softmax``, ``pow``, ``layer_norm``, ``rsqrt``,
+  ``log_softmax`` in fp32 (PyTorch, "Automatic Mixed Precision package", Autocast Op Reference:
+  https://pytorch.org/docs/stable/amp.html#autocast-op-reference). The weight casts live until their
+  matmul's backward (``weight_cast_bytes``).
+* ``pure16`` (bf16/fp16 weights, fp32 master copy in the optimizer): every activation 2 bytes, no casts.
+
+A tensor saved by several ops (a view, or the same output) is counted once. ``attention_core`` marks what
+selective recomputation (Korthikanti's) drops. Checked tensor by tensor against autograd's saved tensors and
+MemTracker on CPU autocast with the CUDA fp32 list applied (``tests/plan/test_activations.py``,
+docs/planner-accuracy.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # memory.py imports this module
+    from convoy.plan.memory import RunSpec
+    from convoy.plan.model import ModelSpec
+
+__all__ = ["Saved", "FAMILIES", "block_saved", "block_bytes", "weight_cast_bytes", "head_saved_bytes", "regime"]
+
+FAMILIES = ("generic", "gpt2", "llama", "gpt_neox")
+LN_STATS = 8  # LayerNorm's fp32 mean and rstd per token
+RMS_STATS = 4  # RMSNorm's fp32 rsqrt per token
+
+
+@dataclass(frozen=True)
+class Saved:
+    """One tensor a block keeps for backward."""
+
+    what: str
+    bytes_per_token: float
+    """Bytes per token (per sequence position of one sequence); s x s tensors give a·s·bytes here."""
+    attention_core: bool = False
+    """Recomputed, hence not kept, under selective recomputation (softmax, its dropout, SDPA's logsumexp)."""
+
+
+def regime(run: "RunSpec") -> str:
+    """``"fp32"``, ``"autocast"`` or ``"pure16"`` for the run's precision recipe."""
+    recipe = run.recipe
+    if recipe.autocast:
+        return "autocast"
+    return "fp32" if recipe.activation_bytes == 4 else "pure16"
+
+
+def _bytes(run: "RunSpec") -> tuple[int, int, bool]:
+    """(residual-stream bytes, matmul-activation bytes, autocast?)."""
+    mode = regime(run)
+    return (2 if mode == "pure16" else 4), run.recipe.activation_bytes, mode == "autocast"
+
+
+def _dropout(model: "ModelSpec", run: "RunSpec") -> bool:
+    return run.dropout or model.dropout > 0
+
+
+def _attention(model, run, *, q_bytes: float, k_bytes: float, v_bytes: float, softmax: str) -> list[Saved]:
+    """Q, K, V, the core, and the output projection's input. ``softmax``: ``"fp32"`` (HF's
+    ``softmax(dtype=float32)``, or CUDA autocast's rule), or ``"native"`` (in the activation dtype)."""
+    s, a = run.seq_len, model.heads
+    h, lo = model.hidden, run.recipe.activation_bytes
+    drop = _dropout(model, run)
+    out = [Saved("q", q_bytes), Saved("k", k_bytes), Saved("v", v_bytes)]
+    if run.attention == "flash":  # SDPA's fused kernels: q, k, v, out, fp32 logsumexp; dropout via RNG state
+        out += [Saved("attention output (= out-proj input)", lo * h), Saved("logsumexp", 4 * a, True)]
+        return out
+    probs = 4 if softmax == "fp32" else lo
+    out.append(Saved("softmax output", probs * a * s, True))
+    if drop:
+        out += [Saved("attention dropout mask", 1 * a * s, True), Saved("attention dropout output", lo * a * s, True)]
+    elif probs != lo:  # the 16-bit cast the AV matmul takes
+        out.append(Saved("softmax output, 16-bit cast", lo * a * s, True))
+    out.append(Saved("out-proj input", lo * h))
+    return out
+
+
+def _generic(model, run) -> list[Saved]:
+    """Megatron / nanoGPT block: LayerNorm, fused QKV, attention, out-proj, LayerNorm, GELU (or SwiGLU) MLP."""
+    h, f, r = model.hidden, model.ffn or 4 * model.hidden, _kv_frac(model)
+    res, lo, cast = _bytes(run)
+    drop = _dropout(model, run)
+    out = [Saved("norm 1 input", res * h), Saved("qkv input", lo * h)]
+    out += _attention(model, run, q_bytes=lo * h, k_bytes=lo * h * r, v_bytes=lo * h * r,
+                      softmax="fp32" if cast else "native")
+    if drop:
+        out.append(Saved("attention residual dropout mask", 1 * h))
+    out += [Saved("norm 2 input", res * h), Saved("mlp input", lo * h)]
+    if model.gated_mlp:
+        out += [Saved("gate output", lo * f), Saved("up output", lo * f), Saved("silu output", lo * f),
+                Saved("down-proj input", lo * f)]
+    else:
+        out += [Saved("gelu input", lo * f), Saved("down-proj input", lo * f)]
+    if drop:
+        out.append(Saved("mlp dropout mask", 1 * h))
+    return out
+
+
+def _gpt2(model, run) -> list[Saved]:
+    """transformers' GPT2Block: LayerNorm, Conv1D (addmm) c_attn, attention, c_proj, LayerNorm, gelu_new MLP."""
+    h, f = model.hidden, model.ffn or 4 * model.hidden
+    res, lo, cast = _bytes(run)
+    drop = _dropout(model, run)
+    out = [Saved("ln_1 input", res * h), Saved("ln_1 mean/rstd", LN_STATS), Saved("c_attn input", lo * h),
+           Saved("qkv (c_attn output; q, k, v are views)", 3 * lo * h)]
+    core = _attention(model, run, q_bytes=0, k_bytes=0, v_bytes=0,
+                      softmax="fp32" if cast else "native")
+    out += [c for c in core if c.bytes_per_token]
+    if drop:
+        out.append(Saved("resid_dropout mask (attention)", 1 * h))
+    out += [Saved("ln_2 input", res * h), Saved("ln_2 mean/rstd", LN_STATS), Saved("c_fc input", lo * h)]
+    if model.activation == "gelu_new":  # 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3))))
+        wide = 4 if cast else lo  # pow runs in fp32 under CUDA autocast, and promotes what follows
+        out += [Saved("pow input (c_fc output" + (", fp32 cast)" if cast else ")"), wide * f),
+                Saved("tanh output", wide * f), Saved("0.5 * x", lo * f), Saved("1 + tanh", wide * f),
+                Saved("c_proj input" + (" (16-bit cast of the fp32 product)" if cast else ""), lo * f)]
+    else:  # fused F.gelu: its input and output
+        out += [Saved("gelu input", lo * f), Saved("c_proj input", lo * f)]
+    if drop:
+        out.append(Saved("resid_dropout mask (mlp)", 1 * h))
+    return out
+
+
+def _rms_norm(name: str, res: int, h: int) -> list[Saved]:
+    """LlamaRMSNorm: x.to(fp32) (kept by pow and mul), the normalised x in the input dtype (kept by weight *)."""
+    return [Saved(f"{name} input as fp32", 4 * h), Saved(f"{name} normalised (input dtype)", res * h),
+            Saved(f"{name} rsqrt", RMS_STATS)]
+
+
+def _llama(model, run) -> list[Saved]:
+    """transformers' LlamaDecoderLayer (Mistral, Qwen2/3 alike): RMSNorm, q/k/v/o, rotary, SDPA or eager, SwiGLU."""
+    h, f, r = model.hidden, model.ffn or 4 * model.hidden, _kv_frac(model)
+    res, lo, cast = _bytes(run)
+    casts = 3 if cast else 1  # autocast casts the normed input once per projection
+    out = _rms_norm("input_layernorm", res, h) + [Saved(f"q/k/v input ({casts}x)", casts * lo * h)]
+    if run.attention == "flash":
+        kq, kk = lo * h, lo * h * r
+    else:  # eager: repeat_kv copies K and V to every head before the matmuls
+        kq, kk = lo * h, lo * h
+    out += _attention(model, run, q_bytes=kq, k_bytes=kk, v_bytes=kk, softmax="fp32")
+    out += _rms_norm("post_attention_layernorm", res, h)
+    out += [Saved(f"gate/up input ({2 if cast else 1}x)", (2 if cast else 1) * lo * h),
+            Saved("gate output", lo * f), Saved("silu output", lo * f), Saved("up output", lo * f),
+            Saved("down_proj input", lo * f)]
+    return out
+
+
+def _gpt_neox(model, run) -> list[Saved]:
+    """transformers' GPTNeoXLayer (Pythia): LayerNorms, fused QKV, partial rotary, parallel residual, GELU."""
+    h, f = model.hidden, model.ffn or 4 * model.hidden
+    res, lo, cast = _bytes(run)
+    drop = _dropout(model, run)
+    out = [Saved("input_layernorm input", res * h), Saved("layernorm mean/rstd (x2)", 2 * LN_STATS),
+           Saved("query_key_value input", lo * h)]
+    if run.attention == "flash":  # SDPA keeps v, a view of the whole qkv output
+        out.append(Saved("qkv output (v is a view)", 3 * lo * h))
+    # q and k are new tensors (rotary + cat); eager's matmul copies the strided v view
+    out += _attention(model, run, q_bytes=lo * h, k_bytes=lo * h, v_bytes=0 if run.attention == "flash" else lo * h,
+                      softmax="fp32")
+    if not model.parallel_residual:
+        out.append(Saved("post_attention_layernorm input", res * h))
+    out += [Saved("dense_h_to_4h input", lo * h), Saved("gelu input", lo * f), Saved("dense_4h_to_h input", lo * f)]
+    if drop:
+        out.append(Saved("hidden dropout masks (x2)", 2 * h))
+    return [x for x in out if x.bytes_per_token]
+
+
+_BUILDERS = {"generic": _generic, "gpt2": _gpt2, "llama": _llama, "gpt_neox": _gpt_neox}
+
+
+def _kv_frac(model) -> float:
+    return (model.kv_heads or model.heads) / model.heads
+
+
+def block_saved(model: "ModelSpec", run: "RunSpec") -> tuple[Saved, ...]:
+    """The tensors one block keeps for backward (no recomputation), per token."""
+    return tuple(_BUILDERS[model.family if model.family in _BUILDERS else "generic"](model, run))
+
+
+def block_bytes(model: "ModelSpec", run: "RunSpec", *, tp: int = 1, stored_only: bool = True) -> float:
+    """Bytes one block keeps for backward at ``run``'s s x b, divided by ``tp`` (tensor + sequence parallel).
+
+    ``recompute="full"``: only the block's input (the residual stream); ``"selective"``: all but the attention
+    core; ``stored_only=False``: the full set (what a block holds while it is recomputed).
+    """
+    s, b = run.seq_len, run.micro_batch
+    recompute = run.recompute if stored_only else "none"
+    if recompute == "full":
+        res, _, _ = _bytes(run)
+        return res * s * b * model.hidden / tp
+    saved = block_saved(model, run)
+    if recompute == "selective":
+        saved = tuple(x for x in saved if not x.attention_core)
+    return sum(x.bytes_per_token for x in saved) * s * b / tp
+
+
+def weight_cast_bytes(model: "ModelSpec", run: "RunSpec", *, layers: int, tp: int = 1, head: bool = True) -> float:
+    """The 16-bit weight copies autocast makes (one per weight, cached for the autocast region and saved by
+    every matmul's backward): 2 bytes per block parameter, plus the output head. 0 outside autocast."""
+    if regime(run) != "autocast" or model.layer_params is None:
+        return 0.0
+    head_params = (model.vocab or 0) * (model.hidden or 0) if head else 0
+    return run.recipe.activation_bytes * (layers * model.layer_params + head_params) / tp
+
+
+def head_saved_bytes(model: "ModelSpec", run: "RunSpec", *, tp: int = 1) -> float:
+    """The final norm's and the output head's saved inputs, plus the loss's fp32 log-softmax (s·b·V·4)."""
+    s, b, h = run.seq_len, run.micro_batch, model.hidden
+    res, lo, _ = _bytes(run)
+    norm = (4 + res) * h if model.family == "llama" else res * h
+    extra = 0.0 if model.family == "generic" else (norm + lo * h) * s * b  # generic: Korthikanti's 4sbV only
+    return extra / tp + 4 * s * b * (model.vocab or 0) / tp

@@ -1,0 +1,166 @@
+"""Measure a device for the planner's time model: GEMMs at the model's shapes, fused attention, bandwidth.
+
+    from convoy.plan.calibrate import calibrate, measure
+    record = calibrate(model, run, device="cuda")          # cached per device + torch version; measures what is missing
+    record = measure(model, run, device="cuda:0")         # always measures, no cache
+
+The only module of ``convoy.plan`` that imports torch, and only inside its functions. Every number is a median
+of timed repetitions after a warm-up, synchronised on the device (``torch.cuda.synchronize``). On the CPU it
+measures the CPU (used by tests of this code path and for plans of CPU runs).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from convoy.errors import PlanError
+from convoy.plan.calibration import (Calibration, attention_key, gemm_key, load_calibration, save_calibration)
+from convoy.plan.memory import RunSpec
+from convoy.plan.model import ModelSpec
+from convoy.plan.timing import attention_shape, gemm_shapes
+
+__all__ = ["calibrate", "measure", "device_identity"]
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _timer(device: Any) -> Callable[[Callable[[], Any], int, int], float]:
+    import torch
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def median_seconds(fn: Callable[[], Any], warmup: int, reps: int) -> float:
+        for _ in range(warmup):
+            fn()
+        sync()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    return median_seconds
+
+
+def device_identity(device: str = "cuda") -> tuple[str, str, str]:
+    """(name, uuid, torch version) of ``device`` as the cache keys them."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise PlanError("calibration needs a CUDA device and torch.cuda.is_available() is False")
+        props = torch.cuda.get_device_properties(dev.index or 0)
+        return props.name, str(getattr(props, "uuid", "") or ""), torch.__version__
+    if dev.type == "cpu":
+        import platform
+
+        return f"cpu {platform.processor() or platform.machine()}", "", torch.__version__
+    raise PlanError(f"calibration measures cuda or cpu devices, not {device!r}")
+
+
+def measure(model: ModelSpec, run: RunSpec, *, device: str = "cuda", tp: int = 1, reps: int = 10,
+            copy_bytes: int = 1 << 28, gemms: bool = True, attention: bool = True) -> Calibration:
+    """Measure ``model``'s GEMM shapes and attention for ``run`` (one tp rank's share), bandwidth and launch
+    overhead on ``device``; the peer bandwidth too when several CUDA devices are visible."""
+    import torch
+    import torch.nn.functional as F
+
+    dev = torch.device(device)
+    name, uuid, version = device_identity(device)
+    timed = _timer(dev)
+    dtype_name = run.recipe.compute
+    dtype = getattr(torch, _DTYPES[dtype_name])
+    flops: dict[str, float] = {}
+    if gemms and model.has_shape:
+        for m, k, n, _ in gemm_shapes(model, run, tp=tp):
+            key = gemm_key(m, k, n, dtype_name)
+            if key in flops:
+                continue
+            a, b = torch.randn(m, k, device=dev, dtype=dtype), torch.randn(k, n, device=dev, dtype=dtype)
+            flops[key] = 2 * m * k * n / timed(lambda: torch.mm(a, b), 2, reps)
+            del a, b
+    attn: dict[str, float] = {}
+    if attention and model.has_shape:
+        bsz, heads, kv, seq, hd = attention_shape(model, run, tp=tp)
+        q = torch.randn(bsz, heads, seq, hd, device=dev, dtype=dtype, requires_grad=True)
+        k = torch.randn(bsz, kv, seq, hd, device=dev, dtype=dtype, requires_grad=True)
+        v = torch.randn(bsz, kv, seq, hd, device=dev, dtype=dtype, requires_grad=True)
+
+        def fwd_bwd() -> None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
+            out.backward(torch.ones_like(out))
+
+        attn[attention_key(bsz, heads, kv, seq, hd, dtype_name)] = timed(fwd_bwd, 2, reps)
+        del q, k, v
+    src = torch.empty(copy_bytes // 4, device=dev, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    bandwidth = 2 * copy_bytes / timed(lambda: dst.copy_(src), 2, reps)
+    small = torch.zeros(16, device=dev)
+    launch = timed(lambda: [small.add_(1) for _ in range(100)], 1, reps) / 100
+    pointwise = _pointwise_seconds_per_byte(model, run, dev, dtype, timed, reps) if model.has_shape else 0.0
+    peer = None
+    if dev.type == "cuda" and torch.cuda.device_count() > 1:
+        other = torch.empty_like(src, device=torch.device("cuda", 1 if (dev.index or 0) == 0 else 0))
+        peer = copy_bytes / timed(lambda: other.copy_(src), 2, reps)
+        del other
+    del src, dst
+    return Calibration(device_name=name, device_uuid=uuid, torch_version=version, device_type=dev.type,
+                       gemm_flops=flops, attention_seconds=attn, memory_bytes_per_s=bandwidth,
+                       launch_seconds=launch, pointwise_seconds_per_byte=pointwise, peer_bytes_per_s=peer,
+                       measured_at=time.time())
+
+
+def _pointwise_seconds_per_byte(model: ModelSpec, run: RunSpec, dev: Any, dtype: Any, timed, reps: int) -> float:
+    """Forward + backward of a memory-bound chain like a block's (LayerNorm in fp32, GPT-2's unfused tanh GELU,
+    SiLU x up, residual add) on (tokens, hidden) under autocast, per byte it saves for backward."""
+    import torch
+    import torch.nn.functional as F
+
+    h = model.hidden or 1
+    m = max(1, min(run.seq_len * run.micro_batch, (1 << 26) // h))  # at most 64M elements
+    x = torch.randn(m, h, device=dev, dtype=torch.float32, requires_grad=True)
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    def chain(count: bool = False) -> None:
+        with torch.autograd.graph.saved_tensors_hooks(pack if count else (lambda t: t), lambda t: t):
+            with torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32):
+                y = F.layer_norm(x, (h,))
+                g = 0.5 * y * (1.0 + torch.tanh(0.7978845608 * (y + 0.044715 * torch.pow(y, 3.0))))
+                lo = y.to(dtype)
+                out = g + F.silu(lo) * lo + x
+        out.backward(torch.ones_like(out))
+
+    chain(count=True)
+    x.grad = None
+    seconds = timed(chain, 1, reps)
+    return seconds / max(1, sum(saved.values()))
+
+
+def calibrate(model: ModelSpec, run: RunSpec, *, device: str = "cuda", tp: int = 1, path: Path | None = None,
+              **kwargs: Any) -> Calibration:
+    """The cached record for ``device`` with ``model``'s shapes measured if missing (then cached)."""
+    name, uuid, version = device_identity(device)
+    cached = load_calibration(device_name=name, device_uuid=uuid, torch_version=version, path=path)
+    need_gemm = need_attn = True
+    if cached is not None and model.has_shape:
+        dtype = run.recipe.compute
+        need_gemm = any(gemm_key(m, k, n, dtype) not in cached.gemm_flops for m, k, n, _ in gemm_shapes(model, run, tp=tp))
+        need_attn = attention_key(*attention_shape(model, run, tp=tp), dtype) not in cached.attention_seconds
+        if not need_gemm and not need_attn and cached.memory_bytes_per_s:
+            return cached
+    fresh = measure(model, run, device=device, tp=tp, gemms=need_gemm, attention=need_attn, **kwargs)
+    record = cached.merged(fresh) if cached is not None else fresh
+    save_calibration(record, path=path)
+    return record

@@ -1,0 +1,198 @@
+"""What the machine at hand achieves, measured once per device and torch version, and cached.
+
+    from convoy.plan.calibration import Calibration, load_calibration, save_calibration, cache_path
+    record = load_calibration(device_name="NVIDIA H100 80GB HBM3", device_uuid="GPU-...", torch_version="2.13.0")
+    step_time(model, run, layout, hw, global_batch=8, calibration=record)      # convoy.plan.timing
+
+A ``Calibration`` holds achieved rates, not a single efficiency: matmul FLOP/s per GEMM shape (the model's
+own shapes), the seconds of one fused-attention forward + backward per shape, the memory bandwidth of a large
+copy, the per-kernel launch overhead, and (several GPUs) the peer-to-peer copy bandwidth. The measuring code
+is ``convoy.plan.calibrate`` (imports torch); this module is plain data and a JSON cache, torch-free.
+
+The cache is one JSON file, ``$XDG_CACHE_HOME/convoy/calibration.json`` (``~/.cache/...`` by default),
+a map from ``calibration_key(device name, device uuid, torch version)`` to a record. A record is used only for
+the same device (uuid, else name), the same torch version and the same ``FORMAT``; anything else is measured
+again. Shapes missing from a record are measured and merged in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from convoy.errors import PlanError
+
+__all__ = ["Calibration", "FORMAT", "cache_path", "calibration_key", "load_calibration", "save_calibration",
+           "gemm_key", "attention_key", "resolve_calibration"]
+
+#: bump when a field's meaning changes: older records are then ignored (measured again)
+FORMAT = 1
+
+
+def gemm_key(m: int, k: int, n: int, dtype: str) -> str:
+    """``"8192x768x2304:bf16"``: an (m, k) @ (k, n) product in ``dtype``."""
+    return f"{m}x{k}x{n}:{dtype}"
+
+
+def attention_key(batch: int, heads: int, kv_heads: int, seq: int, head_dim: int, dtype: str) -> str:
+    """``"8x12x12x1024x64:bf16"``: causal SDPA over (batch, heads, seq, head_dim) with ``kv_heads`` K/V heads."""
+    return f"{batch}x{heads}x{kv_heads}x{seq}x{head_dim}:{dtype}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """Achieved rates of one device under one torch version."""
+
+    device_name: str
+    """As the runtime names it (``torch.cuda.get_device_name``), e.g. ``"NVIDIA H100 80GB HBM3"``."""
+    device_uuid: str = ""
+    """The device's UUID where the runtime gives one (``GPU-...``); empty for the CPU."""
+    torch_version: str
+    device_type: str = "cuda"
+    """``"cuda"`` or ``"cpu"``."""
+    gemm_flops: Mapping[str, float] = field(default_factory=dict)
+    """``gemm_key`` -> achieved FLOP/s (2mnk per product, median of timed runs)."""
+    attention_seconds: Mapping[str, float] = field(default_factory=dict)
+    """``attention_key`` -> seconds of one causal SDPA forward + backward."""
+    memory_bytes_per_s: float = 0.0
+    """Device memory bandwidth: bytes read + written per second by a large copy."""
+    launch_seconds: float = 0.0
+    """Seconds per small kernel in a row of them (launch overhead as eager PyTorch sees it)."""
+    pointwise_seconds_per_byte: float = 0.0
+    """Seconds of forward + backward of a chain of norm / GELU / SiLU / residual ops per byte they save for
+    backward: what memory-bound work costs per saved activation byte (0: not measured)."""
+    peer_bytes_per_s: float | None = None
+    """One-direction copy bandwidth between two devices of the node; None with one device."""
+    measured_at: float = 0.0
+    """Unix time of the (last) measurement."""
+    format: int = FORMAT
+
+    @property
+    def key(self) -> str:
+        return calibration_key(self.device_name, self.device_uuid, self.torch_version)
+
+    def merged(self, other: "Calibration") -> "Calibration":
+        """This record with ``other``'s shapes and rates added (``other`` wins where both measured)."""
+        return replace(self, gemm_flops={**self.gemm_flops, **other.gemm_flops},
+                       attention_seconds={**self.attention_seconds, **other.attention_seconds},
+                       memory_bytes_per_s=other.memory_bytes_per_s or self.memory_bytes_per_s,
+                       launch_seconds=other.launch_seconds or self.launch_seconds,
+                       pointwise_seconds_per_byte=other.pointwise_seconds_per_byte or self.pointwise_seconds_per_byte,
+                       peer_bytes_per_s=other.peer_bytes_per_s or self.peer_bytes_per_s,
+                       measured_at=max(self.measured_at, other.measured_at))
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["gemm_flops"], d["attention_seconds"] = dict(self.gemm_flops), dict(self.attention_seconds)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Calibration":
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def describe(self) -> str:
+        rates = sorted(self.gemm_flops.values())
+        mid = f"{rates[len(rates) // 2] / 1e12:.0f} TFLOP/s median matmul" if rates else "no matmul shapes"
+        bw = f", {self.memory_bytes_per_s / 1e9:.0f} GB/s memory" if self.memory_bytes_per_s else ""
+        peer = f", {self.peer_bytes_per_s / 1e9:.0f} GB/s peer" if self.peer_bytes_per_s else ""
+        when = time.strftime("%Y-%m-%d", time.gmtime(self.measured_at)) if self.measured_at else "?"
+        return f"{self.device_name} (torch {self.torch_version}, measured {when}): {mid}{bw}{peer}"
+
+
+def calibration_key(device_name: str, device_uuid: str, torch_version: str) -> str:
+    """One cache entry per physical device (its uuid, else its name) and torch version."""
+    return f"{device_uuid or device_name}|torch {torch_version}"
+
+
+def cache_path(env: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CACHE_HOME/convoy/calibration.json``, ``~/.cache/convoy/calibration.json`` without it."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "convoy" / "calibration.json"
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, json.JSONDecodeError):
+        return {}  # a damaged cache is measured again, not an error
+    return data if isinstance(data, dict) else {}
+
+
+def load_calibration(*, device_name: str, device_uuid: str = "", torch_version: str,
+                     path: Path | None = None) -> Calibration | None:
+    """The cached record for this device and torch version, or None (absent, other version, older format)."""
+    entry = _read(path or cache_path()).get(calibration_key(device_name, device_uuid, torch_version))
+    if not isinstance(entry, dict) or entry.get("format") != FORMAT:
+        return None
+    try:
+        record = Calibration.from_dict(entry)
+    except TypeError:
+        return None
+    if record.torch_version != torch_version or (device_uuid and record.device_uuid != device_uuid):
+        return None
+    return record
+
+
+def save_calibration(record: Calibration, *, path: Path | None = None) -> Path:
+    """Write (or merge into) the cache entry for ``record``'s device and torch version; returns the file."""
+    path = path or cache_path()
+    data = _read(path)
+    old = data.get(record.key)
+    if isinstance(old, dict) and old.get("format") == FORMAT:
+        try:
+            record = Calibration.from_dict(old).merged(record)
+        except TypeError:
+            pass
+    data[record.key] = record.as_dict()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError as err:
+        raise PlanError(f"cannot write the calibration cache {str(path)!r} ({err}); set XDG_CACHE_HOME to a "
+                        "writable directory") from None
+    return path
+
+
+def resolve_calibration(hw: Any, model: Any, run: Any, *, tp: int = 1, inventory: Any = None,
+                        path: Path | None = None) -> tuple["Calibration | None", str]:
+    """The calibration ``convoy plan --calibrate`` uses, and a sentence saying which time model applies.
+
+    Measures (``convoy.plan.calibrate``, imports torch) only when a device of the planned kind is visible
+    here; otherwise returns None and says that the datasheet model is kept and why."""
+    from convoy.plan.hardware import lookup_gpu
+
+    datasheet = "step times use the datasheet model (peak FLOPs x a fixed efficiency)"
+    if inventory is None:
+        try:
+            from convoy.devices.discovery import discover
+
+            inventory = discover()
+        except Exception as err:  # noqa: BLE001 -- probing is best effort: the plan still stands without it
+            return None, f"calibration skipped: no device probe ({err}); {datasheet}"
+    visible = []
+    for d in getattr(inventory, "devices", ()) or ():
+        try:
+            visible.append(lookup_gpu(d.name).name)
+        except PlanError:
+            visible.append(d.name)
+    if hw.gpu.name not in visible:
+        here = ", ".join(sorted(set(visible))) or "no GPU"
+        return None, (f"calibration needs the {hw.gpu.name} being planned for, and this machine has {here}; "
+                      f"{datasheet}")
+    from convoy.plan.calibrate import calibrate
+
+    try:
+        record = calibrate(model, run, device="cuda", tp=tp, path=path)
+    except PlanError as err:  # e.g. a CPU-only torch on a GPU machine: the plan stands on the datasheet
+        return None, f"calibration failed ({err}); {datasheet}"
+    return record, f"step times use rates measured on this machine: {record.describe()}"

@@ -1,0 +1,178 @@
+"""Calibration: the cache (format, keys, invalidation), how measured rates change step times, and measuring."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from convoy.devices.inventory import load_inventory
+from convoy.plan.activations import block_bytes, head_saved_bytes
+from convoy.plan.api import plan, plan_for
+from convoy.plan.calibration import (FORMAT, Calibration, attention_key, cache_path, calibration_key, gemm_key,
+                                     load_calibration, resolve_calibration, save_calibration)
+from convoy.plan.hardware import parse_hardware
+from convoy.plan.memory import Layout, RunSpec
+from convoy.plan.model import from_hf_config
+from convoy.plan.timing import attention_shape, gemm_shapes, model_flops_per_token, step_time
+
+CONFIGS = Path(__file__).parent / "configs"
+GPT2 = from_hf_config(CONFIGS / "gpt2.json")
+RUN = RunSpec(seq_len=1024, micro_batch=8, precision="bf16-autocast", attention="flash")
+H100 = parse_hardware("1xH100-80GB")
+
+
+def _record(rate: float = 400e12, attn: float = 2e-3, **kw) -> Calibration:
+    """A fake H100 record with every GPT-2 GEMM shape at ``rate`` FLOP/s."""
+    gemms = {gemm_key(m, k, n, "bf16"): rate for m, k, n, _ in gemm_shapes(GPT2, RUN)}
+    fields = dict(device_name="NVIDIA H100 80GB HBM3", device_uuid="GPU-1234", torch_version="2.11.0+cu130",
+                  gemm_flops=gemms, attention_seconds={attention_key(*attention_shape(GPT2, RUN), "bf16"): attn},
+                  memory_bytes_per_s=3.0e12, launch_seconds=5e-6, measured_at=1.7e9)
+    return Calibration(**{**fields, **kw})
+
+
+def test_cache_round_trip_and_what_invalidates_it(tmp_path):
+    path = tmp_path / "calibration.json"
+    rec = _record()
+    assert save_calibration(rec, path=path) == path
+    ident = dict(device_name=rec.device_name, device_uuid=rec.device_uuid, torch_version=rec.torch_version)
+    assert load_calibration(**ident, path=path) == rec
+    assert load_calibration(**{**ident, "torch_version": "2.12.0"}, path=path) is None  # another torch
+    assert load_calibration(**{**ident, "device_uuid": "GPU-5678"}, path=path) is None  # another board
+    data = json.loads(path.read_text())
+    assert list(data) == [calibration_key(rec.device_name, "GPU-1234", "2.11.0+cu130")] == ["GPU-1234|torch 2.11.0+cu130"]
+    data[rec.key]["format"] = FORMAT - 1  # an older format is measured again, not misread
+    path.write_text(json.dumps(data))
+    assert load_calibration(**ident, path=path) is None
+    path.write_text("{not json")  # a damaged cache is ignored, then overwritten
+    assert load_calibration(**ident, path=path) is None
+    save_calibration(rec, path=path)
+    assert load_calibration(**ident, path=path) == rec
+
+
+def test_saving_merges_new_shapes_into_the_entry(tmp_path):
+    path = tmp_path / "c.json"
+    save_calibration(_record(), path=path)
+    extra = _record(gemm_flops={"1x2x3:bf16": 1e12}, attention_seconds={}, memory_bytes_per_s=2.5e12,
+                    measured_at=1.8e9)
+    save_calibration(extra, path=path)
+    got = load_calibration(device_name=extra.device_name, device_uuid="GPU-1234", torch_version="2.11.0+cu130",
+                           path=path)
+    assert got.gemm_flops["1x2x3:bf16"] == 1e12 and len(got.gemm_flops) == len(_record().gemm_flops) + 1
+    assert got.attention_seconds == _record().attention_seconds and got.memory_bytes_per_s == 2.5e12
+
+
+def test_cache_file_lives_under_the_user_cache_dir():
+    assert cache_path({"XDG_CACHE_HOME": "/x"}) == Path("/x/convoy/calibration.json")
+    assert cache_path({}).parts[-3:] == (".cache", "convoy", "calibration.json")
+
+
+def test_measured_rates_replace_the_fixed_efficiency():
+    layout = Layout()
+    sheet = step_time(GPT2, RUN, layout, H100, global_batch=8)
+    assert sheet.time_model == "datasheet"
+    # only GEMMs (no memory traffic, no launches, attention free): the step is the GEMM FLOPs at the rate
+    rec = _record(attn=0.0, memory_bytes_per_s=float("inf"), launch_seconds=0.0)
+    fast = step_time(GPT2, RUN, layout, H100, global_batch=8, calibration=rec)
+    flops = sum(3 * count * 2 * m * k * n for m, k, n, count in gemm_shapes(GPT2, RUN))
+    assert fast.time_model == "calibrated" and fast.seconds == pytest.approx(flops / 400e12)
+    half = step_time(GPT2, RUN, layout, H100, global_batch=8,
+                     calibration=_record(200e12, attn=0.0, memory_bytes_per_s=float("inf"), launch_seconds=0.0))
+    assert half.seconds == pytest.approx(2 * fast.seconds)
+    # attention, memory traffic and launches each add time
+    full = step_time(GPT2, RUN, layout, H100, global_batch=8, calibration=_record())
+    assert full.seconds > fast.seconds + 12 * 2e-3
+    assert full.mfu == pytest.approx(model_flops_per_token(GPT2, 1024) * 8192 / (full.seconds * 989.4e12))
+    # a measured cost per saved byte replaces the 4x-traffic-at-bandwidth estimate for memory-bound work
+    only_pointwise = _record(attn=0.0, memory_bytes_per_s=float("inf"), launch_seconds=0.0,
+                             pointwise_seconds_per_byte=1e-12)
+    pw = step_time(GPT2, RUN, layout, H100, global_batch=8, calibration=only_pointwise)
+    saved = 12 * block_bytes(GPT2, RUN) + head_saved_bytes(GPT2, RUN)
+    assert pw.seconds == pytest.approx(fast.seconds + saved * 1e-12)
+
+
+def test_recompute_and_unknown_shapes():
+    rec = _record(attn=0.0, memory_bytes_per_s=float("inf"), launch_seconds=0.0)
+    base = step_time(GPT2, RUN, Layout(), H100, global_batch=8, calibration=rec)
+    full = step_time(GPT2, replace(RUN, recompute="full"), Layout(), H100, global_batch=8, calibration=rec)
+    assert full.seconds == pytest.approx(base.seconds * 4 / 3)  # one more forward of every GEMM
+    other = replace(RUN, seq_len=512)  # shapes the record lacks take its median rate in that dtype
+    t = step_time(GPT2, other, Layout(), H100, global_batch=8, calibration=rec)
+    flops = sum(3 * count * 2 * m * k * n for m, k, n, count in gemm_shapes(GPT2, other))
+    assert t.seconds == pytest.approx(flops / 400e12 + 12 * 3 * 4 * 8 * 12 * 512 * 512 * 64 / 400e12)
+
+
+def test_peer_bandwidth_replaces_the_datasheet_link():
+    hw = parse_hardware("8xH100-80GB")
+    layout = plan_for(GPT2, RUN, hw, global_batch=64).row("ddp").candidate.layout
+    sheet = step_time(GPT2, RUN, layout, hw, global_batch=64)
+    slow = step_time(GPT2, RUN, layout, hw, global_batch=64, calibration=_record(peer_bytes_per_s=45e9))
+    assert slow.dp_comm == pytest.approx(sheet.dp_comm * 10)
+
+
+def test_without_the_planned_gpu_the_plan_says_it_keeps_the_datasheet(tmp_path, monkeypatch):
+    inv = load_inventory(Path(__file__).parents[1] / "inventories" / "8xh100_nvswitch.json")
+    planned = parse_hardware("1xMI300X")
+    record, note = resolve_calibration(planned, GPT2, RUN, inventory=inv, path=tmp_path / "c.json")
+    assert record is None and "calibration needs the MI300X" in note and "datasheet" in note
+    record, note = resolve_calibration(planned, GPT2, RUN, inventory=type("Empty", (), {"devices": ()})())
+    assert record is None and "no GPU" in note
+    import convoy.devices.discovery as discovery
+
+    monkeypatch.setattr(discovery, "discover", lambda *a, **k: type("Empty", (), {"devices": ()})())
+    p = plan(GPT2, hardware="1xH100-80GB", seq_len=1024, micro_batch=8, precision="bf16-autocast", calibrate=True)
+    d = p.as_dict()["time_model"]
+    assert d["kind"] == "datasheet" and d["calibration"] is None and "needs the H100-80GB" in d["note"]
+    assert all(r.time.time_model == "datasheet" for r in p.rows)
+    # the planned GPU is visible but this torch cannot reach it (a CPU build): the datasheet, and why
+    h100 = type("One", (), {"devices": (type("D", (), {"name": "NVIDIA H100 80GB HBM3"})(),)})()
+    import convoy.plan.calibrate as cal
+
+    monkeypatch.setattr(cal, "device_identity", lambda device: (_ for _ in ()).throw(
+        cal.PlanError("calibration needs a CUDA device and torch.cuda.is_available() is False")))
+    record, note = resolve_calibration(H100, GPT2, RUN, inventory=h100, path=tmp_path / "c.json")
+    assert record is None and "calibration failed" in note and "is_available() is False" in note
+    plain = plan(GPT2, hardware="1xH100-80GB").as_dict()["time_model"]
+    assert plain["kind"] == "datasheet" and "--calibrate" in plain["note"]
+
+
+def test_measuring_code_runs_on_the_cpu_and_caches(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from convoy.plan import calibrate as cal
+
+    tiny = from_hf_config({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                           "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256})
+    run = RunSpec(seq_len=32, micro_batch=2, precision="fp32")
+    path = tmp_path / "c.json"
+    rec = cal.calibrate(tiny, run, device="cpu", path=path, reps=2, copy_bytes=1 << 20)
+    assert rec.device_type == "cpu" and rec.memory_bytes_per_s > 0 and rec.launch_seconds > 0
+    assert 0 < rec.pointwise_seconds_per_byte < 1e-6
+    assert {gemm_key(m, k, n, "fp32") for m, k, n, _ in gemm_shapes(tiny, run)} == set(rec.gemm_flops)
+    assert all(v > 0 for v in rec.gemm_flops.values()) and len(rec.attention_seconds) == 1
+    monkeypatch.setattr(cal, "measure", lambda *a, **k: pytest.fail("a cached record was measured again"))
+    assert cal.calibrate(tiny, run, device="cpu", path=path) == rec
+    with pytest.raises(Exception, match="cuda or cpu"):
+        cal.device_identity("mps:0")
+
+
+@pytest.mark.gpu
+def test_calibration_on_the_gpu_measures_and_the_plan_uses_it(tmp_path, monkeypatch):
+    """Runs on a GPU machine: the real CUDA path, its cache, and a plan timed with it."""
+    import torch
+
+    from convoy.plan import calibrate as cal
+    from convoy.plan.hardware import lookup_gpu
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    rec = cal.calibrate(GPT2, RUN, device="cuda")
+    name = torch.cuda.get_device_name(0)
+    assert rec.device_name == name and rec.torch_version == torch.__version__ and rec.device_type == "cuda"
+    peak = lookup_gpu(name).peak_flops("bf16")
+    assert all(0.02 * peak < r < 1.05 * peak for r in rec.gemm_flops.values()), rec.gemm_flops
+    assert 1e11 < rec.memory_bytes_per_s < 1e13 and 0 < rec.launch_seconds < 1e-3
+    assert (tmp_path / "convoy" / "calibration.json").exists()
+    p = plan(GPT2, seq_len=1024, micro_batch=8, precision="bf16-autocast", calibrate=True)
+    assert p.calibration is not None and p.as_dict()["time_model"]["kind"] == "calibrated"
+    assert p.row("single").time.time_model == "calibrated" and p.row("single").time.seconds > 0
