@@ -24,9 +24,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from convoy.errors import ConfigError, NotSupportedYetError
-from convoy.train import collectives, state
+from convoy.train import collectives, operations, state
 from convoy.train.data import LoopState, PreparedDataLoader, SkipFirstBatches
 from convoy.train.environment import resolve_settings, start_process_group, stop_process_group
+from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers
+from convoy.train.process_state import AcceleratorState, DistributedType, GradientState
+from convoy.train.state_hooks import StateHooks
 from convoy.train.strategies.base import Strategy, SupportsNoSync, strategy_class
 from convoy.train.strategy_setup import build_strategy
 from convoy.train.wrappers import PreparedOptimizer, PreparedScheduler
@@ -35,6 +38,19 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["Accelerator", "ProjectConfiguration", "DataLoaderConfiguration"]
+
+# Accelerate's constructor arguments convoy refuses, and what to use instead.
+_REFUSED = {
+    "deepspeed_plugin": "strategy='zero1'/'zero2'/'zero3' (ZeRO on PyTorch's engines) with strategy_options={...}",
+    "deepspeed_plugins": "strategy='zero1'/'zero2'/'zero3' with strategy_options={...}",
+    "fsdp_plugin": "strategy='fsdp' (FSDP2) with strategy_options={...}",
+    "megatron_lm_plugin": "parallelism={'tp': ..., 'pp': ...}",
+    "torch_tp_plugin": "parallelism={'tp': ...}",
+    "parallelism_config": "parallelism={'dp': ..., 'tp': ..., 'pp': ...}",
+    "dynamo_backend": "torch.compile(model) before prepare()",
+    "dynamo_plugin": "torch.compile(model) before prepare()",
+    "dispatch_batches": "DataLoaderConfiguration(...) (convoy shards on every process)",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,18 +87,32 @@ class Accelerator:
                  project_config: ProjectConfiguration | None = None, dataloader_config: Any = None,
                  rng_types: Any = None, log_with: Any = None, strategy_options: dict[str, Any] | None = None,
                  collective_timeout: float | None = None, planner: Callable[..., Any] | None = None,
-                 parallelism: Any = None, **unsupported: Any) -> None:
+                 parallelism: Any = None, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+                 kwargs_handlers: list[Any] | None = None, **unsupported: Any) -> None:
         if unsupported:
-            raise NotSupportedYetError(f"Accelerator({', '.join(sorted(unsupported))}=...) is not supported by "
-                                       "convoy yet; remove the argument(s)")
+            name = sorted(unsupported)[0]
+            instead = _REFUSED.get(name, "remove the argument")
+            raise NotSupportedYetError(f"Accelerator({name}=...) is not supported by convoy; use {instead}")
+        if gradient_accumulation_plugin is not None and gradient_accumulation_steps is not None:
+            raise ConfigError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both")
+        plugin = gradient_accumulation_plugin
+        handlers = collect_handlers(kwargs_handlers)
+        if collective_timeout is None and handlers.timeout_s is not None:
+            collective_timeout = handlers.timeout_s
         if log_with is not None:
             raise NotSupportedYetError("Accelerator(log_with=...) experiment trackers are not supported yet; "
                                        "log from `if accelerator.is_main_process:`")
         self.settings = resolve_settings(explicit={
             "mixed_precision": mixed_precision, "strategy": strategy, "collective_timeout": collective_timeout,
-            "gradient_accumulation_steps": gradient_accumulation_steps, "parallelism": parallelism}, cpu=cpu)
+            "gradient_accumulation_steps": plugin.num_steps if plugin is not None else gradient_accumulation_steps,
+            "parallelism": parallelism, "backend": handlers.backend}, cpu=cpu)
+        self.gradient_accumulation_plugin = plugin or GradientAccumulationPlugin(
+            num_steps=self.settings.gradient_accumulation_steps)
+        self._accumulation_steps = self.gradient_accumulation_plugin.num_steps
+        self._handlers = handlers
         strategy_class(self.settings.strategy) if self.settings.strategy != "auto" else None  # fail early
         config = dataloader_config or DataLoaderConfiguration()
+        self.dataloader_config = config
         self.split_batches = bool(config.split_batches if split_batches is None else split_batches)
         self.even_batches = bool(config.even_batches if even_batches is None else even_batches)
         self.device_placement = device_placement
@@ -94,7 +124,7 @@ class Accelerator:
                                            iteration=project.iteration)
         self.project_configuration = project
         self.save_iteration = project.iteration
-        self._strategy_options = dict(strategy_options or {})
+        self._strategy_options = {**handlers.ddp, **(strategy_options or {})}
         self._planner = planner
         self._loop = LoopState()
         self.step = 0  # micro-steps seen by accumulate()
@@ -105,12 +135,17 @@ class Accelerator:
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom: list[Any] = []
+        self._state_hooks = StateHooks()
+        self.flag_tensor: Any = None  # set_trigger / check_trigger
         self.scaler = self._make_scaler()
         if self.settings.device_type == "cuda":
             import torch
 
             torch.cuda.set_device(self.settings.local_rank)
         start_process_group(self.settings)
+        kind = strategy_class(self.settings.strategy).distributed_type if self.settings.strategy != "auto" else ""
+        self.state = AcceleratorState._from_settings(self.settings, kind if isinstance(kind, str) else "")
+        GradientState._register(self)
 
     # --- properties ------------------------------------------------------------------------------------
     @property
@@ -150,14 +185,15 @@ class Accelerator:
         return self.settings.world_size > 1
 
     @property
-    def distributed_type(self) -> str:
-        """Accelerate's name of the set-up: ``"NO"``, ``"MULTI_CPU"``, ``"MULTI_GPU"``, ``"FSDP"``, ..."""
-        kind = self._strategy.distributed_type if self._strategy is not None else ""
-        if kind:
-            return kind
-        if self.settings.world_size == 1:
-            return "NO"
-        return "MULTI_GPU" if self.settings.device_type == "cuda" else "MULTI_" + self.settings.device_type.upper()
+    def distributed_type(self) -> DistributedType:
+        """Accelerate's name of the set-up (``DistributedType.NO``, ``MULTI_CPU``, ``MULTI_GPU``, ``FSDP``, ...);
+        a ``str`` enum, so it also equals ``"MULTI_CPU"``. The same as ``accelerator.state.distributed_type``."""
+        return self.state.distributed_type
+
+    @property
+    def gradient_state(self) -> GradientState:
+        """The loop's state under Accelerate's names (``sync_gradients``, ``end_of_dataloader``, ...)."""
+        return GradientState(_accelerator=self)
 
     @property
     def mixed_precision(self) -> str:
@@ -165,7 +201,13 @@ class Accelerator:
 
     @property
     def gradient_accumulation_steps(self) -> int:
-        return self.settings.gradient_accumulation_steps
+        return self._accumulation_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ConfigError(f"gradient_accumulation_steps={steps!r} must be a whole number >= 1")
+        self._accumulation_steps = steps
 
     @property
     def sync_gradients(self) -> bool:
@@ -190,6 +232,8 @@ class Accelerator:
             return self._strategy
         strategy = build_strategy(self.settings, model=model, options=self._strategy_options, planner=self._planner)
         self._strategy = strategy
+        if strategy.distributed_type:  # the strategy auto chose names the set-up (FSDP, ...)
+            self.state.distributed_type = DistributedType(strategy.distributed_type)
         for loader in self._dataloaders:  # prepared before auto chose: shard over its data-parallel groups
             loader.reshard(num_shards=strategy.data_parallel_size, shard=strategy.data_parallel_rank)
         return strategy
@@ -199,11 +243,12 @@ class Accelerator:
             return None
         import torch
 
-        return torch.amp.GradScaler(self.settings.device_type)
+        return torch.amp.GradScaler(self.settings.device_type, **self._handlers.scaler)
 
     # --- prepare ---------------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
         """Prepare models, optimizers, dataloaders and schedulers (any order); returned in the same order."""
+        self.state.device  # noqa: B018 - after AcceleratorState._reset_state() this raises Accelerate's error
         out: list[Any] = list(args)
         kinds = [self._kind(obj) for obj in args]
         for i, obj in enumerate(args):
@@ -320,27 +365,49 @@ class Accelerator:
     def accumulate(self, *models: "torch.nn.Module") -> Iterator[None]:
         """One micro-step: gradients are synchronised (and the optimizer steps) every
         ``gradient_accumulation_steps`` micro-steps and at the end of the dataloader."""
+        plugin = self.gradient_accumulation_plugin
         self.step += 1
-        end = self._loop.end_of_dataloader
+        end = self._loop.end_of_dataloader and plugin.sync_with_dataloader
         self._loop.sync_gradients = end or self.step % self.gradient_accumulation_steps == 0
         if end:
             self.step = 0
         with contextlib.ExitStack() as stack:
-            if not self._loop.sync_gradients:
+            if not self._loop.sync_gradients and not plugin.sync_each_batch:
                 for model in models:
                     stack.enter_context(self.no_sync(model))
             yield
 
     @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: "torch.nn.Module") -> Iterator[None]:
+        """The next backward inside synchronises gradients, also after forwards run under ``no_sync``."""
+        strategy = self.strategy
+        if isinstance(strategy, SupportsNoSync):
+            with strategy.trigger_sync(model):
+                yield
+        else:
+            yield
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Let processes with fewer batches finish (DDP's ``Join``); ``even_batches`` overrides the prepared
+        loaders' setting inside."""
+        from convoy.train.joining import join_uneven_inputs
+
+        with join_uneven_inputs(self, joinables, even_batches):
+            yield
+
+    @contextlib.contextmanager
     def autocast(self, autocast_handler: Any = None) -> Iterator[None]:
-        """Compute in the mixed-precision dtype inside (no-op for ``mixed_precision="no"``)."""
+        """Compute in the mixed-precision dtype inside (no-op for ``mixed_precision="no"``); an
+        ``AutocastKwargs`` (here or in ``kwargs_handlers``) sets ``enabled``/``cache_enabled``."""
         import torch
 
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.settings.mixed_precision)
+        options = autocast_handler.to_kwargs() if autocast_handler is not None else self._handlers.autocast
         if dtype is None:
             yield
             return
-        with torch.autocast(device_type=self.settings.device_type, dtype=dtype):
+        with torch.autocast(device_type=self.settings.device_type, dtype=dtype, **options):
             yield
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
@@ -361,8 +428,17 @@ class Accelerator:
         self.unscale_gradients()
         self.strategy.clip_grad_value_(parameters, clip_value)
 
-    def unwrap_model(self, model: "torch.nn.Module", keep_fp32_wrapper: bool = True) -> "torch.nn.Module":
+    def unwrap_model(self, model: "torch.nn.Module", keep_fp32_wrapper: bool = True,
+                     keep_torch_compile: bool = True) -> "torch.nn.Module":
+        """The model without the strategy's wrapper; ``keep_torch_compile=False`` also takes off
+        ``torch.compile``'s (the module it compiled)."""
         inner = self.strategy.unwrap(model)
+        if not keep_torch_compile:
+            inner = getattr(inner, "_orig_mod", inner)
+        elif hasattr(model, "_orig_mod") and not hasattr(inner, "_orig_mod"):
+            import torch
+
+            inner = torch.compile(inner)
         if not keep_fp32_wrapper:
             for candidate in (model, inner):
                 original = candidate.__dict__.pop("_convoy_original_forward", None)
@@ -400,8 +476,28 @@ class Accelerator:
         return collectives.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """All-reduce: ``"sum"`` (the default here, as in Accelerate's method), ``"mean"``, ``"max"``, ``"min"``."""
         self._arrive("reduce")
-        return collectives.reduce(tensor, reduction=reduction, scale=scale)
+        return operations.reduce(tensor, reduction=reduction, scale=scale)
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process; the next ``check_trigger()`` is True on every process."""
+        import torch
+
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """True on every process when any process called ``set_trigger()`` since the last check (collective)."""
+        import torch
+
+        flag = self.flag_tensor if self.flag_tensor is not None else torch.tensor(0, device=self.device)
+        if collectives.is_distributed():
+            self._arrive("check_trigger")
+            flag = collectives.reduce(flag, reduction="sum")
+        if int(flag.item()) >= 1:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+            return True
+        return False
 
     def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
         self._arrive("broadcast")
@@ -459,6 +555,19 @@ class Accelerator:
             return wrapper
         return decorate(function) if function is not None else decorate
 
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: run ``function`` on the last process only (others get None)."""
+        return self.on_process(function, process_index=self.num_processes - 1)
+
+    def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int = 0) -> Any:
+        """Decorator: run ``function`` on the process with this local index on each machine."""
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                return fn(*args, **kwargs) if self.local_process_index == local_process_index else None
+            return wrapper
+        return decorate(function) if function is not None else decorate
+
     @contextlib.contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
         """This process's contiguous share of a list, tuple, dict of lists or tensor."""
@@ -478,6 +587,26 @@ class Accelerator:
             self._strategy.teardown()
         stop_process_group()
 
+    def free_memory(self, *objects: Any) -> list[Any]:
+        """Forget every prepared object (and the strategy), collect garbage and empty the device cache, so the
+        memory can be reused (e.g. with a smaller batch); returns ``objects`` as Nones to reassign."""
+        import gc
+
+        import torch
+
+        for held in (self._models, self._optimizers, self._optimizer_models, self._schedulers, self._dataloaders,
+                     self._custom):
+            held.clear()
+        self._strategy = None
+        self.step = 0
+        objects = [None] * len(objects)
+        gc.collect()
+        if self.settings.device_type == "cuda":
+            torch.cuda.empty_cache()
+        return objects
+
+    clear = free_memory
+
     def init_trackers(self, *args: Any, **kwargs: Any) -> None:
         raise NotSupportedYetError("experiment trackers (init_trackers/log) are not supported yet; "
                                    "log from `if accelerator.is_main_process:`")
@@ -492,6 +621,29 @@ class Accelerator:
             raise ConfigError(f"register_for_checkpointing: {bad[0]!r} has no state_dict()/load_state_dict(); "
                               "register objects that have both")
         self._custom.extend(objects)
+
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """``torch.save(obj, f)`` on the main process only (``safe_serialization``: safetensors of a dict of
+        tensors)."""
+        if not self.is_main_process:
+            return
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file(obj, f, metadata={"format": "pt"})
+        else:
+            import torch
+
+            torch.save(obj, f)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        """``hook(models, weights, output_dir)`` runs at the start of each ``save_state``; returns a handle
+        with ``.remove()``."""
+        return self._state_hooks.register(self._state_hooks.save, hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        """``hook(models, input_dir)`` runs at the start of each ``load_state``; returns a handle."""
+        return self._state_hooks.register(self._state_hooks.load, hook)
 
     def save_model(self, model: "torch.nn.Module", save_directory: str | os.PathLike[str],
                    max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:

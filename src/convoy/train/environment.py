@@ -52,6 +52,8 @@ class TrainSettings:
     """Timeout of every collective."""
     parallel_dims: ParallelDims | None = None
     """Parallel degrees from ``CONVOY_PARALLELISM``, if given."""
+    backend: str | None = None
+    """Process-group backend asked for (``InitProcessGroupKwargs(backend=)``); ``None``: gloo on CPU, nccl on CUDA."""
 
     def __post_init__(self) -> None:
         if self.mixed_precision not in MIXED_PRECISIONS:
@@ -107,7 +109,7 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
         rank=rank, local_rank=local_rank, world_size=world_size, local_world_size=local_world_size,
         device_type="cpu" if cpu else _device_type(),
         mixed_precision=str(mixed), strategy=str(strategy), gradient_accumulation_steps=int(accum),
-        collective_timeout_s=timeout, parallel_dims=dims,
+        collective_timeout_s=timeout, parallel_dims=dims, backend=given.get("backend"),
     )
 
 
@@ -136,7 +138,7 @@ def start_process_group(settings: TrainSettings, *, always: bool = False) -> boo
     if settings.world_size == 1 and not always:
         return False
     timeout = datetime.timedelta(seconds=settings.collective_timeout_s)
-    backend = "cpu:gloo,cuda:nccl" if settings.device_type == "cuda" else "gloo"
+    backend = settings.backend or ("cpu:gloo,cuda:nccl" if settings.device_type == "cuda" else "gloo")
     if settings.world_size == 1 and "MASTER_ADDR" not in os.environ:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     else:
