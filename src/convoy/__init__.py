@@ -70,6 +70,7 @@ _LAZY: dict[str, str] = {
     "send_to_device": "convoy.train.operations",
     "copy_tensor_to_devices": "convoy.train.operations",
     "DistributedOperationException": "convoy.train.operations",
+    "prepare_data_loader": "convoy.train.loader_function",
     # plan
     "plan": "convoy.plan.api",
 }

@@ -117,6 +117,9 @@ def test_free_operations_in_one_process_keep_accelerates_defaults():
     first = torch.rand(2)
     convoy.set_seed(3)
     assert torch.equal(first, torch.rand(2))
+    shard = convoy.prepare_data_loader(torch.utils.data.DataLoader(range(8), batch_size=2), num_processes=2,
+                                       process_index=1)
+    assert [b.tolist() for b in shard] == [[2, 3], [6, 7]]
     moved = convoy.send_to_device({"x": t, "keep": t, "n": 1}, "cpu", skip_keys="keep")
     assert moved["keep"] is t and moved["n"] == 1
 
