@@ -18,39 +18,27 @@ Run it with ``convoy launch train.py`` (or torchrun): the process group is start
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from convoy.errors import ConfigError, NotSupportedYetError
 from convoy.train import collectives, operations, state
+from convoy.train.coordination import Trigger
 from convoy.train.data import LoopState, PreparedDataLoader, SkipFirstBatches
 from convoy.train.environment import resolve_settings, start_process_group, stop_process_group
-from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers
+from convoy.train.kwargs_handlers import REFUSED_ARGUMENTS, GradientAccumulationPlugin, collect_handlers
 from convoy.train.process_state import AcceleratorState, DistributedType, GradientState
 from convoy.train.state_hooks import StateHooks
 from convoy.train.strategies.base import Strategy, SupportsNoSync, strategy_class
 from convoy.train.strategy_setup import build_strategy
-from convoy.train.wrappers import PreparedOptimizer, PreparedScheduler
+from convoy.train.wrappers import PreparedOptimizer, PreparedScheduler, autocast_forward
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["Accelerator", "ProjectConfiguration", "DataLoaderConfiguration"]
 
-# Accelerate's constructor arguments convoy refuses, and what to use instead.
-_REFUSED = {
-    "deepspeed_plugin": "strategy='zero1'/'zero2'/'zero3' (ZeRO on PyTorch's engines) with strategy_options={...}",
-    "deepspeed_plugins": "strategy='zero1'/'zero2'/'zero3' with strategy_options={...}",
-    "fsdp_plugin": "strategy='fsdp' (FSDP2) with strategy_options={...}",
-    "megatron_lm_plugin": "parallelism={'tp': ..., 'pp': ...}",
-    "torch_tp_plugin": "parallelism={'tp': ...}",
-    "parallelism_config": "parallelism={'dp': ..., 'tp': ..., 'pp': ...}",
-    "dynamo_backend": "torch.compile(model) before prepare()",
-    "dynamo_plugin": "torch.compile(model) before prepare()",
-    "dispatch_batches": "DataLoaderConfiguration(...) (convoy shards on every process)",
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,8 +79,9 @@ class Accelerator:
                  kwargs_handlers: list[Any] | None = None, **unsupported: Any) -> None:
         if unsupported:
             name = sorted(unsupported)[0]
-            instead = _REFUSED.get(name, "remove the argument")
-            raise NotSupportedYetError(f"Accelerator({name}=...) is not supported by convoy; use {instead}")
+            instead = f"use {REFUSED_ARGUMENTS[name]}" if name in REFUSED_ARGUMENTS else \
+                "remove it (docs/migrating.md lists what convoy takes instead of Accelerate's other arguments)"
+            raise NotSupportedYetError(f"Accelerator({name}=...) is not supported by convoy; {instead}")
         if gradient_accumulation_plugin is not None and gradient_accumulation_steps is not None:
             raise ConfigError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both")
         plugin = gradient_accumulation_plugin
@@ -136,7 +125,7 @@ class Accelerator:
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom: list[Any] = []
         self._state_hooks = StateHooks()
-        self.flag_tensor: Any = None  # set_trigger / check_trigger
+        self._trigger = Trigger()
         self.scaler = self._make_scaler()
         if self.settings.device_type == "cuda":
             import torch
@@ -288,7 +277,7 @@ class Accelerator:
         strategy = self._ensure_strategy(model)
         prepared = strategy.setup_module(model)
         if self.settings.mixed_precision in ("fp16", "bf16"):
-            _autocast_forward(prepared, self.autocast)
+            autocast_forward(prepared, self.autocast)
         self._models.append(prepared)
         return prepared
 
@@ -391,7 +380,7 @@ class Accelerator:
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
         """Let processes with fewer batches finish (DDP's ``Join``); ``even_batches`` overrides the prepared
         loaders' setting inside."""
-        from convoy.train.joining import join_uneven_inputs
+        from convoy.train.coordination import join_uneven_inputs
 
         with join_uneven_inputs(self, joinables, even_batches):
             yield
@@ -482,22 +471,12 @@ class Accelerator:
 
     def set_trigger(self) -> None:
         """Raise a flag on this process; the next ``check_trigger()`` is True on every process."""
-        import torch
-
-        self.flag_tensor = torch.tensor(1, device=self.device)
+        self._trigger.set()
 
     def check_trigger(self) -> bool:
         """True on every process when any process called ``set_trigger()`` since the last check (collective)."""
-        import torch
-
-        flag = self.flag_tensor if self.flag_tensor is not None else torch.tensor(0, device=self.device)
-        if collectives.is_distributed():
-            self._arrive("check_trigger")
-            flag = collectives.reduce(flag, reduction="sum")
-        if int(flag.item()) >= 1:
-            self.flag_tensor = torch.tensor(0, device=self.device)
-            return True
-        return False
+        self._arrive("check_trigger")
+        return self._trigger.check(self.device)
 
     def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
         self._arrive("broadcast")
@@ -534,39 +513,21 @@ class Accelerator:
         if self.is_local_main_process:
             self.wait_for_everyone()
 
+    # Decorators: run the function on some processes only (the others get None); PartialState's own.
     def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        """Decorator: run ``function`` on the main process only (others get None)."""
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return function(*args, **kwargs) if self.is_main_process else None
-        return wrapper
+        return self.state.on_main_process(function)
 
     def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return function(*args, **kwargs) if self.is_local_main_process else None
-        return wrapper
-
-    def on_process(self, function: Callable[..., Any] | None = None, process_index: int = 0) -> Any:
-        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-            @functools.wraps(fn)
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                return fn(*args, **kwargs) if self.process_index == process_index else None
-            return wrapper
-        return decorate(function) if function is not None else decorate
+        return self.state.on_local_main_process(function)
 
     def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        """Decorator: run ``function`` on the last process only (others get None)."""
-        return self.on_process(function, process_index=self.num_processes - 1)
+        return self.state.on_last_process(function)
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int = 0) -> Any:
+        return self.state.on_process(function, process_index=process_index)
 
     def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int = 0) -> Any:
-        """Decorator: run ``function`` on the process with this local index on each machine."""
-        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-            @functools.wraps(fn)
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                return fn(*args, **kwargs) if self.local_process_index == local_process_index else None
-            return wrapper
-        return decorate(function) if function is not None else decorate
+        return self.state.on_local_process(function, local_process_index=local_process_index)
 
     @contextlib.contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
@@ -668,19 +629,3 @@ class Accelerator:
                 f"process_index={self.process_index}, device={self.device}, "
                 f"mixed_precision={self.mixed_precision!r})")
 
-
-def _autocast_forward(model: Any, autocast: Callable[[], Any]) -> None:
-    """Run ``model.forward`` under autocast and hand back fp32 outputs (Accelerate's behaviour)."""
-    import torch
-
-    original = model.forward
-
-    @functools.wraps(original)
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        with autocast():
-            out = original(*args, **kwargs)
-        return collectives.map_tensors(
-            lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t, out)
-
-    model.__dict__["_convoy_original_forward"] = original
-    model.forward = forward

@@ -20,7 +20,7 @@ from typing import Any, Iterable
 from convoy.errors import ConfigError
 
 __all__ = ["KwargsHandler", "DistributedDataParallelKwargs", "InitProcessGroupKwargs", "GradScalerKwargs",
-           "AutocastKwargs", "GradientAccumulationPlugin", "Handlers", "collect_handlers"]
+           "AutocastKwargs", "GradientAccumulationPlugin", "Handlers", "collect_handlers", "REFUSED_ARGUMENTS"]
 
 
 class KwargsHandler:
@@ -91,6 +91,19 @@ class GradientAccumulationPlugin:
             raise ConfigError(f"GradientAccumulationPlugin(num_steps={self.num_steps!r}): num_steps must be a "
                               "whole number >= 1")
 
+
+# Accelerate's constructor arguments convoy refuses, and what to use instead.
+REFUSED_ARGUMENTS = {
+    "deepspeed_plugin": "strategy='zero1'/'zero2'/'zero3' (ZeRO on PyTorch's engines) with strategy_options={...}",
+    "deepspeed_plugins": "strategy='zero1'/'zero2'/'zero3' with strategy_options={...}",
+    "fsdp_plugin": "strategy='fsdp' (FSDP2) with strategy_options={...}",
+    "megatron_lm_plugin": "parallelism={'tp': ..., 'pp': ...}",
+    "torch_tp_plugin": "parallelism={'tp': ...}",
+    "parallelism_config": "parallelism={'dp': ..., 'tp': ..., 'pp': ...}",
+    "dynamo_backend": "torch.compile(model) before prepare()",
+    "dynamo_plugin": "torch.compile(model) before prepare()",
+    "dispatch_batches": "DataLoaderConfiguration(...) (convoy shards on every process)",
+}
 
 _DDP_OPTIONS = {"broadcast_buffers", "bucket_cap_mb", "find_unused_parameters", "gradient_as_bucket_view",
                 "static_graph"}

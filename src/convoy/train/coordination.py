@@ -1,7 +1,9 @@
-"""``accelerator.join_uneven_inputs``: processes with fewer batches finish without hanging the others.
+"""Processes that agree without a training step: ``join_uneven_inputs`` and the breakpoint trigger.
 
     with accelerator.join_uneven_inputs([model], even_batches=False):
         for batch in loader: ...
+    if loss.isnan(): accelerator.set_trigger()
+    if accelerator.check_trigger(): break          # True on every process when any one set it
 
 On DDP (also on CPU processes with gloo, where Accelerate only warns and then hangs) this is PyTorch's
 ``torch.distributed.algorithms.Join``: a process that ran out of batches shadows the others' all-reduces.
@@ -19,7 +21,7 @@ from convoy.train.process_state import DistributedType
 if TYPE_CHECKING:  # pragma: no cover
     from convoy.train.accelerator import Accelerator
 
-__all__ = ["join_uneven_inputs", "JOINABLE_TYPES"]
+__all__ = ["join_uneven_inputs", "JOINABLE_TYPES", "Trigger"]
 
 JOINABLE_TYPES = frozenset({DistributedType.MULTI_GPU, DistributedType.MULTI_CPU, DistributedType.MULTI_NPU,
                             DistributedType.MULTI_MLU, DistributedType.MULTI_SDAA, DistributedType.MULTI_MUSA,
@@ -65,3 +67,25 @@ def join_uneven_inputs(accelerator: "Accelerator", joinables: list[Any],
 
     with _even_batches(accelerator._dataloaders, even_batches), Join(joinables):
         yield
+
+
+class Trigger:
+    """A flag any process can raise; ``check()`` is True on every process once one raised it, then resets."""
+
+    def __init__(self) -> None:
+        self.raised = False
+
+    def set(self) -> None:
+        self.raised = True
+
+    def check(self, device: Any) -> bool:
+        """Collective (one all-reduce) when several processes run."""
+        import torch
+
+        from convoy.train import collectives
+
+        flag = torch.tensor(int(self.raised), device=device)
+        if collectives.is_distributed():
+            flag = collectives.reduce(flag, reduction="sum")
+        self.raised = False
+        return int(flag.item()) >= 1
