@@ -28,7 +28,7 @@ from convoy.train.coordination import Trigger
 from convoy.train.data import LoopState, PreparedDataLoader, SkipFirstBatches
 from convoy.train.environment import resolve_settings, start_process_group, stop_process_group
 from convoy.train.kwargs_handlers import REFUSED_ARGUMENTS, GradientAccumulationPlugin, collect_handlers
-from convoy.train.process_state import AcceleratorState, DistributedType, GradientState
+from convoy.train.process_state import AcceleratorState, DistributedType, GradientState, distributed_type_for
 from convoy.train.state_hooks import StateHooks
 from convoy.train.strategies.base import Strategy, SupportsNoSync, strategy_class
 from convoy.train.strategy_setup import build_strategy
@@ -221,8 +221,9 @@ class Accelerator:
             return self._strategy
         strategy = build_strategy(self.settings, model=model, options=self._strategy_options, planner=self._planner)
         self._strategy = strategy
-        if strategy.distributed_type:  # the strategy auto chose names the set-up (FSDP, ...)
-            self.state.distributed_type = DistributedType(strategy.distributed_type)
+        self.state.distributed_type = distributed_type_for(  # the strategy auto chose names the set-up
+            world_size=self.num_processes, device_type=self.settings.device_type,
+            strategy_kind=strategy.distributed_type)
         for loader in self._dataloaders:  # prepared before auto chose: shard over its data-parallel groups
             loader.reshard(num_shards=strategy.data_parallel_size, shard=strategy.data_parallel_rank)
         return strategy

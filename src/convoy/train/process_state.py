@@ -52,9 +52,12 @@ class DistributedType(str, enum.Enum):
 
 def distributed_type_for(*, world_size: int, device_type: str, strategy_kind: str = "") -> DistributedType:
     """Accelerate's name for convoy's set-up: the strategy's own name (``"FSDP"`` for zero3/fsdp, ``"NO"``
-    for single), else ``NO`` for one process and ``MULTI_<DEVICE>`` for several (``MULTI_GPU`` for CUDA)."""
-    if strategy_kind:
+    for single); a parallel layout (``"FSDP+TP+PP"``, ``"DDP+PP"``) is ``FSDP`` when FSDP shards it, else named
+    by its processes; otherwise ``NO`` for one process and ``MULTI_<DEVICE>`` for several (``MULTI_GPU``: CUDA)."""
+    if strategy_kind in DistributedType.__members__:
         return DistributedType(strategy_kind)
+    if "FSDP" in strategy_kind.split("+") or "HSDP" in strategy_kind.split("+"):
+        return DistributedType.FSDP
     if world_size == 1:
         return DistributedType.NO
     return DistributedType.MULTI_GPU if device_type == "cuda" else DistributedType("MULTI_" + device_type.upper())
