@@ -142,6 +142,7 @@ def test_trigger_hooks_save_free_memory_and_unwrap(tmp_path):
     assert torch.load(tmp_path / "obj.pt")["w"].item() == 1.0
     compiled = torch.compile(model)
     assert accelerator.unwrap_model(compiled, keep_torch_compile=False) is model
+    assert accelerator.unwrap_model(compiled) is compiled and compiled._orig_mod is model
     assert accelerator.free_memory(model, compiled) == [None, None] and accelerator._models == []
 
 

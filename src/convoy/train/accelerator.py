@@ -422,13 +422,13 @@ class Accelerator:
                      keep_torch_compile: bool = True) -> "torch.nn.Module":
         """The model without the strategy's wrapper; ``keep_torch_compile=False`` also takes off
         ``torch.compile``'s (the module it compiled)."""
-        inner = self.strategy.unwrap(model)
+        compiled = model if hasattr(model, "_orig_mod") else None  # torch.compile(prepared model)
+        inner = self.strategy.unwrap(compiled._orig_mod if compiled is not None else model)
         if not keep_torch_compile:
-            inner = getattr(inner, "_orig_mod", inner)
-        elif hasattr(model, "_orig_mod") and not hasattr(inner, "_orig_mod"):
-            import torch
-
-            inner = torch.compile(inner)
+            inner = getattr(inner, "_orig_mod", inner)  # also a model compiled before prepare
+        elif compiled is not None:  # Accelerate's answer: the compiled wrapper, around the unwrapped model
+            compiled._orig_mod = inner
+            inner = compiled
         if not keep_fp32_wrapper:
             for candidate in (model, inner):
                 original = candidate.__dict__.pop("_convoy_original_forward", None)
