@@ -151,3 +151,15 @@ def test_accelerate_names_on_two_cpu_processes():
     result = run_script(SCRIPTS / "accelerate_names.py", nproc=2)
     assert result.returncode == 0, result.output[-4000:]
     assert result.output.count("ACCELERATE NAMES OK") == 2, result.output[-3000:]
+
+
+@pytest.mark.slow
+def test_notebook_launcher_runs_the_function_on_two_cpu_processes():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    out = subprocess.run([sys.executable, str(SCRIPTS / "notebook_launch.py")], capture_output=True, text=True,
+                         env={**env, "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert "RESULT (0, 2, 'MULTI_CPU', 7)" in out.stdout, out.stdout + out.stderr[-3000:]

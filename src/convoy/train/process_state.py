@@ -60,7 +60,8 @@ def distributed_type_for(*, world_size: int, device_type: str, strategy_kind: st
         return DistributedType.FSDP
     if world_size == 1:
         return DistributedType.NO
-    return DistributedType.MULTI_GPU if device_type == "cuda" else DistributedType("MULTI_" + device_type.upper())
+    name = "MULTI_" + {"cuda": "GPU"}.get(device_type, device_type.upper())
+    return DistributedType[name] if name in DistributedType.__members__ else DistributedType.MULTI_GPU
 
 
 _RESET_HINT = ("This happens if `AcceleratorState._reset_state()` was called and an `Accelerator` or "

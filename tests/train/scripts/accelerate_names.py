@@ -32,6 +32,9 @@ def main() -> None:
     grads = convoy.gather(model.module.weight.grad.reshape(1))
     assert grads[0] == grads[1], grads
 
+    # gather_for_metrics of a dict through gather_object: every process's keys, as in Accelerate
+    assert accelerator.gather_for_metrics({"loss": rank}, use_gather_object=True) == ["loss", "loss"]
+
     # free operations with Accelerate's signatures
     mine = torch.tensor([float(rank + 1)])
     assert convoy.reduce(mine).item() == 1.5  # default "mean"
