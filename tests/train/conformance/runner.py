@@ -205,6 +205,9 @@ def main() -> None:
     parser.add_argument("script", help="path under accelerate/test_utils/scripts/, e.g. external_deps/test_metrics.py")
     parser.add_argument("--library", choices=("convoy", "accelerate"), default="convoy")
     parser.add_argument("--skip", action="append", default=[], help="a check function not to run (measurements)")
+    parser.add_argument("--extra", action="append", default=[],
+                        help="a call of a check main() makes only on GPUs, run after main(), e.g. "
+                             "'test_gradient_accumulation(True, False, True)'")
     args = parser.parse_args()
     import accelerate.test_utils
 
@@ -220,6 +223,8 @@ def main() -> None:
     exec(compile(source, str(path), "exec"), module.__dict__)  # noqa: S102 - the script under test
     wrap_checks(module, check_names(tree), _rank, frozenset(args.skip))
     module.main()
+    for call in args.extra:  # the wrapped check, called as main() calls it on GPUs: reported as name#n
+        eval(call, module.__dict__)  # noqa: S307 - a check call given on the command line
     print(f"@@done rank={_rank()}", flush=True)
 
 

@@ -24,7 +24,8 @@ accelerate = pytest.importorskip("accelerate")
 RUNNER = Path(__file__).parent / "runner.py"
 SCRIPTS = Path(accelerate.__file__).parent / "test_utils" / "scripts"
 
-_MULTI_GPU = "Accelerate runs it only when distributed_type is MULTI_GPU (or another multi-accelerator type)"
+_MULTI_GPU = ("Accelerate runs it only when distributed_type is MULTI_GPU (or another multi-accelerator type); "
+              "test_accelerates_gpu_only_sync_check_passes_under_convoy_on_cpu calls it on CPU")
 _NO = "Accelerate runs it only with one process (distributed_type NO); this suite runs 2 processes"
 
 # script -> the check calls main() makes on 2 CPU processes (label = function#call)
@@ -70,6 +71,14 @@ NOT_ON_CPU: dict[str, list[tuple[str, str]]] = {
        ("test_gather_for_metrics_with_non_tensor_objects_iterable_dataset", "Accelerate runs it only on a GPU")],
 }
 
+# test_sync.py's checks main() calls only on GPUs, called here on CPU as main() calls them there (after main):
+# convoy runs them too. Reported as name#n after the CPU path's calls; not among Accelerate's 51 checks.
+_FLAGS = [(a, b, c) for a in (True, False) for b in (True, False) for c in (True, False)]
+SYNC_EXTRA_CALLS = [f"test_gradient_accumulation({a}, {b}, {c})" for a, b, c in _FLAGS] + [
+    f"test_gradient_accumulation_with_opt_and_scheduler({a}, {b}, {c})" for a, b, c in _FLAGS if a or b or c]
+SYNC_EXTRA = [f"test_gradient_accumulation#{i}" for i in range(1, 9)] + [
+    f"test_gradient_accumulation_with_opt_and_scheduler#{i}" for i in range(2, 9)]
+
 _LINE = re.compile(r"@@check (\S+) rank=(\d+) (PASS|FAIL) ?(.*)")
 
 
@@ -77,7 +86,8 @@ _LINE = re.compile(r"@@check (\S+) rank=(\d+) (PASS|FAIL) ?(.*)")
 def _results(script: str) -> tuple[dict[str, dict[int, str]], str]:
     """label -> {rank: "PASS" or the failure}, and the launch's output (one launch per script)."""
     with tempfile.TemporaryDirectory() as scratch:  # test_script.py writes a file into its working directory
-        result = run_script(RUNNER, nproc=2, args=[script], env={"CONVOY_COLLECTIVE_TIMEOUT": "20"}, timeout=240,
+        extra = [a for call in SYNC_EXTRA_CALLS for a in ("--extra", call)] if script == "test_sync.py" else []
+        result = run_script(RUNNER, nproc=2, args=[script, *extra], env={"CONVOY_COLLECTIVE_TIMEOUT": "20"}, timeout=240,
                             cwd=scratch)
     checks: dict[str, dict[int, str]] = {}
     for match in _LINE.finditer(result.output):
@@ -97,10 +107,17 @@ def test_accelerate_check_passes_under_convoy(script, label):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("label", SYNC_EXTRA)
+def test_accelerates_gpu_only_sync_check_passes_under_convoy_on_cpu(label):
+    test_accelerate_check_passes_under_convoy("test_sync.py", label)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(EXPECTED))
 def test_no_check_runs_that_the_suite_does_not_know(script):
     checks, _ = _results(script)
-    assert sorted(set(checks) - set(EXPECTED[script])) == []
+    known = EXPECTED[script] + (SYNC_EXTRA if script == "test_sync.py" else [])
+    assert sorted(set(checks) - set(known)) == []
 
 
 @pytest.mark.parametrize("script,check,reason", [(s, c, r) for s, items in NOT_ON_CPU.items() for c, r in items])
