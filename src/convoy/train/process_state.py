@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -74,11 +75,20 @@ class PartialState:
     _shared_state: dict[str, Any] = {}
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
+        """``kwargs``: ``backend`` and ``timeout`` (a ``timedelta``) of the process group, as in Accelerate."""
         self.__dict__ = self._shared_state
         if not self.initialized:
             from convoy.train.environment import resolve_settings, start_process_group
 
-            settings = resolve_settings(explicit={"collective_timeout": kwargs.pop("timeout", None)}, cpu=cpu)
+            timeout = kwargs.pop("timeout", None)
+            seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+            backend = kwargs.pop("backend", None)
+            if kwargs:
+                from convoy.errors import NotSupportedYetError
+
+                raise NotSupportedYetError(f"PartialState({sorted(kwargs)[0]}=...) is not supported; pass only "
+                                           "backend= and timeout= (convoy launch sets the rendezvous)")
+            settings = resolve_settings(explicit={"collective_timeout": seconds, "backend": backend}, cpu=cpu)
             start_process_group(settings)
             self._fill(settings)
 
@@ -239,7 +249,8 @@ class GradientState:
     _current: dict[str, Any] = {}
 
     def __init__(self, gradient_accumulation_plugin: Any = None, *, _accelerator: Any = None) -> None:
-        accelerator = _accelerator if _accelerator is not None else self._current.get("accelerator")
+        newest = self._current.get("accelerator")
+        accelerator = _accelerator if _accelerator is not None else (newest() if newest is not None else None)
         if accelerator is None:
             raise AttributeError("GradientState() has no Accelerator to describe; create an `Accelerator` first "
                                  "(or use `accelerator.gradient_state`)")
@@ -247,7 +258,7 @@ class GradientState:
 
     @classmethod
     def _register(cls, accelerator: Any) -> None:
-        cls._current["accelerator"] = accelerator
+        cls._current["accelerator"] = weakref.ref(accelerator)  # never keeps a freed Accelerator alive
 
     @classmethod
     def _reset_state(cls) -> None:
