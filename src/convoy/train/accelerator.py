@@ -27,7 +27,7 @@ from convoy.train import collectives, operations, state
 from convoy.train.coordination import Trigger
 from convoy.train.data import LoopState, PreparedDataLoader, SkipFirstBatches
 from convoy.train.environment import resolve_settings, start_process_group, stop_process_group
-from convoy.train.kwargs_handlers import REFUSED_ARGUMENTS, GradientAccumulationPlugin, collect_handlers
+from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
 from convoy.train.process_state import AcceleratorState, DistributedType, GradientState, distributed_type_for
 from convoy.train.state_hooks import StateHooks
 from convoy.train.strategies.base import Strategy, SupportsNoSync, strategy_class
@@ -38,7 +38,6 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["Accelerator", "ProjectConfiguration", "DataLoaderConfiguration"]
-
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,11 +76,7 @@ class Accelerator:
                  collective_timeout: float | None = None, planner: Callable[..., Any] | None = None,
                  parallelism: Any = None, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
                  kwargs_handlers: list[Any] | None = None, **unsupported: Any) -> None:
-        if unsupported:
-            name = sorted(unsupported)[0]
-            instead = f"use {REFUSED_ARGUMENTS[name]}" if name in REFUSED_ARGUMENTS else \
-                "remove it (docs/migrating.md lists what convoy takes instead of Accelerate's other arguments)"
-            raise NotSupportedYetError(f"Accelerator({name}=...) is not supported by convoy; {instead}")
+        refuse_arguments(unsupported)
         if gradient_accumulation_plugin is not None and gradient_accumulation_steps is not None:
             raise ConfigError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both")
         plugin = gradient_accumulation_plugin

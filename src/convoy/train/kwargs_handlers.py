@@ -20,7 +20,8 @@ from typing import Any, Iterable
 from convoy.errors import ConfigError
 
 __all__ = ["KwargsHandler", "DistributedDataParallelKwargs", "InitProcessGroupKwargs", "GradScalerKwargs",
-           "AutocastKwargs", "GradientAccumulationPlugin", "Handlers", "collect_handlers", "REFUSED_ARGUMENTS"]
+           "AutocastKwargs", "GradientAccumulationPlugin", "Handlers", "collect_handlers", "REFUSED_ARGUMENTS",
+           "refuse_arguments"]
 
 
 class KwargsHandler:
@@ -104,6 +105,18 @@ REFUSED_ARGUMENTS = {
     "dynamo_plugin": "torch.compile(model) before prepare()",
     "dispatch_batches": "DataLoaderConfiguration(...) (convoy shards on every process)",
 }
+
+def refuse_arguments(unsupported: dict[str, Any]) -> None:
+    """``NotSupportedYetError`` for the first constructor argument convoy does not take, saying what to use."""
+    if not unsupported:
+        return
+    from convoy.errors import NotSupportedYetError
+
+    name = sorted(unsupported)[0]
+    instead = f"use {REFUSED_ARGUMENTS[name]}" if name in REFUSED_ARGUMENTS else \
+        "remove it (docs/migrating.md lists what convoy takes instead of Accelerate's other arguments)"
+    raise NotSupportedYetError(f"Accelerator({name}=...) is not supported by convoy; {instead}")
+
 
 _DDP_OPTIONS = {"broadcast_buffers", "bucket_cap_mb", "find_unused_parameters", "gradient_as_bucket_view",
                 "static_graph"}
