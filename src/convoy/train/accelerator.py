@@ -624,4 +624,3 @@ class Accelerator:
         return (f"Accelerator(strategy={self.settings.strategy!r}, num_processes={self.num_processes}, "
                 f"process_index={self.process_index}, device={self.device}, "
                 f"mixed_precision={self.mixed_precision!r})")
-
