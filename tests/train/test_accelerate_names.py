@@ -42,6 +42,11 @@ def test_states_share_one_view_and_reset_breaks_the_accelerator_as_in_accelerate
         accelerator.prepare(torch.nn.Linear(1, 1))
 
 
+def test_accelerate_debug_mode_turns_on_the_shape_checks(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_DEBUG_MODE", "1")
+    assert PartialState().debug is True and Accelerator().state.debug is True
+
+
 def test_gradient_accumulation_plugin_and_setter():
     accelerator = Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=3))
     assert accelerator.gradient_accumulation_steps == 3 and accelerator.gradient_state.num_steps == 3

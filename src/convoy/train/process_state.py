@@ -103,7 +103,7 @@ class PartialState:
         self.distributed_type = distributed_type_for(world_size=settings.world_size,
                                                      device_type=settings.device_type, strategy_kind=strategy_kind)
         self.backend = "gloo" if settings.device_type == "cpu" else "nccl"
-        self.debug = False
+        self.debug = settings.debug
         self.fork_launched = False
 
     @classmethod
