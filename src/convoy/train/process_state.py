@@ -285,8 +285,7 @@ class GradientState:
 
     @property
     def active_dataloader(self) -> Any:
-        loaders = getattr(self._loop, "active_loaders", None) or []
-        return loaders[-1] if loaders else None
+        return self._loop.active_dataloader
 
     @property
     def in_dataloader(self) -> bool:
