@@ -33,6 +33,7 @@ _LAZY: dict[str, str] = {
     "PlanError": "convoy.errors",
     "CollectiveTimeoutError": "convoy.errors",
     "NotSupportedYetError": "convoy.errors",
+    "DistributedOperationError": "convoy.errors",
     # devices (torch-free)
     "parse_devices": "convoy.devices.spec",
     "Device": "convoy.devices.inventory",
@@ -44,8 +45,32 @@ _LAZY: dict[str, str] = {
     "lease_devices": "convoy.devices.lease",
     # launch
     "launch": "convoy.launch.function",
-    # train
+    "notebook_launcher": "convoy.launch.notebook",
+    # train: the Accelerator and Accelerate's other names (docs/migrating.md lists them)
     "Accelerator": "convoy.train.accelerator",
+    "DataLoaderConfiguration": "convoy.train.accelerator",
+    "ProjectConfiguration": "convoy.train.accelerator",
+    "PartialState": "convoy.train.process_state",
+    "AcceleratorState": "convoy.train.process_state",
+    "GradientState": "convoy.train.process_state",
+    "DistributedType": "convoy.train.process_state",
+    "GradientAccumulationPlugin": "convoy.train.kwargs_handlers",
+    "DistributedDataParallelKwargs": "convoy.train.kwargs_handlers",
+    "InitProcessGroupKwargs": "convoy.train.kwargs_handlers",
+    "GradScalerKwargs": "convoy.train.kwargs_handlers",
+    "AutocastKwargs": "convoy.train.kwargs_handlers",
+    "set_seed": "convoy.train.operations",
+    "synchronize_rng_states": "convoy.train.operations",
+    "gather": "convoy.train.operations",
+    "gather_object": "convoy.train.operations",
+    "broadcast": "convoy.train.operations",
+    "broadcast_object_list": "convoy.train.operations",
+    "reduce": "convoy.train.operations",
+    "pad_across_processes": "convoy.train.operations",
+    "send_to_device": "convoy.train.operations",
+    "copy_tensor_to_devices": "convoy.train.operations",
+    "DistributedOperationException": "convoy.train.operations",
+    "prepare_data_loader": "convoy.train.loader_function",
     # plan
     "plan": "convoy.plan.api",
 }

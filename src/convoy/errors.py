@@ -16,6 +16,7 @@ not know convoy. Messages say what was wrong and what would be right, in one lin
     ├── CheckpointError(RuntimeError)             no loadable checkpoint, or a save that failed (exit 1)
     ├── PlanError(ValueError)                     a model or hardware description the planner cannot use
     ├── CollectiveTimeoutError(RuntimeError)      a collective that not every rank reached (exit 1)
+    ├── DistributedOperationError(RuntimeError)   a collective whose ranks passed mismatched shapes (exit 1)
     └── NotSupportedYetError(NotImplementedError) a real gap, named; never a silent fallback
 
 The CLI turns a ``ConvoyError`` into ``convoy: <message>`` on stderr and ``exit_code`` (2 for bad input,
@@ -38,6 +39,7 @@ __all__ = [
     "CheckpointError",
     "PlanError",
     "CollectiveTimeoutError",
+    "DistributedOperationError",
     "NotSupportedYetError",
 ]
 
@@ -120,6 +122,13 @@ class PlanError(ConvoyError, ValueError):
 
 class CollectiveTimeoutError(ConvoyError, RuntimeError):
     """A collective operation that some ranks never reached within the timeout."""
+
+    exit_code = 1
+
+
+class DistributedOperationError(ConvoyError, RuntimeError):
+    """A collective whose processes passed tensors that cannot go together (Accelerate's
+    ``DistributedOperationException``): different numbers of dimensions, or different shapes."""
 
     exit_code = 1
 

@@ -47,6 +47,13 @@ def test_public_surface_snapshot():
         "PlanError", "CollectiveTimeoutError", "NotSupportedYetError", "parse_devices", "Device", "Inventory",
         "discover", "select_devices", "Selection", "visibility_env", "lease_devices", "launch", "Accelerator",
         "plan",
+        # Accelerate's names (issue 13; docs/migrating.md): state, plugins, kwargs handlers, free operations
+        "DistributedOperationError", "notebook_launcher", "DataLoaderConfiguration", "ProjectConfiguration",
+        "PartialState", "AcceleratorState", "GradientState", "DistributedType", "GradientAccumulationPlugin",
+        "DistributedDataParallelKwargs", "InitProcessGroupKwargs", "GradScalerKwargs", "AutocastKwargs",
+        "set_seed", "synchronize_rng_states", "gather", "gather_object", "broadcast", "broadcast_object_list",
+        "reduce", "pad_across_processes", "send_to_device", "copy_tensor_to_devices",
+        "DistributedOperationException", "prepare_data_loader",
     ])
 
 

@@ -18,18 +18,21 @@ Run it with ``convoy launch train.py`` (or torchrun): the process group is start
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from convoy.errors import ConfigError, NotSupportedYetError
-from convoy.train import collectives, state
+from convoy.train import collectives, operations, state
+from convoy.train.coordination import Trigger
 from convoy.train.data import LoopState, PreparedDataLoader, SkipFirstBatches
 from convoy.train.environment import resolve_settings, start_process_group, stop_process_group
+from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
+from convoy.train.process_state import AcceleratorState, DistributedType, GradientState, distributed_type_for
+from convoy.train.state_hooks import StateHooks
 from convoy.train.strategies.base import Strategy, SupportsNoSync, strategy_class
 from convoy.train.strategy_setup import build_strategy
-from convoy.train.wrappers import PreparedOptimizer, PreparedScheduler
+from convoy.train.wrappers import PreparedOptimizer, PreparedScheduler, autocast_forward
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -71,18 +74,29 @@ class Accelerator:
                  project_config: ProjectConfiguration | None = None, dataloader_config: Any = None,
                  rng_types: Any = None, log_with: Any = None, strategy_options: dict[str, Any] | None = None,
                  collective_timeout: float | None = None, planner: Callable[..., Any] | None = None,
-                 parallelism: Any = None, **unsupported: Any) -> None:
-        if unsupported:
-            raise NotSupportedYetError(f"Accelerator({', '.join(sorted(unsupported))}=...) is not supported by "
-                                       "convoy yet; remove the argument(s)")
+                 parallelism: Any = None, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+                 kwargs_handlers: list[Any] | None = None, **unsupported: Any) -> None:
+        refuse_arguments(unsupported)
+        if gradient_accumulation_plugin is not None and gradient_accumulation_steps is not None:
+            raise ConfigError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both")
+        plugin = gradient_accumulation_plugin
+        handlers = collect_handlers(kwargs_handlers)
+        if collective_timeout is None and handlers.timeout_s is not None:
+            collective_timeout = handlers.timeout_s
         if log_with is not None:
             raise NotSupportedYetError("Accelerator(log_with=...) experiment trackers are not supported yet; "
                                        "log from `if accelerator.is_main_process:`")
         self.settings = resolve_settings(explicit={
             "mixed_precision": mixed_precision, "strategy": strategy, "collective_timeout": collective_timeout,
-            "gradient_accumulation_steps": gradient_accumulation_steps, "parallelism": parallelism}, cpu=cpu)
+            "gradient_accumulation_steps": plugin.num_steps if plugin is not None else gradient_accumulation_steps,
+            "parallelism": parallelism, "backend": handlers.backend}, cpu=cpu)
+        self.gradient_accumulation_plugin = plugin or GradientAccumulationPlugin(
+            num_steps=self.settings.gradient_accumulation_steps)
+        self._accumulation_steps = self.gradient_accumulation_plugin.num_steps
+        self._handlers = handlers
         strategy_class(self.settings.strategy) if self.settings.strategy != "auto" else None  # fail early
         config = dataloader_config or DataLoaderConfiguration()
+        self.dataloader_config = config
         self.split_batches = bool(config.split_batches if split_batches is None else split_batches)
         self.even_batches = bool(config.even_batches if even_batches is None else even_batches)
         self.device_placement = device_placement
@@ -94,7 +108,7 @@ class Accelerator:
                                            iteration=project.iteration)
         self.project_configuration = project
         self.save_iteration = project.iteration
-        self._strategy_options = dict(strategy_options or {})
+        self._strategy_options = {**handlers.ddp, **(strategy_options or {})}
         self._planner = planner
         self._loop = LoopState()
         self.step = 0  # micro-steps seen by accumulate()
@@ -105,12 +119,17 @@ class Accelerator:
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom: list[Any] = []
+        self._state_hooks = StateHooks()
+        self._trigger = Trigger()
         self.scaler = self._make_scaler()
         if self.settings.device_type == "cuda":
             import torch
 
             torch.cuda.set_device(self.settings.local_rank)
         start_process_group(self.settings)
+        kind = strategy_class(self.settings.strategy).distributed_type if self.settings.strategy != "auto" else ""
+        self.state = AcceleratorState._from_settings(self.settings, kind if isinstance(kind, str) else "")
+        GradientState._register(self)
 
     # --- properties ------------------------------------------------------------------------------------
     @property
@@ -150,14 +169,15 @@ class Accelerator:
         return self.settings.world_size > 1
 
     @property
-    def distributed_type(self) -> str:
-        """Accelerate's name of the set-up: ``"NO"``, ``"MULTI_CPU"``, ``"MULTI_GPU"``, ``"FSDP"``, ..."""
-        kind = self._strategy.distributed_type if self._strategy is not None else ""
-        if kind:
-            return kind
-        if self.settings.world_size == 1:
-            return "NO"
-        return "MULTI_GPU" if self.settings.device_type == "cuda" else "MULTI_" + self.settings.device_type.upper()
+    def distributed_type(self) -> DistributedType:
+        """Accelerate's name of the set-up (``DistributedType.NO``, ``MULTI_CPU``, ``MULTI_GPU``, ``FSDP``, ...);
+        a ``str`` enum, so it also equals ``"MULTI_CPU"``. The same as ``accelerator.state.distributed_type``."""
+        return self.state.distributed_type
+
+    @property
+    def gradient_state(self) -> GradientState:
+        """The loop's state under Accelerate's names (``sync_gradients``, ``end_of_dataloader``, ...)."""
+        return GradientState(_accelerator=self)
 
     @property
     def mixed_precision(self) -> str:
@@ -165,7 +185,13 @@ class Accelerator:
 
     @property
     def gradient_accumulation_steps(self) -> int:
-        return self.settings.gradient_accumulation_steps
+        return self._accumulation_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ConfigError(f"gradient_accumulation_steps={steps!r} must be a whole number >= 1")
+        self._accumulation_steps = steps
 
     @property
     def sync_gradients(self) -> bool:
@@ -190,6 +216,9 @@ class Accelerator:
             return self._strategy
         strategy = build_strategy(self.settings, model=model, options=self._strategy_options, planner=self._planner)
         self._strategy = strategy
+        self.state.distributed_type = distributed_type_for(  # the strategy auto chose names the set-up
+            world_size=self.num_processes, device_type=self.settings.device_type,
+            strategy_kind=strategy.distributed_type)
         for loader in self._dataloaders:  # prepared before auto chose: shard over its data-parallel groups
             loader.reshard(num_shards=strategy.data_parallel_size, shard=strategy.data_parallel_rank)
         return strategy
@@ -199,11 +228,12 @@ class Accelerator:
             return None
         import torch
 
-        return torch.amp.GradScaler(self.settings.device_type)
+        return torch.amp.GradScaler(self.settings.device_type, **self._handlers.scaler)
 
     # --- prepare ---------------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
         """Prepare models, optimizers, dataloaders and schedulers (any order); returned in the same order."""
+        self.state.device  # noqa: B018 - after AcceleratorState._reset_state() this raises Accelerate's error
         out: list[Any] = list(args)
         kinds = [self._kind(obj) for obj in args]
         for i, obj in enumerate(args):
@@ -243,7 +273,7 @@ class Accelerator:
         strategy = self._ensure_strategy(model)
         prepared = strategy.setup_module(model)
         if self.settings.mixed_precision in ("fp16", "bf16"):
-            _autocast_forward(prepared, self.autocast)
+            autocast_forward(prepared, self.autocast)
         self._models.append(prepared)
         return prepared
 
@@ -320,27 +350,49 @@ class Accelerator:
     def accumulate(self, *models: "torch.nn.Module") -> Iterator[None]:
         """One micro-step: gradients are synchronised (and the optimizer steps) every
         ``gradient_accumulation_steps`` micro-steps and at the end of the dataloader."""
+        plugin = self.gradient_accumulation_plugin
         self.step += 1
-        end = self._loop.end_of_dataloader
+        end = self._loop.end_of_dataloader and plugin.sync_with_dataloader
         self._loop.sync_gradients = end or self.step % self.gradient_accumulation_steps == 0
         if end:
             self.step = 0
         with contextlib.ExitStack() as stack:
-            if not self._loop.sync_gradients:
+            if not self._loop.sync_gradients and not plugin.sync_each_batch:
                 for model in models:
                     stack.enter_context(self.no_sync(model))
             yield
 
     @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: "torch.nn.Module") -> Iterator[None]:
+        """The next backward inside synchronises gradients, also after forwards run under ``no_sync``."""
+        strategy = self.strategy
+        if isinstance(strategy, SupportsNoSync):
+            with strategy.trigger_sync(model):
+                yield
+        else:
+            yield
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Let processes with fewer batches finish (DDP's ``Join``); ``even_batches`` overrides the prepared
+        loaders' setting inside."""
+        from convoy.train.coordination import join_uneven_inputs
+
+        with join_uneven_inputs(self, joinables, even_batches):
+            yield
+
+    @contextlib.contextmanager
     def autocast(self, autocast_handler: Any = None) -> Iterator[None]:
-        """Compute in the mixed-precision dtype inside (no-op for ``mixed_precision="no"``)."""
+        """Compute in the mixed-precision dtype inside (no-op for ``mixed_precision="no"``); an
+        ``AutocastKwargs`` (here or in ``kwargs_handlers``) sets ``enabled``/``cache_enabled``."""
         import torch
 
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.settings.mixed_precision)
+        options = autocast_handler.to_kwargs() if autocast_handler is not None else self._handlers.autocast
         if dtype is None:
             yield
             return
-        with torch.autocast(device_type=self.settings.device_type, dtype=dtype):
+        with torch.autocast(device_type=self.settings.device_type, dtype=dtype, **options):
             yield
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
@@ -361,8 +413,17 @@ class Accelerator:
         self.unscale_gradients()
         self.strategy.clip_grad_value_(parameters, clip_value)
 
-    def unwrap_model(self, model: "torch.nn.Module", keep_fp32_wrapper: bool = True) -> "torch.nn.Module":
-        inner = self.strategy.unwrap(model)
+    def unwrap_model(self, model: "torch.nn.Module", keep_fp32_wrapper: bool = True,
+                     keep_torch_compile: bool = True) -> "torch.nn.Module":
+        """The model without the strategy's wrapper; ``keep_torch_compile=False`` also takes off
+        ``torch.compile``'s (the module it compiled)."""
+        compiled = model if hasattr(model, "_orig_mod") else None  # torch.compile(prepared model)
+        inner = self.strategy.unwrap(compiled._orig_mod if compiled is not None else model)
+        if not keep_torch_compile:
+            inner = getattr(inner, "_orig_mod", inner)  # also a model compiled before prepare
+        elif compiled is not None:  # Accelerate's answer: the compiled wrapper, around the unwrapped model
+            compiled._orig_mod = inner
+            inner = compiled
         if not keep_fp32_wrapper:
             for candidate in (model, inner):
                 original = candidate.__dict__.pop("_convoy_original_forward", None)
@@ -400,8 +461,18 @@ class Accelerator:
         return collectives.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """All-reduce: ``"sum"`` (the default here, as in Accelerate's method), ``"mean"``, ``"max"``, ``"min"``."""
         self._arrive("reduce")
-        return collectives.reduce(tensor, reduction=reduction, scale=scale)
+        return operations.reduce(tensor, reduction=reduction, scale=scale)
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process; the next ``check_trigger()`` is True on every process."""
+        self._trigger.set()
+
+    def check_trigger(self) -> bool:
+        """True on every process when any process called ``set_trigger()`` since the last check (collective)."""
+        self._arrive("check_trigger")
+        return self._trigger.check(self.device)
 
     def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
         self._arrive("broadcast")
@@ -438,26 +509,21 @@ class Accelerator:
         if self.is_local_main_process:
             self.wait_for_everyone()
 
+    # Decorators: run the function on some processes only (the others get None); PartialState's own.
     def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        """Decorator: run ``function`` on the main process only (others get None)."""
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return function(*args, **kwargs) if self.is_main_process else None
-        return wrapper
+        return self.state.on_main_process(function)
 
     def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return function(*args, **kwargs) if self.is_local_main_process else None
-        return wrapper
+        return self.state.on_local_main_process(function)
+
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self.state.on_last_process(function)
 
     def on_process(self, function: Callable[..., Any] | None = None, process_index: int = 0) -> Any:
-        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-            @functools.wraps(fn)
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                return fn(*args, **kwargs) if self.process_index == process_index else None
-            return wrapper
-        return decorate(function) if function is not None else decorate
+        return self.state.on_process(function, process_index=process_index)
+
+    def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int = 0) -> Any:
+        return self.state.on_local_process(function, local_process_index=local_process_index)
 
     @contextlib.contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
@@ -478,6 +544,26 @@ class Accelerator:
             self._strategy.teardown()
         stop_process_group()
 
+    def free_memory(self, *objects: Any) -> list[Any]:
+        """Forget every prepared object (and the strategy), collect garbage and empty the device cache, so the
+        memory can be reused (e.g. with a smaller batch); returns ``objects`` as Nones to reassign."""
+        import gc
+
+        import torch
+
+        for held in (self._models, self._optimizers, self._optimizer_models, self._schedulers, self._dataloaders,
+                     self._custom):
+            held.clear()
+        self._strategy = None
+        self.step = 0
+        objects = [None] * len(objects)
+        gc.collect()
+        if self.settings.device_type == "cuda":
+            torch.cuda.empty_cache()
+        return objects
+
+    clear = free_memory
+
     def init_trackers(self, *args: Any, **kwargs: Any) -> None:
         raise NotSupportedYetError("experiment trackers (init_trackers/log) are not supported yet; "
                                    "log from `if accelerator.is_main_process:`")
@@ -492,6 +578,29 @@ class Accelerator:
             raise ConfigError(f"register_for_checkpointing: {bad[0]!r} has no state_dict()/load_state_dict(); "
                               "register objects that have both")
         self._custom.extend(objects)
+
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """``torch.save(obj, f)`` on the main process only (``safe_serialization``: safetensors of a dict of
+        tensors)."""
+        if not self.is_main_process:
+            return
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file(obj, f, metadata={"format": "pt"})
+        else:
+            import torch
+
+            torch.save(obj, f)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        """``hook(models, weights, output_dir)`` runs at the start of each ``save_state``; returns a handle
+        with ``.remove()``."""
+        return self._state_hooks.register(self._state_hooks.save, hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        """``hook(models, input_dir)`` runs at the start of each ``load_state``; returns a handle."""
+        return self._state_hooks.register(self._state_hooks.load, hook)
 
     def save_model(self, model: "torch.nn.Module", save_directory: str | os.PathLike[str],
                    max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
@@ -515,20 +624,3 @@ class Accelerator:
         return (f"Accelerator(strategy={self.settings.strategy!r}, num_processes={self.num_processes}, "
                 f"process_index={self.process_index}, device={self.device}, "
                 f"mixed_precision={self.mixed_precision!r})")
-
-
-def _autocast_forward(model: Any, autocast: Callable[[], Any]) -> None:
-    """Run ``model.forward`` under autocast and hand back fp32 outputs (Accelerate's behaviour)."""
-    import torch
-
-    original = model.forward
-
-    @functools.wraps(original)
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        with autocast():
-            out = original(*args, **kwargs)
-        return collectives.map_tensors(
-            lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t, out)
-
-    model.__dict__["_convoy_original_forward"] = original
-    model.forward = forward

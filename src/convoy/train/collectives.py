@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from convoy.errors import ConfigError
+from convoy.errors import ConfigError, DistributedOperationError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -100,14 +100,15 @@ def gather(data: Any) -> Any:
 
 
 def gather_object(obj: Any) -> list[Any]:
-    """Every process's picklable ``obj``; lists are concatenated, other objects collected in a list."""
+    """Every process's picklable ``obj``: lists, tuples and dicts (their keys, as Accelerate) are concatenated
+    in rank order; other objects are collected in a list."""
     import torch.distributed as dist
 
     if not is_distributed():
-        return list(obj) if isinstance(obj, list) else [obj]
+        return list(obj) if isinstance(obj, (list, tuple, dict)) else [obj]
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
-    if all(isinstance(o, list) for o in out):
+    if all(isinstance(o, (list, tuple, dict)) for o in out):
         return [item for o in out for item in o]
     return out
 
@@ -125,11 +126,20 @@ def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first:
     import torch.distributed as dist
 
     def pad(tensor: "torch.Tensor") -> "torch.Tensor":
+        # one all-gather of (ndim, size along dim): ranks whose tensors differ in ndim get one clear error
+        mine = torch.tensor([tensor.ndim, tensor.shape[dim] if dim < tensor.ndim else -1], dtype=torch.long,
+                            device=tensor.device)  # nccl needs CUDA tensors
+        every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, mine)
+        ndims = [int(t[0]) for t in every]
+        if len(set(ndims)) > 1:
+            raise DistributedOperationError(
+                f"pad_across_processes: the processes passed tensors with different numbers of dimensions "
+                f"({', '.join(f'process {i}: {n}' for i, n in enumerate(ndims))}); pass tensors with the same "
+                "number of dimensions, differing only along dim")
         if tensor.ndim == 0 or dim >= tensor.ndim:
             return tensor
-        size = torch.tensor([tensor.shape[dim]], dtype=torch.long, device=tensor.device)  # nccl needs CUDA
-        dist.all_reduce(size, op=dist.ReduceOp.MAX)
-        longest = int(size.item())
+        longest = max(int(t[1]) for t in every)
         if longest == tensor.shape[dim]:
             return tensor
         shape = list(tensor.shape)
@@ -147,16 +157,18 @@ def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first:
 
 
 def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-    """All-reduce copies of the tensors: ``"sum"``, ``"mean"`` or ``"none"``; the result times ``scale``."""
+    """All-reduce copies of the tensors: ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` or ``"none"``; the result
+    times ``scale``."""
     import torch.distributed as dist
 
-    if reduction not in ("sum", "mean", "none"):
-        raise ConfigError(f"reduction={reduction!r} is not supported; choose 'sum', 'mean' or 'none'")
+    ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+    if reduction not in (*ops, "none"):
+        raise ConfigError(f"reduction={reduction!r} is not supported; choose 'sum', 'mean', 'max', 'min' or 'none'")
 
     def one(tensor: "torch.Tensor") -> "torch.Tensor":
         out = tensor.clone()
         if reduction != "none" and is_distributed():
-            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+            dist.all_reduce(out, op=ops[reduction])
             if reduction == "mean":
                 out = out / dist.get_world_size()
         return out * scale if scale != 1.0 else out

@@ -19,7 +19,7 @@ Rules (Accelerate's meanings):
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from convoy.errors import ConfigError, NotSupportedYetError
@@ -41,6 +41,12 @@ class LoopState:
     """True while the last batch of the active dataloader is being processed."""
     remainder: int | None = None
     """Real (not padding) samples in the current step's global batch when it is the last, padded one."""
+    dataloaders: list[Any] = field(default_factory=list)
+    """The prepared loaders being iterated, innermost last (a loop inside a loop nests them)."""
+
+    @property
+    def active_dataloader(self) -> Any:
+        return self.dataloaders[-1] if self.dataloaders else None
 
 
 class EpochRandomSampler:
@@ -245,6 +251,7 @@ class PreparedDataLoader:
         self._running = True
         total = len(self._plan)
         self.state.end_of_dataloader = False
+        self.state.dataloaders.append(self)
         try:
             for position, batch in enumerate(self._inner, start=start):
                 self._yielded = position + 1
@@ -252,6 +259,7 @@ class PreparedDataLoader:
                 self.state.remainder = self._plan[position][1]
                 yield send_to_device(batch, self.device) if self.device is not None else batch
         finally:
+            self.state.dataloaders.remove(self)
             self.state.end_of_dataloader = False
             self.state.remainder = None
         self._running = False

@@ -6,7 +6,8 @@
 
 Reads the launcher contract (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ... set by ``convoy launch`` or
 torchrun, and ``CONVOY_MIXED_PRECISION``, ``CONVOY_STRATEGY``, ``CONVOY_PARALLELISM``,
-``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``). When ``RANK``/``WORLD_SIZE`` say
+``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``; Accelerate's ``ACCELERATE_MIXED_PRECISION``
+and ``ACCELERATE_DEBUG_MODE``). When ``RANK``/``WORLD_SIZE`` say
 the job has several processes, a process group is started even on a CPU-only machine: convoy never trains
 N independent copies that each believe they are alone.
 """
@@ -52,6 +53,10 @@ class TrainSettings:
     """Timeout of every collective."""
     parallel_dims: ParallelDims | None = None
     """Parallel degrees from ``CONVOY_PARALLELISM``, if given."""
+    debug: bool = False
+    """Check shapes across processes before collectives (``ACCELERATE_DEBUG_MODE=1``, ``PartialState().debug``)."""
+    backend: str | None = None
+    """Process-group backend asked for (``InitProcessGroupKwargs(backend=)``); ``None``: gloo on CPU, nccl on CUDA."""
 
     def __post_init__(self) -> None:
         if self.mixed_precision not in MIXED_PRECISIONS:
@@ -107,7 +112,8 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
         rank=rank, local_rank=local_rank, world_size=world_size, local_world_size=local_world_size,
         device_type="cpu" if cpu else _device_type(),
         mixed_precision=str(mixed), strategy=str(strategy), gradient_accumulation_steps=int(accum),
-        collective_timeout_s=timeout, parallel_dims=dims,
+        collective_timeout_s=timeout, parallel_dims=dims, backend=given.get("backend"),
+        debug=env.get("ACCELERATE_DEBUG_MODE", "").lower() in ("1", "true", "yes"),
     )
 
 
@@ -136,7 +142,7 @@ def start_process_group(settings: TrainSettings, *, always: bool = False) -> boo
     if settings.world_size == 1 and not always:
         return False
     timeout = datetime.timedelta(seconds=settings.collective_timeout_s)
-    backend = "cpu:gloo,cuda:nccl" if settings.device_type == "cuda" else "gloo"
+    backend = settings.backend or ("cpu:gloo,cuda:nccl" if settings.device_type == "cuda" else "gloo")
     if settings.world_size == 1 and "MASTER_ADDR" not in os.environ:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     else:

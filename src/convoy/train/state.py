@@ -70,6 +70,7 @@ def save_state(acc: "Accelerator", output_dir: str | os.PathLike[str] | None) ->
     staging = collectives.broadcast_object(str(ckpt.begin_checkpoint(final)) if acc.is_main_process else None)
     final = Path(collectives.broadcast_object(str(final)))
     strategy = acc.strategy
+    acc._state_hooks.run_save([strategy.unwrap(m) for m in acc._models], str(final))
     state = saving.collect_checkpoint(strategy, acc._models, _optimizer_pairs(acc))
     with warnings.catch_warnings():  # DCP warns that one process without a group means one process
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -106,6 +107,7 @@ def load_state(acc: "Accelerator", input_dir: str | os.PathLike[str] | None) -> 
     else:
         path = Path(input_dir)
     meta = ckpt.read_meta(path)
+    acc._state_hooks.run_load([acc.strategy.unwrap(m) for m in acc._models], str(path))
     saving.load_checkpoint(acc.strategy, acc._models, _optimizer_pairs(acc), str(path / "distributed"),
                            no_dist=not _group_running())
     extra = torch.load(path / "state.pt", weights_only=False)

@@ -12,14 +12,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import functools
+from typing import TYPE_CHECKING, Any, Callable
 
+from convoy.train import collectives
 from convoy.train.data import LoopState
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["PreparedOptimizer", "PreparedScheduler"]
+__all__ = ["PreparedOptimizer", "PreparedScheduler", "autocast_forward"]
 
 
 def _optimizer_base() -> type:
@@ -151,3 +153,20 @@ class PreparedScheduler:
         if name == "scheduler":
             raise AttributeError(name)
         return getattr(self.scheduler, name)
+
+
+def autocast_forward(model: Any, autocast: Callable[[], Any]) -> None:
+    """Run ``model.forward`` under autocast and hand back fp32 outputs (Accelerate's behaviour)."""
+    import torch
+
+    original = model.forward
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with autocast():
+            out = original(*args, **kwargs)
+        return collectives.map_tensors(
+            lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t, out)
+
+    model.__dict__["_convoy_original_forward"] = original
+    model.forward = forward

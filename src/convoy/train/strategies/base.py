@@ -234,6 +234,11 @@ class SupportsNoSync(abc.ABC):
     def no_sync(self, module: "torch.nn.Module") -> contextlib.AbstractContextManager[None]:
         """Inside, backward accumulates local gradients without communicating."""
 
+    def trigger_sync(self, module: "torch.nn.Module") -> contextlib.AbstractContextManager[None]:
+        """Inside, the next backward synchronises gradients even after forwards run under ``no_sync``.
+        The default suits engines that decide at backward time (FSDP2's ``set_requires_gradient_sync``)."""
+        return contextlib.nullcontext()
+
 
 # --- registry --------------------------------------------------------------------------------------
 

@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["DDPStrategy", "Zero1Strategy"]
 
-_DDP_OPTIONS = ("find_unused_parameters", "broadcast_buffers", "bucket_cap_mb", "static_graph")
+_DDP_OPTIONS = ("find_unused_parameters", "broadcast_buffers", "bucket_cap_mb", "static_graph",
+                "gradient_as_bucket_view")
 
 
 class DDPStrategy(Strategy, SupportsNoSync):
@@ -50,6 +51,23 @@ class DDPStrategy(Strategy, SupportsNoSync):
         from torch.nn.parallel import DistributedDataParallel
 
         return module.no_sync() if isinstance(module, DistributedDataParallel) else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def trigger_sync(self, module: "torch.nn.Module") -> Any:
+        """DDP decides at forward time whether the next backward all-reduces; a forward run under
+        ``no_sync`` is made to all-reduce by re-arming the reducer (what DDP's own forward does)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not isinstance(module, DistributedDataParallel):
+            yield
+            return
+        old = module.require_backward_grad_sync, module.require_forward_param_sync
+        module.require_backward_grad_sync = module.require_forward_param_sync = True
+        module.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            module.require_backward_grad_sync, module.require_forward_param_sync = old
 
 
 class Zero1Strategy(DDPStrategy):

@@ -1,0 +1,311 @@
+"""Accelerate's state objects on convoy's process group: ``PartialState``, ``AcceleratorState``,
+``GradientState`` and the ``DistributedType`` enum.
+
+    from convoy import PartialState, DistributedType
+    state = PartialState()                       # starts the process group under convoy launch / torchrun
+    state.process_index, state.num_processes, state.device
+    if state.distributed_type == DistributedType.MULTI_CPU: ...
+    with state.split_between_processes(prompts) as mine: ...
+
+As in Accelerate, every ``PartialState`` (and every ``AcceleratorState``) of a process shares one
+dictionary of attributes: the process-wide view of the job. ``PartialState._reset_state()`` (and
+``AcceleratorState._reset_state()``) is its documented reset. ``GradientState`` is a view of one
+Accelerator's loop state (``accelerator.gradient_state``); ``GradientState()`` views the newest Accelerator's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import functools
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from convoy.train.environment import TrainSettings
+
+__all__ = ["DistributedType", "PartialState", "AcceleratorState", "GradientState", "distributed_type_for"]
+
+
+class DistributedType(str, enum.Enum):
+    """Accelerate's names of a set-up. A ``str`` enum: ``DistributedType.MULTI_CPU == "MULTI_CPU"``."""
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
+    XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def distributed_type_for(*, world_size: int, device_type: str, strategy_kind: str = "") -> DistributedType:
+    """Accelerate's name for convoy's set-up: the strategy's own name (``"FSDP"`` for zero3/fsdp, ``"NO"``
+    for single); a parallel layout (``"FSDP+TP+PP"``, ``"DDP+PP"``) is ``FSDP`` when FSDP shards it, else named
+    by its processes; otherwise ``NO`` for one process and ``MULTI_<DEVICE>`` for several (``MULTI_GPU``: CUDA)."""
+    if strategy_kind in DistributedType.__members__:
+        return DistributedType(strategy_kind)
+    if "FSDP" in strategy_kind.split("+") or "HSDP" in strategy_kind.split("+"):
+        return DistributedType.FSDP
+    if world_size == 1:
+        return DistributedType.NO
+    name = "MULTI_" + {"cuda": "GPU"}.get(device_type, device_type.upper())
+    return DistributedType[name] if name in DistributedType.__members__ else DistributedType.MULTI_GPU
+
+
+_RESET_HINT = ("This happens if `AcceleratorState._reset_state()` was called and an `Accelerator` or "
+               "`PartialState` was not reinitialized.")
+
+
+class PartialState:
+    """The job as this process sees it: ranks, device, distributed type. Starts the process group."""
+
+    _shared_state: dict[str, Any] = {}
+
+    def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
+        """``kwargs``: ``backend`` and ``timeout`` (a ``timedelta``) of the process group, as in Accelerate."""
+        self.__dict__ = self._shared_state
+        if not self.initialized:
+            from convoy.train.environment import resolve_settings, start_process_group
+
+            timeout = kwargs.pop("timeout", None)
+            seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+            backend = kwargs.pop("backend", None)
+            if kwargs:
+                from convoy.errors import NotSupportedYetError
+
+                raise NotSupportedYetError(f"PartialState({sorted(kwargs)[0]}=...) is not supported; pass only "
+                                           "backend= and timeout= (convoy launch sets the rendezvous)")
+            settings = resolve_settings(explicit={"collective_timeout": seconds, "backend": backend}, cpu=cpu)
+            start_process_group(settings)
+            self._fill(settings)
+
+    def _fill(self, settings: "TrainSettings", strategy_kind: str = "") -> None:
+        import torch
+
+        self.num_processes = settings.world_size
+        self.process_index = settings.rank
+        self.local_process_index = settings.local_rank
+        self.device = torch.device("cpu") if settings.device_type == "cpu" else \
+            torch.device(settings.device_type, settings.local_rank)
+        self.distributed_type = distributed_type_for(world_size=settings.world_size,
+                                                     device_type=settings.device_type, strategy_kind=strategy_kind)
+        self.backend = "gloo" if settings.device_type == "cpu" else "nccl"
+        self.debug = settings.debug
+        self.fork_launched = False
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        """Forget the shared state (the process group stays up); the next ``PartialState()`` fills it again."""
+        cls._shared_state.clear()
+
+    @property
+    def initialized(self) -> bool:
+        return "num_processes" in self._shared_state
+
+    def __getattr__(self, name: str) -> Any:  # only reached when the shared state lacks ``name``
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"`{type(self).__name__}` object has no attribute `{name}`. {_RESET_HINT}")
+
+    def __repr__(self) -> str:
+        return (f"Distributed environment: {self.distributed_type}\nNum processes: {self.num_processes}\n"
+                f"Process index: {self.process_index}\nLocal process index: {self.local_process_index}\n"
+                f"Device: {self.device}\n")
+
+    # --- who am I ------------------------------------------------------------------------------------
+    @property
+    def use_distributed(self) -> bool:
+        return self.distributed_type != DistributedType.NO and self.num_processes > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def default_device(self) -> "torch.device":
+        return self.device
+
+    # --- together ------------------------------------------------------------------------------------
+    def wait_for_everyone(self) -> None:
+        """A barrier over the job's processes (no-op for one process)."""
+        from convoy.train import collectives
+
+        if collectives.is_distributed():
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """This process's contiguous share of a list, tuple, dict of lists or tensor."""
+        from convoy.train import collectives
+
+        yield collectives.split(inputs, self.num_processes, self.process_index, apply_padding)
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        with self._first(self.is_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        with self._first(self.is_local_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def _first(self, leader: bool) -> Iterator[None]:
+        if not leader:
+            self.wait_for_everyone()
+        yield
+        if leader:
+            self.wait_for_everyone()
+
+    # --- decorators ------------------------------------------------------------------------------------
+    def _only(self, condition: Callable[[], bool], function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if condition() else None
+        return wrapper
+
+    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self._only(lambda: self.is_main_process, function)
+
+    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self._only(lambda: self.is_local_main_process, function)
+
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self._only(lambda: self.is_last_process, function)
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Any:
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        return self._only(lambda: self.process_index == process_index, function)
+
+    def on_local_process(self, function: Callable[..., Any] | None = None,
+                         local_process_index: int | None = None) -> Any:
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        return self._only(lambda: self.local_process_index == local_process_index, function)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Destroy the process group convoy started (Accelerate's name for ``end_training``'s last step)."""
+        from convoy.train.environment import stop_process_group
+
+        stop_process_group()
+
+
+class AcceleratorState(PartialState):
+    """``PartialState`` plus the Accelerator's settings (mixed precision). Shares ``PartialState``'s state."""
+
+    _shared_state = PartialState._shared_state
+
+    def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **kwargs: Any) -> None:
+        super().__init__(cpu=cpu, **kwargs)
+        if "mixed_precision" not in self.__dict__ or mixed_precision is not None:
+            self.mixed_precision = mixed_precision or "no"
+
+    @classmethod
+    def _from_settings(cls, settings: "TrainSettings", strategy_kind: str = "") -> "AcceleratorState":
+        """The state of an Accelerator whose settings are resolved and whose process group is up."""
+        state = cls.__new__(cls)
+        state.__dict__ = cls._shared_state
+        state._fill(settings, strategy_kind)
+        state.mixed_precision = settings.mixed_precision
+        return state
+
+    def __repr__(self) -> str:
+        return super().__repr__() + f"\nMixed precision type: {self.mixed_precision}\n"
+
+
+class GradientState:
+    """Where the training loop is, as Accelerate names it: ``sync_gradients``, ``end_of_dataloader``,
+    ``remainder``, ``active_dataloader``, ``num_steps`` and the accumulation plugin's flags."""
+
+    _current: dict[str, Any] = {}
+
+    def __init__(self, gradient_accumulation_plugin: Any = None, *, _accelerator: Any = None) -> None:
+        newest = self._current.get("accelerator")
+        accelerator = _accelerator if _accelerator is not None else (newest() if newest is not None else None)
+        if accelerator is None:
+            raise AttributeError("GradientState() has no Accelerator to describe; create an `Accelerator` first "
+                                 "(or use `accelerator.gradient_state`)")
+        object.__setattr__(self, "_accelerator", accelerator)
+
+    @classmethod
+    def _register(cls, accelerator: Any) -> None:
+        cls._current["accelerator"] = weakref.ref(accelerator)  # never keeps a freed Accelerator alive
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        """Forget the newest Accelerator (it keeps its own loop state)."""
+        cls._current.clear()
+
+    @property
+    def _loop(self) -> Any:
+        return self._accelerator._loop
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self._loop.sync_gradients
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        return self._loop.end_of_dataloader
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the last, padded global batch; -1 when the step is not such a batch."""
+        value = self._loop.remainder
+        return -1 if value is None else value
+
+    @property
+    def active_dataloader(self) -> Any:
+        return self._loop.active_dataloader
+
+    @property
+    def in_dataloader(self) -> bool:
+        return self.active_dataloader is not None
+
+    @property
+    def num_steps(self) -> int:
+        return self._accelerator.gradient_accumulation_steps
+
+    @property
+    def plugin_kwargs(self) -> dict[str, Any]:
+        plugin = self._accelerator.gradient_accumulation_plugin
+        return {"num_steps": plugin.num_steps, "adjust_scheduler": plugin.adjust_scheduler,
+                "sync_with_dataloader": plugin.sync_with_dataloader, "sync_each_batch": plugin.sync_each_batch}
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("adjust_scheduler", "sync_with_dataloader", "sync_each_batch"):
+            return getattr(self._accelerator.gradient_accumulation_plugin, name)
+        raise AttributeError(f"`GradientState` object has no attribute `{name}`")
+
+    def __repr__(self) -> str:
+        return (f"Sync Gradients: {self.sync_gradients}\nAt end of current dataloader: {self.end_of_dataloader}\n"
+                f"Extra samples added: {self.remainder}\nGradient accumulation plugin: {self.plugin_kwargs}\n")

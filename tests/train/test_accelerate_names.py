@@ -1,0 +1,170 @@
+"""Accelerate's other names (state objects, plugins, kwargs handlers, free operations) in one process; the
+same on 2 CPU processes through tests/train/scripts/accelerate_names.py."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import torch
+
+import convoy
+from convoy import (Accelerator, AcceleratorState, AutocastKwargs, DistributedDataParallelKwargs, DistributedType,
+                    GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs, PartialState)
+from convoy.errors import ConfigError, NotSupportedYetError
+from convoy.train.environment import stop_process_group
+from tests.distributed import run_script
+from tests.train.test_scripts import SCRIPTS
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state():
+    PartialState._reset_state()
+    yield
+    PartialState._reset_state()
+    stop_process_group()
+
+
+def test_distributed_type_is_accelerates_str_enum():
+    accelerator = Accelerator()
+    assert accelerator.distributed_type is DistributedType.NO and accelerator.distributed_type == "NO"
+    assert accelerator.state.distributed_type == DistributedType.NO
+    assert DistributedType("MULTI_CPU") == "MULTI_CPU" and str(DistributedType.FSDP) == "FSDP"
+
+
+def test_states_share_one_view_and_reset_breaks_the_accelerator_as_in_accelerate():
+    accelerator = Accelerator(mixed_precision="bf16")
+    assert PartialState().num_processes == 1 and AcceleratorState().mixed_precision == "bf16"
+    PartialState().debug = True
+    assert accelerator.state.debug is True  # one shared view per process
+    AcceleratorState._reset_state()
+    with pytest.raises(AttributeError, match="This happens if `AcceleratorState._reset_state\\(\\)`"):
+        accelerator.prepare(torch.nn.Linear(1, 1))
+
+
+def test_accelerate_debug_mode_turns_on_the_shape_checks(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_DEBUG_MODE", "1")
+    assert PartialState().debug is True and Accelerator().state.debug is True
+
+
+def test_gradient_accumulation_plugin_and_setter():
+    accelerator = Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=3))
+    assert accelerator.gradient_accumulation_steps == 3 and accelerator.gradient_state.num_steps == 3
+    accelerator.gradient_accumulation_steps = 2
+    syncs = []
+    for _ in range(4):
+        with accelerator.accumulate():
+            syncs.append(accelerator.sync_gradients)
+    assert syncs == [False, True, False, True]
+    with pytest.raises(ConfigError, match=">= 1"):
+        accelerator.gradient_accumulation_steps = 0
+    with pytest.raises(ConfigError, match="not both"):
+        Accelerator(gradient_accumulation_steps=2, gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2))
+
+
+def test_gradient_state_follows_nested_dataloaders():
+    accelerator = Accelerator()
+    outer, inner = accelerator.prepare(torch.utils.data.DataLoader(list(range(4)), batch_size=2),
+                                       torch.utils.data.DataLoader(list(range(6)), batch_size=2))
+    state = accelerator.gradient_state
+    assert state.active_dataloader is None
+    seen = []
+    for i, _ in enumerate(outer):
+        if i == 0:
+            for _ in inner:
+                seen.append((state.active_dataloader is inner, state.end_of_dataloader))
+        seen.append((state.active_dataloader is outer, state.end_of_dataloader))
+    assert seen == [(True, False), (True, False), (True, True), (True, False), (True, True)]
+    assert state.active_dataloader is None
+
+
+def test_kwargs_handlers_are_applied():
+    accelerator = Accelerator(strategy="ddp", kwargs_handlers=[
+        DistributedDataParallelKwargs(find_unused_parameters=True, bucket_cap_mb=5),
+        InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=42))])
+    assert accelerator.settings.collective_timeout_s == 42.0
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    assert model.find_unused_parameters is True and model.bucket_bytes_cap == 5 * 1024 * 1024
+    stop_process_group()
+    PartialState._reset_state()
+    fp16 = Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=1024.0)])
+    assert fp16.scaler.get_scale() == 1024.0
+    bf16 = Accelerator(mixed_precision="bf16", kwargs_handlers=[AutocastKwargs(enabled=False)])
+    with bf16.autocast():
+        assert not torch.is_autocast_enabled("cpu")
+    with bf16.autocast(AutocastKwargs()):
+        assert torch.is_autocast_enabled("cpu")
+
+
+def test_refused_arguments_say_what_to_use():
+    with pytest.raises(NotSupportedYetError, match="use strategy='fsdp'"):
+        Accelerator(fsdp_plugin=object())
+    with pytest.raises(NotSupportedYetError, match="torch.compile"):
+        Accelerator(dynamo_backend="inductor")
+    with pytest.raises(ConfigError, match="init_method"):
+        Accelerator(kwargs_handlers=[InitProcessGroupKwargs(init_method="tcp://x:1")])
+    with pytest.raises(ConfigError, match="strategy_options"):
+        Accelerator(kwargs_handlers=[object()])
+    with pytest.raises(ConfigError, match="only pass one"):
+        Accelerator(kwargs_handlers=[AutocastKwargs(), AutocastKwargs(enabled=False)])
+    with pytest.raises(NotSupportedYetError, match="convoy launch --nnodes"):
+        convoy.notebook_launcher(print, num_nodes=2)
+
+
+def test_free_operations_in_one_process_keep_accelerates_defaults():
+    t = torch.tensor([1.0, 4.0])
+    assert torch.equal(convoy.reduce(t), t) and torch.equal(convoy.reduce(t, "max", scale=2.0), t * 2)
+    with pytest.raises(ConfigError, match="'prod'"):
+        convoy.reduce(t, "prod")
+    assert convoy.gather_object({"a": 1, "b": 2}) == ["a", "b"] and convoy.gather_object(5) == [5]
+    assert convoy.broadcast_object_list([1, 2]) == [1, 2]
+    convoy.set_seed(3)
+    first = torch.rand(2)
+    convoy.set_seed(3)
+    assert torch.equal(first, torch.rand(2))
+    shard = convoy.prepare_data_loader(torch.utils.data.DataLoader(range(8), batch_size=2), num_processes=2,
+                                       process_index=1)
+    assert [b.tolist() for b in shard] == [[2, 3], [6, 7]]
+    moved = convoy.send_to_device({"x": t, "keep": t, "n": 1}, "cpu", skip_keys="keep")
+    assert moved["keep"] is t and moved["n"] == 1
+
+
+def test_trigger_hooks_save_free_memory_and_unwrap(tmp_path):
+    accelerator = Accelerator(project_dir=str(tmp_path))
+    assert accelerator.check_trigger() is False
+    accelerator.set_trigger()
+    assert accelerator.check_trigger() is True and accelerator.check_trigger() is False
+    calls = []
+    handle = accelerator.register_save_state_pre_hook(lambda m, w, d: calls.append(("save", len(m), len(w), d)))
+    accelerator.register_load_state_pre_hook(lambda m, d: calls.append(("load", len(m), d)))
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    where = accelerator.save_state()
+    accelerator.load_state()
+    handle.remove()
+    accelerator.save_state()
+    assert calls == [("save", 1, 1, where), ("load", 1, where)]
+    accelerator.save({"w": torch.ones(1)}, tmp_path / "obj.pt")
+    assert torch.load(tmp_path / "obj.pt")["w"].item() == 1.0
+    compiled = torch.compile(model)
+    assert accelerator.unwrap_model(compiled, keep_torch_compile=False) is model
+    assert accelerator.unwrap_model(compiled) is compiled and compiled._orig_mod is model
+    assert accelerator.free_memory(model, compiled) == [None, None] and accelerator._models == []
+
+
+@pytest.mark.slow
+def test_accelerate_names_on_two_cpu_processes():
+    result = run_script(SCRIPTS / "accelerate_names.py", nproc=2)
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.output.count("ACCELERATE NAMES OK") == 2, result.output[-3000:]
+
+
+@pytest.mark.slow
+def test_notebook_launcher_runs_the_function_on_two_cpu_processes():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    out = subprocess.run([sys.executable, str(SCRIPTS / "notebook_launch.py")], capture_output=True, text=True,
+                         env={**env, "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert "RESULT (0, 2, 'MULTI_CPU', 7)" in out.stdout, out.stdout + out.stderr[-3000:]
