@@ -11,6 +11,7 @@ wrong value raises ``ConfigError`` naming the file, the line and the key. Torch-
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from convoy.config.schema import KEYS, SCHEMA, closest_key
+from convoy.config.schema import KEYS, SCHEMA, closest_key, show
 from convoy.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -73,7 +74,7 @@ def _line_of(lines: list[str], key: str) -> int:
 
 
 def _where(path: Path, line: int, key: str) -> str:
-    return f"{path}, line {line}, key '{key}'" if line else f"{path}, key '{key}'"
+    return f"{path}, line {line}, key {show(key)}" if line else f"{path}, key {show(key)}"
 
 
 def read_settings_file(path: str | os.PathLike[str]) -> dict[str, FileValue]:
@@ -83,12 +84,16 @@ def read_settings_file(path: str | os.PathLike[str]) -> dict[str, FileValue]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: settings file not found; create it with 'convoy config --path {path}'") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read settings file: {err}") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read settings file: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: settings file is not UTF-8 text (byte {err.start})") from None
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        message = str(err)
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply for a settings file") from None
+    except ValueError as err:  # TOMLDecodeError is one; int() of a literal past 4300 digits is another
+        message = str(err) if isinstance(err, tomllib.TOMLDecodeError) else str(err).split(";")[0]
         found = re.search(r"\(at line (\d+), column (\d+)\)", message)
         reason = message[: found.start()].strip() if found else message
         at = f"line {found.group(1)}, column {found.group(2)}: " if found else ""
@@ -141,8 +146,14 @@ def write_settings_file(path: str | os.PathLike[str], values: Mapping[str, Any])
     for key in SCHEMA:
         if key.name in merged:
             body += [f"# {key.doc}", f"{key.name} = {_toml_value(merged[key.name])}", ""]
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text("\n".join(body), encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text("\n".join(body), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise ConfigError(f"{path}: cannot write the settings file ({err.strerror or err}); choose a writable "
+                          f"path with --path, e.g. ./convoy.toml") from None
     return path

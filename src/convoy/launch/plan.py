@@ -77,6 +77,12 @@ class LaunchRequest:
             raise ConfigError(f"--max-restarts {self.max_restarts}: give 0 or more")
         if self.module and self.no_python:
             raise ConfigError("-m/--module and --no-python cannot be combined; choose one")
+        if self.master_port is not None and not 0 <= self.master_port <= 65535:
+            raise ConfigError(f"--master-port {self.master_port}: give a TCP port from 1 to 65535 (0: a free one)")
+        if self.node_rank is not None and self.node_rank < 0:
+            raise ConfigError(f"--node-rank {self.node_rank}: give 0 or more")
+        if not 0 < self.monitor_interval < 10**9:
+            raise ConfigError(f"--monitor-interval {self.monitor_interval}: give a number of seconds > 0")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from convoy.errors import ConfigError, NotSupportedYetError
 from convoy.train import collectives, state
 from convoy.train.data import LoopState, PreparedDataLoader, SkipFirstBatches
-from convoy.train.environment import resolve_settings, start_process_group, stop_process_group
+from convoy.train.environment import check_arguments, resolve_settings, start_process_group, stop_process_group
 from convoy.train.strategies.base import Strategy, SupportsNoSync, strategy_class
 from convoy.train.strategy_setup import build_strategy
 from convoy.train.wrappers import PreparedOptimizer, PreparedScheduler
@@ -81,7 +81,8 @@ class Accelerator:
         self.settings = resolve_settings(explicit={
             "mixed_precision": mixed_precision, "strategy": strategy, "collective_timeout": collective_timeout,
             "gradient_accumulation_steps": gradient_accumulation_steps, "parallelism": parallelism}, cpu=cpu)
-        strategy_class(self.settings.strategy) if self.settings.strategy != "auto" else None  # fail early
+        check_arguments(strategy=self.settings.strategy, strategy_options=strategy_options,  # fail early
+                        dataloader_config=dataloader_config)
         config = dataloader_config or DataLoaderConfiguration()
         self.split_batches = bool(config.split_batches if split_batches is None else split_batches)
         self.even_batches = bool(config.even_batches if even_batches is None else even_batches)
