@@ -74,7 +74,13 @@ def _line_of(lines: list[str], key: str) -> int:
 
 
 def _where(path: Path, line: int, key: str) -> str:
-    return f"{path}, line {line}, key {show(key)}" if line else f"{path}, key {show(key)}"
+    return f"{shown_path(path)}, line {line}, key {show(key)}" if line else f"{shown_path(path)}, key {show(key)}"
+
+
+def shown_path(path: str | os.PathLike[str]) -> str:
+    """A path for a one-line message: as it is, or quoted when it holds a newline or another control character."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)
 
 
 def read_settings_file(path: str | os.PathLike[str]) -> dict[str, FileValue]:
@@ -83,21 +89,23 @@ def read_settings_file(path: str | os.PathLike[str]) -> dict[str, FileValue]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"{path}: settings file not found; create it with 'convoy config --path {path}'") from None
+        raise ConfigError(f"{shown_path(path)}: settings file not found; create it with "
+                          f"'convoy config --path {shown_path(path)}'") from None
     except OSError as err:
-        raise ConfigError(f"{path}: cannot read settings file: {err.strerror or err}") from None
+        raise ConfigError(f"{shown_path(path)}: cannot read settings file: {err.strerror or err}") from None
     except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: settings file is not UTF-8 text (byte {err.start})") from None
+        raise ConfigError(f"{shown_path(path)}: settings file is not UTF-8 text (byte {err.start})") from None
     try:
         data = tomllib.loads(text)
     except RecursionError:
-        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply for a settings file") from None
+        raise ConfigError(f"{shown_path(path)}: not valid TOML: arrays or tables nested too deeply for a settings "
+                          f"file") from None
     except ValueError as err:  # TOMLDecodeError is one; int() of a literal past 4300 digits is another
         message = str(err) if isinstance(err, tomllib.TOMLDecodeError) else str(err).split(";")[0]
         found = re.search(r"\(at line (\d+), column (\d+)\)", message)
         reason = message[: found.start()].strip() if found else message
         at = f"line {found.group(1)}, column {found.group(2)}: " if found else ""
-        raise ConfigError(f"{path}, {at}not valid TOML: {reason}") from None
+        raise ConfigError(f"{shown_path(path)}, {at}not valid TOML: {reason}") from None
     lines = text.splitlines()
     values: dict[str, FileValue] = {}
     for name, raw in data.items():
@@ -154,6 +162,6 @@ def write_settings_file(path: str | os.PathLike[str], values: Mapping[str, Any])
     except OSError as err:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        raise ConfigError(f"{path}: cannot write the settings file ({err.strerror or err}); choose a writable "
-                          f"path with --path, e.g. ./convoy.toml") from None
+        raise ConfigError(f"{shown_path(path)}: cannot write the settings file ({err.strerror or err}); choose a "
+                          f"writable path with --path, e.g. ./convoy.toml") from None
     return path

@@ -202,17 +202,18 @@ class Inventory:
 def load_inventory(path: str | Path) -> Inventory:
     """Read an inventory file. Raises :class:`InventoryError` naming the file and what is wrong."""
     path = Path(path)
+    name, shown = path.name, str(path) if str(path).isprintable() else repr(str(path))
     try:
         text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise InventoryError(f"inventory file {str(path)!r} does not exist; write one with "
-                             f"'convoy devices --json > {path.name}'") from None
+                             f"'convoy devices --json > {name if name.isprintable() else 'box.json'}'") from None
     except OSError as err:
         raise InventoryError(f"inventory file {str(path)!r} cannot be read: {err.strerror}") from None
     except UnicodeDecodeError as err:
         raise InventoryError(f"inventory file {str(path)!r} is not UTF-8 text (byte {err.start}); "
                              f"write it with 'convoy devices --json'") from None
-    return inventory_from_dict(parse_json(text, f"inventory file {str(path)!r}"), source=f"file:{path}")
+    return inventory_from_dict(parse_json(text, f"inventory file {str(path)!r}"), source=f"file:{shown}")
 
 
 def parse_json(text: str, what: str) -> Any:
@@ -225,7 +226,8 @@ def parse_json(text: str, what: str) -> Any:
         raise InventoryError(f"{what} is not valid JSON (line {err.lineno}: {err.msg}); "
                              f"expected {{\"devices\": [...]}}") from None
     except RecursionError:
-        raise InventoryError(f"{what} nests JSON too deeply to be an inventory; expected {{\"devices\": [...]}}") from None
+        raise InventoryError(f"{what} nests JSON too deeply to be an inventory; "
+                             f"expected {{\"devices\": [...]}}") from None
     except ValueError as err:  # an integer past 4300 digits; NaN/Infinity (_no_constant)
         raise InventoryError(f"{what} is not valid JSON ({str(err).split(';')[0]})") from None
 

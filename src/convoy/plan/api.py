@@ -107,8 +107,8 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
         t = step_time(model, run, cand.layout, hw, global_batch=gb, efficiency=efficiency)
         rows.append(Row(candidate=cand, memory=mem, time=t, fits=mem.total <= hw.gpu.memory_bytes))
     if not rows and uneven:
-        raise PlanError(f"global batch {gb} cannot be split evenly: every layout on {hw.describe()} has a data-parallel "
-                        f"degree ({', '.join(map(str, sorted(uneven)))}) x micro-batch {run.micro_batch} that does not "
+        raise PlanError(f"global batch {gb} cannot be split evenly: every layout on {hw.describe()} has a "
+                        f"data-parallel degree ({', '.join(map(str, sorted(uneven)))}) x micro-batch {run.micro_batch} that does not "
                         f"divide it; use a global batch that is a multiple of {min(uneven) * run.micro_batch}")
     if not rows:
         raise PlanError(f"no candidate layout is allowed ({', '.join(sorted(allowed or ()))}) on {hw.describe()}")

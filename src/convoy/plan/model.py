@@ -78,7 +78,8 @@ class ModelSpec:
                                 f"got {_show(value)}")
         if self.kv_heads is not None and self.heads is not None and self.heads % self.kv_heads:
             raise PlanError(f"model {self.name!r}: {self.kv_heads} key/value heads do not divide the {self.heads} "
-                            f"attention heads; grouped-query attention needs kv_heads dividing heads (kv_heads <= heads)")
+                            f"attention heads; grouped-query attention needs kv_heads dividing heads "
+                            f"(kv_heads <= heads)")
 
     @property
     def has_shape(self) -> bool:
@@ -152,7 +153,8 @@ def from_hf_config(path: str | Path | Mapping[str, Any]) -> ModelSpec:
         except OSError as err:
             raise PlanError(f"model config {str(p)!r} cannot be read ({err.strerror or err})") from None
         except UnicodeDecodeError as err:
-            raise PlanError(f"model config {str(p)!r} is not UTF-8 text (byte {err.start}); give a config.json") from None
+            raise PlanError(f"model config {str(p)!r} is not UTF-8 text (byte {err.start}); "
+                            f"give a config.json") from None
         except RecursionError:
             raise PlanError(f"model config {str(p)!r} nests JSON too deeply to be a config.json") from None
         except ValueError as err:  # JSONDecodeError, or an integer past 4300 digits
