@@ -53,6 +53,8 @@ def user_config_path(env: Mapping[str, str] | None = None) -> Path:
     else ``~/.config/convoy/config.toml``."""
     env = os.environ if env is None else env
     if env.get("CONVOY_CONFIG"):
+        if "\0" in env["CONVOY_CONFIG"]:
+            raise ConfigError(f"CONVOY_CONFIG={shown_path(env['CONVOY_CONFIG'])}: a path cannot hold a NUL character")
         return Path(env["CONVOY_CONFIG"]).expanduser()
     base = env.get("XDG_CONFIG_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".config")
     return Path(base).expanduser() / "convoy" / "config.toml"
@@ -93,6 +95,8 @@ def read_settings_file(path: str | os.PathLike[str]) -> dict[str, FileValue]:
                           f"'convoy config --path {shown_path(path)}'") from None
     except OSError as err:
         raise ConfigError(f"{shown_path(path)}: cannot read settings file: {err.strerror or err}") from None
+    except ValueError:  # a NUL character in the path (possible from Python, never from a shell)
+        raise ConfigError(f"{shown_path(path)}: a settings file path cannot hold a NUL character") from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"{shown_path(path)}: settings file is not UTF-8 text (byte {err.start})") from None
     try:

@@ -126,9 +126,9 @@ def _mask_tokens(name: str, value: str, *, tiles: bool = False) -> list[str]:
     ``tiles``: entries may be ``N.M`` (Intel's ``ZE_AFFINITY_MASK``)."""
     tokens = [t.strip() for t in value.split(",")] if value.strip() else []
     number = r"-?[0-9]+(\.[0-9]+)?" if tiles else r"-?[0-9]+"
-    for token in tokens:
+    for raw, token in zip(value.split(","), tokens):
         bad = ""
-        if not token.isascii():
+        if not raw.isascii():  # before strip(): it removes non-ASCII spaces too, which the runtime does not
             bad = "has non-ASCII characters (the runtime reads only ASCII digits and UUIDs)"
         elif _NUMBERISH.match(token) and not re.fullmatch(number, token):
             bad = "is not a whole number (write indices like 0,1 or UUIDs like GPU-...)"

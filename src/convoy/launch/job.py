@@ -90,6 +90,8 @@ def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters
 def prepare_log_dir(log_dir: str, *, create: bool = True) -> Path:
     """Check (and with ``create`` make) ``--log-dir`` in the parent, so that a bad one is one ``ConfigError``
     line before any rank starts rather than a failure in every rank."""
+    if "\0" in str(log_dir):
+        raise ConfigError(f"--log-dir {str(log_dir)[:40]!r}: a path cannot hold a NUL character")
     path = Path(log_dir).expanduser()
     if path.exists() and not path.is_dir():
         raise ConfigError(f"--log-dir {log_dir}: is a file, not a directory; give a directory for the rank logs")
