@@ -151,3 +151,22 @@ def test_inventory_file(content):
         path = Path(tmp) / "box.json"
         path.write_bytes(content)
         assert isinstance(outcome(load_inventory, path), (Inventory, ConvoyError))
+
+
+def test_lease_waits_take_durations(tmp_path):
+    from convoy.devices.lease import lease_devices, select_and_lease
+
+    inventory = _INVENTORIES["8xh100_nvswitch"]
+    selection, lease = select_and_lease(1, wait="5m", inventory=inventory, env={}, lock_dir=tmp_path)
+    try:
+        assert len(selection.devices) == 1
+        with pytest.raises(DeviceSpecError, match="cannot read duration '5 minutes'"):
+            select_and_lease(1, wait="5 minutes", inventory=inventory, env={}, lock_dir=tmp_path)
+        with pytest.raises(DeviceSpecError, match="duration"):
+            lease_devices(selection.devices, wait=float("nan"), lock_dir=tmp_path)
+    finally:
+        lease.release()
+    # an inventory path works where an Inventory does
+    selection, lease = select_and_lease(1, inventory=str(INVENTORIES / "8xh100_nvswitch.json"), env={},
+                                        lock_dir=tmp_path)
+    lease.release()

@@ -9,11 +9,12 @@ import json
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from convoy.cli.main import main
-from convoy.errors import ConvoyError
+from convoy.errors import ConvoyError, PlanError
 from convoy.plan.api import Plan, plan
 from convoy.plan.model import ModelSpec, from_hf_config
 from tests.bounded import BOUNDED, outcome
@@ -92,3 +93,31 @@ def test_plan_command_line(flags):
     if code:
         lines = err.getvalue().strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("convoy: ")
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"params": float("inf")}, "finite"), ({"params": float("nan")}, "finite"), ({"params": "7e9"}, "is a str"),
+    ({"params": 7e9, "layers": "32"}, "layers='32'"), ({"params": 7e9, "hardware": 8}, "hardware=8"),
+    ({"params": 7e9, "gpu_memory_gib": float("inf")}, "gpu_memory_gib"),
+    ({"params": 7e9, "global_batch": 3}, "global batch 3 cannot be split evenly"),
+    ({"params": 7e9, "hardware": "99999999999999xH100-80GB"}, "GPU count"),
+    ({"params": 7e9, "hardware": "4096xH100-80GB", "nodes": 257}, "beyond what the planner compares"),
+])
+def test_plan_api_refuses_with_one_plan_error(kwargs, fragment):
+    with pytest.raises(PlanError, match=fragment):
+        plan(**{"hardware": "8xH100-80GB", **kwargs})
+
+
+def test_global_batch_picks_a_data_parallel_degree_that_divides_it():
+    # 8 GPUs, global batch 3: dp=8 (or 2, 4) would run uneven micro-batches; only dp=1 layouts (tp/pp) remain
+    p = plan(params=7e9, layers=32, hidden=4096, heads=32, hardware="8xH100-80GB", global_batch=3)
+    assert p.rows and all(r.candidate.layout.dims.dp == 1 for r in p.rows)
+    assert p.recommendation.dims.dp == 1
+    assert plan(params=7e9, hardware="8xH100-80GB", global_batch=16).recommendation.dims.dp == 8
+
+
+@pytest.mark.timeout(120)
+def test_the_largest_gpu_count_plans_in_bounded_time():
+    # 2^20 GPUs, the largest accepted: candidates are enumerated in O(sqrt(GPUs)), not O(GPUs) as before
+    # (the 99999999999999xH100-80GB ran for minutes and grew with the count)
+    assert plan(params=7e9, hardware="4096xH100-80GB", nodes=256).recommendation.row is not None
