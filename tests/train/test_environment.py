@@ -46,6 +46,7 @@ def test_launcher_and_trainer_share_one_list_and_one_default():
     ({"strategy": "ddp", "strategy_options": {"auto_wrap": set()}}, StrategyError, "find_unused_parameters"),
     ({"strategy_options": "find_unused_parameters"}, ConfigError, "give a dict"),
     ({"mixed_precision": "fp8"}, ConfigError, "expected one of no, fp16, bf16"),
+    ({"project_config": "runs"}, ConfigError, "project_config='runs'"),
 ])
 def test_bad_arguments_are_one_error_at_construction(kwargs, error, fragment):
     with pytest.raises(error) as info:

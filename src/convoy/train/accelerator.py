@@ -82,7 +82,7 @@ class Accelerator:
             "mixed_precision": mixed_precision, "strategy": strategy, "collective_timeout": collective_timeout,
             "gradient_accumulation_steps": gradient_accumulation_steps, "parallelism": parallelism}, cpu=cpu)
         check_arguments(strategy=self.settings.strategy, strategy_options=strategy_options,  # fail early
-                        dataloader_config=dataloader_config)
+                        dataloader_config=dataloader_config, project_config=project_config)
         config = dataloader_config or DataLoaderConfiguration()
         self.split_batches = bool(config.split_batches if split_batches is None else split_batches)
         self.even_batches = bool(config.even_batches if even_batches is None else even_batches)

@@ -136,11 +136,12 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
     )
 
 
-def check_arguments(*, strategy: str, strategy_options: Any, dataloader_config: Any) -> None:
+def check_arguments(*, strategy: str, strategy_options: Any, dataloader_config: Any,
+                    project_config: Any = None) -> None:
     """The ``Accelerator`` arguments that are not settings, checked at construction with one ``ConfigError``
     (``StrategyError`` for a strategy or its options): ``strategy_options`` keys the strategy reads (the
     union over convoy's strategies for ``"auto"``), a ``dataloader_config`` with ``split_batches`` and
-    ``even_batches``."""
+    ``even_batches``, a ``project_config`` with ``project_dir`` and ``iteration``."""
     from convoy.train.strategies.base import check_strategy_options
 
     if strategy_options is not None and not isinstance(strategy_options, Mapping):
@@ -151,6 +152,11 @@ def check_arguments(*, strategy: str, strategy_options: Any, dataloader_config: 
                                                  for a in ("split_batches", "even_batches")):
         raise ConfigError(f"dataloader_config={show(dataloader_config)}: give a DataLoaderConfiguration("
                           f"split_batches=..., even_batches=...) (convoy.train.DataLoaderConfiguration)")
+    if project_config is not None and not all(hasattr(project_config, a) for a in
+                                              ("project_dir", "iteration", "total_limit",
+                                               "automatic_checkpoint_naming")):
+        raise ConfigError(f"project_config={show(project_config)}: give a ProjectConfiguration(project_dir=...) "
+                          f"(convoy.train.ProjectConfiguration)")
 
 
 def _device_type() -> str:
