@@ -26,7 +26,7 @@ from typing import Any, Callable
 from convoy.errors import ConfigError
 
 __all__ = ["Key", "SCHEMA", "KEYS", "key_for", "closest_key", "ENV_PREFIX", "MIXED_PRECISIONS",
-           "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES"]
+           "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "show"]
 
 ENV_PREFIX = "CONVOY_"
 
