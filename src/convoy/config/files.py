@@ -95,10 +95,10 @@ def read_settings_file(path: str | os.PathLike[str]) -> dict[str, FileValue]:
                           f"'convoy config --path {shown_path(path)}'") from None
     except OSError as err:
         raise ConfigError(f"{shown_path(path)}: cannot read settings file: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:  # before ValueError, which it refines
+        raise ConfigError(f"{shown_path(path)}: settings file is not UTF-8 text (byte {err.start})") from None
     except ValueError:  # a NUL character in the path (possible from Python, never from a shell)
         raise ConfigError(f"{shown_path(path)}: a settings file path cannot hold a NUL character") from None
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{shown_path(path)}: settings file is not UTF-8 text (byte {err.start})") from None
     try:
         data = tomllib.loads(text)
     except RecursionError:

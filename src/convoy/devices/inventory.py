@@ -210,11 +210,11 @@ def load_inventory(path: str | Path) -> Inventory:
                              f"'convoy devices --json > {name if name.isprintable() else 'box.json'}'") from None
     except OSError as err:
         raise InventoryError(f"inventory file {str(path)!r} cannot be read: {err.strerror}") from None
-    except ValueError:  # a NUL character in the path (possible from Python, never from a shell)
-        raise InventoryError(f"inventory file {str(path)!r}: a path cannot hold a NUL character") from None
-    except UnicodeDecodeError as err:
+    except UnicodeDecodeError as err:  # before ValueError, which it refines
         raise InventoryError(f"inventory file {str(path)!r} is not UTF-8 text (byte {err.start}); "
                              f"write it with 'convoy devices --json'") from None
+    except ValueError:  # a NUL character in the path (possible from Python, never from a shell)
+        raise InventoryError(f"inventory file {str(path)!r}: a path cannot hold a NUL character") from None
     return inventory_from_dict(parse_json(text, f"inventory file {str(path)!r}"), source=f"file:{shown}")
 
 
