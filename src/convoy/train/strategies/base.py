@@ -302,10 +302,10 @@ def check_strategy_options(name: str, options: Mapping[str, Any]) -> None:
         if name != "auto":
             strategy_class(name)  # an unknown name fails here, at construction
         return
-    if name == "auto":
-        classes = [strategy_class(n) for n in available_strategies() if n != "auto"]
-        if any(cls.options is None for cls in classes):
-            return
+    if name == "auto":  # auto picks among convoy's own strategies only, never a registered one
+        from convoy.config.schema import BUILTIN_STRATEGIES
+
+        classes = [strategy_class(n) for n in BUILTIN_STRATEGIES if n != "auto"]
         valid = sorted({key for cls in classes for key in cls.options or ()})
     else:
         declared = strategy_class(name).options
