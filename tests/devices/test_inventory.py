@@ -66,7 +66,7 @@ def test_main_vendor_is_the_most_common():
 @pytest.mark.parametrize("data, fragment", [
     ([], "top level must be"),
     ({"devices": [{"uuid": "u", "name": "n"}]}, "has no 'index'"),
-    ({"devices": [{"index": "0", "uuid": "u", "name": "n"}]}, "index must be an integer, got '0'"),
+    ({"devices": [{"index": "0", "uuid": "u", "name": "n"}]}, "index must be an integer >= 0, got '0'"),
     ({"devices": [{"index": 0, "uuid": "u", "name": "n", "compute_mode": "weird"}]}, "compute_mode 'weird'"),
     ({"devices": [{"index": 0, "uuid": "u", "name": "n"}, {"index": 0, "uuid": "v", "name": "n"}]},
      "indices repeat"),

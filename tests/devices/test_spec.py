@@ -49,8 +49,12 @@ def test_extensions(spec, expected):
     assert parse_devices(spec, 8) == expected
 
 
-def test_all_of_nothing_is_nothing():
-    assert parse_devices(-1, 0) == [] and parse_devices("all", 0) == []
+@pytest.mark.parametrize("spec", [-1, "-1", "all"])
+def test_all_of_nothing_is_refused_like_lightning(spec):
+    # Lightning: "GPUs requested but none are available"; 'auto' is the request that falls back to the CPU
+    with pytest.raises(DeviceSpecError, match="asks for every device but none are available"):
+        parse_devices(spec, 0)
+    assert parse_devices("auto", 0) == []
 
 
 def test_top_level_name_is_the_same_function():

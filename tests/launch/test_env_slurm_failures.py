@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from convoy.errors import ConfigError, LaunchError, RankFailedError, StrategyError
+from convoy.errors import ConfigError, LaunchError, RankFailedError
 from convoy.launch.env import (CONVOY_VARIABLES, RANK_VARIABLES, ConvoyEnv, convoy_env, rank_env,
                                read_convoy_env)
 from convoy.launch.failures import RankFailure, TracebackHold, describe_exit, failure_error, read_error_file
@@ -32,13 +32,18 @@ def test_convoy_env_round_trips_and_rejects_bad_values():
     assert set(env) == set(CONVOY_VARIABLES) and env["CONVOY_COLLECTIVE_TIMEOUT"] == "12.5"
     assert read_convoy_env(env) == settings
     assert read_convoy_env({}) == ConvoyEnv() and convoy_env(ConvoyEnv()) == {}
-    with pytest.raises(ConfigError, match="'fp12' is not one of no, fp16, bf16"):
-        ConvoyEnv(mixed_precision="fp12")
-    with pytest.raises(ConfigError, match="CONVOY_GRADIENT_ACCUMULATION_STEPS='x' is not a int"):
+    # the launcher checks with the trainer's own list and parser (convoy.config.schema): fp8 is not offered
+    for bad in ("fp12", "fp8"):
+        with pytest.raises(ConfigError, match=f"'{bad}' is not valid; expected one of no, fp16, bf16"):
+            ConvoyEnv(mixed_precision=bad)
+    with pytest.raises(ConfigError, match="CONVOY_GRADIENT_ACCUMULATION_STEPS: 'x' is not valid; expected a whole"):
         read_convoy_env({"CONVOY_GRADIENT_ACCUMULATION_STEPS": "x"})
-    with pytest.raises(ConfigError, match="give a number of seconds > 0"):
-        ConvoyEnv(collective_timeout=0)
-    with pytest.raises(StrategyError):
+    for bad in (0, float("inf"), float("nan"), "inf", "٣"):
+        with pytest.raises(ConfigError, match="expected a number of seconds > 0"):
+            ConvoyEnv(collective_timeout=bad)
+    with pytest.raises(ConfigError, match="is not one of convoy's strategies"):
+        ConvoyEnv(strategy="bogus")
+    with pytest.raises(ConfigError, match="not KEY=NUMBER"):
         ConvoyEnv(parallelism="dp2")
 
 

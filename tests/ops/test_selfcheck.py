@@ -63,6 +63,8 @@ def test_report_verdicts():
     (["test", "--timeout", "0"], "argument --timeout: '0' must be > 0"),
     (["test", "--steps", "two"], "argument --steps: 'two' is not a number"),
     (["test", "--size-mib", "-4"], "argument --size-mib: '-4' must be > 0"),
+    (["test", "--steps", "٣"], "argument --steps: '٣' is not a number"),
+    (["test", "--timeout", "inf"], "argument --timeout: 'inf' is not a number"),
     (["test", "--frobnicate"], "unrecognized arguments: --frobnicate"),
 ])
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, message):

@@ -12,7 +12,9 @@ Python: ``convoy.launch.job.launch_job(LaunchRequest(...))``; functions: ``convo
 from __future__ import annotations
 
 import argparse
+import re
 
+from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, MIXED_PRECISIONS
 from convoy.errors import ConfigError
 
 DESCRIPTION = ("Start one process per selected device (or N CPU processes with gloo) with torchrun's "
@@ -28,37 +30,51 @@ EPILOG = """examples:
 _UNSUPPORTED = {"logs_specs": None, "numa_binding": None, "virtual_local_rank": False}
 
 
+def _whole(text: str) -> int:
+    """argparse type of every whole-number flag: ASCII digits only (``int()`` would read '٣'), at most 9."""
+    if not re.fullmatch(r"\s*-?[0-9]{1,9}\s*", text):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    if not re.fullmatch(r"\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)\s*", text) or not 0 < float(text) < 10**9:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds > 0")
+    return float(text)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     dev = parser.add_argument_group("devices")
     dev.add_argument("--devices", "--gpu_ids", "--gpu-ids", default=None, metavar="SPEC",
                      help="devices to use: '0,2', '2' (first two), 'all', 'auto' (default; CPU when none)")
     dev.add_argument("--free", action="store_true", default=None, help="only devices no process is using")
     dev.add_argument("--min-free-memory", default=None, metavar="MEM", help="e.g. 20GiB")
-    dev.add_argument("--max-utilization", type=int, default=None, metavar="PCT")
-    dev.add_argument("--exclude", default="", metavar="IDX,...", help="physical indices never to use")
+    dev.add_argument("--max-utilization", type=_whole, default=None, metavar="PCT")
+    dev.add_argument("--exclude", default="", metavar="IDX,...",
+                     help="devices never to use: visible indices or UUIDs, comma-separated")
     dev.add_argument("--order", default=None, help="device order: index, memory, topology, ...")
-    dev.add_argument("--wait", type=float, default=None, metavar="SECONDS",
-                     help="wait this long for devices leased by another job")
+    dev.add_argument("--wait", default=None, metavar="T",
+                     help="wait up to T (30s, 5m, 1h, inf) for devices leased by another job")
     dev.add_argument("--no-lease", action="store_true", help="do not hold a lease on the devices")
 
     tr = parser.add_argument_group("torchrun's flags (same names and meanings)")
     tr.add_argument("--nproc-per-node", "--nproc_per_node", default=None, metavar="N",
                     help="processes per node: a number, auto, cpu or gpu (default: one per selected device)")
-    tr.add_argument("--num_processes", "--num-processes", dest="num_processes", type=int, default=None,
+    tr.add_argument("--num_processes", "--num-processes", dest="num_processes", type=_whole, default=None,
                     help="Accelerate: total processes over all machines")
     tr.add_argument("--nnodes", "--num_machines", "--num-machines", default=None, metavar="N[:M]")
-    tr.add_argument("--node-rank", "--node_rank", "--machine_rank", "--machine-rank", type=int, default=None)
+    tr.add_argument("--node-rank", "--node_rank", "--machine_rank", "--machine-rank", type=_whole, default=None)
     tr.add_argument("--master-addr", "--master_addr", "--main_process_ip", "--main-process-ip", default=None)
-    tr.add_argument("--master-port", "--master_port", "--main_process_port", "--main-process-port", type=int,
+    tr.add_argument("--master-port", "--master_port", "--main_process_port", "--main-process-port", type=_whole,
                     default=None)
     tr.add_argument("--rdzv-backend", "--rdzv_backend", default=None)
     tr.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None)
     tr.add_argument("--rdzv-id", "--rdzv_id", default=None)
     tr.add_argument("--rdzv-conf", "--rdzv_conf", default=None)
     tr.add_argument("--standalone", action="store_true")
-    tr.add_argument("--max-restarts", "--max_restarts", type=int, default=None,
+    tr.add_argument("--max-restarts", "--max_restarts", type=_whole, default=None,
                     help="restart the whole worker group up to N times after a failure (default 0)")
-    tr.add_argument("--monitor-interval", "--monitor_interval", type=float, default=0.1)
+    tr.add_argument("--monitor-interval", "--monitor_interval", type=_seconds, default=0.1)
     tr.add_argument("--start-method", "--start_method", default="spawn", choices=["spawn", "fork", "forkserver"])
     tr.add_argument("--role", default="default")
     tr.add_argument("-m", "--module", action="store_true", help="run the program as a Python module")
@@ -71,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--local-addr", "--local_addr", default=None)
     tr.add_argument("--event-log-handler", "--event_log_handler", default="null")
     tr.add_argument("--signals-to-handle", "--signals_to_handle", default="SIGTERM,SIGINT,SIGHUP,SIGQUIT")
-    tr.add_argument("--shutdown-timeout", "--shutdown_timeout", type=int, default=None)
+    tr.add_argument("--shutdown-timeout", "--shutdown_timeout", type=_whole, default=None)
     tr.add_argument("--duplicate-stdout-filters", "--duplicate_stdout_filters", default="")
     tr.add_argument("--duplicate-stderr-filters", "--duplicate_stderr_filters", default="")
     tr.add_argument("--logs-specs", "--logs_specs", default=None, help=argparse.SUPPRESS)
@@ -79,14 +95,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--virtual-local-rank", "--virtual_local_rank", action="store_true", help=argparse.SUPPRESS)
 
     cv = parser.add_argument_group("training settings (CONVOY_* variables for the ranks' Accelerator)")
-    cv.add_argument("--mixed-precision", "--mixed_precision", default=None, choices=["no", "fp16", "bf16", "fp8"])
-    cv.add_argument("--strategy", default=None, help="auto, ddp, fsdp, zero1, ...")
-    cv.add_argument("--dp", type=int, default=None)
-    cv.add_argument("--tp", type=int, default=None)
-    cv.add_argument("--pp", type=int, default=None)
-    cv.add_argument("--gradient-accumulation-steps", "--gradient_accumulation_steps", type=int, default=None)
-    cv.add_argument("--collective-timeout", type=float, default=None, metavar="SECONDS",
-                    help="fail a collective not every rank reached after this long (default 300)")
+    cv.add_argument("--mixed-precision", "--mixed_precision", default=None, choices=MIXED_PRECISIONS)
+    cv.add_argument("--strategy", default=None, help="auto, ddp, fsdp, zero1, zero2, zero3, tp, pp, ...")
+    cv.add_argument("--dp", type=_whole, default=None)
+    cv.add_argument("--tp", type=_whole, default=None)
+    cv.add_argument("--pp", type=_whole, default=None)
+    cv.add_argument("--gradient-accumulation-steps", "--gradient_accumulation_steps", type=_whole, default=None)
+    cv.add_argument("--collective-timeout", default=None, metavar="SECONDS",
+                    help=f"fail a collective not every rank reached after this long (default "
+                         f"{DEFAULT_COLLECTIVE_TIMEOUT:g}; finite)")
 
     parser.add_argument("--engine", default="auto", choices=["auto", "direct", "elastic"],
                         help="direct: one node, no restarts, workers started without torch's agent; "
@@ -107,6 +124,7 @@ def build_request(args: argparse.Namespace):
     from convoy.launch.job import DeviceFilters
     from convoy.launch.plan import LaunchRequest
     from convoy.config.settings import fill_unset
+    from convoy.devices.units import parse_duration
 
     # flags not given: CONVOY_<KEY>, ./convoy.toml, the user file (convoy config); ``parallelism`` has no flag
     # of its own (--dp/--tp/--pp spell it) but comes from the same places
@@ -143,10 +161,11 @@ def build_request(args: argparse.Namespace):
         start_method=args.start_method, log_dir=args.log_dir, redirects=args.redirects, tee=args.tee,
         local_ranks_filter=args.local_ranks_filter, role=args.role, engine=args.engine, settings=settings,
     )
-    exclude = tuple(int(i) for i in args.exclude.split(",") if i.strip()) if args.exclude else ()
+    exclude = tuple(int(t) if re.fullmatch(r"[0-9]{1,9}", t) else t  # indices or UUIDs; select_devices checks
+                    for t in (part.strip() for part in args.exclude.split(",")) if t)
     filters = DeviceFilters(free=bool(args.free), min_free_memory=args.min_free_memory,
                             max_utilization=args.max_utilization, exclude=exclude, order=args.order,
-                            lease_wait=args.wait, lease=not args.no_lease)
+                            lease_wait=None if args.wait is None else parse_duration(args.wait), lease=not args.no_lease)
     return request, filters
 
 

@@ -45,7 +45,10 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line and exit 2, with a hint where a typo is likely."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+        # every error line starts "convoy:" (the ConvoyError lines too), then the command it is about
+        command = self.prog.partition(" ")[2]
+        where = f"{command}: " if command else ""
+        self.exit(2, f"convoy: {where}{message} (see '{self.prog} --help')\n")
 
 
 def _top_parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ a ``module:function`` factory (built on the meta device).
 from __future__ import annotations
 
 import argparse
+import re
 
 DESCRIPTION = "Estimate per-GPU memory and step time of every parallelism layout, and recommend one."
 EPILOG = """examples:
@@ -28,10 +29,9 @@ _PRECISIONS = ("fp32", "bf16", "fp16", "bf16-fp32-grads", "bf16-fp32-accum", "bf
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not re.fullmatch(r"\s*-?[0-9]{1,10}\s*", text):  # ASCII digits: int() would read '٣'
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number")
+    value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
     return value
@@ -39,11 +39,13 @@ def _positive_int(text: str) -> int:
 
 def _positive_float(text: str) -> float:
     try:
+        if not text.isascii():
+            raise ValueError(text)
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 7.5e9)") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    if not 0 < value < float("inf"):  # also refuses nan, inf and 400 nines (a float's inf)
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} must be > 0 and finite")
     return value
 
 

@@ -12,6 +12,7 @@ is held by convoy and by CMD (it inherits the lock), so it ends when both are go
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import subprocess
@@ -25,7 +26,8 @@ EPILOG = """examples:
   convoy run --devices 1 --free -- python train.py
   convoy run --devices 2 --free --wait 10m -- bash job.sh     # wait for 2 GPUs no other job holds
   convoy run --devices 0 -- python -c "import torch; print(torch.cuda.get_device_name())"
-exit code: CMD's own; 128+N if signal N killed it; 1 if no devices could be had; 2 for bad flags."""
+exit code: CMD's own; 128+N if signal N killed it; 1 if no devices could be had; 2 for bad flags;
+127 if CMD is not found; 126 if it cannot be run (no permission, or a script without a #! line)."""
 
 _FORWARDED = ("SIGTERM", "SIGHUP", "SIGINT", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 
@@ -85,6 +87,13 @@ def _run_child(command: list[str], env: dict[str, str], pass_fds: Sequence[int])
         return 127
     except PermissionError:
         print(f"convoy: command not executable: {command[0]!r}", file=sys.stderr)
+        return 126
+    except OSError as err:
+        if err.errno != errno.ENOEXEC:
+            raise
+        # a script without a '#!' line: the kernel cannot run it (a shell would guess; exec does not)
+        print(f"convoy: {command[0]} is not executable as a program: add a #! line or run it with "
+              f"bash {command[0]}", file=sys.stderr)
         return 126
 
     def forward(signum, _frame):

@@ -10,6 +10,7 @@ Library: ``convoy.launch.selfcheck.run_selfcheck()``. Exits 0 when every check p
 from __future__ import annotations
 
 import argparse
+import re
 import json
 from dataclasses import asdict
 
@@ -29,10 +30,11 @@ exit status: 0 when every check passes, 1 when one fails or does not run."""
 
 def _positive(kind):
     def convert(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        # ASCII digits only (int()/float() would read '٣'), finite, and below a day's worth or a billion
+        number = r"\s*-?[0-9]{1,9}\s*" if kind is int else r"\s*-?([0-9]{1,9}(\.[0-9]*)?|\.[0-9]+)\s*"
+        if not re.fullmatch(number, text):
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number")
+        value = kind(text)
         if value <= 0:
             raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
         return value

@@ -11,6 +11,7 @@ wrong value raises ``ConfigError`` naming the file, the line and the key. Torch-
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from convoy.config.schema import KEYS, SCHEMA, closest_key
+from convoy.config.schema import KEYS, SCHEMA, closest_key, show
 from convoy.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -52,6 +53,8 @@ def user_config_path(env: Mapping[str, str] | None = None) -> Path:
     else ``~/.config/convoy/config.toml``."""
     env = os.environ if env is None else env
     if env.get("CONVOY_CONFIG"):
+        if "\0" in env["CONVOY_CONFIG"]:
+            raise ConfigError(f"CONVOY_CONFIG={shown_path(env['CONVOY_CONFIG'])}: a path cannot hold a NUL character")
         return Path(env["CONVOY_CONFIG"]).expanduser()
     base = env.get("XDG_CONFIG_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".config")
     return Path(base).expanduser() / "convoy" / "config.toml"
@@ -73,7 +76,13 @@ def _line_of(lines: list[str], key: str) -> int:
 
 
 def _where(path: Path, line: int, key: str) -> str:
-    return f"{path}, line {line}, key '{key}'" if line else f"{path}, key '{key}'"
+    return f"{shown_path(path)}, line {line}, key {show(key)}" if line else f"{shown_path(path)}, key {show(key)}"
+
+
+def shown_path(path: str | os.PathLike[str]) -> str:
+    """A path for a one-line message: as it is, or quoted when it holds a newline or another control character."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)
 
 
 def read_settings_file(path: str | os.PathLike[str]) -> dict[str, FileValue]:
@@ -82,17 +91,25 @@ def read_settings_file(path: str | os.PathLike[str]) -> dict[str, FileValue]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"{path}: settings file not found; create it with 'convoy config --path {path}'") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read settings file: {err}") from None
+        raise ConfigError(f"{shown_path(path)}: settings file not found; create it with "
+                          f"'convoy config --path {shown_path(path)}'") from None
+    except OSError as err:
+        raise ConfigError(f"{shown_path(path)}: cannot read settings file: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:  # before ValueError, which it refines
+        raise ConfigError(f"{shown_path(path)}: settings file is not UTF-8 text (byte {err.start})") from None
+    except ValueError:  # a NUL character in the path (possible from Python, never from a shell)
+        raise ConfigError(f"{shown_path(path)}: a settings file path cannot hold a NUL character") from None
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        message = str(err)
+    except RecursionError:
+        raise ConfigError(f"{shown_path(path)}: not valid TOML: arrays or tables nested too deeply for a settings "
+                          f"file") from None
+    except ValueError as err:  # TOMLDecodeError is one; int() of a literal past 4300 digits is another
+        message = str(err) if isinstance(err, tomllib.TOMLDecodeError) else str(err).split(";")[0]
         found = re.search(r"\(at line (\d+), column (\d+)\)", message)
         reason = message[: found.start()].strip() if found else message
         at = f"line {found.group(1)}, column {found.group(2)}: " if found else ""
-        raise ConfigError(f"{path}, {at}not valid TOML: {reason}") from None
+        raise ConfigError(f"{shown_path(path)}, {at}not valid TOML: {reason}") from None
     lines = text.splitlines()
     values: dict[str, FileValue] = {}
     for name, raw in data.items():
@@ -141,8 +158,14 @@ def write_settings_file(path: str | os.PathLike[str], values: Mapping[str, Any])
     for key in SCHEMA:
         if key.name in merged:
             body += [f"# {key.doc}", f"{key.name} = {_toml_value(merged[key.name])}", ""]
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text("\n".join(body), encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text("\n".join(body), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise ConfigError(f"{shown_path(path)}: cannot write the settings file ({err.strerror or err}); choose a "
+                          f"writable path with --path, e.g. ./convoy.toml") from None
     return path

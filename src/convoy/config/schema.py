@@ -8,6 +8,11 @@ A key has one spelling per place it can come from: ``strategy`` in a TOML file, 
 command line, ``CONVOY_STRATEGY`` in the environment. Values from files keep their TOML types; values from
 flags and the environment are strings and are converted by the key's type. A wrong value raises
 ``ConfigError`` naming where it came from and what would be right. Torch-free.
+
+Numbers are ASCII digits only (``²`` and ``٣`` are refused though Python's ``int()`` reads them), whole
+numbers have at most 12 digits, and seconds must be finite. This module is also the one source of the
+choices the launcher and the trainer share: ``MIXED_PRECISIONS``, ``DEFAULT_COLLECTIVE_TIMEOUT`` and
+``BUILTIN_STRATEGIES`` (``convoy launch`` refuses other values in the parent, before any rank starts).
 """
 
 from __future__ import annotations
@@ -20,23 +25,45 @@ from typing import Any, Callable
 
 from convoy.errors import ConfigError
 
-__all__ = ["Key", "SCHEMA", "KEYS", "key_for", "closest_key", "ENV_PREFIX"]
+__all__ = ["Key", "SCHEMA", "KEYS", "key_for", "closest_key", "ENV_PREFIX", "MIXED_PRECISIONS",
+           "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "show"]
 
 ENV_PREFIX = "CONVOY_"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
-_NNODES = re.compile(r"^\d+(:\d+)?$")
-_DEVICE_WORD = re.compile(r"^(auto|all|-1|\d+(-\d+)?)$")
+_NNODES = re.compile(r"^[0-9]{1,12}(:[0-9]{1,12})?$")
+_DEVICE_WORD = re.compile(r"^(auto|all|-1|[0-9]{1,12}(-[0-9]{1,12})?)$")
+_WHOLE = re.compile(r"\s*-?[0-9]{1,12}\s*")
+_SECONDS = re.compile(r"\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]{1,3})?\s*")
+
+#: the mixed-precision modes the trainer implements; the launcher offers exactly these.
+MIXED_PRECISIONS = ("no", "fp16", "bf16")
+#: seconds a collective may wait for the other ranks (torch's own default is 30 minutes).
+DEFAULT_COLLECTIVE_TIMEOUT = 300.0
+#: strategy names convoy ships (``convoy.train.strategies`` and ``convoy.train.parallel``); a strategy a
+#: script registers itself (``register_strategy``) is chosen in that script, ``Accelerator(strategy=...)``.
+BUILTIN_STRATEGIES = ("auto", "single", "dp", "ddp", "zero1", "zero2", "zero3", "fsdp", "parallel", "tp", "pp")
+
+
+def show(value: Any) -> str:
+    """``repr(value)`` for an error message: at most 40 characters, and never failing (a 5000-digit int)."""
+    try:
+        text = repr(value)
+    except ValueError:  # int past Python's 4300-digit printing limit
+        return f"<a {type(value).__name__} too long to print>"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _bad(where: str, value: Any, expected: str) -> ConfigError:
-    return ConfigError(f"{where}: {value!r} is not valid; expected {expected}")
+    return ConfigError(f"{where}: {show(value)} is not valid; expected {expected}")
 
 
 def _to_str(value: Any, where: str, expected: str) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise _bad(where, value, expected)
+    if isinstance(value, int) and value.bit_length() > 40:
         raise _bad(where, value, expected)
     return str(value).strip()
 
@@ -53,8 +80,8 @@ def _parse_int(value: Any, where: str, minimum: int) -> int:
     expected = f"a whole number >= {minimum}"
     if isinstance(value, bool):
         raise _bad(where, value, expected)
-    number = int(value) if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value) else value
-    if not isinstance(number, int) or number < minimum:
+    number = int(value) if isinstance(value, str) and _WHOLE.fullmatch(value) else value
+    if not isinstance(number, int) or number < minimum or number.bit_length() > 40:
         raise _bad(where, value, expected)
     return number
 
@@ -65,10 +92,11 @@ def _parse_seconds(value: Any, where: str) -> float:
         raise _bad(where, value, expected)
     number = value
     if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            raise _bad(where, value, expected) from None
+        if not _SECONDS.fullmatch(value):  # ASCII only: float() would read '٣' and 'inf'
+            raise _bad(where, value, expected)
+        number = float(value)
+    if isinstance(number, int) and number.bit_length() > 64:
+        raise _bad(where, value, expected)
     if not isinstance(number, (int, float)) or not math.isfinite(number) or number <= 0:
         raise _bad(where, value, expected)
     return float(number)
@@ -82,7 +110,7 @@ def _parse_devices(value: Any, where: str) -> str:
     """
     expected = "a device request: 'auto', 'all', a count like 2, or indices like '0,2' or '0-3'"
     if isinstance(value, list):
-        if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        if not value or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 10**12 for v in value):
             raise _bad(where, value, "a non-empty list of device indices like [0, 2]")
         return ",".join(str(v) for v in value) + ("," if len(value) == 1 else "")
     text = _to_str(value, where, expected).replace(" ", "")
@@ -137,11 +165,11 @@ class Key:
 
 def _choice(*choices: str) -> Callable[[Any, str], str]:
     def convert(value: Any, where: str) -> str:
-        text = value.strip().lower() if isinstance(value, str) else value
+        text = value.strip().lower() if isinstance(value, str) else None
         if text not in choices:
-            close = difflib.get_close_matches(str(text), choices, n=1)
+            close = difflib.get_close_matches(text, choices, n=1) if text else []
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{where}: {value!r} is not valid; expected one of {', '.join(choices)}{hint}")
+            raise ConfigError(f"{where}: {show(value)} is not valid; expected one of {', '.join(choices)}{hint}")
         return text
 
     return convert
@@ -167,7 +195,7 @@ def _nnodes(value: Any, where: str) -> str:
 def _nproc(value: Any, where: str) -> str:
     expected = "'auto' (one per selected device, or 1 on CPU) or a whole number >= 1"
     text = _to_str(value, where, expected).lower()
-    if text != "auto" and not (text.isdigit() and int(text) >= 1):
+    if text != "auto" and not (re.fullmatch(r"[0-9]{1,12}", text) and int(text) >= 1):
         raise _bad(where, value, expected)
     return text
 
@@ -175,8 +203,11 @@ def _nproc(value: Any, where: str) -> str:
 def _endpoint(value: Any, where: str) -> str:
     expected = "HOST:PORT, e.g. 'node0:29500' (or '' for this machine)"
     text = _to_str(value, where, expected)
-    if text and not re.fullmatch(r"[^\s:]+(:\d{1,5})?|\[[0-9a-fA-F:]+\](:\d{1,5})?", text):
+    if text and not re.fullmatch(r"[^\s:]+(:[0-9]{1,5})?|\[[0-9a-fA-F:]+\](:[0-9]{1,5})?", text):
         raise _bad(where, value, expected)
+    port = text.rpartition(":")[2] if re.search(r":[0-9]{1,5}$", text) else ""
+    if not text.isascii() or (port and not 0 < int(port) <= 65535):
+        raise _bad(where, value, expected + " with an ASCII host and a port from 1 to 65535")
     return text
 
 
@@ -191,15 +222,15 @@ SCHEMA: tuple[Key, ...] = (
         doc="Only pick devices that no other process is using."),
     Key(name="strategy", type="name", default="auto", ask=True, convert=_name,
         doc="How the model is spread over processes: auto, ddp, zero1, zero2, zero3, fsdp, tp, pp."),
-    Key(name="mixed_precision", type="one of no, fp16, bf16", default="no", ask=True,
-        convert=_choice("no", "fp16", "bf16"), choices=("no", "fp16", "bf16"),
+    Key(name="mixed_precision", type="one of " + ", ".join(MIXED_PRECISIONS), default="no", ask=True,
+        convert=_choice(*MIXED_PRECISIONS), choices=MIXED_PRECISIONS,
         doc="Lower-precision compute: 'no' (fp32), 'fp16' (with loss scaling) or 'bf16'."),
     Key(name="parallelism", type="degrees", default=None, convert=_parse_parallelism,
         doc="Parallel degrees like 'dp=2,tp=2,pp=1' (unset: all data parallel)."),
     Key(name="gradient_accumulation_steps", type="int >= 1", default=1, ask=True,
         convert=lambda v, w: _parse_int(v, w, 1),
         doc="Micro-batches whose gradients are summed before each optimizer step."),
-    Key(name="collective_timeout", type="seconds > 0", default=300.0, convert=_parse_seconds,
+    Key(name="collective_timeout", type="seconds > 0", default=DEFAULT_COLLECTIVE_TIMEOUT, convert=_parse_seconds,
         doc="Seconds a collective may wait for the other ranks before the job ends with their names."),
     Key(name="nnodes", type="count or MIN:MAX", default="1", ask=True, convert=_nnodes,
         doc="Machines in the job: a count, or MIN:MAX for an elastic job."),

@@ -14,18 +14,23 @@ PCI-bus order), ``uuid``, ``name``, ``vendor``, ``pci_bus_id``, ``memory_total_m
 Defaults for missing optional keys: ``vendor="nvidia"``, ``pci_bus_id=""``, ``memory_used_mib=0``,
 ``utilization_pct=None`` (unknown), ``compute_capability=None``, ``compute_mode="default"``, empty lists,
 ``multiprocessor_count``/``max_sm_clock_mhz`` ``None``. Unknown keys are kept in ``extra`` and written back.
+
+Checked on load (``InventoryError`` naming the file, the device and the field): the file is UTF-8 JSON (no NaN, no
+unreadably deep nesting); indices, pids and memory amounts are integers >= 0; ``utilization_pct`` is a finite
+number in 0-100; ``nvlink_peers`` name other devices of the same vendor in the file.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from convoy.errors import InventoryError
 
-__all__ = ["Process", "MigDevice", "Device", "Inventory", "load_inventory", "inventory_from_dict"]
+__all__ = ["Process", "MigDevice", "Device", "Inventory", "load_inventory", "inventory_from_dict", "as_inventory"]
 
 COMPUTE_MODES = ("default", "exclusive_process", "prohibited", "exclusive_thread")
 VENDORS = ("nvidia", "amd", "intel", "habana", "ascend", "apple")
@@ -197,19 +202,51 @@ class Inventory:
 def load_inventory(path: str | Path) -> Inventory:
     """Read an inventory file. Raises :class:`InventoryError` naming the file and what is wrong."""
     path = Path(path)
+    name, shown = path.name, str(path) if str(path).isprintable() else repr(str(path))
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise InventoryError(f"inventory file {str(path)!r} does not exist; write one with "
-                             f"'convoy devices --json > {path.name}'") from None
+                             f"'convoy devices --json > {name if name.isprintable() else 'box.json'}'") from None
     except OSError as err:
         raise InventoryError(f"inventory file {str(path)!r} cannot be read: {err.strerror}") from None
+    except UnicodeDecodeError as err:  # before ValueError, which it refines
+        raise InventoryError(f"inventory file {str(path)!r} is not UTF-8 text (byte {err.start}); "
+                             f"write it with 'convoy devices --json'") from None
+    except ValueError:  # a NUL character in the path (possible from Python, never from a shell)
+        raise InventoryError(f"inventory file {str(path)!r}: a path cannot hold a NUL character") from None
+    return inventory_from_dict(parse_json(text, f"inventory file {str(path)!r}"), source=f"file:{shown}")
+
+
+def parse_json(text: str, what: str) -> Any:
+    """``json.loads(text)`` for a file convoy reads, with every way it can fail as one ``InventoryError``:
+    invalid JSON, nesting deeper than the decoder's recursion limit, integers longer than Python reads (4300
+    digits), NaN/Infinity."""
     try:
-        data = json.loads(text)
+        return json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as err:
-        raise InventoryError(f"inventory file {str(path)!r} is not valid JSON (line {err.lineno}: {err.msg}); "
+        raise InventoryError(f"{what} is not valid JSON (line {err.lineno}: {err.msg}); "
                              f"expected {{\"devices\": [...]}}") from None
-    return inventory_from_dict(data, source=f"file:{path}")
+    except RecursionError:
+        raise InventoryError(f"{what} nests JSON too deeply to be an inventory; "
+                             f"expected {{\"devices\": [...]}}") from None
+    except ValueError as err:  # an integer past 4300 digits; NaN/Infinity (_no_constant)
+        raise InventoryError(f"{what} is not valid JSON ({str(err).split(';')[0]})") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def as_inventory(value: Any) -> Inventory | None:
+    """``value`` as an :class:`Inventory`: an ``Inventory`` as it is, a path (str or ``os.PathLike``) loaded
+    with ``load_inventory``, ``None`` as ``None`` (the caller discovers the machine); anything else refused."""
+    if value is None or isinstance(value, Inventory):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return load_inventory(value)
+    raise InventoryError(f"inventory={type(value).__name__}: give an Inventory, or the path of an inventory file "
+                         f"('convoy devices --json > box.json')")
 
 
 def inventory_from_dict(data: Any, *, source: str = "dict") -> Inventory:
@@ -226,6 +263,16 @@ def inventory_from_dict(data: Any, *, source: str = "dict") -> Inventory:
     uuids = [d.uuid for d in devices]
     if len(set(uuids)) != len(uuids):
         raise InventoryError(f"inventory ({source}): device uuids repeat; each must be unique")
+    indices: dict[str, set[int]] = {}
+    for device in devices:
+        indices.setdefault(device.vendor, set()).add(device.index)
+    for device in devices:
+        known = indices[device.vendor] - {device.index}
+        bogus = [p for p in device.nvlink_peers if p not in known]
+        if bogus:
+            raise InventoryError(f"inventory ({source}): {device.vendor} device {device.index} lists nvlink peer "
+                                 f"{bogus[0]}, which is not another {device.vendor} device of the inventory "
+                                 f"(indices: {sorted(known | {device.index})[:16]})")
     return Inventory(devices=devices, source=source)
 
 
@@ -245,23 +292,23 @@ def _device(item: Any, position: int, source: str) -> Device:
             raise InventoryError(f"{where} has no {key!r}; required keys are index, uuid, name")
     compute_mode = item.get("compute_mode") or "default"
     if compute_mode not in COMPUTE_MODES:
-        raise InventoryError(f"{where}: compute_mode {compute_mode!r} is not one of {', '.join(COMPUTE_MODES)}")
+        raise InventoryError(f"{where}: compute_mode {_short(compute_mode)} is not one of {', '.join(COMPUTE_MODES)}")
     cc = item.get("compute_capability")
     return Device(
-        index=_int(item["index"], f"{where}: index"),
+        index=_count(item["index"], f"{where}: index"),
         uuid=_str(item["uuid"], f"{where}: uuid"),
         name=_str(item["name"], f"{where}: name"),
         vendor=_str(item.get("vendor", "nvidia"), f"{where}: vendor").lower(),
         pci_bus_id=_str(item.get("pci_bus_id", ""), f"{where}: pci_bus_id"),
-        memory_total_mib=_int(item.get("memory_total_mib", 0), f"{where}: memory_total_mib"),
-        memory_used_mib=_int(item.get("memory_used_mib", 0), f"{where}: memory_used_mib"),
-        utilization_pct=_number(item.get("utilization_pct"), f"{where}: utilization_pct"),
+        memory_total_mib=_count(item.get("memory_total_mib", 0), f"{where}: memory_total_mib"),
+        memory_used_mib=_count(item.get("memory_used_mib", 0), f"{where}: memory_used_mib"),
+        utilization_pct=_percent(item.get("utilization_pct"), f"{where}: utilization_pct"),
         compute_capability=None if cc is None else str(cc),
         compute_mode=compute_mode,
         processes=tuple(_process(p, f"{where}: processes") for p in _list(item.get("processes"), where)),
-        nvlink_peers=tuple(_int(p, f"{where}: nvlink_peers") for p in _list(item.get("nvlink_peers"), where)),
-        multiprocessor_count=_opt_int(item.get("multiprocessor_count"), f"{where}: multiprocessor_count"),
-        max_sm_clock_mhz=_opt_int(item.get("max_sm_clock_mhz"), f"{where}: max_sm_clock_mhz"),
+        nvlink_peers=tuple(_count(p, f"{where}: nvlink_peers") for p in _list(item.get("nvlink_peers"), where)),
+        multiprocessor_count=_opt_count(item.get("multiprocessor_count"), f"{where}: multiprocessor_count"),
+        max_sm_clock_mhz=_opt_count(item.get("max_sm_clock_mhz"), f"{where}: max_sm_clock_mhz"),
         mig_devices=tuple(_mig(m, f"{where}: mig_devices") for m in _list(item.get("mig_devices"), where)),
         extra={k: v for k, v in item.items() if k not in _KNOWN},
     )
@@ -273,10 +320,10 @@ def _mig(item: Any, where: str) -> MigDevice:
     return MigDevice(
         uuid=_str(item["uuid"], f"{where}: uuid"),
         profile=_str(item.get("profile", ""), f"{where}: profile"),
-        memory_total_mib=_int(item.get("memory_total_mib", 0), f"{where}: memory_total_mib"),
-        memory_used_mib=_int(item.get("memory_used_mib", 0), f"{where}: memory_used_mib"),
-        gpu_instance_id=_opt_int(item.get("gpu_instance_id"), f"{where}: gpu_instance_id"),
-        compute_instance_id=_opt_int(item.get("compute_instance_id"), f"{where}: compute_instance_id"),
+        memory_total_mib=_count(item.get("memory_total_mib", 0), f"{where}: memory_total_mib"),
+        memory_used_mib=_count(item.get("memory_used_mib", 0), f"{where}: memory_used_mib"),
+        gpu_instance_id=_opt_count(item.get("gpu_instance_id"), f"{where}: gpu_instance_id"),
+        compute_instance_id=_opt_count(item.get("compute_instance_id"), f"{where}: compute_instance_id"),
         processes=tuple(_process(p, f"{where}: processes") for p in _list(item.get("processes"), where)),
     )
 
@@ -285,8 +332,8 @@ def _process(item: Any, where: str) -> Process:
     if not isinstance(item, dict) or "pid" not in item:
         raise InventoryError(f"{where}: each process needs 'pid' (and optionally 'used_memory_mib')")
     name = item.get("name")
-    return Process(pid=_int(item["pid"], f"{where}: pid"),
-                   used_memory_mib=_opt_int(item.get("used_memory_mib"), f"{where}: used_memory_mib"),
+    return Process(pid=_count(item["pid"], f"{where}: pid"),
+                   used_memory_mib=_opt_count(item.get("used_memory_mib"), f"{where}: used_memory_mib"),
                    name=None if name is None else str(name))
 
 
@@ -298,25 +345,34 @@ def _list(value: Any, where: str) -> list[Any]:
     return value
 
 
-def _int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InventoryError(f"{where} must be an integer, got {value!r}")
+def _count(value: Any, where: str) -> int:
+    """An integer >= 0 (indices, pids, MiB, clocks): what the drivers report; negative ones are corrupt."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InventoryError(f"{where} must be an integer >= 0, got {_short(value)}")
     return value
 
 
-def _opt_int(value: Any, where: str) -> int | None:
-    return None if value is None else _int(value, where)
+def _opt_count(value: Any, where: str) -> int | None:
+    return None if value is None else _count(value, where)
 
 
-def _number(value: Any, where: str) -> float | None:
+def _percent(value: Any, where: str) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InventoryError(f"{where} must be a number or null, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
+        raise InventoryError(f"{where} must be a percentage from 0 to 100 or null, got {_short(value)}")
     return value
 
 
 def _str(value: Any, where: str) -> str:
     if not isinstance(value, str):
-        raise InventoryError(f"{where} must be a string, got {value!r}")
+        raise InventoryError(f"{where} must be a string, got {_short(value)}")
     return value
+
+
+def _short(value: Any) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's 4300-digit printing limit
+        return f"<a {type(value).__name__} too long to print>"
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from convoy.devices.inventory import Device
+from convoy.devices.units import parse_duration
 from convoy.errors import LeaseError, SelectionError
 
 __all__ = ["Lease", "lease_devices", "lease_holders", "select_and_lease", "default_lock_dir",
@@ -168,13 +169,15 @@ def lease_holders(devices: Sequence[Device], *, lock_dir: str | Path | None = No
     return held
 
 
-def lease_devices(devices: Sequence[Device], *, wait: float | None = None,
+def lease_devices(devices: Sequence[Device], *, wait: float | str | None = None,
                   lock_dir: str | Path | None = None) -> Lease:
-    """Lease every device of ``devices`` (all or none), waiting up to ``wait`` seconds (``None``: not at all).
+    """Lease every device of ``devices`` (all or none), waiting up to ``wait`` (seconds, or a duration such as
+    ``"5m"``; ``None``: not at all).
 
     Raises:
         LeaseError: some device is still held by another job when the wait ends; names the holders.
     """
+    wait = None if wait is None else parse_duration(wait)  # seconds, or '30s', '5m', '1h', 'inf'
     lock_dir = default_lock_dir() if lock_dir is None else Path(lock_dir)
     _ensure_dir(lock_dir)
     deadline = time.monotonic() + (wait or 0)
@@ -210,7 +213,7 @@ def _attempt(devices: Sequence[Device], lock_dir: Path) -> tuple[Lease | None, l
     return Lease(tuple(devices), lock_dir, fds), []
 
 
-def select_and_lease(spec: Any = "auto", *, wait: float | None = None, lock_dir: str | Path | None = None,
+def select_and_lease(spec: Any = "auto", *, wait: float | str | None = None, lock_dir: str | Path | None = None,
                      **select_kwargs: Any):
     """Select devices that no other job holds, and lease them, retrying until ``wait`` runs out.
 
@@ -222,12 +225,14 @@ def select_and_lease(spec: Any = "auto", *, wait: float | None = None, lock_dir:
         SelectionError, DeviceSpecError: as ``select_devices``, for reasons other than leases.
     """
     from convoy.devices.discovery import discover
+    from convoy.devices.inventory import as_inventory
     from convoy.devices.selection import select_devices
     from convoy.devices.visibility import visible_devices
 
+    wait = None if wait is None else parse_duration(wait)  # seconds, or '30s', '5m', '1h', 'inf'
     env = select_kwargs.pop("env", None)
     env = os.environ if env is None else env
-    inventory = select_kwargs.pop("inventory", None) or discover(env)
+    inventory = as_inventory(select_kwargs.pop("inventory", None)) or discover(env)
     lock_dir = default_lock_dir(env) if lock_dir is None else Path(lock_dir)
     _ensure_dir(lock_dir)
     candidates = visible_devices(inventory, env).devices

@@ -17,10 +17,11 @@ an empty, CPU-only selection.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from convoy.devices.inventory import Device, Inventory
+from convoy.devices.inventory import Device, Inventory, as_inventory
 from convoy.devices.spec import describe_available, is_count, parse_devices
 from convoy.devices.units import MemoryAmount, parse_memory, parse_percent
 from convoy.devices.visibility import HIDE_ALL, visibility_env, visible_devices
@@ -67,7 +68,7 @@ def select_devices(
     free: bool = False,
     min_free_memory: str | int | float | MemoryAmount | None = None,
     max_utilization: str | int | float | None = None,
-    exclude: Iterable[int | str] = (),
+    exclude: int | str | Iterable[int | str] = (),
     order: str | None = None,
     held: Mapping[str, str] | None = None,
 ) -> Selection:
@@ -78,7 +79,9 @@ def select_devices(
         free: skip busy devices (any process on them, or compute mode prohibited/exclusive and taken).
         min_free_memory: ``"20GiB"``, ``"80%"`` (of each device's total) or MiB.
         max_utilization: ``"10%"`` or 10; devices whose utilisation is unknown pass.
-        exclude: visible indices (as the request counts them) or UUIDs (prefixes allowed) never to take.
+        exclude: visible indices (as the request counts them) or UUIDs (prefixes allowed) never to take: one
+            index, a comma-separated string (``"0,3"``) or an iterable of indices and UUIDs.
+        inventory: an ``Inventory``, or the path of an inventory file; default: this machine's.
         order: ``"index"`` (default), ``"free-memory"``, ``"fastest"``, ``"topology"`` (a count from the best
             connected island of fast links: NVLink/NVSwitch on NVIDIA, xGMI on AMD). Explicit index lists keep
             the user's order unless ``order`` is given.
@@ -89,10 +92,13 @@ def select_devices(
         SelectionError: too few devices pass the filters; the message names each rejected device and why.
     """
     env = os.environ if env is None else env
+    inventory = as_inventory(inventory)
     if inventory is None:
         from convoy.devices.discovery import discover
 
         inventory = discover(env)
+    if not isinstance(env, Mapping):
+        raise DeviceSpecError(f"env={type(env).__name__}: give a mapping of environment variables (os.environ)")
     if order is not None and order not in ORDERS:
         raise DeviceSpecError(f"order {order!r} is not one of {', '.join(ORDERS)}")
     need_mem = None if min_free_memory is None else parse_memory(min_free_memory)
@@ -188,25 +194,47 @@ def _name(device: Device, position: int, prefix: str, view) -> str:
     return device.label
 
 
-def _excluded(exclude: Iterable[int | str], units: Sequence[Device]) -> set[int]:
+def _exclude_items(exclude: Any) -> list[Any]:
+    if isinstance(exclude, bool):
+        raise DeviceSpecError(f"exclude={exclude!r}: a bool is not a device; give indices or UUIDs")
+    if isinstance(exclude, int):
+        return [exclude]
+    if isinstance(exclude, str):
+        return [t for t in (part.strip() for part in exclude.split(",")) if t]
+    try:
+        return list(exclude)
+    except TypeError:
+        raise DeviceSpecError(f"exclude={type(exclude).__name__}: give device indices or UUIDs, e.g. [0, 3] or "
+                              f"'0,3'") from None
+
+
+def _excluded(exclude: Any, units: Sequence[Device]) -> set[int]:
     out: set[int] = set()
-    for item in exclude:
-        if isinstance(item, bool):
-            raise DeviceSpecError(f"exclude={item!r}: a bool is not a device; give indices or UUIDs")
-        text = str(item).strip()
-        if text.lstrip("-").isdigit():
-            position = int(text)
+    for item in _exclude_items(exclude):
+        if isinstance(item, bool) or not isinstance(item, (int, str)):
+            raise DeviceSpecError(f"exclude: {type(item).__name__} {str(item)[:40]!r} is not a device; give "
+                                  f"indices or UUIDs")
+        text = str(item).strip() if isinstance(item, str) else None
+        if isinstance(item, int) or _INDEX.fullmatch(text or ""):
+            position = item if isinstance(item, int) else int(text)  # type: ignore[arg-type]
             if not 0 <= position < len(units):
-                raise DeviceSpecError(f"exclude: index {position} is out of range; "
+                raise DeviceSpecError(f"exclude: index {_short_int(position)} is out of range; "
                                       f"{describe_available(len(units))}")
             out.add(position)
             continue
-        hits = [p for p, d in enumerate(units) if d.uuid.startswith(text) or d.mig_parent_uuid == text]
+        hits = [p for p, d in enumerate(units) if text and (d.uuid.startswith(text) or d.mig_parent_uuid == text)]
         if not hits:
-            raise DeviceSpecError(f"exclude: {text!r} matches no visible device's index or UUID; "
+            raise DeviceSpecError(f"exclude: {text[:40]!r} matches no visible device's index or UUID; "
                                   f"{describe_available(len(units))}")
         out.update(hits)
     return out
+
+
+_INDEX = re.compile(r"-?[0-9]{1,12}")
+
+
+def _short_int(n: int) -> str:
+    return str(n) if n.bit_length() < 40 else "<a very large number>"
 
 
 def _rejection(device: Device, position: int, *, free: bool, need_mem: MemoryAmount | None,

@@ -14,6 +14,12 @@ inclusive ranges inside index strings (``"0-3,6"``, also ``"0-3"`` alone) and th
 
 Anything else raises :class:`convoy.errors.DeviceSpecError` (a ``ValueError``) naming the offending token
 and what is available. The parser is pure: it never looks at the machine, only at ``num_available``.
+
+Digits are ASCII only (``"²"`` and ``"٣"`` are refused: Python's ``int()`` reads them, CUDA does not), a
+number has at most 12 digits, and a range is checked against ``num_available`` before it is expanded, so
+any request is answered in time and memory bounded by ``num_available``. ``-1`` and ``"all"`` ask for every
+device and are refused when there is none (Lightning: "GPUs requested but none are available"); ``"auto"``
+then means the CPU.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ from convoy.errors import DeviceSpecError
 
 __all__ = ["parse_devices", "describe_available", "is_count"]
 
-_INT = re.compile(r"^-?\d+$")
-_RANGE = re.compile(r"^(\d+)\s*-\s*(\d+)$")
+_INT = re.compile(r"^-?[0-9]+$")
+_RANGE = re.compile(r"^([0-9]+)\s*-\s*([0-9]+)$")
+#: more digits than this is no device index or count on any machine; refused before ``int()`` reads it.
+_MAX_DIGITS = 12
 _ALL_WORDS = ("all", "auto")
 
 
@@ -93,23 +101,53 @@ def parse_devices(spec: Any, num_available: int) -> list[int]:
 
 
 def _show(spec: Any) -> str:
-    text = repr(spec)
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        return _num(spec)
+    if isinstance(spec, (list, tuple)) and len(spec) > 20:
+        spec = type(spec)(spec[:20])
+    try:
+        text = repr(spec) if not isinstance(spec, (list, tuple)) else repr(type(spec)(
+            _num(i) if isinstance(i, int) and not isinstance(i, bool) else i for i in spec))
+    except Exception:  # a user object whose repr fails still gets its one-line error
+        text = f"<{type(spec).__name__}>"
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _num(n: int) -> str:
+    """``str(n)``, or a short description for an int too long to print (``str()`` refuses past 4300 digits)."""
+    if n.bit_length() < 40:
+        return str(n)
+    return f"{'-' if n < 0 else ''}<a number of about {int(n.bit_length() * 0.30103) + 1} digits>"
 
 
 def _count(count: int, num_available: int, shown: str) -> list[int]:
     if count == -1:
-        return list(range(num_available))
+        return _every(num_available, shown)
     if count < 0:
         raise DeviceSpecError(
-            f"devices={shown}: {count} is negative; the only negative request is -1 (all devices); "
+            f"devices={shown}: {_num(count)} is negative; the only negative request is -1 (all devices); "
             f"{describe_available(num_available)}"
         )
     if count > num_available:
         raise DeviceSpecError(
-            f"devices={shown}: asks for {count} devices but {describe_available(num_available)}"
+            f"devices={shown}: asks for {_num(count)} devices but {describe_available(num_available)}"
         )
     return list(range(count))
+
+
+def _every(num_available: int, shown: str) -> list[int]:
+    if num_available == 0:
+        raise DeviceSpecError(f"devices={shown} asks for every device but none are available; use 'auto' (the CPU "
+                              f"when there is no accelerator) or 0 for no accelerator")
+    return list(range(num_available))
+
+
+def _int(token: str, shown: str, num_available: int) -> int:
+    """``int(token)`` for an ASCII integer token, refusing numbers too long to be a device index or count."""
+    if len(token.lstrip("-")) > _MAX_DIGITS:
+        raise DeviceSpecError(f"devices={shown}: {token[:12]}... ({len(token)} characters) is too large to be a "
+                              f"device count or index; {describe_available(num_available)}")
+    return int(token)
 
 
 def _list_item(item: Any, shown: str, num_available: int) -> int:
@@ -130,11 +168,13 @@ def _parse_text(text: str, num_available: int, shown: str) -> list[int]:
     body = text.strip()
     if body == "":
         return []
-    if body.lower() in _ALL_WORDS:
+    if body.lower() == "auto":
         return list(range(num_available))
+    if body.lower() == "all":
+        return _every(num_available, shown)
     if "," not in body:
         if _INT.match(body):
-            return _count(int(body), num_available, shown)
+            return _count(_int(body, shown, num_available), num_available, shown)
         match = _RANGE.match(body)
         if match:
             return _check_indices(_expand_range(match, body, shown, num_available), num_available, shown)
@@ -150,8 +190,10 @@ def _parse_text(text: str, num_available: int, shown: str) -> list[int]:
         match = _RANGE.match(token)
         if match:
             indices.extend(_expand_range(match, token, shown, num_available))
+            if len(indices) > num_available:  # a repeat for sure: say so before the list grows further
+                return _check_indices(indices, num_available, shown)
         elif _INT.match(token):
-            index = int(token)
+            index = _int(token, shown, num_available)
             if index < 0:
                 raise DeviceSpecError(
                     f"devices={shown}: index {index} is negative; indices count from 0 and -1 (all) is "
@@ -172,11 +214,16 @@ def _parse_text(text: str, num_available: int, shown: str) -> list[int]:
 
 
 def _expand_range(match: re.Match[str], token: str, shown: str, num_available: int) -> list[int]:
-    start, stop = int(match.group(1)), int(match.group(2))
+    start, stop = _int(match.group(1), shown, num_available), _int(match.group(2), shown, num_available)
     if stop < start:
         raise DeviceSpecError(
             f"devices={shown}: range {token!r} runs backwards; write it low-high like "
             f"'{stop}-{start}'; {describe_available(num_available)}"
+        )
+    if stop >= num_available:  # checked before expanding: '0-99999999999' must not build a list first
+        raise DeviceSpecError(
+            f"devices={shown}: range {token!r} reaches index {stop}, which is out of range; "
+            f"{describe_available(num_available)}"
         )
     return list(range(start, stop + 1))
 
@@ -186,12 +233,12 @@ def _check_indices(indices: list[int], num_available: int, shown: str) -> list[i
     for index in indices:
         if index < 0:
             raise DeviceSpecError(
-                f"devices={shown}: index {index} is negative; indices count from 0; "
+                f"devices={shown}: index {_num(index)} is negative; indices count from 0; "
                 f"{describe_available(num_available)}"
             )
         if index >= num_available:
             raise DeviceSpecError(
-                f"devices={shown}: index {index} is out of range; {describe_available(num_available)}"
+                f"devices={shown}: index {_num(index)} is out of range; {describe_available(num_available)}"
             )
         if index in seen:
             raise DeviceSpecError(

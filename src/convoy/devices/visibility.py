@@ -17,16 +17,22 @@ requests are relative to it, and a result never escapes it. Entries are indices 
 as CUDA allows); like CUDA, enumeration stops at the first entry that matches nothing. Integer entries of
 a pre-set ``CUDA_VISIBLE_DEVICES`` follow ``CUDA_DEVICE_ORDER``; CUDA's default is FASTEST_FIRST, which
 on mixed boxes differs from ``nvidia-smi`` order (see ``fastest_order``).
+
+What the runtimes refuse or misread, convoy refuses with one line (``DeviceSpecError``) instead of guessing:
+an entry with non-ASCII characters (``²``, ``٣``: Python's ``int()`` reads them, CUDA does not), an entry
+that starts like a number but is not one (``--1``, ``1.5``), and a device named twice (``0,0,1``: CUDA
+then shows no device at all). ``-1`` and unknown UUIDs end the list, as the runtimes do.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from convoy.devices.inventory import Device, Inventory
-from convoy.errors import VisibilityError
+from convoy.errors import DeviceSpecError, VisibilityError
 
 __all__ = [
     "VisibleView",
@@ -111,8 +117,39 @@ def _mig_units(gpu: Device) -> list[Device]:
     ]
 
 
+_INDEX = re.compile(r"-?[0-9]{1,12}")
+_NUMBERISH = re.compile(r"[-+.0-9]")
+
+
+def _mask_tokens(name: str, value: str, *, tiles: bool = False) -> list[str]:
+    """The entries of a mask variable, each checked to be something the runtime reads the way convoy does.
+    ``tiles``: entries may be ``N.M`` (Intel's ``ZE_AFFINITY_MASK``)."""
+    tokens = [t.strip() for t in value.split(",")] if value.strip() else []
+    number = r"-?[0-9]+(\.[0-9]+)?" if tiles else r"-?[0-9]+"
+    for raw, token in zip(value.split(","), tokens):
+        bad = ""
+        if not raw.isascii():  # before strip(): it removes non-ASCII spaces too, which the runtime does not
+            bad = "has non-ASCII characters (the runtime reads only ASCII digits and UUIDs)"
+        elif _NUMBERISH.match(token) and not re.fullmatch(number, token):
+            bad = "is not a whole number (write indices like 0,1 or UUIDs like GPU-...)"
+        if bad:
+            raise DeviceSpecError(f"{name}={_short(value)}: entry {_short(token)} {bad}; fix or unset {name}")
+    return tokens
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 40 else repr(text[:37] + "...")
+
+
+def _duplicate(name: str, value: str, device: Device) -> DeviceSpecError:
+    return DeviceSpecError(f"{name}={_short(value)} names {device.label} twice; the runtime refuses such a mask "
+                           f"(it then shows no device), so list each device once")
+
+
 def _match(token: str, candidates: Sequence[Device], *, by_module: bool = False) -> Device | None:
-    if token.lstrip("-").isdigit():
+    if re.fullmatch(r"-?[0-9]+", token):
+        if not _INDEX.fullmatch(token):
+            return None  # more digits than any machine has devices: matches nothing
         position = int(token)
         if by_module:
             return next((d for d in candidates if _module_id(d) == position), None)
@@ -144,7 +181,7 @@ def visible_devices(inventory: Inventory, env: Mapping[str, str], vendor: str | 
             continue
         value = env[name]
         masks.append((name, value))
-        tokens = [t.strip() for t in value.split(",")] if value.strip() else []
+        tokens = _mask_tokens(name, value, tiles=(vendor == "intel"))
         if vendor == "intel" and any("." in t for t in tokens):
             notes.append(f"{name}={value!r} names tiles (N.M); convoy treats each as its whole device")
             tokens = list(dict.fromkeys(t.split(".")[0] for t in tokens))
@@ -161,8 +198,9 @@ def _apply_tokens(name: str, value: str, tokens: list[str], candidates: Sequence
             notes.append(f"{name}={value!r}: entry {token!r} matches no device, so (as the runtime does) "
                          f"it and the entries after it are ignored")
             break
-        if device not in chosen:
-            chosen.append(device)
+        if device in chosen:
+            raise _duplicate(name, value, device)
+        chosen.append(device)
     return chosen
 
 
@@ -172,7 +210,7 @@ def _nvidia_view(gpus: list[Device], env: Mapping[str, str], notes: list[str]) -
         units = [u for gpu in gpus for u in _mig_units(gpu)]
         return VisibleView(tuple(units), "nvidia", (), tuple(notes))
     value = env[name]
-    tokens = [t.strip() for t in value.split(",")] if value.strip() else []
+    tokens = _mask_tokens(name, value)
     pci_order = env.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST") == "PCI_BUS_ID"
     numbered = gpus if pci_order else fastest_order(gpus)
     if not pci_order and any(t.isdigit() for t in tokens) and [d.index for d in numbered] != [d.index for d in gpus]:
@@ -192,7 +230,9 @@ def _nvidia_view(gpus: list[Device], env: Mapping[str, str], notes: list[str]) -
             notes.append(f"{name}={value!r}: entry {token!r} matches no device, so (as CUDA does) it and the "
                          f"entries after it are ignored")
             break
-        units.extend(u for u in found if u not in units)
+        if any(u in units for u in found):
+            raise _duplicate(name, value, found[0])
+        units.extend(found)
     return VisibleView(tuple(units), "nvidia", ((name, value),), tuple(notes))
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from convoy.config.schema import BUILTIN_STRATEGIES, DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS
 from convoy.errors import ConfigError
 
 __all__ = [
@@ -34,9 +35,6 @@ __all__ = [
     "read_convoy_env",
 ]
 
-#: seconds a collective may wait before it fails; torch's own default is 30 minutes.
-DEFAULT_COLLECTIVE_TIMEOUT = 300.0
-MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
 
 RANK_VARIABLES = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
@@ -104,9 +102,9 @@ class ConvoyEnv:
     """What the launcher asked the training layer for; ``None`` = not set (the Accelerator's default)."""
 
     mixed_precision: str | None = None
-    """"no", "fp16", "bf16" or "fp8"."""
+    """One of ``convoy.config.schema.MIXED_PRECISIONS`` ("no", "fp16", "bf16"), the trainer's list."""
     strategy: str | None = None
-    """Strategy name ("auto", "ddp", "fsdp", ...), checked by the training layer's registry."""
+    """One of ``convoy.config.schema.BUILTIN_STRATEGIES`` ("auto", "ddp", "fsdp", ...)."""
     parallelism: str | None = None
     """Degrees as "dp=2,tp=2,pp=1"; parse with ``convoy.plan.dims.ParallelDims.parse``."""
     gradient_accumulation_steps: int | None = None
@@ -115,20 +113,18 @@ class ConvoyEnv:
     """Seconds before a collective that not every rank reached fails (convoy's default: 300)."""
 
     def __post_init__(self) -> None:
-        if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISIONS:
-            raise ConfigError(f"mixed precision {self.mixed_precision!r} is not one of {', '.join(MIXED_PRECISIONS)}")
-        steps = self.gradient_accumulation_steps
-        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-            raise ConfigError(f"gradient accumulation steps {steps!r}: give a whole number >= 1")
-        timeout = self.collective_timeout
-        if timeout is not None and not timeout > 0:
-            raise ConfigError(f"collective timeout {timeout!r}: give a number of seconds > 0")
-        if self.strategy is not None and not self.strategy.strip():
-            raise ConfigError("strategy '': give a strategy name such as 'auto', 'ddp' or 'fsdp'")
+        # each value is checked by the schema key the trainer reads it with, so the parent refuses exactly
+        # what every rank would refuse (before any rank starts)
+        for name in ("mixed_precision", "strategy", "gradient_accumulation_steps", "collective_timeout"):
+            value = getattr(self, name)
+            if value is not None:  # stored as parsed: "300" -> 300.0, "BF16" -> "bf16"
+                object.__setattr__(self, name, KEYS[name].parse(value, where=KEYS[name].flag))
         if self.parallelism is not None:
-            from convoy.plan.dims import ParallelDims
-
-            ParallelDims.parse(self.parallelism)  # raises StrategyError naming the bad degree
+            KEYS["parallelism"].parse(self.parallelism, where="--dp/--tp/--pp (parallelism)")
+        if self.strategy is not None and self.strategy.strip().lower() not in BUILTIN_STRATEGIES:
+            raise ConfigError(f"--strategy {self.strategy[:40]!r} is not one of convoy's strategies "
+                              f"({', '.join(BUILTIN_STRATEGIES)}); a strategy your script registers itself is "
+                              f"chosen in the script, Accelerator(strategy=...)")
 
 
 def convoy_env(settings: ConvoyEnv) -> dict[str, str]:
@@ -152,19 +148,9 @@ def _format(value: object) -> str:
 def read_convoy_env(env: Mapping[str, str]) -> ConvoyEnv:
     """Parse the ``CONVOY_*`` variables of ``env`` (a rank's ``os.environ``); ``ConfigError`` if malformed."""
 
-    def number(key: str, kind):
-        raw = env.get(key)
-        if raw in (None, ""):
-            return None
-        try:
-            return kind(raw)
-        except ValueError:
-            raise ConfigError(f"{key}={raw!r} is not a {kind.__name__}; set it to a number such as 4") from None
-
-    return ConvoyEnv(
-        mixed_precision=env.get("CONVOY_MIXED_PRECISION") or None,
-        strategy=env.get("CONVOY_STRATEGY") or None,
-        parallelism=env.get("CONVOY_PARALLELISM") or None,
-        gradient_accumulation_steps=number("CONVOY_GRADIENT_ACCUMULATION_STEPS", int),
-        collective_timeout=number("CONVOY_COLLECTIVE_TIMEOUT", float),
-    )
+    values = {}
+    for name in ("mixed_precision", "strategy", "parallelism", "gradient_accumulation_steps", "collective_timeout"):
+        raw = env.get(KEYS[name].env_var)
+        if raw is not None and raw.strip():
+            values[name] = KEYS[name].parse(raw, where=f"environment {KEYS[name].env_var}")
+    return ConvoyEnv(**values)

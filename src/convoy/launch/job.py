@@ -14,11 +14,14 @@ import os
 import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Mapping
+
+from convoy.errors import ConfigError
 
 from convoy.launch.plan import LaunchPlan, LaunchRequest, describe_plan, resolve_launch
 
-__all__ = ["DeviceFilters", "launch_job", "lease_plan", "plan_job"]
+__all__ = ["DeviceFilters", "launch_job", "lease_plan", "plan_job", "prepare_log_dir"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,8 +34,8 @@ class DeviceFilters:
     """Minimum free memory per device (MiB, or a string such as "20GiB")."""
     max_utilization: int | None = None
     """Maximum utilisation percent."""
-    exclude: tuple[int, ...] = ()
-    """Physical indices never to use."""
+    exclude: tuple[int | str, ...] = ()
+    """Visible indices or UUIDs never to use (as ``select_devices``' ``exclude``)."""
     order: str | None = None
     """Device order ("index", "memory", "topology", ...)."""
     lease_wait: float | None = None
@@ -65,6 +68,8 @@ def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters
     # No background import of torch's agent here: importing torch in a thread while this one selects
     # devices cost ~0.1 s more CPU than importing it afterwards (both share one GIL; docs/launching.md).
     plan = plan_job(request, filters=filters, env=base_env)
+    if plan.log_dir:
+        prepare_log_dir(plan.log_dir, create=not dry_run)
     if dry_run:
         for line in describe_plan(plan):
             print(line)
@@ -80,6 +85,28 @@ def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters
         from convoy.launch.elastic import run_elastic
 
         return run_elastic(plan, base_env=base_env)
+
+
+def prepare_log_dir(log_dir: str, *, create: bool = True) -> Path:
+    """Check (and with ``create`` make) ``--log-dir`` in the parent, so that a bad one is one ``ConfigError``
+    line before any rank starts rather than a failure in every rank."""
+    if "\0" in str(log_dir):
+        raise ConfigError(f"--log-dir {str(log_dir)[:40]!r}: a path cannot hold a NUL character")
+    path = Path(log_dir).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--log-dir {log_dir}: is a file, not a directory; give a directory for the rank logs")
+    if create:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"--log-dir {log_dir}: cannot create it ({err.strerror or err}); give a writable "
+                              f"directory") from None
+        probe = path
+    else:
+        probe = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--log-dir {log_dir}: {probe} is not a writable directory; give a writable directory")
+    return path
 
 
 def lease_plan(plan: LaunchPlan, *, filters: DeviceFilters = DeviceFilters(), env: Mapping[str, str] | None = None):

@@ -15,6 +15,7 @@ elastic agent, ``torch.distributed.launcher.api``).
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -77,6 +78,12 @@ class LaunchRequest:
             raise ConfigError(f"--max-restarts {self.max_restarts}: give 0 or more")
         if self.module and self.no_python:
             raise ConfigError("-m/--module and --no-python cannot be combined; choose one")
+        if self.master_port is not None and not 0 <= self.master_port <= 65535:
+            raise ConfigError(f"--master-port {self.master_port}: give a TCP port from 1 to 65535 (0: a free one)")
+        if self.node_rank is not None and self.node_rank < 0:
+            raise ConfigError(f"--node-rank {self.node_rank}: give 0 or more")
+        if not 0 < self.monitor_interval < 10**9:
+            raise ConfigError(f"--monitor-interval {self.monitor_interval}: give a number of seconds > 0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,10 +229,9 @@ def _processes(request: LaunchRequest, selection: Any, notes: list[str]) -> tupl
     if asked == "cpu":
         count = os.cpu_count() or 1
     else:
-        try:
-            count = int(asked)
-        except ValueError:
-            raise ConfigError(f"--nproc-per-node {asked!r}: give a number, or auto, cpu or gpu") from None
+        if not re.fullmatch(r"\s*-?[0-9]{1,6}\s*", str(asked)):  # ASCII: int() would read '٣'
+            raise ConfigError(f"--nproc-per-node {str(asked)[:40]!r}: give a number, or auto, cpu or gpu")
+        count = int(asked)
         if count < 1:
             raise ConfigError(f"--nproc-per-node {count}: give 1 or more")
     if explicit_devices and devices and count != len(devices):
@@ -253,10 +259,9 @@ def _cpu_note(count: int) -> str:
 def _nnodes(text: str | None) -> tuple[int, int]:
     text = (text or "1").strip()
     low, sep, high = text.partition(":")
-    try:
-        lo, hi = int(low), int(high if sep else low)
-    except ValueError:
-        raise ConfigError(f"--nnodes {text!r}: give a number of nodes (2) or a range MIN:MAX (1:4)") from None
+    if not re.fullmatch(r"[0-9]{1,6}(:[0-9]{1,6})?", text):  # ASCII: int() would read '٣'
+        raise ConfigError(f"--nnodes {text[:40]!r}: give a number of nodes (2) or a range MIN:MAX (1:4)")
+    lo, hi = int(low), int(high if sep else low)
     if not 1 <= lo <= hi:
         raise ConfigError(f"--nnodes {text!r}: need 1 <= MIN <= MAX")
     return lo, hi

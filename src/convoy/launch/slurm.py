@@ -61,20 +61,28 @@ def expand_hostlist(text: str) -> list[str]:
     return hosts
 
 
+#: more hosts than any allocation has; a range past it is refused before it is expanded.
+_MAX_HOSTS = 2**15
+
+
 def _expand_one(item: str, whole: str) -> list[str]:
     match = re.match(r"^([^\[]*)\[([^\]]+)\](.*)$", item)
     if not match:
         return [item] if item else []
     prefix, ranges, rest = match.groups()
-    out: list[str] = []
+    tails = _expand_one(rest, whole) or [""]
+    parts: list[tuple[int, int, int]] = []
+    count = 0
     for part in ranges.split(","):
         low, sep, high = part.partition("-")
-        if not low.isdigit() or (sep and not high.isdigit()):
-            raise LaunchError(f"SLURM_JOB_NODELIST={whole!r}: cannot read the range {part!r}")
-        width = len(low)
-        for number in range(int(low), int(high if sep else low) + 1):
-            out.extend(f"{prefix}{number:0{width}d}{tail}" for tail in _expand_one(rest, whole) or [""])
-    return out
+        if not re.fullmatch(r"[0-9]{1,9}", low) or (sep and not re.fullmatch(r"[0-9]{1,9}", high)):
+            raise LaunchError(f"SLURM_JOB_NODELIST={whole[:60]!r}: cannot read the range {part[:40]!r}")
+        parts.append((int(low), int(high if sep else low), len(low)))
+        count += max(0, parts[-1][1] - parts[-1][0] + 1)
+        if count * len(tails) > _MAX_HOSTS:  # counted before anything is expanded
+            raise LaunchError(f"SLURM_JOB_NODELIST={whole[:60]!r} names more than {_MAX_HOSTS} hosts")
+    return [f"{prefix}{number:0{width}d}{tail}" for low, high, width in parts for number in range(low, high + 1)
+            for tail in tails]
 
 
 def slurm_allocation(env: Mapping[str, str]) -> SlurmAllocation | None:
@@ -89,13 +97,13 @@ def slurm_allocation(env: Mapping[str, str]) -> SlurmAllocation | None:
     if not 0 <= node_rank < nnodes:
         raise LaunchError(f"SLURM_NODEID={node_rank} is outside the allocation's {nnodes} nodes")
     tasks = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE")
-    per_node = int(tasks.split("(")[0]) if tasks and tasks.split("(")[0].isdigit() else None
+    head = tasks.split("(")[0] if tasks else ""
+    per_node = int(head) if re.fullmatch(r"[0-9]{1,9}", head) else None
     return SlurmAllocation(job_id=job_id, nnodes=nnodes, node_rank=node_rank, hosts=hosts, tasks_per_node=per_node)
 
 
 def _int(env: Mapping[str, str], key: str, default: str) -> int:
     raw = env.get(key, default)
-    try:
-        return int(raw)
-    except ValueError:
-        raise LaunchError(f"{key}={raw!r} is not a whole number; is this a Slurm allocation?") from None
+    if not re.fullmatch(r"\s*[0-9]{1,9}\s*", raw):  # ASCII: int() would read '٣'
+        raise LaunchError(f"{key}={raw[:40]!r} is not a whole number; is this a Slurm allocation?")
+    return int(raw)

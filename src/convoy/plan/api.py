@@ -16,6 +16,8 @@ turns it into the ``AutoLayout`` the trainer builds (a strategy name, and for tp
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Collection
@@ -31,7 +33,13 @@ from convoy.plan.recommend import Recommendation, Row, recommend
 from convoy.plan.timing import DEFAULT_EFFICIENCY, step_time
 from convoy.plan.units import format_bytes, format_seconds
 
-__all__ = ["Plan", "plan", "plan_for", "recommend_for_module", "auto_strategy", "AutoLayout", "runs_in_trainer"]
+__all__ = ["Plan", "plan", "plan_for", "recommend_for_module", "auto_strategy", "AutoLayout", "runs_in_trainer",
+           "MAX_GPUS_PER_NODE", "MAX_GPUS"]
+
+#: the largest machine the planner compares layouts for: GPUs in one node (an NVLink domain; NVL576 is the
+#: largest built) and in the whole job. Bounding both keeps a plan's time independent of the count asked for.
+MAX_GPUS_PER_NODE = 4096
+MAX_GPUS = 2**20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,18 +98,27 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
     ``keep``: a further filter on the candidates (``recommend_for_module`` keeps what the trainer can run)."""
     if not 0 < efficiency <= 1:
         raise PlanError(f"efficiency must be in (0, 1], got {efficiency}")
+    _check_scale(hw)
     gb = global_batch or run.global_batch or run.micro_batch * hw.world_size
     if gb < run.micro_batch:
         raise PlanError(f"global batch {gb} is smaller than the micro-batch {run.micro_batch}")
     rows = []
+    uneven: set[int] = set()
     for cand in enumerate_candidates(model, hw, global_batch=gb, micro_batch=run.micro_batch, offload=offload):
         if allowed is not None and not _allowed(cand, allowed):
             continue
         if keep is not None and not keep(cand):
             continue
+        if gb % (run.micro_batch * cand.layout.dims.dp):  # each dp rank runs whole micro-batches, equally many
+            uneven.add(cand.layout.dims.dp)
+            continue
         mem = memory_per_gpu(model, run, cand.layout)
         t = step_time(model, run, cand.layout, hw, global_batch=gb, efficiency=efficiency, calibration=calibration)
         rows.append(Row(candidate=cand, memory=mem, time=t, fits=mem.total <= hw.gpu.memory_bytes))
+    if not rows and uneven:
+        raise PlanError(f"global batch {gb} cannot be split evenly: every layout on {hw.describe()} has a "
+                        f"data-parallel degree ({', '.join(map(str, sorted(uneven)))}) x micro-batch {run.micro_batch} that does not "
+                        f"divide it; use a global batch that is a multiple of {min(uneven) * run.micro_batch}")
     if not rows:
         raise PlanError(f"no candidate layout is allowed ({', '.join(sorted(allowed or ()))}) on {hw.describe()}")
     single = memory_per_gpu(model, run, Layout())
@@ -118,6 +135,27 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
                                        f"{format_seconds(full.time.seconds)} per step.",))
     return Plan(model=model, run=run, hardware=hw, global_batch=gb, efficiency=efficiency, rows=tuple(rows),
                 single_gpu=single, recommendation=rec, calibration=calibration, time_note=time_note)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return "<a number too large>"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _positive_number(key: str, value: Any) -> None:
+    """``PlanError`` unless ``value`` is None or a finite number > 0 (no bool, no string, no nan or inf)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise PlanError(f"{key}={_show(value)}: give a finite number > 0")
+
+
+def _check_scale(hw: Hardware) -> None:
+    if hw.gpus_per_node > MAX_GPUS_PER_NODE or hw.world_size > MAX_GPUS:
+        raise PlanError(f"{hw.gpus_per_node} GPUs per node x {hw.nodes} nodes is beyond what the planner compares "
+                        f"(at most {MAX_GPUS_PER_NODE} per node and {MAX_GPUS} in all)")
 
 
 def _allowed(cand: Candidate, allowed: Collection[str]) -> bool:
@@ -174,6 +212,13 @@ def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory
     ``calibrate``: measure the planned GPU here (when one is visible; cached per device and torch version,
     ``convoy.plan.calibration``) and time every candidate with the measured rates.
     """
+    for key, value in (("seq_len", seq_len), ("micro_batch", micro_batch), ("global_batch", global_batch),
+                       ("nodes", nodes)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 2**31):
+            raise PlanError(f"{key}={_show(value)}: give a whole number from 1 to {2**31}")
+    for key, value in (("efficiency", efficiency), ("inter_gbps", inter_gbps), ("intra_gbs", intra_gbs),
+                       ("gpu_memory_gib", gpu_memory_gib), ("peak_tflops", peak_tflops)):
+        _positive_number(key, value)
     spec = resolve_model(model, params=params, **shape)
     hw = resolve_hardware(hardware, inventory=inventory, nodes=nodes, intra=intra, intra_gbs=intra_gbs,
                           inter_gbps=inter_gbps, gpu_memory_gib=gpu_memory_gib, peak_tflops=peak_tflops)
@@ -194,7 +239,15 @@ def resolve_hardware(hardware: str | Hardware | None = None, *, inventory: Any =
     """A ``Hardware`` from a description, an inventory (file or object), or this machine."""
     if isinstance(hardware, Hardware):
         return hardware
+    if hardware is not None and not isinstance(hardware, str):
+        raise PlanError(f"hardware={_show(hardware)} is a {type(hardware).__name__}; give 'COUNTxGPU' such as "
+                        f"'8xH100-80GB' (or inventory=)")
     if hardware:
+        count = re.match(r"\s*([^xX*\s]+)\s*[xX*]", hardware)
+        if count and not (re.fullmatch(r"[0-9]{1,7}", count.group(1)) and
+                          1 <= int(count.group(1)) <= MAX_GPUS_PER_NODE):
+            raise PlanError(f"hardware {_show(hardware)}: the GPU count must be a whole number from 1 to "
+                            f"{MAX_GPUS_PER_NODE} per node (give more nodes with --nodes)")
         return parse_hardware(hardware, nodes=nodes, intra=intra, intra_gbs=intra_gbs, inter_gbps=inter_gbps,
                               memory_gib=gpu_memory_gib, peak_tflops=peak_tflops)
     if isinstance(inventory, (str, Path)):

@@ -12,14 +12,24 @@ with them, and the training layer builds its ``DeviceMesh`` from ``mesh_shape()`
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from convoy.errors import StrategyError
 
 __all__ = ["ParallelDims"]
 
 _KEYS = ("dp", "dp_replicate", "dp_shard", "tp", "pp")
+#: a degree is a plain ASCII number of at most 9 digits (no job has a billion ranks); "dp=²" is refused.
+_DEGREE = re.compile(r"[0-9]{1,9}")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return "<a number too large to be a degree>"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +49,7 @@ class ParallelDims:
         for name in ("dp_replicate", "dp_shard", "tp", "pp"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise StrategyError(f"parallelism {name}={value!r}: each degree must be a whole number >= 1")
+                raise StrategyError(f"parallelism {name}={_show(value)}: each degree must be a whole number >= 1")
 
     @property
     def dp(self) -> int:
@@ -93,13 +103,16 @@ class ParallelDims:
 
         ``dp`` maps to ``dp_shard`` when ``shard_dp`` (FSDP over the dp dimension), else to ``dp_replicate``.
         """
-        unknown = sorted(set(degrees) - set(_KEYS))
+        if not isinstance(degrees, Mapping):
+            raise StrategyError(f"parallelism={_show(degrees)}: give degrees as a mapping like {{'dp': 2, 'tp': 2}} "
+                                f"or a string like 'dp=2,tp=2'")
+        unknown = sorted((k for k in degrees if k not in _KEYS), key=str)
         if unknown:
-            raise StrategyError(f"unknown parallelism key {unknown[0]!r}; use {', '.join(_KEYS)}")
+            raise StrategyError(f"unknown parallelism key {_show(unknown[0])}; use {', '.join(_KEYS)}")
         values = dict(degrees)
         for key, value in values.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise StrategyError(f"parallelism {key}={value!r}: each degree must be a whole number >= 1")
+                raise StrategyError(f"parallelism {key}={_show(value)}: each degree must be a whole number >= 1")
         tp, pp = values.get("tp", 1), values.get("pp", 1)
         if "dp" in values and ("dp_replicate" in values or "dp_shard" in values):
             raise StrategyError("give either dp or dp_replicate/dp_shard, not both")
@@ -123,11 +136,13 @@ class ParallelDims:
     @classmethod
     def parse(cls, text: str, *, world_size: int | None = None, shard_dp: bool = False) -> "ParallelDims":
         """Parse ``"dp=2,tp=2,pp=1"`` (the ``CONVOY_PARALLELISM`` / ``--dp --tp --pp`` form)."""
+        if not isinstance(text, str):
+            raise StrategyError(f"parallelism={_show(text)}: give degrees as a string like 'dp=2,tp=2'")
         degrees: dict[str, int] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, sep, value = item.partition("=")
-            if not sep or not value.strip().isdigit():
-                raise StrategyError(f"parallelism {text!r}: {item!r} is not KEY=NUMBER (e.g. 'dp=2,tp=2')")
+            if not sep or not _DEGREE.fullmatch(value.strip()):
+                raise StrategyError(f"parallelism {_show(text)}: {_show(item)} is not KEY=NUMBER (e.g. 'dp=2,tp=2')")
             degrees[key.strip()] = int(value)
         return cls.from_mapping(degrees, world_size=world_size, shard_dp=shard_dp)
 

@@ -8,6 +8,12 @@
 A ``config.json`` is read as plain JSON, never downloaded. Architectures with a closed form here: the Llama
 family (llama, mistral, qwen2, qwen3) and gpt2. Any other ``model_type`` is built on the meta device when
 ``transformers`` is installed, else refused with ``NotSupportedYetError`` naming the supported types.
+
+What is checked, each as one ``PlanError`` naming the file and key: the config is UTF-8 JSON; shape keys are
+whole numbers > 0 (``4096.5``, ``"4096"`` and ``null`` are refused; ``null`` is allowed where Hugging Face
+documents it as "the default": ``num_key_value_heads``, ``head_dim``, ``n_inner``); key/value heads divide
+the heads; without ``head_dim`` the heads divide the hidden size. A model has at most ``MAX_PARAMS``
+parameters and ``MAX_DIM`` in any dimension. A factory that fails to import or raises is named with its error.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +29,14 @@ from typing import Any, Mapping
 
 from convoy.errors import NotSupportedYetError, PlanError
 
-__all__ = ["ModelSpec", "from_hf_config", "from_factory", "from_numbers", "resolve_model"]
+__all__ = ["ModelSpec", "from_hf_config", "from_factory", "from_numbers", "resolve_model", "MAX_PARAMS", "MAX_DIM"]
 
 _LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 _DROPOUT_KEYS = ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout", "hidden_dropout", "dropout")
+#: no model is planned past this many parameters (a quadrillion; the largest trained today are ~2e12).
+MAX_PARAMS = 10**15
+#: nor past this size in any one dimension (layers, hidden, heads, vocabulary, ...).
+MAX_DIM = 2**31
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,12 +75,20 @@ class ModelSpec:
     """How these numbers were obtained."""
 
     def __post_init__(self) -> None:
-        if self.num_params <= 0:
-            raise PlanError(f"model {self.name!r}: parameter count must be > 0, got {self.num_params}")
+        n = self.num_params
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_PARAMS:
+            raise PlanError(f"model {self.name!r}: parameter count must be a whole number from 1 to {MAX_PARAMS:.0e}, "
+                            f"got {_show(n)}")
         for field in ("num_layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "layer_params"):
             value = getattr(self, field)
-            if value is not None and value <= 0:
-                raise PlanError(f"model {self.name!r}: {field} must be > 0, got {value}")
+            limit = MAX_PARAMS if field == "layer_params" else MAX_DIM
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit):
+                raise PlanError(f"model {self.name!r}: {field} must be a whole number from 1 to {limit}, "
+                                f"got {_show(value)}")
+        if self.kv_heads is not None and self.heads is not None and self.heads % self.kv_heads:
+            raise PlanError(f"model {self.name!r}: {self.kv_heads} key/value heads do not divide the {self.heads} "
+                            f"attention heads; grouped-query attention needs kv_heads dividing heads "
+                            f"(kv_heads <= heads)")
 
     @property
     def has_shape(self) -> bool:
@@ -90,13 +109,34 @@ class ModelSpec:
         return max(0, self.num_params - self.layer_params * self.num_layers)
 
 
+def param_count(params: Any) -> int:
+    """``params`` (an int or float such as ``7.5e9``) as a whole number of parameters, or ``PlanError``: a
+    string, a bool, nan, inf, a count below 1 or above ``MAX_PARAMS`` is refused."""
+    if isinstance(params, bool) or not isinstance(params, (int, float)):
+        raise PlanError(f"params={_show(params)} is a {type(params).__name__}; give a number of parameters such as "
+                        f"7.5e9")
+    if isinstance(params, float) and not math.isfinite(params) or not 1 <= params <= MAX_PARAMS:
+        raise PlanError(f"params={_show(params)}: give a positive, finite number of parameters up to "
+                        f"{MAX_PARAMS:.0e} (e.g. 7.5e9)")
+    return int(round(params))
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return "<a number too large>"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def from_numbers(params: float, *, layers: int | None = None, hidden: int | None = None, heads: int | None = None,
                  vocab: int | None = None, ffn: int | None = None, kv_heads: int | None = None,
                  name: str | None = None) -> ModelSpec:
     """A model from bare numbers (``--params 7.5e9 --layers 32 ...``)."""
-    if params is None or params <= 0:
-        raise PlanError(f"--params must be a positive number of parameters (e.g. 7.5e9), got {params}")
-    n = int(round(params))
+    n = param_count(params)
+    for key, value in (("layers", layers), ("hidden", hidden), ("heads", heads), ("vocab", vocab), ("ffn", ffn),
+                       ("kv_heads", kv_heads)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_DIM):
+            raise PlanError(f"{key}={_show(value)}: give a whole number from 1 to {MAX_DIM}")
     layer_params = None
     if layers:
         outside = (vocab or 0) * (hidden or 0)
@@ -115,28 +155,34 @@ def from_hf_config(path: str | Path | Mapping[str, Any]) -> ModelSpec:
         if p.is_dir():
             p = p / "config.json"
         try:
-            config = json.loads(p.read_text())
+            config = json.loads(p.read_bytes().decode("utf-8"))
         except FileNotFoundError:
             raise PlanError(f"model config {str(p)!r} does not exist; give a config.json path, "
                             "a module:function factory, or --params") from None
-        except (OSError, json.JSONDecodeError) as err:
-            raise PlanError(f"model config {str(p)!r} is not readable JSON ({err})") from None
+        except OSError as err:
+            raise PlanError(f"model config {str(p)!r} cannot be read ({err.strerror or err})") from None
+        except UnicodeDecodeError as err:
+            raise PlanError(f"model config {str(p)!r} is not UTF-8 text (byte {err.start}); "
+                            f"give a config.json") from None
+        except RecursionError:
+            raise PlanError(f"model config {str(p)!r} nests JSON too deeply to be a config.json") from None
+        except ValueError as err:  # JSONDecodeError, or an integer past 4300 digits
+            raise PlanError(f"model config {str(p)!r} is not readable JSON ({str(err).split(';')[0]})") from None
         if not isinstance(config, dict):
             raise PlanError(f"model config {str(p)!r} is not a JSON object")
         name = str(p)
     if config.get("num_local_experts") or config.get("num_experts") or config.get("n_routed_experts"):
         raise NotSupportedYetError(f"{name}: mixture-of-experts configs are not planned yet; "
                                    "give --params with the dense-equivalent shape instead")
-    model_type = str(config.get("model_type", ""))
-    try:
-        if model_type in _LLAMA_FAMILY:
-            return _llama_family(config, name)
-        if model_type == "gpt2":
-            return _gpt2(config, name)
-        if model_type == "gpt_neox":
-            return _gpt_neox(config, name)
-    except KeyError as err:
-        raise PlanError(f"{name}: config.json of model_type {model_type!r} lacks {err.args[0]!r}") from None
+    model_type = config.get("model_type", "")
+    if not isinstance(model_type, str):
+        raise PlanError(f"{name}: model_type must be a string such as 'llama', got {_show(model_type)}")
+    if model_type in _LLAMA_FAMILY:
+        return _llama_family(_Config(config, name, model_type), name)
+    if model_type == "gpt2":
+        return _gpt2(_Config(config, name, model_type), name)
+    if model_type == "gpt_neox":
+        return _gpt_neox(_Config(config, name, model_type), name)
     if importlib.util.find_spec("transformers") is not None:
         return _transformers_meta(config, name)
     raise NotSupportedYetError(
@@ -144,11 +190,43 @@ def from_hf_config(path: str | Path | Mapping[str, Any]) -> ModelSpec:
         "and transformers is not installed to build it on the meta device; give --params/--layers/--hidden/--heads")
 
 
-def _llama_family(c: Mapping[str, Any], name: str) -> ModelSpec:
-    h, f, layers, heads = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["num_attention_heads"]
-    kv = c.get("num_key_value_heads") or heads
-    hd = c.get("head_dim") or h // heads
-    vocab = c["vocab_size"]
+class _Config:
+    """A config.json's values, read as the closed forms need them: positive whole numbers, one PlanError each."""
+
+    def __init__(self, data: Mapping[str, Any], name: str, model_type: str) -> None:
+        self.data, self.name, self.model_type = data, name, model_type
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def size(self, key: str, default: Any = ..., *, null_is_default: bool = False) -> Any:
+        """``key`` as a whole number > 0; ``default`` when missing (or null, with ``null_is_default``)."""
+        if key not in self.data or (self.data[key] is None and null_is_default):
+            if default is ...:
+                raise PlanError(f"{self.name}: config.json of model_type {self.model_type!r} lacks {key!r}")
+            return default
+        value = self.data[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_DIM:
+            raise PlanError(f"{self.name}: {key} must be a whole number from 1 to {MAX_DIM}, got {_show(value)}")
+        return value
+
+
+def _llama_family(c: _Config, name: str) -> ModelSpec:
+    h, f = c.size("hidden_size"), c.size("intermediate_size")
+    layers, heads = c.size("num_hidden_layers"), c.size("num_attention_heads")
+    kv = c.size("num_key_value_heads", heads, null_is_default=True)
+    hd = c.size("head_dim", None, null_is_default=True)
+    if hd is None:
+        if h % heads:
+            raise PlanError(f"{name}: hidden_size {h} is not a multiple of num_attention_heads {heads} and no "
+                            f"head_dim is given")
+        hd = h // heads
+    if heads % kv:
+        raise PlanError(f"{name}: num_key_value_heads {kv} does not divide num_attention_heads {heads}")
+    vocab = c.size("vocab_size")
     qkv_bias = c["model_type"] == "qwen2" or bool(c.get("attention_bias", False))
     attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
     if qkv_bias:
@@ -167,20 +245,25 @@ def _llama_family(c: Mapping[str, Any], name: str) -> ModelSpec:
                      source=f"config.json, closed form for {c['model_type']} (Llama-style blocks)")
 
 
-def _gpt2(c: Mapping[str, Any], name: str) -> ModelSpec:
-    h, layers, heads, vocab = c["n_embd"], c["n_layer"], c["n_head"], c["vocab_size"]
-    f = c.get("n_inner") or 4 * h
+def _gpt2(c: _Config, name: str) -> ModelSpec:
+    h, layers, heads, vocab = c.size("n_embd"), c.size("n_layer"), c.size("n_head"), c.size("vocab_size")
+    if h % heads:
+        raise PlanError(f"{name}: n_embd {h} is not a multiple of n_head {heads}")
+    f = c.size("n_inner", 4 * h, null_is_default=True)
     layer = (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 4 * h  # attn, proj, mlp, 2 LayerNorms
-    total = layers * layer + vocab * h + c.get("n_positions", 1024) * h + 2 * h  # tied head, final LayerNorm
+    total = layers * layer + vocab * h + c.size("n_positions", 1024) * h + 2 * h  # tied head, final LayerNorm
     return ModelSpec(name=name, num_params=total, num_layers=layers, hidden=h, heads=heads, ffn=f, vocab=vocab,
                      layer_params=layer, family="gpt2", activation=str(c.get("activation_function", "gelu_new")),
                      dropout=_config_dropout(c, default=0.1), source="config.json, closed form for gpt2")
 
 
-def _gpt_neox(c: Mapping[str, Any], name: str) -> ModelSpec:
+def _gpt_neox(c: _Config, name: str) -> ModelSpec:
     """GPT-NeoX / Pythia: fused QKV with biases, two LayerNorms, GELU MLP, untied embed_out (unless tied)."""
-    h, layers, heads, vocab = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"], c["vocab_size"]
-    f = c.get("intermediate_size") or 4 * h
+    h, layers = c.size("hidden_size"), c.size("num_hidden_layers")
+    heads, vocab = c.size("num_attention_heads"), c.size("vocab_size")
+    if h % heads:
+        raise PlanError(f"{name}: hidden_size {h} is not a multiple of num_attention_heads {heads}")
+    f = c.size("intermediate_size", 4 * h, null_is_default=True)
     layer = (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 4 * h
     tied = bool(c.get("tie_word_embeddings", False))
     total = layers * layer + vocab * h * (1 if tied else 2) + 2 * h
@@ -190,7 +273,7 @@ def _gpt_neox(c: Mapping[str, Any], name: str) -> ModelSpec:
                      source="config.json, closed form for gpt_neox")
 
 
-def _config_dropout(c: Mapping[str, Any], default: float = 0.0) -> float:
+def _config_dropout(c: Any, default: float = 0.0) -> float:
     """The largest dropout probability a config sets (``default`` for GPT-2's keys when absent: 0.1)."""
     gpt2_keys = ("attn_pdrop", "resid_pdrop", "embd_pdrop")
     values = [c.get(k, default if k in gpt2_keys else 0.0) for k in _DROPOUT_KEYS]
@@ -224,18 +307,30 @@ def from_factory(target: str, *, name: str | None = None) -> ModelSpec:
             spec.loader.exec_module(mod)  # type: ignore[union-attr]
         else:
             mod = importlib.import_module(module_name)
-    except ImportError as err:
-        raise PlanError(f"model factory {target!r}: cannot import {module_name!r} ({err})") from None
+    except PlanError:
+        raise
+    except Exception as err:  # the user's module: a missing package, a syntax error, an error at import
+        raise PlanError(f"model factory {target!r}: cannot import {module_name!r} "
+                        f"({type(err).__name__}: {_first_line(err)})") from None
     func = getattr(mod, func_name, None)
     if not callable(func):
         raise PlanError(f"model factory {target!r}: {module_name} has no function {func_name!r}")
     import torch
 
-    with torch.device("meta"):
-        module = func()
+    try:
+        with torch.device("meta"):
+            module = func()
+    except Exception as err:  # the user's code: name it and its error in one line (--debug is for the rest)
+        raise PlanError(f"model factory {target!r} raised {type(err).__name__}: {_first_line(err)}") from None
     if not isinstance(module, torch.nn.Module):
         raise PlanError(f"model factory {target!r} returned {type(module).__name__}, not a torch.nn.Module")
     return describe_module(module, name=name or target)
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    text = lines[0] if lines else "(no message)"
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def describe_module(module: Any, *, name: str) -> ModelSpec:
@@ -293,6 +388,8 @@ def resolve_model(model: Any = None, *, params: float | None = None, **shape: An
         spec = from_hf_config(model)
     elif isinstance(model, (str, Path)):
         text = str(model)
+        if "\0" in text:
+            raise PlanError(f"model {text[:40]!r}: a path or factory name cannot hold a NUL character")
         is_path = text.endswith(".json") or Path(text).is_dir() or Path(text).exists()
         spec = from_hf_config(text) if is_path or ":" not in text else from_factory(text)
     elif "torch" in sys.modules and isinstance(model, sys.modules["torch"].nn.Module):
@@ -302,7 +399,7 @@ def resolve_model(model: Any = None, *, params: float | None = None, **shape: An
                         "factory, an nn.Module, or params=")
     overrides = {k: v for k, v in fields.items() if v is not None}
     if params is not None:
-        overrides["num_params"] = int(round(params))
+        overrides["num_params"] = param_count(params)
     return ModelSpec(**{**spec.__dict__, **overrides}) if overrides else spec
 
 

@@ -26,7 +26,7 @@ from convoy.errors import ConfigError, NotSupportedYetError
 from convoy.train import collectives, operations, state
 from convoy.train.coordination import Trigger
 from convoy.train.data import LoopState, PreparedDataLoader, SkipFirstBatches
-from convoy.train.environment import resolve_settings, start_process_group, stop_process_group
+from convoy.train.environment import check_arguments, resolve_settings, start_process_group, stop_process_group
 from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
 from convoy.train.process_state import AcceleratorState, DistributedType, GradientState, distributed_type_for
 from convoy.train.state_hooks import StateHooks
@@ -94,7 +94,8 @@ class Accelerator:
             num_steps=self.settings.gradient_accumulation_steps)
         self._accumulation_steps = self.gradient_accumulation_plugin.num_steps
         self._handlers = handlers
-        strategy_class(self.settings.strategy) if self.settings.strategy != "auto" else None  # fail early
+        check_arguments(strategy=self.settings.strategy, strategy_options=strategy_options,  # fail early
+                        dataloader_config=dataloader_config, project_config=project_config)
         config = dataloader_config or DataLoaderConfiguration()
         self.dataloader_config = config
         self.split_batches = bool(config.split_batches if split_batches is None else split_batches)

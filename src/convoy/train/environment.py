@@ -10,23 +10,30 @@ torchrun, and ``CONVOY_MIXED_PRECISION``, ``CONVOY_STRATEGY``, ``CONVOY_PARALLEL
 and ``ACCELERATE_DEBUG_MODE``). When ``RANK``/``WORLD_SIZE`` say
 the job has several processes, a process group is started even on a CPU-only machine: convoy never trains
 N independent copies that each believe they are alone.
+
+Every setting is read by its key in ``convoy.config.schema`` (the launcher reads the same keys), so a value
+the launcher refuses is refused here with the same line: ``mixed_precision`` one of ``MIXED_PRECISIONS``,
+``gradient_accumulation_steps`` a whole number >= 1 (``2.5`` is refused, not rounded), ``collective_timeout``
+finite seconds > 0, ``parallelism`` a ``ParallelDims``, a mapping or a string, and ASCII whole numbers in
+``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE``.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS, show
 from convoy.errors import ConfigError
 from convoy.plan.dims import ParallelDims
 
-__all__ = ["TrainSettings", "resolve_settings", "start_process_group", "stop_process_group"]
+__all__ = ["TrainSettings", "resolve_settings", "check_arguments", "start_process_group", "stop_process_group"]
 
-MIXED_PRECISIONS = ("no", "fp16", "bf16")
-DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
+DEFAULT_COLLECTIVE_TIMEOUT_S = DEFAULT_COLLECTIVE_TIMEOUT
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,12 +69,13 @@ class TrainSettings:
         if self.mixed_precision not in MIXED_PRECISIONS:
             raise ConfigError(f"mixed_precision={self.mixed_precision!r} is not supported; "
                               f"choose one of {', '.join(MIXED_PRECISIONS)}")
-        if self.gradient_accumulation_steps < 1:
+        if isinstance(self.gradient_accumulation_steps, bool) or not isinstance(
+                self.gradient_accumulation_steps, int) or self.gradient_accumulation_steps < 1:
             raise ConfigError(f"gradient_accumulation_steps={self.gradient_accumulation_steps} must be >= 1")
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(f"RANK={self.rank} is outside WORLD_SIZE={self.world_size}; "
                               f"a rank must be in 0..{self.world_size - 1}")
-        if self.collective_timeout_s <= 0:
+        if not 0 < self.collective_timeout_s < float("inf"):
             raise ConfigError(f"collective timeout {self.collective_timeout_s} s must be positive")
 
 
@@ -75,10 +83,36 @@ def _int(env: Mapping[str, str], key: str, default: int) -> int:
     raw = env.get(key)
     if raw is None or raw == "":
         return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"{key}={raw!r} is not a whole number") from None
+    if not re.fullmatch(r"\s*[0-9]{1,9}\s*", raw):  # ASCII: int() would read '٣'
+        raise ConfigError(f"{key}={show(raw)} is not a whole number >= 0")
+    return int(raw)
+
+
+def _setting(name: str, given: Mapping[str, Any], env: Mapping[str, str], *also: str) -> Any:
+    """``name``'s value from the constructor argument, else ``CONVOY_<NAME>`` (then ``also``), checked by the
+    schema key the launcher uses; ``None`` when neither sets it."""
+    key = KEYS[name]
+    if name in given:
+        return key.parse(given[name], where=f"Accelerator({name}={show(given[name])})")
+    for variable in (key.env_var, *also):
+        raw = env.get(variable)
+        if raw is not None and raw.strip() != "":
+            return key.parse(raw, where=f"environment {variable}")
+    return None
+
+
+def _parallel_dims(given: Mapping[str, Any], env: Mapping[str, str], world_size: int) -> ParallelDims | None:
+    dims = given.get("parallelism", env.get("CONVOY_PARALLELISM") or None)
+    if dims is None or isinstance(dims, ParallelDims):
+        if dims is not None:
+            dims.check_world_size(world_size)
+        return dims
+    if isinstance(dims, str):
+        return ParallelDims.parse(dims, world_size=world_size)
+    if isinstance(dims, Mapping):  # Accelerator(parallelism={"dp": 2, "tp": 2})
+        return ParallelDims.from_mapping(dims, world_size=world_size)
+    raise ConfigError(f"parallelism={show(dims)}: give a mapping like {{'dp': 2, 'tp': 2}}, a string like "
+                      f"'dp=2,tp=2' or a ParallelDims")
 
 
 def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
@@ -94,27 +128,41 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
     local_rank = _int(env, "LOCAL_RANK", rank if world_size > 1 else 0)
     local_world_size = _int(env, "LOCAL_WORLD_SIZE", world_size)
 
-    mixed = given.get("mixed_precision", env.get("CONVOY_MIXED_PRECISION") or env.get("ACCELERATE_MIXED_PRECISION")
-                      or "no")
-    strategy = given.get("strategy", env.get("CONVOY_STRATEGY") or "auto")
-    accum = given.get("gradient_accumulation_steps", _int(env, "CONVOY_GRADIENT_ACCUMULATION_STEPS", 1))
-    timeout_raw = given.get("collective_timeout", env.get("CONVOY_COLLECTIVE_TIMEOUT"))
-    try:
-        timeout = DEFAULT_COLLECTIVE_TIMEOUT_S if timeout_raw in (None, "") else float(timeout_raw)
-    except (TypeError, ValueError):
-        raise ConfigError(f"CONVOY_COLLECTIVE_TIMEOUT={timeout_raw!r} is not a number of seconds") from None
-    dims = given.get("parallelism", env.get("CONVOY_PARALLELISM") or None)
-    if isinstance(dims, str):
-        dims = ParallelDims.parse(dims, world_size=world_size)
-    elif isinstance(dims, dict):  # Accelerator(parallelism={"dp": 2, "tp": 2})
-        dims = ParallelDims.from_mapping(dims, world_size=world_size)
+    mixed = _setting("mixed_precision", given, env, "ACCELERATE_MIXED_PRECISION") or "no"
+    strategy = _setting("strategy", given, env) or "auto"
+    accum = _setting("gradient_accumulation_steps", given, env) or 1
+    timeout = _setting("collective_timeout", given, env) or DEFAULT_COLLECTIVE_TIMEOUT
+    dims = _parallel_dims(given, env, world_size)
     return TrainSettings(
         rank=rank, local_rank=local_rank, world_size=world_size, local_world_size=local_world_size,
         device_type="cpu" if cpu else _device_type(),
-        mixed_precision=str(mixed), strategy=str(strategy), gradient_accumulation_steps=int(accum),
+        mixed_precision=mixed, strategy=strategy, gradient_accumulation_steps=accum,
         collective_timeout_s=timeout, parallel_dims=dims, backend=given.get("backend"),
         debug=env.get("ACCELERATE_DEBUG_MODE", "").lower() in ("1", "true", "yes"),
     )
+
+
+def check_arguments(*, strategy: str, strategy_options: Any, dataloader_config: Any,
+                    project_config: Any = None) -> None:
+    """The ``Accelerator`` arguments that are not settings, checked at construction with one ``ConfigError``
+    (``StrategyError`` for a strategy or its options): ``strategy_options`` keys the strategy reads (the
+    union over convoy's strategies for ``"auto"``), a ``dataloader_config`` with ``split_batches`` and
+    ``even_batches``, a ``project_config`` with ``project_dir`` and ``iteration``."""
+    from convoy.train.strategies.base import check_strategy_options
+
+    if strategy_options is not None and not isinstance(strategy_options, Mapping):
+        raise ConfigError(f"strategy_options={show(strategy_options)}: give a dict such as "
+                          f"{{'find_unused_parameters': True}}")
+    check_strategy_options(strategy, dict(strategy_options or {}))
+    if dataloader_config is not None and not all(hasattr(dataloader_config, a)
+                                                 for a in ("split_batches", "even_batches")):
+        raise ConfigError(f"dataloader_config={show(dataloader_config)}: give a DataLoaderConfiguration("
+                          f"split_batches=..., even_batches=...) (convoy.train.DataLoaderConfiguration)")
+    if project_config is not None and not all(hasattr(project_config, a) for a in
+                                              ("project_dir", "iteration", "total_limit",
+                                               "automatic_checkpoint_naming")):
+        raise ConfigError(f"project_config={show(project_config)}: give a ProjectConfiguration(project_dir=...) "
+                          f"(convoy.train.ProjectConfiguration)")
 
 
 def _device_type() -> str:

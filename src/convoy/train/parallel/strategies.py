@@ -68,10 +68,11 @@ class ParallelStrategy(Strategy, SupportsNoSync):
     """dp x tp x pp from ``context.parallel_dims`` (pure data parallel over the world when absent)."""
 
     needs_process_group = True
+    options = (*_OPTIONS, "find_unused_parameters", "cpu_offload")
 
     def __init__(self, context: StrategyContext) -> None:
         super().__init__(context)
-        unknown = sorted(set(context.options) - set(_OPTIONS) - {"find_unused_parameters", "cpu_offload"})
+        unknown = sorted(set(context.options) - set(self.options))
         if unknown:
             raise StrategyError(f"strategy={self.name!r}: unknown option {unknown[0]!r}; options are "
                                 f"{', '.join(_OPTIONS)}")

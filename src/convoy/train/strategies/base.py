@@ -43,6 +43,7 @@ __all__ = [
     "strategy_class",
     "create_strategy",
     "available_strategies",
+    "check_strategy_options",
 ]
 
 
@@ -92,6 +93,9 @@ class Strategy(abc.ABC):
     #: True when the engine needs a process group even for a one-process job (DDP, FSDP); the
     #: Accelerator then starts a one-rank group before ``setup_environment``.
     needs_process_group: ClassVar[bool] = False
+    #: the ``strategy_options`` keys this strategy reads; ``None`` (a strategy that does not say) takes any.
+    #: ``Accelerator(...)`` refuses other keys at construction (``check_strategy_options``).
+    options: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, context: StrategyContext) -> None:
         self.context = context
@@ -294,6 +298,29 @@ def strategy_class(name: str) -> type[Strategy]:
         return _REGISTERED[name]
     raise StrategyError(f"strategy={name!r} is not a known strategy; choose one of "
                         f"{', '.join(available_strategies())}")
+
+
+def check_strategy_options(name: str, options: Mapping[str, Any]) -> None:
+    """``StrategyError`` naming the valid keys when ``options`` has a key strategy ``name`` does not read
+    (for ``"auto"``: a key none of convoy's strategies reads, as auto hands them to the one it picks)."""
+    if not options:
+        if name != "auto":
+            strategy_class(name)  # an unknown name fails here, at construction
+        return
+    if name == "auto":  # auto picks among convoy's own strategies only, never a registered one
+        from convoy.config.schema import BUILTIN_STRATEGIES
+
+        classes = [strategy_class(n) for n in BUILTIN_STRATEGIES if n != "auto"]
+        valid = sorted({key for cls in classes for key in cls.options or ()})
+    else:
+        declared = strategy_class(name).options
+        if declared is None:
+            return
+        valid = sorted(declared)
+    unknown = sorted((str(k) for k in options if k not in valid))
+    if unknown:
+        raise StrategyError(f"strategy_options: {unknown[0][:40]!r} is not an option of strategy={name!r}; "
+                            f"valid keys: {', '.join(valid) or 'none'}")
 
 
 def create_strategy(name: str, context: StrategyContext) -> Strategy:

@@ -31,6 +31,7 @@ class DDPStrategy(Strategy, SupportsNoSync):
     """``torch.nn.parallel.DistributedDataParallel`` around each model."""
 
     needs_process_group = True
+    options = _DDP_OPTIONS
 
     def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
         from torch.nn.parallel import DistributedDataParallel

@@ -24,6 +24,7 @@ class DataParallelStrategy(Strategy):
     """``torch.nn.DataParallel`` over every visible GPU of this one process."""
 
     distributed_type = "MULTI_GPU"
+    options = ()
 
     def setup_environment(self) -> None:
         if self.context.world_size > 1:

@@ -32,6 +32,7 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
     distributed_type = "FSDP"
     needs_process_group = True
     reshard_after_forward: ClassVar[bool] = True
+    options = ("auto_wrap", "cpu_offload")
 
     def __init__(self, context: Any) -> None:
         super().__init__(context)

@@ -19,6 +19,7 @@ class SingleStrategy(Strategy):
     """The model on ``root_device``; every method is the plain PyTorch one."""
 
     distributed_type = "NO"
+    options = ()
 
     def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
         # Module.to moves parameters in place (same Parameter objects), so an optimizer built earlier

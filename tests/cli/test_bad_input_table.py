@@ -1,0 +1,127 @@
+"""Issue 14's table of bad command lines: each exits 2 (bad input) or 1 (a runtime failure), with exactly one
+stderr line starting ``convoy:`` and no traceback, and none starts a rank or a child."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from convoy.cli.main import main
+from tests.conftest import INVENTORIES, REPO
+
+H100 = str(INVENTORIES / "8xh100_nvswitch.json")
+NINES = "9" * 400
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Bad files of every kind the commands read, in one folder."""
+    d = tmp_path_factory.mktemp("bad")
+    (d / "bad_utf8.json").write_bytes(b'{"devices": [\xff\xfe]}')
+    (d / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (d / "cpu.json").write_text('{"devices": []}')
+    device = {"index": 0, "uuid": "GPU-a", "name": "x"}
+    for name, patch in {"neg_index": {"index": -1}, "neg_memory": {"memory_total_mib": -5},
+                        "bogus_peer": {"nvlink_peers": [7]}}.items():
+        (d / f"{name}.json").write_text(json.dumps({"devices": [{**device, **patch}]}))
+    llama = json.loads((REPO / "tests/plan/configs/llama2_7b.json").read_text())
+    for name, patch in {"heads0": {"num_attention_heads": 0}, "hidden_str": {"hidden_size": "4096"},
+                        "hidden_null": {"hidden_size": None}, "hidden_frac": {"hidden_size": 4096.5},
+                        "kv_above_heads": {"num_key_value_heads": 64}}.items():
+        (d / f"{name}.json").write_text(json.dumps({**llama, **patch}))
+    gpt2 = json.loads((REPO / "tests/plan/configs/gpt2.json").read_text())
+    (d / "n_positions_null.json").write_text(json.dumps({**gpt2, "n_positions": None}))
+    (d / "config_latin1.json").write_bytes(b'{"model_type": "llama", "name": "caf\xe9"}')
+    (d / "raising_factory.py").write_text("def build():\n    raise RuntimeError('boom')\n")
+    (d / "no_shebang.sh").write_text("echo hi\n")
+    (d / "no_shebang.sh").chmod(0o755)
+    (d / "train.py").write_text("raise SystemExit('a rank started')\n")
+    return d
+
+
+# (environment, argv with {d} for the files folder, exit code, a word the one line must hold)
+CASES = [
+    ({}, "select 0-99999999999", 2, "out of range"),
+    ({}, "select 0-300000000", 2, "out of range"),
+    ({}, "select " + "9" * 5000, 2, "too large"),
+    ({}, "select ²", 2, "cannot parse"),
+    ({}, "select ٣", 2, "cannot parse"),
+    ({}, "select 1 --exclude ²", 2, "exclude"),
+    ({}, "select 1 --exclude=--1", 2, "exclude"),
+    ({}, "select 1 --exclude a", 2, "exclude"),
+    ({"CUDA_VISIBLE_DEVICES": "²"}, "select 1", 2, "non-ASCII"),
+    ({"CUDA_VISIBLE_DEVICES": "٣"}, "select 1", 2, "non-ASCII"),
+    ({"CUDA_VISIBLE_DEVICES": "--1"}, "select 1", 2, "not a whole number"),
+    ({"CUDA_VISIBLE_DEVICES": "0,0,1"}, "select all", 2, "twice"),
+    ({}, f"select 1 --min-free-memory {NINES}", 2, "not a finite number"),
+    ({"CONVOY_INVENTORY": "{d}/bad_utf8.json"}, "select 1", 2, "not UTF-8"),
+    ({"CONVOY_INVENTORY": "{d}/deep.json"}, "select 1", 2, "too deeply"),
+    ({"CONVOY_INVENTORY": "{d}/neg_index.json"}, "select all", 2, "index must be an integer >= 0"),
+    ({"CONVOY_INVENTORY": "{d}/neg_memory.json"}, "select all", 2, "memory_total_mib"),
+    ({"CONVOY_INVENTORY": "{d}/bogus_peer.json"}, "select all", 2, "nvlink peer 7"),
+    ({"CONVOY_NPROC_PER_NODE": "²"}, "config show", 2, "CONVOY_NPROC_PER_NODE"),
+    ({}, "config --path {d}/c.toml --nproc-per-node ²", 2, "nproc_per_node"),
+    ({}, "config --path /proc/c.toml --strategy ddp", 2, "cannot write"),
+    ({}, "plan {d}/heads0.json --hardware 8xH100-80GB", 2, "num_attention_heads"),
+    ({}, "plan {d}/hidden_str.json --hardware 8xH100-80GB", 2, "hidden_size"),
+    ({}, "plan {d}/hidden_null.json --hardware 8xH100-80GB", 2, "hidden_size"),
+    ({}, "plan {d}/hidden_frac.json --hardware 8xH100-80GB", 2, "4096.5"),
+    ({}, "plan {d}/kv_above_heads.json --hardware 8xH100-80GB", 2, "num_key_value_heads"),
+    ({}, "plan {d}/n_positions_null.json --hardware 8xH100-80GB", 2, "n_positions"),
+    ({}, "plan {d}/config_latin1.json --hardware 8xH100-80GB", 2, "not UTF-8"),
+    ({}, "plan --params inf --hardware 8xH100-80GB", 2, "finite"),
+    ({}, "plan --params 7e9 --hardware 8xH100-80GB --gpu-memory-gib inf", 2, "finite"),
+    ({}, "plan {d}/raising_factory.py:build --hardware 8xH100-80GB", 2, "RuntimeError: boom"),
+    ({}, "plan --params 7e9 --hardware 99999999999999xH100-80GB", 2, "GPU count"),
+    ({}, "plan --params 7e9 --hardware 8xH100-80GB --global-batch 3", 2, "cannot be split evenly"),
+    ({}, "run -- {d}/no_shebang.sh", 126, "add a #! line"),
+    ({}, "launch --exclude a {d}/train.py", 2, "exclude"),
+    ({}, "launch --log-dir /etc/hostname {d}/train.py", 2, "not a directory"),
+    ({}, "launch --log-dir /proc/nope {d}/train.py", 2, "cannot create"),
+    ({}, "launch --master-port -1 {d}/train.py", 2, "--master-port"),
+    ({}, "launch --master-port 70000 {d}/train.py", 2, "--master-port"),
+    ({}, "launch --strategy bogus {d}/train.py", 2, "bogus"),
+    ({}, "launch --collective-timeout inf {d}/train.py", 2, "seconds > 0"),
+    ({}, "launch --mixed-precision fp8 {d}/train.py", 2, "fp8"),
+    ({"CONVOY_MIXED_PRECISION": "fp8"}, "launch {d}/train.py", 2, "fp8"),
+    ({}, "launch --gradient-accumulation-steps ٣ {d}/train.py", 2, "whole number"),
+]
+
+
+@pytest.mark.parametrize("env, line, code, word", CASES, ids=[c[1][:50] for c in CASES])
+def test_bad_input_is_one_convoy_line(env, line, code, word, files, monkeypatch, capfd, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("CONVOY_LEASE_DIR", str(tmp_path / "leases"))
+    # launch runs on a CPU inventory (no GPU is touched even if a check were missing); the others on 8 H100s
+    monkeypatch.setenv("CONVOY_INVENTORY", str(files / "cpu.json") if line.startswith("launch") else H100)
+    for key in ("CUDA_VISIBLE_DEVICES", "CONVOY_CONFIG"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value.format(d=files))
+    argv = [word.format(d=files) for word in line.split(" ")]
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        rc = exc.code
+    out, err = capfd.readouterr()  # file descriptors: a started rank or child would print here too
+    lines = err.strip().splitlines()
+    assert rc == code, err
+    assert len(lines) == 1 and lines[0].startswith("convoy: ") and word in lines[0], err
+    assert "a rank started" not in out + err
+
+
+@pytest.mark.parametrize("argv", [
+    ["select", "0-99999999999"],
+    ["plan", "--params", "7e9", "--hardware", "99999999999999xH100-80GB"],
+    ["launch", "--mixed-precision", "fp8", "--dry-run", "train.py"],
+])
+def test_no_traceback_end_to_end(argv, tmp_path):
+    # the real console entry point, in a fresh process: one line, exit 2, whatever the size asked for
+    proc = subprocess.run([sys.executable, "-m", "convoy", *argv], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PATH": "/usr/bin:/bin", "CONVOY_INVENTORY": H100, "HOME": str(tmp_path)}, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("convoy: ")

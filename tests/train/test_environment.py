@@ -1,0 +1,73 @@
+"""The training process's settings (``convoy.train.environment``): read with the launcher's own parsers, and
+every bad ``Accelerator(...)`` argument refused at construction with one convoy error."""
+
+from __future__ import annotations
+
+import pytest
+
+from convoy import Accelerator
+from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, MIXED_PRECISIONS
+from convoy.errors import ConfigError, ConvoyError, StrategyError
+from convoy.launch import env as launch_env
+from convoy.train import environment
+from convoy.train.environment import resolve_settings
+
+
+@pytest.fixture(autouse=True)
+def _no_job(monkeypatch, tmp_path):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "CONVOY_MIXED_PRECISION", "CONVOY_STRATEGY",
+                "CONVOY_PARALLELISM", "CONVOY_COLLECTIVE_TIMEOUT", "CONVOY_GRADIENT_ACCUMULATION_STEPS",
+                "ACCELERATE_MIXED_PRECISION", "CONVOY_CONFIG"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+
+
+def test_launcher_and_trainer_share_one_list_and_one_default():
+    # issue 15: the launcher offered fp8 and every rank then refused it
+    assert launch_env.MIXED_PRECISIONS is MIXED_PRECISIONS
+    assert launch_env.DEFAULT_COLLECTIVE_TIMEOUT == environment.DEFAULT_COLLECTIVE_TIMEOUT_S == DEFAULT_COLLECTIVE_TIMEOUT
+    assert resolve_settings(env={}, cpu=True).collective_timeout_s == DEFAULT_COLLECTIVE_TIMEOUT
+    for value in MIXED_PRECISIONS:  # whatever the launcher passes on, the trainer takes
+        env = launch_env.convoy_env(launch_env.ConvoyEnv(mixed_precision=value, collective_timeout="60"))
+        settings = resolve_settings(env=env, cpu=True)
+        assert (settings.mixed_precision, settings.collective_timeout_s) == (value, 60.0)
+
+
+@pytest.mark.parametrize("kwargs, error, fragment", [
+    ({"dataloader_config": "x"}, ConfigError, "dataloader_config='x'"),
+    ({"gradient_accumulation_steps": 2.5}, ConfigError, "expected a whole number >= 1"),
+    ({"gradient_accumulation_steps": True}, ConfigError, "expected a whole number >= 1"),
+    ({"collective_timeout": float("nan")}, ConfigError, "seconds > 0"),
+    ({"collective_timeout": float("inf")}, ConfigError, "seconds > 0"),
+    ({"parallelism": [1, 2]}, ConfigError, "parallelism=[1, 2]"),
+    ({"parallelism": {"dp": "²"}}, StrategyError, "whole number"),
+    ({"strategy_options": {"bogus": 1}}, StrategyError, "valid keys: "),
+    ({"strategy": "ddp", "strategy_options": {"auto_wrap": set()}}, StrategyError, "find_unused_parameters"),
+    ({"strategy_options": "find_unused_parameters"}, ConfigError, "give a dict"),
+    ({"mixed_precision": "fp8"}, ConfigError, "expected one of no, fp16, bf16"),
+    ({"project_config": "runs"}, ConfigError, "project_config='runs'"),
+])
+def test_bad_arguments_are_one_error_at_construction(kwargs, error, fragment):
+    with pytest.raises(error) as info:
+        Accelerator(cpu=True, **kwargs)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("variable, value", [
+    ("CONVOY_GRADIENT_ACCUMULATION_STEPS", "٣"), ("CONVOY_COLLECTIVE_TIMEOUT", "inf"),
+    ("CONVOY_COLLECTIVE_TIMEOUT", "٣"), ("CONVOY_PARALLELISM", "dp=²"), ("WORLD_SIZE", "٣"),
+    ("ACCELERATE_MIXED_PRECISION", "fp8"), ("CONVOY_STRATEGY", "no such name"),
+])
+def test_bad_variables_are_one_error(variable, value):
+    with pytest.raises(ConvoyError) as info:
+        resolve_settings(env={variable: value}, cpu=True)
+    assert variable in str(info.value) or variable == "CONVOY_PARALLELISM"  # that one names the degree
+    assert "\n" not in str(info.value)
+
+
+def test_good_arguments_still_work():
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2, collective_timeout=60,
+                              strategy="ddp", strategy_options={"find_unused_parameters": True})
+    assert accelerator.gradient_accumulation_steps == 2 and accelerator.settings.collective_timeout_s == 60.0
+    assert resolve_settings(explicit={"parallelism": "dp=1"}, env={}, cpu=True).parallel_dims.dp == 1
