@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 from convoy.errors import LaunchError, RankFailedError
 from convoy.launch.env import ConvoyEnv, rank_env
 from convoy.launch.failures import describe_exit
+from convoy.launch.loopback import is_loopback, loopback_env, prepare_worker
 from convoy.launch.plan import LaunchRequest
 from convoy.launch.ports import free_port
 
@@ -92,6 +93,8 @@ def _run(fn, args: tuple, kwargs: dict, plan, method: str, base_env: dict, *, re
             child_env = {**plan.env, **rank_env(
                 rank=local, local_rank=local, world_size=plan.nproc_per_node, local_world_size=plan.nproc_per_node,
                 master_addr=plan.master_addr, master_port=port, run_id=run_id)}
+            if plan.max_nodes == 1 and is_loopback(plan.master_addr):  # the store on loopback only
+                child_env.update(loopback_env(base_env))
             if replace_env:
                 child_env = {**base_env, **child_env}
             receive, send = ctx.Pipe(duplex=False)
@@ -139,6 +142,7 @@ def _child(fn, args, kwargs, env: dict, send, replace_env: bool) -> None:
     if replace_env:
         os.environ.clear()
     os.environ.update(env)
+    prepare_worker(env)  # rank 0: serve the rendezvous store on loopback (convoy.launch.loopback)
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)  # a forked intra-op pool hangs (notes: fork safety)
