@@ -19,12 +19,14 @@ import socket
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator, Mapping
 
 from convoy.errors import LaunchError
 from convoy.launch.failures import RankFailure, failure_error
 from convoy.launch.loopback import agent_store, is_loopback, loopback_env
 from convoy.launch.plan import LaunchPlan
+from convoy.launch.progress import missing_note
 
 __all__ = ["run_elastic", "launch_config"]
 
@@ -131,6 +133,17 @@ def run_elastic(plan: LaunchPlan, *, base_env: Mapping[str, str]) -> int:
     return 0
 
 
+def _local_error_files(rank: int, pf, nproc: int) -> dict[int, str]:
+    """Every local rank's error file path: torch's agent lays them out as ``.../<local rank>/error.json``."""
+    if not pf.error_file or pf.error_file == "<N/A>":
+        return {}
+    path = Path(pf.error_file)
+    if path.parent.name != str(pf.local_rank):
+        return {rank: str(path)}
+    first = rank - pf.local_rank
+    return {first + local: str(path.parent.parent / str(local) / path.name) for local in range(nproc)}
+
+
 def _loopback_host(plan: LaunchPlan) -> str | None:
     """The loopback address of a single-node c10d rendezvous, else None (multi-node: left to torch)."""
     if plan.max_nodes != 1 or plan.rdzv_backend != "c10d":
@@ -171,6 +184,7 @@ def _root_cause(err, plan: LaunchPlan, *, elapsed: float) -> Exception:
         text = (message.get("extraInfo") or {}).get("py_callstack") or message.get("message")
     elif isinstance(message, str) and "To enable traceback" not in message and message:
         text = message
+    note = missing_note(_local_error_files(rank, pf, plan.nproc_per_node), failed_rank=rank)
     failure = RankFailure(rank=rank, local_rank=pf.local_rank, host=socket.gethostname(), returncode=pf.exitcode,
-                          traceback=text, traceback_shown=text is not None, elapsed=elapsed)
+                          traceback=text, traceback_shown=text is not None, elapsed=elapsed, note=note)
     return failure_error(failure, stopped=len(failures) - 1 if len(failures) > 1 else plan.nproc_per_node - 1)

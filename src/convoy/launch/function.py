@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 from convoy.errors import LaunchError, RankFailedError
 from convoy.launch.env import ConvoyEnv, rank_env
 from convoy.launch.failures import describe_exit
+from convoy.launch import progress
 from convoy.launch.loopback import is_loopback, loopback_env, prepare_worker
 from convoy.launch.plan import LaunchRequest
 from convoy.launch.ports import free_port
@@ -143,6 +144,7 @@ def _child(fn, args, kwargs, env: dict, send, replace_env: bool) -> None:
         os.environ.clear()
     os.environ.update(env)
     prepare_worker(env)  # rank 0: serve the rendezvous store on loopback (convoy.launch.loopback)
+    progress.install(env)  # raw collectives get convoy's default timeout
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)  # a forked intra-op pool hangs (notes: fork safety)

@@ -26,10 +26,10 @@ import os
 import socket
 import sys
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 __all__ = ["LOOPBACK_VARIABLE", "LISTEN_FD_VARIABLE", "is_loopback", "listen_socket", "loopback_env",
-           "prepare_worker", "agent_store"]
+           "prepare_worker", "agent_store", "after_torch_import"]
 
 LOOPBACK_VARIABLE = "CONVOY_LOOPBACK_STORE"
 LISTEN_FD_VARIABLE = "CONVOY_STORE_LISTEN_FD"
@@ -96,10 +96,10 @@ def _wants_store(env: Mapping[str, str]) -> bool:
 
 
 class _AfterTorchImport(importlib.abc.MetaPathFinder):
-    """Runs ``callback`` once ``import torch`` has finished, whoever imports it (torch-free until then)."""
+    """Runs the callbacks once ``import torch`` has finished, whoever imports it (torch-free until then)."""
 
-    def __init__(self, callback) -> None:
-        self._callback = callback
+    def __init__(self) -> None:
+        self.callbacks: list[Callable[[], None]] = []
 
     def find_spec(self, name, path, target=None):
         if name != "torch":
@@ -108,15 +108,27 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
         spec = importlib.util.find_spec("torch")
         if spec is None or spec.loader is None:
             return spec
-        loader, callback = spec.loader, self._callback
-        exec_module = loader.exec_module
+        exec_module, callbacks = spec.loader.exec_module, self.callbacks
 
         def exec_then_call(module):
             exec_module(module)
-            callback()
+            for callback in callbacks:
+                callback()
 
-        loader.exec_module = exec_then_call  # this spec's loader instance only
+        spec.loader.exec_module = exec_then_call  # this spec's loader instance only
         return spec
+
+
+def after_torch_import(callback: Callable[[], None]) -> None:
+    """Call ``callback`` now if torch is imported, else right after the program's ``import torch`` finishes."""
+    if "torch" in sys.modules:
+        callback()
+        return
+    finder = next((f for f in sys.meta_path if isinstance(f, _AfterTorchImport)), None)
+    if finder is None:
+        finder = _AfterTorchImport()
+        sys.meta_path.insert(0, finder)
+    finder.callbacks.append(callback)
 
 
 def prepare_worker(env: Mapping[str, str] | None = None) -> None:
@@ -133,10 +145,7 @@ def prepare_worker(env: Mapping[str, str] | None = None) -> None:
             except (OSError, ValueError):
                 pass
         return
-    if "torch" in sys.modules:
-        _start_store(env)
-    else:
-        sys.meta_path.insert(0, _AfterTorchImport(lambda: _start_store(env)))
+    after_torch_import(lambda: _start_store(env))
 
 
 @contextmanager

@@ -34,9 +34,11 @@ def write_error_file(exc: BaseException, path: str) -> None:
 def main(argv: list[str]) -> None:
     if not argv:
         sys.exit("usage: python -m convoy.launch.record SCRIPT [ARGS] | -m MODULE [ARGS]")
+    from convoy.launch import progress
     from convoy.launch.loopback import prepare_worker
 
     prepare_worker()  # rank 0 of a single-node job: the store listens on loopback only
+    progress.install()  # raw collectives: convoy's default timeout, and counts that name a missing rank
     try:
         if argv[0] == "-m":
             sys.argv = argv[1:]

@@ -35,6 +35,7 @@ from convoy.launch.env import rank_env
 from convoy.launch.failures import RankFailure, TracebackHold, failure_error, read_error_file
 from convoy.launch.loopback import LISTEN_FD_VARIABLE, is_loopback, listen_socket, loopback_env
 from convoy.launch.plan import LaunchPlan
+from convoy.launch.progress import missing_note
 from convoy.launch.ports import free_port
 
 __all__ = ["run_direct", "parse_stream_map"]
@@ -190,10 +191,9 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
                 rank=rank, local_rank=local, world_size=plan.world_size, local_world_size=plan.nproc_per_node,
                 master_addr=plan.master_addr, master_port=port, run_id=plan.run_id, group_rank=plan.node_rank,
                 group_world_size=plan.max_nodes, error_file=error_file, role=plan.role)}
-            command, pass_fds = plan.command, ()
             if listener is not None:
                 env.update(loopback_env(base_env))
-                command, pass_fds = _store_host_command(plan.command, rank, listener, env)
+            command, pass_fds = _worker_command(plan.command, rank, listener, env)
             log = _open_log(plan.log_dir, rank)
             if log is not None:
                 logs.append(log)
@@ -246,13 +246,17 @@ def _store_socket(plan: LaunchPlan):
                           "pick another --master-port, or leave it out for a free one") from None
 
 
-def _store_host_command(command: tuple[str, ...], rank: int, listener, env: dict[str, str]):
-    """Rank 0 of a Python program starts through ``convoy.launch.record``, which serves the store on the
-    loopback socket handed to it (``convoy.launch.loopback``); other commands bind the port themselves."""
-    if rank != 0 or tuple(command[:2]) != (sys.executable, "-u"):
+def _worker_command(command: tuple[str, ...], rank: int, listener, env: dict[str, str]):
+    """A Python program starts through ``convoy.launch.record`` (error file, collective timeout and counts,
+    ``convoy.launch.progress``); rank 0 also gets the store's loopback socket (``convoy.launch.loopback``).
+    Other commands run as they are and rank 0 binds the port itself."""
+    if tuple(command[:2]) != (sys.executable, "-u"):
         return command, ()
+    wrapped = (sys.executable, "-u", "-m", "convoy.launch.record", *command[2:])
+    if rank != 0 or listener is None:
+        return wrapped, ()
     env[LISTEN_FD_VARIABLE] = str(listener.fileno())
-    return (sys.executable, "-u", "-m", "convoy.launch.record", *command[2:]), (listener.fileno(),)
+    return wrapped, (listener.fileno(),)
 
 
 def _monitor(ranks: list[_Rank], start: float, stop: "_StopSignal", grace: float,
@@ -272,9 +276,10 @@ def _monitor(ranks: list[_Rank], start: float, stop: "_StopSignal", grace: float
                 if first.eof_at is None:
                     first.threads[1].join(timeout=1)  # let its stderr drain so the traceback is complete
                 text, shown = first.traceback()
+                note = missing_note({w.rank: w.error_file for w in ranks}, failed_rank=first.rank)
                 failure = RankFailure(rank=first.rank, local_rank=first.local_rank, host=socket.gethostname(),
                                       returncode=first.proc.returncode, traceback=text, traceback_shown=shown,
-                                      elapsed=now - start)
+                                      elapsed=now - start, note=note)
         if (failure is not None or stop.signum is not None) and deadline is None:
             deadline = now + grace
             for worker in alive:
