@@ -18,7 +18,6 @@ the failing rank never joined the collective it waited in, and the report names 
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from pathlib import Path
 from typing import Mapping
