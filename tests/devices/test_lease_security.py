@@ -139,3 +139,12 @@ def test_an_unreadable_foreign_lock_file_is_one_clear_line(inv, shared_dir):
     assert status == 0, text
     assert text.startswith("LeaseError ") and "cannot be opened (owned by root, mode 0600)" in text
     assert "\n" not in text and stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_an_own_0666_lock_file_from_an_older_convoy_is_tightened(inv, tmp_path):
+    path = _lock_path(tmp_path, inv.devices[0])
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+    os.fchmod(fd, 0o666)
+    os.close(fd)
+    with lease_devices([inv.devices[0]], lock_dir=tmp_path):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644

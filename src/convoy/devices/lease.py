@@ -158,7 +158,13 @@ def _open(path: Path) -> tuple[int, bool]:
         kind = "not a regular file" if not stat.S_ISREG(info.st_mode) else "a hard link to another file"
         raise _Unusable(f"an unusable lock file: {str(path)!r} is {kind} (owned by {_owner(info.st_uid)}); "
                         f"remove it")
-    return fd, info.st_uid == os.geteuid()  # another user's: lock it, never write to it
+    ours = info.st_uid == os.geteuid()  # another user's: lock it, never write to it
+    if ours and stat.S_IMODE(info.st_mode) != 0o644:
+        try:
+            os.fchmod(fd, 0o644)  # ours, from an older convoy that made lock files 0666: nobody else may write
+        except OSError:
+            pass
+    return fd, ours
 
 
 def _describe_unopenable(path: Path, err: OSError) -> str:
