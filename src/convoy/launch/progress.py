@@ -59,11 +59,7 @@ def _publish(path: str, c10d) -> None:
     main = threading.main_thread()
     event = threading.Event()
     while main.is_alive():
-        try:
-            group = c10d.GroupMember.WORLD if c10d.is_initialized() else None
-            count = group._get_sequence_number_for_group() if group is not None else None
-        except Exception:  # noqa: BLE001 - a group being torn down; try again
-            count = None
+        count = _count(c10d)
         if count is not None and count != last:
             try:
                 with open(path + ".tmp", "w") as handle:
@@ -73,6 +69,17 @@ def _publish(path: str, c10d) -> None:
             except OSError:
                 return
         event.wait(_INTERVAL)
+
+
+def _count(c10d) -> int | None:
+    """The default group's sequence number; no reference to the group outlives this call (the program's
+    ``destroy_process_group()`` must stay the last owner)."""
+    try:
+        if not c10d.is_initialized():
+            return None
+        return int(c10d.GroupMember.WORLD._get_sequence_number_for_group())
+    except Exception:  # noqa: BLE001 - a group being torn down; try again
+        return None
 
 
 def install(env: Mapping[str, str] | None = None) -> None:
