@@ -86,3 +86,15 @@ def test_sweep_kills_the_processes_carrying_the_token_and_only_those():
         for proc in (ours, other):
             proc.kill()
             proc.wait()
+
+
+def _start_a_daemon():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    return child.pid
+
+
+def test_convoy_launch_fn_leaves_no_child_of_a_rank_behind():
+    import convoy
+
+    pid = convoy.launch(_start_a_daemon, nproc_per_node=1, start_method="fork")
+    assert not _alive(pid)  # it left the rank's process group, but carried the job's id

@@ -80,11 +80,16 @@ def launch(
     base_env = dict(os.environ if env is None else env)
     filters = DeviceFilters(lease=lease, lease_wait=wait)
     plan = plan_job(request, filters=filters, env=base_env)
-    with lease_plan(plan, filters=filters, env=base_env):  # released after every rank is stopped
-        return _run(fn, tuple(args), dict(kwargs or {}), plan, method, base_env, replace_env=env is not None)
+    from convoy.launch.guard import job_guard
+
+    # released after every rank is stopped; the guard stops the ranks' children too, even if this process dies
+    with lease_plan(plan, filters=filters, env=base_env) as held, job_guard(held.fds if held else ()) as guard:
+        return _run(fn, tuple(args), dict(kwargs or {}), plan, method, base_env, replace_env=env is not None,
+                    job_env=guard.env if guard is not None else {})
 
 
-def _run(fn, args: tuple, kwargs: dict, plan, method: str, base_env: dict, *, replace_env: bool) -> Any:
+def _run(fn, args: tuple, kwargs: dict, plan, method: str, base_env: dict, *, replace_env: bool,
+         job_env: dict[str, str]) -> Any:
     port = free_port(plan.master_addr)
     ctx = multiprocessing.get_context(method)
     run_id = f"convoy-fn-{os.getpid()}-{port}"
@@ -94,6 +99,7 @@ def _run(fn, args: tuple, kwargs: dict, plan, method: str, base_env: dict, *, re
             child_env = {**plan.env, **rank_env(
                 rank=local, local_rank=local, world_size=plan.nproc_per_node, local_world_size=plan.nproc_per_node,
                 master_addr=plan.master_addr, master_port=port, run_id=run_id)}
+            child_env.update(job_env)
             if plan.max_nodes == 1 and is_loopback(plan.master_addr):  # the store on loopback only
                 child_env.update(loopback_env(base_env))
             if replace_env:
