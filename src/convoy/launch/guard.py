@@ -21,12 +21,9 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
-import uuid
-from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Sequence
 
 __all__ = ["JOB_ID_VARIABLE", "JobGuard", "job_guard", "job_processes", "sweep"]
 
@@ -74,12 +71,19 @@ class JobGuard:
     """The launcher's side: the token for the workers' environment, and the guard process."""
 
     def __init__(self, keep_fds: Sequence[int] = ()) -> None:
+        import subprocess
+        import uuid
+
+        import convoy
+
         self.token = uuid.uuid4().hex
         read, self._write = os.pipe()  # both non-inheritable: no worker gets the write end
         env = {k: v for k, v in os.environ.items() if k != JOB_ID_VARIABLE}  # a nested launch's guard lives on
+        # -S (no site, no .pth files) starts it sooner; convoy's own directory is all it imports from
+        env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(convoy.__file__)))
         try:
-            self._proc: subprocess.Popen | None = subprocess.Popen(
-                [sys.executable, "-m", "convoy.launch.guard", self.token, str(read)], env=env,
+            self._proc = subprocess.Popen(
+                [sys.executable, "-S", "-m", "convoy.launch.guard", self.token, str(read)], env=env,
                 pass_fds=(read, *keep_fds), start_new_session=True, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL)
         finally:
@@ -104,17 +108,20 @@ class JobGuard:
         self._proc = None
 
 
-@contextmanager
-def job_guard(keep_fds: Sequence[int] = ()) -> Iterator[JobGuard | None]:
-    """A ``JobGuard`` for the block (None where there is no ``/proc``); closed when the block ends."""
+    def __enter__(self) -> "JobGuard":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def job_guard(keep_fds: Sequence[int] = ()):
+    """A ``JobGuard`` as a context manager (closed when the block ends); a context of None without ``/proc``."""
     if not os.path.isdir("/proc/self"):
-        yield None
-        return
-    guard = JobGuard(keep_fds)
-    try:
-        yield guard
-    finally:
-        guard.close()
+        from contextlib import nullcontext
+
+        return nullcontext()
+    return JobGuard(keep_fds)
 
 
 def main(argv: list[str]) -> int:

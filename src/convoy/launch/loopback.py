@@ -19,9 +19,6 @@ would find the port taken: give it ``--master-addr`` of a real interface, which 
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
-import ipaddress
 import os
 import socket
 import sys
@@ -42,6 +39,8 @@ def is_loopback(host: str | None) -> bool:
         return False
     if host == "localhost":
         return True
+    import ipaddress  # here: workers import this module, and only launchers need it
+
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
@@ -95,8 +94,9 @@ def _wants_store(env: Mapping[str, str]) -> bool:
             and env.get("TORCHELASTIC_USE_AGENT_STORE", "False") != "True")
 
 
-class _AfterTorchImport(importlib.abc.MetaPathFinder):
-    """Runs the callbacks once ``import torch`` has finished, whoever imports it (torch-free until then)."""
+class _AfterTorchImport:
+    """A ``sys.meta_path`` finder that runs the callbacks once ``import torch`` has finished, whoever imports
+    it (torch-free until then). It finds torch through the other finders and wraps that spec's loader."""
 
     def __init__(self) -> None:
         self.callbacks: list[Callable[[], None]] = []
@@ -105,7 +105,8 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
         if name != "torch":
             return None
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
+        spec = next((found for finder in sys.meta_path if hasattr(finder, "find_spec")
+                     for found in [finder.find_spec(name, path, target)] if found is not None), None)
         if spec is None or spec.loader is None:
             return spec
         exec_module, callbacks = spec.loader.exec_module, self.callbacks

@@ -18,7 +18,6 @@ the failing rank never joined the collective it waited in, and the report names 
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 from typing import Mapping
 
@@ -40,6 +39,7 @@ def _timeout(env: Mapping[str, str]) -> float:
 
 def _after_torch(env: Mapping[str, str]) -> None:
     import datetime
+    import threading
 
     import torch.distributed.distributed_c10d as c10d
 
@@ -55,6 +55,8 @@ def _after_torch(env: Mapping[str, str]) -> None:
 
 def _publish(path: str, c10d) -> None:
     """Write the default group's collective count to ``path`` whenever it changes, while the program runs."""
+    import threading
+
     last = None
     main = threading.main_thread()
     event = threading.Event()
