@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -78,12 +79,14 @@ def test_sweep_kills_the_processes_carrying_the_token_and_only_those():
     code = "import time; time.sleep(60)"
     ours = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "CONVOY_JOB_ID": token})
     other = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "CONVOY_JOB_ID": token + "x"})
+    nested = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "CONVOY_JOB_ID": f"{token}:inner"})
     try:
-        assert job_processes(token) == [ours.pid]
-        assert sweep(token, timeout=5) == 1
-        assert ours.wait(timeout=5) == -signal.SIGKILL and other.poll() is None
+        assert sorted(job_processes(token)) == sorted([ours.pid, nested.pid])
+        assert sweep(token, timeout=5) == 2
+        assert ours.wait(timeout=5) == -signal.SIGKILL and nested.wait(timeout=5) == -signal.SIGKILL
+        assert other.poll() is None
     finally:
-        for proc in (ours, other):
+        for proc in (ours, other, nested):
             proc.kill()
             proc.wait()
 
@@ -98,3 +101,33 @@ def test_convoy_launch_fn_leaves_no_child_of_a_rank_behind():
 
     pid = convoy.launch(_start_a_daemon, nproc_per_node=1, start_method="fork")
     assert not _alive(pid)  # it left the rank's process group, but carried the job's id
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["forked-guard", "spawned-guard"])
+def test_the_guard_stops_the_job_when_its_launcher_dies(threaded, tmp_path):
+    """A launcher process (threaded or not) with a guard and one job process; SIGKILL the launcher."""
+    code = textwrap.dedent(f"""
+        import os, subprocess, sys, threading, time
+        from convoy.launch.guard import JobGuard
+        if {threaded}:
+            threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+        guard = JobGuard()
+        assert (guard._proc is not None) == {threaded}
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                                 env={{**os.environ, **guard.env}}, start_new_session=True)
+        print(child.pid, flush=True)
+        time.sleep(300)
+    """)
+    launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid = int(launcher.stdout.readline())
+    try:
+        assert _alive(pid)
+        launcher.kill()
+        launcher.wait()
+        _wait_for(lambda: not _alive(pid), 10, "the job process to be stopped")
+    finally:
+        launcher.kill()
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
