@@ -12,15 +12,25 @@ A lease is an exclusive ``flock`` on ``<lock dir>/<device uuid>.lock`` (``$CONVO
 dies, even by SIGKILL, so a crashed job never leaves a device reserved. A child given ``lease.fds`` keeps
 the lease alive while it runs. The holder writes who it is (pid, user, command, time) into the file, so
 a job that cannot get a device says who has it.
+
+The directory is shared by every user (sticky, 1777, like ``/tmp``), so that two users cannot take the same
+device. Nothing in it is trusted: a lock file is opened without following links (``O_NOFOLLOW``), never
+truncated or re-moded unless this user created it, and created 0644 so only its creator can write the holder
+line. Another user's lock file is still locked through a read-only descriptor (``flock`` needs no write
+access), its holder line is believed only as far as its owner goes, and a link, a non-regular file or a lock
+file this user cannot open counts as held, with one line that names the path and its owner.
 """
 
 from __future__ import annotations
 
 import fcntl
+import errno
 import getpass
 import json
 import os
+import pwd
 import re
+import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -49,16 +59,29 @@ def _lock_path(lock_dir: Path, device: Device) -> Path:
 
 
 def _ensure_dir(lock_dir: Path) -> None:
-    if lock_dir.is_dir():
-        return
     try:
-        lock_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(lock_dir, 0o1777)  # every user's jobs lease here; sticky, like /tmp
-    except PermissionError:
+        lock_dir.mkdir(parents=True)
+    except FileExistsError:
         pass
     except OSError as err:
         raise LeaseError(f"cannot create lease directory {str(lock_dir)!r}: {err.strerror}; set "
                          f"{LEASE_DIR_VARIABLE} to a writable directory") from None
+    else:
+        os.chmod(lock_dir, 0o1777)  # ours, just made: every user's jobs lease here; sticky, like /tmp
+    info = os.lstat(lock_dir)
+    if not stat.S_ISDIR(info.st_mode):
+        raise LeaseError(f"lease directory {str(lock_dir)!r} is not a directory (a link or a file, owned by "
+                         f"{_owner(info.st_uid)}); remove it or set {LEASE_DIR_VARIABLE} to a directory")
+    if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
+        raise LeaseError(f"lease directory {str(lock_dir)!r} is writable by every user but not sticky, so "
+                         f"anyone could replace its lock files; chmod 1777 it or set {LEASE_DIR_VARIABLE}")
+
+
+def _owner(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return f"uid {uid}"
 
 
 @dataclass
@@ -99,35 +122,82 @@ class Lease:
             pass
 
 
-def _open(path: Path) -> int:
+class _Unusable(Exception):
+    """A lock file that cannot be used safely: counts as held, ``reason`` says why (one line)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # NONBLOCK: a planted FIFO cannot stall us
+
+
+def _open(path: Path) -> tuple[int, bool]:
+    """(descriptor, ours): ``ours`` only for a regular file this user owns, the only kind convoy writes to.
+
+    Never follows a link, never truncates, and changes the mode only of a file this call created.
+    """
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except PermissionError:
-        fd = os.open(path, os.O_RDONLY)  # flock works on a read-only descriptor too
-    try:
-        os.fchmod(fd, 0o666)
-    except OSError:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+        os.fchmod(fd, 0o644)  # created just now by us (whatever the umask): others can open it to lock it too
+        return fd, True
+    except FileExistsError:
         pass
-    return fd
+    except OSError as err:
+        raise _Unusable(_describe_unopenable(path, err)) from None
+    try:
+        try:
+            fd = os.open(path, os.O_RDWR | _NOFOLLOW)
+        except PermissionError:
+            fd = os.open(path, os.O_RDONLY | _NOFOLLOW)  # flock works on a read-only descriptor too
+    except OSError as err:
+        raise _Unusable(_describe_unopenable(path, err)) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        kind = "not a regular file" if not stat.S_ISREG(info.st_mode) else "a hard link to another file"
+        raise _Unusable(f"an unusable lock file: {str(path)!r} is {kind} (owned by {_owner(info.st_uid)}); "
+                        f"remove it")
+    ours = info.st_uid == os.geteuid()  # another user's: lock it, never write to it
+    if ours and stat.S_IMODE(info.st_mode) != 0o644:
+        try:
+            os.fchmod(fd, 0o644)  # ours, from an older convoy that made lock files 0666: nobody else may write
+        except OSError:
+            pass
+    return fd, ours
 
 
-def _try_lock(path: Path) -> int | None:
-    fd = _open(path)
+def _describe_unopenable(path: Path, err: OSError) -> str:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return f"an unusable lock file: {str(path)!r} cannot be opened ({err.strerror})"
+    owner = _owner(info.st_uid)
+    if stat.S_ISLNK(info.st_mode) or err.errno == errno.ELOOP:
+        return f"an unusable lock file: {str(path)!r} is a symbolic link (owned by {owner}); remove it"
+    return (f"an unusable lock file: {str(path)!r} cannot be opened (owned by {owner}, mode "
+            f"{stat.S_IMODE(info.st_mode):04o}); ask {owner} to remove it, or set {LEASE_DIR_VARIABLE}")
+
+
+def _try_lock(path: Path) -> tuple[int, bool] | None:
+    fd, writable = _open(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         return None
-    return fd
+    return fd, writable
 
 
 def _write_holder(fd: int) -> None:
-    info = {"pid": os.getpid(), "user": _user(), "command": " ".join(sys.argv)[:200], "since": time.time()}
+    info = {"pid": os.getpid(), "uid": os.geteuid(), "user": _user(), "command": " ".join(sys.argv)[:200],
+            "since": time.time()}
     try:
-        os.ftruncate(fd, 0)
+        os.ftruncate(fd, 0)  # only ever a file this user owns (see _open)
         os.pwrite(fd, json.dumps(info).encode(), 0)
     except OSError:
-        pass  # read-only lock file (another user's): the lock itself still holds
+        pass
 
 
 def _user() -> str:
@@ -139,11 +209,25 @@ def _user() -> str:
 
 def _describe_holder(path: Path) -> str:
     try:
-        info = json.loads(path.read_text() or "{}")
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    except OSError as err:
+        return "another job" if err.errno == errno.ENOENT else _describe_unopenable(path, err)
+    owner = -1
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return f"an unusable lock file: {str(path)!r} is not a regular file (owned by {_owner(info.st_uid)})"
+        owner = info.st_uid
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        info = info if isinstance(info, dict) else {}
     except (OSError, ValueError):
         info = {}
+    finally:
+        os.close(fd)
     if not info.get("pid"):
         return "another job"
+    if info.get("uid", owner) != owner:  # written by someone other than the holder the file names
+        return f"another job (lock file owned by {_owner(owner)})"
     since = time.strftime("%H:%M:%S", time.localtime(info.get("since", 0)))
     return f"pid {info['pid']} ({info.get('user', '?')}: {info.get('command', '?')!r}, since {since})"
 
@@ -156,9 +240,13 @@ def lease_holders(devices: Sequence[Device], *, lock_dir: str | Path | None = No
         return held
     for device in devices:
         path = _lock_path(lock_dir, device)
-        if not path.exists():
+        if not os.path.lexists(path):
             continue
-        fd = _open(path)
+        try:
+            fd, _ = _open(path)
+        except _Unusable as err:
+            held[device.uuid] = err.reason
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -195,22 +283,26 @@ def lease_devices(devices: Sequence[Device], *, wait: float | str | None = None,
 
 
 def _attempt(devices: Sequence[Device], lock_dir: Path) -> tuple[Lease | None, list[Device]]:
-    fds: list[int] = []
+    locked: list[tuple[int, bool]] = []
     busy: list[Device] = []
     for device in devices:
-        fd = _try_lock(_lock_path(lock_dir, device))
-        if fd is None:
+        try:
+            got = _try_lock(_lock_path(lock_dir, device))
+        except _Unusable:
+            got = None  # counts as held; _describe_holder names the path and its owner
+        if got is None:
             busy.append(device)
         else:
-            fds.append(fd)
+            locked.append(got)
     if busy:
-        for fd in fds:
+        for fd, _ in locked:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
         return None, busy
-    for fd in fds:
-        _write_holder(fd)
-    return Lease(tuple(devices), lock_dir, fds), []
+    for fd, writable in locked:
+        if writable:
+            _write_holder(fd)
+    return Lease(tuple(devices), lock_dir, [fd for fd, _ in locked]), []
 
 
 def select_and_lease(spec: Any = "auto", *, wait: float | str | None = None, lock_dir: str | Path | None = None,

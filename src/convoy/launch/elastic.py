@@ -19,17 +19,20 @@ import socket
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator, Mapping
 
 from convoy.errors import LaunchError
 from convoy.launch.failures import RankFailure, failure_error
+from convoy.launch.loopback import agent_store, is_loopback, loopback_env
 from convoy.launch.plan import LaunchPlan
+from convoy.launch.progress import missing_note
 
 __all__ = ["run_elastic", "launch_config"]
 
 
-def launch_config(plan: LaunchPlan):
-    """The ``LaunchConfig`` torchrun would build for the same flags."""
+def launch_config(plan: LaunchPlan, *, endpoint: str | None = None, local_addr: str | None = None):
+    """The ``LaunchConfig`` torchrun would build for the same flags (``endpoint``: instead of the plan's)."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
@@ -46,15 +49,15 @@ def launch_config(plan: LaunchPlan):
     configs: dict[str, object] = dict(plan.rdzv_configs)
     if "rank" in configs:
         configs["rank"] = int(configs["rank"])  # static rendezvous: this node's rank
-    endpoint = plan.rdzv_endpoint
-    if plan.rdzv_backend == "c10d" and endpoint == "127.0.0.1:0":
+    if endpoint is not None or (plan.rdzv_backend == "c10d" and plan.rdzv_endpoint == "127.0.0.1:0"):
         configs.setdefault("is_host", True)
+    endpoint = endpoint or plan.rdzv_endpoint
     return LaunchConfig(
         min_nodes=plan.min_nodes, max_nodes=plan.max_nodes, nproc_per_node=plan.nproc_per_node,
         logs_specs=logs, run_id=plan.run_id, role=plan.role, rdzv_endpoint=endpoint,
         rdzv_backend=plan.rdzv_backend, rdzv_configs=configs, max_restarts=plan.max_restarts,
         monitor_interval=plan.monitor_interval, start_method=plan.start_method,
-        log_line_prefix_template="[rank${rank}]: ", local_addr=_local_addr(plan),
+        log_line_prefix_template="[rank${rank}]: ", local_addr=local_addr or _local_addr(plan),
     )
 
 
@@ -121,16 +124,62 @@ def run_elastic(plan: LaunchPlan, *, base_env: Mapping[str, str]) -> int:
     if plan.rdzv_backend == "static":
         extra.setdefault("MASTER_ADDR", plan.master_addr)
         extra.setdefault("MASTER_PORT", str(plan.master_port))
+    host = _loopback_host(plan)
+    if host is not None:  # one node: every store and gloo listen on loopback only (convoy.launch.loopback)
+        extra.update({k: v for k, v in loopback_env(base_env).items() if os.environ.get(k) != v})
+        extra["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # rank 0 serves the workers' store, on loopback
     entrypoint, args = _worker_command(plan)
     start = time.monotonic()
     try:
-        with _environment(extra):
-            elastic_launch(launch_config(plan), entrypoint)(*args)
+        with _environment(extra), _rendezvous_store(plan, host) as endpoint:
+            config = launch_config(plan, endpoint=endpoint, local_addr=host)
+            elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as err:
         raise _root_cause(err, plan, elapsed=time.monotonic() - start) from None
     except (RuntimeError, ValueError) as err:  # rendezvous errors, closed stores, ...
         raise LaunchError(f"the elastic agent failed before the workers ran: {err}") from None
     return 0
+
+
+def _local_error_files(rank: int, pf, nproc: int) -> dict[int, str]:
+    """Every local rank's error file path: torch's agent lays them out as ``.../<local rank>/error.json``."""
+    if not pf.error_file or pf.error_file == "<N/A>":
+        return {}
+    path = Path(pf.error_file)
+    if path.parent.name != str(pf.local_rank):
+        return {rank: str(path)}
+    first = rank - pf.local_rank
+    return {first + local: str(path.parent.parent / str(local) / path.name) for local in range(nproc)}
+
+
+def _loopback_host(plan: LaunchPlan) -> str | None:
+    """The loopback address of a single-node c10d rendezvous, else None (multi-node: left to torch)."""
+    if plan.max_nodes != 1 or plan.rdzv_backend != "c10d":
+        return None
+    host, _ = _split_endpoint(plan.rdzv_endpoint)
+    return ("127.0.0.1" if host == "localhost" else host) if is_loopback(host) else None
+
+
+def _split_endpoint(endpoint: str) -> tuple[str, int]:
+    """``HOST[:PORT]`` (IPv6 in brackets) -> (host, port); torch's c10d default port is 29400."""
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or (host.count(":") and not host.endswith("]")):  # no port, or a bare IPv6 address
+        return endpoint.strip("[]"), 29400
+    return host.strip("[]"), int(port) if port.isdigit() else 29400
+
+
+@contextmanager
+def _rendezvous_store(plan: LaunchPlan, host: str | None) -> Iterator[str | None]:
+    """The agent's rendezvous store, started on ``host`` before torch's c10d backend binds every interface."""
+    if host is None:
+        yield None
+        return
+    _, port = _split_endpoint(plan.rdzv_endpoint)
+    try:
+        with agent_store(host, port) as port:
+            yield f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+    except OSError as err:
+        raise LaunchError(f"cannot listen on {plan.rdzv_endpoint} for the rendezvous: {err.strerror}") from None
 
 
 def _root_cause(err, plan: LaunchPlan, *, elapsed: float) -> Exception:
@@ -143,6 +192,7 @@ def _root_cause(err, plan: LaunchPlan, *, elapsed: float) -> Exception:
         text = (message.get("extraInfo") or {}).get("py_callstack") or message.get("message")
     elif isinstance(message, str) and "To enable traceback" not in message and message:
         text = message
+    note = missing_note(_local_error_files(rank, pf, plan.nproc_per_node), failed_rank=rank)
     failure = RankFailure(rank=rank, local_rank=pf.local_rank, host=socket.gethostname(), returncode=pf.exitcode,
-                          traceback=text, traceback_shown=text is not None, elapsed=elapsed)
+                          traceback=text, traceback_shown=text is not None, elapsed=elapsed, note=note)
     return failure_error(failure, stopped=len(failures) - 1 if len(failures) > 1 else plan.nproc_per_node - 1)

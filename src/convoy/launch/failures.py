@@ -56,6 +56,8 @@ class RankFailure:
     """True when the traceback already went to the console inline (so the report does not repeat it)."""
     elapsed: float = 0.0
     """Seconds from the job's start to the failure."""
+    note: str | None = None
+    """What else is known, e.g. the ranks that never joined the collective it waited in."""
 
     @property
     def how(self) -> str:
@@ -66,6 +68,8 @@ def failure_error(failure: RankFailure, *, stopped: int) -> RankFailedError:
     """The ``RankFailedError`` that reports ``failure``: one header line, then the prefixed traceback."""
     header = (f"rank {failure.rank} (local rank {failure.local_rank}) on host {failure.host} failed with "
               f"{failure.how} after {failure.elapsed:.1f} s; stopped the other {stopped} rank(s)")
+    if failure.note:
+        header += f"; {failure.note}"
     if failure.traceback and not failure.traceback_shown:
         body = "".join(f"[rank{failure.rank}]: {line}\n" for line in failure.traceback.rstrip("\n").split("\n"))
         message = f"{header}\n{body.rstrip()}"

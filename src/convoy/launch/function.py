@@ -36,6 +36,8 @@ from typing import Any, Callable, Mapping, Sequence
 from convoy.errors import LaunchError, RankFailedError
 from convoy.launch.env import ConvoyEnv, rank_env
 from convoy.launch.failures import describe_exit
+from convoy.launch import progress
+from convoy.launch.loopback import is_loopback, loopback_env, prepare_worker
 from convoy.launch.plan import LaunchRequest
 from convoy.launch.ports import free_port
 
@@ -78,11 +80,16 @@ def launch(
     base_env = dict(os.environ if env is None else env)
     filters = DeviceFilters(lease=lease, lease_wait=wait)
     plan = plan_job(request, filters=filters, env=base_env)
-    with lease_plan(plan, filters=filters, env=base_env):  # released after every rank is stopped
-        return _run(target, tuple(args), dict(kwargs or {}), plan, method, base_env, replace_env=env is not None)
+    from convoy.launch.guard import job_guard
+
+    # released after every rank is stopped; the guard stops the ranks' children too, even if this process dies
+    with lease_plan(plan, filters=filters, env=base_env) as held, job_guard(held.fds if held else ()) as guard:
+        return _run(target, tuple(args), dict(kwargs or {}), plan, method, base_env, replace_env=env is not None,
+                    job_env=guard.env if guard is not None else {})
 
 
-def _run(fn, args: tuple, kwargs: dict, plan, method: str, base_env: dict, *, replace_env: bool) -> Any:
+def _run(fn, args: tuple, kwargs: dict, plan, method: str, base_env: dict, *, replace_env: bool,
+         job_env: dict[str, str]) -> Any:
     port = free_port(plan.master_addr)
     ctx = multiprocessing.get_context(method)
     run_id = f"convoy-fn-{os.getpid()}-{port}"
@@ -92,6 +99,9 @@ def _run(fn, args: tuple, kwargs: dict, plan, method: str, base_env: dict, *, re
             child_env = {**plan.env, **rank_env(
                 rank=local, local_rank=local, world_size=plan.nproc_per_node, local_world_size=plan.nproc_per_node,
                 master_addr=plan.master_addr, master_port=port, run_id=run_id)}
+            child_env.update(job_env)
+            if plan.max_nodes == 1 and is_loopback(plan.master_addr):  # the store on loopback only
+                child_env.update(loopback_env(base_env))
             if replace_env:
                 child_env = {**base_env, **child_env}
             receive, send = ctx.Pipe(duplex=False)
@@ -195,6 +205,8 @@ def _child(fn, args, kwargs, env: dict, send, replace_env: bool) -> None:
     if replace_env:
         os.environ.clear()
     os.environ.update(env)
+    prepare_worker(env)  # rank 0: serve the rendezvous store on loopback (convoy.launch.loopback)
+    progress.install(env)  # raw collectives get convoy's default timeout
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)  # a forked intra-op pool hangs (notes: fork safety)

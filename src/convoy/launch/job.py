@@ -5,7 +5,8 @@
     launch_job(LaunchRequest(program=("train.py",), devices="0,2"))           # what `convoy launch` calls
     launch_job(LaunchRequest(program=("train.py",)), dry_run=True)            # prints the plan only
 
-The devices are leased for the life of the job and released on exit, success or crash.
+The devices are leased for the life of the job and released on exit, success or crash; a guard process
+(``convoy.launch.guard``) stops every process of the job if the launcher dies, and only then lets the lease go.
 """
 
 from __future__ import annotations
@@ -77,7 +78,13 @@ def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters
     for note in plan.explanation:
         if note.startswith("no accelerator found"):
             echo(f"convoy: {note}")
-    with lease_plan(plan, filters=filters, env=base_env):
+    from convoy.launch.guard import job_guard
+
+    # The guard holds the lease's locks too: when this process dies, the devices stay leased until every
+    # process of the job is gone (convoy.launch.guard).
+    with lease_plan(plan, filters=filters, env=base_env) as lease, job_guard(lease.fds if lease else ()) as guard:
+        if guard is not None:
+            base_env = {**base_env, **guard.env}
         if plan.engine == "direct":
             from convoy.launch.workers import run_direct
 

@@ -4,7 +4,8 @@
     python -m convoy.launch.record -m my.module --lr 1e-3
 
 The elastic engine starts workers through this so that an unmodified script (no ``@record``) still leaves
-its traceback in ``TORCHELASTIC_ERROR_FILE``, where the agent reads the failing rank's root cause. Torch-free:
+its traceback in ``TORCHELASTIC_ERROR_FILE``, where the agent reads the failing rank's root cause; rank 0 of a
+single-node job also starts the rendezvous store on loopback here (``convoy.launch.loopback``). Torch-free:
 it writes the same JSON as ``torch.distributed.elastic.multiprocessing.errors.ErrorHandler``.
 """
 
@@ -33,6 +34,11 @@ def write_error_file(exc: BaseException, path: str) -> None:
 def main(argv: list[str]) -> None:
     if not argv:
         sys.exit("usage: python -m convoy.launch.record SCRIPT [ARGS] | -m MODULE [ARGS]")
+    from convoy.launch import progress
+    from convoy.launch.loopback import prepare_worker
+
+    prepare_worker()  # rank 0 of a single-node job: the store listens on loopback only
+    progress.install()  # raw collectives: convoy's default timeout, and counts that name a missing rank
     try:
         if argv[0] == "-m":
             sys.argv = argv[1:]

@@ -193,8 +193,9 @@ class _Worker:
         agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False") == "True"
         addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
         try:
+            # multi_tenant: rank 0 reuses the server convoy started on loopback (convoy.launch.loopback)
             store = dist.TCPStore(addr, port, self.world, is_master=self.rank == 0 and not agent_store,
-                                  timeout=timeout, wait_for_workers=False)
+                                  timeout=timeout, wait_for_workers=False, multi_tenant=True)
             prefixed = dist.PrefixStore(f"convoy-test/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
             prefixed.set(f"joined/{self.rank}", "1")
             keys = [f"joined/{r}" for r in range(self.world)]

@@ -9,7 +9,9 @@ the variables torch's ``LocalElasticAgent`` would (``convoy.launch.env.rank_env`
 creates the TCPStore on ``MASTER_PORT``), and does what the agent's monitor does: stream rank-prefixed
 output, stop every rank within seconds when one fails (SIGTERM, then SIGKILL after ``grace`` seconds),
 report the first failing rank once, and leave no process behind (each worker leads its own process group,
-killed as a group, and dies with this process via ``PR_SET_PDEATHSIG`` on Linux). Multi-node jobs and
+killed as a group, and dies with this process via ``PR_SET_PDEATHSIG`` on Linux). On a loopback address the
+rendezvous store listens on that address only: this process binds the socket and hands it to rank 0
+(``convoy.launch.loopback``). Multi-node jobs and
 ``--max-restarts`` use the elastic agent instead (``convoy.launch.elastic``).
 """
 
@@ -31,7 +33,9 @@ from typing import IO, Mapping
 from convoy.errors import LaunchError
 from convoy.launch.env import rank_env
 from convoy.launch.failures import RankFailure, TracebackHold, failure_error, read_error_file
+from convoy.launch.loopback import LISTEN_FD_VARIABLE, is_loopback, listen_socket, loopback_env
 from convoy.launch.plan import LaunchPlan
+from convoy.launch.progress import missing_note
 from convoy.launch.ports import free_port
 
 __all__ = ["run_direct", "parse_stream_map"]
@@ -166,7 +170,8 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
     """Run ``plan``'s workers on this node; 0 on success, else raise ``RankFailedError`` (first failure)."""
     if plan.engine != "direct" or plan.world_size is None:
         raise LaunchError("run_direct runs single-node plans without restarts; use convoy.launch.elastic")
-    port = plan.master_port or free_port(plan.master_addr)
+    listener = _store_socket(plan)
+    port = listener.getsockname()[1] if listener is not None else plan.master_port or free_port(plan.master_addr)
     scratch = Path(tempfile.mkdtemp(prefix="convoy-launch-"))
     redirects = parse_stream_map(plan.redirects, plan.nproc_per_node)
     shown = _shown_ranks(plan.local_ranks_filter, plan.nproc_per_node)
@@ -186,15 +191,21 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
                 rank=rank, local_rank=local, world_size=plan.world_size, local_world_size=plan.nproc_per_node,
                 master_addr=plan.master_addr, master_port=port, run_id=plan.run_id, group_rank=plan.node_rank,
                 group_world_size=plan.max_nodes, error_file=error_file, role=plan.role)}
+            if listener is not None:
+                env.update(loopback_env(base_env))
+            command, pass_fds = _worker_command(plan.command, rank, listener, env)
             log = _open_log(plan.log_dir, rank)
             if log is not None:
                 logs.append(log)
             try:
-                proc = subprocess.Popen(plan.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1,
-                                        start_new_session=True, preexec_fn=pre_exec)
+                                        start_new_session=True, preexec_fn=pre_exec, pass_fds=pass_fds)
             except OSError as err:
                 raise LaunchError(f"cannot start {plan.command[0]!r} for rank {rank}: {err.strerror}") from None
+            finally:
+                if listener is not None and rank == 0:
+                    listener.close()  # rank 0 has it now (or binds the port itself)
             mode = redirects.get(local, 0)
             visible = local in shown
             ranks.append(_Rank(local, rank, proc, show=(visible and not mode & 1, visible and not mode & 2),
@@ -208,6 +219,8 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
             raise KeyboardInterrupt
         return 0
     finally:
+        if listener is not None:
+            listener.close()
         stop.uninstall()
         for worker in ranks:
             if worker.proc.poll() is None:
@@ -219,6 +232,31 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
             log.close()
         wake.close()
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _store_socket(plan: LaunchPlan):
+    """The rendezvous store's listening socket on loopback, for a single-node job on a loopback address."""
+    if plan.max_nodes != 1 or not is_loopback(plan.master_addr):
+        return None
+    host = "127.0.0.1" if plan.master_addr == "localhost" else plan.master_addr
+    try:
+        return listen_socket(host, plan.master_port or 0)
+    except OSError as err:
+        raise LaunchError(f"cannot listen on {host}:{plan.master_port} for the rendezvous: {err.strerror}; "
+                          "pick another --master-port, or leave it out for a free one") from None
+
+
+def _worker_command(command: tuple[str, ...], rank: int, listener, env: dict[str, str]):
+    """A Python program starts through ``convoy.launch.record`` (error file, collective timeout and counts,
+    ``convoy.launch.progress``); rank 0 also gets the store's loopback socket (``convoy.launch.loopback``).
+    Other commands run as they are and rank 0 binds the port itself."""
+    if tuple(command[:2]) != (sys.executable, "-u"):
+        return command, ()
+    wrapped = (sys.executable, "-u", "-m", "convoy.launch.record", *command[2:])
+    if rank != 0 or listener is None:
+        return wrapped, ()
+    env[LISTEN_FD_VARIABLE] = str(listener.fileno())
+    return wrapped, (listener.fileno(),)
 
 
 def _monitor(ranks: list[_Rank], start: float, stop: "_StopSignal", grace: float,
@@ -238,9 +276,10 @@ def _monitor(ranks: list[_Rank], start: float, stop: "_StopSignal", grace: float
                 if first.eof_at is None:
                     first.threads[1].join(timeout=1)  # let its stderr drain so the traceback is complete
                 text, shown = first.traceback()
+                note = missing_note({w.rank: w.error_file for w in ranks}, failed_rank=first.rank)
                 failure = RankFailure(rank=first.rank, local_rank=first.local_rank, host=socket.gethostname(),
                                       returncode=first.proc.returncode, traceback=text, traceback_shown=shown,
-                                      elapsed=now - start)
+                                      elapsed=now - start, note=note)
         if (failure is not None or stop.signum is not None) and deadline is None:
             deadline = now + grace
             for worker in alive:

@@ -63,13 +63,13 @@ def load_checkpoint(strategy: "Strategy", models: Sequence[Any], optimizers: Seq
 
 def _load_model(strategy: "Strategy", i: int, model: Any, optimizers: dict[int, Any], checkpoint_id: str,
                 no_dist: bool) -> None:
-    import torch.distributed.checkpoint as dcp
+    from convoy.train.checkpoint import dcp_load
 
     state = {f"model_{i}": strategy.checkpoint_state(model, None)[0]}
     state.update({f"optimizer_{j}": strategy.checkpoint_state(model, opt)[1] for j, opt in optimizers.items()})
     with warnings.catch_warnings():  # DCP warns that one process without a group means one process
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=checkpoint_id, no_dist=no_dist)
+        dcp_load(state, checkpoint_id, no_dist=no_dist)  # no code unpickled; a damaged file is named
     strategy.load_checkpoint_state(model, None, state[f"model_{i}"], {})
     for j, optimizer in optimizers.items():
         strategy.load_checkpoint_state(model, optimizer, {}, state[f"optimizer_{j}"])
@@ -79,8 +79,10 @@ def rng_state() -> dict[str, Any]:
     import numpy as np
     import torch
 
-    out: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
-                           "torch": torch.get_rng_state()}
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    # numpy's state as plain ints, so that torch.load(weights_only=True) reads it without numpy globals
+    out: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state(),
+                           "numpy": (str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached))}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out["cuda"] = torch.cuda.get_rng_state_all()
     return out
@@ -91,7 +93,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     import torch
 
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -56,7 +56,6 @@ def save_model(acc: "Accelerator", model: "torch.nn.Module", save_directory: str
 
 def save_state(acc: "Accelerator", output_dir: str | os.PathLike[str] | None) -> str:
     """Write a complete checkpoint atomically; returns its directory (and advances ``save_iteration``)."""
-    import torch
     import torch.distributed.checkpoint as dcp
 
     automatic = output_dir is None or acc.project_configuration.automatic_checkpoint_naming
@@ -75,13 +74,15 @@ def save_state(acc: "Accelerator", output_dir: str | os.PathLike[str] | None) ->
     with warnings.catch_warnings():  # DCP warns that one process without a group means one process
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.save(state, checkpoint_id=os.path.join(staging, "distributed"), no_dist=not _group_running())
-    torch.save(saving.rng_state(), os.path.join(staging, f"random_states_{acc.process_index}.pkl"))
+    ckpt.save_file(saving.rng_state(), os.path.join(staging, f"random_states_{acc.process_index}.pkl"),
+                   "the random state")
     if acc.is_main_process:
         extra = {"schedulers": [s.state_dict() for s in acc._schedulers],
                  "scaler": acc.scaler.state_dict() if acc.scaler is not None else None,
                  "dataloaders": [d.state_dict() for d in acc._dataloaders],
                  "custom": [o.state_dict() for o in acc._custom], "step": acc.step}
-        torch.save(extra, os.path.join(staging, "state.pt"))
+        ckpt.save_file(extra, os.path.join(staging, "state.pt"),
+                       "a scheduler's, data loader's or registered object's state_dict()")
     acc.wait_for_everyone()
     if acc.is_main_process:
         ckpt.commit_checkpoint(staging, final, {"world_size": acc.num_processes, "strategy": strategy.name,
@@ -96,8 +97,6 @@ def save_state(acc: "Accelerator", output_dir: str | os.PathLike[str] | None) ->
 
 def load_state(acc: "Accelerator", input_dir: str | os.PathLike[str] | None) -> str:
     """Restore the newest complete checkpoint under ``project_dir`` (or ``input_dir``); returns it."""
-    import torch
-
     if input_dir is None:
         found = ckpt.latest_checkpoint(checkpoint_root(acc))
         if found is None:
@@ -106,11 +105,12 @@ def load_state(acc: "Accelerator", input_dir: str | os.PathLike[str] | None) -> 
         path = found
     else:
         path = Path(input_dir)
+        ckpt.recover_checkpoint(path)
     meta = ckpt.read_meta(path)
     acc._state_hooks.run_load([acc.strategy.unwrap(m) for m in acc._models], str(path))
     saving.load_checkpoint(acc.strategy, acc._models, _optimizer_pairs(acc), str(path / "distributed"),
                            no_dist=not _group_running())
-    extra = torch.load(path / "state.pt", weights_only=False)
+    extra = ckpt.load_file(path / "state.pt")
     for scheduler, sd in zip(acc._schedulers, extra["schedulers"]):
         scheduler.load_state_dict(sd)
     if acc.scaler is not None and extra["scaler"] is not None:
@@ -121,7 +121,7 @@ def load_state(acc: "Accelerator", input_dir: str | os.PathLike[str] | None) -> 
         obj.load_state_dict(sd)
     rng = path / f"random_states_{acc.process_index}.pkl"
     if rng.exists():  # a checkpoint from fewer processes has no RNG state for the extra ranks
-        saving.set_rng_state(torch.load(rng, weights_only=False))
+        saving.set_rng_state(ckpt.load_file(rng))
     if acc.project_dir is not None and path.parent == checkpoint_root(acc):
         acc.save_iteration = int(meta.get("iteration", 0)) + 1
     acc.wait_for_everyone()

@@ -1,0 +1,169 @@
+"""Single-node jobs listen on 127.0.0.1 only: the rendezvous store and gloo, never every interface.
+
+    sock = listen_socket("127.0.0.1", 0)                  # launcher: the store's socket, bound to loopback
+    env = {**loopback_env(), LISTEN_FD_VARIABLE: str(sock.fileno())}   # rank 0 gets the socket (pass_fds)
+    prepare_worker(os.environ)                            # in rank 0 (convoy.launch.record does it)
+
+torch's ``TCPStore`` server binds every interface (``::`` and ``0.0.0.0``) whatever ``host_name`` says; its one
+knob for the address is ``master_listen_fd``: a socket the caller has bound and passes in. The process group
+that ``init_process_group("env://")`` makes on rank 0, and the c10d rendezvous of torch's elastic agent,
+create their server with ``multi_tenant=True``, and torch then reuses a server already running in the same
+process on that port. So convoy starts that server first, on a loopback socket: in rank 0 right after it
+imports torch (``prepare_worker``), and in the launcher for the elastic agent's rendezvous (``agent_store``).
+Gloo's own listeners follow ``GLOO_SOCKET_IFNAME=lo`` (set unless the user set it).
+
+Multi-node jobs (a ``--master-addr``/``--rdzv-endpoint`` that is not a loopback address) are left as torch
+makes them. A script that starts its own ``TCPStore`` server on ``MASTER_PORT`` without ``multi_tenant=True``
+would find the port taken: give it ``--master-addr`` of a real interface, which turns this off.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping
+
+__all__ = ["LOOPBACK_VARIABLE", "LISTEN_FD_VARIABLE", "is_loopback", "listen_socket", "loopback_env",
+           "prepare_worker", "agent_store", "after_torch_import"]
+
+LOOPBACK_VARIABLE = "CONVOY_LOOPBACK_STORE"
+LISTEN_FD_VARIABLE = "CONVOY_STORE_LISTEN_FD"
+_SERVERS: list[Any] = []  # the stores started here; torch reuses their servers while they live
+
+
+def is_loopback(host: str | None) -> bool:
+    """True for ``127.x.y.z``, ``::1`` and ``localhost``."""
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    import ipaddress  # here: workers import this module, and only launchers need it
+
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def listen_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A listening TCP socket bound to ``host:port`` (0: a free port, never torchrun's 29500)."""
+    from convoy.launch.ports import DEFAULT_TORCHRUN_PORT
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(8):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        if port == 0 and sock.getsockname()[1] == DEFAULT_TORCHRUN_PORT:  # pragma: no cover - rare
+            sock.close()
+            continue
+        sock.listen(2048)
+        return sock
+    raise OSError("no free port")  # pragma: no cover
+
+
+def loopback_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What every rank of a single-node job gets: the switch for ``prepare_worker`` and gloo's interface."""
+    env = os.environ if env is None else env
+    out = {LOOPBACK_VARIABLE: "1"}
+    if not env.get("GLOO_SOCKET_IFNAME"):
+        out["GLOO_SOCKET_IFNAME"] = "lo"
+    return out
+
+
+def _start_store(env: Mapping[str, str]) -> None:
+    """Rank 0: start the store's server on the loopback socket, before anything else in torch does."""
+    import torch.distributed as dist
+
+    addr, port = env.get("MASTER_ADDR", "127.0.0.1"), int(env["MASTER_PORT"])
+    fd_text = env.get(LISTEN_FD_VARIABLE)
+    if fd_text:
+        fd = int(fd_text)
+    else:  # started by torch's agent, which does not pass sockets: bind the port it chose, on loopback
+        sock = listen_socket(addr if is_loopback(addr) and addr != "localhost" else "127.0.0.1", port)
+        fd = sock.detach()
+    os.set_inheritable(fd, False)  # the store owns it; this rank's children need no copy
+    _SERVERS.append(dist.TCPStore(addr, port, is_master=True, multi_tenant=True, master_listen_fd=fd,
+                                  wait_for_workers=False))
+
+
+def _wants_store(env: Mapping[str, str]) -> bool:
+    return (env.get(LOOPBACK_VARIABLE) == "1" and env.get("RANK") == "0" and bool(env.get("MASTER_PORT"))
+            and env.get("TORCHELASTIC_USE_AGENT_STORE", "False") != "True")
+
+
+class _AfterTorchImport:
+    """A ``sys.meta_path`` finder that runs the callbacks once ``import torch`` has finished, whoever imports
+    it (torch-free until then). It finds torch through the other finders and wraps that spec's loader."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Callable[[], None]] = []
+
+    def find_spec(self, name, path, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = next((found for finder in sys.meta_path if hasattr(finder, "find_spec")
+                     for found in [finder.find_spec(name, path, target)] if found is not None), None)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module, callbacks = spec.loader.exec_module, self.callbacks
+
+        def exec_then_call(module):
+            exec_module(module)
+            for callback in callbacks:
+                callback()
+
+        spec.loader.exec_module = exec_then_call  # this spec's loader instance only
+        return spec
+
+
+def after_torch_import(callback: Callable[[], None]) -> None:
+    """Call ``callback`` now if torch is imported, else right after the program's ``import torch`` finishes."""
+    if "torch" in sys.modules:
+        callback()
+        return
+    finder = next((f for f in sys.meta_path if isinstance(f, _AfterTorchImport)), None)
+    if finder is None:
+        finder = _AfterTorchImport()
+        sys.meta_path.insert(0, finder)
+    finder.callbacks.append(callback)
+
+
+def prepare_worker(env: Mapping[str, str] | None = None) -> None:
+    """In a worker: when it is rank 0 of a single-node job, serve the store on loopback once torch is imported.
+
+    Does nothing for other ranks and other jobs. Cheap: torch is not imported here.
+    """
+    env = dict(os.environ if env is None else env)
+    if not _wants_store(env):
+        fd_text = env.get(LISTEN_FD_VARIABLE)
+        if fd_text:  # not ours to serve (an agent store): do not keep the port bound
+            try:
+                os.close(int(fd_text))
+            except (OSError, ValueError):
+                pass
+        return
+    after_torch_import(lambda: _start_store(env))
+
+
+@contextmanager
+def agent_store(host: str, port: int = 0) -> Iterator[int]:
+    """The elastic agent's c10d rendezvous store on ``host`` (loopback), started here; yields its port.
+
+    torch's c10d backend then creates ``TCPStore(host, port, is_master=True, multi_tenant=True)``, which
+    reuses this server instead of binding every interface.
+    """
+    import torch.distributed as dist
+
+    sock = listen_socket(host, port)
+    port = sock.getsockname()[1]
+    store = dist.TCPStore(host, port, is_master=True, multi_tenant=True, master_listen_fd=sock.detach(),
+                          wait_for_workers=False)
+    _SERVERS.append(store)
+    try:
+        yield port
+    finally:
+        _SERVERS.remove(store)

@@ -1,0 +1,133 @@
+"""kill -9 of the launcher: no process of the job survives, and the lease outlives every one of them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from convoy.devices.inventory import load_inventory
+from convoy.devices.lease import lease_holders
+from convoy.launch.guard import job_processes, sweep
+
+SCRIPT = str(Path(__file__).parent / "scripts" / "spawn_child.py")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the guard reads /proc")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except OSError:
+        return False
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", [[], ["--max-restarts", "1"]], ids=["direct", "elastic"])
+def test_kill_9_of_the_launcher_stops_every_process_and_holds_the_lease_until_then(
+        engine, inventory_path, tmp_path):
+    inventory = inventory_path("8xh100_nvswitch")
+    devices = load_inventory(inventory).devices[:2]
+    lease_dir, out = tmp_path / "leases", tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "CONVOY_INVENTORY": str(inventory), "CONVOY_LEASE_DIR": str(lease_dir)}
+    launcher = subprocess.Popen([sys.executable, "-m", "convoy", "launch", "--devices", "0,1", *engine, SCRIPT,
+                                 str(out)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for(lambda: len(list(out.glob("*.pids"))) == 2 or launcher.poll() is not None, 60, "both ranks")
+        assert launcher.poll() is None, launcher.stderr.read().decode()
+        pids = [int(p) for f in out.glob("*.pids") for p in f.read_text().split()]
+        assert all(_alive(p) for p in pids) and len(lease_holders(devices, lock_dir=lease_dir)) == 2
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids):
+            held = len(lease_holders(devices, lock_dir=lease_dir)) == 2
+            assert held or not any(_alive(p) for p in pids), "the lease ended while a process of the job lived"
+            assert time.monotonic() < deadline, f"still alive 10 s after kill -9: {[p for p in pids if _alive(p)]}"
+            time.sleep(0.02)
+        _wait_for(lambda: not lease_holders(devices, lock_dir=lease_dir), 10, "the lease to be released")
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for line in out.glob("*.pids"):
+            for pid in line.read_text().split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def test_sweep_kills_the_processes_carrying_the_token_and_only_those():
+    token = "test-" + os.urandom(4).hex()
+    code = "import time; time.sleep(60)"
+    ours = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "CONVOY_JOB_ID": token})
+    other = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "CONVOY_JOB_ID": token + "x"})
+    nested = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "CONVOY_JOB_ID": f"{token}:inner"})
+    try:
+        assert sorted(job_processes(token)) == sorted([ours.pid, nested.pid])
+        assert sweep(token, timeout=5) == 2
+        assert ours.wait(timeout=5) == -signal.SIGKILL and nested.wait(timeout=5) == -signal.SIGKILL
+        assert other.poll() is None
+    finally:
+        for proc in (ours, other, nested):
+            proc.kill()
+            proc.wait()
+
+
+def _start_a_daemon():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    return child.pid
+
+
+def test_convoy_launch_fn_leaves_no_child_of_a_rank_behind():
+    import convoy
+
+    pid = convoy.launch(_start_a_daemon, nproc_per_node=1, start_method="fork")
+    assert not _alive(pid)  # it left the rank's process group, but carried the job's id
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["forked-guard", "spawned-guard"])
+def test_the_guard_stops_the_job_when_its_launcher_dies(threaded, tmp_path):
+    """A launcher process (threaded or not) with a guard and one job process; SIGKILL the launcher."""
+    code = textwrap.dedent(f"""
+        import os, subprocess, sys, threading, time
+        from convoy.launch.guard import JobGuard
+        if {threaded}:
+            threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+        guard = JobGuard()
+        assert (guard._proc is not None) == {threaded}
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                                 env={{**os.environ, **guard.env}}, start_new_session=True)
+        print(child.pid, flush=True)
+        time.sleep(300)
+    """)
+    launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid = int(launcher.stdout.readline())
+    try:
+        assert _alive(pid)
+        launcher.kill()
+        launcher.wait()
+        _wait_for(lambda: not _alive(pid), 10, "the job process to be stopped")
+    finally:
+        launcher.kill()
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

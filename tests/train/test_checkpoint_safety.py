@@ -1,0 +1,165 @@
+"""Loading a checkpoint runs no code from it, names a damaged file, and survives a save killed mid-commit."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from convoy import Accelerator
+from convoy.errors import CheckpointError
+from convoy.train import checkpoint as ckpt
+
+
+class _Payload:
+    """A pickle that creates a file when it is unpickled (as a planted checkpoint would run anything)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _setup(acc):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(8, 3), torch.randn(8, 1)), batch_size=2)
+    return acc.prepare(model, opt, loader)
+
+
+@pytest.fixture
+def saved(tmp_path):
+    acc = Accelerator()
+    model, opt, loader = _setup(acc)
+    path = tmp_path / "mine"
+    acc.save_state(path)
+    return acc, model, path
+
+
+def _one_line(err) -> str:
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("name", ["state.pt", "random_states_0.pkl"])
+def test_a_planted_pickle_is_refused_and_never_runs(saved, tmp_path, name):
+    acc, _, path = saved
+    marker = tmp_path / "payload-ran"
+    torch.save({"schedulers": [], "payload": _Payload(marker)}, path / name)
+    with pytest.raises(CheckpointError) as info:
+        acc.load_state(path)
+    message = _one_line(info)
+    assert str(path / name) in message and "not loaded" in message
+    assert not marker.exists()
+
+
+def test_planted_dcp_metadata_is_refused_and_never_runs(saved, tmp_path):
+    import pickle
+
+    acc, _, path = saved
+    marker = tmp_path / "payload-ran"
+    (path / "distributed" / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    with pytest.raises(CheckpointError) as info:
+        acc.load_state(path)
+    assert ".metadata" in _one_line(info) and not marker.exists()
+
+
+@pytest.mark.parametrize("name", ["state.pt", "random_states_0.pkl", "distributed/__0_0.distcp",
+                                  "distributed/.metadata"])
+def test_a_truncated_file_is_named_as_damaged(saved, name):
+    acc, _, path = saved
+    target = path / name
+    data = target.read_bytes()
+    target.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError) as info:
+        acc.load_state(path)
+    message = _one_line(info)
+    assert str(target) in message and "damaged" in message
+
+
+def test_rng_state_round_trips_through_weights_only_files(saved):
+    acc, _, path = saved
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    acc.save_state(path)
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(2), np.random.seed(2), torch.manual_seed(2)
+    acc.load_state(path)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+    torch.load(path / "random_states_0.pkl", weights_only=True)  # no numpy globals needed
+    torch.load(path / "state.pt", weights_only=True)
+
+
+def test_save_refuses_state_that_would_not_load_safely(tmp_path):
+    acc = Accelerator()
+    _setup(acc)
+
+    class Odd:
+        def state_dict(self):
+            return {"when": _Payload(tmp_path / "x")}
+
+        def load_state_dict(self, state):
+            pass
+
+    acc.register_for_checkpointing(Odd())
+    with pytest.raises(CheckpointError, match="registered object's state_dict.*cannot load safely"):
+        acc.save_state(tmp_path / "ck")
+
+
+class _Killed(BaseException):
+    pass
+
+
+@pytest.mark.parametrize("crash_at", [1, 2, 3])  # os.replace calls of a commit over an existing directory
+def test_save_killed_mid_commit_is_recovered_by_load_and_next_save(saved, monkeypatch, crash_at):
+    """Renames: 1 marker into staging, 2 old checkpoint aside, 3 new one into place."""
+    acc, model, path = saved
+    with torch.no_grad():
+        model.weight.fill_(7.0)
+    real_replace, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == crash_at:
+            raise _Killed
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(ckpt.os, "replace", replace)
+    with pytest.raises(_Killed):
+        acc.save_state(path)
+    monkeypatch.setattr(ckpt.os, "replace", real_replace)
+    new_is_complete = crash_at > 1
+    if crash_at == 3:
+        assert not path.exists()  # the state the issue describes: data only under staging names
+    with torch.no_grad():
+        model.weight.fill_(0.0)
+    assert acc.load_state(path) == str(path)
+    assert bool((model.weight == 7.0).all()) == (crash_at == 3 and new_is_complete)
+    with torch.no_grad():
+        model.weight.fill_(3.0)
+    acc.save_state(path)  # the next save also works from what the crash left
+    with torch.no_grad():
+        model.weight.fill_(0.0)
+    acc.load_state(path)
+    assert bool((model.weight == 3.0).all())
+
+
+def test_recovery_prefers_the_newest_complete_copy_and_ignores_other_names(tmp_path):
+    for n in range(2):
+        staging = ckpt.begin_checkpoint(tmp_path / "old-x")  # a checkpoint named "old-x" ...
+        (staging / "data").write_text(str(n))
+        ckpt.commit_checkpoint(staging, tmp_path / "old-x", {})
+    staging = ckpt.begin_checkpoint(tmp_path / "x")
+    ckpt.commit_checkpoint(staging, tmp_path / "x", {})
+    os.replace(tmp_path / "old-x", tmp_path / ".staging-old-x-0000abcd")  # ... looks like x's old copy
+    os.replace(tmp_path / "x", tmp_path / ".staging-x-0000abcd")
+    assert ckpt.recover_checkpoint(tmp_path / "x")
+    assert ckpt.is_complete(tmp_path / "x") and not (tmp_path / "x" / "data").exists()
+    assert ckpt.recover_checkpoint(tmp_path / "old-x")
+    assert (tmp_path / "old-x" / "data").read_text() == "1"
