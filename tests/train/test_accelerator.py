@@ -16,13 +16,13 @@ from convoy.train.strategies import Strategy, available_strategies, register_str
 
 PUBLIC = [
     "accumulate", "autocast", "backward", "broadcast", "clip_grad_norm_", "clip_grad_value_", "device",
-    "distributed_type", "end_training", "gather", "gather_for_metrics", "get_state_dict",
+    "distributed_type", "end_training", "even_batches", "gather", "gather_for_metrics", "get_state_dict",
     "gradient_accumulation_steps", "init_trackers", "is_last_process", "is_local_main_process", "is_main_process",
     "load_state", "local_main_process_first", "local_process_index", "log", "main_process_first",
     "mixed_precision", "no_sync", "num_processes", "on_local_main_process", "on_main_process", "on_process",
     "optimizer_step_was_skipped", "pad_across_processes", "prepare", "prepare_data_loader", "prepare_model",
     "prepare_optimizer", "prepare_scheduler", "print", "process_index", "project_dir", "reduce",
-    "register_for_checkpointing", "save_model", "save_state", "skip_first_batches", "split_between_processes",
+    "register_for_checkpointing", "save_model", "save_state", "skip_first_batches", "split_batches", "split_between_processes",
     "strategy", "sync_gradients", "unscale_gradients", "unwrap_model", "use_distributed", "wait_for_everyone",
 ]
 

@@ -18,6 +18,7 @@ Run it with ``convoy launch train.py`` (or torchrun): the process group is start
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -25,7 +26,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from convoy.errors import ConfigError, NotSupportedYetError
 from convoy.train import collectives, state
-from convoy.train.data import LoopState, PreparedDataLoader, SkipFirstBatches
+from convoy.train import data
+from convoy.train.data import DataLoaderConfiguration, LoopState, PreparedDataLoader, SkipFirstBatches
 from convoy.train.environment import resolve_settings, start_process_group, stop_process_group
 from convoy.train.strategies.base import Strategy, SupportsNoSync, strategy_class
 from convoy.train.strategy_setup import build_strategy
@@ -51,16 +53,6 @@ class ProjectConfiguration:
     """Number of the next automatic checkpoint."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class DataLoaderConfiguration:
-    """How prepared dataloaders shard (Accelerate 1.x moved these here from the constructor)."""
-
-    split_batches: bool = False
-    """The loader's batch size is global and split between processes (else: per process)."""
-    even_batches: bool = True
-    """Pad the last round so every process gets the same number of full batches."""
-
-
 class Accelerator:
     """The training loop's handle on devices, processes and checkpoints. See the module docstring."""
 
@@ -83,8 +75,9 @@ class Accelerator:
             "gradient_accumulation_steps": gradient_accumulation_steps, "parallelism": parallelism}, cpu=cpu)
         strategy_class(self.settings.strategy) if self.settings.strategy != "auto" else None  # fail early
         config = dataloader_config or DataLoaderConfiguration()
-        self.split_batches = bool(config.split_batches if split_batches is None else split_batches)
-        self.even_batches = bool(config.even_batches if even_batches is None else even_batches)
+        self.dataloader_config = dataclasses.replace(  # the constructor's old arguments win, as in Accelerate
+            config, split_batches=bool(config.split_batches if split_batches is None else split_batches),
+            even_batches=bool(config.even_batches if even_batches is None else even_batches))
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         project = project_config or ProjectConfiguration()
@@ -158,6 +151,18 @@ class Accelerator:
         if self.settings.world_size == 1:
             return "NO"
         return "MULTI_GPU" if self.settings.device_type == "cuda" else "MULTI_" + self.settings.device_type.upper()
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
 
     @property
     def mixed_precision(self) -> str:
@@ -261,22 +266,16 @@ class Accelerator:
         return prepared
 
     def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None) -> PreparedDataLoader:
-        import torch
-
         if isinstance(data_loader, PreparedDataLoader):
             return data_loader
         strategy = self._ensure_strategy(None) if self._strategy is not None or self.settings.strategy != "auto" \
             else None
-        shards = strategy.data_parallel_size if strategy else self.settings.world_size
-        shard = strategy.data_parallel_rank if strategy else self.settings.rank
-        source = data_loader.generator
-        draw = torch.randint(0, 2**31 - 1, (1,), generator=source) if source is not None \
-            else torch.randint(0, 2**31 - 1, (1,))
-        seed = int(collectives.broadcast_object(int(draw.item())))  # every rank shuffles with rank 0's seed
         place = self.device_placement if device_placement is None else device_placement
-        prepared = PreparedDataLoader(data_loader, num_shards=shards, shard=shard, split_batches=self.split_batches,
-                                      even_batches=self.even_batches, seed=seed,
-                                      device=self.device if place else None, state=self._loop)
+        prepared = data.prepare_data_loader(
+            data_loader, config=self.dataloader_config, device=self.device if place else None, state=self._loop,
+            num_shards=strategy.data_parallel_size if strategy else self.settings.world_size,
+            shard=strategy.data_parallel_rank if strategy else self.settings.rank,
+            broadcast=collectives.broadcast_object)
         self._dataloaders.append(prepared)
         return prepared
 
@@ -467,8 +466,7 @@ class Accelerator:
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """A loader whose next iteration starts ``num_batches`` batches in (resuming mid-epoch)."""
         if isinstance(dataloader, PreparedDataLoader):
-            dataloader.skip(num_batches)
-            return dataloader
+            return dataloader.skipping(num_batches)
         return SkipFirstBatches(dataloader, num_batches)
 
     def end_training(self) -> None:
