@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from convoy.errors import ConfigError, NotSupportedYetError
-from convoy.train import collectives, state
+from convoy.train import collectives, state, tracking
 from convoy.train import data
 from convoy.train.data import DataLoaderConfiguration, LoopState, PreparedDataLoader, SkipFirstBatches
 from convoy.train.environment import resolve_settings, start_process_group, stop_process_group
@@ -51,6 +51,8 @@ class ProjectConfiguration:
     """Keep only this many newest automatic checkpoints."""
     iteration: int = 0
     """Number of the next automatic checkpoint."""
+    logging_dir: str | None = None
+    """Where trackers write (``log_with=``); defaults to ``project_dir``."""
 
 
 class Accelerator:
@@ -67,9 +69,6 @@ class Accelerator:
         if unsupported:
             raise NotSupportedYetError(f"Accelerator({', '.join(sorted(unsupported))}=...) is not supported by "
                                        "convoy yet; remove the argument(s)")
-        if log_with is not None:
-            raise NotSupportedYetError("Accelerator(log_with=...) experiment trackers are not supported yet; "
-                                       "log from `if accelerator.is_main_process:`")
         self.settings = resolve_settings(explicit={
             "mixed_precision": mixed_precision, "strategy": strategy, "collective_timeout": collective_timeout,
             "gradient_accumulation_steps": gradient_accumulation_steps, "parallelism": parallelism}, cpu=cpu)
@@ -82,10 +81,12 @@ class Accelerator:
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         project = project_config or ProjectConfiguration()
         if project_dir is not None:
-            project = ProjectConfiguration(project_dir=str(project_dir), total_limit=project.total_limit,
-                                           automatic_checkpoint_naming=project.automatic_checkpoint_naming,
-                                           iteration=project.iteration)
+            project = dataclasses.replace(project, project_dir=str(project_dir))
+        if project.logging_dir is None and project.project_dir is not None:
+            project = dataclasses.replace(project, logging_dir=project.project_dir)
         self.project_configuration = project
+        self._trackers = tracking.TrackerHub(tracking.resolve_log_with(log_with, project.logging_dir),
+                                             project.logging_dir)
         self.save_iteration = project.iteration
         self._strategy_options = dict(strategy_options or {})
         self._planner = planner
@@ -471,16 +472,35 @@ class Accelerator:
 
     def end_training(self) -> None:
         """Tear down the strategy and the process group this Accelerator started."""
+        self._trackers.finish()
         self.wait_for_everyone()
         if self._strategy is not None:
             self._strategy.teardown()
         stop_process_group()
 
-    def init_trackers(self, *args: Any, **kwargs: Any) -> None:
-        raise NotSupportedYetError("experiment trackers (init_trackers/log) are not supported yet; "
-                                   "log from `if accelerator.is_main_process:`")
+    # --- trackers (convoy.train.tracking) ----------------------------------------------------------------
+    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
+                      init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
+        """Open a run named ``project_name`` in every ``log_with`` tracker (main process), with ``config``."""
+        self._trackers.init(project_name, config, init_kwargs or {}, self.is_main_process)
 
-    log = init_trackers
+    def log(self, values: dict[str, Any], step: int | None = None,
+            log_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
+        """Record ``values`` in every tracker (main process); without ``step``, the one after the last."""
+        if self.is_main_process:
+            self._trackers.log(values, step, log_kwargs or {})
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker called ``name`` (``unwrap=True``: the library's own object, e.g. the SummaryWriter)."""
+        return self._trackers.get(name, unwrap)
+
+    @property
+    def trackers(self) -> list[Any]:
+        return self._trackers.trackers
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
 
     # --- saving ----------------------------------------------------------------------------------------
     def register_for_checkpointing(self, *objects: Any) -> None:

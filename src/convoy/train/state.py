@@ -79,7 +79,8 @@ def save_state(acc: "Accelerator", output_dir: str | os.PathLike[str] | None) ->
         extra = {"schedulers": [s.state_dict() for s in acc._schedulers],
                  "scaler": acc.scaler.state_dict() if acc.scaler is not None else None,
                  "dataloaders": [d.state_dict() for d in acc._dataloaders],
-                 "custom": [o.state_dict() for o in acc._custom], "step": acc.step}
+                 "custom": [o.state_dict() for o in acc._custom], "step": acc.step,
+                 "trackers": acc._trackers.state_dict()}
         torch.save(extra, os.path.join(staging, "state.pt"))
     acc.wait_for_everyone()
     if acc.is_main_process:
@@ -117,6 +118,8 @@ def load_state(acc: "Accelerator", input_dir: str | os.PathLike[str] | None) -> 
         loader.load_state_dict(sd)
     for obj, sd in zip(acc._custom, extra["custom"]):
         obj.load_state_dict(sd)
+    if "trackers" in extra:  # the next log() step
+        acc._trackers.load_state_dict(extra["trackers"])
     rng = path / f"random_states_{acc.process_index}.pkl"
     if rng.exists():  # a checkpoint from fewer processes has no RNG state for the extra ranks
         saving.set_rng_state(torch.load(rng, weights_only=False))
