@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from convoy.errors import CheckpointError
 from convoy.train import checkpoint as ckpt
-from convoy.train import collectives, saving
+from convoy.train import accelerate_checkpoint, collectives, saving
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -100,12 +100,15 @@ def load_state(acc: "Accelerator", input_dir: str | os.PathLike[str] | None) -> 
 
     if input_dir is None:
         found = ckpt.latest_checkpoint(checkpoint_root(acc))
+        found = found or accelerate_checkpoint.latest_accelerate_checkpoint(checkpoint_root(acc))
         if found is None:
             raise CheckpointError(f"no complete checkpoint under {checkpoint_root(acc)}; "
                                   "save_state() first, or pass input_dir")
         path = found
     else:
         path = Path(input_dir)
+    if accelerate_checkpoint.is_accelerate_checkpoint(path):  # written by Accelerate's save_state
+        return accelerate_checkpoint.load_accelerate_state(acc, path)
     meta = ckpt.read_meta(path)
     saving.load_checkpoint(acc.strategy, acc._models, _optimizer_pairs(acc), str(path / "distributed"),
                            no_dist=not _group_running())
