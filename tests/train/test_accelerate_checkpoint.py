@@ -35,38 +35,41 @@ def _convoy(args: list[str], nproc: int) -> None:
     assert result.returncode == 0, result.output[-4000:]
 
 
-def _accelerate_runs(tmp_path: Path, nproc: int, pickled: bool = False) -> tuple[Path, dict]:
+def _accelerate_run(tmp_path: Path, nproc: int) -> tuple[Path, dict]:
+    """Accelerate trains K + M steps, saving its state after K (safetensors, and pytorch_model.bin in _bin)."""
     pytest.importorskip("accelerate")
     ckpt = tmp_path / "accelerate_checkpoint"
-    extra = ["--pickled"] if pickled else []
-    _run(["--lib", "accelerate", "--steps", str(K), "--save", str(ckpt), "--out", str(tmp_path / "a.json"), *extra],
-         nproc)
-    _run(["--lib", "accelerate", "--steps", str(K + M), "--out", str(tmp_path / "ref.json")], nproc)
+    _run(["--lib", "accelerate", "--steps", str(K + M), "--save-at", str(K), "--save", str(ckpt),
+          "--out", str(tmp_path / "ref.json")], nproc)
     return ckpt, json.loads((tmp_path / "ref.json").read_text())
 
 
 def _resumed(tmp_path: Path, ckpt: Path, nproc: int, strategy: str | None = None) -> dict:
-    out = tmp_path / f"convoy-{strategy}.json"
+    out = tmp_path / f"convoy-{ckpt.name}-{strategy}.json"
     args = ["--lib", "convoy", "--load", str(ckpt), "--resume-step", str(K), "--steps", str(M), "--out", str(out)]
+    args += ["--strategy", strategy] if strategy else []
     if nproc == 1:
-        _run(args + (["--strategy", strategy] if strategy else []))
+        _run(args)
     else:
-        _convoy(args + (["--strategy", strategy] if strategy else []), nproc)
+        _convoy(args, nproc)
     return json.loads(out.read_text())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pickled", [False, True], ids=["safetensors", "pytorch_model.bin"])
-def test_one_process_run_continues_with_identical_parameters(tmp_path, pickled):
-    ckpt, reference = _accelerate_runs(tmp_path, 1, pickled)
-    assert (ckpt / ("pytorch_model.bin" if pickled else "model.safetensors")).exists()
-    assert (ckpt / ("model_1.safetensors" if not pickled else "pytorch_model_1.bin")).exists()
+def test_one_process_run_continues_with_identical_parameters(tmp_path):
+    ckpt, reference = _accelerate_run(tmp_path, 1)
+    assert {p.name for p in ckpt.iterdir()} >= {"model.safetensors", "model_1.safetensors", "optimizer.bin",
+                                                  "optimizer_1.bin", "scheduler.bin", "random_states_0.pkl",
+                                                  "custom_checkpoint_0.pkl"}
     assert _resumed(tmp_path, ckpt, 1) == reference  # parameters, scheduler lr, and the RNG's next draws
+    pickled = ckpt.with_name(ckpt.name + "_bin")
+    assert (pickled / "pytorch_model.bin").exists() and (pickled / "pytorch_model_1.bin").exists()
+    assert _resumed(tmp_path, pickled, 1) == reference
 
 
 @pytest.mark.slow
 def test_two_process_run_continues_with_identical_parameters_also_sharded(tmp_path):
-    ckpt, reference = _accelerate_runs(tmp_path, 2)
+    ckpt, reference = _accelerate_run(tmp_path, 2)
     assert (ckpt / "random_states_1.pkl").exists()
     assert _resumed(tmp_path, ckpt, 2) == reference
     assert _resumed(tmp_path, ckpt, 2, "zero3") == reference  # one checkpoint of full tensors, sharded on load

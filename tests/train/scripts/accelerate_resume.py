@@ -1,8 +1,10 @@
 """A run started with Hugging Face Accelerate, continued under convoy from Accelerate's save_state.
 
-    python accelerate_resume.py --lib accelerate --steps 3 --save DIR --out a.json   # Accelerate, then save
+    python accelerate_resume.py --lib accelerate --steps 5 --save-at 3 --save DIR --out ref.json
     python accelerate_resume.py --lib convoy --load DIR --resume-step 3 --steps 2 --out c.json
-    python accelerate_resume.py --lib accelerate --steps 5 --out ref.json            # uninterrupted
+
+The Accelerate run saves its state after step 3 (to DIR with safetensors, to DIR_bin with pytorch_model.bin;
+saving leaves the run unchanged) and goes on uninterrupted to step 5: the reference.
 
 The training loop is the same for both libraries (only the import differs): two models with their own AdamW
 optimizers, a LambdaLR scheduler, dropout (so the RNG state matters), a registered object. Rank 0 writes the
@@ -35,10 +37,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--resume-step", type=int, default=0)
     parser.add_argument("--save")
+    parser.add_argument("--save-at", type=int)
     parser.add_argument("--load")
     parser.add_argument("--out", required=True)
     parser.add_argument("--strategy", help="convoy's strategy (default: auto)")
-    parser.add_argument("--pickled", action="store_true", help="pytorch_model.bin instead of safetensors")
     args = parser.parse_args()
     if args.lib == "accelerate":
         from accelerate import Accelerator
@@ -67,6 +69,9 @@ def main() -> None:
         assert counter.seen == args.resume_step, counter.seen
     batches = acc.skip_first_batches(loader, args.resume_step) if args.resume_step else loader
     for step, (x, y) in enumerate(batches):
+        if step == args.save_at:
+            acc.save_state(args.save)
+            acc.save_state(args.save + "_bin", safe_serialization=False)
         if step == args.steps:
             break
         loss = torch.nn.functional.mse_loss(head(body(x)), y)
@@ -77,8 +82,6 @@ def main() -> None:
         opt_body.zero_grad()
         opt_head.zero_grad()
         counter.seen += 1
-    if args.save:
-        acc.save_state(args.save, safe_serialization=not args.pickled)
     params = [t.tolist() for m in (body, head) for t in acc.get_state_dict(m).values()]  # collective
     state = {"params": params, "lr": sched.get_last_lr(), "rand": torch.rand(3).tolist()}
     if acc.is_main_process:
