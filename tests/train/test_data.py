@@ -99,12 +99,19 @@ def test_seedable_sampler_follows_set_epoch():
     import torch
     from torch.utils.data import DataLoader, RandomSampler
 
-    shards = _shards(lambda: DataLoader(torch.arange(12), batch_size=3, shuffle=True), seedable_seed=11)
+    from convoy.train.data import SeedableRandomSampler, prepare_data_loader
+
+    shards = [prepare_data_loader(DataLoader(torch.arange(12), batch_size=3, shuffle=True), num_processes=2,
+                                  process_index=r, use_seedable_sampler=True, data_seed=11) for r in range(2)]
+    assert isinstance(shards[0].batch_sampler.batch_sampler.sampler, SeedableRandomSampler)  # as in Accelerate
     for s in shards:
         s.set_epoch(5)
     expected = list(RandomSampler(range(12), generator=torch.Generator().manual_seed(16)))
     assert _interleave(shards) == expected
     assert _interleave(shards) != expected  # the next iteration is epoch 6
+    for s in shards:
+        s.set_epoch(5)
+    assert _interleave(shards) == expected
 
 
 def test_iterable_dataset_is_sharded_and_padded_like_accelerate():

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from convoy.errors import ConfigError, NotSupportedYetError
 from convoy.train import collectives, state, tracking
 from convoy.train import data
-from convoy.train.data import DataLoaderConfiguration, LoopState, PreparedDataLoader, SkipFirstBatches
+from convoy.train.data import DataLoaderConfiguration, LoopState, PreparedDataLoader
 from convoy.train.environment import resolve_settings, start_process_group, stop_process_group
 from convoy.train.strategies.base import Strategy, SupportsNoSync, strategy_class
 from convoy.train.strategy_setup import build_strategy
@@ -272,7 +272,7 @@ class Accelerator:
         strategy = self._ensure_strategy(None) if self._strategy is not None or self.settings.strategy != "auto" \
             else None
         place = self.device_placement if device_placement is None else device_placement
-        prepared = data.prepare_data_loader(
+        prepared = data.shard_data_loader(
             data_loader, config=self.dataloader_config, device=self.device if place else None, state=self._loop,
             num_shards=strategy.data_parallel_size if strategy else self.settings.world_size,
             shard=strategy.data_parallel_rank if strategy else self.settings.rank,
@@ -466,9 +466,7 @@ class Accelerator:
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """A loader whose next iteration starts ``num_batches`` batches in (resuming mid-epoch)."""
-        if isinstance(dataloader, PreparedDataLoader):
-            return dataloader.skipping(num_batches)
-        return SkipFirstBatches(dataloader, num_batches)
+        return data.skip_first_batches(dataloader, num_batches)
 
     def end_training(self) -> None:
         """Tear down the strategy and the process group this Accelerator started."""

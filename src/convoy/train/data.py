@@ -32,8 +32,9 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from convoy.errors import ConfigError, NotSupportedYetError
 
-__all__ = ["DataLoaderConfiguration", "LoopState", "shard_batches", "shard_iterable", "PreparedDataLoader",
-           "SkipFirstBatches", "send_to_device", "prepare_data_loader"]
+__all__ = ["DataLoaderConfiguration", "LoopState", "SeedableRandomSampler", "IterableDatasetShard", "shard_batches",
+           "shard_iterable", "PreparedDataLoader", "SkipFirstBatches", "send_to_device", "shard_data_loader",
+           "prepare_data_loader", "skip_first_batches"]
 
 
 @dataclass(kw_only=True)
@@ -80,6 +81,27 @@ class LoopState:
     """True while the last batch of the active dataloader is being processed."""
     remainder: int | None = None
     """Real (not padding) samples in the current step's global batch when it is the last, padded one."""
+
+
+class SeedableRandomSampler(RandomSampler):
+    """A ``RandomSampler`` whose epoch ``e`` is the permutation of seed ``data_seed + e`` (Accelerate's class:
+    ``use_seedable_sampler=True`` puts one in place of a loader's ``RandomSampler``). ``data_seed`` defaults
+    to ``torch.initial_seed()``; each full iteration advances the epoch, ``set_epoch`` sets it."""
+
+    def __init__(self, *args: Any, data_seed: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.initial_seed = data_seed if data_seed is not None else torch.random.initial_seed()
+        self.epoch = 0
+
+    def __iter__(self) -> Iterator[int]:
+        if self.generator is None:
+            self.generator = torch.Generator()
+        self.generator.manual_seed(self.initial_seed + self.epoch)
+        yield from super().__iter__()
+        self.set_epoch(self.epoch + 1)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
 
 
 def shard_batches(batches: Sequence[list[int]], *, batch_size: int, num_shards: int, shard: int,
@@ -183,7 +205,6 @@ class _Cursor:
     plan: list[tuple[list[int], int | None]] = field(default_factory=list)
     epoch_rng: Any = None  # the sampler generator's state this epoch started from (replayed after load_state)
     replay_rng: Any = None
-    padded_real: int | None = None  # iterable datasets: real size of the padded last global batch
 
 
 class _RankBatchSampler:
@@ -236,26 +257,39 @@ class _RankBatchSampler:
 
 
 class IterableDatasetShard(IterableDataset):
-    """The dataset of the inner DataLoader over an ``IterableDataset``: this rank's elements of the stream."""
+    """This process's elements of an ``IterableDataset`` (Accelerate's class and arguments; see
+    ``shard_iterable``). Every process reads the whole stream."""
 
-    def __init__(self, dataset: Any, owner: "PreparedDataLoader", batch_size: int, drop_last: bool) -> None:
+    def __init__(self, dataset: Any, batch_size: int = 1, drop_last: bool = False, num_processes: int = 1,
+                 process_index: int = 0, split_batches: bool = False, even_batches: bool = True) -> None:
+        if split_batches and batch_size > 1 and batch_size % num_processes:
+            raise ConfigError(f"split_batches=True needs the batch size ({batch_size}) to be divisible by the "
+                              f"{num_processes} processes; use a batch size that is a multiple of {num_processes}")
         self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
-        self.num_shards, self.shard = owner.num_shards, owner.shard
-        self.split_batches, self.even_batches = owner.split_batches, owner.even_batches
-        self._cursor = owner._cursor
+        self.num_processes, self.process_index = num_processes, process_index
+        self.split_batches, self.even_batches = split_batches, even_batches
+        self.epoch = 0
+        self.padded_real: int | None = None
+        """Real size of the last global batch when it was completed from the first one (else None)."""
 
     def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
 
+    def __len__(self) -> int:
+        size = self.batch_size if self.split_batches else self.batch_size * self.num_processes
+        rounds = len(self.dataset) // size if self.drop_last else -(-len(self.dataset) // size)
+        return rounds * (self.batch_size // self.num_processes if self.split_batches else self.batch_size)
+
     def _padded(self, real: int) -> None:
-        self._cursor.padded_real = real
+        self.padded_real = real
 
     def __iter__(self) -> Iterator[Any]:
-        self._cursor.padded_real = None
-        return shard_iterable(self.dataset, batch_size=self.batch_size, num_shards=self.num_shards,
-                              shard=self.shard, split_batches=self.split_batches, even_batches=self.even_batches,
-                              drop_last=self.drop_last, on_padding=self._padded)
+        self.padded_real = None
+        return shard_iterable(self.dataset, batch_size=self.batch_size, num_shards=self.num_processes,
+                              shard=self.process_index, split_batches=self.split_batches,
+                              even_batches=self.even_batches, drop_last=self.drop_last, on_padding=self._padded)
 
 
 def _find_random_sampler(sampler: Any) -> Any:
@@ -284,15 +318,15 @@ class PreparedDataLoader(DataLoader):
 
     def __init__(self, loader: DataLoader, *, num_shards: int, shard: int, split_batches: bool = False,
                  even_batches: bool = True, device: torch.device | None = None, state: LoopState | None = None,
-                 non_blocking: bool = False, seedable_seed: int | None = None,
-                 broadcast: Callable[[Any], Any] = lambda value: value, _cursor: _Cursor | None = None,
+                 non_blocking: bool = False, broadcast: Callable[[Any], Any] = lambda value: value,
+                 source: Any = None, _cursor: _Cursor | None = None,
                  _skip_batches: int = 0) -> None:
         self.base = loader
         self.num_shards, self.shard = num_shards, shard
         self.split_batches, self.even_batches = split_batches, even_batches
         self.device, self.non_blocking = device, non_blocking
         self.state = state if state is not None else LoopState()
-        self._seedable_seed, self._broadcast = seedable_seed, broadcast
+        self._broadcast = broadcast
         self._cursor = _cursor if _cursor is not None else _Cursor()
         self._skip_batches = _skip_batches
         self._iterable = isinstance(loader.dataset, IterableDataset)
@@ -304,13 +338,18 @@ class PreparedDataLoader(DataLoader):
                 raise NotSupportedYetError("prepare() of a DataLoader over an IterableDataset with batch_size=None "
                                            "is not supported yet; give it a batch_size")
             part = loader.batch_size // num_shards if split_batches else loader.batch_size
-            shard_ds = IterableDatasetShard(loader.dataset, self, loader.batch_size, loader.drop_last)
+            shard_ds = IterableDatasetShard(loader.dataset, loader.batch_size, loader.drop_last, num_shards, shard,
+                                            split_batches, even_batches)
             super().__init__(shard_ds, batch_size=part, drop_last=loader.drop_last, **kwargs)
             return
         by_sampler = isinstance(loader.sampler, BatchSampler) and loader.batch_sampler is None
         unbatched = loader.batch_sampler is None and not by_sampler
-        self._source = loader.sampler if loader.batch_sampler is None else loader.batch_sampler
+        if source is None:
+            source = loader.sampler if loader.batch_sampler is None else loader.batch_sampler
+        self._source = source
         self._random = _find_random_sampler(self._source)
+        if isinstance(self._random, SeedableRandomSampler) and _cursor is None:  # every rank: rank 0's seed
+            self._random.initial_seed = int(broadcast(int(self._random.initial_seed)))
         self._unbatched = unbatched
         self._batch_size = 1 if unbatched else getattr(self._source, "batch_size", None)
         if self._batch_size is None and even_batches:
@@ -327,7 +366,7 @@ class PreparedDataLoader(DataLoader):
         return PreparedDataLoader(self.base, num_shards=self.num_shards, shard=self.shard,
                                   split_batches=self.split_batches, even_batches=self.even_batches,
                                   device=self.device, state=self.state, non_blocking=self.non_blocking,
-                                  seedable_seed=self._seedable_seed, broadcast=self._broadcast,
+                                  broadcast=self._broadcast, source=self._source,
                                   _cursor=self._cursor, _skip_batches=self._skip_batches + num_batches)
 
     def reshard(self, *, num_shards: int, shard: int) -> None:
@@ -341,7 +380,7 @@ class PreparedDataLoader(DataLoader):
                               "(accelerator.prepare(model, optimizer, dataloader))")
         self.num_shards, self.shard = num_shards, shard
         if self._iterable:
-            self.dataset.num_shards, self.dataset.shard = num_shards, shard
+            self.dataset.num_processes, self.dataset.process_index = num_shards, shard
 
     # --- epochs and positions ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -377,18 +416,19 @@ class PreparedDataLoader(DataLoader):
         sampler, cursor = self._random, self._cursor
         if sampler is None:
             return list(self._source)
+        if isinstance(sampler, SeedableRandomSampler):  # the epoch decides, on every rank alike
+            sampler.set_epoch(cursor.epoch)
+            return list(self._source)
         own = sampler.generator
         if cursor.replay_rng is not None:
             rng, cursor.replay_rng = cursor.replay_rng, None
-        elif self._seedable_seed is not None:
-            rng = torch.Generator().manual_seed(self._seedable_seed + cursor.epoch).get_state()
         elif own is None:  # RandomSampler draws its seed from the global RNG: every rank draws, rank 0's wins
             rng = torch.Generator().manual_seed(self._broadcast(
                 int(torch.empty((), dtype=torch.int64).random_().item()))).get_state()
         else:
             rng = self._broadcast(own.get_state())
         cursor.epoch_rng = rng.clone()
-        generator = own if own is not None and self._seedable_seed is None else torch.Generator()
+        generator = own if own is not None else torch.Generator()
         generator.set_state(rng)
         sampler.generator = generator
         try:
@@ -461,7 +501,7 @@ class PreparedDataLoader(DataLoader):
             cursor.yielded = position + 1
             self.state.end_of_dataloader = last
             if self._iterable:
-                self.state.remainder = cursor.padded_real if last else None
+                self.state.remainder = self.dataset.padded_real if last else None
             else:
                 self.state.remainder = cursor.plan[position][1] if position < len(cursor.plan) else None
             yield send_to_device(current, self.device, self.non_blocking) if self.device is not None else current
@@ -489,17 +529,75 @@ class SkipFirstBatches:
         return getattr(self.loader, name)
 
 
-def prepare_data_loader(loader: DataLoader, *, config: DataLoaderConfiguration, num_shards: int, shard: int,
-                        device: torch.device | None, state: LoopState,
-                        broadcast: Callable[[Any], Any]) -> PreparedDataLoader:
-    """``loader`` sharded for this process under ``config`` (Accelerate's ``prepare_data_loader``)."""
+def _seedable_source(loader: DataLoader, data_seed: int | None) -> Any:
+    """The loader's (batch) sampler with a new ``SeedableRandomSampler`` in place of its ``RandomSampler``, as
+    Accelerate's ``use_seedable_sampler=True`` makes it; None when there is nothing to replace. A plain
+    ``BatchSampler`` is copied; a custom one gets the new sampler in its ``sampler`` attribute."""
+    source = loader.sampler if loader.batch_sampler is None else loader.batch_sampler
+    inner = source if isinstance(source, RandomSampler) else getattr(source, "sampler", None)
+    if not isinstance(inner, RandomSampler):
+        return None
+    seedable = SeedableRandomSampler(inner.data_source, replacement=inner.replacement,
+                                     num_samples=inner._num_samples, generator=inner.generator, data_seed=data_seed)
+    if source is inner:
+        return seedable
+    if type(source) is BatchSampler:
+        return BatchSampler(seedable, source.batch_size, source.drop_last)
+    source.sampler = seedable
+    return source
+
+
+def shard_data_loader(loader: DataLoader, *, config: DataLoaderConfiguration, num_shards: int, shard: int,
+                      device: torch.device | None, state: LoopState,
+                      broadcast: Callable[[Any], Any]) -> PreparedDataLoader:
+    """``loader`` sharded for this process under ``config`` (what ``Accelerator.prepare`` does)."""
     if isinstance(loader, PreparedDataLoader):
         return loader
-    seedable = None
-    source = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
-    if config.use_seedable_sampler and _find_random_sampler(source) is not None:
-        seed = config.data_seed if config.data_seed is not None else torch.initial_seed()
-        seedable = int(broadcast(int(seed)))  # every rank shuffles with rank 0's seed
+    source = None
+    if config.use_seedable_sampler and not isinstance(loader.dataset, IterableDataset):
+        source = _seedable_source(loader, config.data_seed)
     return PreparedDataLoader(loader, num_shards=num_shards, shard=shard, split_batches=config.split_batches,
                               even_batches=config.even_batches, device=device, state=state,
-                              non_blocking=config.non_blocking, seedable_seed=seedable, broadcast=broadcast)
+                              non_blocking=config.non_blocking, broadcast=broadcast, source=source)
+
+
+def _process_group() -> tuple[int, int, Callable[[Any], Any]]:
+    from convoy.train import collectives
+
+    if collectives.is_distributed():
+        import torch.distributed as dist
+
+        return dist.get_world_size(), dist.get_rank(), collectives.broadcast_object
+    return 1, 0, lambda value: value
+
+
+def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = None,
+                        num_processes: int | None = None, process_index: int | None = None,
+                        split_batches: bool = False, put_on_device: bool = False, rng_types: Any = None,
+                        dispatch_batches: bool | None = None, even_batches: bool = True,
+                        slice_fn_for_dispatch: Any = None, use_seedable_sampler: bool = False,
+                        data_seed: int | None = None, non_blocking: bool = False,
+                        use_stateful_dataloader: bool = False, torch_device_mesh: Any = None
+                        ) -> PreparedDataLoader:
+    """Accelerate's free ``prepare_data_loader``: ``dataloader`` sharded for process ``process_index`` of
+    ``num_processes`` (default: this process group's). ``rng_types`` is not needed (shuffling always follows
+    rank 0); ``torch_device_mesh`` is the strategy's business in convoy (use ``Accelerator.prepare``)."""
+    if torch_device_mesh is not None:
+        raise NotSupportedYetError("prepare_data_loader(torch_device_mesh=...) is not supported; prepare the "
+                                   "loader with Accelerator.prepare, which shards over the data-parallel groups")
+    config = DataLoaderConfiguration(split_batches=split_batches, dispatch_batches=dispatch_batches,
+                                     even_batches=even_batches, use_seedable_sampler=use_seedable_sampler,
+                                     data_seed=data_seed, non_blocking=non_blocking,
+                                     use_stateful_dataloader=use_stateful_dataloader)
+    world, rank, broadcast = _process_group()
+    return shard_data_loader(dataloader, config=config, device=device if put_on_device else None,
+                             num_shards=world if num_processes is None else num_processes,
+                             shard=rank if process_index is None else process_index, state=LoopState(),
+                             broadcast=broadcast)
+
+
+def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
+    """Accelerate's free ``skip_first_batches``: a loader whose iterations leave out the first ``num_batches``."""
+    if isinstance(dataloader, PreparedDataLoader):
+        return dataloader.skipping(num_batches)
+    return SkipFirstBatches(dataloader, num_batches)
