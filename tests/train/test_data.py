@@ -185,8 +185,6 @@ def test_dataloader_configuration_refuses_what_convoy_does_not_do():
     assert (config.split_batches, config.dispatch_batches, config.even_batches, config.use_seedable_sampler,
             config.data_seed, config.non_blocking, config.use_stateful_dataloader) == \
         (False, None, True, False, None, False, False)
-    with pytest.raises(NotSupportedYetError, match="dispatch_batches"):
-        DataLoaderConfiguration(dispatch_batches=True)
     with pytest.raises(NotSupportedYetError, match="use_stateful_dataloader"):
         DataLoaderConfiguration(use_stateful_dataloader=True)
 
@@ -206,3 +204,24 @@ def test_a_saved_position_resumes_the_same_shuffled_epoch():
     resumed = _shards(lambda: make(99), n=1)[0]  # another seed: the saved shuffling state decides
     resumed.load_state_dict(saved)
     assert [b.tolist() for b in resumed] == rest and len(consumed + rest) == 6
+
+
+def test_dispatched_batches_are_sliced_from_one_reader():
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from convoy.train.data import LoopState
+    from convoy.train.dispatch import DispatchedDataLoader
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(11))
+
+    # one process plays both ranks: each reads (reader=True) what process 0 would broadcast
+    ranks = [DispatchedDataLoader(DataLoader(Stream(), batch_size=2), num_shards=2, shard=r, split_batches=False,
+                                  device=None, state=LoopState(), non_blocking=False, broadcast=lambda v: v,
+                                  reader=True) for r in range(2)]
+    seen = [[(b.tolist(), d.state.end_of_dataloader, d.state.remainder) for b in d] for d in ranks]
+    assert seen[0] == [([0, 1], False, None), ([4, 5], False, None), ([8, 9], True, 3)]
+    assert seen[1] == [([2, 3], False, None), ([6, 7], False, None), ([10, 0], True, 3)]
+    assert isinstance(ranks[0], DataLoader)

@@ -55,7 +55,9 @@ def test_two_processes_read_the_one_process_order(tmp_path):
     assert got["global_seed"] == _flat(DataLoader(m.Indices(), batch_size=m.B, shuffle=True))
     sampler = BatchSampler(RandomSampler(m.Indices(), generator=torch.Generator().manual_seed(9)), m.B, False)
     assert got["batch_sampler_as_sampler"] == _flat(DataLoader(m.Indices(), sampler=sampler, batch_size=None))
-    assert got["stream"] == [list(range(m.N))] * 2
+    assert got["stream"] == got["dispatch_stream"] == [list(range(m.N))] * 2
+    torch.manual_seed(5)
+    assert got["dispatch_global_seed"] == _flat(DataLoader(m.Indices(), batch_size=m.B, shuffle=True))
     assert got["no_batch_size"] == [list(range(m.N))]
     assert got["uneven_batch_sampler"] == list(range(14))
     # use_seedable_sampler: epoch e is shuffled with data_seed + e, whatever the number of processes

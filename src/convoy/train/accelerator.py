@@ -267,7 +267,7 @@ class Accelerator:
         return prepared
 
     def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None) -> PreparedDataLoader:
-        if isinstance(data_loader, PreparedDataLoader):
+        if data.is_prepared(data_loader):
             return data_loader
         strategy = self._ensure_strategy(None) if self._strategy is not None or self.settings.strategy != "auto" \
             else None
@@ -276,7 +276,7 @@ class Accelerator:
             data_loader, config=self.dataloader_config, device=self.device if place else None, state=self._loop,
             num_shards=strategy.data_parallel_size if strategy else self.settings.world_size,
             shard=strategy.data_parallel_rank if strategy else self.settings.rank,
-            broadcast=collectives.broadcast_object)
+            broadcast=collectives.broadcast_object, reader=self.is_main_process)
         self._dataloaders.append(prepared)
         return prepared
 

@@ -25,16 +25,17 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from convoy.errors import ConfigError, NotSupportedYetError
+from convoy.train.streams import IterableDatasetShard, shard_iterable
 
 __all__ = ["DataLoaderConfiguration", "LoopState", "SeedableRandomSampler", "IterableDatasetShard", "shard_batches",
            "shard_iterable", "PreparedDataLoader", "SkipFirstBatches", "send_to_device", "shard_data_loader",
-           "prepare_data_loader", "skip_first_batches"]
+           "is_prepared", "prepare_data_loader", "skip_first_batches"]
 
 
 @dataclass(kw_only=True)
@@ -45,7 +46,8 @@ class DataLoaderConfiguration:
     split_batches: bool = False
     """The loader's batch size is global and split between processes (else: per process)."""
     dispatch_batches: bool | None = None
-    """Accelerate: rank 0 reads every batch and sends the slices. convoy shards on each process (None/False)."""
+    """True: process 0 reads every batch and sends each process its slice (``convoy.train.dispatch``). None and
+    False: every process reads its own shard, IterableDatasets included (Accelerate dispatches those)."""
     even_batches: bool = True
     """Pad the last round so every process gets the same number of full batches."""
     use_seedable_sampler: bool = False
@@ -58,9 +60,6 @@ class DataLoaderConfiguration:
     """Accelerate: wrap loaders in torchdata's ``StatefulDataLoader``. convoy saves positions itself."""
 
     def __post_init__(self) -> None:
-        if self.dispatch_batches:
-            raise NotSupportedYetError("DataLoaderConfiguration(dispatch_batches=True) is not supported yet: convoy "
-                                       "shards every dataset on each process; leave dispatch_batches unset")
         if self.use_stateful_dataloader:
             try:
                 import torchdata.stateful_dataloader  # noqa: F401
@@ -142,41 +141,6 @@ def shard_batches(batches: Sequence[list[int]], *, batch_size: int, num_shards: 
     return out
 
 
-def shard_iterable(elements: Iterable[Any], *, batch_size: int, num_shards: int, shard: int, split_batches: bool,
-                   even_batches: bool, drop_last: bool, on_padding: Callable[[int], None] | None = None
-                   ) -> Iterator[Any]:
-    """This shard's elements of a stream: each global batch (``batch_size`` elements with ``split_batches``,
-    else ``batch_size * num_shards``) is cut into ``num_shards`` consecutive slices. The short last batch is
-    dropped (``drop_last``), completed from the first batch (``even_batches``; ``on_padding`` hears its real
-    size) or dealt as it is."""
-    if split_batches and batch_size % num_shards:
-        raise ConfigError(f"split_batches=True needs the batch size ({batch_size}) to be divisible by the "
-                          f"{num_shards} processes; use a batch size that is a multiple of {num_shards}")
-    part = batch_size // num_shards if split_batches else batch_size
-    size = part * num_shards
-    mine = slice(shard * part, (shard + 1) * part)
-    first: list[Any] | None = None
-    current: list[Any] = []
-    for element in elements:
-        current.append(element)
-        if len(current) == size:
-            yield from current[mine]
-            first = first if first is not None else current
-            current = []
-    if not current or drop_last:
-        return
-    if not even_batches:
-        share = -(-len(current) // num_shards)
-        yield from current[shard * share:(shard + 1) * share]
-        return
-    real = len(current)
-    source = first if first is not None else list(current)
-    current = current + list(itertools.islice(itertools.cycle(source), size - real))
-    if on_padding is not None:
-        on_padding(real)
-    yield from current[mine]
-
-
 def send_to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """``batch`` with every tensor inside (dicts, lists, tuples, named tuples) moved to ``device``."""
     if isinstance(batch, torch.Tensor):
@@ -254,42 +218,6 @@ class _RankBatchSampler:
                 yield from indices
             else:
                 yield indices
-
-
-class IterableDatasetShard(IterableDataset):
-    """This process's elements of an ``IterableDataset`` (Accelerate's class and arguments; see
-    ``shard_iterable``). Every process reads the whole stream."""
-
-    def __init__(self, dataset: Any, batch_size: int = 1, drop_last: bool = False, num_processes: int = 1,
-                 process_index: int = 0, split_batches: bool = False, even_batches: bool = True) -> None:
-        if split_batches and batch_size > 1 and batch_size % num_processes:
-            raise ConfigError(f"split_batches=True needs the batch size ({batch_size}) to be divisible by the "
-                              f"{num_processes} processes; use a batch size that is a multiple of {num_processes}")
-        self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
-        self.num_processes, self.process_index = num_processes, process_index
-        self.split_batches, self.even_batches = split_batches, even_batches
-        self.epoch = 0
-        self.padded_real: int | None = None
-        """Real size of the last global batch when it was completed from the first one (else None)."""
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        if hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        size = self.batch_size if self.split_batches else self.batch_size * self.num_processes
-        rounds = len(self.dataset) // size if self.drop_last else -(-len(self.dataset) // size)
-        return rounds * (self.batch_size // self.num_processes if self.split_batches else self.batch_size)
-
-    def _padded(self, real: int) -> None:
-        self.padded_real = real
-
-    def __iter__(self) -> Iterator[Any]:
-        self.padded_real = None
-        return shard_iterable(self.dataset, batch_size=self.batch_size, num_shards=self.num_processes,
-                              shard=self.process_index, split_batches=self.split_batches,
-                              even_batches=self.even_batches, drop_last=self.drop_last, on_padding=self._padded)
 
 
 def _find_random_sampler(sampler: Any) -> Any:
@@ -547,12 +475,26 @@ def _seedable_source(loader: DataLoader, data_seed: int | None) -> Any:
     return source
 
 
+def is_prepared(loader: Any) -> bool:
+    """True for a loader ``prepare`` made (sharded or dispatched)."""
+    from convoy.train.dispatch import DispatchedDataLoader
+
+    return isinstance(loader, (PreparedDataLoader, DispatchedDataLoader))
+
+
 def shard_data_loader(loader: DataLoader, *, config: DataLoaderConfiguration, num_shards: int, shard: int,
-                      device: torch.device | None, state: LoopState,
-                      broadcast: Callable[[Any], Any]) -> PreparedDataLoader:
-    """``loader`` sharded for this process under ``config`` (what ``Accelerator.prepare`` does)."""
-    if isinstance(loader, PreparedDataLoader):
+                      device: torch.device | None, state: LoopState, broadcast: Callable[[Any], Any],
+                      reader: bool | None = None) -> Any:
+    """``loader`` sharded for this process under ``config`` (what ``Accelerator.prepare`` does); ``reader``:
+    this process reads the batches for all with ``dispatch_batches`` (default: shard 0)."""
+    from convoy.train.dispatch import DispatchedDataLoader
+
+    if is_prepared(loader):
         return loader
+    if config.dispatch_batches:
+        return DispatchedDataLoader(loader, num_shards=num_shards, shard=shard, split_batches=config.split_batches,
+                                    device=device, state=state, non_blocking=config.non_blocking,
+                                    broadcast=broadcast, reader=shard == 0 if reader is None else reader)
     source = None
     if config.use_seedable_sampler and not isinstance(loader.dataset, IterableDataset):
         source = _seedable_source(loader, config.data_seed)
@@ -598,6 +540,6 @@ def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = No
 
 def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     """Accelerate's free ``skip_first_batches``: a loader whose iterations leave out the first ``num_batches``."""
-    if isinstance(dataloader, PreparedDataLoader):
+    if hasattr(dataloader, "skipping"):  # PreparedDataLoader, DispatchedDataLoader
         return dataloader.skipping(num_batches)
     return SkipFirstBatches(dataloader, num_batches)

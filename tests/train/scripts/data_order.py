@@ -96,6 +96,10 @@ def main() -> None:
                                              for i in acc.gather_for_metrics(batch.tolist(), use_gather_object=True)})
     acc.dataloader_config = DataLoaderConfiguration(use_seedable_sampler=True, data_seed=11)
     result["seedable"] = global_order(acc, DataLoader(Indices(), batch_size=B, shuffle=True), set_epoch=3)
+    acc.dataloader_config = DataLoaderConfiguration(dispatch_batches=True)  # process 0 reads, sends the slices
+    result["dispatch_stream"] = global_order(acc, DataLoader(Stream(), batch_size=B))
+    torch.manual_seed(5 + 1000 * rank)
+    result["dispatch_global_seed"] = global_order(acc, DataLoader(Indices(), batch_size=B, shuffle=True))
     acc.dataloader_config = DataLoaderConfiguration()
     result["trained"] = train(acc)
     if acc.is_main_process:
