@@ -169,6 +169,7 @@ class _Cursor:
     plan: list[tuple[list[int], int | None]] = field(default_factory=list)
     epoch_rng: Any = None  # the sampler generator's state this epoch started from (replayed after load_state)
     replay_rng: Any = None
+    resumed: bool = False  # the next iteration continues an epoch that load_state restored
 
 
 class _RankBatchSampler:
@@ -380,7 +381,7 @@ class PreparedDataLoader(DataLoader):
         cursor.next_epoch = state["epoch"]
         cursor.skip = samples // self.global_batch_size
         cursor.replay_rng = state.get("sampler_rng") if cursor.skip else None
-        cursor.running = False
+        cursor.resumed, cursor.running = bool(cursor.skip), False
 
     def skip(self, num_batches: int) -> None:
         """Make the next iteration start ``num_batches`` batches into its epoch."""
@@ -409,7 +410,15 @@ class PreparedDataLoader(DataLoader):
         cursor.start = 0 if self._iterable else start  # read by _RankBatchSampler when the inner loader starts
         cursor.yielded, cursor.running = start, True
         self.state.end_of_dataloader = False
-        inner = super().__iter__()
+        if cursor.resumed and self.generator is None:
+            # the interrupted run drew this epoch's worker seed from the global RNG before its checkpoint, whose
+            # RNG state load_state restored: drawing it again would shift every later draw (dropout, shuffles)
+            rng = torch.get_rng_state()
+            inner = super().__iter__()
+            torch.set_rng_state(rng)
+        else:
+            inner = super().__iter__()
+        cursor.resumed = False
         if self._iterable:
             inner = itertools.islice(inner, start, None)
         try:
