@@ -156,6 +156,11 @@ def send_to_device(batch: Any, device: torch.device, non_blocking: bool = False)
     return batch
 
 
+def _identity(value: Any) -> Any:
+    """Broadcast on one process."""
+    return value
+
+
 @dataclass
 class _Cursor:
     """Where a loader is in its epochs; shared with the loaders ``skip_first_batches`` makes from it."""
@@ -247,7 +252,7 @@ class PreparedDataLoader(DataLoader):
 
     def __init__(self, loader: DataLoader, *, num_shards: int, shard: int, split_batches: bool = False,
                  even_batches: bool = True, device: torch.device | None = None, state: LoopState | None = None,
-                 non_blocking: bool = False, broadcast: Callable[[Any], Any] = lambda value: value,
+                 non_blocking: bool = False, broadcast: Callable[[Any], Any] = _identity,
                  source: Any = None, _cursor: _Cursor | None = None,
                  _skip_batches: int = 0) -> None:
         self.base = loader
@@ -519,7 +524,7 @@ def _process_group() -> tuple[int, int, Callable[[Any], Any]]:
         import torch.distributed as dist
 
         return dist.get_world_size(), dist.get_rank(), collectives.broadcast_object
-    return 1, 0, lambda value: value
+    return 1, 0, _identity
 
 
 def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = None,
