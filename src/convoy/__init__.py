@@ -46,6 +46,8 @@ _LAZY: dict[str, str] = {
     "launch": "convoy.launch.function",
     # train
     "Accelerator": "convoy.train.accelerator",
+    "DataLoaderConfiguration": "convoy.train.data",
+    "skip_first_batches": "convoy.train.data",
     # plan
     "plan": "convoy.plan.api",
 }

@@ -46,7 +46,7 @@ def test_public_surface_snapshot():
         "VisibilityError", "ConfigError", "LaunchError", "RankFailedError", "StrategyError", "CheckpointError",
         "PlanError", "CollectiveTimeoutError", "NotSupportedYetError", "parse_devices", "Device", "Inventory",
         "discover", "select_devices", "Selection", "visibility_env", "lease_devices", "launch", "Accelerator",
-        "plan",
+        "DataLoaderConfiguration", "skip_first_batches", "plan",
     ])
 
 
