@@ -101,3 +101,15 @@ def test_accelerate_directories_are_told_apart_and_found(tmp_path):
     (root / "checkpoint_10" / "convoy_checkpoint.json").write_text("{}")  # convoy's own
     assert not is_accelerate_checkpoint(root / "checkpoint_10")
     assert latest_accelerate_checkpoint(root) == root / "checkpoint_2"
+
+
+def test_sharded_accelerate_checkpoints_are_named_as_not_supported(tmp_path):
+    from convoy import Accelerator
+    from convoy.errors import NotSupportedYetError
+
+    (tmp_path / "pytorch_model_fsdp_0").mkdir()
+    torch.save({}, tmp_path / "random_states_0.pkl")
+    acc = Accelerator()
+    acc.prepare(torch.nn.Linear(2, 2))
+    with pytest.raises(NotSupportedYetError, match="pytorch_model_fsdp_0"):
+        acc.load_state(tmp_path)

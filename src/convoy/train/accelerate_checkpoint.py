@@ -10,7 +10,7 @@ The directory holds ``model.safetensors`` or ``pytorch_model.bin`` (``model_1...
 safetensors; nothing is unpickled. The state goes through the strategy like convoy's own checkpoints, so a
 checkpoint of one process loads into a sharded strategy too.
 
-Not read: ``sampler.bin`` (a pickled sampler object, which cannot be loaded without running pickled code) and
+Not supported yet: sharded FSDP/DeepSpeed checkpoints (sub-directories; NotSupportedYetError). Not read: ``sampler.bin`` (a pickled sampler object, which cannot be loaded without running pickled code) and
 ``dl_state_dict.bin`` (torchdata's loader state). Accelerate saves no loader position; resume mid-epoch with
 ``skip_first_batches`` as under Accelerate.
 """
@@ -22,7 +22,7 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from convoy.errors import CheckpointError
+from convoy.errors import CheckpointError, NotSupportedYetError
 
 if TYPE_CHECKING:  # pragma: no cover
     from convoy.train.accelerator import Accelerator
@@ -174,6 +174,10 @@ def load_accelerate_state(acc: "Accelerator", directory: str | Path) -> str:
     """Restore models, optimizers, schedulers, the gradient scaler, registered objects and this rank's RNG
     from Accelerate's ``save_state`` directory into ``acc``'s prepared objects; returns the directory."""
     directory = Path(directory)
+    sharded = sorted(p.name for p in directory.iterdir() if p.is_dir())
+    if sharded:  # FSDP's pytorch_model_fsdp_0/ and optimizer_0/, DeepSpeed's pytorch_model/
+        raise NotSupportedYetError(f"{directory}: Accelerate's sharded FSDP/DeepSpeed checkpoints ({sharded[0]}/) "
+                                   "are not supported yet; save with fsdp_state_dict_type='FULL_STATE_DICT'")
     optimizers = []
     for j, (prepared, model) in enumerate(zip(acc._optimizers, acc._optimizer_models)):
         path = _indexed(directory, "optimizer", "bin", j)
