@@ -22,8 +22,9 @@ PUBLIC = [
     "mixed_precision", "no_sync", "num_processes", "on_local_main_process", "on_main_process", "on_process",
     "optimizer_step_was_skipped", "pad_across_processes", "prepare", "prepare_data_loader", "prepare_model",
     "prepare_optimizer", "prepare_scheduler", "print", "process_index", "project_dir", "reduce",
-    "register_for_checkpointing", "save_model", "save_state", "skip_first_batches", "split_batches", "split_between_processes",
-    "strategy", "sync_gradients", "trackers", "unscale_gradients", "unwrap_model", "use_distributed", "wait_for_everyone",
+    "register_for_checkpointing", "save_model", "save_state", "skip_first_batches", "split_batches",
+    "split_between_processes", "strategy", "sync_gradients", "trackers", "unscale_gradients", "unwrap_model",
+    "use_distributed", "wait_for_everyone",
 ]
 
 

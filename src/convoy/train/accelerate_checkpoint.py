@@ -10,7 +10,8 @@ The directory holds ``model.safetensors`` or ``pytorch_model.bin`` (``model_1...
 safetensors; nothing is unpickled. The state goes through the strategy like convoy's own checkpoints, so a
 checkpoint of one process loads into a sharded strategy too.
 
-Not supported yet: sharded FSDP/DeepSpeed checkpoints (sub-directories; NotSupportedYetError). Not read: ``sampler.bin`` (a pickled sampler object, which cannot be loaded without running pickled code) and
+Not supported yet: sharded FSDP/DeepSpeed checkpoints (sub-directories; NotSupportedYetError). Not read:
+``sampler.bin`` (a pickled sampler object, which cannot be loaded without running pickled code) and
 ``dl_state_dict.bin`` (torchdata's loader state). Accelerate saves no loader position; resume mid-epoch with
 ``skip_first_batches`` as under Accelerate.
 """

@@ -1,6 +1,7 @@
 """``dispatch_batches=True``: process 0 reads every batch and each process gets its slice of it.
 
-    loader = accelerator.prepare(loader)     # Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+    loader = accelerator.prepare(loader)     # a DispatchedDataLoader
 
 For datasets only one process can read (a stream, a queue). Each step, process 0 reads ``num_processes``
 batches (one with ``split_batches``), joins them along dim 0 and broadcasts the global batch; process ``r``
