@@ -225,3 +225,30 @@ def test_dispatched_batches_are_sliced_from_one_reader():
     assert seen[0] == [([0, 1], False, None), ([4, 5], False, None), ([8, 9], True, 3)]
     assert seen[1] == [([2, 3], False, None), ([6, 7], False, None), ([10, 0], True, 3)]
     assert isinstance(ranks[0], DataLoader)
+
+
+def test_a_loop_inside_a_loop_keeps_each_loaders_end():
+    import torch
+    from torch.utils.data import DataLoader
+
+    from convoy.train.data import LoopState, PreparedDataLoader
+
+    state = LoopState()
+    outer, inner = (PreparedDataLoader(DataLoader(torch.arange(n), batch_size=2), num_shards=1, shard=0, state=state)
+                    for n in (6, 4))
+    seen = []
+    for i, _ in enumerate(outer):
+        assert state.active_dataloader is outer
+        if i == 1:
+            for _ in inner:
+                seen.append(("inner", state.active_dataloader is inner, state.end_of_dataloader))
+        seen.append(("outer", state.active_dataloader is outer, state.end_of_dataloader))
+    assert seen == [("outer", True, False), ("inner", True, False), ("inner", True, True), ("outer", True, False),
+                    ("outer", True, True)]
+    assert state.active_dataloader is None and not state.end_of_dataloader
+    for _ in outer:
+        break  # leaving early: the loader is no longer active
+    import gc
+
+    gc.collect()
+    assert state.active_dataloader is None

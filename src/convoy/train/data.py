@@ -80,6 +80,33 @@ class LoopState:
     """True while the last batch of the active dataloader is being processed."""
     remainder: int | None = None
     """Real (not padding) samples in the current step's global batch when it is the last, padded one."""
+    dataloaders: list[Any] = field(default_factory=list)
+    """The prepared loaders being iterated, innermost last (a loop inside a loop nests them)."""
+
+    @property
+    def active_dataloader(self) -> Any:
+        return self.dataloaders[-1] if self.dataloaders else None
+
+    @property
+    def in_dataloader(self) -> bool:
+        return bool(self.dataloaders)
+
+    def enter(self, loader: Any) -> None:
+        loader.end_of_dataloader, loader.remainder = False, None
+        self.dataloaders.append(loader)
+        self.end_of_dataloader, self.remainder = False, None
+
+    def at(self, loader: Any, *, last: bool, remainder: int | None) -> None:
+        loader.end_of_dataloader, loader.remainder = last, remainder
+        self.end_of_dataloader, self.remainder = last, remainder
+
+    def leave(self, loader: Any) -> None:
+        """``loader`` stopped (ran out, or the loop broke out): the loader around it is active again."""
+        loader.end_of_dataloader, loader.remainder = False, None
+        self.dataloaders = [d for d in self.dataloaders if d is not loader]
+        outer = self.active_dataloader
+        self.end_of_dataloader = bool(outer.end_of_dataloader) if outer is not None else False
+        self.remainder = outer.remainder if outer is not None else None
 
 
 class SeedableRandomSampler(RandomSampler):
@@ -263,6 +290,7 @@ class PreparedDataLoader(DataLoader):
         self._broadcast = broadcast
         self._cursor = _cursor if _cursor is not None else _Cursor()
         self._skip_batches = _skip_batches
+        self.end_of_dataloader, self.remainder = False, None  # Accelerate's DataLoaderShard attributes
         self._iterable = isinstance(loader.dataset, IterableDataset)
         kwargs = _base_kwargs(loader)
         if self._iterable:
@@ -335,6 +363,19 @@ class PreparedDataLoader(DataLoader):
         return size if self.split_batches else size * self.num_shards
 
     total_batch_size = global_batch_size  # Accelerate's name
+
+    @property
+    def iteration(self) -> int:
+        """Accelerate's name of the epoch."""
+        return self._cursor.epoch
+
+    @property
+    def total_dataset_length(self) -> int:
+        return len(self.base.dataset)
+
+    def get_sampler(self) -> Any:
+        """The sampler that orders the samples (inside the batch sampler when there is one)."""
+        return self._random or getattr(self._source, "sampler", self._source)
 
     def _make_plan(self) -> list[tuple[list[int], int | None]]:
         """This rank's batches of the epoch that starts now (runs inside the inner loader's first ``next``)."""
@@ -414,7 +455,7 @@ class PreparedDataLoader(DataLoader):
         start, cursor.skip = self._skip_batches or cursor.skip, 0
         cursor.start = 0 if self._iterable else start  # read by _RankBatchSampler when the inner loader starts
         cursor.yielded, cursor.running = start, True
-        self.state.end_of_dataloader = False
+        self.state.enter(self)
         if cursor.resumed and self.generator is None:
             # the interrupted run drew this epoch's worker seed from the global RNG before its checkpoint, whose
             # RNG state load_state restored: drawing it again would shift every later draw (dropout, shuffles)
@@ -429,8 +470,7 @@ class PreparedDataLoader(DataLoader):
         try:
             yield from self._look_ahead(inner, start)
         finally:
-            self.state.end_of_dataloader = False
-            self.state.remainder = None
+            self.state.leave(self)
         cursor.running = False
 
     def _look_ahead(self, inner: Iterator[Any], position: int) -> Iterator[Any]:
@@ -441,11 +481,11 @@ class PreparedDataLoader(DataLoader):
             upcoming = next(inner, _END)
             last = upcoming is _END
             cursor.yielded = position + 1
-            self.state.end_of_dataloader = last
             if self._iterable:
-                self.state.remainder = self.dataset.padded_real if last else None
+                remainder = self.dataset.padded_real if last else None
             else:
-                self.state.remainder = cursor.plan[position][1] if position < len(cursor.plan) else None
+                remainder = cursor.plan[position][1] if position < len(cursor.plan) else None
+            self.state.at(self, last=last, remainder=remainder)
             yield send_to_device(current, self.device, self.non_blocking) if self.device is not None else current
             current, position = upcoming, position + 1
 

@@ -79,6 +79,7 @@ class DispatchedDataLoader(DataLoader):
         self._broadcast, self._reader, self._skip_batches = broadcast, reader, _skip_batches
         self._next_epoch = self._epoch = self._yielded = self._skip = 0
         self._running = False
+        self.end_of_dataloader, self.remainder = False, None
         kwargs = _base_kwargs(loader)
         if isinstance(loader.dataset, IterableDataset) or loader.batch_sampler is None:
             super().__init__(loader.dataset, batch_size=loader.batch_size, sampler=None if isinstance(
@@ -151,6 +152,7 @@ class DispatchedDataLoader(DataLoader):
         iterator = super().__iter__() if self._reader else None
         for _ in range(start):
             self._fetch(iterator)
+        self.state.enter(self)
         first, current = None, self._fetch(iterator)
         try:
             while current is not None:
@@ -166,13 +168,11 @@ class DispatchedDataLoader(DataLoader):
                 part = -(-rows // self.num_shards)
                 mine = slice_batch(current, slice(self.shard * part, (self.shard + 1) * part))
                 self._yielded += 1
-                self.state.end_of_dataloader = upcoming is None
-                self.state.remainder = remainder
+                self.state.at(self, last=upcoming is None, remainder=remainder)
                 yield send_to_device(mine, self.device, self.non_blocking) if self.device is not None else mine
                 current = upcoming
         finally:
-            self.state.end_of_dataloader = False
-            self.state.remainder = None
+            self.state.leave(self)
         self._running = False
 
 
