@@ -101,6 +101,8 @@ def test_accelerate_directories_are_told_apart_and_found(tmp_path):
     (root / "checkpoint_10" / "convoy_checkpoint.json").write_text("{}")  # convoy's own
     assert not is_accelerate_checkpoint(root / "checkpoint_10")
     assert latest_accelerate_checkpoint(root) == root / "checkpoint_2"
+    (root / "checkpoint_2" / "distributed").mkdir()  # an incomplete convoy checkpoint is not Accelerate's
+    assert latest_accelerate_checkpoint(root) == root / "checkpoint_0"
 
 
 def test_sharded_accelerate_checkpoints_are_named_as_not_supported(tmp_path):

@@ -34,11 +34,12 @@ _MARKERS = ("model.safetensors", "pytorch_model.bin", "optimizer.bin", "schedule
 
 
 def is_accelerate_checkpoint(path: str | Path) -> bool:
-    """True for a directory written by Accelerate's ``save_state`` (and not by convoy's)."""
+    """True for a directory written by Accelerate's ``save_state`` (not by convoy's, complete or not)."""
     from convoy.train.checkpoint import MARKER
 
     path = Path(path)
-    return path.is_dir() and not (path / MARKER).exists() and any((path / m).exists() for m in _MARKERS)
+    convoy_files = (path / MARKER).exists() or (path / "state.pt").exists() or (path / "distributed").is_dir()
+    return path.is_dir() and not convoy_files and any((path / m).exists() for m in _MARKERS)
 
 
 def latest_accelerate_checkpoint(root: str | Path) -> Path | None:
