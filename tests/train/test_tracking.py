@@ -39,10 +39,16 @@ def test_tensorboard_and_jsonl_record_what_was_logged(tmp_path):
     from torch.utils.tensorboard import SummaryWriter
 
     assert isinstance(acc.get_tracker("tensorboard", unwrap=True), SummaryWriter)
+    acc.get_tracker("tensorboard").log_images({"samples": torch.rand(2, 3, 4, 4)}, step=3)
     with pytest.raises(ConfigError, match="no such tracker"):
         acc.get_tracker("wandb")
     acc.end_training()
     assert _scalars(tmp_path / "proj", "loss") == [(0, 1.0), (1, 0.5), (10, 0.375), (11, 0.25)]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "proj"))
+    events.Reload()
+    assert [e.step for e in events.Images("samples")] == [3]
     lines = _jsonl(tmp_path / "proj" / "log.jsonl")
     assert [(r["step"], r["values"]) for r in lines] == [
         (0, {"loss": 1.0}), (1, {"loss": 0.5}), (10, {"loss": 0.375, "note": "ten"}), (11, {"loss": 0.25})]

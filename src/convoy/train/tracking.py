@@ -99,6 +99,12 @@ class TensorBoardTracker(GeneralTracker):
                 self.writer.add_scalars(key, value, global_step=step, **kwargs)
         self.writer.flush()
 
+    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Images (``add_images``: a batch, NCHW unless ``dataformats=`` says otherwise) at ``step``."""
+        for key, images in values.items():
+            self.writer.add_images(key, images, global_step=step, **kwargs)
+        self.writer.flush()
+
     def finish(self) -> None:
         self.writer.close()
 
