@@ -68,11 +68,11 @@ def test_one_process_run_continues_with_identical_parameters(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_process_run_continues_with_identical_parameters_also_sharded(tmp_path):
+def test_two_process_run_continues_sharded_with_identical_parameters(tmp_path):
+    # Accelerate's DDP run, continued by FSDP2 (zero3): full tensors sharded on load, each rank's RNG restored
     ckpt, reference = _accelerate_run(tmp_path, 2)
     assert (ckpt / "random_states_1.pkl").exists()
-    assert _resumed(tmp_path, ckpt, 2) == reference
-    assert _resumed(tmp_path, ckpt, 2, "zero3") == reference  # one checkpoint of full tensors, sharded on load
+    assert _resumed(tmp_path, ckpt, 2, "zero3") == reference
 
 
 def test_files_are_read_without_unpickling_objects(tmp_path):
