@@ -48,7 +48,7 @@ _LAZY: dict[str, str] = {
     "notebook_launcher": "convoy.launch.notebook",
     # train: the Accelerator and Accelerate's other names (docs/migrating.md lists them)
     "Accelerator": "convoy.train.accelerator",
-    "DataLoaderConfiguration": "convoy.train.accelerator",
+    "DataLoaderConfiguration": "convoy.train.data",
     "ProjectConfiguration": "convoy.train.accelerator",
     "PartialState": "convoy.train.process_state",
     "AcceleratorState": "convoy.train.process_state",
@@ -70,7 +70,9 @@ _LAZY: dict[str, str] = {
     "send_to_device": "convoy.train.operations",
     "copy_tensor_to_devices": "convoy.train.operations",
     "DistributedOperationException": "convoy.train.operations",
-    "prepare_data_loader": "convoy.train.loader_function",
+    "prepare_data_loader": "convoy.train.data",
+    "skip_first_batches": "convoy.train.data",
+    "SeedableRandomSampler": "convoy.train.data",
     # plan
     "plan": "convoy.plan.api",
 }

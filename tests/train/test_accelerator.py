@@ -9,24 +9,24 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from convoy import Accelerator
-from convoy.errors import CheckpointError, ConfigError, NotSupportedYetError, StrategyError
+from convoy.errors import CheckpointError, ConfigError, StrategyError
 from convoy.train import ProjectConfiguration
 from convoy.train.environment import resolve_settings
 from convoy.train.strategies import Strategy, available_strategies, register_strategy, strategy_class
 
 PUBLIC = [
     "accumulate", "autocast", "backward", "broadcast", "check_trigger", "clear", "clip_grad_norm_",
-    "clip_grad_value_", "device", "distributed_type", "end_training", "free_memory", "gather", "gather_for_metrics",
-    "get_state_dict", "gradient_accumulation_steps", "gradient_state", "init_trackers", "is_last_process",
-    "is_local_main_process", "is_main_process", "join_uneven_inputs", "load_state", "local_main_process_first",
-    "local_process_index", "log", "main_process_first", "mixed_precision", "no_sync", "num_processes",
-    "on_last_process", "on_local_main_process", "on_local_process", "on_main_process", "on_process",
-    "optimizer_step_was_skipped", "pad_across_processes", "prepare", "prepare_data_loader", "prepare_model",
-    "prepare_optimizer", "prepare_scheduler", "print", "process_index", "project_dir", "reduce",
-    "register_for_checkpointing", "register_load_state_pre_hook", "register_save_state_pre_hook", "save",
-    "save_model", "save_state", "set_trigger", "skip_first_batches", "split_between_processes", "strategy",
-    "sync_gradients", "trigger_sync_in_backward", "unscale_gradients", "unwrap_model", "use_distributed",
-    "wait_for_everyone",
+    "clip_grad_value_", "device", "distributed_type", "end_training", "even_batches", "free_memory", "gather",
+    "gather_for_metrics", "get_state_dict", "get_tracker", "gradient_accumulation_steps", "gradient_state",
+    "init_trackers", "is_last_process", "is_local_main_process", "is_main_process", "join_uneven_inputs",
+    "load_state", "local_main_process_first", "local_process_index", "log", "logging_dir", "main_process_first",
+    "mixed_precision", "no_sync", "num_processes", "on_last_process", "on_local_main_process", "on_local_process",
+    "on_main_process", "on_process", "optimizer_step_was_skipped", "pad_across_processes", "prepare",
+    "prepare_data_loader", "prepare_model", "prepare_optimizer", "prepare_scheduler", "print", "process_index",
+    "project_dir", "reduce", "register_for_checkpointing", "register_load_state_pre_hook",
+    "register_save_state_pre_hook", "save", "save_model", "save_state", "set_trigger", "skip_first_batches",
+    "split_batches", "split_between_processes", "strategy", "sync_gradients", "trackers",
+    "trigger_sync_in_backward", "unscale_gradients", "unwrap_model", "use_distributed", "wait_for_everyone",
 ]
 
 
@@ -48,8 +48,6 @@ def test_bad_settings_are_one_clear_error():
         Accelerator(mixed_precision="fp8")
     with pytest.raises(StrategyError, match="choose one of"):
         Accelerator(strategy="zero4")
-    with pytest.raises(NotSupportedYetError):
-        Accelerator(log_with="wandb")
 
 
 def test_registry_takes_new_strategies_without_touching_the_facade():

@@ -49,7 +49,7 @@ def _prepared(num_shards: int, shard: int):
 
     loader = DataLoader(torch.arange(16), batch_size=2)
     return PreparedDataLoader(loader, num_shards=num_shards, shard=shard, split_batches=False, even_batches=True,
-                              seed=0, device=None, state=LoopState())
+                              device=None, state=LoopState())
 
 
 def test_a_loader_prepared_before_auto_chose_reads_its_data_parallel_shard():
@@ -65,3 +65,190 @@ def test_a_loader_already_iterating_cannot_change_its_shard():
     with pytest.raises(ConfigError, match="prepare the model first"):
         early.reshard(num_shards=2, shard=1)
     early.reshard(num_shards=4, shard=3)  # the same shard: nothing to change
+
+
+# --- prepared loaders on one process, several shards simulated (the sharding is pure) ---------------------
+def _shards(make_loader, n: int = 2, **kwargs):
+    import torch  # noqa: F401
+
+    from convoy.train.data import LoopState, PreparedDataLoader
+
+    return [PreparedDataLoader(make_loader(), num_shards=n, shard=r, state=LoopState(), **kwargs) for r in range(n)]
+
+
+def _interleave(shards) -> list[int]:
+    per_rank = [[b.reshape(-1).tolist() for b in s] for s in shards]
+    return [i for step in zip(*per_rank) for batch in step for i in batch]
+
+
+def test_prepared_loader_is_a_dataloader_and_shuffles_like_one_process():
+    import torch
+    from torch.utils.data import DataLoader
+
+    def make():
+        return DataLoader(torch.arange(12), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(4))
+
+    shards = _shards(make)
+    assert all(isinstance(s, DataLoader) for s in shards)
+    one = make()
+    for _ in range(3):  # epoch after epoch: the generator goes on as it would on one process
+        assert _interleave(shards) == [i for b in one for i in b.tolist()]
+
+
+def test_seedable_sampler_follows_set_epoch():
+    import torch
+    from torch.utils.data import DataLoader, RandomSampler
+
+    from convoy.train.data import SeedableRandomSampler, prepare_data_loader
+
+    shards = [prepare_data_loader(DataLoader(torch.arange(12), batch_size=3, shuffle=True), num_processes=2,
+                                  process_index=r, use_seedable_sampler=True, data_seed=11) for r in range(2)]
+    assert isinstance(shards[0].batch_sampler.batch_sampler.sampler, SeedableRandomSampler)  # as in Accelerate
+    for s in shards:
+        s.set_epoch(5)
+    expected = list(RandomSampler(range(12), generator=torch.Generator().manual_seed(16)))
+    assert _interleave(shards) == expected
+    assert _interleave(shards) != expected  # the next iteration is epoch 6
+    for s in shards:
+        s.set_epoch(5)
+    assert _interleave(shards) == expected
+
+
+def test_iterable_dataset_is_sharded_and_padded_like_accelerate():
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(11))
+
+        def __len__(self):
+            return 11
+
+    shards = _shards(lambda: DataLoader(Stream(), batch_size=2))
+    seen = [[(b.tolist(), s.state.end_of_dataloader, s.state.remainder) for b in s] for s in shards]
+    assert seen[0] == [([0, 1], False, None), ([4, 5], False, None), ([8, 9], True, 3)]
+    assert seen[1] == [([2, 3], False, None), ([6, 7], False, None), ([10, 0], True, 3)]
+    assert [len(s) for s in shards] == [3, 3]
+    uneven = _shards(lambda: DataLoader(Stream(), batch_size=2), even_batches=False)
+    assert [[b.tolist() for b in s] for s in uneven] == [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], [10]]]
+
+
+def test_batch_size_none_and_batch_samplers_without_sampler():
+    import torch
+    from torch.utils.data import BatchSampler, DataLoader
+
+    assert [[int(x) for x in s] for s in _shards(lambda: DataLoader(torch.arange(5), batch_size=None))] == \
+        [[0, 2, 4], [1, 3, 0]]
+    by_sampler = _shards(lambda: DataLoader(torch.arange(10), sampler=BatchSampler(range(10), 3, False),
+                                            batch_size=None))
+    assert [[b.tolist() for b in s] for s in by_sampler] == [[[0, 1, 2], [6, 7, 8]], [[3, 4, 5], [9, 0, 1]]]
+
+    class Fixed:  # batch_size but no .sampler
+        batch_size = 2
+
+        def __iter__(self):
+            return iter([[4, 5], [0, 1], [2, 3]])
+
+        def __len__(self):
+            return 3
+
+    assert [[b.tolist() for b in s] for s in _shards(lambda: DataLoader(torch.arange(6), batch_sampler=Fixed()))] \
+        == [[[4, 5], [2, 3]], [[0, 1], [4, 5]]]
+    Fixed.batch_size = None
+    with pytest.raises(ConfigError, match="even_batches=False"):
+        _shards(lambda: DataLoader(torch.arange(6), batch_sampler=Fixed()))
+    assert [[b.tolist() for b in s] for s in
+            _shards(lambda: DataLoader(torch.arange(6), batch_sampler=Fixed()), even_batches=False)] == \
+        [[[4, 5], [2, 3]], [[0, 1]]]
+
+
+def test_skip_first_batches_shortens_the_loader():
+    import torch
+    from torch.utils.data import DataLoader
+
+    from convoy import Accelerator
+
+    acc = Accelerator()
+    loader = acc.prepare(DataLoader(torch.arange(10), batch_size=2))
+    skipped = acc.skip_first_batches(loader, 3)
+    assert isinstance(skipped, DataLoader) and len(skipped) == 2 and len(loader) == 5
+    assert [b.tolist() for b in skipped] == [[6, 7], [8, 9]]
+    assert len(list(loader)) == 5
+
+
+def test_dataloader_configuration_refuses_what_convoy_does_not_do():
+    from convoy.errors import NotSupportedYetError
+    from convoy.train import DataLoaderConfiguration
+
+    config = DataLoaderConfiguration()
+    assert (config.split_batches, config.dispatch_batches, config.even_batches, config.use_seedable_sampler,
+            config.data_seed, config.non_blocking, config.use_stateful_dataloader) == \
+        (False, None, True, False, None, False, False)
+    with pytest.raises(NotSupportedYetError, match="use_stateful_dataloader"):
+        DataLoaderConfiguration(use_stateful_dataloader=True)
+
+
+def test_a_saved_position_resumes_the_same_shuffled_epoch():
+    import torch
+    from torch.utils.data import DataLoader
+
+    def make(seed):
+        return DataLoader(torch.arange(12), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(seed))
+
+    first = _shards(lambda: make(1), n=1)[0]
+    it = iter(first)
+    consumed = [next(it).tolist() for _ in range(2)]
+    saved = first.state_dict()
+    rest = [b.tolist() for b in it]
+    resumed = _shards(lambda: make(99), n=1)[0]  # another seed: the saved shuffling state decides
+    resumed.load_state_dict(saved)
+    assert [b.tolist() for b in resumed] == rest and len(consumed + rest) == 6
+
+
+def test_dispatched_batches_are_sliced_from_one_reader():
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from convoy.train.data import LoopState
+    from convoy.train.dispatch import DispatchedDataLoader
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(11))
+
+    # one process plays both ranks: each reads (reader=True) what process 0 would broadcast
+    ranks = [DispatchedDataLoader(DataLoader(Stream(), batch_size=2), num_shards=2, shard=r, split_batches=False,
+                                  device=None, state=LoopState(), non_blocking=False, broadcast=lambda v: v,
+                                  reader=True) for r in range(2)]
+    seen = [[(b.tolist(), d.state.end_of_dataloader, d.state.remainder) for b in d] for d in ranks]
+    assert seen[0] == [([0, 1], False, None), ([4, 5], False, None), ([8, 9], True, 3)]
+    assert seen[1] == [([2, 3], False, None), ([6, 7], False, None), ([10, 0], True, 3)]
+    assert isinstance(ranks[0], DataLoader)
+
+
+def test_a_loop_inside_a_loop_keeps_each_loaders_end():
+    import torch
+    from torch.utils.data import DataLoader
+
+    from convoy.train.data import LoopState, PreparedDataLoader
+
+    state = LoopState()
+    outer, inner = (PreparedDataLoader(DataLoader(torch.arange(n), batch_size=2), num_shards=1, shard=0, state=state)
+                    for n in (6, 4))
+    seen = []
+    for i, _ in enumerate(outer):
+        assert state.active_dataloader is outer
+        if i == 1:
+            for _ in inner:
+                seen.append(("inner", state.active_dataloader is inner, state.end_of_dataloader))
+        seen.append(("outer", state.active_dataloader is outer, state.end_of_dataloader))
+    assert seen == [("outer", True, False), ("inner", True, False), ("inner", True, True), ("outer", True, False),
+                    ("outer", True, True)]
+    assert state.active_dataloader is None and not state.end_of_dataloader
+    for _ in outer:
+        break  # leaving early: the loader is no longer active
+    import gc
+
+    gc.collect()
+    assert state.active_dataloader is None

@@ -18,14 +18,15 @@ Run it with ``convoy launch train.py`` (or torchrun): the process group is start
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from convoy.errors import ConfigError, NotSupportedYetError
-from convoy.train import collectives, operations, state
+from convoy.errors import ConfigError
+from convoy.train import collectives, data, operations, state, tracking
 from convoy.train.coordination import Trigger
-from convoy.train.data import LoopState, PreparedDataLoader, SkipFirstBatches
+from convoy.train.data import DataLoaderConfiguration, LoopState, PreparedDataLoader
 from convoy.train.environment import check_arguments, resolve_settings, start_process_group, stop_process_group
 from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
 from convoy.train.process_state import AcceleratorState, DistributedType, GradientState, distributed_type_for
@@ -52,16 +53,8 @@ class ProjectConfiguration:
     """Keep only this many newest automatic checkpoints."""
     iteration: int = 0
     """Number of the next automatic checkpoint."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class DataLoaderConfiguration:
-    """How prepared dataloaders shard (Accelerate 1.x moved these here from the constructor)."""
-
-    split_batches: bool = False
-    """The loader's batch size is global and split between processes (else: per process)."""
-    even_batches: bool = True
-    """Pad the last round so every process gets the same number of full batches."""
+    logging_dir: str | None = None
+    """Where trackers write (``log_with=``); defaults to ``project_dir``."""
 
 
 class Accelerator:
@@ -83,9 +76,6 @@ class Accelerator:
         handlers = collect_handlers(kwargs_handlers)
         if collective_timeout is None and handlers.timeout_s is not None:
             collective_timeout = handlers.timeout_s
-        if log_with is not None:
-            raise NotSupportedYetError("Accelerator(log_with=...) experiment trackers are not supported yet; "
-                                       "log from `if accelerator.is_main_process:`")
         self.settings = resolve_settings(explicit={
             "mixed_precision": mixed_precision, "strategy": strategy, "collective_timeout": collective_timeout,
             "gradient_accumulation_steps": plugin.num_steps if plugin is not None else gradient_accumulation_steps,
@@ -97,17 +87,19 @@ class Accelerator:
         check_arguments(strategy=self.settings.strategy, strategy_options=strategy_options,  # fail early
                         dataloader_config=dataloader_config, project_config=project_config)
         config = dataloader_config or DataLoaderConfiguration()
-        self.dataloader_config = config
-        self.split_batches = bool(config.split_batches if split_batches is None else split_batches)
-        self.even_batches = bool(config.even_batches if even_batches is None else even_batches)
+        self.dataloader_config = dataclasses.replace(  # the constructor's old arguments win, as in Accelerate
+            config, split_batches=bool(config.split_batches if split_batches is None else split_batches),
+            even_batches=bool(config.even_batches if even_batches is None else even_batches))
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         project = project_config or ProjectConfiguration()
         if project_dir is not None:
-            project = ProjectConfiguration(project_dir=str(project_dir), total_limit=project.total_limit,
-                                           automatic_checkpoint_naming=project.automatic_checkpoint_naming,
-                                           iteration=project.iteration)
+            project = dataclasses.replace(project, project_dir=str(project_dir))
+        if project.logging_dir is None and project.project_dir is not None:
+            project = dataclasses.replace(project, logging_dir=project.project_dir)
         self.project_configuration = project
+        self._trackers = tracking.TrackerHub(tracking.resolve_log_with(log_with, project.logging_dir),
+                                             project.logging_dir)
         self.save_iteration = project.iteration
         self._strategy_options = {**handlers.ddp, **(strategy_options or {})}
         self._planner = planner
@@ -179,6 +171,18 @@ class Accelerator:
     def gradient_state(self) -> GradientState:
         """The loop's state under Accelerate's names (``sync_gradients``, ``end_of_dataloader``, ...)."""
         return GradientState(_accelerator=self)
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
 
     @property
     def mixed_precision(self) -> str:
@@ -292,22 +296,16 @@ class Accelerator:
         return prepared
 
     def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None) -> PreparedDataLoader:
-        import torch
-
-        if isinstance(data_loader, PreparedDataLoader):
+        if data.is_prepared(data_loader):
             return data_loader
         strategy = self._ensure_strategy(None) if self._strategy is not None or self.settings.strategy != "auto" \
             else None
-        shards = strategy.data_parallel_size if strategy else self.settings.world_size
-        shard = strategy.data_parallel_rank if strategy else self.settings.rank
-        source = data_loader.generator
-        draw = torch.randint(0, 2**31 - 1, (1,), generator=source) if source is not None \
-            else torch.randint(0, 2**31 - 1, (1,))
-        seed = int(collectives.broadcast_object(int(draw.item())))  # every rank shuffles with rank 0's seed
         place = self.device_placement if device_placement is None else device_placement
-        prepared = PreparedDataLoader(data_loader, num_shards=shards, shard=shard, split_batches=self.split_batches,
-                                      even_batches=self.even_batches, seed=seed,
-                                      device=self.device if place else None, state=self._loop)
+        prepared = data.shard_data_loader(
+            data_loader, config=self.dataloader_config, device=self.device if place else None, state=self._loop,
+            num_shards=strategy.data_parallel_size if strategy else self.settings.world_size,
+            shard=strategy.data_parallel_rank if strategy else self.settings.rank,
+            broadcast=collectives.broadcast_object, reader=self.is_main_process)
         self._dataloaders.append(prepared)
         return prepared
 
@@ -533,13 +531,11 @@ class Accelerator:
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """A loader whose next iteration starts ``num_batches`` batches in (resuming mid-epoch)."""
-        if isinstance(dataloader, PreparedDataLoader):
-            dataloader.skip(num_batches)
-            return dataloader
-        return SkipFirstBatches(dataloader, num_batches)
+        return data.skip_first_batches(dataloader, num_batches)
 
     def end_training(self) -> None:
         """Tear down the strategy and the process group this Accelerator started."""
+        self._trackers.finish()
         self.wait_for_everyone()
         if self._strategy is not None:
             self._strategy.teardown()
@@ -565,11 +561,29 @@ class Accelerator:
 
     clear = free_memory
 
-    def init_trackers(self, *args: Any, **kwargs: Any) -> None:
-        raise NotSupportedYetError("experiment trackers (init_trackers/log) are not supported yet; "
-                                   "log from `if accelerator.is_main_process:`")
+    # --- trackers (convoy.train.tracking) ----------------------------------------------------------------
+    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
+                      init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
+        """Open a run named ``project_name`` in every ``log_with`` tracker (main process), with ``config``."""
+        self._trackers.init(project_name, config, init_kwargs or {}, self.is_main_process)
 
-    log = init_trackers
+    def log(self, values: dict[str, Any], step: int | None = None,
+            log_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
+        """Record ``values`` in every tracker (main process); without ``step``, the one after the last."""
+        if self.is_main_process:
+            self._trackers.log(values, step, log_kwargs or {})
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker called ``name`` (``unwrap=True``: the library's own object, e.g. the SummaryWriter)."""
+        return self._trackers.get(name, unwrap)
+
+    @property
+    def trackers(self) -> list[Any]:
+        return self._trackers.trackers
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
 
     # --- saving ----------------------------------------------------------------------------------------
     def register_for_checkpointing(self, *objects: Any) -> None:

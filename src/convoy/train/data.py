@@ -1,34 +1,73 @@
-"""Data sharding: each process reads a disjoint part of every epoch, shuffled the same way everywhere.
+"""Data sharding: each process reads a disjoint part of every epoch, in the order one process would read it.
 
     loader = DataLoader(dataset, batch_size=8, shuffle=True)
-    loader = accelerator.prepare(loader)       # -> PreparedDataLoader
+    loader = accelerator.prepare(loader)       # -> PreparedDataLoader, a torch DataLoader
     for batch in loader: ...                   # this rank's batches, already on accelerator.device
 
-Rules (Accelerate's meanings):
+Rules (Accelerate's meanings, ``DataLoaderConfiguration``):
 
 - ``split_batches=False``: the loader's batch size is per process; global batches are dealt round-robin,
   so one step of N processes consumes the same samples as N consecutive batches of one process.
 - ``split_batches=True``: the loader's batch size is global; each global batch is cut into N equal parts.
 - ``even_batches=True``: every rank gets the same number of full batches; the last round is completed with
   samples from the start of the epoch, and ``gather_for_metrics`` drops them again (``LoopState.remainder``).
-- Shuffling: a ``RandomSampler`` is replaced by one seeded with a seed agreed by all ranks plus the epoch,
-  so ranks shuffle identically and every epoch differently (``set_epoch`` semantics; the epoch advances on
-  each new iteration).
+- Shuffling (a ``RandomSampler`` inside): every rank draws the permutation of rank 0, made exactly as the
+  sampler would make it on one process (its own generator, synchronised, or a seed drawn from the global torch
+  RNG), so N processes read a seeded one-process DataLoader's order, epoch after epoch.
+  ``use_seedable_sampler=True`` seeds each epoch with ``data_seed`` (else ``torch.initial_seed()``) plus the
+  epoch, which ``set_epoch`` sets; the epoch also advances on each new iteration.
+- An ``IterableDataset`` is read whole by every process, which keeps its slice of each global batch (as
+  Accelerate's ``IterableDatasetShard``); the last, short round is completed from the first one
+  (``even_batches``) or dealt as it is.
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from convoy.errors import ConfigError, NotSupportedYetError
+from convoy.train.streams import IterableDatasetShard, shard_iterable
 
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
+__all__ = ["DataLoaderConfiguration", "LoopState", "SeedableRandomSampler", "IterableDatasetShard", "shard_batches",
+           "shard_iterable", "PreparedDataLoader", "SkipFirstBatches", "send_to_device", "shard_data_loader",
+           "is_prepared", "prepare_data_loader", "skip_first_batches"]
 
-__all__ = ["LoopState", "EpochRandomSampler", "shard_batches", "PreparedDataLoader", "SkipFirstBatches",
-           "send_to_device"]
+
+@dataclass(kw_only=True)
+class DataLoaderConfiguration:
+    """How prepared dataloaders shard (Accelerate 1.x's names and defaults). Not frozen: Accelerate's scripts
+    assign its fields (``accelerator.dataloader_config.even_batches = False``)."""
+
+    split_batches: bool = False
+    """The loader's batch size is global and split between processes (else: per process)."""
+    dispatch_batches: bool | None = None
+    """True: process 0 reads every batch and sends each process its slice (``convoy.train.dispatch``). None and
+    False: every process reads its own shard, IterableDatasets included (Accelerate dispatches those)."""
+    even_batches: bool = True
+    """Pad the last round so every process gets the same number of full batches."""
+    use_seedable_sampler: bool = False
+    """Shuffle each epoch with ``data_seed + epoch`` (reproducible from the seed alone, ``set_epoch``-driven)."""
+    data_seed: int | None = None
+    """Seed of ``use_seedable_sampler`` (default: ``torch.initial_seed()`` of rank 0)."""
+    non_blocking: bool = False
+    """Copy batches to the device with ``non_blocking=True`` (worth it with ``pin_memory=True``)."""
+    use_stateful_dataloader: bool = False
+    """Accelerate: wrap loaders in torchdata's ``StatefulDataLoader``. convoy saves positions itself."""
+
+    def __post_init__(self) -> None:
+        if self.use_stateful_dataloader:
+            try:
+                import torchdata.stateful_dataloader  # noqa: F401
+                reason = "convoy saves the loader position in save_state itself"
+            except ImportError:
+                reason = "it needs torchdata (pip install torchdata), and convoy saves the position in save_state"
+            raise NotSupportedYetError(f"DataLoaderConfiguration(use_stateful_dataloader=True) is not supported yet: "
+                                       f"{reason}; leave it False")
 
 
 @dataclass
@@ -48,27 +87,47 @@ class LoopState:
     def active_dataloader(self) -> Any:
         return self.dataloaders[-1] if self.dataloaders else None
 
+    @property
+    def in_dataloader(self) -> bool:
+        return bool(self.dataloaders)
 
-class EpochRandomSampler:
-    """A random permutation of ``range(num_samples)`` seeded by ``seed + epoch``: identical on every rank."""
+    def enter(self, loader: Any) -> None:
+        loader.end_of_dataloader, loader.remainder = False, None
+        self.dataloaders.append(loader)
+        self.end_of_dataloader, self.remainder = False, None
 
-    def __init__(self, num_samples: int, seed: int) -> None:
-        self.num_samples = num_samples
-        self.seed = seed
+    def at(self, loader: Any, *, last: bool, remainder: int | None) -> None:
+        loader.end_of_dataloader, loader.remainder = last, remainder
+        self.end_of_dataloader, self.remainder = last, remainder
+
+    def leave(self, loader: Any) -> None:
+        """``loader`` stopped (ran out, or the loop broke out): the loader around it is active again."""
+        loader.end_of_dataloader, loader.remainder = False, None
+        self.dataloaders = [d for d in self.dataloaders if d is not loader]
+        outer = self.active_dataloader
+        self.end_of_dataloader = bool(outer.end_of_dataloader) if outer is not None else False
+        self.remainder = outer.remainder if outer is not None else None
+
+
+class SeedableRandomSampler(RandomSampler):
+    """A ``RandomSampler`` whose epoch ``e`` is the permutation of seed ``data_seed + e`` (Accelerate's class:
+    ``use_seedable_sampler=True`` puts one in place of a loader's ``RandomSampler``). ``data_seed`` defaults
+    to ``torch.initial_seed()``; each full iteration advances the epoch, ``set_epoch`` sets it."""
+
+    def __init__(self, *args: Any, data_seed: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.initial_seed = data_seed if data_seed is not None else torch.random.initial_seed()
         self.epoch = 0
+
+    def __iter__(self) -> Iterator[int]:
+        if self.generator is None:
+            self.generator = torch.Generator()
+        self.generator.manual_seed(self.initial_seed + self.epoch)
+        yield from super().__iter__()
+        self.set_epoch(self.epoch + 1)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def __iter__(self) -> Iterator[int]:
-        import torch
-
-        generator = torch.Generator()
-        generator.manual_seed(self.seed + self.epoch)
-        yield from torch.randperm(self.num_samples, generator=generator).tolist()
 
 
 def shard_batches(batches: Sequence[list[int]], *, batch_size: int, num_shards: int, shard: int,
@@ -109,169 +168,333 @@ def shard_batches(batches: Sequence[list[int]], *, batch_size: int, num_shards: 
     return out
 
 
-def send_to_device(batch: Any, device: "torch.device") -> Any:
+def send_to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """``batch`` with every tensor inside (dicts, lists, tuples, named tuples) moved to ``device``."""
-    import torch
-
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
+        return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, dict):
-        return type(batch)({k: send_to_device(v, device) for k, v in batch.items()})
+        return type(batch)({k: send_to_device(v, device, non_blocking) for k, v in batch.items()})
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(send_to_device(v, device) for v in batch))
+        return type(batch)(*(send_to_device(v, device, non_blocking) for v in batch))
     if isinstance(batch, (list, tuple)):
-        return type(batch)(send_to_device(v, device) for v in batch)
+        return type(batch)(send_to_device(v, device, non_blocking) for v in batch)
     if hasattr(batch, "to") and callable(batch.to):  # e.g. transformers' BatchEncoding
         return batch.to(device)
     return batch
 
 
-class _RankBatchSampler:
-    """The batch sampler handed to the inner DataLoader: this rank's batches of the current epoch."""
+def _identity(value: Any) -> Any:
+    """Broadcast on one process."""
+    return value
 
-    def __init__(self, owner: "PreparedDataLoader") -> None:
-        self.owner = owner
+
+@dataclass
+class _Cursor:
+    """Where a loader is in its epochs; shared with the loaders ``skip_first_batches`` makes from it."""
+
+    next_epoch: int = 0
+    epoch: int = 0
+    running: bool = False
+    start: int = 0
+    yielded: int = 0
+    skip: int = 0
+    plan: list[tuple[list[int], int | None]] = field(default_factory=list)
+    epoch_rng: Any = None  # the sampler generator's state this epoch started from (replayed after load_state)
+    replay_rng: Any = None
+    resumed: bool = False  # the next iteration continues an epoch that load_state restored
+
+
+class _RankBatchSampler:
+    """The inner DataLoader's (batch) sampler: this rank's batches of the current epoch. Carries Accelerate's
+    ``BatchSamplerShard`` attributes (``batch_sampler``, ``even_batches``, ``split_batches``, ...)."""
+
+    def __init__(self, owner: "PreparedDataLoader", batch_sampler: Any, *, unbatched: bool) -> None:
+        self.owner, self.batch_sampler, self.unbatched = owner, batch_sampler, unbatched
+
+    @property
+    def sampler(self) -> Any:
+        return getattr(self.batch_sampler, "sampler", None)
+
+    @property
+    def batch_size(self) -> int | None:
+        return self.owner._batch_size
+
+    @property
+    def even_batches(self) -> bool:
+        return self.owner.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.owner.even_batches = value
+
+    @property
+    def split_batches(self) -> bool:
+        return self.owner.split_batches
+
+    @property
+    def num_processes(self) -> int:
+        return self.owner.num_shards
+
+    @property
+    def process_index(self) -> int:
+        return self.owner.shard
 
     def __len__(self) -> int:
         return len(self.owner)
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[Any]:  # a generator: runs at the first next(), as a plain sampler would
         owner = self.owner
-        for indices, _ in owner._plan[owner._start:]:
-            yield indices
+        cursor = owner._cursor
+        cursor.plan = owner._make_plan()
+        for indices, _ in cursor.plan[cursor.start:]:
+            if self.unbatched:
+                yield from indices
+            else:
+                yield indices
 
 
-class PreparedDataLoader:
-    """A DataLoader sharded for this process; iterate it like the original."""
+def _find_random_sampler(sampler: Any) -> Any:
+    for candidate in (sampler, getattr(sampler, "sampler", None)):
+        if isinstance(candidate, RandomSampler):
+            return candidate
+    return None
 
-    def __init__(self, loader: Any, *, num_shards: int, shard: int, split_batches: bool, even_batches: bool,
-                 seed: int, device: "torch.device | None", state: LoopState) -> None:
-        import torch
-        from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
-        if isinstance(loader.dataset, IterableDataset):
-            raise NotSupportedYetError("prepare() of a DataLoader over an IterableDataset is not supported yet; "
-                                       "use a map-style Dataset, or shard the stream yourself by process_index")
-        if loader.batch_sampler is None:
-            raise NotSupportedYetError("prepare() of a DataLoader with batch_size=None is not supported yet; "
-                                       "give it a batch_size")
+def _base_kwargs(loader: Any) -> dict[str, Any]:
+    kwargs = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+                  timeout=loader.timeout, worker_init_fn=loader.worker_init_fn, generator=loader.generator,
+                  multiprocessing_context=loader.multiprocessing_context,
+                  persistent_workers=loader.persistent_workers,
+                  pin_memory_device=getattr(loader, "pin_memory_device", ""))
+    if hasattr(loader, "in_order"):
+        kwargs["in_order"] = loader.in_order
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    return kwargs
+
+
+class PreparedDataLoader(DataLoader):
+    """A ``torch.utils.data.DataLoader`` that reads this process's shard of ``loader``; iterate it like the
+    original. ``broadcast`` sends rank 0's value to every rank (identity on one process)."""
+
+    def __init__(self, loader: DataLoader, *, num_shards: int, shard: int, split_batches: bool = False,
+                 even_batches: bool = True, device: torch.device | None = None, state: LoopState | None = None,
+                 non_blocking: bool = False, broadcast: Callable[[Any], Any] = _identity,
+                 source: Any = None, _cursor: _Cursor | None = None,
+                 _skip_batches: int = 0) -> None:
         self.base = loader
-        self.dataset = loader.dataset
-        self.batch_sampler = loader.batch_sampler
-        self.batch_size = getattr(loader.batch_sampler, "batch_size", loader.batch_size)
         self.num_shards, self.shard = num_shards, shard
         self.split_batches, self.even_batches = split_batches, even_batches
-        self.device, self.state = device, state
-        if isinstance(self.batch_sampler.sampler, RandomSampler):
-            self.sampler: Any = EpochRandomSampler(len(self.batch_sampler.sampler), seed)
-            self.batch_sampler = torch.utils.data.BatchSampler(
-                self.sampler, self.batch_sampler.batch_size, self.batch_sampler.drop_last)
+        self.device, self.non_blocking = device, non_blocking
+        self.state = state if state is not None else LoopState()
+        self._broadcast = broadcast
+        self._cursor = _cursor if _cursor is not None else _Cursor()
+        self._skip_batches = _skip_batches
+        self.end_of_dataloader, self.remainder = False, None  # Accelerate's DataLoaderShard attributes
+        self._iterable = isinstance(loader.dataset, IterableDataset)
+        kwargs = _base_kwargs(loader)
+        if self._iterable:
+            self._source, self._random = None, None
+            self._batch_size = loader.batch_size
+            if loader.batch_size is None:
+                raise NotSupportedYetError("prepare() of a DataLoader over an IterableDataset with batch_size=None "
+                                           "is not supported yet; give it a batch_size")
+            part = loader.batch_size // num_shards if split_batches else loader.batch_size
+            shard_ds = IterableDatasetShard(loader.dataset, loader.batch_size, loader.drop_last, num_shards, shard,
+                                            split_batches, even_batches)
+            super().__init__(shard_ds, batch_size=part, drop_last=loader.drop_last, **kwargs)
+            return
+        by_sampler = isinstance(loader.sampler, BatchSampler) and loader.batch_sampler is None
+        unbatched = loader.batch_sampler is None and not by_sampler
+        if source is None:
+            source = loader.sampler if loader.batch_sampler is None else loader.batch_sampler
+        self._source = source
+        self._random = _find_random_sampler(self._source)
+        if isinstance(self._random, SeedableRandomSampler) and _cursor is None:  # every rank: rank 0's seed
+            self._random.initial_seed = int(broadcast(int(self._random.initial_seed)))
+        self._unbatched = unbatched
+        self._batch_size = 1 if unbatched else getattr(self._source, "batch_size", None)
+        if self._batch_size is None and even_batches:
+            raise ConfigError(f"prepare(): the batch sampler {type(self._source).__name__} has no batch_size, so its "
+                              "last batches cannot be evened out; use DataLoaderConfiguration(even_batches=False)")
+        rank_sampler = _RankBatchSampler(self, self._source, unbatched=unbatched)
+        if unbatched or by_sampler:
+            super().__init__(loader.dataset, sampler=rank_sampler, batch_size=None, **kwargs)
         else:
-            self.sampler = self.batch_sampler.sampler
-        self._next_epoch = 0
-        self._epoch = 0
-        self._skip = 0
-        self._start = 0
-        self._yielded = 0
-        self._running = False
-        self._plan: list[tuple[list[int], int | None]] = []
-        kwargs = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-                      pin_memory=loader.pin_memory, timeout=loader.timeout,
-                      worker_init_fn=loader.worker_init_fn, generator=loader.generator,
-                      multiprocessing_context=loader.multiprocessing_context,
-                      persistent_workers=loader.persistent_workers)
-        if loader.num_workers > 0:
-            kwargs["prefetch_factor"] = loader.prefetch_factor
-        self._inner = DataLoader(loader.dataset, batch_sampler=_RankBatchSampler(self), **kwargs)
+            super().__init__(loader.dataset, batch_sampler=rank_sampler, **kwargs)
+
+    def skipping(self, num_batches: int) -> "PreparedDataLoader":
+        """A loader over the same data and position whose iterations leave out their first ``num_batches``."""
+        return PreparedDataLoader(self.base, num_shards=self.num_shards, shard=self.shard,
+                                  split_batches=self.split_batches, even_batches=self.even_batches,
+                                  device=self.device, state=self.state, non_blocking=self.non_blocking,
+                                  broadcast=self._broadcast, source=self._source,
+                                  _cursor=self._cursor, _skip_batches=self._skip_batches + num_batches)
 
     def reshard(self, *, num_shards: int, shard: int) -> None:
         """Read another shard of each batch from the next epoch on: a loader prepared before
         ``strategy="auto"`` chose a layout whose data-parallel groups are not the processes."""
         if (num_shards, shard) == (self.num_shards, self.shard):
             return
-        if self._running:
+        if self._cursor.running:
             raise ConfigError(f"this DataLoader was prepared and iterated before strategy='auto' chose a layout "
                               f"with {num_shards} data-parallel groups; prepare the model first "
                               "(accelerator.prepare(model, optimizer, dataloader))")
         self.num_shards, self.shard = num_shards, shard
+        if self._iterable:
+            self.dataset.num_processes, self.dataset.process_index = num_shards, shard
 
     # --- epochs and positions ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """The epoch of the next iteration (shuffling seed); ``DistributedSampler.set_epoch`` semantics."""
-        self._next_epoch = epoch
+        """The epoch of the next iteration; passed on to the sampler and dataset that take one."""
+        self._cursor.next_epoch = epoch
+        for target in (getattr(self._source, "sampler", None), self._source, self.base.dataset):
+            if target is not None and target is not self._random and hasattr(target, "set_epoch"):
+                target.set_epoch(epoch)
 
     @property
     def epoch(self) -> int:
-        return self._epoch
-
-    def _make_plan(self, epoch: int) -> list[tuple[list[int], int | None]]:
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
-        return shard_batches(list(self.batch_sampler), batch_size=self.batch_size, num_shards=self.num_shards,
-                             shard=self.shard, split_batches=self.split_batches, even_batches=self.even_batches)
+        return self._cursor.epoch
 
     @property
     def global_batch_size(self) -> int:
         """Samples one step consumes across all processes."""
-        return self.batch_size if self.split_batches else self.batch_size * self.num_shards
+        size = self._batch_size or 1
+        return size if self.split_batches else size * self.num_shards
 
-    def state_dict(self) -> dict[str, int]:
-        """Where the loop is: the epoch and the batches of it already consumed (for save_state)."""
-        if self._running:
-            return {"epoch": self._epoch, "batches": self._yielded, "global_batch_size": self.global_batch_size}
-        return {"epoch": self._next_epoch, "batches": 0, "global_batch_size": self.global_batch_size}
+    total_batch_size = global_batch_size  # Accelerate's name
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    @property
+    def iteration(self) -> int:
+        """Accelerate's name of the epoch."""
+        return self._cursor.epoch
+
+    @property
+    def total_dataset_length(self) -> int:
+        return len(self.base.dataset)
+
+    def get_sampler(self) -> Any:
+        """The sampler that orders the samples (inside the batch sampler when there is one)."""
+        return self._random or getattr(self._source, "sampler", self._source)
+
+    def _make_plan(self) -> list[tuple[list[int], int | None]]:
+        """This rank's batches of the epoch that starts now (runs inside the inner loader's first ``next``)."""
+        batches = self._epoch_batches()
+        size = self._batch_size or max((len(b) for b in batches), default=1)  # only read with even_batches
+        if self._unbatched:
+            batches = [[i] for i in batches]
+        return shard_batches(batches, batch_size=size, num_shards=self.num_shards, shard=self.shard,
+                             split_batches=self.split_batches, even_batches=self.even_batches)
+
+    def _epoch_batches(self) -> list[Any]:
+        """The original sampler's whole epoch, shuffled by rank 0's generator state (see the module docstring)."""
+        sampler, cursor = self._random, self._cursor
+        if sampler is None:
+            return list(self._source)
+        if isinstance(sampler, SeedableRandomSampler):  # the epoch decides, on every rank alike
+            sampler.set_epoch(cursor.epoch)
+            return list(self._source)
+        own = sampler.generator
+        if cursor.replay_rng is not None:
+            rng, cursor.replay_rng = cursor.replay_rng, None
+        elif own is None:  # RandomSampler draws its seed from the global RNG: every rank draws, rank 0's wins
+            rng = torch.Generator().manual_seed(self._broadcast(
+                int(torch.empty((), dtype=torch.int64).random_().item()))).get_state()
+        else:
+            rng = self._broadcast(own.get_state())
+        cursor.epoch_rng = rng.clone()
+        generator = own if own is not None else torch.Generator()
+        generator.set_state(rng)
+        sampler.generator = generator
+        try:
+            return list(self._source)
+        finally:
+            sampler.generator = own
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loop is: the epoch, the batches of it already consumed and the shuffling state it started
+        from (for save_state)."""
+        cursor = self._cursor
+        if cursor.running:
+            return {"epoch": cursor.epoch, "batches": cursor.yielded, "global_batch_size": self.global_batch_size,
+                    "sampler_rng": cursor.epoch_rng}
+        return {"epoch": cursor.next_epoch, "batches": 0, "global_batch_size": self.global_batch_size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at a saved position, also one saved with another number of processes or batch size."""
         samples = state["batches"] * state["global_batch_size"]
-        self._next_epoch = state["epoch"]
-        self._skip = samples // self.global_batch_size
-        self._running = False
+        cursor = self._cursor
+        cursor.next_epoch = state["epoch"]
+        cursor.skip = samples // self.global_batch_size
+        cursor.replay_rng = state.get("sampler_rng") if cursor.skip else None
+        cursor.resumed, cursor.running = bool(cursor.skip), False
 
     def skip(self, num_batches: int) -> None:
         """Make the next iteration start ``num_batches`` batches into its epoch."""
-        self._skip = num_batches
+        self._cursor.skip = num_batches
 
     # --- iteration ---------------------------------------------------------------------------------
+    def _full_len(self) -> int:
+        if self._iterable:
+            total = len(self.base.dataset)
+            rounds = total // self.global_batch_size if self.base.drop_last else -(-total // self.global_batch_size)
+            return rounds
+        n = len(self._source)
+        if self.split_batches:
+            return n
+        return -(-n // self.num_shards) if self.even_batches else len(range(self.shard, n, self.num_shards))
+
     def __len__(self) -> int:
-        if not self._plan:
-            n = len(self.batch_sampler)
-            if self.split_batches:
-                return n
-            return -(-n // self.num_shards) if self.even_batches else len(range(self.shard, n, self.num_shards))
-        return len(self._plan)
+        return max(0, self._full_len() - self._skip_batches)
 
     def __iter__(self) -> Iterator[Any]:
-        self._epoch = self._next_epoch
-        self._next_epoch += 1
-        self._plan = self._make_plan(self._epoch)
-        start, self._skip = self._skip, 0
-        self._start = start  # read by _RankBatchSampler when the inner iterator starts
-        self._yielded = start
-        self._running = True
-        total = len(self._plan)
-        self.state.end_of_dataloader = False
-        self.state.dataloaders.append(self)
+        cursor = self._cursor
+        cursor.epoch = cursor.next_epoch
+        cursor.next_epoch += 1
+        # skip_first_batches(n) says where to start (n batches in), also after load_state restored a position
+        start, cursor.skip = self._skip_batches or cursor.skip, 0
+        cursor.start = 0 if self._iterable else start  # read by _RankBatchSampler when the inner loader starts
+        cursor.yielded, cursor.running = start, True
+        self.state.enter(self)
+        if cursor.resumed and self.generator is None:
+            # the interrupted run drew this epoch's worker seed from the global RNG before its checkpoint, whose
+            # RNG state load_state restored: drawing it again would shift every later draw (dropout, shuffles)
+            rng = torch.get_rng_state()
+            inner = super().__iter__()
+            torch.set_rng_state(rng)
+        else:
+            inner = super().__iter__()
+        cursor.resumed = False
+        if self._iterable:
+            inner = itertools.islice(inner, start, None)
         try:
-            for position, batch in enumerate(self._inner, start=start):
-                self._yielded = position + 1
-                self.state.end_of_dataloader = position == total - 1
-                self.state.remainder = self._plan[position][1]
-                yield send_to_device(batch, self.device) if self.device is not None else batch
+            yield from self._look_ahead(inner, start)
         finally:
-            self.state.dataloaders.remove(self)
-            self.state.end_of_dataloader = False
-            self.state.remainder = None
-        self._running = False
+            self.state.leave(self)
+        cursor.running = False
 
-    def __getattr__(self, name: str) -> Any:  # num_workers, collate_fn, ... of the original loader
-        if name.startswith("_") or name == "base":
-            raise AttributeError(name)
-        return getattr(self.base, name)
+    def _look_ahead(self, inner: Iterator[Any], position: int) -> Iterator[Any]:
+        """Yield the batches one step late, so that the last one is known as the last when it is handed out."""
+        cursor = self._cursor
+        current = next(inner, _END)
+        while current is not _END:
+            upcoming = next(inner, _END)
+            last = upcoming is _END
+            cursor.yielded = position + 1
+            if self._iterable:
+                remainder = self.dataset.padded_real if last else None
+            else:
+                remainder = cursor.plan[position][1] if position < len(cursor.plan) else None
+            self.state.at(self, last=last, remainder=remainder)
+            yield send_to_device(current, self.device, self.non_blocking) if self.device is not None else current
+            current, position = upcoming, position + 1
+
+
+_END = object()
 
 
 class SkipFirstBatches:
-    """An iterable over ``loader`` that leaves out its first ``num_batches`` batches (once)."""
+    """An iterable over a loader convoy did not prepare that leaves out its first ``num_batches`` batches."""
 
     def __init__(self, loader: Any, num_batches: int) -> None:
         self.loader, self.num_batches = loader, num_batches
@@ -286,3 +509,91 @@ class SkipFirstBatches:
         if name in ("loader", "num_batches"):
             raise AttributeError(name)
         return getattr(self.loader, name)
+
+
+def _seedable_source(loader: DataLoader, data_seed: int | None) -> Any:
+    """The loader's (batch) sampler with a new ``SeedableRandomSampler`` in place of its ``RandomSampler``, as
+    Accelerate's ``use_seedable_sampler=True`` makes it; None when there is nothing to replace. A plain
+    ``BatchSampler`` is copied; a custom one gets the new sampler in its ``sampler`` attribute."""
+    source = loader.sampler if loader.batch_sampler is None else loader.batch_sampler
+    inner = source if isinstance(source, RandomSampler) else getattr(source, "sampler", None)
+    if not isinstance(inner, RandomSampler):
+        return None
+    seedable = SeedableRandomSampler(inner.data_source, replacement=inner.replacement,
+                                     num_samples=inner._num_samples, generator=inner.generator, data_seed=data_seed)
+    if source is inner:
+        return seedable
+    if type(source) is BatchSampler:
+        return BatchSampler(seedable, source.batch_size, source.drop_last)
+    source.sampler = seedable
+    return source
+
+
+def is_prepared(loader: Any) -> bool:
+    """True for a loader ``prepare`` made (sharded or dispatched)."""
+    from convoy.train.dispatch import DispatchedDataLoader
+
+    return isinstance(loader, (PreparedDataLoader, DispatchedDataLoader))
+
+
+def shard_data_loader(loader: DataLoader, *, config: DataLoaderConfiguration, num_shards: int, shard: int,
+                      device: torch.device | None, state: LoopState, broadcast: Callable[[Any], Any],
+                      reader: bool | None = None) -> Any:
+    """``loader`` sharded for this process under ``config`` (what ``Accelerator.prepare`` does); ``reader``:
+    this process reads the batches for all with ``dispatch_batches`` (default: shard 0)."""
+    from convoy.train.dispatch import DispatchedDataLoader
+
+    if is_prepared(loader):
+        return loader
+    if config.dispatch_batches:
+        return DispatchedDataLoader(loader, num_shards=num_shards, shard=shard, split_batches=config.split_batches,
+                                    device=device, state=state, non_blocking=config.non_blocking,
+                                    broadcast=broadcast, reader=shard == 0 if reader is None else reader)
+    source = None
+    if config.use_seedable_sampler and not isinstance(loader.dataset, IterableDataset):
+        source = _seedable_source(loader, config.data_seed)
+    return PreparedDataLoader(loader, num_shards=num_shards, shard=shard, split_batches=config.split_batches,
+                              even_batches=config.even_batches, device=device, state=state,
+                              non_blocking=config.non_blocking, broadcast=broadcast, source=source)
+
+
+def _process_group() -> tuple[int, int, Callable[[Any], Any]]:
+    from convoy.train import collectives
+
+    if collectives.is_distributed():
+        import torch.distributed as dist
+
+        return dist.get_world_size(), dist.get_rank(), collectives.broadcast_object
+    return 1, 0, _identity
+
+
+def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = None,
+                        num_processes: int | None = None, process_index: int | None = None,
+                        split_batches: bool = False, put_on_device: bool = False, rng_types: Any = None,
+                        dispatch_batches: bool | None = None, even_batches: bool = True,
+                        slice_fn_for_dispatch: Any = None, use_seedable_sampler: bool = False,
+                        data_seed: int | None = None, non_blocking: bool = False,
+                        use_stateful_dataloader: bool = False, torch_device_mesh: Any = None
+                        ) -> PreparedDataLoader:
+    """Accelerate's free ``prepare_data_loader``: ``dataloader`` sharded for process ``process_index`` of
+    ``num_processes`` (default: this process group's). ``rng_types`` is not needed (shuffling always follows
+    rank 0); ``torch_device_mesh`` is the strategy's business in convoy (use ``Accelerator.prepare``)."""
+    if torch_device_mesh is not None:
+        raise NotSupportedYetError("prepare_data_loader(torch_device_mesh=...) is not supported; prepare the "
+                                   "loader with Accelerator.prepare, which shards over the data-parallel groups")
+    config = DataLoaderConfiguration(split_batches=split_batches, dispatch_batches=dispatch_batches,
+                                     even_batches=even_batches, use_seedable_sampler=use_seedable_sampler,
+                                     data_seed=data_seed, non_blocking=non_blocking,
+                                     use_stateful_dataloader=use_stateful_dataloader)
+    world, rank, broadcast = _process_group()
+    return shard_data_loader(dataloader, config=config, device=device if put_on_device else None,
+                             num_shards=world if num_processes is None else num_processes,
+                             shard=rank if process_index is None else process_index, state=LoopState(),
+                             broadcast=broadcast)
+
+
+def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
+    """Accelerate's free ``skip_first_batches``: a loader whose iterations leave out the first ``num_batches``."""
+    if hasattr(dataloader, "skipping"):  # PreparedDataLoader, DispatchedDataLoader
+        return dataloader.skipping(num_batches)
+    return SkipFirstBatches(dataloader, num_batches)

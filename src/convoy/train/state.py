@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from convoy.errors import CheckpointError
 from convoy.train import checkpoint as ckpt
-from convoy.train import collectives, saving
+from convoy.train import accelerate_checkpoint, collectives, saving
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -80,7 +80,8 @@ def save_state(acc: "Accelerator", output_dir: str | os.PathLike[str] | None) ->
         extra = {"schedulers": [s.state_dict() for s in acc._schedulers],
                  "scaler": acc.scaler.state_dict() if acc.scaler is not None else None,
                  "dataloaders": [d.state_dict() for d in acc._dataloaders],
-                 "custom": [o.state_dict() for o in acc._custom], "step": acc.step}
+                 "custom": [o.state_dict() for o in acc._custom], "step": acc.step,
+                 "trackers": acc._trackers.state_dict()}
         ckpt.save_file(extra, os.path.join(staging, "state.pt"),
                        "a scheduler's, data loader's or registered object's state_dict()")
     acc.wait_for_everyone()
@@ -99,6 +100,7 @@ def load_state(acc: "Accelerator", input_dir: str | os.PathLike[str] | None) -> 
     """Restore the newest complete checkpoint under ``project_dir`` (or ``input_dir``); returns it."""
     if input_dir is None:
         found = ckpt.latest_checkpoint(checkpoint_root(acc))
+        found = found or accelerate_checkpoint.latest_accelerate_checkpoint(checkpoint_root(acc))
         if found is None:
             raise CheckpointError(f"no complete checkpoint under {checkpoint_root(acc)}; "
                                   "save_state() first, or pass input_dir")
@@ -106,8 +108,10 @@ def load_state(acc: "Accelerator", input_dir: str | os.PathLike[str] | None) -> 
     else:
         path = Path(input_dir)
         ckpt.recover_checkpoint(path)
-    meta = ckpt.read_meta(path)
     acc._state_hooks.run_load([acc.strategy.unwrap(m) for m in acc._models], str(path))
+    if accelerate_checkpoint.is_accelerate_checkpoint(path):  # written by Accelerate's save_state
+        return accelerate_checkpoint.load_accelerate_state(acc, path)
+    meta = ckpt.read_meta(path)
     saving.load_checkpoint(acc.strategy, acc._models, _optimizer_pairs(acc), str(path / "distributed"),
                            no_dist=not _group_running())
     extra = ckpt.load_file(path / "state.pt")
@@ -119,6 +123,8 @@ def load_state(acc: "Accelerator", input_dir: str | os.PathLike[str] | None) -> 
         loader.load_state_dict(sd)
     for obj, sd in zip(acc._custom, extra["custom"]):
         obj.load_state_dict(sd)
+    if "trackers" in extra:  # the next log() step
+        acc._trackers.load_state_dict(extra["trackers"])
     rng = path / f"random_states_{acc.process_index}.pkl"
     if rng.exists():  # a checkpoint from fewer processes has no RNG state for the extra ranks
         saving.set_rng_state(ckpt.load_file(rng))

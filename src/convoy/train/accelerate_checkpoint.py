@@ -1,0 +1,212 @@
+"""Loading a checkpoint directory written by Hugging Face Accelerate's ``save_state``, so that a run started
+with Accelerate goes on under convoy.
+
+    accelerator.load_state("accelerate_run/checkpoints/checkpoint_3")   # detected; nothing else to change
+
+The directory holds ``model.safetensors`` or ``pytorch_model.bin`` (``model_1...`` for further models),
+``optimizer.bin``, ``scheduler.bin``, ``scaler.pt``, ``random_states_<rank>.pkl`` and
+``custom_checkpoint_<i>.pkl``, each ``<name>_<i>`` for the i-th object past the first. Every file is read with
+``torch.load(weights_only=True)`` (only numpy's RNG-state types are allowed besides tensors and plain data) or
+safetensors; nothing is unpickled. The state goes through the strategy like convoy's own checkpoints, so a
+checkpoint of one process loads into a sharded strategy too.
+
+Not supported yet: sharded FSDP/DeepSpeed checkpoints (sub-directories; NotSupportedYetError). Not read:
+``sampler.bin`` (a pickled sampler object, which cannot be loaded without running pickled code) and
+``dl_state_dict.bin`` (torchdata's loader state). Accelerate saves no loader position; resume mid-epoch with
+``skip_first_batches`` as under Accelerate.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from convoy.errors import CheckpointError, NotSupportedYetError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from convoy.train.accelerator import Accelerator
+
+__all__ = ["is_accelerate_checkpoint", "latest_accelerate_checkpoint", "load_accelerate_state", "safe_load"]
+
+_MARKERS = ("model.safetensors", "pytorch_model.bin", "optimizer.bin", "scheduler.bin", "random_states_0.pkl")
+
+
+def is_accelerate_checkpoint(path: str | Path) -> bool:
+    """True for a directory written by Accelerate's ``save_state`` (not by convoy's, complete or not)."""
+    from convoy.train.checkpoint import MARKER
+
+    path = Path(path)
+    convoy_files = (path / MARKER).exists() or (path / "state.pt").exists() or (path / "distributed").is_dir()
+    return path.is_dir() and not convoy_files and any((path / m).exists() for m in _MARKERS)
+
+
+def latest_accelerate_checkpoint(root: str | Path) -> Path | None:
+    """The Accelerate ``checkpoint_<n>`` directory under ``root`` with the largest ``n``, or None."""
+    root = Path(root)
+    found = [(int(p.name.split("_")[1]), p) for p in root.glob("checkpoint_*")
+             if p.name.split("_")[1].isdigit() and is_accelerate_checkpoint(p)] if root.is_dir() else []
+    return max(found)[1] if found else None
+
+
+def _numpy_globals() -> list[Any]:
+    """numpy's RNG state (``np.random.get_state()``) under the names numpy 1 and numpy 2 pickle it with."""
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    reconstruct = core.multiarray._reconstruct
+    dtype_class = type(np.dtype(np.uint32))
+    out: list[Any] = [np.ndarray, np.dtype, dtype_class,
+                      (reconstruct, "numpy.core.multiarray._reconstruct"),
+                      (reconstruct, "numpy._core.multiarray._reconstruct")]
+    if dtype_class is not np.dtype:
+        out.append((dtype_class, f"numpy.dtypes.{dtype_class.__name__}"))
+    return out
+
+
+def safe_load(path: Path) -> Any:
+    """``torch.load(path, weights_only=True)`` with numpy's RNG-state types allowed, on the CPU."""
+    import torch
+
+    try:
+        with torch.serialization.safe_globals(_numpy_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - named in the message
+        raise CheckpointError(f"{path}: cannot be read as tensors and plain data ({type(error).__name__}: "
+                              f"{str(error).splitlines()[0][:200]}); convoy does not unpickle objects") from error
+
+
+def _indexed(directory: Path, stem: str, ext: str, i: int) -> Path:
+    return directory / (f"{stem}.{ext}" if i == 0 else f"{stem}_{i}.{ext}")
+
+
+def _model_state(directory: Path, i: int) -> dict[str, Any]:
+    safe = _indexed(directory, "model", "safetensors", i)
+    if safe.exists():
+        from safetensors.torch import load_file
+
+        return load_file(str(safe), device="cpu")
+    pickled = _indexed(directory, "pytorch_model", "bin", i)
+    if pickled.exists():
+        return safe_load(pickled)
+    raise CheckpointError(f"{directory}: no weights for model {i} ({safe.name} or {pickled.name}); the checkpoint "
+                          f"was saved with fewer models than were prepared")
+
+
+def _fill(template: Any, full: Any, where: str) -> Any:
+    """``full`` laid out like ``template``: each tensor placed like the template's (a DTensor's shards), the
+    rest taken from ``full``."""
+    import torch
+
+    if isinstance(template, dict) and isinstance(full, dict):
+        return {k: _fill(template[k], v, f"{where}.{k}") if k in template else v for k, v in full.items()}
+    if isinstance(template, torch.Tensor) and isinstance(full, torch.Tensor):
+        if tuple(template.shape) != tuple(full.shape):
+            raise CheckpointError(f"{where}: the checkpoint has shape {tuple(full.shape)}, the prepared model "
+                                  f"{tuple(template.shape)}; prepare the model the checkpoint was saved from")
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        if isinstance(template, DTensor):
+            return distribute_tensor(full.to(template.device, template.dtype), template.device_mesh,
+                                     template.placements)
+        return full.to(template.device)
+    return full
+
+
+def _model_into(acc: "Accelerator", i: int, model: Any, state: dict[str, Any]) -> None:
+    template = acc.strategy.checkpoint_state(model, None)[0]
+    missing = [k for k in template if k not in state]
+    for key in missing:  # tied weights are saved once: take the partner that shares the memory
+        ptr = template[key].data_ptr()
+        partner = next((k for k in state if k in template and template[k].data_ptr() == ptr), None)
+        if partner is None:
+            raise CheckpointError(f"model {i}: the Accelerate checkpoint has no {key!r}; prepare the model the "
+                                  "checkpoint was saved from")
+        state[key] = state[partner]
+    unknown = [k for k in state if k not in template]
+    if unknown:
+        raise CheckpointError(f"model {i}: the Accelerate checkpoint has {unknown[0]!r}, which the prepared model "
+                              "does not; prepare the model the checkpoint was saved from")
+    acc.strategy.load_checkpoint_state(model, None, _fill(template, state, f"model {i}"), {})
+
+
+def _optimizer_into(acc: "Accelerator", j: int, optimizer: Any, model: Any, state: dict[str, Any]) -> None:
+    """Accelerate's optimizer state is ``optimizer.state_dict()``: parameters numbered in the groups' order.
+    convoy's strategies take it keyed by parameter name, which the prepared optimizer's groups give."""
+    from convoy.train.strategies.ddp import param_names
+
+    names = param_names(acc.strategy.unwrap(model), optimizer)
+    numbered = [p for group in state["param_groups"] for p in group["params"]]
+    if len(numbered) != len(names):
+        raise CheckpointError(f"optimizer {j}: the Accelerate checkpoint has {len(numbered)} parameters, the "
+                              f"prepared optimizer {len(names)}; prepare the optimizer the checkpoint was saved from")
+    name_of = dict(zip(numbered, names))
+    by_name = {"state": {name_of[k]: v for k, v in state["state"].items()},
+               "param_groups": [{**g, "params": [name_of[p] for p in g["params"]]} for g in state["param_groups"]]}
+    template = acc.strategy.checkpoint_state(model, optimizer)[1]
+    acc.strategy.load_checkpoint_state(model, optimizer, {}, _fill(template, by_name, f"optimizer {j}"))
+
+
+def _load_model(acc: "Accelerator", i: int, model: Any, state: dict[str, Any],
+                optimizers: list[tuple[int, Any, Path]]) -> None:
+    _model_into(acc, i, model, state)
+    for j, optimizer, path in optimizers:
+        _optimizer_into(acc, j, optimizer, model, safe_load(path))
+
+
+def _rng_into(acc: "Accelerator", directory: Path) -> None:
+    import numpy as np
+    import torch
+
+    path = directory / f"random_states_{acc.process_index}.pkl"
+    if not path.exists():  # a checkpoint from fewer processes has no RNG state for the extra ranks
+        return
+    states = safe_load(path)
+    random.setstate(states["random_state"])
+    np.random.set_state(states["numpy_random_seed"])
+    torch.set_rng_state(states["torch_manual_seed"])
+    if "torch_cuda_manual_seed" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["torch_cuda_manual_seed"])
+    if "step" in states:
+        acc.step = int(states["step"])
+
+
+def load_accelerate_state(acc: "Accelerator", directory: str | Path) -> str:
+    """Restore models, optimizers, schedulers, the gradient scaler, registered objects and this rank's RNG
+    from Accelerate's ``save_state`` directory into ``acc``'s prepared objects; returns the directory."""
+    directory = Path(directory)
+    sharded = sorted(p.name for p in directory.iterdir() if p.is_dir())
+    if sharded:  # FSDP's pytorch_model_fsdp_0/ and optimizer_0/, DeepSpeed's pytorch_model/
+        raise NotSupportedYetError(f"{directory}: Accelerate's sharded FSDP/DeepSpeed checkpoints ({sharded[0]}/) "
+                                   "are not supported yet; save with fsdp_state_dict_type='FULL_STATE_DICT'")
+    optimizers = []
+    for j, (prepared, model) in enumerate(zip(acc._optimizers, acc._optimizer_models)):
+        path = _indexed(directory, "optimizer", "bin", j)
+        if not path.exists():
+            raise CheckpointError(f"{directory}: no {path.name}; the checkpoint was saved with fewer optimizers")
+        optimizers.append((j, prepared.optimizer, model, path))
+    for i, model in enumerate(acc._models):
+        state = _model_state(directory, i)
+        own = [(j, opt, path) for j, opt, m, path in optimizers if m is model]
+        # a model the strategy builds later (a pipeline) is read then, as convoy's own checkpoints are
+        acc.strategy.after_build(model, functools.partial(_load_model, acc, i, model, state, own))
+    for j, _, model, _ in optimizers:
+        if model is None:
+            raise CheckpointError(f"optimizer {j} holds no parameter of a prepared model; prepare its model "
+                                  "together with it so that load_state can name its state")
+    for k, scheduler in enumerate(acc._schedulers):
+        path = _indexed(directory, "scheduler", "bin", k)
+        if not path.exists():
+            raise CheckpointError(f"{directory}: no {path.name}; the checkpoint was saved with fewer schedulers")
+        scheduler.load_state_dict(safe_load(path))
+    if acc.scaler is not None and (directory / "scaler.pt").exists():
+        acc.scaler.load_state_dict(safe_load(directory / "scaler.pt"))
+    for n, obj in enumerate(acc._custom):
+        path = directory / f"custom_checkpoint_{n}.pkl"
+        if not path.exists():
+            raise CheckpointError(f"{directory}: no {path.name} for registered object {n}")
+        obj.load_state_dict(safe_load(path))
+    _rng_into(acc, directory)
+    acc.wait_for_everyone()
+    return str(directory)

@@ -1,0 +1,117 @@
+"""A run started with Hugging Face Accelerate continues under convoy from Accelerate's save_state directory with
+the parameters, optimizer and scheduler state and RNG an uninterrupted Accelerate run has (scripts/
+accelerate_resume.py trains; Accelerate 1.15 is a test dependency)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from convoy.errors import CheckpointError
+from convoy.train.accelerate_checkpoint import is_accelerate_checkpoint, latest_accelerate_checkpoint, safe_load
+from tests.distributed import run_script
+
+SCRIPT = Path(__file__).parent / "scripts" / "accelerate_resume.py"
+K, M = 3, 2  # steps before the checkpoint, steps after it
+
+
+def _run(args: list[str], nproc: int = 1) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    launcher = [] if nproc == 1 else ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    proc = subprocess.run([sys.executable, *launcher, str(SCRIPT), *args], capture_output=True, text=True,
+                          env=env, timeout=180)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+
+
+def _convoy(args: list[str], nproc: int) -> None:
+    result = run_script(SCRIPT, nproc=nproc, args=args, timeout=180)
+    assert result.returncode == 0, result.output[-4000:]
+
+
+def _accelerate_run(tmp_path: Path, nproc: int) -> tuple[Path, dict]:
+    """Accelerate trains K + M steps, saving its state after K (safetensors, and pytorch_model.bin in _bin)."""
+    pytest.importorskip("accelerate")
+    ckpt = tmp_path / "accelerate_checkpoint"
+    _run(["--lib", "accelerate", "--steps", str(K + M), "--save-at", str(K), "--save", str(ckpt),
+          "--out", str(tmp_path / "ref.json")], nproc)
+    return ckpt, json.loads((tmp_path / "ref.json").read_text())
+
+
+def _resumed(tmp_path: Path, ckpt: Path, nproc: int, strategy: str | None = None) -> dict:
+    out = tmp_path / f"convoy-{ckpt.name}-{strategy}.json"
+    args = ["--lib", "convoy", "--load", str(ckpt), "--resume-step", str(K), "--steps", str(M), "--out", str(out)]
+    args += ["--strategy", strategy] if strategy else []
+    if nproc == 1:
+        _run(args)
+    else:
+        _convoy(args, nproc)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_one_process_run_continues_with_identical_parameters(tmp_path):
+    ckpt, reference = _accelerate_run(tmp_path, 1)
+    assert {p.name for p in ckpt.iterdir()} >= {"model.safetensors", "model_1.safetensors", "optimizer.bin",
+                                                  "optimizer_1.bin", "scheduler.bin", "random_states_0.pkl",
+                                                  "custom_checkpoint_0.pkl"}
+    assert _resumed(tmp_path, ckpt, 1) == reference  # parameters, scheduler lr, and the RNG's next draws
+    pickled = ckpt.with_name(ckpt.name + "_bin")
+    assert (pickled / "pytorch_model.bin").exists() and (pickled / "pytorch_model_1.bin").exists()
+    assert _resumed(tmp_path, pickled, 1) == reference
+
+
+@pytest.mark.slow
+def test_two_process_run_continues_sharded_with_identical_parameters(tmp_path):
+    # Accelerate's DDP run, continued by FSDP2 (zero3): full tensors sharded on load, each rank's RNG restored
+    ckpt, reference = _accelerate_run(tmp_path, 2)
+    assert (ckpt / "random_states_1.pkl").exists()
+    assert _resumed(tmp_path, ckpt, 2, "zero3") == reference
+
+
+def test_files_are_read_without_unpickling_objects(tmp_path):
+    import random
+
+    import numpy as np
+
+    rng = tmp_path / "random_states_0.pkl"
+    torch.save({"step": 4, "random_state": random.getstate(), "numpy_random_seed": np.random.get_state(),
+                "torch_manual_seed": torch.get_rng_state()}, rng)
+    assert safe_load(rng)["numpy_random_seed"][0] == "MT19937"
+    evil = tmp_path / "sampler.bin"
+    torch.save(Path("/"), evil)  # any object: loading it would mean running pickled code
+    with pytest.raises(CheckpointError, match="does not unpickle"):
+        safe_load(evil)
+
+
+def test_accelerate_directories_are_told_apart_and_found(tmp_path):
+    root = tmp_path / "checkpoints"
+    for n in (0, 2, 10):
+        (root / f"checkpoint_{n}").mkdir(parents=True)
+        torch.save({}, root / f"checkpoint_{n}" / "optimizer.bin")
+    (root / "checkpoint_11").mkdir()  # empty: not a checkpoint
+    assert is_accelerate_checkpoint(root / "checkpoint_2") and not is_accelerate_checkpoint(root / "checkpoint_11")
+    assert latest_accelerate_checkpoint(root) == root / "checkpoint_10"
+    (root / "checkpoint_10" / "convoy_checkpoint.json").write_text("{}")  # convoy's own
+    assert not is_accelerate_checkpoint(root / "checkpoint_10")
+    assert latest_accelerate_checkpoint(root) == root / "checkpoint_2"
+    (root / "checkpoint_2" / "distributed").mkdir()  # an incomplete convoy checkpoint is not Accelerate's
+    assert latest_accelerate_checkpoint(root) == root / "checkpoint_0"
+
+
+def test_sharded_accelerate_checkpoints_are_named_as_not_supported(tmp_path):
+    from convoy import Accelerator
+    from convoy.errors import NotSupportedYetError
+
+    (tmp_path / "pytorch_model_fsdp_0").mkdir()
+    torch.save({}, tmp_path / "random_states_0.pkl")
+    acc = Accelerator()
+    acc.prepare(torch.nn.Linear(2, 2))
+    with pytest.raises(NotSupportedYetError, match="pytorch_model_fsdp_0"):
+        acc.load_state(tmp_path)
