@@ -172,6 +172,7 @@ def _device_type() -> str:
 
 
 _owned_group = False
+_generation = 0  # process groups this process has started over a store (see start_process_group)
 
 
 def start_process_group(settings: TrainSettings, *, always: bool = False) -> bool:
@@ -180,7 +181,7 @@ def start_process_group(settings: TrainSettings, *, always: bool = False) -> boo
     ``always`` starts a one-process group (an in-memory store) even when the job has a single process,
     for strategies whose engine needs a group (DDP, FSDP).
     """
-    global _owned_group
+    global _owned_group, _generation
     import datetime
 
     import torch.distributed as dist
@@ -193,8 +194,18 @@ def start_process_group(settings: TrainSettings, *, always: bool = False) -> boo
     backend = settings.backend or ("cpu:gloo,cuda:nccl" if settings.device_type == "cuda" else "gloo")
     if settings.world_size == 1 and "MASTER_ADDR" not in os.environ:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-    else:
+    elif _generation == 0:
         dist.init_process_group(backend, rank=settings.rank, world_size=settings.world_size, timeout=timeout)
+    else:
+        # A group started again in this process (end_training(), then a new Accelerator): torch keys the default
+        # group's rendezvous "default_pg/0/..." every time, and the store (kept alive on loopback by rank 0) still
+        # holds the previous group's addresses, so a rank could dial a dead one ("connectFullMesh failed"). Every
+        # rank starts its groups in the same order, so a per-process count gives each generation its own keys.
+        store, _, _ = next(dist.rendezvous("env://", settings.rank, settings.world_size, timeout=timeout))
+        store.set_timeout(timeout)
+        dist.init_process_group(backend, store=dist.PrefixStore(f"convoy_group_{_generation}", store),
+                                rank=settings.rank, world_size=settings.world_size, timeout=timeout)
+    _generation += 1
     _owned_group = True
     # A group still alive at interpreter shutdown leaves gloo's worker threads holding tensors, and the
     # process aborts (SIGABRT, "terminate called without an active exception") after all its work is done
