@@ -108,3 +108,13 @@ def test_parallelism_from_a_settings_file_reaches_the_workers_and_flags_win(tmp_
     monkeypatch.setenv("CONVOY_PARALLELISM", "pp=4")  # the variable is above the file
     r, _ = request("--nproc-per-node", "4")
     assert r.settings.parallelism == "pp=4"
+
+
+@pytest.mark.parametrize("script_args", [["--start", "3"], ["--nproc", "2", "--devices", "x"], ["--help"],
+                                         ["-m", "--", "--dry-run"]])
+def test_the_programs_own_flags_reach_it_untouched_even_when_they_look_like_ours(script_args):
+    # argparse would read `train.py --start 3` as an abbreviation of --start-method (torchrun does)
+    for before in (["--nproc-per-node", "2"], ["--nproc-per-node=2", "--no-lease"], ["--devices", "0", "--"]):
+        args = cli.parse_args(parser(), [*before, "train.py", *script_args])
+        assert (args.training_script, args.training_script_args) == ("train.py", script_args)
+        assert args.nproc_per_node == ("2" if "--devices" not in before else None)

@@ -115,7 +115,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    return parser.parse_args(argv)
+    """convoy's flags up to the program; everything after it is the program's own, untouched (``train.py
+    --start 3`` is not read as an abbreviation of ``--start-method``, which torchrun itself gets wrong)."""
+    end = _program_position(parser, argv)
+    if end is None:
+        return parser.parse_args(argv)
+    args = parser.parse_args(argv[:end + 1])
+    args.training_script_args = list(argv[end + 1:])
+    return args
+
+
+def _program_position(parser: argparse.ArgumentParser, argv: list[str]) -> int | None:
+    """Index of the program in ``argv``: the first word that is neither a flag nor a flag's value."""
+    options = parser._option_string_actions  # noqa: SLF001 - argparse keeps its flag table here
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return i + 1 if i + 1 < len(argv) else None
+        if not word.startswith("-") or word == "-":
+            return i
+        if "=" not in word:
+            name = word if word in options else next(iter(o for o in options if o.startswith(word)), None)
+            action = options.get(name) if name else None
+            if action is not None and action.nargs != 0:
+                i += 1  # the flag's value
+        i += 1
+    return None
 
 
 def build_request(args: argparse.Namespace):
