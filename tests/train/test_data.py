@@ -305,3 +305,19 @@ def test_a_loop_inside_a_loop_keeps_each_loaders_end():
 
     gc.collect()
     assert state.active_dataloader is None
+
+
+@pytest.mark.parametrize("iterable", [False, True])
+def test_one_process_reads_the_short_last_batch_unpadded_as_accelerate(iterable):
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(7))
+
+    data = Stream() if iterable else torch.arange(7)
+    (alone,) = _shards(lambda: DataLoader(data, batch_size=3), n=1)
+    assert [b.tolist() for b in alone] == [[0, 1, 2], [3, 4, 5], [6]] and alone.remainder is None
+    pair = _shards(lambda: DataLoader(data, batch_size=3), n=2)  # two processes still even out the last round
+    assert [[b.tolist() for b in s] for s in pair] == [[[0, 1, 2], [6, 0, 1]], [[3, 4, 5], [2, 3, 4]]]

@@ -11,6 +11,7 @@ Rules (Accelerate's meanings, ``DataLoaderConfiguration``):
 - ``split_batches=True``: the loader's batch size is global; each global batch is cut into N equal parts.
 - ``even_batches=True``: every rank gets the same number of full batches; the last round is completed with
   samples from the start of the epoch, and ``gather_for_metrics`` drops them again (``LoopState.remainder``).
+  One process pads nothing (Accelerate does not shard there): its short last batch stays short.
 - Shuffling (a ``RandomSampler`` inside): every rank draws the permutation of rank 0, made exactly as the
   sampler would make it on one process (its own generator, synchronised, or a seed drawn from the global torch
   RNG), so N processes read a seeded one-process DataLoader's order, epoch after epoch.
@@ -381,7 +382,12 @@ class PreparedDataLoader(DataLoader):
         if self._unbatched:
             batches = [[i] for i in batches]
         return shard_batches(batches, batch_size=size, num_shards=self.num_shards, shard=self.shard,
-                             split_batches=self.split_batches, even_batches=self.even_batches)
+                             split_batches=self.split_batches, even_batches=self._evens())
+
+    def _evens(self) -> bool:
+        """Pad the last round: with ``even_batches`` and other processes to even out (Accelerate does not shard,
+        so does not pad, on one process)."""
+        return self.even_batches and self.num_shards > 1
 
     def _epoch_batches(self) -> list[Any]:
         """The original sampler's whole epoch, shuffled by rank 0's generator state (see the module docstring)."""
@@ -452,6 +458,8 @@ class PreparedDataLoader(DataLoader):
         start, cursor.skip = self._skip_batches or cursor.skip, 0
         cursor.start = 0 if self._iterable else start  # read by _RankBatchSampler when the inner loader starts
         cursor.yielded, cursor.running = start, True
+        if self._iterable:
+            self.dataset.even_batches = self._evens()
         self.state.enter(self)
         if cursor.resumed and self.generator is None:
             # the interrupted run drew this epoch's worker seed from the global RNG before its checkpoint, whose
