@@ -177,16 +177,69 @@ def test_skip_first_batches_shortens_the_loader():
     assert len(list(loader)) == 5
 
 
-def test_dataloader_configuration_refuses_what_convoy_does_not_do():
-    from convoy.errors import NotSupportedYetError
+def test_dataloader_configuration_defaults_are_accelerates():
     from convoy.train import DataLoaderConfiguration
 
     config = DataLoaderConfiguration()
     assert (config.split_batches, config.dispatch_batches, config.even_batches, config.use_seedable_sampler,
             config.data_seed, config.non_blocking, config.use_stateful_dataloader) == \
         (False, None, True, False, None, False, False)
-    with pytest.raises(NotSupportedYetError, match="use_stateful_dataloader"):
+
+
+def test_a_stateful_loader_without_torchdata_names_the_install(monkeypatch):
+    from convoy.errors import NotSupportedYetError
+    from convoy.train import DataLoaderConfiguration, stateful
+
+    monkeypatch.setattr(stateful, "StatefulDataLoader", None)  # as without torchdata installed
+    with pytest.raises(NotSupportedYetError, match=r"=True\) needs torchdata.*pip install torchdata"):
         DataLoaderConfiguration(use_stateful_dataloader=True)
+
+
+def test_a_stateful_loader_with_dispatched_batches_is_refused():
+    pytest.importorskip("torchdata")
+    from torch.utils.data import DataLoader
+
+    from convoy.errors import NotSupportedYetError
+    from convoy.train.data import DataLoaderConfiguration, LoopState, shard_data_loader
+
+    config = DataLoaderConfiguration(use_stateful_dataloader=True, dispatch_batches=True)
+    with pytest.raises(NotSupportedYetError, match="dispatch_batches=True is not supported yet"):
+        shard_data_loader(DataLoader(list(range(8)), batch_size=2), config=config, num_shards=1, shard=0,
+                          device=None, state=LoopState(), broadcast=lambda v: v)
+
+
+@pytest.mark.parametrize("iterable", [False, True])
+def test_a_stateful_loader_is_torchdatas_and_save_state_resumes_it_mid_epoch(tmp_path, iterable):
+    pytest.importorskip("torchdata")
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from convoy import Accelerator
+    from convoy.train import DataLoaderConfiguration
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(20))
+
+    def run(seed):
+        acc = Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+        data = Stream() if iterable else torch.arange(20)
+        shuffle = {} if iterable else {"shuffle": True, "generator": torch.Generator().manual_seed(seed)}
+        return acc, acc.prepare(DataLoader(data, batch_size=3, **shuffle))
+
+    acc, loader = run(1)
+    assert isinstance(loader, StatefulDataLoader)
+    rest = []
+    for step, batch in enumerate(loader):
+        if step == 2:
+            acc.save_state(tmp_path / "ckpt")
+        elif step > 2:
+            rest.append(batch.tolist())
+    acc, resumed = run(99)  # another seed: the saved shuffling state decides
+    acc.load_state(tmp_path / "ckpt")
+    assert [b.tolist() for b in resumed] == rest and len(rest) == 4  # 7 batches, 3 consumed
+    assert len(list(resumed)) == 7  # the next epoch is whole
 
 
 def test_a_saved_position_resumes_the_same_shuffled_epoch():
@@ -252,3 +305,19 @@ def test_a_loop_inside_a_loop_keeps_each_loaders_end():
 
     gc.collect()
     assert state.active_dataloader is None
+
+
+@pytest.mark.parametrize("iterable", [False, True])
+def test_one_process_reads_the_short_last_batch_unpadded_as_accelerate(iterable):
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(7))
+
+    data = Stream() if iterable else torch.arange(7)
+    (alone,) = _shards(lambda: DataLoader(data, batch_size=3), n=1)
+    assert [b.tolist() for b in alone] == [[0, 1, 2], [3, 4, 5], [6]] and alone.remainder is None
+    pair = _shards(lambda: DataLoader(data, batch_size=3), n=2)  # two processes still even out the last round
+    assert [[b.tolist() for b in s] for s in pair] == [[[0, 1, 2], [6, 0, 1]], [[3, 4, 5], [2, 3, 4]]]

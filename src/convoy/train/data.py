@@ -11,6 +11,7 @@ Rules (Accelerate's meanings, ``DataLoaderConfiguration``):
 - ``split_batches=True``: the loader's batch size is global; each global batch is cut into N equal parts.
 - ``even_batches=True``: every rank gets the same number of full batches; the last round is completed with
   samples from the start of the epoch, and ``gather_for_metrics`` drops them again (``LoopState.remainder``).
+  One process pads nothing (Accelerate does not shard there): its short last batch stays short.
 - Shuffling (a ``RandomSampler`` inside): every rank draws the permutation of rank 0, made exactly as the
   sampler would make it on one process (its own generator, synchronised, or a seed drawn from the global torch
   RNG), so N processes read a seeded one-process DataLoader's order, epoch after epoch.
@@ -57,17 +58,14 @@ class DataLoaderConfiguration:
     non_blocking: bool = False
     """Copy batches to the device with ``non_blocking=True`` (worth it with ``pin_memory=True``)."""
     use_stateful_dataloader: bool = False
-    """Accelerate: wrap loaders in torchdata's ``StatefulDataLoader``. convoy saves positions itself."""
+    """Prepared loaders are torchdata's ``StatefulDataLoader`` (needs torchdata; ``convoy.train.stateful``).
+    Their ``state_dict()`` is convoy's position, which save_state stores with or without this."""
 
     def __post_init__(self) -> None:
         if self.use_stateful_dataloader:
-            try:
-                import torchdata.stateful_dataloader  # noqa: F401
-                reason = "convoy saves the loader position in save_state itself"
-            except ImportError:
-                reason = "it needs torchdata (pip install torchdata), and convoy saves the position in save_state"
-            raise NotSupportedYetError(f"DataLoaderConfiguration(use_stateful_dataloader=True) is not supported yet: "
-                                       f"{reason}; leave it False")
+            from convoy.train.stateful import require_torchdata
+
+            require_torchdata()
 
 
 @dataclass
@@ -325,11 +323,11 @@ class PreparedDataLoader(DataLoader):
 
     def skipping(self, num_batches: int) -> "PreparedDataLoader":
         """A loader over the same data and position whose iterations leave out their first ``num_batches``."""
-        return PreparedDataLoader(self.base, num_shards=self.num_shards, shard=self.shard,
-                                  split_batches=self.split_batches, even_batches=self.even_batches,
-                                  device=self.device, state=self.state, non_blocking=self.non_blocking,
-                                  broadcast=self._broadcast, source=self._source,
-                                  _cursor=self._cursor, _skip_batches=self._skip_batches + num_batches)
+        return type(self)(self.base, num_shards=self.num_shards, shard=self.shard,
+                          split_batches=self.split_batches, even_batches=self.even_batches,
+                          device=self.device, state=self.state, non_blocking=self.non_blocking,
+                          broadcast=self._broadcast, source=self._source,
+                          _cursor=self._cursor, _skip_batches=self._skip_batches + num_batches)
 
     def reshard(self, *, num_shards: int, shard: int) -> None:
         """Read another shard of each batch from the next epoch on: a loader prepared before
@@ -384,7 +382,12 @@ class PreparedDataLoader(DataLoader):
         if self._unbatched:
             batches = [[i] for i in batches]
         return shard_batches(batches, batch_size=size, num_shards=self.num_shards, shard=self.shard,
-                             split_batches=self.split_batches, even_batches=self.even_batches)
+                             split_batches=self.split_batches, even_batches=self._evens())
+
+    def _evens(self) -> bool:
+        """Pad the last round: with ``even_batches`` and other processes to even out (Accelerate does not shard,
+        so does not pad, on one process)."""
+        return self.even_batches and self.num_shards > 1
 
     def _epoch_batches(self) -> list[Any]:
         """The original sampler's whole epoch, shuffled by rank 0's generator state (see the module docstring)."""
@@ -455,6 +458,8 @@ class PreparedDataLoader(DataLoader):
         start, cursor.skip = self._skip_batches or cursor.skip, 0
         cursor.start = 0 if self._iterable else start  # read by _RankBatchSampler when the inner loader starts
         cursor.yielded, cursor.running = start, True
+        if self._iterable:
+            self.dataset.even_batches = self._evens()
         self.state.enter(self)
         if cursor.resumed and self.generator is None:
             # the interrupted run drew this epoch's worker seed from the global RNG before its checkpoint, whose
@@ -546,15 +551,23 @@ def shard_data_loader(loader: DataLoader, *, config: DataLoaderConfiguration, nu
     if is_prepared(loader):
         return loader
     if config.dispatch_batches:
+        if config.use_stateful_dataloader:
+            raise NotSupportedYetError("use_stateful_dataloader=True with dispatch_batches=True is not supported "
+                                       "yet; leave one False (a dispatched loader's state_dict() resumes mid-epoch)")
         return DispatchedDataLoader(loader, num_shards=num_shards, shard=shard, split_batches=config.split_batches,
                                     device=device, state=state, non_blocking=config.non_blocking,
                                     broadcast=broadcast, reader=shard == 0 if reader is None else reader)
+    cls = PreparedDataLoader
+    if config.use_stateful_dataloader:
+        from convoy.train.stateful import stateful_loader_class
+
+        cls = stateful_loader_class()
     source = None
     if config.use_seedable_sampler and not isinstance(loader.dataset, IterableDataset):
         source = _seedable_source(loader, config.data_seed)
-    return PreparedDataLoader(loader, num_shards=num_shards, shard=shard, split_batches=config.split_batches,
-                              even_batches=config.even_batches, device=device, state=state,
-                              non_blocking=config.non_blocking, broadcast=broadcast, source=source)
+    return cls(loader, num_shards=num_shards, shard=shard, split_batches=config.split_batches,
+               even_batches=config.even_batches, device=device, state=state,
+               non_blocking=config.non_blocking, broadcast=broadcast, source=source)
 
 
 def _process_group() -> tuple[int, int, Callable[[Any], Any]]:

@@ -106,7 +106,8 @@ def load_state(acc: "Accelerator", input_dir: str | os.PathLike[str] | None) -> 
                                   "save_state() first, or pass input_dir")
         path = found
     else:
-        path = Path(input_dir)
+        # rank 0's directory, as save_state writes there (ranks may name different ones, e.g. their own tempdirs)
+        path = Path(collectives.broadcast_object(str(Path(input_dir))))
         ckpt.recover_checkpoint(path)
     acc._state_hooks.run_load([acc.strategy.unwrap(m) for m in acc._models], str(path))
     if accelerate_checkpoint.is_accelerate_checkpoint(path):  # written by Accelerate's save_state

@@ -79,13 +79,6 @@ SYNC_EXTRA_CALLS = [f"test_gradient_accumulation({a}, {b}, {c})" for a, b, c in 
 SYNC_EXTRA = [f"test_gradient_accumulation#{i}" for i in range(1, 9)] + [
     f"test_gradient_accumulation_with_opt_and_scheduler#{i}" for i in range(2, 9)]
 
-# checks convoy refuses on purpose for now, with the line the user gets (docs/migrating.md); Accelerate fails
-# them here too (they need torchdata, which is not installed)
-NOT_SUPPORTED_YET: dict[str, str] = {
-    "test_stateful_dataloader#1": "use_stateful_dataloader=True) is not supported yet",
-    "test_stateful_dataloader_save_state#1": "use_stateful_dataloader=True) is not supported yet",
-}
-
 _LINE = re.compile(r"@@check (\S+) rank=(\d+) (PASS|FAIL) ?(.*)")
 
 
@@ -110,10 +103,6 @@ def test_accelerate_check_passes_under_convoy(script, label):
     per_rank = checks.get(label)
     assert per_rank is not None, f"{script}: {label} never ran; the script stopped before it:\n{output[-3000:]}"
     failures = {rank: why for rank, why in per_rank.items() if why != "PASS"}
-    if label in NOT_SUPPORTED_YET:  # refused with one clear line on every rank, not a crash or a wrong result
-        assert sorted(failures) == [0, 1] and all(NOT_SUPPORTED_YET[label] in why for why in failures.values()), \
-            f"{script}: {label}: {per_rank}"
-        return
     assert not failures and sorted(per_rank) == [0, 1], f"{script}: {label} failed: {failures or per_rank}"
 
 
