@@ -32,10 +32,11 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from convoy.errors import ConfigError, NotSupportedYetError
+from convoy.train.operations import send_to_device
 from convoy.train.streams import IterableDatasetShard, shard_iterable
 
 __all__ = ["DataLoaderConfiguration", "LoopState", "SeedableRandomSampler", "IterableDatasetShard", "shard_batches",
-           "shard_iterable", "PreparedDataLoader", "SkipFirstBatches", "send_to_device", "shard_data_loader",
+           "shard_iterable", "PreparedDataLoader", "SkipFirstBatches", "shard_data_loader",
            "is_prepared", "prepare_data_loader", "skip_first_batches"]
 
 
@@ -165,20 +166,6 @@ def shard_batches(batches: Sequence[list[int]], *, batch_size: int, num_shards: 
             out.append((round_[shard], real if last and padded and even_batches else None))
     return out
 
-
-def send_to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
-    """``batch`` with every tensor inside (dicts, lists, tuples, named tuples) moved to ``device``."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, dict):
-        return type(batch)({k: send_to_device(v, device, non_blocking) for k, v in batch.items()})
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(send_to_device(v, device, non_blocking) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(send_to_device(v, device, non_blocking) for v in batch)
-    if hasattr(batch, "to") and callable(batch.to):  # e.g. transformers' BatchEncoding
-        return batch.to(device)
-    return batch
 
 
 def _identity(value: Any) -> Any:

@@ -144,7 +144,7 @@ class DispatchedDataLoader(DataLoader):
         return self._broadcast(batch)
 
     def __iter__(self) -> Iterator[Any]:
-        from convoy.train.data import send_to_device
+        from convoy.train.operations import send_to_device
 
         self._epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
         start, self._skip = self._skip_batches or self._skip, 0
