@@ -33,11 +33,10 @@ import datetime
 import os
 from typing import Any, Iterator, Mapping
 
+from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT
 from convoy.errors import CollectiveTimeoutError, ConfigError
 
 __all__ = ["CollectiveWatch", "watch_call", "collective_timeout", "DEFAULT_COLLECTIVE_TIMEOUT"]
-
-DEFAULT_COLLECTIVE_TIMEOUT = 300.0
 
 
 def collective_timeout(env: Mapping[str, str] | None = None) -> float:

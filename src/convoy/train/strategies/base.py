@@ -28,6 +28,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
+from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT
 from convoy.errors import StrategyError
 from convoy.plan.dims import ParallelDims
 
@@ -63,7 +64,7 @@ class StrategyContext:
     """``"cpu"``, ``"cuda"``, ... : the kind of device this process trains on."""
     mixed_precision: str = "no"
     """``"no"``, ``"fp16"`` or ``"bf16"``; strategies map it onto their engine's policy where they have one."""
-    collective_timeout_s: float = 300.0
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT
     """Timeout of the process group's collectives (convoy's default is 300 s, not torch's 30 min)."""
     parallel_dims: ParallelDims | None = None
     """Requested parallel degrees (``CONVOY_PARALLELISM``); ``None`` = pure data parallel over the world."""
