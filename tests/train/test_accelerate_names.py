@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import datetime
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -135,14 +137,21 @@ def test_trigger_hooks_save_free_memory_and_unwrap(tmp_path):
     accelerator.set_trigger()
     assert accelerator.check_trigger() is True and accelerator.check_trigger() is False
     calls = []
-    handle = accelerator.register_save_state_pre_hook(lambda m, w, d: calls.append(("save", len(m), len(w), d)))
+
+    def save_hook(models, weights, output_dir):  # e.g. diffusers: save_pretrained(output_dir / "unet")
+        (Path(output_dir) / "unet").mkdir()
+        (Path(output_dir) / "unet" / "config.json").write_text("{}")
+        calls.append(("save", len(models), len(weights)))
+
+    handle = accelerator.register_save_state_pre_hook(save_hook)
     accelerator.register_load_state_pre_hook(lambda m, d: calls.append(("load", len(m), d)))
     model = accelerator.prepare(torch.nn.Linear(2, 2))
     where = accelerator.save_state()
+    assert (Path(where) / "unet" / "config.json").read_text() == "{}"  # the hook's files are in the checkpoint
     accelerator.load_state()
     handle.remove()
     accelerator.save_state()
-    assert calls == [("save", 1, 1, where), ("load", 1, where)]
+    assert calls == [("save", 1, 1), ("load", 1, where)]
     accelerator.save({"w": torch.ones(1)}, tmp_path / "obj.pt")
     assert torch.load(tmp_path / "obj.pt")["w"].item() == 1.0
     compiled = torch.compile(model)

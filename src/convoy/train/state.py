@@ -69,7 +69,9 @@ def save_state(acc: "Accelerator", output_dir: str | os.PathLike[str] | None) ->
     staging = collectives.broadcast_object(str(ckpt.begin_checkpoint(final)) if acc.is_main_process else None)
     final = Path(collectives.broadcast_object(str(final)))
     strategy = acc.strategy
-    acc._state_hooks.run_save([strategy.unwrap(m) for m in acc._models], str(final))
+    # the hooks write next to the rest, into staging: whatever they put there is renamed into place with it
+    # (given ``final``, their files would be moved aside and deleted by the commit)
+    acc._state_hooks.run_save([strategy.unwrap(m) for m in acc._models], staging)
     state = saving.collect_checkpoint(strategy, acc._models, _optimizer_pairs(acc))
     with warnings.catch_warnings():  # DCP warns that one process without a group means one process
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")

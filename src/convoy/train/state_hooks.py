@@ -1,6 +1,8 @@
 """Hooks that run before ``save_state``/``load_state`` (Accelerate's ``register_save_state_pre_hook``).
 
     def save_hook(models, weights, output_dir): ...      # e.g. write a config next to the checkpoint
+                                                          # (output_dir: the checkpoint's staging directory,
+                                                          # renamed into place with everything else)
     handle = accelerator.register_save_state_pre_hook(save_hook)
     handle.remove()
 
