@@ -148,3 +148,13 @@ def test_fill_unset_keeps_flags_and_fills_from_files_and_env(home):
     assert vars(got) == {"strategy": "zero1", "mixed_precision": "fp16", "nnodes": None, "rdzv_endpoint": None,
                          "collective_timeout": 9.0, "script": "train.py"}
     assert args.strategy is None  # the original is not changed
+
+
+@pytest.mark.parametrize("seconds", ["1e20", "99999999", "0", "-1"])
+def test_collective_timeout_beyond_what_torch_can_hold_is_refused_in_one_line(seconds):
+    # 1e20 is finite, but timedelta(seconds=1e20) overflows in every rank: refuse it where it is read
+    from convoy.config.schema import KEYS, MAX_SECONDS
+
+    with pytest.raises(ConfigError, match=f"at most {MAX_SECONDS}"):
+        KEYS["collective_timeout"].parse(seconds, where="--collective-timeout")
+    assert KEYS["collective_timeout"].parse(str(MAX_SECONDS), where="x") == MAX_SECONDS

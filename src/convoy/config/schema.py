@@ -86,8 +86,13 @@ def _parse_int(value: Any, where: str, minimum: int) -> int:
     return number
 
 
+#: the longest timeout taken (about 116 days): torch keeps timeouts in int64 milliseconds and a timedelta overflows
+#: long before a float does, so 1e20 would pass as "finite" and then kill every rank
+MAX_SECONDS = 10**7
+
+
 def _parse_seconds(value: Any, where: str) -> float:
-    expected = "a number of seconds > 0 (e.g. 300)"
+    expected = f"a number of seconds > 0 and at most {MAX_SECONDS} (e.g. 300)"
     if isinstance(value, bool):
         raise _bad(where, value, expected)
     number = value
@@ -97,7 +102,7 @@ def _parse_seconds(value: Any, where: str) -> float:
         number = float(value)
     if isinstance(number, int) and number.bit_length() > 64:
         raise _bad(where, value, expected)
-    if not isinstance(number, (int, float)) or not math.isfinite(number) or number <= 0:
+    if not isinstance(number, (int, float)) or not math.isfinite(number) or not 0 < number <= MAX_SECONDS:
         raise _bad(where, value, expected)
     return float(number)
 

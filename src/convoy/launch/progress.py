@@ -28,13 +28,17 @@ _INTERVAL = 0.2
 
 
 def _timeout(env: Mapping[str, str]) -> float:
-    from convoy.launch.env import DEFAULT_COLLECTIVE_TIMEOUT
+    """``CONVOY_COLLECTIVE_TIMEOUT`` read by the settings' own parser (the launcher checked it already; a value
+    set by hand that it refuses is left to the trainer to report, and raw collectives keep the default)."""
+    from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, KEYS
+    from convoy.errors import ConfigError
 
+    raw = env.get("CONVOY_COLLECTIVE_TIMEOUT", "").strip()
     try:
-        seconds = float(env.get("CONVOY_COLLECTIVE_TIMEOUT") or DEFAULT_COLLECTIVE_TIMEOUT)
-    except ValueError:
+        return KEYS["collective_timeout"].parse(raw, where="CONVOY_COLLECTIVE_TIMEOUT") if raw else \
+            DEFAULT_COLLECTIVE_TIMEOUT
+    except ConfigError:
         return DEFAULT_COLLECTIVE_TIMEOUT
-    return seconds if 0 < seconds < 10**7 else DEFAULT_COLLECTIVE_TIMEOUT
 
 
 def _after_torch(env: Mapping[str, str]) -> None:
