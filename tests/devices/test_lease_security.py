@@ -148,3 +148,18 @@ def test_an_own_0666_lock_file_from_an_older_convoy_is_tightened(inv, tmp_path):
     os.close(fd)
     with lease_devices([inv.devices[0]], lock_dir=tmp_path):
         assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+@needs_root
+def test_a_shared_lease_directory_owned_by_another_user_is_refused(inv, tmp_path):
+    # the sticky bit stops other users, not the directory's owner: they could unlink a lock a job holds
+    shared = tmp_path / "leases"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    os.chown(shared, OTHER_UID, OTHER_UID)
+    with pytest.raises(LeaseError, match="belongs to .*have root create it") as err:
+        lease_devices(inv.devices[:1], lock_dir=shared)
+    assert "\n" not in str(err.value) and list(shared.iterdir()) == []
+    os.chown(shared, 0, 0)  # root's (or the user's own) directory is used as before
+    with lease_devices(inv.devices[:1], lock_dir=shared):
+        assert inv.devices[0].uuid in lease_holders(inv.devices, lock_dir=shared)

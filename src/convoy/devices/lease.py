@@ -75,6 +75,12 @@ def _ensure_dir(lock_dir: Path) -> None:
     if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
         raise LeaseError(f"lease directory {str(lock_dir)!r} is writable by every user but not sticky, so "
                          f"anyone could replace its lock files; chmod 1777 it or set {LEASE_DIR_VARIABLE}")
+    if info.st_uid not in (0, os.geteuid()):
+        # the sticky bit stops other users, not the directory's owner: they could unlink a held lock file and
+        # the next job would lock a new one, so two jobs would hold one GPU
+        raise LeaseError(f"lease directory {str(lock_dir)!r} belongs to {_owner(info.st_uid)}, who could remove "
+                         f"the lock files other users hold; have root create it (sudo install -d -m 1777 "
+                         f"{str(lock_dir)!r}) or set {LEASE_DIR_VARIABLE} to a directory of your own")
 
 
 def _owner(uid: int) -> str:
