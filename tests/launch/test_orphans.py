@@ -131,3 +131,27 @@ def test_the_guard_stops_the_job_when_its_launcher_dies(threaded, tmp_path):
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the guard needs /proc")
+def test_a_forked_rank_does_not_keep_the_guards_pipe_open():
+    # convoy.launch(fn) forks its ranks: had they kept the write end, a SIGKILLed caller would leave the guard
+    # waiting for an end-of-file that never comes, and the job's processes and lease alive
+    from convoy.launch.guard import JobGuard
+
+    with JobGuard() as guard:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            try:
+                os.fstat(guard._write)
+                os.write(write, b"open")
+            except OSError:
+                os.write(write, b"closed")
+            os._exit(0)
+        os.close(write)
+        seen = os.read(read, 16)
+        os.close(read)
+        os.waitpid(pid, 0)
+        os.fstat(guard._write)  # still open here, in the launcher
+    assert seen == b"closed"

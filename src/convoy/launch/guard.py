@@ -69,6 +69,25 @@ def sweep(token: str, *, exclude: Sequence[int] = (), timeout: float = 30.0) -> 
     return len(killed)
 
 
+# Write ends of live guards' pipes. os.pipe() fds are non-inheritable only across exec: a rank that is
+# forked (convoy.launch(fn) on Linux), and anything it forks, would keep the write end open, and the guard
+# would never see the launcher die. Every fork of this process closes them in the child.
+_WRITE_ENDS: set[int] = set()
+
+
+def _close_write_ends_in_child() -> None:
+    for fd in _WRITE_ENDS:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _WRITE_ENDS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_write_ends_in_child)
+
+
 class JobGuard:
     """The launcher's side: the token for the workers' environment, and the guard process."""
 
@@ -78,7 +97,7 @@ class JobGuard:
 
         self.token = uuid.uuid4().hex
         self._proc = None
-        read, self._write = os.pipe()  # both non-inheritable: no worker gets the write end
+        read, self._write = os.pipe()  # both non-inheritable: no exec'd worker gets the write end
         try:
             if threading.active_count() == 1 and threading.current_thread() is threading.main_thread():
                 self._pid = _fork_guard(self.token, read, self._write, keep_fds)  # ~2 ms, no interpreter start
@@ -87,6 +106,7 @@ class JobGuard:
                 self._pid = self._proc.pid
         finally:
             os.close(read)
+        _WRITE_ENDS.add(self._write)  # after the guard's own fork: forks from here on close it (above)
 
     @property
     def env(self) -> dict[str, str]:
@@ -99,6 +119,7 @@ class JobGuard:
         if self._pid is None:
             return
         sweep(self.token, exclude=(self._pid,))
+        _WRITE_ENDS.discard(self._write)
         os.close(self._write)
         # Nothing is left for it to do: end it now rather than wait for it (a spawned one may still be
         # starting), so that the lease's locks it holds are free when this returns.
