@@ -102,7 +102,7 @@ class PartialState:
             torch.device(settings.device_type, settings.local_rank)
         self.distributed_type = distributed_type_for(world_size=settings.world_size,
                                                      device_type=settings.device_type, strategy_kind=strategy_kind)
-        self.backend = "gloo" if settings.device_type == "cpu" else "nccl"
+        self.backend = settings.backend or ("gloo" if settings.device_type == "cpu" else "nccl")  # as asked
         self.debug = settings.debug
         self.fork_launched = False
 
