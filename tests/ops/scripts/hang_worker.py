@@ -17,6 +17,11 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     rank = dist.get_rank()
     logging.basicConfig(level=logging.INFO, format="LOG %(message)s", stream=sys.stdout)
+    # the ranks' stdout reaches the test through two pipes, whose lines the launcher may interleave in either
+    # order; one file both ranks append to keeps the order the lines were written in
+    in_order_file = logging.FileHandler(sys.argv[2], mode="a")
+    in_order_file.setFormatter(logging.Formatter("LOG %(message)s"))
+    logging.getLogger().addHandler(in_order_file)
     logger = get_logger("hang_worker")
     watch = CollectiveWatch(timeout=float(sys.argv[1]))
 
