@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from convoy.errors import CheckpointError, NotSupportedYetError
+from convoy.train import checkpoint as ckpt
 
 if TYPE_CHECKING:  # pragma: no cover
     from convoy.train.accelerator import Accelerator
@@ -50,31 +51,10 @@ def latest_accelerate_checkpoint(root: str | Path) -> Path | None:
     return max(found)[1] if found else None
 
 
-def _numpy_globals() -> list[Any]:
-    """numpy's RNG state (``np.random.get_state()``) under the names numpy 1 and numpy 2 pickle it with."""
-    import numpy as np
-
-    core = getattr(np, "_core", None) or np.core
-    reconstruct = core.multiarray._reconstruct
-    dtype_class = type(np.dtype(np.uint32))
-    out: list[Any] = [np.ndarray, np.dtype, dtype_class,
-                      (reconstruct, "numpy.core.multiarray._reconstruct"),
-                      (reconstruct, "numpy._core.multiarray._reconstruct")]
-    if dtype_class is not np.dtype:
-        out.append((dtype_class, f"numpy.dtypes.{dtype_class.__name__}"))
-    return out
-
-
 def safe_load(path: Path) -> Any:
-    """``torch.load(path, weights_only=True)`` with numpy's RNG-state types allowed, on the CPU."""
-    import torch
-
-    try:
-        with torch.serialization.safe_globals(_numpy_globals()):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001 - named in the message
-        raise CheckpointError(f"{path}: cannot be read as tensors and plain data ({type(error).__name__}: "
-                              f"{str(error).splitlines()[0][:200]}); convoy does not unpickle objects") from error
+    """An Accelerate file read as convoy reads its own (``checkpoint.load_file``): ``weights_only=True``, numpy's
+    RNG-state types allowed, on the CPU; anything else is refused with one CheckpointError."""
+    return ckpt.load_file(path)
 
 
 def _indexed(directory: Path, stem: str, ext: str, i: int) -> Path:

@@ -203,13 +203,21 @@ def _refused(path: str | Path, err: BaseException) -> CheckpointError:
 
 
 def numpy_rng_globals() -> list[Any]:
-    """The exact numpy globals an older convoy checkpoint's numpy RNG state needs (an array of uint32)."""
+    """The exact numpy globals a numpy RNG state (``np.random.get_state()``: an array of uint32) is pickled
+    with, under numpy 1's and numpy 2's names: older convoy checkpoints and Accelerate's ``random_states``."""
     try:
         import numpy as np
     except ImportError:  # pragma: no cover
         return []
-    array = np.zeros(1, dtype=np.uint32)
-    return [array.__reduce__()[0], np.ndarray, np.dtype, type(array.dtype)]
+    core = getattr(np, "_core", None) or np.core
+    reconstruct = core.multiarray._reconstruct
+    dtype_class = type(np.dtype(np.uint32))
+    out: list[Any] = [np.ndarray, np.dtype, dtype_class,
+                      (reconstruct, "numpy.core.multiarray._reconstruct"),
+                      (reconstruct, "numpy._core.multiarray._reconstruct")]
+    if dtype_class is not np.dtype:
+        out.append((dtype_class, f"numpy.dtypes.{dtype_class.__name__}"))
+    return out
 
 
 def load_file(path: str | Path) -> Any:
@@ -229,7 +237,7 @@ def load_file(path: str | Path) -> Any:
                               "earlier one, or save again")
     try:
         with torch.serialization.safe_globals(numpy_rng_globals()):
-            return torch.load(path, weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True)  # tensors saved on a GPU too
     except pickle.UnpicklingError as err:
         if "weights_only" in str(err) or "Unsupported" in str(err) or "GLOBAL" in str(err):
             raise _refused(path, err) from None

@@ -156,14 +156,18 @@ def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first:
     return map_tensors(pad, data)
 
 
+#: the reductions ``reduce`` takes (Accelerate's names)
+REDUCTIONS = ("sum", "mean", "max", "min", "none")
+
+
 def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
     """All-reduce copies of the tensors: ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` or ``"none"``; the result
     times ``scale``."""
     import torch.distributed as dist
 
     ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-    if reduction not in (*ops, "none"):
-        raise ConfigError(f"reduction={reduction!r} is not supported; choose 'sum', 'mean', 'max', 'min' or 'none'")
+    if reduction not in REDUCTIONS:
+        raise ConfigError(f"reduction={reduction!r} is not supported; choose one of {', '.join(REDUCTIONS)}")
 
     def one(tensor: "torch.Tensor") -> "torch.Tensor":
         out = tensor.clone()

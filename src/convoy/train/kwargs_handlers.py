@@ -118,8 +118,6 @@ def refuse_arguments(unsupported: dict[str, Any]) -> None:
     raise NotSupportedYetError(f"Accelerator({name}=...) is not supported by convoy; {instead}")
 
 
-_DDP_OPTIONS = {"broadcast_buffers", "bucket_cap_mb", "find_unused_parameters", "gradient_as_bucket_view",
-                "static_graph"}
 
 
 @dataclass(frozen=True)
@@ -147,10 +145,12 @@ def collect_handlers(handlers: Iterable[Any] | None) -> Handlers:
             raise ConfigError(f"kwargs_handlers: you can only pass one {kind.__name__}")
         seen[kind] = handler
     ddp = seen[DistributedDataParallelKwargs].to_kwargs() if DistributedDataParallelKwargs in seen else {}
-    unknown = sorted(set(ddp) - _DDP_OPTIONS)
+    from convoy.train.strategies.ddp import DDPStrategy  # the DDP options convoy passes on: one list
+
+    unknown = sorted(set(ddp) - set(DDPStrategy.options))
     if unknown:
         raise ConfigError(f"DistributedDataParallelKwargs({unknown[0]}=...) is not supported by convoy's DDP; "
-                          f"set only {', '.join(sorted(_DDP_OPTIONS))}")
+                          f"set only {', '.join(sorted(DDPStrategy.options))}")
     group = seen[InitProcessGroupKwargs].to_kwargs() if InitProcessGroupKwargs in seen else {}
     if group.get("init_method") is not None:
         raise ConfigError("InitProcessGroupKwargs(init_method=...) is not supported; convoy launch (or torchrun) "

@@ -31,7 +31,7 @@ __all__ = ["set_seed", "synchronize_rng_states", "gather", "gather_object", "bro
 #: Accelerate's name of the error its operations raise on mismatched shapes.
 DistributedOperationException = DistributedOperationError
 
-REDUCTIONS = ("sum", "mean", "max", "min", "none")
+REDUCTIONS = collectives.REDUCTIONS
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
