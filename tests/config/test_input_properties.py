@@ -16,7 +16,7 @@ from convoy.devices.discovery import discover
 from convoy.devices.inventory import Inventory
 from convoy.errors import ConvoyError
 from convoy.launch.env import ConvoyEnv, read_convoy_env
-from convoy.train.environment import TrainSettings, resolve_settings
+from convoy.train.settings import TrainSettings, resolve_settings
 from tests.bounded import BOUNDED, outcome
 
 _CHARS = st.sampled_from(list("0123456789-,:=. +eEinfa") + ["²", "٣", "\n", "ｆ"])

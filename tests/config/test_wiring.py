@@ -42,7 +42,7 @@ def test_launch_stops_on_a_malformed_file(project):
 
 
 def test_accelerator_settings_read_the_files_below_the_environment(project):
-    from convoy.train.environment import resolve_settings
+    from convoy.train.settings import resolve_settings
 
     (project / "convoy.toml").write_text('strategy = "zero2"\ncollective_timeout = 42\n')
     settings = resolve_settings(env={"XDG_CONFIG_HOME": str(project / "xdg"), "CONVOY_STRATEGY": "ddp"}, cpu=True)

@@ -14,7 +14,7 @@ import convoy
 from convoy import (Accelerator, AcceleratorState, AutocastKwargs, DistributedDataParallelKwargs, DistributedType,
                     GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs, PartialState)
 from convoy.errors import ConfigError, NotSupportedYetError
-from convoy.train.environment import stop_process_group
+from convoy.train.process_group import stop_process_group
 from tests.distributed import run_script
 from tests.train.test_scripts import SCRIPTS
 

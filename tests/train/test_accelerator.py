@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from convoy import Accelerator
 from convoy.errors import CheckpointError, ConfigError, StrategyError
 from convoy.train import ProjectConfiguration
-from convoy.train.environment import resolve_settings
+from convoy.train.settings import resolve_settings
 from convoy.train.strategies import Strategy, available_strategies, register_strategy, strategy_class
 
 PUBLIC = [

@@ -18,6 +18,7 @@ choices the launcher and the trainer share: ``MIXED_PRECISIONS``, ``DEFAULT_COLL
 from __future__ import annotations
 
 import difflib
+import enum
 import math
 import re
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from typing import Any, Callable
 
 from convoy.errors import ConfigError
 
-__all__ = ["Key", "SCHEMA", "KEYS", "key_for", "closest_key", "ENV_PREFIX", "MIXED_PRECISIONS",
+__all__ = ["Key", "SCHEMA", "KEYS", "key_for", "closest_key", "ENV_PREFIX", "MixedPrecision", "MIXED_PRECISIONS",
            "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "show"]
 
 ENV_PREFIX = "CONVOY_"
@@ -38,8 +39,33 @@ _DEVICE_WORD = re.compile(r"^(auto|all|-1|[0-9]{1,12}(-[0-9]{1,12})?)$")
 _WHOLE = re.compile(r"\s*-?[0-9]{1,12}\s*")
 _SECONDS = re.compile(r"\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]{1,3})?\s*")
 
-#: the mixed-precision modes the trainer implements; the launcher offers exactly these.
-MIXED_PRECISIONS = ("no", "fp16", "bf16")
+class MixedPrecision(str, enum.Enum):
+    """A mixed-precision mode: the launcher offers exactly these and the trainer runs them (a ``str``, so
+    ``settings.mixed_precision == "bf16"`` holds). What each means for torch is stated here, once."""
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @property
+    def compute_dtype(self) -> str | None:
+        """The ``torch`` dtype name autocast computes in (``"bfloat16"``); None: fp32, no autocast."""
+        return {"fp16": "float16", "bf16": "bfloat16"}.get(self.value)
+
+    @property
+    def scales_loss(self) -> bool:
+        """True when the loss is scaled against fp16's narrow range (``torch.amp.GradScaler``)."""
+        return self is MixedPrecision.FP16
+
+
+#: the mixed-precision modes the trainer implements, as the strings flags, variables and files use.
+MIXED_PRECISIONS = tuple(mode.value for mode in MixedPrecision)
 #: seconds a collective may wait for the other ranks (torch's own default is 30 minutes).
 DEFAULT_COLLECTIVE_TIMEOUT = 300.0
 #: strategy names convoy ships (``convoy.train.strategies`` and ``convoy.train.parallel``); a strategy a

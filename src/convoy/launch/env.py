@@ -1,27 +1,35 @@
 """The launcher -> training environment contract: what every rank finds in its environment.
 
-    from convoy.launch.env import rank_env, convoy_env, read_convoy_env
-    env = {**base, **selection_env, **convoy_env(mixed_precision="bf16", parallelism="dp=2,tp=1"),
+    from convoy.launch.env import ConvoyEnv, convoy_env, rank_env, read_convoy_env, read_rank_env
+    env = {**base, **selection_env, **convoy_env(ConvoyEnv(mixed_precision="bf16", parallelism="dp=2,tp=1")),
            **rank_env(rank=1, local_rank=1, world_size=2, local_world_size=2, master_addr="127.0.0.1",
                       master_port=41873, run_id="job")}
-    settings = read_convoy_env(os.environ)      # inside a rank: what the launcher asked for
+    read_rank_env(os.environ).rank              # inside a rank: who am I (1)
+    read_convoy_env(os.environ).mixed_precision # inside a rank: what the launcher asked for ("bf16")
 
-Two halves, each defined here and nowhere else:
+Two halves, each written and read here and nowhere else (the launcher writes, ``convoy.train`` and the
+worker bootstrap read):
 
 * torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
   ``ROLE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_*``), with the values torch's elastic agent
   gives them, so an unmodified torchrun script runs as it is;
 * convoy's own (``CONVOY_MIXED_PRECISION``, ``CONVOY_STRATEGY``, ``CONVOY_PARALLELISM``,
   ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``) set from launch flags and read by the
-  ``Accelerator``; an explicit constructor argument always wins over them.
+  ``Accelerator``; an explicit constructor argument always wins over them. Accelerate's launcher says the
+  same with ``ACCELERATE_MIXED_PRECISION`` and ``ACCELERATE_DEBUG_MODE``, which are read here too.
+
+Every value is parsed by its key in ``convoy.config.schema``, on both sides, so the parent refuses exactly
+what a rank would refuse.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Collection, Mapping
 
 from convoy.config.schema import BUILTIN_STRATEGIES, DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS
+from convoy.config.schema import show
 from convoy.errors import ConfigError
 
 __all__ = [
@@ -30,9 +38,13 @@ __all__ = [
     "RANK_VARIABLES",
     "CONVOY_VARIABLES",
     "ConvoyEnv",
+    "RankEnv",
     "rank_env",
     "convoy_env",
     "read_convoy_env",
+    "read_rank_env",
+    "read_collective_timeout",
+    "read_debug_mode",
 ]
 
 
@@ -42,10 +54,11 @@ RANK_VARIABLES = (
     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE",
 )
-CONVOY_VARIABLES = (
-    "CONVOY_MIXED_PRECISION", "CONVOY_STRATEGY", "CONVOY_PARALLELISM", "CONVOY_GRADIENT_ACCUMULATION_STEPS",
-    "CONVOY_COLLECTIVE_TIMEOUT",
-)
+#: the settings the launcher hands to every rank, each as its schema key's ``CONVOY_<KEY>`` variable
+SETTING_NAMES = ("mixed_precision", "strategy", "parallelism", "gradient_accumulation_steps", "collective_timeout")
+CONVOY_VARIABLES = tuple(KEYS[name].env_var for name in SETTING_NAMES)
+#: Accelerate's launcher's variable for a setting, read when convoy's own is not set
+_ACCELERATE_ALIASES = {"mixed_precision": ("ACCELERATE_MIXED_PRECISION",)}
 
 
 def rank_env(
@@ -98,6 +111,55 @@ def rank_env(
 
 
 @dataclass(frozen=True, kw_only=True)
+class RankEnv:
+    """Who this process is in its job, as torchrun's variables say (a plain process: rank 0 of 1)."""
+
+    rank: int = 0
+    """Global rank (``RANK``)."""
+    local_rank: int = 0
+    """Rank on this machine (``LOCAL_RANK``; defaults to ``RANK`` in a job without it, else 0)."""
+    world_size: int = 1
+    """Processes in the job (``WORLD_SIZE``)."""
+    local_world_size: int = 1
+    """Processes on this machine (``LOCAL_WORLD_SIZE``; defaults to ``WORLD_SIZE``)."""
+    master_addr: str | None = None
+    """Where rank 0's store listens (``MASTER_ADDR``); None when not set."""
+    master_port: int | None = None
+    """Its port (``MASTER_PORT``); None when not set."""
+    restart_count: int = 0
+    """How often the elastic agent has restarted the workers (``TORCHELASTIC_RESTART_COUNT``)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"RANK={self.rank} is outside WORLD_SIZE={self.world_size}; "
+                              f"a rank must be in 0..{self.world_size - 1}")
+
+
+def _whole(env: Mapping[str, str], key: str) -> int | None:
+    """``env[key]`` as a whole number >= 0 in ASCII digits (``int()`` would read '٣'); None when unset."""
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return None
+    if not re.fullmatch(r"\s*[0-9]{1,9}\s*", raw):
+        raise ConfigError(f"{key}={show(raw)} is not a whole number >= 0")
+    return int(raw)
+
+
+def read_rank_env(env: Mapping[str, str]) -> RankEnv:
+    """This process's place in its job from ``env`` (a rank's ``os.environ``); ``ConfigError`` if malformed."""
+    world_size = _whole(env, "WORLD_SIZE")
+    world_size = 1 if world_size is None else world_size
+    rank = _whole(env, "RANK") or 0
+    local_rank = _whole(env, "LOCAL_RANK")
+    local_world_size = _whole(env, "LOCAL_WORLD_SIZE")
+    port = _whole(env, "MASTER_PORT")
+    return RankEnv(rank=rank, local_rank=(rank if world_size > 1 else 0) if local_rank is None else local_rank,
+                   world_size=world_size, local_world_size=world_size if local_world_size is None else local_world_size,
+                   master_addr=env.get("MASTER_ADDR") or None, master_port=port,
+                   restart_count=_whole(env, "TORCHELASTIC_RESTART_COUNT") or 0)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ConvoyEnv:
     """What the launcher asked the training layer for; ``None`` = not set (the Accelerator's default)."""
 
@@ -122,7 +184,7 @@ class ConvoyEnv:
         if self.parallelism is not None:
             KEYS["parallelism"].parse(self.parallelism, where="--dp/--tp/--pp (parallelism)")
         if self.strategy is not None and self.strategy.strip().lower() not in BUILTIN_STRATEGIES:
-            raise ConfigError(f"--strategy {self.strategy[:40]!r} is not one of convoy's strategies "
+            raise ConfigError(f"strategy {self.strategy[:40]!r} (--strategy, CONVOY_STRATEGY) is not one of convoy's strategies "
                               f"({', '.join(BUILTIN_STRATEGIES)}); a strategy your script registers itself is "
                               f"chosen in the script, Accelerator(strategy=...)")
 
@@ -145,12 +207,30 @@ def _format(value: object) -> str:
     return str(value)
 
 
-def read_convoy_env(env: Mapping[str, str]) -> ConvoyEnv:
-    """Parse the ``CONVOY_*`` variables of ``env`` (a rank's ``os.environ``); ``ConfigError`` if malformed."""
+def read_convoy_env(env: Mapping[str, str], *, skip: Collection[str] = ()) -> ConvoyEnv:
+    """Parse the ``CONVOY_*`` variables of ``env`` (a rank's ``os.environ``), and Accelerate's
+    ``ACCELERATE_MIXED_PRECISION`` where convoy's is unset; ``ConfigError`` naming the variable if malformed.
 
+    ``skip``: settings not to read (the trainer was given them explicitly, and an explicit value wins).
+    """
     values = {}
-    for name in ("mixed_precision", "strategy", "parallelism", "gradient_accumulation_steps", "collective_timeout"):
-        raw = env.get(KEYS[name].env_var)
-        if raw is not None and raw.strip():
-            values[name] = KEYS[name].parse(raw, where=f"environment {KEYS[name].env_var}")
+    for name in SETTING_NAMES:
+        if name in skip:
+            continue
+        for variable in (KEYS[name].env_var, *_ACCELERATE_ALIASES.get(name, ())):
+            raw = env.get(variable)
+            if raw is not None and raw.strip():
+                values[name] = KEYS[name].parse(raw, where=f"environment {variable}")
+                break
     return ConvoyEnv(**values)
+
+
+def read_collective_timeout(env: Mapping[str, str]) -> float:
+    """Seconds from ``CONVOY_COLLECTIVE_TIMEOUT``, else convoy's default (300); ``ConfigError`` if malformed."""
+    timeout = read_convoy_env(env, skip=set(SETTING_NAMES) - {"collective_timeout"}).collective_timeout
+    return DEFAULT_COLLECTIVE_TIMEOUT if timeout is None else timeout
+
+
+def read_debug_mode(env: Mapping[str, str]) -> bool:
+    """Accelerate's ``ACCELERATE_DEBUG_MODE``: check shapes across processes before collectives."""
+    return env.get("ACCELERATE_DEBUG_MODE", "").strip().lower() in ("1", "true", "yes")

@@ -30,13 +30,12 @@ _INTERVAL = 0.2
 def _timeout(env: Mapping[str, str]) -> float:
     """``CONVOY_COLLECTIVE_TIMEOUT`` read by the settings' own parser (the launcher checked it already; a value
     set by hand that it refuses is left to the trainer to report, and raw collectives keep the default)."""
-    from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, KEYS
+    from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT
     from convoy.errors import ConfigError
+    from convoy.launch.env import read_collective_timeout
 
-    raw = env.get("CONVOY_COLLECTIVE_TIMEOUT", "").strip()
     try:
-        return KEYS["collective_timeout"].parse(raw, where="CONVOY_COLLECTIVE_TIMEOUT") if raw else \
-            DEFAULT_COLLECTIVE_TIMEOUT
+        return read_collective_timeout(env)
     except ConfigError:
         return DEFAULT_COLLECTIVE_TIMEOUT
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from convoy.launch.env import read_rank_env
+
 __all__ = ["Check", "SelfCheckReport", "run_selfcheck", "format_selfcheck", "CHECKS"]
 
 #: every check, in the order it runs.
@@ -155,9 +157,10 @@ class _Worker:
 
         self.args = args
         self.torch = torch
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        ranks = read_rank_env(os.environ)
+        self.rank, self.world, self.local_rank = ranks.rank, ranks.world_size, ranks.local_rank
+        self.restart_count = ranks.restart_count
+        self.master = (ranks.master_addr or "127.0.0.1", ranks.master_port or 29500)
         cuda = torch.cuda.is_available()
         self.backend = "nccl" if cuda else "gloo"
         self.device = torch.device("cuda", self.local_rank) if cuda else torch.device("cpu")
@@ -191,12 +194,12 @@ class _Worker:
             return False
         started = time.monotonic()
         agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False") == "True"
-        addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
+        addr, port = self.master
         try:
             # multi_tenant: rank 0 reuses the server convoy started on loopback (convoy.launch.loopback)
             store = dist.TCPStore(addr, port, self.world, is_master=self.rank == 0 and not agent_store,
                                   timeout=timeout, wait_for_workers=False, multi_tenant=True)
-            prefixed = dist.PrefixStore(f"convoy-test/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+            prefixed = dist.PrefixStore(f"convoy-test/{self.restart_count}", store)
             prefixed.set(f"joined/{self.rank}", "1")
             keys = [f"joined/{r}" for r in range(self.world)]
             try:

@@ -27,7 +27,8 @@ from convoy.errors import ConfigError
 from convoy.train import collectives, data, operations, state, tracking
 from convoy.train.coordination import Trigger
 from convoy.train.data import DataLoaderConfiguration, LoopState, PreparedDataLoader
-from convoy.train.environment import check_arguments, resolve_settings, start_process_group, stop_process_group
+from convoy.train.process_group import start_process_group, stop_process_group
+from convoy.train.settings import check_arguments, resolve_settings
 from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
 from convoy.train.process_state import AcceleratorState, DistributedType, GradientState, distributed_type_for
 from convoy.train.state_hooks import StateHooks
@@ -79,12 +80,13 @@ class Accelerator:
         self.settings = resolve_settings(explicit={
             "mixed_precision": mixed_precision, "strategy": strategy, "collective_timeout": collective_timeout,
             "gradient_accumulation_steps": plugin.num_steps if plugin is not None else gradient_accumulation_steps,
-            "parallelism": parallelism, "backend": handlers.backend}, cpu=cpu)
+            "parallelism": parallelism, "backend": handlers.backend}, cpu=cpu,
+            options=strategy_options, defaults=handlers.ddp)
         self.gradient_accumulation_plugin = plugin or GradientAccumulationPlugin(
             num_steps=self.settings.gradient_accumulation_steps)
         self._accumulation_steps = self.gradient_accumulation_plugin.num_steps
         self._handlers = handlers
-        check_arguments(strategy=self.settings.strategy, strategy_options=strategy_options,  # fail early
+        check_arguments(strategy=self.settings.strategy, strategy_options=strategy_options or {},  # fail early
                         dataloader_config=dataloader_config, project_config=project_config)
         config = dataloader_config or DataLoaderConfiguration()
         self.dataloader_config = dataclasses.replace(  # the constructor's old arguments win, as in Accelerate
@@ -101,7 +103,6 @@ class Accelerator:
         self._trackers = tracking.TrackerHub(tracking.resolve_log_with(log_with, project.logging_dir),
                                              project.logging_dir)
         self.save_iteration = project.iteration
-        self._strategy_options = {**handlers.ddp, **(strategy_options or {})}
         self._planner = planner
         self._loop = LoopState()
         self.step = 0  # micro-steps seen by accumulate()
@@ -186,7 +187,7 @@ class Accelerator:
 
     @property
     def mixed_precision(self) -> str:
-        return self.settings.mixed_precision
+        return self.settings.mixed_precision.value
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -219,7 +220,7 @@ class Accelerator:
     def _ensure_strategy(self, model: Any) -> Strategy:
         if self._strategy is not None:
             return self._strategy
-        strategy = build_strategy(self.settings, model=model, options=self._strategy_options, planner=self._planner)
+        strategy = build_strategy(self.settings, model=model, planner=self._planner)
         self._strategy = strategy
         self.state.distributed_type = distributed_type_for(  # the strategy auto chose names the set-up
             world_size=self.num_processes, device_type=self.settings.device_type,
@@ -229,7 +230,7 @@ class Accelerator:
         return strategy
 
     def _make_scaler(self) -> Any:
-        if self.settings.mixed_precision != "fp16":
+        if not self.settings.mixed_precision.scales_loss:
             return None
         import torch
 
@@ -277,7 +278,7 @@ class Accelerator:
                       evaluation_mode: bool = False) -> "torch.nn.Module":
         strategy = self._ensure_strategy(model)
         prepared = strategy.setup_module(model)
-        if self.settings.mixed_precision in ("fp16", "bf16"):
+        if self.settings.mixed_precision.compute_dtype is not None:
             autocast_forward(prepared, self.autocast)
         self._models.append(prepared)
         return prepared
@@ -386,7 +387,8 @@ class Accelerator:
         ``AutocastKwargs`` (here or in ``kwargs_handlers``) sets ``enabled``/``cache_enabled``."""
         import torch
 
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.settings.mixed_precision)
+        name = self.settings.mixed_precision.compute_dtype
+        dtype = getattr(torch, name) if name else None
         options = autocast_handler.to_kwargs() if autocast_handler is not None else self._handlers.autocast
         if dtype is None:
             yield

@@ -35,18 +35,14 @@ from typing import Any, Iterator, Mapping
 
 from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT
 from convoy.errors import CollectiveTimeoutError, ConfigError
+from convoy.launch.env import read_collective_timeout
 
 __all__ = ["CollectiveWatch", "watch_call", "collective_timeout", "DEFAULT_COLLECTIVE_TIMEOUT"]
 
 
 def collective_timeout(env: Mapping[str, str] | None = None) -> float:
-    """Seconds from ``CONVOY_COLLECTIVE_TIMEOUT`` (what ``convoy launch`` sets), else 300."""
-    raw = (os.environ if env is None else env).get("CONVOY_COLLECTIVE_TIMEOUT", "").strip()
-    if not raw:
-        return DEFAULT_COLLECTIVE_TIMEOUT
-    from convoy.config.schema import KEYS
-
-    return KEYS["collective_timeout"].parse(raw, where="environment CONVOY_COLLECTIVE_TIMEOUT")
+    """Seconds from ``CONVOY_COLLECTIVE_TIMEOUT`` (what ``convoy launch`` sets), else convoy's default."""
+    return read_collective_timeout(os.environ if env is None else env)
 
 
 def _ranks(ranks: list[int]) -> str:

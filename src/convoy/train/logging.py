@@ -18,6 +18,9 @@ import os
 import sys
 from typing import Any, Mapping
 
+from convoy.errors import ConfigError
+from convoy.launch.env import RankEnv, read_rank_env
+
 __all__ = ["get_logger", "RankLoggerAdapter", "process_rank", "world_size", "is_main_process"]
 
 
@@ -33,8 +36,7 @@ def process_rank(env: Mapping[str, str] | None = None) -> int:
     dist = _group()
     if dist is not None:
         return dist.get_rank()
-    value = (os.environ if env is None else env).get("RANK", "0")
-    return int(value) if value.strip().isdigit() else 0
+    return _rank_env(env).rank
 
 
 def world_size(env: Mapping[str, str] | None = None) -> int:
@@ -42,8 +44,16 @@ def world_size(env: Mapping[str, str] | None = None) -> int:
     dist = _group()
     if dist is not None:
         return dist.get_world_size()
-    value = (os.environ if env is None else env).get("WORLD_SIZE", "1")
-    return int(value) if value.strip().isdigit() else 1
+    return _rank_env(env).world_size
+
+
+def _rank_env(env: Mapping[str, str] | None) -> RankEnv:
+    """The launcher's rank variables; a plain process's (rank 0 of 1) when they are malformed (a logger does not
+    refuse to log: the Accelerator reports them)."""
+    try:
+        return read_rank_env(os.environ if env is None else env)
+    except ConfigError:
+        return RankEnv()
 
 
 def is_main_process(env: Mapping[str, str] | None = None) -> bool:

@@ -19,6 +19,7 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from convoy.errors import ConfigError, DistributedOperationError
+from convoy.launch.env import read_rank_env
 from convoy.train import collectives
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,7 +41,7 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     import torch
 
     if device_specific:
-        seed += int(os.environ.get("RANK", "0"))
+        seed += read_rank_env(os.environ).rank
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds every CUDA device

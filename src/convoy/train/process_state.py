@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from convoy.train.environment import TrainSettings
+    from convoy.train.settings import TrainSettings
 
 __all__ = ["DistributedType", "PartialState", "AcceleratorState", "GradientState", "distributed_type_for"]
 
@@ -78,7 +78,8 @@ class PartialState:
         """``kwargs``: ``backend`` and ``timeout`` (a ``timedelta``) of the process group, as in Accelerate."""
         self.__dict__ = self._shared_state
         if not self.initialized:
-            from convoy.train.environment import resolve_settings, start_process_group
+            from convoy.train.process_group import start_process_group
+            from convoy.train.settings import resolve_settings
 
             timeout = kwargs.pop("timeout", None)
             seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
@@ -214,7 +215,7 @@ class PartialState:
 
     def destroy_process_group(self, group: Any = None) -> None:
         """Destroy the process group convoy started (Accelerate's name for ``end_training``'s last step)."""
-        from convoy.train.environment import stop_process_group
+        from convoy.train.process_group import stop_process_group
 
         stop_process_group()
 

@@ -8,21 +8,22 @@ model's size and the planner), its context, its process group and environment.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from dataclasses import replace
+from typing import Any, Callable
 
 from convoy.train.auto import choose_strategy, device_memory_bytes, planner_hook
-from convoy.train.environment import TrainSettings, start_process_group
-from convoy.train.strategies.base import Strategy, StrategyContext, create_strategy
+from convoy.train.process_group import start_process_group
+from convoy.train.settings import TrainSettings
+from convoy.train.strategies.base import Strategy, create_strategy
 
 __all__ = ["build_strategy"]
 
 
-def build_strategy(settings: TrainSettings, *, model: Any, options: Mapping[str, Any],
-                   planner: Callable[..., Any] | None) -> Strategy:
+def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[..., Any] | None) -> Strategy:
     """The strategy ``settings`` ask for, set up; ``"auto"`` picks one for ``model`` (None: by world size)."""
     name = settings.strategy
     dims = settings.parallel_dims
-    options = dict(options)
+    options = dict(settings.options)
     if name == "auto" and dims is not None and not dims.is_trivial:
         name = "parallel"  # tp/pp requested: convoy.train.parallel's strategy builds that layout
     if name == "auto":
@@ -38,12 +39,7 @@ def build_strategy(settings: TrainSettings, *, model: Any, options: Mapping[str,
             options = {**({"dp_engine": layout.dp_engine} if layout.dp_engine else {}), **options}
         if settings.world_size > 1 and settings.rank == 0:
             print(f"convoy: strategy=auto chose {layout.describe()}: {layout.reason}", flush=True)
-    context = StrategyContext(
-        rank=settings.rank, local_rank=settings.local_rank, world_size=settings.world_size,
-        local_world_size=settings.local_world_size, device_type=settings.device_type,
-        mixed_precision=settings.mixed_precision, collective_timeout_s=settings.collective_timeout_s,
-        parallel_dims=dims, options=options, gradient_accumulation_steps=settings.gradient_accumulation_steps)
-    strategy = create_strategy(name, context)
+    strategy = create_strategy(name, replace(settings, strategy=name, parallel_dims=dims, options=options))
     if strategy.needs_process_group:
         start_process_group(settings, always=True)
     strategy.setup_environment()

@@ -7,7 +7,7 @@ import pytest
 from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.plan.dims import ParallelDims
 from convoy.train.strategies.base import StrategyContext, available_strategies, create_strategy
-from convoy.train.environment import resolve_settings
+from convoy.train.settings import resolve_settings
 
 
 def _ctx(world: int, dims: ParallelDims | None = None, **options) -> StrategyContext:

@@ -50,7 +50,8 @@ from convoy.plan.dims import ParallelDims
 from convoy.train.parallel.mesh import ParallelMesh, build_mesh
 from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule, SingleStage
 from convoy.train.parallel.tensor import apply_tensor_parallel, resolve_tp_plan, tracing_stand_ins
-from convoy.train.strategies.base import (ParameterOrigins, Strategy, StrategyContext, SupportsNoSync,
+from convoy.train.settings import TrainSettings
+from convoy.train.strategies.base import (ParameterOrigins, Strategy, SupportsNoSync,
                                           register_strategy)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,7 +71,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
     needs_process_group = True
     options = (*_OPTIONS, "find_unused_parameters", "cpu_offload")
 
-    def __init__(self, context: StrategyContext) -> None:
+    def __init__(self, context: TrainSettings) -> None:
         super().__init__(context)
         unknown = sorted(set(context.options) - set(self.options))
         if unknown:
@@ -83,7 +84,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         engine = context.options.get("dp_engine", "zero1" if dims.pp > 1 and dims.tp == 1 else "fsdp")
         if engine not in _DP_ENGINES:
             raise StrategyError(f"dp_engine={engine!r} is unknown; choose one of {', '.join(_DP_ENGINES)}")
-        if dims.pp > 1 and context.mixed_precision == "fp16":
+        if dims.pp > 1 and context.mixed_precision.scales_loss:
             # the schedule runs backward itself, so the gradient scaler never scales the loss: training would
             # silently divide every gradient by the scale
             raise NotSupportedYetError("mixed_precision='fp16' with pp is not supported yet (its loss scaling "
@@ -107,7 +108,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         self._group_names: dict[int, list[list[str]]] = {}  # id(optimizer) -> its groups' names, whole model
 
     @classmethod
-    def default_dims(cls, context: StrategyContext) -> ParallelDims:
+    def default_dims(cls, context: TrainSettings) -> ParallelDims:
         return context.parallel_dims or ParallelDims(dp_replicate=context.world_size)
 
     @property
@@ -368,7 +369,7 @@ class TensorParallelStrategy(ParallelStrategy):
     """Tensor parallel; without ``parallelism`` every process is one tp rank."""
 
     @classmethod
-    def default_dims(cls, context: StrategyContext) -> ParallelDims:
+    def default_dims(cls, context: TrainSettings) -> ParallelDims:
         return context.parallel_dims or ParallelDims(tp=context.world_size)
 
 
@@ -377,7 +378,7 @@ class PipelineParallelStrategy(ParallelStrategy):
     """Pipeline parallel; without ``parallelism`` every process is one stage."""
 
     @classmethod
-    def default_dims(cls, context: StrategyContext) -> ParallelDims:
+    def default_dims(cls, context: TrainSettings) -> ParallelDims:
         return context.parallel_dims or ParallelDims(pp=context.world_size)
 
 

@@ -25,12 +25,10 @@ from __future__ import annotations
 import abc
 import contextlib
 import importlib
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
-from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT
 from convoy.errors import StrategyError
-from convoy.plan.dims import ParallelDims
+from convoy.train.settings import TrainSettings
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; torch is imported lazily by implementations
     import torch
@@ -48,34 +46,9 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, kw_only=True)
-class StrategyContext:
-    """Everything a strategy needs to know about the job, resolved once by the Accelerator."""
-
-    rank: int = 0
-    """Global rank of this process (``RANK``)."""
-    local_rank: int = 0
-    """Rank on this machine (``LOCAL_RANK``); picks the device."""
-    world_size: int = 1
-    """Number of processes in the job (``WORLD_SIZE``)."""
-    local_world_size: int = 1
-    """Processes on this machine (``LOCAL_WORLD_SIZE``)."""
-    device_type: str = "cpu"
-    """``"cpu"``, ``"cuda"``, ... : the kind of device this process trains on."""
-    mixed_precision: str = "no"
-    """``"no"``, ``"fp16"`` or ``"bf16"``; strategies map it onto their engine's policy where they have one."""
-    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT
-    """Timeout of the process group's collectives (convoy's default is 300 s, not torch's 30 min)."""
-    parallel_dims: ParallelDims | None = None
-    """Requested parallel degrees (``CONVOY_PARALLELISM``); ``None`` = pure data parallel over the world."""
-    options: Mapping[str, Any] = field(default_factory=dict)
-    """Strategy-specific options (``find_unused_parameters``, ``cpu_offload``, ``auto_wrap``, ...)."""
-    gradient_accumulation_steps: int = 1
-    """Backward passes per optimizer step; a strategy that runs backward itself (a pipeline) scales by it."""
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
+#: The settings a strategy reads as ``self.context``: the job's one ``TrainSettings`` record (this name is kept
+#: for strategies written against it).
+StrategyContext = TrainSettings
 
 
 class Strategy(abc.ABC):
@@ -98,7 +71,7 @@ class Strategy(abc.ABC):
     #: ``Accelerator(...)`` refuses other keys at construction (``check_strategy_options``).
     options: ClassVar[tuple[str, ...] | None] = None
 
-    def __init__(self, context: StrategyContext) -> None:
+    def __init__(self, context: TrainSettings) -> None:
         self.context = context
 
     # --- environment -------------------------------------------------------------------------------
@@ -324,7 +297,7 @@ def check_strategy_options(name: str, options: Mapping[str, Any]) -> None:
                             f"valid keys: {', '.join(valid) or 'none'}")
 
 
-def create_strategy(name: str, context: StrategyContext) -> Strategy:
+def create_strategy(name: str, context: TrainSettings) -> Strategy:
     """Build the strategy registered under ``name`` for this job."""
     return strategy_class(name)(context)
 

@@ -54,7 +54,8 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
         self.setup_environment()
         module = module.to(self.root_device)
         names = {id(p): n for n, p in module.named_parameters()}
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.context.mixed_precision)
+        name = self.context.mixed_precision.compute_dtype
+        dtype = getattr(torch, name) if name else None
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
         offload: Any = OffloadPolicy()
         if self.context.options.get("cpu_offload"):

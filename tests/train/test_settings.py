@@ -1,4 +1,4 @@
-"""The training process's settings (``convoy.train.environment``): read with the launcher's own parsers, and
+"""The training process's settings (``convoy.train.settings``): read with the launcher's own parsers, and
 every bad ``Accelerator(...)`` argument refused at construction with one convoy error."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from convoy import Accelerator
 from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, MIXED_PRECISIONS
 from convoy.errors import ConfigError, ConvoyError, StrategyError
 from convoy.launch import env as launch_env
-from convoy.train import environment
-from convoy.train.environment import resolve_settings
+from convoy.train.settings import TrainSettings, resolve_settings
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +25,7 @@ def _no_job(monkeypatch, tmp_path):
 def test_launcher_and_trainer_share_one_list_and_one_default():
     # issue 15: the launcher offered fp8 and every rank then refused it
     assert launch_env.MIXED_PRECISIONS is MIXED_PRECISIONS
-    assert launch_env.DEFAULT_COLLECTIVE_TIMEOUT == environment.DEFAULT_COLLECTIVE_TIMEOUT_S == DEFAULT_COLLECTIVE_TIMEOUT
+    assert launch_env.DEFAULT_COLLECTIVE_TIMEOUT == TrainSettings().collective_timeout_s == DEFAULT_COLLECTIVE_TIMEOUT
     assert resolve_settings(env={}, cpu=True).collective_timeout_s == DEFAULT_COLLECTIVE_TIMEOUT
     for value in MIXED_PRECISIONS:  # whatever the launcher passes on, the trainer takes
         env = launch_env.convoy_env(launch_env.ConvoyEnv(mixed_precision=value, collective_timeout="60"))

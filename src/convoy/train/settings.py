@@ -1,0 +1,155 @@
+"""The settings of one training process: its place in the job and what the launcher and the script asked for.
+
+    settings = resolve_settings(explicit={"mixed_precision": "bf16"}, env=os.environ)
+    settings.mixed_precision, settings.strategy          # explicit argument > CONVOY_* variable > settings file > default
+    strategy = create_strategy(settings.strategy, settings)   # a strategy reads the same record (``self.context``)
+
+One record, ``TrainSettings``, travels from the ``Accelerator`` to its strategy: the strategy builder only
+replaces what ``strategy="auto"`` chose (the name, the degrees, the options). The launcher's variables are read
+by ``convoy.launch.env`` (``RANK``, ``WORLD_SIZE``, ... and ``CONVOY_MIXED_PRECISION``, ``CONVOY_STRATEGY``,
+``CONVOY_PARALLELISM``, ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``; Accelerate's
+``ACCELERATE_MIXED_PRECISION`` and ``ACCELERATE_DEBUG_MODE``), every value by its key in
+``convoy.config.schema``, so a value the launcher refuses is refused here with the same line. When
+``RANK``/``WORLD_SIZE`` say the job has several processes, a process group is started even on a CPU-only
+machine (``convoy.train.process_group``): convoy never trains N independent copies that each believe they
+are alone. Torch-free but for asking whether CUDA is there.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS, MixedPrecision, show
+from convoy.errors import ConfigError
+from convoy.launch.env import read_convoy_env, read_debug_mode, read_rank_env
+from convoy.plan.dims import ParallelDims
+
+__all__ = ["TrainSettings", "resolve_settings", "check_arguments"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSettings:
+    """Resolved settings of one training process; also what a strategy reads as ``self.context``."""
+
+    rank: int = 0
+    """Global rank (``RANK``)."""
+    local_rank: int = 0
+    """Rank on this machine (``LOCAL_RANK``); picks the device."""
+    world_size: int = 1
+    """Processes in the job (``WORLD_SIZE``)."""
+    local_world_size: int = 1
+    """Processes on this machine (``LOCAL_WORLD_SIZE``)."""
+    device_type: str = "cpu"
+    """Where this process computes: ``"cpu"`` or an accelerator type (``"cuda"``)."""
+    mixed_precision: MixedPrecision = MixedPrecision.NO
+    """``"no"``, ``"fp16"`` or ``"bf16"`` (a string is converted); strategies map it onto their engine's policy."""
+    strategy: str = "auto"
+    """Strategy name (``"auto"``, ``"ddp"``, ``"zero3"``, ...); after building, the one ``"auto"`` chose."""
+    gradient_accumulation_steps: int = 1
+    """Backward passes per optimizer step; a strategy that runs backward itself (a pipeline) scales by it."""
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT
+    """Timeout of every collective (convoy's default is 300 s, not torch's 30 min)."""
+    parallel_dims: ParallelDims | None = None
+    """Parallel degrees (``parallelism=``, ``CONVOY_PARALLELISM``); ``None`` = pure data parallel over the world."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Strategy-specific options (``strategy_options``: ``find_unused_parameters``, ``cpu_offload``, ...)."""
+    debug: bool = False
+    """Check shapes across processes before collectives (``ACCELERATE_DEBUG_MODE=1``, ``PartialState().debug``)."""
+    backend: str | None = None
+    """Process-group backend asked for (``InitProcessGroupKwargs(backend=)``); ``None``: gloo on CPU, nccl on CUDA."""
+
+    def __post_init__(self) -> None:
+        if self.mixed_precision not in MIXED_PRECISIONS:
+            raise ConfigError(f"mixed_precision={show(self.mixed_precision)} is not supported; "
+                              f"choose one of {', '.join(MIXED_PRECISIONS)}")
+        object.__setattr__(self, "mixed_precision", MixedPrecision(self.mixed_precision))
+        if isinstance(self.gradient_accumulation_steps, bool) or not isinstance(
+                self.gradient_accumulation_steps, int) or self.gradient_accumulation_steps < 1:
+            raise ConfigError(f"gradient_accumulation_steps={self.gradient_accumulation_steps} must be >= 1")
+        if not 0 < self.collective_timeout_s < float("inf"):
+            raise ConfigError(f"collective timeout {self.collective_timeout_s} s must be positive")
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"RANK={self.rank} is outside WORLD_SIZE={self.world_size}; "
+                              f"a rank must be in 0..{self.world_size - 1}")
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _given(name: str, given: Mapping[str, Any]) -> Any:
+    """The constructor argument ``name``, checked by the schema key the launcher uses; None when not given."""
+    return KEYS[name].parse(given[name], where=f"Accelerator({name}={show(given[name])})") if name in given else None
+
+
+def _parallel_dims(dims: Any, world_size: int) -> ParallelDims | None:
+    if dims is None or isinstance(dims, ParallelDims):
+        if dims is not None:
+            dims.check_world_size(world_size)
+        return dims
+    if isinstance(dims, str):
+        return ParallelDims.parse(dims, world_size=world_size)
+    if isinstance(dims, Mapping):  # Accelerator(parallelism={"dp": 2, "tp": 2})
+        return ParallelDims.from_mapping(dims, world_size=world_size)
+    raise ConfigError(f"parallelism={show(dims)}: give a mapping like {{'dp': 2, 'tp': 2}}, a string like "
+                      f"'dp=2,tp=2' or a ParallelDims")
+
+
+def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
+                     cpu: bool = False, options: Mapping[str, Any] | None = None,
+                     defaults: Mapping[str, Any] | None = None) -> TrainSettings:
+    """Combine explicit constructor arguments (``None`` = not given) with the launcher's environment
+    (``convoy.launch.env``, read there). ``options``: the strategy options (their keys are checked by
+    ``check_arguments``), over ``defaults`` (a kwargs handler's). Pure but for asking torch whether CUDA is
+    there (unless ``cpu``)."""
+    if options is not None and not isinstance(options, Mapping):
+        raise ConfigError(f"strategy_options={show(options)}: give a dict such as "
+                          f"{{'find_unused_parameters': True}}")
+    from convoy.config.settings import file_settings_env
+
+    env = os.environ if env is None else env
+    env = {**file_settings_env(env), **env}  # settings files (convoy config) below the environment
+    given = {k: v for k, v in (explicit or {}).items() if v is not None}
+    ranks = read_rank_env(env)
+    launched = read_convoy_env(env, skip=given)
+    dims = given["parallelism"] if "parallelism" in given else launched.parallelism
+    return TrainSettings(
+        rank=ranks.rank, local_rank=ranks.local_rank, world_size=ranks.world_size,
+        local_world_size=ranks.local_world_size, device_type="cpu" if cpu else _device_type(),
+        mixed_precision=_given("mixed_precision", given) or launched.mixed_precision or "no",
+        strategy=_given("strategy", given) or launched.strategy or "auto",
+        gradient_accumulation_steps=_given("gradient_accumulation_steps", given)
+        or launched.gradient_accumulation_steps or 1,
+        collective_timeout_s=_given("collective_timeout", given) or launched.collective_timeout
+        or DEFAULT_COLLECTIVE_TIMEOUT,
+        parallel_dims=_parallel_dims(dims, ranks.world_size), options={**(defaults or {}), **(options or {})},
+        backend=given.get("backend"), debug=read_debug_mode(env),
+    )
+
+
+def check_arguments(*, strategy: str, strategy_options: Any, dataloader_config: Any,
+                    project_config: Any = None) -> None:
+    """The ``Accelerator`` arguments that are not settings, checked at construction with one ``ConfigError``
+    (``StrategyError`` for a strategy or its options): ``strategy_options`` keys the strategy reads (the
+    union over convoy's strategies for ``"auto"``), a ``dataloader_config`` with ``split_batches`` and
+    ``even_batches``, a ``project_config`` with ``project_dir`` and ``iteration``."""
+    from convoy.train.strategies.base import check_strategy_options
+
+    check_strategy_options(strategy, dict(strategy_options or {}))
+    if dataloader_config is not None and not all(hasattr(dataloader_config, a)
+                                                 for a in ("split_batches", "even_batches")):
+        raise ConfigError(f"dataloader_config={show(dataloader_config)}: give a DataLoaderConfiguration("
+                          f"split_batches=..., even_batches=...) (convoy.train.DataLoaderConfiguration)")
+    if project_config is not None and not all(hasattr(project_config, a) for a in
+                                              ("project_dir", "iteration", "total_limit",
+                                               "automatic_checkpoint_naming")):
+        raise ConfigError(f"project_config={show(project_config)}: give a ProjectConfiguration(project_dir=...) "
+                          f"(convoy.train.ProjectConfiguration)")
+
+
+def _device_type() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
