@@ -6,7 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from convoy.train.auto import AutoLayout, choose_strategy, planner_hook, pp_degrees, tp_degrees
+import convoy.plan.candidates
+from convoy.errors import StrategyError
+from convoy.train.strategies.auto import (AutoLayout, auto_strategy, choose_strategy, dp_engine_for, planner_hook,
+                                          pp_degrees, runs_in_trainer, tp_degrees)
 from tests.distributed import run_script
 from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, lm_loss
 
@@ -181,3 +184,66 @@ def test_strategy_auto_trains_tiny_gpt_at_tp2_on_two_processes():
     assert re.search(r"strategy=auto chose parallel \(dp=1,tp=2,pp=1\): .*tp2 fits", result.output), result.output
     # both tp ranks matched one process (losses, clipped gradient norms, final weights)
     assert sorted(re.findall(r"rank (\d) TP loss diff .* OK", result.output)) == ["0", "1"], result.output
+
+
+# --- the trainer's side of the planner (moved here from convoy.plan.api) ---------------------------------
+
+def _gpt_config(**overrides):
+    """A Llama-2-7B-shaped config dict (32 heads, 32 layers)."""
+    return {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "vocab_size": 32000, **overrides}
+
+
+def test_auto_strategy_hook_for_choose_strategy():
+    layout = auto_strategy(num_parameters=10**8, world_size=4, device_bytes=80 * GIB)
+    assert layout.name == "ddp" and layout.dims is None and "fits" in layout.reason
+    assert auto_strategy(num_parameters=7 * 10**9, world_size=4, device_bytes=80 * GIB).name in ("zero2", "zero3")
+    assert auto_strategy(num_parameters=10**8, world_size=1, device_bytes=80 * GIB).name == "single"
+    assert auto_strategy(num_parameters=10**12, world_size=2, device_bytes=GIB) is None
+
+
+def test_auto_strategy_splits_only_by_the_degrees_it_is_given():
+    model = _gpt_config()
+    n = 6_738_415_616
+    # 4 x 32 GiB bf16: no data-parallel layout fits; tp4 does (25.1 GIB of states + 2.8 GIB of activations)
+    layout = auto_strategy(num_parameters=n, world_size=4, device_bytes=32 * GIB, precision="bf16", model=model,
+                           tp_degrees=(2, 4))
+    assert layout.name == "parallel" and layout.dims.tp == 4 and layout.dims.world_size == 4
+    assert layout.describe() == "parallel (dp=1,tp=4,pp=1)" and "tp4 fits" in layout.reason
+    # tp=2 only (as for a model whose kv heads tp=4 would not divide): nothing fits
+    assert auto_strategy(num_parameters=n, world_size=4, device_bytes=32 * GIB, precision="bf16", model=model,
+                         tp_degrees=(2,)) is None
+    # no degrees: the data-parallel comparison of a bare parameter count, whatever the model
+    assert auto_strategy(num_parameters=n, world_size=4, device_bytes=32 * GIB, precision="bf16",
+                         model=model) is None
+    # a pipeline loop: pipeline layouts only, each replica by DDP or ZeRO-1
+    layout = auto_strategy(num_parameters=n, world_size=4, device_bytes=80 * GIB, precision="bf16", model=model,
+                           tp_degrees=(2, 4), pp_degrees=(2, 4), pipeline=True)
+    assert layout.dims.pp > 1 and "loss_fn" in layout.reason
+    assert layout.dp_engine in (("ddp", "zero1") if layout.dims.dp > 1 else (None,)), layout
+
+
+def test_auto_layout_degrees_go_with_strategy_parallel_only():
+    from convoy.plan.dims import ParallelDims
+
+    with pytest.raises(StrategyError, match="parallel"):
+        AutoLayout(name="ddp", reason="", dims=ParallelDims(tp=2))
+    with pytest.raises(StrategyError, match="parallel"):
+        AutoLayout(name="parallel", reason="")
+
+
+def test_recommend_for_module_proposes_only_layouts_the_trainer_runs():
+    from convoy.plan.hardware import parse_hardware
+    from convoy.plan.model import from_hf_config
+
+    cands = list(convoy.plan.candidates.enumerate_candidates(from_hf_config(_gpt_config()),
+                                                             parse_hardware("8xH100-80GB"), global_batch=8,
+                                                             micro_batch=1))
+    kept = {c.name for c in cands if runs_in_trainer(c)}
+    assert {"ddp", "zero3", "zero3+tp2", "tp8", "ddp+pp2", "zero1+pp2", "tp2+pp4", "zero1+tp2+pp2"} <= kept
+    # tp with dp > 1 only through FSDP2 (dp x tp x pp: the zero1 candidate, FSDP2 per stage)
+    assert not kept & {"ddp+tp2", "zero1+tp2", "ddp+tp2+pp2"}
+    three_d = next(c for c in cands if c.name == "zero1+tp2+pp2")
+    assert dp_engine_for(three_d.strategy, three_d.dims) == "fsdp"
+    assert dp_engine_for("zero1", next(c for c in cands if c.name == "zero1+pp2").dims) == "zero1"
+    assert {"ddp+tp2", "zero1+tp2", "ddp+tp2+pp2"} <= {c.name for c in cands}

@@ -8,9 +8,9 @@
 
     convoy plan Llama-2-7b/config.json --hardware 8xH100-80GB --seq-len 4096        # the same, as a table
 
-For ``Accelerator(strategy="auto")``: ``recommend_for_module(module, world_size=..., device_memory_bytes=...)``
-returns the ``Recommendation`` (``.strategy``, ``.dims``, ``.cpu_offload``, ``.reasons``), and ``auto_strategy``
-turns it into the ``AutoLayout`` the trainer builds (a strategy name, and for tp/pp its ``ParallelDims``).
+For a module in hand: ``recommend_for_module(module, world_size=..., device_memory_bytes=...)`` returns the
+``Recommendation`` (``.strategy``, ``.dims``, ``.cpu_offload``, ``.reasons``); ``Accelerator(strategy="auto")``
+asks it (``convoy.train.strategies.auto``) and turns the answer into a layout the trainer builds.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from typing import Any, Callable, Collection
 
 from convoy.errors import PlanError
 from convoy.plan.calibration import Calibration
-from convoy.plan.candidates import Candidate, enumerate_candidates
-from convoy.plan.dims import ParallelDims
+from convoy.plan.candidates import STRATEGY_NAMES, Candidate, enumerate_candidates
 from convoy.plan.hardware import GpuSpec, Hardware, hardware_from_inventory, lookup_gpu, parse_hardware
 from convoy.plan.memory import Layout, MemoryBreakdown, RunSpec, memory_per_gpu
 from convoy.plan.model import ModelSpec, resolve_model
@@ -33,8 +32,7 @@ from convoy.plan.recommend import Recommendation, Row, recommend
 from convoy.plan.timing import DEFAULT_EFFICIENCY, step_time
 from convoy.plan.units import format_bytes, format_seconds
 
-__all__ = ["Plan", "plan", "plan_for", "recommend_for_module", "auto_strategy", "AutoLayout", "runs_in_trainer",
-           "MAX_GPUS_PER_NODE", "MAX_GPUS"]
+__all__ = ["Plan", "plan", "plan_for", "recommend_for_module", "MAX_GPUS_PER_NODE", "MAX_GPUS"]
 
 #: the largest machine the planner compares layouts for: GPUs in one node (an NVLink domain; NVL576 is the
 #: largest built) and in the whole job. Bounding both keeps a plan's time independent of the count asked for.
@@ -272,80 +270,21 @@ def resolve_hardware(hardware: str | Hardware | None = None, *, inventory: Any =
 
 _DATASHEET_NOTE = "step times use the datasheet model (peak FLOPs x a fixed efficiency); --calibrate measures this machine"
 
-#: the strategies the training layer implements today (convoy.train.strategies registry).
-TRAINER_STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
-#: the trainer's data-parallel engine (``strategy_options["dp_engine"]`` of strategy "parallel") for each
-#: candidate strategy, when a tp/pp layout also has dp > 1
-_DP_ENGINE = {"ddp": "ddp", "zero1": "zero1", "zero2": "fsdp", "zero3": "fsdp", "fsdp": "fsdp", "hsdp": "fsdp"}
-_SHAPE_KEYS = ("layers", "hidden", "heads", "vocab", "ffn", "kv_heads")
-
-
-@dataclass(frozen=True, kw_only=True)
-class AutoLayout:
-    """What ``Accelerator(strategy="auto")`` builds: a strategy, its parallel degrees, and why."""
-
-    name: str
-    """The ``Accelerator(strategy=...)`` name: ``single``, ``ddp``, ``zero1``-``zero3``, or ``parallel`` (tp/pp)."""
-    reason: str
-    """One line saying why (printed by the Accelerator)."""
-    dims: ParallelDims | None = None
-    """The degrees for strategy ``parallel`` (tp or pp above 1); None for the data-parallel strategies."""
-    dp_engine: str | None = None
-    """How ``parallel`` realises dp > 1 (``fsdp``, ``ddp``, ``zero1``); None when dp = 1 or not ``parallel``."""
-
-    def __post_init__(self) -> None:
-        if (self.name == "parallel") != (self.dims is not None):
-            raise PlanError(f"layout {self.name!r}: parallel degrees go with strategy 'parallel' only")
-
-    def describe(self) -> str:
-        """``"zero3"``, or ``"parallel (dp=1,tp=2,pp=1)"``."""
-        return f"{self.name} ({self.dims.describe()})" if self.dims is not None else self.name
-
-
-def runs_in_trainer(candidate: Candidate) -> bool:
-    """True for layouts strategy ``"parallel"`` (``convoy.train.parallel``) builds from a candidate: with tp and
-    dp > 1 the weights are DTensors, which only FSDP2 shards (candidate ``zero3``); with pp and dp > 1 the
-    stages are replicated by DDP or ZeRO-1 (the only pipeline candidates). dp x tp x pp is the ``zero1``
-    candidate, which the trainer realises with FSDP2 per stage (``dp_engine_for``): through the step a stage's
-    parameters and gradients are whole, as with ZeRO-1, and at rest they are sharded too, so the candidate's
-    memory is an upper bound."""
-    d = candidate.layout.dims
-    if d.is_trivial or d.dp == 1:
-        return True
-    if d.tp > 1 and d.pp > 1:
-        return candidate.strategy == "zero1"
-    if d.tp > 1:
-        return candidate.strategy == "zero3"
-    return candidate.strategy in ("ddp", "zero1")
-
-
-def dp_engine_for(strategy: str, dims: ParallelDims) -> str | None:
-    """The trainer's ``dp_engine`` for a data-parallel strategy name at ``dims`` (see ``runs_in_trainer``);
-    a name it does not know (a custom planner's) replicates with DDP."""
-    if dims.dp == 1:
-        return None
-    if dims.tp > 1:
-        return "fsdp"  # DTensor weights: FSDP2 (for dp x tp x pp, per pipeline stage)
-    return _DP_ENGINE.get(strategy, "ddp")
-
-
 def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: int, precision: str = "bf16",
                          seq_len: int = 2048, micro_batch: int = 1, optimizer: str = "adamw",
                          gpu: str | None = None, peak_tflops: float | None = None, gpus_per_node: int | None = None,
-                         nodes: int = 1, allowed: Collection[str] = TRAINER_STRATEGIES,
-                         tp_degrees: Collection[int] | None = None, pp_degrees: Collection[int] | None = None,
-                         require_pp: bool = False, calibration: Calibration | None = None,
+                         nodes: int = 1, allowed: Collection[str] = STRATEGY_NAMES,
+                         keep: Callable[[Candidate], bool] | None = None, calibration: Calibration | None = None,
                          **shape: Any) -> Recommendation:
-    """The layout ``Accelerator(strategy="auto")`` should use for ``module`` on ``world_size`` devices.
+    """The layout to use for ``module`` (an ``nn.Module``, a config, or a ``ModelSpec``) on ``world_size``
+    devices of ``device_memory_bytes`` each: the planner's recommendation among the ``allowed`` candidates.
 
-    ``device_memory_bytes``: memory of one device (the smallest). ``gpu``: a table name or NVML device name
-    for peak FLOPs and links (default: a generic PCIe device with 100 TFLOPs, which only affects time ties).
-    ``allowed``: strategy names the caller can run (add ``"tp"``, ``"pp"``, ``"offload"`` when supported).
-    ``tp_degrees``/``pp_degrees``: the tp and pp degrees above 1 the model can take (None: any the planner
-    proposes); ``require_pp``: compare pipeline layouts only. ``calibration``: rates measured on this device
-    (``convoy.plan.calibrate.calibrate(spec, run)``; the hook for ``strategy="auto"`` on a GPU, which
-    ``auto_strategy`` passes through its keywords); None keeps the datasheet time model. Layouts the trainer cannot run
-    (``runs_in_trainer``) are never proposed. Raises ``PlanError`` when no allowed layout fits.
+    ``gpu``: a table name or NVML device name for peak FLOPs and links (default: a generic PCIe device with 100
+    TFLOPs, which only affects time ties). ``allowed``: candidate strategy names (default: the data-parallel
+    ones; add ``"tp"``, ``"pp"``, ``"offload"`` for those layouts). ``keep``: a further filter on the
+    candidates (``Accelerator(strategy="auto")`` keeps the layouts its trainer runs). ``calibration``: rates
+    measured on this device (``convoy.plan.calibrate.calibrate(spec, run)``); None keeps the datasheet time
+    model. Raises ``PlanError`` when no allowed layout fits.
     """
     if world_size < 1 or device_memory_bytes <= 0:
         raise PlanError(f"recommend_for_module needs world_size >= 1 and device memory > 0, got "
@@ -364,59 +303,12 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
     model = resolve_model(module, **shape)
     run = RunSpec(seq_len=seq_len, micro_batch=micro_batch, precision=precision, optimizer=optimizer)
 
-    def keep(cand: Candidate) -> bool:
-        d = cand.layout.dims
-        return (runs_in_trainer(cand) and (d.pp > 1 or not require_pp)
-                and (d.tp == 1 or tp_degrees is None or d.tp in tp_degrees)
-                and (d.pp == 1 or pp_degrees is None or d.pp in pp_degrees))
-
     result = plan_for(model, run, hw, offload="offload" in allowed, allowed=allowed, explain_breaks=False, keep=keep,
                       calibration=calibration)
     rec = result.recommendation
     if rec.row is None:
         raise PlanError(" ".join(rec.reasons))
     return rec
-
-
-def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, precision: str = "fp32",
-                  model: Any = None, tp_degrees: Collection[int] = (), pp_degrees: Collection[int] = (),
-                  pipeline: bool = False, **kwargs: Any) -> AutoLayout | None:
-    """The ``planner`` hook of ``convoy.train.auto.choose_strategy``: the ``AutoLayout`` to build, or None when
-    no layout the trainer runs fits (the caller's own rule then answers).
-
-    Without ``tp_degrees``/``pp_degrees`` (the degrees the training layer checked ``model`` can take) only the
-    data-parallel strategies are compared, for a model known by its parameter count alone. With them the
-    planner reads ``model``'s shape (blocks, hidden size, heads; ``heads=`` etc. in ``kwargs`` override) and
-    compares tp and pp layouts too; ``pipeline`` (the loop trains with ``model(x, target=y)``, which only a
-    pipeline runs) compares pipeline layouts only.
-    """
-    tp_degrees = tuple(t for t in tp_degrees if t > 1)
-    pp_degrees = tuple(p for p in pp_degrees if p > 1)
-    split = model is not None and bool(tp_degrees or pp_degrees)
-    allowed = TRAINER_STRATEGIES + (("tp",) if tp_degrees else ()) + (("pp",) if pp_degrees else ())
-    try:
-        if split:
-            rec = recommend_for_module(model, world_size=world_size, device_memory_bytes=device_bytes,
-                                       precision=precision, allowed=allowed, tp_degrees=tp_degrees,
-                                       pp_degrees=pp_degrees, require_pp=pipeline and bool(pp_degrees), **kwargs)
-        else:  # a bare parameter count: no shape, so no activations (what auto compared before tp and pp)
-            rest = {k: v for k, v in kwargs.items() if k not in _SHAPE_KEYS}
-            rec = recommend_for_module(ModelSpec(name=f"{num_parameters:,} parameters",
-                                                 num_params=int(num_parameters)),
-                                       world_size=world_size, device_memory_bytes=device_bytes, precision=precision,
-                                       **rest)
-    except PlanError:
-        return None
-    dims = rec.dims
-    assert rec.row is not None and dims is not None  # recommend_for_module raises when nothing fits
-    reason = rec.reasons[0]
-    if dims.is_trivial:
-        return AutoLayout(name=rec.strategy or "single", reason=reason)
-    if pipeline and dims.pp > 1:
-        reason += (" strategy_options has loss_fn (a loop that trains with model(x, target=y)), so only "
-                   "pipeline layouts were compared.")
-    return AutoLayout(name="parallel", reason=f"{reason} {rec.reasons[1]}", dims=dims,
-                      dp_engine=dp_engine_for(rec.strategy or "ddp", dims))
 
 
 def format_plan(p: Plan) -> str:

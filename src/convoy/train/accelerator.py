@@ -27,13 +27,13 @@ from convoy.errors import ConfigError
 from convoy.train import collectives, data, operations, state, tracking
 from convoy.train.coordination import Trigger
 from convoy.train.data import DataLoaderConfiguration, LoopState, PreparedDataLoader
-from convoy.train.process_group import start_process_group, stop_process_group
+from convoy.train.process_group import stop_process_group
 from convoy.train.settings import check_arguments, resolve_settings
 from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
 from convoy.train.process_state import AcceleratorState, DistributedType, GradientState, distributed_type_for
 from convoy.train.state_hooks import StateHooks
-from convoy.train.strategies.base import Strategy, SupportsNoSync, strategy_class
-from convoy.train.strategy_setup import build_strategy
+from convoy.train.strategies.base import Strategy, SupportsNoSync
+from convoy.train.strategies.build import build_strategy, declared_distributed_type, start_job
 from convoy.train.wrappers import PreparedOptimizer, PreparedScheduler, autocast_forward
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -116,13 +116,8 @@ class Accelerator:
         self._state_hooks = StateHooks()
         self._trigger = Trigger()
         self.scaler = self._make_scaler()
-        if self.settings.device_type == "cuda":
-            import torch
-
-            torch.cuda.set_device(self.settings.local_rank)
-        start_process_group(self.settings)
-        kind = strategy_class(self.settings.strategy).distributed_type if self.settings.strategy != "auto" else ""
-        self.state = AcceleratorState._from_settings(self.settings, kind if isinstance(kind, str) else "")
+        start_job(self.settings)
+        self.state = AcceleratorState._from_settings(self.settings, declared_distributed_type(self.settings))
         GradientState._register(self)
 
     # --- properties ------------------------------------------------------------------------------------

@@ -78,8 +78,8 @@ class PartialState:
         """``kwargs``: ``backend`` and ``timeout`` (a ``timedelta``) of the process group, as in Accelerate."""
         self.__dict__ = self._shared_state
         if not self.initialized:
-            from convoy.train.process_group import start_process_group
             from convoy.train.settings import resolve_settings
+            from convoy.train.strategies.build import start_job
 
             timeout = kwargs.pop("timeout", None)
             seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
@@ -90,7 +90,7 @@ class PartialState:
                 raise NotSupportedYetError(f"PartialState({sorted(kwargs)[0]}=...) is not supported; pass only "
                                            "backend= and timeout= (convoy launch sets the rendezvous)")
             settings = resolve_settings(explicit={"collective_timeout": seconds, "backend": backend}, cpu=cpu)
-            start_process_group(settings)
+            start_job(settings)
             self._fill(settings)
 
     def _fill(self, settings: "TrainSettings", strategy_kind: str = "") -> None:

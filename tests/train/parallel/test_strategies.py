@@ -68,7 +68,7 @@ def test_accelerator_settings_take_a_mapping_or_the_launcher_string():
 
 def test_sequence_parallel_pipelines_start_stages_only_between_blocks():
     from convoy.train.parallel.pipeline import PipelineConfig
-    from convoy.train.parallel.strategies import _check_block_boundaries
+    from convoy.train.strategies.parallel import _check_block_boundaries
     from tests.train.parallel.tiny_gpt import TinyGPT
 
     model = TinyGPT()

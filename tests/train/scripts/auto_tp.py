@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root, f
 
 import torch
 
-from convoy.plan.api import auto_strategy
+from convoy.train.strategies.auto import auto_strategy
 from convoy.train.accelerator import Accelerator
 from tests.train.parallel.tiny_gpt import (TinyConfig, TinyGPT, assert_matches_reference, batch, lm_loss,
                                           reference_run)

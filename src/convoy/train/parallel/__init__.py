@@ -3,8 +3,8 @@
     from convoy.train.parallel import build_mesh, resolve_tp_plan, apply_tensor_parallel, PipelineModule
     accelerator = convoy.Accelerator(parallelism={"dp": 2, "tp": 2})   # selects the strategies defined here
 
-Importing this package registers the strategies ``tp``, ``pp`` and ``parallel`` (any dp x tp x pp layout)
-with the strategy registry; torch itself is imported only when a strategy or function is used.
+The strategies that use them (``tp``, ``pp`` and ``parallel``, any dp x tp x pp layout) are
+``convoy.train.strategies.parallel``; torch itself is imported only when a function is used.
 """
 
 from convoy.train.parallel.mesh import ParallelMesh, build_mesh
@@ -23,6 +23,3 @@ __all__ = [
     "apply_tensor_parallel",
     "resolve_tp_plan",
 ]
-
-# registers "parallel", "tp" and "pp" with convoy.train.strategies.base (imported last: it needs the above)
-from convoy.train.parallel import strategies as _strategies  # noqa: E402,F401

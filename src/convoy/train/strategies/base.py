@@ -15,9 +15,7 @@ never looks at a concrete strategy type. Optional abilities are separate small i
 (``SupportsNoSync``); the facade tests ``isinstance(strategy, SupportsNoSync)``, never a name.
 
 Built-in strategies are listed in ``_BUILTIN`` as ``"module:Class"`` and imported on first use; another
-package registers more names with ``@register_strategy(name)``. Names not found are looked up once more
-after importing ``convoy.train.parallel`` (where tensor/pipeline parallel strategies register themselves),
-so ``strategy="tp"`` works without the facade importing that package itself.
+package registers more names with ``@register_strategy(name)``.
 """
 
 from __future__ import annotations
@@ -229,10 +227,11 @@ _BUILTIN: dict[str, str] = {
     "zero2": "convoy.train.strategies.fsdp:Zero2Strategy",
     "zero3": "convoy.train.strategies.fsdp:Zero3Strategy",
     "fsdp": "convoy.train.strategies.fsdp:FSDPStrategy",
+    "parallel": "convoy.train.strategies.parallel:ParallelStrategy",
+    "tp": "convoy.train.strategies.parallel:TensorParallelStrategy",
+    "pp": "convoy.train.strategies.parallel:PipelineParallelStrategy",
 }
 _REGISTERED: dict[str, type[Strategy]] = {}
-# packages imported once when a name is not found, so that they can register their strategies.
-_PLUGIN_PACKAGES: tuple[str, ...] = ("convoy.train.parallel",)
 
 
 def register_strategy(name: str, *, replace: bool = False) -> Callable[[type[Strategy]], type[Strategy]]:
@@ -253,7 +252,6 @@ def register_strategy(name: str, *, replace: bool = False) -> Callable[[type[Str
 
 def available_strategies() -> tuple[str, ...]:
     """Every name ``strategy=`` accepts (built-ins, registered ones, and ``"auto"``)."""
-    _import_plugins()
     return tuple(sorted({"auto", *_BUILTIN, *_REGISTERED}))
 
 
@@ -266,9 +264,6 @@ def strategy_class(name: str) -> type[Strategy]:
         cls = getattr(importlib.import_module(module_name), cls_name)
         _REGISTERED.setdefault(name, cls)
         cls.name = name
-        return _REGISTERED[name]
-    _import_plugins()
-    if name in _REGISTERED:
         return _REGISTERED[name]
     raise StrategyError(f"strategy={name!r} is not a known strategy; choose one of "
                         f"{', '.join(available_strategies())}")
@@ -300,19 +295,3 @@ def check_strategy_options(name: str, options: Mapping[str, Any]) -> None:
 def create_strategy(name: str, context: TrainSettings) -> Strategy:
     """Build the strategy registered under ``name`` for this job."""
     return strategy_class(name)(context)
-
-
-_plugins_imported = False
-
-
-def _import_plugins() -> None:
-    global _plugins_imported
-    if _plugins_imported:
-        return
-    _plugins_imported = True
-    for package in _PLUGIN_PACKAGES:
-        try:
-            importlib.import_module(package)
-        except ModuleNotFoundError as exc:
-            if exc.name != package:  # the package exists but is broken: say so, do not hide it
-                raise

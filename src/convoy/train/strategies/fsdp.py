@@ -62,7 +62,7 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
             offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
         kwargs = dict(mesh=self._mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=mp,
                       offload_policy=offload)
-        for block in _blocks(module, self.context.options.get("auto_wrap")):
+        for block in shard_units(module, self.context.options.get("auto_wrap")):
             fully_shard(block, **kwargs)
         fully_shard(module, **kwargs)
         self._origins.record(module, names)
@@ -107,8 +107,9 @@ def _no_gradient_sync(module: "torch.nn.Module") -> Iterator[None]:
         module.set_requires_gradient_sync(True)
 
 
-def _blocks(module: "torch.nn.Module", classes: Any) -> list["torch.nn.Module"]:
-    """Sub-modules sharded one by one (innermost first), so only one block is gathered at a time."""
+def shard_units(module: "torch.nn.Module", classes: Any) -> list["torch.nn.Module"]:
+    """Sub-modules sharded one by one (innermost first), so only one block is gathered at a time: those of
+    ``classes`` (``strategy_options["auto_wrap"]``), else every child of a ``ModuleList``."""
     import torch
 
     if classes:

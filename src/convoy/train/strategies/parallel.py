@@ -51,8 +51,8 @@ from convoy.train.parallel.mesh import ParallelMesh, build_mesh
 from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule, SingleStage
 from convoy.train.parallel.tensor import apply_tensor_parallel, resolve_tp_plan, tracing_stand_ins
 from convoy.train.settings import TrainSettings
-from convoy.train.strategies.base import (ParameterOrigins, Strategy, SupportsNoSync,
-                                          register_strategy)
+from convoy.train.strategies.base import ParameterOrigins, Strategy, SupportsNoSync
+from convoy.train.strategies.fsdp import shard_units
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -64,7 +64,6 @@ _OPTIONS = ("tp_plan", "sequence_parallel", "loss_fn", "dp_engine", "auto_wrap",
             "pp_microbatches", "pp_stages_per_rank", "pp_split_at", "pp_layers")
 
 
-@register_strategy("parallel")
 class ParallelStrategy(Strategy, SupportsNoSync):
     """dp x tp x pp from ``context.parallel_dims`` (pure data parallel over the world when absent)."""
 
@@ -182,10 +181,9 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         if self.dp_engine == "fsdp":
             from torch.distributed.fsdp import fully_shard
 
-            from convoy.train.strategies.fsdp import _blocks
 
             mesh = self.mesh.dp_shard_mesh
-            for block in _blocks(module, self.context.options.get("auto_wrap")):
+            for block in shard_units(module, self.context.options.get("auto_wrap")):
                 fully_shard(block, mesh=mesh)
             fully_shard(module, mesh=mesh)
             return module
@@ -212,7 +210,6 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         stage's sharded parameters too, so that its state dicts (and the optimizer's) name them."""
         from torch.distributed.fsdp import fully_shard
 
-        from convoy.train.strategies.fsdp import _blocks
 
         self._origins.record(stage, {id(p): n for n, p in stage.named_parameters()})
         # A traced stage can end in a view (a reshape); FSDP2 warns that an in-place op on it would skip the
@@ -220,7 +217,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         # printed by every rank, says nothing to the user here.
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPGraphModule\) returned a view")
         mesh = self.mesh.dp_shard_mesh
-        for block in _blocks(stage, self.context.options.get("auto_wrap")):
+        for block in shard_units(stage, self.context.options.get("auto_wrap")):
             fully_shard(block, mesh=mesh, reshard_after_forward=False)
         fully_shard(stage, mesh=mesh, reshard_after_forward=False)
         for name, param in stage.named_parameters():
@@ -364,7 +361,6 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             set_optimizer_state_dict(model, optimizer, optimizer_state)
 
 
-@register_strategy("tp")
 class TensorParallelStrategy(ParallelStrategy):
     """Tensor parallel; without ``parallelism`` every process is one tp rank."""
 
@@ -373,7 +369,6 @@ class TensorParallelStrategy(ParallelStrategy):
         return context.parallel_dims or ParallelDims(tp=context.world_size)
 
 
-@register_strategy("pp")
 class PipelineParallelStrategy(ParallelStrategy):
     """Pipeline parallel; without ``parallelism`` every process is one stage."""
 

@@ -1,5 +1,10 @@
 """``strategy="auto"``: the planner's layout (data parallel, or tp/pp where the model and the loop allow), else a rule.
 
+The trainer's side of the planner: which of the planner's candidates the trainer runs (``runs_in_trainer``),
+how strategy ``"parallel"`` realises their data parallelism (``dp_engine_for``), and the answer as an
+``AutoLayout`` the strategy builder (``convoy.train.strategies.build``) turns into a strategy. The planner
+(``convoy.plan``) answers in its own terms, candidates and recommendations; it knows no trainer names.
+
     layout = choose_strategy(world_size=4, num_parameters=7e9, device_bytes=80 * 2**30)
     layout.name, layout.reason   # ("zero3", "the model needs ~104.3 GiB for fp32 weights, gradients and Adam ...")
     layout = choose_strategy(world_size=2, num_parameters=n, device_bytes=b, planner=planner_hook(None),
@@ -23,19 +28,81 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
-from convoy.errors import NotSupportedYetError, StrategyError
-from convoy.plan.api import AutoLayout
+from dataclasses import dataclass
+from functools import partial
 
-__all__ = ["AutoLayout", "choose_strategy", "planner_hook", "training_bytes", "device_memory_bytes",
-           "tp_degrees", "pp_degrees", "model_head_counts"]
+from convoy.errors import NotSupportedYetError, PlanError, StrategyError
+from convoy.plan.api import recommend_for_module
+from convoy.plan.candidates import Candidate
+from convoy.plan.dims import ParallelDims
+from convoy.plan.model import ModelSpec
+
+__all__ = ["AutoLayout", "TRAINER_STRATEGIES", "choose_strategy", "planner_hook", "auto_strategy", "runs_in_trainer",
+           "dp_engine_for", "training_bytes", "device_memory_bytes", "tp_degrees", "pp_degrees", "model_head_counts"]
 
 # fp32 weights (4) + gradients (4) + Adam's two moments (8); activations come on top, hence the headroom.
 BYTES_PER_PARAMETER = 16
 HEADROOM = 0.8
 
 Planner = Callable[..., "AutoLayout | tuple[str, str] | None"]
+
+#: the strategies the training layer implements today (convoy.train.strategies registry).
+TRAINER_STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
+#: the trainer's data-parallel engine (``strategy_options["dp_engine"]`` of strategy "parallel") for each
+#: candidate strategy, when a tp/pp layout also has dp > 1
+_DP_ENGINE = {"ddp": "ddp", "zero1": "zero1", "zero2": "fsdp", "zero3": "fsdp", "fsdp": "fsdp", "hsdp": "fsdp"}
+_SHAPE_KEYS = ("layers", "hidden", "heads", "vocab", "ffn", "kv_heads")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutoLayout:
+    """What ``Accelerator(strategy="auto")`` builds: a strategy, its parallel degrees, and why."""
+
+    name: str
+    """The ``Accelerator(strategy=...)`` name: ``single``, ``ddp``, ``zero1``-``zero3``, or ``parallel`` (tp/pp)."""
+    reason: str
+    """One line saying why (printed by the Accelerator)."""
+    dims: ParallelDims | None = None
+    """The degrees for strategy ``parallel`` (tp or pp above 1); None for the data-parallel strategies."""
+    dp_engine: str | None = None
+    """How ``parallel`` realises dp > 1 (``fsdp``, ``ddp``, ``zero1``); None when dp = 1 or not ``parallel``."""
+
+    def __post_init__(self) -> None:
+        if (self.name == "parallel") != (self.dims is not None):
+            raise StrategyError(f"layout {self.name!r}: parallel degrees go with strategy 'parallel' only")
+
+    def describe(self) -> str:
+        """``"zero3"``, or ``"parallel (dp=1,tp=2,pp=1)"``."""
+        return f"{self.name} ({self.dims.describe()})" if self.dims is not None else self.name
+
+
+def runs_in_trainer(candidate: Candidate) -> bool:
+    """True for layouts strategy ``"parallel"`` (``convoy.train.parallel``) builds from a candidate: with tp and
+    dp > 1 the weights are DTensors, which only FSDP2 shards (candidate ``zero3``); with pp and dp > 1 the
+    stages are replicated by DDP or ZeRO-1 (the only pipeline candidates). dp x tp x pp is the ``zero1``
+    candidate, which the trainer realises with FSDP2 per stage (``dp_engine_for``): through the step a stage's
+    parameters and gradients are whole, as with ZeRO-1, and at rest they are sharded too, so the candidate's
+    memory is an upper bound."""
+    d = candidate.layout.dims
+    if d.is_trivial or d.dp == 1:
+        return True
+    if d.tp > 1 and d.pp > 1:
+        return candidate.strategy == "zero1"
+    if d.tp > 1:
+        return candidate.strategy == "zero3"
+    return candidate.strategy in ("ddp", "zero1")
+
+
+def dp_engine_for(strategy: str, dims: ParallelDims) -> str | None:
+    """The trainer's ``dp_engine`` for a data-parallel strategy name at ``dims`` (see ``runs_in_trainer``);
+    a name it does not know (a custom planner's) replicates with DDP."""
+    if dims.dp == 1:
+        return None
+    if dims.tp > 1:
+        return "fsdp"  # DTensor weights: FSDP2 (for dp x tp x pp, per pipeline stage)
+    return _DP_ENGINE.get(strategy, "ddp")
 
 
 def training_bytes(num_parameters: int) -> int:
@@ -124,14 +191,57 @@ def pp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tu
     return tuple(out)
 
 
+def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, precision: str = "fp32",
+                  model: Any = None, tp_degrees: Collection[int] = (), pp_degrees: Collection[int] = (),
+                  pipeline: bool = False, **kwargs: Any) -> AutoLayout | None:
+    """The ``planner`` hook of ``choose_strategy``: the ``AutoLayout`` to build, or None when
+    no layout the trainer runs fits (the caller's own rule then answers).
+
+    Without ``tp_degrees``/``pp_degrees`` (the degrees the training layer checked ``model`` can take) only the
+    data-parallel strategies are compared, for a model known by its parameter count alone. With them the
+    planner reads ``model``'s shape (blocks, hidden size, heads; ``heads=`` etc. in ``kwargs`` override) and
+    compares tp and pp layouts too; ``pipeline`` (the loop trains with ``model(x, target=y)``, which only a
+    pipeline runs) compares pipeline layouts only.
+    """
+    tp_degrees = tuple(t for t in tp_degrees if t > 1)
+    pp_degrees = tuple(p for p in pp_degrees if p > 1)
+    split = model is not None and bool(tp_degrees or pp_degrees)
+    allowed = TRAINER_STRATEGIES + (("tp",) if tp_degrees else ()) + (("pp",) if pp_degrees else ())
+    require_pp = pipeline and bool(pp_degrees)
+
+    def keep(cand: Candidate) -> bool:
+        d = cand.layout.dims
+        return (runs_in_trainer(cand) and (d.pp > 1 or not require_pp)
+                and (d.tp == 1 or d.tp in tp_degrees) and (d.pp == 1 or d.pp in pp_degrees))
+
+    try:
+        if split:
+            rec = recommend_for_module(model, world_size=world_size, device_memory_bytes=device_bytes,
+                                       precision=precision, allowed=allowed, keep=keep, **kwargs)
+        else:  # a bare parameter count: no shape, so no activations (what auto compared before tp and pp)
+            rest = {k: v for k, v in kwargs.items() if k not in _SHAPE_KEYS}
+            rec = recommend_for_module(ModelSpec(name=f"{num_parameters:,} parameters",
+                                                 num_params=int(num_parameters)),
+                                       world_size=world_size, device_memory_bytes=device_bytes, precision=precision,
+                                       allowed=allowed, keep=keep, **rest)
+    except PlanError:
+        return None
+    dims = rec.dims
+    assert rec.row is not None and dims is not None  # recommend_for_module raises when nothing fits
+    reason = rec.reasons[0]
+    if dims.is_trivial:
+        return AutoLayout(name=rec.strategy or "single", reason=reason)
+    if pipeline and dims.pp > 1:
+        reason += (" strategy_options has loss_fn (a loop that trains with model(x, target=y)), so only "
+                   "pipeline layouts were compared.")
+    return AutoLayout(name="parallel", reason=f"{reason} {rec.reasons[1]}", dims=dims,
+                      dp_engine=dp_engine_for(rec.strategy or "ddp", dims))
+
+
 def planner_hook(mixed_precision: str | None) -> Planner:
     """convoy's planner as the ``planner`` of ``choose_strategy``, for this run's precision recipe."""
-    from functools import partial
-
-    from convoy.plan.api import auto_strategy
-
     precision = mixed_precision if mixed_precision in ("bf16", "fp16") else "fp32"
-    return partial(auto_strategy, precision=precision)
+    return partial(auto_strategy, precision=str(precision))
 
 
 def _ask(planner: Planner, **kwargs: Any) -> AutoLayout | None:
@@ -189,9 +299,6 @@ def _whole_model_per_process(world_size: int, answer: AutoLayout | None) -> Auto
     """The loop trains with ``model(x, target=y)`` but no pipeline degree fits this job (one process, or too
     few layers): strategy "parallel" at pp = 1 keeps that call working (``SingleStage``), with the planner's
     tp or data-parallel choice."""
-    from convoy.plan.api import dp_engine_for
-    from convoy.plan.dims import ParallelDims
-
     if answer is not None and answer.dims is not None:
         return answer  # tp chosen: strategy "parallel" runs the loop at pp = 1 as well
     dims = ParallelDims(dp_replicate=world_size)
@@ -208,8 +315,6 @@ def _whole_model_per_process(world_size: int, answer: AutoLayout | None) -> Auto
 def _most_split_pipeline(world_size: int, pps: tuple[int, ...]) -> AutoLayout:
     """The loop trains with ``model(x, target=y)``, which only a pipeline runs, and no pipeline layout fits by
     the planner's estimate (which guesses the sequence length and micro-batch): the most split one is used."""
-    from convoy.plan.dims import ParallelDims
-
     pp = max(pps)
     dims = ParallelDims(dp_replicate=world_size // pp, pp=pp)
     return AutoLayout(name="parallel", dims=dims, dp_engine="zero1" if dims.dp > 1 else None, reason=(

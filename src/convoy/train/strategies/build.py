@@ -1,0 +1,66 @@
+"""From the settings to a running strategy, in one place: the process's device and process group, the name
+(``"auto"`` chosen here, from the model's size and the planner), and the strategy object set up.
+
+    start_job(settings)                                        # Accelerator() / PartialState(): device, group
+    strategy = build_strategy(settings, model=model, planner=None)   # at the first prepare()
+
+``convoy.Accelerator`` calls ``start_job`` at construction and ``build_strategy`` once, at the first ``prepare``
+(or ``accelerator.strategy``). The strategy reads the same ``TrainSettings``, with what ``"auto"`` chose
+(the name, the degrees, ``dp_engine``) put in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable
+
+import torch
+
+from convoy.train.process_group import start_process_group
+from convoy.train.settings import TrainSettings
+from convoy.train.strategies.auto import choose_strategy, device_memory_bytes, planner_hook
+from convoy.train.strategies.base import Strategy, create_strategy, strategy_class
+
+__all__ = ["start_job", "build_strategy", "declared_distributed_type"]
+
+
+def start_job(settings: TrainSettings, *, one_process_group: bool = False) -> None:
+    """This process's device, and the job's process group when the job has several processes (or, with
+    ``one_process_group``, a one-rank group for an engine that needs one). Idempotent."""
+    if settings.device_type == "cuda":
+        torch.cuda.set_device(settings.local_rank)
+    start_process_group(settings, always=one_process_group)
+
+
+def declared_distributed_type(settings: TrainSettings) -> str:
+    """The ``distributed_type`` of the strategy the settings name (``""`` for ``"auto"``, known once built)."""
+    if settings.strategy == "auto":
+        return ""
+    kind = strategy_class(settings.strategy).distributed_type
+    return kind if isinstance(kind, str) else ""
+
+
+def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[..., Any] | None) -> Strategy:
+    """The strategy ``settings`` ask for, set up; ``"auto"`` picks one for ``model`` (None: by world size)."""
+    name = settings.strategy
+    dims = settings.parallel_dims
+    options = dict(settings.options)
+    if name == "auto" and dims is not None and not dims.is_trivial:
+        name = "parallel"  # tp/pp requested: strategy "parallel" builds that layout
+    if name == "auto":
+        count = sum(p.numel() for p in model.parameters()) if model is not None else 0
+        layout = choose_strategy(
+            world_size=settings.world_size, num_parameters=count,
+            planner=planner or planner_hook(settings.mixed_precision),
+            device_bytes=device_memory_bytes(settings.device_type, settings.local_world_size),
+            model=model if dims is None else None, options=options)  # degrees given: data parallel only
+        name = layout.name
+        if layout.dims is not None:  # tp/pp chosen: strategy "parallel" builds these degrees
+            dims = layout.dims
+            options = {**({"dp_engine": layout.dp_engine} if layout.dp_engine else {}), **options}
+        if settings.world_size > 1 and settings.rank == 0:
+            print(f"convoy: strategy=auto chose {layout.describe()}: {layout.reason}", flush=True)
+    strategy = create_strategy(name, replace(settings, strategy=name, parallel_dims=dims, options=options))
+    start_job(settings, one_process_group=strategy.needs_process_group)
+    strategy.setup_environment()
+    return strategy
