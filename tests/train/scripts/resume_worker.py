@@ -1,4 +1,4 @@
-"""Run by tests/ops/test_resume.py under ``convoy launch --max-restarts 1`` on 2 CPU processes.
+"""Run by tests/train/test_resume.py under ``convoy launch --max-restarts 1`` on 2 CPU processes.
 
 Trains a small model for 2 epochs (6 steps each), saving every 3 steps under --project-dir. With --kill-at N
 rank 1 SIGKILLs itself right after step N on the first attempt; the restarted group resumes from the newest
