@@ -9,6 +9,14 @@ so the default suite gives the same result there; GPU runs are the ``gpu``-marke
 
 Every distributed test goes through here, so the launcher under test is chosen in one place: ``convoy
 launch`` once it exists (``CONVOY_TEST_LAUNCHER=torchrun`` switches to torchrun for comparison).
+
+The scripts themselves end with ``exit_without_teardown()`` (they put the repo root on ``sys.path`` first, as
+they do for every ``tests.*`` import; this module imports nothing but the standard library and
+``tests.processes``, so a rank may import it):
+
+    if __name__ == "__main__":
+        main()
+        exit_without_teardown()
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, NoReturn, Sequence
 
 from tests.processes import finish, start
 
@@ -68,3 +76,11 @@ def run_script(
     proc = start([*launcher_argv(nproc), str(script), *args], env=cpu_env(env), cwd=cwd)
     output = finish(proc, timeout=timeout)
     return Result(proc.returncode, output)
+
+
+def exit_without_teardown(code: int = 0) -> NoReturn:
+    """End a script's rank once its work is done: flush its output, then leave at once, skipping the
+    interpreter's teardown, where gloo can abort a finished process (pytorch/pytorch#179291)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -72,6 +72,7 @@ def test_elastic_restart_after_a_failing_rank_comes_back_and_releases_the_lease(
     assert not held_leases(tmp_path), "the lease outlived the job"
 
 
+@pytest.mark.slow
 def test_a_hung_nccl_collective_is_named_within_the_timeout():
     done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                 str(SCRIPTS / "hang_nccl.py"), "5"], env={"CUDA_VISIBLE_DEVICES": "0"}, timeout=120)

@@ -61,6 +61,7 @@ def test_dry_run_on_an_inventory_box_and_no_torch_in_the_parent(inventory_path, 
     assert "rank 0 (local 0): device 2" in out and "CUDA_VISIBLE_DEVICES=2,0" in out and "CONVOY_STRATEGY=ddp" in out
 
 
+@pytest.mark.slow
 def test_devices_on_an_inventory_box_reach_each_rank(inventory_path, tmp_path):
     """From inside the ranks: exactly 2 processes, physical 2 then 0 visible in that order, LOCAL_RANK 0/1."""
     env = {"CONVOY_INVENTORY": str(inventory_path("8xh100_nvswitch")), "CONVOY_LEASE_DIR": str(tmp_path),

@@ -5,12 +5,15 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests import processes
 from tests.distributed import cpu_env
 
 ENV = cpu_env()  # CPU processes on every machine: --devices 0 below
 
 
+@pytest.mark.slow
 def test_a_direct_launch_never_imports_torch_in_the_launcher():
     """The launcher starts the workers at once instead of first spending seconds on ``import torch``."""
     code = ("import sys; from convoy.cli.main import main; rc = main(['launch', '--devices', '0', '--nproc-per-node', '3', "
@@ -22,6 +25,7 @@ def test_a_direct_launch_never_imports_torch_in_the_launcher():
     assert sorted(lines[:-1]) == [f"[rank{r}]: rank={r} of 3" for r in range(3)]
 
 
+@pytest.mark.slow
 def test_every_line_of_a_quick_exit_reaches_the_console():
     """Workers that print and exit at once: the launcher ends only after their last line is out."""
     script = "for i in $(seq 1 200); do echo line-$i; done; echo err-last >&2"

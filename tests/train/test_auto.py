@@ -178,6 +178,7 @@ def test_a_planner_with_the_old_three_keywords_and_a_pair_still_answers():
     assert layout == AutoLayout(name="zero2", reason="10 on 2")
 
 
+@pytest.mark.slow
 def test_strategy_auto_trains_tiny_gpt_at_tp2_on_two_processes():
     result = run_script(SCRIPTS / "auto_tp.py", nproc=2, timeout=120)
     assert result.returncode == 0, result.output

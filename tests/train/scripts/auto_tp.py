@@ -8,7 +8,6 @@ strategy "parallel" with tp=2. Every rank prints ``rank <r> <distributed type> <
 """
 
 import copy
-import os
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 
 from convoy.train.strategies.auto import auto_strategy
 from convoy.train.accelerator import Accelerator
+from tests.distributed import exit_without_teardown
 from tests.train.parallel.tiny_gpt import (TinyConfig, TinyGPT, assert_matches_reference, batch, lm_loss,
                                           reference_run)
 
@@ -58,7 +58,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-    # gloo can abort at interpreter shutdown after all work is done (pytorch/pytorch#179291): end here.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()

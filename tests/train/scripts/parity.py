@@ -8,17 +8,20 @@ Prints ``CHECK <name> ok`` per passing check; any mismatch raises (non-zero exit
 """
 
 from __future__ import annotations
-import sys
 
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root, for tests.*
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from convoy import Accelerator
+from tests.distributed import exit_without_teardown
 
 B = 4  # per-process batch
 STEPS = 3
@@ -194,7 +197,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # gloo can abort at interpreter shutdown after all work is done (pytorch/pytorch#179291): end here.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()

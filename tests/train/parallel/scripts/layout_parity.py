@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from convoy.train.accelerator import Accelerator
+from tests.distributed import exit_without_teardown
 from tests.train.parallel.tiny_gpt import (TinyConfig, TinyGPT, assert_matches_reference, batch, lm_loss,
                                           reference_run)
 
@@ -133,7 +134,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-    # gloo can abort at interpreter shutdown after all work is done (pytorch/pytorch#179291): end here.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()

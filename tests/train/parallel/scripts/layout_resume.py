@@ -8,7 +8,6 @@ that first call) and trains the remaining steps; its losses, gradient norms and 
 an unbroken one-process run. Every rank prints ``resume <layout> (<type>) ... OK`` per resumed layout.
 """
 
-import os
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import torch
 import torch.distributed as dist
 from layout_parity import CLIP, BATCH, prepare, report, run_steps  # noqa: E402
 
+from tests.distributed import exit_without_teardown  # noqa: E402
 from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, assert_matches_reference, reference_run  # noqa: E402
 
 SAVED, TOTAL = 2, 4
@@ -49,7 +49,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-    # gloo can abort at interpreter shutdown after all work is done (pytorch/pytorch#179291): end here.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()

@@ -1,16 +1,16 @@
 """One plain process (tp=1) loads a checkpoint saved by examples/tiny_gpt_tp.py and prints the next loss."""
 
-import os
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(REPO / "examples"))
+sys.path[:0] = [str(REPO), str(REPO / "examples")]  # the repo root, for tests.*, and examples/
 
 import torch  # noqa: E402
 from tiny_gpt_tp import TinyGPT, lm_loss, make_batch  # noqa: E402
 
 from convoy import Accelerator  # noqa: E402
+from tests.distributed import exit_without_teardown  # noqa: E402
 
 
 def main() -> None:
@@ -27,7 +27,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # gloo can abort at interpreter shutdown after all work is done (pytorch/pytorch#179291): end here.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()

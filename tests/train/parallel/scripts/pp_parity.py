@@ -1,6 +1,5 @@
 """pp=2 parity: every schedule trains the tiny GPT like one process does (run on 2 processes)."""
 
-import os
 import copy
 import datetime
 import sys
@@ -12,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule
+from tests.distributed import exit_without_teardown
 from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, batch, lm_loss
 
 STEPS, BATCH = 3, 8
@@ -62,7 +62,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-    # gloo can abort at interpreter shutdown after all work is done (pytorch/pytorch#179291): end here.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()

@@ -1,6 +1,5 @@
 """tp=2 parity (plain and sequence parallel), and a checkpoint saved at tp=2 resumed at tp=1 (2 processes)."""
 
-import os
 import copy
 import datetime
 import sys
@@ -17,6 +16,7 @@ from torch.distributed.tensor import DTensor
 from convoy.plan.dims import ParallelDims
 from convoy.train.parallel.mesh import build_mesh
 from convoy.train.parallel.tensor import apply_tensor_parallel, resolve_tp_plan
+from tests.distributed import exit_without_teardown
 from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, batch, lm_loss
 
 STEPS, MORE, BATCH = 3, 2, 4
@@ -87,7 +87,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-    # gloo can abort at interpreter shutdown after all work is done (pytorch/pytorch#179291): end here.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()

@@ -8,7 +8,6 @@ variant and rank.
 """
 
 import copy
-import os
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from convoy.train.accelerator import Accelerator
+from tests.distributed import exit_without_teardown
 from tests.train.parallel.tiny_gpt import (TinyConfig, TinyGPT, assert_matches_reference, batch, lm_loss,
                                           reference_run)
 
@@ -76,7 +76,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-    # gloo can abort at interpreter shutdown after all work is done (pytorch/pytorch#179291): end here.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()

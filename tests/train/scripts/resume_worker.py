@@ -1,4 +1,4 @@
-"""Run by tests/ops/test_resume.py under ``convoy launch --max-restarts 1`` on 2 CPU processes.
+"""Run by tests/train/test_resume.py under ``convoy launch --max-restarts 1`` on 2 CPU processes.
 
 Trains a small model for 2 epochs (6 steps each), saving every 3 steps under --project-dir. With --kill-at N
 rank 1 SIGKILLs itself right after step N on the first attempt; the restarted group resumes from the newest
@@ -6,17 +6,20 @@ complete checkpoint. Every rank appends (attempt, step, sample ids) to trace_ran
 final parameters to final.pt.
 """
 
-import sys
 import argparse
 import json
 import os
 import signal
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root, for tests.*
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from convoy import Accelerator
+from tests.distributed import exit_without_teardown
 
 
 class Progress:
@@ -77,7 +80,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # gloo can abort at interpreter shutdown after all work is done (pytorch/pytorch#179291): end here.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()

@@ -1,4 +1,4 @@
-"""Run by tests/ops/test_hang.py on 2 CPU processes: guarded collectives, out-of-step ranks, a skipped one."""
+"""Run by tests/train/test_hang.py on 2 CPU processes: guarded collectives, out-of-step ranks, a skipped one."""
 
 import datetime
 import logging

@@ -2,11 +2,14 @@
 
 from pathlib import Path
 
+import pytest
+
 from tests.distributed import run_script
 
 SCRIPT = Path(__file__).parent / "scripts" / "late_rank.py"
 
 
+@pytest.mark.slow
 def test_wait_for_everyone_names_the_late_rank_within_the_timeout():
     result = run_script(SCRIPT, nproc=2, env={"CONVOY_COLLECTIVE_TIMEOUT": "4"}, timeout=90)
     assert result.returncode != 0, result.output

@@ -1,4 +1,4 @@
-"""Run by tests/ops/test_watched_collectives.py on 2 CPU processes with Accelerator(collective_timeout=3):
+"""Run by tests/train/test_watched_collectives.py on 2 CPU processes with Accelerator(collective_timeout=3):
 the Accelerator's collectives in step, then out of step, then rank 1 skips a gather."""
 import os
 import sys
