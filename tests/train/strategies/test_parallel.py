@@ -1,4 +1,4 @@
-"""Layout validation of the parallel strategies (no process group needed) and their registration."""
+"""The parallel strategies (``train/strategies/parallel.py``): layout validation, no process group, registration."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from tests.distributed import run_script
 from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, lm_loss
 
 GIB = 2**30
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 # a Llama-7B-shaped model (6.74B parameters, 32 heads, 32 blocks), built on the meta device: no memory
 LLAMA_7B_SHAPE = TinyConfig(vocab=32000, dim=4096, heads=32, layers=32, hidden=11008)
 
