@@ -21,9 +21,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS, MixedPrecision, show
+from convoy.config.schema import KEYS, MIXED_PRECISIONS, MixedPrecision, show
 from convoy.errors import ConfigError
-from convoy.launch.env import read_convoy_env, read_debug_mode, read_rank_env
+from convoy.launch.env import ConvoyEnv, read_convoy_env, read_debug_mode, read_rank_env
 from convoy.plan.dims import ParallelDims
 
 __all__ = ["TrainSettings", "resolve_settings", "check_arguments"]
@@ -43,13 +43,13 @@ class TrainSettings:
     """Processes on this machine (``LOCAL_WORLD_SIZE``)."""
     device_type: str = "cpu"
     """Where this process computes: ``"cpu"`` or an accelerator type (``"cuda"``)."""
-    mixed_precision: MixedPrecision = MixedPrecision.NO
+    mixed_precision: MixedPrecision = MixedPrecision(KEYS["mixed_precision"].default)
     """``"no"``, ``"fp16"`` or ``"bf16"`` (a string is converted); strategies map it onto their engine's policy."""
-    strategy: str = "auto"
+    strategy: str = KEYS["strategy"].default
     """Strategy name (``"auto"``, ``"ddp"``, ``"zero3"``, ...); after building, the one ``"auto"`` chose."""
-    gradient_accumulation_steps: int = 1
+    gradient_accumulation_steps: int = KEYS["gradient_accumulation_steps"].default
     """Backward passes per optimizer step; a strategy that runs backward itself (a pipeline) scales by it."""
-    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT
+    collective_timeout_s: float = KEYS["collective_timeout"].default
     """Timeout of every collective (convoy's default is 300 s, not torch's 30 min)."""
     parallel_dims: ParallelDims | None = None
     """Parallel degrees (``parallelism=``, ``CONVOY_PARALLELISM``); ``None`` = pure data parallel over the world."""
@@ -79,9 +79,13 @@ class TrainSettings:
         return self.world_size > 1
 
 
-def _given(name: str, given: Mapping[str, Any]) -> Any:
-    """The constructor argument ``name``, checked by the schema key the launcher uses; None when not given."""
-    return KEYS[name].parse(given[name], where=f"Accelerator({name}={show(given[name])})") if name in given else None
+def _setting(name: str, given: Mapping[str, Any], launched: ConvoyEnv) -> Any:
+    """The constructor argument ``name`` (checked by the schema key the launcher uses), else what the launcher
+    set, else the schema's default."""
+    if name in given:
+        return KEYS[name].parse(given[name], where=f"Accelerator({name}={show(given[name])})")
+    value = getattr(launched, name)
+    return KEYS[name].default if value is None else value
 
 
 def _parallel_dims(dims: Any, world_size: int) -> ParallelDims | None:
@@ -118,12 +122,10 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
     return TrainSettings(
         rank=ranks.rank, local_rank=ranks.local_rank, world_size=ranks.world_size,
         local_world_size=ranks.local_world_size, device_type="cpu" if cpu else _device_type(),
-        mixed_precision=_given("mixed_precision", given) or launched.mixed_precision or "no",
-        strategy=_given("strategy", given) or launched.strategy or "auto",
-        gradient_accumulation_steps=_given("gradient_accumulation_steps", given)
-        or launched.gradient_accumulation_steps or 1,
-        collective_timeout_s=_given("collective_timeout", given) or launched.collective_timeout
-        or DEFAULT_COLLECTIVE_TIMEOUT,
+        mixed_precision=_setting("mixed_precision", given, launched),
+        strategy=_setting("strategy", given, launched),
+        gradient_accumulation_steps=_setting("gradient_accumulation_steps", given, launched),
+        collective_timeout_s=_setting("collective_timeout", given, launched),
         parallel_dims=_parallel_dims(dims, ranks.world_size), options={**(defaults or {}), **(options or {})},
         backend=given.get("backend"), debug=read_debug_mode(env),
     )
