@@ -19,12 +19,13 @@ Not supported yet: sharded FSDP/DeepSpeed checkpoints (sub-directories; NotSuppo
 from __future__ import annotations
 
 import functools
-import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from convoy.errors import CheckpointError, NotSupportedYetError
 from convoy.train import checkpoint as ckpt
+from convoy.train.checkpoint.optimizer_state import named_optimizer_state, param_names
+from convoy.train.checkpoint.rng import restore_rng
 
 if TYPE_CHECKING:  # pragma: no cover
     from convoy.train.accelerator import Accelerator
@@ -114,16 +115,12 @@ def _model_into(acc: "Accelerator", i: int, model: Any, state: dict[str, Any]) -
 def _optimizer_into(acc: "Accelerator", j: int, optimizer: Any, model: Any, state: dict[str, Any]) -> None:
     """Accelerate's optimizer state is ``optimizer.state_dict()``: parameters numbered in the groups' order.
     convoy's strategies take it keyed by parameter name, which the prepared optimizer's groups give."""
-    from convoy.train.strategies.ddp import param_names
-
     names = param_names(acc.strategy.unwrap(model), optimizer)
     numbered = [p for group in state["param_groups"] for p in group["params"]]
     if len(numbered) != len(names):
         raise CheckpointError(f"optimizer {j}: the Accelerate checkpoint has {len(numbered)} parameters, the "
                               f"prepared optimizer {len(names)}; prepare the optimizer the checkpoint was saved from")
-    name_of = dict(zip(numbered, names))
-    by_name = {"state": {name_of[k]: v for k, v in state["state"].items()},
-               "param_groups": [{**g, "params": [name_of[p] for p in g["params"]]} for g in state["param_groups"]]}
+    by_name = named_optimizer_state(state, names)
     template = acc.strategy.checkpoint_state(model, optimizer)[1]
     acc.strategy.load_checkpoint_state(model, optimizer, {}, _fill(template, by_name, f"optimizer {j}"))
 
@@ -136,18 +133,12 @@ def _load_model(acc: "Accelerator", i: int, model: Any, state: dict[str, Any],
 
 
 def _rng_into(acc: "Accelerator", directory: Path) -> None:
-    import numpy as np
-    import torch
-
     path = directory / f"random_states_{acc.process_index}.pkl"
     if not path.exists():  # a checkpoint from fewer processes has no RNG state for the extra ranks
         return
     states = safe_load(path)
-    random.setstate(states["random_state"])
-    np.random.set_state(states["numpy_random_seed"])
-    torch.set_rng_state(states["torch_manual_seed"])
-    if "torch_cuda_manual_seed" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["torch_cuda_manual_seed"])
+    restore_rng(python=states["random_state"], numpy_state=states["numpy_random_seed"],
+                torch_state=states["torch_manual_seed"], cuda_states=states.get("torch_cuda_manual_seed"))
     if "step" in states:
         acc.step = int(states["step"])
 

@@ -4,24 +4,29 @@
     load_state(accelerator, None)               # the newest complete one under project_dir/checkpoints
 
 ``convoy.Accelerator`` delegates its methods here; the file layout is ``convoy.train.checkpoint``'s (staging
-directory, ``meta.json`` last), the tensor state ``torch.distributed.checkpoint``'s (``saving``).
+directory, ``convoy_checkpoint.json`` last), the tensor state ``torch.distributed.checkpoint``'s.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from convoy.errors import CheckpointError
 from convoy.train import checkpoint as ckpt
-from convoy.train import accelerate_checkpoint, collectives, saving
+from convoy.train import accelerate_checkpoint, collectives
+from convoy.train.checkpoint.files import dcp_load
+from convoy.train.checkpoint.rng import rng_state, set_rng_state
+from convoy.train.checkpoint.weights import write_model
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from convoy.train.accelerator import Accelerator
+    from convoy.train.strategies.base import Strategy
 
 __all__ = ["checkpoint_root", "save_state", "load_state", "save_model"]
 
@@ -49,8 +54,7 @@ def save_model(acc: "Accelerator", model: "torch.nn.Module", save_directory: str
     """Unwrapped, consolidated weights in safetensors (transformers' file layout). Collective."""
     state = acc.strategy.full_model_state_dict(model)
     if acc.is_main_process:
-        saving.write_model(state, save_directory, max_shard_size=max_shard_size,
-                           safe_serialization=safe_serialization)
+        write_model(state, save_directory, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
     acc.wait_for_everyone()
 
 
@@ -72,11 +76,11 @@ def save_state(acc: "Accelerator", output_dir: str | os.PathLike[str] | None) ->
     # the hooks write next to the rest, into staging: whatever they put there is renamed into place with it
     # (given ``final``, their files would be moved aside and deleted by the commit)
     acc._state_hooks.run_save([strategy.unwrap(m) for m in acc._models], staging)
-    state = saving.collect_checkpoint(strategy, acc._models, _optimizer_pairs(acc))
+    state = collect_checkpoint(strategy, acc._models, _optimizer_pairs(acc))
     with warnings.catch_warnings():  # DCP warns that one process without a group means one process
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.save(state, checkpoint_id=os.path.join(staging, "distributed"), no_dist=not _group_running())
-    ckpt.save_file(saving.rng_state(), os.path.join(staging, f"random_states_{acc.process_index}.pkl"),
+    ckpt.save_file(rng_state(), os.path.join(staging, f"random_states_{acc.process_index}.pkl"),
                    "the random state")
     if acc.is_main_process:
         extra = {"schedulers": [s.state_dict() for s in acc._schedulers],
@@ -115,8 +119,8 @@ def load_state(acc: "Accelerator", input_dir: str | os.PathLike[str] | None) -> 
     if accelerate_checkpoint.is_accelerate_checkpoint(path):  # written by Accelerate's save_state
         return accelerate_checkpoint.load_accelerate_state(acc, path)
     meta = ckpt.read_meta(path)
-    saving.load_checkpoint(acc.strategy, acc._models, _optimizer_pairs(acc), str(path / "distributed"),
-                           no_dist=not _group_running())
+    load_checkpoint(acc.strategy, acc._models, _optimizer_pairs(acc), str(path / "distributed"),
+                    no_dist=not _group_running())
     extra = ckpt.load_file(path / "state.pt")
     for scheduler, sd in zip(acc._schedulers, extra["schedulers"]):
         scheduler.load_state_dict(sd)
@@ -130,8 +134,48 @@ def load_state(acc: "Accelerator", input_dir: str | os.PathLike[str] | None) -> 
         acc._trackers.load_state_dict(extra["trackers"])
     rng = path / f"random_states_{acc.process_index}.pkl"
     if rng.exists():  # a checkpoint from fewer processes has no RNG state for the extra ranks
-        saving.set_rng_state(ckpt.load_file(rng))
+        set_rng_state(ckpt.load_file(rng))
     if acc.project_dir is not None and path.parent == checkpoint_root(acc):
         acc.save_iteration = int(meta.get("iteration", 0)) + 1
     acc.wait_for_everyone()
     return str(path)
+
+
+def collect_checkpoint(strategy: "Strategy", models: Sequence[Any], optimizers: Sequence[tuple[Any, Any]]
+                       ) -> dict[str, Any]:
+    """The DCP state dict: ``model_<i>`` and ``optimizer_<j>``; ``optimizers`` pairs (optimizer, its model)."""
+    state: dict[str, Any] = {}
+    for i, model in enumerate(models):
+        state[f"model_{i}"] = strategy.checkpoint_state(model, None)[0]
+    for j, (optimizer, model) in enumerate(optimizers):
+        if model is None:
+            raise CheckpointError(f"optimizer {j} holds no parameter of a prepared model; prepare its model "
+                                  "together with it so that save_state can name its state")
+        state[f"optimizer_{j}"] = strategy.checkpoint_state(model, optimizer)[1]
+    return state
+
+
+def load_checkpoint(strategy: "Strategy", models: Sequence[Any], optimizers: Sequence[tuple[Any, Any]],
+                    checkpoint_id: str, *, no_dist: bool) -> None:
+    """Read ``model_<i>``/``optimizer_<j>`` from a DCP checkpoint into the prepared objects, each model with its
+    optimizers. A model the strategy builds later (a pipeline is split on its first call) is read then: every
+    rank reaches that first call together, so the collective read stays in step."""
+    for j, (_, model) in enumerate(optimizers):
+        if model is None:
+            raise CheckpointError(f"optimizer {j} holds no parameter of a prepared model; prepare its model "
+                                  "together with it so that load_state can name its state")
+    for i, model in enumerate(models):
+        own = {j: optimizer for j, (optimizer, m) in enumerate(optimizers) if m is model}
+        strategy.after_build(model, functools.partial(_load_model, strategy, i, model, own, checkpoint_id, no_dist))
+
+
+def _load_model(strategy: "Strategy", i: int, model: Any, optimizers: dict[int, Any], checkpoint_id: str,
+                no_dist: bool) -> None:
+    state = {f"model_{i}": strategy.checkpoint_state(model, None)[0]}
+    state.update({f"optimizer_{j}": strategy.checkpoint_state(model, opt)[1] for j, opt in optimizers.items()})
+    with warnings.catch_warnings():  # DCP warns that one process without a group means one process
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp_load(state, checkpoint_id, no_dist=no_dist)  # no code unpickled; a damaged file is named
+    strategy.load_checkpoint_state(model, None, state[f"model_{i}"], {})
+    for j, optimizer in optimizers.items():
+        strategy.load_checkpoint_state(model, optimizer, {}, state[f"optimizer_{j}"])
