@@ -23,7 +23,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from convoy.errors import CheckpointError
 
@@ -102,10 +102,11 @@ def _numbered(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest_checkpoint(root: str | Path) -> Path | None:
-    """The complete ``checkpoint_<n>`` directory under ``root`` with the largest ``n``, or None."""
+def latest_checkpoint(root: str | Path, *, accept: Callable[[Path], bool] = is_complete) -> Path | None:
+    """The complete ``checkpoint_<n>`` directory under ``root`` with the largest ``n``, or None. ``accept``
+    says which directories count (Accelerate's checkpoints have no marker: ``accelerate.py`` passes its test)."""
     for _, path in reversed(_numbered(Path(root))):
-        if is_complete(path):
+        if accept(path):
             return path
     return None
 
