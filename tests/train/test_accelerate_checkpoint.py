@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from convoy.errors import CheckpointError
-from convoy.train.accelerate_checkpoint import is_accelerate_checkpoint, latest_accelerate_checkpoint, safe_load
+from convoy.train.checkpoint.accelerate import is_accelerate_checkpoint, latest_accelerate_checkpoint
+from convoy.train.checkpoint.files import load_file as safe_load
 from tests.distributed import run_script
 
 SCRIPT = Path(__file__).parent / "scripts" / "accelerate_resume.py"

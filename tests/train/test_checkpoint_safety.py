@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from convoy import Accelerator
 from convoy.errors import CheckpointError
-from convoy.train import checkpoint as ckpt
+from convoy.train.checkpoint import directories as ckpt
 
 
 class _Payload:

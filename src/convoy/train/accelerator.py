@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from convoy.errors import ConfigError
-from convoy.train import collectives, data, operations, state, tracking
+from convoy.train import checkpoint, collectives, data, operations, tracking
 from convoy.train.coordination import Trigger
 from convoy.train.data import DataLoaderConfiguration, LoopState, PreparedDataLoader
 from convoy.train.process_group import stop_process_group
@@ -617,8 +617,8 @@ class Accelerator:
     def save_model(self, model: "torch.nn.Module", save_directory: str | os.PathLike[str],
                    max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
         """Unwrapped, consolidated weights in safetensors (transformers' file layout). Collective."""
-        state.save_model(self, model, save_directory, max_shard_size=max_shard_size,
-                         safe_serialization=safe_serialization)
+        checkpoint.save_model(self._checkpoint_items(), model, save_directory, max_shard_size=max_shard_size,
+                              safe_serialization=safe_serialization)
 
     def get_state_dict(self, model: "torch.nn.Module", unwrap: bool = True) -> dict[str, Any]:
         return self.strategy.full_model_state_dict(model)
@@ -626,11 +626,31 @@ class Accelerator:
     def save_state(self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True,
                    **kwargs: Any) -> str:
         """Write a complete checkpoint atomically; returns its directory."""
-        return state.save_state(self, output_dir)
+        return self._took_back(checkpoint.save_state(self._checkpoint_items(), output_dir))
 
     def load_state(self, input_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> str:
         """Restore the newest complete checkpoint under ``project_dir`` (or ``input_dir``); returns it."""
-        return state.load_state(self, input_dir)
+        return self._took_back(checkpoint.load_state(self._checkpoint_items(), input_dir))
+
+    def _checkpoint_items(self) -> checkpoint.CheckpointItems:
+        """What ``save_state``/``load_state``/``save_model`` read and restore: this Accelerator's objects."""
+        project = self.project_configuration
+        return checkpoint.CheckpointItems(
+            get_strategy=lambda: self.strategy, models=tuple(self._models),
+            optimizers=tuple(zip([o.optimizer for o in self._optimizers], self._optimizer_models)),
+            schedulers=tuple(self._schedulers), scaler=self.scaler, dataloaders=tuple(self._dataloaders),
+            custom=tuple(self._custom), trackers=self._trackers, hooks=self._state_hooks, step=self.step,
+            process_index=self.process_index, num_processes=self.num_processes, project_dir=project.project_dir,
+            automatic_naming=project.automatic_checkpoint_naming, total_limit=project.total_limit,
+            save_iteration=self.save_iteration, barrier=self.wait_for_everyone)
+
+    def _took_back(self, result: checkpoint.CheckpointResult) -> str:
+        """Take a save's or load's counters back into the loop; returns the checkpoint directory."""
+        if result.save_iteration is not None:
+            self.save_iteration = result.save_iteration
+        if result.step is not None:
+            self.step = result.step
+        return str(result.path)
 
     def __repr__(self) -> str:
         return (f"Accelerator(strategy={self.settings.strategy!r}, num_processes={self.num_processes}, "

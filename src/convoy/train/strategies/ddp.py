@@ -16,6 +16,7 @@ import contextlib
 import inspect
 from typing import TYPE_CHECKING, Any
 
+from convoy.train.checkpoint.optimizer_state import named_optimizer_state, numbered_optimizer_state, param_names
 from convoy.train.strategies.base import Strategy, SupportsNoSync
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -114,15 +115,9 @@ class Zero1Strategy(DDPStrategy):
             load_zero_state(optimizer, optimizer_state, param_names(self.unwrap(module), optimizer))
 
 
-def param_names(model: "torch.nn.Module", optimizer: Any) -> list[str]:
-    """The names in ``model`` of ``optimizer``'s parameters, in its groups' order."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-
-
 def gathered_zero_state(optimizer: Any, names: list[str]) -> dict[str, Any]:
     """A ``ZeroRedundancyOptimizer``'s whole state, gathered from the ranks of its process group onto each of
-    them, keyed by parameter name (``names``, from ``param_names``) like every other strategy's."""
+    them, keyed by parameter name (``names``, from ``checkpoint.param_names``) like every other strategy's."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import _init_optim_state
 
@@ -131,26 +126,9 @@ def gathered_zero_state(optimizer: Any, names: list[str]) -> dict[str, Any]:
     optimizer.consolidate_state_dict(to=0)  # rank 0 of the group
     box = [optimizer.state_dict() if dist.get_rank(group) == 0 else None]
     dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-    return _to_named(box[0], names)
+    return named_optimizer_state(box[0], names)
 
 
 def load_zero_state(optimizer: Any, state: dict[str, Any], names: list[str]) -> None:
     """Load a state from ``gathered_zero_state`` (every rank holds it; ZeRO keeps its own partition)."""
-    optimizer.load_state_dict(_to_indexed(state, names))
-
-
-def _to_named(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    groups = []
-    for group in state["param_groups"]:
-        groups.append({**{k: v for k, v in group.items() if k != "params"},
-                       "params": [names[i] for i in group["params"]]})
-    return {"state": {names[i]: s for i, s in state["state"].items()}, "param_groups": groups}
-
-
-def _to_indexed(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    index = {n: i for i, n in enumerate(names)}
-    groups = []
-    for group in state["param_groups"]:
-        groups.append({**{k: v for k, v in group.items() if k != "params"},
-                       "params": [index[n] for n in group["params"]]})
-    return {"state": {index[n]: s for n, s in state["state"].items()}, "param_groups": groups}
+    optimizer.load_state_dict(numbered_optimizer_state(state, names))

@@ -5,9 +5,9 @@ with Accelerate goes on under convoy.
 
 The directory holds ``model.safetensors`` or ``pytorch_model.bin`` (``model_1...`` for further models),
 ``optimizer.bin``, ``scheduler.bin``, ``scaler.pt``, ``random_states_<rank>.pkl`` and
-``custom_checkpoint_<i>.pkl``, each ``<name>_<i>`` for the i-th object past the first. Every file is read with
-``torch.load(weights_only=True)`` (only numpy's RNG-state types are allowed besides tensors and plain data) or
-safetensors; nothing is unpickled. The state goes through the strategy like convoy's own checkpoints, so a
+``custom_checkpoint_<i>.pkl``, each ``<name>_<i>`` for the i-th object past the first. Every file is read as
+convoy reads its own (``files.load_file``: ``torch.load(weights_only=True)``, only numpy's RNG-state types allowed
+besides tensors and plain data) or with safetensors; nothing is unpickled. The state goes through the strategy like convoy's own checkpoints, so a
 checkpoint of one process loads into a sharded strategy too.
 
 Not supported yet: sharded FSDP/DeepSpeed checkpoints (sub-directories; NotSupportedYetError). Not read:
@@ -19,42 +19,37 @@ Not supported yet: sharded FSDP/DeepSpeed checkpoints (sub-directories; NotSuppo
 from __future__ import annotations
 
 import functools
-import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from convoy.errors import CheckpointError, NotSupportedYetError
-from convoy.train import checkpoint as ckpt
+from convoy.train.checkpoint import directories
+from convoy.train.checkpoint.files import load_file
+from convoy.train.checkpoint.items import CheckpointItems, CheckpointResult
+from convoy.train.checkpoint.optimizer_state import named_optimizer_state, param_names
+from convoy.train.checkpoint.rng import restore_rng
 
 if TYPE_CHECKING:  # pragma: no cover
-    from convoy.train.accelerator import Accelerator
+    from convoy.train.strategies.base import Strategy
 
-__all__ = ["is_accelerate_checkpoint", "latest_accelerate_checkpoint", "load_accelerate_state", "safe_load"]
+__all__ = ["is_accelerate_checkpoint", "latest_accelerate_checkpoint", "load_accelerate_state"]
 
 _MARKERS = ("model.safetensors", "pytorch_model.bin", "optimizer.bin", "scheduler.bin", "random_states_0.pkl")
 
 
 def is_accelerate_checkpoint(path: str | Path) -> bool:
     """True for a directory written by Accelerate's ``save_state`` (not by convoy's, complete or not)."""
-    from convoy.train.checkpoint import MARKER
-
     path = Path(path)
-    convoy_files = (path / MARKER).exists() or (path / "state.pt").exists() or (path / "distributed").is_dir()
+    convoy_files = ((path / directories.MARKER).exists() or (path / "state.pt").exists()
+                    or (path / "distributed").is_dir())
     return path.is_dir() and not convoy_files and any((path / m).exists() for m in _MARKERS)
 
 
 def latest_accelerate_checkpoint(root: str | Path) -> Path | None:
     """The Accelerate ``checkpoint_<n>`` directory under ``root`` with the largest ``n``, or None."""
-    root = Path(root)
-    found = [(int(p.name.split("_")[1]), p) for p in root.glob("checkpoint_*")
-             if p.name.split("_")[1].isdigit() and is_accelerate_checkpoint(p)] if root.is_dir() else []
-    return max(found)[1] if found else None
-
-
-def safe_load(path: Path) -> Any:
-    """An Accelerate file read as convoy reads its own (``checkpoint.load_file``): ``weights_only=True``, numpy's
-    RNG-state types allowed, on the CPU; anything else is refused with one CheckpointError."""
-    return ckpt.load_file(path)
+    return directories.latest_checkpoint(root, accept=is_accelerate_checkpoint)
 
 
 def _indexed(directory: Path, stem: str, ext: str, i: int) -> Path:
@@ -64,12 +59,12 @@ def _indexed(directory: Path, stem: str, ext: str, i: int) -> Path:
 def _model_state(directory: Path, i: int) -> dict[str, Any]:
     safe = _indexed(directory, "model", "safetensors", i)
     if safe.exists():
-        from safetensors.torch import load_file
+        from safetensors.torch import load_file as load_safetensors
 
-        return load_file(str(safe), device="cpu")
+        return load_safetensors(str(safe), device="cpu")
     pickled = _indexed(directory, "pytorch_model", "bin", i)
     if pickled.exists():
-        return safe_load(pickled)
+        return load_file(pickled)
     raise CheckpointError(f"{directory}: no weights for model {i} ({safe.name} or {pickled.name}); the checkpoint "
                           f"was saved with fewer models than were prepared")
 
@@ -77,8 +72,6 @@ def _model_state(directory: Path, i: int) -> dict[str, Any]:
 def _fill(template: Any, full: Any, where: str) -> Any:
     """``full`` laid out like ``template``: each tensor placed like the template's (a DTensor's shards), the
     rest taken from ``full``."""
-    import torch
-
     if isinstance(template, dict) and isinstance(full, dict):
         return {k: _fill(template[k], v, f"{where}.{k}") if k in template else v for k, v in full.items()}
     if isinstance(template, torch.Tensor) and isinstance(full, torch.Tensor):
@@ -94,8 +87,8 @@ def _fill(template: Any, full: Any, where: str) -> Any:
     return full
 
 
-def _model_into(acc: "Accelerator", i: int, model: Any, state: dict[str, Any]) -> None:
-    template = acc.strategy.checkpoint_state(model, None)[0]
+def _model_into(strategy: "Strategy", i: int, model: Any, state: dict[str, Any]) -> None:
+    template = strategy.checkpoint_state(model, None)[0]
     missing = [k for k in template if k not in state]
     for key in missing:  # tied weights are saved once: take the partner that shares the memory
         ptr = template[key].data_ptr()
@@ -108,85 +101,73 @@ def _model_into(acc: "Accelerator", i: int, model: Any, state: dict[str, Any]) -
     if unknown:
         raise CheckpointError(f"model {i}: the Accelerate checkpoint has {unknown[0]!r}, which the prepared model "
                               "does not; prepare the model the checkpoint was saved from")
-    acc.strategy.load_checkpoint_state(model, None, _fill(template, state, f"model {i}"), {})
+    strategy.load_checkpoint_state(model, None, _fill(template, state, f"model {i}"), {})
 
 
-def _optimizer_into(acc: "Accelerator", j: int, optimizer: Any, model: Any, state: dict[str, Any]) -> None:
+def _optimizer_into(strategy: "Strategy", j: int, optimizer: Any, model: Any, state: dict[str, Any]) -> None:
     """Accelerate's optimizer state is ``optimizer.state_dict()``: parameters numbered in the groups' order.
     convoy's strategies take it keyed by parameter name, which the prepared optimizer's groups give."""
-    from convoy.train.strategies.ddp import param_names
-
-    names = param_names(acc.strategy.unwrap(model), optimizer)
+    names = param_names(strategy.unwrap(model), optimizer)
     numbered = [p for group in state["param_groups"] for p in group["params"]]
     if len(numbered) != len(names):
         raise CheckpointError(f"optimizer {j}: the Accelerate checkpoint has {len(numbered)} parameters, the "
                               f"prepared optimizer {len(names)}; prepare the optimizer the checkpoint was saved from")
-    name_of = dict(zip(numbered, names))
-    by_name = {"state": {name_of[k]: v for k, v in state["state"].items()},
-               "param_groups": [{**g, "params": [name_of[p] for p in g["params"]]} for g in state["param_groups"]]}
-    template = acc.strategy.checkpoint_state(model, optimizer)[1]
-    acc.strategy.load_checkpoint_state(model, optimizer, {}, _fill(template, by_name, f"optimizer {j}"))
+    by_name = named_optimizer_state(state, names)
+    template = strategy.checkpoint_state(model, optimizer)[1]
+    strategy.load_checkpoint_state(model, optimizer, {}, _fill(template, by_name, f"optimizer {j}"))
 
 
-def _load_model(acc: "Accelerator", i: int, model: Any, state: dict[str, Any],
+def _load_model(strategy: "Strategy", i: int, model: Any, state: dict[str, Any],
                 optimizers: list[tuple[int, Any, Path]]) -> None:
-    _model_into(acc, i, model, state)
+    _model_into(strategy, i, model, state)
     for j, optimizer, path in optimizers:
-        _optimizer_into(acc, j, optimizer, model, safe_load(path))
+        _optimizer_into(strategy, j, optimizer, model, load_file(path))
 
 
-def _rng_into(acc: "Accelerator", directory: Path) -> None:
-    import numpy as np
-    import torch
-
-    path = directory / f"random_states_{acc.process_index}.pkl"
+def _rng_into(process_index: int, directory: Path) -> int | None:
+    """Restore this rank's RNG; returns the loop's step the file holds (None: it holds none)."""
+    path = directory / f"random_states_{process_index}.pkl"
     if not path.exists():  # a checkpoint from fewer processes has no RNG state for the extra ranks
-        return
-    states = safe_load(path)
-    random.setstate(states["random_state"])
-    np.random.set_state(states["numpy_random_seed"])
-    torch.set_rng_state(states["torch_manual_seed"])
-    if "torch_cuda_manual_seed" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["torch_cuda_manual_seed"])
-    if "step" in states:
-        acc.step = int(states["step"])
+        return None
+    states = load_file(path)
+    restore_rng(python=states["random_state"], numpy_state=states["numpy_random_seed"],
+                torch_state=states["torch_manual_seed"], cuda_states=states.get("torch_cuda_manual_seed"))
+    return int(states["step"]) if "step" in states else None
 
 
-def load_accelerate_state(acc: "Accelerator", directory: str | Path) -> str:
+def load_accelerate_state(items: CheckpointItems, directory: str | Path) -> CheckpointResult:
     """Restore models, optimizers, schedulers, the gradient scaler, registered objects and this rank's RNG
-    from Accelerate's ``save_state`` directory into ``acc``'s prepared objects; returns the directory."""
+    from Accelerate's ``save_state`` directory into ``items``; returns the directory and the step it holds."""
     directory = Path(directory)
     sharded = sorted(p.name for p in directory.iterdir() if p.is_dir())
     if sharded:  # FSDP's pytorch_model_fsdp_0/ and optimizer_0/, DeepSpeed's pytorch_model/
         raise NotSupportedYetError(f"{directory}: Accelerate's sharded FSDP/DeepSpeed checkpoints ({sharded[0]}/) "
                                    "are not supported yet; save with fsdp_state_dict_type='FULL_STATE_DICT'")
     optimizers = []
-    for j, (prepared, model) in enumerate(zip(acc._optimizers, acc._optimizer_models)):
+    for j, (optimizer, model) in enumerate(items.optimizers):
         path = _indexed(directory, "optimizer", "bin", j)
         if not path.exists():
             raise CheckpointError(f"{directory}: no {path.name}; the checkpoint was saved with fewer optimizers")
-        optimizers.append((j, prepared.optimizer, model, path))
-    for i, model in enumerate(acc._models):
+        optimizers.append((j, optimizer, model, path))
+    strategy = items.get_strategy()
+    for i, model in enumerate(items.models):
         state = _model_state(directory, i)
         own = [(j, opt, path) for j, opt, m, path in optimizers if m is model]
         # a model the strategy builds later (a pipeline) is read then, as convoy's own checkpoints are
-        acc.strategy.after_build(model, functools.partial(_load_model, acc, i, model, state, own))
-    for j, _, model, _ in optimizers:
-        if model is None:
-            raise CheckpointError(f"optimizer {j} holds no parameter of a prepared model; prepare its model "
-                                  "together with it so that load_state can name its state")
-    for k, scheduler in enumerate(acc._schedulers):
+        strategy.after_build(model, functools.partial(_load_model, strategy, i, model, state, own))
+    items.require_owned_optimizers("load_state")
+    for k, scheduler in enumerate(items.schedulers):
         path = _indexed(directory, "scheduler", "bin", k)
         if not path.exists():
             raise CheckpointError(f"{directory}: no {path.name}; the checkpoint was saved with fewer schedulers")
-        scheduler.load_state_dict(safe_load(path))
-    if acc.scaler is not None and (directory / "scaler.pt").exists():
-        acc.scaler.load_state_dict(safe_load(directory / "scaler.pt"))
-    for n, obj in enumerate(acc._custom):
+        scheduler.load_state_dict(load_file(path))
+    if items.scaler is not None and (directory / "scaler.pt").exists():
+        items.scaler.load_state_dict(load_file(directory / "scaler.pt"))
+    for n, obj in enumerate(items.custom):
         path = directory / f"custom_checkpoint_{n}.pkl"
         if not path.exists():
             raise CheckpointError(f"{directory}: no {path.name} for registered object {n}")
-        obj.load_state_dict(safe_load(path))
-    _rng_into(acc, directory)
-    acc.wait_for_everyone()
-    return str(directory)
+        obj.load_state_dict(load_file(path))
+    step = _rng_into(items.process_index, directory)
+    items.barrier()
+    return CheckpointResult(path=directory, step=step)

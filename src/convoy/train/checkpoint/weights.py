@@ -1,0 +1,100 @@
+"""``save_model``'s files: unwrapped, consolidated weights in the layout transformers reads.
+
+    write_model(state, "out", max_shard_size="5GB", safe_serialization=True)
+    # out/model.safetensors, or shards plus out/model.safetensors.index.json past max_shard_size
+    # (safe_serialization=False: pytorch_model.bin, torch.save's format)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from convoy.errors import ConfigError
+
+__all__ = ["write_model", "parse_size"]
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(size: int | str) -> int:
+    """``"5GB"`` -> 5_000_000_000; ints pass through."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        return size
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(size))
+    if not match or match.group(2).upper() not in _UNITS:
+        raise ConfigError(f"max_shard_size={size!r} is not a size; write e.g. '5GB', '500MB' or a byte count")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def _drop_shared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors that share memory (tied weights): keep the first name of each."""
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+    out = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if tensor.numel() and key in seen:
+            continue
+        seen.add(key)
+        out[name] = tensor.contiguous()
+    return out
+
+
+def _on_cpu(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """CPU copies of accelerator tensors (weights files are read where that GPU is not), ties kept tied."""
+    copies: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for name, tensor in state.items():
+        if tensor.device.type == "cpu":
+            out[name] = tensor
+            continue
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
+        if key not in copies:
+            copies[key] = tensor.detach().to("cpu")
+        out[name] = copies[key]
+    return out
+
+
+def write_model(state: dict[str, torch.Tensor], directory: str | Path, *, max_shard_size: int | str,
+                safe_serialization: bool) -> list[Path]:
+    """Write weights as one file or several shards plus an index; returns the files written."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    limit = parse_size(max_shard_size)
+    state = _on_cpu(state)
+    state = _drop_shared(state) if safe_serialization else state
+    shards: list[dict[str, Any]] = [{}]
+    size = 0
+    for name, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > limit:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    stem, ext = ("model", "safetensors") if safe_serialization else ("pytorch_model", "bin")
+    names = ([f"{stem}.{ext}"] if len(shards) == 1 else
+             [f"{stem}-{i + 1:05d}-of-{len(shards):05d}.{ext}" for i in range(len(shards))])
+    written = []
+    for filename, shard in zip(names, shards):
+        path = directory / filename
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file(shard, str(path), metadata={"format": "pt"})
+        else:
+            torch.save(shard, path)
+        written.append(path)
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
+                 "weight_map": {n: f for f, s in zip(names, shards) for n in s}}
+        path = directory / f"{stem}.{ext}.index.json"
+        path.write_text(json.dumps(index, indent=2, sort_keys=True))
+        written.append(path)
+    return written
