@@ -8,7 +8,7 @@ saving leaves the run unchanged) and goes on uninterrupted to step 5: the refere
 
 The training loop is the same for both libraries (only the import differs): two models with their own AdamW
 optimizers, a LambdaLR scheduler, dropout (so the RNG state matters), a registered object. Rank 0 writes the
-parameters to ``--out``; test_accelerate_checkpoint.py compares them.
+parameters to ``--out``; tests/train/checkpoint/test_accelerate.py compares them.
 """
 
 from __future__ import annotations

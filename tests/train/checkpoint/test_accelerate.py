@@ -18,7 +18,7 @@ from convoy.train.checkpoint.accelerate import is_accelerate_checkpoint, latest_
 from convoy.train.checkpoint.files import load_file as safe_load
 from tests.distributed import run_script
 
-SCRIPT = Path(__file__).parent / "scripts" / "accelerate_resume.py"
+SCRIPT = Path(__file__).parents[1] / "scripts" / "accelerate_resume.py"
 K, M = 3, 2  # steps before the checkpoint, steps after it
 
 
