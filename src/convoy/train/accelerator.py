@@ -21,23 +21,24 @@ import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
 
 from convoy.errors import ConfigError
 from convoy.train import checkpoint, collectives, data, operations, tracking
 from convoy.train.coordination import Trigger
 from convoy.train.data import DataLoaderConfiguration, LoopState, PreparedDataLoader
-from convoy.train.process_group import stop_process_group
-from convoy.train.settings import check_arguments, resolve_settings
 from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
+from convoy.train.process_group import stop_process_group
 from convoy.train.process_state import AcceleratorState, DistributedType, GradientState, distributed_type_for
+from convoy.train.settings import check_arguments, resolve_settings
 from convoy.train.state_hooks import StateHooks
 from convoy.train.strategies.base import Strategy, SupportsNoSync
 from convoy.train.strategies.build import build_strategy, declared_distributed_type, start_job
 from convoy.train.wrappers import PreparedOptimizer, PreparedScheduler, autocast_forward
-
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
 
 __all__ = ["Accelerator", "ProjectConfiguration", "DataLoaderConfiguration"]
 
@@ -123,8 +124,6 @@ class Accelerator:
     # --- properties ------------------------------------------------------------------------------------
     @property
     def device(self) -> "torch.device":
-        import torch
-
         if self.settings.device_type == "cpu":
             return torch.device("cpu")
         return torch.device(self.settings.device_type, self.settings.local_rank)
@@ -227,7 +226,6 @@ class Accelerator:
     def _make_scaler(self) -> Any:
         if not self.settings.mixed_precision.scales_loss:
             return None
-        import torch
 
         return torch.amp.GradScaler(self.settings.device_type, **self._handlers.scaler)
 
@@ -255,9 +253,6 @@ class Accelerator:
 
     @staticmethod
     def _kind(obj: Any) -> str:
-        import torch
-        from torch.utils.data import DataLoader
-
         if isinstance(obj, torch.nn.Module):
             return "model"
         if isinstance(obj, torch.optim.Optimizer):
@@ -380,7 +375,6 @@ class Accelerator:
     def autocast(self, autocast_handler: Any = None) -> Iterator[None]:
         """Compute in the mixed-precision dtype inside (no-op for ``mixed_precision="no"``); an
         ``AutocastKwargs`` (here or in ``kwargs_handlers``) sets ``enabled``/``cache_enabled``."""
-        import torch
 
         name = self.settings.mixed_precision.compute_dtype
         dtype = getattr(torch, name) if name else None
@@ -477,8 +471,6 @@ class Accelerator:
     def wait_for_everyone(self) -> None:
         """A barrier (watched like the collectives above)."""
         if collectives.is_distributed():
-            import torch.distributed as dist
-
             self._arrive("wait_for_everyone")  # every rank arrived, or the missing ones are named
             dist.barrier()  # and the backend's queued work (NCCL streams) is ordered, as Accelerate's barrier is
 
@@ -543,8 +535,6 @@ class Accelerator:
         memory can be reused (e.g. with a smaller batch); returns ``objects`` as Nones to reassign."""
         import gc
 
-        import torch
-
         for held in (self._models, self._optimizers, self._optimizer_models, self._schedulers, self._dataloaders,
                      self._custom):
             held.clear()
@@ -601,8 +591,6 @@ class Accelerator:
 
             save_file(obj, f, metadata={"format": "pt"})
         else:
-            import torch
-
             torch.save(obj, f)
 
     def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> Any:

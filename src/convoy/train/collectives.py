@@ -9,26 +9,23 @@ Every function is a no-op copy when no process group is running (one process).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
 
 from convoy.errors import ConfigError, DistributedOperationError
-
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
 
 __all__ = ["is_distributed", "gather", "gather_object", "pad_across_processes", "reduce", "broadcast",
            "broadcast_object", "truncate", "map_tensors", "all_tensors", "split"]
 
 
 def is_distributed() -> bool:
-    import torch.distributed as dist
-
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def map_tensors(fn: Callable[["torch.Tensor"], Any], data: Any) -> Any:
     """Apply ``fn`` to every tensor in ``data``, keeping the container structure."""
-    import torch
 
     if isinstance(data, torch.Tensor):
         return fn(data)
@@ -43,7 +40,6 @@ def map_tensors(fn: Callable[["torch.Tensor"], Any], data: Any) -> Any:
 
 def all_tensors(data: Any) -> bool:
     """``data`` is a tensor, or a non-empty nest of dicts/lists/tuples holding only tensors."""
-    import torch
 
     if isinstance(data, torch.Tensor):
         return True
@@ -69,16 +65,11 @@ def split(inputs: Any, n: int, index: int, pad: bool) -> Any:
         if isinstance(part, (list, tuple)):
             part = part + last
         else:
-            import torch
-
             part = torch.cat([part, last])
     return part
 
 
 def _gather_one(tensor: "torch.Tensor") -> "torch.Tensor":
-    import torch
-    import torch.distributed as dist
-
     if tensor.ndim == 0:
         tensor = tensor.reshape(1)
     tensor = tensor.contiguous()
@@ -102,7 +93,6 @@ def gather(data: Any) -> Any:
 def gather_object(obj: Any) -> list[Any]:
     """Every process's picklable ``obj``: lists, tuples and dicts (their keys, as Accelerate) are concatenated
     in rank order; other objects are collected in a list."""
-    import torch.distributed as dist
 
     if not is_distributed():
         return list(obj) if isinstance(obj, (list, tuple, dict)) else [obj]
@@ -122,8 +112,6 @@ def truncate(data: Any, length: int) -> Any:
 
 def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
     """Pad each tensor along ``dim`` to the largest size any process has there."""
-    import torch
-    import torch.distributed as dist
 
     def pad(tensor: "torch.Tensor") -> "torch.Tensor":
         # one all-gather of (ndim, size along dim): ranks whose tensors differ in ndim get one clear error
@@ -163,7 +151,6 @@ REDUCTIONS = ("sum", "mean", "max", "min", "none")
 def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
     """All-reduce copies of the tensors: ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` or ``"none"``; the result
     times ``scale``."""
-    import torch.distributed as dist
 
     ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
     if reduction not in REDUCTIONS:
@@ -182,7 +169,6 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
 
 def broadcast(data: Any, src: int = 0) -> Any:
     """Every tensor replaced (in place) by process ``src``'s; returns ``data``."""
-    import torch.distributed as dist
 
     if not is_distributed():
         return data
@@ -196,7 +182,6 @@ def broadcast(data: Any, src: int = 0) -> Any:
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Process ``src``'s picklable ``obj`` on every process."""
-    import torch.distributed as dist
 
     if not is_distributed():
         return obj

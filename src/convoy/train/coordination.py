@@ -16,6 +16,10 @@ import contextlib
 import warnings
 from typing import TYPE_CHECKING, Any, Iterator
 
+import torch
+from torch.distributed.algorithms import Join
+from torch.utils.data import IterableDataset
+
 from convoy.train.process_state import DistributedType
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -29,8 +33,6 @@ JOINABLE_TYPES = frozenset({DistributedType.MULTI_GPU, DistributedType.MULTI_CPU
 
 
 def _is_iterable_style(loader: Any) -> bool:
-    from torch.utils.data import IterableDataset
-
     return isinstance(getattr(loader, "dataset", None), IterableDataset)
 
 
@@ -63,7 +65,6 @@ def join_uneven_inputs(accelerator: "Accelerator", joinables: list[Any],
                       "result `join_uneven_inputs` will have no effect.", UserWarning, stacklevel=3)
         yield
         return
-    from torch.distributed.algorithms import Join
 
     with _even_batches(accelerator._dataloaders, even_batches), Join(joinables):
         yield
@@ -80,7 +81,6 @@ class Trigger:
 
     def check(self, device: Any) -> bool:
         """Collective (one all-reduce) when several processes run."""
-        import torch
 
         from convoy.train import collectives
 

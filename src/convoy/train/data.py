@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from convoy.errors import ConfigError, NotSupportedYetError
@@ -561,8 +562,6 @@ def _process_group() -> tuple[int, int, Callable[[Any], Any]]:
     from convoy.train import collectives
 
     if collectives.is_distributed():
-        import torch.distributed as dist
-
         return dist.get_world_size(), dist.get_rank(), collectives.broadcast_object
     return 1, 0, _identity
 

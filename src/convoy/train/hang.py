@@ -33,6 +33,9 @@ import datetime
 import os
 from typing import Any, Iterator, Mapping
 
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _get_default_store
+
 from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT
 from convoy.errors import CollectiveTimeoutError, ConfigError
 from convoy.launch.env import read_collective_timeout
@@ -55,8 +58,6 @@ class CollectiveWatch:
 
     def __init__(self, *, timeout: float | None = None, group: Any = None, store: Any = None,
                  prefix: str = "convoy/arrive") -> None:
-        import torch.distributed as dist
-
         if not dist.is_initialized():
             raise ConfigError("CollectiveWatch needs an initialised process group: call "
                               "torch.distributed.init_process_group() (or create the Accelerator) first")
@@ -68,8 +69,6 @@ class CollectiveWatch:
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         if store is None:
-            from torch.distributed.distributed_c10d import _get_default_store
-
             store = _get_default_store()
         group_name = getattr(group, "group_name", "default") if group is not None else "default"
         self._store = dist.PrefixStore(f"{prefix}/{group_name}/", store)

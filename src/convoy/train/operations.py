@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import os
 import random
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
+import torch.distributed as dist
 
 from convoy.errors import ConfigError, DistributedOperationError
 from convoy.launch.env import read_rank_env
 from convoy.train import collectives
-
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
 
 __all__ = ["set_seed", "synchronize_rng_states", "gather", "gather_object", "broadcast", "broadcast_object_list",
            "reduce", "pad_across_processes", "send_to_device", "copy_tensor_to_devices",
@@ -38,7 +38,6 @@ REDUCTIONS = collectives.REDUCTIONS
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
     """Seed ``random``, numpy and torch (all devices); ``device_specific`` adds the process index."""
     import numpy as np
-    import torch
 
     if device_specific:
         seed += read_rank_env(os.environ).rank
@@ -51,7 +50,6 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
 
 def synchronize_rng_states(rng_types: list[str], generator: "torch.Generator | None" = None) -> None:
     """Give every process rank 0's random state for each of ``rng_types`` ("torch", "cuda", "generator")."""
-    import torch
 
     if not collectives.is_distributed():
         return
@@ -88,8 +86,6 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
 def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
     """``object_list`` filled in place with process ``from_process``'s items; returns it."""
     if collectives.is_distributed():
-        import torch.distributed as dist
-
         dist.broadcast_object_list(object_list, src=from_process)
     return object_list
 
@@ -111,7 +107,6 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
 def send_to_device(tensor: Any, device: "torch.device | str", non_blocking: bool = False,
                    skip_keys: list[str] | str | None = None) -> Any:
     """Move every tensor (and anything with ``.to``) in a nested structure to ``device``."""
-    import torch
 
     skip = {skip_keys} if isinstance(skip_keys, str) else set(skip_keys or ())
     if isinstance(tensor, dict):
@@ -131,7 +126,6 @@ def send_to_device(tensor: Any, device: "torch.device | str", non_blocking: bool
 
 def copy_tensor_to_devices(tensor: "torch.Tensor | None" = None) -> "torch.Tensor":
     """Process 0's ``tensor`` on every process (the others pass ``None``), on each one's device."""
-    import torch
 
     from convoy.train.process_state import PartialState
 

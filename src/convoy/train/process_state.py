@@ -21,8 +21,10 @@ import functools
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+import torch
+import torch.distributed as dist
+
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
 
     from convoy.train.settings import TrainSettings
 
@@ -94,8 +96,6 @@ class PartialState:
             self._fill(settings)
 
     def _fill(self, settings: "TrainSettings", strategy_kind: str = "") -> None:
-        import torch
-
         self.num_processes = settings.world_size
         self.process_index = settings.rank
         self.local_process_index = settings.local_rank
@@ -153,8 +153,6 @@ class PartialState:
         from convoy.train import collectives
 
         if collectives.is_distributed():
-            import torch.distributed as dist
-
             dist.barrier()
 
     @contextlib.contextmanager

@@ -12,7 +12,7 @@ by ``convoy.launch.env`` (``RANK``, ``WORLD_SIZE``, ... and ``CONVOY_MIXED_PRECI
 ``convoy.config.schema``, so a value the launcher refuses is refused here with the same line. When
 ``RANK``/``WORLD_SIZE`` say the job has several processes, a process group is started even on a CPU-only
 machine (``convoy.train.process_group``): convoy never trains N independent copies that each believe they
-are alone. Torch-free but for asking whether CUDA is there.
+are alone.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+import torch
 
 from convoy.config.schema import KEYS, MIXED_PRECISIONS, MixedPrecision, show
 from convoy.errors import ConfigError
@@ -152,6 +154,4 @@ def check_arguments(*, strategy: str, strategy_options: Any, dataloader_config: 
 
 
 def _device_type() -> str:
-    import torch
-
     return "cuda" if torch.cuda.is_available() else "cpu"

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Callable
 
+from torch.utils.hooks import RemovableHandle
+
 __all__ = ["StateHooks"]
 
 
@@ -26,8 +28,6 @@ class StateHooks:
         self.load: OrderedDict[int, Callable[..., Any]] = OrderedDict()
 
     def register(self, table: "OrderedDict[int, Callable[..., Any]]", hook: Callable[..., Any]) -> Any:
-        from torch.utils.hooks import RemovableHandle
-
         handle = RemovableHandle(table)
         table[handle.id] = hook
         return handle

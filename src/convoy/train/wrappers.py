@@ -13,20 +13,17 @@
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
+
+import torch
 
 from convoy.train import collectives
 from convoy.train.data import LoopState
-
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
 
 __all__ = ["PreparedOptimizer", "PreparedScheduler", "autocast_forward"]
 
 
 def _optimizer_base() -> type:
-    import torch
-
     return torch.optim.Optimizer
 
 
@@ -157,7 +154,6 @@ class PreparedScheduler:
 
 def autocast_forward(model: Any, autocast: Callable[[], Any]) -> None:
     """Run ``model.forward`` under autocast and hand back fp32 outputs (Accelerate's behaviour)."""
-    import torch
 
     original = model.forward
 

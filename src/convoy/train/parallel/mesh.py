@@ -14,13 +14,13 @@ that data loading and loss averaging see one data-parallel group.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from convoy.errors import StrategyError
 from convoy.plan.dims import ParallelDims
-
-if TYPE_CHECKING:  # torch is imported lazily: this module is reachable from torch-free code paths
-    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["ParallelMesh", "build_mesh", "default_device_type"]
 
@@ -86,7 +86,6 @@ class ParallelMesh:
 
 def default_device_type() -> str:
     """"cuda" (or the current accelerator's type) when one is available, else "cpu"."""
-    import torch
 
     accel = getattr(torch, "accelerator", None)
     if accel is not None and accel.is_available():
@@ -98,8 +97,6 @@ def default_device_type() -> str:
 
 def build_mesh(dims: ParallelDims, *, device_type: str | None = None) -> ParallelMesh:
     """Build the mesh for ``dims`` over the current process group (which must match its world size)."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
 
     if not dist.is_initialized():
         raise StrategyError("building a device mesh needs a process group; launch with 'convoy launch' "

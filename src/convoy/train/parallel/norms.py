@@ -12,10 +12,10 @@ combined with one all-reduce over the pipeline group.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
-if TYPE_CHECKING:
-    import torch
+import torch
+import torch.distributed as dist
 
 __all__ = ["total_grad_norm", "clip_grad_norm_"]
 
@@ -23,8 +23,6 @@ __all__ = ["total_grad_norm", "clip_grad_norm_"]
 def total_grad_norm(parameters: Iterable["torch.Tensor"], *, norm_type: float = 2.0, pp_group: Any = None
                     ) -> "torch.Tensor":
     """The norm of every gradient of the model, over all its shards and stages (same on every rank)."""
-    import torch
-    import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
     norm_type = float(norm_type)
@@ -50,8 +48,6 @@ def total_grad_norm(parameters: Iterable["torch.Tensor"], *, norm_type: float = 
 
 
 def _device_of(parameters: list["torch.Tensor"]) -> "torch.device":
-    import torch
-
     if parameters:
         return parameters[0].device
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

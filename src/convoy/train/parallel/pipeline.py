@@ -25,13 +25,13 @@ no second process; convoy does not move layers between devices in one process, s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
 
 from convoy.errors import ConvoyError, NotSupportedYetError, StrategyError
-
-if TYPE_CHECKING:
-    import torch
-    from torch import nn
 
 __all__ = ["SCHEDULES", "PipelineConfig", "PipelineModule", "SingleStage", "stage_boundaries", "find_layers"]
 
@@ -92,7 +92,6 @@ class PipelineConfig:
 
 def find_layers(model: "nn.Module", name: str | None = None) -> tuple[str, int]:
     """(name, length) of the ``nn.ModuleList`` to cut: ``name`` if given, else the longest one."""
-    from torch import nn
 
     lists = [(n, len(m)) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m)]
     if name is not None:
@@ -150,9 +149,6 @@ class PipelineModule:
                  wrap_stage: Callable[["nn.Module"], "nn.Module"] | None = None,
                  trace_stand_ins: Callable[[], Mapping[str, "nn.Module"]] | None = None,
                  loss_scale: float = 1.0) -> None:
-        import torch
-        import torch.distributed as dist
-
         self.model = model
         self.config = config
         self.loss_fn = loss_fn
@@ -195,8 +191,6 @@ class PipelineModule:
             self._on_build.append(callback)
 
     def _example(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        import torch
-
         def first(t: Any) -> Any:
             if isinstance(t, torch.Tensor):
                 if t.shape[0] % self.microbatches:
@@ -279,7 +273,6 @@ class PipelineModule:
         loss (on every stage). In eval mode or under ``torch.no_grad()`` with ``target``: forward only, the
         mean loss on every stage (a validation loss). Without ``target``: forward only; the last stage returns
         the output, the others ``None``."""
-        import torch
 
         if not self.built:
             self.build(*args, **kwargs)
@@ -301,9 +294,6 @@ class PipelineModule:
         return self._mean_loss(self._losses)
 
     def _mean_loss(self, losses: list) -> "torch.Tensor":
-        import torch
-        import torch.distributed as dist
-
         if self.is_last:
             loss = torch.stack([l.detach().float() for l in losses]).mean().to(self.device)
         else:
@@ -381,7 +371,6 @@ class SingleStage:
 
     def forward(self, *args: Any, target: Any = None, **kwargs: Any) -> Any:
         """With ``target``: the loss (detached), its backward already run when training. Without: the output."""
-        import torch
 
         if target is None:
             return self.module(*args, **kwargs)
@@ -430,6 +419,4 @@ def _convoy_cause(exc: BaseException) -> "ConvoyError | None":
 
 
 def _no_grad():
-    import torch
-
     return torch.no_grad()

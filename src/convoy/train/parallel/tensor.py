@@ -27,11 +27,12 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
+import torch
+from torch import nn
+
 from convoy.errors import NotSupportedYetError, StrategyError
 
 if TYPE_CHECKING:
-    import torch
-    from torch import nn
     from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["STYLES", "TPPlan", "resolve_tp_plan", "check_tp_plan", "apply_tensor_parallel", "model_num_heads",
@@ -117,8 +118,6 @@ def _tied(model: "nn.Module", a: str, b: str) -> bool:
 
 
 def _default_plan(model: "nn.Module", sequence_parallel: bool) -> tuple[dict[str, str], list[str]]:
-    from torch import nn
-
     plan: dict[str, str] = {}
     notes: list[str] = []
     embeddings, heads = [], []
@@ -164,8 +163,6 @@ def resolve_tp_plan(model: "nn.Module", plan: Mapping[str, str] | None = None, *
         for hit in hits:
             resolved.setdefault(hit, style)
     if sequence_parallel and source == "model":
-        from torch import nn  # noqa: F401  (norms of a declared plan are added the default way)
-
         for name, module in model.named_modules():
             if type(module).__name__.endswith("Norm") and name not in resolved:
                 resolved[name] = "sequence_parallel"
@@ -190,7 +187,6 @@ def model_num_heads(model: "nn.Module") -> int | None:
 
 def check_tp_plan(model: "nn.Module", plan: TPPlan, tp: int) -> None:
     """Raise ``StrategyError`` unless tp divides every split dimension and the heads."""
-    from torch import nn
 
     heads = model_num_heads(model)
     if heads is not None and heads % tp:
@@ -228,7 +224,6 @@ def check_tp_plan(model: "nn.Module", plan: TPPlan, tp: int) -> None:
 
 
 def _style_object(style: str, module: "nn.Module", sequence_parallel: bool):
-    from torch import nn
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
@@ -295,8 +290,6 @@ def tracing_stand_ins(model: "nn.Module", plan: TPPlan) -> dict[str, "nn.Module"
     the whole sequence as it is. So the pipeline's inter-stage activations (the residual stream) are this
     rank's ``[batch, seq / tp, ...]`` shards, and reshapes after a projection hold the whole sequence.
     """
-    import torch
-    from torch import nn
     from torch.distributed.tensor import DTensor
 
     shard_linear, shard_embedding, gather = _stand_in_classes()
@@ -350,7 +343,6 @@ def _sequence_shard(y: "torch.Tensor", tp: int) -> "torch.Tensor":
 @functools.cache
 def _stand_in_classes():
     """(Linear, Embedding, SequenceParallel) stand-in classes; defined on first use (torch loads lazily)."""
-    from torch import nn
 
     class SequenceShardLinear(nn.Linear):
         """A Linear whose output is a sequence shard (``RowwiseParallel(output_layouts=Shard(1))``)."""
@@ -377,7 +369,6 @@ def _stand_in_classes():
         """
 
         def __init__(self, module: nn.Module, tp: int) -> None:
-            import torch
             from torch.distributed.tensor import DTensor
 
             super().__init__()

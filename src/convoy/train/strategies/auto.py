@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any, Callable, Collection, Mapping
-
 from dataclasses import dataclass
 from functools import partial
+from typing import Any, Callable, Collection, Mapping
+
+import torch
 
 from convoy.errors import NotSupportedYetError, PlanError, StrategyError
 from convoy.plan.api import recommend_for_module
@@ -112,8 +113,6 @@ def training_bytes(num_parameters: int) -> int:
 def device_memory_bytes(device_type: str, local_world_size: int = 1) -> int:
     """Memory one process can use: the GPU's free memory, or this machine's RAM shared by its processes."""
     if device_type == "cuda":
-        import torch
-
         free, _ = torch.cuda.mem_get_info()
         return int(free)
     try:

@@ -23,13 +23,12 @@ from __future__ import annotations
 import abc
 import contextlib
 import importlib
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping
+
+import torch
 
 from convoy.errors import StrategyError
 from convoy.train.settings import TrainSettings
-
-if TYPE_CHECKING:  # pragma: no cover - typing only; torch is imported lazily by implementations
-    import torch
 
 __all__ = [
     "StrategyContext",
@@ -76,7 +75,6 @@ class Strategy(abc.ABC):
     @property
     def root_device(self) -> "torch.device":
         """The device this process computes on."""
-        import torch
 
         if self.context.device_type == "cpu":
             return torch.device("cpu")
@@ -124,13 +122,10 @@ class Strategy(abc.ABC):
     def clip_grad_norm_(self, module: "torch.nn.Module | None", parameters: Any, max_norm: float,
                         norm_type: float = 2.0) -> "torch.Tensor":
         """Clip the global gradient norm (over every rank's shard); return the norm before clipping."""
-        import torch
 
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
-        import torch
-
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
     # --- state -------------------------------------------------------------------------------------

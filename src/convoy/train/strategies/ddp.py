@@ -16,6 +16,9 @@ import contextlib
 import inspect
 from typing import TYPE_CHECKING, Any
 
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
 from convoy.train.checkpoint.optimizer_state import named_optimizer_state, numbered_optimizer_state, param_names
 from convoy.train.strategies.base import Strategy, SupportsNoSync
 
@@ -35,8 +38,6 @@ class DDPStrategy(Strategy, SupportsNoSync):
     options = _DDP_OPTIONS
 
     def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
-        from torch.nn.parallel import DistributedDataParallel
-
         module = module.to(self.root_device)
         if not any(p.requires_grad for p in module.parameters()):
             return module  # nothing to synchronise (a frozen teacher, an EMA copy): DDP would refuse it
@@ -45,20 +46,15 @@ class DDPStrategy(Strategy, SupportsNoSync):
         return DistributedDataParallel(module, device_ids=device_ids, **kwargs)
 
     def unwrap(self, module: "torch.nn.Module") -> "torch.nn.Module":
-        from torch.nn.parallel import DistributedDataParallel
-
         return module.module if isinstance(module, DistributedDataParallel) else module
 
     def no_sync(self, module: "torch.nn.Module") -> contextlib.AbstractContextManager[None]:
-        from torch.nn.parallel import DistributedDataParallel
-
         return module.no_sync() if isinstance(module, DistributedDataParallel) else contextlib.nullcontext()
 
     @contextlib.contextmanager
     def trigger_sync(self, module: "torch.nn.Module") -> Any:
         """DDP decides at forward time whether the next backward all-reduces; a forward run under
         ``no_sync`` is made to all-reduce by re-arming the reducer (what DDP's own forward does)."""
-        from torch.nn.parallel import DistributedDataParallel
 
         if not isinstance(module, DistributedDataParallel):
             yield
@@ -118,7 +114,6 @@ class Zero1Strategy(DDPStrategy):
 def gathered_zero_state(optimizer: Any, names: list[str]) -> dict[str, Any]:
     """A ``ZeroRedundancyOptimizer``'s whole state, gathered from the ranks of its process group onto each of
     them, keyed by parameter name (``names``, from ``checkpoint.param_names``) like every other strategy's."""
-    import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import _init_optim_state
 
     group = optimizer.process_group

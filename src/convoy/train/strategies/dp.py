@@ -9,13 +9,10 @@ slower than DDP even on one machine. It exists for scripts that cannot be launch
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import torch
 
 from convoy.errors import StrategyError
 from convoy.train.strategies.base import Strategy
-
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
 
 __all__ = ["DataParallelStrategy"]
 
@@ -35,11 +32,7 @@ class DataParallelStrategy(Strategy):
                                 "strategy='single', or several processes with strategy='ddp'")
 
     def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
-        import torch
-
         return torch.nn.DataParallel(module.to(self.root_device))
 
     def unwrap(self, module: "torch.nn.Module") -> "torch.nn.Module":
-        import torch
-
         return module.module if isinstance(module, torch.nn.DataParallel) else module

@@ -17,13 +17,13 @@ gradients in fp32. Legacy FSDP is avoided on purpose: on CPU it trains wrong num
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator
+from typing import Any, ClassVar, Iterator
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
 
 from convoy.errors import NotSupportedYetError
 from convoy.train.strategies.base import ParameterOrigins, Strategy, SupportsNoSync
-
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
 
 __all__ = ["Zero2Strategy", "Zero3Strategy", "FSDPStrategy"]
 
@@ -43,12 +43,9 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
 
     def setup_environment(self) -> None:
         if self._mesh is None:
-            from torch.distributed.device_mesh import init_device_mesh
-
             self._mesh = init_device_mesh(self.root_device.type, (self.context.world_size,))
 
     def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
-        import torch
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         self.setup_environment()
@@ -81,7 +78,6 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
 
     def clip_grad_norm_(self, module: "torch.nn.Module | None", parameters: Any, max_norm: float,
                         norm_type: float = 2.0) -> "torch.Tensor":
-        import torch
         from torch.distributed.tensor import DTensor
 
         norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
@@ -110,7 +106,6 @@ def _no_gradient_sync(module: "torch.nn.Module") -> Iterator[None]:
 def shard_units(module: "torch.nn.Module", classes: Any) -> list["torch.nn.Module"]:
     """Sub-modules sharded one by one (innermost first), so only one block is gathered at a time: those of
     ``classes`` (``strategy_options["auto_wrap"]``), else every child of a ``ModuleList``."""
-    import torch
 
     if classes:
         wanted = tuple(classes)

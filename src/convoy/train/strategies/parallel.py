@@ -45,6 +45,9 @@ import inspect
 import warnings
 from typing import TYPE_CHECKING, Any
 
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
 from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.plan.dims import ParallelDims
 from convoy.train.parallel.mesh import ParallelMesh, build_mesh
@@ -227,7 +230,6 @@ class ParallelStrategy(Strategy, SupportsNoSync):
 
     def _wrap_stage(self, module: "torch.nn.Module") -> "torch.nn.Module":
         """DDP over the dp group (used for whole models and for pipeline stages)."""
-        from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         return DistributedDataParallel(module, device_ids=device_ids, process_group=self.mesh.dp.get_group(),
@@ -250,8 +252,6 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         return optimizer
 
     def unwrap(self, module: Any) -> "torch.nn.Module":
-        from torch.nn.parallel import DistributedDataParallel
-
         if isinstance(module, PipelineModule):
             return module.model  # parameters of other stages in it are never trained here
         if isinstance(module, SingleStage):
@@ -265,8 +265,6 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         loss.backward(**kwargs)
 
     def no_sync(self, module: Any) -> contextlib.AbstractContextManager[None]:
-        from torch.nn.parallel import DistributedDataParallel
-
         if isinstance(module, PipelineModule):
             # gradients accumulate in the stages across calls (each scaled by loss_scale); the dp reduction
             # still runs on every call, which is correct (it is linear) but not saved: more pp_microbatches
@@ -289,7 +287,6 @@ class ParallelStrategy(Strategy, SupportsNoSync):
 
     # --- state ----------------------------------------------------------------------------------------
     def full_model_state_dict(self, module: Any) -> dict[str, "torch.Tensor"]:
-        import torch.distributed as dist
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         if isinstance(module, PipelineModule):
