@@ -148,7 +148,7 @@ def build_request(args: argparse.Namespace):
     """The ``LaunchRequest`` and ``DeviceFilters`` for parsed flags (``ConfigError`` for conflicts)."""
     from convoy.launch.env import ConvoyEnv
     from convoy.launch.job import DeviceFilters
-    from convoy.launch.plan import LaunchRequest
+    from convoy.launch.resolve import LaunchRequest
     from convoy.config.settings import fill_unset
     from convoy.devices.units import parse_duration
 

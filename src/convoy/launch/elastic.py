@@ -25,8 +25,8 @@ from typing import Iterator, Mapping
 from convoy.errors import LaunchError
 from convoy.launch.failures import RankFailure, failure_error
 from convoy.launch.loopback import agent_store, is_loopback, loopback_env
-from convoy.launch.plan import LaunchPlan
 from convoy.launch.progress import missing_note
+from convoy.launch.resolve import LaunchPlan
 
 __all__ = ["run_elastic", "launch_config"]
 

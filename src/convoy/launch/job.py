@@ -1,7 +1,7 @@
 """Run a launch request end to end: select devices, resolve the plan, lease, start, report.
 
     from convoy.launch.job import launch_job, DeviceFilters
-    from convoy.launch.plan import LaunchRequest
+    from convoy.launch.resolve import LaunchRequest
     launch_job(LaunchRequest(program=("train.py",), devices="0,2"))           # what `convoy launch` calls
     launch_job(LaunchRequest(program=("train.py",)), dry_run=True)            # prints the plan only
 
@@ -20,7 +20,7 @@ from typing import Callable, Mapping
 
 from convoy.errors import ConfigError
 
-from convoy.launch.plan import LaunchPlan, LaunchRequest, describe_plan, resolve_launch
+from convoy.launch.resolve import LaunchPlan, LaunchRequest, describe_plan, resolve_launch
 
 __all__ = ["DeviceFilters", "launch_job", "lease_plan", "plan_job", "prepare_log_dir"]
 

@@ -109,7 +109,7 @@ def run_selfcheck(*, devices: str | None = None, nproc_per_node: str | None = No
     """
     from convoy.errors import ConfigError, LaunchError
     from convoy.launch.job import launch_job
-    from convoy.launch.plan import LaunchRequest
+    from convoy.launch.resolve import LaunchRequest
 
     if timeout <= 0:
         raise ConfigError(f"--timeout {timeout:g}: give a number of seconds > 0")

@@ -34,9 +34,9 @@ from convoy.errors import LaunchError
 from convoy.launch.env import rank_env
 from convoy.launch.failures import RankFailure, TracebackHold, failure_error, read_error_file
 from convoy.launch.loopback import LISTEN_FD_VARIABLE, is_loopback, listen_socket, loopback_env
-from convoy.launch.plan import LaunchPlan
 from convoy.launch.progress import missing_note
 from convoy.launch.ports import free_port
+from convoy.launch.resolve import LaunchPlan
 
 __all__ = ["run_direct", "parse_stream_map"]
 

@@ -8,7 +8,7 @@ from convoy.devices.inventory import Inventory, load_inventory
 from convoy.devices.selection import select_devices
 from convoy.errors import ConfigError, LaunchError, StrategyError
 from convoy.launch.env import ConvoyEnv
-from convoy.launch.plan import LaunchRequest, describe_plan, resolve_launch
+from convoy.launch.resolve import LaunchRequest, describe_plan, resolve_launch
 
 CPU = select_devices("auto", inventory=Inventory(devices=(), source="none"), env={})
 

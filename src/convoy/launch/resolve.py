@@ -1,6 +1,6 @@
 """Resolve launch flags, the selected devices and the Slurm environment into one frozen ``LaunchPlan``.
 
-    from convoy.launch.plan import LaunchRequest, resolve_launch, describe_plan
+    from convoy.launch.resolve import LaunchRequest, resolve_launch, describe_plan
     request = LaunchRequest(program=("train.py", "--lr", "1e-3"), devices="0,2")
     plan = resolve_launch(request, selection, env=os.environ)   # pure: no I/O, nothing started
     print("\n".join(describe_plan(plan)))                        # what ``convoy launch --dry-run`` prints
