@@ -18,8 +18,10 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Mapping
 
+from convoy.devices.inventory import Device
+from convoy.devices.selection import Selection
 from convoy.errors import ConfigError, LaunchError
 from convoy.launch.env import ConvoyEnv, convoy_env, rank_env
 from convoy.launch.slurm import slurm_allocation
@@ -108,8 +110,8 @@ class LaunchPlan:
     vendor: str = "cpu"
     backend: str = "gloo"
     """The process-group backend the ranks will use (informative; the training layer chooses it)."""
-    devices: tuple[Any, ...] = ()
-    """Selected devices (``convoy.devices.inventory.Device``); local rank i uses ``devices[i]``."""
+    devices: tuple[Device, ...] = ()
+    """Selected devices; local rank i uses ``devices[i]``."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Variables added to every worker's environment (visibility, CONVOY_*, OMP_NUM_THREADS)."""
     max_restarts: int = 0
@@ -130,13 +132,13 @@ class LaunchPlan:
     def rank_of(self, local_rank: int) -> int:
         return self.node_rank * self.nproc_per_node + local_rank
 
-    def device_of(self, local_rank: int) -> Any | None:
+    def device_of(self, local_rank: int) -> Device | None:
         return self.devices[local_rank] if local_rank < len(self.devices) else None
 
 
-def resolve_launch(request: LaunchRequest, selection: Any, *, env: Mapping[str, str]) -> LaunchPlan:
-    """The plan for ``request`` on ``selection`` (a ``convoy.devices.selection.Selection``) under ``env``."""
-    notes: list[str] = list(getattr(selection, "explanation", ()))
+def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping[str, str]) -> LaunchPlan:
+    """The plan for ``request`` on the devices ``selection`` chose, under ``env``."""
+    notes: list[str] = list(selection.explanation)
     nproc, devices = _processes(request, selection, notes)
     min_nodes, max_nodes = _nnodes(request.nnodes)
     node_rank = request.node_rank if request.node_rank is not None else 0
@@ -180,8 +182,8 @@ def resolve_launch(request: LaunchRequest, selection: Any, *, env: Mapping[str, 
         from convoy.plan.dims import ParallelDims
 
         ParallelDims.parse(request.settings.parallelism, world_size=min_nodes * nproc)  # StrategyError if not
-    vendor = getattr(selection, "vendor", "cpu")
-    worker_env = {**dict(getattr(selection, "env", {}) or {}), **convoy_env(request.settings)}
+    vendor = selection.vendor
+    worker_env = {**selection.env, **convoy_env(request.settings)}
     if "OMP_NUM_THREADS" not in env and nproc > 1:
         worker_env["OMP_NUM_THREADS"] = "1"  # torchrun's default, so N ranks do not oversubscribe the cores
     return LaunchPlan(
@@ -213,8 +215,8 @@ def resolve_launch(request: LaunchRequest, selection: Any, *, env: Mapping[str, 
     )
 
 
-def _processes(request: LaunchRequest, selection: Any, notes: list[str]) -> tuple[int, tuple[Any, ...]]:
-    devices = tuple(getattr(selection, "devices", ()))
+def _processes(request: LaunchRequest, selection: Selection, notes: list[str]) -> tuple[int, tuple[Device, ...]]:
+    devices = selection.devices
     asked = request.nproc_per_node
     explicit_devices = request.devices not in (None, "auto")
     if asked in (None, "auto", "gpu", "xpu", "cuda"):
@@ -247,8 +249,8 @@ def _processes(request: LaunchRequest, selection: Any, notes: list[str]) -> tupl
     return count, devices[:count]
 
 
-def _devices_text(devices: tuple[Any, ...]) -> str:
-    labels = ", ".join(str(getattr(d, "label", getattr(d, "index", "?"))) for d in devices)
+def _devices_text(devices: tuple[Device, ...]) -> str:
+    labels = ", ".join(d.label for d in devices)
     return f"only {len(devices)} ({labels}) {'is' if len(devices) == 1 else 'are'}"
 
 
@@ -316,8 +318,8 @@ def describe_plan(plan: LaunchPlan, *, base_env: Mapping[str, str] | None = None
     prefix = DEVICE_PREFIX.get(plan.vendor, plan.vendor)
     for local in range(plan.nproc_per_node):
         device = plan.device_of(local)
-        where = (f"device {getattr(device, 'index', '?')} {getattr(device, 'name', '')} "
-                 f"uuid={getattr(device, 'uuid', '?')} as {prefix}:{local}") if device is not None else "cpu"
+        where = (f"device {device.index} {device.name} uuid={device.uuid} as {prefix}:{local}"
+                 if device is not None else "cpu")
         lines.append(f"  rank {plan.rank_of(local)} (local {local}): {where}")
     lines.append("environment (every rank):")
     lines += [f"  {key}={value}" for key, value in sorted(plan.env.items())]
