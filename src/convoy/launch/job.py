@@ -69,8 +69,8 @@ def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters
     # No background import of torch's agent here: importing torch in a thread while this one selects
     # devices cost ~0.1 s more CPU than importing it afterwards (both share one GIL; docs/launching.md).
     plan = plan_job(request, filters=filters, env=base_env)
-    if plan.log_dir:
-        prepare_log_dir(plan.log_dir, create=not dry_run)
+    if plan.workers.log_dir:
+        prepare_log_dir(plan.workers.log_dir, create=not dry_run)
     if dry_run:
         for line in describe_plan(plan):
             print(line)
