@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, MIXED_PRECISIONS
+from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS
 from convoy.errors import ConfigError
 
 DESCRIPTION = ("Start one process per selected device (or N CPU processes with gloo) with torchrun's "
@@ -154,7 +154,8 @@ def build_request(args: argparse.Namespace):
 
     # flags not given: CONVOY_<KEY>, ./convoy.toml, the user file (convoy config); ``parallelism`` has no flag
     # of its own (--dp/--tp/--pp spell it) but comes from the same places
-    args = fill_unset(argparse.Namespace(**{"parallelism": None, **vars(args)}))
+    given = {"parallelism": None, **{name: value for name, value in vars(args).items() if name in KEYS}}
+    args = argparse.Namespace(**{**vars(args), **fill_unset(given)})
 
     for name, default in _UNSUPPORTED.items():
         if getattr(args, name) != default:
