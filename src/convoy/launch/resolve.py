@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from convoy.devices.backends.vendors import vendor_facts
 from convoy.devices.inventory import Device
 from convoy.devices.selection import Selection
 from convoy.errors import ConfigError, LaunchError
@@ -32,7 +33,6 @@ __all__ = ["WorkerOptions", "LaunchRequest", "LaunchPlan", "resolve_launch", "de
 ENGINES = ("auto", "direct", "elastic")
 #: processes started on a machine without accelerators when neither --devices nor --nproc-per-node says.
 CPU_DEFAULT_NPROC = 2
-_BACKEND_OF_VENDOR = {"nvidia": "nccl", "amd": "nccl", "intel": "xccl", "habana": "hccl", "ascend": "hccl"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,7 +218,7 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
         rdzv_configs=tuple(sorted(extra.items())),
         run_id=run_id or "none",
         vendor=vendor,
-        backend=_BACKEND_OF_VENDOR.get(vendor, "gloo"),
+        backend=vendor_facts(vendor).process_group_backend,
         devices=tuple(devices),
         env=worker_env,
         workers=request.workers,
@@ -324,9 +324,7 @@ def describe_plan(plan: LaunchPlan, *, base_env: Mapping[str, str] | None = None
         f"MASTER_PORT={port}; run id {plan.run_id}",
         f"restarts:   {plan.workers.max_restarts}",
     ]
-    from convoy.devices.selection import DEVICE_PREFIX
-
-    prefix = DEVICE_PREFIX.get(plan.vendor, plan.vendor)
+    prefix = vendor_facts(plan.vendor).device_type
     for local in range(plan.nproc_per_node):
         device = plan.device_of(local)
         where = (f"device {device.index} {device.name} uuid={device.uuid} as {prefix}:{local}"

@@ -158,9 +158,11 @@ class _Worker:
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        from convoy.devices.backends.vendors import process_group_backend
+
         cuda = torch.cuda.is_available()
-        self.backend = "nccl" if cuda else "gloo"
         self.device = torch.device("cuda", self.local_rank) if cuda else torch.device("cpu")
+        self.backend = process_group_backend(self.device.type)
         if cuda:
             torch.cuda.set_device(self.device)
         self.checks: list[dict[str, Any]] = []
