@@ -132,8 +132,7 @@ class LaunchPlan:
     run_id: str
     rdzv_configs: tuple[tuple[str, str], ...] = ()
     vendor: str = "cpu"
-    backend: str = "gloo"
-    """The process-group backend the ranks will use (informative; the training layer chooses it)."""
+    """The selected devices' vendor (``convoy.devices.backends.vendors``); ``"cpu"`` without accelerators."""
     devices: tuple[Device, ...] = ()
     """Selected devices; local rank i uses ``devices[i]``."""
     env: Mapping[str, str] = field(default_factory=dict)
@@ -141,6 +140,11 @@ class LaunchPlan:
     workers: WorkerOptions = field(default_factory=WorkerOptions)
     """Restarts, monitoring, start method and logs, as the request gave them."""
     explanation: tuple[str, ...] = ()
+
+    @property
+    def backend(self) -> str:
+        """The process-group backend the ranks will use (informative; the training layer chooses it)."""
+        return vendor_facts(self.vendor).process_group_backend
 
     @property
     def world_size(self) -> int | None:
@@ -200,7 +204,6 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
         from convoy.plan.dims import ParallelDims
 
         ParallelDims.parse(request.settings.parallelism, world_size=min_nodes * nproc)  # StrategyError if not
-    vendor = selection.vendor
     worker_env = {**selection.env, **convoy_env(request.settings)}
     if "OMP_NUM_THREADS" not in env and nproc > 1:
         worker_env["OMP_NUM_THREADS"] = "1"  # torchrun's default, so N ranks do not oversubscribe the cores
@@ -217,8 +220,7 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
         rdzv_endpoint=endpoint,
         rdzv_configs=tuple(sorted(extra.items())),
         run_id=run_id or "none",
-        vendor=vendor,
-        backend=vendor_facts(vendor).process_group_backend,
+        vendor=selection.vendor,
         devices=tuple(devices),
         env=worker_env,
         workers=request.workers,
