@@ -136,18 +136,16 @@ def test_file_settings_env_holds_only_file_values(home):
 
 
 def test_fill_unset_keeps_flags_and_fills_from_files_and_env(home):
-    import argparse
-
     from convoy.config.settings import fill_unset
 
     env, user_file, project = home
     user_file.write_text('strategy = "zero1"\nmixed_precision = "bf16"\nrdzv_endpoint = ""\n')
-    args = argparse.Namespace(strategy=None, mixed_precision="fp16", nnodes=None, rdzv_endpoint=None,
-                              collective_timeout=None, script="train.py")
-    got = fill_unset(args, env={**env, "CONVOY_COLLECTIVE_TIMEOUT": "9"}, cwd=project)
-    assert vars(got) == {"strategy": "zero1", "mixed_precision": "fp16", "nnodes": None, "rdzv_endpoint": None,
-                         "collective_timeout": 9.0, "script": "train.py"}
-    assert args.strategy is None  # the original is not changed
+    flags = dict(strategy=None, mixed_precision="fp16", nnodes=None, rdzv_endpoint=None, collective_timeout=None,
+                 script="train.py")
+    got = fill_unset(flags, env={**env, "CONVOY_COLLECTIVE_TIMEOUT": "9"}, cwd=project)
+    assert got == {"strategy": "zero1", "mixed_precision": "fp16", "nnodes": None, "rdzv_endpoint": None,
+                   "collective_timeout": 9.0, "script": "train.py"}
+    assert flags["strategy"] is None  # the original is not changed
 
 
 @pytest.mark.parametrize("seconds", ["1e20", "99999999", "0", "-1"])

@@ -27,7 +27,7 @@ def test_returns_rank_zeros_value_with_fork_and_spawn():
 
 
 def test_convoy_launch_is_callable_even_after_the_package_is_imported():
-    import convoy.launch.plan  # noqa: F401 - binds the package to the name convoy.launch
+    import convoy.launch.resolve  # noqa: F401 - binds the package to the name convoy.launch
 
     assert convoy.launch(fn_targets.env_value, args=("LOCAL_WORLD_SIZE",), devices=0, nproc_per_node=1) == "1"
 

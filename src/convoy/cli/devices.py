@@ -63,14 +63,14 @@ def islands(devices: Sequence) -> dict[int, str]:
 
 def render_table(inventory, env) -> str:
     from convoy.devices.lease import lease_holders
-    from convoy.devices.selection import DEVICE_PREFIX
+    from convoy.devices.backends.vendors import vendor_facts
     from convoy.devices.visibility import visible_devices
 
     if not inventory.devices:
         return f"no accelerators found ({inventory.source}); jobs run on the CPU"
     vendor = inventory.vendor
     view = visible_devices(inventory, env, vendor)
-    prefix = DEVICE_PREFIX.get(vendor, "device")
+    prefix = vendor_facts(vendor).device_type
     rank_of = {d.uuid: r for r, d in enumerate(view.devices)}
     held = lease_holders([u for u in view.devices])
     link = islands([d for d in inventory.devices if d.vendor == vendor])

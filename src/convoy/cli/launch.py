@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, MIXED_PRECISIONS
+from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS
 from convoy.errors import ConfigError
 
 DESCRIPTION = ("Start one process per selected device (or N CPU processes with gloo) with torchrun's "
@@ -148,13 +148,14 @@ def build_request(args: argparse.Namespace):
     """The ``LaunchRequest`` and ``DeviceFilters`` for parsed flags (``ConfigError`` for conflicts)."""
     from convoy.launch.env import ConvoyEnv
     from convoy.launch.job import DeviceFilters
-    from convoy.launch.plan import LaunchRequest
+    from convoy.launch.resolve import LaunchRequest, WorkerOptions
     from convoy.config.settings import fill_unset
     from convoy.devices.units import parse_duration
 
     # flags not given: CONVOY_<KEY>, ./convoy.toml, the user file (convoy config); ``parallelism`` has no flag
     # of its own (--dp/--tp/--pp spell it) but comes from the same places
-    args = fill_unset(argparse.Namespace(**{"parallelism": None, **vars(args)}))
+    given = {"parallelism": None, **{name: value for name, value in vars(args).items() if name in KEYS}}
+    args = argparse.Namespace(**{**vars(args), **fill_unset(given)})
 
     for name, default in _UNSUPPORTED.items():
         if getattr(args, name) != default:
@@ -178,14 +179,17 @@ def build_request(args: argparse.Namespace):
         parallelism=",".join(f"{k}={v}" for k, v in dims.items()) or args.parallelism,
         gradient_accumulation_steps=args.gradient_accumulation_steps, collective_timeout=args.collective_timeout,
     )
+    workers = WorkerOptions(
+        max_restarts=args.max_restarts or 0, monitor_interval=args.monitor_interval, start_method=args.start_method,
+        log_dir=args.log_dir, redirects=args.redirects, tee=args.tee, local_ranks_filter=args.local_ranks_filter,
+        role=args.role,
+    )
     request = LaunchRequest(
         program=(args.training_script, *args.training_script_args), module=args.module, no_python=args.no_python,
         devices=args.devices, nproc_per_node=nproc, nnodes=args.nnodes, node_rank=args.node_rank,
         master_addr=args.master_addr, master_port=args.master_port, rdzv_backend=args.rdzv_backend,
         rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, rdzv_conf=args.rdzv_conf,
-        standalone=args.standalone, max_restarts=args.max_restarts or 0, monitor_interval=args.monitor_interval,
-        start_method=args.start_method, log_dir=args.log_dir, redirects=args.redirects, tee=args.tee,
-        local_ranks_filter=args.local_ranks_filter, role=args.role, engine=args.engine, settings=settings,
+        standalone=args.standalone, workers=workers, engine=args.engine, settings=settings,
     )
     exclude = tuple(int(t) if re.fullmatch(r"[0-9]{1,9}", t) else t  # indices or UUIDs; select_devices checks
                     for t in (part.strip() for part in args.exclude.split(",")) if t)

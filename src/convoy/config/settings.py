@@ -137,18 +137,21 @@ def file_settings_env(env: Mapping[str, str] | None = None, cwd: str | os.PathLi
     return out
 
 
-def fill_unset(args: Any, *, env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None
-               ) -> Any:
-    """A copy of an argparse namespace whose unset (``None``) setting attributes are filled from the
-    environment and the settings files; flags given on the command line are kept, schema defaults are not
-    applied (the command keeps its own). Attributes that are not setting names are untouched."""
-    import argparse
+def fill_unset(flags: Mapping[str, Any], *, env: Mapping[str, str] | None = None,
+               cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """A copy of ``flags`` (setting name -> the value a command was given, ``None`` where it was not) whose
+    unset settings are filled from the environment and the settings files.
 
-    values = dict(vars(args))
+        fill_unset({"strategy": None, "max_restarts": 2})    # {"strategy": "fsdp", "max_restarts": 2}
+                                                              # with CONVOY_STRATEGY=fsdp
+
+    Given values are kept and schema defaults are not applied (the command keeps its own); names that are not
+    settings are returned as given."""
+    values = dict(flags)
     settings = effective_settings(env=env, cwd=cwd)
     for name in settings:
         if name in values and values[name] is None and settings.origin(name).kind != "default":
             value = settings.get(name)
             if value is not None and value != "":
                 values[name] = value
-    return argparse.Namespace(**values)
+    return values

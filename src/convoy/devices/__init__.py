@@ -6,8 +6,9 @@
     subprocess.run(cmd, env={**os.environ, **sel.env})
 
 Modules: ``spec`` (request grammar), ``inventory`` (Device/Inventory and the JSON format), ``discovery``
-(+ ``backends/`` per vendor), ``selection`` (filters, order, topology, MIG), ``visibility`` (the vendors'
-environment variables), ``lease`` (reservations), ``units`` ("20GiB", "80%", "5m").
+(+ ``backends/`` per vendor; ``backends/vendors``: each vendor's device type, link and collective backend),
+``selection`` (filters, order, topology, MIG), ``visibility`` (the vendors' environment variables), ``lease``
+(reservations), ``units`` ("20GiB", "80%", "5m").
 """
 
 from __future__ import annotations

@@ -21,20 +21,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from convoy.devices.backends.vendors import vendor_facts
 from convoy.devices.inventory import Device, Inventory, as_inventory
 from convoy.devices.spec import describe_available, is_count, parse_devices
 from convoy.devices.units import MemoryAmount, parse_memory, parse_percent
 from convoy.devices.visibility import HIDE_ALL, visibility_env, visible_devices
 from convoy.errors import DeviceSpecError, SelectionError
 
-__all__ = ["Selection", "select_devices", "ORDERS", "DEVICE_PREFIX"]
+__all__ = ["Selection", "select_devices", "ORDERS"]
 
 ORDERS = ("index", "free-memory", "fastest", "topology")
-# How each vendor's framework device is called, for explanations ("GPU 2 -> cuda:0").
-DEVICE_PREFIX = {"nvidia": "cuda", "amd": "cuda", "intel": "xpu", "habana": "hpu", "ascend": "npu",
-                 "apple": "mps"}
-# What the fast links in ``Device.nvlink_peers`` are, per vendor, for explanations ("one xGMI island").
-LINK_KIND = {"nvidia": "NVLink", "amd": "xGMI"}
 
 
 @dataclass(frozen=True)
@@ -124,7 +120,7 @@ def select_devices(
                             excluded=excluded, held=held or {})
         if reason:
             reasons[position] = reason
-    prefix = DEVICE_PREFIX.get(vendor, "device")
+    prefix = vendor_facts(vendor).device_type  # explanations say "GPU 2 -> cuda:0"
 
     if is_count(spec) or auto:
         wants_all = auto or _means_all(spec)
@@ -285,7 +281,7 @@ def _topology_pick(eligible: list[int], count: int, units: Sequence[Device]) -> 
     smallest island that fits, so larger islands stay whole for bigger jobs), else filling the largest islands."""
     by_index = {units[p].index: p for p in eligible}
     links = {p: {by_index[i] for i in units[p].nvlink_peers if i in by_index} for p in eligible}
-    kind = LINK_KIND.get(units[eligible[0]].vendor, "fast-link") if eligible else "fast-link"
+    kind = (vendor_facts(units[eligible[0]].vendor).link if eligible else None) or "fast-link"
     if count > 1 and not any(links.values()):
         return sorted(eligible)[:count], (f"topology: no {kind} links between the eligible devices were found "
                                           f"(none discovered, or none to a device that passes); took index order")

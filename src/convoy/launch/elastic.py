@@ -25,8 +25,8 @@ from typing import Iterator, Mapping
 from convoy.errors import LaunchError
 from convoy.launch.failures import RankFailure, failure_error
 from convoy.launch.loopback import agent_store, is_loopback, loopback_env
-from convoy.launch.plan import LaunchPlan
 from convoy.launch.progress import missing_note
+from convoy.launch.resolve import LaunchPlan
 
 __all__ = ["run_elastic", "launch_config"]
 
@@ -40,12 +40,12 @@ def launch_config(plan: LaunchPlan, *, endpoint: str | None = None, local_addr: 
 
     from torch.distributed.elastic.multiprocessing import Std
 
-    redirects = parse_stream_map(plan.redirects, plan.nproc_per_node)
+    redirects = parse_stream_map(plan.workers.redirects, plan.nproc_per_node)
     # Output reaches the console through torch's tee (log file, then tailed with the "[rankN]: " prefix);
     # streams the user redirected stay in the files only.
     tee = {rank: Std(3 & ~redirects.get(rank, 0)) for rank in range(plan.nproc_per_node)}
-    logs = DefaultLogsSpecs(log_dir=plan.log_dir, redirects={r: Std(v) for r, v in redirects.items()}, tee=tee,
-                            local_ranks_filter=_filter(plan.local_ranks_filter))
+    logs = DefaultLogsSpecs(log_dir=plan.workers.log_dir, redirects={r: Std(v) for r, v in redirects.items()},
+                            tee=tee, local_ranks_filter=_filter(plan.workers.local_ranks_filter))
     configs: dict[str, object] = dict(plan.rdzv_configs)
     if "rank" in configs:
         configs["rank"] = int(configs["rank"])  # static rendezvous: this node's rank
@@ -54,9 +54,9 @@ def launch_config(plan: LaunchPlan, *, endpoint: str | None = None, local_addr: 
     endpoint = endpoint or plan.rdzv_endpoint
     return LaunchConfig(
         min_nodes=plan.min_nodes, max_nodes=plan.max_nodes, nproc_per_node=plan.nproc_per_node,
-        logs_specs=logs, run_id=plan.run_id, role=plan.role, rdzv_endpoint=endpoint,
-        rdzv_backend=plan.rdzv_backend, rdzv_configs=configs, max_restarts=plan.max_restarts,
-        monitor_interval=plan.monitor_interval, start_method=plan.start_method,
+        logs_specs=logs, run_id=plan.run_id, role=plan.workers.role, rdzv_endpoint=endpoint,
+        rdzv_backend=plan.rdzv_backend, rdzv_configs=configs, max_restarts=plan.workers.max_restarts,
+        monitor_interval=plan.workers.monitor_interval, start_method=plan.workers.start_method,
         log_line_prefix_template="[rank${rank}]: ", local_addr=local_addr or _local_addr(plan),
     )
 
@@ -119,7 +119,7 @@ def run_elastic(plan: LaunchPlan, *, base_env: Mapping[str, str]) -> int:
         from torch.distributed.launcher.api import elastic_launch
 
     extra = {key: value for key, value in {**base_env, **plan.env}.items() if os.environ.get(key) != value}
-    if plan.max_restarts > 0:
+    if plan.workers.max_restarts > 0:
         extra["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # restarts hang otherwise (notes item 9)
     if plan.rdzv_backend == "static":
         extra.setdefault("MASTER_ADDR", plan.master_addr)

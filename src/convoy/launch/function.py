@@ -38,8 +38,8 @@ from convoy.launch.env import ConvoyEnv, rank_env
 from convoy.launch.failures import describe_exit
 from convoy.launch import progress
 from convoy.launch.loopback import is_loopback, loopback_env, prepare_worker
-from convoy.launch.plan import LaunchRequest
 from convoy.launch.ports import free_port
+from convoy.launch.resolve import LaunchRequest
 
 __all__ = ["launch", "start_method_for", "importable"]
 

@@ -1,7 +1,7 @@
 """Run a launch request end to end: select devices, resolve the plan, lease, start, report.
 
     from convoy.launch.job import launch_job, DeviceFilters
-    from convoy.launch.plan import LaunchRequest
+    from convoy.launch.resolve import LaunchRequest
     launch_job(LaunchRequest(program=("train.py",), devices="0,2"))           # what `convoy launch` calls
     launch_job(LaunchRequest(program=("train.py",)), dry_run=True)            # prints the plan only
 
@@ -20,7 +20,7 @@ from typing import Callable, Mapping
 
 from convoy.errors import ConfigError
 
-from convoy.launch.plan import LaunchPlan, LaunchRequest, describe_plan, resolve_launch
+from convoy.launch.resolve import LaunchPlan, LaunchRequest, describe_plan, resolve_launch
 
 __all__ = ["DeviceFilters", "launch_job", "lease_plan", "plan_job", "prepare_log_dir"]
 
@@ -69,8 +69,8 @@ def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters
     # No background import of torch's agent here: importing torch in a thread while this one selects
     # devices cost ~0.1 s more CPU than importing it afterwards (both share one GIL; docs/launching.md).
     plan = plan_job(request, filters=filters, env=base_env)
-    if plan.log_dir:
-        prepare_log_dir(plan.log_dir, create=not dry_run)
+    if plan.workers.log_dir:
+        prepare_log_dir(plan.workers.log_dir, create=not dry_run)
     if dry_run:
         for line in describe_plan(plan):
             print(line)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from convoy.devices.backends.vendors import process_group_backend
 from convoy.launch.env import read_rank_env
 
 __all__ = ["Check", "SelfCheckReport", "run_selfcheck", "format_selfcheck", "CHECKS"]
@@ -111,7 +112,7 @@ def run_selfcheck(*, devices: str | None = None, nproc_per_node: str | None = No
     """
     from convoy.errors import ConfigError, LaunchError
     from convoy.launch.job import launch_job
-    from convoy.launch.plan import LaunchRequest
+    from convoy.launch.resolve import LaunchRequest
 
     if timeout <= 0:
         raise ConfigError(f"--timeout {timeout:g}: give a number of seconds > 0")
@@ -162,8 +163,8 @@ class _Worker:
         self.restart_count = ranks.restart_count
         self.master = (ranks.master_addr or "127.0.0.1", ranks.master_port or 29500)
         cuda = torch.cuda.is_available()
-        self.backend = "nccl" if cuda else "gloo"
         self.device = torch.device("cuda", self.local_rank) if cuda else torch.device("cpu")
+        self.backend = process_group_backend(self.device.type)
         if cuda:
             torch.cuda.set_device(self.device)
         self.checks: list[dict[str, Any]] = []

@@ -34,9 +34,9 @@ from convoy.errors import LaunchError
 from convoy.launch.env import rank_env
 from convoy.launch.failures import RankFailure, TracebackHold, failure_error, read_error_file
 from convoy.launch.loopback import LISTEN_FD_VARIABLE, is_loopback, listen_socket, loopback_env
-from convoy.launch.plan import LaunchPlan
 from convoy.launch.progress import missing_note
 from convoy.launch.ports import free_port
+from convoy.launch.resolve import LaunchPlan
 
 __all__ = ["run_direct", "parse_stream_map"]
 
@@ -173,8 +173,8 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
     listener = _store_socket(plan)
     port = listener.getsockname()[1] if listener is not None else plan.master_port or free_port(plan.master_addr)
     scratch = Path(tempfile.mkdtemp(prefix="convoy-launch-"))
-    redirects = parse_stream_map(plan.redirects, plan.nproc_per_node)
-    shown = _shown_ranks(plan.local_ranks_filter, plan.nproc_per_node)
+    redirects = parse_stream_map(plan.workers.redirects, plan.nproc_per_node)
+    shown = _shown_ranks(plan.workers.local_ranks_filter, plan.nproc_per_node)
     logs: list[IO[str]] = []
     ranks: list[_Rank] = []
     lock = threading.Lock()
@@ -190,11 +190,11 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
             env = {**base_env, **plan.env, **rank_env(
                 rank=rank, local_rank=local, world_size=plan.world_size, local_world_size=plan.nproc_per_node,
                 master_addr=plan.master_addr, master_port=port, run_id=plan.run_id, group_rank=plan.node_rank,
-                group_world_size=plan.max_nodes, error_file=error_file, role=plan.role)}
+                group_world_size=plan.max_nodes, error_file=error_file, role=plan.workers.role)}
             if listener is not None:
                 env.update(loopback_env(base_env))
             command, pass_fds = _worker_command(plan.command, rank, listener, env)
-            log = _open_log(plan.log_dir, rank)
+            log = _open_log(plan.workers.log_dir, rank)
             if log is not None:
                 logs.append(log)
             try:

@@ -1,6 +1,6 @@
 """Resolve launch flags, the selected devices and the Slurm environment into one frozen ``LaunchPlan``.
 
-    from convoy.launch.plan import LaunchRequest, resolve_launch, describe_plan
+    from convoy.launch.resolve import LaunchRequest, resolve_launch, describe_plan
     request = LaunchRequest(program=("train.py", "--lr", "1e-3"), devices="0,2")
     plan = resolve_launch(request, selection, env=os.environ)   # pure: no I/O, nothing started
     print("\n".join(describe_plan(plan)))                        # what ``convoy launch --dry-run`` prints
@@ -18,18 +18,50 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Mapping
 
+from convoy.devices.backends.vendors import vendor_facts
+from convoy.devices.inventory import Device
+from convoy.devices.selection import Selection
 from convoy.errors import ConfigError, LaunchError
 from convoy.launch.env import ConvoyEnv, convoy_env, rank_env
 from convoy.launch.slurm import slurm_allocation
 
-__all__ = ["LaunchRequest", "LaunchPlan", "resolve_launch", "describe_plan", "ENGINES", "CPU_DEFAULT_NPROC"]
+__all__ = ["WorkerOptions", "LaunchRequest", "LaunchPlan", "resolve_launch", "describe_plan", "ENGINES",
+           "CPU_DEFAULT_NPROC"]
 
 ENGINES = ("auto", "direct", "elastic")
 #: processes started on a machine without accelerators when neither --devices nor --nproc-per-node says.
 CPU_DEFAULT_NPROC = 2
-_BACKEND_OF_VENDOR = {"nvidia": "nccl", "amd": "nccl", "intel": "xccl", "habana": "hccl", "ascend": "hccl"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerOptions:
+    """How the workers are started, watched and logged (torchrun's flags of the same names). Resolving
+    changes none of them: the request's options are the plan's."""
+
+    max_restarts: int = 0
+    """Restart the whole worker group up to this many times after a failure (the elastic engine)."""
+    monitor_interval: float = 0.1
+    """Seconds between the elastic agent's checks on its workers."""
+    start_method: str = "spawn"
+    """How the elastic agent starts its workers: ``spawn``, ``fork`` or ``forkserver``."""
+    log_dir: str | None = None
+    """One log file per rank here; ``None``: no files."""
+    redirects: str = "0"
+    """Streams to keep off the console: ``0``-``3``, or ``RANK:0-3,...`` per local rank."""
+    tee: str = "0"
+    """Streams to also write to ``log_dir``, as ``redirects``."""
+    local_ranks_filter: str = ""
+    """Local ranks whose output is shown (``"0,2"``); empty: every rank."""
+    role: str = "default"
+    """The workers' role name (torchrun's ``--role``; each worker's ``ROLE_NAME``)."""
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts {self.max_restarts}: give 0 or more")
+        if not 0 < self.monitor_interval < 10**9:
+            raise ConfigError(f"--monitor-interval {self.monitor_interval}: give a number of seconds > 0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,14 +88,8 @@ class LaunchRequest:
     rdzv_id: str | None = None
     rdzv_conf: str | None = None
     standalone: bool = False
-    max_restarts: int = 0
-    monitor_interval: float = 0.1
-    start_method: str = "spawn"
-    log_dir: str | None = None
-    redirects: str = "0"
-    tee: str = "0"
-    local_ranks_filter: str = ""
-    role: str = "default"
+    workers: WorkerOptions = field(default_factory=WorkerOptions)
+    """Restarts, monitoring, start method and logs; the plan carries them unchanged."""
     engine: str = "auto"
     """``auto`` picks ``direct`` for one node without restarts, else ``elastic``."""
     settings: ConvoyEnv = field(default_factory=ConvoyEnv)
@@ -74,21 +100,21 @@ class LaunchRequest:
             raise ConfigError("no training script given; usage: convoy launch [options] train.py [args]")
         if self.engine not in ENGINES:
             raise ConfigError(f"engine {self.engine!r} is not one of {', '.join(ENGINES)}")
-        if self.max_restarts < 0:
-            raise ConfigError(f"--max-restarts {self.max_restarts}: give 0 or more")
         if self.module and self.no_python:
             raise ConfigError("-m/--module and --no-python cannot be combined; choose one")
         if self.master_port is not None and not 0 <= self.master_port <= 65535:
             raise ConfigError(f"--master-port {self.master_port}: give a TCP port from 1 to 65535 (0: a free one)")
         if self.node_rank is not None and self.node_rank < 0:
             raise ConfigError(f"--node-rank {self.node_rank}: give 0 or more")
-        if not 0 < self.monitor_interval < 10**9:
-            raise ConfigError(f"--monitor-interval {self.monitor_interval}: give a number of seconds > 0")
 
 
 @dataclass(frozen=True, kw_only=True)
 class LaunchPlan:
-    """Everything needed to start this node's processes; ``describe_plan`` prints it."""
+    """Everything needed to start this node's processes; ``describe_plan`` prints it.
+
+    Fields named as the request's (``nproc_per_node``, ``master_port``, ...) hold the resolved values; the
+    options resolving leaves alone are the request's own ``workers`` record.
+    """
 
     command: tuple[str, ...]
     """argv of every worker (torchrun's: ``python -u script.py args``)."""
@@ -106,21 +132,19 @@ class LaunchPlan:
     run_id: str
     rdzv_configs: tuple[tuple[str, str], ...] = ()
     vendor: str = "cpu"
-    backend: str = "gloo"
-    """The process-group backend the ranks will use (informative; the training layer chooses it)."""
-    devices: tuple[Any, ...] = ()
-    """Selected devices (``convoy.devices.inventory.Device``); local rank i uses ``devices[i]``."""
+    """The selected devices' vendor (``convoy.devices.backends.vendors``); ``"cpu"`` without accelerators."""
+    devices: tuple[Device, ...] = ()
+    """Selected devices; local rank i uses ``devices[i]``."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Variables added to every worker's environment (visibility, CONVOY_*, OMP_NUM_THREADS)."""
-    max_restarts: int = 0
-    monitor_interval: float = 0.1
-    start_method: str = "spawn"
-    log_dir: str | None = None
-    redirects: str = "0"
-    tee: str = "0"
-    local_ranks_filter: str = ""
-    role: str = "default"
+    workers: WorkerOptions = field(default_factory=WorkerOptions)
+    """Restarts, monitoring, start method and logs, as the request gave them."""
     explanation: tuple[str, ...] = ()
+
+    @property
+    def backend(self) -> str:
+        """The process-group backend the ranks will use (informative; the training layer chooses it)."""
+        return vendor_facts(self.vendor).process_group_backend
 
     @property
     def world_size(self) -> int | None:
@@ -130,13 +154,13 @@ class LaunchPlan:
     def rank_of(self, local_rank: int) -> int:
         return self.node_rank * self.nproc_per_node + local_rank
 
-    def device_of(self, local_rank: int) -> Any | None:
+    def device_of(self, local_rank: int) -> Device | None:
         return self.devices[local_rank] if local_rank < len(self.devices) else None
 
 
-def resolve_launch(request: LaunchRequest, selection: Any, *, env: Mapping[str, str]) -> LaunchPlan:
-    """The plan for ``request`` on ``selection`` (a ``convoy.devices.selection.Selection``) under ``env``."""
-    notes: list[str] = list(getattr(selection, "explanation", ()))
+def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping[str, str]) -> LaunchPlan:
+    """The plan for ``request`` on the devices ``selection`` chose, under ``env``."""
+    notes: list[str] = list(selection.explanation)
     nproc, devices = _processes(request, selection, notes)
     min_nodes, max_nodes = _nnodes(request.nnodes)
     node_rank = request.node_rank if request.node_rank is not None else 0
@@ -180,8 +204,7 @@ def resolve_launch(request: LaunchRequest, selection: Any, *, env: Mapping[str, 
         from convoy.plan.dims import ParallelDims
 
         ParallelDims.parse(request.settings.parallelism, world_size=min_nodes * nproc)  # StrategyError if not
-    vendor = getattr(selection, "vendor", "cpu")
-    worker_env = {**dict(getattr(selection, "env", {}) or {}), **convoy_env(request.settings)}
+    worker_env = {**selection.env, **convoy_env(request.settings)}
     if "OMP_NUM_THREADS" not in env and nproc > 1:
         worker_env["OMP_NUM_THREADS"] = "1"  # torchrun's default, so N ranks do not oversubscribe the cores
     return LaunchPlan(
@@ -197,24 +220,16 @@ def resolve_launch(request: LaunchRequest, selection: Any, *, env: Mapping[str, 
         rdzv_endpoint=endpoint,
         rdzv_configs=tuple(sorted(extra.items())),
         run_id=run_id or "none",
-        vendor=vendor,
-        backend=_BACKEND_OF_VENDOR.get(vendor, "gloo"),
+        vendor=selection.vendor,
         devices=tuple(devices),
         env=worker_env,
-        max_restarts=request.max_restarts,
-        monitor_interval=request.monitor_interval,
-        start_method=request.start_method,
-        log_dir=request.log_dir,
-        redirects=request.redirects,
-        tee=request.tee,
-        local_ranks_filter=request.local_ranks_filter,
-        role=request.role,
+        workers=request.workers,
         explanation=tuple(notes),
     )
 
 
-def _processes(request: LaunchRequest, selection: Any, notes: list[str]) -> tuple[int, tuple[Any, ...]]:
-    devices = tuple(getattr(selection, "devices", ()))
+def _processes(request: LaunchRequest, selection: Selection, notes: list[str]) -> tuple[int, tuple[Device, ...]]:
+    devices = selection.devices
     asked = request.nproc_per_node
     explicit_devices = request.devices not in (None, "auto")
     if asked in (None, "auto", "gpu", "xpu", "cuda"):
@@ -247,8 +262,8 @@ def _processes(request: LaunchRequest, selection: Any, notes: list[str]) -> tupl
     return count, devices[:count]
 
 
-def _devices_text(devices: tuple[Any, ...]) -> str:
-    labels = ", ".join(str(getattr(d, "label", getattr(d, "index", "?"))) for d in devices)
+def _devices_text(devices: tuple[Device, ...]) -> str:
+    labels = ", ".join(d.label for d in devices)
     return f"only {len(devices)} ({labels}) {'is' if len(devices) == 1 else 'are'}"
 
 
@@ -268,7 +283,7 @@ def _nnodes(text: str | None) -> tuple[int, int]:
 
 
 def _engine(request: LaunchRequest, backend: str, min_nodes: int, max_nodes: int) -> str:
-    single = max_nodes == 1 and request.max_restarts == 0 and backend == "static" and not request.rdzv_endpoint
+    single = max_nodes == 1 and request.workers.max_restarts == 0 and backend == "static" and not request.rdzv_endpoint
     if request.engine == "direct" and not single:
         raise ConfigError("--engine direct runs one node without restarts; drop --nnodes/--max-restarts/"
                           "--rdzv-backend, or use --engine elastic")
@@ -309,15 +324,13 @@ def describe_plan(plan: LaunchPlan, *, base_env: Mapping[str, str] | None = None
         f"devices:    {plan.vendor}, backend {plan.backend}",
         f"rendezvous: {plan.rdzv_backend} at {plan.rdzv_endpoint}; MASTER_ADDR={plan.master_addr} "
         f"MASTER_PORT={port}; run id {plan.run_id}",
-        f"restarts:   {plan.max_restarts}",
+        f"restarts:   {plan.workers.max_restarts}",
     ]
-    from convoy.devices.selection import DEVICE_PREFIX
-
-    prefix = DEVICE_PREFIX.get(plan.vendor, plan.vendor)
+    prefix = vendor_facts(plan.vendor).device_type
     for local in range(plan.nproc_per_node):
         device = plan.device_of(local)
-        where = (f"device {getattr(device, 'index', '?')} {getattr(device, 'name', '')} "
-                 f"uuid={getattr(device, 'uuid', '?')} as {prefix}:{local}") if device is not None else "cpu"
+        where = (f"device {device.index} {device.name} uuid={device.uuid} as {prefix}:{local}"
+                 if device is not None else "cpu")
         lines.append(f"  rank {plan.rank_of(local)} (local {local}): {where}")
     lines.append("environment (every rank):")
     lines += [f"  {key}={value}" for key, value in sorted(plan.env.items())]
@@ -325,7 +338,7 @@ def describe_plan(plan: LaunchPlan, *, base_env: Mapping[str, str] | None = None
         sample = rank_env(rank=plan.rank_of(0), local_rank=0, world_size=plan.world_size,
                           local_world_size=plan.nproc_per_node, master_addr=plan.master_addr,
                           master_port=plan.master_port, run_id=plan.run_id, group_rank=plan.node_rank,
-                          group_world_size=plan.max_nodes, max_restarts=plan.max_restarts)
+                          group_world_size=plan.max_nodes, max_restarts=plan.workers.max_restarts)
         lines.append("environment (per rank, shown for local rank 0; RANK/LOCAL_RANK differ):")
         lines += [f"  {key}={value}" for key, value in sorted(sample.items())]
     lines += [f"note: {text}" for text in plan.explanation]

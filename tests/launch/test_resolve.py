@@ -8,7 +8,7 @@ from convoy.devices.inventory import Inventory, load_inventory
 from convoy.devices.selection import select_devices
 from convoy.errors import ConfigError, LaunchError, StrategyError
 from convoy.launch.env import ConvoyEnv
-from convoy.launch.plan import LaunchRequest, describe_plan, resolve_launch
+from convoy.launch.resolve import LaunchRequest, WorkerOptions, describe_plan, resolve_launch
 
 CPU = select_devices("auto", inventory=Inventory(devices=(), source="none"), env={})
 
@@ -48,14 +48,14 @@ def test_devices_decide_the_process_count_and_order(inventory_path):
 
 
 def test_engine_choice_direct_only_for_one_node_without_restarts():
-    assert resolve_launch(req(max_restarts=1), CPU, env={}).engine == "elastic"
-    plan = resolve_launch(req(max_restarts=1), CPU, env={})
+    assert resolve_launch(req(workers=WorkerOptions(max_restarts=1)), CPU, env={}).engine == "elastic"
+    plan = resolve_launch(req(workers=WorkerOptions(max_restarts=1)), CPU, env={})
     assert (plan.rdzv_backend, plan.rdzv_endpoint) == ("c10d", "127.0.0.1:0")  # as torchrun --standalone
     two = resolve_launch(req(nnodes="2", node_rank=1, master_port=29600, nproc_per_node="1"), CPU, env={})
     assert (two.engine, two.world_size, two.rank_of(0), two.rdzv_backend) == ("elastic", 2, 1, "static")
     assert dict(two.rdzv_configs)["rank"] == "1" and two.rdzv_endpoint == "127.0.0.1:29600"
     with pytest.raises(ConfigError, match="--engine direct runs one node"):
-        resolve_launch(req(engine="direct", max_restarts=2), CPU, env={})
+        resolve_launch(req(engine="direct", workers=WorkerOptions(max_restarts=2)), CPU, env={})
     elastic = resolve_launch(req(nnodes="1:4", rdzv_backend="c10d", rdzv_endpoint="h:1"), CPU, env={})
     assert elastic.world_size is None and (elastic.min_nodes, elastic.max_nodes) == (1, 4)
 
