@@ -17,6 +17,7 @@ import time
 
 import torch.distributed as dist
 
+from convoy.devices.backends.vendors import process_group_backend
 from convoy.train.settings import TrainSettings
 
 __all__ = ["start_process_group", "stop_process_group"]
@@ -38,7 +39,7 @@ def start_process_group(settings: TrainSettings, *, always: bool = False) -> boo
     if settings.world_size == 1 and not always:
         return False
     timeout = datetime.timedelta(seconds=settings.collective_timeout_s)
-    backend = settings.backend or ("cpu:gloo,cuda:nccl" if settings.device_type == "cuda" else "gloo")
+    backend = settings.backend or _default_backend(settings.device_type)
     if settings.world_size == 1 and "MASTER_ADDR" not in os.environ:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     elif _generation == 0:
@@ -60,6 +61,14 @@ def start_process_group(settings: TrainSettings, *, always: bool = False) -> boo
     # end_training().
     atexit.register(stop_process_group)
     return True
+
+
+def _default_backend(device_type: str) -> str:
+    """gloo for CPU tensors, and the vendor's backend for the device's (``"cpu:gloo,cuda:nccl"``)."""
+    cpu = process_group_backend("cpu")
+    if device_type == "cpu":
+        return cpu
+    return f"cpu:{cpu},{device_type}:{process_group_backend(device_type)}"
 
 
 def stop_process_group() -> None:

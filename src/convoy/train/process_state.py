@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-if TYPE_CHECKING:  # pragma: no cover
+from convoy.devices.backends.vendors import process_group_backend
 
+if TYPE_CHECKING:  # pragma: no cover
     from convoy.train.settings import TrainSettings
 
 __all__ = ["DistributedType", "PartialState", "AcceleratorState", "GradientState", "distributed_type_for"]
@@ -103,7 +104,7 @@ class PartialState:
             torch.device(settings.device_type, settings.local_rank)
         self.distributed_type = distributed_type_for(world_size=settings.world_size,
                                                      device_type=settings.device_type, strategy_kind=strategy_kind)
-        self.backend = settings.backend or ("gloo" if settings.device_type == "cpu" else "nccl")  # as asked
+        self.backend = settings.backend or process_group_backend(settings.device_type)  # as asked
         self.debug = settings.debug
         self.fork_launched = False
 
