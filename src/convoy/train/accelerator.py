@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 
 from convoy.errors import ConfigError
 from convoy.train import checkpoint, collectives, data, operations, tracking
-from convoy.train.coordination import Trigger
+from convoy.train.coordination import Trigger, join_uneven_inputs
 from convoy.train.data import DataLoaderConfiguration, LoopState, PreparedDataLoader
 from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
 from convoy.train.process_group import stop_process_group
@@ -366,9 +366,8 @@ class Accelerator:
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
         """Let processes with fewer batches finish (DDP's ``Join``); ``even_batches`` overrides the prepared
         loaders' setting inside."""
-        from convoy.train.coordination import join_uneven_inputs
-
-        with join_uneven_inputs(self, joinables, even_batches):
+        with join_uneven_inputs(joinables, distributed_type=self.state.distributed_type, loaders=self._dataloaders,
+                                even_batches=even_batches):
             yield
 
     @contextlib.contextmanager

@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch.distributed.algorithms import Join
 from torch.utils.data import IterableDataset
 
 from convoy.train.process_state import DistributedType
-
-if TYPE_CHECKING:  # pragma: no cover
-    from convoy.train.accelerator import Accelerator
 
 __all__ = ["join_uneven_inputs", "JOINABLE_TYPES", "Trigger"]
 
@@ -58,15 +55,17 @@ def _even_batches(loaders: list[Any], even_batches: bool | None) -> Iterator[Non
 
 
 @contextlib.contextmanager
-def join_uneven_inputs(accelerator: "Accelerator", joinables: list[Any],
+def join_uneven_inputs(joinables: list[Any], *, distributed_type: DistributedType, loaders: Sequence[Any],
                        even_batches: bool | None = None) -> Iterator[None]:
-    if accelerator.state.distributed_type not in JOINABLE_TYPES:
+    """``Join`` over ``joinables`` when the set-up is plain data parallel (``distributed_type``), with the
+    prepared ``loaders`` padding (or not) as ``even_batches`` says inside; elsewhere a warning, as Accelerate."""
+    if distributed_type not in JOINABLE_TYPES:
         warnings.warn("Joining uneven inputs is only supported for multi-GPU (and multi-CPU) DDP training, as a "
                       "result `join_uneven_inputs` will have no effect.", UserWarning, stacklevel=3)
         yield
         return
 
-    with _even_batches(accelerator._dataloaders, even_batches), Join(joinables):
+    with _even_batches(loaders, even_batches), Join(joinables):
         yield
 
 
