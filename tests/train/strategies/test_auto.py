@@ -187,6 +187,17 @@ def test_strategy_auto_trains_tiny_gpt_at_tp2_on_two_processes():
     assert sorted(re.findall(r"rank (\d) TP loss diff .* OK", result.output)) == ["0", "1"], result.output
 
 
+@pytest.mark.slow
+def test_every_rank_builds_rank_zeros_layout():
+    # a planner that answers differently per rank: without agreement rank 0 builds DDP and rank 1 FSDP
+    result = run_script(SCRIPTS / "auto_agree.py", nproc=2, timeout=120)
+    assert result.returncode == 0, result.output
+    built = re.findall(r"rank (\d) built (\w+) planned for (\d+) OK", result.output)
+    assert sorted(rank for rank, _, _ in built) == ["0", "1"], result.output
+    assert {name for _, name, _ in built} == {"ddp"}, result.output
+    assert len({planned for _, _, planned in built}) == 1, result.output  # one device size: the smallest
+
+
 # --- the trainer's side of the planner (moved here from convoy.plan.api) ---------------------------------
 
 def _gpt_config(**overrides):
