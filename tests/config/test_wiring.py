@@ -48,3 +48,17 @@ def test_accelerator_settings_read_the_files_below_the_environment(project):
     settings = resolve_settings(env={"XDG_CONFIG_HOME": str(project / "xdg"), "CONVOY_STRATEGY": "ddp"}, cpu=True)
     assert settings.strategy == "ddp" and settings.collective_timeout_s == 42.0
     assert resolve_settings(explicit={"strategy": "fsdp"}, env={}, cpu=True).strategy == "fsdp"
+
+
+def test_accelerate_launchers_variable_beats_a_settings_file(project):
+    # the environment (CONVOY_* or Accelerate's alias) is above the files, whichever variable says it
+    from convoy.train.settings import resolve_settings
+
+    (project / "convoy.toml").write_text('mixed_precision = "fp16"\nstrategy = "mine"\n')
+    env = {"XDG_CONFIG_HOME": str(project / "xdg")}
+    assert resolve_settings(env={**env, "ACCELERATE_MIXED_PRECISION": "bf16"}, cpu=True).mixed_precision == "bf16"
+    assert resolve_settings(env=env, cpu=True).mixed_precision == "fp16"
+    # a strategy the script registers may be named in a file or CONVOY_STRATEGY: only the launcher keeps to
+    # convoy's own names
+    assert resolve_settings(env=env, cpu=True).strategy == "mine"
+    assert resolve_settings(env={"CONVOY_STRATEGY": "mine"}, cpu=True).strategy == "mine"

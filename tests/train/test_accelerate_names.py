@@ -37,6 +37,8 @@ def test_distributed_type_is_accelerates_str_enum():
 def test_states_share_one_view_and_reset_breaks_the_accelerator_as_in_accelerate():
     accelerator = Accelerator(mixed_precision="bf16")
     assert PartialState().num_processes == 1 and AcceleratorState().mixed_precision == "bf16"
+    # plain strings, as Accelerate's (a str enum's repr and YAML dumps differ)
+    assert type(AcceleratorState().mixed_precision) is str and type(accelerator.mixed_precision) is str
     PartialState().debug = True
     assert accelerator.state.debug is True  # one shared view per process
     AcceleratorState._reset_state()

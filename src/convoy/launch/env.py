@@ -41,6 +41,7 @@ __all__ = [
     "RankEnv",
     "rank_env",
     "convoy_env",
+    "check_launch_settings",
     "read_convoy_env",
     "read_rank_env",
     "read_collective_timeout",
@@ -177,27 +178,25 @@ class ConvoyEnv:
     def __post_init__(self) -> None:
         # each value is checked by the schema key the trainer reads it with, so the parent refuses exactly
         # what every rank would refuse (before any rank starts)
-        for name in ("mixed_precision", "strategy", "gradient_accumulation_steps", "collective_timeout"):
+        for name in SETTING_NAMES:
             value = getattr(self, name)
+            where = "--dp/--tp/--pp (parallelism)" if name == "parallelism" else KEYS[name].flag
             if value is not None:  # stored as parsed: "300" -> 300.0, "BF16" -> "bf16"
-                object.__setattr__(self, name, KEYS[name].parse(value, where=KEYS[name].flag))
-        if self.parallelism is not None:
-            KEYS["parallelism"].parse(self.parallelism, where="--dp/--tp/--pp (parallelism)")
-        if self.strategy is not None and self.strategy.strip().lower() not in BUILTIN_STRATEGIES:
-            raise ConfigError(f"strategy {self.strategy[:40]!r} (--strategy, CONVOY_STRATEGY) is not one of convoy's strategies "
-                              f"({', '.join(BUILTIN_STRATEGIES)}); a strategy your script registers itself is "
-                              f"chosen in the script, Accelerator(strategy=...)")
+                object.__setattr__(self, name, KEYS[name].parse(value, where=where))
+
+
+def check_launch_settings(settings: ConvoyEnv) -> None:
+    """What the launcher refuses beyond each value's syntax: a strategy that is not convoy's own. A rank
+    would look it up in a registry that only the training script fills (``register_strategy``)."""
+    if settings.strategy is not None and settings.strategy not in BUILTIN_STRATEGIES:
+        raise ConfigError(f"--strategy {settings.strategy[:40]!r} is not one of convoy's strategies "
+                          f"({', '.join(BUILTIN_STRATEGIES)}); a strategy your script registers itself is "
+                          f"chosen in the script, Accelerator(strategy=...)")
 
 
 def convoy_env(settings: ConvoyEnv) -> dict[str, str]:
     """The ``CONVOY_*`` variables for ``settings``; unset fields are left out (the trainer's default holds)."""
-    values = {
-        "CONVOY_MIXED_PRECISION": settings.mixed_precision,
-        "CONVOY_STRATEGY": settings.strategy,
-        "CONVOY_PARALLELISM": settings.parallelism,
-        "CONVOY_GRADIENT_ACCUMULATION_STEPS": settings.gradient_accumulation_steps,
-        "CONVOY_COLLECTIVE_TIMEOUT": settings.collective_timeout,
-    }
+    values = {KEYS[name].env_var: getattr(settings, name) for name in SETTING_NAMES}
     return {key: _format(value) for key, value in values.items() if value is not None}
 
 

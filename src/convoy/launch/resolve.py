@@ -24,7 +24,7 @@ from convoy.devices.backends.vendors import vendor_facts
 from convoy.devices.inventory import Device
 from convoy.devices.selection import Selection
 from convoy.errors import ConfigError, LaunchError
-from convoy.launch.env import ConvoyEnv, convoy_env, rank_env
+from convoy.launch.env import ConvoyEnv, check_launch_settings, convoy_env, rank_env
 from convoy.launch.slurm import slurm_allocation
 
 __all__ = ["WorkerOptions", "LaunchRequest", "LaunchPlan", "resolve_launch", "describe_plan", "ENGINES",
@@ -96,6 +96,7 @@ class LaunchRequest:
     """What the ranks' ``Accelerator`` is asked for (``CONVOY_*`` variables)."""
 
     def __post_init__(self) -> None:
+        check_launch_settings(self.settings)
         if not self.program:
             raise ConfigError("no training script given; usage: convoy launch [options] train.py [args]")
         if self.engine not in ENGINES:

@@ -235,7 +235,7 @@ class AcceleratorState(PartialState):
         state = cls.__new__(cls)
         state.__dict__ = cls._shared_state
         state._fill(settings, strategy_kind)
-        state.mixed_precision = settings.mixed_precision
+        state.mixed_precision = settings.mixed_precision.value  # a plain str, as Accelerate's
         return state
 
     def __repr__(self) -> str:

@@ -18,14 +18,14 @@ are alone.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import torch
 
 from convoy.config.schema import KEYS, MIXED_PRECISIONS, MixedPrecision, show
 from convoy.errors import ConfigError
-from convoy.launch.env import ConvoyEnv, read_convoy_env, read_debug_mode, read_rank_env
+from convoy.launch.env import SETTING_NAMES, ConvoyEnv, read_convoy_env, read_debug_mode, read_rank_env
 from convoy.plan.dims import ParallelDims
 
 __all__ = ["TrainSettings", "resolve_settings", "check_arguments"]
@@ -116,10 +116,12 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
     from convoy.config.settings import file_settings_env
 
     env = os.environ if env is None else env
-    env = {**file_settings_env(env), **env}  # settings files (convoy config) below the environment
     given = {k: v for k, v in (explicit or {}).items() if v is not None}
     ranks = read_rank_env(env)
-    launched = read_convoy_env(env, skip=given)
+    from_env = read_convoy_env(env, skip=given)  # CONVOY_* and Accelerate's aliases, then settings files
+    unset = [name for name in SETTING_NAMES if getattr(from_env, name) is None and name not in given]
+    from_files = read_convoy_env(file_settings_env(env), skip=set(SETTING_NAMES) - set(unset))
+    launched = replace(from_env, **{name: getattr(from_files, name) for name in unset})
     dims = given["parallelism"] if "parallelism" in given else launched.parallelism
     return TrainSettings(
         rank=ranks.rank, local_rank=ranks.local_rank, world_size=ranks.world_size,
