@@ -27,7 +27,7 @@ from typing import Any, Callable
 from convoy.errors import ConfigError
 
 __all__ = ["Key", "SCHEMA", "KEYS", "key_for", "closest_key", "ENV_PREFIX", "MixedPrecision", "MIXED_PRECISIONS",
-           "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "show"]
+           "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "show", "parse_whole"]
 
 ENV_PREFIX = "CONVOY_"
 
@@ -102,7 +102,8 @@ def _parse_bool(value: Any, where: str) -> bool:
     raise _bad(where, value, "true or false")
 
 
-def _parse_int(value: Any, where: str, minimum: int) -> int:
+def parse_whole(value: Any, where: str, minimum: int = 0) -> int:
+    """A whole number >= ``minimum`` in ASCII digits (``int()`` would read '٣'), at most 12 of them."""
     expected = f"a whole number >= {minimum}"
     if isinstance(value, bool):
         raise _bad(where, value, expected)
@@ -259,7 +260,7 @@ SCHEMA: tuple[Key, ...] = (
     Key(name="parallelism", type="degrees", default=None, convert=_parse_parallelism,
         doc="Parallel degrees like 'dp=2,tp=2,pp=1' (unset: all data parallel)."),
     Key(name="gradient_accumulation_steps", type="int >= 1", default=1, ask=True,
-        convert=lambda v, w: _parse_int(v, w, 1),
+        convert=lambda v, w: parse_whole(v, w, 1),
         doc="Micro-batches whose gradients are summed before each optimizer step."),
     Key(name="collective_timeout", type="seconds > 0", default=DEFAULT_COLLECTIVE_TIMEOUT, convert=_parse_seconds,
         doc="Seconds a collective may wait for the other ranks before the job ends with their names."),
@@ -273,7 +274,7 @@ SCHEMA: tuple[Key, ...] = (
         doc="Where the machines meet: the first node's address and a free port ('' on one machine)."),
     Key(name="rdzv_id", type="string", default="", convert=_text,
         doc="A job id shared by every machine of one job (torchrun's --rdzv-id)."),
-    Key(name="max_restarts", type="int >= 0", default=0, ask=True, convert=lambda v, w: _parse_int(v, w, 0),
+    Key(name="max_restarts", type="int >= 0", default=0, ask=True, convert=lambda v, w: parse_whole(v, w, 0),
         doc="How many times the whole group restarts after a process fails (resume with load_state())."),
     Key(name="log_level", type="one of debug, info, warning, error", default="info",
         convert=_choice("debug", "info", "warning", "error"), choices=("debug", "info", "warning", "error"),

@@ -24,12 +24,11 @@ what a rank would refuse.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Collection, Mapping
 
 from convoy.config.schema import BUILTIN_STRATEGIES, DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS
-from convoy.config.schema import show
+from convoy.config.schema import parse_whole
 from convoy.errors import ConfigError
 
 __all__ = [
@@ -42,6 +41,7 @@ __all__ = [
     "rank_env",
     "convoy_env",
     "check_launch_settings",
+    "check_rank",
     "read_convoy_env",
     "read_rank_env",
     "read_collective_timeout",
@@ -131,19 +131,19 @@ class RankEnv:
     """How often the elastic agent has restarted the workers (``TORCHELASTIC_RESTART_COUNT``)."""
 
     def __post_init__(self) -> None:
-        if not 0 <= self.rank < self.world_size:
-            raise ConfigError(f"RANK={self.rank} is outside WORLD_SIZE={self.world_size}; "
-                              f"a rank must be in 0..{self.world_size - 1}")
+        check_rank(self.rank, self.world_size)
+
+
+def check_rank(rank: int, world_size: int) -> None:
+    """``ConfigError`` unless ``rank`` is one of the ``world_size`` ranks."""
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"RANK={rank} is outside WORLD_SIZE={world_size}; a rank must be in 0..{world_size - 1}")
 
 
 def _whole(env: Mapping[str, str], key: str) -> int | None:
-    """``env[key]`` as a whole number >= 0 in ASCII digits (``int()`` would read '٣'); None when unset."""
+    """``env[key]`` as a whole number >= 0 (the settings' own parser); None when unset."""
     raw = env.get(key)
-    if raw is None or raw == "":
-        return None
-    if not re.fullmatch(r"\s*[0-9]{1,9}\s*", raw):
-        raise ConfigError(f"{key}={show(raw)} is not a whole number >= 0")
-    return int(raw)
+    return None if raw is None or raw == "" else parse_whole(raw, key)
 
 
 def read_rank_env(env: Mapping[str, str]) -> RankEnv:
@@ -226,8 +226,9 @@ def read_convoy_env(env: Mapping[str, str], *, skip: Collection[str] = ()) -> Co
 
 def read_collective_timeout(env: Mapping[str, str]) -> float:
     """Seconds from ``CONVOY_COLLECTIVE_TIMEOUT``, else convoy's default (300); ``ConfigError`` if malformed."""
-    timeout = read_convoy_env(env, skip=set(SETTING_NAMES) - {"collective_timeout"}).collective_timeout
-    return DEFAULT_COLLECTIVE_TIMEOUT if timeout is None else timeout
+    key = KEYS["collective_timeout"]
+    raw = env.get(key.env_var, "")
+    return key.parse(raw, where=f"environment {key.env_var}") if raw.strip() else DEFAULT_COLLECTIVE_TIMEOUT
 
 
 def read_debug_mode(env: Mapping[str, str]) -> bool:

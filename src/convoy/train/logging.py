@@ -114,8 +114,6 @@ def get_logger(name: str, log_level: str | int | None = None) -> RankLoggerAdapt
         if isinstance(level, str):
             resolved = logging.getLevelName(level.upper())
             if not isinstance(resolved, int):
-                from convoy.errors import ConfigError
-
                 raise ConfigError(f"log level {level!r} is not valid; expected debug, info, warning or error")
             level = resolved
         logger.setLevel(level)

@@ -14,7 +14,6 @@ naming them; ``pad_across_processes`` always checks the number of dimensions.
 
 from __future__ import annotations
 
-import os
 import random
 from typing import Any
 
@@ -22,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from convoy.errors import ConfigError, DistributedOperationError
-from convoy.launch.env import read_rank_env
 from convoy.train import collectives
+from convoy.train.logging import process_rank
 
 __all__ = ["set_seed", "synchronize_rng_states", "gather", "gather_object", "broadcast", "broadcast_object_list",
            "reduce", "pad_across_processes", "send_to_device", "copy_tensor_to_devices",
@@ -40,7 +39,7 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     import numpy as np
 
     if device_specific:
-        seed += read_rank_env(os.environ).rank
+        seed += process_rank()  # the process group's rank, else RANK
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds every CUDA device

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import os
 import time
 
 import torch.distributed as dist
@@ -40,7 +39,7 @@ def start_process_group(settings: TrainSettings, *, always: bool = False) -> boo
         return False
     timeout = datetime.timedelta(seconds=settings.collective_timeout_s)
     backend = settings.backend or _default_backend(settings.device_type)
-    if settings.world_size == 1 and "MASTER_ADDR" not in os.environ:
+    if settings.world_size == 1 and settings.master_addr is None:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     elif _generation == 0:
         dist.init_process_group(backend, rank=settings.rank, world_size=settings.world_size, timeout=timeout)

@@ -25,7 +25,8 @@ import torch
 
 from convoy.config.schema import KEYS, MIXED_PRECISIONS, MixedPrecision, show
 from convoy.errors import ConfigError
-from convoy.launch.env import SETTING_NAMES, ConvoyEnv, read_convoy_env, read_debug_mode, read_rank_env
+from convoy.launch.env import (SETTING_NAMES, ConvoyEnv, check_rank, read_convoy_env, read_debug_mode,
+                               read_rank_env)
 from convoy.plan.dims import ParallelDims
 
 __all__ = ["TrainSettings", "resolve_settings", "check_arguments"]
@@ -59,6 +60,8 @@ class TrainSettings:
     """Strategy-specific options (``strategy_options``: ``find_unused_parameters``, ``cpu_offload``, ...)."""
     debug: bool = False
     """Check shapes across processes before collectives (``ACCELERATE_DEBUG_MODE=1``, ``PartialState().debug``)."""
+    master_addr: str | None = None
+    """Where rank 0's store listens (``MASTER_ADDR``); None: a one-process group keeps its store in memory."""
     backend: str | None = None
     """Process-group backend asked for (``InitProcessGroupKwargs(backend=)``); ``None``: gloo on CPU, nccl on CUDA."""
 
@@ -72,9 +75,7 @@ class TrainSettings:
             raise ConfigError(f"gradient_accumulation_steps={self.gradient_accumulation_steps} must be >= 1")
         if not 0 < self.collective_timeout_s < float("inf"):
             raise ConfigError(f"collective timeout {self.collective_timeout_s} s must be positive")
-        if not 0 <= self.rank < self.world_size:
-            raise ConfigError(f"RANK={self.rank} is outside WORLD_SIZE={self.world_size}; "
-                              f"a rank must be in 0..{self.world_size - 1}")
+        check_rank(self.rank, self.world_size)
 
     @property
     def distributed(self) -> bool:
@@ -125,7 +126,7 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
     dims = given["parallelism"] if "parallelism" in given else launched.parallelism
     return TrainSettings(
         rank=ranks.rank, local_rank=ranks.local_rank, world_size=ranks.world_size,
-        local_world_size=ranks.local_world_size, device_type="cpu" if cpu else _device_type(),
+        local_world_size=ranks.local_world_size, master_addr=ranks.master_addr, device_type="cpu" if cpu else _device_type(),
         mixed_precision=_setting("mixed_precision", given, launched),
         strategy=_setting("strategy", given, launched),
         gradient_accumulation_steps=_setting("gradient_accumulation_steps", given, launched),

@@ -23,11 +23,7 @@ from convoy.train.data import LoopState
 __all__ = ["PreparedOptimizer", "PreparedScheduler", "autocast_forward"]
 
 
-def _optimizer_base() -> type:
-    return torch.optim.Optimizer
-
-
-class PreparedOptimizer(_optimizer_base()):  # type: ignore[misc]
+class PreparedOptimizer(torch.optim.Optimizer):
     """Wraps the (strategy's) optimizer; an ``isinstance(x, torch.optim.Optimizer)`` for schedulers."""
 
     def __init__(self, optimizer: "torch.optim.Optimizer", *, state: LoopState, scaler: Any = None) -> None:

@@ -74,7 +74,7 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
         return optimizer
 
     def no_sync(self, module: "torch.nn.Module") -> contextlib.AbstractContextManager[None]:
-        return _no_gradient_sync(module)
+        return no_gradient_sync(module)
 
     def clip_grad_norm_(self, module: "torch.nn.Module | None", parameters: Any, max_norm: float,
                         norm_type: float = 2.0) -> "torch.Tensor":
@@ -92,7 +92,8 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
 
 
 @contextlib.contextmanager
-def _no_gradient_sync(module: "torch.nn.Module") -> Iterator[None]:
+def no_gradient_sync(module: "torch.nn.Module") -> Iterator[None]:
+    """Inside, an FSDP2 module's backward keeps its gradients local (no reduce-scatter); a no-op for others."""
     if not hasattr(module, "set_requires_gradient_sync"):
         yield
         return

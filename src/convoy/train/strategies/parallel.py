@@ -51,11 +51,11 @@ from torch.nn.parallel import DistributedDataParallel
 from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.plan.dims import ParallelDims
 from convoy.train.parallel.mesh import ParallelMesh, build_mesh
-from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule, SingleStage
+from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule, SingleStage, find_layers
 from convoy.train.parallel.tensor import apply_tensor_parallel, resolve_tp_plan, tracing_stand_ins
 from convoy.train.settings import TrainSettings
 from convoy.train.strategies.base import ParameterOrigins, Strategy, SupportsNoSync
-from convoy.train.strategies.fsdp import shard_units
+from convoy.train.strategies.fsdp import no_gradient_sync, shard_units
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -184,7 +184,6 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         if self.dp_engine == "fsdp":
             from torch.distributed.fsdp import fully_shard
 
-
             mesh = self.mesh.dp_shard_mesh
             for block in shard_units(module, self.context.options.get("auto_wrap")):
                 fully_shard(block, mesh=mesh)
@@ -212,7 +211,6 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         schedule itself turns gradient reduction off until the last micro-batch. ``model`` then holds the
         stage's sharded parameters too, so that its state dicts (and the optimizer's) name them."""
         from torch.distributed.fsdp import fully_shard
-
 
         self._origins.record(stage, {id(p): n for n, p in stage.named_parameters()})
         # A traced stage can end in a view (a reshape); FSDP2 warns that an in-place op on it would skip the
@@ -274,9 +272,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             return self.no_sync(module.module)
         if isinstance(module, DistributedDataParallel):
             return module.no_sync()
-        if hasattr(module, "set_requires_gradient_sync"):
-            return _fsdp_no_sync(module)
-        return contextlib.nullcontext()
+        return no_gradient_sync(module)  # FSDP2 modules; a no-op for the others
 
     def clip_grad_norm_(self, module: Any, parameters: Any, max_norm: float, norm_type: float = 2.0
                         ) -> "torch.Tensor":
@@ -379,8 +375,6 @@ class PipelineParallelStrategy(ParallelStrategy):
 def _check_block_boundaries(model: "torch.nn.Module", config: PipelineConfig) -> None:
     """With sequence parallelism only the activations between blocks are plain sequence shards; anywhere else
     they are DTensors, which pipeline stages cannot send. Stages must begin at entries of the layer list."""
-    from convoy.train.parallel.pipeline import find_layers
-
     if config.split_at is None:
         return  # the default cut is between entries of the layer list
     layers, count = find_layers(model, config.layers)
@@ -390,15 +384,6 @@ def _check_block_boundaries(model: "torch.nn.Module", config: PipelineConfig) ->
             raise StrategyError(f"pp_split_at {name!r} with sequence_parallel: stages must begin at an entry of "
                                 f"{layers!r} (e.g. '{layers}.1'); between blocks the activations are sequence "
                                 "shards, elsewhere they are DTensors, which stages cannot send")
-
-
-@contextlib.contextmanager
-def _fsdp_no_sync(module: Any):
-    module.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        module.set_requires_gradient_sync(True)
 
 
 def _full(t: Any) -> Any:
