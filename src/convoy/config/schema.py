@@ -68,7 +68,7 @@ class MixedPrecision(str, enum.Enum):
 MIXED_PRECISIONS = tuple(mode.value for mode in MixedPrecision)
 #: seconds a collective may wait for the other ranks (torch's own default is 30 minutes).
 DEFAULT_COLLECTIVE_TIMEOUT = 300.0
-#: strategy names convoy ships (``convoy.train.strategies`` and ``convoy.train.parallel``); a strategy a
+#: strategy names convoy ships (``convoy.train.strategies``); a strategy a
 #: script registers itself (``register_strategy``) is chosen in that script, ``Accelerator(strategy=...)``.
 BUILTIN_STRATEGIES = ("auto", "single", "dp", "ddp", "zero1", "zero2", "zero3", "fsdp", "parallel", "tp", "pp")
 
@@ -253,7 +253,7 @@ SCHEMA: tuple[Key, ...] = (
     Key(name="free", type="bool", default=False, ask=True, convert=_parse_bool,
         doc="Only pick devices that no other process is using."),
     Key(name="strategy", type="name", default="auto", ask=True, convert=_name,
-        doc="How the model is spread over processes: auto, ddp, zero1, zero2, zero3, fsdp, tp, pp."),
+        doc="How the model is spread over processes: " + ", ".join(BUILTIN_STRATEGIES) + "."),
     Key(name="mixed_precision", type="one of " + ", ".join(MIXED_PRECISIONS), default="no", ask=True,
         convert=_choice(*MIXED_PRECISIONS), choices=MIXED_PRECISIONS,
         doc="Lower-precision compute: 'no' (fp32), 'fp16' (with loss scaling) or 'bf16'."),

@@ -93,7 +93,7 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
              time_note: str = "") -> Plan:
     """The plan for already-resolved inputs (``plan`` resolves names, files and the inventory first).
 
-    ``keep``: a further filter on the candidates (``recommend_for_module`` keeps what the trainer can run)."""
+    ``keep``: a further filter on the candidates (``Accelerator(strategy="auto")`` keeps what its trainer runs)."""
     if not 0 < efficiency <= 1:
         raise PlanError(f"efficiency must be in (0, 1], got {efficiency}")
     _check_scale(hw)

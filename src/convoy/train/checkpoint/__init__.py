@@ -9,7 +9,7 @@ read back.
     state.py            save_state / load_state / save_model over a CheckpointItems; the DCP tensor state
     items.py            CheckpointItems (what to save and restore) and CheckpointResult (what comes back)
     directories.py      checkpoint directories: staging, the convoy_checkpoint.json marker, commit, naming,
-                        pruning, recovery of a save killed mid-commit (no torch)
+                        pruning, recovery of a save killed mid-commit (no torch use)
     files.py            the files inside: torch.load(weights_only=True), a safe torch.save, DCP's safe reader
     optimizer_state.py  optimizer state keyed by parameter name (how every strategy's is stored)
     rng.py              each rank's Python, numpy, torch and CUDA random state

@@ -10,7 +10,7 @@ last, inside the staging directory, and the directory is then renamed into place
 any moment leaves either the previous checkpoint or the new one, never a half-written one that loads.
 Replacing a directory of the same name takes two renames; a process killed between them leaves both copies
 under staging names, and ``recover_checkpoint`` (called by the next load and the next save) puts the newest
-back. The files inside are read and written by ``files.py``; no torch here.
+back. The files inside are read and written by ``files.py``; nothing here uses torch.
 Needs a file system that every rank of the job sees (one machine, or a shared mount).
 """
 

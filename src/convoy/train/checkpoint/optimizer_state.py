@@ -6,7 +6,7 @@
 
 ``optimizer.state_dict()`` numbers parameters in its groups' order; a checkpoint names them, so that any
 strategy at any world size can load it. Used for ZeRO-1's consolidated state (``strategies/ddp.py``,
-``parallel/strategies.py``) and for Accelerate's ``optimizer.bin`` (``accelerate.py``).
+``strategies/parallel.py``) and for Accelerate's ``optimizer.bin`` (``accelerate.py``).
 """
 
 from __future__ import annotations

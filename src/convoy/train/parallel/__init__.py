@@ -1,10 +1,10 @@
 """Tensor, pipeline and combined parallelism (DTensor ``parallelize_module``, ``torch.distributed.pipelining``).
 
     from convoy.train.parallel import build_mesh, resolve_tp_plan, apply_tensor_parallel, PipelineModule
-    accelerator = convoy.Accelerator(parallelism={"dp": 2, "tp": 2})   # selects the strategies defined here
+    accelerator = convoy.Accelerator(parallelism={"dp": 2, "tp": 2})   # strategy "parallel" uses these
 
-The strategies that use them (``tp``, ``pp`` and ``parallel``, any dp x tp x pp layout) are
-``convoy.train.strategies.parallel``; torch itself is imported only when a function is used.
+The machinery only: the strategies that use it (``tp``, ``pp`` and ``parallel``, any dp x tp x pp layout)
+are ``convoy.train.strategies.parallel``.
 """
 
 from convoy.train.parallel.mesh import ParallelMesh, build_mesh

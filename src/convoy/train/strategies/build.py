@@ -15,11 +15,11 @@ from dataclasses import replace
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 
+from convoy.train import collectives
 from convoy.train.process_group import start_process_group
 from convoy.train.settings import TrainSettings
-from convoy.train.strategies.auto import AutoLayout, choose_strategy, device_memory_bytes, planner_hook
+from convoy.train.strategies.auto import choose_strategy, device_memory_bytes, planner_hook
 from convoy.train.strategies.base import Strategy, create_strategy, strategy_class
 
 __all__ = ["start_job", "build_strategy", "declared_distributed_type"]
@@ -41,25 +41,6 @@ def declared_distributed_type(settings: TrainSettings) -> str:
     return kind if isinstance(kind, str) else ""
 
 
-def _smallest(device_bytes: int) -> int:
-    """The least memory any process of the job has: every rank plans for the smallest device."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return device_bytes
-    sizes: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(sizes, device_bytes)
-    return min(sizes)
-
-
-def _agree(layout: AutoLayout) -> AutoLayout:
-    """Rank 0's layout on every rank: ranks that built different strategies would wait on each other's
-    collectives for ever (a planner= of the user's, or timings, may answer differently per rank)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return layout
-    box = [layout]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[..., Any] | None) -> Strategy:
     """The strategy ``settings`` ask for, set up; ``"auto"`` picks one for ``model`` (None: by world size)."""
     name = settings.strategy
@@ -69,10 +50,14 @@ def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[...
         name = "parallel"  # tp/pp requested: strategy "parallel" builds that layout
     if name == "auto":
         count = sum(p.numel() for p in model.parameters()) if model is not None else 0
-        layout = _agree(choose_strategy(
+        # every rank plans for the smallest device of the job, and builds rank 0's answer: ranks that built
+        # different strategies would wait on each other's collectives for ever (free memory, a planner= of the
+        # user's, or a measurement may differ per rank)
+        layout = collectives.broadcast_object(choose_strategy(
             world_size=settings.world_size, num_parameters=count,
             planner=planner or planner_hook(settings.mixed_precision),
-            device_bytes=_smallest(device_memory_bytes(settings.device_type, settings.local_world_size)),
+            device_bytes=min(collectives.gather_object(
+                device_memory_bytes(settings.device_type, settings.local_world_size))),
             model=model if dims is None else None, options=options))  # degrees given: data parallel only
         name = layout.name
         if layout.dims is not None:  # tp/pp chosen: strategy "parallel" builds these degrees
