@@ -288,7 +288,7 @@ def _transformers_meta(config: Mapping[str, Any], name: str) -> ModelSpec:
     with torch.device("meta"):
         module = AutoModelForCausalLM.from_config(cfg)
     spec = describe_module(module, name=name)
-    return ModelSpec(**{**spec.__dict__, "source": f"config.json, built on the meta device with transformers"})
+    return ModelSpec(**{**spec.__dict__, "source": "config.json, built on the meta device with transformers"})
 
 
 def from_factory(target: str, *, name: str | None = None) -> ModelSpec:
