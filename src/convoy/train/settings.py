@@ -1,7 +1,7 @@
 """The settings of one training process: its place in the job and what the launcher and the script asked for.
 
     settings = resolve_settings(explicit={"mixed_precision": "bf16"}, env=os.environ)
-    settings.mixed_precision, settings.strategy          # explicit argument > CONVOY_* variable > settings file > default
+    settings.mixed_precision, settings.strategy   # argument > CONVOY_* variable > settings file > default
     strategy = create_strategy(settings.strategy, settings)   # a strategy reads the same record (``self.context``)
 
 One record, ``TrainSettings``, travels from the ``Accelerator`` to its strategy: the strategy builder only
@@ -109,8 +109,8 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
                      defaults: Mapping[str, Any] | None = None) -> TrainSettings:
     """Combine explicit constructor arguments (``None`` = not given) with the launcher's environment
     (``convoy.launch.env``, read there). ``options``: the strategy options (their keys are checked by
-    ``check_arguments``), over ``defaults`` (a kwargs handler's). Pure but for asking torch whether CUDA is
-    there (unless ``cpu``)."""
+    ``check_arguments``), over ``defaults`` (a kwargs handler's). Reads the settings files and, unless ``cpu``,
+    asks torch whether CUDA is there; nothing else."""
     if options is not None and not isinstance(options, Mapping):
         raise ConfigError(f"strategy_options={show(options)}: give a dict such as "
                           f"{{'find_unused_parameters': True}}")
@@ -126,7 +126,8 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
     dims = given["parallelism"] if "parallelism" in given else launched.parallelism
     return TrainSettings(
         rank=ranks.rank, local_rank=ranks.local_rank, world_size=ranks.world_size,
-        local_world_size=ranks.local_world_size, master_addr=ranks.master_addr, device_type="cpu" if cpu else _device_type(),
+        local_world_size=ranks.local_world_size, master_addr=ranks.master_addr,
+        device_type="cpu" if cpu else _device_type(),
         mixed_precision=_setting("mixed_precision", given, launched),
         strategy=_setting("strategy", given, launched),
         gradient_accumulation_steps=_setting("gradient_accumulation_steps", given, launched),

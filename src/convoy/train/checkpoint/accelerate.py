@@ -7,8 +7,8 @@ The directory holds ``model.safetensors`` or ``pytorch_model.bin`` (``model_1...
 ``optimizer.bin``, ``scheduler.bin``, ``scaler.pt``, ``random_states_<rank>.pkl`` and
 ``custom_checkpoint_<i>.pkl``, each ``<name>_<i>`` for the i-th object past the first. Every file is read as
 convoy reads its own (``files.load_file``: ``torch.load(weights_only=True)``, only numpy's RNG-state types allowed
-besides tensors and plain data) or with safetensors; nothing is unpickled. The state goes through the strategy like convoy's own checkpoints, so a
-checkpoint of one process loads into a sharded strategy too.
+besides tensors and plain data) or with safetensors; nothing is unpickled. The state goes through the strategy
+like convoy's own checkpoints, so a checkpoint of one process loads into a sharded strategy too.
 
 Not supported yet: sharded FSDP/DeepSpeed checkpoints (sub-directories; NotSupportedYetError). Not read:
 ``sampler.bin`` (a pickled sampler object, which cannot be loaded without running pickled code) and

@@ -80,8 +80,8 @@ class AutoLayout:
 
 
 def runs_in_trainer(candidate: Candidate) -> bool:
-    """True for layouts strategy ``"parallel"`` (``convoy.train.strategies.parallel``) builds from a candidate: with tp and
-    dp > 1 the weights are DTensors, which only FSDP2 shards (candidate ``zero3``); with pp and dp > 1 the
+    """True for layouts strategy ``"parallel"`` (``convoy.train.strategies.parallel``) builds from a candidate:
+    with tp and dp > 1 the weights are DTensors, which only FSDP2 shards (candidate ``zero3``); with pp and dp > 1 the
     stages are replicated by DDP or ZeRO-1 (the only pipeline candidates). dp x tp x pp is the ``zero1``
     candidate, which the trainer realises with FSDP2 per stage (``dp_engine_for``): through the step a stage's
     parameters and gradients are whole, as with ZeRO-1, and at rest they are sharded too, so the candidate's
