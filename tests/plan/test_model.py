@@ -58,6 +58,31 @@ def test_config_errors_are_clear(tmp_path):
         from_hf_config(partial)
 
 
+def test_other_model_types_without_and_with_transformers(monkeypatch):
+    """A model_type without a closed form is built by transformers when it is installed (as on a GPU machine's
+    image); whether it is or not, what cannot be built is one ConvoyError, never transformers' own exception."""
+    import importlib.machinery
+    import types
+
+    config = {"model_type": "no-such-family", "hidden_size": 64}
+    fake = types.ModuleType("transformers")
+    fake.__spec__ = importlib.machinery.ModuleSpec("transformers", loader=None)
+
+    class AutoConfig:
+        @staticmethod
+        def for_model(model_type, **kwargs):
+            raise ValueError(f"Unrecognized model identifier: {model_type}. Should contain one of ...\nmore")
+
+    fake.AutoConfig, fake.AutoModelForCausalLM = AutoConfig, object
+    monkeypatch.setitem(sys.modules, "transformers", fake)
+    with pytest.raises(PlanError, match=r"transformers cannot build .*'no-such-family'.*ValueError: Unrecognized"):
+        from_hf_config(config)
+    monkeypatch.delitem(sys.modules, "transformers")
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
+    with pytest.raises(NotSupportedYetError, match="transformers is not installed"):
+        from_hf_config(config)
+
+
 def test_numbers_and_overrides():
     spec = from_numbers(7.5e9, layers=32, hidden=4096, heads=32, vocab=32000)
     assert spec.num_params == 7_500_000_000 and spec.layer_params == (7_500_000_000 - 32000 * 4096) // 32

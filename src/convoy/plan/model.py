@@ -281,12 +281,20 @@ def _config_dropout(c: Any, default: float = 0.0) -> float:
 
 
 def _transformers_meta(config: Mapping[str, Any], name: str) -> ModelSpec:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """Any other ``model_type`` transformers knows, built as a causal LM on the meta device (nothing allocated).
+    What transformers refuses (a model_type it does not know, a field it cannot take) is one ``PlanError``."""
+    model_type = config.get("model_type", "")
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = AutoConfig.for_model(**dict(config))
-    with torch.device("meta"):
-        module = AutoModelForCausalLM.from_config(cfg)
+        cfg = AutoConfig.for_model(**dict(config))
+        with torch.device("meta"):
+            module = AutoModelForCausalLM.from_config(cfg)
+    except Exception as err:  # transformers' own checks: ValueError, KeyError, TypeError, ... per model family
+        raise PlanError(f"{name}: transformers cannot build a causal LM of model_type {model_type!r} from this "
+                        f"config ({type(err).__name__}: {_first_line(err)}); give --params/--layers/--hidden/--heads"
+                        ) from None
     spec = describe_module(module, name=name)
     return ModelSpec(**{**spec.__dict__, "source": "config.json, built on the meta device with transformers"})
 
