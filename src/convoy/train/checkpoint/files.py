@@ -124,8 +124,18 @@ def _dcp_reader(checkpoint_id: str):
     from torch.distributed.checkpoint import FileSystemReader
 
     class SafeFileSystemReader(FileSystemReader):
+        refusal: CheckpointError | None = None
+        """What ``read_metadata`` refused, kept here because some torch versions (2.11) swallow it and
+        report only "metadata is None"."""
+
         def read_metadata(self, *args: Any, **kwargs: Any):
-            rank = kwargs.get("rank")
+            try:
+                return self._read_metadata(kwargs.get("rank"))
+            except CheckpointError as err:
+                self.refusal = self.refusal or err  # the global .metadata's, not the rank-local fallback's
+                raise
+
+        def _read_metadata(self, rank: int | None):
             path = Path(checkpoint_id) / (".metadata" if rank is None else f"__{rank}.metadata")
             if not path.is_file():
                 raise CheckpointError(f"checkpoint file {path} is missing; the checkpoint is incomplete: load an "
@@ -193,11 +203,12 @@ def dcp_load(state: dict[str, Any], checkpoint_id: str, *, no_dist: bool) -> Non
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
+    reader = _dcp_reader(checkpoint_id)
     try:
-        dcp.load(state, storage_reader=_dcp_reader(checkpoint_id), planner=_dcp_planner(), no_dist=no_dist)
+        dcp.load(state, storage_reader=reader, planner=_dcp_planner(), no_dist=no_dist)
     except CheckpointException as err:  # a BaseException: it escapes `except Exception`
         causes = [exc for exc, _ in err.failures.values()]
-        own = next((exc for exc in causes if isinstance(exc, CheckpointError)), None)
+        own = reader.refusal or next((exc for exc in causes if isinstance(exc, CheckpointError)), None)
         if own is not None:
             raise CheckpointError(str(own)) from None
         raise _unloadable(checkpoint_id, causes[0] if causes else err) from None
