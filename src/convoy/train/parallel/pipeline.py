@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._pytree import tree_map_only
 
 from convoy.errors import ConvoyError, NotSupportedYetError, StrategyError
 
@@ -274,6 +275,9 @@ class PipelineModule:
         mean loss on every stage (a validation loss). Without ``target``: forward only; the last stage returns
         the output, the others ``None``."""
 
+        # micro-batches are dim-0 chunks of the inputs; torch 2.11's stages check their strides against the traced
+        # example, so a sliced batch (tokens[:, :-1]) is made dense first, as the example is
+        args, kwargs = tree_map_only(torch.Tensor, lambda t: t.contiguous(), (args, kwargs))
         if not self.built:
             self.build(*args, **kwargs)
         if target is None:
