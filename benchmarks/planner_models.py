@@ -81,7 +81,11 @@ class Conv1D(nn.Module):
 
 class LayerNorm(nn.LayerNorm):
     def forward(self, x):
-        return super().forward(_cuda_fp32(x, self))
+        x = _cuda_fp32(x, self)
+        if x.dtype != self.weight.dtype:  # 16-bit weights (FSDP2's param_dtype): CUDA autocast casts them too
+            return F.layer_norm(x, self.normalized_shape, _cuda_fp32(self.weight, self), _cuda_fp32(self.bias, self),
+                                self.eps)
+        return super().forward(x)
 
 
 def gelu_new(x: torch.Tensor, mod: nn.Module) -> torch.Tensor:

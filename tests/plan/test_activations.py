@@ -31,14 +31,45 @@ CONFIGS = Path(__file__).parent / "configs"
     ("gpt2-dropout", "bf16-autocast", "eager"), ("llama-gqa", "bf16-autocast", "flash"),
     ("llama-gqa", "bf16-autocast", "eager"), ("llama-gqa", "bf16", "flash"), ("llama-gqa", "fp32", "eager"),
     ("gpt_neox", "bf16-autocast", "flash"), ("gpt_neox", "bf16-autocast", "eager"), ("gpt_neox", "fp32", "flash"),
+    ("gpt2", "bf16-fsdp", "flash"), ("llama-gqa", "bf16-fsdp", "eager"), ("gpt_neox", "bf16-fsdp", "flash"),
+    ("gpt_neox", "bf16-fsdp", "eager"),
 ])
 def test_block_keeps_exactly_what_autograd_saves(case, recipe, attention):
     r = measure_recipes.saved_per_block(case, recipe, attention)
     assert r["planned"] == r["activations"] - r["cpu only"]
     if recipe == "bf16-autocast":  # the weight copies: every matrix, 2 bytes (norm weights and biases aside)
         assert r["weight casts"] == pytest.approx(r["planned casts"], rel=0.015)
+    elif recipe == "bf16-fsdp":  # bf16 weights: only LayerNorm's weight and bias are cast (to fp32), 2 x 2 x h x 4
+        assert r["planned casts"] == 0 and r["weight casts"] == (0 if case == "llama-gqa" else 2 * 2 * 96 * 4)
     else:
         assert r["weight casts"] == 0 and r["planned casts"] == 0
+
+
+@pytest.mark.parametrize("case,attention", [("gpt2", "flash"), ("llama-gqa", "eager"), ("gpt_neox", "eager")])
+def test_fsdp_mixed_precision_activations_match_memtracker(case, attention):
+    """bf16 weights under autocast, as FSDP2's MixedPrecisionPolicy gathers them: one process, so only the
+    activations and temporaries compare (FSDP2's fp32 shards, gradients and optimizer are not emulated)."""
+    r = measure_recipes.step(case, "bf16-fsdp", attention)
+    assert r["temporaries"][0] == r["temporaries"][1]
+    assert r["activations"][1] == pytest.approx(r["activations"][0], rel=0.005)
+
+
+def test_fsdp_mixed_precision_sits_between_pure_bf16_and_autocast():
+    """Per block, GPT-2 keeps what autocast keeps (fp32 norm inputs and fp32 ops) and Llama what pure bf16 keeps
+    (its RMSNorm upcasts by itself); GPT-NeoX keeps more than under autocast: its two parallel-residual norms
+    each cast the bf16 stream to fp32, where autocast's fp32 stream is one tensor. No weight copies in any."""
+    expected = {"gpt2": "bf16-autocast", "llama2_7b": "bf16"}
+    for name in ("gpt2", "pythia_410m", "llama2_7b"):
+        spec = from_hf_config(CONFIGS / f"{name}.json")
+        per = {p: sum(x.bytes_per_token for x in block_saved(spec, RunSpec(precision=p)))
+               for p in ("bf16", "bf16-fsdp", "bf16-autocast")}
+        if name in expected:
+            assert per["bf16-fsdp"] == per[expected[name]], (name, per)
+        else:
+            assert per["bf16-fsdp"] - per["bf16-autocast"] == 4 * spec.hidden, (name, per)
+        mem = {p: memory_per_gpu(spec, RunSpec(precision=p, seq_len=1024), Layout()) for p in per}
+        assert mem["bf16-fsdp"].activations < mem["bf16-autocast"].activations  # no autocast weight copies
+        assert mem["bf16-fsdp"].model_states == mem["bf16"].model_states
 
 
 @pytest.mark.parametrize("case,recipe,attention", [("gpt2", "bf16-autocast", "flash"),

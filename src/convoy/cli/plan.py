@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import re
 
+from convoy.plan.memory import PRECISIONS
+
 DESCRIPTION = "Estimate per-GPU memory and step time of every parallelism layout, and recommend one."
 EPILOG = """examples:
   convoy plan Llama-2-7b/config.json --hardware 8xH100-80GB --seq-len 4096
@@ -25,7 +27,6 @@ MODEL is a Hugging Face config.json (or its directory), or MODULE:FUNCTION retur
 Hardware: --hardware, else --inventory, else this machine's accelerators (CONVOY_INVENTORY is honoured).
 Numbers and their sources: docs/planner.md."""
 
-_PRECISIONS = ("fp32", "bf16", "fp16", "bf16-fp32-grads", "bf16-fp32-accum", "bf16-autocast", "fp16-autocast")
 
 
 def _positive_int(text: str) -> int:
@@ -73,7 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--seq-len", type=_positive_int, default=2048, help="tokens per sequence (default 2048)")
     r.add_argument("--micro-batch", type=_positive_int, default=1, help="sequences per GPU per forward (default 1)")
     r.add_argument("--global-batch", type=_positive_int, help="sequences per step (default micro-batch x GPUs)")
-    r.add_argument("--precision", choices=_PRECISIONS, default="bf16", help="precision recipe (default bf16)")
+    r.add_argument("--precision", choices=tuple(PRECISIONS), default="bf16",
+                   help="precision recipe (default bf16; each is described in docs/planner.md)")
     r.add_argument("--optimizer", choices=("adamw", "adam", "sgd", "sgd-momentum", "none"), default="adamw",
                    help="optimizer; 'none' plans inference (default adamw)")
     r.add_argument("--recompute", choices=("none", "selective", "full"), default="none",

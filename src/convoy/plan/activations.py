@@ -6,7 +6,7 @@
 
 Each block is the list of tensors autograd saves when the family's modeling code runs (Hugging Face
 ``transformers`` for ``gpt2``, ``llama`` (Llama/Mistral/Qwen2/Qwen3) and ``gpt_neox`` (Pythia); Megatron/
-nanoGPT-style blocks, Korthikanti et al. 2022's breakdown, for ``generic``), under one of three regimes:
+nanoGPT-style blocks, Korthikanti et al. 2022's breakdown, for ``generic``), under one of four regimes:
 
 * ``fp32``: every activation 4 bytes.
 * ``autocast`` (``torch.autocast(bfloat16|float16)`` with fp32 weights): matmuls (``linear``, ``addmm``,
@@ -17,6 +17,12 @@ nanoGPT-style blocks, Korthikanti et al. 2022's breakdown, for ``generic``), und
   https://pytorch.org/docs/stable/amp.html#autocast-op-reference). The weight casts live until their
   matmul's backward (``weight_cast_bytes``).
 * ``pure16`` (bf16/fp16 weights, fp32 master copy in the optimizer): every activation 2 bytes, no casts.
+* ``autocast16`` (16-bit weights under ``torch.autocast``: FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16)``
+  with the trainer's autocast, as convoy's zero2/zero3/fsdp, Accelerate's FSDP and Lightning's FSDP run
+  ``bf16-mixed``): the residual stream and the matmuls are 16-bit with no weight casts, as in ``pure16``, but the
+  ops on CUDA autocast's fp32 list run in fp32: each ``layer_norm`` saves an fp32 copy of its input (one per
+  call, so GPT-NeoX's two parallel-residual norms keep two), softmax and ``pow`` are fp32 as under ``autocast``.
+  Llama's RMSNorm upcasts by itself, so a Llama block keeps what it keeps under ``pure16``.
 
 A tensor saved by several ops (a view, or the same output) is counted once. ``attention_core`` marks what
 selective recomputation (Korthikanti's) drops. Checked tensor by tensor against autograd's saved tensors and
@@ -52,17 +58,30 @@ class Saved:
 
 
 def regime(run: "RunSpec") -> str:
-    """``"fp32"``, ``"autocast"`` or ``"pure16"`` for the run's precision recipe."""
+    """``"fp32"``, ``"autocast"``, ``"autocast16"`` or ``"pure16"`` for the run's precision recipe."""
     recipe = run.recipe
     if recipe.autocast:
-        return "autocast"
+        return "autocast" if recipe.weight_bytes == 4 else "autocast16"
     return "fp32" if recipe.activation_bytes == 4 else "pure16"
 
 
 def _bytes(run: "RunSpec") -> tuple[int, int, bool]:
-    """(residual-stream bytes, matmul-activation bytes, autocast?)."""
+    """(residual-stream bytes, matmul-activation bytes, fp32 ops of CUDA autocast's list?)."""
     mode = regime(run)
-    return (2 if mode == "pure16" else 4), run.recipe.activation_bytes, mode == "autocast"
+    return (2 if mode in ("pure16", "autocast16") else 4), run.recipe.activation_bytes, mode.startswith("autocast")
+
+
+def _layer_norm_input(run: "RunSpec") -> int:
+    """Bytes per element a ``layer_norm`` saves of its input: the residual stream, or under ``autocast16`` the
+    fp32 copy autocast makes of the 16-bit stream."""
+    res, _, fp32_ops = _bytes(run)
+    return 4 if fp32_ops else res
+
+
+def _casts_matmul_inputs(run: "RunSpec") -> bool:
+    """A matmul fed by an fp32 tensor saves its own 16-bit cast (fp32 weights under autocast: Llama's RMSNorm
+    then returns fp32, and each of q/k/v casts it anew)."""
+    return regime(run) == "autocast"
 
 
 def _dropout(model: "ModelSpec", run: "RunSpec") -> bool:
@@ -92,14 +111,15 @@ def _attention(model, run, *, q_bytes: float, k_bytes: float, v_bytes: float, so
 def _generic(model, run) -> list[Saved]:
     """Megatron / nanoGPT block: LayerNorm, fused QKV, attention, out-proj, LayerNorm, GELU (or SwiGLU) MLP."""
     h, f, r = model.hidden, model.ffn or 4 * model.hidden, _kv_frac(model)
-    res, lo, cast = _bytes(run)
+    _, lo, cast = _bytes(run)
+    ln = _layer_norm_input(run)
     drop = _dropout(model, run)
-    out = [Saved("norm 1 input", res * h), Saved("qkv input", lo * h)]
+    out = [Saved("norm 1 input", ln * h), Saved("qkv input", lo * h)]
     out += _attention(model, run, q_bytes=lo * h, k_bytes=lo * h * r, v_bytes=lo * h * r,
                       softmax="fp32" if cast else "native")
     if drop:
         out.append(Saved("attention residual dropout mask", 1 * h))
-    out += [Saved("norm 2 input", res * h), Saved("mlp input", lo * h)]
+    out += [Saved("norm 2 input", ln * h), Saved("mlp input", lo * h)]
     if model.gated_mlp:
         out += [Saved("gate output", lo * f), Saved("up output", lo * f), Saved("silu output", lo * f),
                 Saved("down-proj input", lo * f)]
@@ -113,16 +133,17 @@ def _generic(model, run) -> list[Saved]:
 def _gpt2(model, run) -> list[Saved]:
     """transformers' GPT2Block: LayerNorm, Conv1D (addmm) c_attn, attention, c_proj, LayerNorm, gelu_new MLP."""
     h, f = model.hidden, model.ffn or 4 * model.hidden
-    res, lo, cast = _bytes(run)
+    _, lo, cast = _bytes(run)
+    ln = _layer_norm_input(run)
     drop = _dropout(model, run)
-    out = [Saved("ln_1 input", res * h), Saved("ln_1 mean/rstd", LN_STATS), Saved("c_attn input", lo * h),
+    out = [Saved("ln_1 input", ln * h), Saved("ln_1 mean/rstd", LN_STATS), Saved("c_attn input", lo * h),
            Saved("qkv (c_attn output; q, k, v are views)", 3 * lo * h)]
     core = _attention(model, run, q_bytes=0, k_bytes=0, v_bytes=0,
                       softmax="fp32" if cast else "native")
     out += [c for c in core if c.bytes_per_token]
     if drop:
         out.append(Saved("resid_dropout mask (attention)", 1 * h))
-    out += [Saved("ln_2 input", res * h), Saved("ln_2 mean/rstd", LN_STATS), Saved("c_fc input", lo * h)]
+    out += [Saved("ln_2 input", ln * h), Saved("ln_2 mean/rstd", LN_STATS), Saved("c_fc input", lo * h)]
     if model.activation == "gelu_new":  # 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3))))
         wide = 4 if cast else lo  # pow runs in fp32 under CUDA autocast, and promotes what follows
         out += [Saved("pow input (c_fc output" + (", fp32 cast)" if cast else ")"), wide * f),
@@ -144,8 +165,9 @@ def _rms_norm(name: str, res: int, h: int) -> list[Saved]:
 def _llama(model, run) -> list[Saved]:
     """transformers' LlamaDecoderLayer (Mistral, Qwen2/3 alike): RMSNorm, q/k/v/o, rotary, SDPA or eager, SwiGLU."""
     h, f, r = model.hidden, model.ffn or 4 * model.hidden, _kv_frac(model)
-    res, lo, cast = _bytes(run)
-    casts = 3 if cast else 1  # autocast casts the normed input once per projection
+    res, lo, _ = _bytes(run)
+    cast = _casts_matmul_inputs(run)
+    casts = 3 if cast else 1  # autocast casts the (fp32) normed input once per projection
     out = _rms_norm("input_layernorm", res, h) + [Saved(f"q/k/v input ({casts}x)", casts * lo * h)]
     if run.attention == "flash":
         kq, kk = lo * h, lo * h * r
@@ -162,9 +184,14 @@ def _llama(model, run) -> list[Saved]:
 def _gpt_neox(model, run) -> list[Saved]:
     """transformers' GPTNeoXLayer (Pythia): LayerNorms, fused QKV, partial rotary, parallel residual, GELU."""
     h, f = model.hidden, model.ffn or 4 * model.hidden
-    res, lo, cast = _bytes(run)
+    res, lo, _ = _bytes(run)
+    ln = _layer_norm_input(run)
     drop = _dropout(model, run)
-    out = [Saved("input_layernorm input", res * h), Saved("layernorm mean/rstd (x2)", 2 * LN_STATS),
+    # with a parallel residual both norms read the same stream: one saved tensor, unless autocast casts it
+    # for each of them (autocast16)
+    copies = 2 if model.parallel_residual and ln != res else 1
+    out = [Saved(f"input_layernorm input{' (x2: a cast per norm)' if copies == 2 else ''}", copies * ln * h),
+           Saved("layernorm mean/rstd (x2)", 2 * LN_STATS),
            Saved("query_key_value input", lo * h)]
     if run.attention == "flash":  # SDPA keeps v, a view of the whole qkv output
         out.append(Saved("qkv output (v is a view)", 3 * lo * h))
@@ -172,7 +199,7 @@ def _gpt_neox(model, run) -> list[Saved]:
     out += _attention(model, run, q_bytes=lo * h, k_bytes=lo * h, v_bytes=0 if run.attention == "flash" else lo * h,
                       softmax="fp32")
     if not model.parallel_residual:
-        out.append(Saved("post_attention_layernorm input", res * h))
+        out.append(Saved("post_attention_layernorm input", ln * h))
     out += [Saved("dense_h_to_4h input", lo * h), Saved("gelu input", lo * f), Saved("dense_4h_to_h input", lo * f)]
     if drop:
         out.append(Saved("hidden dropout masks (x2)", 2 * h))
@@ -221,6 +248,6 @@ def head_saved_bytes(model: "ModelSpec", run: "RunSpec", *, tp: int = 1) -> floa
     """The final norm's and the output head's saved inputs, plus the loss's fp32 log-softmax (s·b·V·4)."""
     s, b, h = run.seq_len, run.micro_batch, model.hidden
     res, lo, _ = _bytes(run)
-    norm = (4 + res) * h if model.family == "llama" else res * h
+    norm = (4 + res) * h if model.family == "llama" else _layer_norm_input(run) * h
     extra = 0.0 if model.family == "generic" else (norm + lo * h) * s * b  # generic: Korthikanti's 4sbV only
     return extra / tp + 4 * s * b * (model.vocab or 0) / tp

@@ -90,10 +90,12 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
              efficiency: float = DEFAULT_EFFICIENCY, offload: bool = True,
              allowed: Collection[str] | None = None, explain_breaks: bool = True,
              keep: Callable[[Candidate], bool] | None = None, calibration: Calibration | None = None,
-             time_note: str = "") -> Plan:
+             time_note: str = "", precision_for: Callable[[Candidate], str] | None = None) -> Plan:
     """The plan for already-resolved inputs (``plan`` resolves names, files and the inventory first).
 
-    ``keep``: a further filter on the candidates (``Accelerator(strategy="auto")`` keeps what its trainer runs)."""
+    ``keep``: a further filter on the candidates (``Accelerator(strategy="auto")`` keeps what its trainer runs).
+    ``precision_for``: the precision recipe each candidate runs in, where it is not ``run.precision`` for all of
+    them (a trainer whose sharded strategies gather 16-bit weights while its replicated ones autocast)."""
     if not 0 < efficiency <= 1:
         raise PlanError(f"efficiency must be in (0, 1], got {efficiency}")
     _check_scale(hw)
@@ -110,9 +112,11 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
         if gb % (run.micro_batch * cand.layout.dims.dp):  # each dp rank runs whole micro-batches, equally many
             uneven.add(cand.layout.dims.dp)
             continue
-        mem = memory_per_gpu(model, run, cand.layout)
-        t = step_time(model, run, cand.layout, hw, global_batch=gb, efficiency=efficiency, calibration=calibration)
-        rows.append(Row(candidate=cand, memory=mem, time=t, fits=mem.total <= hw.gpu.memory_bytes))
+        own = replace(run, precision=precision_for(cand)) if precision_for is not None else run
+        mem = memory_per_gpu(model, own, cand.layout)
+        t = step_time(model, own, cand.layout, hw, global_batch=gb, efficiency=efficiency, calibration=calibration)
+        rows.append(Row(candidate=cand, memory=mem, time=t, fits=mem.total <= hw.gpu.memory_bytes,
+                        precision=own.precision))
     if not rows and uneven:
         raise PlanError(f"global batch {gb} cannot be split evenly: every layout on {hw.describe()} has a "
                         f"data-parallel degree ({', '.join(map(str, sorted(uneven)))}) x micro-batch {run.micro_batch} that does not "
@@ -122,11 +126,12 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
     single = memory_per_gpu(model, run, Layout())
     rec = recommend(rows, model=model, run=run, hw=hw, single=single)
     if explain_breaks and rec.row is not None:
-        rec = replace(rec, breaks=_breaks(rec, model, run, hw, gb, efficiency, offload, allowed, keep, calibration))
+        rec = replace(rec, breaks=_breaks(rec, model, run, hw, gb, efficiency, offload, allowed, keep, calibration,
+                                          precision_for))
     elif explain_breaks and run.recompute != "full" and run.training:
         full = plan_for(model, replace(run, recompute="full"), hw, global_batch=gb, efficiency=efficiency,
                         offload=offload, allowed=allowed, explain_breaks=False, keep=keep,
-                        calibration=calibration).recommendation.row
+                        calibration=calibration, precision_for=precision_for).recommendation.row
         if full is not None:
             rec = replace(rec, breaks=(f"With recompute='full' (checkpoint every block) {full.name} fits at "
                                        f"{format_bytes(full.memory.total, binary=True)} per GPU and takes "
@@ -164,13 +169,13 @@ def _allowed(cand: Candidate, allowed: Collection[str]) -> bool:
 
 
 def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowed, keep,
-            calibration=None) -> tuple[str, ...]:
+            calibration=None, precision_for=None) -> tuple[str, ...]:
     """What would change the answer: twice the sequence length, and (on NVLink machines) PCIe instead."""
     name = rec.row.name  # type: ignore[union-attr]
     out = []
     longer = replace(run, seq_len=run.seq_len * 2)
     alt = plan_for(model, longer, hw, global_batch=gb, efficiency=efficiency, offload=offload, allowed=allowed,
-                   explain_breaks=False, keep=keep, calibration=calibration)
+                   explain_breaks=False, keep=keep, calibration=calibration, precision_for=precision_for)
     same = next((r for r in alt.rows if r.name == name), None)
     pick = alt.recommendation.row
     if same is not None and not same.fits:
@@ -184,7 +189,7 @@ def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowe
     if hw.intra == "nvlink" and hw.gpus_per_node > 1:
         pcie = replace(hw, intra="pcie", intra_gbs=None)
         alt = plan_for(model, run, pcie, global_batch=gb, efficiency=efficiency, offload=offload, allowed=allowed,
-                       explain_breaks=False, keep=keep, calibration=calibration)
+                       explain_breaks=False, keep=keep, calibration=calibration, precision_for=precision_for)
         pick = alt.recommendation.row
         same = next((r for r in alt.rows if r.name == name), None)
         slower = f" and takes {format_seconds(same.time.seconds)} per step" if same else ""
@@ -275,14 +280,15 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
                          gpu: str | None = None, peak_tflops: float | None = None, gpus_per_node: int | None = None,
                          nodes: int = 1, allowed: Collection[str] = STRATEGY_NAMES,
                          keep: Callable[[Candidate], bool] | None = None, calibration: Calibration | None = None,
-                         **shape: Any) -> Recommendation:
+                         precision_for: Callable[[Candidate], str] | None = None, **shape: Any) -> Recommendation:
     """The layout to use for ``module`` (an ``nn.Module``, a config, or a ``ModelSpec``) on ``world_size``
     devices of ``device_memory_bytes`` each: the planner's recommendation among the ``allowed`` candidates.
 
     ``gpu``: a table name or NVML device name for peak FLOPs and links (default: a generic PCIe device with 100
     TFLOPs, which only affects time ties). ``allowed``: candidate strategy names (default: the data-parallel
     ones; add ``"tp"``, ``"pp"``, ``"offload"`` for those layouts). ``keep``: a further filter on the
-    candidates (``Accelerator(strategy="auto")`` keeps the layouts its trainer runs). ``calibration``: rates
+    candidates (``Accelerator(strategy="auto")`` keeps the layouts its trainer runs). ``precision_for``: each
+    candidate's precision recipe where it differs from ``precision`` (see ``plan_for``). ``calibration``: rates
     measured on this device (``convoy.plan.calibrate.calibrate(spec, run)``); None keeps the datasheet time
     model. Raises ``PlanError`` when no allowed layout fits.
     """
@@ -304,7 +310,7 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
     run = RunSpec(seq_len=seq_len, micro_batch=micro_batch, precision=precision, optimizer=optimizer)
 
     result = plan_for(model, run, hw, offload="offload" in allowed, allowed=allowed, explain_breaks=False, keep=keep,
-                      calibration=calibration)
+                      calibration=calibration, precision_for=precision_for)
     rec = result.recommendation
     if rec.row is None:
         raise PlanError(" ".join(rec.reasons))

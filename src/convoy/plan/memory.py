@@ -55,7 +55,8 @@ class Precision:
     activation_bytes: int = 2
     """Bytes per matmul activation element (Korthikanti's formulas assume 2)."""
     autocast: bool = False
-    """fp32 weights under ``torch.autocast``: fp32 residual stream and norms, 16-bit casts for every matmul."""
+    """Runs under ``torch.autocast``: with fp32 weights (``weight_bytes`` 4) an fp32 residual stream and norms and
+    16-bit casts for every matmul; with 16-bit weights (FSDP2's param_dtype) only the fp32 ops of autocast's list."""
     description: str = ""
 
 
@@ -74,6 +75,14 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
               description="fp32 weights under torch.autocast(bf16), as Accelerate's mixed_precision='bf16' (16 B/param with Adam)"),
     Precision(name="fp16-autocast", weight_bytes=4, grad_bytes=4, master_bytes=0, compute="fp16", autocast=True,
               description="fp32 weights under torch.autocast(float16) with a GradScaler (16 B/param with Adam)"),
+    # FSDP2 keeps fp32 sharded weights and fp32 sharded gradients (reduce_dtype) and gathers bf16 weights; counted as
+    # 2 (gathered) + 2 + 4 (the fp32 copy) bytes, the same 8 bytes per parameter before the optimizer
+    Precision(name="bf16-fsdp", weight_bytes=2, grad_bytes=2, master_bytes=4, compute="bf16", autocast=True,
+              description="FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) under torch.autocast, as "
+                          "convoy's zero2/zero3/fsdp with mixed_precision='bf16' (16 B/param with Adam)"),
+    Precision(name="fp16-fsdp", weight_bytes=2, grad_bytes=2, master_bytes=4, compute="fp16", autocast=True,
+              description="FSDP2's MixedPrecisionPolicy(param_dtype=float16, reduce_dtype=fp32) under torch.autocast "
+                          "(16 B/param with Adam)"),
 )}
 
 #: fp32 optimizer state bytes per parameter. "none" means inference: no gradients and no optimizer either.

@@ -49,6 +49,8 @@ class Row:
     time: StepTime
     fits: bool
     """True when the per-GPU total (with reserve) is within the GPU's memory."""
+    precision: str = ""
+    """The precision recipe this row was costed in (``plan_for``'s ``precision_for``; else the run's)."""
 
     @property
     def name(self) -> str:
@@ -59,6 +61,7 @@ class Row:
         return {"name": self.name, "strategy": self.candidate.strategy, "zero_stage": self.candidate.layout.zero_stage,
                 "offload": self.candidate.layout.offload, "dp_replicate": d.dp_replicate, "dp_shard": d.dp_shard,
                 "tp": d.tp, "pp": d.pp, "microbatches": self.candidate.layout.microbatches, "fits": self.fits,
+                "precision": self.precision,
                 "model_states_bytes": self.memory.model_states,
                 "memory": self.memory.as_dict(), "time": self.time.as_dict()}
 

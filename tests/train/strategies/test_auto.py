@@ -54,17 +54,47 @@ def test_rule_answers_when_nothing_fits_for_the_planner():
 
 def test_a_model_too_big_for_sharded_data_parallel_gets_tensor_parallel():
     model = meta_gpt()
-    # 4 x 30 GiB: zero3 needs 34 GiB per device, zero3 + tp2 32 GiB, tp4 29 GiB
-    layout = auto(model, world_size=4, device_gib=30)
+    # fp32, 4 x 32 GiB: zero3 needs 40.3 GiB per device, zero3 + tp2 36.9 GiB, tp4 31.3 GiB
+    layout = auto(model, world_size=4, device_gib=32, precision="no")
     assert layout.name == "parallel" and layout.dims.tp == 4 and layout.dims.world_size == 4
     assert "tp4 fits" in layout.reason and "case 2" in layout.reason
     assert layout.describe() == "parallel (dp=1,tp=4,pp=1)"
-    # 4 x 33 GiB: FSDP2 over dp=2 with tp=2 inside
-    layout = auto(model, world_size=4, device_gib=33)
+    # 4 x 38 GiB: FSDP2 over dp=2 with tp=2 inside
+    layout = auto(model, world_size=4, device_gib=38, precision="no")
     assert (layout.dims.dp_shard, layout.dims.tp, layout.dims.pp, layout.dp_engine) == (2, 2, 1, "fsdp")
     assert layout.dims.world_size == 4
     # with room for ZeRO the planner keeps data parallelism (faster on paper than tp here)
-    assert auto(model, world_size=4, device_gib=40).name == "zero3"
+    assert auto(model, world_size=4, device_gib=42, precision="no").name == "zero3"
+
+
+def test_mixed_precision_costs_each_candidate_as_the_trainer_runs_it():
+    """Under mixed_precision="bf16" zero2/zero3/fsdp gather bf16 weights (FSDP2's MixedPrecisionPolicy) while ddp,
+    zero1 and strategy "parallel" keep fp32 weights under autocast, whose bf16 copies live until the backward:
+    tp4 needs 32.7 GiB, zero3 35.1 GiB, zero3 + tp2 39.7 GiB (planned all in pure bf16, tp4 took 29.2 GiB and
+    zero3 + tp2 32.1 GiB, less than zero3's 34.0)."""
+    model = meta_gpt()
+    assert auto(model, world_size=4, device_gib=30).name == "zero3"  # nothing fits by the plan: the rule's answer
+    layout = auto(model, world_size=4, device_gib=34)
+    assert layout.describe() == "parallel (dp=1,tp=4,pp=1)" and "tp4 fits at 32.7 GiB" in layout.reason
+    assert auto(model, world_size=4, device_gib=37).name == "zero3"
+
+
+@pytest.mark.parametrize("strategy,dims,expected", [
+    ("single", dict(), "bf16-autocast"), ("ddp", dict(dp_replicate=4), "bf16-autocast"),
+    ("zero1", dict(dp_shard=4), "bf16-autocast"), ("zero2", dict(dp_shard=4), "bf16-fsdp"),
+    ("zero3", dict(dp_shard=4), "bf16-fsdp"), ("zero3", dict(dp_shard=2, tp=2), "bf16-autocast"),
+    ("ddp", dict(dp_replicate=2, pp=2), "bf16-autocast"),
+])
+def test_trainer_precision_names_the_recipe_each_strategy_runs(strategy, dims, expected):
+    from convoy.plan.candidates import Candidate
+    from convoy.plan.dims import ParallelDims
+    from convoy.plan.memory import Layout
+    from convoy.train.strategies.auto import trainer_precision
+
+    stage = {"single": 0, "ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}[strategy]
+    cand = Candidate(name=strategy, strategy=strategy, layout=Layout(dims=ParallelDims(**dims), zero_stage=stage))
+    assert trainer_precision("bf16", cand) == expected
+    assert trainer_precision("fp16", cand) == expected.replace("bf16", "fp16")
 
 
 def test_a_model_that_fits_stays_data_parallel_though_it_could_be_split():
@@ -134,9 +164,12 @@ def test_pp_only_with_loss_fn():
 
 
 def test_auto_can_choose_dp_x_tp_x_pp_realised_with_fsdp_per_stage():
-    # 8 devices of 40 GiB, a 7B-shaped model and a pipeline loop: 3D wins; dp over tp-split weights is FSDP2
-    layout = auto(meta_gpt(), world_size=8, device_gib=40, options={"loss_fn": lm_loss})
-    assert layout.name == "parallel" and layout.dims.dp > 1 and layout.dims.tp > 1 and layout.dims.pp > 1, layout
+    # 8 devices of 40 GiB, a 7B-shaped model, a pipeline loop, and a model that splits only 2 ways by tp and by pp:
+    # the other factor of 2 is data parallel, and dp over tp-split weights is FSDP2 (per stage)
+    model = meta_gpt()
+    layout = auto_strategy(num_parameters=count(model), world_size=8, device_bytes=40 * GIB, model=model,
+                           tp_degrees=(2,), pp_degrees=(2,), pipeline=True, mixed_precision="bf16", heads=32)
+    assert layout.name == "parallel" and (layout.dims.dp, layout.dims.tp, layout.dims.pp) == (2, 2, 2), layout
     assert layout.dims.world_size == 8 and layout.dp_engine == "fsdp", layout
 
 

@@ -41,6 +41,7 @@ from convoy.plan.dims import ParallelDims
 from convoy.plan.model import ModelSpec
 
 __all__ = ["AutoLayout", "TRAINER_STRATEGIES", "choose_strategy", "planner_hook", "auto_strategy", "runs_in_trainer",
+           "trainer_precision",
            "dp_engine_for", "training_bytes", "device_memory_bytes", "tp_degrees", "pp_degrees", "model_head_counts"]
 
 # fp32 weights (4) + gradients (4) + Adam's two moments (8); activations come on top, hence the headroom.
@@ -192,7 +193,7 @@ def pp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tu
 
 def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, precision: str = "fp32",
                   model: Any = None, tp_degrees: Collection[int] = (), pp_degrees: Collection[int] = (),
-                  pipeline: bool = False, **kwargs: Any) -> AutoLayout | None:
+                  pipeline: bool = False, mixed_precision: str | None = None, **kwargs: Any) -> AutoLayout | None:
     """The ``planner`` hook of ``choose_strategy``: the ``AutoLayout`` to build, or None when
     no layout the trainer runs fits (the caller's own rule then answers).
 
@@ -200,7 +201,8 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
     data-parallel strategies are compared, for a model known by its parameter count alone. With them the
     planner reads ``model``'s shape (blocks, hidden size, heads; ``heads=`` etc. in ``kwargs`` override) and
     compares tp and pp layouts too; ``pipeline`` (the loop trains with ``model(x, target=y)``, which only a
-    pipeline runs) compares pipeline layouts only.
+    pipeline runs) compares pipeline layouts only. ``mixed_precision`` (the Accelerator's ``"bf16"``/``"fp16"``)
+    costs each candidate in the recipe the trainer runs it in (``trainer_precision``) instead of ``precision``.
     """
     tp_degrees = tuple(t for t in tp_degrees if t > 1)
     pp_degrees = tuple(p for p in pp_degrees if p > 1)
@@ -213,6 +215,9 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
         return (runs_in_trainer(cand) and (d.pp > 1 or not require_pp)
                 and (d.tp == 1 or d.tp in tp_degrees) and (d.pp == 1 or d.pp in pp_degrees))
 
+    if mixed_precision in ("bf16", "fp16"):
+        precision = f"{mixed_precision}-autocast"
+        kwargs = {**kwargs, "precision_for": partial(trainer_precision, str(mixed_precision))}
     try:
         if split:
             rec = recommend_for_module(model, world_size=world_size, device_memory_bytes=device_bytes,
@@ -237,10 +242,27 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
                       dp_engine=dp_engine_for(rec.strategy or "ddp", dims))
 
 
+#: the strategies that shard with FSDP2's ``MixedPrecisionPolicy`` (16-bit gathered weights) under mixed precision
+_GATHER_16BIT = ("zero2", "zero3", "fsdp", "hsdp")
+
+
+def trainer_precision(mixed_precision: str, candidate: Candidate) -> str:
+    """The planner's recipe for ``candidate`` run by the Accelerator with ``mixed_precision`` ``"bf16"`` or
+    ``"fp16"``: every strategy runs the forward under ``torch.autocast``; the data-parallel FSDP2 strategies
+    (zero2, zero3, fsdp) also gather 16-bit weights (``MixedPrecisionPolicy``), so they keep no autocast weight
+    copies and a 16-bit residual stream (``"bf16-fsdp"``); the others keep fp32 weights (``"bf16-autocast"``),
+    strategy "parallel" too (its FSDP2 engine has no ``MixedPrecisionPolicy``)."""
+    d = candidate.layout.dims
+    gathers_16bit = candidate.strategy in _GATHER_16BIT and d.is_trivial and d.dp > 1
+    return f"{mixed_precision}-fsdp" if gathers_16bit else f"{mixed_precision}-autocast"
+
+
 def planner_hook(mixed_precision: str | None) -> Planner:
-    """convoy's planner as the ``planner`` of ``choose_strategy``, for this run's precision recipe."""
-    precision = mixed_precision if mixed_precision in ("bf16", "fp16") else "fp32"
-    return partial(auto_strategy, precision=str(precision))
+    """convoy's planner as the ``planner`` of ``choose_strategy``, for this run's precision (the Accelerator's
+    ``mixed_precision``: each candidate is costed in the recipe the trainer runs it in, ``trainer_precision``)."""
+    if mixed_precision in ("bf16", "fp16"):
+        return partial(auto_strategy, mixed_precision=str(mixed_precision))
+    return partial(auto_strategy, precision="fp32")
 
 
 def _ask(planner: Planner, **kwargs: Any) -> AutoLayout | None:
