@@ -8,7 +8,9 @@
 Each case trains a few steps of a decoder (benchmarks/planner_models.py: plain-PyTorch copies of transformers'
 GPT-2, Llama (GQA) and GPT-NeoX blocks; ``--hf`` uses ``transformers.AutoModelForCausalLM.from_config`` with the
 same config) under ``torch.autocast(bfloat16)`` with fp32 weights and fp32 AdamW, in a plain loop
-(``zero_grad(set_to_none=True)``). Measured: ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``
+(``zero_grad(set_to_none=True)``), planned as ``bf16-autocast``; the ``-fsdp`` cases shard it first with FSDP2 over
+one process, each block and the root, with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` (what
+convoy's zero3 runs under ``mixed_precision="bf16"``), planned as ``bf16-fsdp`` at ZeRO stage 3. Measured: ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``
 over one step after the first (optimizer state exists), and the median step time of the rest. Planned:
 ``convoy.plan.memory.memory_per_gpu`` (allocated; reserved = allocated x (1 + fragmentation)) and
 ``convoy.plan.timing.step_time`` twice: the datasheet model, and the model calibrated on this GPU
@@ -37,6 +39,8 @@ class Case:
     batch: int
     attention: str = "sdpa"
     recompute: str = "none"
+    fsdp: bool = False
+    """FSDP2 with bf16 MixedPrecisionPolicy over one process (convoy's zero3 under mixed_precision="bf16")."""
 
 
 #: at least four models: GPT-2 style, Llama-style GQA above 1B, a 4096 sequence, GPT-NeoX, a 152k vocabulary
@@ -48,6 +52,8 @@ CASES = (
     Case("llama-1.1b-gqa-4096-recompute", "llama-1.1b-gqa", 4096, 4, recompute="full"),
     Case("pythia-410m", "pythia-410m", 2048, 4),
     Case("qwen2-0.5b-4096", "qwen2-0.5b", 4096, 1),
+    Case("llama-1.1b-gqa-fsdp", "llama-1.1b-gqa", 2048, 4, fsdp=True),
+    Case("pythia-410m-fsdp", "pythia-410m", 2048, 4, fsdp=True),
 )
 
 CPU_CONFIGS = {
@@ -61,7 +67,7 @@ CPU_CONFIGS = {
 }
 CPU_CASES = (Case("gpt2-tiny", "gpt2-tiny", 64, 4), Case("llama-tiny-gqa", "llama-tiny-gqa", 64, 4),
              Case("llama-tiny-gqa-eager", "llama-tiny-gqa", 64, 4, attention="eager"),
-             Case("pythia-tiny", "pythia-tiny", 64, 4))
+             Case("pythia-tiny", "pythia-tiny", 64, 4), Case("pythia-tiny-fsdp", "pythia-tiny", 64, 4, fsdp=True))
 
 
 def _build(case: Case, config: dict, device, hf: bool, cpu: bool):
@@ -78,6 +84,8 @@ def _build(case: Case, config: dict, device, hf: bool, cpu: bool):
 
         model = build(config, attention=case.attention, cuda_rules=cpu).to(device)
         blocks = getattr(model, "h", None) or model.layers
+    if case.fsdp:
+        _fully_shard(model, blocks, device)
     if case.recompute == "full":
         import functools
 
@@ -86,6 +94,24 @@ def _build(case: Case, config: dict, device, hf: bool, cpu: bool):
         for block in blocks:
             block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
     return model.train()
+
+
+def _fully_shard(model, blocks, device) -> None:
+    """FSDP2 over a one-process group (started here once: nccl on the GPU, gloo on the CPU), as convoy's zero3
+    shards: every block, then the root, with bf16 compute and fp32 gradient reduction."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1)
+    mesh = init_device_mesh(device.type, (1,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
 
 
 def _loss(model, ids, hf: bool):
@@ -161,16 +187,17 @@ def planned(case: Case, config: dict, *, device: str, hardware, calibrate: bool)
     from convoy.plan.timing import step_time
 
     spec = from_hf_config(config)
-    run = RunSpec(seq_len=case.seq, micro_batch=case.batch, precision="bf16-autocast",
+    run = RunSpec(seq_len=case.seq, micro_batch=case.batch, precision="bf16-fsdp" if case.fsdp else "bf16-autocast",
                   attention="flash" if case.attention == "sdpa" else "eager", recompute=case.recompute)
-    mem = memory_per_gpu(spec, run, Layout())
+    layout = Layout(zero_stage=3) if case.fsdp else Layout()
+    mem = memory_per_gpu(spec, run, layout)
     out = {"params": spec.num_params, "allocated": mem.allocated, "activations": mem.activations,
            "reserved": mem.allocated * (1 + FRAGMENTATION)}
     if hardware is not None:
-        out["datasheet_seconds"] = step_time(spec, run, Layout(), hardware, global_batch=case.batch).seconds
+        out["datasheet_seconds"] = step_time(spec, run, layout, hardware, global_batch=case.batch).seconds
     if calibrate:
         record = measure_device(spec, run, device=device, **({"copy_bytes": 1 << 24} if device == "cpu" else {}))
-        out["calibrated_seconds"] = step_time(spec, run, Layout(), hardware, global_batch=case.batch,
+        out["calibrated_seconds"] = step_time(spec, run, layout, hardware, global_batch=case.batch,
                                               calibration=record).seconds
     return out
 
@@ -251,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{UNIT[1]} | {_gb(mt)} / {_gb(est['activations'])} {UNIT[1]} | {step} |", flush=True)
         worst = max(worst, abs(est["allocated"] / got["allocated"] - 1))
     print(f"\nworst peak-allocated error: {worst:.1%} (target 10 %)")
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # the -fsdp cases' one-process group
+        dist.destroy_process_group()
     return 0
 
 

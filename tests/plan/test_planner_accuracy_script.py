@@ -32,7 +32,8 @@ def test_cpu_variant_prints_planner_against_measured_with_ratios(capsys, tmp_pat
     sys.path.insert(0, str(SCRIPT.parent))
     import planner_accuracy
 
-    assert planner_accuracy.main(["--cpu", "--steps", "3", "--cases", "llama-tiny-gqa,pythia-tiny"]) == 0
+    # pythia-tiny-fsdp: FSDP2 with bf16 MixedPrecisionPolicy on a one-process gloo group, planned as bf16-fsdp
+    assert planner_accuracy.main(["--cpu", "--steps", "3", "--cases", "llama-tiny-gqa,pythia-tiny-fsdp"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| llama") or line.startswith("| pythia")]
     assert len(rows) == 2
