@@ -97,3 +97,28 @@ def test_recommend_for_module_for_the_accelerator():
         recommend_for_module(net, world_size=2, device_memory_bytes=2**20, precision="fp32", seq_len=1)
 
 
+
+
+def test_each_candidate_can_be_costed_in_its_own_precision_recipe():
+    """``plan_for(precision_for=)`` (what strategy="auto" gives): each row is costed in the recipe it names."""
+    from dataclasses import replace
+
+    from convoy.plan.api import plan_for
+    from convoy.plan.hardware import parse_hardware
+    from convoy.plan.memory import RunSpec, memory_per_gpu
+    from convoy.plan.model import from_hf_config
+
+    def recipe(candidate):
+        return "bf16-fsdp" if candidate.strategy in ("zero2", "zero3") else "bf16-autocast"
+
+    spec, hw = from_hf_config(CONFIGS / "gpt2.json"), parse_hardware("4xH100-80GB")
+    run = RunSpec(seq_len=1024, micro_batch=8, precision="bf16-autocast")
+    p = plan_for(spec, run, hw, precision_for=recipe, explain_breaks=False, offload=False)
+    assert {r.name: r.precision for r in p.rows if r.candidate.layout.dims.is_trivial} == {
+        "ddp": "bf16-autocast", "zero1": "bf16-autocast", "zero2": "bf16-fsdp", "zero3": "bf16-fsdp"}
+    for row in p.rows:
+        assert row.memory == memory_per_gpu(spec, replace(run, precision=row.precision), row.candidate.layout)
+        assert row.as_dict()["precision"] == row.precision
+    same = plan_for(spec, run, hw, explain_breaks=False, offload=False)
+    assert {r.precision for r in same.rows} == {"bf16-autocast"}
+    assert same.row("zero3").memory.activations > p.row("zero3").memory.activations  # no weight copies
