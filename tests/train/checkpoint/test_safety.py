@@ -71,6 +71,21 @@ def test_planted_dcp_metadata_is_refused_and_never_runs(saved, tmp_path):
     assert ".metadata" in _one_line(info) and not marker.exists()
 
 
+@pytest.mark.parametrize("content", [[], {"state_dict_metadata": {}}, "text"])
+def test_dcp_metadata_holding_plain_data_is_named_as_damaged(saved, content):
+    """Plain data passes the restricted unpickler; it is still not DCP's Metadata: the file is named (not the
+    rank-local __0.metadata DCP falls back to, which convoy never writes)."""
+    import pickle
+
+    acc, _, path = saved
+    target = path / "distributed" / ".metadata"
+    target.write_bytes(pickle.dumps(content))
+    with pytest.raises(CheckpointError) as info:
+        acc.load_state(path)
+    message = _one_line(info)
+    assert str(target) in message and "damaged" in message and "not DCP's Metadata" in message
+
+
 @pytest.mark.parametrize("name", ["state.pt", "random_states_0.pkl", "distributed/__0_0.distcp",
                                   "distributed/.metadata"])
 def test_a_truncated_file_is_named_as_damaged(saved, name):

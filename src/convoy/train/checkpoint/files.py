@@ -125,17 +125,24 @@ def _dcp_reader(checkpoint_id: str):
 
     class SafeFileSystemReader(FileSystemReader):
         refusal: CheckpointError | None = None
-        """What ``read_metadata`` refused, kept here because some torch versions (2.11) swallow it and
-        report only "metadata is None"."""
+        """Why the checkpoint's ``.metadata`` was refused. DCP then tries a rank-local ``__<rank>.metadata``
+        (which convoy never writes), and torch 2.11 reports only "metadata is None": this is what is said."""
 
         def read_metadata(self, *args: Any, **kwargs: Any):
+            rank = kwargs.get("rank")
             try:
-                return self._read_metadata(kwargs.get("rank"))
+                metadata = self._read_metadata(rank)
             except CheckpointError as err:
-                self.refusal = self.refusal or err  # the global .metadata's, not the rank-local fallback's
+                if rank is None:
+                    self.refusal = err
                 raise
+            if rank is None:
+                self.refusal = None
+            return metadata
 
         def _read_metadata(self, rank: int | None):
+            from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
             path = Path(checkpoint_id) / (".metadata" if rank is None else f"__{rank}.metadata")
             if not path.is_file():
                 raise CheckpointError(f"checkpoint file {path} is missing; the checkpoint is incomplete: load an "
@@ -149,8 +156,11 @@ def _dcp_reader(checkpoint_id: str):
                 raise _damaged(path, _first_line(err)) from None
             except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as err:
                 raise _damaged(path, _first_line(err)) from None
+            except OSError as err:
+                raise CheckpointError(f"checkpoint file {path} cannot be read ({err.strerror or err})") from None
+            if not isinstance(metadata, Metadata):
+                raise _damaged(path, f"it holds a {type(metadata).__name__}, not DCP's Metadata")
             _check_shards(Path(checkpoint_id), metadata)
-            from torch.distributed.checkpoint.metadata import StorageMeta
 
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
