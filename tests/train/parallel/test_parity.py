@@ -31,6 +31,17 @@ def test_tp2_plain_and_sequence_parallel_match_one_process_and_resume_at_tp1(tmp
     assert any("resume tp=2 -> tp=1" in line for line in ok), result.output
 
 
+def test_the_fsdp_engine_gathers_bf16_weights_under_mixed_precision_as_zero3_does():
+    """dp over FSDP2 in strategy "parallel" (the engine of dp x tp) with mixed_precision="bf16": bf16 gathered
+    weights and fp32 reduction, bit for bit the layout zero3 runs; before, fp32 weights under autocast kept a
+    bf16 copy of every weight until the backward."""
+    result = run_script(SCRIPTS / "fsdp_mixed_precision.py", nproc=2, timeout=120)
+    assert result.returncode == 0, result.output
+    ok = _ok_lines(result.output)
+    assert sum("gathers bf16 OK" in line for line in ok) == 2, result.output
+    assert sum("matches FSDP2 with a bf16 MixedPrecisionPolicy OK" in line for line in ok) == 2, result.output
+
+
 def test_pp2_every_schedule_matches_one_process():
     result = run_script(SCRIPTS / "pp_parity.py", nproc=2, args=[",".join(SCHEDULES)])
     assert result.returncode == 0, result.output

@@ -68,22 +68,24 @@ def test_a_model_too_big_for_sharded_data_parallel_gets_tensor_parallel():
 
 
 def test_mixed_precision_costs_each_candidate_as_the_trainer_runs_it():
-    """Under mixed_precision="bf16" zero2/zero3/fsdp gather bf16 weights (FSDP2's MixedPrecisionPolicy) while ddp,
-    zero1 and strategy "parallel" keep fp32 weights under autocast, whose bf16 copies live until the backward:
-    tp4 needs 32.7 GiB, zero3 35.1 GiB, zero3 + tp2 39.7 GiB (planned all in pure bf16, tp4 took 29.2 GiB and
-    zero3 + tp2 32.1 GiB, less than zero3's 34.0)."""
+    """Under mixed_precision="bf16" FSDP2 over the whole model (zero3, and zero3 + tp2) gathers bf16 weights
+    (MixedPrecisionPolicy), while tp alone keeps fp32 weights under autocast, whose bf16 copies live until the
+    backward: zero3 + tp2 needs 32.7 GiB, tp4 32.7 GiB (and is slower), zero3 35.1 GiB (planned all in pure bf16
+    as before, tp4 took 29.2 GiB and won below 32 GiB)."""
     model = meta_gpt()
     assert auto(model, world_size=4, device_gib=30).name == "zero3"  # nothing fits by the plan: the rule's answer
     layout = auto(model, world_size=4, device_gib=34)
-    assert layout.describe() == "parallel (dp=1,tp=4,pp=1)" and "tp4 fits at 32.7 GiB" in layout.reason
+    assert (layout.dims.dp_shard, layout.dims.tp, layout.dp_engine) == (2, 2, "fsdp"), layout
+    assert "zero3+tp2 fits at 32.7 GiB" in layout.reason
     assert auto(model, world_size=4, device_gib=37).name == "zero3"
 
 
 @pytest.mark.parametrize("strategy,dims,expected", [
     ("single", dict(), "bf16-autocast"), ("ddp", dict(dp_replicate=4), "bf16-autocast"),
     ("zero1", dict(dp_shard=4), "bf16-autocast"), ("zero2", dict(dp_shard=4), "bf16-fsdp"),
-    ("zero3", dict(dp_shard=4), "bf16-fsdp"), ("zero3", dict(dp_shard=2, tp=2), "bf16-autocast"),
-    ("ddp", dict(dp_replicate=2, pp=2), "bf16-autocast"),
+    ("zero3", dict(dp_shard=4), "bf16-fsdp"), ("zero3", dict(dp_shard=2, tp=2), "bf16-fsdp"),
+    ("ddp", dict(dp_replicate=2, pp=2), "bf16-autocast"), ("zero1", dict(dp_shard=2, tp=2, pp=2), "bf16-autocast"),
+    ("single", dict(tp=4), "bf16-autocast"),
 ])
 def test_trainer_precision_names_the_recipe_each_strategy_runs(strategy, dims, expected):
     from convoy.plan.candidates import Candidate

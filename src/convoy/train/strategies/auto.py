@@ -248,12 +248,13 @@ _GATHER_16BIT = ("zero2", "zero3", "fsdp", "hsdp")
 
 def trainer_precision(mixed_precision: str, candidate: Candidate) -> str:
     """The planner's recipe for ``candidate`` run by the Accelerator with ``mixed_precision`` ``"bf16"`` or
-    ``"fp16"``: every strategy runs the forward under ``torch.autocast``; the data-parallel FSDP2 strategies
-    (zero2, zero3, fsdp) also gather 16-bit weights (``MixedPrecisionPolicy``), so they keep no autocast weight
-    copies and a 16-bit residual stream (``"bf16-fsdp"``); the others keep fp32 weights (``"bf16-autocast"``),
-    strategy "parallel" too (its FSDP2 engine has no ``MixedPrecisionPolicy``)."""
+    ``"fp16"``: every strategy runs the forward under ``torch.autocast``; FSDP2 over the whole model (zero2,
+    zero3, fsdp, and strategy "parallel"'s dp x tp, whose candidate is zero3) also gathers 16-bit weights
+    (``MixedPrecisionPolicy``), so it keeps no autocast weight copies and a 16-bit residual stream
+    (``"bf16-fsdp"``); the others keep fp32 weights (``"bf16-autocast"``): single, ddp, zero1, and pipeline
+    stages (FSDP2 per stage gathers fp32: the stages' traced dtypes stay those of the model)."""
     d = candidate.layout.dims
-    gathers_16bit = candidate.strategy in _GATHER_16BIT and d.is_trivial and d.dp > 1
+    gathers_16bit = candidate.strategy in _GATHER_16BIT and d.dp > 1 and d.pp == 1
     return f"{mixed_precision}-fsdp" if gathers_16bit else f"{mixed_precision}-autocast"
 
 

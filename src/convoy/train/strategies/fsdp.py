@@ -46,14 +46,12 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
             self._mesh = init_device_mesh(self.root_device.type, (self.context.world_size,))
 
     def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
         self.setup_environment()
         module = module.to(self.root_device)
         names = {id(p): n for n, p in module.named_parameters()}
-        name = self.context.mixed_precision.compute_dtype
-        dtype = getattr(torch, name) if name else None
-        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+        mp = mixed_precision_policy(self.context.mixed_precision)
         offload: Any = OffloadPolicy()
         if self.context.options.get("cpu_offload"):
             offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
@@ -89,6 +87,16 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
         # cpu_offload=True is avoided: it crashed (SIGSEGV) with legacy FSDP on CPU; copying after is safe.
         full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
         return {k: v.detach().cpu() for k, v in full.items()}
+
+
+def mixed_precision_policy(mixed_precision: Any) -> Any:
+    """FSDP2's ``MixedPrecisionPolicy`` for the run's ``MixedPrecision``: weights gathered in its 16-bit dtype,
+    gradients reduced in fp32; fp32 throughout for ``"no"``. The trainer's autocast still runs on top."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    name = mixed_precision.compute_dtype
+    dtype = getattr(torch, name) if name else None
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,9 @@ How each axis is realised:
   each pipeline stage with ``reshard_after_forward=False``), ``"ddp"``, or ``"zero1"`` (DDP +
   ``ZeroRedundancyOptimizer`` over the dp group). Default: ``"zero1"`` for dp x pp, as the multi-GPU guide
   recommends, else ``"fsdp"`` (tp makes the weights DTensors, which only FSDP2 takes). ``dp_replicate`` x
-  ``dp_shard`` both > 1 is HSDP (``fully_shard`` on the 2-D dp mesh).
+  ``dp_shard`` both > 1 is HSDP (``fully_shard`` on the 2-D dp mesh). Under mixed precision FSDP2 over the
+  whole model gathers 16-bit weights and reduces in fp32 (``MixedPrecisionPolicy``, as zero3 and torchtitan do);
+  pipeline stages gather fp32 (their traced dtypes are the model's) and run under autocast.
 
 - tp x pp: the TP plan is applied to the whole model on the tp sub-mesh first; the pipeline then traces it
   with plain stand-ins of the split modules (``tracing_stand_ins``: this rank's local shapes) and puts
@@ -55,7 +57,7 @@ from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule, Singl
 from convoy.train.parallel.tensor import apply_tensor_parallel, resolve_tp_plan, tracing_stand_ins
 from convoy.train.settings import TrainSettings
 from convoy.train.strategies.base import ParameterOrigins, Strategy, SupportsNoSync
-from convoy.train.strategies.fsdp import no_gradient_sync, shard_units
+from convoy.train.strategies.fsdp import mixed_precision_policy, no_gradient_sync, shard_units
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -185,9 +187,12 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             from torch.distributed.fsdp import fully_shard
 
             mesh = self.mesh.dp_shard_mesh
+            # as zero3 does (and torchtitan with tp): 16-bit gathered weights under mixed precision, so autocast
+            # keeps no bf16 copy of every fp32 weight until the backward
+            mp = mixed_precision_policy(self.context.mixed_precision)
             for block in shard_units(module, self.context.options.get("auto_wrap")):
-                fully_shard(block, mesh=mesh)
-            fully_shard(module, mesh=mesh)
+                fully_shard(block, mesh=mesh, mp_policy=mp)
+            fully_shard(module, mesh=mesh, mp_policy=mp)
             return module
         return self._wrap_stage(module)
 
