@@ -75,12 +75,13 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
               description="fp32 weights under torch.autocast(bf16), as Accelerate's mixed_precision='bf16' (16 B/param with Adam)"),
     Precision(name="fp16-autocast", weight_bytes=4, grad_bytes=4, master_bytes=0, compute="fp16", autocast=True,
               description="fp32 weights under torch.autocast(float16) with a GradScaler (16 B/param with Adam)"),
-    # FSDP2 keeps fp32 sharded weights and fp32 sharded gradients (reduce_dtype) and gathers bf16 weights; counted as
-    # 2 (gathered) + 2 + 4 (the fp32 copy) bytes, the same 8 bytes per parameter before the optimizer
-    Precision(name="bf16-fsdp", weight_bytes=2, grad_bytes=2, master_bytes=4, compute="bf16", autocast=True,
+    # FSDP2 keeps fp32 weight shards and fp32 gradient shards (reduce_dtype) and gathers 16-bit weights: counted as
+    # 2 (gathered, and the all-gather) + 4 (gradients, and the reduce-scatter) + 2 (the rest of the fp32 weight
+    # shard), the same 8 bytes per parameter before the optimizer
+    Precision(name="bf16-fsdp", weight_bytes=2, grad_bytes=4, master_bytes=2, compute="bf16", autocast=True,
               description="FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) under torch.autocast, as "
                           "convoy's zero2/zero3/fsdp with mixed_precision='bf16' (16 B/param with Adam)"),
-    Precision(name="fp16-fsdp", weight_bytes=2, grad_bytes=2, master_bytes=4, compute="fp16", autocast=True,
+    Precision(name="fp16-fsdp", weight_bytes=2, grad_bytes=4, master_bytes=2, compute="fp16", autocast=True,
               description="FSDP2's MixedPrecisionPolicy(param_dtype=float16, reduce_dtype=fp32) under torch.autocast "
                           "(16 B/param with Adam)"),
 )}
