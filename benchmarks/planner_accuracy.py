@@ -263,6 +263,20 @@ def main(argv: list[str] | None = None) -> int:
           "| activations: MemTracker / planned | step: measured / datasheet / calibrated (ratios) |")
     print("|---|---:|---|---|---|---|---|")
     worst = 0.0
+    try:
+        worst = _run_cases(cases, configs, args, device, hardware, calibrate)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():  # the -fsdp cases' one-process group
+            dist.destroy_process_group()
+    print(f"\nworst peak-allocated error: {worst:.1%} (target 10 %)")
+    return 0
+
+
+def _run_cases(cases, configs, args, device, hardware, calibrate) -> float:
+    """Measure and plan each case, print its row; the worst peak-allocated error."""
+    worst = 0.0
     for case in cases:
         cfg = configs[case.config]
         got = measure(case, cfg, device=device, steps=args.steps, hf=args.hf, memtracker=args.memtracker)
@@ -277,12 +291,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({_ratio(est['allocated'], got['allocated'])}) | {_gb(got['reserved'])} / {_gb(est['reserved'])} "
               f"{UNIT[1]} | {_gb(mt)} / {_gb(est['activations'])} {UNIT[1]} | {step} |", flush=True)
         worst = max(worst, abs(est["allocated"] / got["allocated"] - 1))
-    print(f"\nworst peak-allocated error: {worst:.1%} (target 10 %)")
-    import torch.distributed as dist
-
-    if dist.is_initialized():  # the -fsdp cases' one-process group
-        dist.destroy_process_group()
-    return 0
+    return worst
 
 
 if __name__ == "__main__":

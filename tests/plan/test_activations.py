@@ -54,7 +54,7 @@ def test_fsdp_mixed_precision_activations_match_memtracker(case, attention):
     assert r["activations"][1] == pytest.approx(r["activations"][0], rel=0.005)
 
 
-def test_fsdp_mixed_precision_sits_between_pure_bf16_and_autocast():
+def test_fsdp_mixed_precision_per_family():
     """Per block, GPT-2 keeps what autocast keeps (fp32 norm inputs and fp32 ops) and Llama what pure bf16 keeps
     (its RMSNorm upcasts by itself); GPT-NeoX keeps more than under autocast: its two parallel-residual norms
     each cast the bf16 stream to fp32, where autocast's fp32 stream is one tensor. No weight copies in any."""

@@ -107,6 +107,7 @@ def test_each_candidate_can_be_costed_in_its_own_precision_recipe():
     from convoy.plan.hardware import parse_hardware
     from convoy.plan.memory import RunSpec, memory_per_gpu
     from convoy.plan.model import from_hf_config
+    from convoy.plan.timing import step_time
 
     def recipe(candidate):
         return "bf16-fsdp" if candidate.strategy in ("zero2", "zero3") else "bf16-autocast"
@@ -117,7 +118,9 @@ def test_each_candidate_can_be_costed_in_its_own_precision_recipe():
     assert {r.name: r.precision for r in p.rows if r.candidate.layout.dims.is_trivial} == {
         "ddp": "bf16-autocast", "zero1": "bf16-autocast", "zero2": "bf16-fsdp", "zero3": "bf16-fsdp"}
     for row in p.rows:
-        assert row.memory == memory_per_gpu(spec, replace(run, precision=row.precision), row.candidate.layout)
+        own = replace(run, precision=row.precision)
+        assert row.memory == memory_per_gpu(spec, own, row.candidate.layout)
+        assert row.time == step_time(spec, own, row.candidate.layout, hw, global_batch=p.global_batch)
         assert row.as_dict()["precision"] == row.precision
     same = plan_for(spec, run, hw, explain_breaks=False, offload=False)
     assert {r.precision for r in same.rows} == {"bf16-autocast"}

@@ -77,6 +77,10 @@ def test_other_model_types_without_and_with_transformers(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", fake)
     with pytest.raises(PlanError, match=r"transformers cannot build .*'no-such-family'.*ValueError: Unrecognized"):
         from_hf_config(config)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # installed, but its import fails
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: fake.__spec__)
+    with pytest.raises(NotSupportedYetError, match="transformers cannot be imported"):
+        from_hf_config(config)
     monkeypatch.delitem(sys.modules, "transformers")
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
     with pytest.raises(NotSupportedYetError, match="transformers is not installed"):

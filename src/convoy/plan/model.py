@@ -287,7 +287,11 @@ def _transformers_meta(config: Mapping[str, Any], name: str) -> ModelSpec:
     try:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
-
+    except ImportError as err:  # transformers is there, but it or torch does not import
+        raise NotSupportedYetError(f"{name}: model_type {model_type!r} has no closed form yet, and transformers "
+                                   f"cannot be imported to build it ({_first_line(err)}); give "
+                                   "--params/--layers/--hidden/--heads") from None
+    try:
         cfg = AutoConfig.for_model(**dict(config))
         with torch.device("meta"):
             module = AutoModelForCausalLM.from_config(cfg)

@@ -149,7 +149,8 @@ def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, 
     ties = [r for r in fitting if r.time.seconds <= fastest.time.seconds * (1 + TIE)]
     best = min(ties, key=lambda r: (r.candidate.sharding_rank, r.time.seconds))
     t = best.time
-    reasons.append(f"{best.name} fits at {format_bytes(best.memory.total, binary=True)} per GPU and takes about "
+    costed = f" (costed as {best.precision})" if best.precision and best.precision != run.precision else ""
+    reasons.append(f"{best.name} fits at {format_bytes(best.memory.total, binary=True)} per GPU{costed} and takes about "
                    f"{format_seconds(t.seconds)} per step ({t.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, "
                    f"{t.mfu:.0%} MFU).")
     if best is not fastest:

@@ -78,12 +78,12 @@ def test_mixed_precision_costs_each_candidate_as_the_trainer_runs_it():
     assert layout.name == "zero3" and "case 2" in layout.reason  # the planner's answer: only zero3 fits
     layout = auto(model, world_size=4, device_gib=34)
     assert (layout.dims.dp_shard, layout.dims.tp, layout.dp_engine) == (2, 2, "fsdp"), layout
-    assert "zero3+tp2 fits at 32.8 GiB" in layout.reason
+    assert "zero3+tp2 fits at 32.8 GiB per GPU (costed as bf16-fsdp)" in layout.reason
 
 
 @pytest.mark.parametrize("strategy,dims,expected", [
     ("single", dict(), "bf16-autocast"), ("ddp", dict(dp_replicate=4), "bf16-autocast"),
-    ("zero1", dict(dp_shard=4), "bf16-autocast"), ("zero2", dict(dp_shard=4), "bf16-fsdp"),
+    ("zero1", dict(dp_replicate=4), "bf16-autocast"), ("zero2", dict(dp_shard=4), "bf16-fsdp"),
     ("zero3", dict(dp_shard=4), "bf16-fsdp"), ("zero3", dict(dp_shard=2, tp=2), "bf16-fsdp"),
     ("ddp", dict(dp_replicate=2, pp=2), "bf16-autocast"), ("zero1", dict(dp_shard=2, tp=2, pp=2), "bf16-autocast"),
     ("single", dict(tp=4), "bf16-autocast"),

@@ -243,13 +243,13 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
 
 
 #: the strategies that shard with FSDP2's ``MixedPrecisionPolicy`` (16-bit gathered weights) under mixed precision
-_GATHER_16BIT = ("zero2", "zero3", "fsdp", "hsdp")
+_GATHER_16BIT = ("zero2", "zero3", "hsdp")
 
 
 def trainer_precision(mixed_precision: str, candidate: Candidate) -> str:
     """The planner's recipe for ``candidate`` run by the Accelerator with ``mixed_precision`` ``"bf16"`` or
     ``"fp16"``: every strategy runs the forward under ``torch.autocast``; FSDP2 over the whole model (zero2,
-    zero3, fsdp, and strategy "parallel"'s dp x tp, whose candidate is zero3) also gathers 16-bit weights
+    zero3/fsdp, hsdp, and strategy "parallel"'s dp x tp, whose candidate is zero3) also gathers 16-bit weights
     (``MixedPrecisionPolicy``), so it keeps no autocast weight copies and a 16-bit residual stream
     (``"bf16-fsdp"``); the others keep fp32 weights (``"bf16-autocast"``): single, ddp, zero1, and pipeline
     stages (FSDP2 per stage gathers fp32: the stages' traced dtypes stay those of the model)."""
