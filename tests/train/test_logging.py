@@ -48,8 +48,13 @@ def test_levels_from_argument_and_environment(monkeypatch, caplog):
     logger.warning("shown")
     assert [r.getMessage() for r in caplog.records if r.name == "convoy.test.levels"] == ["shown"]
     assert get_logger("convoy.test.levels", log_level="DEBUG").logger.level == logging.DEBUG
-    with pytest.raises(ConfigError, match="log level 'loud' is not valid"):
+    with pytest.raises(ConfigError, match=r"get_logger\(log_level=...\): 'loud' is not valid; expected one of debug"):
         get_logger("convoy.test.levels", log_level="loud")
+    monkeypatch.setenv("CONVOY_LOG_LEVEL", "critical")  # every level of Python's logging, as convoy.toml takes
+    assert get_logger("convoy.test.levels").logger.level == logging.CRITICAL
+    monkeypatch.setenv("CONVOY_LOG_LEVEL", "loud")
+    with pytest.raises(ConfigError, match="environment CONVOY_LOG_LEVEL: 'loud' is not valid"):
+        get_logger("convoy.test.levels")
 
 
 def test_exception_keeps_the_traceback(logged, monkeypatch):

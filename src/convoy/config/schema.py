@@ -66,6 +66,8 @@ class MixedPrecision(str, enum.Enum):
 
 #: the mixed-precision modes the trainer implements, as the strings flags, variables and files use.
 MIXED_PRECISIONS = tuple(mode.value for mode in MixedPrecision)
+#: the levels of Python's logging, as CONVOY_LOG_LEVEL and ``get_logger(log_level=)`` take them
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 #: seconds a collective may wait for the other ranks (torch's own default is 30 minutes).
 DEFAULT_COLLECTIVE_TIMEOUT = 300.0
 #: strategy names convoy ships (``convoy.train.strategies``); a strategy a
@@ -276,8 +278,8 @@ SCHEMA: tuple[Key, ...] = (
         doc="A job id shared by every machine of one job (torchrun's --rdzv-id)."),
     Key(name="max_restarts", type="int >= 0", default=0, ask=True, convert=lambda v, w: parse_whole(v, w, 0),
         doc="How many times the whole group restarts after a process fails (resume with load_state())."),
-    Key(name="log_level", type="one of debug, info, warning, error", default="info",
-        convert=_choice("debug", "info", "warning", "error"), choices=("debug", "info", "warning", "error"),
+    Key(name="log_level", type="one of " + ", ".join(LOG_LEVELS), default="info", convert=_choice(*LOG_LEVELS),
+        choices=LOG_LEVELS,
         doc="Level of convoy's own log messages (convoy.train.logging.get_logger)."),
 )
 

@@ -230,6 +230,13 @@ def read_collective_timeout(env: Mapping[str, str]) -> float:
     return key.parse(raw, where=f"environment {key.env_var}") if raw.strip() else DEFAULT_COLLECTIVE_TIMEOUT
 
 
+def read_log_level(env: Mapping[str, str]) -> str | None:
+    """``CONVOY_LOG_LEVEL`` (``debug`` ... ``critical``), None when unset; ``ConfigError`` if malformed."""
+    key = KEYS["log_level"]
+    raw = env.get(key.env_var, "")
+    return key.parse(raw, where=f"environment {key.env_var}") if raw.strip() else None
+
+
 def read_debug_mode(env: Mapping[str, str]) -> bool:
     """Accelerate's ``ACCELERATE_DEBUG_MODE``: check shapes across processes before collectives."""
     return env.get("ACCELERATE_DEBUG_MODE", "").strip().lower() in ("1", "true", "yes")

@@ -19,7 +19,8 @@ import sys
 from typing import Any, Mapping
 
 from convoy.errors import ConfigError
-from convoy.launch.env import RankEnv, read_rank_env
+from convoy.config.schema import KEYS
+from convoy.launch.env import RankEnv, read_log_level, read_rank_env
 
 __all__ = ["get_logger", "RankLoggerAdapter", "process_rank", "world_size", "is_main_process"]
 
@@ -109,12 +110,11 @@ def get_logger(name: str, log_level: str | int | None = None) -> RankLoggerAdapt
     level is left as the application configured it.
     """
     logger = logging.getLogger(name)
-    level = log_level if log_level is not None else os.environ.get("CONVOY_LOG_LEVEL")
-    if level is not None and level != "":
-        if isinstance(level, str):
-            resolved = logging.getLevelName(level.upper())
-            if not isinstance(resolved, int):
-                raise ConfigError(f"log level {level!r} is not valid; expected debug, info, warning or error")
-            level = resolved
-        logger.setLevel(level)
+    level: str | int | None = log_level
+    if isinstance(level, str) and level.strip():  # the same names as CONVOY_LOG_LEVEL and convoy.toml take
+        level = KEYS["log_level"].parse(level, where="get_logger(log_level=...)")
+    elif level is None or isinstance(level, str):  # not given (or blank): the environment's, if any
+        level = read_log_level(os.environ)
+    if level is not None:
+        logger.setLevel(logging.getLevelName(level.upper()) if isinstance(level, str) else level)
     return RankLoggerAdapter(logger, {})
