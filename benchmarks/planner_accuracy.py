@@ -99,16 +99,18 @@ def _build(case: Case, config: dict, device, hf: bool, cpu: bool):
 def _fully_shard(model, blocks, device) -> None:
     """FSDP2 over a one-process group (started here once: nccl on the GPU, gloo on the CPU), as convoy's zero3
     shards: every block, then the root, with bf16 compute and fp32 gradient reduction."""
-    import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
+
+    from convoy.config.schema import MixedPrecision
+    from convoy.train.strategies.fsdp import mixed_precision_policy
 
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
                                 world_size=1)
     mesh = init_device_mesh(device.type, (1,))
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    mp = mixed_precision_policy(MixedPrecision.BF16)  # zero3's own policy
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)

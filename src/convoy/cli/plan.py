@@ -28,7 +28,6 @@ Hardware: --hardware, else --inventory, else this machine's accelerators (CONVOY
 Numbers and their sources: docs/planner.md."""
 
 
-
 def _positive_int(text: str) -> int:
     if not re.fullmatch(r"\s*-?[0-9]{1,10}\s*", text):  # ASCII digits: int() would read '٣'
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number")

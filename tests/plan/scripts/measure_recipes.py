@@ -29,7 +29,7 @@ sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "src")]
 from planner_models import build, causal_lm_loss  # noqa: E402
 
 from convoy.plan.activations import block_bytes, weight_cast_bytes  # noqa: E402
-from convoy.plan.memory import Layout, RunSpec, memory_per_gpu  # noqa: E402
+from convoy.plan.memory import PRECISIONS, Layout, RunSpec, memory_per_gpu  # noqa: E402
 from convoy.plan.model import from_hf_config  # noqa: E402
 
 TINY = {
@@ -42,10 +42,13 @@ TINY = {
     "gpt_neox": {"model_type": "gpt_neox", "hidden_size": 96, "num_hidden_layers": 3, "num_attention_heads": 6,
                  "intermediate_size": 384, "vocab_size": 640, "rotary_pct": 0.25},
 }
+#: "bf16-fsdp" runs bf16 weights under autocast, as FSDP2's MixedPrecisionPolicy gathers them (one process: the
+#: fp32 shards, gradients and optimizer of FSDP2 are not emulated)
 RECIPES = ("fp32", "bf16-autocast", "bf16", "bf16-fsdp")
-#: run under autocast: fp32 weights ("bf16-autocast"), or bf16 weights as FSDP2's MixedPrecisionPolicy gathers them
-#: ("bf16-fsdp"; one process, so the fp32 shards, gradients and optimizer of FSDP2 are not emulated)
-AUTOCAST = ("bf16-autocast", "bf16-fsdp")
+
+
+def _bf16_weights(recipe: str) -> bool:
+    return PRECISIONS[recipe].weight_bytes == 2
 
 
 def _blocks(model):
@@ -71,7 +74,7 @@ def _setup(case: str, recipe: str, attention: str, recompute: str):
     torch.manual_seed(0)
     config = TINY[case]
     model = build(config, attention="sdpa" if attention == "flash" else "eager", cuda_rules=True)
-    if recipe in ("bf16", "bf16-fsdp"):
+    if _bf16_weights(recipe):
         model = model.to(torch.bfloat16)
     if recompute == "full":
         from torch.utils.checkpoint import checkpoint
@@ -96,7 +99,7 @@ def cpu_only_bytes(case: str, recipe: str, attention: str, seq: int, batch: int)
     heads = c.get("num_attention_heads") or c.get("n_head")
     h = c.get("hidden_size") or c["n_embd"]
     d = h // heads
-    act = 2 if recipe in ("bf16", "bf16-fsdp") else 4
+    act = 2 if _bf16_weights(recipe) else 4
     extra = 0
     if case.startswith("llama"):
         extra += 2 * seq * d * act
@@ -126,7 +129,7 @@ def saved_per_block(case: str, recipe: str, attention: str, *, seq: int = 48, ba
     block.register_forward_hook(lambda *_: inside.__setitem__(0, False))
     ids = torch.randint(0, spec.vocab, (batch, seq))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe in AUTOCAST):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=PRECISIONS[recipe].autocast):
             model(ids)
     run = RunSpec(seq_len=seq, micro_batch=batch, precision=recipe, attention=attention)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -148,7 +151,7 @@ def step(case: str, recipe: str, attention: str, recompute: str = "none", *, seq
     mt.track_external(model, opt, ids)
     with mt:
         for i in range(2):
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe in AUTOCAST):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=PRECISIONS[recipe].autocast):
                 loss = causal_lm_loss(model(ids), ids)
             loss.backward()
             opt.step()

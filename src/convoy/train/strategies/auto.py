@@ -261,9 +261,7 @@ def trainer_precision(mixed_precision: str, candidate: Candidate) -> str:
 def planner_hook(mixed_precision: str | None) -> Planner:
     """convoy's planner as the ``planner`` of ``choose_strategy``, for this run's precision (the Accelerator's
     ``mixed_precision``: each candidate is costed in the recipe the trainer runs it in, ``trainer_precision``)."""
-    if mixed_precision in ("bf16", "fp16"):
-        return partial(auto_strategy, mixed_precision=str(mixed_precision))
-    return partial(auto_strategy, precision="fp32")
+    return partial(auto_strategy, mixed_precision=str(mixed_precision) if mixed_precision else None)
 
 
 def _ask(planner: Planner, **kwargs: Any) -> AutoLayout | None:
