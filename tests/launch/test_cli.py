@@ -49,6 +49,11 @@ def test_conflicting_counts_exit_2_with_one_line(capsys):
     assert err.count("\n") == 1 and "--num_processes 4 means 4 per node but --nproc-per-node says 3" in err
     assert main(["launch", "--logs-specs", "x", "x.py"]) == 1
     assert "not supported by convoy launch yet" in capsys.readouterr().err
+    # --num_processes divides by the nodes as the launch plan reads --nnodes (it was int('²') and a modulo by 0)
+    for nodes, why in (("²", "give a number of nodes"), ("0", "need 1 <= MIN <= MAX")):
+        assert main(["launch", "--num_processes", "2", "--nnodes", nodes, "x.py"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and why in err, err
 
 
 def test_dry_run_on_an_inventory_box_and_no_torch_in_the_parent(inventory_path, tmp_path):

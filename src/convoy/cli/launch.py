@@ -148,7 +148,7 @@ def build_request(args: argparse.Namespace):
     """The ``LaunchRequest`` and ``DeviceFilters`` for parsed flags (``ConfigError`` for conflicts)."""
     from convoy.launch.env import ConvoyEnv
     from convoy.launch.job import DeviceFilters
-    from convoy.launch.resolve import LaunchRequest, WorkerOptions
+    from convoy.launch.resolve import LaunchRequest, WorkerOptions, node_range
     from convoy.config.settings import fill_unset
     from convoy.devices.units import parse_duration
 
@@ -165,7 +165,7 @@ def build_request(args: argparse.Namespace):
                                        "use torchrun for it")
     nproc = args.nproc_per_node
     if args.num_processes is not None:
-        machines = int(str(args.nnodes or "1").split(":")[-1]) if str(args.nnodes or "1").split(":")[-1].isdigit() else 1
+        _, machines = node_range(args.nnodes)  # the launch plan's own reading of --nnodes
         if args.num_processes % machines:
             raise ConfigError(f"--num_processes {args.num_processes} is not divisible by --num_machines {machines}")
         per_node = str(args.num_processes // machines)

@@ -27,7 +27,7 @@ from convoy.errors import ConfigError, LaunchError
 from convoy.launch.env import ConvoyEnv, check_launch_settings, convoy_env, rank_env
 from convoy.launch.slurm import slurm_allocation
 
-__all__ = ["WorkerOptions", "LaunchRequest", "LaunchPlan", "resolve_launch", "describe_plan", "ENGINES",
+__all__ = ["WorkerOptions", "LaunchRequest", "LaunchPlan", "resolve_launch", "describe_plan", "node_range", "ENGINES",
            "CPU_DEFAULT_NPROC"]
 
 ENGINES = ("auto", "direct", "elastic")
@@ -163,7 +163,7 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
     """The plan for ``request`` on the devices ``selection`` chose, under ``env``."""
     notes: list[str] = list(selection.explanation)
     nproc, devices = _processes(request, selection, notes)
-    min_nodes, max_nodes = _nnodes(request.nnodes)
+    min_nodes, max_nodes = node_range(request.nnodes)
     node_rank = request.node_rank if request.node_rank is not None else 0
     master_addr, master_port = request.master_addr, request.master_port
     run_id = request.rdzv_id
@@ -272,7 +272,8 @@ def _cpu_note(count: int) -> str:
     return f"no accelerator found: running {count} CPU process{'es' if count != 1 else ''} with the gloo backend"
 
 
-def _nnodes(text: str | None) -> tuple[int, int]:
+def node_range(text: str | None) -> tuple[int, int]:
+    """``--nnodes`` as (MIN, MAX) nodes: ``"2"`` is (2, 2), ``"1:4"`` is (1, 4); ``ConfigError`` otherwise."""
     text = (text or "1").strip()
     low, sep, high = text.partition(":")
     if not re.fullmatch(r"[0-9]{1,6}(:[0-9]{1,6})?", text):  # ASCII: int() would read '٣'
