@@ -2,6 +2,7 @@
 
     from convoy.plan.calibrate import calibrate, measure
     record = calibrate(model, run, device="cuda")          # cached per device + torch version; measures what is missing
+    record = calibrate(model, run, device="cuda", tp_degrees=(1, 2, 4))   # every tp degree's shapes, one record
     record = measure(model, run, device="cuda:0")         # always measures, no cache
 
 The only module of ``convoy.plan`` that imports torch, and only inside its functions. Every number is a median
@@ -11,6 +12,7 @@ measures the CPU (used by tests of this code path and for plans of CPU runs).
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from pathlib import Path
@@ -149,8 +151,12 @@ def _pointwise_seconds_per_byte(model: ModelSpec, run: RunSpec, dev: Any, dtype:
 
 
 def calibrate(model: ModelSpec, run: RunSpec, *, device: str = "cuda", tp: int = 1, path: Path | None = None,
-              **kwargs: Any) -> Calibration:
-    """The cached record for ``device`` with ``model``'s shapes measured if missing (then cached)."""
+              tp_degrees: tuple[int, ...] = (), **kwargs: Any) -> Calibration:
+    """The cached record for ``device`` with ``model``'s shapes measured if missing (then cached): one tp rank's
+    shapes at ``tp``, or at each of ``tp_degrees`` (the layouts a plan compares) when given."""
+    if tp_degrees:
+        records = [calibrate(model, run, device=device, tp=t, path=path, **kwargs) for t in dict.fromkeys(tp_degrees)]
+        return functools.reduce(Calibration.merged, records)
     name, uuid, version = device_identity(device)
     cached = load_calibration(device_name=name, device_uuid=uuid, torch_version=version, path=path)
     need_gemm = need_attn = True

@@ -97,7 +97,9 @@ class Calibration:
 
     def describe(self) -> str:
         rates = sorted(self.gemm_flops.values())
-        mid = f"{rates[len(rates) // 2] / 1e12:.0f} TFLOP/s median matmul" if rates else "no matmul shapes"
+        median = rates[len(rates) // 2] if rates else 0.0
+        mid = (f"{median / 1e12:.0f} TFLOP/s median matmul" if median >= 1e12 else
+               f"{median / 1e9:.0f} GFLOP/s median matmul" if rates else "no matmul shapes")
         bw = f", {self.memory_bytes_per_s / 1e9:.0f} GB/s memory" if self.memory_bytes_per_s else ""
         peer = f", {self.peer_bytes_per_s / 1e9:.0f} GB/s peer" if self.peer_bytes_per_s else ""
         when = time.strftime("%Y-%m-%d", time.gmtime(self.measured_at)) if self.measured_at else "?"

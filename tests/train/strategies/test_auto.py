@@ -295,3 +295,115 @@ def test_recommend_for_module_proposes_only_layouts_the_trainer_runs():
     assert dp_engine_for(three_d.strategy, three_d.dims) == "fsdp"
     assert dp_engine_for("zero1", next(c for c in cands if c.name == "zero1+pp2").dims) == "zero1"
     assert {"ddp+tp2", "zero1+tp2", "ddp+tp2+pp2"} <= {c.name for c in cands}
+
+
+# --- on the device at hand: its measured rates rank the layouts ------------------------------------------------
+
+GPT2_SMALL = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
+              "n_positions": 1024}
+
+
+def _planted_rates(tp2_speedup: float):
+    """A cached calibration of this CPU in which GPT-2 small's tp2 GEMMs run ``tp2_speedup`` x faster than its
+    whole-model ones (1 TFLOP/s): what auto reads instead of measuring."""
+    from convoy.plan.calibrate import device_identity
+    from convoy.plan.calibration import Calibration, attention_key, gemm_key, save_calibration
+    from convoy.plan.memory import RunSpec
+    from convoy.plan.model import resolve_model
+    from convoy.plan.timing import attention_shape, gemm_shapes
+
+    spec, run = resolve_model(GPT2_SMALL), RunSpec(precision="fp32")
+    name, uuid, version = device_identity("cpu")
+    rates = {gemm_key(m, k, n, "fp32"): 1e12 * (tp2_speedup if tp == 2 else 1)
+             for tp in (1, 2) for m, k, n, _ in gemm_shapes(spec, run, tp=tp)}
+    attention = {attention_key(*attention_shape(spec, run, tp=tp), "fp32"): 1e-4 for tp in (1, 2)}
+    save_calibration(Calibration(device_name=name, device_uuid=uuid, torch_version=version, device_type="cpu",
+                                 gemm_flops=rates, attention_seconds=attention, memory_bytes_per_s=1e12,
+                                 launch_seconds=1e-6, measured_at=1.7e9))
+
+
+def _auto_gpt2(device="cpu"):
+    return auto_strategy(num_parameters=124_439_808, world_size=2, device_bytes=64 * GIB, model=GPT2_SMALL,
+                         tp_degrees=(2,), device=device)
+
+
+def test_the_rates_measured_on_the_device_decide_between_data_and_tensor_parallel(tmp_path, monkeypatch):
+    import convoy.plan.calibrate as cal
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(cal, "measure", lambda *a, **k: pytest.fail("a cached record was measured again"))
+    _planted_rates(tp2_speedup=1)  # GEMMs as fast at either split: a replica per process wins (no tp traffic)
+    layout = _auto_gpt2()
+    assert layout.name == "ddp", layout
+    assert "Step times: rates measured on this machine (cpu" in layout.reason and "1 TFLOP/s" in layout.reason
+    _planted_rates(tp2_speedup=100)  # the split model's GEMMs measured 100x faster: tp2 wins
+    layout = _auto_gpt2()
+    assert layout.name == "parallel" and (layout.dims.dp, layout.dims.tp) == (1, 2), layout
+    assert layout.reason.endswith("100 TFLOP/s median matmul, 1000 GB/s memory).")
+    assert "rates measured" not in _auto_gpt2(device=None).reason  # no device: the datasheet of a generic one
+
+
+def test_auto_measures_each_split_once_and_then_reads_the_cache(tmp_path, monkeypatch):
+    from functools import partial
+
+    import convoy.plan.calibrate as cal
+    from convoy.plan.calibration import cache_path, load_calibration
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(cal, "measure", partial(cal.measure, reps=2, copy_bytes=1 << 20))
+    model = TinyGPT(TinyConfig())
+    layout = auto_strategy(num_parameters=count(model), world_size=2, device_bytes=64 * GIB, model=model,
+                           tp_degrees=(2,), device="cpu")
+    assert "rates measured on this machine (cpu" in layout.reason, layout
+    name, uuid, version = cal.device_identity("cpu")
+    record = load_calibration(device_name=name, device_uuid=uuid, torch_version=version, path=cache_path())
+    # one tp rank's GEMMs at tp1 and at tp2 (TinyGPT, dim 16: fused q/k/v of 48 columns, 24 on a tp2 rank,
+    # whose output projection reads 8 of the 16 rows)
+    assert {"2048x16x48:fp32", "2048x16x24:fp32", "2048x8x16:fp32"} <= set(record.gemm_flops), record.gemm_flops
+    monkeypatch.setattr(cal, "measure", lambda *a, **k: pytest.fail("a cached record was measured again"))
+    again = auto_strategy(num_parameters=count(model), world_size=2, device_bytes=64 * GIB, model=model,
+                          tp_degrees=(2,), device="cpu")
+    assert again == layout
+
+
+def test_a_failed_measurement_leaves_the_datasheet_and_the_job_goes_on(tmp_path, monkeypatch):
+    import convoy.plan.calibrate as cal
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+
+    monkeypatch.setattr(cal, "measure", out_of_memory)
+    layout = _auto_gpt2()
+    assert layout.name == "ddp"
+    assert layout.reason.endswith("Step times: the datasheet model (measuring cpu failed: CUDA out of memory. "
+                                  "Tried to allocate 2.00 GiB)."), layout.reason
+
+
+def test_only_rank_zero_on_a_gpu_measures():
+    from convoy.train.settings import TrainSettings
+    from convoy.train.strategies.build import _measured_here
+
+    assert _measured_here(TrainSettings(device_type="cuda", rank=0, local_rank=3, world_size=8,
+                                        local_world_size=4)) == "cuda:3"
+    assert _measured_here(TrainSettings(device_type="cuda", rank=1, local_rank=0, world_size=8,
+                                        local_world_size=4)) is None
+    assert _measured_here(TrainSettings(device_type="cpu")) is None
+
+
+@pytest.mark.gpu
+def test_auto_on_a_gpu_plans_with_its_table_row_and_rates_measured_on_it(tmp_path, monkeypatch):
+    """Runs on a GPU machine: rank 0's planner measures the GPU at GPT-2 small's shapes (tp1 and tp2, bf16),
+    caches them, and the reason names the device."""
+    from convoy.plan.calibrate import device_identity
+    from convoy.plan.calibration import cache_path, load_calibration
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    layout = auto_strategy(num_parameters=124_439_808, world_size=2, device_bytes=64 * GIB, model=GPT2_SMALL,
+                           tp_degrees=(2,), mixed_precision="bf16", device="cuda:0")
+    name, uuid, version = device_identity("cuda:0")
+    assert f"Step times: rates measured on this machine ({name}" in layout.reason, layout.reason
+    record = load_calibration(device_name=name, device_uuid=uuid, torch_version=version, path=cache_path())
+    assert {"2048x768x2304:bf16", "2048x768x1152:bf16"} <= set(record.gemm_flops), record.gemm_flops
+    assert torch.cuda.memory_allocated() == 0  # the measurement's tensors are gone

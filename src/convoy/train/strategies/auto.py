@@ -22,6 +22,11 @@ where the model can be inspected:
   whose attention head counts are known and divisible. A model whose heads are unknown gets no tp.
 - pp degrees: only when ``options`` has ``loss_fn``, the signal of a loop that trains with
   ``loss = model(x, target=y)``; then only pipeline layouts are compared (that loop runs only under pp).
+
+On a GPU the Accelerator's rank 0 plans for its own device (``planner_hook(..., device="cuda:0")``): when the
+model's shape is read (tp or pp may be proposed), step times use the GPU's table row and the rates measured on
+it at the model's shapes (``convoy.plan.calibrate``: once per device and torch version, then from the cache);
+without a GPU, or for a bare parameter count, the datasheet model of a generic device ranks the layouts.
 """
 
 from __future__ import annotations
@@ -36,12 +41,15 @@ import torch
 
 from convoy.errors import NotSupportedYetError, PlanError, StrategyError
 from convoy.plan.api import recommend_for_module
+from convoy.plan.calibration import Calibration
 from convoy.plan.candidates import Candidate
 from convoy.plan.dims import ParallelDims
-from convoy.plan.model import ModelSpec
+from convoy.plan.hardware import lookup_gpu
+from convoy.plan.memory import RunSpec
+from convoy.plan.model import ModelSpec, resolve_model
 
 __all__ = ["AutoLayout", "TRAINER_STRATEGIES", "choose_strategy", "planner_hook", "auto_strategy", "runs_in_trainer",
-           "trainer_precision",
+           "trainer_precision", "measured_device",
            "dp_engine_for", "training_bytes", "device_memory_bytes", "tp_degrees", "pp_degrees", "model_head_counts"]
 
 # fp32 weights (4) + gradients (4) + Adam's two moments (8); activations come on top, hence the headroom.
@@ -193,7 +201,8 @@ def pp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tu
 
 def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, precision: str = "fp32",
                   model: Any = None, tp_degrees: Collection[int] = (), pp_degrees: Collection[int] = (),
-                  pipeline: bool = False, mixed_precision: str | None = None, **kwargs: Any) -> AutoLayout | None:
+                  pipeline: bool = False, mixed_precision: str | None = None, device: str | None = None,
+                  **kwargs: Any) -> AutoLayout | None:
     """The ``planner`` hook of ``choose_strategy``: the ``AutoLayout`` to build, or None when
     no layout the trainer runs fits (the caller's own rule then answers).
 
@@ -203,6 +212,9 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
     compares tp and pp layouts too; ``pipeline`` (the loop trains with ``model(x, target=y)``, which only a
     pipeline runs) compares pipeline layouts only. ``mixed_precision`` (the Accelerator's ``"bf16"``/``"fp16"``)
     costs each candidate in the recipe the trainer runs it in (``trainer_precision``) instead of ``precision``.
+    ``device`` (``"cuda:0"``: the device this process trains on): when the model's shape is read, the plan
+    uses that GPU's table row (links, peak FLOPs) and rates measured on it at the model's shapes
+    (``convoy.plan.calibrate``, cached per device and torch version, so measured once), and says so.
     """
     tp_degrees = tuple(t for t in tp_degrees if t > 1)
     pp_degrees = tuple(p for p in pp_degrees if p > 1)
@@ -218,9 +230,16 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
     if mixed_precision in ("bf16", "fp16"):
         precision = f"{mixed_precision}-autocast"
         kwargs = {**kwargs, "precision_for": partial(trainer_precision, str(mixed_precision))}
+    timed = ""
     try:
         if split:
-            rec = recommend_for_module(model, world_size=world_size, device_memory_bytes=device_bytes,
+            spec = resolve_model(model, **{k: v for k, v in kwargs.items() if k in _SHAPE_KEYS})
+            kwargs = {k: v for k, v in kwargs.items() if k not in _SHAPE_KEYS}
+            if device is not None:
+                run = RunSpec(precision=precision, **{k: kwargs[k] for k in ("seq_len", "micro_batch") if k in kwargs})
+                gpu, calibration, timed = measured_device(device, spec, run, tp_degrees=(1, *tp_degrees))
+                kwargs = {**kwargs, "calibration": calibration, **({"gpu": gpu} if gpu else {})}
+            rec = recommend_for_module(spec, world_size=world_size, device_memory_bytes=device_bytes,
                                        precision=precision, allowed=allowed, keep=keep, **kwargs)
         else:  # a bare parameter count: no shape, so no activations (what auto compared before tp and pp)
             rest = {k: v for k, v in kwargs.items() if k not in _SHAPE_KEYS}
@@ -233,12 +252,13 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
     dims = rec.dims
     assert rec.row is not None and dims is not None  # recommend_for_module raises when nothing fits
     reason = rec.reasons[0]
+    timed = f" Step times: {timed}." if timed else ""
     if dims.is_trivial:
-        return AutoLayout(name=rec.strategy or "single", reason=reason)
+        return AutoLayout(name=rec.strategy or "single", reason=reason + timed)
     if pipeline and dims.pp > 1:
         reason += (" strategy_options has loss_fn (a loop that trains with model(x, target=y)), so only "
                    "pipeline layouts were compared.")
-    return AutoLayout(name="parallel", reason=f"{reason} {rec.reasons[1]}", dims=dims,
+    return AutoLayout(name="parallel", reason=f"{reason} {rec.reasons[1]}{timed}", dims=dims,
                       dp_engine=dp_engine_for(rec.strategy or "ddp", dims))
 
 
@@ -258,10 +278,36 @@ def trainer_precision(mixed_precision: str, candidate: Candidate) -> str:
     return f"{mixed_precision}-fsdp" if gathers_16bit else f"{mixed_precision}-autocast"
 
 
-def planner_hook(mixed_precision: str | None) -> Planner:
+def measured_device(device: str, model: ModelSpec, run: RunSpec, *,
+                    tp_degrees: tuple[int, ...] = (1,)) -> tuple[str | None, Calibration | None, str]:
+    """What a plan knows of ``device`` beyond its free memory: its table row's name (a CUDA device the table
+    has; None otherwise), its rates measured at ``model``'s shapes for each of ``tp_degrees`` (None when they
+    cannot be: the datasheet model is kept), and a sentence saying which time model applies. Measuring is best
+    effort: a failure (a full GPU, an unwritable cache) leaves the plan on the datasheet, never stops the job."""
+    from convoy.plan.calibrate import calibrate
+
+    gpu = None
+    if device.startswith("cuda"):
+        try:
+            gpu = lookup_gpu(torch.cuda.get_device_name(torch.device(device))).name
+        except PlanError:
+            pass  # a GPU the table lacks: the generic device, and the measured rates
+    try:
+        record = calibrate(model, run, device=device, tp_degrees=tp_degrees)
+    except Exception as err:  # noqa: BLE001 -- see the docstring: the choice still stands without rates
+        why = str(err).splitlines()[0] if str(err) else type(err).__name__
+        return gpu, None, f"the datasheet model (measuring {device} failed: {why})"
+    finally:
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()  # the measurement's buffers go back to the GPU, not to the caching allocator
+    return gpu, record, f"rates measured on this machine ({record.describe()})"
+
+
+def planner_hook(mixed_precision: str | None, *, device: str | None = None) -> Planner:
     """convoy's planner as the ``planner`` of ``choose_strategy``, for this run's precision (the Accelerator's
-    ``mixed_precision``: each candidate is costed in the recipe the trainer runs it in, ``trainer_precision``)."""
-    return partial(auto_strategy, mixed_precision=str(mixed_precision) if mixed_precision else None)
+    ``mixed_precision``: each candidate is costed in the recipe the trainer runs it in, ``trainer_precision``)
+    on ``device`` (its table row and measured rates, see ``auto_strategy``; None: a generic device)."""
+    return partial(auto_strategy, mixed_precision=str(mixed_precision) if mixed_precision else None, device=device)
 
 
 def _ask(planner: Planner, **kwargs: Any) -> AutoLayout | None:

@@ -41,6 +41,12 @@ def declared_distributed_type(settings: TrainSettings) -> str:
     return kind if isinstance(kind, str) else ""
 
 
+def _measured_here(settings: TrainSettings) -> str | None:
+    """The device whose rates ``"auto"`` measures (``planner_hook``): rank 0's GPU, as rank 0's answer is the one
+    every rank builds; None on the CPU (its plan needs no rates) and on the other ranks."""
+    return f"cuda:{settings.local_rank}" if settings.device_type == "cuda" and settings.rank == 0 else None
+
+
 def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[..., Any] | None) -> Strategy:
     """The strategy ``settings`` ask for, set up; ``"auto"`` picks one for ``model`` (None: by world size)."""
     name = settings.strategy
@@ -55,7 +61,7 @@ def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[...
         # user's, or a measurement may differ per rank)
         layout = collectives.broadcast_object(choose_strategy(
             world_size=settings.world_size, num_parameters=count,
-            planner=planner or planner_hook(settings.mixed_precision),
+            planner=planner or planner_hook(settings.mixed_precision, device=_measured_here(settings)),
             device_bytes=min(collectives.gather_object(
                 device_memory_bytes(settings.device_type, settings.local_world_size))),
             model=model if dims is None else None, options=options))  # degrees given: data parallel only
