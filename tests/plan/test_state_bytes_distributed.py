@@ -1,5 +1,6 @@
 """Measured against reality: a 2-process CPU run's per-rank parameter, gradient and optimizer bytes under
-FSDP2 (ZeRO-3) and DDP + ZeroRedundancyOptimizer (ZeRO-1) equal the planner's estimate for the same model."""
+FSDP2 (ZeRO-3), DDP + ZeroRedundancyOptimizer (ZeRO-1) and convoy's zero2 equal the planner's estimate for the
+same model."""
 
 from __future__ import annotations
 
@@ -37,3 +38,14 @@ def test_fsdp2_and_zero1_state_bytes_per_rank_equal_the_estimate():
             got = r[name]
             assert (got["params"], got["grads"], got["optimizer"]) == (est.params, est.grads, est.optimizer), (
                 name, r["rank"], got, est)
+    assert all(r["zero1"]["params_at_peak"] == r["zero1"]["params"] for r in ranks)  # one copy, whole
+
+    # convoy's zero2 (FSDP2, gathered weights kept from forward to backward): at rest the fp32 shards; between
+    # the forward and the backward the shards and the whole weights, which is what the planner counts
+    zero2 = memory_per_gpu(model, run, Layout(dims=ParallelDims(dp_shard=2), zero_stage=2))
+    shard = model.num_params * 4 // 2
+    assert zero2.params == model.num_params * 4 + shard and zero2.master == 0
+    for r in ranks:
+        got = r["zero2"]
+        assert (got["params"], got["params_at_peak"]) == (shard, zero2.params), (r["rank"], got, zero2)
+        assert (got["grads"], got["optimizer"]) == (zero2.grads, zero2.optimizer), (r["rank"], got, zero2)

@@ -261,6 +261,11 @@ def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout) -> MemoryBrea
     opt_bytes = OPTIMIZER_STATE_BYTES[run.optimizer]
     master_bytes = recipe.master_bytes if train else 0
     weight = psi * recipe.weight_bytes / (shard if stage >= 3 else 1)
+    # ZeRO-2 as FSDP2 runs it (convoy's zero2: fully_shard(reshard_after_forward=False)): the parameter is the fp32
+    # shard the optimizer steps, and the weights gathered in the forward stay whole until the backward, beside it.
+    # Recipes with separate 16-bit weights and an fp32 master (DeepSpeed's, the ZeRO paper's "bf16") keep the
+    # 16-bit weights whole and only the master sharded, which the lines above count.
+    stored_shard = psi * recipe.weight_bytes / dp if stage == 2 and dp > 1 and train and recipe.master_bytes < 4 else 0
     grads = psi * (recipe.grad_bytes + recipe.accum_bytes) / (dp if stage >= 2 else 1) if train else 0.0
     optimizer = psi * opt_bytes / (dp if stage >= 1 else 1) if train else 0.0
     master = psi * master_bytes / (dp if stage >= 1 else 1)
@@ -268,8 +273,8 @@ def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout) -> MemoryBrea
         grads, optimizer, master = (x * dp / shard for x in (grads, optimizer, master))
     host = 0.0
     if layout.offload:
-        host = grads + optimizer + master + (weight if stage >= 3 else 0)
-        grads = optimizer = master = 0.0
+        host = grads + optimizer + master + (weight if stage >= 3 else 0) + stored_shard
+        grads = optimizer = master = stored_shard = 0.0
         if stage >= 3:
             weight = 0.0
     unit = min(model.largest_unit_params, psi * dims.tp) / dims.tp  # one block (or the embedding), tp-split
@@ -288,7 +293,7 @@ def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout) -> MemoryBrea
     # measured with MemTracker on CPU (docs/planner-accuracy.md); with full recomputation the first block,
     # recomputed at the end of the backward, is alive next to the gradients (``late``)
     temporary = 2 * 4 * run.seq_len * run.micro_batch * (model.vocab or 0) / dims.tp if train else 0.0
-    mem = MemoryBreakdown(params=round(weight), grads=round(grads), optimizer=round(optimizer),
+    mem = MemoryBreakdown(params=round(weight + stored_shard), grads=round(grads), optimizer=round(optimizer),
                           master=round(master), activations=round(activations), buffers=round(buffers),
                           temporary=round(temporary), reserve=0, grads_at_peak=layout.microbatches > 1,
                           host=round(host), late=round(recomputing))

@@ -1,4 +1,5 @@
-"""Measure per-rank parameter, gradient and optimizer bytes of real FSDP2 (ZeRO-3) and ZeRO-1 runs.
+"""Measure per-rank parameter, gradient and optimizer bytes of real FSDP2 (ZeRO-3) and ZeRO-1 runs, and of
+convoy's own ``Accelerator(strategy="zero2")`` (FSDP2 that keeps the gathered weights from forward to backward).
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/plan/scripts/state_bytes.py
 
@@ -54,17 +55,30 @@ def _bytes(tensors) -> int:
     return sum(_local(t).numel() * _local(t).element_size() for t in tensors)
 
 
-def _measure(model: nn.Module, opt: torch.optim.Optimizer, state_of) -> dict:
+def _storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (a DTensor's local shard; a freed one counts 0)."""
+    storages = {}
+    for t in tensors:
+        storage = _local(t).untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def _measure(model: nn.Module, opt: torch.optim.Optimizer, state_of, backward=None) -> dict:
     ids = torch.randint(0, 256, (2, 8))
     loss = model(ids).float().pow(2).mean()
-    loss.backward()
+    # between the forward and the backward (the activation peak): every weight the optimizer steps and every
+    # weight the module computes with now (FSDP2 zero2: the fp32 shards and the gathered weights, both alive)
+    stepped = [p for group in opt.param_groups for p in group["params"]]
+    at_peak = _storage_bytes(stepped + list(model.parameters()))
+    (backward or torch.Tensor.backward)(loss)
     opt.step()
     params = list(model.parameters())
     states = state_of(opt)
     moments = [v for s in states for k, v in s.items() if k in ("exp_avg", "exp_avg_sq")]
     steps = [v for s in states for k, v in s.items() if k == "step"]
     return {"params": _bytes(params), "grads": _bytes(p.grad for p in params if p.grad is not None),
-            "optimizer": _bytes(moments), "step_counters": _bytes(steps)}
+            "optimizer": _bytes(moments), "step_counters": _bytes(steps), "params_at_peak": at_peak}
 
 
 def main() -> None:
@@ -90,6 +104,13 @@ def main() -> None:
     model = DDP(build())
     zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
     out["zero1"] = _measure(model, zero, lambda o: list(o.optim.state.values()))
+
+    from convoy import Accelerator
+
+    accelerator = Accelerator(strategy="zero2", cpu=True)
+    model = accelerator.prepare(build())
+    opt = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    out["zero2"] = _measure(model, opt, lambda o: list(o.state.values()), accelerator.backward)
 
     print("STATE_BYTES " + json.dumps(out), flush=True)
     dist.barrier()
