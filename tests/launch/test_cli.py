@@ -50,7 +50,7 @@ def test_conflicting_counts_exit_2_with_one_line(capsys):
     assert main(["launch", "--logs-specs", "x", "x.py"]) == 1
     assert "not supported by convoy launch yet" in capsys.readouterr().err
     # --num_processes divides by the nodes as the launch plan reads --nnodes (it was int('²') and a modulo by 0)
-    for nodes, why in (("²", "give a number of nodes"), ("0", "need 1 <= MIN <= MAX")):
+    for nodes, why in (("²", "--nnodes: '²' is not valid; expected a node count"), ("0", "a node count like 2")):
         assert main(["launch", "--num_processes", "2", "--nnodes", nodes, "x.py"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and why in err, err

@@ -63,7 +63,7 @@ def test_engine_choice_direct_only_for_one_node_without_restarts():
 @pytest.mark.parametrize("kw, message", [
     (dict(nnodes="2", standalone=True), "--standalone means one node"),
     (dict(nnodes="2", node_rank=2), "--node-rank 2 is outside --nnodes 2"),
-    (dict(nnodes="x"), "--nnodes 'x'"),
+    (dict(nnodes="x"), "--nnodes: 'x' is not valid"),
     (dict(nnodes="3:2"), "MIN <= MAX"),
     (dict(nnodes="2", rdzv_backend="c10d"), "needs --rdzv-endpoint"),
     (dict(rdzv_conf="timeout"), "is not KEY=VALUE"),

@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from convoy.config.schema import KEYS
 from convoy.devices.backends.vendors import vendor_facts
 from convoy.devices.inventory import Device
 from convoy.devices.selection import Selection
@@ -273,15 +274,11 @@ def _cpu_note(count: int) -> str:
 
 
 def node_range(text: str | None) -> tuple[int, int]:
-    """``--nnodes`` as (MIN, MAX) nodes: ``"2"`` is (2, 2), ``"1:4"`` is (1, 4); ``ConfigError`` otherwise."""
-    text = (text or "1").strip()
-    low, sep, high = text.partition(":")
-    if not re.fullmatch(r"[0-9]{1,6}(:[0-9]{1,6})?", text):  # ASCII: int() would read '٣'
-        raise ConfigError(f"--nnodes {text[:40]!r}: give a number of nodes (2) or a range MIN:MAX (1:4)")
-    lo, hi = int(low), int(high if sep else low)
-    if not 1 <= lo <= hi:
-        raise ConfigError(f"--nnodes {text!r}: need 1 <= MIN <= MAX")
-    return lo, hi
+    """``--nnodes`` as (MIN, MAX) nodes: ``"2"`` is (2, 2), ``"1:4"`` is (1, 4); ``ConfigError`` otherwise
+    (the grammar of the settings' ``nnodes`` key in ``convoy.config.schema``, which convoy.toml's
+    ``nnodes`` go through too)."""
+    low, sep, high = KEYS["nnodes"].parse((text or "1").strip(), where="--nnodes").partition(":")
+    return int(low), int(high if sep else low)
 
 
 def _engine(request: LaunchRequest, backend: str, min_nodes: int, max_nodes: int) -> str:
