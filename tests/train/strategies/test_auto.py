@@ -407,3 +407,27 @@ def test_auto_on_a_gpu_plans_with_its_table_row_and_rates_measured_on_it(tmp_pat
     record = load_calibration(device_name=name, device_uuid=uuid, torch_version=version, path=cache_path())
     assert {"2048x768x2304:bf16", "2048x768x1152:bf16"} <= set(record.gemm_flops), record.gemm_flops
     assert torch.cuda.memory_allocated() == 0  # the measurement's tensors are gone
+
+
+def test_on_several_machines_auto_keeps_tp_inside_one():
+    """16 processes, a 39B shape (64 heads) and 80 GiB each: on one machine of 16 devices the planner splits
+    by tp8 (dp=2); on 4 machines of 4 it never splits across the network (tp <= 4) and says it planned for nodes."""
+    from convoy.train.settings import TrainSettings
+    from convoy.train.strategies.build import _nodes
+
+    model = meta_gpt(TinyConfig(vocab=32000, dim=8192, heads=64, layers=48, hidden=22016))
+
+    def layout(nodes):
+        return choose_strategy(world_size=16, num_parameters=count(model), device_bytes=80 * GIB,
+                               planner=planner_hook("bf16"), model=model, options={}, nodes=nodes)
+
+    one = layout(1)
+    assert one.name == "parallel" and (one.dims.dp, one.dims.tp) == (2, 8), one
+    for nodes in (2, 4):
+        several = layout(nodes)
+        assert (several.dims.tp if several.dims else 1) <= 16 // nodes and several != one, several
+        assert "multi-node" in several.reason, several.reason
+    # the Accelerator's reading of the launch: WORLD_SIZE / LOCAL_WORLD_SIZE when even, else one machine
+    assert _nodes(TrainSettings(world_size=16, local_world_size=4)) == 4
+    assert _nodes(TrainSettings(world_size=6, local_world_size=4)) == 1
+    assert _nodes(TrainSettings()) == 1

@@ -326,11 +326,13 @@ def _ask(planner: Planner, **kwargs: Any) -> AutoLayout | None:
 
 
 def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int, planner: Planner | None = None,
-                    model: Any = None, options: Mapping[str, Any] | None = None) -> AutoLayout:
+                    model: Any = None, options: Mapping[str, Any] | None = None, nodes: int = 1) -> AutoLayout:
     """The layout ``"auto"`` stands for, and one line saying why. Pure (given ``planner``).
 
     ``model`` and ``options`` (the ``strategy_options``) decide which tp and pp degrees the planner may
     propose (see the module docstring); without ``model`` only data-parallel strategies are compared.
+    ``nodes``: the machines the ``world_size`` processes run on, evenly (the planner keeps tp inside one and
+    costs collectives that cross them on the network); given to the planner when above 1.
     """
     if planner is not None:
         options = options or {}
@@ -340,7 +342,8 @@ def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int, 
         heads = _config_heads(model) if split else None
         answer = _ask(planner, num_parameters=num_parameters, world_size=world_size, device_bytes=device_bytes,
                       model=model if split else None, tp_degrees=tps, pp_degrees=pps,
-                      pipeline=options.get("loss_fn") is not None, **({"heads": heads} if heads else {}))
+                      pipeline=options.get("loss_fn") is not None, **({"heads": heads} if heads else {}),
+                      **({"nodes": nodes} if nodes > 1 else {}))
         pipeline_loop = options.get("loss_fn") is not None
         if pipeline_loop and not pps:
             return _whole_model_per_process(world_size, answer)

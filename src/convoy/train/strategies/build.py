@@ -41,6 +41,13 @@ def declared_distributed_type(settings: TrainSettings) -> str:
     return kind if isinstance(kind, str) else ""
 
 
+def _nodes(settings: TrainSettings) -> int:
+    """The machines the job runs on, as ``"auto"`` plans them: ``WORLD_SIZE / LOCAL_WORLD_SIZE`` when the
+    processes are spread evenly (torchrun's launch), else one (the planner then treats the job as one machine)."""
+    per_node = settings.local_world_size
+    return settings.world_size // per_node if 0 < per_node and settings.world_size % per_node == 0 else 1
+
+
 def _measured_here(settings: TrainSettings) -> str | None:
     """The device whose rates ``"auto"`` measures (``planner_hook``): rank 0's GPU, as rank 0's answer is the one
     every rank builds; None on the CPU (its plan needs no rates) and on the other ranks."""
@@ -64,7 +71,8 @@ def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[...
             planner=planner or planner_hook(settings.mixed_precision, device=_measured_here(settings)),
             device_bytes=min(collectives.gather_object(
                 device_memory_bytes(settings.device_type, settings.local_world_size))),
-            model=model if dims is None else None, options=options))  # degrees given: data parallel only
+            model=model if dims is None else None, options=options,  # degrees given: data parallel only
+            nodes=_nodes(settings)))
         name = layout.name
         if layout.dims is not None:  # tp/pp chosen: strategy "parallel" builds these degrees
             dims = layout.dims
