@@ -157,6 +157,67 @@ def test_measuring_code_runs_on_the_cpu_and_caches(tmp_path, monkeypatch):
         cal.device_identity("mps:0")
 
 
+def test_a_damaged_entry_is_measured_again_not_divided_by(tmp_path):
+    path = tmp_path / "c.json"
+    save_calibration(_record(), path=path)
+    who = dict(device_name="NVIDIA H100 80GB HBM3", device_uuid="GPU-1234", torch_version="2.11.0+cu130", path=path)
+    assert load_calibration(**who) == _record()
+    data = json.loads(path.read_text())
+    for damage in ({"gemm_flops": {"2048x768x2304:bf16": 0}}, {"gemm_flops": {"x": "fast"}},
+                   {"memory_bytes_per_s": -1.0}, {"peer_bytes_per_s": float("inf")}, {"launch_seconds": True}):
+        entry = {**next(iter(data.values())), **damage}
+        path.write_text(json.dumps({next(iter(data)): entry}))
+        assert load_calibration(**who) is None, damage
+        save_calibration(_record(rate=1e12), path=path)  # the damaged entry is replaced, not merged into
+        assert load_calibration(**who) == _record(rate=1e12), damage
+
+
+def _tiny_cpu_model():
+    return from_hf_config({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+                           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+                           "vocab_size": 256})
+
+
+def test_several_tp_degrees_measure_their_shapes_and_the_device_once(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from convoy.plan import calibrate as cal
+
+    tiny, run, calls = _tiny_cpu_model(), RunSpec(seq_len=32, micro_batch=2, precision="fp32"), []
+    real = cal.measure
+
+    def counted(*args, **kwargs):
+        calls.append((kwargs["tp"], kwargs["device_wide"]))
+        return real(*args, **{**kwargs, "reps": 1, "copy_bytes": 1 << 16})
+
+    monkeypatch.setattr(cal, "measure", counted)
+    rec = cal.calibrate(tiny, run, device="cpu", tp=(1, 2, 2), path=tmp_path / "c.json")
+    assert calls == [(1, True), (2, False)]  # each degree's shapes, the device's bandwidth and launch once
+    assert {gemm_key(m, k, n, "fp32") for t in (1, 2) for m, k, n, _ in gemm_shapes(tiny, run, tp=t)} == set(rec.gemm_flops)
+    assert rec.memory_bytes_per_s > 0 and len(rec.attention_seconds) == 2
+    assert cal.calibrate(tiny, run, device="cpu", tp=(2, 1), path=tmp_path / "c.json") == rec and len(calls) == 2
+    for bad in ((3,), (0,), ()):  # 3 does not divide the 4 heads
+        with pytest.raises(cal.PlanError, match="divide the model's 4 attention heads"):
+            cal.calibrate(tiny, run, device="cpu", tp=bad, path=tmp_path / "c.json")
+    # a model known by its size alone: the device-wide rates once, then the cache
+    bare = replace(tiny, hidden=None, heads=None, num_layers=None)
+    assert cal.calibrate(bare, run, device="cpu", path=tmp_path / "c.json") == rec and len(calls) == 2
+
+
+def test_an_unwritable_cache_costs_a_warning_not_the_measurement(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from functools import partial
+
+    from convoy.plan import calibrate as cal
+
+    monkeypatch.setattr(cal, "measure", partial(cal.measure, reps=1, copy_bytes=1 << 16))
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    with pytest.warns(UserWarning, match="cannot write the calibration cache .* used for this plan only"):
+        rec = cal.calibrate(_tiny_cpu_model(), RunSpec(seq_len=32, micro_batch=2, precision="fp32"), device="cpu",
+                            path=blocked / "calibration.json")
+    assert rec.gemm_flops and rec.memory_bytes_per_s > 0
+
+
 @pytest.mark.gpu
 def test_calibration_on_the_gpu_measures_and_the_plan_uses_it(tmp_path, monkeypatch):
     """Runs on a GPU machine: the real CUDA path, its cache, and a plan timed with it."""

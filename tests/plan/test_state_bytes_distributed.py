@@ -19,7 +19,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "state_bytes.py"
 
 
 @pytest.mark.slow
-def test_fsdp2_and_zero1_state_bytes_per_rank_equal_the_estimate():
+def test_zero3_zero1_and_convoys_zero2_state_bytes_per_rank_equal_the_estimate():
     pytest.importorskip("torch")
     result = run_script(SCRIPT, nproc=2, timeout=120)
     assert result.returncode == 0, result.output

@@ -2,7 +2,7 @@
 
     from convoy.plan.calibrate import calibrate, measure
     record = calibrate(model, run, device="cuda")          # cached per device + torch version; measures what is missing
-    record = calibrate(model, run, device="cuda", tp_degrees=(1, 2, 4))   # every tp degree's shapes, one record
+    record = calibrate(model, run, device="cuda", tp=(1, 2, 4))   # every tp degree's shapes, one record
     record = measure(model, run, device="cuda:0")         # always measures, no cache
 
 The only module of ``convoy.plan`` that imports torch, and only inside its functions. Every number is a median
@@ -12,9 +12,9 @@ measures the CPU (used by tests of this code path and for plans of CPU runs).
 
 from __future__ import annotations
 
-import functools
 import statistics
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -69,9 +69,12 @@ def device_identity(device: str = "cuda") -> tuple[str, str, str]:
 
 
 def measure(model: ModelSpec, run: RunSpec, *, device: str = "cuda", tp: int = 1, reps: int = 10,
-            copy_bytes: int = 1 << 28, gemms: bool = True, attention: bool = True) -> Calibration:
-    """Measure ``model``'s GEMM shapes and attention for ``run`` (one tp rank's share), bandwidth and launch
-    overhead on ``device``; the peer bandwidth too when several CUDA devices are visible."""
+            copy_bytes: int = 1 << 28, gemms: bool = True, attention: bool = True, device_wide: bool = True,
+            peer: bool = True) -> Calibration:
+    """Measure ``model``'s GEMM shapes and attention for ``run`` (one tp rank's share) on ``device`` and, with
+    ``device_wide``, its bandwidth, launch overhead and pointwise cost; the peer bandwidth too when several CUDA
+    devices are visible and ``peer`` (which touches a second GPU: a training rank measuring its own device
+    passes False)."""
     import torch
     import torch.nn.functional as F
 
@@ -102,21 +105,23 @@ def measure(model: ModelSpec, run: RunSpec, *, device: str = "cuda", tp: int = 1
 
         attn[attention_key(bsz, heads, kv, seq, hd, dtype_name)] = timed(fwd_bwd, 2, reps)
         del q, k, v
-    src = torch.empty(copy_bytes // 4, device=dev, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    bandwidth = 2 * copy_bytes / timed(lambda: dst.copy_(src), 2, reps)
-    small = torch.zeros(16, device=dev)
-    launch = timed(lambda: [small.add_(1) for _ in range(100)], 1, reps) / 100
-    pointwise = _pointwise_seconds_per_byte(model, run, dev, dtype, timed, reps) if model.has_shape else 0.0
-    peer = None
-    if dev.type == "cuda" and torch.cuda.device_count() > 1:
-        other = torch.empty_like(src, device=torch.device("cuda", 1 if (dev.index or 0) == 0 else 0))
-        peer = copy_bytes / timed(lambda: other.copy_(src), 2, reps)
-        del other
-    del src, dst
+    bandwidth = launch = pointwise = 0.0
+    peer_rate = None
+    if device_wide:
+        src = torch.empty(copy_bytes // 4, device=dev, dtype=torch.float32)
+        dst = torch.empty_like(src)
+        bandwidth = 2 * copy_bytes / timed(lambda: dst.copy_(src), 2, reps)
+        small = torch.zeros(16, device=dev)
+        launch = timed(lambda: [small.add_(1) for _ in range(100)], 1, reps) / 100
+        pointwise = _pointwise_seconds_per_byte(model, run, dev, dtype, timed, reps) if model.has_shape else 0.0
+        if peer and dev.type == "cuda" and torch.cuda.device_count() > 1:
+            other = torch.empty_like(src, device=torch.device("cuda", 1 if (dev.index or 0) == 0 else 0))
+            peer_rate = copy_bytes / timed(lambda: other.copy_(src), 2, reps)
+            del other
+        del src, dst
     return Calibration(device_name=name, device_uuid=uuid, torch_version=version, device_type=dev.type,
                        gemm_flops=flops, attention_seconds=attn, memory_bytes_per_s=bandwidth,
-                       launch_seconds=launch, pointwise_seconds_per_byte=pointwise, peer_bytes_per_s=peer,
+                       launch_seconds=launch, pointwise_seconds_per_byte=pointwise, peer_bytes_per_s=peer_rate,
                        measured_at=time.time())
 
 
@@ -150,23 +155,37 @@ def _pointwise_seconds_per_byte(model: ModelSpec, run: RunSpec, dev: Any, dtype:
     return seconds / max(1, sum(saved.values()))
 
 
-def calibrate(model: ModelSpec, run: RunSpec, *, device: str = "cuda", tp: int = 1, path: Path | None = None,
-              tp_degrees: tuple[int, ...] = (), **kwargs: Any) -> Calibration:
-    """The cached record for ``device`` with ``model``'s shapes measured if missing (then cached): one tp rank's
-    shapes at ``tp``, or at each of ``tp_degrees`` (the layouts a plan compares) when given."""
-    if tp_degrees:
-        records = [calibrate(model, run, device=device, tp=t, path=path, **kwargs) for t in dict.fromkeys(tp_degrees)]
-        return functools.reduce(Calibration.merged, records)
+def calibrate(model: ModelSpec, run: RunSpec, *, device: str = "cuda", tp: int | tuple[int, ...] = 1,
+              path: Path | None = None, **kwargs: Any) -> Calibration:
+    """The cached record for ``device`` with what it lacks measured (then cached): one tp rank's shapes of
+    ``model`` at ``tp``, or at each degree of a tuple ``tp`` (the layouts a plan compares; each must divide the
+    model's heads), and the device-wide rates once. A cache that cannot be written costs only the next run's
+    measurement: the record is returned all the same (with a warning)."""
+    degrees = tuple(dict.fromkeys((tp,) if isinstance(tp, int) else tp))
+    bad = [t for t in degrees if not isinstance(t, int) or t < 1 or (model.heads and model.heads % t)]
+    if bad or not degrees:
+        raise PlanError(f"calibration tp degrees {bad or list(degrees)}: give degrees >= 1 that divide the model's "
+                        f"{model.heads} attention heads")
     name, uuid, version = device_identity(device)
     cached = load_calibration(device_name=name, device_uuid=uuid, torch_version=version, path=path)
-    need_gemm = need_attn = True
-    if cached is not None and model.has_shape:
-        dtype = run.recipe.compute
-        need_gemm = any(gemm_key(m, k, n, dtype) not in cached.gemm_flops for m, k, n, _ in gemm_shapes(model, run, tp=tp))
-        need_attn = attention_key(*attention_shape(model, run, tp=tp), dtype) not in cached.attention_seconds
-        if not need_gemm and not need_attn and cached.memory_bytes_per_s:
-            return cached
-    fresh = measure(model, run, device=device, tp=tp, gemms=need_gemm, attention=need_attn, **kwargs)
-    record = cached.merged(fresh) if cached is not None else fresh
-    save_calibration(record, path=path)
+    dtype = run.recipe.compute
+    record, measured = cached, False
+    for t in degrees:
+        need_gemm = need_attn = model.has_shape
+        if record is not None and model.has_shape:
+            need_gemm = any(gemm_key(m, k, n, dtype) not in record.gemm_flops
+                            for m, k, n, _ in gemm_shapes(model, run, tp=t))
+            need_attn = attention_key(*attention_shape(model, run, tp=t), dtype) not in record.attention_seconds
+        device_wide = record is None or not record.memory_bytes_per_s
+        if not (need_gemm or need_attn or device_wide):
+            continue
+        fresh = measure(model, run, device=device, tp=t, gemms=need_gemm, attention=need_attn,
+                        device_wide=device_wide, **kwargs)
+        record, measured = (record.merged(fresh) if record is not None else fresh), True
+    assert record is not None  # the first degree measured the device-wide rates when nothing was cached
+    if measured:
+        try:
+            save_calibration(record, path=path)
+        except PlanError as err:
+            warnings.warn(f"{err}; the rates just measured are used for this plan only", stacklevel=2)
     return record

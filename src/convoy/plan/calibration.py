@@ -18,6 +18,7 @@ again. Shapes missing from a record are measured and merged in.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -140,7 +141,24 @@ def load_calibration(*, device_name: str, device_uuid: str = "", torch_version: 
         return None
     if record.torch_version != torch_version or (device_uuid and record.device_uuid != device_uuid):
         return None
-    return record
+    return record if _rates_are_sound(record) else None
+
+
+def _rate(value: Any, *, positive: bool) -> bool:
+    """A finite number (> 0 when ``positive``, else >= 0): what a measured rate can be."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and (value > 0 if positive else value >= 0))
+
+
+def _rates_are_sound(record: Calibration) -> bool:
+    """False for a cache entry edited or damaged into values no measurement gives (a rate of 0, a string):
+    such an entry is measured again rather than dividing by it."""
+    maps_ok = all(isinstance(m, Mapping) and all(isinstance(k, str) and _rate(v, positive=True) for k, v in m.items())
+                  for m in (record.gemm_flops, record.attention_seconds))
+    scalars_ok = all(_rate(v, positive=False) for v in (record.memory_bytes_per_s, record.launch_seconds,
+                                                          record.pointwise_seconds_per_byte, record.measured_at))
+    peer_ok = record.peer_bytes_per_s is None or _rate(record.peer_bytes_per_s, positive=True)
+    return maps_ok and scalars_ok and peer_ok
 
 
 def save_calibration(record: Calibration, *, path: Path | None = None) -> Path:
@@ -150,9 +168,11 @@ def save_calibration(record: Calibration, *, path: Path | None = None) -> Path:
     old = data.get(record.key)
     if isinstance(old, dict) and old.get("format") == FORMAT:
         try:
-            record = Calibration.from_dict(old).merged(record)
+            previous = Calibration.from_dict(old)
         except TypeError:
-            pass
+            previous = None
+        if previous is not None and _rates_are_sound(previous):  # a damaged entry is replaced, not merged
+            record = previous.merged(record)
     data[record.key] = record.as_dict()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

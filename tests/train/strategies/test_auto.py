@@ -246,6 +246,11 @@ def test_auto_strategy_hook_for_choose_strategy():
     layout = auto_strategy(num_parameters=10**8, world_size=4, device_bytes=80 * GIB)
     assert layout.name == "ddp" and layout.dims is None and "fits" in layout.reason
     assert auto_strategy(num_parameters=6 * 10**9, world_size=4, device_bytes=80 * GIB).name in ("zero2", "zero3")
+    # 7e9 in fp32 on 4 x 80 GiB: by a bare count (one unit) zero3 gathers the whole model and zero2 keeps the fp32
+    # shards beside the whole weights (82.7 GiB): the planner declines and the rule shards it
+    assert auto_strategy(num_parameters=7 * 10**9, world_size=4, device_bytes=80 * GIB) is None
+    assert choose_strategy(world_size=4, num_parameters=7 * 10**9, device_bytes=80 * GIB,
+                           planner=auto_strategy).name == "zero3"
     assert auto_strategy(num_parameters=10**8, world_size=1, device_bytes=80 * GIB).name == "single"
     assert auto_strategy(num_parameters=10**12, world_size=2, device_bytes=GIB) is None
 
@@ -381,6 +386,20 @@ def test_a_failed_measurement_leaves_the_datasheet_and_the_job_goes_on(tmp_path,
                                   "Tried to allocate 2.00 GiB)."), layout.reason
 
 
+def test_a_model_without_a_shape_is_not_measured(tmp_path, monkeypatch):
+    """A pipeline split of a model whose heads are unknown is costed without a shape: rates at its shapes cannot
+    apply, so nothing is measured and the reason claims none."""
+    import convoy.plan.calibrate as cal
+    from convoy.plan.model import ModelSpec
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(cal, "measure", lambda *a, **k: pytest.fail("measured a model without a shape"))
+    spec = ModelSpec(name="mlp", num_params=10**8)
+    layout = auto_strategy(num_parameters=10**8, world_size=2, device_bytes=64 * GIB, model=spec,
+                           pp_degrees=(2,), device="cpu")
+    assert layout is not None and "Step times" not in layout.reason, layout
+
+
 def test_only_rank_zero_on_a_gpu_measures():
     from convoy.train.settings import TrainSettings
     from convoy.train.strategies.build import _measured_here
@@ -400,13 +419,17 @@ def test_auto_on_a_gpu_plans_with_its_table_row_and_rates_measured_on_it(tmp_pat
     from convoy.plan.calibration import cache_path, load_calibration
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    warm = torch.ones(64, 64, device="cuda:0")
+    (warm @ warm).sum().item()  # cuBLAS's workspace, which stays allocated for the process, is in the baseline
+    del warm
+    baseline = torch.cuda.memory_allocated()
     layout = auto_strategy(num_parameters=124_439_808, world_size=2, device_bytes=64 * GIB, model=GPT2_SMALL,
                            tp_degrees=(2,), mixed_precision="bf16", device="cuda:0")
     name, uuid, version = device_identity("cuda:0")
     assert f"Step times: rates measured on this machine ({name}" in layout.reason, layout.reason
     record = load_calibration(device_name=name, device_uuid=uuid, torch_version=version, path=cache_path())
     assert {"2048x768x2304:bf16", "2048x768x1152:bf16"} <= set(record.gemm_flops), record.gemm_flops
-    assert torch.cuda.memory_allocated() == 0  # the measurement's tensors are gone
+    assert torch.cuda.memory_allocated() <= baseline  # the measurement's tensors are gone
 
 
 def test_on_several_machines_auto_keeps_tp_inside_one():

@@ -230,23 +230,20 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
     if mixed_precision in ("bf16", "fp16"):
         precision = f"{mixed_precision}-autocast"
         kwargs = {**kwargs, "precision_for": partial(trainer_precision, str(mixed_precision))}
+    shape = {k: v for k, v in kwargs.items() if k in _SHAPE_KEYS}
+    kwargs = {k: v for k, v in kwargs.items() if k not in _SHAPE_KEYS}
     timed = ""
     try:
         if split:
-            spec = resolve_model(model, **{k: v for k, v in kwargs.items() if k in _SHAPE_KEYS})
-            kwargs = {k: v for k, v in kwargs.items() if k not in _SHAPE_KEYS}
-            if device is not None:
-                run = RunSpec(precision=precision, **{k: kwargs[k] for k in ("seq_len", "micro_batch") if k in kwargs})
-                gpu, calibration, timed = measured_device(device, spec, run, tp_degrees=(1, *tp_degrees))
-                kwargs = {**kwargs, "calibration": calibration, **({"gpu": gpu} if gpu else {})}
-            rec = recommend_for_module(spec, world_size=world_size, device_memory_bytes=device_bytes,
-                                       precision=precision, allowed=allowed, keep=keep, **kwargs)
+            spec = resolve_model(model, **shape)
         else:  # a bare parameter count: no shape, so no activations (what auto compared before tp and pp)
-            rest = {k: v for k, v in kwargs.items() if k not in _SHAPE_KEYS}
-            rec = recommend_for_module(ModelSpec(name=f"{num_parameters:,} parameters",
-                                                 num_params=int(num_parameters)),
-                                       world_size=world_size, device_memory_bytes=device_bytes, precision=precision,
-                                       allowed=allowed, keep=keep, **rest)
+            spec = ModelSpec(name=f"{num_parameters:,} parameters", num_params=int(num_parameters))
+        if device is not None and spec.has_shape:  # step times that rates at the model's shapes can improve
+            run = RunSpec(precision=precision, **{k: kwargs[k] for k in ("seq_len", "micro_batch") if k in kwargs})
+            gpu, calibration, timed = measured_device(device, spec, run, tp_degrees=(1, *tp_degrees))
+            kwargs = {**kwargs, "calibration": calibration, **({"gpu": gpu} if gpu else {})}
+        rec = recommend_for_module(spec, world_size=world_size, device_memory_bytes=device_bytes,
+                                   precision=precision, allowed=allowed, keep=keep, **kwargs)
     except PlanError:
         return None
     dims = rec.dims
@@ -287,19 +284,19 @@ def measured_device(device: str, model: ModelSpec, run: RunSpec, *,
     from convoy.plan.calibrate import calibrate
 
     gpu = None
-    if device.startswith("cuda"):
-        try:
-            gpu = lookup_gpu(torch.cuda.get_device_name(torch.device(device))).name
-        except PlanError:
-            pass  # a GPU the table lacks: the generic device, and the measured rates
     try:
-        record = calibrate(model, run, device=device, tp_degrees=tp_degrees)
+        if device.startswith("cuda"):
+            try:
+                gpu = lookup_gpu(torch.cuda.get_device_name(torch.device(device))).name
+            except PlanError:
+                pass  # a GPU the table lacks: the generic device, and the measured rates
+        # this GPU only (peer=False): measuring the link would put a CUDA context on another rank's GPU
+        record = calibrate(model, run, device=device, tp=tp_degrees, peer=False)
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()  # the measurement's buffers go back to the GPU, not to the caching allocator
     except Exception as err:  # noqa: BLE001 -- see the docstring: the choice still stands without rates
         why = str(err).splitlines()[0] if str(err) else type(err).__name__
         return gpu, None, f"the datasheet model (measuring {device} failed: {why})"
-    finally:
-        if device.startswith("cuda"):
-            torch.cuda.empty_cache()  # the measurement's buffers go back to the GPU, not to the caching allocator
     return gpu, record, f"rates measured on this machine ({record.describe()})"
 
 
