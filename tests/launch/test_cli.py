@@ -56,6 +56,17 @@ def test_conflicting_counts_exit_2_with_one_line(capsys):
         assert err.count("\n") == 1 and why in err, err
 
 
+def test_a_malformed_count_is_named_before_devices_are_selected(inventory_path, capsys, monkeypatch):
+    # every device excluded and a typo in --nproc-per-node / --nnodes: the typo is the line (exit 2), not the
+    # empty selection (exit 1) -- found by the launch-flags property test
+    monkeypatch.setenv("CONVOY_INVENTORY", str(inventory_path("2_busy_exclusive")))
+    for flag, value, why in (("--nproc-per-node", "²", "--nproc-per-node '²': give a number"),
+                             ("--nnodes", "0", "--nnodes: '0' is not valid")):
+        assert main(["launch", "--dry-run", "--exclude", "GPU-", flag, value, "x.py"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and why in err, err
+
+
 def test_dry_run_on_an_inventory_box_and_no_torch_in_the_parent(inventory_path, tmp_path):
     code = ("import sys; from convoy.cli.main import main; rc = main(['launch', '--dry-run', '--devices', '2,0',"
             f" '--strategy', 'ddp', {SHOW_ENV!r}]); print('torch' in sys.modules, rc)")

@@ -125,3 +125,18 @@ def test_each_candidate_can_be_costed_in_its_own_precision_recipe():
     same = plan_for(spec, run, hw, explain_breaks=False, offload=False)
     assert {r.precision for r in same.rows} == {"bf16-autocast"}
     assert same.row("zero3").memory.activations > p.row("zero3").memory.activations  # no weight copies
+
+
+def test_tensor_parallel_groups_never_straddle_two_nodes():
+    """2 nodes of 6 GPUs and 8 heads: tp4 divides the 12 GPUs and the heads, but ranks 4-7 (tp innermost) would sit
+    on both nodes; only degrees that divide a node's GPUs are candidates (it chose tp4 x pp3 before)."""
+    from convoy.plan.candidates import enumerate_candidates
+    from convoy.plan.hardware import Hardware, lookup_gpu
+    from convoy.plan.model import from_numbers
+
+    model = from_numbers(30e9, layers=48, hidden=7168, heads=8, vocab=32000)
+    hw = Hardware(gpu=lookup_gpu("H100-80GB"), gpus_per_node=6, nodes=2)
+    assert {c.layout.dims.tp for c in enumerate_candidates(model, hw, global_batch=12, micro_batch=1)} == {1, 2}
+    rec = recommend_for_module(model, world_size=12, nodes=2, device_memory_bytes=80 * 2**30, gpu="H100-80GB",
+                               allowed=("ddp", "zero1", "zero2", "zero3", "tp", "pp"))
+    assert 6 % rec.dims.tp == 0, rec.dims

@@ -168,8 +168,11 @@ def test_a_damaged_entry_is_measured_again_not_divided_by(tmp_path):
         entry = {**next(iter(data.values())), **damage}
         path.write_text(json.dumps({next(iter(data)): entry}))
         assert load_calibration(**who) is None, damage
-        save_calibration(_record(rate=1e12), path=path)  # the damaged entry is replaced, not merged into
-        assert load_calibration(**who) == _record(rate=1e12), damage
+        fresh = _record(gemm_flops={"64x64x64:bf16": 1e12}, attention_seconds={})
+        save_calibration(fresh, path=path)  # the damaged entry is replaced, not merged into
+        assert load_calibration(**who) == fresh, damage
+    path.write_text(json.dumps({next(iter(data)): {**next(iter(data.values())), "memory_bytes_per_s": 10**400}}))
+    assert load_calibration(**who) is not None  # a huge whole number is absurd, not an OverflowError
 
 
 def _tiny_cpu_model():
@@ -201,6 +204,10 @@ def test_several_tp_degrees_measure_their_shapes_and_the_device_once(tmp_path, m
     # a model known by its size alone: the device-wide rates once, then the cache
     bare = replace(tiny, hidden=None, heads=None, num_layers=None)
     assert cal.calibrate(bare, run, device="cpu", path=tmp_path / "c.json") == rec and len(calls) == 2
+    # measured first, it leaves no pointwise rate (no hidden size to measure at): the first shaped model adds one
+    first = cal.calibrate(bare, run, device="cpu", path=tmp_path / "d.json")
+    assert first.pointwise_seconds_per_byte == 0 and not first.gemm_flops
+    assert cal.calibrate(tiny, run, device="cpu", path=tmp_path / "d.json").pointwise_seconds_per_byte > 0
 
 
 def test_an_unwritable_cache_costs_a_warning_not_the_measurement(tmp_path, monkeypatch):

@@ -47,6 +47,15 @@ def test_nvml_names_find_their_rows():
     assert lookup_gpu("NVIDIA H100 80GB HBM3").name == "H100-80GB"
     assert lookup_gpu("NVIDIA A100-SXM4-80GB").name == "A100-80GB"
     assert lookup_gpu("AMD Instinct MI300X").name == "MI300X"
+    # PCIe boards (no NVLink) are not their SXM siblings, and a short alias is a whole model name, not a prefix
+    names = {"NVIDIA A100 80GB PCIe": "A100-PCIE-80GB", "NVIDIA A100-PCIE-40GB": "A100-PCIE-40GB",
+             "A100-SXM-80GB": "A100-80GB", "NVIDIA A100-SXM4-40GB": "A100-40GB", "NVIDIA H100 PCIe": "H100-PCIE",
+             "NVIDIA L4": "L4", "NVIDIA L40S": "L40S", "NVIDIA A10": "A10", "NVIDIA H200": "H200-141GB"}
+    assert {name: lookup_gpu(name).name for name in names} == names
+    assert lookup_gpu("NVIDIA A100 80GB PCIe").nvlink_gbs is None and lookup_gpu("A100-80GB").nvlink_gbs == 300
+    for unknown in ("NVIDIA L40", "NVIDIA GH200 480GB"):  # once read as an L4 and an H200
+        with pytest.raises(PlanError, match="unknown accelerator"):
+            lookup_gpu(unknown)
 
 
 def test_hardware_from_inventory_files(inventory_path):

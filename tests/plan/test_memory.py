@@ -86,6 +86,23 @@ def test_first_pipeline_stage_holds_all_layers_worth_with_1f1b():
     assert few.activations < mem.activations  # fewer micro-batches in flight than stages
 
 
+@pytest.mark.parametrize("precision,optimizer,params_per_param", [
+    ("fp32", "adamw", 4 + 4 / 8), ("bf16-autocast", "adamw", 4 + 4 / 8), ("bf16-fsdp", "adamw", 2 + 2 / 8),
+    ("bf16-fsdp", "none", 2 + 4 / 8),  # inference counts no master: the shard is the whole fp32 copy
+    ("bf16", "adamw", 2), ("fp16", "adamw", 2),  # separate 16-bit weights and fp32 master: the paper's count
+])
+def test_zero2_keeps_the_fp32_shards_beside_the_whole_weights_as_fsdp2_runs_it(precision, optimizer, params_per_param):
+    """convoy's zero2 (FSDP2, gathered weights kept from forward to backward): the fp32 shard is the parameter and
+    the whole weights sit beside it (measured on CPU processes: tests/plan/test_state_bytes_distributed.py)."""
+    m = from_numbers(8e9)
+    run = RunSpec(precision=precision, optimizer=optimizer)
+    z2 = memory_per_gpu(m, run, Layout(dims=ParallelDims(dp_replicate=8), zero_stage=2))
+    assert z2.params == params_per_param * 8e9
+    off = memory_per_gpu(m, run, Layout(dims=ParallelDims(dp_replicate=8), zero_stage=2, offload=True))
+    assert off.params == PRECISIONS[precision].weight_bytes * 8e9  # the shard lives on the host with the rest
+    assert off.host + off.params == z2.model_states
+
+
 def test_sharding_divides_and_offload_moves_to_host():
     m = from_numbers(8e9, layers=32, hidden=4096, heads=32, vocab=32000)
     run = RunSpec(precision="bf16")

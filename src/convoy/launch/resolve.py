@@ -108,6 +108,11 @@ class LaunchRequest:
             raise ConfigError(f"--master-port {self.master_port}: give a TCP port from 1 to 65535 (0: a free one)")
         if self.node_rank is not None and self.node_rank < 0:
             raise ConfigError(f"--node-rank {self.node_rank}: give 0 or more")
+        # malformed counts are refused here, before any device is selected: a typo is named as a typo, not as
+        # whatever selecting devices with the other flags runs into first
+        if self.nproc_per_node not in _NPROC_WORDS:
+            _nproc_number(self.nproc_per_node)
+        node_range(self.nnodes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,6 +235,20 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
     )
 
 
+#: the words torchrun's --nproc-per-node takes besides a number (None: the flag was not given)
+_NPROC_WORDS = (None, "auto", "cpu", "gpu", "xpu", "cuda")
+
+
+def _nproc_number(asked: str) -> int:
+    """``--nproc-per-node`` as a number of processes (>= 1); ``ConfigError`` otherwise."""
+    if not re.fullmatch(r"\s*-?[0-9]{1,6}\s*", str(asked)):  # ASCII: int() would read '٣'
+        raise ConfigError(f"--nproc-per-node {str(asked)[:40]!r}: give a number, or auto, cpu or gpu")
+    count = int(asked)
+    if count < 1:
+        raise ConfigError(f"--nproc-per-node {count}: give 1 or more")
+    return count
+
+
 def _processes(request: LaunchRequest, selection: Selection, notes: list[str]) -> tuple[int, tuple[Device, ...]]:
     devices = selection.devices
     asked = request.nproc_per_node
@@ -243,14 +262,7 @@ def _processes(request: LaunchRequest, selection: Selection, notes: list[str]) -
         count = CPU_DEFAULT_NPROC if asked is None else (os.cpu_count() or 1)
         notes.append(_cpu_note(count))
         return count, ()
-    if asked == "cpu":
-        count = os.cpu_count() or 1
-    else:
-        if not re.fullmatch(r"\s*-?[0-9]{1,6}\s*", str(asked)):  # ASCII: int() would read '٣'
-            raise ConfigError(f"--nproc-per-node {str(asked)[:40]!r}: give a number, or auto, cpu or gpu")
-        count = int(asked)
-        if count < 1:
-            raise ConfigError(f"--nproc-per-node {count}: give 1 or more")
+    count = (os.cpu_count() or 1) if asked == "cpu" else _nproc_number(asked)
     if explicit_devices and devices and count != len(devices):
         raise ConfigError(f"--devices {request.devices} selects {len(devices)} device(s) but --nproc-per-node "
                           f"asks for {count} processes; give one of them, or make them agree")

@@ -155,6 +155,13 @@ def _pointwise_seconds_per_byte(model: ModelSpec, run: RunSpec, dev: Any, dtype:
     return seconds / max(1, sum(saved.values()))
 
 
+def _several_gpus(device: str) -> bool:
+    """True when ``device`` is a CUDA device and another one is visible (the peer bandwidth can be measured)."""
+    import torch
+
+    return torch.device(device).type == "cuda" and torch.cuda.device_count() > 1
+
+
 def calibrate(model: ModelSpec, run: RunSpec, *, device: str = "cuda", tp: int | tuple[int, ...] = 1,
               path: Path | None = None, **kwargs: Any) -> Calibration:
     """The cached record for ``device`` with what it lacks measured (then cached): one tp rank's shapes of
@@ -176,7 +183,9 @@ def calibrate(model: ModelSpec, run: RunSpec, *, device: str = "cuda", tp: int |
             need_gemm = any(gemm_key(m, k, n, dtype) not in record.gemm_flops
                             for m, k, n, _ in gemm_shapes(model, run, tp=t))
             need_attn = attention_key(*attention_shape(model, run, tp=t), dtype) not in record.attention_seconds
-        device_wide = record is None or not record.memory_bytes_per_s
+        device_wide = (record is None or not record.memory_bytes_per_s
+                       or (model.has_shape and not record.pointwise_seconds_per_byte)  # a shapeless first record
+                       or (kwargs.get("peer", True) and record.peer_bytes_per_s is None and _several_gpus(device)))
         if not (need_gemm or need_attn or device_wide):
             continue
         fresh = measure(model, run, device=device, tp=t, gemms=need_gemm, attention=need_attn,

@@ -146,8 +146,11 @@ def load_calibration(*, device_name: str, device_uuid: str = "", torch_version: 
 
 def _rate(value: Any, *, positive: bool) -> bool:
     """A finite number (> 0 when ``positive``, else >= 0): what a measured rate can be."""
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and (value > 0 if positive else value >= 0))
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if isinstance(value, float) and not math.isfinite(value):  # an int is finite (isfinite(10**400) overflows)
+        return False
+    return value > 0 if positive else value >= 0
 
 
 def _rates_are_sound(record: Calibration) -> bool:

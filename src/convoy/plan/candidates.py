@@ -85,7 +85,8 @@ def enumerate_candidates(model: ModelSpec, hw: Hardware, *, global_batch: int, m
         return
     tps = [1]
     if model.heads:
-        tps = [t for t in _divisors(model.heads) if t <= hw.gpus_per_node and world % t == 0]
+        # a tp group is t neighbouring ranks: it stays inside one node only when t divides the node's GPUs
+        tps = [t for t in _divisors(model.heads) if hw.gpus_per_node % t == 0 and world % t == 0]
     for tp in tps:
         for pp in _divisors(world // tp):
             if pp > 1 and (model.num_layers is None or pp > model.num_layers):

@@ -70,7 +70,7 @@ def _gpu(name, mib, bf16, fp16, fp32, nvlink, pcie, source, aliases=()) -> GpuSp
 GPUS: dict[str, GpuSpec] = {g.name.lower(): g for g in (
     _gpu("H100-80GB", 81559, 989.4, 989.4, 66.9, 450, 64,
          "NVIDIA H100 Tensor Core GPU datasheet (SXM5): https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
-         ("h100 80gb hbm3", "h100-sxm", "h100 sxm")),
+         ("h100 80gb hbm3", "h100-sxm", "h100-sxm5", "h100 sxm")),
     _gpu("H100-PCIE", 81559, 756.5, 756.5, 51.2, None, 64,
          "NVIDIA H100 datasheet (PCIe column; the optional NVLink bridge pairs only two boards)",
          ("h100 pcie",)),
@@ -79,14 +79,14 @@ GPUS: dict[str, GpuSpec] = {g.name.lower(): g for g in (
     # the PCIe boards come before the SXM rows, whose shorter aliases ("a100 80gb") their names also contain
     _gpu("A100-PCIE-80GB", 81920, 312, 312, 19.5, None, 32,
          "NVIDIA A100 datasheet (PCIe column; the optional NVLink bridge pairs only two boards)",
-         ("a100 80gb pcie", "a100-pcie-80gb")),
+         ("a100 80gb pcie", "a100-pcie-80gb", "a100 pcie 80gb")),
     _gpu("A100-PCIE-40GB", 40960, 312, 312, 19.5, None, 32,
          "NVIDIA A100 datasheet (PCIe 40GB)", ("a100-pcie-40gb", "a100 40gb pcie")),
     _gpu("A100-80GB", 81920, 312, 312, 19.5, 300, 32,
          "NVIDIA A100 datasheet (SXM4, NVLink 3 600 GB/s total): https://www.nvidia.com/en-us/data-center/a100/",
-         ("a100-sxm4-80gb", "a100 80gb", "a100-80gb")),
+         ("a100-sxm4-80gb", "a100-sxm-80gb", "a100 80gb", "a100-80gb")),
     _gpu("A100-40GB", 40960, 312, 312, 19.5, 300, 32,
-         "NVIDIA A100 datasheet (SXM4 40GB)", ("a100-sxm4-40gb", "a100 40gb", "a100-40gb")),
+         "NVIDIA A100 datasheet (SXM4 40GB)", ("a100-sxm4-40gb", "a100-sxm-40gb", "a100 40gb", "a100-40gb")),
     _gpu("V100-32GB", 32768, None, 125, 15.7, 150, 16,
          "NVIDIA V100 datasheet (SXM2, NVLink 2 300 GB/s total): https://www.nvidia.com/en-us/data-center/v100/",
          ("v100-sxm2-32gb", "v100 32gb", "v100-32gb")),
@@ -117,7 +117,9 @@ def lookup_gpu(name: str) -> GpuSpec:
     if key in GPUS:
         return GPUS[key]
     for spec in GPUS.values():  # device names from NVML/ROCm: "NVIDIA H100 80GB HBM3"
-        if any(alias in key for alias in spec.aliases):
+        # an alias is a whole model name in the device's: "nvidia a10" is not in "nvidia a100-sxm4-80gb", nor
+        # "h200" in "gh200", nor "nvidia l4" in "nvidia l40"
+        if any(re.search(rf"(?<![0-9a-z]){re.escape(alias)}(?![0-9])", key) for alias in spec.aliases):
             return spec
     close = [g.name for g in GPUS.values() if key.split("-")[0] and key.split("-")[0] in g.name.lower()]
     hint = f"did you mean {', '.join(close)}?" if close else "known: " + ", ".join(g.name for g in GPUS.values())

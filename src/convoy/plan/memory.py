@@ -265,7 +265,9 @@ def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout) -> MemoryBrea
     # shard the optimizer steps, and the weights gathered in the forward stay whole until the backward, beside it.
     # Recipes with separate 16-bit weights and an fp32 master (DeepSpeed's, the ZeRO paper's "bf16") keep the
     # 16-bit weights whole and only the master sharded, which the lines above count.
-    stored_shard = psi * recipe.weight_bytes / dp if stage == 2 and dp > 1 and recipe.master_bytes < 4 else 0
+    # (in inference no master is counted, so the shard is the whole fp32 copy: weight + master bytes under bf16-fsdp)
+    shard_bytes = recipe.weight_bytes + (0 if train else recipe.master_bytes)
+    stored_shard = psi * shard_bytes / dp if stage == 2 and dp > 1 and recipe.master_bytes < 4 else 0
     grads = psi * (recipe.grad_bytes + recipe.accum_bytes) / (dp if stage >= 2 else 1) if train else 0.0
     optimizer = psi * opt_bytes / (dp if stage >= 1 else 1) if train else 0.0
     master = psi * master_bytes / (dp if stage >= 1 else 1)

@@ -324,7 +324,7 @@ def _planted_rates(tp2_speedup: float):
     attention = {attention_key(*attention_shape(spec, run, tp=tp), "fp32"): 1e-4 for tp in (1, 2)}
     save_calibration(Calibration(device_name=name, device_uuid=uuid, torch_version=version, device_type="cpu",
                                  gemm_flops=rates, attention_seconds=attention, memory_bytes_per_s=1e12,
-                                 launch_seconds=1e-6, measured_at=1.7e9))
+                                 launch_seconds=1e-6, pointwise_seconds_per_byte=1e-12, measured_at=1.7e9))
 
 
 def _auto_gpt2(device="cpu"):
@@ -448,8 +448,10 @@ def test_on_several_machines_auto_keeps_tp_inside_one():
     assert one.name == "parallel" and (one.dims.dp, one.dims.tp) == (2, 8), one
     for nodes in (2, 4):
         several = layout(nodes)
-        assert (several.dims.tp if several.dims else 1) <= 16 // nodes and several != one, several
+        assert (16 // nodes) % (several.dims.tp if several.dims else 1) == 0, several  # tp inside a machine
         assert "multi-node" in several.reason, several.reason
+    assert (layout(4).dims.tp if layout(4).dims else 1) < one.dims.tp
+
     # the Accelerator's reading of the launch: WORLD_SIZE / LOCAL_WORLD_SIZE when even, else one machine
     assert _nodes(TrainSettings(world_size=16, local_world_size=4)) == 4
     assert _nodes(TrainSettings(world_size=6, local_world_size=4)) == 1

@@ -12,8 +12,9 @@ how strategy ``"parallel"`` realises their data parallelism (``dp_engine_for``),
     layout.name, layout.dims     # ("parallel", ParallelDims(tp=2)) when the planner's winner splits the model
 
 ``planner`` is the hook for ``convoy.plan``: a callable ``planner(num_parameters=, world_size=, device_bytes=,
-model=, tp_degrees=, pp_degrees=, pipeline=[, heads=]) -> AutoLayout | (name, reason) | None`` (``heads``: the
-model config's attention heads, given when known; a planner gets only the keywords it takes). When it
+model=, tp_degrees=, pp_degrees=, pipeline=[, heads=, nodes=]) -> AutoLayout | (name, reason) | None`` (``heads``:
+the model config's attention heads, given when known; ``nodes``: the machines of a multi-node job, given when
+above 1; a planner gets only the keywords it takes). When it
 answers, its answer wins, and the rule below is the fallback. What the planner may split is decided here,
 where the model can be inspected:
 
@@ -292,11 +293,15 @@ def measured_device(device: str, model: ModelSpec, run: RunSpec, *,
                 pass  # a GPU the table lacks: the generic device, and the measured rates
         # this GPU only (peer=False): measuring the link would put a CUDA context on another rank's GPU
         record = calibrate(model, run, device=device, tp=tp_degrees, peer=False)
-        if device.startswith("cuda"):
-            torch.cuda.empty_cache()  # the measurement's buffers go back to the GPU, not to the caching allocator
     except Exception as err:  # noqa: BLE001 -- see the docstring: the choice still stands without rates
         why = str(err).splitlines()[0] if str(err) else type(err).__name__
         return gpu, None, f"the datasheet model (measuring {device} failed: {why})"
+    finally:
+        if device.startswith("cuda"):
+            try:  # the measurement's buffers (an out-of-memory one's too) go back to the GPU
+                torch.cuda.empty_cache()
+            except Exception:  # noqa: BLE001 -- a broken CUDA context: the fallback above stands
+                pass
     return gpu, record, f"rates measured on this machine ({record.describe()})"
 
 
