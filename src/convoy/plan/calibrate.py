@@ -114,7 +114,7 @@ def measure(model: ModelSpec, run: RunSpec, *, device: str = "cuda", tp: int = 1
         small = torch.zeros(16, device=dev)
         launch = timed(lambda: [small.add_(1) for _ in range(100)], 1, reps) / 100
         pointwise = _pointwise_seconds_per_byte(model, run, dev, dtype, timed, reps) if model.has_shape else 0.0
-        if peer and dev.type == "cuda" and torch.cuda.device_count() > 1:
+        if peer and _several_gpus(device):
             other = torch.empty_like(src, device=torch.device("cuda", 1 if (dev.index or 0) == 0 else 0))
             peer_rate = copy_bytes / timed(lambda: other.copy_(src), 2, reps)
             del other
@@ -163,11 +163,12 @@ def _several_gpus(device: str) -> bool:
 
 
 def calibrate(model: ModelSpec, run: RunSpec, *, device: str = "cuda", tp: int | tuple[int, ...] = 1,
-              path: Path | None = None, **kwargs: Any) -> Calibration:
+              path: Path | None = None, peer: bool = True, **kwargs: Any) -> Calibration:
     """The cached record for ``device`` with what it lacks measured (then cached): one tp rank's shapes of
     ``model`` at ``tp``, or at each degree of a tuple ``tp`` (the layouts a plan compares; each must divide the
     model's heads), and the device-wide rates once. A cache that cannot be written costs only the next run's
-    measurement: the record is returned all the same (with a warning)."""
+    measurement: the record is returned all the same (with a warning). ``peer``: also the bandwidth to another
+    visible GPU (see ``measure``)."""
     degrees = tuple(dict.fromkeys((tp,) if isinstance(tp, int) else tp))
     bad = [t for t in degrees if not isinstance(t, int) or t < 1 or (model.heads and model.heads % t)]
     if bad or not degrees:
@@ -185,11 +186,11 @@ def calibrate(model: ModelSpec, run: RunSpec, *, device: str = "cuda", tp: int |
             need_attn = attention_key(*attention_shape(model, run, tp=t), dtype) not in record.attention_seconds
         device_wide = (record is None or not record.memory_bytes_per_s
                        or (model.has_shape and not record.pointwise_seconds_per_byte)  # a shapeless first record
-                       or (kwargs.get("peer", True) and record.peer_bytes_per_s is None and _several_gpus(device)))
+                       or (peer and record.peer_bytes_per_s is None and _several_gpus(device)))
         if not (need_gemm or need_attn or device_wide):
             continue
         fresh = measure(model, run, device=device, tp=t, gemms=need_gemm, attention=need_attn,
-                        device_wide=device_wide, **kwargs)
+                        device_wide=device_wide, peer=peer, **kwargs)
         record, measured = (record.merged(fresh) if record is not None else fresh), True
     assert record is not None  # the first degree measured the device-wide rates when nothing was cached
     if measured:
