@@ -429,7 +429,9 @@ def test_auto_on_a_gpu_plans_with_its_table_row_and_rates_measured_on_it(tmp_pat
     assert f"Step times: rates measured on this machine ({name}" in layout.reason, layout.reason
     record = load_calibration(device_name=name, device_uuid=uuid, torch_version=version, path=cache_path())
     assert {"2048x768x2304:bf16", "2048x768x1152:bf16"} <= set(record.gemm_flops), record.gemm_flops
-    assert torch.cuda.memory_allocated() <= baseline  # the measurement's tensors are gone
+    # the measurement's tensors (256 MiB copy buffers, a 196 MiB bf16 logits GEMM) are gone; a library workspace
+    # the bf16 kernels may keep for the process (cuBLASLt, cuDNN) is not one of them
+    assert torch.cuda.memory_allocated() - baseline < 32 * 2**20
 
 
 def test_on_several_machines_auto_keeps_tp_inside_one():
