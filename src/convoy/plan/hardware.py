@@ -74,6 +74,9 @@ GPUS: dict[str, GpuSpec] = {g.name.lower(): g for g in (
     _gpu("H100-PCIE", 81559, 756.5, 756.5, 51.2, None, 64,
          "NVIDIA H100 datasheet (PCIe column; the optional NVLink bridge pairs only two boards)",
          ("h100 pcie",)),
+    _gpu("H100-NVL", 95330, 835.5, 835.5, 60, None, 64,
+         "NVIDIA H100 datasheet (H100 NVL column, dense; its NVLink bridge pairs only two boards); memory: NVML's "
+         "99,961,274,368 bytes, to the MiB", ("h100 nvl",)),
     _gpu("H200-141GB", 143771, 989.4, 989.4, 66.9, 450, 64,
          "NVIDIA H200 datasheet (SXM): https://www.nvidia.com/en-us/data-center/h200/", ("h200",)),
     # the PCIe boards come before the SXM rows, whose shorter aliases ("a100 80gb") their names also contain
