@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from convoy.errors import PlanError
@@ -14,6 +17,32 @@ def test_every_row_has_a_source_and_sane_numbers():
         assert gpu.source and gpu.memory_bytes > 8 * GB
         assert gpu.fp16_tflops >= gpu.fp32_tflops > 0
         assert gpu.pcie_gbs in (16, 32, 64)
+        # memory bandwidth: GDDR (an L4's 300 GB/s) to HBM3 (an MI300X's 5.3 TB/s), never the host link's
+        assert 300 <= gpu.memory_gbs <= 8000 and gpu.memory_gbs > 4 * gpu.pcie_gbs
+
+
+def _documented_rows() -> dict[str, list[str]]:
+    """docs/planner.md's GPU table as board name -> its cells ("A100-80GB / A100-40GB" rows split in two)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "planner.md").read_text()
+    table = text[text.index("| GPU | memory (MiB)"):].split("\n\n")[0].splitlines()[2:]
+    rows = {}
+    for line in table:
+        names, *cells = [c.strip() for c in line.strip("|").split("|")]
+        for at, name in enumerate(re.sub(r" \(SXM4?\)", "", names).split(" / ")):
+            rows[name] = [c.split(" / ")[at] if " / " in c else c for c in cells]
+    return rows
+
+
+def test_the_documented_table_is_the_code_table():
+    rows = _documented_rows()
+    assert set(rows) == {gpu.name for gpu in GPUS.values()}
+    for gpu in GPUS.values():
+        memory, bf16, fp16, fp32, nvlink, pcie, bandwidth = rows[gpu.name]
+        assert int(memory) == gpu.memory_bytes // MiB, gpu.name
+        assert (float(bf16) if bf16 != "–" else None) == pytest.approx(gpu.bf16_tflops, abs=0.1), gpu.name
+        assert (float(fp16), float(fp32)) == pytest.approx((gpu.fp16_tflops, gpu.fp32_tflops), abs=0.1), gpu.name
+        assert (float(nvlink) if nvlink != "–" else None) == gpu.nvlink_gbs, gpu.name
+        assert (float(pcie), float(bandwidth)) == (gpu.pcie_gbs, gpu.memory_gbs), gpu.name
 
 
 def test_parse_hardware_and_links():

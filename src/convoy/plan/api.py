@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Collection
 
 from convoy.errors import PlanError
-from convoy.plan.calibration import Calibration
+from convoy.plan.calibration import DATASHEET_MODEL, Calibration
 from convoy.plan.candidates import STRATEGY_NAMES, Candidate, enumerate_candidates
 from convoy.plan.hardware import GpuSpec, Hardware, hardware_from_inventory, lookup_gpu, parse_hardware
 from convoy.plan.memory import Layout, MemoryBreakdown, RunSpec, memory_per_gpu
@@ -273,7 +273,7 @@ def resolve_hardware(hardware: str | Hardware | None = None, *, inventory: Any =
     return hw
 
 
-_DATASHEET_NOTE = "step times use the datasheet model (peak FLOPs x a fixed efficiency); --calibrate measures this machine"
+_DATASHEET_NOTE = f"step times use {DATASHEET_MODEL}; --calibrate measures this machine"
 
 def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: int, precision: str = "bf16",
                          seq_len: int = 2048, micro_batch: int = 1, optimizer: str = "adamw",

@@ -28,10 +28,13 @@ from typing import Any, Mapping
 from convoy.errors import PlanError
 
 __all__ = ["Calibration", "FORMAT", "cache_path", "calibration_key", "load_calibration", "save_calibration",
-           "gemm_key", "attention_key", "resolve_calibration"]
+           "gemm_key", "attention_key", "resolve_calibration", "DATASHEET_MODEL", "time_model"]
 
 #: bump when a field's meaning changes: older records are then ignored (measured again)
 FORMAT = 1
+
+#: what step times rest on without a measurement (``convoy.plan.timing``'s ``datasheet_rates``)
+DATASHEET_MODEL = "the datasheet model (peak FLOPs x a fixed efficiency, memory-bound work at the board's bandwidth)"
 
 
 def gemm_key(m: int, k: int, n: int, dtype: str) -> str:
@@ -54,7 +57,7 @@ class Calibration:
     """The device's UUID where the runtime gives one (``GPU-...``); empty for the CPU."""
     torch_version: str
     device_type: str = "cuda"
-    """``"cuda"`` or ``"cpu"``."""
+    """``"cuda"`` or ``"cpu"`` (``"datasheet"``: no measurement, the rates a datasheet promises)."""
     gemm_flops: Mapping[str, float] = field(default_factory=dict)
     """``gemm_key`` -> achieved FLOP/s (2mnk per product, median of timed runs)."""
     attention_seconds: Mapping[str, float] = field(default_factory=dict)
@@ -105,6 +108,14 @@ class Calibration:
         peer = f", {self.peer_bytes_per_s / 1e9:.0f} GB/s peer" if self.peer_bytes_per_s else ""
         when = time.strftime("%Y-%m-%d", time.gmtime(self.measured_at)) if self.measured_at else "?"
         return f"{self.device_name} (torch {self.torch_version}, measured {when}): {mid}{bw}{peer}"
+
+
+def time_model(record: "Calibration | None", *, why: str = "") -> str:
+    """The one sentence every output (``convoy plan``, ``strategy="auto"``) uses for the step-time model: the
+    rates measured on this machine, or the datasheet model and, given, why no measurement was used."""
+    if record is not None:
+        return f"rates measured on this machine ({record.describe()})"
+    return f"{DATASHEET_MODEL}: {why}" if why else DATASHEET_MODEL
 
 
 def calibration_key(device_name: str, device_uuid: str, torch_version: str) -> str:
@@ -196,14 +207,13 @@ def resolve_calibration(hw: Any, model: Any, run: Any, *, tp: int = 1, inventory
     here; otherwise returns None and says that the datasheet model is kept and why."""
     from convoy.plan.hardware import lookup_gpu
 
-    datasheet = "step times use the datasheet model (peak FLOPs x a fixed efficiency)"
     if inventory is None:
         try:
             from convoy.devices.discovery import discover
 
             inventory = discover()
         except Exception as err:  # noqa: BLE001 -- probing is best effort: the plan still stands without it
-            return None, f"calibration skipped: no device probe ({err}); {datasheet}"
+            return None, f"step times use {time_model(None, why=f'calibration skipped, no device probe ({err})')}"
     visible = []
     for d in getattr(inventory, "devices", ()) or ():
         try:
@@ -212,12 +222,12 @@ def resolve_calibration(hw: Any, model: Any, run: Any, *, tp: int = 1, inventory
             visible.append(d.name)
     if hw.gpu.name not in visible:
         here = ", ".join(sorted(set(visible))) or "no GPU"
-        return None, (f"calibration needs the {hw.gpu.name} being planned for, and this machine has {here}; "
-                      f"{datasheet}")
+        why = f"calibration needs the {hw.gpu.name} being planned for, and this machine has {here}"
+        return None, f"step times use {time_model(None, why=why)}"
     from convoy.plan.calibrate import calibrate
 
     try:
         record = calibrate(model, run, device="cuda", tp=tp, path=path)
     except PlanError as err:  # e.g. a CPU-only torch on a GPU machine: the plan stands on the datasheet
-        return None, f"calibration failed ({err}); {datasheet}"
-    return record, f"step times use rates measured on this machine: {record.describe()}"
+        return None, f"step times use {time_model(None, why=f'calibration failed ({err})')}"
+    return record, f"step times use {time_model(record)}"

@@ -43,6 +43,9 @@ class GpuSpec:
     """Peer link bandwidth per GPU, one direction, GB/s (NVLink / Infinity Fabric); None when absent."""
     pcie_gbs: float
     """Host link bandwidth, one direction, GB/s (PCIe x16 of the board's generation)."""
+    memory_gbs: float | None = None
+    """Device memory bandwidth, GB/s (the datasheet's HBM/GDDR figure); None: unknown, so the step-time model
+    leaves memory-bound work out."""
     source: str
     """Where the numbers come from."""
     aliases: tuple[str, ...] = ()
@@ -61,54 +64,58 @@ class GpuSpec:
         raise PlanError(f"unknown compute dtype {dtype!r}; use bf16, fp16 or fp32")
 
 
-def _gpu(name, mib, bf16, fp16, fp32, nvlink, pcie, source, aliases=()) -> GpuSpec:
+def _gpu(name, mib, bf16, fp16, fp32, nvlink, pcie, source, aliases=(), *, hbm) -> GpuSpec:
     return GpuSpec(name=name, memory_bytes=mib * MiB, bf16_tflops=bf16, fp16_tflops=fp16, fp32_tflops=fp32,
-                   nvlink_gbs=nvlink, pcie_gbs=pcie, source=source, aliases=aliases)
+                   nvlink_gbs=nvlink, pcie_gbs=pcie, memory_gbs=hbm, source=source, aliases=aliases)
 
 
-# name -> spec. Memory: nvidia-smi's "total" for the board. Links: GB/s per GPU per direction.
+# name -> spec. Memory: nvidia-smi's "total" for the board. Links: GB/s per GPU per direction. hbm: the same
+# datasheet's memory bandwidth, GB/s.
 GPUS: dict[str, GpuSpec] = {g.name.lower(): g for g in (
     _gpu("H100-80GB", 81559, 989.4, 989.4, 66.9, 450, 64,
          "NVIDIA H100 Tensor Core GPU datasheet (SXM5): https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
-         ("h100 80gb hbm3", "h100-sxm", "h100-sxm5", "h100 sxm")),
+         ("h100 80gb hbm3", "h100-sxm", "h100-sxm5", "h100 sxm"), hbm=3350),
     _gpu("H100-PCIE", 81559, 756.5, 756.5, 51.2, None, 64,
          "NVIDIA H100 datasheet (PCIe column; the optional NVLink bridge pairs only two boards)",
-         ("h100 pcie",)),
+         ("h100 pcie",), hbm=2000),
     _gpu("H100-NVL", 95330, 835.5, 835.5, 60, None, 64,
          "NVIDIA H100 datasheet (H100 NVL column, dense; its NVLink bridge pairs only two boards); memory: NVML's "
-         "99,961,274,368 bytes, to the MiB", ("h100 nvl",)),
+         "99,961,274,368 bytes, to the MiB", ("h100 nvl",), hbm=3900),
     _gpu("H200-141GB", 143771, 989.4, 989.4, 66.9, 450, 64,
-         "NVIDIA H200 datasheet (SXM): https://www.nvidia.com/en-us/data-center/h200/", ("h200",)),
+         "NVIDIA H200 datasheet (SXM): https://www.nvidia.com/en-us/data-center/h200/", ("h200",), hbm=4800),
     # the PCIe boards come before the SXM rows, whose shorter aliases ("a100 80gb") their names also contain
     _gpu("A100-PCIE-80GB", 81920, 312, 312, 19.5, None, 32,
          "NVIDIA A100 datasheet (PCIe column; the optional NVLink bridge pairs only two boards)",
-         ("a100 80gb pcie", "a100-pcie-80gb", "a100 pcie 80gb")),
+         ("a100 80gb pcie", "a100-pcie-80gb", "a100 pcie 80gb"), hbm=1935),
     _gpu("A100-PCIE-40GB", 40960, 312, 312, 19.5, None, 32,
-         "NVIDIA A100 datasheet (PCIe 40GB)", ("a100-pcie-40gb", "a100 40gb pcie")),
+         "NVIDIA A100 datasheet (PCIe 40GB)", ("a100-pcie-40gb", "a100 40gb pcie"), hbm=1555),
     _gpu("A100-80GB", 81920, 312, 312, 19.5, 300, 32,
          "NVIDIA A100 datasheet (SXM4, NVLink 3 600 GB/s total): https://www.nvidia.com/en-us/data-center/a100/",
-         ("a100-sxm4-80gb", "a100-sxm-80gb", "a100 80gb", "a100-80gb")),
+         ("a100-sxm4-80gb", "a100-sxm-80gb", "a100 80gb", "a100-80gb"), hbm=2039),
     _gpu("A100-40GB", 40960, 312, 312, 19.5, 300, 32,
-         "NVIDIA A100 datasheet (SXM4 40GB)", ("a100-sxm4-40gb", "a100-sxm-40gb", "a100 40gb", "a100-40gb")),
+         "NVIDIA A100 datasheet (SXM4 40GB)", ("a100-sxm4-40gb", "a100-sxm-40gb", "a100 40gb", "a100-40gb"),
+         hbm=1555),
     _gpu("V100-32GB", 32768, None, 125, 15.7, 150, 16,
          "NVIDIA V100 datasheet (SXM2, NVLink 2 300 GB/s total): https://www.nvidia.com/en-us/data-center/v100/",
-         ("v100-sxm2-32gb", "v100 32gb", "v100-32gb")),
+         ("v100-sxm2-32gb", "v100 32gb", "v100-32gb"), hbm=900),
     _gpu("V100-16GB", 16160, None, 125, 15.7, 150, 16, "NVIDIA V100 datasheet (SXM2 16GB)",
-         ("v100-sxm2-16gb", "v100-16gb")),
+         ("v100-sxm2-16gb", "v100-16gb"), hbm=900),
     _gpu("L40S", 46068, 362.05, 362.05, 91.6, None, 32,
-         "NVIDIA L40S datasheet (dense, without sparsity): https://www.nvidia.com/en-us/data-center/l40s/", ("l40s",)),
+         "NVIDIA L40S datasheet (dense, without sparsity): https://www.nvidia.com/en-us/data-center/l40s/", ("l40s",),
+         hbm=864),
     _gpu("L4", 23034, 121, 121, 30.3, None, 32,
-         "NVIDIA L4 datasheet (dense, without sparsity): https://www.nvidia.com/en-us/data-center/l4/", ("nvidia l4",)),
+         "NVIDIA L4 datasheet (dense, without sparsity): https://www.nvidia.com/en-us/data-center/l4/", ("nvidia l4",),
+         hbm=300),
     _gpu("A10", 23028, 125, 125, 31.2, None, 32,
-         "NVIDIA A10 datasheet: https://www.nvidia.com/en-us/data-center/products/a10-gpu/", ("nvidia a10",)),
+         "NVIDIA A10 datasheet: https://www.nvidia.com/en-us/data-center/products/a10-gpu/", ("nvidia a10",), hbm=600),
     _gpu("T4", 15360, None, 65, 8.1, None, 16,
-         "NVIDIA T4 datasheet: https://www.nvidia.com/en-us/data-center/tesla-t4/", ("tesla t4",)),
+         "NVIDIA T4 datasheet: https://www.nvidia.com/en-us/data-center/tesla-t4/", ("tesla t4",), hbm=320),
     _gpu("RTX4090", 24564, 165.2, 165.2, 82.6, None, 32,
          "NVIDIA Ada architecture whitepaper, RTX 4090 (fp16/bf16 with fp32 accumulate, dense)",
-         ("rtx 4090",)),
+         ("rtx 4090",), hbm=1008),
     _gpu("MI300X", 196592, 1307.4, 1307.4, 163.4, 448, 64,
          "AMD Instinct MI300X datasheet (7 Infinity Fabric links x 64 GB/s each way): "
-         "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html", ("mi300x",)),
+         "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html", ("mi300x",), hbm=5300),
 )}
 
 _SPEC = re.compile(r"^\s*(?:(\d+)\s*[xX*]\s*)?(.+?)\s*$")

@@ -12,14 +12,20 @@ through each GPU's link, all-gather and reduce-scatter (n-1)/n (Thakur, Rabensei
 block per micro-batch (Narayanan et al. 2021); a 1F1B pipeline idles (p-1)/(m+p-1) of the time (GPipe bubble).
 Data-parallel traffic overlaps with the backward; tensor-parallel and offload traffic are counted as exposed.
 
-With a ``Calibration`` (``convoy plan --calibrate``, measured on the device by ``convoy.plan.calibrate``) the
-compute term is built from what that device achieved instead of peak x efficiency: every GEMM of the model at
-its own shape at its measured FLOP/s (x3 for forward + two backward products, x4 with full recomputation),
-the fused attention's measured forward + backward seconds, memory-bound work (the saved activation bytes
-times the measured seconds per saved byte of a norm / GELU / SiLU / residual chain's forward + backward; the
-optimizer's reads and writes at the measured bandwidth); a record without that rate uses 4x the saved bytes at
-the measured bandwidth plus a launch overhead per kernel (about three per saved tensor). Measured peer
-bandwidth replaces the datasheet's intra-node link.
+A model with a shape (layers, hidden, heads) is timed kernel class by kernel class, a roofline: every GEMM of
+the model at its own shape (x3 for forward + two backward products, x4 with full recomputation), the fused
+attention's forward + backward, memory-bound work (the saved activation bytes, each written and read, its
+gradient written and read, plus a launch overhead per kernel, about three per saved tensor), and the
+optimizer's reads and writes. The rates come from one of two places:
+
+- the datasheet (default): GEMMs and attention at peak FLOPs x ``efficiency``, memory-bound work and the
+  optimizer at the datasheet's memory bandwidth, no launch overhead. A model known only by its parameter
+  count is timed as 6N FLOPs per token at peak x ``efficiency``.
+- a ``Calibration`` (``convoy plan --calibrate``, measured on the device by ``convoy.plan.calibrate``): each
+  GEMM shape at its measured FLOP/s, the fused attention's measured seconds, memory-bound work at the measured
+  seconds per saved byte of a norm / GELU / SiLU / residual chain's forward + backward (else the rule above at
+  the measured bandwidth and launch overhead), the optimizer at the measured bandwidth; measured peer
+  bandwidth replaces the datasheet's intra-node link.
 """
 
 from __future__ import annotations
@@ -29,15 +35,17 @@ from dataclasses import dataclass, replace
 
 from convoy.plan.activations import block_bytes, block_saved, head_saved_bytes
 from convoy.plan.calibration import Calibration, attention_key, gemm_key
-from convoy.plan.hardware import Hardware
+from convoy.plan.hardware import GpuSpec, Hardware
 from convoy.plan.memory import OPTIMIZER_STATE_BYTES, Layout, RunSpec, _stage_params
 from convoy.plan.model import ModelSpec
+from convoy.plan.units import GB
 
 __all__ = ["StepTime", "step_time", "model_flops_per_token", "ring_all_reduce_seconds", "ring_gather_seconds",
-           "DEFAULT_EFFICIENCY", "CPU_ADAM_PARAMS_PER_S", "gemm_shapes", "attention_shape", "calibrated_compute"]
+           "DEFAULT_EFFICIENCY", "CPU_ADAM_PARAMS_PER_S", "gemm_shapes", "attention_shape", "compute_seconds",
+           "datasheet_rates"]
 
-#: fraction of peak FLOPs the compute kernels reach: a typical large-model figure (PaLM reports 46% MFU,
-#: Megatron-LM 52% on A100); a stated assumption, override with ``efficiency=``.
+#: fraction of peak FLOPs the matmul and attention kernels reach without a calibration: a typical large-model
+#: figure (PaLM reports 46% MFU, Megatron-LM 52% on A100); a stated assumption, override with ``efficiency=``.
 DEFAULT_EFFICIENCY = 0.5
 #: parameters per second a CPU Adam step updates per process, for offloaded optimizers (DeepSpeed's
 #: CPU-Adam reports about 1e9 on a server socket); a stated assumption.
@@ -72,7 +80,7 @@ class StepTime:
     peak_flops: float
     """Per-GPU peak for the compute dtype."""
     time_model: str = "datasheet"
-    """``"datasheet"`` (peak FLOPs x a fixed efficiency) or ``"calibrated"`` (rates measured on the device)."""
+    """``"datasheet"`` (``datasheet_rates``) or ``"calibrated"`` (rates measured on the device)."""
 
     @property
     def seconds(self) -> float:
@@ -158,9 +166,17 @@ def _gemm_rate(cal: Calibration, m: int, k: int, n: int, dtype: str, fallback: f
     return rates[len(rates) // 2] if rates else fallback
 
 
-def calibrated_compute(model: ModelSpec, run: RunSpec, layout: Layout, cal: Calibration, *,
-                       fallback_flops: float) -> float:
-    """Seconds of one GPU's compute for one optimizer step (no bubble, no communication) from measured rates.
+def datasheet_rates(gpu: GpuSpec) -> Calibration:
+    """The rates a datasheet promises, as a record with no measurement: the GEMMs and attention then run at
+    ``compute_seconds``'s ``fallback_flops`` (peak x efficiency), memory-bound work at the board's bandwidth."""
+    return Calibration(device_name=f"{gpu.name} (datasheet)", torch_version="", device_type="datasheet",
+                       memory_bytes_per_s=(gpu.memory_gbs or 0.0) * GB)
+
+
+def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, cal: Calibration, *,
+                    fallback_flops: float) -> float:
+    """Seconds of one GPU's compute for one optimizer step (no bubble, no communication) at ``cal``'s rates
+    (measured, or ``datasheet_rates``).
 
     ``fallback_flops``: the rate for a GEMM shape the record lacks when it has none in that dtype at all.
     """
@@ -179,7 +195,8 @@ def calibrated_compute(model: ModelSpec, run: RunSpec, layout: Layout, cal: Cali
         attn_fwd_bwd = 3 * 4 * b * a * s * s * d / _gemm_rate(cal, 0, 0, 0, dtype, fallback_flops)
     if run.attention == "eager":
         attn_fwd_bwd *= 2  # the s x s scores go through memory (a stated factor, not measured)
-    attn = layers * attn_fwd_bwd * (4 / 3 if passes == 4 else (1 if run.training else 1 / 3))
+    again = run.training and run.recompute in ("full", "selective")  # both run the attention core's forward again
+    attn = layers * attn_fwd_bwd * (4 / 3 if again else (1 if run.training else 1 / 3))
     saved = layers * block_bytes(model, replace(run, recompute="none"), tp=tp) + head_saved_bytes(model, run, tp=tp)
     if cal.pointwise_seconds_per_byte:  # measured: memory-bound forward + backward (launches included) per byte
         memory_bound = saved * cal.pointwise_seconds_per_byte * (1 if run.training else 1 / 3)
@@ -217,8 +234,9 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
     elif run.training and run.recompute == "selective" and model.num_layers and model.hidden:
         hw_flops = model_flops + 4 * model.num_layers * model.hidden * s * tokens  # the attention core again
     peak = hw.gpu.peak_flops(recipe.compute)
-    if calibration is not None and model.has_shape:
-        compute = calibrated_compute(model, run, layout, calibration, fallback_flops=peak * efficiency)
+    if model.has_shape:
+        rates = calibration if calibration is not None else datasheet_rates(hw.gpu)
+        compute = compute_seconds(model, run, layout, rates, fallback_flops=peak * efficiency)
     else:
         compute = hw_flops / world / (peak * efficiency)
     bubble = compute * (dims.pp - 1) / m if dims.pp > 1 else 0.0

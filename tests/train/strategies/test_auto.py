@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import convoy.plan.candidates
+from convoy.plan.calibration import DATASHEET_MODEL
 from convoy.errors import StrategyError
 from convoy.train.strategies.auto import (AutoLayout, auto_strategy, choose_strategy, dp_engine_for, planner_hook,
                                           pp_degrees, runs_in_trainer, tp_degrees)
@@ -382,8 +383,8 @@ def test_a_failed_measurement_leaves_the_datasheet_and_the_job_goes_on(tmp_path,
     monkeypatch.setattr(cal, "measure", out_of_memory)
     layout = _auto_gpt2()
     assert layout.name == "ddp"
-    assert layout.reason.endswith("Step times: the datasheet model (measuring cpu failed: CUDA out of memory. "
-                                  "Tried to allocate 2.00 GiB)."), layout.reason
+    assert layout.reason.endswith(f"Step times: {DATASHEET_MODEL}: measuring cpu failed, CUDA out of memory. "
+                                  "Tried to allocate 2.00 GiB."), layout.reason
 
 
 def test_a_model_without_a_shape_is_not_measured(tmp_path, monkeypatch):

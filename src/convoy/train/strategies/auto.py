@@ -42,7 +42,7 @@ import torch
 
 from convoy.errors import NotSupportedYetError, PlanError, StrategyError
 from convoy.plan.api import recommend_for_module
-from convoy.plan.calibration import Calibration
+from convoy.plan.calibration import Calibration, time_model
 from convoy.plan.candidates import Candidate
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import lookup_gpu
@@ -295,14 +295,14 @@ def measured_device(device: str, model: ModelSpec, run: RunSpec, *,
         record = calibrate(model, run, device=device, tp=tp_degrees, peer=False)
     except Exception as err:  # noqa: BLE001 -- see the docstring: the choice still stands without rates
         why = str(err).splitlines()[0] if str(err) else type(err).__name__
-        return gpu, None, f"the datasheet model (measuring {device} failed: {why})"
+        return gpu, None, time_model(None, why=f"measuring {device} failed, {why}")
     finally:
         if device.startswith("cuda"):
             try:  # the measurement's buffers (an out-of-memory one's too) go back to the GPU
                 torch.cuda.empty_cache()
             except Exception:  # noqa: BLE001 -- a broken CUDA context: the fallback above stands
                 pass
-    return gpu, record, f"rates measured on this machine ({record.describe()})"
+    return gpu, record, time_model(record)
 
 
 def planner_hook(mixed_precision: str | None, *, device: str | None = None) -> Planner:
