@@ -88,6 +88,8 @@ CASES = [
     ({}, "launch --mixed-precision fp8 {d}/train.py", 2, "fp8"),
     ({"CONVOY_MIXED_PRECISION": "fp8"}, "launch {d}/train.py", 2, "fp8"),
     ({}, "launch --gradient-accumulation-steps ٣ {d}/train.py", 2, "whole number"),
+    ({}, "launch --nproc-per-node ² {d}/train.py", 2, "--nproc-per-node"),
+    ({"CONVOY_NPROC_PER_NODE": "999999"}, "launch {d}/train.py", 2, "would start 999999 CPU processes"),
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -60,11 +61,34 @@ def test_a_malformed_count_is_named_before_devices_are_selected(inventory_path, 
     # every device excluded and a typo in --nproc-per-node / --nnodes: the typo is the line (exit 2), not the
     # empty selection (exit 1) -- found by the launch-flags property test
     monkeypatch.setenv("CONVOY_INVENTORY", str(inventory_path("2_busy_exclusive")))
-    for flag, value, why in (("--nproc-per-node", "²", "--nproc-per-node '²': give a number"),
+    for flag, value, why in (("--nproc-per-node", "²", "--nproc-per-node: '²' is not valid"),
                              ("--nnodes", "0", "--nnodes: '0' is not valid")):
         assert main(["launch", "--dry-run", "--exclude", "GPU-", flag, value, "x.py"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and why in err, err
+
+
+def test_the_process_count_has_one_grammar_in_flags_variables_and_files(inventory_path, capsys, monkeypatch,
+                                                                        tmp_path):
+    """torchrun's words work wherever the count is given (CONVOY_NPROC_PER_NODE and convoy.toml were refused
+    'gpu', which the flag took); a count that would swamp the machine is a typo, refused before any start."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CONVOY_INVENTORY", str(inventory_path("8xh100_nvswitch")))
+    for given in (["--nproc-per-node", "GPU"], []):
+        if not given:
+            monkeypatch.setenv("CONVOY_NPROC_PER_NODE", "gpu")
+        assert main(["launch", "--dry-run", *given, SHOW_ENV]) == 0
+        assert "8 processes per node" in capsys.readouterr().out
+    monkeypatch.delenv("CONVOY_NPROC_PER_NODE")
+    (tmp_path / "convoy.toml").write_text('nproc_per_node = "cuda"\n')
+    assert main(["launch", "--dry-run", SHOW_ENV]) == 0
+    assert "8 processes per node" in capsys.readouterr().out
+    cap = max(64, 8 * (os.cpu_count() or 1))  # CPU processes (--devices 0): a few per core are fine, not 999999
+    assert main(["launch", "--dry-run", "--devices", "0", "--nproc-per-node", str(cap), SHOW_ENV]) == 0
+    capsys.readouterr()
+    assert main(["launch", "--dry-run", "--devices", "0", "--nproc-per-node", str(cap + 1), SHOW_ENV]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"would start {cap + 1} CPU processes" in err and f"at most {cap}" in err, err
 
 
 def test_dry_run_on_an_inventory_box_and_no_torch_in_the_parent(inventory_path, tmp_path):

@@ -226,10 +226,14 @@ def _nnodes(value: Any, where: str) -> str:
     return text
 
 
+#: the words torchrun's --nproc-per-node takes besides a number (cpu: one per core; gpu/xpu/cuda: one per device)
+NPROC_WORDS = ("auto", "cpu", "gpu", "xpu", "cuda")
+
+
 def _nproc(value: Any, where: str) -> str:
-    expected = "'auto' (one per selected device, or 1 on CPU) or a whole number >= 1"
-    text = _to_str(value, where, expected).lower()
-    if text != "auto" and not (re.fullmatch(r"[0-9]{1,12}", text) and int(text) >= 1):
+    expected = "'auto' (one per selected device), torchrun's 'cpu' or 'gpu', or a whole number >= 1"
+    text = _to_str(value, where, expected).strip().lower()
+    if text not in NPROC_WORDS and not (re.fullmatch(r"[0-9]{1,12}", text) and int(text) >= 1):
         raise _bad(where, value, expected)
     return text
 
@@ -268,8 +272,9 @@ SCHEMA: tuple[Key, ...] = (
         doc="Seconds a collective may wait for the other ranks before the job ends with their names."),
     Key(name="nnodes", type="count or MIN:MAX", default="1", ask=True, convert=_nnodes,
         doc="Machines in the job: a count, or MIN:MAX for an elastic job."),
-    Key(name="nproc_per_node", type="'auto' or int >= 1", default="auto", convert=_nproc,
-        doc="Processes per machine: 'auto' starts one per selected device (one on a CPU-only machine)."),
+    Key(name="nproc_per_node", type="'auto', 'cpu', 'gpu' or int >= 1", default="auto", convert=_nproc,
+        doc="Processes per machine: 'auto' starts one per selected device (on a machine without one, one per CPU "
+            "core, as torchrun's 'auto'); 'gpu' one per device; 'cpu' one per core; or a number."),
     Key(name="rdzv_backend", type="one of c10d, static", default="c10d", convert=_choice("c10d", "static"),
         choices=("c10d", "static"), doc="How the machines find each other (torchrun's --rdzv-backend)."),
     Key(name="rdzv_endpoint", type="HOST:PORT", default="", ask=True, convert=_endpoint,

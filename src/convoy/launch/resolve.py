@@ -15,7 +15,6 @@ elastic agent, ``torch.distributed.launcher.api``).
 from __future__ import annotations
 
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -110,8 +109,7 @@ class LaunchRequest:
             raise ConfigError(f"--node-rank {self.node_rank}: give 0 or more")
         # malformed counts are refused here, before any device is selected: a typo is named as a typo, not as
         # whatever selecting devices with the other flags runs into first
-        if self.nproc_per_node not in _NPROC_WORDS:
-            _nproc_number(self.nproc_per_node)
+        asked_nproc(self.nproc_per_node)
         node_range(self.nnodes)
 
 
@@ -235,23 +233,32 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
     )
 
 
-#: the words torchrun's --nproc-per-node takes besides a number (None: the flag was not given)
-_NPROC_WORDS = (None, "auto", "cpu", "gpu", "xpu", "cuda")
+#: CPU processes per core beyond which a count is taken for a typo (--nproc-per-node 999999): gloo ranks
+#: oversubscribed 8 to a core already crawl; never below MIN_CPU_PROCESS_CAP
+CPU_PROCESSES_PER_CORE = 8
+MIN_CPU_PROCESS_CAP = 64
 
 
-def _nproc_number(asked: str) -> int:
-    """``--nproc-per-node`` as a number of processes (>= 1); ``ConfigError`` otherwise."""
-    if not re.fullmatch(r"\s*-?[0-9]{1,6}\s*", str(asked)):  # ASCII: int() would read '٣'
-        raise ConfigError(f"--nproc-per-node {str(asked)[:40]!r}: give a number, or auto, cpu or gpu")
-    count = int(asked)
-    if count < 1:
-        raise ConfigError(f"--nproc-per-node {count}: give 1 or more")
+def asked_nproc(value: str | int | None) -> str | None:
+    """``--nproc-per-node`` in the settings' grammar (``convoy.config.schema``'s ``nproc_per_node`` key, which
+    ``CONVOY_NPROC_PER_NODE`` and convoy.toml go through too): None (not given), ``auto``, torchrun's ``cpu``,
+    ``gpu``, ``xpu``, ``cuda``, or a whole number >= 1 as text; ``ConfigError`` otherwise."""
+    return None if value is None else KEYS["nproc_per_node"].parse(value, where="--nproc-per-node")
+
+
+def _cpu_processes(count: int) -> int:
+    """``count`` CPU processes, unless that many would swamp this machine."""
+    cores = os.cpu_count() or 1
+    cap = max(MIN_CPU_PROCESS_CAP, CPU_PROCESSES_PER_CORE * cores)
+    if count > cap:
+        raise ConfigError(f"--nproc-per-node {count} would start {count} CPU processes on a machine with {cores} "
+                          f"core{'s' if cores != 1 else ''}; give at most {cap} (or select accelerators)")
     return count
 
 
 def _processes(request: LaunchRequest, selection: Selection, notes: list[str]) -> tuple[int, tuple[Device, ...]]:
     devices = selection.devices
-    asked = request.nproc_per_node
+    asked = asked_nproc(request.nproc_per_node)
     explicit_devices = request.devices not in (None, "auto")
     if asked in (None, "auto", "gpu", "xpu", "cuda"):
         if devices:
@@ -262,12 +269,12 @@ def _processes(request: LaunchRequest, selection: Selection, notes: list[str]) -
         count = CPU_DEFAULT_NPROC if asked is None else (os.cpu_count() or 1)
         notes.append(_cpu_note(count))
         return count, ()
-    count = (os.cpu_count() or 1) if asked == "cpu" else _nproc_number(asked)
+    count = (os.cpu_count() or 1) if asked == "cpu" else int(asked)
     if explicit_devices and devices and count != len(devices):
         raise ConfigError(f"--devices {request.devices} selects {len(devices)} device(s) but --nproc-per-node "
                           f"asks for {count} processes; give one of them, or make them agree")
     if not devices:
-        notes.append(_cpu_note(count))
+        notes.append(_cpu_note(_cpu_processes(count)))
     elif count > len(devices):
         # Each rank computes on the device of its LOCAL_RANK: a rank past the last device would find none.
         raise ConfigError(f"--nproc-per-node {count} needs {count} devices (one per process) but "
