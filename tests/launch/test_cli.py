@@ -91,6 +91,26 @@ def test_the_process_count_has_one_grammar_in_flags_variables_and_files(inventor
     assert err.count("\n") == 1 and f"would start {cap + 1} CPU processes" in err and f"at most {cap}" in err, err
 
 
+@pytest.mark.parametrize("flags, why", [
+    (["--redirects", "9"], "--redirects '9': give one of 0 (none), 1 (stdout), 2 (stderr) or 3 (both)"),
+    (["--redirects", "0:9"], "--redirects '0:9'"),
+    (["--tee", "7"], "--tee '7'"),  # was taken and ignored
+    (["--local-ranks-filter", "a"], "--local-ranks-filter 'a': give local ranks like 0 or 0,2"),
+    (["--local-ranks-filter", "5"], "names local rank 5, but this node runs 2 processes (local ranks 0..1)"),
+    (["--redirects", "0:3,2:1"], "--redirects '0:3,2:1' names local rank 2"),
+    (["--role", " "], "--role ''"),
+    (["--rdzv-conf", "a=b,=c"], "'=c' is not KEY=VALUE"),
+])
+def test_output_flags_are_checked_before_anything_starts(flags, why, capsys, monkeypatch, tmp_path):
+    """A typo in torchrun's output flags was found only once the ranks started (exit 1), or never (--tee, a
+    filter naming no rank showed nothing): now it is one line and exit 2, dry run or not."""
+    monkeypatch.setenv("CONVOY_LEASE_DIR", str(tmp_path))
+    for dry in (["--dry-run"], []):
+        assert main(["launch", *dry, "--devices", "0", "--nproc-per-node", "2", *flags, "x.py"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and why in err, err
+
+
 def test_dry_run_on_an_inventory_box_and_no_torch_in_the_parent(inventory_path, tmp_path):
     code = ("import sys; from convoy.cli.main import main; rc = main(['launch', '--dry-run', '--devices', '2,0',"
             f" '--strategy', 'ddp', {SHOW_ENV!r}]); print('torch' in sys.modules, rc)")

@@ -53,6 +53,19 @@ def test_unmodified_ddp_script_trains_with_prefixed_output_and_per_rank_logs(tmp
     assert len(ports) == 2 and "29500" not in ports  # each job its own free port
 
 
+def test_local_ranks_filter_and_redirects_choose_what_reaches_the_console(tmp_path):
+    """torchrun's --local-ranks-filter (ranks shown) and --redirects (streams kept off the console), while
+    --log-dir still gets every rank's output."""
+    job = convoy_launch("--nproc-per-node", "3", "--local-ranks-filter", "1,2", "--redirects", "2:1",
+                        "--log-dir", str(tmp_path), str(SCRIPTS / "ddp_train.py"), "--steps", "1")
+    out = finish(job, timeout=120)
+    assert job.returncode == 0, out
+    shown = sorted(line.split(":")[0] for line in out.splitlines() if "trained rank=" in line)
+    assert shown == ["[rank1]"], out  # rank 0 filtered out, rank 2's stdout redirected
+    for rank in range(3):
+        assert f"trained rank={rank}" in (tmp_path / f"rank{rank}.log").read_text()
+
+
 @pytest.mark.parametrize("how, expect", [("raise", "exit code 1"), ("kill", "signal SIGKILL")])
 def test_a_failing_rank_stops_the_group_with_its_traceback_once(how, expect):
     start = time.monotonic()

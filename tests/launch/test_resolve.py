@@ -31,7 +31,7 @@ def test_nproc_per_node_keeps_torchruns_meaning_and_user_omp_wins():
     assert plan.nproc_per_node == 3 and "OMP_NUM_THREADS" not in plan.env
     with pytest.raises(ConfigError, match="--nproc-per-node gpu asks for one process per accelerator"):
         resolve_launch(req(nproc_per_node="gpu"), CPU, env={})
-    with pytest.raises(ConfigError, match="give a number, or auto, cpu or gpu"):
+    with pytest.raises(ConfigError, match="'two' is not valid; expected 'auto' .*torchrun's 'cpu' or 'gpu'"):
         resolve_launch(req(nproc_per_node="two"), CPU, env={})
 
 

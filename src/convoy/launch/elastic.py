@@ -26,7 +26,7 @@ from convoy.errors import LaunchError
 from convoy.launch.failures import RankFailure, failure_error
 from convoy.launch.loopback import agent_store, is_loopback, loopback_env
 from convoy.launch.progress import missing_note
-from convoy.launch.resolve import LaunchPlan
+from convoy.launch.resolve import LaunchPlan, shown_ranks, stream_map
 
 __all__ = ["run_elastic", "launch_config"]
 
@@ -36,16 +36,14 @@ def launch_config(plan: LaunchPlan, *, endpoint: str | None = None, local_addr: 
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
-    from convoy.launch.workers import parse_stream_map
-
     from torch.distributed.elastic.multiprocessing import Std
 
-    redirects = parse_stream_map(plan.workers.redirects, plan.nproc_per_node)
+    redirects = stream_map(plan.workers.redirects, plan.nproc_per_node)
     # Output reaches the console through torch's tee (log file, then tailed with the "[rankN]: " prefix);
     # streams the user redirected stay in the files only.
     tee = {rank: Std(3 & ~redirects.get(rank, 0)) for rank in range(plan.nproc_per_node)}
     logs = DefaultLogsSpecs(log_dir=plan.workers.log_dir, redirects={r: Std(v) for r, v in redirects.items()},
-                            tee=tee, local_ranks_filter=_filter(plan.workers.local_ranks_filter))
+                            tee=tee, local_ranks_filter=shown_ranks(plan.workers.local_ranks_filter, plan.nproc_per_node))
     configs: dict[str, object] = dict(plan.rdzv_configs)
     if "rank" in configs:
         configs["rank"] = int(configs["rank"])  # static rendezvous: this node's rank
@@ -67,10 +65,6 @@ def _local_addr(plan: LaunchPlan) -> str | None:
     group's ``MASTER_ADDR`` is that name, which on a container or cloud host often does not resolve to this
     machine, so the restarted ranks never meet. Several nodes: torch's default (the host name)."""
     return "127.0.0.1" if plan.max_nodes == 1 else None
-
-
-def _filter(text: str) -> set[int] | None:
-    return {int(item) for item in text.split(",") if item.strip()} if text else None
 
 
 def _worker_command(plan: LaunchPlan) -> tuple[str, list[str]]:

@@ -15,6 +15,7 @@ elastic agent, ``torch.distributed.launcher.api``).
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -62,6 +63,12 @@ class WorkerOptions:
             raise ConfigError(f"--max-restarts {self.max_restarts}: give 0 or more")
         if not 0 < self.monitor_interval < 10**9:
             raise ConfigError(f"--monitor-interval {self.monitor_interval}: give a number of seconds > 0")
+        # the grammars here; the local ranks they name are checked against the node's count when it is known
+        stream_map(self.redirects, None, flag="--redirects")
+        stream_map(self.tee, None, flag="--tee")
+        shown_ranks(self.local_ranks_filter, None)
+        if not self.role.strip():
+            raise ConfigError("--role '': give the workers a role name (torchrun's default is 'default')")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,6 +174,9 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
     """The plan for ``request`` on the devices ``selection`` chose, under ``env``."""
     notes: list[str] = list(selection.explanation)
     nproc, devices = _processes(request, selection, notes)
+    stream_map(request.workers.redirects, nproc, flag="--redirects")
+    stream_map(request.workers.tee, nproc, flag="--tee")
+    shown_ranks(request.workers.local_ranks_filter, nproc)
     min_nodes, max_nodes = node_range(request.nnodes)
     node_rank = request.node_rank if request.node_rank is not None else 0
     master_addr, master_port = request.master_addr, request.master_port
@@ -256,6 +266,45 @@ def _cpu_processes(count: int) -> int:
     return count
 
 
+_STREAMS = "0 (none), 1 (stdout), 2 (stderr) or 3 (both)"
+
+
+def stream_map(text: str, nproc: int | None, *, flag: str = "--redirects") -> dict[int, int]:
+    """torchrun's ``--redirects``/``--tee`` value as {local rank: 0-3}: ``"3"`` (every rank of ``nproc``) or
+    ``"0:1,1:2"`` (1 stdout, 2 stderr, 3 both); ``ConfigError`` otherwise, or for a local rank past ``nproc``
+    (None: the grammar only)."""
+    text = (text or "0").strip()
+    if re.fullmatch(r"[0-3]", text):
+        return {rank: int(text) for rank in range(nproc or 0)}
+    pairs = [item.strip() for item in text.split(",")]
+    if not all(re.fullmatch(r"[0-9]{1,6}\s*:\s*[0-3]", pair) for pair in pairs):
+        raise ConfigError(f"{flag} {text[:40]!r}: give one of {_STREAMS} for every rank, or LOCAL_RANK:VALUE "
+                          "pairs like '0:3,1:1'")
+    mapping = {int(k): int(v) for k, _, v in (pair.partition(":") for pair in pairs)}
+    _local_ranks_exist(mapping, nproc, flag, text)
+    return mapping
+
+
+def shown_ranks(text: str, nproc: int | None) -> set[int] | None:
+    """torchrun's ``--local-ranks-filter`` (``"0,2"``) as the local ranks whose output is shown; None (empty):
+    every rank. ``ConfigError`` for anything else, or for a local rank past ``nproc`` (None: grammar only)."""
+    if not (text or "").strip():
+        return None
+    items = [item.strip() for item in text.split(",")]
+    if not all(re.fullmatch(r"[0-9]{1,6}", item) for item in items):
+        raise ConfigError(f"--local-ranks-filter {text[:40]!r}: give local ranks like 0 or 0,2")
+    ranks = {int(item) for item in items}
+    _local_ranks_exist(ranks, nproc, "--local-ranks-filter", text)
+    return ranks
+
+
+def _local_ranks_exist(ranks, nproc: int | None, flag: str, text: str) -> None:
+    missing = sorted(r for r in ranks if nproc is not None and r >= nproc)
+    if missing:
+        raise ConfigError(f"{flag} {text[:40]!r} names local rank {missing[0]}, but this node runs "
+                          f"{nproc} process{'es' if nproc != 1 else ''} (local ranks 0..{nproc - 1})")
+
+
 def _processes(request: LaunchRequest, selection: Selection, notes: list[str]) -> tuple[int, tuple[Device, ...]]:
     devices = selection.devices
     asked = asked_nproc(request.nproc_per_node)
@@ -314,7 +363,7 @@ def _rdzv_conf(text: str | None) -> list[tuple[str, str]]:
     pairs = []
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
         key, sep, value = item.partition("=")
-        if not sep:
+        if not sep or not key.strip():
             raise ConfigError(f"--rdzv-conf {text!r}: {item!r} is not KEY=VALUE (e.g. join_timeout=600)")
         pairs.append((key.strip(), value.strip()))
     return pairs

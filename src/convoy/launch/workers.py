@@ -36,28 +36,12 @@ from convoy.launch.failures import RankFailure, TracebackHold, failure_error, re
 from convoy.launch.loopback import LISTEN_FD_VARIABLE, is_loopback, listen_socket, loopback_env
 from convoy.launch.progress import missing_note
 from convoy.launch.ports import free_port
-from convoy.launch.resolve import LaunchPlan
+from convoy.launch.resolve import LaunchPlan, shown_ranks, stream_map
 
-__all__ = ["run_direct", "parse_stream_map"]
+__all__ = ["run_direct"]
 
 _TICK = 0.25  # the monitor wakes at once on an exit or a stop signal; this bounds the wait otherwise
 _STALE_TRACEBACK = 1.0  # a held traceback of a live process is printed inline after this many seconds
-
-
-def parse_stream_map(text: str, nproc: int) -> dict[int, int]:
-    """torchrun's ``--redirects``/``--tee`` value: ``"3"`` (all ranks) or ``"0:1,1:2"``; 1=out 2=err 3=both."""
-    text = (text or "0").strip()
-    try:
-        if ":" not in text:
-            value = int(text)
-            mapping = {rank: value for rank in range(nproc)}
-        else:
-            mapping = {int(k): int(v) for k, v in (item.split(":") for item in text.split(","))}
-    except ValueError:
-        raise LaunchError(f"stream setting {text!r}: give 0-3, or LOCAL_RANK:0-3 pairs like '0:3,1:1'") from None
-    if any(not 0 <= v <= 3 for v in mapping.values()):
-        raise LaunchError(f"stream setting {text!r}: values are 0 (none), 1 (stdout), 2 (stderr) or 3 (both)")
-    return mapping
 
 
 class _Rank:
@@ -173,8 +157,9 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
     listener = _store_socket(plan)
     port = listener.getsockname()[1] if listener is not None else plan.master_port or free_port(plan.master_addr)
     scratch = Path(tempfile.mkdtemp(prefix="convoy-launch-"))
-    redirects = parse_stream_map(plan.workers.redirects, plan.nproc_per_node)
-    shown = _shown_ranks(plan.workers.local_ranks_filter, plan.nproc_per_node)
+    redirects = stream_map(plan.workers.redirects, plan.nproc_per_node)
+    shown = shown_ranks(plan.workers.local_ranks_filter, plan.nproc_per_node)
+    shown = set(range(plan.nproc_per_node)) if shown is None else shown
     logs: list[IO[str]] = []
     ranks: list[_Rank] = []
     lock = threading.Lock()
@@ -295,15 +280,6 @@ def _monitor(ranks: list[_Rank], start: float, stop: "_StopSignal", grace: float
         if failure is None or worker.rank != failure.rank:
             worker.release_inline()  # other ranks' tracebacks (often consequences of the first failure)
     return failure
-
-
-def _shown_ranks(text: str, nproc: int) -> set[int]:
-    if not text:
-        return set(range(nproc))
-    try:
-        return {int(item) for item in text.split(",") if item.strip()}
-    except ValueError:
-        raise LaunchError(f"--local-ranks-filter {text!r}: give local ranks like 0 or 0,2") from None
 
 
 def _open_log(log_dir: str | None, rank: int) -> IO[str] | None:
