@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -48,6 +50,28 @@ def test_bad_settings_are_one_clear_error():
         Accelerator(mixed_precision="fp8")
     with pytest.raises(StrategyError, match="choose one of"):
         Accelerator(strategy="zero4")
+
+
+@pytest.mark.parametrize("kwargs, why", [
+    ({"device_placement": "no"}, "device_placement='no'): give True or False"),  # "no" would read as True
+    ({"cpu": "false"}, "cpu='false'): give True or False"),
+    ({"split_batches": 2}, "split_batches=2): give True or False"),
+    ({"step_scheduler_with_optimizer": None}, "step_scheduler_with_optimizer=None): give True or False"),
+    ({"project_dir": 5}, "project_dir=5): give a directory path"),
+    ({"rng_types": ["torch", "bogus"]}, "'bogus' is not a random number generator"),
+    ({"rng_types": 3}, "3 is not a random number generator"),
+])
+def test_plain_arguments_of_the_wrong_kind_are_one_line(kwargs, why):
+    with pytest.raises(ConfigError, match=re.escape(why)) as err:
+        Accelerator(cpu=True, **kwargs) if "cpu" not in kwargs else Accelerator(**kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_plain_arguments_of_the_right_kind_are_taken():
+    acc = Accelerator(cpu=1, device_placement=False, split_batches=None, even_batches=False,
+                      project_dir=Path("out"), rng_types=["torch", "generator"])
+    assert acc.device_placement is False and acc.dataloader_config.even_batches is False
+    assert acc.project_configuration.project_dir == "out"
 
 
 def test_registry_takes_new_strategies_without_touching_the_facade():

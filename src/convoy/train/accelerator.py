@@ -34,7 +34,7 @@ from convoy.train.data import DataLoaderConfiguration, LoopState, PreparedDataLo
 from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
 from convoy.train.process_group import stop_process_group
 from convoy.train.process_state import AcceleratorState, DistributedType, GradientState, distributed_type_for
-from convoy.train.settings import check_arguments, resolve_settings
+from convoy.train.settings import check_arguments, check_plain_arguments, resolve_settings
 from convoy.train.state_hooks import StateHooks
 from convoy.train.strategies.base import Strategy, SupportsNoSync
 from convoy.train.strategies.build import build_strategy, declared_distributed_type, start_job
@@ -72,6 +72,9 @@ class Accelerator:
                  parallelism: Any = None, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
                  kwargs_handlers: list[Any] | None = None, **unsupported: Any) -> None:
         refuse_arguments(unsupported)
+        check_plain_arguments({"device_placement": device_placement, "split_batches": split_batches, "cpu": cpu,
+                               "step_scheduler_with_optimizer": step_scheduler_with_optimizer,
+                               "even_batches": even_batches}, project_dir=project_dir, rng_types=rng_types)
         if gradient_accumulation_plugin is not None and gradient_accumulation_steps is not None:
             raise ConfigError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both")
         plugin = gradient_accumulation_plugin

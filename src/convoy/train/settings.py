@@ -137,6 +137,38 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
     )
 
 
+#: what Accelerate's ``RNGType`` names (``rng_types``: accepted, and not needed: convoy's shuffling follows the
+#: epoch's seed on every rank)
+RNG_TYPES = ("torch", "cuda", "mps", "xla", "xpu", "npu", "hpu", "mlu", "musa", "sdaa", "generator")
+
+
+def check_plain_arguments(flags: Mapping[str, Any], *, project_dir: Any, rng_types: Any) -> None:
+    """The ``Accelerator``'s plain arguments, before anything reads them, with one ``ConfigError``: ``flags``
+    (name -> value) are True or False (None too where the name is in ``OPTIONAL_FLAGS``; 0 and 1 pass, a string
+    does not: ``device_placement="no"`` would read as True), ``project_dir`` a path, ``rng_types`` names from
+    ``RNG_TYPES``."""
+    for name, value in flags.items():
+        if value is None and name in OPTIONAL_FLAGS:
+            continue
+        if not (isinstance(value, bool) or (type(value) is int and value in (0, 1))):
+            raise ConfigError(f"Accelerator({name}={show(value)}): give True or False")
+    if project_dir is not None and not isinstance(project_dir, (str, os.PathLike)):
+        raise ConfigError(f"Accelerator(project_dir={show(project_dir)}): give a directory path (a str or Path)")
+    if rng_types is not None:
+        names = [rng_types] if isinstance(rng_types, str) else rng_types
+        try:
+            bad = [n for n in names if str(getattr(n, "value", n)) not in RNG_TYPES]
+        except TypeError:
+            bad = [rng_types]
+        if bad:
+            raise ConfigError(f"Accelerator(rng_types=...): {show(bad[0])} is not a random number generator; "
+                              f"give names from {', '.join(RNG_TYPES)}")
+
+
+#: the Accelerator's flags whose None means "the default" (from ``dataloader_config``)
+OPTIONAL_FLAGS = ("split_batches", "even_batches")
+
+
 def check_arguments(*, strategy: str, strategy_options: Any, dataloader_config: Any,
                     project_config: Any = None) -> None:
     """The ``Accelerator`` arguments that are not settings, checked at construction with one ``ConfigError``
