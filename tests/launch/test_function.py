@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pytest
 
 import convoy
-from convoy.errors import RankFailedError
+from convoy.errors import ConfigError, RankFailedError
 from tests.launch import fn_targets
 
 pytestmark = pytest.mark.slow
@@ -170,3 +171,15 @@ def _local_train():
         return 1
 
     return train
+
+
+@pytest.mark.parametrize("call, why", [
+    (lambda: convoy.launch(5), "convoy.launch(5): give the function each process runs"),
+    (lambda: convoy.launch(fn_targets.env_value, args="RANK"), "args='RANK'): give a tuple"),  # would be 4 args
+    (lambda: convoy.launch(fn_targets.env_value, args=5), "args=5): give a tuple"),
+    (lambda: convoy.launch(fn_targets.env_value, args=("RANK",), kwargs=[1]), "kwargs=[1]): give a dict"),
+])
+def test_a_call_that_cannot_be_made_is_refused_before_a_lease_or_a_process(call, why, gpu_inventory):
+    with gpu_inventory(0):  # GPU 0 leased here: a call that got as far as selecting devices would say so instead
+        with pytest.raises(ConfigError, match=re.escape(why)):
+            call()

@@ -33,7 +33,8 @@ import time
 import traceback
 from typing import Any, Callable, Mapping, Sequence
 
-from convoy.errors import LaunchError, RankFailedError
+from convoy.config.schema import show
+from convoy.errors import ConfigError, LaunchError, RankFailedError
 from convoy.launch.env import ConvoyEnv, rank_env
 from convoy.launch.failures import describe_exit
 from convoy.launch import progress
@@ -69,6 +70,7 @@ def launch(
     """
     from convoy.launch.job import DeviceFilters, lease_plan, plan_job
 
+    _check_call(fn, args, kwargs)
     method = start_method_for(start_method, cuda_initialized=_cuda_initialized(), platform=sys.platform)
     target = _target(fn, method)
     name = getattr(fn, "__qualname__", repr(fn))
@@ -86,6 +88,17 @@ def launch(
     with lease_plan(plan, filters=filters, env=base_env) as held, job_guard(held.fds if held else ()) as guard:
         return _run(target, tuple(args), dict(kwargs or {}), plan, method, base_env, replace_env=env is not None,
                     job_env=guard.env if guard is not None else {})
+
+
+def _check_call(fn: Any, args: Any, kwargs: Any) -> None:
+    """What each rank will call, checked before a device is leased or a process started."""
+    if not callable(fn):
+        raise ConfigError(f"convoy.launch({show(fn)}): give the function each process runs, e.g. "
+                          "convoy.launch(train, args=(lr,))")
+    if isinstance(args, (str, bytes)) or not isinstance(args, (tuple, list)):
+        raise ConfigError(f"convoy.launch(args={show(args)}): give a tuple of positional arguments, e.g. args=(lr,)")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise ConfigError(f"convoy.launch(kwargs={show(kwargs)}): give a dict of keyword arguments")
 
 
 def _run(fn, args: tuple, kwargs: dict, plan, method: str, base_env: dict, *, replace_env: bool,
