@@ -178,3 +178,68 @@ def test_recovery_prefers_the_newest_complete_copy_and_ignores_other_names(tmp_p
     assert ckpt.is_complete(tmp_path / "x") and not (tmp_path / "x" / "data").exists()
     assert ckpt.recover_checkpoint(tmp_path / "old-x")
     assert (tmp_path / "old-x" / "data").read_text() == "1"
+
+
+@pytest.mark.parametrize("name", ["state.pt", "random_states_0.pkl", "distributed/.metadata"])
+def test_garbage_in_a_file_is_named_as_damaged_without_a_traceback(saved, name, capfd):
+    """Bytes that are no pickle at all made the unpickler raise struct.error (not caught), and a damaged DCP
+    record made torch log two tracebacks on the root logger before convoy's line."""
+    acc, _, path = saved
+    capfd.readouterr()
+    (path / name).write_bytes(b"junk")
+    with pytest.raises(CheckpointError) as info:
+        acc.load_state(path)
+    assert name.split("/")[-1] in _one_line(info) and "damaged" in _one_line(info)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("marker", ["not json", "[1]"])
+def test_a_damaged_marker_is_named(saved, marker):
+    acc, _, path = saved
+    (path / ckpt.MARKER).write_text(marker)
+    with pytest.raises(CheckpointError, match="convoy_checkpoint.json"):
+        acc.load_state(path)
+
+
+def test_save_never_replaces_what_is_not_a_checkpoint(tmp_path):
+    """save_state swaps the whole directory it is given: given a file or a folder of the user's (a project
+    directory), it moved them aside and deleted them. Now it refuses, and an empty folder or an earlier
+    checkpoint is still written over."""
+    acc = Accelerator()
+    _setup(acc)
+    precious = tmp_path / "train.py"
+    precious.write_text("print('mine')")
+    with pytest.raises(CheckpointError, match="is a file, not a checkpoint directory"):
+        acc.save_state(precious)
+    with pytest.raises(CheckpointError, match="holds files that are not a convoy checkpoint") as info:
+        acc.save_state(tmp_path)
+    assert str(tmp_path / "state") in _one_line(info)
+    assert precious.read_text() == "print('mine')" and sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
+    (tmp_path / "empty").mkdir()
+    assert acc.save_state(tmp_path / "empty") == str(tmp_path / "empty") and ckpt.is_complete(tmp_path / "empty")
+    assert acc.save_state(tmp_path / "empty") == str(tmp_path / "empty")  # an earlier checkpoint: replaced
+    with pytest.raises(CheckpointError, match="cannot write a checkpoint to /proc/ck"):
+        acc.save_state("/proc/ck")
+    with pytest.raises(CheckpointError, match="cannot write the model to /proc/model"):
+        acc.save_model(acc._models[0], "/proc/model")
+
+
+@pytest.mark.slow
+def test_a_save_rank_0_refuses_is_refused_on_every_rank(tmp_path):
+    """Rank 0 alone checks and writes: its refusal reaches the other ranks (which waited for its staging
+    directory, or at the barrier after the model, until the collective timeout)."""
+    from pathlib import Path
+
+    from tests.distributed import run_script
+
+    afile = tmp_path / "a_file"
+    afile.write_text("mine")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "refused_save.py"
+    result = run_script(script, args=[str(afile), "/proc/model"], env={"CONVOY_COLLECTIVE_TIMEOUT": "30"},
+                        timeout=90)
+    assert result.returncode == 0, result.output
+    for rank in (0, 1):
+        assert f"save_state refused on rank {rank}: {afile} is a file" in result.output, result.output
+        assert f"save_model refused on rank {rank}: cannot write the model to /proc/model" in result.output
+        assert f"rank {rank} done" in result.output
+    assert afile.read_text() == "mine"

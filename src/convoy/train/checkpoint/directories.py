@@ -36,13 +36,31 @@ _STAGING_PREFIX = ".staging-"
 
 
 def begin_checkpoint(final_dir: str | Path) -> Path:
-    """Create and return an empty staging directory next to ``final_dir`` (same file system)."""
+    """Create and return an empty staging directory next to ``final_dir`` (same file system).
+
+    ``CheckpointError`` when ``final_dir`` cannot be written, or holds something the commit would replace and
+    that is not a checkpoint (a file, a directory of the user's): the commit swaps the whole directory."""
     final_dir = Path(final_dir)
-    final_dir.parent.mkdir(parents=True, exist_ok=True)
-    recover_checkpoint(final_dir)  # a save killed mid-commit: put the checkpoint back before anything else
-    staging = final_dir.parent / f"{_STAGING_PREFIX}{final_dir.name}-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
+    try:
+        final_dir.parent.mkdir(parents=True, exist_ok=True)
+        recover_checkpoint(final_dir)  # a save killed mid-commit: put the checkpoint back before anything else
+        _refuse_to_replace(final_dir)
+        staging = final_dir.parent / f"{_STAGING_PREFIX}{final_dir.name}-{uuid.uuid4().hex[:8]}"
+        staging.mkdir()
+    except OSError as err:
+        raise CheckpointError(f"cannot write a checkpoint to {final_dir}: {err.strerror or err}; give a directory "
+                              "this process can create and write") from None
     return staging
+
+
+def _refuse_to_replace(final_dir: Path) -> None:
+    if final_dir.is_symlink() or (final_dir.exists() and not final_dir.is_dir()):
+        raise CheckpointError(f"{final_dir} is a file, not a checkpoint directory; save_state() writes a directory "
+                              "of its own there: give a new path")
+    if final_dir.is_dir() and not is_complete(final_dir) and any(final_dir.iterdir()):
+        raise CheckpointError(f"{final_dir} holds files that are not a convoy checkpoint, and save_state() replaces "
+                              "the whole directory it is given; give a new or empty directory (e.g. "
+                              f"{final_dir / 'state'}), or one an earlier save_state() wrote")
 
 
 def commit_checkpoint(staging: str | Path, final_dir: str | Path, meta: dict[str, Any]) -> Path:
@@ -88,7 +106,14 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     if not is_complete(path):
         raise CheckpointError(f"{path} is not a complete convoy checkpoint (no {MARKER}); "
                               "pass a directory written by save_state()")
-    return json.loads((path / MARKER).read_text())
+    try:
+        meta = json.loads((path / MARKER).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise CheckpointError(f"{path / MARKER} cannot be read ({type(err).__name__}: {err}); the checkpoint is "
+                              "damaged: load an earlier one") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path / MARKER} is not a convoy checkpoint's record; load an earlier checkpoint")
+    return meta
 
 
 def _numbered(root: Path) -> list[tuple[int, Path]]:

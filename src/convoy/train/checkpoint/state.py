@@ -23,7 +23,7 @@ import functools
 import os
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -58,9 +58,30 @@ def save_model(items: CheckpointItems, model: torch.nn.Module, save_directory: s
                max_shard_size: int | str, safe_serialization: bool) -> None:
     """Unwrapped, consolidated weights in safetensors (transformers' file layout). Collective."""
     state = items.get_strategy().full_model_state_dict(model)
+
+    def write() -> None:
+        try:
+            write_model(state, save_directory, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
+        except OSError as err:
+            raise CheckpointError(f"cannot write the model to {save_directory}: {err.strerror or err}; give a "
+                                  "directory this process can create and write") from None
+
+    _on_main(items, write)  # every rank returns (or raises) once rank 0 has written
+
+
+def _on_main(items: CheckpointItems, fn: Callable[[], Any]) -> Any:
+    """``fn()`` on the main process, its value on every rank; its ``CheckpointError`` raised on every rank (not
+    only rank 0's, with the others waiting in the next collective until the timeout)."""
+    outcome = None
     if items.is_main_process:
-        write_model(state, save_directory, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
-    items.barrier()
+        try:
+            outcome = ("ok", fn())
+        except CheckpointError as err:
+            outcome = ("error", str(err))
+    kind, value = collectives.broadcast_object(outcome)
+    if kind == "error":
+        raise CheckpointError(value)
+    return value
 
 
 def save_state(items: CheckpointItems, output_dir: str | os.PathLike[str] | None) -> CheckpointResult:
@@ -75,8 +96,7 @@ def save_state(items: CheckpointItems, output_dir: str | os.PathLike[str] | None
             final = max(final, directories.next_checkpoint_dir(root), key=lambda p: int(p.name.split("_")[1]))
     else:
         final = Path(output_dir)  # type: ignore[arg-type]
-    staging = collectives.broadcast_object(
-        str(directories.begin_checkpoint(final)) if items.is_main_process else None)
+    staging = _on_main(items, lambda: str(directories.begin_checkpoint(final)))
     final = Path(collectives.broadcast_object(str(final)))
     strategy = items.get_strategy()
     # the hooks write next to the rest, into staging: whatever they put there is renamed into place with it
