@@ -18,14 +18,14 @@ are alone.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
 import torch
 
 from convoy.config.schema import KEYS, MIXED_PRECISIONS, MixedPrecision, show
 from convoy.errors import ConfigError
-from convoy.launch.env import (SETTING_NAMES, ConvoyEnv, check_rank, read_convoy_env, read_debug_mode,
+from convoy.launch.env import (SETTING_NAMES, ConvoyEnv, RankEnv, read_convoy_env, read_debug_mode,
                                read_rank_env)
 from convoy.plan.dims import ParallelDims
 
@@ -33,17 +33,11 @@ __all__ = ["TrainSettings", "resolve_settings", "check_arguments"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainSettings:
-    """Resolved settings of one training process; also what a strategy reads as ``self.context``."""
+class TrainSettings(RankEnv):
+    """Resolved settings of one training process: who it is in its job (the ``RankEnv`` fields: ``rank``,
+    ``local_rank``, which picks the device, ``world_size``, ``local_world_size``, ``master_addr``, ...) and
+    what it runs; also what a strategy reads as ``self.context``."""
 
-    rank: int = 0
-    """Global rank (``RANK``)."""
-    local_rank: int = 0
-    """Rank on this machine (``LOCAL_RANK``); picks the device."""
-    world_size: int = 1
-    """Processes in the job (``WORLD_SIZE``)."""
-    local_world_size: int = 1
-    """Processes on this machine (``LOCAL_WORLD_SIZE``)."""
     device_type: str = "cpu"
     """Where this process computes: ``"cpu"`` or an accelerator type (``"cuda"``)."""
     mixed_precision: MixedPrecision = MixedPrecision(KEYS["mixed_precision"].default)
@@ -60,12 +54,11 @@ class TrainSettings:
     """Strategy-specific options (``strategy_options``: ``find_unused_parameters``, ``cpu_offload``, ...)."""
     debug: bool = False
     """Check shapes across processes before collectives (``ACCELERATE_DEBUG_MODE=1``, ``PartialState().debug``)."""
-    master_addr: str | None = None
-    """Where rank 0's store listens (``MASTER_ADDR``); None: a one-process group keeps its store in memory."""
     backend: str | None = None
     """Process-group backend asked for (``InitProcessGroupKwargs(backend=)``); ``None``: gloo on CPU, nccl on CUDA."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.mixed_precision not in MIXED_PRECISIONS:
             raise ConfigError(f"mixed_precision={show(self.mixed_precision)} is not supported; "
                               f"choose one of {', '.join(MIXED_PRECISIONS)}")
@@ -75,7 +68,6 @@ class TrainSettings:
             raise ConfigError(f"gradient_accumulation_steps={self.gradient_accumulation_steps} must be >= 1")
         if not 0 < self.collective_timeout_s < float("inf"):
             raise ConfigError(f"collective timeout {self.collective_timeout_s} s must be positive")
-        check_rank(self.rank, self.world_size)
 
     @property
     def distributed(self) -> bool:
@@ -125,8 +117,7 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
     launched = replace(from_env, **{name: getattr(from_files, name) for name in unset})
     dims = given["parallelism"] if "parallelism" in given else launched.parallelism
     return TrainSettings(
-        rank=ranks.rank, local_rank=ranks.local_rank, world_size=ranks.world_size,
-        local_world_size=ranks.local_world_size, master_addr=ranks.master_addr,
+        **{f.name: getattr(ranks, f.name) for f in fields(RankEnv)},
         device_type="cpu" if cpu else _device_type(),
         mixed_precision=_setting("mixed_precision", given, launched),
         strategy=_setting("strategy", given, launched),
