@@ -80,7 +80,7 @@ def test_nvml_names_find_their_rows():
     names = {"NVIDIA A100 80GB PCIe": "A100-PCIE-80GB", "NVIDIA A100-PCIE-40GB": "A100-PCIE-40GB",
              "A100-SXM-80GB": "A100-80GB", "NVIDIA A100-SXM4-40GB": "A100-40GB", "NVIDIA H100 PCIe": "H100-PCIE",
              "NVIDIA L4": "L4", "NVIDIA L40S": "L40S", "NVIDIA A10": "A10", "NVIDIA H200": "H200-141GB",
-             "NVIDIA H100 NVL": "H100-NVL"}
+             "NVIDIA H100 NVL": "H100-NVL", "NVIDIA A10G": "A10G"}
     assert {name: lookup_gpu(name).name for name in names} == names
     assert lookup_gpu("NVIDIA A100 80GB PCIe").nvlink_gbs is None and lookup_gpu("A100-80GB").nvlink_gbs == 300
     for unknown in ("NVIDIA L40", "NVIDIA GH200 480GB"):  # once read as an L4 and an H200

@@ -106,6 +106,11 @@ GPUS: dict[str, GpuSpec] = {g.name.lower(): g for g in (
     _gpu("L4", 23034, 121, 121, 30.3, None, 32,
          "NVIDIA L4 datasheet (dense, without sparsity): https://www.nvidia.com/en-us/data-center/l4/", ("nvidia l4",),
          hbm=300),
+    # before A10, whose alias "nvidia a10" the A10G's NVML name also contains
+    _gpu("A10G", 23028, 70, 70, 35, None, 32,
+         "AWS's variant of the A10 (G5 instances); neither NVIDIA nor AWS publish a datasheet: tensor and fp32 "
+         "figures from Baseten's A10 vs A10G comparison (https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-"
+         "model-inference/), memory and bandwidth as the A10's", ("nvidia a10g",), hbm=600),
     _gpu("A10", 23028, 125, 125, 31.2, None, 32,
          "NVIDIA A10 datasheet: https://www.nvidia.com/en-us/data-center/products/a10-gpu/", ("nvidia a10",), hbm=600),
     _gpu("T4", 15360, None, 65, 8.1, None, 16,
