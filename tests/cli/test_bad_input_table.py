@@ -77,6 +77,8 @@ CASES = [
     ({}, "plan {d}/raising_factory.py:build --hardware 8xH100-80GB", 2, "RuntimeError: boom"),
     ({}, "plan --params 7e9 --hardware 99999999999999xH100-80GB", 2, "GPU count"),
     ({}, "plan --params 7e9 --hardware 8xH100-80GB --global-batch 3", 2, "cannot be split evenly"),
+    ({}, "plan --params 7e9 --hardware 8xH100-80GB --seq-len 99999999999", 2, "too large (at most 10 digits)"),
+    ({}, "launch --max-restarts 9999999999 {d}/train.py", 2, "too large (at most 9 digits)"),
     ({}, "run -- {d}/no_shebang.sh", 126, "add a #! line"),
     ({}, "launch --exclude a {d}/train.py", 2, "exclude"),
     ({}, "launch --log-dir /etc/hostname {d}/train.py", 2, "not a directory"),

@@ -33,7 +33,9 @@ _UNSUPPORTED = {"logs_specs": None, "numa_binding": None, "virtual_local_rank": 
 def _whole(text: str) -> int:
     """argparse type of every whole-number flag: ASCII digits only (``int()`` would read '٣'), at most 9."""
     if not re.fullmatch(r"\s*-?[0-9]{1,9}\s*", text):
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number")
+        too_long = re.fullmatch(r"\s*-?[0-9]+\s*", text)
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is " + ("too large (at most 9 digits)" if too_long
+                                                                  else "not a whole number"))
     return int(text)
 
 

@@ -30,7 +30,9 @@ Numbers and their sources: docs/planner.md."""
 
 def _positive_int(text: str) -> int:
     if not re.fullmatch(r"\s*-?[0-9]{1,10}\s*", text):  # ASCII digits: int() would read '٣'
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number")
+        too_long = re.fullmatch(r"\s*-?[0-9]+\s*", text)
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is " + ("too large (at most 10 digits)" if too_long
+                                                                  else "not a whole number"))
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
