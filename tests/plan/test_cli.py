@@ -101,3 +101,15 @@ def test_plot(capsys, tmp_path):
         assert rc == 1 and "needs matplotlib" in capsys.readouterr().err and not out.exists()
     else:
         assert rc == 0 and out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_documented_case_3_table_is_what_convoy_plan_prints(capsys):
+    """docs/choosing-a-strategy.md shows rows of `convoy plan` for a 70B Llama on 32 H100s (middle columns
+    elided): each row shown is the command's own, so the guide stays true when the model changes."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "choosing-a-strategy.md").read_text()
+    block = text[text.index("$ convoy plan llama70b.json"):].split("```")[0].splitlines()
+    assert main(["plan", str(CONFIGS / "llama2_70b.json"), "--hardware", "32xH100-80GB", "--recompute", "full"]) == 0
+    printed = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line.strip()}
+    for shown in (line.split() for line in block[2:] if line.strip()):
+        ours = printed[shown[0]]
+        assert shown[:4] == ours[:4] and shown[-8:] == ours[-8:], (shown, ours)

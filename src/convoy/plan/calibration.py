@@ -34,7 +34,8 @@ __all__ = ["Calibration", "FORMAT", "cache_path", "calibration_key", "load_calib
 FORMAT = 1
 
 #: what step times rest on without a measurement (``convoy.plan.timing``'s ``datasheet_rates``)
-DATASHEET_MODEL = "the datasheet model (peak FLOPs x a fixed efficiency, memory-bound work at the board's bandwidth)"
+DATASHEET_MODEL = ("the datasheet model (peak FLOPs x a fixed efficiency, memory-bound work at the board's bandwidth "
+                   "where the table has it)")
 
 
 def gemm_key(m: int, k: int, n: int, dtype: str) -> str:

@@ -42,7 +42,7 @@ from convoy.plan.units import GB
 
 __all__ = ["StepTime", "step_time", "model_flops_per_token", "ring_all_reduce_seconds", "ring_gather_seconds",
            "DEFAULT_EFFICIENCY", "CPU_ADAM_PARAMS_PER_S", "gemm_shapes", "attention_shape", "compute_seconds",
-           "datasheet_rates"]
+           "optimizer_seconds", "datasheet_rates"]
 
 #: fraction of peak FLOPs the matmul and attention kernels reach without a calibration: a typical large-model
 #: figure (PaLM reports 46% MFU, Megatron-LM 52% on A100); a stated assumption, override with ``efficiency=``.
@@ -57,9 +57,11 @@ class StepTime:
     """Seconds of one optimizer step and where they go (per GPU, all GPUs in lock step)."""
 
     compute: float
-    """Matmul time including the pipeline bubble."""
+    """Forward and backward passes (GEMMs, attention, memory-bound work), including the pipeline bubble."""
     bubble: float
     """Of which: pipeline idle time."""
+    optimizer: float = 0.0
+    """The optimizer step on the GPU, after the last backward (0: offloaded, or a model without a shape)."""
     dp_comm: float
     """Data-parallel collectives (all-reduce / reduce-scatter / all-gather), before overlap."""
     tp_comm: float
@@ -84,7 +86,7 @@ class StepTime:
 
     @property
     def seconds(self) -> float:
-        return self.compute + self.exposed_dp + self.tp_comm + self.pp_comm + self.offload
+        return self.compute + self.optimizer + self.exposed_dp + self.tp_comm + self.pp_comm + self.offload
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -96,7 +98,8 @@ class StepTime:
         return self.model_flops / (self.seconds * self.world_size * self.peak_flops)
 
     def as_dict(self) -> dict[str, float]:
-        return {"seconds": self.seconds, "compute": self.compute, "bubble": self.bubble, "dp_comm": self.dp_comm,
+        return {"seconds": self.seconds, "compute": self.compute, "bubble": self.bubble, "optimizer": self.optimizer,
+                "dp_comm": self.dp_comm,
                 "exposed_dp": self.exposed_dp, "tp_comm": self.tp_comm, "pp_comm": self.pp_comm,
                 "offload": self.offload, "comm_bytes": self.comm_bytes,
                 "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu, "time_model": self.time_model}
@@ -175,44 +178,58 @@ def datasheet_rates(gpu: GpuSpec) -> Calibration:
 
 def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, cal: Calibration, *,
                     fallback_flops: float) -> float:
-    """Seconds of one GPU's compute for one optimizer step (no bubble, no communication) at ``cal``'s rates
-    (measured, or ``datasheet_rates``).
+    """Seconds of one GPU's forward and backward passes for one optimizer step (its micro-batches; no bubble,
+    no communication, no optimizer step) at ``cal``'s rates (measured, or ``datasheet_rates``).
 
     ``fallback_flops``: the rate for a GEMM shape the record lacks when it has none in that dtype at all.
     """
     dims, dtype = layout.dims, run.recipe.compute
     tp, pp, m = dims.tp, dims.pp, layout.microbatches
-    passes = 4 if run.training and run.recompute == "full" else (3 if run.training else 1)
-    layers = math.ceil((model.num_layers or 1) / pp)
-    share = layers / (model.num_layers or 1)
+    total = model.num_layers or 1
+    layers = math.ceil(total / pp)
+    share = layers / total
+    # full recomputation runs the forward of every recompute_every-th block again (the head is not checkpointed);
+    # selective, the attention core's only
+    again = math.ceil(total / run.recompute_every) / total if run.training and run.recompute == "full" else 0.0
     gemm = 0.0
     for mm, k, n, count in gemm_shapes(model, run, tp=tp):
-        scale = share if count > 1 else 1.0  # the head (count 1) is on one stage: count it on the busiest
-        gemm += passes * count * scale * 2 * mm * k * n / _gemm_rate(cal, mm, k, n, dtype, fallback_flops)
+        block = count > 1  # the head (count 1) is on one stage: count it on the busiest
+        passes = (3 + (again if block else 0.0)) if run.training else 1
+        gemm += passes * count * (share if block else 1.0) * 2 * mm * k * n / _gemm_rate(cal, mm, k, n, dtype,
+                                                                                          fallback_flops)
     b, a, kv, s, d = attention_shape(model, run, tp=tp)
     attn_fwd_bwd = cal.attention_seconds.get(attention_key(b, a, kv, s, d, dtype))
     if attn_fwd_bwd is None:  # no measurement at this shape: 4·b·a·s²·d forward FLOPs x3 at the GEMM rate
         attn_fwd_bwd = 3 * 4 * b * a * s * s * d / _gemm_rate(cal, 0, 0, 0, dtype, fallback_flops)
     if run.attention == "eager":
         attn_fwd_bwd *= 2  # the s x s scores go through memory (a stated factor, not measured)
-    again = run.training and run.recompute in ("full", "selective")  # both run the attention core's forward again
-    attn = layers * attn_fwd_bwd * (4 / 3 if again else (1 if run.training else 1 / 3))
-    saved = layers * block_bytes(model, replace(run, recompute="none"), tp=tp) + head_saved_bytes(model, run, tp=tp)
+    attn_again = 1.0 if run.training and run.recompute == "selective" else again
+    attn = layers * attn_fwd_bwd * ((1 + attn_again / 3) if run.training else 1 / 3)
+    blocks = layers * block_bytes(model, replace(run, recompute="none"), tp=tp)
+    saved = blocks + head_saved_bytes(model, run, tp=tp)
     if cal.pointwise_seconds_per_byte:  # measured: memory-bound forward + backward (launches included) per byte
-        memory_bound = saved * cal.pointwise_seconds_per_byte * (1 if run.training else 1 / 3)
+        fwd_bwd = cal.pointwise_seconds_per_byte  # the forward is a third of it, as for the GEMMs
+        memory_bound = (saved + again * blocks / 3) * fwd_bwd if run.training else saved * fwd_bwd / 3
         kernels = 0
-    else:  # each saved byte written and read, its gradient written and read; ~3 kernels per saved tensor
-        memory_bound = (4 if run.training else 1) * saved / (cal.memory_bytes_per_s or float("inf"))
-        kernels = 3 * layers * len(block_saved(model, run)) if model.has_shape else 0
-    per_microbatch = gemm + attn + memory_bound + kernels * cal.launch_seconds
-    optimizer = 0.0
-    if run.training:
-        recipe = run.recipe
-        psi = _stage_params(model, pp) / tp / (layout.shard_degree if layout.zero_stage >= 1 else 1)
-        state = OPTIMIZER_STATE_BYTES[run.optimizer] + recipe.master_bytes
-        moved = psi * (recipe.grad_bytes + 2 * state + 2 * recipe.weight_bytes)  # read all, write weights + state
-        optimizer = moved / (cal.memory_bytes_per_s or float("inf"))
-    return m * per_microbatch + optimizer
+    else:  # each saved byte written and read in the forward, its gradient written and read in the backward
+        memory_bound = (4 * saved + 2 * again * blocks if run.training else 2 * saved) / (cal.memory_bytes_per_s
+                                                                                        or float("inf"))
+        kernels = 3 * layers * len(block_saved(model, run))  # ~3 kernels per saved tensor
+    return m * (gemm + attn + memory_bound + kernels * cal.launch_seconds)
+
+
+def optimizer_seconds(model: ModelSpec, run: RunSpec, layout: Layout, cal: Calibration) -> float:
+    """Seconds of the optimizer step on the GPU: every byte of its gradients, state and weights read, the state
+    and weights written, at ``cal``'s memory bandwidth (0 without one, and for an offloaded optimizer, which
+    ``step_time`` charges to the CPU)."""
+    if not run.training or layout.offload:
+        return 0.0
+    recipe = run.recipe
+    psi = _stage_params(model, layout.dims.pp) / layout.dims.tp / (layout.shard_degree if layout.zero_stage >= 1
+                                                                    else 1)
+    state = OPTIMIZER_STATE_BYTES[run.optimizer] + recipe.master_bytes
+    moved = psi * (recipe.grad_bytes + 2 * state + 2 * recipe.weight_bytes)  # read all, write weights + state
+    return moved / (cal.memory_bytes_per_s or float("inf"))
 
 
 def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, global_batch: int,
@@ -234,9 +251,11 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
     elif run.training and run.recompute == "selective" and model.num_layers and model.hidden:
         hw_flops = model_flops + 4 * model.num_layers * model.hidden * s * tokens  # the attention core again
     peak = hw.gpu.peak_flops(recipe.compute)
+    optimizer = 0.0
     if model.has_shape:
         rates = calibration if calibration is not None else datasheet_rates(hw.gpu)
         compute = compute_seconds(model, run, layout, rates, fallback_flops=peak * efficiency)
+        optimizer = optimizer_seconds(model, run, layout, rates)
     else:
         compute = hw_flops / world / (peak * efficiency)
     bubble = compute * (dims.pp - 1) / m if dims.pp > 1 else 0.0
@@ -290,7 +309,7 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
         if layout.zero_stage == 3:
             transfer += shard * recipe.weight_bytes * 2 * (m - 1)  # weights up again every micro-batch
         offload = transfer / hw.host_bandwidth + shard / CPU_ADAM_PARAMS_PER_S
-    return StepTime(compute=compute, bubble=bubble, dp_comm=dp_comm, tp_comm=tp_comm, pp_comm=pp_comm,
-                    offload=offload, exposed_dp=exposed_dp, comm_bytes=comm, tokens=tokens, world_size=world,
-                    model_flops=model_flops, peak_flops=peak,
+    return StepTime(compute=compute, bubble=bubble, optimizer=optimizer, dp_comm=dp_comm, tp_comm=tp_comm,
+                    pp_comm=pp_comm, offload=offload, exposed_dp=exposed_dp, comm_bytes=comm, tokens=tokens,
+                    world_size=world, model_flops=model_flops, peak_flops=peak,
                     time_model="calibrated" if calibration is not None and model.has_shape else "datasheet")
