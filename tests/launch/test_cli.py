@@ -96,8 +96,8 @@ def test_the_process_count_has_one_grammar_in_flags_variables_and_files(inventor
     (["--redirects", "0:9"], "--redirects '0:9'"),
     (["--tee", "7"], "--tee '7'"),  # was taken and ignored
     (["--local-ranks-filter", "a"], "--local-ranks-filter 'a': give local ranks like 0 or 0,2"),
-    (["--local-ranks-filter", "5"], "names local rank 5, but this node runs 2 processes (local ranks 0..1)"),
-    (["--redirects", "0:3,2:1"], "--redirects '0:3,2:1' names local rank 2"),
+    (["--local-ranks-filter", "5,7"], "'5,7' shows no rank: this node runs 2 processes (local ranks 0..1)"),
+    (["--redirects", " "], "--redirects ' ': give one of"),
     (["--role", " "], "--role ''"),
     (["--rdzv-conf", "a=b,=c"], "'=c' is not KEY=VALUE"),
 ])
@@ -109,6 +109,19 @@ def test_output_flags_are_checked_before_anything_starts(flags, why, capsys, mon
         assert main(["launch", *dry, "--devices", "0", "--nproc-per-node", "2", *flags, "x.py"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and why in err, err
+
+
+def test_output_flags_naming_ranks_this_node_does_not_run_are_noted_as_torchrun_ignores_them(capsys, tmp_path,
+                                                                                            monkeypatch):
+    """A script written for 8 GPUs (--local-ranks-filter 0,1,...,7) still starts on a node of 2: the ranks the
+    node runs are used, the others named in one note each."""
+    monkeypatch.setenv("CONVOY_LEASE_DIR", str(tmp_path))
+    assert main(["launch", "--dry-run", "--devices", "0", "--nproc-per-node", "2", "--local-ranks-filter",
+                 "0,1,2,3,4,5,6,7", "--redirects", "0:3,3:1", SHOW_ENV]) == 0
+    out = capsys.readouterr()
+    assert "--local-ranks-filter names local ranks 2, 3, 4, 5, 6, 7, which this node does not run (2 processes)" \
+        in out.out + out.err
+    assert "--redirects names local rank 3, which this node does not run" in out.out + out.err
 
 
 def test_dry_run_on_an_inventory_box_and_no_torch_in_the_parent(inventory_path, tmp_path):

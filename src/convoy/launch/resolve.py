@@ -174,9 +174,8 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
     """The plan for ``request`` on the devices ``selection`` chose, under ``env``."""
     notes: list[str] = list(selection.explanation)
     nproc, devices = _processes(request, selection, notes)
-    stream_map(request.workers.redirects, nproc, flag="--redirects")
-    stream_map(request.workers.tee, nproc, flag="--tee")
-    shown_ranks(request.workers.local_ranks_filter, nproc)
+    shown_ranks(request.workers.local_ranks_filter, nproc)  # a filter that shows no rank is refused
+    notes.extend(_unrun_ranks_note(request.workers, nproc))
     min_nodes, max_nodes = node_range(request.nnodes)
     node_rank = request.node_rank if request.node_rank is not None else 0
     master_addr, master_port = request.master_addr, request.master_port
@@ -270,39 +269,49 @@ _STREAMS = "0 (none), 1 (stdout), 2 (stderr) or 3 (both)"
 
 
 def stream_map(text: str, nproc: int | None, *, flag: str = "--redirects") -> dict[int, int]:
-    """torchrun's ``--redirects``/``--tee`` value as {local rank: 0-3}: ``"3"`` (every rank of ``nproc``) or
-    ``"0:1,1:2"`` (1 stdout, 2 stderr, 3 both); ``ConfigError`` otherwise, or for a local rank past ``nproc``
-    (None: the grammar only)."""
+    """torchrun's ``--redirects``/``--tee`` value as {local rank: 0-3} for this node's ``nproc`` ranks: ``"3"``
+    (every rank) or ``"0:1,1:2"`` (1 stdout, 2 stderr, 3 both; ranks this node does not run are left out, as
+    torchrun leaves them; None: the grammar only). ``ConfigError`` for anything else."""
+    shown = text
     text = (text or "0").strip()
     if re.fullmatch(r"[0-3]", text):
         return {rank: int(text) for rank in range(nproc or 0)}
     pairs = [item.strip() for item in text.split(",")]
     if not all(re.fullmatch(r"[0-9]{1,6}\s*:\s*[0-3]", pair) for pair in pairs):
-        raise ConfigError(f"{flag} {text[:40]!r}: give one of {_STREAMS} for every rank, or LOCAL_RANK:VALUE "
+        raise ConfigError(f"{flag} {shown[:40]!r}: give one of {_STREAMS} for every rank, or LOCAL_RANK:VALUE "
                           "pairs like '0:3,1:1'")
     mapping = {int(k): int(v) for k, _, v in (pair.partition(":") for pair in pairs)}
-    _local_ranks_exist(mapping, nproc, flag, text)
-    return mapping
+    return {k: v for k, v in mapping.items() if nproc is None or k < nproc}
 
 
 def shown_ranks(text: str, nproc: int | None) -> set[int] | None:
-    """torchrun's ``--local-ranks-filter`` (``"0,2"``) as the local ranks whose output is shown; None (empty):
-    every rank. ``ConfigError`` for anything else, or for a local rank past ``nproc`` (None: grammar only)."""
+    """torchrun's ``--local-ranks-filter`` (``"0,2"``) as the local ranks of this node's ``nproc`` whose output
+    is shown (listed ranks it does not run are left out, as torchrun leaves them); None (empty): every rank.
+    ``ConfigError`` for anything else, or for a filter that would show no rank at all."""
     if not (text or "").strip():
         return None
     items = [item.strip() for item in text.split(",")]
     if not all(re.fullmatch(r"[0-9]{1,6}", item) for item in items):
         raise ConfigError(f"--local-ranks-filter {text[:40]!r}: give local ranks like 0 or 0,2")
-    ranks = {int(item) for item in items}
-    _local_ranks_exist(ranks, nproc, "--local-ranks-filter", text)
+    ranks = {int(item) for item in items if nproc is None or int(item) < nproc}
+    if not ranks:
+        raise ConfigError(f"--local-ranks-filter {text[:40]!r} shows no rank: this node runs {nproc} "
+                          f"process{'es' if nproc != 1 else ''} (local ranks 0..{nproc - 1})")
     return ranks
 
 
-def _local_ranks_exist(ranks, nproc: int | None, flag: str, text: str) -> None:
-    missing = sorted(r for r in ranks if nproc is not None and r >= nproc)
-    if missing:
-        raise ConfigError(f"{flag} {text[:40]!r} names local rank {missing[0]}, but this node runs "
-                          f"{nproc} process{'es' if nproc != 1 else ''} (local ranks 0..{nproc - 1})")
+def _unrun_ranks_note(workers: WorkerOptions, nproc: int) -> list[str]:
+    """A note for each output flag that names local ranks this node does not run (they are ignored)."""
+    notes = []
+    for flag, named in (("--redirects", stream_map(workers.redirects, None)),
+                        ("--tee", stream_map(workers.tee, None, flag="--tee")),
+                        ("--local-ranks-filter", shown_ranks(workers.local_ranks_filter, None) or ())):
+        beyond = sorted(rank for rank in named if rank >= nproc)
+        if beyond:
+            notes.append(f"{flag} names local rank{'s' if len(beyond) > 1 else ''} "
+                         f"{', '.join(map(str, beyond))}, which this node does not run ({nproc} "
+                         f"process{'es' if nproc != 1 else ''}): ignored, as torchrun does")
+    return notes
 
 
 def _processes(request: LaunchRequest, selection: Selection, notes: list[str]) -> tuple[int, tuple[Device, ...]]:

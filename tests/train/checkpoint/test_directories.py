@@ -13,12 +13,15 @@ def test_commit_then_latest_and_prune(tmp_path):
         staging = ckpt.begin_checkpoint(ckpt.next_checkpoint_dir(tmp_path))
         (staging / "data").write_text(str(n))
         ckpt.commit_checkpoint(staging, tmp_path / f"checkpoint_{n}", {"iteration": n})
-    (tmp_path / "checkpoint_3").mkdir()  # incomplete: no marker
+    (tmp_path / "checkpoint_3").mkdir()  # no marker: not convoy's (an Accelerate checkpoint, say)
+    (tmp_path / "checkpoint_3" / "model.safetensors").write_text("not convoy's")
     ckpt.begin_checkpoint(tmp_path / "checkpoint_4")  # a crashed save's staging directory
     assert ckpt.latest_checkpoint(tmp_path).name == "checkpoint_2"
     assert ckpt.read_meta(tmp_path / "checkpoint_1")["iteration"] == 1
     ckpt.prune_checkpoints(tmp_path, total_limit=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_1", "checkpoint_2"]
+    # the oldest of convoy's beyond the limit and the staging leftover go; what convoy did not write stays
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_1", "checkpoint_2", "checkpoint_3"]
+    assert (tmp_path / "checkpoint_3" / "model.safetensors").read_text() == "not convoy's"
 
 
 def test_incomplete_directory_is_refused(tmp_path):

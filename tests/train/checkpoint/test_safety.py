@@ -235,11 +235,12 @@ def test_a_save_rank_0_refuses_is_refused_on_every_rank(tmp_path):
     afile = tmp_path / "a_file"
     afile.write_text("mine")
     script = Path(__file__).resolve().parents[1] / "scripts" / "refused_save.py"
-    result = run_script(script, args=[str(afile), "/proc/model"], env={"CONVOY_COLLECTIVE_TIMEOUT": "30"},
-                        timeout=90)
+    result = run_script(script, args=[str(afile), "/proc/model", str(tmp_path / "model")],
+                        env={"CONVOY_COLLECTIVE_TIMEOUT": "30"}, timeout=90)
     assert result.returncode == 0, result.output
     for rank in (0, 1):
         assert f"save_state refused on rank {rank}: {afile} is a file" in result.output, result.output
         assert f"save_model refused on rank {rank}: cannot write the model to /proc/model" in result.output
+        assert f"max_shard_size refused on rank {rank}: max_shard_size='ten' is not a size" in result.output
         assert f"rank {rank} done" in result.output
     assert afile.read_text() == "mine"

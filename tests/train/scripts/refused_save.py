@@ -1,17 +1,22 @@
-"""save_state into a path rank 0 refuses (a file): every rank raises the same CheckpointError, none waits."""
+"""Saves rank 0 refuses (a file as the checkpoint directory, an unwritable model directory) and a bad shard size:
+every rank raises the same error, none waits for the others in a collective."""
 import sys
 
 import torch
 
 from convoy import Accelerator
-from convoy.errors import CheckpointError
+from convoy.errors import CheckpointError, ConfigError
 
 accelerator = Accelerator()
-model, optimizer = accelerator.prepare(torch.nn.Linear(4, 2), torch.optim.SGD(torch.nn.Linear(4, 2).parameters()))
-for what in ("save_state", "save_model"):
+net = torch.nn.Linear(4, 2)
+model, optimizer = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+calls = {"save_state": lambda: accelerator.save_state(sys.argv[1]),
+         "save_model": lambda: accelerator.save_model(model, sys.argv[2]),
+         "max_shard_size": lambda: accelerator.save_model(model, sys.argv[3], max_shard_size="ten")}
+for what, call in calls.items():
     try:
-        getattr(accelerator, what)(*((sys.argv[1],) if what == "save_state" else (model, sys.argv[2])))
-    except CheckpointError as err:
+        call()
+    except (CheckpointError, ConfigError) as err:
         print(f"{what} refused on rank {accelerator.process_index}: {err}", flush=True)
 accelerator.wait_for_everyone()
 print(f"rank {accelerator.process_index} done", flush=True)

@@ -146,7 +146,9 @@ def next_checkpoint_dir(root: str | Path) -> Path:
 def prune_checkpoints(root: str | Path, total_limit: int | None) -> list[Path]:
     """Delete the oldest numbered checkpoints beyond ``total_limit``, and leftover staging directories.
 
-    Returns the deleted paths. Incomplete numbered directories are removed too (they never load).
+    Returns the deleted paths. A numbered directory without convoy's marker is not convoy's (a commit is one
+    rename of a complete directory): Accelerate's ``checkpoint_<n>``, which ``load_state()`` resumes from, or
+    the user's; it is left alone and not counted.
     """
     root = Path(root)
     removed: list[Path] = []
@@ -155,12 +157,7 @@ def prune_checkpoints(root: str | Path, total_limit: int | None) -> list[Path]:
             if child.name.startswith(_STAGING_PREFIX):
                 shutil.rmtree(child, ignore_errors=True)
                 removed.append(child)
-    numbered = _numbered(root)
-    complete = [p for _, p in numbered if is_complete(p)]
-    for _, path in numbered:
-        if not is_complete(path):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+    complete = [p for _, p in _numbered(root) if is_complete(p)]
     if total_limit is not None and total_limit > 0 and len(complete) > total_limit:
         for path in complete[: len(complete) - total_limit]:
             shutil.rmtree(path, ignore_errors=True)

@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from convoy.errors import CheckpointError
+from convoy.errors import CheckpointError, ConvoyError
 from convoy.train import collectives
 from convoy.train.checkpoint import accelerate, directories
 from convoy.train.checkpoint.files import dcp_load, load_file, save_file
 from convoy.train.checkpoint.items import CheckpointItems, CheckpointResult
 from convoy.train.checkpoint.rng import rng_state, set_rng_state
-from convoy.train.checkpoint.weights import write_model
+from convoy.train.checkpoint.weights import parse_size, write_model
 
 if TYPE_CHECKING:  # pragma: no cover
     from convoy.train.strategies.base import Strategy
@@ -57,6 +57,7 @@ def _group_running() -> bool:
 def save_model(items: CheckpointItems, model: torch.nn.Module, save_directory: str | os.PathLike[str], *,
                max_shard_size: int | str, safe_serialization: bool) -> None:
     """Unwrapped, consolidated weights in safetensors (transformers' file layout). Collective."""
+    parse_size(max_shard_size)  # on every rank: a bad size is every rank's error, before any collective
     state = items.get_strategy().full_model_state_dict(model)
 
     def write() -> None:
@@ -70,18 +71,21 @@ def save_model(items: CheckpointItems, model: torch.nn.Module, save_directory: s
 
 
 def _on_main(items: CheckpointItems, fn: Callable[[], Any]) -> Any:
-    """``fn()`` on the main process, its value on every rank; its ``CheckpointError`` raised on every rank (not
-    only rank 0's, with the others waiting in the next collective until the timeout)."""
+    """``fn()`` on the main process, its value on every rank; an error there raised on every rank (not only on
+    rank 0, with the others waiting in the next collective until the timeout): convoy's own errors as they
+    are, anything else as a ``CheckpointError`` naming it."""
     outcome = None
     if items.is_main_process:
         try:
             outcome = ("ok", fn())
-        except CheckpointError as err:
-            outcome = ("error", str(err))
-    kind, value = collectives.broadcast_object(outcome)
-    if kind == "error":
-        raise CheckpointError(value)
-    return value
+        except ConvoyError as err:
+            outcome = ("error", type(err), str(err))
+        except Exception as err:  # noqa: BLE001 -- a file system or serialisation error, told to every rank
+            outcome = ("error", CheckpointError, f"{type(err).__name__}: {err}")
+    outcome = collectives.broadcast_object(outcome)
+    if outcome[0] == "error":
+        raise outcome[1](outcome[2])
+    return outcome[1]
 
 
 def save_state(items: CheckpointItems, output_dir: str | os.PathLike[str] | None) -> CheckpointResult:
