@@ -91,7 +91,7 @@ CASES = [
     ({"CONVOY_MIXED_PRECISION": "fp8"}, "launch {d}/train.py", 2, "fp8"),
     ({}, "launch --gradient-accumulation-steps ٣ {d}/train.py", 2, "whole number"),
     ({}, "launch --nproc-per-node ² {d}/train.py", 2, "--nproc-per-node"),
-    ({"CONVOY_NPROC_PER_NODE": "999999"}, "launch {d}/train.py", 2, "would start 999999 CPU processes"),
+    ({"CONVOY_NPROC_PER_NODE": "999999"}, "launch {d}/train.py", 2, "would be 999999 CPU processes"),
 ]
 
 

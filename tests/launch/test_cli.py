@@ -88,7 +88,7 @@ def test_the_process_count_has_one_grammar_in_flags_variables_and_files(inventor
     capsys.readouterr()
     assert main(["launch", "--dry-run", "--devices", "0", "--nproc-per-node", str(cap + 1), SHOW_ENV]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"would start {cap + 1} CPU processes" in err and f"at most {cap}" in err, err
+    assert err.count("\n") == 1 and f"would be {cap + 1} CPU processes" in err and f"at most {cap}" in err, err
 
 
 @pytest.mark.parametrize("flags, why", [

@@ -68,7 +68,9 @@ def test_plain_arguments_of_the_wrong_kind_are_one_line(kwargs, why):
 
 
 def test_plain_arguments_of_the_right_kind_are_taken():
-    acc = Accelerator(cpu=1, device_placement=False, split_batches=None, even_batches=False,
+    import numpy as np
+
+    acc = Accelerator(cpu=np.True_, device_placement=False, split_batches=None, even_batches=False,
                       project_dir=Path("out"), rng_types=["torch", "generator"])
     assert acc.device_placement is False and acc.dataloader_config.even_batches is False
     assert acc.project_configuration.project_dir == "out"

@@ -226,8 +226,10 @@ def _nnodes(value: Any, where: str) -> str:
     return text
 
 
-#: the words torchrun's --nproc-per-node takes besides a number (cpu: one per core; gpu/xpu/cuda: one per device)
-NPROC_WORDS = ("auto", "cpu", "gpu", "xpu", "cuda")
+#: torchrun's --nproc-per-node words for one process per accelerator
+ACCELERATOR_WORDS = ("gpu", "xpu", "cuda")
+#: the words --nproc-per-node takes besides a number (auto: one per selected device; cpu: one per core)
+NPROC_WORDS = ("auto", "cpu", *ACCELERATOR_WORDS)
 
 
 def _nproc(value: Any, where: str) -> str:

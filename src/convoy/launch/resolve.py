@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from convoy.config.schema import KEYS
+from convoy.config.schema import ACCELERATOR_WORDS, KEYS
 from convoy.devices.backends.vendors import vendor_facts
 from convoy.devices.inventory import Device
 from convoy.devices.selection import Selection
@@ -260,8 +260,9 @@ def _cpu_processes(count: int) -> int:
     cores = os.cpu_count() or 1
     cap = max(MIN_CPU_PROCESS_CAP, CPU_PROCESSES_PER_CORE * cores)
     if count > cap:
-        raise ConfigError(f"--nproc-per-node {count} would start {count} CPU processes on a machine with {cores} "
-                          f"core{'s' if cores != 1 else ''}; give at most {cap} (or select accelerators)")
+        raise ConfigError(f"{count} processes per node would be {count} CPU processes on a machine with {cores} "
+                          f"core{'s' if cores != 1 else ''}; give at most {cap} (--nproc-per-node, "
+                          "CONVOY_NPROC_PER_NODE or nproc_per_node in convoy.toml), or select accelerators")
     return count
 
 
@@ -318,10 +319,10 @@ def _processes(request: LaunchRequest, selection: Selection, notes: list[str]) -
     devices = selection.devices
     asked = asked_nproc(request.nproc_per_node)
     explicit_devices = request.devices not in (None, "auto")
-    if asked in (None, "auto", "gpu", "xpu", "cuda"):
+    if asked is None or asked == "auto" or asked in ACCELERATOR_WORDS:
         if devices:
             return len(devices), devices
-        if asked in ("gpu", "xpu", "cuda"):
+        if asked in ACCELERATOR_WORDS:
             raise ConfigError(f"--nproc-per-node {asked} asks for one process per accelerator, but none was found; "
                               f"give a number of CPU processes instead, e.g. --nproc-per-node {CPU_DEFAULT_NPROC}")
         count = CPU_DEFAULT_NPROC if asked is None else (os.cpu_count() or 1)

@@ -135,13 +135,14 @@ RNG_TYPES = ("torch", "cuda", "mps", "xla", "xpu", "npu", "hpu", "mlu", "musa", 
 
 def check_plain_arguments(flags: Mapping[str, Any], *, project_dir: Any, rng_types: Any) -> None:
     """The ``Accelerator``'s plain arguments, before anything reads them, with one ``ConfigError``: ``flags``
-    (name -> value) are True or False (None too where the name is in ``OPTIONAL_FLAGS``; 0 and 1 pass, a string
-    does not: ``device_placement="no"`` would read as True), ``project_dir`` a path, ``rng_types`` names from
+    (name -> value) are True or False (None too where the name is in ``OPTIONAL_FLAGS``; 0, 1 and numpy's bools
+    pass, a string does not: ``device_placement="no"`` would read as True), ``project_dir`` a path, ``rng_types`` names from
     ``RNG_TYPES``."""
     for name, value in flags.items():
         if value is None and name in OPTIONAL_FLAGS:
             continue
-        if not (isinstance(value, bool) or (type(value) is int and value in (0, 1))):
+        numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+        if not (isinstance(value, bool) or numpy_bool or (type(value) is int and value in (0, 1))):
             raise ConfigError(f"Accelerator({name}={show(value)}): give True or False")
     if project_dir is not None and not isinstance(project_dir, (str, os.PathLike)):
         raise ConfigError(f"Accelerator(project_dir={show(project_dir)}): give a directory path (a str or Path)")

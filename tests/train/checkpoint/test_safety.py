@@ -215,6 +215,10 @@ def test_save_never_replaces_what_is_not_a_checkpoint(tmp_path):
         acc.save_state(tmp_path)
     assert str(tmp_path / "state") in _one_line(info)
     assert precious.read_text() == "print('mine')" and sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(CheckpointError, match="is a link; save_state.. would replace the link"):
+        acc.save_state(tmp_path / "link")
+    (tmp_path / "link").unlink()
     (tmp_path / "empty").mkdir()
     assert acc.save_state(tmp_path / "empty") == str(tmp_path / "empty") and ckpt.is_complete(tmp_path / "empty")
     assert acc.save_state(tmp_path / "empty") == str(tmp_path / "empty")  # an earlier checkpoint: replaced
@@ -242,5 +246,7 @@ def test_a_save_rank_0_refuses_is_refused_on_every_rank(tmp_path):
         assert f"save_state refused on rank {rank}: {afile} is a file" in result.output, result.output
         assert f"save_model refused on rank {rank}: cannot write the model to /proc/model" in result.output
         assert f"max_shard_size refused on rank {rank}: max_shard_size='ten' is not a size" in result.output
+        assert f"load_state refused on rank {rank}: checkpoint file " in result.output
+        assert ".metadata is damaged" in result.output
         assert f"rank {rank} done" in result.output
-    assert afile.read_text() == "mine"
+    assert afile.read_text() == "mine" and "Traceback" not in result.output

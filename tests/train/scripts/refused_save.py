@@ -1,5 +1,6 @@
-"""Saves rank 0 refuses (a file as the checkpoint directory, an unwritable model directory) and a bad shard size:
-every rank raises the same error, none waits for the others in a collective."""
+"""Saves rank 0 refuses (a file as the checkpoint directory, an unwritable model directory), a bad shard size and
+a load of a damaged checkpoint: every rank raises the same error, none waits for the others in a collective."""
+import os
 import sys
 
 import torch
@@ -18,5 +19,15 @@ for what, call in calls.items():
         call()
     except (CheckpointError, ConfigError) as err:
         print(f"{what} refused on rank {accelerator.process_index}: {err}", flush=True)
+good = os.path.join(sys.argv[3], "ckpt")
+accelerator.save_state(good)
+if accelerator.is_main_process:
+    with open(os.path.join(good, "distributed", ".metadata"), "wb") as damaged:
+        damaged.write(b"junk")
+accelerator.wait_for_everyone()
+try:
+    accelerator.load_state(good)
+except CheckpointError as err:
+    print(f"load_state refused on rank {accelerator.process_index}: {err}", flush=True)
 accelerator.wait_for_everyone()
 print(f"rank {accelerator.process_index} done", flush=True)

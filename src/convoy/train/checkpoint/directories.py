@@ -54,7 +54,10 @@ def begin_checkpoint(final_dir: str | Path) -> Path:
 
 
 def _refuse_to_replace(final_dir: Path) -> None:
-    if final_dir.is_symlink() or (final_dir.exists() and not final_dir.is_dir()):
+    if final_dir.is_symlink():
+        raise CheckpointError(f"{final_dir} is a link; save_state() would replace the link, not what it points to: "
+                              "give the directory itself, or a new path")
+    if final_dir.exists() and not final_dir.is_dir():
         raise CheckpointError(f"{final_dir} is a file, not a checkpoint directory; save_state() writes a directory "
                               "of its own there: give a new path")
     if final_dir.is_dir() and not is_complete(final_dir) and any(final_dir.iterdir()):

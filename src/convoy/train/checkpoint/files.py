@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from convoy.errors import CheckpointError
 
@@ -215,8 +216,19 @@ def dcp_load(state: dict[str, Any], checkpoint_id: str, *, no_dist: bool) -> Non
 
     reader = _dcp_reader(checkpoint_id)
     # a missing or damaged record is named here: inside dcp.load, torch logs a traceback on the root logger for
-    # it, then tries a rank-local record convoy never writes and logs another
-    reader.read_metadata()
+    # it, then tries a rank-local record convoy never writes and logs another. Every rank reads it and all
+    # agree, so that a node whose copy is damaged does not raise alone while the others wait in dcp.load.
+    try:
+        reader.read_metadata()
+        refusal = None
+    except CheckpointError as err:
+        refusal = str(err)
+    if not no_dist and dist.is_available() and dist.is_initialized():
+        refusals: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(refusals, refusal)
+        refusal = next((r for r in refusals if r), None)
+    if refusal:
+        raise CheckpointError(refusal)
     try:
         dcp.load(state, storage_reader=reader, planner=_dcp_planner(), no_dist=no_dist)
     except CheckpointException as err:  # a BaseException: it escapes `except Exception`
