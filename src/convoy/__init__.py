@@ -56,6 +56,7 @@ _LAZY: dict[str, str] = {
     "DistributedType": "convoy.train.process_state",
     "GradientAccumulationPlugin": "convoy.train.kwargs_handlers",
     "DistributedDataParallelKwargs": "convoy.train.kwargs_handlers",
+    "DDPCommunicationHookType": "convoy.train.kwargs_handlers",
     "InitProcessGroupKwargs": "convoy.train.kwargs_handlers",
     "GradScalerKwargs": "convoy.train.kwargs_handlers",
     "AutocastKwargs": "convoy.train.kwargs_handlers",

@@ -39,3 +39,9 @@ def test_save_state_and_load_state_resume_to_identical_parameters(tmp_path):
 
 def test_save_model_safetensors_load_back(tmp_path):
     assert _checks("save_model", str(tmp_path / "model")) == ["safetensors shards load back"]
+
+
+@pytest.mark.parametrize("hook", ["bf16", "fp16", "power_sgd"])
+def test_ddp_communication_hook_on_nccl(hook):
+    """bf16 compression, which PyTorch runs only on NCCL, and the others, on the GPU's process group."""
+    assert _checks("comm_hook", hook) == [f"{hook} hook trains as the plain loop"]

@@ -4,7 +4,7 @@ same on 2 CPU processes through tests/train/scripts/accelerate_names.py."""
 from __future__ import annotations
 
 import datetime
-
+import re
 from pathlib import Path
 
 import pytest
@@ -113,6 +113,18 @@ def test_refused_arguments_say_what_to_use():
         Accelerator(kwargs_handlers=[AutocastKwargs(), AutocastKwargs(enabled=False)])
     with pytest.raises(NotSupportedYetError, match="convoy launch --nnodes"):
         convoy.notebook_launcher(print, num_nodes=2)
+
+
+@pytest.mark.parametrize("kwargs, why", [
+    ({"comm_hook": "fp8"}, "comm_hook='fp8' is not a DDP communication hook; give one of no, fp16, bf16"),
+    ({"comm_hook": "fp16", "comm_wrapper": "fp16"}, "compresses what a PowerSGD hook sends"),
+    ({"comm_hook": "fp16", "comm_state_option": {"matrix_approximation_rank": 2}}, "PowerSGDState's arguments"),
+    ({"comm_hook": "power_sgd", "comm_state_option": {"rank": 2}}, "comm_state_option: "),
+])
+def test_a_ddp_communication_hook_pytorch_lacks_is_refused_at_construction(kwargs, why):
+    with pytest.raises(ConfigError, match=re.escape(why)):
+        Accelerator(kwargs_handlers=[convoy.DistributedDataParallelKwargs(**kwargs)])
+    assert convoy.DDPCommunicationHookType("power_sgd") is convoy.DDPCommunicationHookType.POWER_SGD
 
 
 def test_free_operations_in_one_process_keep_accelerates_defaults():

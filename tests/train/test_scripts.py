@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,3 +35,18 @@ def test_kill_during_save_state_leaves_last_checkpoint_loadable(tmp_path):
     loaded = _python(str(SCRIPTS / "kill_save.py"), str(tmp_path), "--load")
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     assert "LOADED checkpoint_0 8.0 False" in loaded.stdout, loaded.stdout  # weights of 1.0 (4x2), not 2.0
+
+
+@pytest.mark.slow
+def test_ddp_communication_hooks_match_plain_ddp():
+    """Accelerate's DDP communication hooks (fp16 compression, PowerSGD, batched PowerSGD, an fp16 wrapper, a
+    PowerSGDState option) are registered on the model, and its gradients match plain DDP's to 1e-2 on 2 CPU
+    processes; a bf16 hook, which PyTorch only runs on NCCL, is one line naming that."""
+    result = run_script(SCRIPTS / "ddp_comm_hooks.py", nproc=2, timeout=120)
+    assert result.returncode == 0, result.output
+    for label in ("no+no", "fp16+no", "power_sgd+no", "power_sgd+fp16", "power_sgd+no+rank2",
+                  "batched_power_sgd+no", "batched_power_sgd+fp16"):
+        hooks = 0 if label == "no+no" else 1
+        for rank in (0, 1):
+            assert f"HOOK {label} rank={rank} hooks={hooks} close=True" in result.output, result.output
+    assert "HOOK bf16+no refused: a bf16 communication hook needs NCCL" in result.output

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import enum
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 from convoy.errors import ConfigError
 
-__all__ = ["KwargsHandler", "DistributedDataParallelKwargs", "InitProcessGroupKwargs", "GradScalerKwargs",
+__all__ = ["KwargsHandler", "DDPCommunicationHookType", "DistributedDataParallelKwargs", "InitProcessGroupKwargs", "GradScalerKwargs",
            "AutocastKwargs", "GradientAccumulationPlugin", "Handlers", "collect_handlers", "REFUSED_ARGUMENTS",
            "refuse_arguments"]
 
@@ -33,9 +34,23 @@ class KwargsHandler:
                 if getattr(self, f.name) != getattr(default, f.name)}
 
 
+class DDPCommunicationHookType(str, enum.Enum):
+    """Accelerate's names for DDP's gradient communication hooks, PyTorch's own
+    (``torch.distributed.algorithms.ddp_comm_hooks``): compress to fp16/bf16, or PowerSGD's low-rank
+    approximation (``comm_state_option`` are ``PowerSGDState``'s arguments, e.g. ``matrix_approximation_rank``)."""
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+
 @dataclass
 class DistributedDataParallelKwargs(KwargsHandler):
-    """Options of ``torch.nn.parallel.DistributedDataParallel`` (Accelerate's names and defaults)."""
+    """Options of ``torch.nn.parallel.DistributedDataParallel`` (Accelerate's names and defaults), and the
+    gradient communication hook to register on it (``comm_hook``; ``comm_wrapper`` compresses what a PowerSGD
+    hook sends to fp16/bf16)."""
 
     dim: int = 0
     broadcast_buffers: bool = True
@@ -44,6 +59,9 @@ class DistributedDataParallelKwargs(KwargsHandler):
     check_reduction: bool = False
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
+    comm_hook: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_state_option: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclass
@@ -151,6 +169,9 @@ def collect_handlers(handlers: Iterable[Any] | None) -> Handlers:
     if unknown:
         raise ConfigError(f"DistributedDataParallelKwargs({unknown[0]}=...) is not supported by convoy's DDP; "
                           f"set only {', '.join(sorted(DDPStrategy.options))}")
+    from convoy.train.strategies.ddp import comm_hook  # checked here, at construction, not at prepare()
+
+    comm_hook(ddp)
     group = seen[InitProcessGroupKwargs].to_kwargs() if InitProcessGroupKwargs in seen else {}
     if group.get("init_method") is not None:
         raise ConfigError("InitProcessGroupKwargs(init_method=...) is not supported; convoy launch (or torchrun) "

@@ -4,6 +4,7 @@
     python accelerator_cuda.py strategy zero3        # a strategy at world size 1 against a plain loop
     python accelerator_cuda.py resume DIR            # save_state/load_state on the GPU resume to identical weights
     python accelerator_cuda.py save_model DIR        # safetensors shards loaded back on the CPU
+    python accelerator_cuda.py comm_hook bf16        # a DDP communication hook on NCCL (bf16 needs it)
 
 Prints ``CHECK <name> ok`` per check (``CHECK device cuda:0`` first); a failed check raises (exit 1). Without
 CUDA it runs the same checks on the CPU, which is how it was rehearsed on a machine without a GPU.
@@ -168,8 +169,30 @@ def save_model(directory: str) -> None:
     ok("safetensors shards load back")
 
 
+def comm_hook(name: str) -> None:
+    from convoy import DistributedDataParallelKwargs
+
+    expected = plain_loop(4)
+    acc = Accelerator(strategy="ddp", kwargs_handlers=[DistributedDataParallelKwargs(comm_hook=name)])
+    print(f"CHECK device {acc.device} ok", flush=True)
+    net = acc.prepare(model())
+    assert len(net._comm_hooks) == 1, net._comm_hooks  # registered on the DDP wrapper
+    opt = acc.prepare(torch.optim.AdamW(net.parameters(), lr=1e-2))
+    for x, y in acc.prepare(DataLoader(data(), 8)):
+        acc.backward(F.mse_loss(net(x), y))
+        opt.step()
+        opt.zero_grad()
+    state = acc.get_state_dict(net)
+    got = [state[k].cpu() for k in ("0.weight", "0.bias", "2.weight", "2.bias")]
+    for e, g in zip(expected, got):  # gradients rounded to 16 bits on their way through the all-reduce
+        torch.testing.assert_close(g.float(), e, rtol=1e-2, atol=1e-2)
+    ok(f"{name} hook trains as the plain loop")
+    acc.end_training()
+
+
 if __name__ == "__main__":
     what, arg = sys.argv[1], sys.argv[2]
-    {"precision": precision, "strategy": strategy, "resume": resume, "save_model": save_model}[what](arg)
+    {"precision": precision, "strategy": strategy, "resume": resume, "save_model": save_model,
+     "comm_hook": comm_hook}[what](arg)
     sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown of the process group's threads (pytorch/pytorch#179291)

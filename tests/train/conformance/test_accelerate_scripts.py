@@ -63,6 +63,10 @@ NOT_ON_CPU: dict[str, list[tuple[str, str]]] = {
     + [(f"test_gradient_accumulation (split_batches, dispatch_batches, sync_each_batch) #{i}", _MULTI_GPU)
        for i in range(1, 9)]
     + [(f"test_gradient_accumulation_with_opt_and_scheduler #{i}", _MULTI_GPU) for i in range(2, 9)],
+    "test_ddp_comm_hook.py": [(f"test_ddp_comm_hook #{i}", "its reference is DistributedDataParallel(device_ids="
+                               "[local rank]), which needs a GPU per process (Accelerate runs it on several GPUs); "
+                               "tests/train/test_scripts.py::test_ddp_communication_hooks_match_plain_ddp makes the "
+                               "same comparison on CPU processes") for i in range(1, 11)],
     "test_script.py": [("test_split_between_processes_dataset",
                         "needs the `datasets` package, which is not installed; the script prints 'Skipped'")],
     "external_deps/test_metrics.py": [(f"test_mrpc #{i}", "Accelerate runs it only on a GPU (needs transformers, "

@@ -3,8 +3,11 @@
     accelerator = Accelerator(strategy="ddp")      # DistributedDataParallel
     accelerator = Accelerator(strategy="zero1")    # DDP + ZeroRedundancyOptimizer (optimizer state sharded)
 
-Options (``Accelerator(strategy_options={...})``): ``find_unused_parameters`` (bool),
-``broadcast_buffers`` (bool), ``bucket_cap_mb`` (int), ``static_graph`` (bool).
+Options (``Accelerator(strategy_options={...})``, or Accelerate's ``DistributedDataParallelKwargs``):
+``find_unused_parameters`` (bool), ``broadcast_buffers`` (bool), ``bucket_cap_mb`` (int), ``static_graph``
+(bool), ``gradient_as_bucket_view`` (bool), and a gradient communication hook of PyTorch's:
+``comm_hook`` ("fp16", "bf16", "power_sgd", "batched_power_sgd"), ``comm_wrapper`` ("fp16", "bf16": what a
+PowerSGD hook sends, compressed), ``comm_state_option`` (``PowerSGDState``'s arguments).
 
 The first ``DistributedDataParallel(...)`` of a process imports ``torch._dynamo`` (2-5 s, measured on
 torch 2.13 CPU); convoy builds each DDP wrapper once per model, never twice.
@@ -29,13 +32,64 @@ __all__ = ["DDPStrategy", "Zero1Strategy"]
 
 _DDP_OPTIONS = ("find_unused_parameters", "broadcast_buffers", "bucket_cap_mb", "static_graph",
                 "gradient_as_bucket_view")
+_HOOK_OPTIONS = ("comm_hook", "comm_wrapper", "comm_state_option")
+_HOOKS = {"fp16": ("default_hooks", "fp16_compress_hook"), "bf16": ("default_hooks", "bf16_compress_hook"),
+          "power_sgd": ("powerSGD_hook", "powerSGD_hook"),
+          "batched_power_sgd": ("powerSGD_hook", "batched_powerSGD_hook")}
+_WRAPPERS = {"fp16": "fp16_compress_wrapper", "bf16": "bf16_compress_wrapper"}
+
+
+def _hook_name(value: Any, key: str, names: Any) -> str:
+    name = str(getattr(value, "value", value)).lower()
+    if name not in ("no", *names):
+        from convoy.errors import ConfigError
+
+        raise ConfigError(f"{key}={value!r} is not a DDP communication hook; give one of no, {', '.join(names)}")
+    return name
+
+
+def comm_hook(options: Any) -> tuple[Any, Any, bool] | None:
+    """The hook ``options`` ask for (``comm_hook``, ``comm_wrapper``, ``comm_state_option``): (hook, a fresh
+    state, whether it sends bf16), or None. ``ConfigError`` for names or states PyTorch has no hook for."""
+    from convoy.errors import ConfigError
+
+    hook = _hook_name(options.get("comm_hook", "no"), "comm_hook", tuple(_HOOKS))
+    wrapper = _hook_name(options.get("comm_wrapper", "no"), "comm_wrapper", tuple(_WRAPPERS))
+    state_option = options.get("comm_state_option") or {}
+    powersgd = hook in ("power_sgd", "batched_power_sgd")
+    if wrapper != "no" and not powersgd:
+        raise ConfigError(f"comm_wrapper={wrapper!r} compresses what a PowerSGD hook sends; give comm_hook="
+                          "'power_sgd' or 'batched_power_sgd' with it (or comm_hook='fp16'/'bf16' alone)")
+    if state_option and not powersgd:
+        raise ConfigError("comm_state_option holds PowerSGDState's arguments; give comm_hook='power_sgd' or "
+                          "'batched_power_sgd' with it")
+    if hook == "no":
+        return None
+    import importlib
+
+    hooks = importlib.import_module(f"torch.distributed.algorithms.ddp_comm_hooks.{_HOOKS[hook][0]}")
+    function = getattr(hooks, _HOOKS[hook][1])
+    state = None
+    if powersgd:
+        from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+        try:
+            state = PowerSGDState(None, **dict(state_option))
+        except TypeError as err:
+            raise ConfigError(f"comm_state_option: {err}; give PowerSGDState's arguments, e.g. "
+                              "{'matrix_approximation_rank': 2}") from None
+    if wrapper != "no":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        function = getattr(default_hooks, _WRAPPERS[wrapper])(function)
+    return function, state, "bf16" in (hook, wrapper)
 
 
 class DDPStrategy(Strategy, SupportsNoSync):
     """``torch.nn.parallel.DistributedDataParallel`` around each model."""
 
     needs_process_group = True
-    options = _DDP_OPTIONS
+    options = _DDP_OPTIONS + _HOOK_OPTIONS
 
     def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
         module = module.to(self.root_device)
@@ -43,7 +97,16 @@ class DDPStrategy(Strategy, SupportsNoSync):
             return module  # nothing to synchronise (a frozen teacher, an EMA copy): DDP would refuse it
         kwargs: dict[str, Any] = {k: self.context.options[k] for k in _DDP_OPTIONS if k in self.context.options}
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
-        return DistributedDataParallel(module, device_ids=device_ids, **kwargs)
+        hook = comm_hook(self.context.options)  # before wrapping: a bad option stops nothing half-built
+        if hook is not None and hook[2] and dist.get_backend() not in ("nccl", "xccl"):
+            from convoy.errors import ConfigError
+
+            raise ConfigError(f"a bf16 communication hook needs NCCL (CUDA 11+, NCCL 2.10+) or XCCL; this job runs "
+                              f"{dist.get_backend()}: use comm_hook='fp16' here")
+        ddp = DistributedDataParallel(module, device_ids=device_ids, **kwargs)
+        if hook is not None:
+            ddp.register_comm_hook(hook[1], hook[0])
+        return ddp
 
     def unwrap(self, module: "torch.nn.Module") -> "torch.nn.Module":
         return module.module if isinstance(module, DistributedDataParallel) else module
