@@ -71,3 +71,34 @@ def started_by():
     import sys
 
     return "fork" if "pytest" in sys.modules else "spawn"
+
+
+def store_after_rank0_returned():
+    """Rank 0 returns at once; rank 1 reaches the rendezvous store (which rank 0 serves) a second later."""
+    import datetime
+    import os
+    import time
+
+    import torch.distributed as dist
+
+    if os.environ["RANK"] == "0":
+        return "rank 0 returned"
+    time.sleep(1.0)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=10))
+    store.set("key", "value")
+    return store.get("key")
+
+
+def fail_first_starts(counter_path, failures):
+    """Rank 0 counts the starts in a file; the first ``failures`` starts raise on rank 0."""
+    import os
+
+    if os.environ["RANK"] != "0":
+        return None
+    starts = int(open(counter_path).read()) + 1 if os.path.exists(counter_path) else 1
+    with open(counter_path, "w") as f:
+        f.write(str(starts))
+    if starts <= failures:
+        raise RuntimeError(f"start {starts} fails")
+    return f"started {starts} times"

@@ -183,3 +183,24 @@ def test_a_call_that_cannot_be_made_is_refused_before_a_lease_or_a_process(call,
     with gpu_inventory(0):  # GPU 0 leased here: a call that got as far as selecting devices would say so instead
         with pytest.raises(ConfigError, match=re.escape(why)):
             call()
+
+
+def test_rank_0_keeps_serving_the_store_until_every_rank_is_done():
+    """A function whose rank 0 returns while the others still reach the store (Accelerate's notebook test:
+    PartialState() and return) failed with 'Connection reset by peer' on rank 1, now and then."""
+    assert convoy.launch(fn_targets.store_after_rank0_returned, devices=0, nproc_per_node=2) == "rank 0 returned"
+
+
+def test_max_restarts_starts_every_rank_again_after_a_failure(tmp_path, capfd):
+    """Accelerate's notebook_launcher(max_restarts=...): a function failing on its first two starts succeeds on
+    the third; each restart is one line; past max_restarts the failure is raised."""
+    counter = tmp_path / "starts"
+    assert convoy.launch(fn_targets.fail_first_starts, args=(str(counter), 2), devices=0, nproc_per_node=2,
+                         max_restarts=2) == "started 3 times"
+    assert capfd.readouterr().err.count("starting every rank again (restart") == 2
+    counter.unlink()
+    with pytest.raises(RuntimeError, match="start 1 fails"):
+        convoy.launch(fn_targets.fail_first_starts, args=(str(counter), 5), devices=0, nproc_per_node=2,
+                      max_restarts=0)
+    with pytest.raises(ConfigError, match="max_restarts=-1"):
+        convoy.launch(fn_targets.fail_first_starts, args=(str(counter), 5), devices=0, max_restarts=-1)

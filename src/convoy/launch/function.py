@@ -14,6 +14,8 @@ ranks are stopped and *that rank's* exception is raised here, with its rank and 
 as a note (``RankFailedError`` when it cannot be sent back, or the rank died without raising).
 The first failing rank is decided by when each rank raised, not by which exit the parent noticed first.
 The selected accelerators are leased for the call, like ``convoy launch`` (``lease=False``, ``wait=``).
+``max_restarts=N`` starts every rank again after a failure, up to N times (torchrun's ``--max-restarts`` for
+a function; the lease is held across restarts), each time with a line saying which rank failed and why.
 The start method is chosen by ``start_method_for``: ``fork`` on Linux (fast, and it runs functions defined in
 a notebook), but ``spawn`` once this process has initialised CUDA (a forked child cannot use the parent's CUDA
 context; a notebook user has usually touched ``torch.cuda`` before launching). A spawned rank imports ``fn`` by
@@ -60,6 +62,7 @@ def launch(
     env: Mapping[str, str] | None = None,
     lease: bool = True,
     wait: float | None = None,
+    max_restarts: int = 0,
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` on one process per device (or ``nproc_per_node`` CPU processes).
 
@@ -71,6 +74,8 @@ def launch(
     from convoy.launch.job import DeviceFilters, lease_plan, plan_job
 
     _check_call(fn, args, kwargs)
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ConfigError(f"convoy.launch(max_restarts={show(max_restarts)}): give a whole number >= 0")
     method = start_method_for(start_method, cuda_initialized=_cuda_initialized(), platform=sys.platform)
     target = _target(fn, method)
     name = getattr(fn, "__qualname__", repr(fn))
@@ -86,8 +91,18 @@ def launch(
 
     # released after every rank is stopped; the guard stops the ranks' children too, even if this process dies
     with lease_plan(plan, filters=filters, env=base_env) as held, job_guard(held.fds if held else ()) as guard:
-        return _run(target, tuple(args), dict(kwargs or {}), plan, method, base_env, replace_env=env is not None,
-                    job_env=guard.env if guard is not None else {})
+        for restart in range(max_restarts + 1):
+            try:
+                return _run(target, tuple(args), dict(kwargs or {}), plan, method, base_env,
+                            replace_env=env is not None, job_env=guard.env if guard is not None else {})
+            except ConfigError:
+                raise  # a wrong setting is as wrong on the next start
+            except Exception as err:  # noqa: BLE001 -- a rank's own exception: the group starts again
+                if restart == max_restarts:
+                    raise
+                why = str(err).splitlines()[0] if str(err) else ""
+                print(f"convoy: {type(err).__name__}{': ' + why[:200] if why else ''}; starting every rank again "
+                      f"(restart {restart + 1} of {max_restarts})", file=sys.stderr, flush=True)
 
 
 def _check_call(fn: Any, args: Any, kwargs: Any) -> None:
@@ -107,6 +122,7 @@ def _run(fn, args: tuple, kwargs: dict, plan, method: str, base_env: dict, *, re
     ctx = multiprocessing.get_context(method)
     run_id = f"convoy-fn-{os.getpid()}-{port}"
     procs, pipes = [], []
+    release = ctx.Event()  # set once every rank has reported: rank 0, which serves the store, may then exit
     try:
         for local in range(plan.nproc_per_node):
             child_env = {**plan.env, **rank_env(
@@ -118,13 +134,13 @@ def _run(fn, args: tuple, kwargs: dict, plan, method: str, base_env: dict, *, re
             if replace_env:
                 child_env = {**base_env, **child_env}
             receive, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_child, args=(fn, args, kwargs, child_env, send, replace_env),
+            proc = ctx.Process(target=_child, args=(fn, args, kwargs, child_env, send, replace_env, release),
                                daemon=True, name=f"convoy-rank{local}")
             proc.start()
             send.close()
             procs.append(proc)
             pipes.append(receive)
-        return _collect(procs, pipes)
+        return _collect(procs, pipes, release)
     finally:
         for proc in procs:
             if proc.is_alive():
@@ -209,7 +225,7 @@ def _target(fn: Callable[..., Any], method: str) -> Callable[..., Any]:
     return _ByValue(cloudpickle.dumps(fn), name)
 
 
-def _child(fn, args, kwargs, env: dict, send, replace_env: bool) -> None:
+def _child(fn, args, kwargs, env: dict, send, replace_env: bool, release) -> None:
     os.setpgrp()  # its own process group: the parent stops the rank together with anything it started
     if sys.platform.startswith("linux"):
         import ctypes
@@ -241,6 +257,10 @@ def _child(fn, args, kwargs, env: dict, send, replace_env: bool) -> None:
         send.send(("error", time.time(), f"rank 0's return value cannot be sent back: {exc}\n", None))
         _exit(1)
     send.close()
+    if env["RANK"] == "0" and env["WORLD_SIZE"] != "1":
+        # rank 0 serves the rendezvous store: a function that returns right after making its process group
+        # (PartialState() and return) would take the store away from ranks still connecting to it
+        release.wait()
     _exit(0)
 
 
@@ -250,7 +270,7 @@ def _exit(code: int) -> None:
     os._exit(code)  # skip atexit handlers inherited from the parent (fork)
 
 
-def _collect(procs, pipes) -> Any:
+def _collect(procs, pipes, release) -> Any:
     reports: dict[int, tuple] = {}
     failed_at: float | None = None
     while True:
@@ -260,6 +280,8 @@ def _collect(procs, pipes) -> Any:
                     reports[rank] = pipe.recv()
                 except EOFError:
                     reports[rank] = ("died", time.time(), None, None)
+        if len(reports) == len(procs):
+            release.set()
         bad = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
         bad += [r for r, rep in reports.items() if rep[0] == "error" and r not in bad]
         if bad and failed_at is None:

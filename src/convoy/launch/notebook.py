@@ -4,33 +4,45 @@
     notebook_launcher(train, args=(1e-3,), num_processes=2)     # -> rank 0's return value
 
 One machine only: ``num_processes`` processes (one per accelerator when there are accelerators, else CPU
-processes); the rendezvous arguments of Accelerate's multi-node form are refused with what to use instead.
+processes), restarted up to ``max_restarts`` times after a failure; the rendezvous arguments of Accelerate's
+multi-node form are refused with what to use instead.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from convoy.errors import NotSupportedYetError
+from convoy.errors import ConfigError, NotSupportedYetError
 
 __all__ = ["notebook_launcher"]
 
 
 def notebook_launcher(function: Callable[..., Any], args: Sequence[Any] = (), num_processes: int | None = None,
                       mixed_precision: str = "no", use_port: str = "29500", master_addr: str = "127.0.0.1",
-                      node_rank: int = 0, num_nodes: int = 1, **multi_node: Any) -> Any:
+                      node_rank: int = 0, num_nodes: int = 1, rdzv_backend: str = "static", rdzv_endpoint: str = "",
+                      rdzv_conf: dict | None = None, rdzv_id: str = "none", max_restarts: int = 0,
+                      monitor_interval: float = 0.1, log_line_prefix_template: str | None = None,
+                      **unknown: Any) -> Any:
     """Run ``function(*args)`` on ``num_processes`` processes of this machine; returns rank 0's value.
-    ``use_port``/``master_addr`` are accepted and unused: convoy picks a free local port."""
+
+    ``max_restarts`` starts every process again after a failure, up to that many times. ``use_port``,
+    ``master_addr``, the rendezvous arguments (one machine needs no rendezvous) and ``monitor_interval`` (convoy
+    learns of a failed process when it happens) are accepted and unused: convoy picks a free local port."""
     from convoy.launch.function import launch
 
-    if num_nodes != 1 or node_rank != 0 or multi_node:
+    if num_nodes != 1 or node_rank != 0 or rdzv_endpoint:
         raise NotSupportedYetError("notebook_launcher on several nodes is not supported; run the script with "
                                    "`convoy launch --nnodes N --rdzv-endpoint HOST:PORT` on each node")
-    if num_processes is None:
-        return launch(function, args=args, devices="auto", mixed_precision=mixed_precision)
-    if _accelerator_count() > 0:
-        return launch(function, args=args, devices=num_processes, mixed_precision=mixed_precision)
-    return launch(function, args=args, nproc_per_node=num_processes, mixed_precision=mixed_precision)
+    if unknown:
+        raise TypeError(f"notebook_launcher() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    if log_line_prefix_template is not None:
+        raise NotSupportedYetError("notebook_launcher(log_line_prefix_template=...) is not supported; convoy prefixes "
+                                   "each rank's lines with [rankN]")
+    if isinstance(monitor_interval, bool) or not isinstance(monitor_interval, (int, float)) or not monitor_interval > 0:
+        raise ConfigError(f"notebook_launcher(monitor_interval={monitor_interval!r}): give a number of seconds > 0")
+    where = {"devices": "auto"} if num_processes is None else (
+        {"devices": num_processes} if _accelerator_count() > 0 else {"nproc_per_node": num_processes})
+    return launch(function, args=args, mixed_precision=mixed_precision, max_restarts=max_restarts, **where)
 
 
 def _accelerator_count() -> int:

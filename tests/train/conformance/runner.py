@@ -28,11 +28,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 # Accelerate's test fixtures: data sets, models and assertion helpers, not the library under test.
-FIXTURES = {"RegressionDataset", "RegressionModel", "assert_exception", "are_the_same_tensors", "torch_device"}
+FIXTURES = {"RegressionDataset", "RegressionModel", "assert_exception", "are_the_same_tensors", "torch_device",
+            "require_bnb"}
 # Accelerate's probes of the environment (is a package installed): answered truthfully by this harness.
 PROBES = {"is_bf16_available": lambda: False, "is_fp16_available": lambda: False,
           "is_cuda_available": lambda: _torch().cuda.is_available(), "is_hpu_available": lambda: False,
           "is_mps_available": lambda: False, "is_torch_xla_available": lambda *a, **k: False,
+          "is_xpu_available": lambda: False, "is_rocm_available": lambda: False,
+          "is_bnb_available": lambda: importlib.util.find_spec("bitsandbytes") is not None,
           "is_datasets_available": lambda: importlib.util.find_spec("datasets") is not None,
           "is_pytest_available": lambda: importlib.util.find_spec("pytest") is not None}
 # Third-party packages the GPU-only checks of test_metrics.py use; absent here, only their logging calls run.
