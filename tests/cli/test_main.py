@@ -50,7 +50,8 @@ def test_public_surface_snapshot():
         # Accelerate's names (issue 13; docs/migrating.md): state, plugins, kwargs handlers, free operations
         "DistributedOperationError", "notebook_launcher", "DataLoaderConfiguration", "ProjectConfiguration",
         "PartialState", "AcceleratorState", "GradientState", "DistributedType", "GradientAccumulationPlugin",
-        "DistributedDataParallelKwargs", "InitProcessGroupKwargs", "GradScalerKwargs", "AutocastKwargs",
+        "DistributedDataParallelKwargs", "DDPCommunicationHookType", "InitProcessGroupKwargs", "GradScalerKwargs",
+        "AutocastKwargs",
         "set_seed", "synchronize_rng_states", "gather", "gather_object", "broadcast", "broadcast_object_list",
         "reduce", "pad_across_processes", "send_to_device", "copy_tensor_to_devices",
         "DistributedOperationException", "prepare_data_loader", "skip_first_batches", "SeedableRandomSampler",
