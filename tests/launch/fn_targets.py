@@ -102,3 +102,21 @@ def fail_first_starts(counter_path, failures):
     if starts <= failures:
         raise RuntimeError(f"start {starts} fails")
     return f"started {starts} times"
+
+
+def rank_one_leaves(how):
+    """Rank 1 leaves without a result: os._exit(0) ("quietly"), sys.exit(3) ("sys.exit"), or a ConfigError."""
+    import os
+    import sys
+
+    if os.environ["RANK"] == "1":
+        if how == "quietly":
+            os._exit(0)
+        if how == "sys.exit":
+            sys.exit(3)
+        from convoy.errors import ConfigError
+
+        raise ConfigError("a wrong setting")
+    import time
+
+    time.sleep(30)  # rank 0 would wait for ever: the failure of rank 1 must stop it

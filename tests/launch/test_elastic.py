@@ -6,7 +6,6 @@ ranks on one GPU would mean two ranks per GPU. What a user gets on one GPU is te
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path

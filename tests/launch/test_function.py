@@ -204,3 +204,17 @@ def test_max_restarts_starts_every_rank_again_after_a_failure(tmp_path, capfd):
                       max_restarts=0)
     with pytest.raises(ConfigError, match="max_restarts=-1"):
         convoy.launch(fn_targets.fail_first_starts, args=(str(counter), 5), devices=0, max_restarts=-1)
+
+
+def test_a_rank_leaving_without_a_result_is_its_failure_and_bad_settings_are_not_retried(capfd):
+    """os._exit(0) in a rank made the caller wait for ever; a rank's sys.exit(3) ended the caller (a notebook's
+    kernel) with SystemExit; a ConfigError, which every start repeats, was retried."""
+    with pytest.raises(RankFailedError, match="rank 1 on host .* exited without returning from the function"):
+        convoy.launch(fn_targets.rank_one_leaves, args=("quietly",), devices=0, nproc_per_node=2)
+    with pytest.raises(RankFailedError, match=re.escape("rank 1 on host")) as info:
+        convoy.launch(fn_targets.rank_one_leaves, args=("sys.exit",), devices=0, nproc_per_node=2, max_restarts=1)
+    assert info.value.exitcode == 3 and "called sys.exit(3)" in str(info.value)
+    assert "restart 1 of 1" in capfd.readouterr().err  # a rank's exit is a failure another start may not repeat
+    with pytest.raises(ConfigError, match="a wrong setting"):
+        convoy.launch(fn_targets.rank_one_leaves, args=("config",), devices=0, nproc_per_node=2, max_restarts=3)
+    assert "starting every rank again" not in capfd.readouterr().err

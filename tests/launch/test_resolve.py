@@ -113,7 +113,7 @@ def test_describe_plan_shows_ranks_devices_env_and_rendezvous(inventory_path):
     text = "\n".join(describe_plan(resolve_launch(req(devices="2,0", settings=ConvoyEnv(strategy="ddp")), sel,
                                                   env={})))
     assert f"rank 0 (local 0): device 2 NVIDIA H100 80GB HBM3 uuid={inv.devices[2].uuid} as cuda:0" in text
-    assert f"rank 1 (local 1): device 0" in text and "CUDA_VISIBLE_DEVICES=2,0" in text
+    assert "rank 1 (local 1): device 0" in text and "CUDA_VISIBLE_DEVICES=2,0" in text
     assert "CONVOY_STRATEGY=ddp" in text and "WORLD_SIZE=2" in text and "rendezvous: static" in text
 
 

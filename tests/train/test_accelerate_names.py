@@ -116,15 +116,29 @@ def test_refused_arguments_say_what_to_use():
 
 
 @pytest.mark.parametrize("kwargs, why", [
-    ({"comm_hook": "fp8"}, "comm_hook='fp8' is not a DDP communication hook; give one of no, fp16, bf16"),
-    ({"comm_hook": "fp16", "comm_wrapper": "fp16"}, "compresses what a PowerSGD hook sends"),
+    ({"comm_hook": "fp8"}, "comm_hook='fp8' is not a comm_hook; give one of no, fp16, bf16"),
+    ({"comm_wrapper": "power_sgd"}, "comm_wrapper='power_sgd' is not a comm_wrapper; give one of no, fp16, bf16"),
     ({"comm_hook": "fp16", "comm_state_option": {"matrix_approximation_rank": 2}}, "PowerSGDState's arguments"),
     ({"comm_hook": "power_sgd", "comm_state_option": {"rank": 2}}, "comm_state_option: "),
 ])
 def test_a_ddp_communication_hook_pytorch_lacks_is_refused_at_construction(kwargs, why):
     with pytest.raises(ConfigError, match=re.escape(why)):
         Accelerator(kwargs_handlers=[convoy.DistributedDataParallelKwargs(**kwargs)])
-    assert convoy.DDPCommunicationHookType("power_sgd") is convoy.DDPCommunicationHookType.POWER_SGD
+    hooks = convoy.DDPCommunicationHookType
+    assert hooks("power_sgd") is hooks.POWER_SGD and str(hooks.FP16) == f"{hooks.FP16}" == "fp16"  # as Accelerate's
+    assert "bf16" in hooks and "fp8" not in hooks and hooks.list()[:3] == ["no", "fp16", "bf16"]
+    with pytest.raises(ConfigError, match=re.escape(why)):  # through strategy_options: at construction too
+        Accelerator(strategy="ddp", strategy_options=kwargs)
+
+
+def test_notebook_launcher_checks_accelerates_extra_arguments_before_starting():
+    with pytest.raises(ConfigError, match="rdzv_backend='tcp'"):
+        convoy.notebook_launcher(print, rdzv_backend="tcp")
+    # a rendezvous endpoint on one machine is accepted (and not needed): the next argument is what is refused
+    with pytest.raises(ConfigError, match=re.escape("notebook_launcher(max_restarts=-1)")):
+        convoy.notebook_launcher(print, rdzv_endpoint="localhost:29400", max_restarts=-1)
+    with pytest.raises(NotSupportedYetError, match="log_line_prefix_template"):
+        convoy.notebook_launcher(print, log_line_prefix_template="[${rank}]")
 
 
 def test_free_operations_in_one_process_keep_accelerates_defaults():

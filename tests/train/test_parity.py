@@ -5,7 +5,6 @@ Each run combines several checks (see scripts/parity.py) to pay the process star
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path

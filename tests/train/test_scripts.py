@@ -41,7 +41,7 @@ def test_kill_during_save_state_leaves_last_checkpoint_loadable(tmp_path):
 def test_ddp_communication_hooks_match_plain_ddp():
     """Accelerate's DDP communication hooks (fp16 compression, PowerSGD, batched PowerSGD, an fp16 wrapper, a
     PowerSGDState option) are registered on the model, and its gradients match plain DDP's to 1e-2 on 2 CPU
-    processes; a bf16 hook, which PyTorch only runs on NCCL, is one line naming that."""
+    processes; a bf16 hook, which a CPU build of PyTorch refuses, is one line with PyTorch's reason."""
     result = run_script(SCRIPTS / "ddp_comm_hooks.py", nproc=2, timeout=120)
     assert result.returncode == 0, result.output
     for label in ("no+no", "fp16+no", "power_sgd+no", "power_sgd+fp16", "power_sgd+no+rank2",
@@ -49,4 +49,8 @@ def test_ddp_communication_hooks_match_plain_ddp():
         hooks = 0 if label == "no+no" else 1
         for rank in (0, 1):
             assert f"HOOK {label} rank={rank} hooks={hooks} close=True" in result.output, result.output
-    assert "HOOK bf16+no refused: a bf16 communication hook needs NCCL" in result.output
+    # bf16: a CPU build of PyTorch refuses the hook (its reason, in one line); a CUDA build lets gloo run it
+    refused = "HOOK bf16+no refused: DDP refused the communication hook: BF16 all reduce communication hook " \
+        "required CUDA 11+ and NCCL 2.10+" in result.output
+    trained = all(f"HOOK bf16+no rank={rank} hooks=1 close=True" in result.output for rank in (0, 1))
+    assert refused or trained, result.output

@@ -95,14 +95,27 @@ def launch(
             try:
                 return _run(target, tuple(args), dict(kwargs or {}), plan, method, base_env,
                             replace_env=env is not None, job_env=guard.env if guard is not None else {})
-            except ConfigError:
-                raise  # a wrong setting is as wrong on the next start
-            except Exception as err:  # noqa: BLE001 -- a rank's own exception: the group starts again
-                if restart == max_restarts:
+            except Exception as err:  # noqa: BLE001 -- see _restartable
+                if restart == max_restarts or not _restartable(err):
                     raise
                 why = str(err).splitlines()[0] if str(err) else ""
-                print(f"convoy: {type(err).__name__}{': ' + why[:200] if why else ''}; starting every rank again "
-                      f"(restart {restart + 1} of {max_restarts})", file=sys.stderr, flush=True)
+                print(f"convoy: rank {getattr(err, _FAILED_RANK)} failed ({type(err).__name__}"
+                      f"{': ' + why[:200] if why else ''}); starting every rank again (restart {restart + 1} of "
+                      f"{max_restarts})", file=sys.stderr, flush=True)
+
+
+#: set on the exception a failed rank raised here (its rank): only such a failure starts the ranks again
+_FAILED_RANK = "_convoy_failed_rank"
+
+
+def _restartable(err: BaseException) -> bool:
+    """A rank's failure that another start may not repeat: not an error of this process (pickling the
+    arguments, a port), and not a convoy error saying a setting or a call is wrong (those fail every time)."""
+    from convoy.errors import ConvoyError, NotSupportedYetError
+
+    if not hasattr(err, _FAILED_RANK):
+        return False
+    return not (isinstance(err, ConvoyError) and isinstance(err, (ValueError, NotSupportedYetError)))
 
 
 def _check_call(fn: Any, args: Any, kwargs: Any) -> None:
@@ -259,8 +272,11 @@ def _child(fn, args, kwargs, env: dict, send, replace_env: bool, release) -> Non
     send.close()
     if env["RANK"] == "0" and env["WORLD_SIZE"] != "1":
         # rank 0 serves the rendezvous store: a function that returns right after making its process group
-        # (PartialState() and return) would take the store away from ranks still connecting to it
-        release.wait()
+        # (PartialState() and return) would take the store away from ranks still connecting to it. It waits for
+        # the caller's word (every rank reported, or the caller stops it), or for the caller to be gone.
+        parent = os.getppid()
+        while not release.wait(timeout=1.0) and os.getppid() == parent:
+            pass
     _exit(0)
 
 
@@ -283,7 +299,8 @@ def _collect(procs, pipes, release) -> Any:
         if len(reports) == len(procs):
             release.set()
         bad = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-        bad += [r for r, rep in reports.items() if rep[0] == "error" and r not in bad]
+        # "died": its pipe closed without a report (os._exit(0) inside the function): a failure, not a result
+        bad += [r for r, rep in reports.items() if rep[0] in ("error", "died") and r not in bad]
         if bad and failed_at is None:
             failed_at = time.monotonic()
         alive = [p for p in procs if p.is_alive()]
@@ -319,14 +336,23 @@ def _raise_first(procs, pipes, reports, bad) -> Any:
                 exc = pickle.loads(payload)
             except Exception:  # noqa: BLE001
                 exc = None
-        if isinstance(exc, BaseException):
+        if isinstance(exc, SystemExit):  # sys.exit() in a rank is that rank's failure, not the caller's exit
+            code = exc.code if isinstance(exc.code, int) else 1
+            exc = RankFailedError(f"rank {rank} on host {host} called sys.exit({exc.code!r}); stopped the other "
+                                  f"{len(procs) - 1} rank(s)", rank=rank, host=host, exitcode=code, traceback=text)
+        elif isinstance(exc, BaseException):
             exc.add_note(f"{header}. Its traceback:\n{text.rstrip()}")
-            raise exc
-        raise RankFailedError(f"{header}:\n{text.rstrip()}", rank=rank, host=host, exitcode=1, traceback=text)
+        else:
+            exc = RankFailedError(f"{header}:\n{text.rstrip()}", rank=rank, host=host, exitcode=1, traceback=text)
+        setattr(exc, _FAILED_RANK, rank)
+        raise exc
     rank = bad[0]
     code = procs[rank].exitcode
-    raise RankFailedError(f"rank {rank} on host {host} died with {describe_exit(code if code is not None else 1)}; "
-                          f"stopped the other {len(procs) - 1} rank(s)", rank=rank, host=host, exitcode=code)
+    how = "exited without returning from the function" if code == 0 else f"died with {describe_exit(code or 1)}"
+    exc = RankFailedError(f"rank {rank} on host {host} {how}; stopped the other {len(procs) - 1} rank(s)",
+                          rank=rank, host=host, exitcode=code)
+    setattr(exc, _FAILED_RANK, rank)
+    raise exc
 
 
 def _kill_group(pid: int, sig: int) -> None:

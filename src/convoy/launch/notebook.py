@@ -30,7 +30,7 @@ def notebook_launcher(function: Callable[..., Any], args: Sequence[Any] = (), nu
     learns of a failed process when it happens) are accepted and unused: convoy picks a free local port."""
     from convoy.launch.function import launch
 
-    if num_nodes != 1 or node_rank != 0 or rdzv_endpoint:
+    if num_nodes != 1 or node_rank != 0:
         raise NotSupportedYetError("notebook_launcher on several nodes is not supported; run the script with "
                                    "`convoy launch --nnodes N --rdzv-endpoint HOST:PORT` on each node")
     if unknown:
@@ -40,6 +40,10 @@ def notebook_launcher(function: Callable[..., Any], args: Sequence[Any] = (), nu
                                    "each rank's lines with [rankN]")
     if isinstance(monitor_interval, bool) or not isinstance(monitor_interval, (int, float)) or not monitor_interval > 0:
         raise ConfigError(f"notebook_launcher(monitor_interval={monitor_interval!r}): give a number of seconds > 0")
+    if rdzv_backend not in ("static", "c10d", "etcd", "etcd-v2"):
+        raise ConfigError(f"notebook_launcher(rdzv_backend={rdzv_backend!r}): give static, c10d, etcd or etcd-v2")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ConfigError(f"notebook_launcher(max_restarts={max_restarts!r}): give a whole number >= 0")
     where = {"devices": "auto"} if num_processes is None else (
         {"devices": num_processes} if _accelerator_count() > 0 else {"nproc_per_node": num_processes})
     return launch(function, args=args, mixed_precision=mixed_precision, max_restarts=max_restarts, **where)

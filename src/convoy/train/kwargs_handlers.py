@@ -34,10 +34,27 @@ class KwargsHandler:
                 if getattr(self, f.name) != getattr(default, f.name)}
 
 
-class DDPCommunicationHookType(str, enum.Enum):
+class _Names(enum.EnumMeta):
+    def __contains__(cls, item: Any) -> bool:  # "fp16" in DDPCommunicationHookType, as Accelerate's enums allow
+        try:
+            cls(item)
+        except ValueError:
+            return False
+        return True
+
+
+class DDPCommunicationHookType(str, enum.Enum, metaclass=_Names):
     """Accelerate's names for DDP's gradient communication hooks, PyTorch's own
     (``torch.distributed.algorithms.ddp_comm_hooks``): compress to fp16/bf16, or PowerSGD's low-rank
-    approximation (``comm_state_option`` are ``PowerSGDState``'s arguments, e.g. ``matrix_approximation_rank``)."""
+    approximation (``comm_state_option`` are ``PowerSGDState``'s arguments, e.g. ``matrix_approximation_rank``).
+    Prints as its value (``fp16``), as Accelerate's."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def list(cls) -> list[str]:
+        return [member.value for member in cls]
 
     NO = "no"
     FP16 = "fp16"

@@ -170,6 +170,10 @@ def check_arguments(*, strategy: str, strategy_options: Any, dataloader_config: 
     from convoy.train.strategies.base import check_strategy_options
 
     check_strategy_options(strategy, dict(strategy_options or {}))
+    if any(key in (strategy_options or {}) for key in ("comm_hook", "comm_wrapper", "comm_state_option")):
+        from convoy.train.strategies.ddp import comm_hook
+
+        comm_hook(strategy_options)  # its values too, now rather than at prepare()
     if dataloader_config is not None and not all(hasattr(dataloader_config, a)
                                                  for a in ("split_batches", "even_batches")):
         raise ConfigError(f"dataloader_config={show(dataloader_config)}: give a DataLoaderConfiguration("

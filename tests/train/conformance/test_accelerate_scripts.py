@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -63,6 +64,7 @@ EXPECTED: dict[str, list[str]] = {
 
 # scripts that start their own processes (notebook_launcher): run by plain python, ACCELERATE_NUM_PROCESSES=2
 PLAIN = {"test_notebook.py"}
+ELAPSED: dict[str, float] = {}  # seconds each PLAIN script took
 
 # checks that fail under convoy by design: (label, what convoy raises instead, why)
 DIFFERENT: dict[str, list[tuple[str, str, str]]] = {
@@ -106,9 +108,11 @@ def _results(script: str) -> tuple[dict[str, dict[int, str]], str]:
     with tempfile.TemporaryDirectory() as scratch:  # test_script.py writes a file into its working directory
         extra = [a for call in SYNC_EXTRA_CALLS for a in ("--extra", call)] if script == "test_sync.py" else []
         if script in PLAIN:
+            started = time.monotonic()
             done = processes.run([sys.executable, str(RUNNER), script], capture_output=True, text=True,
                                  timeout=240, cwd=scratch, env=cpu_env({"ACCELERATE_NUM_PROCESSES": "2"}))
             result = Result(done.returncode, done.stdout + done.stderr)
+            ELAPSED[script] = time.monotonic() - started
         else:
             result = run_script(RUNNER, nproc=2, args=[script, *extra], env={"CONVOY_COLLECTIVE_TIMEOUT": "20"},
                                 timeout=240, cwd=scratch)
@@ -135,6 +139,8 @@ def test_accelerate_check_passes_under_convoy(script, label):
 def test_accelerate_check_convoy_answers_differently_by_design(script, label, raised, why):
     checks, output = _results(script)
     assert checks.get(label) == {0: raised}, f"{script}: {label}: {checks.get(label)} ({why})"
+    if label == "test_monitoring#1":  # the sleeping rank was stopped, not waited for (it sleeps 100 s)
+        assert ELAPSED[script] < 60, ELAPSED[script]
 
 
 @pytest.mark.slow

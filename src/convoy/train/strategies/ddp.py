@@ -6,8 +6,9 @@
 Options (``Accelerator(strategy_options={...})``, or Accelerate's ``DistributedDataParallelKwargs``):
 ``find_unused_parameters`` (bool), ``broadcast_buffers`` (bool), ``bucket_cap_mb`` (int), ``static_graph``
 (bool), ``gradient_as_bucket_view`` (bool), and a gradient communication hook of PyTorch's:
-``comm_hook`` ("fp16", "bf16", "power_sgd", "batched_power_sgd"), ``comm_wrapper`` ("fp16", "bf16": what a
-PowerSGD hook sends, compressed), ``comm_state_option`` (``PowerSGDState``'s arguments).
+``comm_hook`` ("fp16", "bf16", "power_sgd", "batched_power_sgd"), ``comm_wrapper`` ("fp16", "bf16": what the
+hook sends, compressed), ``comm_state_option`` (``PowerSGDState``'s arguments). PyTorch runs the bf16 ones on
+NCCL or XCCL only; elsewhere they are one ``ConfigError``.
 
 The first ``DistributedDataParallel(...)`` of a process imports ``torch._dynamo`` (2-5 s, measured on
 torch 2.13 CPU); convoy builds each DDP wrapper once per model, never twice.
@@ -40,26 +41,24 @@ _WRAPPERS = {"fp16": "fp16_compress_wrapper", "bf16": "bf16_compress_wrapper"}
 
 
 def _hook_name(value: Any, key: str, names: Any) -> str:
-    name = str(getattr(value, "value", value)).lower()
+    name = "no" if value is None else str(getattr(value, "value", value)).lower()
     if name not in ("no", *names):
         from convoy.errors import ConfigError
 
-        raise ConfigError(f"{key}={value!r} is not a DDP communication hook; give one of no, {', '.join(names)}")
+        raise ConfigError(f"{key}={name[:40]!r} is not a {key}; give one of no, {', '.join(names)}")
     return name
 
 
-def comm_hook(options: Any) -> tuple[Any, Any, bool] | None:
+def comm_hook(options: Any) -> tuple[Any, Any] | None:
     """The hook ``options`` ask for (``comm_hook``, ``comm_wrapper``, ``comm_state_option``): (hook, a fresh
-    state, whether it sends bf16), or None. ``ConfigError`` for names or states PyTorch has no hook for."""
+    state), or None. ``ConfigError`` for names PyTorch has no hook for, and for PowerSGD's arguments without a
+    PowerSGD hook (Accelerate ignores them there)."""
     from convoy.errors import ConfigError
 
     hook = _hook_name(options.get("comm_hook", "no"), "comm_hook", tuple(_HOOKS))
     wrapper = _hook_name(options.get("comm_wrapper", "no"), "comm_wrapper", tuple(_WRAPPERS))
     state_option = options.get("comm_state_option") or {}
     powersgd = hook in ("power_sgd", "batched_power_sgd")
-    if wrapper != "no" and not powersgd:
-        raise ConfigError(f"comm_wrapper={wrapper!r} compresses what a PowerSGD hook sends; give comm_hook="
-                          "'power_sgd' or 'batched_power_sgd' with it (or comm_hook='fp16'/'bf16' alone)")
     if state_option and not powersgd:
         raise ConfigError("comm_state_option holds PowerSGDState's arguments; give comm_hook='power_sgd' or "
                           "'batched_power_sgd' with it")
@@ -82,7 +81,7 @@ def comm_hook(options: Any) -> tuple[Any, Any, bool] | None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         function = getattr(default_hooks, _WRAPPERS[wrapper])(function)
-    return function, state, "bf16" in (hook, wrapper)
+    return function, state
 
 
 class DDPStrategy(Strategy, SupportsNoSync):
@@ -98,14 +97,16 @@ class DDPStrategy(Strategy, SupportsNoSync):
         kwargs: dict[str, Any] = {k: self.context.options[k] for k in _DDP_OPTIONS if k in self.context.options}
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         hook = comm_hook(self.context.options)  # before wrapping: a bad option stops nothing half-built
-        if hook is not None and hook[2] and dist.get_backend() not in ("nccl", "xccl"):
-            from convoy.errors import ConfigError
-
-            raise ConfigError(f"a bf16 communication hook needs NCCL (CUDA 11+, NCCL 2.10+) or XCCL; this job runs "
-                              f"{dist.get_backend()}: use comm_hook='fp16' here")
         ddp = DistributedDataParallel(module, device_ids=device_ids, **kwargs)
         if hook is not None:
-            ddp.register_comm_hook(hook[1], hook[0])
+            try:
+                ddp.register_comm_hook(hook[1], hook[0])
+            except TypeError as err:  # PyTorch runs the bf16 hooks on NCCL (CUDA 11+, NCCL 2.10+) or XCCL only
+                from convoy.errors import ConfigError
+
+                why = str(err).splitlines()[0] if str(err) else type(err).__name__
+                raise ConfigError(f"DDP refused the communication hook: {why}; on this backend use comm_hook='fp16'"
+                                  ) from None
         return ddp
 
     def unwrap(self, module: "torch.nn.Module") -> "torch.nn.Module":
