@@ -178,6 +178,10 @@ def _local_train():
     (lambda: convoy.launch(fn_targets.env_value, args="RANK"), "args='RANK'): give a tuple"),  # would be 4 args
     (lambda: convoy.launch(fn_targets.env_value, args=5), "args=5): give a tuple"),
     (lambda: convoy.launch(fn_targets.env_value, args=("RANK",), kwargs=[1]), "kwargs=[1]): give a dict"),
+    # its keywords named as such (they were named as convoy launch's flags, --nproc-per-node, ...)
+    (lambda: convoy.launch(fn_targets.env_value, nproc_per_node=0), "convoy.launch(nproc_per_node=...): 0 is not"),
+    (lambda: convoy.launch(fn_targets.env_value, mixed_precision="fp9"), "convoy.launch(mixed_precision=...): 'fp9'"),
+    (lambda: convoy.launch(fn_targets.env_value, collective_timeout=-1), "convoy.launch(collective_timeout=...)"),
 ])
 def test_a_call_that_cannot_be_made_is_refused_before_a_lease_or_a_process(call, why, gpu_inventory):
     with gpu_inventory(0):  # GPU 0 leased here: a call that got as far as selecting devices would say so instead

@@ -35,7 +35,7 @@ import time
 import traceback
 from typing import Any, Callable, Mapping, Sequence
 
-from convoy.config.schema import show
+from convoy.config.schema import KEYS, show
 from convoy.errors import ConfigError, LaunchError, RankFailedError
 from convoy.launch.env import ConvoyEnv, rank_env
 from convoy.launch.failures import describe_exit
@@ -76,6 +76,10 @@ def launch(
     _check_call(fn, args, kwargs)
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"convoy.launch(max_restarts={show(max_restarts)}): give a whole number >= 0")
+    for name, value in (("nproc_per_node", nproc_per_node), ("mixed_precision", mixed_precision),
+                        ("collective_timeout", collective_timeout)):
+        if value is not None:  # named as this call's keywords, not as convoy launch's flags
+            KEYS[name].parse(value, where=f"convoy.launch({name}=...)")
     method = start_method_for(start_method, cuda_initialized=_cuda_initialized(), platform=sys.platform)
     target = _target(fn, method)
     name = getattr(fn, "__qualname__", repr(fn))
