@@ -43,7 +43,8 @@ def launch_config(plan: LaunchPlan, *, endpoint: str | None = None, local_addr: 
     # streams the user redirected stay in the files only.
     tee = {rank: Std(3 & ~redirects.get(rank, 0)) for rank in range(plan.nproc_per_node)}
     logs = DefaultLogsSpecs(log_dir=plan.workers.log_dir, redirects={r: Std(v) for r, v in redirects.items()},
-                            tee=tee, local_ranks_filter=shown_ranks(plan.workers.local_ranks_filter, plan.nproc_per_node))
+                            tee=tee,
+                            local_ranks_filter=shown_ranks(plan.workers.local_ranks_filter, plan.nproc_per_node))
     configs: dict[str, object] = dict(plan.rdzv_configs)
     if "rank" in configs:
         configs["rank"] = int(configs["rank"])  # static rendezvous: this node's rank

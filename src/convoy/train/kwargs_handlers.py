@@ -20,7 +20,8 @@ from typing import Any, Iterable
 
 from convoy.errors import ConfigError
 
-__all__ = ["KwargsHandler", "DDPCommunicationHookType", "DistributedDataParallelKwargs", "InitProcessGroupKwargs", "GradScalerKwargs",
+__all__ = ["KwargsHandler", "DDPCommunicationHookType", "DistributedDataParallelKwargs", "InitProcessGroupKwargs",
+           "GradScalerKwargs",
            "AutocastKwargs", "GradientAccumulationPlugin", "Handlers", "collect_handlers", "REFUSED_ARGUMENTS",
            "refuse_arguments"]
 

@@ -131,13 +131,15 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
 #: what Accelerate's ``RNGType`` names (``rng_types``: accepted, and not needed: convoy's shuffling follows the
 #: epoch's seed on every rank)
 RNG_TYPES = ("torch", "cuda", "mps", "xla", "xpu", "npu", "hpu", "mlu", "musa", "sdaa", "generator")
+#: the Accelerator's flags whose None means "the default" (from ``dataloader_config``)
+OPTIONAL_FLAGS = ("split_batches", "even_batches")
 
 
 def check_plain_arguments(flags: Mapping[str, Any], *, project_dir: Any, rng_types: Any) -> None:
     """The ``Accelerator``'s plain arguments, before anything reads them, with one ``ConfigError``: ``flags``
     (name -> value) are True or False (None too where the name is in ``OPTIONAL_FLAGS``; 0, 1 and numpy's bools
-    pass, a string does not: ``device_placement="no"`` would read as True), ``project_dir`` a path, ``rng_types`` names from
-    ``RNG_TYPES``."""
+    pass, a string does not: ``device_placement="no"`` would read as True), ``project_dir`` a path,
+    ``rng_types`` names from ``RNG_TYPES``."""
     for name, value in flags.items():
         if value is None and name in OPTIONAL_FLAGS:
             continue
@@ -156,9 +158,6 @@ def check_plain_arguments(flags: Mapping[str, Any], *, project_dir: Any, rng_typ
             raise ConfigError(f"Accelerator(rng_types=...): {show(bad[0])} is not a random number generator; "
                               f"give names from {', '.join(RNG_TYPES)}")
 
-
-#: the Accelerator's flags whose None means "the default" (from ``dataloader_config``)
-OPTIONAL_FLAGS = ("split_batches", "even_batches")
 
 
 def check_arguments(*, strategy: str, strategy_options: Any, dataloader_config: Any,

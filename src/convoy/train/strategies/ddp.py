@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from convoy.errors import ConfigError
 from convoy.train.checkpoint.optimizer_state import named_optimizer_state, numbered_optimizer_state, param_names
 from convoy.train.strategies.base import Strategy, SupportsNoSync
 
@@ -43,8 +44,6 @@ _WRAPPERS = {"fp16": "fp16_compress_wrapper", "bf16": "bf16_compress_wrapper"}
 def _hook_name(value: Any, key: str, names: Any) -> str:
     name = "no" if value is None else str(getattr(value, "value", value)).lower()
     if name not in ("no", *names):
-        from convoy.errors import ConfigError
-
         raise ConfigError(f"{key}={name[:40]!r} is not a {key}; give one of no, {', '.join(names)}")
     return name
 
@@ -53,8 +52,6 @@ def comm_hook(options: Any) -> tuple[Any, Any] | None:
     """The hook ``options`` ask for (``comm_hook``, ``comm_wrapper``, ``comm_state_option``): (hook, a fresh
     state), or None. ``ConfigError`` for names PyTorch has no hook for, and for PowerSGD's arguments without a
     PowerSGD hook (Accelerate ignores them there)."""
-    from convoy.errors import ConfigError
-
     hook = _hook_name(options.get("comm_hook", "no"), "comm_hook", tuple(_HOOKS))
     wrapper = _hook_name(options.get("comm_wrapper", "no"), "comm_wrapper", tuple(_WRAPPERS))
     state_option = options.get("comm_state_option") or {}
@@ -102,8 +99,6 @@ class DDPStrategy(Strategy, SupportsNoSync):
             try:
                 ddp.register_comm_hook(hook[1], hook[0])
             except TypeError as err:  # PyTorch runs the bf16 hooks on NCCL (CUDA 11+, NCCL 2.10+) or XCCL only
-                from convoy.errors import ConfigError
-
                 why = str(err).splitlines()[0] if str(err) else type(err).__name__
                 raise ConfigError(f"DDP refused the communication hook: {why}; on this backend use comm_hook='fp16'"
                                   ) from None
