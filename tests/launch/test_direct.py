@@ -112,3 +112,11 @@ def test_stopping_convoy_stops_its_workers():
     assert job.returncode == 130 and "convoy: interrupted" in out, out
     time.sleep(0.2)
     assert not any(alive(pid) for pid in pids), "orphan worker left"
+
+
+def test_rank_0_keeps_serving_the_store_until_the_other_ranks_end():
+    """Rank 0 serves the rendezvous store; a script whose rank 0 was done while rank 1 still reached the store
+    (its process group made, nothing else to do) left rank 1 with 'Connection reset by peer'."""
+    job = convoy_launch("--nproc-per-node", "2", str(SCRIPTS / "rank0_leaves_early.py"))
+    out = finish(job, timeout=60)
+    assert job.returncode == 0 and "rank 1 reached the store" in out, out

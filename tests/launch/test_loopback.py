@@ -74,3 +74,21 @@ def test_is_loopback():
     assert is_loopback("127.0.0.1") and is_loopback("127.1.2.3") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.1") and not is_loopback("node1")
     assert not is_loopback("") and not is_loopback(None)
+
+
+def test_rank_0_stops_serving_when_released_when_its_launcher_is_gone_or_at_the_bound():
+    import time as clock
+
+    from convoy.launch.loopback import keep_serving, released_by_fd
+
+    read_end, write_end = os.pipe()
+    waits = []
+    began = clock.monotonic()
+    keep_serving(lambda wait: waits.append(wait) or len(waits) == 3, limit=30)  # released on the third look
+    assert len(waits) == 3 and clock.monotonic() - began < 5
+    began = clock.monotonic()
+    keep_serving(released_by_fd(read_end), limit=0.3)  # never released: the bound ends it
+    assert 0.25 < clock.monotonic() - began < 2
+    os.close(write_end)
+    assert released_by_fd(read_end)(5.0)  # the launcher closed its end: released at once
+    os.close(read_end)

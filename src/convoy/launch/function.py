@@ -40,7 +40,7 @@ from convoy.errors import ConfigError, LaunchError, RankFailedError
 from convoy.launch.env import ConvoyEnv, rank_env
 from convoy.launch.failures import describe_exit
 from convoy.launch import progress
-from convoy.launch.loopback import is_loopback, loopback_env, prepare_worker
+from convoy.launch.loopback import is_loopback, keep_serving, loopback_env, prepare_worker, serving
 from convoy.launch.ports import free_port
 from convoy.launch.resolve import LaunchRequest
 
@@ -274,13 +274,10 @@ def _child(fn, args, kwargs, env: dict, send, replace_env: bool, release) -> Non
         send.send(("error", time.time(), f"rank 0's return value cannot be sent back: {exc}\n", None))
         _exit(1)
     send.close()
-    if env["RANK"] == "0" and env["WORLD_SIZE"] != "1":
-        # rank 0 serves the rendezvous store: a function that returns right after making its process group
-        # (PartialState() and return) would take the store away from ranks still connecting to it. It waits for
-        # the caller's word (every rank reported, or the caller stops it), or for the caller to be gone.
-        parent = os.getppid()
-        while not release.wait(timeout=1.0) and os.getppid() == parent:
-            pass
+    if serving() and env["WORLD_SIZE"] != "1":
+        # a function that returns right after making its process group (PartialState() and return) would take
+        # the store away from ranks still connecting to it: the caller's word is every rank reported
+        keep_serving(lambda wait: release.wait(timeout=wait))
     _exit(0)
 
 

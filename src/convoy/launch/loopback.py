@@ -12,6 +12,12 @@ process on that port. So convoy starts that server first, on a loopback socket: 
 imports torch (``prepare_worker``), and in the launcher for the elastic agent's rendezvous (``agent_store``).
 Gloo's own listeners follow ``GLOO_SOCKET_IFNAME=lo`` (set unless the user set it).
 
+Rank 0 serving the store must not take it away while other ranks still reach it: a program whose rank 0 is
+done right after making its process group left the others with "Connection reset by peer". So rank 0, once
+its program has succeeded, keeps serving (``keep_serving``) until its launcher says every other rank has
+ended, the launcher is gone, or ``STORE_LINGER`` seconds have passed; the bound keeps a rank that waits in a
+collective rank 0 never joins from waiting out the whole collective timeout.
+
 Multi-node jobs (a ``--master-addr``/``--rdzv-endpoint`` that is not a loopback address) are left as torch
 makes them. A script that starts its own ``TCPStore`` server on ``MASTER_PORT`` without ``multi_tenant=True``
 would find the port taken: give it ``--master-addr`` of a real interface, which turns this off.
@@ -20,16 +26,21 @@ would find the port taken: give it ``--master-addr`` of a real interface, which 
 from __future__ import annotations
 
 import os
+import select
 import socket
 import sys
+import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
 
-__all__ = ["LOOPBACK_VARIABLE", "LISTEN_FD_VARIABLE", "is_loopback", "listen_socket", "loopback_env",
-           "prepare_worker", "agent_store", "after_torch_import"]
+__all__ = ["LOOPBACK_VARIABLE", "LISTEN_FD_VARIABLE", "RELEASE_FD_VARIABLE", "STORE_LINGER", "is_loopback",
+           "listen_socket", "loopback_env", "prepare_worker", "agent_store", "after_torch_import", "serving",
+           "keep_serving", "released_by_fd"]
 
 LOOPBACK_VARIABLE = "CONVOY_LOOPBACK_STORE"
 LISTEN_FD_VARIABLE = "CONVOY_STORE_LISTEN_FD"
+RELEASE_FD_VARIABLE = "CONVOY_STORE_RELEASE_FD"  # a pipe's read end: its end of file says the other ranks ended
+STORE_LINGER = 30.0  # seconds rank 0 keeps serving after its program is done, at most
 _SERVERS: list[Any] = []  # the stores started here; torch reuses their servers while they live
 
 
@@ -147,6 +158,32 @@ def prepare_worker(env: Mapping[str, str] | None = None) -> None:
                 pass
         return
     after_torch_import(lambda: _start_store(env))
+
+
+def serving() -> bool:
+    """True in a rank that serves the job's rendezvous store (rank 0 of a single-node job, once torch is in)."""
+    return bool(_SERVERS)
+
+
+def keep_serving(others_done: Callable[[float], bool], limit: float = STORE_LINGER) -> None:
+    """Rank 0, its program done: keep the store up until ``others_done(wait)`` (which may block for ``wait``
+    seconds) says the other ranks have ended, the launcher (the parent) is gone, or ``limit`` seconds passed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent, deadline = os.getppid(), time.monotonic() + limit
+    while not others_done(min(1.0, max(0.0, deadline - time.monotonic()))):
+        if os.getppid() != parent or time.monotonic() >= deadline:
+            return
+
+
+def released_by_fd(fd: int) -> Callable[[float], bool]:
+    """``others_done`` for a pipe's read end that the launcher closes once the other ranks have ended."""
+    def done(wait: float) -> bool:
+        try:
+            return bool(select.select([fd], [], [], wait)[0])  # readable: end of file (nothing is written)
+        except (OSError, ValueError):
+            return True
+    return done
 
 
 @contextmanager

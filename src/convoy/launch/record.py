@@ -5,7 +5,8 @@
 
 The elastic engine starts workers through this so that an unmodified script (no ``@record``) still leaves
 its traceback in ``TORCHELASTIC_ERROR_FILE``, where the agent reads the failing rank's root cause; rank 0 of a
-single-node job also starts the rendezvous store on loopback here (``convoy.launch.loopback``). Torch-free:
+single-node job also starts the rendezvous store on loopback here, and keeps serving it after the program
+succeeded while the other ranks may still reach it (``convoy.launch.loopback``). Torch-free:
 it writes the same JSON as ``torch.distributed.elastic.multiprocessing.errors.ErrorHandler``.
 """
 
@@ -47,7 +48,9 @@ def main(argv: list[str]) -> None:
             sys.argv = list(argv)
             sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
             runpy.run_path(argv[0], run_name="__main__")
-    except SystemExit:
+    except SystemExit as done:
+        if done.code in (None, 0):
+            _keep_serving_the_store()
         raise
     except BaseException as exc:
         exc.__traceback__ = _user_frames(exc.__traceback__)
@@ -57,6 +60,16 @@ def main(argv: list[str]) -> None:
         traceback.print_exception(exc, file=sys.stderr)  # as Python would, without this wrapper's frames
         sys.stderr.flush()
         sys.exit(1)
+    _keep_serving_the_store()
+
+
+def _keep_serving_the_store() -> None:
+    """Rank 0 of the direct engine, its program done: the other ranks may still reach the store it serves."""
+    from convoy.launch.loopback import RELEASE_FD_VARIABLE, keep_serving, released_by_fd, serving
+
+    fd = os.environ.get(RELEASE_FD_VARIABLE, "")
+    if fd.isdigit() and serving():
+        keep_serving(released_by_fd(int(fd)))
 
 
 def _user_frames(tb):

@@ -11,7 +11,8 @@ output, stop every rank within seconds when one fails (SIGTERM, then SIGKILL aft
 report the first failing rank once, and leave no process behind (each worker leads its own process group,
 killed as a group, and dies with this process via ``PR_SET_PDEATHSIG`` on Linux). On a loopback address the
 rendezvous store listens on that address only: this process binds the socket and hands it to rank 0
-(``convoy.launch.loopback``). Multi-node jobs and
+(``convoy.launch.loopback``), with a pipe whose end of file tells rank 0 that the other ranks have ended, so
+that it keeps serving the store until then. Multi-node jobs and
 ``--max-restarts`` use the elastic agent instead (``convoy.launch.elastic``).
 """
 
@@ -33,7 +34,8 @@ from typing import IO, Mapping
 from convoy.errors import LaunchError
 from convoy.launch.env import rank_env
 from convoy.launch.failures import RankFailure, TracebackHold, failure_error, read_error_file
-from convoy.launch.loopback import LISTEN_FD_VARIABLE, is_loopback, listen_socket, loopback_env
+from convoy.launch.loopback import (LISTEN_FD_VARIABLE, RELEASE_FD_VARIABLE, is_loopback, listen_socket,
+                                    loopback_env)
 from convoy.launch.progress import missing_note
 from convoy.launch.ports import free_port
 from convoy.launch.resolve import LaunchPlan, shown_ranks, stream_map
@@ -155,6 +157,7 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
     if plan.engine != "direct" or plan.world_size is None:
         raise LaunchError("run_direct runs single-node plans without restarts; use convoy.launch.elastic")
     listener = _store_socket(plan)
+    release = _Release() if listener is not None else None
     port = listener.getsockname()[1] if listener is not None else plan.master_port or free_port(plan.master_addr)
     scratch = Path(tempfile.mkdtemp(prefix="convoy-launch-"))
     redirects = stream_map(plan.workers.redirects, plan.nproc_per_node)
@@ -178,7 +181,7 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
                 group_world_size=plan.max_nodes, error_file=error_file, role=plan.workers.role)}
             if listener is not None:
                 env.update(loopback_env(base_env))
-            command, pass_fds = _worker_command(plan.command, rank, listener, env)
+            command, pass_fds = _worker_command(plan.command, rank, listener, release, env)
             log = _open_log(plan.workers.log_dir, rank)
             if log is not None:
                 logs.append(log)
@@ -191,13 +194,14 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
             finally:
                 if listener is not None and rank == 0:
                     listener.close()  # rank 0 has it now (or binds the port itself)
+                    release.close_read_end()
             mode = redirects.get(local, 0)
             visible = local in shown
             ranks.append(_Rank(local, rank, proc, show=(visible and not mode & 1, visible and not mode & 2),
                                log=log, lock=lock, error_file=error_file, wake=wake))
         for worker in ranks:  # threads start once every rank runs: rank N's start does not wait on them
             worker.start()
-        failure = _monitor(ranks, start, stop, grace, wake)
+        failure = _monitor(ranks, start, stop, grace, wake, release)
         if failure is not None:
             raise failure_error(failure, stopped=plan.nproc_per_node - 1)
         if stop.signum is not None:
@@ -206,6 +210,7 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
     finally:
         if listener is not None:
             listener.close()
+            release.close()
         stop.uninstall()
         for worker in ranks:
             if worker.proc.poll() is None:
@@ -231,27 +236,53 @@ def _store_socket(plan: LaunchPlan):
                           "pick another --master-port, or leave it out for a free one") from None
 
 
-def _worker_command(command: tuple[str, ...], rank: int, listener, env: dict[str, str]):
+def _worker_command(command: tuple[str, ...], rank: int, listener, release: "_Release | None",
+                    env: dict[str, str]):
     """A Python program starts through ``convoy.launch.record`` (error file, collective timeout and counts,
-    ``convoy.launch.progress``); rank 0 also gets the store's loopback socket (``convoy.launch.loopback``).
-    Other commands run as they are and rank 0 binds the port itself."""
+    ``convoy.launch.progress``); rank 0 also gets the store's loopback socket and the release pipe
+    (``convoy.launch.loopback``). Other commands run as they are and rank 0 binds the port itself."""
     if tuple(command[:2]) != (sys.executable, "-u"):
         return command, ()
     wrapped = (sys.executable, "-u", "-m", "convoy.launch.record", *command[2:])
-    if rank != 0 or listener is None:
+    if rank != 0 or listener is None or release is None:
         return wrapped, ()
     env[LISTEN_FD_VARIABLE] = str(listener.fileno())
-    return wrapped, (listener.fileno(),)
+    env[RELEASE_FD_VARIABLE] = str(release.read_end)
+    return wrapped, (listener.fileno(), release.read_end)
+
+
+class _Release:
+    """The pipe that tells rank 0 (which serves the store) that every other rank has ended: its end of file."""
+
+    def __init__(self) -> None:
+        self.read_end, self._write_end = os.pipe()
+
+    def close_read_end(self) -> None:
+        if self.read_end >= 0:
+            os.close(self.read_end)  # rank 0 has its copy
+            self.read_end = -1
+
+    def update(self, ranks: list[_Rank]) -> None:
+        if self._write_end >= 0 and all(w.proc.poll() is not None for w in ranks if w.rank != 0):
+            self.close()
+
+    def close(self) -> None:
+        self.close_read_end()
+        if self._write_end >= 0:
+            os.close(self._write_end)
+            self._write_end = -1
 
 
 def _monitor(ranks: list[_Rank], start: float, stop: "_StopSignal", grace: float,
-             wake: "_Wake") -> RankFailure | None:
+             wake: "_Wake", release: _Release | None = None) -> RankFailure | None:
     failure: RankFailure | None = None
     deadline: float | None = None
     while True:
         wake.clear()  # before looking: an exit from now on wakes the wait below at once
         now = time.monotonic()
         alive = [w for w in ranks if w.proc.poll() is None]
+        if release is not None:
+            release.update(ranks)
         for worker in ranks:
             worker.flush_stale(now)
         if failure is None and stop.signum is None:  # after our own stop signal, exits are not failures
