@@ -82,6 +82,10 @@ def test_the_process_count_has_one_grammar_in_flags_variables_and_files(inventor
     (tmp_path / "convoy.toml").write_text('nproc_per_node = "cuda"\n')
     assert main(["launch", "--dry-run", SHOW_ENV]) == 0
     assert "8 processes per node" in capsys.readouterr().out
+    # torchrun's "cpu": one CPU process per core, on a box with 8 GPUs too (it asked for 8 GPUs per core)
+    assert main(["launch", "--dry-run", "--nproc-per-node", "cpu", SHOW_ENV]) == 0
+    out = capsys.readouterr().out
+    assert f"{os.cpu_count()} processes per node" in out and "no accelerator asked for" in out, out
     cap = max(64, 8 * (os.cpu_count() or 1))  # CPU processes (--devices 0): a few per core are fine, not 999999
     assert main(["launch", "--dry-run", "--devices", "0", "--nproc-per-node", str(cap), SHOW_ENV]) == 0
     capsys.readouterr()

@@ -20,7 +20,8 @@ from typing import Callable, Mapping
 
 from convoy.errors import ConfigError
 
-from convoy.launch.resolve import LaunchPlan, LaunchRequest, describe_plan, resolve_launch
+from convoy.launch.resolve import (CPU_NOTE_STARTS, LaunchPlan, LaunchRequest, asked_nproc, describe_plan,
+                                   resolve_launch)
 
 __all__ = ["DeviceFilters", "launch_job", "lease_plan", "plan_job", "prepare_log_dir"]
 
@@ -48,7 +49,10 @@ class DeviceFilters:
 def _select(request: LaunchRequest, filters: DeviceFilters, env: Mapping[str, str]):
     from convoy.devices.selection import select_devices
 
-    return select_devices(request.devices or "auto", env=env, free=filters.free,
+    wanted = request.devices or "auto"
+    if wanted == "auto" and asked_nproc(request.nproc_per_node) == "cpu":
+        wanted = "0"  # torchrun's --nproc-per-node cpu: one CPU process per core, whatever accelerators there are
+    return select_devices(wanted, env=env, free=filters.free,
                           min_free_memory=filters.min_free_memory, max_utilization=filters.max_utilization,
                           exclude=filters.exclude, order=filters.order)
 
@@ -76,7 +80,7 @@ def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters
             print(line)
         return 0
     for note in plan.explanation:
-        if note.startswith("no accelerator found"):
+        if note.startswith(CPU_NOTE_STARTS):
             echo(f"convoy: {note}")
     from convoy.launch.guard import job_guard
 

@@ -333,7 +333,7 @@ def _processes(request: LaunchRequest, selection: Selection, notes: list[str]) -
         raise ConfigError(f"--devices {request.devices} selects {len(devices)} device(s) but --nproc-per-node "
                           f"asks for {count} processes; give one of them, or make them agree")
     if not devices:
-        notes.append(_cpu_note(_cpu_processes(count)))
+        notes.append(_cpu_note(_cpu_processes(count), asked=explicit_devices or asked == "cpu"))
     elif count > len(devices):
         # Each rank computes on the device of its LOCAL_RANK: a rank past the last device would find none.
         raise ConfigError(f"--nproc-per-node {count} needs {count} devices (one per process) but "
@@ -347,8 +347,13 @@ def _devices_text(devices: tuple[Device, ...]) -> str:
     return f"only {len(devices)} ({labels}) {'is' if len(devices) == 1 else 'are'}"
 
 
-def _cpu_note(count: int) -> str:
-    return f"no accelerator found: running {count} CPU process{'es' if count != 1 else ''} with the gloo backend"
+#: how the note that a job runs CPU processes begins (``convoy launch`` prints it): none found, or none asked for
+CPU_NOTE_STARTS = ("no accelerator found", "no accelerator asked for")
+
+
+def _cpu_note(count: int, *, asked: bool = False) -> str:
+    return (f"{CPU_NOTE_STARTS[asked]}: running {count} CPU process{'es' if count != 1 else ''} with the gloo "
+            "backend")
 
 
 def node_range(text: str | None) -> tuple[int, int]:
