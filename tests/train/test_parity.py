@@ -13,6 +13,7 @@ import pytest
 
 from tests import processes
 from tests.distributed import cpu_env, run_script
+from tests.processes import side_by_side
 
 SCRIPT = Path(__file__).parent / "scripts" / "parity.py"
 pytestmark = pytest.mark.slow
@@ -37,11 +38,20 @@ def test_checkpoint_moves_between_process_counts(strategy, tmp_path):
     two_to_one, one_to_two = tmp_path / "a", tmp_path / "b"
     two_to_one.mkdir()
     one_to_two.mkdir()
-    saved = run_script(SCRIPT, nproc=2, args=["--strategy", strategy, "--checks", "resume-save", "--out", str(two_to_one)])
-    assert saved.returncode == 0, saved.output[-4000:]
-    loaded = _one_process(["--strategy", strategy, "--checks", "resume-load", "--out", str(two_to_one)])
-    assert loaded.returncode == 0 and "CHECK resume-load ok" in loaded.stdout, loaded.stdout + loaded.stderr[-4000:]
-    saved = _one_process(["--strategy", strategy, "--checks", "resume-save", "--out", str(one_to_two)])
-    assert saved.returncode == 0, saved.stderr[-4000:]
-    loaded = run_script(SCRIPT, nproc=2, args=["--strategy", strategy, "--checks", "resume-load", "--out", str(one_to_two)])
-    assert loaded.returncode == 0 and loaded.output.count("CHECK resume-load ok") == 2, loaded.output[-4000:]
+
+    def two_then_one():
+        saved = run_script(SCRIPT, nproc=2, args=["--strategy", strategy, "--checks", "resume-save", "--out",
+                                                  str(two_to_one)])
+        assert saved.returncode == 0, saved.output[-4000:]
+        loaded = _one_process(["--strategy", strategy, "--checks", "resume-load", "--out", str(two_to_one)])
+        assert loaded.returncode == 0 and "CHECK resume-load ok" in loaded.stdout, (
+            loaded.stdout + loaded.stderr[-4000:])
+
+    def one_then_two():
+        saved = _one_process(["--strategy", strategy, "--checks", "resume-save", "--out", str(one_to_two)])
+        assert saved.returncode == 0, saved.stderr[-4000:]
+        loaded = run_script(SCRIPT, nproc=2, args=["--strategy", strategy, "--checks", "resume-load", "--out",
+                                                   str(one_to_two)])
+        assert loaded.returncode == 0 and loaded.output.count("CHECK resume-load ok") == 2, loaded.output[-4000:]
+
+    side_by_side(two_then_one, one_then_two)  # independent: a one-process step leaves a core idle

@@ -1,11 +1,13 @@
 """Save a parallel layout with ``save_state`` and resume it at other layouts, against one unbroken process.
 
     convoy launch --nproc-per-node 4 tests/train/parallel/scripts/layout_resume.py CKPT tp=2,pp=2 dp=2,pp=2:fsdp dp=4
+    ... layout_resume.py CKPT tp=2,pp=2 dp=4 -- dp=2,pp=2 tp=2,pp=2     (two rounds in one launch)
 
 The first layout trains ``SAVED`` steps from the common start and saves; every other layout starts from a
 *different* model, loads the checkpoint before its first step (a pipeline reads it when it is built, on
 that first call) and trains the remaining steps; its losses, gradient norms and final parameters must equal
 an unbroken one-process run. Every rank prints ``resume <layout> (<type>) ... OK`` per resumed layout.
+``--`` starts another round (its own saved layout and checkpoint) in the same processes.
 """
 
 import sys
@@ -25,12 +27,20 @@ SAVED, TOTAL = 2, 4
 
 
 def main():
-    ckpt, saved_layout, *resumed = sys.argv[1:]
+    root, *rounds = sys.argv[1:]
     cfg = TinyConfig()
     torch.manual_seed(0)
     start = TinyGPT(cfg)
-    ref, ref_losses, ref_norms = reference_run(start, cfg, steps=TOTAL, size=BATCH, clip=CLIP)
+    ref = reference_run(start, cfg, steps=TOTAL, size=BATCH, clip=CLIP)
+    groups = " ".join(rounds).split(" -- ")
+    for number, group in enumerate(groups):
+        saved_layout, *resumed = group.split()
+        one_round(f"{root}/{number}" if len(groups) > 1 else root, saved_layout, resumed, cfg, start, ref)
+    dist.destroy_process_group()
 
+
+def one_round(ckpt, saved_layout, resumed, cfg, start, reference):
+    ref, ref_losses, ref_norms = reference
     acc, model, opt, dims = prepare(saved_layout, start)
     run_steps(acc, model, opt, dims, cfg, range(SAVED))
     acc.save_state(ckpt)
@@ -44,7 +54,6 @@ def main():
         diffs = assert_matches_reference(layout, acc.strategy.full_model_state_dict(model), ref, losses,
                                          ref_losses[SAVED:], norms, ref_norms[SAVED:], clip=CLIP)
         report(acc, f"resume {layout}", diffs)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
