@@ -326,7 +326,7 @@ def _processes(request: LaunchRequest, selection: Selection, notes: list[str]) -
             raise ConfigError(f"--nproc-per-node {asked} asks for one process per accelerator, but none was found; "
                               f"give a number of CPU processes instead, e.g. --nproc-per-node {CPU_DEFAULT_NPROC}")
         count = CPU_DEFAULT_NPROC if asked is None else (os.cpu_count() or 1)
-        notes.append(_cpu_note(count))
+        notes.append(_cpu_note(count, asked=explicit_devices))
         return count, ()
     count = (os.cpu_count() or 1) if asked == "cpu" else int(asked)
     if explicit_devices and devices and count != len(devices):
