@@ -41,7 +41,8 @@ def test_kill_during_save_state_leaves_last_checkpoint_loadable(tmp_path):
 def test_ddp_communication_hooks_match_plain_ddp():
     """Accelerate's DDP communication hooks (fp16 compression, PowerSGD, batched PowerSGD, an fp16 wrapper, a
     PowerSGDState option) are registered on the model, and its gradients match plain DDP's to 1e-2 on 2 CPU
-    processes; a bf16 hook, which a CPU build of PyTorch refuses, is one line with PyTorch's reason."""
+    processes; a bf16 hook, which a CPU build of PyTorch refuses, is one line with PyTorch's reason; and PowerSGD
+    really compresses once its start iteration is reached."""
     result = run_script(SCRIPTS / "ddp_comm_hooks.py", nproc=2, timeout=120)
     assert result.returncode == 0, result.output
     for label in ("no+no", "fp16+no", "power_sgd+no", "power_sgd+fp16", "power_sgd+no+rank2",
@@ -54,3 +55,5 @@ def test_ddp_communication_hooks_match_plain_ddp():
         "required CUDA 11+ and NCCL 2.10+" in result.output
     trained = all(f"HOOK bf16+no rank={rank} hooks=1 close=True" in result.output for rank in (0, 1))
     assert refused or trained, result.output
+    # from start_powerSGD_iter=2 on, the gradient is PowerSGD's rank-1 approximation: compression ran
+    assert all(f"POWERSGD rank={rank} gradient ranks=[20, 20, 1]" in result.output for rank in (0, 1)), result.output

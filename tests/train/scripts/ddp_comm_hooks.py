@@ -42,3 +42,15 @@ for hook, wrapper, option in [(Hook.NO, Hook.NO, {}), (Hook.FP16, Hook.NO, {}), 
     got, want = grads(model, rank), grads(DistributedDataParallel(MockModel()), rank)
     close = torch.allclose(got, want, rtol=1e-2, atol=1e-2)
     print(f"HOOK {label} rank={rank} hooks={registered} close={close}", flush=True)
+
+# PowerSGD compresses from start_powerSGD_iter on (Accelerate's test keeps the default, 1000, and never gets
+# there): the 40x20 gradient then arrives as its rank-1 approximation, where the first steps' plain all-reduce
+# gives a full-rank one
+accelerator = Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(
+    comm_hook=Hook.POWER_SGD, comm_state_option={"start_powerSGD_iter": 2, "matrix_approximation_rank": 1})])
+model = accelerator.prepare(MockModel())
+ranks = []
+for step in range(3):
+    model.zero_grad()
+    ranks.append(int(torch.linalg.matrix_rank(grads(model, accelerator.local_process_index))))
+print(f"POWERSGD rank={accelerator.local_process_index} gradient ranks={ranks}", flush=True)
