@@ -190,6 +190,16 @@ def test_save_model_writes_safetensors_shards(tmp_path):
         loaded.update(load_file(tmp_path / f))
     assert loaded.keys() == model.state_dict().keys()
     assert all(torch.equal(loaded[k], v.cpu()) for k, v in model.state_dict().items())  # files hold CPU tensors
+    # saved again as one file: the earlier shards and their index are gone (a loader read the stale index), and
+    # files of another format or name stay
+    (tmp_path / "pytorch_model.bin").write_bytes(b"the user's")
+    (tmp_path / "notes.txt").write_text("mine")
+    acc.save_model(model, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "notes.txt", "pytorch_model.bin"]
+    acc.save_model(model, tmp_path, max_shard_size="20KB")  # and the other way round
+    assert "model.safetensors" not in {p.name for p in tmp_path.iterdir()}
+    with pytest.raises(ConfigError, match="max_shard_size='0GB' is not a size above zero"):
+        acc.save_model(model, tmp_path, max_shard_size="0GB")
 
 
 def test_parameter_origins_repoint_an_optimizer_at_replaced_parameters():

@@ -126,6 +126,51 @@ def test_save_refuses_state_that_would_not_load_safely(tmp_path):
     with pytest.raises(CheckpointError, match="registered object's state_dict.*cannot load safely"):
         acc.save_state(tmp_path / "ck")
 
+    class Unpicklable(Odd):
+        def state_dict(self):
+            return {"f": lambda: 1}
+
+    acc = Accelerator()
+    _setup(acc)
+    acc.register_for_checkpointing(Unpicklable())
+    for _ in range(2):  # each failed save left a hidden copy of the weights behind (.staging-ck-*)
+        with pytest.raises(CheckpointError, match="state_dict.. cannot be saved .Can't pickle local object"):
+            acc.save_state(tmp_path / "ck")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_load_refuses_a_checkpoint_of_other_registered_objects_or_schedulers(tmp_path):
+    """zip() paired what was saved with what is registered: with one more registered object (or scheduler)
+    than the checkpoint holds, load_state restored some and silently left the rest, as Accelerate refuses."""
+
+    class Counter:
+        def __init__(self, value):
+            self.value = value
+
+        def state_dict(self):
+            return {"value": self.value}
+
+        def load_state_dict(self, state):
+            self.value = state["value"]
+
+    acc = Accelerator()
+    model, opt, _ = _setup(acc)
+    acc.register_for_checkpointing(Counter(1))
+    acc.save_state(tmp_path / "ck")
+    later = Accelerator()
+    _setup(later)
+    first, second = Counter(5), Counter(6)
+    later.register_for_checkpointing(first, second)
+    with pytest.raises(CheckpointError, match=r"holds the state of 1 object\(s\) registered .* and 2 are registered"):
+        later.load_state(tmp_path / "ck")
+    assert (first.value, second.value) == (5, 6)  # nothing restored
+    with_scheduler = Accelerator()
+    _, opt, _ = _setup(with_scheduler)
+    with_scheduler.register_for_checkpointing(Counter(0))
+    with_scheduler.prepare(torch.optim.lr_scheduler.StepLR(opt, 1))
+    with pytest.raises(CheckpointError, match=r"0 learning-rate scheduler\(s\), and 1 is prepared now"):
+        with_scheduler.load_state(tmp_path / "ck")
+
 
 class _Killed(BaseException):
     pass

@@ -27,8 +27,8 @@ from typing import Any, Callable
 
 from convoy.errors import CheckpointError
 
-__all__ = ["MARKER", "begin_checkpoint", "commit_checkpoint", "is_complete", "latest_checkpoint",
-           "next_checkpoint_dir", "prune_checkpoints", "read_meta", "recover_checkpoint"]
+__all__ = ["MARKER", "begin_checkpoint", "abandon_checkpoint", "commit_checkpoint", "is_complete",
+           "latest_checkpoint", "next_checkpoint_dir", "prune_checkpoints", "read_meta", "recover_checkpoint"]
 
 MARKER = "convoy_checkpoint.json"
 _NAME = re.compile(r"^checkpoint_(\d+)$")
@@ -64,6 +64,14 @@ def _refuse_to_replace(final_dir: Path) -> None:
         raise CheckpointError(f"{final_dir} holds files that are not a convoy checkpoint, and save_state() replaces "
                               "the whole directory it is given; give a new or empty directory (e.g. "
                               f"{final_dir / 'state'}), or one an earlier save_state() wrote")
+
+
+def abandon_checkpoint(staging: str | Path) -> None:
+    """Remove the staging directory of a save that failed (not one already marked complete: a commit killed
+    between its renames is put back by ``recover_checkpoint``)."""
+    staging = Path(staging)
+    if staging.name.startswith(_STAGING_PREFIX) and not is_complete(staging):
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def commit_checkpoint(staging: str | Path, final_dir: str | Path, meta: dict[str, Any]) -> Path:

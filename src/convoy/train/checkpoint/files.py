@@ -78,7 +78,11 @@ def load_file(path: str | Path) -> Any:
 def save_file(obj: Any, path: str | Path, what: str) -> None:
     """``torch.save``, refusing (``CheckpointError``) what ``load_file`` could not read back safely."""
     buffer = io.BytesIO()
-    torch.save(obj, buffer)
+    try:
+        torch.save(obj, buffer)
+    except (pickle.PicklingError, AttributeError, TypeError) as err:  # a lambda, a local class, an open file
+        raise CheckpointError(f"{what} cannot be saved ({_first_line(err)}); keep state_dict() to tensors, "
+                              "numbers, strings, lists and dicts") from None
     buffer.seek(0)
     try:
         torch.load(buffer, weights_only=True)

@@ -90,8 +90,6 @@ def _on_main(items: CheckpointItems, fn: Callable[[], Any]) -> Any:
 
 def save_state(items: CheckpointItems, output_dir: str | os.PathLike[str] | None) -> CheckpointResult:
     """Write a complete checkpoint atomically; returns its directory (and the next automatic number)."""
-    import torch.distributed.checkpoint as dcp
-
     automatic = output_dir is None or items.automatic_naming
     if automatic:
         root = checkpoint_root(items.project_dir)
@@ -100,27 +98,16 @@ def save_state(items: CheckpointItems, output_dir: str | os.PathLike[str] | None
             final = max(final, directories.next_checkpoint_dir(root), key=lambda p: int(p.name.split("_")[1]))
     else:
         final = Path(output_dir)  # type: ignore[arg-type]
+    items.require_owned_optimizers("save_state")  # refused before anything is written
     staging = _on_main(items, lambda: str(directories.begin_checkpoint(final)))
     final = Path(collectives.broadcast_object(str(final)))
+    try:
+        _write_checkpoint(items, staging)
+    except BaseException:
+        if items.is_main_process:  # a failed save leaves nothing behind (the previous checkpoint stays)
+            directories.abandon_checkpoint(staging)
+        raise
     strategy = items.get_strategy()
-    # the hooks write next to the rest, into staging: whatever they put there is renamed into place with it
-    # (given ``final``, their files would be moved aside and deleted by the commit)
-    items.hooks.run_save([strategy.unwrap(m) for m in items.models], staging)
-    items.require_owned_optimizers("save_state")
-    state = _collect_checkpoint(strategy, items.models, items.optimizers)
-    with warnings.catch_warnings():  # DCP warns that one process without a group means one process
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.save(state, checkpoint_id=os.path.join(staging, "distributed"), no_dist=not _group_running())
-    save_file(rng_state(), os.path.join(staging, f"random_states_{items.process_index}.pkl"), "the random state")
-    if items.is_main_process:
-        extra = {"schedulers": [s.state_dict() for s in items.schedulers],
-                 "scaler": items.scaler.state_dict() if items.scaler is not None else None,
-                 "dataloaders": [d.state_dict() for d in items.dataloaders],
-                 "custom": [o.state_dict() for o in items.custom], "step": items.step,
-                 "trackers": items.trackers.state_dict()}
-        save_file(extra, os.path.join(staging, "state.pt"),
-                  "a scheduler's, data loader's or registered object's state_dict()")
-    items.barrier()
     if items.is_main_process:
         directories.commit_checkpoint(staging, final, {"world_size": items.num_processes, "strategy": strategy.name,
                                                        "iteration": items.save_iteration})
@@ -128,6 +115,51 @@ def save_state(items: CheckpointItems, output_dir: str | os.PathLike[str] | None
             directories.prune_checkpoints(final.parent, items.total_limit)
     items.barrier()
     return CheckpointResult(path=final, save_iteration=int(final.name.split("_")[1]) + 1 if automatic else None)
+
+
+def _write_checkpoint(items: CheckpointItems, staging: str) -> None:
+    """Every rank writes its part into ``staging``; an error of rank 0's own files is raised on every rank."""
+    import torch.distributed.checkpoint as dcp
+
+    strategy = items.get_strategy()
+    # the hooks write next to the rest, into staging: whatever they put there is renamed into place with it
+    # (given ``final``, their files would be moved aside and deleted by the commit)
+    items.hooks.run_save([strategy.unwrap(m) for m in items.models], staging)
+    state = _collect_checkpoint(strategy, items.models, items.optimizers)
+    with warnings.catch_warnings():  # DCP warns that one process without a group means one process
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(state, checkpoint_id=os.path.join(staging, "distributed"), no_dist=not _group_running())
+    save_file(rng_state(), os.path.join(staging, f"random_states_{items.process_index}.pkl"), "the random state")
+
+    def write_extra() -> None:
+        extra = {"schedulers": [s.state_dict() for s in items.schedulers],
+                 "scaler": items.scaler.state_dict() if items.scaler is not None else None,
+                 "dataloaders": [d.state_dict() for d in items.dataloaders],
+                 "custom": [o.state_dict() for o in items.custom], "step": items.step,
+                 "trackers": items.trackers.state_dict()}
+        save_file(extra, os.path.join(staging, "state.pt"),
+                  "a scheduler's, data loader's or registered object's state_dict()")
+
+    _on_main(items, write_extra)
+    items.barrier()
+
+
+def _read_extra(items: CheckpointItems, path: Path) -> dict[str, Any]:
+    """``state.pt``: checked against what is prepared and registered now, before anything is loaded (a count
+    that differs would restore some objects and silently leave the others as they are)."""
+    extra = load_file(path / "state.pt")
+    lists = ("schedulers", "dataloaders", "custom")
+    if not isinstance(extra, dict) or not all(isinstance(extra.get(key), list) for key in lists):
+        raise CheckpointError(f"{path / 'state.pt'} is damaged (not the record save_state() writes); resume from "
+                              "another checkpoint")
+    for key, now, what, where in (("schedulers", items.schedulers, "learning-rate scheduler(s)", "prepared"),
+                                  ("custom", items.custom, "object(s) registered with register_for_checkpointing()",
+                                   "registered")):
+        if len(extra[key]) != len(now):
+            raise CheckpointError(f"{path} holds the state of {len(extra[key])} {what}, and {len(now)} "
+                                  f"{'are' if len(now) != 1 else 'is'} {where} now; load a checkpoint saved with "
+                                  "the same ones, in the same order")
+    return extra
 
 
 def load_state(items: CheckpointItems, input_dir: str | os.PathLike[str] | None) -> CheckpointResult:
@@ -148,8 +180,8 @@ def load_state(items: CheckpointItems, input_dir: str | os.PathLike[str] | None)
         return accelerate.load_accelerate_state(items, path)
     meta = directories.read_meta(path)
     items.require_owned_optimizers("load_state")
+    extra = _read_extra(items, path)
     _load_checkpoint(strategy, items.models, items.optimizers, str(path / "distributed"), no_dist=not _group_running())
-    extra = load_file(path / "state.pt")
     for scheduler, sd in zip(items.schedulers, extra["schedulers"]):
         scheduler.load_state_dict(sd)
     if items.scaler is not None and extra["scaler"] is not None:

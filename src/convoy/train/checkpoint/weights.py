@@ -26,11 +26,15 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 def parse_size(size: int | str) -> int:
     """``"5GB"`` -> 5_000_000_000; ints pass through."""
     if isinstance(size, int) and not isinstance(size, bool):
-        return size
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(size))
-    if not match or match.group(2).upper() not in _UNITS:
-        raise ConfigError(f"max_shard_size={size!r} is not a size; write e.g. '5GB', '500MB' or a byte count")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+        value = size
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(size))
+        if not match or match.group(2).upper() not in _UNITS:
+            raise ConfigError(f"max_shard_size={size!r} is not a size; write e.g. '5GB', '500MB' or a byte count")
+        value = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    if value < 1:
+        raise ConfigError(f"max_shard_size={size!r} is not a size above zero; write e.g. '5GB' or '500MB'")
+    return value
 
 
 def _drop_shared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -61,6 +65,15 @@ def _on_cpu(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _remove_earlier_save(directory: Path, stem: str, ext: str) -> None:
+    """An earlier save of this format in ``directory`` (one file, or shards and their index): a loader would
+    read its index or file next to the new one (transformers takes ``model.safetensors`` before an index)."""
+    earlier = re.compile(rf"{re.escape(stem)}(-\d{{5}}-of-\d{{5}})?\.{ext}|{re.escape(stem)}\.{ext}\.index\.json")
+    for path in directory.iterdir():
+        if earlier.fullmatch(path.name) and path.is_file() and not path.is_symlink():
+            path.unlink()
+
+
 def write_model(state: dict[str, torch.Tensor], directory: str | Path, *, max_shard_size: int | str,
                 safe_serialization: bool) -> list[Path]:
     """Write weights as one file or several shards plus an index; returns the files written."""
@@ -81,6 +94,7 @@ def write_model(state: dict[str, torch.Tensor], directory: str | Path, *, max_sh
     stem, ext = ("model", "safetensors") if safe_serialization else ("pytorch_model", "bin")
     names = ([f"{stem}.{ext}"] if len(shards) == 1 else
              [f"{stem}-{i + 1:05d}-of-{len(shards):05d}.{ext}" for i in range(len(shards))])
+    _remove_earlier_save(directory, stem, ext)
     written = []
     for filename, shard in zip(names, shards):
         path = directory / filename
