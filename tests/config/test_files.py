@@ -35,6 +35,8 @@ def _read(tmp_path, text):
     ('mixed_precision = "fp8"\n', r"key 'mixed_precision': 'fp8' is not valid; expected one of no, fp16, bf16"),
     ('collective_timeout = 0\n', r"key 'collective_timeout': 0 is not valid; expected a number of seconds > 0"),
     ('collective_timeout = true\n', r"expected a number of seconds > 0"),
+    ('collective_timeout = 1e-300\n', r"expected a number of seconds > 0 \(at least 0.001\)"),  # a timedelta of 0
+    ('rdzv_id = "a\\u0000b"\n', r"key 'rdzv_id': 'a\\x00b' is not valid; expected a string, without control"),
     ('devices = [0, -2]\n', r"key 'devices': \[0, -2\] is not valid; expected a non-empty list"),
     ('devices = 1.5\n', r"key 'devices': 1.5 is not valid; expected a device request"),
     ('strategy = 3.0\n', r"key 'strategy': 3.0 is not valid"),

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,7 @@ from tests import processes
 from convoy.cli import launch as cli
 from convoy.cli.main import _command_parser, main
 
-SHOW_ENV = "tests/launch/scripts/show_env.py"
+SHOW_ENV = str(Path(__file__).parent / "scripts" / "show_env.py")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -112,6 +113,30 @@ def test_output_flags_are_checked_before_anything_starts(flags, why, capsys, mon
         assert main(["launch", *dry, "--devices", "0", "--nproc-per-node", "2", *flags, "x.py"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and why in err, err
+
+
+@pytest.mark.parametrize("flags, why", [
+    # a flag skipped the checks CONVOY_RDZV_* and convoy.toml get: OverflowError from bind(), or torch's
+    # "backend 'bogus' is not registered" once the agent ran, or a port read as 29400
+    (["--rdzv-endpoint", "127.0.0.1:99999"], "--rdzv-endpoint: '127.0.0.1:99999' is not valid"),
+    (["--rdzv-endpoint", "localhost:abc"], "--rdzv-endpoint: 'localhost:abc' is not valid"),
+    (["--rdzv-backend", "bogus"], "--rdzv-backend: 'bogus' is not valid; expected one of c10d, static"),
+    (["--master-addr", " "], "--master-addr ' ': give a host name or an IP address"),
+    # socket.gaierror and OSError tracebacks from the free-port probe
+    (["--master-addr", "nonexistent.invalid"], "--master-addr 'nonexistent.invalid': cannot listen there"),
+    (["--master-addr", "192.0.2.1"], "--master-addr '192.0.2.1': cannot listen there on this machine"),
+    # the program: every rank printed its own FileNotFoundError or runpy traceback
+    (["{missing}"], "no such file; give the path of the Python script to run, or -m MODULE"),
+    (["{tmp}"], "is a directory without __main__.py"),
+    (["--no-python", "no-such-command-here"], "--no-python: 'no-such-command-here' is neither a command on PATH"),
+])
+def test_rendezvous_flags_and_the_program_are_one_line_before_any_rank(flags, why, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("CONVOY_LEASE_DIR", str(tmp_path))
+    flags = [f.format(missing=tmp_path / "nope.py", tmp=tmp_path) for f in flags]
+    program = [] if flags[-1].startswith(("/", "no-such")) else [SHOW_ENV]
+    assert main(["launch", "--devices", "0", "--nproc-per-node", "1", *flags, *program]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and why in err, err
 
 
 def test_output_flags_naming_ranks_this_node_does_not_run_are_noted_as_torchrun_ignores_them(capsys, tmp_path,

@@ -165,6 +165,12 @@ def build_request(args: argparse.Namespace):
 
             raise NotSupportedYetError(f"--{name.replace('_', '-')} is not supported by convoy launch yet; "
                                        "use torchrun for it")
+    for name in ("rdzv_backend", "rdzv_endpoint"):  # as CONVOY_RDZV_* and convoy.toml are read
+        if getattr(args, name) is not None:
+            setattr(args, name, KEYS[name].parse(getattr(args, name), where="--" + name.replace("_", "-")))
+    if args.master_addr is not None and not re.fullmatch(r"[^\s:]+|\[?[0-9a-fA-F:]+\]?", args.master_addr):
+        raise ConfigError(f"--master-addr {args.master_addr[:60]!r}: give a host name or an IP address "
+                          "(or leave it out for a job on one machine)")
     nproc = args.nproc_per_node
     if args.num_processes is not None:
         _, machines = node_range(args.nnodes)  # the launch plan's own reading of --nnodes

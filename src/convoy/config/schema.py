@@ -93,6 +93,8 @@ def _to_str(value: Any, where: str, expected: str) -> str:
         raise _bad(where, value, expected)
     if isinstance(value, int) and value.bit_length() > 40:
         raise _bad(where, value, expected)
+    if isinstance(value, str) and any(ord(c) < 32 or ord(c) == 127 for c in value.strip()):
+        raise _bad(where, value, expected + ", without control characters")
     return str(value).strip()
 
 
@@ -118,10 +120,11 @@ def parse_whole(value: Any, where: str, minimum: int = 0) -> int:
 #: the longest timeout taken (about 116 days): torch keeps timeouts in int64 milliseconds and a timedelta overflows
 #: long before a float does, so 1e20 would pass as "finite" and then kill every rank
 MAX_SECONDS = 10**7
+MIN_SECONDS = 0.001  # torch counts collective timeouts in milliseconds: less is a timeout of 0
 
 
 def _parse_seconds(value: Any, where: str) -> float:
-    expected = f"a number of seconds > 0 and at most {MAX_SECONDS} (e.g. 300)"
+    expected = f"a number of seconds > 0 (at least {MIN_SECONDS}) and at most {MAX_SECONDS} (e.g. 300)"
     if isinstance(value, bool):
         raise _bad(where, value, expected)
     number = value
@@ -131,7 +134,7 @@ def _parse_seconds(value: Any, where: str) -> float:
         number = float(value)
     if isinstance(number, int) and number.bit_length() > 64:
         raise _bad(where, value, expected)
-    if not isinstance(number, (int, float)) or not math.isfinite(number) or not 0 < number <= MAX_SECONDS:
+    if not isinstance(number, (int, float)) or not math.isfinite(number) or not MIN_SECONDS <= number <= MAX_SECONDS:
         raise _bad(where, value, expected)
     return float(number)
 

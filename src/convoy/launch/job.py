@@ -12,6 +12,7 @@ The devices are leased for the life of the job and released on exit, success or 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from convoy.errors import ConfigError
 from convoy.launch.resolve import (CPU_NOTE_STARTS, LaunchPlan, LaunchRequest, asked_nproc, describe_plan,
                                    resolve_launch)
 
-__all__ = ["DeviceFilters", "launch_job", "lease_plan", "plan_job", "prepare_log_dir"]
+__all__ = ["DeviceFilters", "check_program", "launch_job", "lease_plan", "plan_job", "prepare_log_dir"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +74,11 @@ def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters
     # No background import of torch's agent here: importing torch in a thread while this one selects
     # devices cost ~0.1 s more CPU than importing it afterwards (both share one GIL; docs/launching.md).
     plan = plan_job(request, filters=filters, env=base_env)
+    check_program(request)  # after every flag's check, before anything is leased or started
+    if plan.engine == "direct":
+        from convoy.launch.ports import free_port
+
+        free_port(plan.master_addr)  # rank 0 listens there: an address of another machine is one line now
     if plan.workers.log_dir:
         prepare_log_dir(plan.workers.log_dir, create=not dry_run)
     if dry_run:
@@ -96,6 +102,24 @@ def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters
         from convoy.launch.elastic import run_elastic
 
         return run_elastic(plan, base_env=base_env)
+
+
+def check_program(request: LaunchRequest) -> None:
+    """The script (or command) exists here: one ``ConfigError`` line in the parent, not a traceback per rank.
+    Modules (``-m``) are left to Python, which finds them on the ranks' path."""
+    target = request.program[0] if request.program else ""
+    if request.module:
+        return
+    if request.no_python:
+        if not target or shutil.which(target) is None:
+            raise ConfigError(f"--no-python: {target[:80]!r} is neither a command on PATH nor an executable file")
+        return
+    path = Path(target)
+    if not target.strip() or not path.exists():
+        raise ConfigError(f"{target[:80]!r}: no such file; give the path of the Python script to run, "
+                          "or -m MODULE")
+    if path.is_dir() and not (path / "__main__.py").is_file():
+        raise ConfigError(f"{target[:80]}: is a directory without __main__.py; give the Python script to run")
 
 
 def prepare_log_dir(log_dir: str, *, create: bool = True) -> Path:

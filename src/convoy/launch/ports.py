@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import socket
 
+from convoy.errors import ConfigError
+
 __all__ = ["free_port", "DEFAULT_TORCHRUN_PORT"]
 
 #: torchrun's fixed default; convoy avoids it so that a torchrun job on the same box never collides.
@@ -18,11 +20,17 @@ DEFAULT_TORCHRUN_PORT = 29500
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that is free now (bind to port 0 and ask the kernel which one it gave)."""
+    """A TCP port on ``host`` that is free now (bind to port 0 and ask the kernel which one it gave);
+    ``ConfigError`` when ``host`` is no address of this machine."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     for _ in range(8):
         with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
+            try:
+                sock.bind((host, 0))
+            except OSError as err:  # socket.gaierror (no such name) included
+                raise ConfigError(f"--master-addr {host[:60]!r}: cannot listen there on this machine "
+                                  f"({err.strerror or err}); give an address of this machine (rank 0 runs here), "
+                                  "or leave it out for a job on one machine") from None
             port = sock.getsockname()[1]
         if port != DEFAULT_TORCHRUN_PORT:
             return port
