@@ -40,7 +40,7 @@ def test_every_line_of_a_quick_exit_reaches_the_console():
 def test_a_program_that_cannot_start_is_a_one_line_error():
     proc = processes.run([sys.executable, "-m", "convoy", "launch", "--devices", "0", "--nproc-per-node", "2",
                            "--no-python", "/nonexistent/trainer"], capture_output=True, text=True, env=ENV, timeout=60)
-    assert proc.returncode == 1
-    assert proc.stderr.splitlines()[-1] == \
-        "convoy: cannot start '/nonexistent/trainer' for rank 0: No such file or directory", proc.stderr
+    assert proc.returncode == 2  # found in the parent, before any rank or lease
+    assert proc.stderr.splitlines()[-1] == ("convoy: --no-python: '/nonexistent/trainer' is neither a command on "
+                                            "PATH nor an executable file"), proc.stderr
     assert "Traceback" not in proc.stderr
