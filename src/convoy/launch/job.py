@@ -76,9 +76,7 @@ def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters
     plan = plan_job(request, filters=filters, env=base_env)
     check_program(request)  # after every flag's check, before anything is leased or started
     if plan.engine == "direct":
-        from convoy.launch.ports import free_port
-
-        free_port(plan.master_addr)  # rank 0 listens there: an address of another machine is one line now
+        _check_listen_address(plan.master_addr)
     if plan.workers.log_dir:
         prepare_log_dir(plan.workers.log_dir, create=not dry_run)
     if dry_run:
@@ -120,6 +118,19 @@ def check_program(request: LaunchRequest) -> None:
                           "or -m MODULE")
     if path.is_dir() and not (path / "__main__.py").is_file():
         raise ConfigError(f"{target[:80]}: is a directory without __main__.py; give the Python script to run")
+
+
+def _check_listen_address(host: str) -> None:
+    """Rank 0 of a one-machine job listens on ``--master-addr``: an address of another machine (or a name that
+    does not resolve) is one ``ConfigError`` line here, not a ``socket.gaierror`` traceback after the lease."""
+    from convoy.launch.ports import free_port
+
+    try:
+        free_port(host)
+    except OSError as err:  # socket.gaierror included
+        raise ConfigError(f"--master-addr {host[:60]!r}: cannot listen there on this machine ({err.strerror or err}); "
+                          "give an address of this machine (rank 0 runs here), or leave it out for a job on one "
+                          "machine") from None
 
 
 def prepare_log_dir(log_dir: str, *, create: bool = True) -> Path:
