@@ -100,6 +100,31 @@ def test_devices_are_leased_for_the_job(inventory_path, tmp_path):
     assert again.returncode == 0, again.stderr  # released when the first job ended
 
 
+def test_free_moves_a_count_past_devices_another_job_leased(inventory_path, tmp_path):
+    """`--free` with a count takes devices no job holds (it took the leased GPUs 0,1 and was refused), the same
+    in the dry run and in the job; an explicit list still waits for exactly its devices."""
+    from convoy.devices.inventory import load_inventory
+    from convoy.devices.lease import lease_devices
+
+    inventory = inventory_path("8xh100_nvswitch")
+    env = {**ENV, "CONVOY_INVENTORY": str(inventory), "CONVOY_LEASE_DIR": str(tmp_path)}
+    env.pop("CUDA_VISIBLE_DEVICES")
+
+    def launch(*argv):
+        return processes.run([sys.executable, "-m", "convoy", "launch", *argv], capture_output=True, text=True,
+                             env=env, timeout=60)
+
+    with lease_devices(load_inventory(inventory).devices[:2], lock_dir=tmp_path):
+        plan = launch("--devices", "2", "--free", "--dry-run", "--no-python", "true")
+        job = launch("--devices", "2", "--free", "--no-python", "sh", "-c", "echo visible=$CUDA_VISIBLE_DEVICES")
+        listed = launch("--devices", "1,2", "--free", "--wait", "0.5", "--no-python", "true")
+    assert plan.returncode == 0 and "CUDA_VISIBLE_DEVICES=2,3" in plan.stdout, plan.stdout + plan.stderr
+    assert "left GPU 0 (NVIDIA H100 80GB HBM3): leased by pid" in plan.stdout
+    assert job.returncode == 0 and job.stdout.count("visible=2,3") == 2, job.stdout + job.stderr
+    assert listed.returncode == 1 and "GPU 1 (NVIDIA H100 80GB HBM3) cannot be used: leased by pid" in listed.stderr
+    assert "after waiting 0.5s" in listed.stderr
+
+
 def test_stopping_convoy_stops_its_workers():
     job = convoy_launch("--no-python", "sh", "-c", "echo pid=$$; sleep 60")
     pids = []

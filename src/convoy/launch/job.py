@@ -47,15 +47,40 @@ class DeviceFilters:
     """Hold an OS lease on the devices for the job's life."""
 
 
-def _select(request: LaunchRequest, filters: DeviceFilters, env: Mapping[str, str]):
-    from convoy.devices.selection import select_devices
-
+def _wanted(request: LaunchRequest) -> str:
     wanted = request.devices or "auto"
     if wanted == "auto" and asked_nproc(request.nproc_per_node) == "cpu":
         wanted = "0"  # torchrun's --nproc-per-node cpu: one CPU process per core, whatever accelerators there are
-    return select_devices(wanted, env=env, free=filters.free,
-                          min_free_memory=filters.min_free_memory, max_utilization=filters.max_utilization,
-                          exclude=filters.exclude, order=filters.order)
+    return wanted
+
+
+def _filter_kwargs(filters: DeviceFilters) -> dict:
+    return dict(free=filters.free, min_free_memory=filters.min_free_memory,
+                max_utilization=filters.max_utilization, exclude=filters.exclude, order=filters.order)
+
+
+def _select(request: LaunchRequest, filters: DeviceFilters, env: Mapping[str, str]):
+    """The devices the job would take now. With ``--free`` (and leasing on), devices another job has leased
+    count as busy, as for ``convoy select --free``; when every fitting device is leased and the job may wait
+    for them, the plan names the devices it would wait for."""
+    from convoy.devices.selection import select_devices
+    from convoy.errors import SelectionError
+
+    wanted = _wanted(request)
+    if not (filters.free and filters.lease):
+        return select_devices(wanted, env=env, **_filter_kwargs(filters))
+    from convoy.devices.discovery import discover
+    from convoy.devices.lease import default_lock_dir, lease_holders
+    from convoy.devices.visibility import visible_devices
+
+    inventory = discover(env)
+    held = lease_holders(visible_devices(inventory, env).devices, lock_dir=default_lock_dir(env))
+    try:
+        return select_devices(wanted, inventory=inventory, env=env, held=held, **_filter_kwargs(filters))
+    except SelectionError:
+        if not held or filters.lease_wait is None:
+            raise
+        return select_devices(wanted, inventory=inventory, env=env, **_filter_kwargs(filters))
 
 
 def plan_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters(),
@@ -90,7 +115,8 @@ def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters
 
     # The guard holds the lease's locks too: when this process dies, the devices stay leased until every
     # process of the job is gone (convoy.launch.guard).
-    with lease_plan(plan, filters=filters, env=base_env) as lease, job_guard(lease.fds if lease else ()) as guard:
+    plan, lease = _lease_job(request, plan, filters, base_env)
+    with lease as held, job_guard(held.fds if held else ()) as guard:
         if guard is not None:
             base_env = {**base_env, **guard.env}
         if plan.engine == "direct":
@@ -155,6 +181,35 @@ def prepare_log_dir(log_dir: str, *, create: bool = True) -> Path:
     return path
 
 
+def _lease_job(request: LaunchRequest, plan: LaunchPlan, filters: DeviceFilters, env: Mapping[str, str]):
+    """``(plan, lease)``: the plan's devices leased. With ``--free`` the devices are chosen again under the
+    lease (``select_and_lease``): a count moves on to devices no job holds, even one that another job leased
+    since the plan was made, and the plan is resolved again for the devices taken."""
+    if not (plan.devices and filters.lease and filters.free):
+        return plan, lease_plan(plan, filters=filters, env=env)
+    from convoy.devices.lease import select_and_lease
+
+    selection, lease = _loopback_hint(plan, lambda: select_and_lease(
+        _wanted(request), wait=filters.lease_wait, env=env, **_filter_kwargs(filters)))
+    if selection.devices != plan.devices:
+        plan = resolve_launch(request, selection, env=env)
+    return plan, lease
+
+
+def _loopback_hint(plan: LaunchPlan, take: Callable):
+    from convoy.errors import LeaseError
+
+    try:
+        return take()
+    except LeaseError as err:
+        if plan.max_nodes > 1 and plan.master_addr in _LOOPBACK:
+            # Several "nodes" on one host (a loopback rehearsal of a multi-node job) each select the same
+            # devices; the first holds them and waits for its peers (issue 11).
+            raise LeaseError(f"{err}; several nodes on one host need devices of their own: give each node "
+                             "different --devices, or --devices 0 for CPU processes") from None
+        raise
+
+
 def lease_plan(plan: LaunchPlan, *, filters: DeviceFilters = DeviceFilters(), env: Mapping[str, str] | None = None):
     """A context manager holding a lease on ``plan.devices`` (in ``env``'s lease directory) while it is open.
 
@@ -164,17 +219,9 @@ def lease_plan(plan: LaunchPlan, *, filters: DeviceFilters = DeviceFilters(), en
     if not plan.devices or not filters.lease:
         return nullcontext()
     from convoy.devices.lease import default_lock_dir, lease_devices
-    from convoy.errors import LeaseError
 
-    try:
-        return lease_devices(plan.devices, wait=filters.lease_wait, lock_dir=default_lock_dir(env))
-    except LeaseError as err:
-        if plan.max_nodes > 1 and plan.master_addr in _LOOPBACK:
-            # Several "nodes" on one host (a loopback rehearsal of a multi-node job) each select the same
-            # devices; the first holds them and waits for its peers (issue 11).
-            raise LeaseError(f"{err}; several nodes on one host need devices of their own: give each node "
-                             "different --devices, or --devices 0 for CPU processes") from None
-        raise
+    return _loopback_hint(plan, lambda: lease_devices(plan.devices, wait=filters.lease_wait,
+                                                      lock_dir=default_lock_dir(env)))
 
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
