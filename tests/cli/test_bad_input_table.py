@@ -80,6 +80,8 @@ CASES = [
     ({}, "plan --params 7e9 --hardware 8xH100-80GB --seq-len 99999999999", 2, "too large (at most 10 digits)"),
     ({}, "launch --max-restarts 9999999999 {d}/train.py", 2, "too large (at most 9 digits)"),
     ({}, "run -- {d}/no_shebang.sh", 126, "add a #! line"),
+    ({}, "run --no-lease --wait 5m -- {d}/train.py", 2, "--no-lease takes no lease"),  # --wait was ignored
+    ({}, "launch --no-lease --wait 5m {d}/train.py", 2, "--no-lease takes no lease"),
     ({}, "launch --exclude a {d}/train.py", 2, "exclude"),
     ({}, "launch --log-dir /etc/hostname {d}/train.py", 2, "not a directory"),
     ({}, "launch --log-dir /proc/nope {d}/train.py", 2, "cannot create"),

@@ -182,6 +182,11 @@ def _local_train():
     (lambda: convoy.launch(fn_targets.env_value, nproc_per_node=0), "convoy.launch(nproc_per_node=...): 0 is not"),
     (lambda: convoy.launch(fn_targets.env_value, mixed_precision="fp9"), "convoy.launch(mixed_precision=...): 'fp9'"),
     (lambda: convoy.launch(fn_targets.env_value, collective_timeout=-1), "convoy.launch(collective_timeout=...)"),
+    # env values reached os.environ in each rank (a TypeError traceback per rank); lease/wait were not read
+    (lambda: convoy.launch(fn_targets.env_value, env={"NCCL_DEBUG": 1}), "env={'NCCL_DEBUG': 1}): give a mapping"),
+    (lambda: convoy.launch(fn_targets.env_value, lease="no"), "convoy.launch(lease='no'): give True"),
+    (lambda: convoy.launch(fn_targets.env_value, wait=-1), "convoy.launch(wait=...): duration -1 is not"),
+    (lambda: convoy.launch(fn_targets.env_value, lease=False, wait=5), "wait=5, lease=False): wait is for devices"),
 ])
 def test_a_call_that_cannot_be_made_is_refused_before_a_lease_or_a_process(call, why, gpu_inventory):
     with gpu_inventory(0):  # GPU 0 leased here: a call that got as far as selecting devices would say so instead

@@ -165,6 +165,10 @@ def build_request(args: argparse.Namespace):
 
             raise NotSupportedYetError(f"--{name.replace('_', '-')} is not supported by convoy launch yet; "
                                        "use torchrun for it")
+    if args.wait is not None and args.no_lease:
+        from convoy.cli.select import NO_LEASE_WAIT
+
+        raise ConfigError(NO_LEASE_WAIT)
     for name in ("rdzv_backend", "rdzv_endpoint"):  # as CONVOY_RDZV_* and convoy.toml are read
         if getattr(args, name) is not None:
             setattr(args, name, KEYS[name].parse(getattr(args, name), where="--" + name.replace("_", "-")))

@@ -19,7 +19,8 @@ import subprocess
 import sys
 from typing import Sequence
 
-from convoy.cli.select import add_filter_arguments, command_env, selection_kwargs
+from convoy.cli.select import NO_LEASE_WAIT, add_filter_arguments, command_env, selection_kwargs
+from convoy.errors import ConfigError
 
 DESCRIPTION = "Reserve devices, make exactly those visible, and run any command (any framework) on them."
 EPILOG = """examples:
@@ -62,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from convoy.devices.units import parse_duration
 
     env = command_env(args)
+    if args.wait is not None and args.no_lease:
+        raise ConfigError(NO_LEASE_WAIT)
     wait = None if args.wait is None else parse_duration(args.wait)
     leasing = (args.free or wait is not None) and not args.no_lease
     lease = None

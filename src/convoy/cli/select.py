@@ -27,6 +27,11 @@ EPILOG = """examples:
 FORMATS = ("env", "index", "uuid", "json")
 
 
+NO_LEASE_WAIT = ("--wait waits for devices another job has leased, and --no-lease takes no lease (so waits for "
+                 "nothing): give one of them")
+"""``convoy run`` and ``convoy launch`` refuse the two together (--wait was ignored)."""
+
+
 def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
     """The filters ``convoy select`` and ``convoy run`` share."""
     from convoy.devices.selection import ORDERS

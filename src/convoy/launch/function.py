@@ -61,7 +61,7 @@ def launch(
     collective_timeout: float | None = None,
     env: Mapping[str, str] | None = None,
     lease: bool = True,
-    wait: float | None = None,
+    wait: float | str | None = None,
     max_restarts: int = 0,
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` on one process per device (or ``nproc_per_node`` CPU processes).
@@ -69,11 +69,12 @@ def launch(
     Returns rank 0's return value. Raises the first failing rank's exception (``RankFailedError`` when the
     rank died without one). ``devices``/``nproc_per_node`` mean what they mean for ``convoy launch``.
     The selected accelerators are leased for the call, as ``convoy launch`` leases them (``lease=False`` is
-    ``--no-lease``; ``wait`` is ``--wait``: seconds to wait for another job's lease, else ``LeaseError`` at once).
+    ``--no-lease``; ``wait`` is ``--wait``: seconds (or ``"5m"``) to wait for another job's lease, else ``LeaseError`` at once).
     """
     from convoy.launch.job import DeviceFilters, lease_plan, plan_job
 
     _check_call(fn, args, kwargs)
+    wait = _check_lease_options(env, lease, wait)
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"convoy.launch(max_restarts={show(max_restarts)}): give a whole number >= 0")
     for name, value in (("nproc_per_node", nproc_per_node), ("mixed_precision", mixed_precision),
@@ -131,6 +132,28 @@ def _check_call(fn: Any, args: Any, kwargs: Any) -> None:
         raise ConfigError(f"convoy.launch(args={show(args)}): give a tuple of positional arguments, e.g. args=(lr,)")
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise ConfigError(f"convoy.launch(kwargs={show(kwargs)}): give a dict of keyword arguments")
+
+
+def _check_lease_options(env: Any, lease: Any, wait: Any) -> float | None:
+    """``env``, ``lease`` and ``wait`` as ``convoy.launch`` documents them; returns ``wait`` in seconds."""
+    if env is not None and (not isinstance(env, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise ConfigError(f"convoy.launch(env={show(env)}): give a mapping of variable names to strings, "
+                          "e.g. {**os.environ, 'NCCL_DEBUG': 'INFO'}")
+    if not isinstance(lease, bool):
+        raise ConfigError(f"convoy.launch(lease={show(lease)}): give True (hold a lease on the devices) or False")
+    if wait is None:
+        return None
+    if not lease:
+        raise ConfigError(f"convoy.launch(wait={show(wait)}, lease=False): wait is for devices another job "
+                          "leased, and only a leasing call waits; drop wait= or lease=False")
+    from convoy.devices.units import parse_duration
+    from convoy.errors import DeviceSpecError
+
+    try:
+        return parse_duration(wait)
+    except DeviceSpecError as err:
+        raise ConfigError(f"convoy.launch(wait=...): {err}") from None
 
 
 def _run(fn, args: tuple, kwargs: dict, plan, method: str, base_env: dict, *, replace_env: bool,
