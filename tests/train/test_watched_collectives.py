@@ -22,8 +22,13 @@ def test_a_skipped_gather_names_the_missing_rank_and_ends_the_job():
     assert "MISMATCH rank 0: ranks are out of step at guarded collective #6: rank 0 is at 'gather'; " \
            "rank 1 is at 'reduce'" in out, out
     assert "MISMATCH rank 1:" in out, out
+    # save_state called on the main process only: both ranks are told so at once, with what to do instead
+    for rank in (0, 1):
+        assert re.search(rf"MAIN ONLY rank {rank}: ranks are out of step at guarded collective #7: .*save_state\(\) "
+                         r"is collective: call it on every process, not under `if accelerator.is_main_process:`",
+                         out), out
     # the skipped gather: rank 0 gives up after Accelerator(collective_timeout=3) and names rank 1
-    assert re.search(r"SKIPPED rank 0 after [\d.]+s: collective 'gather_for_metrics' \(#7\) did not complete "
+    assert re.search(r"SKIPPED rank 0 after [\d.]+s: collective 'gather_for_metrics' \(#8\) did not complete "
                      r"within 3 s: rank 1 of 2 did not arrive", out), out
     # the job ended then: rank 1 was stopped in its 60 s sleep, and nobody ran past the skipped gather
     assert "RANK 1 WOKE UP" not in out and "NO TIMEOUT" not in out, out

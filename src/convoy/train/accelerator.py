@@ -42,6 +42,9 @@ from convoy.train.wrappers import PreparedOptimizer, PreparedScheduler, autocast
 
 __all__ = ["Accelerator", "ProjectConfiguration", "DataLoaderConfiguration"]
 
+_EVERY_PROCESS = ("save_state", "load_state", "save_model")
+"""Methods every process calls (watched: one called under ``is_main_process`` is named at once, not a hang)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class ProjectConfiguration:
@@ -428,11 +431,20 @@ class Accelerator:
     # CollectiveTimeoutError the others raise, instead of the job hanging until the process-group timeout.
     def _arrive(self, name: str) -> None:
         if collectives.is_distributed():
+            from convoy.errors import CollectiveTimeoutError
             from convoy.train.hang import watch_call
 
             # No watch kept on the Accelerator: it would hold the c10d store alive past destroy_process_group(),
             # and gloo then aborts the process at exit. watch_call counts the calls in the store instead.
-            watch_call(name, timeout=self.settings.collective_timeout_s)
+            try:
+                watch_call(name, timeout=self.settings.collective_timeout_s)
+            except CollectiveTimeoutError as err:
+                called = next((n for n in _EVERY_PROCESS if repr(n) in str(err)), None)
+                if called is None:
+                    raise
+                raise CollectiveTimeoutError(
+                    f"{err}. {called}() is collective: call it on every process, not under `if "
+                    f"accelerator.is_main_process:` (the main process writes the shared files itself)") from None
 
     def gather(self, tensor: Any) -> Any:
         self._arrive("gather")
@@ -607,6 +619,7 @@ class Accelerator:
     def save_model(self, model: "torch.nn.Module", save_directory: str | os.PathLike[str],
                    max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
         """Unwrapped, consolidated weights in safetensors (transformers' file layout). Collective."""
+        self._arrive("save_model")
         checkpoint.save_model(self._checkpoint_items(), model, save_directory, max_shard_size=max_shard_size,
                               safe_serialization=safe_serialization)
 
@@ -615,11 +628,14 @@ class Accelerator:
 
     def save_state(self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True,
                    **kwargs: Any) -> str:
-        """Write a complete checkpoint atomically; returns its directory."""
+        """Write a complete checkpoint atomically; returns its directory. Collective: every process calls it."""
+        self._arrive("save_state")
         return self._took_back(checkpoint.save_state(self._checkpoint_items(), output_dir))
 
     def load_state(self, input_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> str:
-        """Restore the newest complete checkpoint under ``project_dir`` (or ``input_dir``); returns it."""
+        """Restore the newest complete checkpoint under ``project_dir`` (or ``input_dir``); returns it.
+        Collective: every process calls it."""
+        self._arrive("load_state")
         return self._took_back(checkpoint.load_state(self._checkpoint_items(), input_dir))
 
     def _checkpoint_items(self) -> checkpoint.CheckpointItems:

@@ -1,7 +1,9 @@
 """Run by tests/train/test_watched_collectives.py on 2 CPU processes with Accelerator(collective_timeout=3):
-the Accelerator's collectives in step, then out of step, then rank 1 skips a gather."""
+the Accelerator's collectives in step, then out of step, save_state on the main process only, then rank 1
+skips a gather."""
 import os
 import sys
+import tempfile
 import time
 
 import torch
@@ -23,6 +25,11 @@ try:  # rank 0 gathers while rank 1 reduces: both are told who is where, instead
     accelerator.gather(mine) if rank == 0 else accelerator.reduce(mine)
 except CollectiveTimeoutError as err:
     print(f"MISMATCH rank {rank}: {err}", flush=True)
+
+try:  # save_state under `if accelerator.is_main_process:` is named at once (it waited out the timeout in a broadcast)
+    accelerator.save_state(tempfile.mkdtemp()) if rank == 0 else accelerator.wait_for_everyone()
+except CollectiveTimeoutError as err:
+    print(f"MAIN ONLY rank {rank}: {err}", flush=True)
 
 if rank == 1:  # rank 1 skips the next gather and is busy elsewhere
     time.sleep(60)
