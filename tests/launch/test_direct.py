@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -137,6 +138,24 @@ def test_stopping_convoy_stops_its_workers():
     assert job.returncode == 130 and "convoy: interrupted" in out, out
     time.sleep(0.2)
     assert not any(alive(pid) for pid in pids), "orphan worker left"
+
+
+def test_signals_to_handle_passes_slurms_warning_signal_on_to_every_rank():
+    """torchrun's --signals-to-handle: a SIGUSR1 to the launcher (Slurm's warning before a preemption) reaches
+    each rank as SIGUSR1, time to save, and then the job stops (it was accepted and ignored: SIGUSR1 killed the
+    launcher and PDEATHSIG the ranks, with no chance to save)."""
+    trap = 'trap "echo saved on USR1 $TORCHELASTIC_SIGNALS_TO_HANDLE; exit 0" USR1; echo ready; sleep 60 & wait'
+    job = convoy_launch("--signals-to-handle", "SIGTERM,SIGINT,SIGUSR1", "--shutdown-timeout", "20",
+                        "--no-python", "sh", "-c", trap)
+    ready = 0
+    while ready < 2:
+        line = job.stdout.readline()
+        assert line, "the job ended early"
+        ready += "ready" in line
+    job.send_signal(signal.SIGUSR1)
+    out = finish(job, timeout=30)
+    assert out.count("saved on USR1 SIGTERM,SIGINT,SIGUSR1") == 2, out
+    assert job.returncode == 130 and "convoy: interrupted" in out, out
 
 
 def test_rank_0_keeps_serving_the_store_until_the_other_ranks_end():

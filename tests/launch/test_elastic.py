@@ -44,6 +44,17 @@ def test_elastic_engine_reports_the_real_failing_rank():
     assert 'File "' in out and "runpy" not in out  # the user's frames, not the record wrapper's
 
 
+def test_duplicate_stdout_filters_copy_the_matching_lines(tmp_path):
+    """torchrun's --duplicate-stdout-filters, run by torch's agent (it was accepted and ignored)."""
+    job = launch("--nproc-per-node", "2", "--log-dir", str(tmp_path), "--duplicate-stdout-filters", "apple",
+                 "--no-python", "sh", "-c", "echo apple pie; echo pear")
+    out = finish(job, timeout=120)
+    assert job.returncode == 0 and out.count("pear") == 2, out
+    copies = list(tmp_path.rglob("filtered_stdout.log"))
+    assert len(copies) == 1, copies
+    assert sorted(copies[0].read_text().splitlines()) == ["[rank0]: apple pie", "[rank1]: apple pie"]
+
+
 def test_two_nodes_on_loopback_train():
     port = str(free_port())
     nodes = [launch("--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", port,

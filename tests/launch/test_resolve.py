@@ -60,6 +60,47 @@ def test_engine_choice_direct_only_for_one_node_without_restarts():
     assert elastic.world_size is None and (elastic.min_nodes, elastic.max_nodes) == (1, 4)
 
 
+def test_torchruns_agent_flags_reach_the_plan_and_choose_the_engine_that_carries_them_out():
+    """--event-log-handler and --duplicate-std*-filters are the elastic agent's: such a job runs there (they were
+    accepted and dropped); --signals-to-handle reaches the ranks' environment as torchrun exports it."""
+    filtered = WorkerOptions(duplicate_stdout_filters="apple")
+    assert resolve_launch(req(workers=filtered), CPU, env={}).engine == "elastic"
+    assert resolve_launch(req(workers=WorkerOptions(event_log_handler="console")), CPU, env={}).engine == "elastic"
+    with pytest.raises(ConfigError, match="--duplicate-stdout-filters is carried out by torch's elastic agent"):
+        resolve_launch(req(engine="direct", workers=filtered), CPU, env={})
+    plan = resolve_launch(req(workers=WorkerOptions(signals_to_handle="SIGTERM,SIGUSR1")), CPU, env={})
+    assert plan.engine == "direct" and "  TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGUSR1" in describe_plan(plan)
+    one = resolve_launch(req(workers=WorkerOptions(local_addr="10.0.0.2")), CPU, env={})
+    assert "--local-addr 10.0.0.2 is not used: the ranks of a one-node job meet on loopback" in one.explanation
+    for kw, why in ((dict(signals_to_handle="SIGTERM,SIGFOO"), "'SIGFOO' is not a signal the launcher can catch"),
+                    (dict(signals_to_handle="SIGKILL"), "'SIGKILL' is not a signal"),
+                    (dict(shutdown_timeout=-1), "--shutdown-timeout -1: give a whole number"),
+                    (dict(event_log_handler="bogus"), "--event-log-handler 'bogus': give one of null, console"),
+                    (dict(local_addr="a b"), "--local-addr 'a b': give a host name")):
+        with pytest.raises(ConfigError, match=why):
+            WorkerOptions(**kw)
+
+
+def test_the_elastic_agent_gets_the_flags_torchrun_would_give_it():
+    pytest.importorskip("torch.distributed.launcher.api")
+    import dataclasses
+
+    from convoy.launch.elastic import launch_config
+    from torch.distributed.launcher.api import LaunchConfig
+
+    workers = WorkerOptions(event_log_handler="console", signals_to_handle="SIGTERM,SIGUSR1",
+                            duplicate_stdout_filters="apple,,pear,plum", duplicate_stderr_filters="oops")
+    two = resolve_launch(req(nnodes="2", node_rank=1, master_port=29600, nproc_per_node="1",
+                             workers=dataclasses.replace(workers, local_addr="10.0.0.2")), CPU, env={})
+    config = launch_config(two)
+    assert (config.event_log_handler, config.signals_to_handle, config.local_addr) == (
+        "console", "SIGTERM,SIGUSR1", "10.0.0.2")
+    assert (config.duplicate_stdout_filters, config.duplicate_stderr_filters) == (["apple,pear", "plum"], ["oops"])
+    if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}:  # torch 2.13's agent has it
+        timed = resolve_launch(req(workers=WorkerOptions(max_restarts=1, shutdown_timeout=7)), CPU, env={})
+        assert launch_config(timed).shutdown_timeout == 7
+
+
 @pytest.mark.parametrize("kw, message", [
     (dict(nnodes="2", standalone=True), "--standalone means one node"),
     (dict(nnodes="2", node_rank=2), "--node-rank 2 is outside --nnodes 2"),

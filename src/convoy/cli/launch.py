@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 import re
 
-from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS
+from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS, is_host
 from convoy.errors import ConfigError
+from convoy.launch.resolve import DEFAULT_SIGNALS, EVENT_LOG_HANDLERS
 
 DESCRIPTION = ("Start one process per selected device (or N CPU processes with gloo) with torchrun's "
                "environment; torchrun's flags keep their names and meanings, Accelerate's spellings are aliases.")
@@ -86,12 +87,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("-r", "--redirects", default="0", help="streams to keep off the console: 0-3 or RANK:0-3,..")
     tr.add_argument("-t", "--tee", default="0", help="streams to also write to --log-dir (always on there)")
     tr.add_argument("--local-ranks-filter", "--local_ranks_filter", default="")
-    tr.add_argument("--local-addr", "--local_addr", default=None)
-    tr.add_argument("--event-log-handler", "--event_log_handler", default="null")
-    tr.add_argument("--signals-to-handle", "--signals_to_handle", default="SIGTERM,SIGINT,SIGHUP,SIGQUIT")
-    tr.add_argument("--shutdown-timeout", "--shutdown_timeout", type=_whole, default=None)
-    tr.add_argument("--duplicate-stdout-filters", "--duplicate_stdout_filters", default="")
-    tr.add_argument("--duplicate-stderr-filters", "--duplicate_stderr_filters", default="")
+    tr.add_argument("--local-addr", "--local_addr", default=None,
+                    help="this node's address for the other nodes (several nodes; one node meets on loopback)")
+    tr.add_argument("--event-log-handler", "--event_log_handler", default="null", choices=EVENT_LOG_HANDLERS,
+                    help="torch's elastic event handler (the elastic engine)")
+    tr.add_argument("--signals-to-handle", "--signals_to_handle", default=DEFAULT_SIGNALS, metavar="SIGNALS",
+                    help="signals passed on to the workers before they are stopped, e.g. SIGUSR1 (default "
+                         f"{DEFAULT_SIGNALS})")
+    tr.add_argument("--shutdown-timeout", "--shutdown_timeout", type=_whole, default=None, metavar="S",
+                    help="seconds a stopping worker gets before SIGKILL (default 3; torch's agent: 30)")
+    tr.add_argument("--duplicate-stdout-filters", "--duplicate_stdout_filters", default="", metavar="WORDS",
+                    help="stdout lines with one of these words also go to filtered_stdout.log (elastic engine)")
+    tr.add_argument("--duplicate-stderr-filters", "--duplicate_stderr_filters", default="", metavar="WORDS",
+                    help="as --duplicate-stdout-filters, for stderr")
     tr.add_argument("--logs-specs", "--logs_specs", default=None, help=argparse.SUPPRESS)
     tr.add_argument("--numa-binding", "--numa_binding", default=None, help=argparse.SUPPRESS)
     tr.add_argument("--virtual-local-rank", "--virtual_local_rank", action="store_true", help=argparse.SUPPRESS)
@@ -172,7 +180,7 @@ def build_request(args: argparse.Namespace):
     for name in ("rdzv_backend", "rdzv_endpoint"):  # as CONVOY_RDZV_* and convoy.toml are read
         if getattr(args, name) is not None:
             setattr(args, name, KEYS[name].parse(getattr(args, name), where="--" + name.replace("_", "-")))
-    if args.master_addr is not None and not re.fullmatch(r"[^\s:]+|\[?[0-9a-fA-F:]+\]?", args.master_addr):
+    if args.master_addr is not None and not is_host(args.master_addr):
         raise ConfigError(f"--master-addr {args.master_addr[:60]!r}: give a host name or an IP address "
                           "(or leave it out for a job on one machine)")
     nproc = args.nproc_per_node
@@ -194,7 +202,9 @@ def build_request(args: argparse.Namespace):
     workers = WorkerOptions(
         max_restarts=args.max_restarts or 0, monitor_interval=args.monitor_interval, start_method=args.start_method,
         log_dir=args.log_dir, redirects=args.redirects, tee=args.tee, local_ranks_filter=args.local_ranks_filter,
-        role=args.role,
+        role=args.role, signals_to_handle=args.signals_to_handle, shutdown_timeout=args.shutdown_timeout,
+        local_addr=args.local_addr, event_log_handler=args.event_log_handler,
+        duplicate_stdout_filters=args.duplicate_stdout_filters, duplicate_stderr_filters=args.duplicate_stderr_filters,
     )
     request = LaunchRequest(
         program=(args.training_script, *args.training_script_args), module=args.module, no_python=args.no_python,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import sys
 from typing import Sequence
 
@@ -122,6 +123,9 @@ def _run(module, args: argparse.Namespace, *, debug: bool) -> int:
     except KeyboardInterrupt:
         print("convoy: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `convoy launch --dry-run | head`: the reader left; no traceback, as for `cat`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit must not fail too
+        return 141  # 128 + SIGPIPE, what a shell reports for a program the pipe stopped
 
 
 def entry_point() -> None:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from convoy.errors import ConfigError
 
 __all__ = ["Key", "SCHEMA", "KEYS", "key_for", "closest_key", "ENV_PREFIX", "MixedPrecision", "MIXED_PRECISIONS",
-           "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "show", "parse_whole"]
+           "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "show", "parse_whole", "is_host"]
 
 ENV_PREFIX = "CONVOY_"
 
@@ -243,10 +243,20 @@ def _nproc(value: Any, where: str) -> str:
     return text
 
 
+_HOST_NAME = r"[^\s:]+"  # a name or an IPv4 address
+_IPV6 = r"[0-9a-fA-F:]+"
+
+
+def is_host(text: str) -> bool:
+    """``text`` is a host name or an IP address (IPv6 with or without brackets): ``--master-addr``'s and
+    ``--local-addr``'s grammar, the host part of ``rdzv_endpoint``'s."""
+    return bool(re.fullmatch(rf"{_HOST_NAME}|\[?{_IPV6}\]?", text))
+
+
 def _endpoint(value: Any, where: str) -> str:
     expected = "HOST:PORT, e.g. 'node0:29500' (or '' for this machine)"
     text = _to_str(value, where, expected)
-    if text and not re.fullmatch(r"[^\s:]+(:[0-9]{1,5})?|\[[0-9a-fA-F:]+\](:[0-9]{1,5})?", text):
+    if text and not re.fullmatch(rf"{_HOST_NAME}(:[0-9]{{1,5}})?|\[{_IPV6}\](:[0-9]{{1,5}})?", text):
         raise _bad(where, value, expected)
     port = text.rpartition(":")[2] if re.search(r":[0-9]{1,5}$", text) else ""
     if not text.isascii() or (port and not 0 < int(port) <= 65535):

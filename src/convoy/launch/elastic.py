@@ -13,6 +13,7 @@ traceback in the error file. Imports torch (the agent needs it); the direct engi
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import socket
@@ -51,21 +52,45 @@ def launch_config(plan: LaunchPlan, *, endpoint: str | None = None, local_addr: 
     if endpoint is not None or (plan.rdzv_backend == "c10d" and plan.rdzv_endpoint == "127.0.0.1:0"):
         configs.setdefault("is_host", True)
     endpoint = endpoint or plan.rdzv_endpoint
+    workers = plan.workers
     return LaunchConfig(
         min_nodes=plan.min_nodes, max_nodes=plan.max_nodes, nproc_per_node=plan.nproc_per_node,
-        logs_specs=logs, run_id=plan.run_id, role=plan.workers.role, rdzv_endpoint=endpoint,
-        rdzv_backend=plan.rdzv_backend, rdzv_configs=configs, max_restarts=plan.workers.max_restarts,
-        monitor_interval=plan.workers.monitor_interval, start_method=plan.workers.start_method,
+        logs_specs=logs, run_id=plan.run_id, role=workers.role, rdzv_endpoint=endpoint,
+        rdzv_backend=plan.rdzv_backend, rdzv_configs=configs, max_restarts=workers.max_restarts,
+        monitor_interval=workers.monitor_interval, start_method=workers.start_method,
         log_line_prefix_template="[rank${rank}]: ", local_addr=local_addr or _local_addr(plan),
+        event_log_handler=workers.event_log_handler, signals_to_handle=workers.signals_to_handle,
+        duplicate_stdout_filters=_filters(workers.duplicate_stdout_filters),
+        duplicate_stderr_filters=_filters(workers.duplicate_stderr_filters),
+        **_shutdown_timeout(LaunchConfig, workers.shutdown_timeout),
     )
+
+
+def _filters(text: str) -> list[str]:
+    """torchrun's comma-separated filter words, ``,,`` standing for a comma inside one."""
+    return [word.replace("\0", ",") for word in text.replace(",,", "\0").split(",") if word] if text else []
+
+
+def _shutdown_timeout(config_type, seconds: int | None) -> dict:
+    if seconds is None:
+        return {}
+    if "shutdown_timeout" not in {f.name for f in dataclasses.fields(config_type)}:
+        from convoy.errors import NotSupportedYetError
+        import torch
+
+        raise NotSupportedYetError(f"--shutdown-timeout: the elastic agent of torch {torch.__version__} has no such "
+                                   "setting (torch 2.13's has); leave it out (30 s) for a job the elastic engine "
+                                   "runs, or update torch")
+    return {"shutdown_timeout": seconds}
 
 
 def _local_addr(plan: LaunchPlan) -> str | None:
     """The address this node's workers reach rank 0's store on. One node: loopback. Without it torch's agent
     publishes ``socket.getfqdn()``, and with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (restarts) every restarted
     group's ``MASTER_ADDR`` is that name, which on a container or cloud host often does not resolve to this
-    machine, so the restarted ranks never meet. Several nodes: torch's default (the host name)."""
-    return "127.0.0.1" if plan.max_nodes == 1 else None
+    machine, so the restarted ranks never meet. Several nodes: ``--local-addr``, else torch's default (the host
+    name)."""
+    return "127.0.0.1" if plan.max_nodes == 1 else plan.workers.local_addr
 
 
 def _worker_command(plan: LaunchPlan) -> tuple[str, list[str]]:

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from convoy.config.schema import ACCELERATOR_WORDS, KEYS
+from convoy.config.schema import ACCELERATOR_WORDS, KEYS, is_host
 from convoy.devices.backends.vendors import vendor_facts
 from convoy.devices.inventory import Device
 from convoy.devices.selection import Selection
@@ -29,11 +29,30 @@ from convoy.launch.env import ConvoyEnv, check_launch_settings, convoy_env, rank
 from convoy.launch.slurm import slurm_allocation
 
 __all__ = ["WorkerOptions", "LaunchRequest", "LaunchPlan", "resolve_launch", "describe_plan", "node_range", "ENGINES",
-           "CPU_DEFAULT_NPROC"]
+           "CPU_DEFAULT_NPROC", "DEFAULT_SIGNALS", "EVENT_LOG_HANDLERS", "STOP_SIGNALS", "forwarded_signals"]
 
 ENGINES = ("auto", "direct", "elastic")
 #: processes started on a machine without accelerators when neither --devices nor --nproc-per-node says.
 CPU_DEFAULT_NPROC = 2
+
+DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+"""torchrun's ``--signals-to-handle`` default."""
+EVENT_LOG_HANDLERS = ("null", "console")
+"""torch's built-in elastic event handlers a launch can name (``torch.distributed.elastic.events``)."""
+STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+"""Signals that stop a job however ``--signals-to-handle`` reads."""
+
+
+def forwarded_signals(text: str) -> tuple[str, ...]:
+    """``--signals-to-handle``'s names, checked (``ConfigError`` for one that is not a catchable signal)."""
+    import signal
+
+    names = tuple(name.strip().upper() for name in text.split(",") if name.strip())
+    for name in names:
+        if name in ("SIGKILL", "SIGSTOP") or not isinstance(getattr(signal, name, None), signal.Signals):
+            raise ConfigError(f"--signals-to-handle: {name[:20]!r} is not a signal the launcher can catch; give "
+                              f"names such as {DEFAULT_SIGNALS},SIGUSR1")
+    return names
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +76,20 @@ class WorkerOptions:
     """Local ranks whose output is shown (``"0,2"``); empty: every rank."""
     role: str = "default"
     """The workers' role name (torchrun's ``--role``; each worker's ``ROLE_NAME``)."""
+    signals_to_handle: str = DEFAULT_SIGNALS
+    """Signals the launcher catches and passes on to the workers before stopping them (SLURM's ``SIGUSR1``
+    warning, say); SIGINT, SIGTERM and SIGHUP stop the job (the workers get SIGTERM) whether listed or not."""
+    shutdown_timeout: int | None = None
+    """Seconds a stopping worker gets between the signal and SIGKILL (None: 3 s direct, torch's 30 s elastic)."""
+    local_addr: str | None = None
+    """The address this node's workers and agent are reached at by other nodes (torchrun's ``--local-addr``);
+    a job on one node meets on loopback and does not need it."""
+    event_log_handler: str = "null"
+    """torch's elastic event handler: ``null``, ``console`` (the elastic engine's)."""
+    duplicate_stdout_filters: str = ""
+    """Comma-separated words: stdout lines holding one are also written to ``filtered_stdout.log`` (elastic)."""
+    duplicate_stderr_filters: str = ""
+    """As ``duplicate_stdout_filters``, for stderr (``filtered_stderr.log``)."""
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
@@ -69,6 +102,23 @@ class WorkerOptions:
         shown_ranks(self.local_ranks_filter, None)
         if not self.role.strip():
             raise ConfigError("--role '': give the workers a role name (torchrun's default is 'default')")
+        forwarded_signals(self.signals_to_handle)
+        if self.shutdown_timeout is not None and not 0 <= self.shutdown_timeout < 10**9:
+            raise ConfigError(f"--shutdown-timeout {self.shutdown_timeout}: give a whole number of seconds >= 0")
+        if self.event_log_handler not in EVENT_LOG_HANDLERS:
+            raise ConfigError(f"--event-log-handler {self.event_log_handler[:40]!r}: give one of "
+                              f"{', '.join(EVENT_LOG_HANDLERS)}")
+        if self.local_addr is not None and not is_host(self.local_addr):
+            raise ConfigError(f"--local-addr {self.local_addr[:60]!r}: give a host name or an IP address of "
+                              "this node")
+
+    @property
+    def agent_only(self) -> list[str]:
+        """The flags given that only torch's elastic agent carries out."""
+        return [flag for flag, given in (("--event-log-handler", self.event_log_handler != "null"),
+                                         ("--duplicate-stdout-filters", bool(self.duplicate_stdout_filters)),
+                                         ("--duplicate-stderr-filters", bool(self.duplicate_stderr_filters)))
+                if given]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,6 +245,9 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
         raise ConfigError(f"--node-rank {node_rank} is outside --nnodes {max_nodes}; give 0..{max_nodes - 1}")
     if request.standalone and max_nodes > 1:
         raise ConfigError(f"--standalone means one node, but --nnodes is {request.nnodes}; drop one of them")
+    if request.workers.local_addr and max_nodes == 1:
+        notes.append(f"--local-addr {request.workers.local_addr} is not used: the ranks of a one-node job meet on "
+                     "loopback")
     backend = (request.rdzv_backend or "static").lower()
     engine = _engine(request, backend, min_nodes, max_nodes)
     if engine == "direct":
@@ -366,9 +419,14 @@ def node_range(text: str | None) -> tuple[int, int]:
 
 def _engine(request: LaunchRequest, backend: str, min_nodes: int, max_nodes: int) -> str:
     single = max_nodes == 1 and request.workers.max_restarts == 0 and backend == "static" and not request.rdzv_endpoint
+    agent_only = request.workers.agent_only
+    if request.engine == "direct" and agent_only:
+        raise ConfigError(f"{agent_only[0]} is carried out by torch's elastic agent: use --engine elastic (or "
+                          "leave --engine out)")
     if request.engine == "direct" and not single:
         raise ConfigError("--engine direct runs one node without restarts; drop --nnodes/--max-restarts/"
                           "--rdzv-backend, or use --engine elastic")
+    single = single and not agent_only
     if request.engine == "auto":
         return "direct" if single else "elastic"
     return request.engine
@@ -420,7 +478,8 @@ def describe_plan(plan: LaunchPlan, *, base_env: Mapping[str, str] | None = None
         sample = rank_env(rank=plan.rank_of(0), local_rank=0, world_size=plan.world_size,
                           local_world_size=plan.nproc_per_node, master_addr=plan.master_addr,
                           master_port=plan.master_port, run_id=plan.run_id, group_rank=plan.node_rank,
-                          group_world_size=plan.max_nodes, max_restarts=plan.workers.max_restarts)
+                          group_world_size=plan.max_nodes, max_restarts=plan.workers.max_restarts,
+                          signals_to_handle=plan.workers.signals_to_handle)
         lines.append("environment (per rank, shown for local rank 0; RANK/LOCAL_RANK differ):")
         lines += [f"  {key}={value}" for key, value in sorted(sample.items())]
     lines += [f"note: {text}" for text in plan.explanation]

@@ -38,7 +38,7 @@ from convoy.launch.loopback import (LISTEN_FD_VARIABLE, RELEASE_FD_VARIABLE, is_
                                     loopback_env)
 from convoy.launch.progress import missing_note
 from convoy.launch.ports import free_port
-from convoy.launch.resolve import LaunchPlan, shown_ranks, stream_map
+from convoy.launch.resolve import STOP_SIGNALS, LaunchPlan, forwarded_signals, shown_ranks, stream_map
 
 __all__ = ["run_direct"]
 
@@ -168,7 +168,9 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
     lock = threading.Lock()
     wake = _Wake()
     start = time.monotonic()
-    stop = _StopSignal(wake)
+    stop = _StopSignal(wake, forward=forwarded_signals(plan.workers.signals_to_handle))
+    if plan.workers.shutdown_timeout is not None:
+        grace = float(plan.workers.shutdown_timeout)
     pre_exec = _die_with_parent_hook()
     stop.install()  # before the first worker: a stop that comes while they start still stops them all
     try:
@@ -178,7 +180,8 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
             env = {**base_env, **plan.env, **rank_env(
                 rank=rank, local_rank=local, world_size=plan.world_size, local_world_size=plan.nproc_per_node,
                 master_addr=plan.master_addr, master_port=port, run_id=plan.run_id, group_rank=plan.node_rank,
-                group_world_size=plan.max_nodes, error_file=error_file, role=plan.workers.role)}
+                group_world_size=plan.max_nodes, error_file=error_file, role=plan.workers.role,
+                signals_to_handle=plan.workers.signals_to_handle)}
             if listener is not None:
                 env.update(loopback_env(base_env))
             command, pass_fds = _worker_command(plan.command, rank, listener, release, env)
@@ -299,7 +302,7 @@ def _monitor(ranks: list[_Rank], start: float, stop: "_StopSignal", grace: float
         if (failure is not None or stop.signum is not None) and deadline is None:
             deadline = now + grace
             for worker in alive:
-                worker.signal_group(signal.SIGTERM)
+                worker.signal_group(stop.passed_on or signal.SIGTERM)
         if not alive:
             break
         if deadline is not None and now > deadline:
@@ -357,17 +360,25 @@ class _Wake:
 
 
 class _StopSignal:
-    """SIGINT/SIGTERM to the launcher: stop the workers cleanly instead of dying and orphaning them."""
+    """SIGINT/SIGTERM/SIGHUP to the launcher: stop the workers cleanly (SIGTERM) instead of dying and orphaning
+    them. Another signal of ``--signals-to-handle`` (SLURM's SIGUSR1 before a preemption) is passed on to the
+    workers as itself, as torchrun's agent does, and then stops them the same way."""
 
-    def __init__(self, wake: _Wake | None = None) -> None:
+    def __init__(self, wake: _Wake | None = None, *, forward: tuple[str, ...] = ()) -> None:
         self.signum: int | None = None
         self._wake = wake
         self._previous: dict[int, object] = {}
+        self._forward = {getattr(signal, name) for name in forward} - {getattr(signal, n) for n in STOP_SIGNALS}
+
+    @property
+    def passed_on(self) -> int | None:
+        """The signal the workers get as is (None: they get SIGTERM)."""
+        return self.signum if self.signum in self._forward else None
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for signum in {*(getattr(signal, name) for name in STOP_SIGNALS), *self._forward}:
             self._previous[signum] = signal.signal(signum, self._handle)
 
     def _handle(self, signum, frame) -> None:
