@@ -9,7 +9,7 @@ import pytest
 
 from convoy.errors import ConfigError, LaunchError, RankFailedError
 from convoy.launch.env import (CONVOY_VARIABLES, RANK_VARIABLES, ConvoyEnv, check_launch_settings, convoy_env,
-                               rank_env, read_convoy_env)
+                               rank_env, read_convoy_env, read_rank_env)
 from convoy.launch.failures import RankFailure, TracebackHold, describe_exit, failure_error, read_error_file
 from convoy.launch.ports import DEFAULT_TORCHRUN_PORT, free_port
 from convoy.launch.slurm import expand_hostlist, slurm_allocation
@@ -23,6 +23,20 @@ def test_rank_env_has_torchruns_variables():
     assert env["TORCHELASTIC_USE_AGENT_STORE"] == "False"  # rank 0 creates the store itself
     with pytest.raises(ValueError):
         rank_env(rank=0, local_rank=2, world_size=2, local_world_size=2, master_addr="h", master_port=1, run_id="")
+
+
+def test_a_ranks_variables_that_cannot_be_are_one_line():
+    """A process reads who it is from torchrun's variables; an impossible set (a hand-written launcher, a stale
+    export) was taken as is: LOCAL_RANK 3 of 2 picked a device that is not there, MASTER_PORT 99999 failed in
+    torch's store."""
+    base = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_PORT": "29500"}
+    assert read_rank_env(base).local_rank == 1
+    for patch, why in (({"LOCAL_RANK": "3"}, "LOCAL_RANK=3 is outside LOCAL_WORLD_SIZE=2"),
+                       ({"LOCAL_WORLD_SIZE": "8"}, "LOCAL_WORLD_SIZE=8 is above WORLD_SIZE=4"),
+                       ({"MASTER_PORT": "99999"}, "MASTER_PORT=99999 is not a TCP port"),
+                       ({"RANK": "4"}, "RANK=4 is outside WORLD_SIZE=4")):
+        with pytest.raises(ConfigError, match=why):
+            read_rank_env({**base, **patch})
 
 
 def test_convoy_env_round_trips_and_rejects_bad_values():

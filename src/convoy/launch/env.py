@@ -131,6 +131,14 @@ class RankEnv:
 
     def __post_init__(self) -> None:
         check_rank(self.rank, self.world_size)
+        if not 0 <= self.local_rank < self.local_world_size:
+            raise ConfigError(f"LOCAL_RANK={self.local_rank} is outside LOCAL_WORLD_SIZE={self.local_world_size}; "
+                              f"a local rank must be in 0..{self.local_world_size - 1}")
+        if self.local_world_size > self.world_size:
+            raise ConfigError(f"LOCAL_WORLD_SIZE={self.local_world_size} is above WORLD_SIZE={self.world_size}; a "
+                              "machine cannot run more of the job's processes than the job has")
+        if self.master_port is not None and not 0 < self.master_port <= 65535:
+            raise ConfigError(f"MASTER_PORT={self.master_port} is not a TCP port; give one from 1 to 65535")
 
 
 def check_rank(rank: int, world_size: int) -> None:
