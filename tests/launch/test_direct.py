@@ -126,6 +126,28 @@ def test_free_moves_a_count_past_devices_another_job_leased(inventory_path, tmp_
     assert "after waiting 0.5s" in listed.stderr
 
 
+def test_a_reader_that_leaves_does_not_stop_or_hang_the_job(tmp_path):
+    """`convoy launch train.py | head`: the pumps died of BrokenPipeError, the ranks then blocked on full pipes
+    and the job hung (the log files stopped too). The ranks go on, their output to --log-dir, with one line."""
+    count = "for i in $(seq 1 100000); do echo line $i; done; echo finished >&2"
+    job = start([sys.executable, "-m", "convoy", "launch", "--devices", "0", "--log-dir", str(tmp_path),
+                 "--no-python", "sh", "-c", count], env=ENV, stderr=subprocess.PIPE)
+    assert "line 1" in job.stdout.readline()
+    job.stdout.close()  # the reader leaves, as head does
+    try:
+        err = job.communicate(timeout=60)[1]
+    except subprocess.TimeoutExpired:
+        processes.stop_tree(job.pid)
+        pytest.fail("the job hung once its stdout was closed")
+    assert job.returncode == 0, err
+    assert err.count("nobody reads the job's stdout any more (a closed pipe); the ranks go on, their output "
+                     "reaches --log-dir only") == 1, err
+    assert "Traceback" not in err and "[rank0]: finished" in err and "[rank1]: finished" in err, err
+    for rank in (0, 1):
+        log = (tmp_path / f"rank{rank}.log").read_text().splitlines()
+        assert "line 100000" in log and "finished" in log and len(log) == 100001, log[-3:]  # every line
+
+
 def test_stopping_convoy_stops_its_workers():
     job = convoy_launch("--no-python", "sh", "-c", "echo pid=$$; sleep 60")
     pids = []
