@@ -76,6 +76,33 @@ def test_plain_arguments_of_the_right_kind_are_taken():
     assert acc.project_configuration.project_dir == "out"
 
 
+@pytest.mark.parametrize("kwargs, why", [
+    ({"total_limit": 0}, "total_limit=0): give how many of the newest checkpoints to keep, a whole number >= 1, "
+                         "or None to keep them all"),
+    ({"total_limit": -1}, "total_limit=-1): give how many"),
+    ({"total_limit": "3"}, "total_limit='3'): give how many"),
+    ({"total_limit": True}, "total_limit=True): give how many"),
+    ({"iteration": -1}, "iteration=-1): give the number of the next automatic checkpoint, a whole number >= 0"),
+    ({"iteration": 1.0}, "iteration=1.0): give the number"),
+    ({"project_dir": 5}, "project_dir=5): give a directory path (a str or Path), or None"),
+    ({"logging_dir": ["logs"]}, "logging_dir=['logs']): give a directory path"),
+    ({"automatic_checkpoint_naming": "yes"}, "automatic_checkpoint_naming='yes'): give True or False"),
+])
+def test_project_configuration_refuses_values_of_the_wrong_kind(kwargs, why):
+    with pytest.raises(ConfigError, match=re.escape("ProjectConfiguration(" + why)) as err:
+        ProjectConfiguration(**kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_project_configuration_takes_paths_and_numpy_numbers(tmp_path):
+    import numpy as np
+
+    config = ProjectConfiguration(project_dir=tmp_path, logging_dir=tmp_path / "logs", total_limit=np.int64(2),
+                                  iteration=np.int64(3), automatic_checkpoint_naming=np.True_)
+    assert type(config.total_limit) is int and config.total_limit == 2 and config.iteration == 3
+    assert Accelerator(project_config=config).project_configuration.project_dir == tmp_path
+
+
 def test_registry_takes_new_strategies_without_touching_the_facade():
     @register_strategy("test-identity", replace=True)
     class Identity(Strategy):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from convoy.config.schema import show
 from convoy.errors import ConfigError
 from convoy.train import checkpoint, collectives, data, operations, tracking
 from convoy.train.coordination import Trigger, join_uneven_inputs
@@ -34,7 +36,7 @@ from convoy.train.data import DataLoaderConfiguration, LoopState, PreparedDataLo
 from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
 from convoy.train.process_group import stop_process_group
 from convoy.train.process_state import AcceleratorState, DistributedType, GradientState, distributed_type_for
-from convoy.train.settings import check_arguments, check_plain_arguments, resolve_settings
+from convoy.train.settings import check_arguments, check_plain_arguments, is_flag, resolve_settings
 from convoy.train.state_hooks import StateHooks
 from convoy.train.strategies.base import Strategy, SupportsNoSync
 from convoy.train.strategies.build import build_strategy, declared_distributed_type, start_job
@@ -60,6 +62,33 @@ class ProjectConfiguration:
     """Number of the next automatic checkpoint."""
     logging_dir: str | None = None
     """Where trackers write (``log_with=``); defaults to ``project_dir``."""
+
+    def __post_init__(self) -> None:
+        for name in ("project_dir", "logging_dir"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise ConfigError(f"ProjectConfiguration({name}={show(value)}): give a directory path (a str or "
+                                  "Path), or None")
+        if not is_flag(self.automatic_checkpoint_naming):
+            raise ConfigError(f"ProjectConfiguration(automatic_checkpoint_naming="
+                              f"{show(self.automatic_checkpoint_naming)}): give True or False")
+        # 0 has two readings in Hugging Face's libraries: Accelerate's save_state then keeps only the newest
+        # checkpoint, the Trainer's save_total_limit keeps them all. Either reading would surprise someone, and one
+        # deletes their checkpoints: refused, as negative numbers are.
+        if self.total_limit is not None and not _whole(self.total_limit, minimum=1):
+            raise ConfigError(f"ProjectConfiguration(total_limit={show(self.total_limit)}): give how many of the "
+                              "newest checkpoints to keep, a whole number >= 1, or None to keep them all")
+        if not _whole(self.iteration, minimum=0):
+            raise ConfigError(f"ProjectConfiguration(iteration={show(self.iteration)}): give the number of the "
+                              "next automatic checkpoint, a whole number >= 0")
+        for name in ("total_limit", "iteration"):  # numpy's ints are taken, and kept as Python's
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, int(getattr(self, name)))
+
+
+def _whole(value: Any, *, minimum: int) -> bool:
+    """True for a whole number (Python's or numpy's; not a bool) >= ``minimum``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
 
 
 class Accelerator:

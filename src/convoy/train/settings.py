@@ -135,6 +135,13 @@ RNG_TYPES = ("torch", "cuda", "mps", "xla", "xpu", "npu", "hpu", "mlu", "musa", 
 OPTIONAL_FLAGS = ("split_batches", "even_batches")
 
 
+def is_flag(value: Any) -> bool:
+    """True for what a yes/no argument takes: True, False, numpy's bools, and the ints 0 and 1. A string is not
+    one (``"no"`` would read as True), nor is None."""
+    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+    return isinstance(value, bool) or numpy_bool or (type(value) is int and value in (0, 1))
+
+
 def check_plain_arguments(flags: Mapping[str, Any], *, project_dir: Any, rng_types: Any) -> None:
     """The ``Accelerator``'s plain arguments, before anything reads them, with one ``ConfigError``: ``flags``
     (name -> value) are True or False (None too where the name is in ``OPTIONAL_FLAGS``; 0, 1 and numpy's bools
@@ -143,8 +150,7 @@ def check_plain_arguments(flags: Mapping[str, Any], *, project_dir: Any, rng_typ
     for name, value in flags.items():
         if value is None and name in OPTIONAL_FLAGS:
             continue
-        numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
-        if not (isinstance(value, bool) or numpy_bool or (type(value) is int and value in (0, 1))):
+        if not is_flag(value):
             raise ConfigError(f"Accelerator({name}={show(value)}): give True or False")
     if project_dir is not None and not isinstance(project_dir, (str, os.PathLike)):
         raise ConfigError(f"Accelerator(project_dir={show(project_dir)}): give a directory path (a str or Path)")
