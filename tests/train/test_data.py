@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -175,6 +178,23 @@ def test_skip_first_batches_shortens_the_loader():
     assert isinstance(skipped, DataLoader) and len(skipped) == 2 and len(loader) == 5
     assert [b.tolist() for b in skipped] == [[6, 7], [8, 9]]
     assert len(list(loader)) == 5
+
+
+@pytest.mark.parametrize("num_batches", [-1, 1.5, "2", None, True])
+def test_skip_first_batches_refuses_a_count_that_is_not_a_whole_number(num_batches):
+    import torch
+    from torch.utils.data import DataLoader
+
+    from convoy import Accelerator, skip_first_batches
+
+    acc = Accelerator()
+    prepared = acc.prepare(DataLoader(torch.arange(10), batch_size=2))
+    for skip, loader in ((acc.skip_first_batches, prepared), (skip_first_batches, DataLoader(torch.arange(4)))):
+        with pytest.raises(ConfigError, match=re.escape(f"skip_first_batches(num_batches={num_batches!r}): give how "
+                                                        "many batches to skip, a whole number >= 0")):
+            skip(loader, num_batches)
+    # -1 read as a slice kept the last batch only; numpy's ints are counts as well
+    assert [b.tolist() for b in acc.skip_first_batches(prepared, np.int64(4))] == [[8, 9]]
 
 
 def test_dataloader_configuration_defaults_are_accelerates():
