@@ -115,6 +115,64 @@ def test_refused_arguments_say_what_to_use():
         convoy.notebook_launcher(print, num_nodes=2)
 
 
+@pytest.mark.parametrize("make, why", [
+    # a timeout in seconds was an AttributeError inside Accelerator(); a backend name torch lacks, an
+    # AssertionError when the process group started
+    (lambda: InitProcessGroupKwargs(timeout=30), "InitProcessGroupKwargs(timeout=30): give a datetime.timedelta "
+                                                 "longer than zero, e.g. timedelta(seconds=30), or None"),
+    (lambda: InitProcessGroupKwargs(timeout=datetime.timedelta(0)), "InitProcessGroupKwargs(timeout=datetime.time"),
+    (lambda: InitProcessGroupKwargs(backend="bogus"), "InitProcessGroupKwargs(backend='bogus'): give a "
+                                                      "torch.distributed backend (gloo, nccl"),
+    (lambda: InitProcessGroupKwargs(backend=5), "InitProcessGroupKwargs(backend=5): give a torch.distributed"),
+    # torch.amp.GradScaler checks its factors with asserts, and a negative scale or a 0 interval not at all
+    (lambda: GradScalerKwargs(init_scale="big"), "GradScalerKwargs(init_scale='big'): give the first loss scale, "
+                                                 "a number > 0"),
+    (lambda: GradScalerKwargs(init_scale=-1.0), "GradScalerKwargs(init_scale=-1.0): give the first loss scale"),
+    (lambda: GradScalerKwargs(growth_factor=0.5), "GradScalerKwargs(growth_factor=0.5): give a number > 1"),
+    (lambda: GradScalerKwargs(backoff_factor=2.0), "GradScalerKwargs(backoff_factor=2.0): give a number between "
+                                                   "0 and 1"),
+    (lambda: GradScalerKwargs(growth_interval=1.5), "GradScalerKwargs(growth_interval=1.5): give a whole number "
+                                                    ">= 1 of steps"),
+    (lambda: GradScalerKwargs(growth_interval=0), "GradScalerKwargs(growth_interval=0): give a whole number"),
+    (lambda: GradScalerKwargs(enabled="no"), "GradScalerKwargs(enabled='no'): give True or False"),
+    # "no" is truthy: find_unused_parameters="no" turned the option on; torch.autocast took no str at all
+    (lambda: AutocastKwargs(enabled="no"), "AutocastKwargs(enabled='no'): give True or False"),
+    (lambda: AutocastKwargs(cache_enabled="no"), "AutocastKwargs(cache_enabled='no'): give True or False, or None"),
+    (lambda: DistributedDataParallelKwargs(find_unused_parameters="no"),
+     "DistributedDataParallelKwargs(find_unused_parameters='no'): give True or False"),
+    (lambda: DistributedDataParallelKwargs(static_graph=None), "DistributedDataParallelKwargs(static_graph=None): "
+                                                               "give True or False"),
+    (lambda: DistributedDataParallelKwargs(bucket_cap_mb="25"),
+     "DistributedDataParallelKwargs(bucket_cap_mb='25'): give the size of a gradient bucket in MB, a number > 0"),
+    (lambda: DistributedDataParallelKwargs(bucket_cap_mb=-1), "DistributedDataParallelKwargs(bucket_cap_mb=-1)"),
+    (lambda: DistributedDataParallelKwargs(comm_state_option=5), "DistributedDataParallelKwargs(comm_state_option=5): "
+                                                                 "give a dict of PowerSGDState's arguments"),
+    (lambda: DistributedDataParallelKwargs(comm_hook="fp8"), "comm_hook='fp8' is not a comm_hook"),
+    (lambda: GradientAccumulationPlugin(num_steps=2.5), "GradientAccumulationPlugin(num_steps=2.5): give micro-steps "
+                                                        "per optimizer step, a whole number >= 1"),
+    (lambda: GradientAccumulationPlugin(num_steps="2"), "GradientAccumulationPlugin(num_steps='2')"),
+    (lambda: GradientAccumulationPlugin(num_steps=2, sync_each_batch="no"),
+     "GradientAccumulationPlugin(sync_each_batch='no'): give True or False"),
+])
+def test_kwargs_handlers_refuse_values_of_the_wrong_kind_when_made(make, why):
+    with pytest.raises(ConfigError, match=re.escape(why)) as err:
+        make()
+    assert "\n" not in str(err.value)
+
+
+def test_kwargs_handlers_take_numpy_values_and_keep_python_ones():
+    import numpy as np
+
+    handler = DistributedDataParallelKwargs(find_unused_parameters=np.True_, static_graph=1, bucket_cap_mb=0.5)
+    assert handler.to_kwargs() == {"find_unused_parameters": True, "static_graph": True, "bucket_cap_mb": 0.5}
+    assert type(handler.find_unused_parameters) is bool  # torch's DDP takes no numpy bool
+    scaler = GradScalerKwargs(init_scale=np.float32(1024), growth_interval=np.int64(10))
+    assert scaler.to_kwargs() == {"init_scale": 1024.0, "growth_interval": 10}
+    assert type(scaler.init_scale) is float and type(scaler.growth_interval) is int
+    assert InitProcessGroupKwargs(backend="cpu:gloo,cuda:nccl").backend == "cpu:gloo,cuda:nccl"
+    assert AutocastKwargs(enabled=0, cache_enabled=None).to_kwargs() == {"enabled": False}
+
+
 @pytest.mark.parametrize("kwargs, why", [
     ({"comm_hook": "fp8"}, "comm_hook='fp8' is not a comm_hook; give one of no, fp16, bf16"),
     ({"comm_wrapper": "power_sgd"}, "comm_wrapper='power_sgd' is not a comm_wrapper; give one of no, fp16, bf16"),

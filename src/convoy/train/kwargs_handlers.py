@@ -4,7 +4,10 @@
     accelerator = Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True),
                                                InitProcessGroupKwargs(timeout=timedelta(seconds=60))])
 
-As in Accelerate, only the fields a user changed from their defaults are applied:
+Each handler checks its fields when it is made (one ``ConfigError`` line naming the field and what would be
+right: ``InitProcessGroupKwargs(timeout=30)`` asks for a ``timedelta``); yes/no fields take True, False, numpy's
+bools, 0 and 1, and keep a ``bool``, which torch's own checks require. As in Accelerate, only the fields a user
+changed from their defaults are applied:
 ``DistributedDataParallelKwargs`` -> the DDP wrapper's options, ``InitProcessGroupKwargs`` -> the process
 group's backend and timeout, ``GradScalerKwargs`` -> ``torch.amp.GradScaler(...)``, ``AutocastKwargs`` ->
 ``torch.autocast(enabled=, cache_enabled=)``.
@@ -15,10 +18,14 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import math
+import numbers
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, NoReturn
 
+from convoy.config.schema import show
 from convoy.errors import ConfigError
+from convoy.train.settings import is_flag
 
 __all__ = ["KwargsHandler", "DDPCommunicationHookType", "DistributedDataParallelKwargs", "InitProcessGroupKwargs",
            "GradScalerKwargs",
@@ -33,6 +40,33 @@ class KwargsHandler:
         default = type(self)()
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)  # type: ignore[arg-type]
                 if getattr(self, f.name) != getattr(default, f.name)}
+
+
+def _refuse(handler: Any, name: str, want: str) -> NoReturn:
+    raise ConfigError(f"{type(handler).__name__}({name}={show(getattr(handler, name))}): give {want}")
+
+
+def _check_flags(handler: Any, *names: str, optional: bool = False) -> None:
+    """Each field in ``names`` is a yes/no (``optional``: or None), kept as a ``bool``."""
+    for name in names:
+        value = getattr(handler, name)
+        if value is None and optional:
+            continue
+        if not is_flag(value):
+            _refuse(handler, name, "True or False" + (", or None" if optional else ""))
+        object.__setattr__(handler, name, bool(value))  # frozen or not; numpy's bool and 1 become True
+
+
+def _check_number(handler: Any, name: str, want: str, *, whole: bool = False, above: float | None = None,
+                  below: float | None = None) -> None:
+    """The field ``name`` is a finite number (``whole``: an int) ``> above`` and ``< below``; numpy's numbers are
+    kept as Python's."""
+    value = getattr(handler, name)
+    if (isinstance(value, bool) or not isinstance(value, numbers.Integral if whole else numbers.Real)
+            or not math.isfinite(value) or (above is not None and not value > above)
+            or (below is not None and not value < below)):
+        _refuse(handler, name, want)
+    object.__setattr__(handler, name, int(value) if isinstance(value, numbers.Integral) else float(value))
 
 
 class _Names(enum.EnumMeta):
@@ -81,6 +115,18 @@ class DistributedDataParallelKwargs(KwargsHandler):
     comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
     comm_state_option: dict = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        _check_number(self, "dim", "a whole number", whole=True)
+        _check_flags(self, "broadcast_buffers", "find_unused_parameters", "check_reduction", "gradient_as_bucket_view",
+                     "static_graph")
+        _check_number(self, "bucket_cap_mb", "the size of a gradient bucket in MB, a number > 0 (e.g. 25)", above=0)
+        if self.comm_state_option is not None and not isinstance(self.comm_state_option, dict):
+            _refuse(self, "comm_state_option", "a dict of PowerSGDState's arguments, e.g. "
+                                               "{'matrix_approximation_rank': 2}")
+        from convoy.train.strategies.ddp import comm_hook  # the hook's names, as strategy_options= checks them
+
+        comm_hook({name: getattr(self, name) for name in ("comm_hook", "comm_wrapper", "comm_state_option")})
+
 
 @dataclass
 class InitProcessGroupKwargs(KwargsHandler):
@@ -89,6 +135,23 @@ class InitProcessGroupKwargs(KwargsHandler):
     backend: str | None = "nccl"
     init_method: str | None = None
     timeout: datetime.timedelta | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend is not None:
+            import torch.distributed as dist
+
+            known = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake")]  # and registered ones
+            # one backend, or one per device: "cpu:gloo,cuda:nccl"
+            names = [part.split(":")[-1].strip().lower() for part in str(self.backend).split(",")] \
+                if isinstance(self.backend, str) else [None]
+            if not all(name in known for name in names):
+                _refuse(self, "backend", f"a torch.distributed backend ({', '.join(known)}), or None for convoy's "
+                                         "choice (gloo on CPU, the device's own on a GPU)")
+        if self.timeout is not None and not (isinstance(self.timeout, datetime.timedelta)
+                                             and self.timeout > datetime.timedelta(0)):
+            example = self.timeout if isinstance(self.timeout, (int, float)) and self.timeout > 0 else 600
+            _refuse(self, "timeout", f"a datetime.timedelta longer than zero, e.g. timedelta(seconds={example}), or "
+                                     "None")
 
 
 @dataclass
@@ -101,6 +164,14 @@ class GradScalerKwargs(KwargsHandler):
     growth_interval: int = 2000
     enabled: bool = True
 
+    def __post_init__(self) -> None:  # torch checks the factors only with asserts, and the rest not at all
+        _check_number(self, "init_scale", "the first loss scale, a number > 0 (e.g. 65536.0)", above=0)
+        _check_number(self, "growth_factor", "a number > 1 (the scale is multiplied by it)", above=1)
+        _check_number(self, "backoff_factor", "a number between 0 and 1 (the scale is multiplied by it after an "
+                                              "overflow)", above=0, below=1)
+        _check_number(self, "growth_interval", "a whole number >= 1 of steps", whole=True, above=0)
+        _check_flags(self, "enabled")
+
 
 @dataclass
 class AutocastKwargs(KwargsHandler):
@@ -108,6 +179,10 @@ class AutocastKwargs(KwargsHandler):
 
     enabled: bool = True
     cache_enabled: bool | None = None
+
+    def __post_init__(self) -> None:
+        _check_flags(self, "enabled")
+        _check_flags(self, "cache_enabled", optional=True)
 
 
 @dataclass(frozen=True)
@@ -124,9 +199,8 @@ class GradientAccumulationPlugin:
     """All-reduce gradients on every micro-step (saves memory; the optimizer still steps every num_steps)."""
 
     def __post_init__(self) -> None:
-        if self.num_steps is None or self.num_steps < 1:
-            raise ConfigError(f"GradientAccumulationPlugin(num_steps={self.num_steps!r}): num_steps must be a "
-                              "whole number >= 1")
+        _check_number(self, "num_steps", "micro-steps per optimizer step, a whole number >= 1", whole=True, above=0)
+        _check_flags(self, "adjust_scheduler", "sync_with_dataloader", "sync_each_batch")
 
 
 # Accelerate's constructor arguments convoy refuses, and what to use instead.
