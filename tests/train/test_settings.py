@@ -16,7 +16,7 @@ from convoy.train.settings import TrainSettings, resolve_settings
 def _no_job(monkeypatch, tmp_path):
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "CONVOY_MIXED_PRECISION", "CONVOY_STRATEGY",
                 "CONVOY_PARALLELISM", "CONVOY_COLLECTIVE_TIMEOUT", "CONVOY_GRADIENT_ACCUMULATION_STEPS",
-                "ACCELERATE_MIXED_PRECISION", "CONVOY_CONFIG"):
+                "ACCELERATE_MIXED_PRECISION", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "CONVOY_CONFIG"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
@@ -57,11 +57,28 @@ def test_bad_arguments_are_one_error_at_construction(kwargs, error, fragment):
     ("CONVOY_GRADIENT_ACCUMULATION_STEPS", "٣"), ("CONVOY_COLLECTIVE_TIMEOUT", "inf"),
     ("CONVOY_COLLECTIVE_TIMEOUT", "٣"), ("CONVOY_PARALLELISM", "dp=²"), ("WORLD_SIZE", "٣"),
     ("ACCELERATE_MIXED_PRECISION", "fp8"), ("CONVOY_STRATEGY", "no such name"),
+    ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "0"), ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "four"),
 ])
 def test_bad_variables_are_one_error(variable, value):
     with pytest.raises(ConvoyError) as info:
         resolve_settings(env={variable: value}, cpu=True)
     assert variable in str(info.value) or variable == "CONVOY_PARALLELISM"  # that one names the degree
+    assert "\n" not in str(info.value)
+
+
+def test_accelerates_gradient_accumulation_variable_is_read_as_accelerate_reads_it(monkeypatch):
+    # Accelerate's Accelerator() takes its gradient_accumulation_steps from this variable (its launcher's
+    # --gradient_accumulation_steps); convoy's own variable and an explicit argument win over it
+    monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4")
+    assert Accelerator(cpu=True).gradient_accumulation_steps == 4
+    assert Accelerator(cpu=True, gradient_accumulation_steps=2).gradient_accumulation_steps == 2
+    monkeypatch.setenv("CONVOY_GRADIENT_ACCUMULATION_STEPS", "3")
+    assert Accelerator(cpu=True).gradient_accumulation_steps == 3
+    monkeypatch.delenv("CONVOY_GRADIENT_ACCUMULATION_STEPS")
+    monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "1.5")
+    with pytest.raises(ConfigError, match="environment ACCELERATE_GRADIENT_ACCUMULATION_STEPS: '1.5' is not valid; "
+                                          "expected .*>= 1") as info:
+        Accelerator(cpu=True)
     assert "\n" not in str(info.value)
 
 

@@ -16,7 +16,8 @@ worker bootstrap read):
 * convoy's own (``CONVOY_MIXED_PRECISION``, ``CONVOY_STRATEGY``, ``CONVOY_PARALLELISM``,
   ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``) set from launch flags and read by the
   ``Accelerator``; an explicit constructor argument always wins over them. Accelerate's launcher says the
-  same with ``ACCELERATE_MIXED_PRECISION`` and ``ACCELERATE_DEBUG_MODE``, which are read here too.
+  same with ``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` and
+  ``ACCELERATE_DEBUG_MODE``, which are read here too.
 
 Every value is parsed by its key in ``convoy.config.schema``, on both sides, so the parent refuses exactly
 what a rank would refuse.
@@ -57,8 +58,11 @@ RANK_VARIABLES = (
 #: the settings the launcher hands to every rank, each as its schema key's ``CONVOY_<KEY>`` variable
 SETTING_NAMES = ("mixed_precision", "strategy", "parallelism", "gradient_accumulation_steps", "collective_timeout")
 CONVOY_VARIABLES = tuple(KEYS[name].env_var for name in SETTING_NAMES)
-#: Accelerate's launcher's variable for a setting, read when convoy's own is not set
-_ACCELERATE_ALIASES = {"mixed_precision": ("ACCELERATE_MIXED_PRECISION",)}
+#: Accelerate's launcher's variable for a setting, read when convoy's own is not set (Accelerate's
+#: ``Accelerator.__init__`` reads both; there ACCELERATE_GRADIENT_ACCUMULATION_STEPS beats even the argument, here
+#: an explicit argument wins, as for every variable)
+_ACCELERATE_ALIASES = {"mixed_precision": ("ACCELERATE_MIXED_PRECISION",),
+                       "gradient_accumulation_steps": ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS",)}
 
 
 def rank_env(
@@ -215,7 +219,8 @@ def _format(value: object) -> str:
 
 def read_convoy_env(env: Mapping[str, str], *, skip: Collection[str] = ()) -> ConvoyEnv:
     """Parse the ``CONVOY_*`` variables of ``env`` (a rank's ``os.environ``), and Accelerate's
-    ``ACCELERATE_MIXED_PRECISION`` where convoy's is unset; ``ConfigError`` naming the variable if malformed.
+    ``ACCELERATE_MIXED_PRECISION`` and ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` where convoy's are unset;
+    ``ConfigError`` naming the variable if malformed.
 
     ``skip``: settings not to read (the trainer was given them explicitly, and an explicit value wins).
     """

@@ -8,8 +8,8 @@ One record, ``TrainSettings``, travels from the ``Accelerator`` to its strategy:
 replaces what ``strategy="auto"`` chose (the name, the degrees, the options). The launcher's variables are read
 by ``convoy.launch.env`` (``RANK``, ``WORLD_SIZE``, ... and ``CONVOY_MIXED_PRECISION``, ``CONVOY_STRATEGY``,
 ``CONVOY_PARALLELISM``, ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``; Accelerate's
-``ACCELERATE_MIXED_PRECISION`` and ``ACCELERATE_DEBUG_MODE``), every value by its key in
-``convoy.config.schema``, so a value the launcher refuses is refused here with the same line. When
+``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` and ``ACCELERATE_DEBUG_MODE``), every
+value by its key in ``convoy.config.schema``, so a value the launcher refuses is refused here with the same line. When
 ``RANK``/``WORLD_SIZE`` say the job has several processes, a process group is started even on a CPU-only
 machine (``convoy.train.process_group``): convoy never trains N independent copies that each believe they
 are alone.
