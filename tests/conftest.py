@@ -9,7 +9,7 @@ The suite gives the same result on a CPU box, a 1-GPU box and an 8-GPU box, what
   a temporary directory so the user's settings file is not read (nor their calibration cache written: without
   ``XDG_CACHE_HOME`` it is under that ``HOME``);
 * after each test, a test that leaves a lease held, a process running (stopped, then reported) or a watched
-  variable changed fails;
+  variable changed fails, and the process's ``AcceleratorState`` is reset (it is process-wide, as Accelerate's);
 * ``@pytest.mark.gpu`` tests run only where ``torch.cuda.is_available()`` (asked in a fresh process, so the
   test runner never touches CUDA itself) and are skipped cleanly elsewhere.
 
@@ -161,6 +161,17 @@ def _no_leaks():
     assert not stopped, f"test left started processes running (stopped now): {stopped}"
     assert not children, f"test left child processes running (stopped now): {children}"
     assert not leases, f"test left device leases held in {os.environ['CONVOY_LEASE_DIR']}: {leases}"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerator_state():
+    """Each test starts without an ``AcceleratorState``, as a new process does: the state is process-wide (as
+    Accelerate's), and a test's ``Accelerator(mixed_precision="bf16")`` would otherwise set the next test's
+    precision (an ``Accelerator()`` there keeps it, one asking for another is refused)."""
+    yield
+    state = sys.modules.get("convoy.train.process_state")  # only where a test loaded it: no torch import here
+    if state is not None:
+        state.PartialState._reset_state()
 
 
 @pytest.fixture

@@ -46,6 +46,24 @@ def test_states_share_one_view_and_reset_breaks_the_accelerator_as_in_accelerate
         accelerator.prepare(torch.nn.Linear(1, 1))
 
 
+def test_a_later_accelerator_keeps_the_processs_mixed_precision_as_in_accelerate():
+    first = Accelerator(mixed_precision="bf16")
+    assert Accelerator().mixed_precision == "bf16"  # Accelerate's answer too: the state's, not "no"
+    assert Accelerator(mixed_precision="BF16").mixed_precision == "bf16"
+    # a different one rewrote the shared state: first.state said fp16 while first computed in bf16
+    with pytest.raises(ConfigError, match=re.escape(
+            "Accelerator(mixed_precision='fp16'): this process's AcceleratorState is already set up with "
+            "mixed_precision='bf16' (by an earlier Accelerator); pass 'bf16' or leave it out, or call "
+            "AcceleratorState._reset_state() first")) as err:
+        Accelerator(mixed_precision="fp16")
+    assert isinstance(err.value, ValueError) and "\n" not in str(err.value)  # Accelerate raises a ValueError
+    with pytest.raises(ConfigError, match=re.escape("AcceleratorState(mixed_precision='no'): this process's")):
+        AcceleratorState(mixed_precision="no")
+    assert first.state.mixed_precision == AcceleratorState().mixed_precision == "bf16"
+    AcceleratorState._reset_state()
+    assert Accelerator(mixed_precision="fp16").state.mixed_precision == "fp16"
+
+
 def test_accelerate_debug_mode_turns_on_the_shape_checks(monkeypatch):
     monkeypatch.setenv("ACCELERATE_DEBUG_MODE", "1")
     assert PartialState().debug is True and Accelerator().state.debug is True
@@ -93,6 +111,7 @@ def test_kwargs_handlers_are_applied():
     PartialState._reset_state()
     fp16 = Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=1024.0)])
     assert fp16.scaler.get_scale() == 1024.0
+    AcceleratorState._reset_state()  # the process's mixed precision is set once, as in Accelerate
     bf16 = Accelerator(mixed_precision="bf16", kwargs_handlers=[AutocastKwargs(enabled=False)])
     with bf16.autocast():
         assert not torch.is_autocast_enabled("cpu")

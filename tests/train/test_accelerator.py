@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from convoy import Accelerator
+from convoy import Accelerator, AcceleratorState
 from convoy.errors import CheckpointError, ConfigError, StrategyError
 from convoy.train import ProjectConfiguration
 from convoy.train.settings import resolve_settings
@@ -145,6 +145,7 @@ def test_fp16_skips_a_step_with_inf_gradients_and_bf16_autocasts():
     before = model.weight.detach().clone()
     opt.step()
     assert acc.optimizer_step_was_skipped and torch.equal(before, model.weight)
+    AcceleratorState._reset_state()  # the process's mixed precision is set once, as in Accelerate
     acc = Accelerator(mixed_precision="bf16")
     model, _, _ = _setup(acc)
     with acc.autocast():

@@ -113,11 +113,15 @@ class Accelerator:
         handlers = collect_handlers(kwargs_handlers)
         if collective_timeout is None and handlers.timeout_s is not None:
             collective_timeout = handlers.timeout_s
+        held = AcceleratorState._held_mixed_precision()  # set by an earlier Accelerator of this process: kept
         self.settings = resolve_settings(explicit={
-            "mixed_precision": mixed_precision, "strategy": strategy, "collective_timeout": collective_timeout,
+            "mixed_precision": held if mixed_precision is None else mixed_precision, "strategy": strategy,
+            "collective_timeout": collective_timeout,
             "gradient_accumulation_steps": plugin.num_steps if plugin is not None else gradient_accumulation_steps,
             "parallelism": parallelism, "backend": handlers.backend}, cpu=cpu,
             options=strategy_options, defaults=handlers.ddp)
+        AcceleratorState._check_mixed_precision(self.settings.mixed_precision,
+                                                where=f"Accelerator(mixed_precision={show(mixed_precision)})")
         self.gradient_accumulation_plugin = plugin or GradientAccumulationPlugin(
             num_steps=self.settings.gradient_accumulation_steps)
         self._accumulation_steps = self.gradient_accumulation_plugin.num_steps

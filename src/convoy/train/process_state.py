@@ -9,7 +9,9 @@
 
 As in Accelerate, every ``PartialState`` (and every ``AcceleratorState``) of a process shares one
 dictionary of attributes: the process-wide view of the job. ``PartialState._reset_state()`` (and
-``AcceleratorState._reset_state()``) is its documented reset. ``GradientState`` is a view of one
+``AcceleratorState._reset_state()``) is its documented reset. Its mixed precision is set once, also as in
+Accelerate: a later ``Accelerator()`` without ``mixed_precision`` takes it, and one asking for another is a
+``ConfigError`` (a ``ValueError``, as Accelerate's) until the reset. ``GradientState`` is a view of one
 Accelerator's loop state (``accelerator.gradient_state``); ``GradientState()`` views the newest Accelerator's.
 """
 
@@ -24,7 +26,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from convoy.config.schema import show
 from convoy.devices.backends.vendors import process_group_backend
+from convoy.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from convoy.train.settings import TrainSettings
@@ -225,9 +229,32 @@ class AcceleratorState(PartialState):
     _shared_state = PartialState._shared_state
 
     def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **kwargs: Any) -> None:
+        if mixed_precision is not None:
+            from convoy.config.schema import KEYS
+
+            where = f"AcceleratorState(mixed_precision={show(mixed_precision)})"
+            mixed_precision = KEYS["mixed_precision"].parse(mixed_precision, where=where)
+            self._check_mixed_precision(mixed_precision, where=where)
         super().__init__(cpu=cpu, **kwargs)
-        if "mixed_precision" not in self.__dict__ or mixed_precision is not None:
+        if "mixed_precision" not in self.__dict__:
             self.mixed_precision = mixed_precision or "no"
+
+    @classmethod
+    def _held_mixed_precision(cls) -> str | None:
+        """The mixed precision this process's state was set up with; None before the first ``Accelerator`` (or
+        ``AcceleratorState``) and after ``_reset_state()``."""
+        return cls._shared_state.get("mixed_precision")
+
+    @classmethod
+    def _check_mixed_precision(cls, requested: str, *, where: str) -> None:
+        """``ConfigError`` when the state holds another mixed precision than ``requested`` (Accelerate's
+        ``_check_initialized`` raises its ``ValueError`` there): it is process-wide, and changing it would change
+        what every earlier ``Accelerator``'s ``state`` says while that one computes as it was set up."""
+        held = cls._held_mixed_precision()
+        if held is not None and str(requested) != held:
+            raise ConfigError(f"{where}: this process's AcceleratorState is already set up with "
+                              f"mixed_precision={held!r} (by an earlier Accelerator); pass {held!r} or leave it out, "
+                              f"or call AcceleratorState._reset_state() first")
 
     @classmethod
     def _from_settings(cls, settings: "TrainSettings", strategy_kind: str = "") -> "AcceleratorState":
