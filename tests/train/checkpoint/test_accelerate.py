@@ -5,6 +5,7 @@ accelerate_resume.py trains; Accelerate 1.15 is a test dependency)."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -118,3 +119,81 @@ def test_sharded_accelerate_checkpoints_are_named_as_not_supported(tmp_path):
     acc.prepare(torch.nn.Linear(2, 2))
     with pytest.raises(NotSupportedYetError, match="pytorch_model_fsdp_0"):
         acc.load_state(tmp_path)
+
+
+def _accelerate_layout(directory: Path) -> dict[str, torch.Tensor]:
+    """The files Accelerate's save_state writes for one model and its optimizer on one process (the layout the
+    slow tests above get from Accelerate itself); returns the model's state."""
+    import random
+
+    import numpy as np
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    directory.mkdir()
+    save_file(model.state_dict(), directory / "model.safetensors", metadata={"format": "pt"})
+    torch.save(optimizer.state_dict(), directory / "optimizer.bin")
+    torch.save({"step": 4, "random_state": random.getstate(), "numpy_random_seed": np.random.get_state(),
+                "torch_manual_seed": torch.get_rng_state()}, directory / "random_states_0.pkl")
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _load_into_fresh(directory: Path) -> torch.nn.Module:
+    from convoy import Accelerator
+
+    accelerator = Accelerator()
+    model = torch.nn.Linear(2, 2)
+    model, _ = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    accelerator.load_state(directory)
+    return model
+
+
+def _cut(path: Path, keep: int) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+@pytest.mark.parametrize("name, damage", [
+    # safetensors' own SafetensorError came through raw; a dict or a list where a state dict belongs was a
+    # KeyError or TypeError from deep inside the optimizer's or the RNG's restore
+    ("model.safetensors", lambda f: _cut(f, 40)),
+    ("model.safetensors", lambda f: f.write_bytes(b"")),
+    ("optimizer.bin", lambda f: _cut(f, 50)),
+    ("optimizer.bin", lambda f: f.write_bytes(b"garbage" * 10)),
+    ("optimizer.bin", lambda f: torch.save({"not": "an optimizer"}, f)),
+    ("optimizer.bin", lambda f: torch.save([1, 2], f)),
+    ("optimizer.bin", lambda f: torch.save({"state": {7: {}}, "param_groups": [{"params": [0, 1]}]}, f)),
+    ("random_states_0.pkl", lambda f: f.write_bytes(b"garbage")),
+    ("random_states_0.pkl", lambda f: torch.save({"step": 1}, f)),
+    ("random_states_0.pkl", lambda f: torch.save({"random_state": 5, "numpy_random_seed": 1,
+                                                  "torch_manual_seed": 2}, f)),
+])
+def test_a_damaged_accelerate_file_is_one_error_naming_it(tmp_path, name, damage):
+    directory = tmp_path / "checkpoint_0"
+    _accelerate_layout(directory)
+    damage(directory / name)
+    with pytest.raises(CheckpointError, match=re.escape(f"checkpoint file {directory / name} is damaged")) as err:
+        _load_into_fresh(directory)
+    assert "\n" not in str(err.value) and "load an earlier one" in str(err.value)
+
+
+def test_a_damaged_accelerate_pytorch_model_bin_is_named_as_damaged(tmp_path):
+    directory = tmp_path / "checkpoint_0"
+    _accelerate_layout(directory)
+    (directory / "model.safetensors").unlink()
+    torch.save([1], directory / "pytorch_model.bin")  # was: "the checkpoint has no 'weight'"
+    with pytest.raises(CheckpointError, match="pytorch_model.bin is damaged .it holds a list that is not a model's "
+                                              "state_dict"):
+        _load_into_fresh(directory)
+
+
+def test_an_accelerate_checkpoint_without_this_ranks_random_states_still_loads(tmp_path):
+    # Accelerate logs that it could not load the random states and goes on (a checkpoint of fewer processes)
+    directory = tmp_path / "checkpoint_0"
+    saved = _accelerate_layout(directory)
+    (directory / "random_states_0.pkl").unlink()
+    model = _load_into_fresh(directory)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())

@@ -7,8 +7,11 @@ The directory holds ``model.safetensors`` or ``pytorch_model.bin`` (``model_1...
 ``optimizer.bin``, ``scheduler.bin``, ``scaler.pt``, ``random_states_<rank>.pkl`` and
 ``custom_checkpoint_<i>.pkl``, each ``<name>_<i>`` for the i-th object past the first. Every file is read as
 convoy reads its own (``files.load_file``: ``torch.load(weights_only=True)``, only numpy's RNG-state types allowed
-besides tensors and plain data) or with safetensors; nothing is unpickled. The state goes through the strategy
-like convoy's own checkpoints, so a checkpoint of one process loads into a sharded strategy too.
+besides tensors and plain data) or with safetensors; nothing is unpickled. A file that cannot be read, or does
+not hold what Accelerate writes there (a state dict), is one ``CheckpointError`` naming it; a missing
+``random_states_<rank>.pkl`` is not (a checkpoint of fewer processes: that rank's RNG is left as it is, as
+Accelerate does). The state goes through the strategy like convoy's own checkpoints, so a checkpoint of one
+process loads into a sharded strategy too.
 
 Not supported yet: sharded FSDP/DeepSpeed checkpoints (sub-directories; NotSupportedYetError). Not read:
 ``sampler.bin`` (a pickled sampler object, which cannot be loaded without running pickled code) and
@@ -26,7 +29,7 @@ import torch
 
 from convoy.errors import CheckpointError, NotSupportedYetError
 from convoy.train.checkpoint import directories
-from convoy.train.checkpoint.files import load_file
+from convoy.train.checkpoint.files import damaged_file, load_file, load_safetensors
 from convoy.train.checkpoint.items import CheckpointItems, CheckpointResult
 from convoy.train.checkpoint.optimizer_state import named_optimizer_state, param_names
 from convoy.train.checkpoint.rng import restore_rng
@@ -56,15 +59,23 @@ def _indexed(directory: Path, stem: str, ext: str, i: int) -> Path:
     return directory / (f"{stem}.{ext}" if i == 0 else f"{stem}_{i}.{ext}")
 
 
+def _state_dict(path: Path, what: str, keys: tuple[str, ...] = (), tensors: bool = False) -> dict[str, Any]:
+    """``path`` read (``load_file``) as ``what`` Accelerate's ``save_state`` writes: a dict holding ``keys``
+    (``tensors``: of tensors only); anything else is damage, one ``CheckpointError`` naming the file."""
+    state = load_file(path)
+    if (not isinstance(state, dict) or any(key not in state for key in keys)
+            or (tensors and not all(isinstance(v, torch.Tensor) for v in state.values()))):
+        raise damaged_file(path, f"it holds a {type(state).__name__} that is not {what}")
+    return state
+
+
 def _model_state(directory: Path, i: int) -> dict[str, Any]:
     safe = _indexed(directory, "model", "safetensors", i)
     if safe.exists():
-        from safetensors.torch import load_file as load_safetensors
-
-        return load_safetensors(str(safe), device="cpu")
+        return load_safetensors(safe)
     pickled = _indexed(directory, "pytorch_model", "bin", i)
     if pickled.exists():
-        return load_file(pickled)
+        return _state_dict(pickled, "a model's state_dict", tensors=True)
     raise CheckpointError(f"{directory}: no weights for model {i} ({safe.name} or {pickled.name}); the checkpoint "
                           f"was saved with fewer models than were prepared")
 
@@ -104,6 +115,17 @@ def _model_into(strategy: "Strategy", i: int, model: Any, state: dict[str, Any])
     strategy.load_checkpoint_state(model, None, _fill(template, state, f"model {i}"), {})
 
 
+def _optimizer_state(path: Path) -> dict[str, Any]:
+    """``optimizer.bin``: an ``optimizer.state_dict()`` (groups of numbered parameters, and their state)."""
+    state = _state_dict(path, "an optimizer's state_dict", keys=("state", "param_groups"))
+    groups = state["param_groups"]
+    if not (isinstance(state["state"], dict) and isinstance(groups, list)
+            and all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)
+            and set(state["state"]) <= {p for g in groups for p in g["params"]}):
+        raise damaged_file(path, "its param_groups and state do not fit together, as an optimizer's state_dict's do")
+    return state
+
+
 def _optimizer_into(strategy: "Strategy", j: int, optimizer: Any, model: Any, state: dict[str, Any]) -> None:
     """Accelerate's optimizer state is ``optimizer.state_dict()``: parameters numbered in the groups' order.
     convoy's strategies take it keyed by parameter name, which the prepared optimizer's groups give."""
@@ -121,7 +143,7 @@ def _load_model(strategy: "Strategy", i: int, model: Any, state: dict[str, Any],
                 optimizers: list[tuple[int, Any, Path]]) -> None:
     _model_into(strategy, i, model, state)
     for j, optimizer, path in optimizers:
-        _optimizer_into(strategy, j, optimizer, model, load_file(path))
+        _optimizer_into(strategy, j, optimizer, model, _optimizer_state(path))
 
 
 def _rng_into(process_index: int, directory: Path) -> int | None:
@@ -129,10 +151,17 @@ def _rng_into(process_index: int, directory: Path) -> int | None:
     path = directory / f"random_states_{process_index}.pkl"
     if not path.exists():  # a checkpoint from fewer processes has no RNG state for the extra ranks
         return None
-    states = load_file(path)
-    restore_rng(python=states["random_state"], numpy_state=states["numpy_random_seed"],
-                torch_state=states["torch_manual_seed"], cuda_states=states.get("torch_cuda_manual_seed"))
-    return int(states["step"]) if "step" in states else None
+    # Accelerate logs a file it cannot restore and goes on; a damaged file is refused here, as in convoy's own
+    # checkpoints: the run would go on with another random stream than the one saved, and not say so
+    states = _state_dict(path, "Accelerate's random states",
+                         keys=("random_state", "numpy_random_seed", "torch_manual_seed"))
+    try:
+        step = int(states["step"]) if "step" in states else None
+        restore_rng(python=states["random_state"], numpy_state=states["numpy_random_seed"],
+                    torch_state=states["torch_manual_seed"], cuda_states=states.get("torch_cuda_manual_seed"))
+    except (TypeError, ValueError, RuntimeError) as err:  # what random, numpy and torch raise for a bad state
+        raise damaged_file(path, f"a random state cannot be restored: {str(err).splitlines()[0][:160]}") from None
+    return step
 
 
 def load_accelerate_state(items: CheckpointItems, directory: str | Path) -> CheckpointResult:
@@ -160,9 +189,9 @@ def load_accelerate_state(items: CheckpointItems, directory: str | Path) -> Chec
         path = _indexed(directory, "scheduler", "bin", k)
         if not path.exists():
             raise CheckpointError(f"{directory}: no {path.name}; the checkpoint was saved with fewer schedulers")
-        scheduler.load_state_dict(load_file(path))
+        scheduler.load_state_dict(_state_dict(path, "a scheduler's state_dict"))
     if items.scaler is not None and (directory / "scaler.pt").exists():
-        items.scaler.load_state_dict(load_file(directory / "scaler.pt"))
+        items.scaler.load_state_dict(_state_dict(directory / "scaler.pt", "a GradScaler's state_dict"))
     for n, obj in enumerate(items.custom):
         path = directory / f"custom_checkpoint_{n}.pkl"
         if not path.exists():

@@ -21,9 +21,10 @@ import torch.distributed as dist
 
 from convoy.errors import CheckpointError
 
-__all__ = ["load_file", "save_file", "dcp_load", "numpy_rng_globals"]
+__all__ = ["load_file", "load_safetensors", "save_file", "dcp_load", "numpy_rng_globals", "damaged_file"]
 
-def _damaged(path: str | Path, reason: str) -> CheckpointError:
+def damaged_file(path: str | Path, reason: str) -> CheckpointError:
+    """The one line for a checkpoint file that cannot be read as what it should hold."""
     return CheckpointError(f"checkpoint file {path} is damaged ({reason}); the checkpoint cannot be loaded: "
                            "load an earlier one, or save again")
 
@@ -68,11 +69,32 @@ def load_file(path: str | Path) -> Any:
         with torch.serialization.safe_globals(numpy_rng_globals()):
             return torch.load(path, map_location="cpu", weights_only=True)  # tensors saved on a GPU too
     except pickle.UnpicklingError as err:
+        operand = next((line.strip() for line in str(err).splitlines() if "Unsupported operand" in line), None)
+        if operand is not None and "GLOBAL" not in str(err):  # bytes that are no pickle torch.save writes: garbage
+            raise damaged_file(path, f"not a file torch.save wrote: {operand}") from None
         if "weights_only" in str(err) or "Unsupported" in str(err) or "GLOBAL" in str(err):
             raise _refused(path, err) from None
-        raise _damaged(path, _first_line(err)) from None
+        raise damaged_file(path, _first_line(err)) from None
     except Exception as err:  # noqa: BLE001 -- garbage makes the unpickler raise anything (struct.error, ...)
-        raise _damaged(path, _first_line(err)) from None
+        raise damaged_file(path, _first_line(err)) from None
+
+
+def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors, on the CPU (nothing in it is code).
+
+    Raises:
+        CheckpointError: the file is missing, truncated or corrupt (one line naming it).
+    """
+    from safetensors.torch import load_file as read_safetensors
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} is missing; the checkpoint is incomplete: load an "
+                              "earlier one, or save again")
+    try:
+        return read_safetensors(str(path), device="cpu")
+    except Exception as err:  # noqa: BLE001 -- safetensors' SafetensorError for a bad header, OSError, ...
+        raise damaged_file(path, _first_line(err)) from None
 
 
 def save_file(obj: Any, path: str | Path, what: str) -> None:
@@ -158,13 +180,13 @@ def _dcp_reader(checkpoint_id: str):
             except pickle.UnpicklingError as err:
                 if "is not allowed" in str(err):
                     raise _refused(path, err) from None
-                raise _damaged(path, _first_line(err)) from None
+                raise damaged_file(path, _first_line(err)) from None
             except OSError as err:
                 raise CheckpointError(f"checkpoint file {path} cannot be read ({err.strerror or err})") from None
             except Exception as err:  # noqa: BLE001 -- garbage makes the unpickler raise anything
-                raise _damaged(path, _first_line(err)) from None
+                raise damaged_file(path, _first_line(err)) from None
             if not isinstance(metadata, Metadata):
-                raise _damaged(path, f"it holds a {type(metadata).__name__}, not DCP's Metadata")
+                raise damaged_file(path, f"it holds a {type(metadata).__name__}, not DCP's Metadata")
             _check_shards(Path(checkpoint_id), metadata)
 
             if getattr(metadata, "storage_meta", None) is None:
@@ -183,14 +205,14 @@ def _check_shards(directory: Path, metadata: Any) -> None:
     for name, end in sorted(needed.items()):
         path = directory / name
         if path.resolve().parent != directory.resolve():
-            raise _damaged(directory / ".metadata", f"it names a file outside the checkpoint: {name!r}")
+            raise damaged_file(directory / ".metadata", f"it names a file outside the checkpoint: {name!r}")
         try:
             size = path.stat().st_size
         except OSError:
             raise CheckpointError(f"checkpoint file {path} is missing; the checkpoint is incomplete: load an "
                                   "earlier one, or save again") from None
         if size < end:
-            raise _damaged(path, f"truncated: {size} bytes, its index needs {end}")
+            raise damaged_file(path, f"truncated: {size} bytes, its index needs {end}")
 
 
 def _dcp_planner():
