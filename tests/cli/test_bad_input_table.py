@@ -30,7 +30,7 @@ def files(tmp_path_factory):
     llama = json.loads((REPO / "tests/plan/configs/llama2_7b.json").read_text())
     for name, patch in {"heads0": {"num_attention_heads": 0}, "hidden_str": {"hidden_size": "4096"},
                         "hidden_null": {"hidden_size": None}, "hidden_frac": {"hidden_size": 4096.5},
-                        "kv_above_heads": {"num_key_value_heads": 64}}.items():
+                        "kv_above_heads": {"num_key_value_heads": 64}, "llama2_7b": {}}.items():
         (d / f"{name}.json").write_text(json.dumps({**llama, **patch}))
     gpt2 = json.loads((REPO / "tests/plan/configs/gpt2.json").read_text())
     (d / "n_positions_null.json").write_text(json.dumps({**gpt2, "n_positions": None}))
@@ -78,6 +78,11 @@ CASES = [
     ({}, "plan --params 7e9 --hardware 99999999999999xH100-80GB", 2, "GPU count"),
     ({}, "plan --params 7e9 --hardware 8xH100-80GB --global-batch 3", 2, "cannot be split evenly"),
     ({}, "plan --params 7e9 --hardware 8xH100-80GB --seq-len 99999999999", 2, "too large (at most 10 digits)"),
+    ({}, "plan --params 70e9 --layers 2 --hidden 64 --heads 1 --vocab 100 --hardware 8xH100-80GB", 2,
+     "cannot describe one model"),  # printed 279 % MFU
+    ({}, "plan --params 1e6 --layers 80 --hidden 8192 --vocab 128000 --hardware 8xH100-80GB", 2, "--params 1e+06"),
+    ({}, "plan {d}/llama2_7b.json --params 70e9 --hardware 8xH100-80GB", 2, "cannot describe one model"),
+    ({}, "plan {d}/llama2_7b.json --hidden 64 --hardware 8xH100-80GB", 2, "leave --hidden out"),
     ({}, "launch --max-restarts 9999999999 {d}/train.py", 2, "too large (at most 9 digits)"),
     ({}, "run -- {d}/no_shebang.sh", 126, "add a #! line"),
     ({}, "run --no-lease --wait 5m -- {d}/train.py", 2, "--no-lease takes no lease"),  # --wait was ignored

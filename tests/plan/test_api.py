@@ -61,7 +61,8 @@ def test_nothing_fits_says_so_and_suggests_recompute():
 
 
 def test_largest_layer_too_big_is_case_3():
-    p = plan(params=2e9, layers=1, hidden=16384, heads=128, vocab=1000, hardware="8xL4", seq_len=512)
+    # one block of hidden 16384 holds 12h² = 3.2e9 parameters (2e9 were refused as no model of that shape)
+    p = plan(params=3.3e9, layers=1, hidden=16384, heads=128, vocab=1000, hardware="8xL4", seq_len=512)
     assert p.recommendation.case == "case 3"
 
 

@@ -87,6 +87,40 @@ def test_other_model_types_without_and_with_transformers(monkeypatch):
         from_hf_config(config)
 
 
+@pytest.mark.parametrize("name", ["llama2_7b", "llama2_70b", "gpt2", "pythia_160m", "pythia_410m", "qwen2_0_5b"])
+def test_real_models_given_by_numbers_fit_their_shape(name):
+    """A real model's own count and shape pass, with or without --ffn and --vocab (the 4h MLP assumed)."""
+    spec = from_hf_config(CONFIGS / f"{name}.json")
+    shape = dict(layers=spec.num_layers, hidden=spec.hidden, heads=spec.heads)
+    assert from_numbers(spec.num_params, **shape).num_params == spec.num_params
+    assert from_numbers(spec.num_params, **shape, kv_heads=spec.kv_heads, ffn=spec.ffn, vocab=spec.vocab)
+    assert resolve_model(CONFIGS / f"{name}.json", params=spec.num_params * 1.1).num_params > spec.num_params
+
+
+@pytest.mark.parametrize("numbers, words", [
+    # 70e9 parameters in two blocks of hidden 64: the shape holds about 1e5; MFU came out at 279 %
+    (dict(params=7e10, layers=2, hidden=64, heads=1, vocab=100), ["--params 7e+10", "--layers 2", "--vocab 100",
+                                                                  "8.38e+04 to 1.83e+05"]),
+    # a million parameters cannot hold 80 blocks of hidden 8192 (nor the 128000 x 8192 embedding alone)
+    (dict(params=1e6, layers=80, hidden=8192, heads=64, vocab=128000), ["--params 1e+06", "--hidden 8192"]),
+    (dict(params=1e6, hidden=8192, vocab=128000), ["at least 8.39e+08"]),
+    # Gemma-7B's shape without its 24576-wide MLP: the 4h assumed cannot hold 8.5e9; --ffn is named
+    (dict(params=8.5e9, layers=28, hidden=3072, heads=16, vocab=256000), ["--ffn when its MLP is not 4 x hidden"]),
+])
+def test_a_count_its_shape_cannot_hold_is_refused(numbers, words):
+    with pytest.raises(PlanError, match="cannot describe one model") as err:
+        from_numbers(**numbers)
+    assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_overrides_that_contradict_a_config_are_refused():
+    with pytest.raises(PlanError, match=r"--params 7e\+10 over '.*llama2_7b.json' cannot describe one model"):
+        resolve_model(CONFIGS / "llama2_7b.json", params=7e10)
+    with pytest.raises(PlanError, match=r"not the 6.74e\+09 of .*; give --params with --hidden, or leave --hidden out"):
+        resolve_model(CONFIGS / "llama2_7b.json", hidden=64)
+    assert from_numbers(8.5e9, layers=28, hidden=3072, heads=16, vocab=256000, ffn=24576).ffn == 24576
+
+
 def test_numbers_and_overrides():
     spec = from_numbers(7.5e9, layers=32, hidden=4096, heads=32, vocab=32000)
     assert spec.num_params == 7_500_000_000 and spec.layer_params == (7_500_000_000 - 32000 * 4096) // 32

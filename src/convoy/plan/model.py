@@ -14,6 +14,8 @@ whole numbers > 0 (``4096.5``, ``"4096"`` and ``null`` are refused; ``null`` is 
 documents it as "the default": ``num_key_value_heads``, ``head_dim``, ``n_inner``); key/value heads divide
 the heads; without ``head_dim`` the heads divide the hidden size. A model has at most ``MAX_PARAMS``
 parameters and ``MAX_DIM`` in any dimension. A factory that fails to import or raises is named with its error.
+A parameter count given with a shape (``--params`` with ``--layers``/``--hidden``/..., or either over a config)
+must be one the shape can hold (``check_params_fit_shape``); ``--params 7e10 --layers 2 --hidden 64`` is refused.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from typing import Any, Mapping
 
 from convoy.errors import NotSupportedYetError, PlanError
 
-__all__ = ["ModelSpec", "from_hf_config", "from_factory", "from_numbers", "resolve_model", "MAX_PARAMS", "MAX_DIM"]
+__all__ = ["ModelSpec", "from_hf_config", "from_factory", "from_numbers", "resolve_model", "MAX_PARAMS", "MAX_DIM",
+           "shape_param_range", "check_params_fit_shape", "SHAPE_SLACK"]
 
 _LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 _DROPOUT_KEYS = ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout", "hidden_dropout", "dropout")
@@ -37,6 +40,9 @@ _DROPOUT_KEYS = ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout",
 MAX_PARAMS = 10**15
 #: nor past this size in any one dimension (layers, hidden, heads, vocabulary, ...).
 MAX_DIM = 2**31
+#: how far a given parameter count may lie outside the range its shape holds (``shape_param_range``): a quarter
+#: either way, for what bare numbers leave out (position tables, a head_dim wider than hidden / heads, adapters).
+SHAPE_SLACK = 1.25
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,9 +147,69 @@ def from_numbers(params: float, *, layers: int | None = None, hidden: int | None
     if layers:
         outside = (vocab or 0) * (hidden or 0)
         layer_params = max(1, (n - outside) // layers)
-    return ModelSpec(name=name or f"{n:.3g} params", num_params=n, num_layers=layers, hidden=hidden, heads=heads,
+    spec = ModelSpec(name=name or f"{n:.3g} params", num_params=n, num_layers=layers, hidden=hidden, heads=heads,
                      kv_heads=kv_heads, ffn=ffn or (4 * hidden if hidden else None), vocab=vocab,
                      layer_params=layer_params, source="numbers given by the user")
+    given = {"params": params, "layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
+             "ffn": ffn, "vocab": vocab}
+    check_params_fit_shape(spec, given={k: v for k, v in given.items() if v is not None})
+    return spec
+
+
+def shape_param_range(spec: ModelSpec) -> tuple[int, int | None] | None:
+    """The fewest and the most parameters a transformer of ``spec``'s shape holds (before ``SHAPE_SLACK``), as the
+    planner reads the shape; None without a hidden size, and no upper end without the number of blocks or the
+    vocabulary (an embedding table of unknown size can hold any count).
+
+    A block holds at least its q and o projections (2h²), k and v (2h·kv, kv = h·kv_heads/heads; at least one
+    head when kv_heads is not given) and a two-matrix MLP (2h·f, f = ffn, else the 4h the planner assumes), at
+    most that with a gated MLP (3h·f), every bias and its norms. Embeddings: at least one V·h table, at most an
+    untied pair and a final norm."""
+    h = spec.hidden
+    if h is None:
+        return None
+    f, vocab, layers = spec.ffn or 4 * h, spec.vocab or 0, spec.num_layers
+    if spec.heads and spec.kv_heads:
+        kv_low = kv_high = h * spec.kv_heads // spec.heads
+    else:
+        kv_low, kv_high = (h // spec.heads if spec.heads else 0), h
+    low = vocab * h
+    if layers is None:
+        return low, None
+    block_low = 2 * h * h + 2 * h * kv_low + 2 * h * f
+    block_high = 2 * h * h + 2 * h * kv_high + 3 * h * f + (2 * h + 2 * kv_high) + (2 * f + h) + 4 * h
+    high = layers * block_high + 2 * vocab * h + 2 * h if vocab else None
+    return low + layers * block_low, high
+
+
+def check_params_fit_shape(spec: ModelSpec, *, given: Mapping[str, Any], base: str = "") -> None:
+    """``PlanError`` when ``spec.num_params`` cannot be a model of ``spec``'s shape (``shape_param_range``,
+    widened by ``SHAPE_SLACK``). ``given``: the numbers the user gave (keyword -> value), named in the message
+    as the command line spells them; ``base``: the config or factory the rest of the shape came from."""
+    bounds = shape_param_range(spec)
+    if bounds is None:
+        return
+    low, high = bounds[0] / SHAPE_SLACK, None if bounds[1] is None else bounds[1] * SHAPE_SLACK
+    n = spec.num_params
+    if low <= n and (high is None or n <= high):
+        return
+    flags = " ".join(f"--{k.replace('_', '-')} " + (f"{v:.3g}" if k == "params" else f"{v}") for k, v in given.items())
+    assumed = " (4 x hidden, assumed)" if "ffn" not in given and not base and spec.ffn == 4 * spec.hidden else ""
+    shape = ", ".join(f"{k} {v}" + (assumed if k == "ffn" else "")
+                      for k, v in (("layers", spec.num_layers), ("hidden", spec.hidden), ("heads", spec.heads),
+                                   ("kv_heads", spec.kv_heads), ("ffn", spec.ffn), ("vocab", spec.vocab))
+                      if v is not None)
+    holds = f"{low:.3g} to {high:.3g}" if high is not None else f"at least {low:.3g}"
+    if "params" in given:
+        fix = f"give --params in that range, or the shape of a {n:.3g}-parameter model"
+        if not base:
+            fix += " (--ffn when its MLP is not 4 x hidden, --vocab for its embeddings)"
+        count = f"{n:.3g}"
+    else:
+        changed = "/".join(f"--{k.replace('_', '-')}" for k in given)
+        fix, count = f"give --params with {changed}, or leave {changed} out", f"the {n:.3g} of {base}"
+    where = f" over {base}" if base else ""
+    raise PlanError(f"{flags}{where} cannot describe one model: {shape} holds {holds} parameters, not {count}; {fix}")
 
 
 def from_hf_config(path: str | Path | Mapping[str, Any]) -> ModelSpec:
@@ -412,7 +478,12 @@ def resolve_model(model: Any = None, *, params: float | None = None, **shape: An
     overrides = {k: v for k, v in fields.items() if v is not None}
     if params is not None:
         overrides["num_params"] = param_count(params)
-    return ModelSpec(**{**spec.__dict__, **overrides}) if overrides else spec
+    if not overrides:
+        return spec
+    out = ModelSpec(**{**spec.__dict__, **overrides})
+    given = {k: v for k, v in {"params": params, **shape}.items() if v is not None}
+    check_params_fit_shape(out, given=given, base=repr(spec.name))
+    return out
 
 
 def _shape_fields(shape: Mapping[str, Any]) -> dict[str, Any]:
