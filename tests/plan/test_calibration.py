@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from convoy.devices.inventory import load_inventory
+from convoy.errors import PlanError
 from convoy.plan.activations import block_bytes, head_saved_bytes
 from convoy.plan.api import plan, plan_for
 from convoy.plan.calibration import (FORMAT, Calibration, attention_key, cache_path, calibration_key, gemm_key,
@@ -91,6 +92,16 @@ def test_measured_rates_replace_the_fixed_efficiency():
     pw = step_time(GPT2, RUN, layout, H100, global_batch=8, calibration=only_pointwise)
     saved = 12 * block_bytes(GPT2, RUN) + head_saved_bytes(GPT2, RUN)
     assert pw.seconds == pytest.approx(fast.seconds + saved * 1e-12)
+
+
+def test_a_gemm_measured_above_the_peak_is_refused_not_printed_as_mfu_above_100():
+    """--peak-tflops 100 on an H100 that measured 400 TFLOPs: every MFU would be about 4 x the efficiency."""
+    low_peak = parse_hardware("1xH100-80GB", peak_tflops=100)
+    with pytest.raises(PlanError, match=r"ran at 400 TFLOPs, above the 100 TFLOPs peak .* give --peak-tflops of "
+                                        r"at least that"):
+        plan_for(GPT2, RUN, low_peak, calibration=_record(400e12))
+    at_peak = plan_for(GPT2, RUN, parse_hardware("1xH100-80GB"), calibration=_record(989.4e12))
+    assert max(r.time.mfu for r in at_peak.rows) <= 1.0
 
 
 def test_recompute_and_unknown_shapes():

@@ -12,15 +12,42 @@ from convoy.plan.memory import Layout, RunSpec
 from convoy.plan.model import from_numbers
 from convoy.plan.timing import (compute_seconds, datasheet_rates, gemm_shapes, model_flops_per_token,
                                  ring_all_reduce_seconds, ring_gather_seconds, step_time)
+from tests.conftest import REPO
 
 MODEL = from_numbers(7e9, layers=32, hidden=4096, heads=32, vocab=32000)
 RUN_AUTOCAST_1024x8 = RunSpec(seq_len=1024, micro_batch=8, precision="bf16-autocast")
 
 
 def test_flops_per_token_is_6n_plus_attention():
-    assert model_flops_per_token(MODEL, 2048) == 6 * 7e9 + 12 * 32 * 4096 * 2048
-    assert model_flops_per_token(MODEL, 2048, training=False) == 2 * 7e9 + 4 * 32 * 4096 * 2048
+    # a shape: N is the weights its GEMMs multiply (12h² per block with a 4h MLP, and the 32000 x 4096 head),
+    # not the 7e9 given, whose embedding table is looked up at no FLOPs
+    n = 32 * 12 * 4096**2 + 4096 * 32000
+    assert model_flops_per_token(MODEL, 2048) == 6 * n + 12 * 32 * 4096 * 2048
+    assert model_flops_per_token(MODEL, 2048, training=False) == 2 * n + 4 * 32 * 4096 * 2048
     assert model_flops_per_token(from_numbers(1e9), 4096) == 6e9  # no shape: no attention term
+
+
+@pytest.mark.parametrize("config", ["llama2_7b", "gpt2", "pythia_160m", "qwen2_0_5b"])
+def test_mfu_never_passes_the_efficiency(config):
+    """MFU's numerator counts the FLOPs the time model charges: at efficiency 1 no layout beats 100 % (GPT-NeoX's
+    untied 50k x 768 input embedding counted at 2 FLOPs per parameter put pythia-160m's single GPU at 124 %)."""
+    from convoy.plan.api import plan
+
+    p = plan(str(REPO / f"tests/plan/configs/{config}.json"), hardware="8xH100-80GB", efficiency=1.0,
+             peak_tflops=1.0, recompute="none")
+    assert max(r.time.mfu for r in p.rows) <= 1.0
+    assert max(r.time.mfu for r in p.rows) > 0.99  # compute-bound at 1 TFLOPs: the bound is met, not missed by far
+
+
+def test_tensor_parallel_gemms_round_up_and_cover_the_model():
+    """GPT-2's vocabulary (50257) and a 3-way split of 4096 are not divisible: each rank's share rounds up, so the
+    tp ranks together do at least the whole model's GEMMs (rounding down made them do less)."""
+    gpt2 = from_numbers(124e6, layers=12, hidden=768, heads=12, vocab=50257)
+    run = RunSpec(seq_len=1024)
+    for model, tp in ((gpt2, 2), (gpt2, 4), (from_numbers(7e9, layers=32, hidden=4096, heads=48, vocab=32000), 3)):
+        whole = sum(k * n * c for _, k, n, c in gemm_shapes(model, run))
+        split = sum(k * n * c for _, k, n, c in gemm_shapes(model, run, tp=tp))
+        assert whole <= tp * split < whole * 1.01, (model.name, tp)
 
 
 def test_ring_costs():

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from convoy.errors import PlanError
 from convoy.plan.activations import block_bytes, block_saved, head_saved_bytes
 from convoy.plan.calibration import Calibration, attention_key, gemm_key
 from convoy.plan.hardware import GpuSpec, Hardware
@@ -42,7 +43,7 @@ from convoy.plan.units import GB
 
 __all__ = ["StepTime", "step_time", "model_flops_per_token", "ring_all_reduce_seconds", "ring_gather_seconds",
            "DEFAULT_EFFICIENCY", "CPU_ADAM_PARAMS_PER_S", "gemm_shapes", "attention_shape", "compute_seconds",
-           "optimizer_seconds", "datasheet_rates"]
+           "optimizer_seconds", "datasheet_rates", "check_measured_rates"]
 
 #: fraction of peak FLOPs the matmul and attention kernels reach without a calibration: a typical large-model
 #: figure (PaLM reports 46% MFU, Megatron-LM 52% on A100); a stated assumption, override with ``efficiency=``.
@@ -106,11 +107,24 @@ class StepTime:
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: int, *, training: bool = True) -> float:
-    """6N + 12·L·h·s per token for training (2N + 4·L·h·s for a forward only)."""
-    attention = 0.0
-    if model.num_layers and model.hidden:
-        attention = 2 * 2 * model.num_layers * model.hidden * seq_len  # QK^T and AV, 2 FLOPs per MAC
-    forward = 2 * model.num_params + attention
+    """6N + 12·L·h·s per token for training (2N + 4·L·h·s for a forward only): the MFU numerator.
+
+    For a model with a shape, N counts the parameters that multiply: the weights of the GEMMs the step is timed
+    by (``gemm_shapes``), the output head among them. An embedding table that is only looked up, norms and
+    biases cost no matmul FLOPs (Kaplan et al. 2020 count non-embedding parameters for the same reason); counted
+    at 2 FLOPs each, they made the numerator larger than the work the time model charges, and an MFU above
+    100 % at an efficiency of 1. Without a shape, N is the parameter count."""
+    if model.has_shape:
+        one = RunSpec(seq_len=seq_len)  # one sequence: every GEMM's m is seq_len tokens
+        gemms = sum(2 * k * n * count for _, k, n, count in gemm_shapes(model, one))
+        _, heads, _, _, head_dim = attention_shape(model, one)
+        attention = 2 * 2 * model.num_layers * heads * head_dim * seq_len  # type: ignore[operator]  # QK^T, AV
+        forward = gemms + attention
+    else:
+        attention = 0.0
+        if model.num_layers and model.hidden:
+            attention = 2 * 2 * model.num_layers * model.hidden * seq_len  # QK^T and AV, 2 FLOPs per MAC
+        forward = 2 * model.num_params + attention
     return 3 * forward if training else forward
 
 
@@ -137,20 +151,25 @@ def _group_bandwidth(hw: Hardware, ranks_per_node: int, group: int) -> float:
 
 def gemm_shapes(model: ModelSpec, run: RunSpec, *, tp: int = 1) -> list[tuple[int, int, int, int]]:
     """The forward GEMMs of one micro-batch as (m, k, n, count): per block (count = layers) and the head
-    (count 1). Column-parallel projections split n by ``tp``, row-parallel ones k."""
+    (count 1). Column-parallel projections split n by ``tp``, row-parallel ones k; a size ``tp`` does not divide
+    is rounded up, the share of the busiest rank (rounding down let tp ranks do less than the whole model)."""
     assert model.hidden is not None and model.num_layers is not None and model.heads is not None
     m, h, L = run.seq_len * run.micro_batch, model.hidden, model.num_layers
     f, kv = model.ffn or 4 * h, h * (model.kv_heads or model.heads) // model.heads
+
+    def split(size: int) -> int:
+        return -(-size // tp)
+
     if model.family == "llama":
-        out = [(m, h, h // tp, L), (m, h, kv // tp, 2 * L), (m, h // tp, h, L)]
+        out = [(m, h, split(h), L), (m, h, split(kv), 2 * L), (m, split(h), h, L)]
     else:
-        out = [(m, h, (h + 2 * kv) // tp, L), (m, h // tp, h, L)]
+        out = [(m, h, split(h + 2 * kv), L), (m, split(h), h, L)]
     if model.gated_mlp:
-        out += [(m, h, f // tp, 2 * L), (m, f // tp, h, L)]
+        out += [(m, h, split(f), 2 * L), (m, split(f), h, L)]
     else:
-        out += [(m, h, f // tp, L), (m, f // tp, h, L)]
+        out += [(m, h, split(f), L), (m, split(f), h, L)]
     if model.vocab:
-        out.append((m, h, model.vocab // tp, 1))
+        out.append((m, h, split(model.vocab), 1))
     return out
 
 
@@ -174,6 +193,24 @@ def datasheet_rates(gpu: GpuSpec) -> Calibration:
     ``compute_seconds``'s ``fallback_flops`` (peak x efficiency), memory-bound work at the board's bandwidth."""
     return Calibration(device_name=f"{gpu.name} (datasheet)", torch_version="", device_type="datasheet",
                        memory_bytes_per_s=(gpu.memory_gbs or 0.0) * GB)
+
+
+def check_measured_rates(cal: Calibration, gpu: GpuSpec) -> None:
+    """``PlanError`` when ``cal`` measured a GEMM faster than ``gpu``'s peak for its dtype: MFU is taken against
+    that peak, so the step would come out above 100 % of it. The peak is then wrong (``--peak-tflops`` set too
+    low, or a table row for another board), not the measurement of a dense GEMM."""
+    for key, rate in sorted(cal.gemm_flops.items()):
+        dtype = key.rpartition(":")[2]
+        try:
+            peak = gpu.peak_flops(dtype)
+        except PlanError:  # a dtype this board has no peak for is never timed against one
+            continue
+        if rate > peak:
+            given = "; give --peak-tflops of at least that, or leave it out" if "peak given by the user" in gpu.source \
+                else f"; give its real peak with --peak-tflops (at least {rate / 1e12:.4g})"
+            raise PlanError(f"a {dtype} GEMM ({key.partition(':')[0]}) measured on {cal.device_name} ran at "
+                            f"{rate / 1e12:.4g} TFLOPs, above the {peak / 1e12:.4g} TFLOPs peak the plan takes MFU "
+                            f"against for {gpu.name}{given}")
 
 
 def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, cal: Calibration, *,
