@@ -25,7 +25,7 @@ def files(tmp_path_factory):
     (d / "cpu.json").write_text('{"devices": []}')
     device = {"index": 0, "uuid": "GPU-a", "name": "x"}
     for name, patch in {"neg_index": {"index": -1}, "neg_memory": {"memory_total_mib": -5},
-                        "bogus_peer": {"nvlink_peers": [7]}}.items():
+                        "bogus_peer": {"nvlink_peers": [7]}, "typo_vendor": {"vendor": "nvidai"}}.items():
         (d / f"{name}.json").write_text(json.dumps({"devices": [{**device, **patch}]}))
     llama = json.loads((REPO / "tests/plan/configs/llama2_7b.json").read_text())
     for name, patch in {"heads0": {"num_attention_heads": 0}, "hidden_str": {"hidden_size": "4096"},
@@ -62,6 +62,8 @@ CASES = [
     ({"CONVOY_INVENTORY": "{d}/neg_index.json"}, "select all", 2, "index must be an integer >= 0"),
     ({"CONVOY_INVENTORY": "{d}/neg_memory.json"}, "select all", 2, "memory_total_mib"),
     ({"CONVOY_INVENTORY": "{d}/bogus_peer.json"}, "select all", 2, "nvlink peer 7"),
+    ({"CONVOY_INVENTORY": "{d}/typo_vendor.json"}, "select all", 2, "did you mean 'nvidia'"),  # failed later
+    ({"CONVOY_INVENTORY": "{d}/typo_vendor.json"}, "devices", 2, "typo_vendor.json"),  # printed 'device:0', exit 0
     ({"CONVOY_NPROC_PER_NODE": "²"}, "config show", 2, "CONVOY_NPROC_PER_NODE"),
     ({}, "config --path {d}/c.toml --nproc-per-node ²", 2, "nproc_per_node"),
     ({}, "config --path /proc/c.toml --strategy ddp", 2, "cannot write"),

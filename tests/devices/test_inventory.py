@@ -80,6 +80,28 @@ def test_malformed_data(data, fragment):
         inventory_from_dict(data)
 
 
+@pytest.mark.parametrize("vendor, fragment", [
+    ("nvidai", "vendor 'nvidai' is not a vendor convoy knows (did you mean 'nvidia'?)"),  # was kept: 'device:0'
+    (5, "vendor 5 is not a vendor convoy knows"),
+    ("", "vendor '' is not"),
+    ("cpu", "a CPU-only machine is an empty list"),  # was kept: CUDA_VISIBLE_DEVICES='' hid every GPU
+    (None, "vendor None is not"),
+])
+def test_an_unknown_vendor_is_refused_naming_the_file_the_field_and_the_known_ones(vendor, fragment, tmp_path):
+    path = tmp_path / "box.json"
+    path.write_text(json.dumps({"devices": [{"index": 0, "uuid": "u", "name": "n", "vendor": vendor}]}))
+    with pytest.raises(InventoryError) as err:
+        load_inventory(path)
+    message = str(err.value)
+    assert fragment in message and str(path) in message and "device #0: vendor" in message, message
+    assert "use one of nvidia, amd, intel, habana, ascend, apple" in message
+
+
+def test_vendor_case_does_not_matter():
+    inv = inventory_from_dict({"devices": [{"index": 0, "uuid": "u", "name": "n", "vendor": "AMD"}]})
+    assert inv.devices[0].vendor == "amd"
+
+
 def test_missing_and_invalid_files(tmp_path):
     with pytest.raises(InventoryError, match="does not exist; write one with 'convoy devices --json"):
         load_inventory(tmp_path / "nope.json")

@@ -6,11 +6,12 @@ import subprocess
 import sys
 
 from convoy.devices.backends import BACKENDS
-from convoy.devices.backends.vendors import VENDORS, process_group_backend, vendor_facts
+from convoy.devices.backends.vendors import DEVICE_VENDORS, VENDORS, process_group_backend, vendor_facts
 
 
 def test_every_discovery_backend_has_a_row_with_a_source():
     assert {backend.vendor for backend in BACKENDS} | {"cpu"} == set(VENDORS)
+    assert set(DEVICE_VENDORS) == {backend.vendor for backend in BACKENDS}  # what an inventory file may name
     assert all(row.source for row in VENDORS.values())
 
 

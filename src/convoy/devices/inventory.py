@@ -17,23 +17,26 @@ Defaults for missing optional keys: ``vendor="nvidia"``, ``pci_bus_id=""``, ``me
 
 Checked on load (``InventoryError`` naming the file, the device and the field): the file is UTF-8 JSON (no NaN, no
 unreadably deep nesting); indices, pids and memory amounts are integers >= 0; ``utilization_pct`` is a finite
-number in 0-100; ``nvlink_peers`` name other devices of the same vendor in the file.
+number in 0-100; ``vendor`` is one of ``DEVICE_VENDORS`` (any case); ``nvlink_peers`` name other devices of
+the same vendor in the file.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from convoy.devices.backends.vendors import DEVICE_VENDORS
 from convoy.errors import InventoryError
 
 __all__ = ["Process", "MigDevice", "Device", "Inventory", "load_inventory", "inventory_from_dict", "as_inventory"]
 
 COMPUTE_MODES = ("default", "exclusive_process", "prohibited", "exclusive_thread")
-VENDORS = ("nvidia", "amd", "intel", "habana", "ascend", "apple")
+VENDORS = DEVICE_VENDORS  # in the order that breaks a tie for the main vendor (Inventory.vendor)
 
 
 @dataclass(frozen=True)
@@ -298,7 +301,7 @@ def _device(item: Any, position: int, source: str) -> Device:
         index=_count(item["index"], f"{where}: index"),
         uuid=_str(item["uuid"], f"{where}: uuid"),
         name=_str(item["name"], f"{where}: name"),
-        vendor=_str(item.get("vendor", "nvidia"), f"{where}: vendor").lower(),
+        vendor=_vendor(item.get("vendor", "nvidia"), f"{where}: vendor"),
         pci_bus_id=_str(item.get("pci_bus_id", ""), f"{where}: pci_bus_id"),
         memory_total_mib=_count(item.get("memory_total_mib", 0), f"{where}: memory_total_mib"),
         memory_used_mib=_count(item.get("memory_used_mib", 0), f"{where}: memory_used_mib"),
@@ -312,6 +315,19 @@ def _device(item: Any, position: int, source: str) -> Device:
         mig_devices=tuple(_mig(m, f"{where}: mig_devices") for m in _list(item.get("mig_devices"), where)),
         extra={k: v for k, v in item.items() if k not in _KNOWN},
     )
+
+
+def _vendor(value: Any, where: str) -> str:
+    """One of ``DEVICE_VENDORS``, any case: an unknown one ('nvidai', 5, 'cpu') was kept and failed later (no
+    visibility variables for it) or silently (a 'cpu' device hid every GPU with CUDA_VISIBLE_DEVICES='')."""
+    if isinstance(value, str) and value.lower() in DEVICE_VENDORS:
+        return value.lower()
+    close = difflib.get_close_matches(value.lower(), DEVICE_VENDORS, n=1) if isinstance(value, str) else []
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    if isinstance(value, str) and value.lower() == "cpu":
+        hint = " (a CPU-only machine is an empty list: {\"devices\": []})"
+    raise InventoryError(f"{where} {_short(value)} is not a vendor convoy knows{hint}; use one of "
+                         f"{', '.join(DEVICE_VENDORS)}, or leave it out for nvidia")
 
 
 def _mig(item: Any, where: str) -> MigDevice:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-__all__ = ["Vendor", "VENDORS", "vendor_facts", "process_group_backend"]
+__all__ = ["Vendor", "VENDORS", "DEVICE_VENDORS", "vendor_facts", "process_group_backend"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,9 +56,14 @@ VENDORS: Mapping[str, Vendor] = {row.name: row for row in (
 )}
 
 
+#: the vendors a ``Device`` can be of: every row but ``cpu``, which stands for "no accelerator". An inventory
+#: file's ``vendor`` must be one of them (``convoy.devices.inventory``).
+DEVICE_VENDORS: tuple[str, ...] = tuple(name for name in VENDORS if name != "cpu")
+
+
 def vendor_facts(vendor: str) -> Vendor:
-    """The row of ``vendor``; for a vendor not in the table (an inventory file may name any), neutral answers:
-    device type ``"device"``, gloo, no link."""
+    """The row of ``vendor``; for a vendor not in the table (a ``Device`` built in Python may name any; an
+    inventory file may not), neutral answers: device type ``"device"``, gloo, no link."""
     row = VENDORS.get(vendor)
     if row is not None:
         return row
