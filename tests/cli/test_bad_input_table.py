@@ -67,6 +67,9 @@ CASES = [
     ({"CONVOY_NPROC_PER_NODE": "²"}, "config show", 2, "CONVOY_NPROC_PER_NODE"),
     ({}, "config --path {d}/c.toml --nproc-per-node ²", 2, "nproc_per_node"),
     ({}, "config --path /proc/c.toml --strategy ddp", 2, "cannot write"),
+    ({}, "config --path {d}/c.toml --devices 0,0", 2, "index 0 appears twice"),  # written; every launch refused it
+    ({}, "config --path {d}/c.toml --devices all,1", 2, "cannot parse 'all'"),
+    ({}, "config --path {d}/c.toml --rdzv-id job\udcff", 2, "not UTF-8"),  # written; the file no longer read
     ({}, "plan {d}/heads0.json --hardware 8xH100-80GB", 2, "num_attention_heads"),
     ({}, "plan {d}/hidden_str.json --hardware 8xH100-80GB", 2, "hidden_size"),
     ({}, "plan {d}/hidden_null.json --hardware 8xH100-80GB", 2, "hidden_size"),

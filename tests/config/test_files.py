@@ -39,6 +39,9 @@ def _read(tmp_path, text):
     ('rdzv_id = "a\\u0000b"\n', r"key 'rdzv_id': 'a\\x00b' is not valid; expected a string, without control"),
     ('devices = [0, -2]\n', r"key 'devices': \[0, -2\] is not valid; expected a non-empty list"),
     ('devices = 1.5\n', r"key 'devices': 1.5 is not valid; expected a device request"),
+    ('devices = "0,0"\n', r"key 'devices': '0,0' is not valid: index 0 appears twice"),
+    ('devices = [2, 2]\n', r"key 'devices': \[2, 2\] is not valid: index 2 appears twice"),
+    ('devices = "all,1"\n', r"key 'devices': 'all,1' is not valid: cannot parse 'all'"),
     ('strategy = 3.0\n', r"key 'strategy': 3.0 is not valid"),
     ('parallelism = "dp=2,xx=2"\n', r"key 'parallelism': unknown parallelism key 'xx'"),
     ('rdzv_backend = "etcd"\n', r"expected one of c10d, static"),
@@ -93,3 +96,32 @@ def test_write_rejects_bad_values_and_unknown_keys_and_keeps_the_file(tmp_path):
     with pytest.raises(ConfigError, match="setting 'max_restarts'"):
         write_settings_file(path, {"max_restarts": "x"})
     assert path.read_text() == before
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    # refused by every `convoy launch` (parse_devices), written by `convoy config` before
+    ("devices", "0,0", "index 0 appears twice"),
+    ("devices", "0-3,2", "index 2 appears twice"),
+    ("devices", "3-1", "range '3-1' runs backwards"),
+    ("devices", "all,1", "cannot parse 'all'"),
+    ("devices", ",", "the list names no device"),
+    ("devices", "-2", "-2 is negative"),
+    # a byte that is not UTF-8 (the shell's 0xff): written as '\\udcff', which no TOML reader takes, so every
+    # command reading the file stopped on it
+    ("rdzv_id", "job\udcff", "is not UTF-8 text"),
+])
+def test_write_refuses_what_reading_would_and_keeps_the_file(tmp_path, name, value, message):
+    path = tmp_path / "convoy.toml"
+    write_settings_file(path, {"strategy": "ddp"})
+    before = path.read_text()
+    with pytest.raises(ConfigError, match=message) as info:
+        write_settings_file(path, {name: value})
+    assert f"setting '{name}'" in str(info.value)
+    assert path.read_text() == before and read_settings_file(path)["strategy"].value == "ddp"
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "all", "ALL", "auto", "1,", "2,0", "0-3,6", "99", "0-99999999999"])
+def test_write_keeps_requests_another_machine_may_meet(tmp_path, value):
+    """Whether the indices exist is the launching machine's question: a request well formed anywhere is written."""
+    path = write_settings_file(tmp_path / "convoy.toml", {"devices": value})
+    assert read_settings_file(path)["devices"].value == value

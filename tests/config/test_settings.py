@@ -90,7 +90,7 @@ def test_env_values_are_converted_by_type(home):
     ("CONVOY_COLLECTIVE_TIMEOUT", "-1", r"expected a number of seconds > 0"),
     ("CONVOY_FREE", "maybe", r"expected true or false"),
     ("CONVOY_PARALLELISM", "dp=two", r"CONVOY_PARALLELISM: parallelism 'dp=two'"),
-    ("CONVOY_DEVICES", "gpu0", r"expected a device request"),
+    ("CONVOY_DEVICES", "gpu0", r"CONVOY_DEVICES: .gpu0. is not valid: cannot parse .gpu0.; use a count"),
     ("CONVOY_NNODES", "3:1", r"MIN <= MAX"),
     ("CONVOY_NPROC_PER_NODE", "0", r"'auto' .* or a whole number >= 1"),
     ("CONVOY_RDZV_ENDPOINT", "host port", r"expected HOST:PORT"),

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import convoy
-from convoy.devices.spec import is_count, parse_devices
+from convoy.devices.spec import check_devices, is_count, parse_devices
 from convoy.errors import DeviceSpecError
 
 # Lightning's devices= table (lightning.fabric.utilities.device_parser), on a machine with 4 devices.
@@ -141,3 +141,29 @@ def test_fuzz_returns_a_valid_list_or_raises_device_spec_error(spec, n):
     assert isinstance(result, list)
     assert all(type(i) is int and 0 <= i < n for i in result)
     assert len(set(result)) == len(result)
+
+
+@settings(max_examples=400, deadline=None)
+@given(spec=_specs)
+def test_check_devices_refuses_exactly_what_no_machine_takes(spec):
+    """check_devices (what convoy config writes, convoy.toml reads) against parse_devices on a machine with
+    more devices than any count or index the specs name (21): one refuses what the other refuses."""
+    try:
+        check_devices(spec)
+        machine_free = None
+    except DeviceSpecError as err:
+        machine_free = str(err)
+    try:
+        parse_devices(spec, 21)
+        on_a_machine = None
+    except DeviceSpecError as err:
+        on_a_machine = str(err)
+    assert (machine_free is None) == (on_a_machine is None), (machine_free, on_a_machine)
+    if machine_free is not None:  # the same words, without the machine's "21 devices are available"
+        assert on_a_machine == machine_free + "; 21 devices are available (0-20)"
+
+
+def test_check_devices_never_expands_a_range():
+    check_devices("0-999999999999")  # a list of 10^12 indices was one parse away
+    with pytest.raises(DeviceSpecError, match="index 5 appears twice"):
+        check_devices("0-999999999999,5")

@@ -99,6 +99,12 @@ def read_settings_file(path: str | os.PathLike[str]) -> dict[str, FileValue]:
         raise ConfigError(f"{shown_path(path)}: settings file is not UTF-8 text (byte {err.start})") from None
     except ValueError:  # a NUL character in the path (possible from Python, never from a shell)
         raise ConfigError(f"{shown_path(path)}: a settings file path cannot hold a NUL character") from None
+    return _settings_from_text(text, path)
+
+
+def _settings_from_text(text: str, path: Path) -> dict[str, FileValue]:
+    """A settings file's text, checked as ``read_settings_file`` checks it (``write_settings_file`` checks what
+    it is about to write the same way)."""
     try:
         data = tomllib.loads(text)
     except RecursionError:
@@ -134,6 +140,14 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))  # a JSON string is a valid TOML basic string
 
 
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def write_settings_file(path: str | os.PathLike[str], values: Mapping[str, Any]) -> Path:
     """Check ``values``, merge them into the file at ``path`` (created if missing) and return the path.
 
@@ -151,17 +165,28 @@ def write_settings_file(path: str | os.PathLike[str], values: Mapping[str, Any])
             raise ConfigError(f"setting '{name}': unknown key{hint}")
         if raw is None:
             merged.pop(name, None)
-        else:
-            merged[name] = KEYS[name].parse(raw, where=f"setting '{name}'")
+            continue
+        value = KEYS[name].parse(raw, where=f"setting '{name}'")
+        if isinstance(value, str) and not _is_utf8(value):  # e.g. a byte 0xff from the shell ('\udcff')
+            raise ConfigError(f"setting '{name}': {show(raw)} is not UTF-8 text, which a settings file (TOML) "
+                              f"holds; give the value in UTF-8")
+        merged[name] = value
     body = ["# convoy settings (see 'convoy config keys'); precedence:",
             "# flag > CONVOY_<KEY> environment variable > ./convoy.toml > user file > default", ""]
     for key in SCHEMA:
         if key.name in merged:
             body += [f"# {key.doc}", f"{key.name} = {_toml_value(merged[key.name])}", ""]
+    text = "\n".join(body)
+    # what is written must read back as it is: the reader's own checks, before the file is replaced
+    back = {name: fv.value for name, fv in _settings_from_text(text, path).items()}
+    if back != merged:
+        changed = next(name for name in merged if back.get(name) != merged[name])
+        raise ConfigError(f"setting '{changed}': {show(merged[changed])} would read back from {shown_path(path)} "
+                          f"as {show(back.get(changed))}; give it as 'convoy config keys' describes")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text("\n".join(body), encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     except OSError as err:
         with contextlib.suppress(OSError):

@@ -35,7 +35,6 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 _NNODES = re.compile(r"^[0-9]{1,12}(:[0-9]{1,12})?$")
-_DEVICE_WORD = re.compile(r"^(auto|all|-1|[0-9]{1,12}(-[0-9]{1,12})?)$")
 _WHOLE = re.compile(r"\s*-?[0-9]{1,12}\s*")
 _SECONDS = re.compile(r"\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]{1,3})?\s*")
 
@@ -142,18 +141,28 @@ def _parse_seconds(value: Any, where: str) -> float:
 def _parse_devices(value: Any, where: str) -> str:
     """A device request in ``convoy.parse_devices``'s grammar, normalised to its string form.
 
-    Only the syntax is checked here: whether the indices exist depends on the machine, which
+    What the request says is checked by the devices layer's own grammar (``convoy.devices.spec.check_devices``):
+    everything ``convoy launch`` refuses on every machine ('0,0', '3-1', 'all,1') is refused here, so
+    ``convoy config`` cannot write it. Whether the indices exist depends on the machine, which
     ``parse_devices`` checks when a job is launched.
     """
+    from convoy.devices.spec import check_devices  # torch-free, and the grammar's one home
+    from convoy.errors import DeviceSpecError
+
     expected = "a device request: 'auto', 'all', a count like 2, or indices like '0,2' or '0-3'"
     if isinstance(value, list):
         if not value or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 10**12 for v in value):
             raise _bad(where, value, "a non-empty list of device indices like [0, 2]")
-        return ",".join(str(v) for v in value) + ("," if len(value) == 1 else "")
-    text = _to_str(value, where, expected).replace(" ", "")
-    words = [w for w in text.split(",") if w] if "," in text else [text]
-    if not text or not all(_DEVICE_WORD.match(w) for w in words):
-        raise _bad(where, value, expected)
+        text = ",".join(str(v) for v in value) + ("," if len(value) == 1 else "")
+    else:
+        text = _to_str(value, where, expected).replace(" ", "")
+        if not text:
+            raise _bad(where, value, expected)
+    try:
+        check_devices(text)
+    except DeviceSpecError as err:
+        reason = str(err).partition(": ")[2] or str(err)
+        raise ConfigError(f"{where}: {show(value)} is not valid: {reason}") from None
     return text
 
 

@@ -24,13 +24,15 @@ then means the CPU.
 
 from __future__ import annotations
 
+import bisect
+import math
 import operator
 import re
 from typing import Any
 
 from convoy.errors import DeviceSpecError
 
-__all__ = ["parse_devices", "describe_available", "is_count"]
+__all__ = ["parse_devices", "check_devices", "describe_available", "is_count"]
 
 _INT = re.compile(r"^-?[0-9]+$")
 _RANGE = re.compile(r"^([0-9]+)\s*-\s*([0-9]+)$")
@@ -73,31 +75,52 @@ def parse_devices(spec: Any, num_available: int) -> list[int]:
     """
     if isinstance(num_available, bool) or not isinstance(num_available, int) or num_available < 0:
         raise DeviceSpecError(f"num_available must be an int >= 0, got {num_available!r}")
+    return [index for part in _resolve(spec, num_available) for index in part]
+
+
+def check_devices(spec: Any) -> None:
+    """Raise ``DeviceSpecError`` for what ``parse_devices`` refuses on every machine: the syntax, a negative
+    index or count (other than -1), a range that runs backwards, an index named twice, a list that names
+    none. A count or an index that some machine has passes (whether this one has it is ``parse_devices``'s
+    question when a job starts). What ``convoy config`` writes and convoy.toml reads (``config.schema``)."""
+    _resolve(spec, None)
+
+
+def _resolve(spec: Any, num_available: int | None) -> list[range]:
+    """``parse_devices``'s grammar, as ranges of indices in order; ``num_available`` None: no machine (nothing
+    is out of range, 'all' and 'auto' name no index). Ranges are never expanded here, so a request is checked
+    in time bounded by its length."""
     shown = _show(spec)
     if spec is None:
         return []
     if isinstance(spec, bool):
         raise DeviceSpecError(
             f"devices={shown}: a bool is not a device request; use a count (2), an index list ('0,1') "
-            f"or -1 for all; {describe_available(num_available)}"
+            f"or -1 for all{_tail(num_available)}"
         )
     if isinstance(spec, str):
         return _parse_text(spec, num_available, shown)
     if isinstance(spec, (list, tuple)):
-        return _check_indices([_list_item(item, shown, num_available) for item in spec], num_available, shown)
+        items = [_list_item(item, shown, num_available) for item in spec]
+        return _check_indices([range(i, i + 1) for i in items], num_available, shown)
     if isinstance(spec, float):
         raise DeviceSpecError(
-            f"devices={shown}: {spec!r} is a float; use a whole count like 2 or an index list like '0,1'; "
-            f"{describe_available(num_available)}"
+            f"devices={shown}: {spec!r} is a float; use a whole count like 2 or an index list like '0,1'"
+            f"{_tail(num_available)}"
         )
     try:
         count = operator.index(spec)
     except TypeError:
         raise DeviceSpecError(
             f"devices={shown}: a {type(spec).__name__} is not a device request; use a count (2), an index "
-            f"list ('0,1' or [0, 1]), a range ('0-3') or 'all'; {describe_available(num_available)}"
+            f"list ('0,1' or [0, 1]), a range ('0-3') or 'all'{_tail(num_available)}"
         ) from None
     return _count(count, num_available, shown)
+
+
+def _tail(num_available: int | None) -> str:
+    """``'; 4 devices are available (0-3)'``, the end of every message; nothing without a machine."""
+    return "" if num_available is None else f"; {describe_available(num_available)}"
 
 
 def _show(spec: Any) -> str:
@@ -120,37 +143,39 @@ def _num(n: int) -> str:
     return f"{'-' if n < 0 else ''}<a number of about {int(n.bit_length() * 0.30103) + 1} digits>"
 
 
-def _count(count: int, num_available: int, shown: str) -> list[int]:
+def _count(count: int, num_available: int | None, shown: str) -> list[range]:
     if count == -1:
         return _every(num_available, shown)
     if count < 0:
         raise DeviceSpecError(
-            f"devices={shown}: {_num(count)} is negative; the only negative request is -1 (all devices); "
-            f"{describe_available(num_available)}"
+            f"devices={shown}: {_num(count)} is negative; the only negative request is -1 (all devices)"
+            f"{_tail(num_available)}"
         )
-    if count > num_available:
+    if num_available is not None and count > num_available:
         raise DeviceSpecError(
             f"devices={shown}: asks for {_num(count)} devices but {describe_available(num_available)}"
         )
-    return list(range(count))
+    return [range(count)] if num_available is not None else []
 
 
-def _every(num_available: int, shown: str) -> list[int]:
+def _every(num_available: int | None, shown: str) -> list[range]:
+    if num_available is None:
+        return []
     if num_available == 0:
         raise DeviceSpecError(f"devices={shown} asks for every device but none are available; use 'auto' (the CPU "
                               f"when there is no accelerator) or 0 for no accelerator")
-    return list(range(num_available))
+    return [range(num_available)]
 
 
-def _int(token: str, shown: str, num_available: int) -> int:
+def _int(token: str, shown: str, num_available: int | None) -> int:
     """``int(token)`` for an ASCII integer token, refusing numbers too long to be a device index or count."""
     if len(token.lstrip("-")) > _MAX_DIGITS:
         raise DeviceSpecError(f"devices={shown}: {token[:12]}... ({len(token)} characters) is too large to be a "
-                              f"device count or index; {describe_available(num_available)}")
+                              f"device count or index{_tail(num_available)}")
     return int(token)
 
 
-def _list_item(item: Any, shown: str, num_available: int) -> int:
+def _list_item(item: Any, shown: str, num_available: int | None) -> int:
     if isinstance(item, bool) or not isinstance(item, int):
         try:
             if isinstance(item, bool) or isinstance(item, float):
@@ -159,17 +184,17 @@ def _list_item(item: Any, shown: str, num_available: int) -> int:
         except TypeError:
             raise DeviceSpecError(
                 f"devices={shown}: list item {item!r} is not a device index; list items must be ints "
-                f"like [0, 2]; {describe_available(num_available)}"
+                f"like [0, 2]{_tail(num_available)}"
             ) from None
     return item
 
 
-def _parse_text(text: str, num_available: int, shown: str) -> list[int]:
+def _parse_text(text: str, num_available: int | None, shown: str) -> list[range]:
     body = text.strip()
     if body == "":
         return []
     if body.lower() == "auto":
-        return list(range(num_available))
+        return [range(num_available)] if num_available is not None else []
     if body.lower() == "all":
         return _every(num_available, shown)
     if "," not in body:
@@ -177,73 +202,79 @@ def _parse_text(text: str, num_available: int, shown: str) -> list[int]:
             return _count(_int(body, shown, num_available), num_available, shown)
         match = _RANGE.match(body)
         if match:
-            return _check_indices(_expand_range(match, body, shown, num_available), num_available, shown)
+            return _check_indices([_expand_range(match, body, shown, num_available)], num_available, shown)
         raise DeviceSpecError(
             f"devices={shown}: cannot parse {body!r}; use a count ('2'), an index list ('0,2'), a range "
-            f"('0-3'), '-1' or 'all'; {describe_available(num_available)}"
+            f"('0-3'), '-1' or 'all'{_tail(num_available)}"
         )
-    indices: list[int] = []
+    parts: list[range] = []
     tokens = [token.strip() for token in body.split(",")]
     for token in tokens:
         if token == "":
             continue  # Lightning accepts a trailing comma: "2," is [2]
         match = _RANGE.match(token)
         if match:
-            indices.extend(_expand_range(match, token, shown, num_available))
-            if len(indices) > num_available:  # a repeat for sure: say so before the list grows further
-                return _check_indices(indices, num_available, shown)
+            parts.append(_expand_range(match, token, shown, num_available))
         elif _INT.match(token):
             index = _int(token, shown, num_available)
             if index < 0:
                 raise DeviceSpecError(
                     f"devices={shown}: index {index} is negative; indices count from 0 and -1 (all) is "
-                    f"only valid alone; {describe_available(num_available)}"
+                    f"only valid alone{_tail(num_available)}"
                 )
-            indices.append(index)
+            parts.append(range(index, index + 1))
         else:
             raise DeviceSpecError(
-                f"devices={shown}: cannot parse {token!r} as an index or a range like '0-3'; "
-                f"{describe_available(num_available)}"
+                f"devices={shown}: cannot parse {token!r} as an index or a range like '0-3'"
+                f"{_tail(num_available)}"
             )
-    if not indices:
+    if not parts:
         raise DeviceSpecError(
-            f"devices={shown}: the list names no device; write indices like '0,2'; "
-            f"{describe_available(num_available)}"
+            f"devices={shown}: the list names no device; write indices like '0,2'{_tail(num_available)}"
         )
-    return _check_indices(indices, num_available, shown)
+    return _check_indices(parts, num_available, shown)
 
 
-def _expand_range(match: re.Match[str], token: str, shown: str, num_available: int) -> list[int]:
+def _expand_range(match: re.Match[str], token: str, shown: str, num_available: int | None) -> range:
+    """The indices of ``'a-b'`` as a ``range`` (never a list: '0-99999999999' costs nothing to check)."""
     start, stop = _int(match.group(1), shown, num_available), _int(match.group(2), shown, num_available)
     if stop < start:
         raise DeviceSpecError(
             f"devices={shown}: range {token!r} runs backwards; write it low-high like "
-            f"'{stop}-{start}'; {describe_available(num_available)}"
+            f"'{stop}-{start}'{_tail(num_available)}"
         )
-    if stop >= num_available:  # checked before expanding: '0-99999999999' must not build a list first
+    if num_available is not None and stop >= num_available:
         raise DeviceSpecError(
             f"devices={shown}: range {token!r} reaches index {stop}, which is out of range; "
             f"{describe_available(num_available)}"
         )
-    return list(range(start, stop + 1))
+    return range(start, stop + 1)
 
 
-def _check_indices(indices: list[int], num_available: int, shown: str) -> list[int]:
-    seen: set[int] = set()
-    for index in indices:
-        if index < 0:
+def _check_indices(parts: list[range], num_available: int | None, shown: str) -> list[range]:
+    """Every index >= 0, in range, and named once, checked in the order given over ranges (each a single
+    index or a range), without expanding them: the first index at fault is the one named."""
+    taken: list[tuple[int, int]] = []  # the indices seen so far, as sorted disjoint [start, stop) intervals
+    for part in parts:
+        if part.start < 0:
             raise DeviceSpecError(
-                f"devices={shown}: index {_num(index)} is negative; indices count from 0; "
-                f"{describe_available(num_available)}"
+                f"devices={shown}: index {_num(part.start)} is negative; indices count from 0"
+                f"{_tail(num_available)}"
             )
-        if index >= num_available:
+        if num_available is not None and part.stop > num_available and len(part) == 1:
             raise DeviceSpecError(
-                f"devices={shown}: index {_num(index)} is out of range; {describe_available(num_available)}"
+                f"devices={shown}: index {_num(part.start)} is out of range; {describe_available(num_available)}"
             )
-        if index in seen:
-            raise DeviceSpecError(
-                f"devices={shown}: index {index} appears twice; name each device once; "
-                f"{describe_available(num_available)}"
-            )
-        seen.add(index)
-    return list(indices)
+        at = bisect.bisect_right(taken, (part.start, math.inf))
+        before = taken[at - 1] if at else None
+        if before is not None and before[1] > part.start:  # an earlier range covers this one's first index
+            repeat = part.start
+        elif at < len(taken) and taken[at][0] < part.stop:  # this range reaches a later-starting earlier one
+            repeat = taken[at][0]
+        else:
+            bisect.insort(taken, (part.start, part.stop))
+            continue
+        raise DeviceSpecError(
+            f"devices={shown}: index {_num(repeat)} appears twice; name each device once{_tail(num_available)}"
+        )
+    return parts
