@@ -103,7 +103,14 @@ CASES = [
     ({"CONVOY_MIXED_PRECISION": "fp8"}, "launch {d}/train.py", 2, "fp8"),
     ({}, "launch --gradient-accumulation-steps ٣ {d}/train.py", 2, "whole number"),
     ({}, "launch --nproc-per-node ² {d}/train.py", 2, "--nproc-per-node"),
-    ({"CONVOY_NPROC_PER_NODE": "999999"}, "launch {d}/train.py", 2, "would be 999999 CPU processes"),
+    ({"CONVOY_NPROC_PER_NODE": "999999"}, "launch {d}/train.py", 2, "CONVOY_NPROC_PER_NODE=999999 would be 999999 CPU"),
+    # a value from a variable is named as that variable, not as the flag that was not given
+    ({"CONVOY_NPROC_PER_NODE": "gpu"}, "launch {d}/train.py", 2, "CONVOY_NPROC_PER_NODE=gpu asks for one process"),
+    ({"CONVOY_STRATEGY": "mine"}, "launch {d}/train.py", 2, "CONVOY_STRATEGY='mine' is not one of convoy's"),
+    ({"CONVOY_DEVICES": "0-3"}, "launch {d}/train.py", 2, "CONVOY_DEVICES=0-3: devices='0-3': range '0-3'"),
+    ({"CONVOY_PARALLELISM": "dp=3"}, "launch {d}/train.py", 2, "CONVOY_PARALLELISM=dp=3: parallelism dp=3"),
+    ({"CONVOY_NNODES": "2"}, "launch --standalone {d}/train.py", 2, "but CONVOY_NNODES=2; drop one"),
+    ({"CONVOY_MAX_RESTARTS": "2"}, "launch --engine direct {d}/train.py", 2, "but CONVOY_MAX_RESTARTS=2 asks for"),
 ]
 
 

@@ -148,6 +148,19 @@ def test_fill_unset_keeps_flags_and_fills_from_files_and_env(home):
     assert flags["strategy"] is None  # the original is not changed
 
 
+def test_fill_unset_says_where_each_filled_value_came_from(home):
+    from convoy.config.settings import fill_unset_with_origins
+
+    env, user_file, project = home
+    user_file.write_text('\nstrategy = "zero1"\n')
+    flags = dict(strategy=None, nproc_per_node=None, max_restarts=2, nnodes=None)
+    values, origins = fill_unset_with_origins(flags, env={**env, "CONVOY_NPROC_PER_NODE": "gpu"}, cwd=project)
+    assert values == {"strategy": "zero1", "nproc_per_node": "gpu", "max_restarts": 2, "nnodes": None}
+    assert set(origins) == {"strategy", "nproc_per_node"}  # given flags and unset values have none
+    assert origins["nproc_per_node"].said("nproc_per_node", "gpu") == "CONVOY_NPROC_PER_NODE=gpu"
+    assert origins["strategy"].said("strategy", "'zero1'") == f"strategy = 'zero1' ({user_file}, line 2)"
+
+
 @pytest.mark.parametrize("seconds", ["1e20", "99999999", "0", "-1"])
 def test_collective_timeout_beyond_what_torch_can_hold_is_refused_in_one_line(seconds):
     # 1e20 is finite, but timedelta(seconds=1e20) overflows in every rank: refuse it where it is read

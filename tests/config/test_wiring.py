@@ -62,3 +62,35 @@ def test_accelerate_launchers_variable_beats_a_settings_file(project):
     # convoy's own names
     assert resolve_settings(env=env, cpu=True).strategy == "mine"
     assert resolve_settings(env={"CONVOY_STRATEGY": "mine"}, cpu=True).strategy == "mine"
+
+
+@pytest.mark.parametrize("text, argv, inventory, said", [
+    ('strategy = "mine"\n', [], "8xh100_nvswitch", "strategy = 'mine' ({file}, line 1) is not one of convoy's"),
+    ('\nnproc_per_node = "gpu"\n', [], None, "nproc_per_node = gpu ({file}, line 2) asks for one process per "),
+    ('nproc_per_node = 9\n', [], "8xh100_nvswitch", "nproc_per_node = 9 ({file}, line 1) needs 9 devices"),
+    ('devices = "0-9"\n', [], "8xh100_nvswitch", "devices = 0-9 ({file}, line 1): devices='0-9': range '0-9' reaches"),
+    ('devices = "0,1"\nnproc_per_node = 3\n', [], "8xh100_nvswitch",
+     "devices = 0,1 ({file}, line 1) selects 2 device(s) but nproc_per_node = 3 ({file}, line 2) asks for 3"),
+    ('nnodes = "2"\n', ["--node-rank", "3"], "8xh100_nvswitch", "--node-rank 3 is outside nnodes = 2 ({file}, line 1)"),
+    ('nnodes = "2"\nrdzv_backend = "c10d"\n', [], "8xh100_nvswitch",
+     "rdzv_backend = c10d ({file}, line 2) needs --rdzv-endpoint"),
+    ('nnodes = "2"\n', ["--num_processes", "3"], "8xh100_nvswitch", "not divisible by nnodes = 2 ({file}, line 1)"),
+])
+def test_a_checked_value_from_a_file_is_named_by_its_file_line_and_key(project, text, argv, inventory, said):
+    """Issue: a value from convoy.toml refused after the flags were filled was named as the flag
+    ('--nproc-per-node gpu asks for ...'), which the user never typed."""
+    from convoy.errors import ConvoyError
+    from convoy.launch.job import plan_job
+    from tests.conftest import INVENTORIES
+
+    (project / "convoy.toml").write_text(text)
+    cpu = project / "cpu.json"
+    cpu.write_text('{"devices": []}')
+    env = {"XDG_CONFIG_HOME": str(project / "xdg"),
+           "CONVOY_INVENTORY": str(INVENTORIES / f"{inventory}.json") if inventory else str(cpu)}
+    with pytest.raises(ConvoyError) as info:
+        plan_job(_launch_request([*argv, "train.py"]), env=env)
+    message = str(info.value)
+    assert said.format(file=project / "convoy.toml") in message, message
+    assert not any(flag in message for flag in ("--nproc-per-node", "--strategy", "--nnodes", "--rdzv-backend",
+                                                "--devices 0,1", "--devices 0-9")), message

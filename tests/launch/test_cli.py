@@ -47,7 +47,7 @@ def test_accelerate_aliases_map_to_torchrun_meanings():
 def test_conflicting_counts_exit_2_with_one_line(capsys):
     assert main(["launch", "--num_processes", "4", "--nproc-per-node", "3", "x.py"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--num_processes 4 means 4 per node but --nproc-per-node says 3" in err
+    assert err.count("\n") == 1 and "--num_processes 4 means 4 per node but --nproc-per-node 3 says otherwise" in err
     assert main(["launch", "--logs-specs", "x", "x.py"]) == 1
     assert "not supported by convoy launch yet" in capsys.readouterr().err
     # --num_processes divides by the nodes as the launch plan reads --nnodes (it was int('²') and a modulo by 0)

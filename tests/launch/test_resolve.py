@@ -42,7 +42,7 @@ def test_devices_decide_the_process_count_and_order(inventory_path):
     assert plan.nproc_per_node == 2 and [d.index for d in plan.devices] == [2, 0]
     assert plan.env["CUDA_VISIBLE_DEVICES"] == "2,0" and plan.backend == "nccl"
     assert plan.device_of(0).index == 2 and plan.device_of(1).index == 0
-    with pytest.raises(ConfigError, match="--devices 2,0 selects 2 device.* --nproc-per-node asks for 3"):
+    with pytest.raises(ConfigError, match="--devices 2,0 selects 2 device.* --nproc-per-node 3 asks for 3"):
         resolve_launch(req(devices="2,0", nproc_per_node="3"), sel, env={})
     assert resolve_launch(req(devices="2,0", nproc_per_node="2"), sel, env={}).nproc_per_node == 2
 
@@ -162,7 +162,7 @@ def test_more_processes_than_gpus_is_one_clear_error_and_devices_0_means_cpu(inv
     """Two ranks on a one-GPU box would put rank 1 on a device that does not exist (issue 11)."""
     inv = load_inventory(inventory_path("1xh100"))
     with pytest.raises(ConfigError, match=r"--nproc-per-node 2 needs 2 devices .* only 1 \(GPU 0 .*\) is selected; "
-                                          r"give --nproc-per-node 1, or --devices 0 --nproc-per-node 2"):
+                                          r"give --nproc-per-node 1, or --devices 0 for 2 CPU processes"):
         resolve_launch(req(nproc_per_node="2"), select_devices("auto", inventory=inv, env={}), env={})
     cpu = resolve_launch(req(devices="0", nproc_per_node="2"), select_devices("0", inventory=inv, env={}), env={})
     assert (cpu.nproc_per_node, cpu.devices, cpu.backend, cpu.env["CUDA_VISIBLE_DEVICES"]) == (2, (), "gloo", "")

@@ -159,13 +159,15 @@ def build_request(args: argparse.Namespace):
     from convoy.launch.env import ConvoyEnv
     from convoy.launch.job import DeviceFilters
     from convoy.launch.resolve import LaunchRequest, WorkerOptions, node_range
-    from convoy.config.settings import fill_unset
+    from convoy.config.settings import fill_unset_with_origins
     from convoy.devices.units import parse_duration
 
     # flags not given: CONVOY_<KEY>, ./convoy.toml, the user file (convoy config); ``parallelism`` has no flag
-    # of its own (--dp/--tp/--pp spell it) but comes from the same places
+    # of its own (--dp/--tp/--pp spell it) but comes from the same places. Where each filled value came from
+    # travels with the request, so that a later check names that variable or file, not the flag
     given = {"parallelism": None, **{name: value for name, value in vars(args).items() if name in KEYS}}
-    args = argparse.Namespace(**{**vars(args), **fill_unset(given)})
+    filled, origins = fill_unset_with_origins(given)
+    args = argparse.Namespace(**{**vars(args), **filled})
 
     for name, default in _UNSUPPORTED.items():
         if getattr(args, name) != default:
@@ -183,16 +185,22 @@ def build_request(args: argparse.Namespace):
     if args.master_addr is not None and not is_host(args.master_addr):
         raise ConfigError(f"--master-addr {args.master_addr[:60]!r}: give a host name or an IP address "
                           "(or leave it out for a job on one machine)")
+    def said(name: str, value: object) -> str:  # as LaunchRequest.said, before there is a request
+        source = origins.get(name)
+        return source.said(name, value) if source else f"{KEYS[name].flag} {value}"
+
     nproc = args.nproc_per_node
     if args.num_processes is not None:
         _, machines = node_range(args.nnodes)  # the launch plan's own reading of --nnodes
         if args.num_processes % machines:
-            raise ConfigError(f"--num_processes {args.num_processes} is not divisible by --num_machines {machines}")
+            nodes = said("nnodes", args.nnodes) if "nnodes" in origins else f"--num_machines {machines}"
+            raise ConfigError(f"--num_processes {args.num_processes} is not divisible by {nodes}")
         per_node = str(args.num_processes // machines)
         if nproc is not None and nproc != per_node:
             raise ConfigError(f"--num_processes {args.num_processes} means {per_node} per node but "
-                              f"--nproc-per-node says {nproc}; give one of them")
+                              f"{said('nproc_per_node', nproc)} says otherwise; give one of them")
         nproc = per_node
+        origins.pop("nproc_per_node", None)  # from --num_processes now
     dims = {k: getattr(args, k) for k in ("dp", "tp", "pp") if getattr(args, k) is not None}
     settings = ConvoyEnv(
         mixed_precision=args.mixed_precision, strategy=args.strategy,
@@ -211,7 +219,7 @@ def build_request(args: argparse.Namespace):
         devices=args.devices, nproc_per_node=nproc, nnodes=args.nnodes, node_rank=args.node_rank,
         master_addr=args.master_addr, master_port=args.master_port, rdzv_backend=args.rdzv_backend,
         rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, rdzv_conf=args.rdzv_conf,
-        standalone=args.standalone, workers=workers, engine=args.engine, settings=settings,
+        standalone=args.standalone, workers=workers, engine=args.engine, settings=settings, origins=origins,
     )
     exclude = tuple(int(t) if re.fullmatch(r"[0-9]{1,9}", t) else t  # indices or UUIDs; select_devices checks
                     for t in (part.strip() for part in args.exclude.split(",")) if t)

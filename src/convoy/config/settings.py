@@ -23,7 +23,8 @@ from typing import Any, Iterator, Mapping
 from convoy.config.files import project_config_path, read_settings_file, user_config_path
 from convoy.config.schema import KEYS, SCHEMA, key_for
 
-__all__ = ["Source", "Settings", "effective_settings", "file_settings_env", "fill_unset", "SOURCE_KINDS"]
+__all__ = ["Source", "Settings", "effective_settings", "file_settings_env", "fill_unset", "fill_unset_with_origins",
+           "SOURCE_KINDS"]
 
 #: the places a value can come from, highest precedence first.
 SOURCE_KINDS = ("flag", "environment", "project file", "user file", "default")
@@ -42,6 +43,17 @@ class Source:
         if self.line:
             return f"{self.kind} {self.location}:{self.line}"
         return f"{self.kind} {self.location}".strip()
+
+    def said(self, key: str, value: Any) -> str:
+        """``key`` holding ``value`` as the user wrote it here, for a message about it: ``--nproc-per-node 99``,
+        ``CONVOY_NPROC_PER_NODE=99``, ``nproc_per_node = 99 (/repo/convoy.toml, line 3)``."""
+        if self.kind == "flag":
+            return f"{self.location} {value}"
+        if self.kind == "environment":
+            return f"{self.location}={value}"
+        if self.kind == "default":
+            return f"{key} {value} (the default)"
+        return f"{key} = {value} ({self.location}" + (f", line {self.line})" if self.line else ")")
 
 
 @dataclass(frozen=True)
@@ -139,19 +151,32 @@ def file_settings_env(env: Mapping[str, str] | None = None, cwd: str | os.PathLi
 
 def fill_unset(flags: Mapping[str, Any], *, env: Mapping[str, str] | None = None,
                cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """A copy of ``flags`` (setting name -> the value a command was given, ``None`` where it was not) whose
-    unset settings are filled from the environment and the settings files.
+    """``fill_unset_with_origins(...)[0]``: the values only.
 
         fill_unset({"strategy": None, "max_restarts": 2})    # {"strategy": "fsdp", "max_restarts": 2}
                                                               # with CONVOY_STRATEGY=fsdp
+    """
+    return fill_unset_with_origins(flags, env=env, cwd=cwd)[0]
+
+
+def fill_unset_with_origins(flags: Mapping[str, Any], *, env: Mapping[str, str] | None = None,
+                            cwd: str | os.PathLike[str] | None = None) -> tuple[dict[str, Any], dict[str, Source]]:
+    """A copy of ``flags`` (setting name -> the value a command was given, ``None`` where it was not) whose
+    unset settings are filled from the environment and the settings files.
+
+        fill_unset_with_origins({"strategy": None, "max_restarts": 2})    # with CONVOY_STRATEGY=fsdp:
+        # ({"strategy": "fsdp", "max_restarts": 2}, {"strategy": Source("environment", "CONVOY_STRATEGY")})
 
     Given values are kept and schema defaults are not applied (the command keeps its own); names that are not
-    settings are returned as given."""
+    settings are returned as given. Also returns where each filled value came from (setting name -> ``Source``),
+    so that a later check names the variable or the file and key, not the flag that was not given
+    (``Source.said``)."""
     values = dict(flags)
+    origins: dict[str, Source] = {}
     settings = effective_settings(env=env, cwd=cwd)
     for name in settings:
         if name in values and values[name] is None and settings.origin(name).kind != "default":
             value = settings.get(name)
             if value is not None and value != "":
-                values[name] = value
-    return values
+                values[name], origins[name] = value, settings.origin(name)
+    return values, origins

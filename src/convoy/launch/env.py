@@ -26,7 +26,7 @@ what a rank would refuse.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Collection, Mapping
+from typing import Callable, Collection, Mapping
 
 from convoy.config.schema import BUILTIN_STRATEGIES, DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS, parse_whole
 from convoy.errors import ConfigError
@@ -196,11 +196,15 @@ class ConvoyEnv:
                 object.__setattr__(self, name, KEYS[name].parse(value, where=where))
 
 
-def check_launch_settings(settings: ConvoyEnv) -> None:
+def check_launch_settings(settings: ConvoyEnv, *, said: Callable[[str, object], str] | None = None) -> None:
     """What the launcher refuses beyond each value's syntax: a strategy that is not convoy's own. A rank
-    would look it up in a registry that only the training script fills (``register_strategy``)."""
+    would look it up in a registry that only the training script fills (``register_strategy``).
+
+    ``said(name, value)``: how the message names the setting (``LaunchRequest.said``: the flag, the
+    ``CONVOY_*`` variable or the settings file it came from); default: its flag."""
     if settings.strategy is not None and settings.strategy not in BUILTIN_STRATEGIES:
-        raise ConfigError(f"--strategy {settings.strategy[:40]!r} is not one of convoy's strategies "
+        named = (said or (lambda name, value: f"{KEYS[name].flag} {value}"))("strategy", repr(settings.strategy[:40]))
+        raise ConfigError(f"{named} is not one of convoy's strategies "
                           f"({', '.join(BUILTIN_STRATEGIES)}); a strategy your script registers itself is "
                           f"chosen in the script, Accelerator(strategy=...)")
 

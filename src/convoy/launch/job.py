@@ -86,8 +86,17 @@ def _select(request: LaunchRequest, filters: DeviceFilters, env: Mapping[str, st
 def plan_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters(),
              env: Mapping[str, str] | None = None) -> LaunchPlan:
     """Select the devices and resolve the plan; starts nothing."""
+    from convoy.errors import DeviceSpecError
+
     env = dict(os.environ if env is None else env)
-    return resolve_launch(request, _select(request, filters, env), env=env)
+    try:
+        selection = _select(request, filters, env)
+    except DeviceSpecError as err:
+        if "devices" not in request.origins:  # a flag (or devices= in Python): the message quotes it
+            raise
+        # CONVOY_DEVICES or a settings file's devices: say which, the user may not know it is set
+        raise DeviceSpecError(f"{request.said('devices', request.devices)}: {err}") from None
+    return resolve_launch(request, selection, env=env)
 
 
 def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters(),

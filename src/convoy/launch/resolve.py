@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from convoy.config.schema import ACCELERATOR_WORDS, KEYS, is_host
+from convoy.config.settings import Source
 from convoy.devices.backends.vendors import vendor_facts
 from convoy.devices.inventory import Device
 from convoy.devices.selection import Selection
@@ -151,9 +152,17 @@ class LaunchRequest:
     """``auto`` picks ``direct`` for one node without restarts, else ``elastic``."""
     settings: ConvoyEnv = field(default_factory=ConvoyEnv)
     """What the ranks' ``Accelerator`` is asked for (``CONVOY_*`` variables)."""
+    origins: Mapping[str, Source] = field(default_factory=dict)
+    """Where a setting came from when not from its flag (``convoy.config.settings.fill_unset_with_origins``):
+    setting name -> a ``CONVOY_*`` variable or a settings file's line. Messages name that place (``said``)."""
+
+    def said(self, name: str, value: object) -> str:
+        """Setting ``name`` holding ``value`` as the user wrote it, for a message: ``--nproc-per-node 99``, or
+        ``CONVOY_NPROC_PER_NODE=99``, or ``nproc_per_node = 99 (/repo/convoy.toml, line 3)``."""
+        return self.origins.get(name, Source("flag", KEYS[name].flag)).said(name, value)
 
     def __post_init__(self) -> None:
-        check_launch_settings(self.settings)
+        check_launch_settings(self.settings, said=self.said)
         if not self.program:
             raise ConfigError("no training script given; usage: convoy launch [options] train.py [args]")
         if self.engine not in ENGINES:
@@ -242,9 +251,11 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
         run_id = run_id or alloc.job_id
         notes.append(f"Slurm job {alloc.job_id}: node {node_rank} of {alloc.nnodes}, main node {master_addr}")
     if not 0 <= node_rank < max_nodes:
-        raise ConfigError(f"--node-rank {node_rank} is outside --nnodes {max_nodes}; give 0..{max_nodes - 1}")
+        nodes = request.said("nnodes", request.nnodes) if request.nnodes else f"the Slurm job's {max_nodes} nodes"
+        raise ConfigError(f"--node-rank {node_rank} is outside {nodes}; give 0..{max_nodes - 1}")
     if request.standalone and max_nodes > 1:
-        raise ConfigError(f"--standalone means one node, but --nnodes is {request.nnodes}; drop one of them")
+        raise ConfigError(f"--standalone means one node, but {request.said('nnodes', request.nnodes)}; drop one of "
+                          f"them")
     if request.workers.local_addr and max_nodes == 1:
         notes.append(f"--local-addr {request.workers.local_addr} is not used: the ranks of a one-node job meet on "
                      "loopback")
@@ -262,15 +273,22 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
         endpoint = f"{master_addr}:{master_port}"
     else:
         if not request.rdzv_endpoint:
-            raise ConfigError(f"--rdzv-backend {backend} needs --rdzv-endpoint HOST:PORT (the same on every node)")
+            raise ConfigError(f"{request.said('rdzv_backend', request.rdzv_backend)} needs --rdzv-endpoint HOST:PORT "
+                              f"(or CONVOY_RDZV_ENDPOINT, or rdzv_endpoint in convoy.toml), the same on every node")
         endpoint, master_addr, master_port = request.rdzv_endpoint, master_addr or "", master_port or 0
     extra = dict(_rdzv_conf(request.rdzv_conf))
     if backend == "static":
         extra["rank"] = str(node_rank)
     if request.settings.parallelism and min_nodes == max_nodes:
+        from convoy.errors import StrategyError
         from convoy.plan.dims import ParallelDims
 
-        ParallelDims.parse(request.settings.parallelism, world_size=min_nodes * nproc)  # StrategyError if not
+        try:
+            ParallelDims.parse(request.settings.parallelism, world_size=min_nodes * nproc)
+        except StrategyError as err:
+            if "parallelism" not in request.origins:  # --dp/--tp/--pp: the message names the degrees
+                raise
+            raise StrategyError(f"{request.said('parallelism', request.settings.parallelism)}: {err}") from None
     worker_env = {**selection.env, **convoy_env(request.settings)}
     if "OMP_NUM_THREADS" not in env and nproc > 1:
         worker_env["OMP_NUM_THREADS"] = "1"  # torchrun's default, so N ranks do not oversubscribe the cores
@@ -308,14 +326,14 @@ def asked_nproc(value: str | int | None) -> str | None:
     return None if value is None else KEYS["nproc_per_node"].parse(value, where="--nproc-per-node")
 
 
-def _cpu_processes(count: int) -> int:
+def _cpu_processes(count: int, request: LaunchRequest) -> int:
     """``count`` CPU processes, unless that many would swamp this machine."""
     cores = os.cpu_count() or 1
     cap = max(MIN_CPU_PROCESS_CAP, CPU_PROCESSES_PER_CORE * cores)
     if count > cap:
-        raise ConfigError(f"{count} processes per node would be {count} CPU processes on a machine with {cores} "
-                          f"core{'s' if cores != 1 else ''}; give at most {cap} (--nproc-per-node, "
-                          "CONVOY_NPROC_PER_NODE or nproc_per_node in convoy.toml), or select accelerators")
+        raise ConfigError(f"{request.said('nproc_per_node', request.nproc_per_node)} would be {count} CPU processes "
+                          f"on a machine with {cores} core{'s' if cores != 1 else ''}; give at most {cap}, or "
+                          f"select accelerators")
     return count
 
 
@@ -376,22 +394,24 @@ def _processes(request: LaunchRequest, selection: Selection, notes: list[str]) -
         if devices:
             return len(devices), devices
         if asked in ACCELERATOR_WORDS:
-            raise ConfigError(f"--nproc-per-node {asked} asks for one process per accelerator, but none was found; "
-                              f"give a number of CPU processes instead, e.g. --nproc-per-node {CPU_DEFAULT_NPROC}")
+            raise ConfigError(f"{request.said('nproc_per_node', asked)} asks for one process per accelerator, but "
+                              f"none was found; give a number of CPU processes instead, e.g. "
+                              f"{request.said('nproc_per_node', CPU_DEFAULT_NPROC)}")
         count = CPU_DEFAULT_NPROC if asked is None else (os.cpu_count() or 1)
         notes.append(_cpu_note(count, asked=explicit_devices))
         return count, ()
     count = (os.cpu_count() or 1) if asked == "cpu" else int(asked)
     if explicit_devices and devices and count != len(devices):
-        raise ConfigError(f"--devices {request.devices} selects {len(devices)} device(s) but --nproc-per-node "
-                          f"asks for {count} processes; give one of them, or make them agree")
+        raise ConfigError(f"{request.said('devices', request.devices)} selects {len(devices)} device(s) but "
+                          f"{request.said('nproc_per_node', request.nproc_per_node)} asks for {count} processes; "
+                          f"give one of them, or make them agree")
     if not devices:
-        notes.append(_cpu_note(_cpu_processes(count), asked=explicit_devices or asked == "cpu"))
+        notes.append(_cpu_note(_cpu_processes(count, request), asked=explicit_devices or asked == "cpu"))
     elif count > len(devices):
         # Each rank computes on the device of its LOCAL_RANK: a rank past the last device would find none.
-        raise ConfigError(f"--nproc-per-node {count} needs {count} devices (one per process) but "
-                          f"{_devices_text(devices)} selected; give --nproc-per-node {len(devices)}, or "
-                          f"--devices 0 --nproc-per-node {count} for CPU processes")
+        raise ConfigError(f"{request.said('nproc_per_node', request.nproc_per_node)} needs {count} devices (one per "
+                          f"process) but {_devices_text(devices)} selected; give "
+                          f"{request.said('nproc_per_node', len(devices))}, or --devices 0 for {count} CPU processes")
     return count, devices[:count]
 
 
@@ -424,8 +444,13 @@ def _engine(request: LaunchRequest, backend: str, min_nodes: int, max_nodes: int
         raise ConfigError(f"{agent_only[0]} is carried out by torch's elastic agent: use --engine elastic (or "
                           "leave --engine out)")
     if request.engine == "direct" and not single:
-        raise ConfigError("--engine direct runs one node without restarts; drop --nnodes/--max-restarts/"
-                          "--rdzv-backend, or use --engine elastic")
+        why = [request.said("nnodes", request.nnodes) if request.nnodes else f"the Slurm job's {max_nodes} nodes"
+               ] if max_nodes > 1 else []
+        why += [request.said(name, value) for name, value in (
+            ("max_restarts", request.workers.max_restarts), ("rdzv_backend", request.rdzv_backend),
+            ("rdzv_endpoint", request.rdzv_endpoint)) if value and value != "static"]
+        raise ConfigError(f"--engine direct runs one node without restarts, but {' and '.join(why)} asks for more; "
+                          f"drop it, or use --engine elastic")
     single = single and not agent_only
     if request.engine == "auto":
         return "direct" if single else "elastic"
