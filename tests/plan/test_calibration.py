@@ -94,12 +94,12 @@ def test_measured_rates_replace_the_fixed_efficiency():
     assert pw.seconds == pytest.approx(fast.seconds + saved * 1e-12)
 
 
-def test_a_gemm_measured_above_the_peak_is_refused_not_printed_as_mfu_above_100():
-    """--peak-tflops 100 on an H100 that measured 400 TFLOPs: every MFU would be about 4 x the efficiency."""
-    low_peak = parse_hardware("1xH100-80GB", peak_tflops=100)
-    with pytest.raises(PlanError, match=r"ran at 400 TFLOPs, above the 100 TFLOPs peak .* give --peak-tflops of "
-                                        r"at least that"):
-        plan_for(GPT2, RUN, low_peak, calibration=_record(400e12))
+def test_a_gemm_measured_above_the_peak_raises_the_peak_mfu_is_taken_against():
+    """--peak-tflops 100 on an H100 that measured 400 TFLOPs (or fp32 GEMMs on TF32 tensor cores, or a GPU the
+    table lacks): MFU against the lower figure was about 4 x the efficiency; the plan still stands."""
+    low_peak = plan_for(GPT2, RUN, parse_hardware("1xH100-80GB", peak_tflops=100), calibration=_record(400e12))
+    assert all(r.time.peak_flops == 400e12 for r in low_peak.rows)
+    assert 0 < max(r.time.mfu for r in low_peak.rows) <= 1.0
     at_peak = plan_for(GPT2, RUN, parse_hardware("1xH100-80GB"), calibration=_record(989.4e12))
     assert max(r.time.mfu for r in at_peak.rows) <= 1.0
 

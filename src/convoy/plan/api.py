@@ -29,7 +29,7 @@ from convoy.plan.hardware import GpuSpec, Hardware, hardware_from_inventory, loo
 from convoy.plan.memory import Layout, MemoryBreakdown, RunSpec, memory_per_gpu
 from convoy.plan.model import ModelSpec, resolve_model
 from convoy.plan.recommend import Recommendation, Row, recommend
-from convoy.plan.timing import DEFAULT_EFFICIENCY, check_measured_rates, step_time
+from convoy.plan.timing import DEFAULT_EFFICIENCY, step_time
 from convoy.plan.units import format_bytes, format_seconds
 
 __all__ = ["Plan", "plan", "plan_for", "recommend_for_module", "MAX_GPUS_PER_NODE", "MAX_GPUS"]
@@ -99,8 +99,6 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
     if not 0 < efficiency <= 1:
         raise PlanError(f"efficiency must be in (0, 1], got {efficiency}")
     _check_scale(hw)
-    if calibration is not None:
-        check_measured_rates(calibration, hw.gpu)
     gb = global_batch or run.global_batch or run.micro_batch * hw.world_size
     if gb < run.micro_batch:
         raise PlanError(f"global batch {gb} is smaller than the micro-batch {run.micro_batch}")

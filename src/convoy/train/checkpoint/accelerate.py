@@ -152,15 +152,20 @@ def _rng_into(process_index: int, directory: Path) -> int | None:
     if not path.exists():  # a checkpoint from fewer processes has no RNG state for the extra ranks
         return None
     # Accelerate logs a file it cannot restore and goes on; a damaged file is refused here, as in convoy's own
-    # checkpoints: the run would go on with another random stream than the one saved, and not say so
-    states = _state_dict(path, "Accelerate's random states",
-                         keys=("random_state", "numpy_random_seed", "torch_manual_seed"))
+    # checkpoints: the run would go on with another random stream than the one saved, and not say so. The
+    # message says how to go on as Accelerate would.
     try:
-        step = int(states["step"]) if "step" in states else None
-        restore_rng(python=states["random_state"], numpy_state=states["numpy_random_seed"],
-                    torch_state=states["torch_manual_seed"], cuda_states=states.get("torch_cuda_manual_seed"))
-    except (TypeError, ValueError, RuntimeError) as err:  # what random, numpy and torch raise for a bad state
-        raise damaged_file(path, f"a random state cannot be restored: {str(err).splitlines()[0][:160]}") from None
+        states = _state_dict(path, "Accelerate's random states",
+                             keys=("random_state", "numpy_random_seed", "torch_manual_seed"))
+        try:
+            step = int(states["step"]) if "step" in states else None
+            restore_rng(python=states["random_state"], numpy_state=states["numpy_random_seed"],
+                        torch_state=states["torch_manual_seed"], cuda_states=states.get("torch_cuda_manual_seed"))
+        except (TypeError, ValueError, RuntimeError) as err:  # what random, numpy and torch raise for a bad state
+            raise damaged_file(path, f"a random state cannot be restored: {str(err).splitlines()[0][:160]}") from None
+    except CheckpointError as err:
+        raise CheckpointError(f"{err}; or move {path.name} away to resume without its random state (Accelerate "
+                              "only logs such a file and goes on: the run then draws other random numbers)") from None
     return step
 
 
