@@ -120,12 +120,14 @@ def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters
     for note in plan.explanation:
         if note.startswith(CPU_NOTE_STARTS):
             echo(f"convoy: {note}")
+    from convoy.launch.console import guarded_consoles
     from convoy.launch.guard import job_guard
 
+    plan, lease = _lease_job(request, plan, filters, base_env)
+    kept = "--log-dir" if plan.workers.log_dir else None  # where rank output goes once the console's reader left
     # The guard holds the lease's locks too: when this process dies, the devices stay leased until every
     # process of the job is gone (convoy.launch.guard).
-    plan, lease = _lease_job(request, plan, filters, base_env)
-    with lease as held, job_guard(held.fds if held else ()) as guard:
+    with lease as held, job_guard(held.fds if held else ()) as guard, guarded_consoles(kept=kept):
         if guard is not None:
             base_env = {**base_env, **guard.env}
         if plan.engine == "direct":

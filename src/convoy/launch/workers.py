@@ -104,11 +104,8 @@ class _Rank:
 
     def _write(self, console, lines: list[str]) -> None:
         if lines:
-            try:
-                console.write("".join(self._prefix + line for line in lines))
-                console.flush()
-            except BrokenPipeError:  # `convoy launch train.py | head`: the reader is gone, the job is not
-                _console_gone(console, kept="--log-dir" if self._log is not None else None)
+            console.write("".join(self._prefix + line for line in lines))
+            console.flush()
 
     def flush_stale(self, now: float) -> None:
         """Print a held traceback inline when the process lives on after it (it was caught and printed)."""
@@ -228,25 +225,6 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
             log.close()
         wake.close()
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _console_gone(console, *, kept: str | None) -> None:
-    """The launcher's stdout or stderr is a pipe nobody reads any more. The ranks run on: their output to it
-    goes to /dev/null from now on (a rank blocked on a full pipe would hang the job, and a pump thread that died
-    of the error stopped the log files too), and one line on the other stream says so."""
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), console.fileno())
-        console.flush()  # what was buffered goes to /dev/null too
-    except (OSError, ValueError):  # not a real file (a test's capture): nothing to redirect
-        pass
-    other = sys.stderr if console is sys.stdout else sys.stdout
-    name = "stdout" if console is sys.stdout else "stderr"
-    where = f"their output reaches {kept} only" if kept else "their output to it is dropped (--log-dir keeps it)"
-    try:
-        other.write(f"convoy: nobody reads the job's {name} any more (a closed pipe); the ranks go on, {where}\n")
-        other.flush()
-    except (BrokenPipeError, ValueError):
-        pass
 
 
 def _store_socket(plan: LaunchPlan):
