@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from convoy.errors import PlanError
 from convoy.plan.activations import block_bytes, block_saved, head_saved_bytes
 from convoy.plan.calibration import Calibration, attention_key, gemm_key
 from convoy.plan.hardware import GpuSpec, Hardware
