@@ -86,7 +86,7 @@ CASES = [
     ({}, "plan --params 70e9 --layers 2 --hidden 64 --heads 1 --vocab 100 --hardware 8xH100-80GB", 2,
      "cannot describe one model"),  # printed 279 % MFU
     ({}, "plan --params 1e6 --layers 80 --hidden 8192 --vocab 128000 --hardware 8xH100-80GB", 2, "--params 1e+06"),
-    ({}, "plan {d}/llama2_7b.json --params 70e9 --hardware 8xH100-80GB", 2, "cannot describe one model"),
+    ({}, "plan {d}/llama2_7b.json --params 70e12 --hardware 8xH100-80GB", 2, "cannot describe one model"),
     ({}, "plan {d}/llama2_7b.json --hidden 64 --hardware 8xH100-80GB", 2, "leave --hidden out"),
     ({}, "launch --max-restarts 9999999999 {d}/train.py", 2, "too large (at most 9 digits)"),
     ({}, "run -- {d}/no_shebang.sh", 126, "add a #! line"),

@@ -100,12 +100,12 @@ def test_real_models_given_by_numbers_fit_their_shape(name):
 @pytest.mark.parametrize("numbers, words", [
     # 70e9 parameters in two blocks of hidden 64: the shape holds about 1e5; MFU came out at 279 %
     (dict(params=7e10, layers=2, hidden=64, heads=1, vocab=100), ["--params 7e+10", "--layers 2", "--vocab 100",
-                                                                  "8.38e+04 to 1.83e+05"]),
+                                                                  "5.24e+04 to 9.36e+06"]),
     # a million parameters cannot hold 80 blocks of hidden 8192 (nor the 128000 x 8192 embedding alone)
     (dict(params=1e6, layers=80, hidden=8192, heads=64, vocab=128000), ["--params 1e+06", "--hidden 8192"]),
-    (dict(params=1e6, hidden=8192, vocab=128000), ["at least 8.39e+08"]),
-    # Gemma-7B's shape without its 24576-wide MLP: the 4h assumed cannot hold 8.5e9; --ffn is named
-    (dict(params=8.5e9, layers=28, hidden=3072, heads=16, vocab=256000), ["--ffn when its MLP is not 4 x hidden"]),
+    (dict(params=1e6, hidden=8192, vocab=128000), ["at least 5.24e+08"]),
+    # far more than any mixture of experts of that shape holds; --ffn and --vocab are suggested
+    (dict(params=8.5e13, layers=28, hidden=3072, heads=16, vocab=256000), ["--ffn when its MLP is not 4 x hidden"]),
 ])
 def test_a_count_its_shape_cannot_hold_is_refused(numbers, words):
     with pytest.raises(PlanError, match="cannot describe one model") as err:
@@ -113,9 +113,18 @@ def test_a_count_its_shape_cannot_hold_is_refused(numbers, words):
     assert all(w in str(err.value) for w in words), str(err.value)
 
 
+def test_a_mixture_of_experts_or_a_lighter_block_is_planned_by_its_numbers():
+    """The planner times the dense shape; a count above it is the experts' (or a second stack's) weights, and
+    below it a block lighter than a transformer's: both are planned, not refused."""
+    mixtral = from_numbers(46.7e9, layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000)
+    deepseek_v3 = from_numbers(6.71e11, layers=61, hidden=7168, heads=128, ffn=18432, vocab=129280)
+    mamba = from_numbers(2.77e9, layers=64, hidden=2560, heads=32, vocab=50280)
+    assert (mixtral.num_params, deepseek_v3.num_params, mamba.num_params) == (46.7e9, 6.71e11, 2.77e9)
+
+
 def test_overrides_that_contradict_a_config_are_refused():
-    with pytest.raises(PlanError, match=r"--params 7e\+10 over '.*llama2_7b.json' cannot describe one model"):
-        resolve_model(CONFIGS / "llama2_7b.json", params=7e10)
+    with pytest.raises(PlanError, match=r"--params 7e\+13 over '.*llama2_7b.json' cannot describe one model"):
+        resolve_model(CONFIGS / "llama2_7b.json", params=7e13)
     with pytest.raises(PlanError, match=r"not the 6.74e\+09 of .*; give --params with --hidden, or leave --hidden out"):
         resolve_model(CONFIGS / "llama2_7b.json", hidden=64)
     assert from_numbers(8.5e9, layers=28, hidden=3072, heads=16, vocab=256000, ffn=24576).ffn == 24576

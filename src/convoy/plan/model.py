@@ -32,7 +32,7 @@ from typing import Any, Mapping
 from convoy.errors import NotSupportedYetError, PlanError
 
 __all__ = ["ModelSpec", "from_hf_config", "from_factory", "from_numbers", "resolve_model", "MAX_PARAMS", "MAX_DIM",
-           "shape_param_range", "check_params_fit_shape", "SHAPE_SLACK"]
+           "shape_param_range", "check_params_fit_shape", "SHAPE_SLACK", "SHAPE_HEADROOM"]
 
 _LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 _DROPOUT_KEYS = ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout", "hidden_dropout", "dropout")
@@ -40,9 +40,12 @@ _DROPOUT_KEYS = ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout",
 MAX_PARAMS = 10**15
 #: nor past this size in any one dimension (layers, hidden, heads, vocabulary, ...).
 MAX_DIM = 2**31
-#: how far a given parameter count may lie outside the range its shape holds (``shape_param_range``): a quarter
-#: either way, for what bare numbers leave out (position tables, a head_dim wider than hidden / heads, adapters).
-SHAPE_SLACK = 1.25
+#: how far a given parameter count may lie below the range its shape holds (``shape_param_range``): half, for
+#: blocks lighter than a transformer's (Mamba-2.8B's shape as a transformer holds 1.25x its count).
+SHAPE_SLACK = 2.0
+#: how far above: mixture-of-experts models hold their experts beyond the dense shape the step is timed by
+#: (Mixtral 8x7B 5x, DeepSeek-V3 10x), encoder-decoders a second stack; 64x more is no model of that shape.
+SHAPE_HEADROOM = 64.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,7 +160,7 @@ def from_numbers(params: float, *, layers: int | None = None, hidden: int | None
 
 
 def shape_param_range(spec: ModelSpec) -> tuple[int, int | None] | None:
-    """The fewest and the most parameters a transformer of ``spec``'s shape holds (before ``SHAPE_SLACK``), as the
+    """The fewest and the most parameters a transformer of ``spec``'s shape holds (before ``SHAPE_SLACK`` and ``SHAPE_HEADROOM``), as the
     planner reads the shape; None without a hidden size, and no upper end without the number of blocks or the
     vocabulary (an embedding table of unknown size can hold any count).
 
@@ -184,12 +187,12 @@ def shape_param_range(spec: ModelSpec) -> tuple[int, int | None] | None:
 
 def check_params_fit_shape(spec: ModelSpec, *, given: Mapping[str, Any], base: str = "") -> None:
     """``PlanError`` when ``spec.num_params`` cannot be a model of ``spec``'s shape (``shape_param_range``,
-    widened by ``SHAPE_SLACK``). ``given``: the numbers the user gave (keyword -> value), named in the message
+    widened by ``SHAPE_SLACK`` below and ``SHAPE_HEADROOM`` above). ``given``: the numbers the user gave (keyword -> value), named in the message
     as the command line spells them; ``base``: the config or factory the rest of the shape came from."""
     bounds = shape_param_range(spec)
     if bounds is None:
         return
-    low, high = bounds[0] / SHAPE_SLACK, None if bounds[1] is None else bounds[1] * SHAPE_SLACK
+    low, high = bounds[0] / SHAPE_SLACK, None if bounds[1] is None else bounds[1] * SHAPE_HEADROOM
     n = spec.num_params
     if low <= n and (high is None or n <= high):
         return
