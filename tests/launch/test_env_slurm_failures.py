@@ -37,6 +37,9 @@ def test_a_ranks_variables_that_cannot_be_are_one_line():
                        ({"RANK": "4"}, "RANK=4 is outside WORLD_SIZE=4")):
         with pytest.raises(ConfigError, match=why):
             read_rank_env({**base, **patch})
+    # a plain process (no WORLD_SIZE) with a stale LOCAL_RANK or MASTER_PORT in the shell is not refused
+    alone = read_rank_env({"LOCAL_RANK": "1", "MASTER_PORT": "99999"})
+    assert (alone.rank, alone.world_size, alone.local_rank, alone.master_port) == (0, 1, 1, None)
 
 
 def test_convoy_env_round_trips_and_rejects_bad_values():

@@ -99,6 +99,25 @@ def test_the_elastic_agent_gets_the_flags_torchrun_would_give_it():
     if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}:  # torch 2.13's agent has it
         timed = resolve_launch(req(workers=WorkerOptions(max_restarts=1, shutdown_timeout=7)), CPU, env={})
         assert launch_config(timed).shutdown_timeout == 7
+    # signal names as torch's agent reads them (it skipped 'sigusr1' with a warning, and SIGUSR1 then killed it)
+    assert WorkerOptions(signals_to_handle="sigterm, sigusr1").signals_to_handle == "SIGTERM,SIGUSR1"
+
+
+def test_an_older_torchs_agent_gets_only_the_options_it_has():
+    """torch before 2.9 has no signals_to_handle or filters in LaunchConfig: at their defaults they are not
+    passed (every elastic job was a TypeError), and a flag given is one NotSupportedYetError line."""
+    import dataclasses
+
+    from convoy.errors import NotSupportedYetError
+    from convoy.launch.elastic import _agent_options
+
+    @dataclasses.dataclass
+    class OldLaunchConfig:
+        event_log_handler: str = "null"
+
+    assert _agent_options(OldLaunchConfig, WorkerOptions()) == {"event_log_handler": "null"}
+    with pytest.raises(NotSupportedYetError, match="--signals-to-handle: the elastic agent of torch .* has no such"):
+        _agent_options(OldLaunchConfig, WorkerOptions(signals_to_handle="SIGTERM,SIGUSR1"))
 
 
 @pytest.mark.parametrize("kw, message", [

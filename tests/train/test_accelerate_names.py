@@ -192,6 +192,18 @@ def test_kwargs_handlers_take_numpy_values_and_keep_python_ones():
     assert AutocastKwargs(enabled=0, cache_enabled=None).to_kwargs() == {"enabled": False}
 
 
+def test_kwargs_handlers_take_what_accelerate_and_torch_take():
+    """Values the first checks refused though torch or Accelerate take them: a vendor's backend registered only
+    once its module is imported, a disabled scaler's factors (torch checks none), DDP's None bucket size, a
+    whole count computed as a float."""
+    assert InitProcessGroupKwargs(backend="hccl").backend == "hccl"  # Ascend's and Habana's
+    assert GradScalerKwargs(enabled=False, growth_factor=1.0).to_kwargs() == {"enabled": False, "growth_factor": 1.0}
+    assert DistributedDataParallelKwargs(bucket_cap_mb=None).to_kwargs() == {"bucket_cap_mb": None}
+    assert GradientAccumulationPlugin(num_steps=4.0).num_steps == 4
+    with pytest.raises(ConfigError, match=r"num_steps=4.5\): give micro-steps per optimizer step"):
+        GradientAccumulationPlugin(num_steps=4.5)
+
+
 @pytest.mark.parametrize("kwargs, why", [
     ({"comm_hook": "fp8"}, "comm_hook='fp8' is not a comm_hook; give one of no, fp16, bf16"),
     ({"comm_wrapper": "power_sgd"}, "comm_wrapper='power_sgd' is not a comm_wrapper; give one of no, fp16, bf16"),

@@ -124,7 +124,11 @@ def _run(module, args: argparse.Namespace, *, debug: bool) -> int:
         print("convoy: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `convoy launch --dry-run | head`: the reader left; no traceback, as for `cat`
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit must not fail too
+        if debug:
+            raise
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())  # Python's flush of stdout at exit must not fail on it too
+        os.close(null)
         return 141  # 128 + SIGPIPE, what a shell reports for a program the pipe stopped
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, TextIO
 
@@ -28,6 +29,7 @@ class _Guarded:
     def __init__(self, stream: TextIO, name: str, *, other: TextIO, kept: str | None) -> None:
         self._stream, self._name, self._other, self._kept = stream, name, other, kept
         self._gone = False
+        self._lock = threading.Lock()  # the pumps of several ranks write from their own threads
 
     def write(self, text: str) -> int:
         try:
@@ -35,6 +37,10 @@ class _Guarded:
         except BrokenPipeError:
             self._reader_left()
             return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
 
     def flush(self) -> None:
         try:
@@ -46,11 +52,16 @@ class _Guarded:
         return getattr(self._stream, name)
 
     def _reader_left(self) -> None:
-        if self._gone:
-            return
-        self._gone = True
+        with self._lock:
+            if self._gone:
+                return
+            self._gone = True
         try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, self._stream.fileno())
+            finally:
+                os.close(null)
             self._stream.flush()  # what was buffered goes to /dev/null too
         except (OSError, ValueError):  # not a file descriptor (a test's capture): nothing to point elsewhere
             pass

@@ -27,7 +27,7 @@ from convoy.errors import LaunchError
 from convoy.launch.failures import RankFailure, failure_error
 from convoy.launch.loopback import agent_store, is_loopback, loopback_env
 from convoy.launch.progress import missing_note
-from convoy.launch.resolve import LaunchPlan, shown_ranks, stream_map
+from convoy.launch.resolve import DEFAULT_SIGNALS, LaunchPlan, shown_ranks, stream_map
 
 __all__ = ["run_elastic", "launch_config"]
 
@@ -59,10 +59,7 @@ def launch_config(plan: LaunchPlan, *, endpoint: str | None = None, local_addr: 
         rdzv_backend=plan.rdzv_backend, rdzv_configs=configs, max_restarts=workers.max_restarts,
         monitor_interval=workers.monitor_interval, start_method=workers.start_method,
         log_line_prefix_template="[rank${rank}]: ", local_addr=local_addr or _local_addr(plan),
-        event_log_handler=workers.event_log_handler, signals_to_handle=workers.signals_to_handle,
-        duplicate_stdout_filters=_filters(workers.duplicate_stdout_filters),
-        duplicate_stderr_filters=_filters(workers.duplicate_stderr_filters),
-        **_shutdown_timeout(LaunchConfig, workers.shutdown_timeout),
+        **_agent_options(LaunchConfig, workers),
     )
 
 
@@ -71,17 +68,30 @@ def _filters(text: str) -> list[str]:
     return [word.replace("\0", ",") for word in text.replace(",,", "\0").split(",") if word] if text else []
 
 
-def _shutdown_timeout(config_type, seconds: int | None) -> dict:
-    if seconds is None:
-        return {}
-    if "shutdown_timeout" not in {f.name for f in dataclasses.fields(config_type)}:
-        from convoy.errors import NotSupportedYetError
-        import torch
+def _agent_options(config_type, workers) -> dict:
+    """torchrun's agent options for ``LaunchConfig``, each only where this torch's agent has it (signals and the
+    filters came with torch 2.9, the shutdown timeout later): a flag left at its default is then simply not
+    passed, and a flag given is one ``NotSupportedYetError`` line rather than a TypeError for every job."""
+    fields = {f.name for f in dataclasses.fields(config_type)}
+    options = {  # LaunchConfig field: (value, torchrun's default, the flag)
+        "event_log_handler": (workers.event_log_handler, "null", "--event-log-handler"),
+        "signals_to_handle": (workers.signals_to_handle, DEFAULT_SIGNALS, "--signals-to-handle"),
+        "duplicate_stdout_filters": (_filters(workers.duplicate_stdout_filters), [], "--duplicate-stdout-filters"),
+        "duplicate_stderr_filters": (_filters(workers.duplicate_stderr_filters), [], "--duplicate-stderr-filters"),
+        "shutdown_timeout": (workers.shutdown_timeout, None, "--shutdown-timeout"),
+    }
+    out = {}
+    for name, (value, default, flag) in options.items():
+        if name in fields:
+            if value is not None:
+                out[name] = value
+        elif value != default:
+            from convoy.errors import NotSupportedYetError
+            import torch
 
-        raise NotSupportedYetError(f"--shutdown-timeout: the elastic agent of torch {torch.__version__} has no such "
-                                   "setting (torch 2.13's has); leave it out (30 s) for a job the elastic engine "
-                                   "runs, or update torch")
-    return {"shutdown_timeout": seconds}
+            raise NotSupportedYetError(f"{flag}: the elastic agent of torch {torch.__version__} has no such setting; "
+                                       "leave it out for a job the elastic engine runs, or update torch")
+    return out
 
 
 def _local_addr(plan: LaunchPlan) -> str | None:

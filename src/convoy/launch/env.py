@@ -32,6 +32,7 @@ from convoy.config.schema import BUILTIN_STRATEGIES, DEFAULT_COLLECTIVE_TIMEOUT,
 from convoy.errors import ConfigError
 
 __all__ = [
+    "DEFAULT_SIGNALS",
     "DEFAULT_COLLECTIVE_TIMEOUT",
     "MIXED_PRECISIONS",
     "RANK_VARIABLES",
@@ -65,6 +66,10 @@ _ACCELERATE_ALIASES = {"mixed_precision": ("ACCELERATE_MIXED_PRECISION",),
                        "gradient_accumulation_steps": ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS",)}
 
 
+DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+"""torchrun's ``--signals-to-handle`` default, exported to each rank as ``TORCHELASTIC_SIGNALS_TO_HANDLE``."""
+
+
 def rank_env(
     *,
     rank: int,
@@ -81,7 +86,7 @@ def rank_env(
     error_file: str | None = None,
     role: str = "default",
     nccl_async_error_handling: str = "1",
-    signals_to_handle: str = "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+    signals_to_handle: str = DEFAULT_SIGNALS,
 ) -> dict[str, str]:
     """torchrun's per-worker variables, as ``LocalElasticAgent._start_workers`` sets them (torch 2.13).
 
@@ -138,7 +143,7 @@ class RankEnv:
         if not 0 <= self.local_rank < self.local_world_size:
             raise ConfigError(f"LOCAL_RANK={self.local_rank} is outside LOCAL_WORLD_SIZE={self.local_world_size}; "
                               f"a local rank must be in 0..{self.local_world_size - 1}")
-        if self.local_world_size > self.world_size:
+        if self.local_world_size > self.world_size > 1:
             raise ConfigError(f"LOCAL_WORLD_SIZE={self.local_world_size} is above WORLD_SIZE={self.world_size}; a "
                               "machine cannot run more of the job's processes than the job has")
         if self.master_port is not None and not 0 < self.master_port <= 65535:
@@ -165,9 +170,12 @@ def read_rank_env(env: Mapping[str, str]) -> RankEnv:
     local_rank = _whole(env, "LOCAL_RANK")
     local_world_size = _whole(env, "LOCAL_WORLD_SIZE")
     port = _whole(env, "MASTER_PORT")
-    return RankEnv(rank=rank, local_rank=(rank if world_size > 1 else 0) if local_rank is None else local_rank,
-                   world_size=world_size, local_world_size=world_size if local_world_size is None else local_world_size,
-                   master_addr=env.get("MASTER_ADDR") or None, master_port=port,
+    local_rank = (rank if world_size > 1 else 0) if local_rank is None else local_rank
+    if local_world_size is None:  # not set: as many as the job has, or as LOCAL_RANK implies (a plain process)
+        local_world_size = world_size if world_size > 1 else local_rank + 1
+    return RankEnv(rank=rank, local_rank=local_rank, world_size=world_size,
+                   local_world_size=local_world_size, master_addr=env.get("MASTER_ADDR") or None,
+                   master_port=port if world_size > 1 else None,  # a process alone never reaches a store
                    restart_count=_whole(env, "TORCHELASTIC_RESTART_COUNT") or 0)
 
 

@@ -203,7 +203,11 @@ def _lease_job(request: LaunchRequest, plan: LaunchPlan, filters: DeviceFilters,
     selection, lease = _loopback_hint(plan, lambda: select_and_lease(
         _wanted(request), wait=filters.lease_wait, env=env, **_filter_kwargs(filters)))
     if selection.devices != plan.devices:
-        plan = resolve_launch(request, selection, env=env)
+        try:
+            plan = resolve_launch(request, selection, env=env)
+        except BaseException:
+            lease.release()  # taken above, and no `with` holds it yet
+            raise
     return plan, lease
 
 

@@ -26,7 +26,7 @@ from convoy.devices.backends.vendors import vendor_facts
 from convoy.devices.inventory import Device
 from convoy.devices.selection import Selection
 from convoy.errors import ConfigError, LaunchError
-from convoy.launch.env import ConvoyEnv, check_launch_settings, convoy_env, rank_env
+from convoy.launch.env import DEFAULT_SIGNALS, ConvoyEnv, check_launch_settings, convoy_env, rank_env
 from convoy.launch.slurm import slurm_allocation
 
 __all__ = ["WorkerOptions", "LaunchRequest", "LaunchPlan", "resolve_launch", "describe_plan", "node_range", "ENGINES",
@@ -36,8 +36,6 @@ ENGINES = ("auto", "direct", "elastic")
 #: processes started on a machine without accelerators when neither --devices nor --nproc-per-node says.
 CPU_DEFAULT_NPROC = 2
 
-DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
-"""torchrun's ``--signals-to-handle`` default."""
 EVENT_LOG_HANDLERS = ("null", "console")
 """torch's built-in elastic event handlers a launch can name (``torch.distributed.elastic.events``)."""
 STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
@@ -103,7 +101,8 @@ class WorkerOptions:
         shown_ranks(self.local_ranks_filter, None)
         if not self.role.strip():
             raise ConfigError("--role '': give the workers a role name (torchrun's default is 'default')")
-        forwarded_signals(self.signals_to_handle)
+        # stored as checked (upper case): torch's agent and TORCHELASTIC_SIGNALS_TO_HANDLE skip 'sigusr1'
+        object.__setattr__(self, "signals_to_handle", ",".join(forwarded_signals(self.signals_to_handle)))
         if self.shutdown_timeout is not None and not 0 <= self.shutdown_timeout < 10**9:
             raise ConfigError(f"--shutdown-timeout {self.shutdown_timeout}: give a whole number of seconds >= 0")
         if self.event_log_handler not in EVENT_LOG_HANDLERS:

@@ -42,6 +42,9 @@ from convoy.launch.resolve import STOP_SIGNALS, LaunchPlan, forwarded_signals, s
 
 __all__ = ["run_direct"]
 
+FORWARDED_GRACE = 30.0
+"""Seconds between a passed-on signal (``--signals-to-handle``'s SIGUSR1, say) and SIGKILL, without
+``--shutdown-timeout``: torch's agent's default, time for a rank to save; a stop or a failure gets ``grace``."""
 _TICK = 0.25  # the monitor wakes at once on an exit or a stop signal; this bounds the wait otherwise
 _STALE_TRACEBACK = 1.0  # a held traceback of a live process is printed inline after this many seconds
 
@@ -169,8 +172,9 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
     wake = _Wake()
     start = time.monotonic()
     stop = _StopSignal(wake, forward=forwarded_signals(plan.workers.signals_to_handle))
+    passed_on_grace = FORWARDED_GRACE  # a rank told by SIGUSR1 to save gets torch's agent's time for it
     if plan.workers.shutdown_timeout is not None:
-        grace = float(plan.workers.shutdown_timeout)
+        grace = passed_on_grace = float(plan.workers.shutdown_timeout)
     pre_exec = _die_with_parent_hook()
     stop.install()  # before the first worker: a stop that comes while they start still stops them all
     try:
@@ -204,7 +208,7 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
                                log=log, lock=lock, error_file=error_file, wake=wake))
         for worker in ranks:  # threads start once every rank runs: rank N's start does not wait on them
             worker.start()
-        failure = _monitor(ranks, start, stop, grace, wake, release)
+        failure = _monitor(ranks, start, stop, grace, wake, release, passed_on_grace=passed_on_grace)
         if failure is not None:
             raise failure_error(failure, stopped=plan.nproc_per_node - 1)
         if stop.signum is not None:
@@ -277,7 +281,8 @@ class _Release:
 
 
 def _monitor(ranks: list[_Rank], start: float, stop: "_StopSignal", grace: float,
-             wake: "_Wake", release: _Release | None = None) -> RankFailure | None:
+             wake: "_Wake", release: _Release | None = None, *,
+             passed_on_grace: float = FORWARDED_GRACE) -> RankFailure | None:
     failure: RankFailure | None = None
     deadline: float | None = None
     while True:
@@ -300,7 +305,7 @@ def _monitor(ranks: list[_Rank], start: float, stop: "_StopSignal", grace: float
                                       returncode=first.proc.returncode, traceback=text, traceback_shown=shown,
                                       elapsed=now - start, note=note)
         if (failure is not None or stop.signum is not None) and deadline is None:
-            deadline = now + grace
+            deadline = now + (passed_on_grace if stop.passed_on else grace)
             for worker in alive:
                 worker.signal_group(stop.passed_on or signal.SIGTERM)
         if not alive:

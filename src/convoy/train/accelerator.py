@@ -472,9 +472,10 @@ class Accelerator:
             try:
                 watch_call(name, timeout=self.settings.collective_timeout_s)
             except CollectiveTimeoutError as err:
-                called = next((n for n in _EVERY_PROCESS if repr(n) in str(err)), None)
-                if called is None:
+                named = [n for n in _EVERY_PROCESS if repr(n) in str(err)]
+                if len(named) != 1:  # none, or two of them in another order: the message says it all
                     raise
+                called = named[0]
                 raise CollectiveTimeoutError(
                     f"{err}. {called}() is collective: call it on every process, not under `if "
                     f"accelerator.is_main_process:` (the main process writes the shared files itself)") from None

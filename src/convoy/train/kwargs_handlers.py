@@ -62,6 +62,8 @@ def _check_number(handler: Any, name: str, want: str, *, whole: bool = False, ab
     """The field ``name`` is a finite number (``whole``: an int) ``> above`` and ``< below``; numpy's numbers are
     kept as Python's."""
     value = getattr(handler, name)
+    if whole and isinstance(value, float) and value.is_integer():  # 4.0 (a computed count) is 4
+        value = int(value)
     if (isinstance(value, bool) or not isinstance(value, numbers.Integral if whole else numbers.Real)
             or not math.isfinite(value) or (above is not None and not value > above)
             or (below is not None and not value < below)):
@@ -119,7 +121,9 @@ class DistributedDataParallelKwargs(KwargsHandler):
         _check_number(self, "dim", "a whole number", whole=True)
         _check_flags(self, "broadcast_buffers", "find_unused_parameters", "check_reduction", "gradient_as_bucket_view",
                      "static_graph")
-        _check_number(self, "bucket_cap_mb", "the size of a gradient bucket in MB, a number > 0 (e.g. 25)", above=0)
+        if self.bucket_cap_mb is not None:  # None: DDP's own default (25)
+            _check_number(self, "bucket_cap_mb", "the size of a gradient bucket in MB, a number > 0 (e.g. 25), or "
+                                                 "None", above=0)
         if self.comm_state_option is not None and not isinstance(self.comm_state_option, dict):
             _refuse(self, "comm_state_option", "a dict of PowerSGDState's arguments, e.g. "
                                                "{'matrix_approximation_rank': 2}")
@@ -140,7 +144,12 @@ class InitProcessGroupKwargs(KwargsHandler):
         if self.backend is not None:
             import torch.distributed as dist
 
-            known = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake")]  # and registered ones
+            from convoy.devices.backends.vendors import VENDORS
+
+            # torch's and registered ones, and the vendors' (hccl is registered only once torch_npu or Habana's
+            # module is imported, which may come after the Accelerator's arguments are made)
+            known = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake")]
+            known += sorted({row.process_group_backend for row in VENDORS.values()} - set(known))
             # one backend, or one per device: "cpu:gloo,cuda:nccl"
             names = [part.split(":")[-1].strip().lower() for part in str(self.backend).split(",")] \
                 if isinstance(self.backend, str) else [None]
@@ -165,12 +174,14 @@ class GradScalerKwargs(KwargsHandler):
     enabled: bool = True
 
     def __post_init__(self) -> None:  # torch checks the factors only with asserts, and the rest not at all
+        _check_flags(self, "enabled")
+        if not self.enabled:  # torch checks nothing of a disabled scaler, which never scales
+            return
         _check_number(self, "init_scale", "the first loss scale, a number > 0 (e.g. 65536.0)", above=0)
         _check_number(self, "growth_factor", "a number > 1 (the scale is multiplied by it)", above=1)
         _check_number(self, "backoff_factor", "a number between 0 and 1 (the scale is multiplied by it after an "
                                               "overflow)", above=0, below=1)
         _check_number(self, "growth_interval", "a whole number >= 1 of steps", whole=True, above=0)
-        _check_flags(self, "enabled")
 
 
 @dataclass

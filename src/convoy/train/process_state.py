@@ -113,8 +113,10 @@ class PartialState:
         self.fork_launched = False
 
     @classmethod
-    def _reset_state(cls) -> None:
-        """Forget the shared state (the process group stays up); the next ``PartialState()`` fills it again."""
+    def _reset_state(cls, reset_partial_state: bool = False) -> None:
+        """Forget the shared state (the process group stays up); the next ``PartialState()`` fills it again.
+        ``reset_partial_state`` is Accelerate's ``AcceleratorState._reset_state`` argument: the two states are one
+        dictionary here, so either call forgets both."""
         cls._shared_state.clear()
 
     @property
