@@ -159,7 +159,7 @@ def build_request(args: argparse.Namespace):
     from convoy.launch.env import ConvoyEnv
     from convoy.launch.job import DeviceFilters
     from convoy.launch.resolve import LaunchRequest, WorkerOptions, node_range
-    from convoy.config.settings import fill_unset_with_origins
+    from convoy.config.settings import fill_unset_with_origins, said as settings_said
     from convoy.devices.units import parse_duration
 
     # flags not given: CONVOY_<KEY>, ./convoy.toml, the user file (convoy config); ``parallelism`` has no flag
@@ -186,8 +186,7 @@ def build_request(args: argparse.Namespace):
         raise ConfigError(f"--master-addr {args.master_addr[:60]!r}: give a host name or an IP address "
                           "(or leave it out for a job on one machine)")
     def said(name: str, value: object) -> str:  # as LaunchRequest.said, before there is a request
-        source = origins.get(name)
-        return source.said(name, value) if source else f"{KEYS[name].flag} {value}"
+        return settings_said(origins, name, value)
 
     nproc = args.nproc_per_node
     if args.num_processes is not None:

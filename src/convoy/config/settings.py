@@ -24,7 +24,7 @@ from convoy.config.files import project_config_path, read_settings_file, user_co
 from convoy.config.schema import KEYS, SCHEMA, key_for
 
 __all__ = ["Source", "Settings", "effective_settings", "file_settings_env", "fill_unset", "fill_unset_with_origins",
-           "SOURCE_KINDS"]
+           "said", "SOURCE_KINDS"]
 
 #: the places a value can come from, highest precedence first.
 SOURCE_KINDS = ("flag", "environment", "project file", "user file", "default")
@@ -54,6 +54,12 @@ class Source:
         if self.kind == "default":
             return f"{key} {value} (the default)"
         return f"{key} = {value} ({self.location}" + (f", line {self.line})" if self.line else ")")
+
+
+def said(origins: Mapping[str, Source], key: str, value: Any) -> str:
+    """Setting ``key`` holding ``value`` as the user gave it: from ``origins`` (key -> ``Source``, as
+    ``fill_unset_with_origins`` returns them), else as its flag (``--nproc-per-node 99``)."""
+    return (origins.get(key) or Source("flag", KEYS[key].flag)).said(key, value)
 
 
 @dataclass(frozen=True)

@@ -211,7 +211,9 @@ def check_launch_settings(settings: ConvoyEnv, *, said: Callable[[str, object], 
     ``said(name, value)``: how the message names the setting (``LaunchRequest.said``: the flag, the
     ``CONVOY_*`` variable or the settings file it came from); default: its flag."""
     if settings.strategy is not None and settings.strategy not in BUILTIN_STRATEGIES:
-        named = (said or (lambda name, value: f"{KEYS[name].flag} {value}"))("strategy", repr(settings.strategy[:40]))
+        from convoy.config.settings import said as as_flag
+
+        named = (said or (lambda name, value: as_flag({}, name, value)))("strategy", repr(settings.strategy[:40]))
         raise ConfigError(f"{named} is not one of convoy's strategies "
                           f"({', '.join(BUILTIN_STRATEGIES)}); a strategy your script registers itself is "
                           f"chosen in the script, Accelerator(strategy=...)")

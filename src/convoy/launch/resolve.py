@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from convoy.config.schema import ACCELERATOR_WORDS, KEYS, is_host
-from convoy.config.settings import Source
+from convoy.config.settings import Source, said
 from convoy.devices.backends.vendors import vendor_facts
 from convoy.devices.inventory import Device
 from convoy.devices.selection import Selection
@@ -158,7 +158,7 @@ class LaunchRequest:
     def said(self, name: str, value: object) -> str:
         """Setting ``name`` holding ``value`` as the user wrote it, for a message: ``--nproc-per-node 99``, or
         ``CONVOY_NPROC_PER_NODE=99``, or ``nproc_per_node = 99 (/repo/convoy.toml, line 3)``."""
-        return self.origins.get(name, Source("flag", KEYS[name].flag)).said(name, value)
+        return said(self.origins, name, value)
 
     def __post_init__(self) -> None:
         check_launch_settings(self.settings, said=self.said)
