@@ -27,7 +27,7 @@ from typing import Any, Callable
 from convoy.errors import ConfigError
 
 __all__ = ["Key", "SCHEMA", "KEYS", "key_for", "closest_key", "ENV_PREFIX", "MixedPrecision", "MIXED_PRECISIONS",
-           "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "show", "parse_whole", "is_host"]
+           "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "show", "parse_whole", "is_whole", "is_host"]
 
 ENV_PREFIX = "CONVOY_"
 
@@ -103,6 +103,14 @@ def _parse_bool(value: Any, where: str) -> bool:
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
     raise _bad(where, value, "true or false")
+
+
+def is_whole(value: Any, minimum: int = 0) -> bool:
+    """True for a whole number of Python's or numpy's (not a bool, not a float) >= ``minimum``: what a count
+    argument of the Python API takes (``parse_whole`` reads one from a flag, a variable or a file)."""
+    import numbers
+
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
 
 
 def parse_whole(value: Any, where: str, minimum: int = 0) -> int:

@@ -35,7 +35,7 @@ import time
 import traceback
 from typing import Any, Callable, Mapping, Sequence
 
-from convoy.config.schema import KEYS, show
+from convoy.config.schema import KEYS, is_whole, show
 from convoy.errors import ConfigError, LaunchError, RankFailedError
 from convoy.launch.env import ConvoyEnv, rank_env
 from convoy.launch.failures import describe_exit
@@ -75,7 +75,7 @@ def launch(
 
     _check_call(fn, args, kwargs)
     wait = _check_lease_options(env, lease, wait)
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+    if not is_whole(max_restarts):
         raise ConfigError(f"convoy.launch(max_restarts={show(max_restarts)}): give a whole number >= 0")
     for name, value in (("nproc_per_node", nproc_per_node), ("mixed_precision", mixed_precision),
                         ("collective_timeout", collective_timeout)):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import numbers
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -28,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from convoy.config.schema import show
+from convoy.config.schema import is_whole, show
 from convoy.errors import ConfigError
 from convoy.train import checkpoint, collectives, data, operations, tracking
 from convoy.train.coordination import Trigger, join_uneven_inputs
@@ -75,10 +74,10 @@ class ProjectConfiguration:
         # 0 has two readings in Hugging Face's libraries: Accelerate's save_state then keeps only the newest
         # checkpoint, the Trainer's save_total_limit keeps them all. Either reading would surprise someone, and one
         # deletes their checkpoints: refused, as negative numbers are.
-        if self.total_limit is not None and not _whole(self.total_limit, minimum=1):
+        if self.total_limit is not None and not is_whole(self.total_limit, 1):
             raise ConfigError(f"ProjectConfiguration(total_limit={show(self.total_limit)}): give how many of the "
                               "newest checkpoints to keep, a whole number >= 1, or None to keep them all")
-        if not _whole(self.iteration, minimum=0):
+        if not is_whole(self.iteration):
             raise ConfigError(f"ProjectConfiguration(iteration={show(self.iteration)}): give the number of the "
                               "next automatic checkpoint, a whole number >= 0")
         for name in ("total_limit", "iteration"):  # numpy's ints are taken, and kept as Python's
@@ -86,9 +85,6 @@ class ProjectConfiguration:
                 object.__setattr__(self, name, int(getattr(self, name)))
 
 
-def _whole(value: Any, *, minimum: int) -> bool:
-    """True for a whole number (Python's or numpy's; not a bool) >= ``minimum``."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
 
 
 class Accelerator:
@@ -228,9 +224,9 @@ class Accelerator:
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, steps: int) -> None:
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        if not is_whole(steps, 1):
             raise ConfigError(f"gradient_accumulation_steps={steps!r} must be a whole number >= 1")
-        self._accumulation_steps = steps
+        self._accumulation_steps = int(steps)
 
     @property
     def sync_gradients(self) -> bool:

@@ -25,7 +25,6 @@ Rules (Accelerate's meanings, ``DataLoaderConfiguration``):
 from __future__ import annotations
 
 import itertools
-import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -33,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from convoy.config.schema import show
+from convoy.config.schema import is_whole, show
 from convoy.errors import ConfigError, NotSupportedYetError
 from convoy.train.operations import send_to_device
 from convoy.train.streams import IterableDatasetShard, shard_iterable
@@ -596,7 +595,7 @@ def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = No
 def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     """Accelerate's free ``skip_first_batches``: a loader whose iterations leave out the first ``num_batches``
     (a whole number >= 0; ``ConfigError`` otherwise: -1 read as a slice kept only the last batch)."""
-    if isinstance(num_batches, bool) or not isinstance(num_batches, numbers.Integral) or num_batches < 0:
+    if not is_whole(num_batches):
         raise ConfigError(f"skip_first_batches(num_batches={show(num_batches)}): give how many batches to skip, a "
                           "whole number >= 0")
     num_batches = int(num_batches)
