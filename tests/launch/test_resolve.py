@@ -183,6 +183,8 @@ def test_more_processes_than_gpus_is_one_clear_error_and_devices_0_means_cpu(inv
     with pytest.raises(ConfigError, match=r"--nproc-per-node 2 needs 2 devices .* only 1 \(GPU 0 .*\) is selected; "
                                           r"give --nproc-per-node 1, or --devices 0 for 2 CPU processes"):
         resolve_launch(req(nproc_per_node="2"), select_devices("auto", inventory=inv, env={}), env={})
+    with pytest.raises(ConfigError, match=r"give --nproc-per-node 1$"):  # 999 CPU processes: refused in turn
+        resolve_launch(req(nproc_per_node="999"), select_devices("auto", inventory=inv, env={}), env={})
     cpu = resolve_launch(req(devices="0", nproc_per_node="2"), select_devices("0", inventory=inv, env={}), env={})
     assert (cpu.nproc_per_node, cpu.devices, cpu.backend, cpu.env["CUDA_VISIBLE_DEVICES"]) == (2, (), "gloo", "")
     one = resolve_launch(req(nproc_per_node="1"), select_devices("auto", inventory=inv, env={}), env={})

@@ -325,10 +325,14 @@ def asked_nproc(value: str | int | None) -> str | None:
     return None if value is None else KEYS["nproc_per_node"].parse(value, where="--nproc-per-node")
 
 
+def _cpu_cap() -> int:
+    """The most CPU processes a launch starts on this machine."""
+    return max(MIN_CPU_PROCESS_CAP, CPU_PROCESSES_PER_CORE * (os.cpu_count() or 1))
+
+
 def _cpu_processes(count: int, request: LaunchRequest) -> int:
     """``count`` CPU processes, unless that many would swamp this machine."""
-    cores = os.cpu_count() or 1
-    cap = max(MIN_CPU_PROCESS_CAP, CPU_PROCESSES_PER_CORE * cores)
+    cores, cap = os.cpu_count() or 1, _cpu_cap()
     if count > cap:
         raise ConfigError(f"{request.said('nproc_per_node', request.nproc_per_node)} would be {count} CPU processes "
                           f"on a machine with {cores} core{'s' if cores != 1 else ''}; give at most {cap}, or "
@@ -410,7 +414,8 @@ def _processes(request: LaunchRequest, selection: Selection, notes: list[str]) -
         # Each rank computes on the device of its LOCAL_RANK: a rank past the last device would find none.
         raise ConfigError(f"{request.said('nproc_per_node', request.nproc_per_node)} needs {count} devices (one per "
                           f"process) but {_devices_text(devices)} selected; give "
-                          f"{request.said('nproc_per_node', len(devices))}, or --devices 0 for {count} CPU processes")
+                          f"{request.said('nproc_per_node', len(devices))}"
+                          + (f", or --devices 0 for {count} CPU processes" if count <= _cpu_cap() else ""))
     return count, devices[:count]
 
 
