@@ -183,6 +183,28 @@ def test_signals_to_handle_passes_slurms_warning_signal_on_to_every_rank():
     assert job.returncode == 130 and "convoy: interrupted" in out, out
 
 
+def test_a_stop_while_the_ranks_save_stops_them_without_waiting_out_the_save_time():
+    """After a passed-on SIGUSR1 the ranks get 30 s to save; a Ctrl-C or SIGTERM to the launcher then stops them
+    at once (SIGTERM, SIGKILL after the short grace), not after the 30 s."""
+    rank = ('trap "echo saving" USR1; trap "echo stopped by TERM; exit 0" TERM; echo ready; '
+            'while true; do sleep 0.1; done')
+    job = convoy_launch("--signals-to-handle", "SIGTERM,SIGUSR1", "--no-python", "sh", "-c", rank)
+    lines = []
+
+    def wait_for(word):
+        while sum(word in line for line in lines) < 2:
+            line = job.stdout.readline()
+            assert line, "the job ended early: " + "".join(lines)
+            lines.append(line)
+
+    wait_for("ready")
+    job.send_signal(signal.SIGUSR1)
+    wait_for("saving")
+    job.send_signal(signal.SIGTERM)
+    out = "".join(lines) + finish(job, timeout=20)  # within the 3 s grace, not the 30 s of the save
+    assert out.count("stopped by TERM") == 2 and job.returncode == 130, out
+
+
 def test_rank_0_keeps_serving_the_store_until_the_other_ranks_end():
     """Rank 0 serves the rendezvous store; a script whose rank 0 was done while rank 1 still reached the store
     (its process group made, nothing else to do) left rank 1 with 'Connection reset by peer'."""

@@ -285,6 +285,7 @@ def _monitor(ranks: list[_Rank], start: float, stop: "_StopSignal", grace: float
              passed_on_grace: float = FORWARDED_GRACE) -> RankFailure | None:
     failure: RankFailure | None = None
     deadline: float | None = None
+    saving = False
     while True:
         wake.clear()  # before looking: an exit from now on wakes the wait below at once
         now = time.monotonic()
@@ -306,8 +307,13 @@ def _monitor(ranks: list[_Rank], start: float, stop: "_StopSignal", grace: float
                                       elapsed=now - start, note=note)
         if (failure is not None or stop.signum is not None) and deadline is None:
             deadline = now + (passed_on_grace if stop.passed_on else grace)
+            saving = stop.passed_on is not None  # the ranks were told to save (SIGUSR1): they get the longer time
             for worker in alive:
                 worker.signal_group(stop.passed_on or signal.SIGTERM)
+        elif saving and stop.passed_on is None:  # then a stop (Ctrl-C, SIGTERM) while they save: stop them now
+            saving, deadline = False, min(deadline, now + grace)
+            for worker in alive:
+                worker.signal_group(signal.SIGTERM)
         if not alive:
             break
         if deadline is not None and now > deadline:
