@@ -119,11 +119,13 @@ def test_free_moves_a_count_past_devices_another_job_leased(inventory_path, tmp_
         plan = launch("--devices", "2", "--free", "--dry-run", "--no-python", "true")
         job = launch("--devices", "2", "--free", "--no-python", "sh", "-c", "echo visible=$CUDA_VISIBLE_DEVICES")
         listed = launch("--devices", "1,2", "--free", "--wait", "0.5", "--no-python", "true")
+        unleased = launch("--devices", "2", "--free", "--no-lease", "--dry-run", "--no-python", "true")
     assert plan.returncode == 0 and "CUDA_VISIBLE_DEVICES=2,3" in plan.stdout, plan.stdout + plan.stderr
     assert "left GPU 0 (NVIDIA H100 80GB HBM3): leased by pid" in plan.stdout
     assert job.returncode == 0 and job.stdout.count("visible=2,3") == 2, job.stdout + job.stderr
     assert listed.returncode == 1 and "GPU 1 (NVIDIA H100 80GB HBM3) cannot be used: leased by pid" in listed.stderr
     assert "after waiting 0.5s" in listed.stderr
+    assert "CUDA_VISIBLE_DEVICES=2,3" in unleased.stdout, unleased.stdout  # taking no lease, still not a leased one
 
 
 @pytest.mark.parametrize("engine", ["direct", "elastic"])

@@ -60,14 +60,14 @@ def _filter_kwargs(filters: DeviceFilters) -> dict:
 
 
 def _select(request: LaunchRequest, filters: DeviceFilters, env: Mapping[str, str]):
-    """The devices the job would take now. With ``--free`` (and leasing on), devices another job has leased
-    count as busy, as for ``convoy select --free``; when every fitting device is leased and the job may wait
-    for them, the plan names the devices it would wait for."""
+    """The devices the job would take now. With ``--free``, devices another job has leased count as busy (as
+    for ``convoy select --free``, also with ``--no-lease``); when every fitting device is leased and the job
+    may wait for them, the plan names the devices it would wait for."""
     from convoy.devices.selection import select_devices
     from convoy.errors import SelectionError
 
     wanted = _wanted(request)
-    if not (filters.free and filters.lease):
+    if not filters.free:
         return select_devices(wanted, env=env, **_filter_kwargs(filters))
     from convoy.devices.discovery import discover
     from convoy.devices.lease import default_lock_dir, lease_holders
