@@ -134,3 +134,21 @@ def test_held_devices_are_not_taken(load):
 def test_count_larger_than_the_machine_is_a_spec_error(load):
     with pytest.raises(DeviceSpecError, match="asks for 9 devices but 8 devices are available"):
         select_devices(9, inventory=load("8xh100_nvswitch"), env={})
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    ({"free": "no"}, "free='no' is a str; give True or False"),  # was truthy: every busy device skipped
+    ({"free": None}, "give True or False"),
+    ({"env": {"CUDA_VISIBLE_DEVICES": 5}}, "the value is a int"),  # was AttributeError: 'int' has no 'strip'
+    ({"env": {1: "x"}}, "the name is a int"),
+    ({"max_utilization": b"5"}, "is a bytes"),  # was read as 5 %
+])
+def test_wrong_python_types_are_one_clear_error(inventory_path, kwargs, word):
+    kwargs = {"inventory": str(inventory_path("2_busy_exclusive")), "env": {}, **kwargs}
+    with pytest.raises(DeviceSpecError, match=word.replace("(", r"\(")):
+        select_devices("auto", **kwargs)
+
+
+def test_free_false_still_takes_busy_devices(inventory_path):
+    sel = select_devices("auto", inventory=str(inventory_path("2_busy_exclusive")), env={}, free=False)
+    assert sel.indices == [0, 1]

@@ -139,3 +139,23 @@ def test_tensor_parallel_groups_never_straddle_two_nodes():
     rec = recommend_for_module(model, world_size=12, nodes=2, device_memory_bytes=80 * 2**30, gpu="H100-80GB",
                                allowed=("ddp", "zero1", "zero2", "zero3", "tp", "pp"))
     assert 6 % rec.dims.tp == 0, rec.dims
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    ({"seq_len": None}, "seq_len=None: give a whole number"),  # was TypeError: '<' not supported
+    ({"micro_batch": None}, "micro_batch=None"),
+    ({"nodes": None}, "nodes=None"),
+    ({"efficiency": None}, "efficiency=None"),  # was TypeError
+    ({"inter_gbps": None}, "inter_gbps=None"),  # was TypeError
+    ({"offload": "no"}, "offload='no' is a str"),  # was truthy: planned with offload on
+    ({"calibrate": "no"}, "calibrate='no' is a str"),
+    ({"allowed": "ddp"}, "allowed='ddp'"),  # a str is a collection of letters
+    ({"allowed": [None]}, r"allowed=\[None\]"),  # was TypeError in the message join
+])
+def test_wrong_python_types_are_one_plan_error(kwargs, word):
+    with pytest.raises(PlanError, match=word):
+        plan(params=7e9, hardware="8xH100-80GB", **kwargs)
+
+
+def test_global_batch_none_is_still_the_default():
+    assert plan(params=7e9, hardware="8xH100-80GB", global_batch=None).recommendation is not None

@@ -88,13 +88,20 @@ def select_devices(
         SelectionError: too few devices pass the filters; the message names each rejected device and why.
     """
     env = os.environ if env is None else env
+    if not isinstance(env, Mapping):
+        raise DeviceSpecError(f"env={type(env).__name__}: give a mapping of environment variables (os.environ)")
+    for key, value in env.items():  # os.environ holds only strings; a dict with an int crashed the mask parser
+        if not isinstance(key, str) or not isinstance(value, str):
+            bad, what = (value, "value") if isinstance(key, str) else (key, "name")
+            raise DeviceSpecError(f"env[{key!r:.40}]={value!r:.40}: the {what} is a {type(bad).__name__}; "
+                                  f"environment variable names and values are strings (os.environ)")
+    if not isinstance(free, bool):  # free='no' is truthy and silently skipped every busy device
+        raise DeviceSpecError(f"free={free!r:.40} is a {type(free).__name__}; give True or False")
     inventory = as_inventory(inventory)
     if inventory is None:
         from convoy.devices.discovery import discover
 
         inventory = discover(env)
-    if not isinstance(env, Mapping):
-        raise DeviceSpecError(f"env={type(env).__name__}: give a mapping of environment variables (os.environ)")
     if order is not None and order not in ORDERS:
         raise DeviceSpecError(f"order {order!r} is not one of {', '.join(ORDERS)}")
     need_mem = None if min_free_memory is None else parse_memory(min_free_memory)

@@ -101,8 +101,8 @@ def _finite(number: float | int, what: str, shown: object = None) -> float:
 
 def parse_percent(value: str | int | float) -> float:
     """``"10%"``, ``"10"`` or ``10`` -> ``10.0`` (a percentage from 0 to 100)."""
-    if isinstance(value, bool):
-        raise DeviceSpecError(f"percentage {value!r} is a bool; write e.g. '10%'")
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):  # float(b'5') reads bytes
+        raise DeviceSpecError(f"percentage {_short(value)} is a {type(value).__name__}; write e.g. '10%' or 10")
     text = str(value).strip().rstrip("%").strip() if isinstance(value, str) else value
     try:
         if isinstance(text, str) and not re.fullmatch(r"[0-9]+(\.[0-9]*)?|\.[0-9]+", text):

@@ -217,11 +217,21 @@ def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory
     """
     for key, value in (("seq_len", seq_len), ("micro_batch", micro_batch), ("global_batch", global_batch),
                        ("nodes", nodes)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 2**31):
+        if value is None and key == "global_batch":  # None: micro_batch x data-parallel degree
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 2**31:
             raise PlanError(f"{key}={_show(value)}: give a whole number from 1 to {2**31}")
+    for key, value in (("efficiency", efficiency), ("inter_gbps", inter_gbps)):
+        if value is None:  # these two have defaults, not a "detect it" None
+            raise PlanError(f"{key}=None: give a finite number > 0 (or leave it out for the default)")
     for key, value in (("efficiency", efficiency), ("inter_gbps", inter_gbps), ("intra_gbs", intra_gbs),
                        ("gpu_memory_gib", gpu_memory_gib), ("peak_tflops", peak_tflops)):
         _positive_number(key, value)
+    for key, value in (("offload", offload), ("calibrate", calibrate)):
+        if not isinstance(value, bool):  # offload='no' is truthy: it planned with offload on
+            raise PlanError(f"{key}={_show(value)} is a {type(value).__name__}; give True or False")
+    if allowed is not None and (isinstance(allowed, (str, bytes)) or not all(isinstance(a, str) for a in allowed)):
+        raise PlanError(f"allowed={_show(allowed)}: give a collection of strategy names such as ['ddp', 'fsdp']")
     spec = resolve_model(model, params=params, **shape)
     hw = resolve_hardware(hardware, inventory=inventory, nodes=nodes, intra=intra, intra_gbs=intra_gbs,
                           inter_gbps=inter_gbps, gpu_memory_gib=gpu_memory_gib, peak_tflops=peak_tflops)
