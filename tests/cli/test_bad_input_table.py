@@ -64,6 +64,9 @@ CASES = [
     ({"CONVOY_INVENTORY": "{d}/bogus_peer.json"}, "select all", 2, "nvlink peer 7"),
     ({"CONVOY_INVENTORY": "{d}/typo_vendor.json"}, "select all", 2, "did you mean 'nvidia'"),  # failed later
     ({"CONVOY_INVENTORY": "{d}/typo_vendor.json"}, "devices", 2, "typo_vendor.json"),  # printed 'device:0', exit 0
+    ({}, "devices --inventory=", 2, "names no file"),  # was ignored: printed the hardware's (or CONVOY_INVENTORY's)
+    ({}, "select 1 --inventory=", 2, "names no file"),
+    ({}, "run --inventory= -- {d}/train.py", 2, "names no file"),
     ({"CONVOY_NPROC_PER_NODE": "²"}, "config show", 2, "CONVOY_NPROC_PER_NODE"),
     ({}, "config --path {d}/c.toml --nproc-per-node ²", 2, "nproc_per_node"),
     ({}, "config --path /proc/c.toml --strategy ddp", 2, "cannot write"),

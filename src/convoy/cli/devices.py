@@ -9,7 +9,6 @@ Calls ``convoy.devices.discovery.discover``; never imports torch and never start
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Sequence
 
 DESCRIPTION = "List this machine's accelerators (or an inventory file's): memory, load, links, and who uses them."
@@ -25,11 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from convoy.cli.select import command_env
     from convoy.devices.discovery import discover
 
-    env = dict(os.environ)
-    if args.inventory:
-        env["CONVOY_INVENTORY"] = args.inventory
+    env = command_env(args)
     inventory = discover(env)
     if args.json:
         print(inventory.to_json(), end="")

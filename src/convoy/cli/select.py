@@ -64,8 +64,13 @@ def selection_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def command_env(args: argparse.Namespace) -> dict[str, str]:
     """The environment the request is resolved in: this process's, plus ``--inventory``."""
+    from convoy.errors import InventoryError
+
     env = dict(os.environ)
-    if args.inventory:
+    if args.inventory is not None:
+        if not args.inventory.strip():  # was ignored: the hardware (or CONVOY_INVENTORY) answered instead
+            raise InventoryError(f"--inventory {args.inventory!r} names no file; give an inventory file such as "
+                                 f"box.json (written by 'convoy devices --json'), or leave --inventory out")
         env["CONVOY_INVENTORY"] = args.inventory
     return env
 
