@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -95,6 +96,17 @@ def test_an_unknown_vendor_is_refused_naming_the_file_the_field_and_the_known_on
     message = str(err.value)
     assert fragment in message and str(path) in message and "device #0: vendor" in message, message
     assert "use one of nvidia, amd, intel, habana, ascend, apple" in message
+
+
+@pytest.mark.parametrize("field, value, fragment", [
+    ("index", 10**23, "index 100000000000000000000000 is larger than any machine reports (at most 65535)"),
+    ("memory_total_mib", 10**29, "memory_total_mib 100000000000000000000000000000 is larger than any machine"),
+])
+def test_numbers_no_machine_reports_are_refused(field, value, fragment):
+    """An index of 10^23 became CUDA_VISIBLE_DEVICES=10^23 (exit 0); 10^29 MiB of memory was planned with."""
+    with pytest.raises(InventoryError, match=re.escape(fragment)):
+        inventory_from_dict({"devices": [{"index": 0, "uuid": "u", "name": "n", field: value}]})
+    assert inventory_from_dict({"devices": [{"index": 65535, "uuid": "u", "name": "n"}]}).devices[0].index == 65535
 
 
 def test_vendor_case_does_not_matter():

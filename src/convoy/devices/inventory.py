@@ -286,6 +286,10 @@ _KNOWN = {
 }
 
 
+MAX_DEVICE_INDEX = 2**16 - 1
+"""The largest device index an inventory may hold (drivers number a machine's devices from 0, far below it)."""
+
+
 def _device(item: Any, position: int, source: str) -> Device:
     where = f"inventory ({source}): device #{position}"
     if not isinstance(item, dict):
@@ -298,7 +302,7 @@ def _device(item: Any, position: int, source: str) -> Device:
         raise InventoryError(f"{where}: compute_mode {_short(compute_mode)} is not one of {', '.join(COMPUTE_MODES)}")
     cc = item.get("compute_capability")
     return Device(
-        index=_count(item["index"], f"{where}: index"),
+        index=_count(item["index"], f"{where}: index", most=MAX_DEVICE_INDEX),
         uuid=_str(item["uuid"], f"{where}: uuid"),
         name=_str(item["name"], f"{where}: name"),
         vendor=_vendor(item.get("vendor", "nvidia"), f"{where}: vendor"),
@@ -361,10 +365,13 @@ def _list(value: Any, where: str) -> list[Any]:
     return value
 
 
-def _count(value: Any, where: str) -> int:
-    """An integer >= 0 (indices, pids, MiB, clocks): what the drivers report; negative ones are corrupt."""
+def _count(value: Any, where: str, *, most: int = 2**40) -> int:
+    """An integer >= 0 (indices, pids, MiB, clocks): what the drivers report; negative ones are corrupt, and so
+    is one past ``most`` (2^40 MiB is an exbibyte; an index of 10^23 became CUDA_VISIBLE_DEVICES=10^23)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InventoryError(f"{where} must be an integer >= 0, got {_short(value)}")
+    if value > most:
+        raise InventoryError(f"{where} {_short(value)} is larger than any machine reports (at most {most})")
     return value
 
 
