@@ -120,6 +120,27 @@ def test_an_older_torchs_agent_gets_only_the_options_it_has():
         _agent_options(OldLaunchConfig, WorkerOptions(signals_to_handle="SIGTERM,SIGUSR1"))
 
 
+def test_rendezvous_flags_are_read_as_torchrun_reads_them_or_refused_when_they_disagree():
+    """torchrun's static rendezvous is at --rdzv-endpoint when one is given (convoy took 127.0.0.1, or
+    --master-addr's host with the endpoint's port); --standalone replaced an endpoint without a word; c10d
+    ignores --master-addr/--master-port (the plan showed them as the workers' MASTER_ADDR)."""
+    two = dict(nnodes="2", nproc_per_node="1")
+    static = resolve_launch(req(**two, rdzv_backend="static", rdzv_endpoint="h:29501"), CPU, env={})
+    assert (static.master_addr, static.master_port, static.rdzv_endpoint) == ("h", 29501, "h:29501")
+    same = resolve_launch(req(**two, rdzv_backend="static", rdzv_endpoint="h:29501", master_addr="h",
+                              master_port=29501), CPU, env={})
+    assert same.rdzv_endpoint == "h:29501"
+    with pytest.raises(ConfigError, match="--rdzv-endpoint h:29501 and --master-addr x name different places"):
+        resolve_launch(req(**two, rdzv_backend="static", rdzv_endpoint="h:29501", master_addr="x"), CPU, env={})
+    with pytest.raises(ConfigError, match="--standalone runs the rendezvous on this machine, but --rdzv-endpoint "
+                                          "h:1 names one"):
+        resolve_launch(req(standalone=True, rdzv_endpoint="h:1"), CPU, env={})
+    c10d = resolve_launch(req(**two, rdzv_backend="c10d", rdzv_endpoint="h:1", master_addr="x", master_port=5),
+                          CPU, env={})
+    assert "--master-addr/--master-port are not used by a c10d rendezvous" in " ".join(c10d.explanation)
+    assert "MASTER_ADDR and MASTER_PORT set by the rendezvous" in "\n".join(describe_plan(c10d))
+
+
 @pytest.mark.parametrize("kw, message", [
     (dict(nnodes="2", standalone=True), "--standalone means one node"),
     (dict(nnodes="2", node_rank=2), "--node-rank 2 is outside --nnodes 2"),

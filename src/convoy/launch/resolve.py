@@ -255,6 +255,9 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
     if request.standalone and max_nodes > 1:
         raise ConfigError(f"--standalone means one node, but {request.said('nnodes', request.nnodes)}; drop one of "
                           f"them")
+    if request.standalone and request.rdzv_endpoint:  # torchrun replaces the endpoint without a word
+        raise ConfigError(f"--standalone runs the rendezvous on this machine, but "
+                          f"{request.said('rdzv_endpoint', request.rdzv_endpoint)} names one; drop one of them")
     if request.workers.local_addr and max_nodes == 1:
         notes.append(f"--local-addr {request.workers.local_addr} is not used: the ranks of a one-node job meet on "
                      "loopback")
@@ -268,13 +271,18 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
         backend, master_addr, master_port = "c10d", "127.0.0.1", 0
         endpoint = request.rdzv_endpoint or "127.0.0.1:0"
     elif backend == "static":
+        if request.rdzv_endpoint:  # torchrun's static rendezvous is at the endpoint when one is given
+            master_addr, master_port = _static_endpoint(request)
         master_addr, master_port = master_addr or "127.0.0.1", master_port or 29500
         endpoint = f"{master_addr}:{master_port}"
     else:
         if not request.rdzv_endpoint:
             raise ConfigError(f"{request.said('rdzv_backend', request.rdzv_backend)} needs --rdzv-endpoint HOST:PORT "
                               f"(or CONVOY_RDZV_ENDPOINT, or rdzv_endpoint in convoy.toml), the same on every node")
-        endpoint, master_addr, master_port = request.rdzv_endpoint, master_addr or "", master_port or 0
+        if request.master_addr or request.master_port:  # torchrun ignores them here too, with a warning
+            notes.append(f"--master-addr/--master-port are not used by a {backend} rendezvous: the rendezvous at "
+                         f"{request.rdzv_endpoint} tells every rank where rank 0 is")
+        endpoint, master_addr, master_port = request.rdzv_endpoint, "", 0
     extra = dict(_rdzv_conf(request.rdzv_conf))
     if backend == "static":
         extra["rank"] = str(node_rank)
@@ -441,6 +449,22 @@ def node_range(text: str | None) -> tuple[int, int]:
     return int(low), int(high if sep else low)
 
 
+def _static_endpoint(request: LaunchRequest) -> tuple[str, int]:
+    """A static rendezvous's ``--rdzv-endpoint`` as (address, port), torchrun's reading (29500 without a port);
+    ``ConfigError`` when ``--master-addr``/``--master-port`` name another place (torchrun took the endpoint)."""
+    host, sep, port = request.rdzv_endpoint.rpartition(":")
+    if not sep or not port.isdigit() or host.count(":") and not host.startswith("["):  # no port (or bare IPv6)
+        host, port = request.rdzv_endpoint, "29500"
+    address, number = host.strip("[]"), int(port)
+    if (request.master_addr and request.master_addr.strip("[]") != address) or \
+            (request.master_port and request.master_port != number):
+        given = " ".join(f"{flag} {value}" for flag, value in (("--master-addr", request.master_addr),
+                                                              ("--master-port", request.master_port)) if value)
+        raise ConfigError(f"{request.said('rdzv_endpoint', request.rdzv_endpoint)} and {given} name different "
+                          f"places for the static rendezvous; give one of them")
+    return address, number
+
+
 def _engine(request: LaunchRequest, backend: str, min_nodes: int, max_nodes: int) -> str:
     single = max_nodes == 1 and request.workers.max_restarts == 0 and backend == "static" and not request.rdzv_endpoint
     agent_only = request.workers.agent_only
@@ -491,8 +515,9 @@ def describe_plan(plan: LaunchPlan, *, base_env: Mapping[str, str] | None = None
         f"nodes:      {nodes} (this is node {plan.node_rank}); {plan.nproc_per_node} processes per node; "
         f"world size {world}",
         f"devices:    {plan.vendor}, backend {plan.backend}",
-        f"rendezvous: {plan.rdzv_backend} at {plan.rdzv_endpoint}; MASTER_ADDR={plan.master_addr} "
-        f"MASTER_PORT={port}; run id {plan.run_id}",
+        f"rendezvous: {plan.rdzv_backend} at {plan.rdzv_endpoint}; "
+        + (f"MASTER_ADDR={plan.master_addr} MASTER_PORT={port}" if plan.master_addr else
+           "MASTER_ADDR and MASTER_PORT set by the rendezvous") + f"; run id {plan.run_id}",
         f"restarts:   {plan.workers.max_restarts}",
     ]
     prefix = vendor_facts(plan.vendor).device_type
