@@ -87,13 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from convoy.devices.discovery import discover
-    from convoy.devices.lease import lease_holders
+    from convoy.devices.lease import visible_holders
     from convoy.devices.selection import select_devices
-    from convoy.devices.visibility import visible_devices
 
     env = command_env(args)
     inventory = discover(env)
-    held = lease_holders(visible_devices(inventory, env).devices) if args.free else {}
+    held = visible_holders(inventory, env) if args.free else {}
     selection = select_devices(args.spec, inventory=inventory, env=env, held=held, **selection_kwargs(args))
     if args.explain:
         print("\n".join(selection.explanation), file=sys.stderr)

@@ -41,7 +41,7 @@ from convoy.devices.inventory import Device
 from convoy.devices.units import parse_duration
 from convoy.errors import LeaseError, SelectionError
 
-__all__ = ["Lease", "lease_devices", "lease_holders", "select_and_lease", "default_lock_dir",
+__all__ = ["Lease", "lease_devices", "lease_holders", "visible_holders", "select_and_lease", "default_lock_dir",
            "LEASE_DIR_VARIABLE"]
 
 LEASE_DIR_VARIABLE = "CONVOY_LEASE_DIR"
@@ -261,6 +261,14 @@ def lease_holders(devices: Sequence[Device], *, lock_dir: str | Path | None = No
         finally:
             os.close(fd)
     return held
+
+
+def visible_holders(inventory: Any, env: Mapping[str, str]) -> dict[str, str]:
+    """UUID -> holder for the devices of ``inventory`` that ``env`` leaves visible and another job has leased
+    (in ``env``'s lease directory): ``select_devices``' ``held`` for a ``--free`` request."""
+    from convoy.devices.visibility import visible_devices
+
+    return lease_holders(visible_devices(inventory, env).devices, lock_dir=default_lock_dir(env))
 
 
 def lease_devices(devices: Sequence[Device], *, wait: float | str | None = None,

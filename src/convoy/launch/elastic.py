@@ -27,7 +27,10 @@ from convoy.errors import LaunchError
 from convoy.launch.failures import RankFailure, failure_error
 from convoy.launch.loopback import agent_store, is_loopback, loopback_env
 from convoy.launch.progress import missing_note
-from convoy.launch.resolve import DEFAULT_SIGNALS, LaunchPlan, shown_ranks, stream_map
+from convoy.launch.resolve import DEFAULT_SIGNALS, LaunchPlan, shown_ranks, split_endpoint, stream_map
+
+C10D_PORT = 29400
+"""torch's c10d rendezvous port where an endpoint gives none."""
 
 __all__ = ["run_elastic", "launch_config"]
 
@@ -186,16 +189,8 @@ def _loopback_host(plan: LaunchPlan) -> str | None:
     """The loopback address of a single-node c10d rendezvous, else None (multi-node: left to torch)."""
     if plan.max_nodes != 1 or plan.rdzv_backend != "c10d":
         return None
-    host, _ = _split_endpoint(plan.rdzv_endpoint)
+    host, _ = split_endpoint(plan.rdzv_endpoint, default_port=C10D_PORT)
     return ("127.0.0.1" if host == "localhost" else host) if is_loopback(host) else None
-
-
-def _split_endpoint(endpoint: str) -> tuple[str, int]:
-    """``HOST[:PORT]`` (IPv6 in brackets) -> (host, port); torch's c10d default port is 29400."""
-    host, sep, port = endpoint.rpartition(":")
-    if not sep or (host.count(":") and not host.endswith("]")):  # no port, or a bare IPv6 address
-        return endpoint.strip("[]"), 29400
-    return host.strip("[]"), int(port) if port.isdigit() else 29400
 
 
 @contextmanager
@@ -204,7 +199,7 @@ def _rendezvous_store(plan: LaunchPlan, host: str | None) -> Iterator[str | None
     if host is None:
         yield None
         return
-    _, port = _split_endpoint(plan.rdzv_endpoint)
+    _, port = split_endpoint(plan.rdzv_endpoint, default_port=C10D_PORT)
     try:
         with agent_store(host, port) as port:
             yield f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"

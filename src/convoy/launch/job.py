@@ -70,11 +70,10 @@ def _select(request: LaunchRequest, filters: DeviceFilters, env: Mapping[str, st
     if not filters.free:
         return select_devices(wanted, env=env, **_filter_kwargs(filters))
     from convoy.devices.discovery import discover
-    from convoy.devices.lease import default_lock_dir, lease_holders
-    from convoy.devices.visibility import visible_devices
+    from convoy.devices.lease import visible_holders
 
     inventory = discover(env)
-    held = lease_holders(visible_devices(inventory, env).devices, lock_dir=default_lock_dir(env))
+    held = visible_holders(inventory, env)
     try:
         return select_devices(wanted, inventory=inventory, env=env, held=held, **_filter_kwargs(filters))
     except SelectionError:

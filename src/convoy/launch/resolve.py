@@ -449,13 +449,19 @@ def node_range(text: str | None) -> tuple[int, int]:
     return int(low), int(high if sep else low)
 
 
+def split_endpoint(endpoint: str, *, default_port: int) -> tuple[str, int]:
+    """``HOST[:PORT]`` (IPv6 in brackets) -> (host, port), ``default_port`` where none is given (torch's: 29400
+    for c10d, 29500 for a static rendezvous)."""
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or (host.count(":") and not host.endswith("]")):  # no port, or a bare IPv6 address
+        return endpoint.strip("[]"), default_port
+    return host.strip("[]"), int(port) if port.isdigit() else default_port
+
+
 def _static_endpoint(request: LaunchRequest) -> tuple[str, int]:
     """A static rendezvous's ``--rdzv-endpoint`` as (address, port), torchrun's reading (29500 without a port);
     ``ConfigError`` when ``--master-addr``/``--master-port`` name another place (torchrun took the endpoint)."""
-    host, sep, port = request.rdzv_endpoint.rpartition(":")
-    if not sep or not port.isdigit() or host.count(":") and not host.startswith("["):  # no port (or bare IPv6)
-        host, port = request.rdzv_endpoint, "29500"
-    address, number = host.strip("[]"), int(port)
+    address, number = split_endpoint(request.rdzv_endpoint, default_port=29500)
     if (request.master_addr and request.master_addr.strip("[]") != address) or \
             (request.master_port and request.master_port != number):
         given = " ".join(f"{flag} {value}" for flag, value in (("--master-addr", request.master_addr),
