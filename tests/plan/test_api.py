@@ -145,7 +145,7 @@ def test_tensor_parallel_groups_never_straddle_two_nodes():
     ({"seq_len": None}, "seq_len=None: give a whole number"),  # was TypeError: '<' not supported
     ({"micro_batch": None}, "micro_batch=None"),
     ({"nodes": None}, "nodes=None"),
-    ({"efficiency": None}, "efficiency=None"),  # was TypeError
+    ({"efficiency": "0.5"}, "efficiency='0.5'"),  # None is the default (the device's rates), a string is not
     ({"inter_gbps": None}, "inter_gbps=None"),  # was TypeError
     ({"offload": "no"}, "offload='no' is a str"),  # was truthy: planned with offload on
     ({"calibrate": "no"}, "calibrate='no' is a str"),

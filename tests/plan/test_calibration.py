@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,12 +14,15 @@ from convoy.devices.inventory import load_inventory
 from convoy.errors import PlanError
 from convoy.plan.activations import block_bytes, head_saved_bytes
 from convoy.plan.api import plan, plan_for
+from convoy.plan.calibrate import resolve_calibration
 from convoy.plan.calibration import (FORMAT, Calibration, attention_key, cache_path, calibration_key, gemm_key,
-                                     load_calibration, resolve_calibration, save_calibration)
+                                     load_calibration, save_calibration)
 from convoy.plan.hardware import parse_hardware
 from convoy.plan.memory import Layout, RunSpec
 from convoy.plan.model import from_hf_config
-from convoy.plan.timing import attention_shape, gemm_shapes, model_flops_per_token, step_time
+from convoy.plan.rates import ModeledRates
+from convoy.plan.timing import (COLLECTIVE_LATENCY_S, DDP_BUCKET_BYTES, attention_shape, gemm_shapes,
+                                 model_flops_per_token, step_time)
 
 CONFIGS = Path(__file__).parent / "configs"
 GPT2 = from_hf_config(CONFIGS / "gpt2.json")
@@ -72,7 +77,7 @@ def test_cache_file_lives_under_the_user_cache_dir():
 
 def test_measured_rates_replace_the_fixed_efficiency():
     layout = Layout()
-    sheet = step_time(GPT2, RUN, layout, H100, global_batch=8)
+    sheet = step_time(GPT2, RUN, layout, H100, global_batch=8, efficiency=0.5)
     assert sheet.time_model == "datasheet"
     # only GEMMs (no memory traffic, no launches, attention free): the step is the GEMM FLOPs at the rate
     rec = _record(attn=0.0, memory_bytes_per_s=float("inf"), launch_seconds=0.0)
@@ -113,10 +118,16 @@ def test_recompute_and_unknown_shapes():
     half = step_time(GPT2, replace(RUN, recompute="full", recompute_every=2), Layout(), H100, global_batch=8,
                      calibration=rec)  # every other block checkpointed: half of them again
     assert half.seconds == pytest.approx(base.seconds + blocks / 2 / 400e12)
-    other = replace(RUN, seq_len=512)  # shapes the record lacks take its median rate in that dtype
+    # shapes the record lacks: the shape-aware model, scaled by the record's own median of measured / modeled
+    other = replace(RUN, seq_len=512)
     t = step_time(GPT2, other, Layout(), H100, global_batch=8, calibration=rec)
-    flops = sum(3 * count * 2 * m * k * n for m, k, n, count in gemm_shapes(GPT2, other))
-    assert t.seconds == pytest.approx(flops / 400e12 + 12 * 3 * 4 * 8 * 12 * 512 * 512 * 64 / 400e12)
+    model = ModeledRates(H100.gpu)
+    scale = statistics.median(2 * m * k * n / 400e12 / model.gemm_seconds(m, k, n, "bf16")
+                              for m, k, n, _ in gemm_shapes(GPT2, RUN))
+    gemms = sum(3 * count * scale * model.gemm_seconds(m, k, n, "bf16") for m, k, n, count in gemm_shapes(GPT2, other))
+    # the record's one attention shape took 0 s, which is no rate: the model's own figure at this shape
+    attention = 12 * model.attention_seconds(*attention_shape(GPT2, other), "bf16")
+    assert t.seconds == pytest.approx(gemms + attention)
 
 
 def test_peer_bandwidth_replaces_the_datasheet_link():
@@ -124,14 +135,15 @@ def test_peer_bandwidth_replaces_the_datasheet_link():
     layout = plan_for(GPT2, RUN, hw, global_batch=64).row("ddp").candidate.layout
     sheet = step_time(GPT2, RUN, layout, hw, global_batch=64)
     slow = step_time(GPT2, RUN, layout, hw, global_batch=64, calibration=_record(peer_bytes_per_s=45e9))
-    assert slow.dp_comm == pytest.approx(sheet.dp_comm * 10)
+    latency = math.ceil(4 * GPT2.num_params / DDP_BUCKET_BYTES) * COLLECTIVE_LATENCY_S["nvlink"]  # fp32 gradients
+    assert slow.dp_comm - latency == pytest.approx((sheet.dp_comm - latency) * 10)
 
 
-def test_without_the_planned_gpu_the_plan_says_it_keeps_the_datasheet(tmp_path, monkeypatch):
+def test_without_the_planned_gpu_the_plan_says_why_and_keeps_the_profile(tmp_path, monkeypatch):
     inv = load_inventory(Path(__file__).parents[1] / "inventories" / "8xh100_nvswitch.json")
     planned = parse_hardware("1xMI300X")
     record, note = resolve_calibration(planned, GPT2, RUN, inventory=inv, path=tmp_path / "c.json")
-    assert record is None and "calibration needs the MI300X" in note and "datasheet" in note
+    assert record is None and "calibration needs the MI300X" in note
     record, note = resolve_calibration(planned, GPT2, RUN, inventory=type("Empty", (), {"devices": ()})())
     assert record is None and "no GPU" in note
     import convoy.devices.discovery as discovery
@@ -139,9 +151,10 @@ def test_without_the_planned_gpu_the_plan_says_it_keeps_the_datasheet(tmp_path, 
     monkeypatch.setattr(discovery, "discover", lambda *a, **k: type("Empty", (), {"devices": ()})())
     p = plan(GPT2, hardware="1xH100-80GB", seq_len=1024, micro_batch=8, precision="bf16-autocast", calibrate=True)
     d = p.as_dict()["time_model"]
-    assert d["kind"] == "datasheet" and d["calibration"] is None and "needs the H100-80GB" in d["note"]
-    assert all(r.time.time_model == "datasheet" for r in p.rows)
-    # the planned GPU is visible but this torch cannot reach it (a CPU build): the datasheet, and why
+    assert d["kind"] == "profile" and d["calibration"] is None and "needs the H100-80GB" in d["note"]
+    assert "profile shipped with convoy" in d["note"]
+    assert all(r.time.time_model == "profile" for r in p.rows)
+    # the planned GPU is visible but this torch cannot reach it (a CPU build): the profile, and why
     h100 = type("One", (), {"devices": (type("D", (), {"name": "NVIDIA H100 80GB HBM3"})(),)})()
     import convoy.plan.calibrate as cal
 
@@ -150,7 +163,12 @@ def test_without_the_planned_gpu_the_plan_says_it_keeps_the_datasheet(tmp_path, 
     record, note = resolve_calibration(H100, GPT2, RUN, inventory=h100, path=tmp_path / "c.json")
     assert record is None and "calibration failed" in note and "is_available() is False" in note
     plain = plan(GPT2, hardware="1xH100-80GB").as_dict()["time_model"]
-    assert plain["kind"] == "datasheet" and "--calibrate" in plain["note"]
+    assert plain["kind"] == "profile" and "--calibrate" in plain["note"]
+    # a GPU without a profile: the shape-aware model, said so; efficiency= asks for the flat datasheet model
+    other = plan(GPT2, hardware="1xA100-80GB").as_dict()["time_model"]
+    assert other["kind"] == "modeled" and "no measured profile" in other["note"]
+    flat = plan(GPT2, hardware="1xH100-80GB", efficiency=0.5).as_dict()["time_model"]
+    assert flat["kind"] == "datasheet" and "0.5 x the H100-80GB peak" in flat["note"]
 
 
 def test_measuring_code_runs_on_the_cpu_and_caches(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -10,8 +11,9 @@ from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import Hardware, lookup_gpu, parse_hardware
 from convoy.plan.memory import Layout, RunSpec
 from convoy.plan.model import from_numbers
-from convoy.plan.timing import (compute_seconds, datasheet_rates, gemm_shapes, model_flops_per_token,
-                                 ring_all_reduce_seconds, ring_gather_seconds, step_time)
+from convoy.plan.rates import rates_for
+from convoy.plan.timing import (COLLECTIVE_LATENCY_S, DDP_BUCKET_BYTES, compute_seconds, gemm_shapes,
+                                 model_flops_per_token, ring_all_reduce_seconds, ring_gather_seconds, step_time)
 from tests.conftest import REPO
 
 MODEL = from_numbers(7e9, layers=32, hidden=4096, heads=32, vocab=32000)
@@ -64,7 +66,8 @@ def test_a_bare_parameter_count_is_flops_over_peak_at_the_efficiency():
     flops = model_flops_per_token(bare, 2048) * 4 * 2048
     assert t.seconds == pytest.approx(flops / (989.4e12 * 0.5))
     assert t.mfu == pytest.approx(0.5) and t.comm_bytes == 0 and t.time_model == "datasheet"
-    full = step_time(bare, RunSpec(seq_len=2048, micro_batch=4, recompute="full"), Layout(), hw, global_batch=4)
+    full = step_time(bare, RunSpec(seq_len=2048, micro_batch=4, recompute="full"), Layout(), hw, global_batch=4,
+                     efficiency=0.5)
     assert full.seconds == pytest.approx(t.seconds * 4 / 3) and full.mfu == pytest.approx(0.5 * 3 / 4)
 
 
@@ -85,9 +88,11 @@ def test_a_shaped_model_adds_memory_bound_work_at_the_datasheet_bandwidth():
     half_bw = step_time(MODEL, run, Layout(), _board(1675), global_batch=4, efficiency=0.5)
     memory_bound = full_bw.seconds - compute_only.seconds
     assert memory_bound > 0 and half_bw.seconds - full_bw.seconds == pytest.approx(memory_bound)
-    assert full_bw.seconds == step_time(MODEL, run, Layout(), parse_hardware("1xH100-80GB"), global_batch=4).seconds
+    assert full_bw.seconds == step_time(MODEL, run, Layout(), parse_hardware("1xH100-80GB"), global_batch=4,
+                                        efficiency=0.5).seconds
     # selective recomputation runs the attention core's forward again: 4·L·h·s per token, nothing else
-    selective = step_time(MODEL, replace(run, recompute="selective"), Layout(), _board(3350), global_batch=4)
+    selective = step_time(MODEL, replace(run, recompute="selective"), Layout(), _board(3350), global_batch=4,
+                          efficiency=0.5)
     again = 4 * 32 * 4096 * 2048 * (4 * 2048) / (989.4e12 * 0.5)
     assert selective.seconds - full_bw.seconds == pytest.approx(again)
 
@@ -108,13 +113,15 @@ def test_the_optimizer_step_comes_after_the_backward_and_not_at_all_when_offload
     run = RunSpec(seq_len=2048, micro_batch=1)
     layout = Layout(dims=ParallelDims(pp=8), microbatches=8)
     pp = step_time(MODEL, run, layout, hw, global_batch=8)
-    passes = compute_seconds(MODEL, run, layout, datasheet_rates(hw.gpu), fallback_flops=989.4e12 * 0.5)
+    passes = compute_seconds(MODEL, run, layout, rates_for(hw.gpu))
     assert pp.optimizer > 0 and pp.bubble == pytest.approx(passes * 7 / 8)  # the bubble idles passes, not the step
     z3 = Layout(dims=ParallelDims(dp_shard=8), zero_stage=3)
     on_gpu = step_time(MODEL, run, z3, hw, global_batch=8)
     offloaded = step_time(MODEL, run, replace(z3, offload=True), hw, global_batch=8)
     assert on_gpu.optimizer > 0 and offloaded.optimizer == 0 and offloaded.offload > 0
-    assert on_gpu.seconds == pytest.approx(on_gpu.compute + on_gpu.optimizer + on_gpu.exposed_dp)
+    # FSDP2's copies in and out of its buffers are the GPU's work; offloaded, the host link's (in ``offload``)
+    assert on_gpu.overhead > 0 and offloaded.overhead == 0
+    assert on_gpu.seconds == pytest.approx(on_gpu.compute + on_gpu.optimizer + on_gpu.overhead + on_gpu.exposed_dp)
 
 
 def test_bubble_overlap_and_slow_links_cost_time():
@@ -127,7 +134,11 @@ def test_bubble_overlap_and_slow_links_cost_time():
     assert ddp.exposed_dp == pytest.approx(max(0.0, ddp.dp_comm - ddp.compute * 2 / 3))
     slow = step_time(MODEL, run, Layout(dims=ParallelDims(dp_replicate=8)), parse_hardware("8xH100-80GB", intra="pcie"),
                      global_batch=8)
-    assert slow.dp_comm == pytest.approx(ddp.dp_comm * 450 / 64) and slow.seconds > ddp.seconds
+    # one all-reduce per 25 MiB DDP bucket, each with the link's latency; the bytes at the link's bandwidth
+    buckets = math.ceil(2 * 7e9 / DDP_BUCKET_BYTES)
+    nvlink, pcie = COLLECTIVE_LATENCY_S["nvlink"], COLLECTIVE_LATENCY_S["pcie"]
+    assert slow.dp_comm - buckets * pcie == pytest.approx((ddp.dp_comm - buckets * nvlink) * 450 / 64)
+    assert slow.seconds > ddp.seconds
     z3 = step_time(MODEL, run, Layout(dims=ParallelDims(dp_shard=8), zero_stage=3), hw, global_batch=8)
     assert z3.comm_bytes == pytest.approx(ddp.comm_bytes * 1.5)  # ZeRO-3: 1.5x the all-reduce volume
     tp = step_time(MODEL, run, Layout(dims=ParallelDims(tp=8), microbatches=8), hw, global_batch=8)
@@ -141,4 +152,5 @@ def test_multi_node_shares_the_nics():
     layout = Layout(dims=ParallelDims(dp_replicate=16))
     fast = step_time(MODEL, run, layout, one, global_batch=16)
     slow = step_time(MODEL, run, layout, thin, global_batch=16)
-    assert slow.dp_comm == pytest.approx(fast.dp_comm * 8)
+    latency = math.ceil(2 * 7e9 / DDP_BUCKET_BYTES) * COLLECTIVE_LATENCY_S["inter"]
+    assert slow.dp_comm - latency == pytest.approx((fast.dp_comm - latency) * 8)

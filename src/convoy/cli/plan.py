@@ -85,7 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="flash: fused SDPA keeps no s x s scores; eager: it does (default flash)")
     r.add_argument("--dropout", action="store_true", help="the model uses dropout (masks cost memory)")
     r.add_argument("--efficiency", type=_positive_float, default=None,
-                   help="fraction of peak FLOPs compute reaches (default 0.5)")
+                   help="time every GEMM and the attention at this fraction of peak FLOPs (the flat datasheet model); "
+                        "default: the GPU's measured profile, else the shape-aware model")
     r.add_argument("--no-offload", action="store_true", help="leave out CPU-offload candidates")
     r.add_argument("--calibrate", action="store_true",
                    help="measure the planned GPU on this machine (cached) and time with the measured rates")
@@ -99,7 +100,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from convoy.errors import PlanError
     from convoy.plan.api import format_plan, plan
-    from convoy.plan.timing import DEFAULT_EFFICIENCY
 
     if args.model is None and args.params is None:
         raise PlanError("no model given; pass a config.json path, a MODULE:FUNCTION factory, or --params 7.5e9")
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
                   peak_tflops=args.peak_tflops, seq_len=args.seq_len, micro_batch=args.micro_batch,
                   global_batch=args.global_batch, precision=args.precision, optimizer=args.optimizer,
                   recompute=args.recompute, attention=args.attention, dropout=args.dropout,
-                  efficiency=args.efficiency or DEFAULT_EFFICIENCY, offload=not args.no_offload, allowed=allowed,
+                  efficiency=args.efficiency, offload=not args.no_offload, allowed=allowed,
                   params=args.params, layers=args.layers, hidden=args.hidden, heads=args.heads,
                   kv_heads=args.kv_heads, ffn=args.ffn, vocab=args.vocab, calibrate=args.calibrate)
     if args.plot:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # memory.py imports this module
-    from convoy.plan.memory import RunSpec
+    from convoy.plan.run import RunSpec
     from convoy.plan.model import ModelSpec
 
 __all__ = ["Saved", "FAMILIES", "block_saved", "block_bytes", "weight_cast_bytes", "head_saved_bytes", "regime"]

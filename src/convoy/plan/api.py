@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Any, Callable, Collection
 
 from convoy.errors import PlanError
-from convoy.plan.calibration import DATASHEET_MODEL, Calibration
+from convoy.plan.calibration import Calibration
 from convoy.plan.candidates import STRATEGY_NAMES, Candidate, enumerate_candidates
 from convoy.plan.hardware import GpuSpec, Hardware, hardware_from_inventory, lookup_gpu, parse_hardware
 from convoy.plan.memory import Layout, MemoryBreakdown, RunSpec, memory_per_gpu
 from convoy.plan.model import ModelSpec, resolve_model
 from convoy.plan.recommend import Recommendation, Row, recommend
-from convoy.plan.timing import DEFAULT_EFFICIENCY, step_time
+from convoy.plan.rates import Rates, rates_for
+from convoy.plan.timing import step_time
 from convoy.plan.units import format_bytes, format_seconds
 
 __all__ = ["Plan", "plan", "plan_for", "recommend_for_module", "MAX_GPUS_PER_NODE", "MAX_GPUS"]
@@ -48,16 +49,19 @@ class Plan:
     run: RunSpec
     hardware: Hardware
     global_batch: int
-    efficiency: float
+    efficiency: float | None
+    """The flat efficiency the step times use (``efficiency=``), or None: the rates of ``time_model``."""
     rows: tuple[Row, ...]
     """One per candidate, in enumeration order."""
     single_gpu: MemoryBreakdown
     """The unsharded one-GPU memory (what the guide's case 1 asks about)."""
     recommendation: Recommendation
     calibration: Calibration | None = None
-    """Rates measured on this machine (``--calibrate``) the step times use; None: the datasheet model."""
+    """Rates measured on this machine (``--calibrate``) the step times use; None: a profile or a model."""
     time_note: str = ""
     """One sentence: which time model the step times come from, and why."""
+    time_model: str = "modeled"
+    """Where the rates came from: ``calibrated``, ``profile``, ``modeled`` or ``datasheet`` (``convoy.plan.rates``)."""
 
     def row(self, name: str) -> Row:
         for r in self.rows:
@@ -74,8 +78,7 @@ class Plan:
             "hardware": {"gpu": hw.gpu.name, "memory_bytes": hw.gpu.memory_bytes, "gpus_per_node": hw.gpus_per_node,
                          "nodes": hw.nodes, "intra": hw.intra, "intra_bytes_per_s": hw.intra_bandwidth,
                          "inter_gbps": hw.inter_gbps, "source": hw.gpu.source},
-            "time_model": {"kind": "calibrated" if self.calibration else "datasheet",
-                           "note": self.time_note or _DATASHEET_NOTE,
+            "time_model": {"kind": self.time_model, "note": self.time_note,
                            "calibration": self.calibration.as_dict() if self.calibration else None},
             "single_gpu": self.single_gpu.as_dict(),
             "candidates": [r.as_dict() for r in self.rows],
@@ -87,7 +90,7 @@ class Plan:
 
 
 def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int | None = None,
-             efficiency: float = DEFAULT_EFFICIENCY, offload: bool = True,
+             efficiency: float | None = None, offload: bool = True,
              allowed: Collection[str] | None = None, explain_breaks: bool = True,
              keep: Callable[[Candidate], bool] | None = None, calibration: Calibration | None = None,
              time_note: str = "", precision_for: Callable[[Candidate], str] | None = None) -> Plan:
@@ -96,9 +99,10 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
     ``keep``: a further filter on the candidates (``Accelerator(strategy="auto")`` keeps what its trainer runs).
     ``precision_for``: the precision recipe each candidate runs in, where it is not ``run.precision`` for all of
     them (a trainer whose sharded strategies gather 16-bit weights while its replicated ones autocast)."""
-    if not 0 < efficiency <= 1:
+    if efficiency is not None and not 0 < efficiency <= 1:
         raise PlanError(f"efficiency must be in (0, 1], got {efficiency}")
     _check_scale(hw)
+    rates = rates_for(hw.gpu, calibration=calibration, efficiency=efficiency)
     gb = global_batch or run.global_batch or run.micro_batch * hw.world_size
     if gb < run.micro_batch:
         raise PlanError(f"global batch {gb} is smaller than the micro-batch {run.micro_batch}")
@@ -114,7 +118,7 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
             continue
         own = replace(run, precision=precision_for(cand)) if precision_for is not None else run
         mem = memory_per_gpu(model, own, cand.layout)
-        t = step_time(model, own, cand.layout, hw, global_batch=gb, efficiency=efficiency, calibration=calibration)
+        t = step_time(model, own, cand.layout, hw, global_batch=gb, rates=rates)
         rows.append(Row(candidate=cand, memory=mem, time=t, fits=mem.total <= hw.gpu.memory_bytes,
                         precision=own.precision))
     if not rows and uneven:
@@ -137,7 +141,8 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
                                        f"{format_bytes(full.memory.total, binary=True)} per GPU and takes "
                                        f"{format_seconds(full.time.seconds)} per step.",))
     return Plan(model=model, run=run, hardware=hw, global_batch=gb, efficiency=efficiency, rows=tuple(rows),
-                single_gpu=single, recommendation=rec, calibration=calibration, time_note=time_note)
+                single_gpu=single, recommendation=rec, calibration=calibration, time_model=rates.kind,
+                time_note=_time_note(rates, time_note))
 
 
 def _show(value: Any) -> str:
@@ -205,7 +210,7 @@ def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory
          gpu_memory_gib: float | None = None, peak_tflops: float | None = None,
          seq_len: int = 2048, micro_batch: int = 1, global_batch: int | None = None, precision: str = "bf16",
          optimizer: str = "adamw", recompute: str = "none", attention: str = "flash", dropout: bool = False,
-         efficiency: float = DEFAULT_EFFICIENCY, offload: bool = True, allowed: Collection[str] | None = None,
+         efficiency: float | None = None, offload: bool = True, allowed: Collection[str] | None = None,
          params: float | None = None, calibrate: bool = False, **shape: Any) -> Plan:
     """Plan ``model`` (config.json path or dict, ``module:function``, ``nn.Module``, ``ModelSpec``, or ``params=``
     with ``layers=``/``hidden=``/``heads=``/``vocab=``/``ffn=``) on ``hardware``.
@@ -221,10 +226,14 @@ def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 2**31:
             raise PlanError(f"{key}={_show(value)}: give a whole number from 1 to {2**31}")
-    for key, value in (("efficiency", efficiency), ("inter_gbps", inter_gbps)):
-        if value is None:  # these two have defaults, not a "detect it" None
-            raise PlanError(f"{key}=None: give a finite number > 0 (or leave it out for the default)")
-    for key, value in (("efficiency", efficiency), ("inter_gbps", inter_gbps), ("intra_gbs", intra_gbs),
+    if inter_gbps is None:  # a default, not a "detect it" None
+        raise PlanError("inter_gbps=None: give a finite number > 0 (or leave it out for the default)")
+    if efficiency is not None:
+        _positive_number("efficiency", efficiency)
+        if efficiency > 1:
+            raise PlanError(f"efficiency={_show(efficiency)} is a fraction of the peak; give a number in (0, 1], "
+                            "or leave it out for the device's rates")
+    for key, value in (("inter_gbps", inter_gbps), ("intra_gbs", intra_gbs),
                        ("gpu_memory_gib", gpu_memory_gib), ("peak_tflops", peak_tflops)):
         _positive_number(key, value)
     for key, value in (("offload", offload), ("calibrate", calibrate)):
@@ -239,9 +248,11 @@ def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory
                   optimizer=optimizer, recompute=recompute, attention=attention, dropout=dropout)
     calibration, note = None, ""
     if calibrate:
-        from convoy.plan.calibration import resolve_calibration
+        from convoy.plan.calibrate import resolve_calibration
 
-        calibration, note = resolve_calibration(hw, spec, run)
+        calibration, why = resolve_calibration(hw, spec, run)
+        if calibration is None:
+            note = f"{why}; step times use {rates_for(hw.gpu, efficiency=efficiency).describe()}"
     return plan_for(spec, run, hw, efficiency=efficiency, offload=offload, allowed=allowed, calibration=calibration,
                     time_note=note)
 
@@ -283,7 +294,11 @@ def resolve_hardware(hardware: str | Hardware | None = None, *, inventory: Any =
     return hw
 
 
-_DATASHEET_NOTE = f"step times use {DATASHEET_MODEL}; --calibrate measures this machine"
+def _time_note(rates: Rates, given: str = "") -> str:
+    """The one sentence every plan shows about its step times: ``given`` (why a calibration was not used, said
+    by the caller), else where ``rates`` come from."""
+    return given or f"step times use {rates.describe()}"
+
 
 def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: int, precision: str = "bf16",
                          seq_len: int = 2048, micro_batch: int = 1, optimizer: str = "adamw",
@@ -350,7 +365,7 @@ def format_plan(p: Plan) -> str:
         lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
     rec = p.recommendation
     lines.append("")
-    lines.append(f"time: {p.time_note or _DATASHEET_NOTE}")
+    lines.append(f"time: {p.time_note}")
     lines.append(f"recommended: {rec.row.name if rec.row else 'nothing fits'}"
                  + (f"  (strategy={rec.strategy}, {rec.dims.describe()})" if rec.row else ""))
     lines += [f"  - {s}" for s in rec.reasons]

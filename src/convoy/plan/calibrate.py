@@ -20,11 +20,12 @@ from typing import Any, Callable
 
 from convoy.errors import PlanError
 from convoy.plan.calibration import (Calibration, attention_key, gemm_key, load_calibration, save_calibration)
-from convoy.plan.memory import RunSpec
+from convoy.plan.hardware import lookup_gpu
 from convoy.plan.model import ModelSpec
-from convoy.plan.timing import attention_shape, gemm_shapes
+from convoy.plan.run import RunSpec
+from convoy.plan.shapes import attention_shape, gemm_shapes
 
-__all__ = ["calibrate", "measure", "device_identity"]
+__all__ = ["calibrate", "measure", "device_identity", "resolve_calibration"]
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -199,3 +200,32 @@ def calibrate(model: ModelSpec, run: RunSpec, *, device: str = "cuda", tp: int |
         except PlanError as err:
             warnings.warn(f"{err}; the rates just measured are used for this plan only", stacklevel=2)
     return record
+
+
+def resolve_calibration(hw: Any, model: ModelSpec, run: RunSpec, *, tp: int = 1, inventory: Any = None,
+                        path: Path | None = None) -> tuple[Calibration | None, str]:
+    """The calibration ``convoy plan --calibrate`` uses, or None and why it was not measured.
+
+    Measures only when a device of the planned kind is visible here (the inventory, else this machine's
+    discovery); a plan without it keeps the GPU's profile or the shape-aware model (``convoy.plan.rates``)."""
+    if inventory is None:
+        try:
+            from convoy.devices.discovery import discover
+
+            inventory = discover()
+        except Exception as err:  # noqa: BLE001 -- probing is best effort: the plan still stands without it
+            return None, f"calibration skipped, no device probe ({err})"
+    visible = []
+    for d in getattr(inventory, "devices", ()) or ():
+        try:
+            visible.append(lookup_gpu(d.name).name)
+        except PlanError:
+            visible.append(d.name)
+    if hw.gpu.name not in visible:
+        here = ", ".join(sorted(set(visible))) or "no GPU"
+        return None, f"calibration needs the {hw.gpu.name} being planned for, and this machine has {here}"
+    try:
+        record = calibrate(model, run, device="cuda", tp=tp, path=path)
+    except PlanError as err:  # e.g. a CPU-only torch on a GPU machine: the plan stands without it
+        return None, f"calibration failed ({err})"
+    return record, ""

@@ -28,12 +28,12 @@ from typing import Any, Mapping
 from convoy.errors import PlanError
 
 __all__ = ["Calibration", "FORMAT", "cache_path", "calibration_key", "load_calibration", "save_calibration",
-           "gemm_key", "attention_key", "resolve_calibration", "DATASHEET_MODEL", "time_model"]
+           "gemm_key", "attention_key", "DATASHEET_MODEL", "time_model"]
 
 #: bump when a field's meaning changes: older records are then ignored (measured again)
 FORMAT = 1
 
-#: what step times rest on without a measurement (``convoy.plan.timing``'s ``datasheet_rates``)
+#: what step times rested on before device profiles (``convoy.plan.rates.FlatRates``; now ``efficiency=``)
 DATASHEET_MODEL = ("the datasheet model (peak FLOPs x a fixed efficiency, memory-bound work at the board's bandwidth "
                    "where the table has it)")
 
@@ -198,37 +198,3 @@ def save_calibration(record: Calibration, *, path: Path | None = None) -> Path:
         raise PlanError(f"cannot write the calibration cache {str(path)!r} ({err}); set XDG_CACHE_HOME to a "
                         "writable directory") from None
     return path
-
-
-def resolve_calibration(hw: Any, model: Any, run: Any, *, tp: int = 1, inventory: Any = None,
-                        path: Path | None = None) -> tuple["Calibration | None", str]:
-    """The calibration ``convoy plan --calibrate`` uses, and a sentence saying which time model applies.
-
-    Measures (``convoy.plan.calibrate``, imports torch) only when a device of the planned kind is visible
-    here; otherwise returns None and says that the datasheet model is kept and why."""
-    from convoy.plan.hardware import lookup_gpu
-
-    if inventory is None:
-        try:
-            from convoy.devices.discovery import discover
-
-            inventory = discover()
-        except Exception as err:  # noqa: BLE001 -- probing is best effort: the plan still stands without it
-            return None, f"step times use {time_model(None, why=f'calibration skipped, no device probe ({err})')}"
-    visible = []
-    for d in getattr(inventory, "devices", ()) or ():
-        try:
-            visible.append(lookup_gpu(d.name).name)
-        except PlanError:
-            visible.append(d.name)
-    if hw.gpu.name not in visible:
-        here = ", ".join(sorted(set(visible))) or "no GPU"
-        why = f"calibration needs the {hw.gpu.name} being planned for, and this machine has {here}"
-        return None, f"step times use {time_model(None, why=why)}"
-    from convoy.plan.calibrate import calibrate
-
-    try:
-        record = calibrate(model, run, device="cuda", tp=tp, path=path)
-    except PlanError as err:  # e.g. a CPU-only torch on a GPU machine: the plan stands on the datasheet
-        return None, f"step times use {time_model(None, why=f'calibration failed ({err})')}"
-    return record, f"step times use {time_model(record)}"

@@ -22,7 +22,7 @@ from typing import Any
 from convoy.errors import PlanError
 from convoy.plan.units import GB, MiB
 
-__all__ = ["GpuSpec", "Hardware", "GPUS", "lookup_gpu", "parse_hardware", "hardware_from_inventory"]
+__all__ = ["GpuSpec", "Hardware", "GPUS", "CPU", "lookup_gpu", "parse_hardware", "hardware_from_inventory"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +50,13 @@ class GpuSpec:
     """Where the numbers come from."""
     aliases: tuple[str, ...] = ()
     """Lower-case substrings that identify this board in a device name from NVML/ROCm."""
+    kind: str = "gpu"
+    """``"gpu"`` for an accelerator, ``"cpu"`` for CPU processes (``CPU``): what plans and explanations call it."""
+
+    @property
+    def noun(self) -> str:
+        """What one device is called in a sentence: ``"GPU"``, or ``"CPU process"``."""
+        return "CPU process" if self.kind == "cpu" else "GPU"
 
     def peak_flops(self, dtype: str) -> float:
         """Peak FLOP/s for ``"bf16"``, ``"fp16"`` or ``"fp32"`` compute."""
@@ -122,6 +129,13 @@ GPUS: dict[str, GpuSpec] = {g.name.lower(): g for g in (
          "AMD Instinct MI300X datasheet (7 Infinity Fabric links x 64 GB/s each way): "
          "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html", ("mi300x",), hbm=5300),
 )}
+
+#: CPU processes (gloo) as the planner sees them, for ``strategy="auto"`` on a machine without an accelerator.
+#: Stated assumptions, not a datasheet: a few cores' bf16/fp32 matmul rate, the memory bandwidth one process of
+#: a shared box gets, and gloo's loopback transfers; the memory is the process's share of RAM, set per job.
+CPU = GpuSpec(name="cpu", memory_bytes=16 * 2**30, bf16_tflops=1.0, fp16_tflops=1.0, fp32_tflops=1.0,
+              nvlink_gbs=None, pcie_gbs=5.0, memory_gbs=20.0, kind="cpu",
+              source="CPU processes: assumed rates (about 1 TFLOP/s, 20 GB/s memory, 5 GB/s between processes)")
 
 _SPEC = re.compile(r"^\s*(?:(\d+)\s*[xX*]\s*)?(.+?)\s*$")
 

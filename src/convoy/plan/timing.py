@@ -1,31 +1,28 @@
-"""Time per training step for one layout: FLOPs at a stated efficiency, ring collectives per link, overlap, bubble.
+"""Time per training step for one layout: the model's kernels at a device's rates, collectives, overlap, bubble.
 
     from convoy.plan.timing import step_time, model_flops_per_token
     t = step_time(model, run, layout, hardware, global_batch=512)
-    t.seconds, t.tokens_per_s_per_gpu, t.mfu, t.comm_bytes
+    t.seconds, t.tokens_per_s_per_gpu, t.mfu, t.comm_bytes, t.time_model   # time_model: where the rates came from
 
 Sources: training FLOPs per token 6N + 12·L·h·s (Kaplan et al. 2020 for 6N; the attention term and the MFU
 definition from PaLM, Chowdhery et al. 2022, appendix B); full recomputation adds one forward (8N, Korthikanti
 et al. 2022). Collectives use the ring (bandwidth-optimal) cost: all-reduce moves 2(n-1)/n of the buffer
 through each GPU's link, all-gather and reduce-scatter (n-1)/n (Thakur, Rabenseifner & Gropp 2005; NCCL's
-"bus bandwidth" doc). Megatron tensor parallelism does 4 all-reduce-equivalents of the layer's activations per
-block per micro-batch (Narayanan et al. 2021); a 1F1B pipeline idles (p-1)/(m+p-1) of the time (GPipe bubble).
-Data-parallel traffic overlaps with the backward; tensor-parallel and offload traffic are counted as exposed.
+"bus bandwidth" doc), plus a fixed latency per collective (``COLLECTIVE_LATENCY_S``). Megatron tensor
+parallelism does 4 all-reduce-equivalents of the layer's activations per block per micro-batch (Narayanan et
+al. 2021); a 1F1B pipeline idles (p-1)/(m+p-1) of the time (GPipe bubble). Data-parallel traffic overlaps with
+the backward; tensor-parallel and offload traffic are counted as exposed.
 
-A model with a shape (layers, hidden, heads) is timed kernel class by kernel class, a roofline: every GEMM of
-the model at its own shape (x3 for forward + two backward products, x4 with full recomputation), the fused
-attention's forward + backward, memory-bound work (the saved activation bytes, each written and read, its
-gradient written and read, plus a launch overhead per kernel, about three per saved tensor), and the
-optimizer's reads and writes. The rates come from one of two places:
-
-- the datasheet (default): GEMMs and attention at peak FLOPs x ``efficiency``, memory-bound work and the
-  optimizer at the datasheet's memory bandwidth, no launch overhead. A model known only by its parameter
-  count is timed as 6N FLOPs per token at peak x ``efficiency``.
-- a ``Calibration`` (``convoy plan --calibrate``, measured on the device by ``convoy.plan.calibrate``): each
-  GEMM shape at its measured FLOP/s, the fused attention's measured seconds, memory-bound work at the measured
-  seconds per saved byte of a norm / GELU / SiLU / residual chain's forward + backward (else the rule above at
-  the measured bandwidth and launch overhead), the optimizer at the measured bandwidth; measured peer
-  bandwidth replaces the datasheet's intra-node link.
+A model with a shape (layers, hidden, heads) is timed kernel class by kernel class: every GEMM of the model at
+its own shape (x3 for forward + two backward products, x4 with full recomputation), the fused attention's
+forward + backward, memory-bound work (per byte the blocks save for backward), and the optimizer's reads and
+writes, at a device's ``Rates`` (``convoy.plan.rates``: measured here, a shipped profile, the shape-aware model
+or the flat datasheet model). A step is never shorter than its kernels' launches (``Rates.launch_seconds``
+each), which is what bounds a small model. The framework's own work is charged too (``StepTime.overhead``):
+FSDP2 copies every unit's parameters into and out of its flat all-gather buffer and its gradients into the
+reduce-scatter buffer, at every micro-batch, even on one process (``torch.distributed.fsdp``'s
+``foreach_all_gather``/``foreach_reduce``); DDP copies gradients into its buckets and back. A model known only by
+its parameter count is timed as 6N FLOPs per token at the rates' bulk matmul rate.
 """
 
 from __future__ import annotations
@@ -34,22 +31,35 @@ import math
 from dataclasses import dataclass, replace
 
 from convoy.plan.activations import block_bytes, block_saved, head_saved_bytes
-from convoy.plan.calibration import Calibration, attention_key, gemm_key
+from convoy.plan.calibration import Calibration
 from convoy.plan.hardware import GpuSpec, Hardware
-from convoy.plan.memory import OPTIMIZER_STATE_BYTES, Layout, RunSpec, _stage_params
+from convoy.plan.memory import Layout, _stage_params
 from convoy.plan.model import ModelSpec
-from convoy.plan.units import GB
+from convoy.plan.rates import FlatRates, Rates, rates_for
+from convoy.plan.run import OPTIMIZER_STATE_BYTES, RunSpec
+from convoy.plan.shapes import attention_shape, gemm_shapes
 
 __all__ = ["StepTime", "step_time", "model_flops_per_token", "ring_all_reduce_seconds", "ring_gather_seconds",
            "DEFAULT_EFFICIENCY", "CPU_ADAM_PARAMS_PER_S", "gemm_shapes", "attention_shape", "compute_seconds",
-           "optimizer_seconds", "datasheet_rates", "mfu_peak"]
+           "optimizer_seconds", "datasheet_rates", "mfu_peak", "COLLECTIVE_LATENCY_S", "DDP_BUCKET_BYTES",
+           "framework_seconds", "kernel_launches"]
 
-#: fraction of peak FLOPs the matmul and attention kernels reach without a calibration: a typical large-model
-#: figure (PaLM reports 46% MFU, Megatron-LM 52% on A100); a stated assumption, override with ``efficiency=``.
+#: the fraction of peak FLOPs ``efficiency=`` (``--efficiency``) stood for by default before device profiles: a
+#: typical large-model figure (PaLM reports 46% MFU, Megatron-LM 52% on A100). Plans now default to the rates of
+#: ``convoy.plan.rates``; a given efficiency selects the flat datasheet model (``FlatRates``).
 DEFAULT_EFFICIENCY = 0.5
 #: parameters per second a CPU Adam step updates per process, for offloaded optimizers (DeepSpeed's
 #: CPU-Adam reports about 1e9 on a server socket); a stated assumption.
 CPU_ADAM_PARAMS_PER_S = 1.0e9
+#: seconds of a small collective, by where its ranks are: NCCL over NVLink/NVSwitch and PCIe, across nodes, and
+#: gloo between CPU processes. Stated assumptions from nccl-tests' small-message all_reduce_perf on DGX-class
+#: nodes (about 10 us inside a node, 15 us over PCIe, 20-30 us across InfiniBand) and gloo's TCP loopback (about
+#: 100 us); they matter only for small models, where they decide between DDP and ZeRO-3.
+COLLECTIVE_LATENCY_S = {"nvlink": 10e-6, "pcie": 15e-6, "inter": 25e-6, "cpu": 100e-6}
+#: DDP's bucket size (``bucket_cap_mb`` = 25 MiB): one all-reduce per bucket
+DDP_BUCKET_BYTES = 25 * 2**20
+#: bytes of an FSDP2 shard per parameter (fp32: the optimizer steps it, whatever the gathered dtype)
+_SHARD_BYTES = 4
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +72,8 @@ class StepTime:
     """Of which: pipeline idle time."""
     optimizer: float = 0.0
     """The optimizer step on the GPU, after the last backward (0: offloaded, or a model without a shape)."""
+    overhead: float = 0.0
+    """The data-parallel engine's own copies (FSDP2's flat buffers, DDP's buckets; ``framework_seconds``)."""
     dp_comm: float
     """Data-parallel collectives (all-reduce / reduce-scatter / all-gather), before overlap."""
     tp_comm: float
@@ -81,12 +93,14 @@ class StepTime:
     """Model FLOPs per step (no recomputation), the MFU numerator."""
     peak_flops: float
     """Per-GPU peak for the compute dtype."""
-    time_model: str = "datasheet"
-    """``"datasheet"`` (``datasheet_rates``) or ``"calibrated"`` (rates measured on the device)."""
+    time_model: str = "modeled"
+    """Where the rates came from (``convoy.plan.rates``): ``"calibrated"``, ``"profile"``, ``"modeled"`` or
+    ``"datasheet"``."""
 
     @property
     def seconds(self) -> float:
-        return self.compute + self.optimizer + self.exposed_dp + self.tp_comm + self.pp_comm + self.offload
+        return (self.compute + self.optimizer + self.overhead + self.exposed_dp + self.tp_comm + self.pp_comm
+                + self.offload)
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -99,6 +113,7 @@ class StepTime:
 
     def as_dict(self) -> dict[str, float]:
         return {"seconds": self.seconds, "compute": self.compute, "bubble": self.bubble, "optimizer": self.optimizer,
+                "overhead": self.overhead,
                 "dp_comm": self.dp_comm,
                 "exposed_dp": self.exposed_dp, "tp_comm": self.tp_comm, "pp_comm": self.pp_comm,
                 "offload": self.offload, "comm_bytes": self.comm_bytes,
@@ -148,71 +163,47 @@ def _group_bandwidth(hw: Hardware, ranks_per_node: int, group: int) -> float:
     return min(hw.intra_bandwidth, hw.inter_bandwidth * ranks_per_node / hw.gpus_per_node)
 
 
-def gemm_shapes(model: ModelSpec, run: RunSpec, *, tp: int = 1) -> list[tuple[int, int, int, int]]:
-    """The forward GEMMs of one micro-batch as (m, k, n, count): per block (count = layers) and the head
-    (count 1). Column-parallel projections split n by ``tp``, row-parallel ones k; a size ``tp`` does not divide
-    is rounded up, the share of the busiest rank (rounding down let tp ranks do less than the whole model)."""
-    assert model.hidden is not None and model.num_layers is not None and model.heads is not None
-    m, h, L = run.seq_len * run.micro_batch, model.hidden, model.num_layers
-    f, kv = model.ffn or 4 * h, h * (model.kv_heads or model.heads) // model.heads
-
-    def split(size: int) -> int:
-        return -(-size // tp)
-
-    if model.family == "llama":
-        out = [(m, h, split(h), L), (m, h, split(kv), 2 * L), (m, split(h), h, L)]
-    else:
-        out = [(m, h, split(h + 2 * kv), L), (m, split(h), h, L)]
-    if model.gated_mlp:
-        out += [(m, h, split(f), 2 * L), (m, split(f), h, L)]
-    else:
-        out += [(m, h, split(f), L), (m, split(f), h, L)]
-    if model.vocab:
-        out.append((m, h, split(model.vocab), 1))
-    return out
+def collective_latency(hw: Hardware, *, across_nodes: bool) -> float:
+    """Seconds of one small collective among ``hw``'s ranks (``COLLECTIVE_LATENCY_S``)."""
+    if hw.gpu.kind == "cpu":
+        return COLLECTIVE_LATENCY_S["cpu"]
+    if across_nodes and hw.nodes > 1:
+        return COLLECTIVE_LATENCY_S["inter"]
+    return COLLECTIVE_LATENCY_S["pcie" if hw.intra == "pcie" else "nvlink"]
 
 
-def attention_shape(model: ModelSpec, run: RunSpec, *, tp: int = 1) -> tuple[int, int, int, int, int]:
-    """(batch, heads, kv heads, seq, head dim) of one block's attention on one tensor-parallel rank."""
-    a = model.heads or 1
-    return (run.micro_batch, max(1, a // tp), max(1, (model.kv_heads or a) // tp), run.seq_len,
-            (model.hidden or a) // a)
+def datasheet_rates(gpu: GpuSpec, efficiency: float = DEFAULT_EFFICIENCY) -> FlatRates:
+    """The flat datasheet model's rates for ``gpu`` (what ``efficiency=`` selects)."""
+    return FlatRates(gpu=gpu, efficiency=efficiency)
 
 
-def _gemm_rate(cal: Calibration, m: int, k: int, n: int, dtype: str, fallback: float) -> float:
-    rate = cal.gemm_flops.get(gemm_key(m, k, n, dtype))
-    if rate:
-        return rate
-    rates = sorted(r for key, r in cal.gemm_flops.items() if key.endswith(f":{dtype}"))
-    return rates[len(rates) // 2] if rates else fallback
-
-
-def datasheet_rates(gpu: GpuSpec) -> Calibration:
-    """The rates a datasheet promises, as a record with no measurement: the GEMMs and attention then run at
-    ``compute_seconds``'s ``fallback_flops`` (peak x efficiency), memory-bound work at the board's bandwidth."""
-    return Calibration(device_name=f"{gpu.name} (datasheet)", torch_version="", device_type="datasheet",
-                       memory_bytes_per_s=(gpu.memory_gbs or 0.0) * GB)
-
-
-def mfu_peak(gpu: GpuSpec, dtype: str, calibration: Calibration | None = None) -> float:
-    """The per-GPU peak MFU is taken against: ``gpu``'s for ``dtype``, or the fastest GEMM ``calibration``
-    measured in it where that is faster. A measured rate can pass a table's peak for real reasons (fp32 matmuls
-    on TF32 tensor cores under ``torch.set_float32_matmul_precision("high")``, a GPU the table lacks planned as
-    the generic device, ``--peak-tflops`` set low): an MFU against the lower figure would pass 100 %."""
+def mfu_peak(gpu: GpuSpec, dtype: str, rates: Rates | None = None) -> float:
+    """The per-GPU peak MFU is taken against: ``gpu``'s for ``dtype``, or the fastest GEMM ``rates`` measured in
+    it where that is faster. A measured rate can pass a table's peak for real reasons (fp32 matmuls on TF32 tensor
+    cores under ``torch.set_float32_matmul_precision("high")``, a GPU the table lacks planned as the generic
+    device, ``--peak-tflops`` set low): an MFU against the lower figure would pass 100 %."""
     peak = gpu.peak_flops(dtype)
-    if calibration is None:
-        return peak
-    measured = [rate for key, rate in calibration.gemm_flops.items() if key.rpartition(":")[2] == dtype]
-    return max([peak, *measured])
+    return max(peak, rates.peak_seen(dtype)) if rates is not None else peak
 
 
-def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, cal: Calibration, *,
-                    fallback_flops: float) -> float:
+def _units(model: ModelSpec, pp: int) -> int:
+    """FSDP units on the busiest stage: its blocks and the root (embedding, head, final norm)."""
+    return math.ceil((model.num_layers or 0) / pp) + 1
+
+
+def kernel_launches(model: ModelSpec, run: RunSpec, layout: Layout) -> int:
+    """Kernels one micro-batch launches on the busiest GPU (forward and backward): three per GEMM, two per
+    attention, about three per tensor a block saves for backward, and a dozen for the head and the loss."""
+    if not model.has_shape:
+        return 0
+    layers = math.ceil(model.num_layers / layout.dims.pp)  # type: ignore[operator]
+    per_block = sum(count for _, _, _, count in gemm_shapes(model, run) if count > 1) // model.num_layers
+    return layers * (3 * per_block + 2 + 3 * len(block_saved(model, run))) + 12
+
+
+def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates) -> float:
     """Seconds of one GPU's forward and backward passes for one optimizer step (its micro-batches; no bubble,
-    no communication, no optimizer step) at ``cal``'s rates (measured, or ``datasheet_rates``).
-
-    ``fallback_flops``: the rate for a GEMM shape the record lacks when it has none in that dtype at all.
-    """
+    no communication, no optimizer step) at ``rates``, never less than its kernel launches."""
     dims, dtype = layout.dims, run.recipe.compute
     tp, pp, m = dims.tp, dims.pp, layout.microbatches
     total = model.num_layers or 1
@@ -225,33 +216,29 @@ def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, cal: Calibra
     for mm, k, n, count in gemm_shapes(model, run, tp=tp):
         block = count > 1  # the head (count 1) is on one stage: count it on the busiest
         passes = (3 + (again if block else 0.0)) if run.training else 1
-        gemm += passes * count * (share if block else 1.0) * 2 * mm * k * n / _gemm_rate(cal, mm, k, n, dtype,
-                                                                                          fallback_flops)
+        gemm += passes * count * (share if block else 1.0) * rates.gemm_seconds(mm, k, n, dtype)
     b, a, kv, s, d = attention_shape(model, run, tp=tp)
-    attn_fwd_bwd = cal.attention_seconds.get(attention_key(b, a, kv, s, d, dtype))
-    if attn_fwd_bwd is None:  # no measurement at this shape: 4·b·a·s²·d forward FLOPs x3 at the GEMM rate
-        attn_fwd_bwd = 3 * 4 * b * a * s * s * d / _gemm_rate(cal, 0, 0, 0, dtype, fallback_flops)
+    attn_fwd_bwd = rates.attention_seconds(b, a, kv, s, d, dtype)
     if run.attention == "eager":
         attn_fwd_bwd *= 2  # the s x s scores go through memory (a stated factor, not measured)
     attn_again = 1.0 if run.training and run.recompute == "selective" else again
     attn = layers * attn_fwd_bwd * ((1 + attn_again / 3) if run.training else 1 / 3)
     blocks = layers * block_bytes(model, replace(run, recompute="none"), tp=tp)
     saved = blocks + head_saved_bytes(model, run, tp=tp)
-    if cal.pointwise_seconds_per_byte:  # measured: memory-bound forward + backward (launches included) per byte
-        fwd_bwd = cal.pointwise_seconds_per_byte  # the forward is a third of it, as for the GEMMs
+    if rates.pointwise_seconds_per_byte:  # memory-bound forward + backward (launches included) per saved byte
+        fwd_bwd = rates.pointwise_seconds_per_byte  # the forward is a third of it, as for the GEMMs
         memory_bound = (saved + again * blocks / 3) * fwd_bwd if run.training else saved * fwd_bwd / 3
-        kernels = 0
     else:  # each saved byte written and read in the forward, its gradient written and read in the backward
-        memory_bound = (4 * saved + 2 * again * blocks if run.training else 2 * saved) / (cal.memory_bytes_per_s
+        memory_bound = (4 * saved + 2 * again * blocks if run.training else 2 * saved) / (rates.memory_bytes_per_s
                                                                                         or float("inf"))
-        kernels = 3 * layers * len(block_saved(model, run))  # ~3 kernels per saved tensor
-    return m * (gemm + attn + memory_bound + kernels * cal.launch_seconds)
+    launches = kernel_launches(model, run, layout) * (1 + again / 3 if run.training else 1 / 3)
+    return m * max(gemm + attn + memory_bound, launches * rates.launch_seconds)
 
 
-def optimizer_seconds(model: ModelSpec, run: RunSpec, layout: Layout, cal: Calibration) -> float:
+def optimizer_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates) -> float:
     """Seconds of the optimizer step on the GPU: every byte of its gradients, state and weights read, the state
-    and weights written, at ``cal``'s memory bandwidth (0 without one, and for an offloaded optimizer, which
-    ``step_time`` charges to the CPU)."""
+    and weights written, at ``rates``' memory bandwidth (0 for an offloaded optimizer, which ``step_time``
+    charges to the CPU)."""
     if not run.training or layout.offload:
         return 0.0
     recipe = run.recipe
@@ -259,16 +246,45 @@ def optimizer_seconds(model: ModelSpec, run: RunSpec, layout: Layout, cal: Calib
                                                                     else 1)
     state = OPTIMIZER_STATE_BYTES[run.optimizer] + recipe.master_bytes
     moved = psi * (recipe.grad_bytes + 2 * state + 2 * recipe.weight_bytes)  # read all, write weights + state
-    return moved / (cal.memory_bytes_per_s or float("inf"))
+    return moved / (rates.memory_bytes_per_s or float("inf"))
+
+
+def framework_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates) -> float:
+    """Seconds of the data-parallel engine's own copies per optimizer step on one GPU (see the module docstring).
+
+    FSDP2 (ZeRO-2/3 in convoy's trainer), per parameter and micro-batch: each all-gather casts and copies this
+    rank's shard into the flat buffer (about (4 + 2w)/n bytes) and copies the gathered weights out (2w), twice
+    for ZeRO-3 (forward, and again for the backward) and once for ZeRO-2; the reduce-scatter copies the gradient
+    into its buffer in the reduce dtype (w + g). DDP, per step: gradients into the buckets and back (4g).
+    Offloaded layouts move these bytes over the host link, which ``step_time`` charges instead."""
+    if not run.training or layout.offload:
+        return 0.0
+    dims, recipe = layout.dims, run.recipe
+    psi = _stage_params(model, dims.pp) / dims.tp
+    w, g = recipe.weight_bytes, recipe.grad_bytes
+    if layout.zero_stage >= 2:
+        n = layout.shard_degree
+        gathers = 2 if layout.zero_stage == 3 else 1
+        moved = layout.microbatches * psi * (gathers * (2 * w + (_SHARD_BYTES + 2 * w) / n) + w + g)
+    elif dims.dp > 1:
+        moved = psi * 4 * g
+    else:
+        return 0.0
+    return moved / (rates.memory_bytes_per_s or float("inf"))
 
 
 def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, global_batch: int,
-              efficiency: float = DEFAULT_EFFICIENCY, calibration: Calibration | None = None) -> StepTime:
+              efficiency: float | None = None, calibration: Calibration | None = None,
+              rates: Rates | None = None) -> StepTime:
     """Estimated seconds of one optimizer step processing ``global_batch`` sequences.
 
-    ``calibration``: rates measured on the device (see the module docstring); None keeps the datasheet model."""
-    if calibration is not None and calibration.peer_bytes_per_s and hw.gpus_per_node > 1:
-        hw = replace(hw, intra_gbs=calibration.peer_bytes_per_s / 1e9)
+    ``rates``: the device's rates (``convoy.plan.rates``); by default ``rates_for(hw.gpu, calibration=,
+    efficiency=)``: the flat datasheet model when ``efficiency`` is given, else ``calibration`` (measured here),
+    else the GPU's shipped profile, else the shape-aware model."""
+    if rates is None:
+        rates = rates_for(hw.gpu, calibration=calibration, efficiency=efficiency)
+    if rates.peer_bytes_per_s and hw.gpus_per_node > 1:
+        hw = replace(hw, intra_gbs=rates.peer_bytes_per_s / 1e9)
     dims, recipe = layout.dims, run.recipe
     world = dims.world_size
     s, b, m = run.seq_len, run.micro_batch, layout.microbatches
@@ -280,14 +296,13 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
         hw_flops = model_flops * 4 / 3  # one more forward
     elif run.training and run.recompute == "selective" and model.num_layers and model.hidden:
         hw_flops = model_flops + 4 * model.num_layers * model.hidden * s * tokens  # the attention core again
-    peak = hw.gpu.peak_flops(recipe.compute)
     optimizer = 0.0
     if model.has_shape:
-        rates = calibration if calibration is not None else datasheet_rates(hw.gpu)
-        compute = compute_seconds(model, run, layout, rates, fallback_flops=peak * efficiency)
+        compute = compute_seconds(model, run, layout, rates)
         optimizer = optimizer_seconds(model, run, layout, rates)
     else:
-        compute = hw_flops / world / (peak * efficiency)
+        compute = hw_flops / world / rates.bulk_flops(recipe.compute)
+    overhead = framework_seconds(model, run, layout, rates)
     bubble = compute * (dims.pp - 1) / m if dims.pp > 1 else 0.0
     compute += bubble
 
@@ -295,22 +310,31 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
     psi = _stage_params(model, dims.pp) / dims.tp
     per_node = max(1, min(dims.dp, hw.gpus_per_node // dims.tp))
     dp_bw = _group_bandwidth(hw, per_node, dims.dp)
+    dp_latency = collective_latency(hw, across_nodes=dims.dp > per_node)
     grads, weights = psi * recipe.grad_bytes, psi * recipe.weight_bytes
+    units = _units(model, dims.pp)
     dp_comm = comm = 0.0
     if run.training and dims.dp > 1:
-        if layout.zero_stage == 0:
-            dp_comm, comm = ring_all_reduce_seconds(grads, dims.dp, dp_bw), 2 * (dims.dp - 1) / dims.dp * grads
-        elif layout.zero_stage in (1, 2):  # reduce-scatter gradients, all-gather updated weights
-            dp_comm = ring_gather_seconds(grads, dims.dp, dp_bw) + ring_gather_seconds(weights, dims.dp, dp_bw)
+        if layout.zero_stage == 0:  # one all-reduce per DDP bucket
+            buckets = max(1, math.ceil(grads / DDP_BUCKET_BYTES))
+            dp_comm = ring_all_reduce_seconds(grads, dims.dp, dp_bw) + buckets * dp_latency
+            comm = 2 * (dims.dp - 1) / dims.dp * grads
+        elif layout.zero_stage in (1, 2):  # reduce-scatter gradients, all-gather updated weights, per unit
+            dp_comm = (ring_gather_seconds(grads, dims.dp, dp_bw) + ring_gather_seconds(weights, dims.dp, dp_bw)
+                       + 2 * units * dp_latency)
             comm = (dims.dp - 1) / dims.dp * (grads + weights)
-        else:  # every micro-batch: gather weights for forward and backward, reduce-scatter gradients
+        else:  # every micro-batch: gather weights for forward and backward, reduce-scatter gradients, per unit
             n = layout.shard_degree
             shard_bw = _group_bandwidth(hw, max(1, min(n, hw.gpus_per_node // dims.tp)), n)
-            dp_comm = m * (2 * ring_gather_seconds(weights, n, shard_bw) + ring_gather_seconds(grads, n, shard_bw))
+            if n > 1:
+                latency = collective_latency(hw, across_nodes=n > max(1, hw.gpus_per_node // dims.tp))
+                dp_comm = m * (2 * ring_gather_seconds(weights, n, shard_bw) + ring_gather_seconds(grads, n, shard_bw)
+                               + 3 * units * latency)
             comm = m * (n - 1) / n * (2 * weights + grads) if n > 1 else 0.0
             if dims.dp_replicate > 1:  # HSDP: all-reduce the shard's gradients across replicas once per step
                 rep_bw = _group_bandwidth(hw, 1, dims.dp_replicate)
-                dp_comm += ring_all_reduce_seconds(grads / n, dims.dp_replicate, rep_bw)
+                dp_comm += ring_all_reduce_seconds(grads / n, dims.dp_replicate, rep_bw) + units * collective_latency(
+                    hw, across_nodes=True)
                 comm += 2 * (dims.dp_replicate - 1) / dims.dp_replicate * grads / n
     # overlap: stage 0-2 hide their one exchange behind the last micro-batch's backward (2/3 of its compute);
     # stage 3 prefetches along the whole forward and backward
@@ -323,14 +347,15 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
         act = s * b * model.hidden * recipe.activation_bytes  # type: ignore[operator]
         per_layer = 4 + (2 if run.recompute == "full" else 0)
         tp_bw = _group_bandwidth(hw, min(dims.tp, hw.gpus_per_node), dims.tp)
-        tp_comm = m * layers * per_layer * ring_all_reduce_seconds(act, dims.tp, tp_bw)
+        tp_latency = collective_latency(hw, across_nodes=dims.tp > hw.gpus_per_node)
+        tp_comm = m * layers * per_layer * (ring_all_reduce_seconds(act, dims.tp, tp_bw) + tp_latency)
         comm += m * layers * per_layer * 2 * (dims.tp - 1) / dims.tp * act
     pp_comm = 0.0
     if dims.pp > 1 and model.hidden:
         act = s * b * model.hidden * recipe.activation_bytes / dims.tp
         crosses = dims.tp * dims.dp * dims.pp > hw.gpus_per_node
         bw = _group_bandwidth(hw, 1, 2) if crosses else hw.intra_bandwidth
-        pp_comm = 2 * m * act / bw  # forward activations out, their gradients back
+        pp_comm = 2 * m * (act / bw + collective_latency(hw, across_nodes=crosses))  # activations out, gradients back
         comm += 2 * m * act
     offload = 0.0
     if layout.offload and run.training:
@@ -339,8 +364,7 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
         if layout.zero_stage == 3:
             transfer += shard * recipe.weight_bytes * 2 * (m - 1)  # weights up again every micro-batch
         offload = transfer / hw.host_bandwidth + shard / CPU_ADAM_PARAMS_PER_S
-    return StepTime(compute=compute, bubble=bubble, optimizer=optimizer, dp_comm=dp_comm, tp_comm=tp_comm,
-                    pp_comm=pp_comm, offload=offload, exposed_dp=exposed_dp, comm_bytes=comm, tokens=tokens,
-                    world_size=world, model_flops=model_flops,
-                    peak_flops=mfu_peak(hw.gpu, recipe.compute, calibration),
-                    time_model="calibrated" if calibration is not None and model.has_shape else "datasheet")
+    return StepTime(compute=compute, bubble=bubble, optimizer=optimizer, overhead=overhead, dp_comm=dp_comm,
+                    tp_comm=tp_comm, pp_comm=pp_comm, offload=offload, exposed_dp=exposed_dp, comm_bytes=comm,
+                    tokens=tokens, world_size=world, model_flops=model_flops,
+                    peak_flops=mfu_peak(hw.gpu, recipe.compute, rates), time_model=rates.kind)

@@ -1,0 +1,53 @@
+"""Device profiles shipped with convoy: rates measured on a GPU users plan for, used before it is in hand.
+
+    from convoy.plan.profiles import profile_for, shipped_profiles
+    record, origin = profile_for(lookup_gpu("H100-80GB"))     # (Calibration, "measured on ...") or None
+    shipped_profiles()                                        # {"H100-80GB": ...}
+
+A profile is a ``Calibration`` record (the format ``convoy plan --calibrate`` caches, ``convoy.plan.calibration``)
+measured on one board of a table row (``convoy.plan.hardware.GPUS``), stored as JSON in
+``convoy/plan/device_profiles/<row>.json`` with where and how it was measured::
+
+    {"gpu": "H100-80GB", "measured": "the board, driver, torch, date", "origin": "how", "record": {...}}
+
+``convoy.plan.rates.rates_for`` uses it whenever the planned GPU is not calibrated here: ``convoy plan
+--hardware 8xH100-80GB`` on a laptop, and ``strategy="auto"`` on a machine never calibrated. A profile applies
+to its row as the datasheet describes it: a GPU whose peak was overridden (``--peak-tflops``) is not that board.
+To add one, run ``convoy plan <config> --calibrate`` on the GPU and copy its cache entry
+(``$XDG_CACHE_HOME/convoy/calibration.json``) into a new file here.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from typing import Mapping
+
+from convoy.plan.calibration import Calibration
+from convoy.plan.hardware import GPUS, GpuSpec
+
+__all__ = ["profile_for", "shipped_profiles"]
+
+_PACKAGE = "convoy.plan.device_profiles"
+
+
+@functools.cache
+def shipped_profiles() -> Mapping[str, tuple[Calibration, str]]:
+    """Every shipped profile by table name: (record, on what it was measured). Read once per process."""
+    out: dict[str, tuple[Calibration, str]] = {}
+    for entry in resources.files(_PACKAGE).iterdir():
+        if not entry.name.endswith(".json"):
+            continue
+        data = json.loads(entry.read_text(encoding="utf-8"))
+        out[data["gpu"]] = (Calibration.from_dict(data["record"]), str(data.get("measured", "")))
+    return out
+
+
+def profile_for(gpu: GpuSpec) -> tuple[Calibration, str] | None:
+    """The shipped profile of ``gpu``'s table row, or None (no profile; or ``gpu``'s peak is not the row's)."""
+    row = GPUS.get(gpu.name.lower())
+    if row is None or (row.bf16_tflops, row.fp16_tflops, row.fp32_tflops) != (
+            gpu.bf16_tflops, gpu.fp16_tflops, gpu.fp32_tflops):
+        return None
+    return shipped_profiles().get(row.name)

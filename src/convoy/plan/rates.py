@@ -1,0 +1,285 @@
+"""How fast a device runs each kind of work a training step is made of, before or after it is in hand.
+
+    from convoy.plan.rates import rates_for
+    rates = rates_for(gpu)                                   # a shipped profile, else the shape-aware model
+    rates = rates_for(gpu, calibration=record)               # rates measured here (``convoy plan --calibrate``)
+    rates = rates_for(gpu, efficiency=0.5)                   # the flat datasheet model (``--efficiency``)
+    rates.gemm_seconds(8192, 768, 2304, "bf16"), rates.attention_seconds(8, 12, 12, 1024, 64, "bf16")
+
+Four sources, best first, which ``rates_for`` picks and ``Rates.describe`` names in every plan:
+
+- ``calibrated``: a ``Calibration`` measured on this device (``convoy.plan.calibrate``); GEMM shapes and
+  attention shapes it lacks come from the shape-aware model fitted to it (``MeasuredRates``).
+- ``profile``: a record measured on the planned GPU elsewhere and shipped with convoy
+  (``convoy.plan.profiles``), used the same way: what users plan with before the GPU is in hand.
+- ``modeled``: a GPU without a profile: the shape-aware model (``ModeledRates``) on its datasheet.
+- ``datasheet``: every GEMM and the attention at one fixed fraction of the peak (``FlatRates``): what
+  ``efficiency=`` (``--efficiency``) asks for, and the planner's model before profiles.
+
+The shape-aware model. A GEMM of m x k x n takes ``max(2mkn / (E x peak x a), bytes / bandwidth) + t0``: E = 0.705
+of the dense peak once large, a fixed t0 = 24 us per product (launch, wave quantisation and the tail of a
+kernel, as a timed product sees them), the operands' bytes at the memory bandwidth when that is slower (skinny
+shapes on boards with little bandwidth per FLOP), and a = 1/5.5 when a dimension is not a multiple of 8
+elements (16 bytes of bf16): tensor cores then load operands in narrower steps (NVIDIA, "Matrix Multiplication
+Background User's Guide", https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/,
+"Tensor Core Requirements"; GPT-2's 50,257-word head runs at 0.13 of the H100's peak against 0.69 for 50,304).
+A fused causal attention forward + backward takes ``12 b a s^2 d / (E_att x peak) + t0_att`` with E_att = 0.61 of
+the non-causal count's FLOPs and t0_att = 207 us. Memory-bound work (norms, activations, residuals) moves 15 bytes
+per byte it saves for backward, at the board's bandwidth x 0.835, the fraction a large copy reaches. Each
+constant is a least-squares fit to the H100 profile (``profiles/h100-80gb.json``: 31 GEMM shapes of the
+benchmark's models, rms error 15 %; 7 attention shapes, rms 13 %; docs/planner-accuracy.md shows the fit), and
+on another GPU only the datasheet's peak and bandwidth change: the fractions are assumed to carry over, which
+the published multi-GPU results on A100s check (docs/planner-accuracy.md section 8).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from convoy.plan.calibration import Calibration, attention_key, gemm_key, time_model
+from convoy.plan.hardware import GpuSpec
+from convoy.plan.profiles import profile_for
+from convoy.plan.units import GB
+
+__all__ = ["Rates", "ModeledRates", "MeasuredRates", "FlatRates", "rates_for", "GEMM_EFFICIENCY",
+           "GEMM_FLOOR_S", "UNALIGNED_FACTOR", "ATTENTION_EFFICIENCY", "ATTENTION_FLOOR_S", "MEMORY_EFFICIENCY",
+           "POINTWISE_TRAFFIC", "LAUNCH_S"]
+
+#: fraction of the dense peak a large GEMM reaches (least squares over the H100 profile's aligned shapes)
+GEMM_EFFICIENCY = 0.705
+#: seconds every GEMM costs beyond its FLOPs (the same fit)
+GEMM_FLOOR_S = 24.2e-6
+#: the compute rate of a GEMM with a dimension that is not a multiple of 8 elements, as a fraction of an aligned one
+UNALIGNED_FACTOR = 1 / 5.5
+#: fraction of the dense peak a fused causal attention forward + backward reaches, against 12·b·a·s²·d FLOPs
+ATTENTION_EFFICIENCY = 0.61
+#: seconds each attention forward + backward costs beyond its FLOPs
+ATTENTION_FLOOR_S = 207e-6
+#: fraction of the datasheet's memory bandwidth a large device-to-device copy reaches (H100: 2.80 of 3.35 TB/s)
+MEMORY_EFFICIENCY = 0.835
+#: bytes read and written, forward and backward, per byte of activations a chain of norm / activation / residual
+#: kernels saves for backward (the H100 profile's pointwise cost x its measured bandwidth: 14.96)
+POINTWISE_TRAFFIC = 15.0
+#: seconds per small kernel launched from eager PyTorch (the H100 profile's host: 6.9 us)
+LAUNCH_S = 6.9e-6
+_ALIGN = 8
+
+
+class Rates(Protocol):
+    """What a device achieves: the time model's only view of the hardware's speed."""
+
+    kind: str
+    """``"calibrated"``, ``"profile"``, ``"modeled"`` or ``"datasheet"`` (see the module docstring)."""
+    memory_bytes_per_s: float
+    """Bandwidth of large device-memory copies (the optimizer step, FSDP's copies, DDP's buckets)."""
+    pointwise_seconds_per_byte: float
+    """Forward + backward of memory-bound work per byte it saves for backward (0: charged by the bytes rule)."""
+    launch_seconds: float
+    """Seconds per small kernel launch (the floor of a step made of many small kernels)."""
+    peer_bytes_per_s: float | None
+    """Measured copy bandwidth to another GPU of the node; None: the link's datasheet figure."""
+
+    def gemm_seconds(self, m: int, k: int, n: int, dtype: str) -> float: ...
+
+    def attention_seconds(self, batch: int, heads: int, kv_heads: int, seq: int, head_dim: int,
+                          dtype: str) -> float: ...
+
+    def peak_seen(self, dtype: str) -> float:
+        """The fastest GEMM rate these rates know in ``dtype`` (0 when none is measured)."""
+        ...
+
+    def bulk_flops(self, dtype: str) -> float:
+        """FLOP/s of a model's matmuls when their shapes are unknown (a model known by its parameter count)."""
+        ...
+
+    def describe(self) -> str:
+        """One sentence for the plan's output: where these rates come from."""
+        ...
+
+
+def _aligned(*dims: int) -> bool:
+    return all(d % _ALIGN == 0 for d in dims)
+
+
+@dataclass(frozen=True)
+class ModeledRates:
+    """The shape-aware model (module docstring) on ``gpu``'s datasheet peak and bandwidth."""
+
+    gpu: GpuSpec
+    gemm_scale: float = 1.0
+    """Multiplies every modeled GEMM time (a measured record's own fit, ``MeasuredRates``); 1 for the datasheet."""
+    attention_scale: float = 1.0
+    """Multiplies every modeled attention time (likewise)."""
+    kind: str = "modeled"
+    peer_bytes_per_s: float | None = None
+    launch_seconds: float = LAUNCH_S
+
+    @property
+    def memory_bytes_per_s(self) -> float:
+        return (self.gpu.memory_gbs or 0.0) * GB * MEMORY_EFFICIENCY
+
+    @property
+    def pointwise_seconds_per_byte(self) -> float:
+        bandwidth = self.memory_bytes_per_s
+        return POINTWISE_TRAFFIC / bandwidth if bandwidth else 0.0
+
+    def gemm_seconds(self, m: int, k: int, n: int, dtype: str) -> float:
+        rate = GEMM_EFFICIENCY * self.gpu.peak_flops(dtype) * (1.0 if _aligned(m, k, n) else UNALIGNED_FACTOR)
+        moved = (m * k + k * n + m * n) * _dtype_bytes(dtype)
+        bandwidth = self.memory_bytes_per_s or math.inf
+        return self.gemm_scale * (max(2 * m * k * n / rate, moved / bandwidth) + GEMM_FLOOR_S)
+
+    def attention_seconds(self, batch: int, heads: int, kv_heads: int, seq: int, head_dim: int, dtype: str) -> float:
+        flops = 12 * batch * heads * seq * seq * head_dim
+        return self.attention_scale * (flops / (ATTENTION_EFFICIENCY * self.gpu.peak_flops(dtype)) + ATTENTION_FLOOR_S)
+
+    def peak_seen(self, dtype: str) -> float:
+        return 0.0
+
+    def bulk_flops(self, dtype: str) -> float:
+        return GEMM_EFFICIENCY * self.gpu.peak_flops(dtype) / self.gemm_scale
+
+    def describe(self) -> str:
+        return (f"the shape-aware model on the {self.gpu.name} datasheet (GEMMs at {GEMM_EFFICIENCY:.1%} of the "
+                f"peak plus {GEMM_FLOOR_S * 1e6:.0f} us each, fitted to the H100 profile; no measured profile for "
+                "this GPU)")
+
+
+@dataclass(frozen=True)
+class MeasuredRates:
+    """A measured record (a calibration, or a shipped profile): its rates where it has the shape, the
+    shape-aware model scaled to fit the record where it does not."""
+
+    record: Calibration
+    fallback: ModeledRates
+    kind: str = "calibrated"
+    origin: str = ""
+    """For a profile, where it was measured (shown by ``describe``)."""
+    _scaled: ModeledRates = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_scaled", _fit_to(self.record, self.fallback))
+
+    @property
+    def memory_bytes_per_s(self) -> float:
+        return self.record.memory_bytes_per_s or self.fallback.memory_bytes_per_s
+
+    @property
+    def pointwise_seconds_per_byte(self) -> float:
+        return self.record.pointwise_seconds_per_byte
+
+    @property
+    def launch_seconds(self) -> float:
+        return self.record.launch_seconds or self.fallback.launch_seconds
+
+    @property
+    def peer_bytes_per_s(self) -> float | None:
+        return self.record.peer_bytes_per_s
+
+    def gemm_seconds(self, m: int, k: int, n: int, dtype: str) -> float:
+        rate = self.record.gemm_flops.get(gemm_key(m, k, n, dtype))
+        return 2 * m * k * n / rate if rate else self._scaled.gemm_seconds(m, k, n, dtype)
+
+    def attention_seconds(self, batch: int, heads: int, kv_heads: int, seq: int, head_dim: int, dtype: str) -> float:
+        seconds = self.record.attention_seconds.get(attention_key(batch, heads, kv_heads, seq, head_dim, dtype))
+        if seconds is None:
+            return self._scaled.attention_seconds(batch, heads, kv_heads, seq, head_dim, dtype)
+        return seconds
+
+    def peak_seen(self, dtype: str) -> float:
+        return max(self._measured(dtype), default=0.0)
+
+    def bulk_flops(self, dtype: str) -> float:
+        rates = self._measured(dtype)
+        return statistics.median(rates) if rates else self._scaled.bulk_flops(dtype)
+
+    def _measured(self, dtype: str) -> list[float]:
+        return [rate for key, rate in self.record.gemm_flops.items() if key.rpartition(":")[2] == dtype]
+
+    def describe(self) -> str:
+        if self.kind == "profile":
+            return (f"the {self.fallback.gpu.name} profile shipped with convoy (measured on {self.origin}; other "
+                    "shapes from the shape-aware model fitted to it); --calibrate measures this machine")
+        return time_model(self.record)
+
+
+def _fit_to(record: Calibration, model: ModeledRates) -> ModeledRates:
+    """``model`` with its GEMM and attention times scaled by the median of measured / modeled over ``record``'s
+    shapes (1 where the record has none): the record's device, where its shapes do not reach."""
+    def ratios(items, seconds_of) -> list[float]:
+        out = []
+        for key, value in items:
+            shape, _, dtype = key.rpartition(":")
+            try:
+                dims = tuple(int(x) for x in shape.split("x"))
+                out.append(seconds_of(dims, dtype, value))
+            except (ValueError, TypeError):  # a key of another format: not part of the fit
+                continue
+        return [r for r in out if r > 0 and math.isfinite(r)]
+
+    def gemm(dims, dtype, flops):
+        m, k, n = dims
+        return (2 * m * k * n / flops) / model.gemm_seconds(m, k, n, dtype)
+
+    def attention(dims, dtype, seconds):
+        return seconds / model.attention_seconds(*dims, dtype)
+
+    g = ratios(record.gemm_flops.items(), gemm)
+    a = ratios(record.attention_seconds.items(), attention)
+    return ModeledRates(gpu=model.gpu, gemm_scale=statistics.median(g) if g else 1.0,
+                        attention_scale=statistics.median(a) if a else 1.0, kind=model.kind)
+
+
+@dataclass(frozen=True)
+class FlatRates:
+    """The datasheet model: GEMMs and attention at ``efficiency`` x the peak, memory-bound work at the board's
+    bandwidth, no launch overhead (``efficiency=``; the planner's only model before profiles)."""
+
+    gpu: GpuSpec
+    efficiency: float
+    kind: str = "datasheet"
+    pointwise_seconds_per_byte: float = 0.0
+    launch_seconds: float = 0.0
+    peer_bytes_per_s: float | None = None
+
+    @property
+    def memory_bytes_per_s(self) -> float:
+        return (self.gpu.memory_gbs or 0.0) * GB
+
+    def gemm_seconds(self, m: int, k: int, n: int, dtype: str) -> float:
+        return 2 * m * k * n / (self.efficiency * self.gpu.peak_flops(dtype))
+
+    def attention_seconds(self, batch: int, heads: int, kv_heads: int, seq: int, head_dim: int, dtype: str) -> float:
+        return 3 * 4 * batch * heads * seq * seq * head_dim / (self.efficiency * self.gpu.peak_flops(dtype))
+
+    def peak_seen(self, dtype: str) -> float:
+        return 0.0
+
+    def bulk_flops(self, dtype: str) -> float:
+        return self.efficiency * self.gpu.peak_flops(dtype)
+
+    def describe(self) -> str:
+        return (f"the datasheet model (GEMMs and attention at {self.efficiency:g} x the {self.gpu.name} peak, "
+                "memory-bound work at its bandwidth), as efficiency= asks")
+
+
+def _dtype_bytes(dtype: str) -> int:
+    return 4 if dtype == "fp32" else 2
+
+
+def rates_for(gpu: GpuSpec, *, calibration: Calibration | None = None, efficiency: float | None = None) -> Rates:
+    """The rates a plan for ``gpu`` uses: ``efficiency`` given, the flat datasheet model; else a measured
+    ``calibration`` of this device; else the profile convoy ships for ``gpu``; else the shape-aware model."""
+    if efficiency is not None:
+        return FlatRates(gpu=gpu, efficiency=efficiency)
+    model = ModeledRates(gpu=gpu)
+    if calibration is not None:
+        return MeasuredRates(record=calibration, fallback=model, kind="calibrated")
+    shipped = profile_for(gpu)
+    if shipped is not None:
+        record, origin = shipped
+        return MeasuredRates(record=record, fallback=model, kind="profile", origin=origin)
+    return model
