@@ -25,7 +25,7 @@ from typing import Any, Iterable, NoReturn
 
 from convoy.config.schema import show
 from convoy.errors import ConfigError
-from convoy.train.settings import is_flag
+from convoy.train.arguments import is_flag
 
 __all__ = ["KwargsHandler", "DDPCommunicationHookType", "DistributedDataParallelKwargs", "InitProcessGroupKwargs",
            "GradScalerKwargs",
