@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from convoy.devices.backends.vendors import DEVICE_VENDORS
+from convoy.devices.vendors import DEVICE_VENDORS
 from convoy.errors import InventoryError
 
 __all__ = ["Process", "MigDevice", "Device", "Inventory", "load_inventory", "inventory_from_dict", "as_inventory"]
