@@ -120,6 +120,22 @@ def test_errors_are_one_line(inventory_path, argv, fragment, code, lease_dir):
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
+def test_a_blank_device_request_is_one_line_everywhere_and_an_empty_one_means_no_accelerator(
+        inventory_path, capsys, monkeypatch, lease_dir):
+    """``--devices "$N "`` with N unset was read as no accelerator (select, run) or as 'auto' (launch), and
+    launch took every GPU for '' (its "not given"): a blank request is one line, "" is no accelerator."""
+    monkeypatch.setenv("CONVOY_INVENTORY", str(inventory_path("4_mixed_pcie")))
+    for argv in (["select", " "], ["run", "--devices", "\t", "--", "true"],
+                 ["launch", "--dry-run", "--devices", " ", __file__]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("convoy: devices=") and "is blank" in err, err
+    assert main(["select", ""]) == 0 and capsys.readouterr().out == "export CUDA_VISIBLE_DEVICES=''\n"
+    assert main(["launch", "--dry-run", "--devices", "", __file__]) == 0
+    out = capsys.readouterr().out
+    assert "devices:    cpu, backend gloo" in out, out
+
+
 def test_inventory_errors_are_one_line(tmp_path):
     proc = _convoy("devices", "--inventory", str(tmp_path / "missing.json"))
     assert proc.returncode == 2 and proc.stderr.startswith("convoy: inventory file") and "Traceback" not in proc.stderr

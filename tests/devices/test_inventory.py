@@ -109,6 +109,46 @@ def test_numbers_no_machine_reports_are_refused(field, value, fragment):
     assert inventory_from_dict({"devices": [{"index": 65535, "uuid": "u", "name": "n"}]}).devices[0].index == 65535
 
 
+_A100 = {"index": 3, "uuid": "GPU-a", "name": "A100", "memory_total_mib": 40960}
+
+
+@pytest.mark.parametrize("patch, fragment", [
+    # convoy devices showed 99999/40960 MiB and planned with it
+    ({"memory_used_mib": 99999}, "nvidia device 3 ('A100'): memory_used_mib 99999 is more than memory_total_mib "
+                                 "40960"),
+    ({"processes": [{"pid": 7, "used_memory_mib": 50000}]}, "device 3 ('A100'): process 7 uses 50000 MiB, more than "
+                                                            "memory_total_mib 40960"),
+    ({"processes": [{"pid": 7, "used_memory_mib": 30000}, {"pid": 8, "used_memory_mib": 20000}]},
+     "its 2 processes use 50000 MiB together, more than memory_total_mib 40960"),
+    ({"mig_devices": [{"uuid": "MIG-x", "memory_total_mib": 30000}, {"uuid": "MIG-y", "memory_total_mib": 20000}]},
+     "its MIG slices hold 50000 MiB together, more than memory_total_mib 40960"),
+    ({"mig_devices": [{"uuid": "MIG-x", "memory_total_mib": 9728, "memory_used_mib": 9729}]},
+     "MIG slice 'MIG-x': memory_used_mib 9729 is more than memory_total_mib 9728"),
+    ({"mig_devices": [{"uuid": "MIG-x", "memory_total_mib": 9728, "processes": [{"pid": 5, "used_memory_mib": 9999}]}]},
+     "MIG slice 'MIG-x': process 5 uses 9999 MiB"),
+    ({"vendor": "amd", "mig_devices": [{"uuid": "MIG-x", "memory_total_mib": 9728}]},
+     "amd device 3 ('A100'): mig_devices are NVIDIA's MIG slices"),
+    ({"mig_devices": [{"uuid": "GPU-a", "memory_total_mib": 9728}]}, "uuids repeat"),
+])
+def test_what_no_machine_reports_is_refused_naming_the_device(patch, fragment, tmp_path):
+    path = tmp_path / "box.json"
+    path.write_text(json.dumps({"devices": [{"index": 0, "uuid": "GPU-z", "name": "z"}, {**_A100, **patch}]}))
+    with pytest.raises(InventoryError) as err:
+        load_inventory(path)
+    assert fragment in str(err.value) and str(path) in str(err.value), str(err.value)
+
+
+def test_memory_up_to_the_total_and_an_unreported_total_are_accepted():
+    full = {**_A100, "memory_used_mib": 40960, "processes": [{"pid": 7, "used_memory_mib": 20480},
+                                                             {"pid": 8, "used_memory_mib": 20480},
+                                                             {"pid": 9, "used_memory_mib": None}]}
+    assert inventory_from_dict({"devices": [full]}).devices[0].memory_free_mib == 0
+    # a total of 0 is one not reported (the key left out; NVML without an answer for a MIG slice)
+    unknown = {"index": 0, "uuid": "u", "name": "n", "memory_used_mib": 5,
+               "mig_devices": [{"uuid": "MIG-u", "memory_total_mib": 0, "processes": [{"pid": 1, "used_memory_mib": 9}]}]}
+    assert inventory_from_dict({"devices": [unknown]}).devices[0].memory_used_mib == 5
+
+
 def test_vendor_case_does_not_matter():
     inv = inventory_from_dict({"devices": [{"index": 0, "uuid": "u", "name": "n", "vendor": "AMD"}]})
     assert inv.devices[0].vendor == "amd"

@@ -96,6 +96,53 @@ def test_errors_name_the_token_and_what_is_available(spec, fragment):
     assert isinstance(info.value, ValueError)
 
 
+@pytest.mark.parametrize("blank", [" ", "   ", "\t", " \n "])
+def test_a_blank_request_is_refused_while_an_empty_one_means_no_accelerator(blank):
+    """``--devices "$N "`` with N unset said ' ', silently read as no accelerator; Lightning refuses it."""
+    assert parse_devices("", 4) == [] and check_devices("") is None  # the table's "": no accelerator
+    with pytest.raises(DeviceSpecError) as info:
+        parse_devices(blank, 4)
+    assert f"devices={blank!r} is blank" in str(info.value) and "4 devices are available" in str(info.value)
+    with pytest.raises(DeviceSpecError, match="is blank"):
+        check_devices(blank)  # settings files and convoy config: the same grammar without a machine
+    assert is_count(blank) is False
+
+
+def test_spaces_around_a_request_and_its_items_are_kept_and_a_blank_item_is_refused():
+    assert [parse_devices(s, 8) for s in (" 1, 3 ", "1 ,3", " 2 ", "0 - 2, 6", "2, ", ",3")] == \
+        [[1, 3], [1, 3], [0, 1], [0, 1, 2, 6], [2], [3]]
+    for spec in ("1, ,3", "1,\t,3"):
+        with pytest.raises(DeviceSpecError, match="an item between commas is blank"):
+            parse_devices(spec, 8)
+
+
+def test_a_settings_files_devices_are_read_as_the_flag_reads_them():
+    from convoy.config.schema import KEYS
+    from convoy.errors import ConfigError
+
+    parse = KEYS["devices"].parse
+    assert parse(" 0, 2 ", where="key 'devices'") == "0,2"
+    for text, why in (("1 2", "cannot parse '1 2'"),  # the space was removed: a count of 12
+                      ("1, ,3", "an item between commas is blank"), (" ", "not valid")):
+        with pytest.raises(ConfigError, match=why):
+            parse(text, where="key 'devices'")
+
+
+@pytest.mark.parametrize("spec, shown", [
+    ([1, 1], "devices=[1, 1]:"),  # was devices=['1', '1']: the user gave ints
+    ((1, 1), "devices=(1, 1):"),
+    ((9,), "devices=(9,):"),
+    ([0, "1"], "devices=[0, '1']:"),
+    ("1,1", "devices='1,1':"),
+    (9, "devices=9:"),
+    (list(range(30)), "devices=[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16..."),
+])
+def test_errors_show_the_request_as_it_was_given(spec, shown):
+    with pytest.raises(DeviceSpecError) as info:
+        parse_devices(spec, 8)
+    assert str(info.value).startswith(shown), str(info.value)
+
+
 def test_error_wording_with_one_and_no_devices():
     with pytest.raises(DeviceSpecError, match=r"1 device is available \(0\)"):
         parse_devices("1,2", 1)

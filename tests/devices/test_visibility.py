@@ -85,6 +85,38 @@ def test_preset_indices_follow_cuda_device_order(load):
     assert [d.index for d in pci.devices] == [0, 1] and pci.notes == ()
 
 
+@pytest.mark.parametrize("order", ["SOMETHING", "pci_bus_id", "PCI_BUS_ID ", "fastest"])
+def test_an_unknown_cuda_device_order_is_refused_where_a_masks_indices_depend_on_it(load, order):
+    """CUDA_VISIBLE_DEVICES=1,0 with CUDA_DEVICE_ORDER=SOMETHING was read silently (as FASTEST_FIRST): CUDA
+    documents two values and a default, not what it does with a typo, so which GPUs the indices name is a
+    guess: one line naming both variables. Where the order decides nothing, it is a note."""
+    for box in ("8xh100_nvswitch", "4_mixed_pcie"):  # refused on a uniform box too: the typo is the same
+        inv = load(box)
+        env = {"CUDA_VISIBLE_DEVICES": "1,0", "CUDA_DEVICE_ORDER": order}
+        with pytest.raises(DeviceSpecError) as info:
+            select_devices(1, inventory=inv, env=env)
+        message = str(info.value)
+        assert f"CUDA_DEVICE_ORDER={order!r} is not one of CUDA's values (FASTEST_FIRST, PCI_BUS_ID)" in message
+        assert "CUDA_VISIBLE_DEVICES='1,0'" in message and "set CUDA_DEVICE_ORDER=PCI_BUS_ID" in message
+    inv = load("4_mixed_pcie")
+    free = select_devices("1,0", inventory=inv, env={"CUDA_DEVICE_ORDER": order})  # no mask: nothing to read
+    assert free.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1,0"}
+    assert any(f"CUDA_DEVICE_ORDER={order!r} is not one of CUDA's values" in line for line in free.explanation)
+    by_uuid = select_devices(1, inventory=inv, env={"CUDA_DEVICE_ORDER": order,
+                                                    "CUDA_VISIBLE_DEVICES": inv.devices[2].uuid})
+    assert by_uuid.indices == [2] and any("names devices by UUID" in line for line in by_uuid.explanation)
+
+
+def test_the_documented_cuda_device_orders_and_an_empty_one_are_read_quietly(load):
+    inv = load("4_mixed_pcie")
+    reads = {order: select_devices("all", inventory=inv, env={"CUDA_VISIBLE_DEVICES": "0,1",
+                                                             "CUDA_DEVICE_ORDER": order})
+             for order in ("PCI_BUS_ID", "FASTEST_FIRST", "")}
+    assert reads["PCI_BUS_ID"].indices == [0, 1]
+    assert reads["FASTEST_FIRST"].indices == reads[""].indices == [1, 3]  # CUDA's default, as when unset
+    assert not any("not one of CUDA's values" in line for sel in reads.values() for line in sel.explanation)
+
+
 def test_invalid_mask_entry_stops_enumeration_like_cuda(load):
     env = {"CUDA_VISIBLE_DEVICES": "2,9,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     view = visible_devices(load("8xh100_nvswitch"), env)

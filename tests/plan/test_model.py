@@ -97,6 +97,24 @@ def test_real_models_given_by_numbers_fit_their_shape(name):
     assert resolve_model(CONFIGS / f"{name}.json", params=spec.num_params * 1.1).num_params > spec.num_params
 
 
+def test_heads_given_as_numbers_divide_the_hidden_size_as_in_a_config():
+    """--params 7e9 --layers 32 --hidden 4096 --heads 7 was planned (every tp layout silently dropped: tp divides
+    the heads) while the same shape in a config.json is refused: one rule for both."""
+    llama = json.loads((CONFIGS / "llama2_7b.json").read_text())
+    with pytest.raises(PlanError, match="hidden_size 4096 is not a multiple of num_attention_heads 7"):
+        from_hf_config({**llama, "num_attention_heads": 7, "num_key_value_heads": 7})
+    with pytest.raises(PlanError, match="--hidden 4096 is not a multiple of --heads 7: .* such as 8$"):
+        from_numbers(7e9, layers=32, hidden=4096, heads=7)
+    gpt2 = str(CONFIGS / "gpt2.json")  # over a config: the number given and the config's, each named
+    with pytest.raises(PlanError, match=r"^hidden 768 \(of '.*gpt2.json'\) is not a multiple of --heads 7"):
+        resolve_model(gpt2, heads=7)
+    with pytest.raises(PlanError, match=r"^--hidden 1000 is not a multiple of heads 12 .* --hidden a multiple of "
+                                        r"12, such as 996$"):
+        resolve_model(gpt2, hidden=1000, params=1.3e8)
+    assert from_numbers(7e9, layers=32, hidden=4096, heads=32).heads == 32
+    assert resolve_model(gpt2, heads=8).heads == 8 and resolve_model(gpt2, vocab=50000).heads == 12
+
+
 @pytest.mark.parametrize("numbers, words", [
     # 70e9 parameters in two blocks of hidden 64: the shape holds about 1e5; MFU came out at 279 %
     (dict(params=7e10, layers=2, hidden=64, heads=1, vocab=100), ["--params 7e+10", "--layers 2", "--vocab 100",

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from convoy.errors import ConfigError
-from convoy.train.data import shard_batches
+from convoy.train.prepared import shard_batches
 
 
 def batches(n: int, size: int) -> list[list[int]]:
@@ -48,7 +48,7 @@ def _prepared(num_shards: int, shard: int):
     import torch
     from torch.utils.data import DataLoader
 
-    from convoy.train.data import LoopState, PreparedDataLoader
+    from convoy.train.prepared import LoopState, PreparedDataLoader
 
     loader = DataLoader(torch.arange(16), batch_size=2)
     return PreparedDataLoader(loader, num_shards=num_shards, shard=shard, split_batches=False, even_batches=True,
@@ -74,7 +74,7 @@ def test_a_loader_already_iterating_cannot_change_its_shard():
 def _shards(make_loader, n: int = 2, **kwargs):
     import torch  # noqa: F401
 
-    from convoy.train.data import LoopState, PreparedDataLoader
+    from convoy.train.prepared import LoopState, PreparedDataLoader
 
     return [PreparedDataLoader(make_loader(), num_shards=n, shard=r, state=LoopState(), **kwargs) for r in range(n)]
 
@@ -220,7 +220,8 @@ def test_a_stateful_loader_with_dispatched_batches_is_refused():
     from torch.utils.data import DataLoader
 
     from convoy.errors import NotSupportedYetError
-    from convoy.train.data import DataLoaderConfiguration, LoopState, shard_data_loader
+    from convoy.train.data import DataLoaderConfiguration, shard_data_loader
+    from convoy.train.prepared import LoopState
 
     config = DataLoaderConfiguration(use_stateful_dataloader=True, dispatch_batches=True)
     with pytest.raises(NotSupportedYetError, match="dispatch_batches=True is not supported yet"):
@@ -283,7 +284,7 @@ def test_dispatched_batches_are_sliced_from_one_reader():
     import torch
     from torch.utils.data import DataLoader, IterableDataset
 
-    from convoy.train.data import LoopState
+    from convoy.train.prepared import LoopState
     from convoy.train.dispatch import DispatchedDataLoader
 
     class Stream(IterableDataset):
@@ -304,7 +305,7 @@ def test_a_loop_inside_a_loop_keeps_each_loaders_end():
     import torch
     from torch.utils.data import DataLoader
 
-    from convoy.train.data import LoopState, PreparedDataLoader
+    from convoy.train.prepared import LoopState, PreparedDataLoader
 
     state = LoopState()
     outer, inner = (PreparedDataLoader(DataLoader(torch.arange(n), batch_size=2), num_shards=1, shard=0, state=state)

@@ -61,7 +61,7 @@ def islands(devices: Sequence) -> dict[int, str]:
 
 def render_table(inventory, env) -> str:
     from convoy.devices.lease import lease_holders
-    from convoy.devices.backends.vendors import vendor_facts
+    from convoy.devices.vendors import vendor_facts
     from convoy.devices.visibility import visible_devices
 
     if not inventory.devices:

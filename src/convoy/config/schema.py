@@ -163,15 +163,15 @@ def _parse_devices(value: Any, where: str) -> str:
             raise _bad(where, value, "a non-empty list of device indices like [0, 2]")
         text = ",".join(str(v) for v in value) + ("," if len(value) == 1 else "")
     else:
-        text = _to_str(value, where, expected).replace(" ", "")
+        text = _to_str(value, where, expected)
         if not text:
             raise _bad(where, value, expected)
     try:
-        check_devices(text)
+        check_devices(text)  # as the flag reads it: '1 2' is no request (removing the space made it a count of 12)
     except DeviceSpecError as err:
         reason = str(err).partition(": ")[2] or str(err)
         raise ConfigError(f"{where}: {show(value)} is not valid: {reason}") from None
-    return text
+    return ",".join(part.strip() for part in text.split(","))
 
 
 def _parse_parallelism(value: Any, where: str) -> str:

@@ -5,10 +5,10 @@
     sel = select_devices(2, free=True)           # Selection: devices, vendor, env, explanation
     subprocess.run(cmd, env={**os.environ, **sel.env})
 
-Modules: ``spec`` (request grammar), ``inventory`` (Device/Inventory and the JSON format), ``discovery``
-(+ ``backends/`` per vendor; ``backends/vendors``: each vendor's device type, link and collective backend),
-``selection`` (filters, order, topology, MIG), ``visibility`` (the vendors' environment variables), ``lease``
-(reservations), ``units`` ("20GiB", "80%", "5m").
+Modules: ``spec`` (request grammar), ``vendors`` (each vendor's device type, link and collective backend),
+``inventory`` (Device/Inventory and the JSON format), ``discovery`` (+ ``backends/`` per vendor), ``selection``
+(filters, order, topology, MIG), ``visibility`` (the vendors' environment variables), ``lease`` (reservations),
+``units`` ("20GiB", "80%", "5m").
 """
 
 from __future__ import annotations

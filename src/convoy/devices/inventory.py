@@ -18,7 +18,9 @@ Defaults for missing optional keys: ``vendor="nvidia"``, ``pci_bus_id=""``, ``me
 Checked on load (``InventoryError`` naming the file, the device and the field): the file is UTF-8 JSON (no NaN, no
 unreadably deep nesting); indices, pids and memory amounts are integers >= 0; ``utilization_pct`` is a finite
 number in 0-100; ``vendor`` is one of ``DEVICE_VENDORS`` (any case); ``nvlink_peers`` name other devices of
-the same vendor in the file.
+the same vendor in the file; uuids (MIG slices' too) are unique. And what no machine reports: a device (or MIG
+slice) using more memory than its ``memory_total_mib``, in all or in one or all of its processes; MIG slices
+holding more than their GPU, or on a device that is not NVIDIA's (a total of 0 is one not reported).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from convoy.devices.backends.vendors import DEVICE_VENDORS
+from convoy.devices.vendors import DEVICE_VENDORS
 from convoy.errors import InventoryError
 
 __all__ = ["Process", "MigDevice", "Device", "Inventory", "load_inventory", "inventory_from_dict", "as_inventory"]
@@ -263,8 +265,8 @@ def inventory_from_dict(data: Any, *, source: str = "dict") -> Inventory:
     if len(set(keys)) != len(keys):
         raise InventoryError(f"inventory ({source}): device indices repeat: {[d.index for d in devices]}; "
                              f"each vendor's indices must be unique")
-    uuids = [d.uuid for d in devices]
-    if len(set(uuids)) != len(uuids):
+    uuids = [d.uuid for d in devices] + [m.uuid for d in devices for m in d.mig_devices]
+    if len(set(uuids)) != len(uuids):  # CUDA_VISIBLE_DEVICES names a device or a MIG slice by its uuid
         raise InventoryError(f"inventory ({source}): device uuids repeat; each must be unique")
     indices: dict[str, set[int]] = {}
     for device in devices:
@@ -301,7 +303,7 @@ def _device(item: Any, position: int, source: str) -> Device:
     if compute_mode not in COMPUTE_MODES:
         raise InventoryError(f"{where}: compute_mode {_short(compute_mode)} is not one of {', '.join(COMPUTE_MODES)}")
     cc = item.get("compute_capability")
-    return Device(
+    device = Device(
         index=_count(item["index"], f"{where}: index", most=MAX_DEVICE_INDEX),
         uuid=_str(item["uuid"], f"{where}: uuid"),
         name=_str(item["name"], f"{where}: name"),
@@ -319,6 +321,41 @@ def _device(item: Any, position: int, source: str) -> Device:
         mig_devices=tuple(_mig(m, f"{where}: mig_devices") for m in _list(item.get("mig_devices"), where)),
         extra={k: v for k, v in item.items() if k not in _KNOWN},
     )
+    _check_memory(device, f"inventory ({source}): {device.vendor} device {device.index} ({_short(device.name)})")
+    return device
+
+
+def _check_memory(device: Device, where: str) -> None:
+    """What no machine reports: more memory used than the device has (the whole, one process, all its processes
+    together), MIG slices holding more than their GPU, or any on a device that is not NVIDIA's. A total of 0 is
+    one not reported (the key left out, or NVML could not say), against which nothing is checked."""
+    if device.mig_devices and device.vendor != "nvidia":
+        raise InventoryError(f"{where}: mig_devices are NVIDIA's MIG slices, which this {device.vendor} device "
+                             f"cannot have (leave mig_devices out)")
+    _check_use(where, "memory_total_mib", device.memory_total_mib, device.memory_used_mib, device.processes)
+    for m in device.mig_devices:
+        _check_use(f"{where}: MIG slice {_short(m.uuid)}", "memory_total_mib", m.memory_total_mib,
+                   m.memory_used_mib, m.processes)
+    sliced = sum(m.memory_total_mib for m in device.mig_devices)
+    if device.memory_total_mib and sliced > device.memory_total_mib:
+        raise InventoryError(f"{where}: its MIG slices hold {sliced} MiB together, more than memory_total_mib "
+                             f"{device.memory_total_mib}; a GPU is cut into slices of its own memory")
+
+
+def _check_use(where: str, total_key: str, total: int, used: int, processes: tuple[Process, ...]) -> None:
+    if not total:
+        return
+    if used > total:
+        raise InventoryError(f"{where}: memory_used_mib {used} is more than {total_key} {total}; no device uses "
+                             f"more memory than it has (write the file with 'convoy devices --json')")
+    for process in processes:
+        if (process.used_memory_mib or 0) > total:
+            raise InventoryError(f"{where}: process {process.pid} uses {process.used_memory_mib} MiB, more than "
+                                 f"{total_key} {total}")
+    together = sum(p.used_memory_mib or 0 for p in processes)
+    if together > total:
+        raise InventoryError(f"{where}: its {len(processes)} processes use {together} MiB together, more than "
+                             f"{total_key} {total}")
 
 
 def _vendor(value: Any, where: str) -> str:

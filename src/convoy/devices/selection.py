@@ -21,10 +21,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from convoy.devices.backends.vendors import vendor_facts
 from convoy.devices.inventory import Device, Inventory, as_inventory
 from convoy.devices.spec import describe_available, is_count, parse_devices
 from convoy.devices.units import MemoryAmount, parse_memory, parse_percent
+from convoy.devices.vendors import vendor_facts
 from convoy.devices.visibility import HIDE_ALL, visibility_env, visible_devices
 from convoy.errors import DeviceSpecError, SelectionError
 

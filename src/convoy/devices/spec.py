@@ -8,7 +8,9 @@
 
 The table is Lightning's ``devices=``: an int ``n`` or a string without a comma is a *count* (the first
 ``n``), ``-1``/``"-1"`` is every device, a list/tuple of ints or a string with a comma is an *index list*
-kept in the given order, and ``0``, ``"0"``, ``[]``, ``None`` and ``""`` mean no accelerator. convoy adds
+kept in the given order, and ``0``, ``"0"``, ``[]``, ``None`` and ``""`` mean no accelerator (a *blank*
+string, ``" "``, is refused, as Lightning refuses it: it is what ``--devices "$N "`` says when ``N`` is unset;
+spaces around a request or its items are fine: ``" 1, 3 "`` is ``[1, 3]``). convoy adds
 inclusive ranges inside index strings (``"0-3,6"``, also ``"0-3"`` alone) and the words ``"all"`` and
 ``"auto"`` (every device; ``select_devices`` narrows ``"auto"`` further with its filters).
 
@@ -124,16 +126,24 @@ def _tail(num_available: int | None) -> str:
 
 
 def _show(spec: Any) -> str:
-    if isinstance(spec, int) and not isinstance(spec, bool):
-        return _num(spec)
-    if isinstance(spec, (list, tuple)) and len(spec) > 20:
-        spec = type(spec)(spec[:20])
-    try:
-        text = repr(spec) if not isinstance(spec, (list, tuple)) else repr(type(spec)(
-            _num(i) if isinstance(i, int) and not isinstance(i, bool) else i for i in spec))
-    except Exception:  # a user object whose repr fails still gets its one-line error
-        text = f"<{type(spec).__name__}>"
+    """The request as the user wrote it (``[1, 1]``, ``'1,1'``, ``(2,)``), at most 60 characters."""
+    if isinstance(spec, (list, tuple)):
+        items = [_item(i) for i in spec[:20]] + (["..."] if len(spec) > 20 else [])
+        ends = "[]" if isinstance(spec, list) else "()"
+        text = ends[0] + ", ".join(items) + ("," if ends == "()" and len(items) == 1 else "") + ends[1]
+    else:
+        text = _item(spec)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _item(value: Any) -> str:
+    """An int as its digits (not ``'1'``: it was no string), anything else as its repr."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _num(value)
+    try:
+        return repr(value)
+    except Exception:  # a user object whose repr fails still gets its one-line error
+        return f"<{type(value).__name__}>"
 
 
 def _num(n: int) -> str:
@@ -190,9 +200,12 @@ def _list_item(item: Any, shown: str, num_available: int | None) -> int:
 
 
 def _parse_text(text: str, num_available: int | None, shown: str) -> list[range]:
+    if text == "":
+        return []  # the table's "" (no accelerator); a blank one is refused below
     body = text.strip()
     if body == "":
-        return []
+        raise DeviceSpecError(f"devices={shown} is blank; give a count (2), indices ('0,2'), 'all' or 'auto', or 0 "
+                              f"for no accelerator (is a variable in it unset?){_tail(num_available)}")
     if body.lower() == "auto":
         return [range(num_available)] if num_available is not None else []
     if body.lower() == "all":
@@ -208,10 +221,13 @@ def _parse_text(text: str, num_available: int | None, shown: str) -> list[range]
             f"('0-3'), '-1' or 'all'{_tail(num_available)}"
         )
     parts: list[range] = []
-    tokens = [token.strip() for token in body.split(",")]
-    for token in tokens:
-        if token == "":
+    for raw in body.split(","):
+        token = raw.strip()
+        if raw == "":
             continue  # Lightning accepts a trailing comma: "2," is [2]
+        if token == "":  # Lightning refuses it too (int(""))
+            raise DeviceSpecError(f"devices={shown}: an item between commas is blank; write indices like '0,2' "
+                                  f"(is a variable in it unset?){_tail(num_available)}")
         match = _RANGE.match(token)
         if match:
             parts.append(_expand_range(match, token, shown, num_available))

@@ -16,7 +16,9 @@ A mask already in the environment (set by the user or Slurm) is honoured the way
 requests are relative to it, and a result never escapes it. Entries are indices or UUIDs (prefixes too,
 as CUDA allows); like CUDA, enumeration stops at the first entry that matches nothing. Integer entries of
 a pre-set ``CUDA_VISIBLE_DEVICES`` follow ``CUDA_DEVICE_ORDER``; CUDA's default is FASTEST_FIRST, which
-on mixed boxes differs from ``nvidia-smi`` order (see ``fastest_order``).
+on mixed boxes differs from ``nvidia-smi`` order (see ``fastest_order``). A ``CUDA_DEVICE_ORDER`` that is
+neither FASTEST_FIRST nor PCI_BUS_ID (a typo such as ``pci_bus_id``) is refused when such indices depend on
+it, since which devices they name would be a guess, and noted otherwise.
 
 What the runtimes refuse or misread, convoy refuses with one line (``DeviceSpecError``) instead of guessing:
 an entry with non-ASCII characters (``²``, ``٣``: Python's ``int()`` reads them, CUDA does not), an entry
@@ -53,6 +55,11 @@ MASK_VARIABLES: dict[str, tuple[str, ...]] = {
     "ascend": ("ASCEND_RT_VISIBLE_DEVICES",),
     "apple": (),
 }
+
+# CUDA_DEVICE_ORDER's values (CUDA Programming Guide, "CUDA Environment Variables"; FASTEST_FIRST is the default,
+# and unset or empty is read as it). What CUDA does with another value is not documented: convoy refuses to
+# guess it where it decides which devices a mask's indices name, and notes it where it does not.
+CUDA_ORDERS = ("FASTEST_FIRST", "PCI_BUS_ID")
 
 # What an empty selection exports: a CPU-only run that sees no accelerator.
 HIDE_ALL: dict[str, str] = {"CUDA_VISIBLE_DEVICES": ""}
@@ -206,12 +213,23 @@ def _apply_tokens(name: str, value: str, tokens: list[str], candidates: Sequence
 
 def _nvidia_view(gpus: list[Device], env: Mapping[str, str], notes: list[str]) -> VisibleView:
     name = "CUDA_VISIBLE_DEVICES"
+    order = env.get("CUDA_DEVICE_ORDER", "")
+    unknown_order = order not in ("", *CUDA_ORDERS)
     if name not in env:
+        if unknown_order:
+            notes.append(_unknown_order(order) + "; it does not matter here: no mask is set, and the variables "
+                         "convoy exports set CUDA_DEVICE_ORDER=PCI_BUS_ID")
         units = [u for gpu in gpus for u in _mig_units(gpu)]
         return VisibleView(tuple(units), "nvidia", (), tuple(notes))
     value = env[name]
     tokens = _mask_tokens(name, value)
-    pci_order = env.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST") == "PCI_BUS_ID"
+    if unknown_order and any(re.fullmatch(r"[0-9]+", t) for t in tokens):
+        raise DeviceSpecError(f"{_unknown_order(order)}, so the indices of {name}={_short(value)} have no known "
+                              "order (CUDA documents FASTEST_FIRST as its default, not what it does with other "
+                              "values); set CUDA_DEVICE_ORDER=PCI_BUS_ID (nvidia-smi's numbering) or FASTEST_FIRST")
+    if unknown_order:
+        notes.append(_unknown_order(order) + f"; it does not matter here: {name} names devices by UUID")
+    pci_order = order == "PCI_BUS_ID"
     numbered = gpus if pci_order else fastest_order(gpus)
     if not pci_order and any(t.isdigit() for t in tokens) and [d.index for d in numbered] != [d.index for d in gpus]:
         order = ", ".join(f"{i}->GPU {d.index}" for i, d in enumerate(numbered))
@@ -234,6 +252,10 @@ def _nvidia_view(gpus: list[Device], env: Mapping[str, str], notes: list[str]) -
             raise _duplicate(name, value, found[0])
         units.extend(found)
     return VisibleView(tuple(units), "nvidia", ((name, value),), tuple(notes))
+
+
+def _unknown_order(order: str) -> str:
+    return f"CUDA_DEVICE_ORDER={_short(order)} is not one of CUDA's values ({', '.join(CUDA_ORDERS)})"
 
 
 def visibility_env(

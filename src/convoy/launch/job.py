@@ -48,7 +48,7 @@ class DeviceFilters:
 
 
 def _wanted(request: LaunchRequest) -> str:
-    wanted = request.devices or "auto"
+    wanted = "auto" if request.devices is None else request.devices  # "" is no accelerator, as everywhere
     if wanted == "auto" and asked_nproc(request.nproc_per_node) == "cpu":
         wanted = "0"  # torchrun's --nproc-per-node cpu: one CPU process per core, whatever accelerators there are
     return wanted

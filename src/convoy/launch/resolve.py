@@ -22,7 +22,7 @@ from typing import Mapping
 
 from convoy.config.schema import ACCELERATOR_WORDS, KEYS, is_host
 from convoy.config.settings import Source, said
-from convoy.devices.backends.vendors import vendor_facts
+from convoy.devices.vendors import vendor_facts
 from convoy.devices.inventory import Device
 from convoy.devices.selection import Selection
 from convoy.errors import ConfigError, LaunchError
@@ -202,7 +202,7 @@ class LaunchPlan:
     run_id: str
     rdzv_configs: tuple[tuple[str, str], ...] = ()
     vendor: str = "cpu"
-    """The selected devices' vendor (``convoy.devices.backends.vendors``); ``"cpu"`` without accelerators."""
+    """The selected devices' vendor (``convoy.devices.vendors``); ``"cpu"`` without accelerators."""
     devices: tuple[Device, ...] = ()
     """Selected devices; local rank i uses ``devices[i]``."""
     env: Mapping[str, str] = field(default_factory=dict)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from convoy.devices.backends.vendors import process_group_backend
+from convoy.devices.vendors import process_group_backend
 from convoy.launch.env import read_rank_env
 
 __all__ = ["Check", "SelfCheckReport", "run_selfcheck", "format_selfcheck", "CHECKS"]

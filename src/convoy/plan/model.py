@@ -16,6 +16,7 @@ the heads; without ``head_dim`` the heads divide the hidden size. A model has at
 parameters and ``MAX_DIM`` in any dimension. A factory that fails to import or raises is named with its error.
 A parameter count given with a shape (``--params`` with ``--layers``/``--hidden``/..., or either over a config)
 must be one the shape can hold (``check_params_fit_shape``); ``--params 7e10 --layers 2 --hidden 64`` is refused.
+Heads given as numbers divide the hidden size, as in a config without ``head_dim`` (``check_heads_divide_hidden``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from typing import Any, Mapping
 from convoy.errors import NotSupportedYetError, PlanError
 
 __all__ = ["ModelSpec", "from_hf_config", "from_factory", "from_numbers", "resolve_model", "MAX_PARAMS", "MAX_DIM",
-           "shape_param_range", "check_params_fit_shape", "SHAPE_SLACK", "SHAPE_HEADROOM"]
+           "shape_param_range", "check_params_fit_shape", "check_heads_divide_hidden", "SHAPE_SLACK",
+           "SHAPE_HEADROOM"]
 
 _LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 _DROPOUT_KEYS = ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout", "hidden_dropout", "dropout")
@@ -155,8 +157,31 @@ def from_numbers(params: float, *, layers: int | None = None, hidden: int | None
                      layer_params=layer_params, source="numbers given by the user")
     given = {"params": params, "layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
              "ffn": ffn, "vocab": vocab}
+    check_heads_divide_hidden(spec, given=given)
     check_params_fit_shape(spec, given={k: v for k, v in given.items() if v is not None})
     return spec
+
+
+def check_heads_divide_hidden(spec: ModelSpec, *, given: Mapping[str, Any], base: str = "") -> None:
+    """``PlanError`` when heads given as numbers (``--heads``, ``--hidden``, alone or over a config) do not divide
+    the hidden size: the rule a config.json without ``head_dim`` is held to (``hidden_size 4096 is not a multiple
+    of num_attention_heads 7``); a tensor-parallel degree divides the heads, so such a shape silently lost every
+    tp layout. Numbers carry no head_dim, so the rule always applies to them."""
+    h, heads = spec.hidden, spec.heads
+    if not (h and heads) or h % heads == 0 or not any(given.get(k) is not None for k in ("hidden", "heads")):
+        return
+
+    def said(key: str, value: int) -> str:
+        return f"--{key} {value}" if given.get(key) is not None else f"{key} {value} (of {base})"
+
+    if given.get("heads") is not None:
+        divisors = {n for d in range(1, math.isqrt(h) + 1) if h % d == 0 for n in (d, h // d)}  # sqrt(h) steps
+        near = min(divisors, key=lambda d: (abs(d - heads), -d))
+        fix = f"give --heads dividing {h}, such as {near}"
+    else:
+        fix = f"give --hidden a multiple of {heads}, such as {max(1, round(h / heads)) * heads}"
+    raise PlanError(f"{said('hidden', h)} is not a multiple of {said('heads', heads)}: attention cuts the hidden "
+                    f"size into equal heads (a config.json's hidden_size and num_attention_heads too); {fix}")
 
 
 def shape_param_range(spec: ModelSpec) -> tuple[int, int | None] | None:
@@ -485,6 +510,7 @@ def resolve_model(model: Any = None, *, params: float | None = None, **shape: An
         return spec
     out = ModelSpec(**{**spec.__dict__, **overrides})
     given = {k: v for k, v in {"params": params, **shape}.items() if v is not None}
+    check_heads_divide_hidden(out, given=given, base=repr(spec.name))
     check_params_fit_shape(out, given=given, base=repr(spec.name))
     return out
 

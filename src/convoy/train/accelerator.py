@@ -30,12 +30,14 @@ from torch.utils.data import DataLoader
 from convoy.config.schema import is_whole, show
 from convoy.errors import ConfigError
 from convoy.train import checkpoint, collectives, data, operations, tracking
+from convoy.train.arguments import check_arguments, check_plain_arguments, is_flag
 from convoy.train.coordination import Trigger, join_uneven_inputs
-from convoy.train.data import DataLoaderConfiguration, LoopState, PreparedDataLoader
+from convoy.train.data import DataLoaderConfiguration, PreparedDataLoader
 from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
 from convoy.train.process_group import stop_process_group
+from convoy.train.prepared import LoopState
 from convoy.train.process_state import AcceleratorState, DistributedType, GradientState, distributed_type_for
-from convoy.train.settings import check_arguments, check_plain_arguments, is_flag, resolve_settings
+from convoy.train.settings import resolve_settings
 from convoy.train.state_hooks import StateHooks
 from convoy.train.strategies.base import Strategy, SupportsNoSync
 from convoy.train.strategies.build import build_strategy, declared_distributed_type, start_job

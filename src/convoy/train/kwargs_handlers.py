@@ -25,7 +25,7 @@ from typing import Any, Iterable, NoReturn
 
 from convoy.config.schema import show
 from convoy.errors import ConfigError
-from convoy.train.settings import is_flag
+from convoy.train.arguments import is_flag
 
 __all__ = ["KwargsHandler", "DDPCommunicationHookType", "DistributedDataParallelKwargs", "InitProcessGroupKwargs",
            "GradScalerKwargs",
@@ -144,7 +144,7 @@ class InitProcessGroupKwargs(KwargsHandler):
         if self.backend is not None:
             import torch.distributed as dist
 
-            from convoy.devices.backends.vendors import VENDORS
+            from convoy.devices.vendors import VENDORS
 
             # torch's and registered ones, and the vendors' (hccl is registered only once torch_npu or Habana's
             # module is imported, which may come after the Accelerator's arguments are made)

@@ -16,7 +16,7 @@ import time
 
 import torch.distributed as dist
 
-from convoy.devices.backends.vendors import process_group_backend
+from convoy.devices.vendors import process_group_backend
 from convoy.train.settings import TrainSettings
 
 __all__ = ["start_process_group", "stop_process_group"]

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from convoy.config.schema import show
-from convoy.devices.backends.vendors import process_group_backend
+from convoy.devices.vendors import process_group_backend
 from convoy.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover

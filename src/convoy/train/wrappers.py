@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from convoy.train import collectives
-from convoy.train.data import LoopState
+from convoy.train.prepared import LoopState
 
 __all__ = ["PreparedOptimizer", "PreparedScheduler", "autocast_forward"]
 

@@ -11,10 +11,12 @@ read back.
     directories.py      checkpoint directories: staging, the convoy_checkpoint.json marker, commit, naming,
                         pruning, recovery of a save killed mid-commit (no torch use)
     files.py            the files inside: torch.load(weights_only=True), a safe torch.save, DCP's safe reader
-    optimizer_state.py  optimizer state keyed by parameter name (how every strategy's is stored)
     rng.py              each rank's Python, numpy, torch and CUDA random state
     weights.py          save_model's safetensors (or .bin) shards and their index
     accelerate.py       reading Accelerate's save_state directories with the same helpers
+
+Optimizer state keyed by parameter name (how every strategy's is stored) is ``convoy.train.optimizer_state``,
+below this package and the strategies, which both use it.
 
 Nothing here imports the Accelerator: it hands its objects over in the record and takes the result back.
 """

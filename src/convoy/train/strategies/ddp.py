@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from convoy.errors import ConfigError
-from convoy.train.checkpoint.optimizer_state import named_optimizer_state, numbered_optimizer_state, param_names
+from convoy.train.optimizer_state import named_optimizer_state, numbered_optimizer_state, param_names
 from convoy.train.strategies.base import Strategy, SupportsNoSync
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -6,7 +6,8 @@
 
 ``optimizer.state_dict()`` numbers parameters in its groups' order; a checkpoint names them, so that any
 strategy at any world size can load it. Used for ZeRO-1's consolidated state (``strategies/ddp.py``,
-``strategies/parallel.py``) and for Accelerate's ``optimizer.bin`` (``accelerate.py``).
+``strategies/parallel.py``) and for Accelerate's ``optimizer.bin`` (``checkpoint/accelerate.py``): below both,
+so that the strategies, which the checkpoint code calls, never import the checkpoint package.
 """
 
 from __future__ import annotations

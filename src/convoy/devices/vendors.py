@@ -1,7 +1,7 @@
 """What each vendor's devices are called in PyTorch, how they are joined, and which collective backend they
 use: one table, a source per row, read by pure functions. Facts only; nothing here probes the machine.
 
-    from convoy.devices.backends.vendors import process_group_backend, vendor_facts
+    from convoy.devices.vendors import process_group_backend, vendor_facts
     vendor_facts("amd").device_type        # "cuda": ROCm builds of PyTorch keep the cuda device type
     vendor_facts("nvidia").link            # "NVLink", the links discovery reads into Device.nvlink_peers
     vendor_facts("habana").process_group_backend   # "hccl"
@@ -9,7 +9,8 @@ use: one table, a source per row, read by pure functions. Facts only; nothing he
 
 The device layer names devices with it ("GPU 2 -> cuda:0"), the launcher says which process-group backend
 the ranks will use, ``convoy devices`` heads its columns with it. Torch-free, and importing it loads no
-discovery backend.
+discovery backend: it sits below the inventory (which checks a file's ``vendor`` against it) and ``backends/``
+(which build the inventory's records).
 """
 
 from __future__ import annotations
