@@ -23,15 +23,6 @@ from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parent.parent / "src"
 
-# The lead fixes these two (plan/ is being rewritten alongside this test); remove each entry once its cycle is
-# gone (test_the_allowlist_holds_only_cycles_that_still_exist fails on an entry that no longer exists). Each is
-# the set of modules that reach each other.
-KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset({"convoy.plan.activations", "convoy.plan.memory"}),  # RunSpec, imported both ways
-    frozenset({"convoy.plan.calibrate", "convoy.plan.calibration", "convoy.plan.timing"}),
-}
-
-
 def module_files(root: Path = SOURCE) -> dict[str, Path]:
     """``convoy.a.b`` -> its file, for every module and package under ``root/convoy``."""
     modules = {}
@@ -153,7 +144,7 @@ def describe(group: frozenset[str], graph: dict[str, set[str]]) -> str:
 
 
 def _new_cycles(graph: dict[str, set[str]]) -> list[str]:
-    return [describe(group, graph) for group in strongly_connected(graph) if group not in KNOWN_CYCLES]
+    return [describe(group, graph) for group in strongly_connected(graph)]
 
 
 def test_no_module_imports_a_module_that_imports_it_back():
@@ -166,12 +157,6 @@ def test_no_package_imports_a_package_that_imports_it_back():
     found = _new_cycles(package_graph(import_graph()))
     assert not found, ("import cycles between the folders of src/convoy (a module of each imports the other "
                        "folder):\n" + "\n".join(found))
-
-
-def test_the_allowlist_holds_only_cycles_that_still_exist():
-    graph = import_graph()
-    stale = KNOWN_CYCLES - set(strongly_connected(graph)) - set(strongly_connected(package_graph(graph)))
-    assert not stale, f"these cycles are gone: remove them from KNOWN_CYCLES: {[sorted(s) for s in stale]}"
 
 
 def _write(root: Path, files: dict[str, str]) -> Path:
