@@ -84,7 +84,8 @@ CASES = [
     ({}, "plan --params 7e9 --hardware 8xH100-80GB --gpu-memory-gib inf", 2, "finite"),
     ({}, "plan {d}/raising_factory.py:build --hardware 8xH100-80GB", 2, "RuntimeError: boom"),
     ({}, "plan --params 7e9 --hardware 99999999999999xH100-80GB", 2, "GPU count"),
-    ({}, "plan --params 7e9 --hardware 8xH100-80GB --global-batch 3", 2, "cannot be split evenly"),
+    ({}, "plan --params 7e9 --hardware 8xH100-80GB --global-batch 3 --strategies ddp,zero3", 2,
+     "cannot be split evenly"),
     ({}, "plan --params 7e9 --hardware 8xH100-80GB --seq-len 99999999999", 2, "too large (at most 10 digits)"),
     ({}, "plan --params 70e9 --layers 2 --hidden 64 --heads 1 --vocab 100 --hardware 8xH100-80GB", 2,
      "cannot describe one model"),  # printed 279 % MFU

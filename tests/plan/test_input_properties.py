@@ -103,7 +103,7 @@ def test_plan_command_line(flags):
     ({"params": float("inf")}, "finite"), ({"params": float("nan")}, "finite"), ({"params": "7e9"}, "is a str"),
     ({"params": 7e9, "layers": "32"}, "layers='32'"), ({"params": 7e9, "hardware": 8}, "hardware=8"),
     ({"params": 7e9, "gpu_memory_gib": float("inf")}, "gpu_memory_gib"),
-    ({"params": 7e9, "global_batch": 3}, "global batch 3 cannot be split evenly"),
+    ({"params": 7e9, "global_batch": 3, "allowed": ["ddp", "zero3"]}, "global batch 3 cannot be split evenly"),
     ({"params": 7e9, "hardware": "99999999999999xH100-80GB"}, "GPU count"),
     ({"params": 7e9, "hardware": "4096xH100-80GB", "nodes": 257}, "beyond what the planner compares"),
 ])

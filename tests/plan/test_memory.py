@@ -138,3 +138,17 @@ def test_peak_overlaps_gradients_with_activations_only_when_accumulating():
     assert not one.grads_at_peak and one.allocated == static + max(one.activations + one.temporary, one.grads)
     assert acc.grads_at_peak and acc.allocated == static + acc.activations + acc.temporary + acc.grads
     assert acc.total > one.total and one.total == one.allocated + one.reserve
+
+
+@pytest.mark.parametrize("params", [1e8, 7e9, 70e9])
+@pytest.mark.parametrize("hardware", ["8xH100-80GB", "4xA100-40GB"])
+def test_offload_never_needs_more_gpu_memory_than_the_same_layout_on_the_gpu(params, hardware):
+    """Moving states to the host only adds the shards of the units in flight (zero3+offload of a bare 70e9 count
+    needed 685 GiB per GPU, more than zero3 itself)."""
+    from convoy.plan.api import plan
+
+    p = plan(params=params, hardware=hardware, recompute="full")
+    pairs = [(r, p.row(r.name.removesuffix("+offload"))) for r in p.rows if r.name.endswith("+offload")]
+    assert pairs
+    for off, on in pairs:
+        assert off.memory.total <= on.memory.total, (off.name, off.memory.total, on.memory.total)

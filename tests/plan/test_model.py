@@ -205,3 +205,22 @@ def test_factory_is_built_on_meta_and_counted_exactly(tmp_path):
         from_factory("justaname:")
     with pytest.raises(PlanError, match="cannot import"):
         from_factory("no_such_package_xyz.mod:build")
+
+
+def test_a_bare_parameter_count_gets_the_usual_shape_and_says_so():
+    """`convoy plan --params 7e9` had no shape: no activations, ZeRO-3 buffers of whole models, offload needing
+    more GPU memory than no offload. A count alone now plans with Llama-2's blocks at hidden = 128 x layers, and
+    the model line says the shape was derived."""
+    from convoy.plan.model import resolve_model
+
+    spec = resolve_model(params=7e9)
+    assert (spec.hidden, spec.heads, spec.ffn, spec.vocab) == (4096, 32, 11008, 32000)
+    assert 32 <= spec.num_layers <= 34 and spec.has_shape and "derived from the parameter count" in spec.source
+    for count, hidden, layers in ((13e9, 5120, 40), (175e9, 12288, 96)):  # Llama-2-13B's and GPT-3's shapes
+        derived = resolve_model(params=count)
+        assert derived.hidden == hidden and abs(derived.num_layers - layers) <= 2, derived
+    assert resolve_model(params=7e9, layers=32).num_layers == 32  # numbers given are kept
+    assert resolve_model(params=7e9, hidden=4096, heads=64).heads == 64
+    assert resolve_model(params=1e6).vocab is None  # too small for a 32,000-word table: blocks only
+    with pytest.raises(PlanError, match="--layers 1000"):
+        resolve_model(params=1e6, layers=1000)

@@ -108,7 +108,9 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
         raise PlanError(f"global batch {gb} is smaller than the micro-batch {run.micro_batch}")
     rows = []
     uneven: set[int] = set()
-    for cand in enumerate_candidates(model, hw, global_batch=gb, micro_batch=run.micro_batch, offload=offload):
+    alone = {"zero3" if name == "fsdp" else name for name in allowed or ()} & {"zero1", "zero2", "zero3"}
+    for cand in enumerate_candidates(model, hw, global_batch=gb, micro_batch=run.micro_batch, offload=offload,
+                                     alone=alone):
         if allowed is not None and not _allowed(cand, allowed):
             continue
         if keep is not None and not keep(cand):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Collection, Iterator
 
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import Hardware
@@ -69,8 +69,10 @@ def _name(strategy: str, dims: ParallelDims, offload: bool) -> str:
 
 
 def enumerate_candidates(model: ModelSpec, hw: Hardware, *, global_batch: int, micro_batch: int,
-                         offload: bool = True) -> Iterator[Candidate]:
-    """Every candidate layout for ``model`` on ``hw`` (all of its GPUs)."""
+                         offload: bool = True, alone: Collection[str] = ()) -> Iterator[Candidate]:
+    """Every candidate layout for ``model`` on ``hw`` (all of its GPUs). ``alone``: ZeRO strategies (``zero1``,
+    ``zero2``, ``zero3``) to plan on one GPU too, where they shard nothing but run (``Accelerator(strategy="zero3")``
+    on one process is FSDP2 over a group of one); only when asked for, since they never beat ``single`` there."""
     world = hw.world_size
 
     def make(strategy: str, dims: ParallelDims, off: bool = False) -> Candidate:
@@ -80,6 +82,10 @@ def enumerate_candidates(model: ModelSpec, hw: Hardware, *, global_batch: int, m
 
     if world == 1:
         yield make("single", ParallelDims())
+        for strategy in ("zero1", "zero2", "zero3"):
+            if strategy in alone:
+                yield Candidate(name=strategy, strategy=strategy,
+                                layout=Layout(zero_stage=_STAGE[strategy], microbatches=make("single", ParallelDims()).layout.microbatches))
         if offload:
             yield make("zero3", ParallelDims(), True)
         return

@@ -187,8 +187,8 @@ def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout) -> MemoryBrea
         buffers += unit * recipe.grad_bytes  # unsharded gradients of the unit being reduce-scattered
     if stage >= 3 and shard > 1:
         buffers += 2 * unit * recipe.weight_bytes  # the gathered unit and the prefetched next one
-    if layout.offload:
-        buffers += 2 * unit * recipe.weight_bytes
+    if layout.offload:  # the shards of the units in flight, copied up from the host before their all-gather
+        buffers += 2 * unit * recipe.weight_bytes / max(1, shard if stage >= 3 else dp)
     activations, recomputing = _activations(model, run, layout)
     # cross-entropy's backward makes two fp32 s x b x V tensors (grad of log-softmax, grad of the logits);
     # measured with MemTracker on CPU (docs/planner-accuracy.md); with full recomputation the first block,

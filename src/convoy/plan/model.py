@@ -32,7 +32,7 @@ from typing import Any, Mapping
 
 from convoy.errors import NotSupportedYetError, PlanError
 
-__all__ = ["ModelSpec", "from_hf_config", "from_factory", "from_numbers", "resolve_model", "MAX_PARAMS", "MAX_DIM",
+__all__ = ["derive_shape", "ModelSpec", "from_hf_config", "from_factory", "from_numbers", "resolve_model", "MAX_PARAMS", "MAX_DIM",
            "shape_param_range", "check_params_fit_shape", "check_heads_divide_hidden", "SHAPE_SLACK",
            "SHAPE_HEADROOM"]
 
@@ -160,6 +160,75 @@ def from_numbers(params: float, *, layers: int | None = None, hidden: int | None
     check_heads_divide_hidden(spec, given=given)
     check_params_fit_shape(spec, given={k: v for k, v in given.items() if v is not None})
     return spec
+
+
+#: the shape a bare parameter count is planned with: Llama-2's block (SwiGLU MLP of 8h/3 rounded up to a
+#: multiple of 256, heads of 128 dimensions, untied 32,000-word embeddings) at GPT-3's and Llama-2's aspect ratio,
+#: hidden = 128 x layers (Brown et al. 2020 table 2.1: 6.7B 4096/32, 13B 5140/40, 175B 12288/96; Touvron et al.
+#: 2023: 7B 4096/32, 13B 5120/40). Kaplan et al. 2020 (figure 5) find the loss insensitive to the ratio over
+#: 20-200, so the count, not the ratio, is what a plan rests on; the output says the shape was derived.
+DERIVED_VOCAB = 32000
+DERIVED_HEAD_DIM = 128
+DERIVED_ASPECT = 128
+
+
+def derive_shape(params: float, *, layers: int | None = None, hidden: int | None = None, heads: int | None = None,
+                 vocab: int | None = None, ffn: int | None = None, kv_heads: int | None = None,
+                 name: str | None = None) -> ModelSpec:
+    """A model of ``params`` parameters whose missing shape numbers are derived (``DERIVED_*``), so that its
+    activations, FSDP units and tensor-parallel splits can be planned; numbers given are kept.
+
+        derive_shape(7e9)       # 32 layers, hidden 4096, 32 heads, ffn 11008, vocab 32000 (Llama-2-7B's shape)
+    """
+    n = param_count(params)
+    given = {"params": params, "layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
+             "ffn": ffn, "vocab": vocab}
+    for key, value in (("layers", layers), ("hidden", hidden), ("heads", heads), ("vocab", vocab), ("ffn", ffn),
+                       ("kv_heads", kv_heads)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_DIM):
+            raise PlanError(f"{key}={_show(value)}: give a whole number from 1 to {MAX_DIM}")
+    v = DERIVED_VOCAB if vocab is None else vocab
+
+    def block(h: int) -> int:  # q, k, v, o and a SwiGLU MLP; norms are noise
+        return 4 * h * h + 3 * h * (ffn or _swiglu(h))
+
+    def blocks_for(h: int, embed: int) -> int:
+        return max(1, round((n - embed * h) / block(h))) if layers is None else layers
+
+    def step(h: int) -> int:  # the hidden sizes models use: 128 apart below 1024, then 1/4 to 1/8 of the size
+        return max(DERIVED_HEAD_DIM, 1 << max(0, h.bit_length() - 3))
+
+    if hidden is None:  # the size whose model at the aspect ratio comes closest to n
+        def at_aspect(h: int) -> int:
+            return (layers or max(1, h // DERIVED_ASPECT)) * block(h) + 2 * v * h
+
+        sizes = [DERIVED_HEAD_DIM]
+        while sizes[-1] < MAX_DIM // 2 and at_aspect(sizes[-1]) < n:
+            sizes.append(sizes[-1] + step(sizes[-1]))
+        hidden = min(sizes[-2:], key=lambda h: abs(math.log(at_aspect(h) / n)))
+    embed = 2 * v if vocab is not None or 2 * v * hidden < n / 2 else 0
+    if embed == 0 and vocab is None:  # a count too small for a 32,000-word vocabulary: blocks only
+        v = 0
+    layers = blocks_for(hidden, embed)
+    heads = heads or max(1, hidden // DERIVED_HEAD_DIM if hidden % DERIVED_HEAD_DIM == 0 else
+                         max(d for d in range(1, min(hidden, 64) + 1) if hidden % d == 0))
+    ffn = ffn or _swiglu(hidden)
+    derived = f"layers {layers}, hidden {hidden}, heads {heads}, ffn {ffn}"
+    outside = embed * hidden
+    spec = ModelSpec(name=name or f"{n:.3g} params", num_params=n, num_layers=layers, hidden=hidden, heads=heads,
+                     kv_heads=kv_heads, ffn=ffn, vocab=v or None, layer_params=max(1, (n - outside) // layers),
+                     gated_mlp=True, family="llama",
+                     source=f"shape derived from the parameter count ({derived}{f', vocab {v}' if v else ''}: "
+                            "Llama-2-style blocks, hidden = 128 x layers); give --layers/--hidden/--heads or a "
+                            "config.json for the real one")
+    check_heads_divide_hidden(spec, given=given)
+    check_params_fit_shape(spec, given={k: val for k, val in given.items() if val is not None})
+    return spec
+
+
+def _swiglu(h: int) -> int:
+    """Llama's SwiGLU width for hidden ``h``: 8h/3 rounded up to a multiple of 256 (4096 -> 11008)."""
+    return -(-(8 * h // 3) // 256) * 256
 
 
 def check_heads_divide_hidden(spec: ModelSpec, *, given: Mapping[str, Any], base: str = "") -> None:
@@ -487,6 +556,8 @@ def resolve_model(model: Any = None, *, params: float | None = None, **shape: An
     if model is None:
         if params is None:
             raise PlanError("no model given; give a config.json path, a module:function factory, or --params")
+        if any(shape.get(k) is None for k in ("layers", "hidden", "heads")):
+            return derive_shape(params, **shape)  # a count without a full shape: the usual one, said so
         return from_numbers(params, **shape)
     if isinstance(model, ModelSpec):
         spec = model

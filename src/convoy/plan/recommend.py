@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from convoy.plan.candidates import Candidate
+from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import Hardware
 from convoy.plan.memory import MemoryBreakdown, RunSpec, layer_activation_bytes, OPTIMIZER_STATE_BYTES
 from convoy.plan.model import ModelSpec
@@ -32,9 +33,9 @@ TIE = 0.05
 FAST_INTER_GBPS_PER_GPU = 100.0
 
 _CASE_ADVICE = {
-    "case 1": "the model fits on one GPU, so data parallelism (DDP, or ZeRO to save memory) is the guide's choice",
-    "case 2": "the model does not fit on one GPU, so it must be split: pipeline, ZeRO or tensor parallelism",
-    "case 3": "even its largest layer does not fit on one GPU, so only tensor parallelism or ZeRO-3 can hold it",
+    "case 1": "the model fits on one {noun}, so data parallelism (DDP, or ZeRO to save memory) is the guide's choice",
+    "case 2": "the model does not fit on one {noun}, so it must be split: pipeline, ZeRO or tensor parallelism",
+    "case 3": "even its largest layer does not fit on one {noun}, so only tensor parallelism or ZeRO-3 can hold it",
     "multi-node fast": "several nodes with fast links: ZeRO across nodes, or DP x TP x PP",
     "multi-node slow": "several nodes with slow links: keep TP inside nodes and PP/DP (with ZeRO-1) across them",
 }
@@ -95,10 +96,13 @@ class Recommendation:
     def cpu_offload(self) -> bool:
         return bool(self.row and self.row.candidate.layout.offload)
 
+    noun: str = "GPU"
+    """What one device is (``GpuSpec.noun``): ``"GPU"``, or ``"CPU process"``."""
+
     def as_dict(self) -> dict:
         return {"candidate": self.row.name if self.row else None, "strategy": self.strategy,
                 "parallelism": self.dims.describe() if self.dims else None, "cpu_offload": self.cpu_offload,
-                "case": self.case, "advice": _CASE_ADVICE[self.case], "reasons": list(self.reasons),
+                "case": self.case, "advice": advice(self.case, self.noun), "reasons": list(self.reasons),
                 "breaks": list(self.breaks)}
 
 
@@ -108,6 +112,19 @@ def _count(n: int) -> str:
         if n >= size:
             return f"{n / size:.2f}{unit}" if unit == "B" else f"{n / size:.1f}{unit}"
     return str(n)
+
+
+def advice(case: str, noun: str = "GPU") -> str:
+    """The guide's advice for ``case``, for devices called ``noun``."""
+    return _CASE_ADVICE[case].format(noun=noun)
+
+
+def _where(hw: Hardware) -> str:
+    """"on one GPU, whose memory is 79.6 GiB", or for CPU processes their share of this machine's memory."""
+    memory = format_bytes(hw.gpu.memory_bytes, binary=True)
+    if hw.gpu.kind == "cpu":
+        return f"in one CPU process, whose share of this machine's memory is {memory}"
+    return f"on one GPU, whose memory is {memory}"
 
 
 def guide_case(model: ModelSpec, run: RunSpec, hw: Hardware, single: MemoryBreakdown) -> str:
@@ -136,21 +153,22 @@ def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, 
     case = guide_case(model, run, hw, single)
     limit = hw.gpu.memory_bytes
     states = format_bytes(single.model_states, binary=True)
+    noun = hw.gpu.noun
     reasons = [f"{_count(model.num_params)} parameters with {run.precision} {run.optimizer}: "
-               f"{states} of weights, gradients and optimizer state on one GPU, whose memory is "
-               f"{format_bytes(limit, binary=True)}; the guide's {case}: {_CASE_ADVICE[case]}."]
+               f"{states} of weights, gradients and optimizer state {_where(hw)}; the guide's {case}: "
+               f"{advice(case, noun)}."]
     fitting = [r for r in rows if r.fits]
     if not fitting:
         smallest = min(rows, key=lambda r: r.memory.total)
         reasons.append(f"No layout fits: the smallest, {smallest.name}, needs {format_bytes(smallest.memory.total, binary=True)} "
-                       f"per GPU. Use more GPUs, recompute='full', a shorter sequence or a smaller micro-batch.")
-        return Recommendation(row=None, case=case, reasons=tuple(reasons))
+                       f"per {noun}. Use more {noun}s, recompute='full', a shorter sequence or a smaller micro-batch.")
+        return Recommendation(row=None, case=case, reasons=tuple(reasons), noun=noun)
     fastest = min(fitting, key=lambda r: r.time.seconds)
     ties = [r for r in fitting if r.time.seconds <= fastest.time.seconds * (1 + TIE)]
     best = min(ties, key=lambda r: (r.candidate.sharding_rank, r.time.seconds))
     t = best.time
     costed = f" (costed as {best.precision})" if best.precision and best.precision != run.precision else ""
-    reasons.append(f"{best.name} fits at {format_bytes(best.memory.total, binary=True)} per GPU{costed} and takes about "
+    reasons.append(f"{best.name} fits at {format_bytes(best.memory.total, binary=True)} per {noun}{costed} and takes about "
                    f"{format_seconds(t.seconds)} per step ({t.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, "
                    f"{t.mfu:.0%} MFU).")
     if best is not fastest:
@@ -163,6 +181,8 @@ def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, 
     elif others and best is fastest:
         nxt = others[0]
         reasons.append(f"The next best, {nxt.name}, is {nxt.time.seconds / t.seconds - 1:.0%} slower.")
+    if case == "case 1" and best.candidate.strategy not in ("ddp", "single"):
+        reasons.append(_why_not_ddp(best, fastest, rows, noun))
     misfits = len(rows) - len(fitting)
     if misfits:
         reasons.append(f"{misfits} of {len(rows)} layouts do not fit in memory.")
@@ -170,4 +190,25 @@ def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, 
     if exposed > 0.2 * t.seconds:
         reasons.append(f"Communication that compute cannot hide is {exposed / t.seconds:.0%} of its step; "
                        "faster links would speed it up.")
-    return Recommendation(row=best, case=case, reasons=tuple(reasons))
+    return Recommendation(row=best, case=case, reasons=tuple(reasons), noun=noun)
+
+
+def _why_not_ddp(best: Row, fastest: Row, rows: list[Row], noun: str) -> str:
+    """Why a model that fits one device is not trained with DDP, the guide's first choice: DDP does not fit
+    (its replicas and buckets), or it is slower than the fastest layout beyond the noise, and by what."""
+    d = best.candidate.layout.dims
+    ddp = next((r for r in rows if r.candidate.strategy == "ddp"
+                and r.candidate.layout.dims == ParallelDims(dp_replicate=d.dp, tp=d.tp, pp=d.pp)), None)
+    if ddp is None:
+        return f"DDP is not among the layouts compared, so {best.name} is used."
+    if not ddp.fits:
+        return (f"DDP would need {format_bytes(ddp.memory.total, binary=True)} per {noun} (a full replica of the "
+                f"weights, gradients and optimizer state, and its gradient buckets), more than there is, so "
+                f"{best.name} shards them.")
+    slower = ddp.time.seconds / fastest.time.seconds - 1
+    parts = {"its optimizer step": ddp.time.optimizer - best.time.optimizer,
+             "communication": (ddp.time.exposed_dp - best.time.exposed_dp) + (ddp.time.overhead - best.time.overhead)}
+    what, gain = max(parts.items(), key=lambda kv: kv[1])
+    return (f"DDP fits too but takes {format_seconds(ddp.time.seconds)} per step, {slower:.0%} more than the fastest "
+            f"({fastest.name}), beyond the {TIE:.0%} noise: {best.name} saves {format_seconds(max(gain, 0.0))} in "
+            f"{what}.")

@@ -313,33 +313,35 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
     dp_latency = collective_latency(hw, across_nodes=dims.dp > per_node)
     grads, weights = psi * recipe.grad_bytes, psi * recipe.weight_bytes
     units = _units(model, dims.pp)
-    dp_comm = comm = 0.0
+    dp_comm = comm = after_step = 0.0
     if run.training and dims.dp > 1:
-        if layout.zero_stage == 0:  # one all-reduce per DDP bucket
+        if layout.zero_stage <= 1:  # DDP: one all-reduce per bucket, along the last backward
             buckets = max(1, math.ceil(grads / DDP_BUCKET_BYTES))
             dp_comm = ring_all_reduce_seconds(grads, dims.dp, dp_bw) + buckets * dp_latency
             comm = 2 * (dims.dp - 1) / dims.dp * grads
-        elif layout.zero_stage in (1, 2):  # reduce-scatter gradients, all-gather updated weights, per unit
-            dp_comm = (ring_gather_seconds(grads, dims.dp, dp_bw) + ring_gather_seconds(weights, dims.dp, dp_bw)
-                       + 2 * units * dp_latency)
-            comm = (dims.dp - 1) / dims.dp * (grads + weights)
-        else:  # every micro-batch: gather weights for forward and backward, reduce-scatter gradients, per unit
+            if layout.zero_stage == 1:  # ZeroRedundancyOptimizer: each rank broadcasts its updated shard after the
+                # step, before the next forward can start (torch.distributed.optim.ZeroRedundancyOptimizer.step)
+                after_step = ring_gather_seconds(weights, dims.dp, dp_bw) + dims.dp * dp_latency
+                comm += (dims.dp - 1) / dims.dp * weights
+        else:  # FSDP2, per micro-batch and unit: gather weights (ZeRO-3: again for the backward), reduce-scatter grads
             n = layout.shard_degree
+            gathers = 2 if layout.zero_stage == 3 else 1
             shard_bw = _group_bandwidth(hw, max(1, min(n, hw.gpus_per_node // dims.tp)), n)
             if n > 1:
                 latency = collective_latency(hw, across_nodes=n > max(1, hw.gpus_per_node // dims.tp))
-                dp_comm = m * (2 * ring_gather_seconds(weights, n, shard_bw) + ring_gather_seconds(grads, n, shard_bw)
-                               + 3 * units * latency)
-            comm = m * (n - 1) / n * (2 * weights + grads) if n > 1 else 0.0
+                dp_comm = m * (gathers * ring_gather_seconds(weights, n, shard_bw) + ring_gather_seconds(grads, n, shard_bw)
+                               + (gathers + 1) * units * latency)
+            comm = m * (n - 1) / n * (gathers * weights + grads) if n > 1 else 0.0
             if dims.dp_replicate > 1:  # HSDP: all-reduce the shard's gradients across replicas once per step
                 rep_bw = _group_bandwidth(hw, 1, dims.dp_replicate)
                 dp_comm += ring_all_reduce_seconds(grads / n, dims.dp_replicate, rep_bw) + units * collective_latency(
                     hw, across_nodes=True)
                 comm += 2 * (dims.dp_replicate - 1) / dims.dp_replicate * grads / n
-    # overlap: stage 0-2 hide their one exchange behind the last micro-batch's backward (2/3 of its compute);
-    # stage 3 prefetches along the whole forward and backward
-    window = compute - bubble if layout.zero_stage == 3 else (compute - bubble) / m * 2 / 3
-    exposed_dp = max(0.0, dp_comm - window)
+    # overlap: DDP hides its all-reduce behind the last micro-batch's backward (2/3 of its compute); FSDP2 prefetches
+    # along the whole forward and backward; ZeRO-1's broadcast after the step is never hidden
+    window = compute - bubble if layout.zero_stage >= 2 else (compute - bubble) / m * 2 / 3
+    exposed_dp = max(0.0, dp_comm - window) + after_step
+    dp_comm += after_step
 
     tp_comm = 0.0
     if dims.tp > 1 and model.has_shape:

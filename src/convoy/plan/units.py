@@ -30,7 +30,11 @@ def format_bytes(n: float, *, binary: bool = False) -> str:
 
 
 def format_seconds(t: float) -> str:
-    """A duration in the unit that reads best: '412 ms', '3.10 s', '2.5 min'."""
+    """A duration in the unit that reads best: '85 us', '20.7 ms', '412 ms', '3.10 s', '2.5 min'."""
+    if t < 1e-3:
+        return f"{t * 1e6:.0f} us"
+    if t < 0.1:
+        return f"{t * 1e3:.1f} ms"
     if t < 1:
         return f"{t * 1e3:.0f} ms"
     if t < 120:
