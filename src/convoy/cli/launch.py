@@ -32,6 +32,8 @@ torchrun's variables: every torchrun flag is also read from PET_<FLAG> (PET_NNOD
 PET_MASTER_ADDR, ...: what Kubeflow's PyTorchJob sets), as torchrun reads them; a flag wins.
 Precedence: flag > PET_<FLAG> > CONVOY_<KEY> > ./convoy.toml > user settings file > default."""
 
+STOPPED_BY_SIGTERM = True  # convoy.cli.main: SIGTERM ends the job with 143 and "terminated"
+
 _UNSUPPORTED = {"logs_specs": None, "numa_binding": None, "virtual_local_rank": False}
 
 
