@@ -3,7 +3,7 @@
     convoy run --devices 1,3 -- python train.py --lr 1e-3   # GPUs 1 and 3 leased while it runs
     convoy run --devices 1 --free --wait 5m -- python train.py
     convoy run --devices 2,0 -- ./my_jax_job.sh             # physical 2 is the job's first device
-    convoy run --devices 1 --no-lease -- nvidia-smi         # share: take no lease
+    convoy run --devices 0, --no-lease -- nvidia-smi        # GPU 0, shared: no lease
 
 Resolves the request with ``select_devices`` and leases the devices it chose for the life of CMD, as
 ``convoy launch`` does: a device another job has leased is refused at once, naming the holder, or waited for
@@ -32,7 +32,7 @@ EPILOG = """examples:
   convoy run --devices 1,3 -- python train.py                 # GPUs 1 and 3, leased while it runs
   convoy run --devices 1 --free -- python train.py            # any 1 GPU nobody uses or has leased
   convoy run --devices 2 --free --wait 10m -- bash job.sh     # wait for 2 GPUs no other job holds
-  convoy run --devices 0 --no-lease -- nvidia-smi             # share: no lease
+  convoy run --devices 0, --no-lease -- nvidia-smi            # GPU 0, shared: no lease
 
 leases: the devices are leased for the life of CMD (as convoy launch leases them), so another convoy run or
 launch cannot take them, and --free skips them; one that another job holds is refused at once (exit 1,
