@@ -96,6 +96,8 @@ def test_a_flag_wins_and_the_variables_win_over_convoys_settings(pet):
         "nnodes": "environment PET_NNODES", "master_addr": "environment PET_MASTER_ADDR",
         "monitor_interval": "environment PET_MONITOR_INTERVAL", "rdzv_id": f"project file {Path.cwd()}/convoy.toml:2"}
     assert request("--nnodes", "5")[0].nnodes == "5"
+    pet(PET_NPROC_PER_NODE="3")  # Accelerate's --num_processes is a flag for the count too: it wins
+    assert request("--num_processes", "4", "--nnodes", "2")[0].nproc_per_node == "2"
     settings = effective_settings()  # convoy config show and convoy env say the same
     assert (settings.get("nnodes"), settings.source("nnodes")) == ("2", "environment PET_NNODES")
     assert torchrun_env({"PET_NNODES": "2", "PET_TEE": ""}, skip=["nnodes"]) == {}

@@ -12,6 +12,7 @@ Python: ``convoy.launch.job.launch_job(LaunchRequest(...))``; functions: ``convo
 from __future__ import annotations
 
 import argparse
+import os
 import re
 
 from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS, is_host
@@ -205,7 +206,7 @@ def build_request(args: argparse.Namespace):
     from convoy.launch.env import ConvoyEnv
     from convoy.launch.job import DeviceFilters
     from convoy.launch.resolve import LaunchRequest, WorkerOptions, node_range
-    from convoy.config.settings import fill_unset_with_origins, said as settings_said
+    from convoy.config.settings import fill_unset_with_origins, said as settings_said, torchrun_variable
     from convoy.devices.units import parse_duration
 
     # flags not given: torchrun's PET_<OPTION>, then CONVOY_<KEY>, ./convoy.toml, the user file (convoy config);
@@ -213,7 +214,10 @@ def build_request(args: argparse.Namespace):
     # each filled value came from travels with the request, so that a later check names that variable or file,
     # not the flag
     given = {"parallelism": None, **{name: value for name, value in vars(args).items() if name in KEYS}}
-    filled, origins = fill_unset_with_origins(given)  # the settings' PET_ (nnodes, ...) included
+    env = dict(os.environ)
+    if args.num_processes is not None:  # a flag for the per-node count: its PET_ variable is not read (a flag wins)
+        env.pop(torchrun_variable("nproc_per_node"), None)
+    filled, origins = fill_unset_with_origins(given, env=env)  # the settings' PET_ (nnodes, ...) included
     args = argparse.Namespace(**{**vars(args), **filled})
     for name, (value, source) in _torchrun_options(args).items():
         setattr(args, name, value)
