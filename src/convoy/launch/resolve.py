@@ -361,8 +361,7 @@ def _given_elsewhere(request: LaunchRequest) -> list[str]:
     ``nproc_per_node = 2 (/repo/convoy.toml, line 3)``)."""
     given = []
     for name, source in request.origins.items():
-        holder = next((h for h in (request, request.workers, request.settings)
-                       if name != "origins" and hasattr(h, name)), None)
+        holder = next((h for h in (request, request.workers, request.settings) if hasattr(h, name)), None)
         given.append(source.said(name, getattr(holder, name)) if holder is not None else str(source))
     return given
 
