@@ -5,9 +5,9 @@ The suite gives the same result on a CPU box, a 1-GPU box and an 8-GPU box, what
 
 * before collection, the variables that change what convoy, torch or the launcher do are removed from
   ``os.environ`` for the whole session (``SCRUBBED``, every ``CONVOY_*``, ``TORCHELASTIC_*``, ``SLURM_*``,
-  ``ACCELERATE_*``), leases go to a temporary ``CONVOY_LEASE_DIR``, and ``HOME``/``XDG_CONFIG_HOME`` point at
-  a temporary directory so the user's settings file is not read (nor their calibration cache written: without
-  ``XDG_CACHE_HOME`` it is under that ``HOME``);
+  ``ACCELERATE_*``, torchrun's ``PET_*``), leases go to a temporary ``CONVOY_LEASE_DIR``, and
+  ``HOME``/``XDG_CONFIG_HOME`` point at a temporary directory so the user's settings file is not read (nor
+  their calibration cache written: without ``XDG_CACHE_HOME`` it is under that ``HOME``);
 * after each test, a test that leaves a lease held, a process running (stopped, then reported) or a watched
   variable changed fails, and the process's ``AcceleratorState`` is reset (it is process-wide, as Accelerate's);
 * ``@pytest.mark.gpu`` tests run only where ``torch.cuda.is_available()`` (asked in a fresh process, so the
@@ -46,7 +46,7 @@ SCRUBBED = (
     "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
     "PYTORCH_NVML_BASED_CUDA_CHECK", "XDG_CONFIG_HOME", "XDG_CACHE_HOME",
 )
-SCRUBBED_PREFIXES = ("CONVOY_", "TORCHELASTIC_", "SLURM_", "ACCELERATE_")
+SCRUBBED_PREFIXES = ("CONVOY_", "TORCHELASTIC_", "SLURM_", "ACCELERATE_", "PET_")  # PET_: torchrun's options
 
 # Variables a test must never leave behind in this process: they would change what later tests see.
 _WATCHED = (

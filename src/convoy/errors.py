@@ -21,6 +21,9 @@ not know convoy. Messages say what was wrong and what would be right, in one lin
 
 The CLI turns a ``ConvoyError`` into ``convoy: <message>`` on stderr and ``exit_code`` (2 for bad input,
 1 for a failure at run time) in exactly one place, ``convoy.cli.main.main``.
+
+Outside the tree, as ``KeyboardInterrupt`` is: ``Terminated(BaseException)``, a job stopped by a signal other
+than Ctrl-C (a scheduler's SIGTERM); the CLI exits 128 + the signal's number with a line that says so.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "DistributedOperationError",
     "NotSupportedYetError",
+    "Terminated",
 ]
 
 
@@ -137,3 +141,22 @@ class NotSupportedYetError(ConvoyError, NotImplementedError):
     """Something convoy does not do yet; the message says what, and what to use instead."""
 
     exit_code = 1
+
+
+class Terminated(BaseException):
+    """The job was stopped by a signal other than Ctrl-C (``KeyboardInterrupt``): a scheduler's SIGTERM before a
+    preemption, SIGHUP, or a ``--signals-to-handle`` signal passed on to the ranks. Not an error of the job; a
+    ``BaseException``, as ``KeyboardInterrupt`` is, so that no ``except Exception`` on the way swallows it.
+    ``convoy`` exits 128 + ``signum``, as a shell reports a process that signal ended (143 for SIGTERM), so
+    that Slurm or Kubernetes tell a preemption from an interruption (130)."""
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        super().__init__(f"terminated ({name})")
+        self.signum = int(signum)
+        self.name = name

@@ -37,6 +37,13 @@ def alive(pid: int) -> bool:
     return True
 
 
+def catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` now (Linux: ``SigCgt`` in /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as status:
+        mask = next(line.split()[1] for line in status if line.startswith("SigCgt:"))
+    return bool(int(mask, 16) >> (sig - 1) & 1)
+
+
 def test_unmodified_ddp_script_trains_with_prefixed_output_and_per_rank_logs(tmp_path):
     two = [convoy_launch("--log-dir", str(tmp_path / name), str(SCRIPTS / "ddp_train.py"), "--steps", "2")
            for name in ("a", "b")]  # two jobs at once on one machine
@@ -153,18 +160,46 @@ def test_a_reader_that_leaves_does_not_stop_or_hang_the_job(engine, tmp_path):
         assert log.read_text().count("line ") == 100000 and "line 100000" in log.read_text()
 
 
-def test_stopping_convoy_stops_its_workers():
+@pytest.mark.parametrize("how, code, line", [(signal.SIGTERM, 143, "convoy: terminated (SIGTERM)"),
+                                             (signal.SIGINT, 130, "convoy: interrupted"),
+                                             (signal.SIGHUP, 129, "convoy: terminated (SIGHUP)")])
+def test_stopping_convoy_stops_its_workers(how, code, line):
+    """A scheduler's SIGTERM (preemption) is told from a Ctrl-C by the exit code, as Slurm and Kubernetes read it:
+    128 + the signal's number, and a line that says so (SIGTERM was "interrupted", 130)."""
     job = convoy_launch("--no-python", "sh", "-c", "echo pid=$$; sleep 60")
     pids = []
     while len(pids) < 2:
-        line = job.stdout.readline()
-        assert line, "the job ended early"
-        pids += [int(p) for p in re.findall(r"pid=(\d+)", line)]
-    job.terminate()
+        out = job.stdout.readline()
+        assert out, "the job ended early"
+        pids += [int(p) for p in re.findall(r"pid=(\d+)", out)]
+    job.send_signal(how)
     out = finish(job, timeout=30)
-    assert job.returncode == 130 and "convoy: interrupted" in out, out
+    assert job.returncode == code and out.strip().splitlines()[-1] == line, out
     time.sleep(0.2)
     assert not any(alive(pid) for pid in pids), "orphan worker left"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status")
+def test_a_sigterm_before_the_job_starts_says_terminated_too(inventory_path, tmp_path):
+    """A SIGTERM while the launcher waits for a leased device (before any rank runs) is the same 143 and line,
+    not a silent death by the signal."""
+    from convoy.devices.inventory import load_inventory
+    from convoy.devices.lease import lease_devices
+
+    inventory = inventory_path("1xh100")
+    env = {**ENV, "CONVOY_INVENTORY": str(inventory), "CONVOY_LEASE_DIR": str(tmp_path)}
+    env.pop("CUDA_VISIBLE_DEVICES")
+    with lease_devices(load_inventory(inventory).devices, lock_dir=tmp_path):
+        job = convoy_launch("--devices", "1", "--wait", "60", "--no-python", "true", env=env)
+        deadline = time.monotonic() + 60
+        while not catches(job.pid, signal.SIGTERM):  # convoy's handler is in place (Python's default kills)
+            assert job.poll() is None and time.monotonic() < deadline, finish(job, timeout=5)
+            time.sleep(0.05)
+        time.sleep(0.5)  # planned by now, waiting for GPU 0
+        assert job.poll() is None, finish(job, timeout=5)
+        job.terminate()
+        out = finish(job, timeout=30)
+    assert job.returncode == 143 and out.strip() == "convoy: terminated (SIGTERM)", out
 
 
 def test_signals_to_handle_passes_slurms_warning_signal_on_to_every_rank():
@@ -182,7 +217,7 @@ def test_signals_to_handle_passes_slurms_warning_signal_on_to_every_rank():
     job.send_signal(signal.SIGUSR1)
     out = finish(job, timeout=30)
     assert out.count("saved on USR1 SIGTERM,SIGINT,SIGUSR1") == 2, out
-    assert job.returncode == 130 and "convoy: interrupted" in out, out
+    assert job.returncode == 128 + signal.SIGUSR1 and "convoy: terminated (SIGUSR1)" in out, out
 
 
 def test_a_stop_while_the_ranks_save_stops_them_without_waiting_out_the_save_time():
@@ -204,7 +239,7 @@ def test_a_stop_while_the_ranks_save_stops_them_without_waiting_out_the_save_tim
     wait_for("saving")
     job.send_signal(signal.SIGTERM)
     out = "".join(lines) + finish(job, timeout=20)  # within the 3 s grace, not the 30 s of the save
-    assert out.count("stopped by TERM") == 2 and job.returncode == 130, out
+    assert out.count("stopped by TERM") == 2 and job.returncode == 143, out
 
 
 def test_rank_0_keeps_serving_the_store_until_the_other_ranks_end():

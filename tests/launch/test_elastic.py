@@ -6,6 +6,9 @@ ranks on one GPU would mean two ranks per GPU. What a user gets on one GPU is te
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -42,6 +45,28 @@ def test_elastic_engine_reports_the_real_failing_rank():
     assert "convoy: rank 1 (local rank 1) on host" in out and "failed with exit code 1" in out
     assert out.count("ValueError: boom from rank 1") == 1, out
     assert 'File "' in out and "runpy" not in out  # the user's frames, not the record wrapper's
+
+
+@pytest.mark.parametrize("how, code, line", [(signal.SIGTERM, 143, "convoy: terminated (SIGTERM)"),
+                                             (signal.SIGINT, 130, "convoy: interrupted")])
+def test_a_stop_signal_stops_the_agents_workers_with_its_own_code_and_line(how, code, line):
+    """torch's agent raised its SignalException out of convoy launch: a traceback and exit 1 for a scheduler's
+    SIGTERM. Now 143 and "terminated" (a Ctrl-C: 130, "interrupted"), the workers stopped."""
+    # (torch's agent reads "$$" in a command's arguments as its own escape of "$": no shell's pid here)
+    job = launch("--max-restarts", "1", "--no-python", sys.executable, "-c",
+                 "import os, time; print(f'pid={os.getpid()}', flush=True); time.sleep(60)")
+    pids = []
+    while len(pids) < 2:
+        out = job.stdout.readline()
+        assert out, "the job ended early"
+        pids += [int(p) for p in re.findall(r"pid=(\d+)", out)]
+    job.send_signal(how)
+    out = finish(job, timeout=60)
+    assert job.returncode == code and out.strip().splitlines()[-1] == line, out
+    # the launcher's own traceback is gone (a worker's KeyboardInterrupt on the SIGINT torch passes on may show)
+    assert "SignalException" not in out and "elastic/agent/server/api.py\", line" not in out, out
+    time.sleep(0.2)
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids), "a worker outlived the job"
 
 
 def test_duplicate_stdout_filters_copy_the_matching_lines(tmp_path):

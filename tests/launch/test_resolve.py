@@ -8,6 +8,7 @@ from convoy.devices.inventory import Inventory, load_inventory
 from convoy.devices.selection import select_devices
 from convoy.errors import ConfigError, LaunchError, StrategyError
 from convoy.launch.env import ConvoyEnv
+from convoy.cli.main import main
 from convoy.launch.resolve import LaunchRequest, WorkerOptions, describe_plan, resolve_launch
 
 CPU = select_devices("auto", inventory=Inventory(devices=(), source="none"), env={})
@@ -51,7 +52,8 @@ def test_engine_choice_direct_only_for_one_node_without_restarts():
     assert resolve_launch(req(workers=WorkerOptions(max_restarts=1)), CPU, env={}).engine == "elastic"
     plan = resolve_launch(req(workers=WorkerOptions(max_restarts=1)), CPU, env={})
     assert (plan.rdzv_backend, plan.rdzv_endpoint) == ("c10d", "127.0.0.1:0")  # as torchrun --standalone
-    two = resolve_launch(req(nnodes="2", node_rank=1, master_port=29600, nproc_per_node="1"), CPU, env={})
+    two = resolve_launch(req(nnodes="2", node_rank=1, master_addr="127.0.0.1", master_port=29600,
+                             nproc_per_node="1"), CPU, env={})
     assert (two.engine, two.world_size, two.rank_of(0), two.rdzv_backend) == ("elastic", 2, 1, "static")
     assert dict(two.rdzv_configs)["rank"] == "1" and two.rdzv_endpoint == "127.0.0.1:29600"
     with pytest.raises(ConfigError, match="--engine direct runs one node"):
@@ -90,7 +92,7 @@ def test_the_elastic_agent_gets_the_flags_torchrun_would_give_it():
 
     workers = WorkerOptions(event_log_handler="console", signals_to_handle="SIGTERM,SIGUSR1",
                             duplicate_stdout_filters="apple,,pear,plum", duplicate_stderr_filters="oops")
-    two = resolve_launch(req(nnodes="2", node_rank=1, master_port=29600, nproc_per_node="1",
+    two = resolve_launch(req(nnodes="2", node_rank=1, master_addr="10.0.0.1", master_port=29600, nproc_per_node="1",
                              workers=dataclasses.replace(workers, local_addr="10.0.0.2")), CPU, env={})
     config = launch_config(two)
     assert (config.event_log_handler, config.signals_to_handle, config.local_addr) == (
@@ -137,7 +139,7 @@ def test_rendezvous_flags_are_read_as_torchrun_reads_them_or_refused_when_they_d
         resolve_launch(req(standalone=True, rdzv_endpoint="h:1"), CPU, env={})
     c10d = resolve_launch(req(**two, rdzv_backend="c10d", rdzv_endpoint="h:1", master_addr="x", master_port=5),
                           CPU, env={})
-    assert "--master-addr/--master-port are not used by a c10d rendezvous" in " ".join(c10d.explanation)
+    assert "--master-addr x and --master-port 5 are not used by a c10d rendezvous" in " ".join(c10d.explanation)
     assert "MASTER_ADDR and MASTER_PORT set by the rendezvous" in "\n".join(describe_plan(c10d))
 
 
@@ -152,6 +154,43 @@ def test_rendezvous_flags_are_read_as_torchrun_reads_them_or_refused_when_they_d
 def test_conflicts_are_one_clear_error(kw, message):
     with pytest.raises(ConfigError, match=message):
         resolve_launch(req(**kw), CPU, env={})
+
+
+def test_a_node_rank_outside_a_one_node_job_says_nnodes_not_slurm(capsys):
+    """Outside Slurm, --node-rank 1 said "outside the Slurm job's 1 nodes": the job is one node because --nnodes
+    was not given."""
+    for env in ({}, {**SLURM, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "gpu07", "SLURM_NODEID": "0"}):
+        with pytest.raises(ConfigError) as info:
+            resolve_launch(req(node_rank=1), CPU, env=env)
+        assert str(info.value) == ("--node-rank 1 is outside a one-node job (--nnodes is 1 when not given); give "
+                                   "--nnodes N for a job on N machines (node ranks 0..N-1), or leave out the node rank")
+    with pytest.raises(ConfigError, match=r"^--node-rank 2 is outside the Slurm job's 2 nodes; give 0..1$"):
+        resolve_launch(req(node_rank=2, nproc_per_node="1"), CPU, env=SLURM)
+    assert main(["launch", "--dry-run", "--node-rank", "1", "x.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "outside a one-node job" in err and "Slurm" not in err, err
+
+
+def test_several_nodes_without_a_meeting_place_are_refused_instead_of_planned_at_127_0_0_1(capsys):
+    """docs/choosing-a-strategy.md's case 3 for 4 nodes without an endpoint planned a static rendezvous at
+    127.0.0.1, which no other node reaches: the line says what is missing, dry run included."""
+    with pytest.raises(ConfigError) as info:
+        resolve_launch(req(nnodes="4", nproc_per_node="1"), CPU, env={})
+    assert str(info.value).startswith("--nnodes 4 runs on 4 machines, but nothing says where they meet: give "
+                                      "--master-addr HOST (node 0's address, the same on every node")
+    assert "--rdzv-endpoint HOST:PORT" in str(info.value) and "PET_MASTER_ADDR" in str(info.value)
+    with pytest.raises(ConfigError, match="; MASTER_ADDR=head in this environment is a rank's variable, which "
+                                          "torchrun and convoy launch do not read: pass it as --master-addr"):
+        resolve_launch(req(nnodes="2", master_port=29600, nproc_per_node="1"), CPU, env={"MASTER_ADDR": "head"})
+    assert main(["launch", "--dry-run", "--nnodes", "4", "--strategy", "zero3", "--tp", "2", "x.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nothing says where they meet" in err, err
+    # every way of naming the place: an address (loopback too, a rehearsal on one host), an endpoint, Slurm
+    for kw in (dict(master_addr="127.0.0.1"), dict(master_addr="node0", master_port=29600),
+               dict(rdzv_endpoint="node0:29600"), dict(rdzv_backend="c10d", rdzv_endpoint="node0:29400")):
+        plan = resolve_launch(req(nnodes="4", nproc_per_node="1", **kw), CPU, env={})
+        assert plan.max_nodes == 4 and plan.rdzv_endpoint.startswith(("127.0.0.1:", "node0:")), plan
+    assert resolve_launch(req(nproc_per_node="1"), CPU, env=SLURM).master_addr == "gpu07"
 
 
 def test_request_validation():

@@ -12,11 +12,12 @@ Python: ``convoy.launch.job.launch_job(LaunchRequest(...))``; functions: ``convo
 from __future__ import annotations
 
 import argparse
+import os
 import re
 
 from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS, is_host
 from convoy.errors import ConfigError
-from convoy.launch.resolve import DEFAULT_SIGNALS, EVENT_LOG_HANDLERS
+from convoy.launch.resolve import DEFAULT_SIGNALS, EVENT_LOG_HANDLERS, START_METHODS
 
 DESCRIPTION = ("Start one process per selected device (or N CPU processes with gloo) with torchrun's "
                "environment; torchrun's flags keep their names and meanings, Accelerate's spellings are aliases.")
@@ -26,9 +27,21 @@ EPILOG = """examples:
   convoy launch --nproc-per-node 2 train.py       as torchrun --nproc-per-node 2 train.py
   convoy launch --num_processes 2 train.py        as accelerate launch --num_processes 2 train.py
   convoy launch --max-restarts 2 train.py         restart the group up to twice (torch elastic agent)
-  convoy launch --dry-run --devices 2,0 train.py  print nodes, ranks, devices, environment, rendezvous"""
+  convoy launch --dry-run --devices 2,0 train.py  print nodes, ranks, devices, environment, rendezvous
+
+torchrun's variables: every torchrun flag is also read from PET_<FLAG> (PET_NNODES, PET_NODE_RANK,
+PET_MASTER_ADDR, ...: what Kubeflow's PyTorchJob sets), as torchrun reads them; a flag wins.
+Precedence: flag > PET_<FLAG> > CONVOY_<KEY> > ./convoy.toml > user settings file > default."""
+
+STOPPED_BY_SIGTERM = True  # convoy.cli.main: SIGTERM ends the job with 143 and "terminated"
 
 _UNSUPPORTED = {"logs_specs": None, "numa_binding": None, "virtual_local_rank": False}
+
+
+#: the flags ``WorkerOptions`` holds (not given: its defaults, torchrun's)
+_WORKER_OPTIONS = ("max_restarts", "monitor_interval", "start_method", "log_dir", "redirects", "tee",
+                   "local_ranks_filter", "role", "signals_to_handle", "shutdown_timeout", "local_addr",
+                   "event_log_handler", "duplicate_stdout_filters", "duplicate_stderr_filters")
 
 
 def _whole(text: str) -> int:
@@ -77,28 +90,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--standalone", action="store_true")
     tr.add_argument("--max-restarts", "--max_restarts", type=_whole, default=None,
                     help="restart the whole worker group up to N times after a failure (default 0)")
-    tr.add_argument("--monitor-interval", "--monitor_interval", type=_seconds, default=0.1)
-    tr.add_argument("--start-method", "--start_method", default="spawn", choices=["spawn", "fork", "forkserver"])
-    tr.add_argument("--role", default="default")
+    tr.add_argument("--monitor-interval", "--monitor_interval", type=_seconds, default=None,
+                    help="seconds between the elastic agent's checks on its workers (default 0.1)")
+    tr.add_argument("--start-method", "--start_method", default=None, choices=START_METHODS,
+                    help="how the elastic agent starts its workers (default spawn)")
+    tr.add_argument("--role", default=None, help="the workers' role name (default 'default')")
     tr.add_argument("-m", "--module", action="store_true", help="run the program as a Python module")
     tr.add_argument("--no-python", "--no_python", action="store_true", help="run the program as a command")
     tr.add_argument("--run-path", "--run_path", action="store_true", help="accepted; scripts run by path anyway")
     tr.add_argument("--log-dir", "--log_dir", default=None, help="one log file per rank here")
-    tr.add_argument("-r", "--redirects", default="0", help="streams to keep off the console: 0-3 or RANK:0-3,..")
-    tr.add_argument("-t", "--tee", default="0", help="streams to also write to --log-dir (always on there)")
-    tr.add_argument("--local-ranks-filter", "--local_ranks_filter", default="")
+    tr.add_argument("-r", "--redirects", default=None, help="streams to keep off the console: 0-3 or RANK:0-3,..")
+    tr.add_argument("-t", "--tee", default=None, help="streams to also write to --log-dir (always on there)")
+    tr.add_argument("--local-ranks-filter", "--local_ranks_filter", default=None)
     tr.add_argument("--local-addr", "--local_addr", default=None,
                     help="this node's address for the other nodes (several nodes; one node meets on loopback)")
-    tr.add_argument("--event-log-handler", "--event_log_handler", default="null", choices=EVENT_LOG_HANDLERS,
-                    help="torch's elastic event handler (the elastic engine)")
-    tr.add_argument("--signals-to-handle", "--signals_to_handle", default=DEFAULT_SIGNALS, metavar="SIGNALS",
+    tr.add_argument("--event-log-handler", "--event_log_handler", default=None, choices=EVENT_LOG_HANDLERS,
+                    help="torch's elastic event handler (the elastic engine; default null)")
+    tr.add_argument("--signals-to-handle", "--signals_to_handle", default=None, metavar="SIGNALS",
                     help="signals passed on to the workers before they are stopped, e.g. SIGUSR1 (default "
                          f"{DEFAULT_SIGNALS})")
     tr.add_argument("--shutdown-timeout", "--shutdown_timeout", type=_whole, default=None, metavar="S",
                     help="seconds a stopping worker gets before SIGKILL (default 3; torch's agent: 30)")
-    tr.add_argument("--duplicate-stdout-filters", "--duplicate_stdout_filters", default="", metavar="WORDS",
+    tr.add_argument("--duplicate-stdout-filters", "--duplicate_stdout_filters", default=None, metavar="WORDS",
                     help="stdout lines with one of these words also go to filtered_stdout.log (elastic engine)")
-    tr.add_argument("--duplicate-stderr-filters", "--duplicate_stderr_filters", default="", metavar="WORDS",
+    tr.add_argument("--duplicate-stderr-filters", "--duplicate_stderr_filters", default=None, metavar="WORDS",
                     help="as --duplicate-stdout-filters, for stderr")
     tr.add_argument("--logs-specs", "--logs_specs", default=None, help=argparse.SUPPRESS)
     tr.add_argument("--numa-binding", "--numa_binding", default=None, help=argparse.SUPPRESS)
@@ -122,6 +137,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("training_script", metavar="PROGRAM", help="script (or module with -m, command with "
                         "--no-python)")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, metavar="ARGS")
+
+
+#: how torchrun's options that are not convoy settings are read from their PET_ variable (text otherwise)
+_READERS = {"node_rank": _whole, "master_port": _whole, "shutdown_timeout": _whole, "monitor_interval": _seconds}
+_CHOICES = {"start_method": START_METHODS, "event_log_handler": EVENT_LOG_HANDLERS}
+
+
+def _torchrun_options(args: argparse.Namespace) -> dict:
+    """torchrun's options that no flag gave, from their ``PET_<OPTION>`` variables as torchrun reads them
+    (``convoy.config.settings.torchrun_env``): option name -> (value, ``Source``). The settings among them
+    (``nnodes``, ...) were filled with the settings, in their precedence. ``ConfigError`` names the variable of a
+    value its flag's parser refuses."""
+    from convoy.config.settings import TORCHRUN_SWITCHES, read_switch, torchrun_env
+
+    # given: a value other than the parser's None/False (``--node-rank 0`` is given: 0 == False, but not False)
+    given = {name for name, value in vars(args).items() if name in KEYS or (value is not None and value is not False)}
+    found = {}
+    for name, (raw, source) in torchrun_env(skip=given).items():
+        where = f"environment {source.location}"
+        if name in TORCHRUN_SWITCHES:
+            value = read_switch(raw, where=where)
+        elif name in _CHOICES and raw.strip().lower() not in _CHOICES[name]:
+            raise ConfigError(f"{where}: {raw[:40]!r} is not valid; expected one of {', '.join(_CHOICES[name])}")
+        elif name in _CHOICES:
+            value = raw.strip().lower()
+        else:
+            try:
+                value = _READERS[name](raw) if name in _READERS else raw
+            except argparse.ArgumentTypeError as err:
+                raise ConfigError(f"{where}: {err}") from None
+        found[name] = (value, source)
+    return found
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -159,34 +206,42 @@ def build_request(args: argparse.Namespace):
     from convoy.launch.env import ConvoyEnv
     from convoy.launch.job import DeviceFilters
     from convoy.launch.resolve import LaunchRequest, WorkerOptions, node_range
-    from convoy.config.settings import fill_unset_with_origins, said as settings_said
+    from convoy.config.settings import fill_unset_with_origins, said as settings_said, torchrun_variable
     from convoy.devices.units import parse_duration
 
-    # flags not given: CONVOY_<KEY>, ./convoy.toml, the user file (convoy config); ``parallelism`` has no flag
-    # of its own (--dp/--tp/--pp spell it) but comes from the same places. Where each filled value came from
-    # travels with the request, so that a later check names that variable or file, not the flag
+    # flags not given: torchrun's PET_<OPTION>, then CONVOY_<KEY>, ./convoy.toml, the user file (convoy config);
+    # ``parallelism`` has no flag of its own (--dp/--tp/--pp spell it) but comes from the same places. Where
+    # each filled value came from travels with the request, so that a later check names that variable or file,
+    # not the flag
     given = {"parallelism": None, **{name: value for name, value in vars(args).items() if name in KEYS}}
-    filled, origins = fill_unset_with_origins(given)
+    env = dict(os.environ)
+    if args.num_processes is not None:  # a flag for the per-node count: its PET_ variable is not read (a flag wins)
+        env.pop(torchrun_variable("nproc_per_node"), None)
+    filled, origins = fill_unset_with_origins(given, env=env)  # the settings' PET_ (nnodes, ...) included
     args = argparse.Namespace(**{**vars(args), **filled})
+    for name, (value, source) in _torchrun_options(args).items():
+        setattr(args, name, value)
+        origins[name] = source
+
+    def said(name: str, value: object) -> str:  # as LaunchRequest.said, before there is a request
+        return settings_said(origins, name, value)
 
     for name, default in _UNSUPPORTED.items():
         if getattr(args, name) != default:
             from convoy.errors import NotSupportedYetError
 
-            raise NotSupportedYetError(f"--{name.replace('_', '-')} is not supported by convoy launch yet; "
+            raise NotSupportedYetError(f"{said(name, getattr(args, name))} is not supported by convoy launch yet; "
                                        "use torchrun for it")
     if args.wait is not None and args.no_lease:
         from convoy.cli.select import NO_LEASE_WAIT
 
         raise ConfigError(NO_LEASE_WAIT)
     for name in ("rdzv_backend", "rdzv_endpoint"):  # as CONVOY_RDZV_* and convoy.toml are read
-        if getattr(args, name) is not None:
+        if getattr(args, name) is not None and name not in origins:
             setattr(args, name, KEYS[name].parse(getattr(args, name), where="--" + name.replace("_", "-")))
     if args.master_addr is not None and not is_host(args.master_addr):
-        raise ConfigError(f"--master-addr {args.master_addr[:60]!r}: give a host name or an IP address "
+        raise ConfigError(f"{said('master_addr', repr(args.master_addr[:60]))}: give a host name or an IP address "
                           "(or leave it out for a job on one machine)")
-    def said(name: str, value: object) -> str:  # as LaunchRequest.said, before there is a request
-        return settings_said(origins, name, value)
 
     nproc = args.nproc_per_node
     if args.num_processes is not None:
@@ -206,13 +261,8 @@ def build_request(args: argparse.Namespace):
         parallelism=",".join(f"{k}={v}" for k, v in dims.items()) or args.parallelism,
         gradient_accumulation_steps=args.gradient_accumulation_steps, collective_timeout=args.collective_timeout,
     )
-    workers = WorkerOptions(
-        max_restarts=args.max_restarts or 0, monitor_interval=args.monitor_interval, start_method=args.start_method,
-        log_dir=args.log_dir, redirects=args.redirects, tee=args.tee, local_ranks_filter=args.local_ranks_filter,
-        role=args.role, signals_to_handle=args.signals_to_handle, shutdown_timeout=args.shutdown_timeout,
-        local_addr=args.local_addr, event_log_handler=args.event_log_handler,
-        duplicate_stdout_filters=args.duplicate_stdout_filters, duplicate_stderr_filters=args.duplicate_stderr_filters,
-    )
+    options = {name: getattr(args, name) for name in _WORKER_OPTIONS if getattr(args, name) is not None}
+    workers = WorkerOptions(**options, origins={k: v for k, v in origins.items() if k in _WORKER_OPTIONS})
     request = LaunchRequest(
         program=(args.training_script, *args.training_script_args), module=args.module, no_python=args.no_python,
         devices=args.devices, nproc_per_node=nproc, nnodes=args.nnodes, node_rank=args.node_rank,

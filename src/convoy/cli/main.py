@@ -14,6 +14,7 @@ device commands never import torch. Errors become exit codes here and nowhere el
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
 import os
@@ -111,10 +112,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(module, args: argparse.Namespace, *, debug: bool) -> int:
-    from convoy.errors import ConvoyError
+    from convoy.errors import ConvoyError, Terminated
 
     try:
-        return int(module.run(args) or 0)
+        with _terminated_on_signal(getattr(module, "STOPPED_BY_SIGTERM", False)):
+            return int(module.run(args) or 0)
     except ConvoyError as err:
         if debug:
             raise
@@ -123,6 +125,9 @@ def _run(module, args: argparse.Namespace, *, debug: bool) -> int:
     except KeyboardInterrupt:
         print("convoy: interrupted", file=sys.stderr)
         return 130
+    except Terminated as stop:  # a scheduler's SIGTERM (preemption) is not a Ctrl-C: 128 + its number
+        print(f"convoy: {stop}", file=sys.stderr)
+        return 128 + stop.signum
     except BrokenPipeError:  # `convoy launch --dry-run | head`: the reader left; no traceback, as for `cat`
         if debug:
             raise
@@ -130,6 +135,32 @@ def _run(module, args: argparse.Namespace, *, debug: bool) -> int:
         os.dup2(null, sys.stdout.fileno())  # Python's flush of stdout at exit must not fail on it too
         os.close(null)
         return 141  # 128 + SIGPIPE, what a shell reports for a program the pipe stopped
+
+
+@contextlib.contextmanager
+def _terminated_on_signal(wanted: bool):
+    """For a command that runs a job (``STOPPED_BY_SIGTERM``: ``convoy launch``, ``convoy run``): SIGTERM and
+    SIGHUP raise ``Terminated`` while it runs, as SIGINT raises ``KeyboardInterrupt``, so that a stop before
+    the job's own handlers are in place (selecting devices, waiting for a lease) still cleans up and says
+    "terminated" with 128 + the signal's number, where Python's default would end the process without a word.
+    The job's engines install their own handlers while the job runs (``convoy.launch.workers``)."""
+    import signal
+    import threading
+
+    if not wanted or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from convoy.errors import Terminated
+
+    def stop(signum, _frame):
+        raise Terminated(signum)
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def entry_point() -> None:

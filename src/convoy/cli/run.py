@@ -1,12 +1,17 @@
 """``convoy run``: reserve devices, make exactly those visible, and run any command on them.
 
-    convoy run --devices 1 --free --wait 5m -- python train.py --lr 1e-3
-    convoy run --devices 2,0 -- ./my_jax_job.sh      # physical 2 is the job's first device
+    convoy run --devices 1,3 -- python train.py --lr 1e-3   # GPUs 1 and 3 leased while it runs
+    convoy run --devices 1 --free --wait 5m -- python train.py
+    convoy run --devices 2,0 -- ./my_jax_job.sh             # physical 2 is the job's first device
+    convoy run --devices 0, --no-lease -- nvidia-smi        # GPU 0, shared: no lease
 
-Resolves the request with ``select_devices`` (leasing the devices with ``select_and_lease`` when ``--free``
-or ``--wait`` is given), starts CMD with the visibility variables set, forwards SIGTERM/SIGHUP/SIGINT/
-SIGQUIT/SIGUSR1/SIGUSR2 to it, and exits with its exit code (128+N when a signal N killed it). The lease
-is held by convoy and by CMD (it inherits the lock), so it ends when both are gone, SIGKILL included.
+Resolves the request with ``select_devices`` and leases the devices it chose for the life of CMD, as
+``convoy launch`` does: a device another job has leased is refused at once, naming the holder, or waited for
+with ``--wait``; ``--free`` moves a count past leased devices (``select_and_lease``); ``--no-lease`` shares
+them. Then it starts CMD with the visibility variables set, forwards SIGTERM/SIGHUP/SIGINT/SIGQUIT/SIGUSR1/
+SIGUSR2 to it, and exits with its exit code (128+N when a signal N killed it: 143 for a scheduler's SIGTERM).
+The lease is held by convoy and by CMD (it inherits the lock), so it ends when both are gone, SIGKILL
+included. Torch-free.
 """
 
 from __future__ import annotations
@@ -24,11 +29,17 @@ from convoy.errors import ConfigError
 
 DESCRIPTION = "Reserve devices, make exactly those visible, and run any command (any framework) on them."
 EPILOG = """examples:
-  convoy run --devices 1 --free -- python train.py
+  convoy run --devices 1,3 -- python train.py                 # GPUs 1 and 3, leased while it runs
+  convoy run --devices 1 --free -- python train.py            # any 1 GPU nobody uses or has leased
   convoy run --devices 2 --free --wait 10m -- bash job.sh     # wait for 2 GPUs no other job holds
-  convoy run --devices 0 -- python -c "import torch; print(torch.cuda.get_device_name())"
-exit code: CMD's own; 128+N if signal N killed it; 1 if no devices could be had; 2 for bad flags;
-127 if CMD is not found; 126 if it cannot be run (no permission, or a script without a #! line)."""
+  convoy run --devices 0, --no-lease -- nvidia-smi            # GPU 0, shared: no lease
+
+leases: the devices are leased for the life of CMD (as convoy launch leases them), so another convoy run or
+launch cannot take them, and --free skips them; one that another job holds is refused at once (exit 1,
+naming the holder) unless --wait T waits for it. --no-lease shares the devices: no lease is taken.
+exit code: CMD's own; 128+N if signal N killed it (SIGTERM to convoy reaches CMD: 143 if it ends CMD);
+1 if no devices could be had; 2 for bad flags; 127 if CMD is not found; 126 if it cannot be run (no
+permission, or a script without a #! line)."""
 
 _FORWARDED = ("SIGTERM", "SIGHUP", "SIGINT", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 
@@ -38,8 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="count (2), index list (2,0), range (0-3), -1/all, or auto (default)")
     add_filter_arguments(parser)
     parser.add_argument("--wait", metavar="T", default=None,
-                        help="wait up to T (30s, 5m, 1h, inf) for devices other jobs hold; implies a lease")
-    parser.add_argument("--no-lease", action="store_true", help="do not reserve the devices (with --free)")
+                        help="wait up to T (30s, 5m, 1h, inf) for devices other jobs have leased (default: refuse "
+                             "at once)")
+    parser.add_argument("--no-lease", action="store_true",
+                        help="share the devices: take no lease (by default they are leased while CMD runs)")
     parser.add_argument("--explain", action="store_true", help="print why these devices, to stderr")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
 
@@ -57,21 +70,17 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse
     return args
 
 
+STOPPED_BY_SIGTERM = True  # convoy.cli.main: a SIGTERM before CMD starts (waiting for a lease) says "terminated"
+
+
 def run(args: argparse.Namespace) -> int:
-    from convoy.devices.lease import select_and_lease
-    from convoy.devices.selection import select_devices
     from convoy.devices.units import parse_duration
 
     env = command_env(args)
     if args.wait is not None and args.no_lease:
         raise ConfigError(NO_LEASE_WAIT)
     wait = None if args.wait is None else parse_duration(args.wait)
-    leasing = (args.free or wait is not None) and not args.no_lease
-    lease = None
-    if leasing:
-        selection, lease = select_and_lease(args.devices, wait=wait, env=env, **selection_kwargs(args))
-    else:
-        selection = select_devices(args.devices, env=env, **selection_kwargs(args))
+    selection, lease = _select_and_lease(args, env, wait=wait)
     try:
         if args.explain:
             print("\n".join(selection.explanation), file=sys.stderr)
@@ -80,6 +89,24 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if lease is not None:
             lease.release()
+
+
+def _select_and_lease(args: argparse.Namespace, env: dict[str, str], *, wait: float | None):
+    """``(selection, lease or None)``, as ``convoy launch`` takes its devices: with ``--free`` a count moves
+    past devices other jobs have leased (also with ``--no-lease``, as ``convoy select --free``); otherwise the
+    devices asked for are leased, or refused naming their holder (waited for with ``--wait``)."""
+    from convoy.devices.discovery import discover
+    from convoy.devices.lease import default_lock_dir, lease_devices, select_and_lease, visible_holders
+    from convoy.devices.selection import select_devices
+
+    if args.free and not args.no_lease:
+        return select_and_lease(args.devices, wait=wait, env=env, **selection_kwargs(args))
+    inventory = discover(env)
+    held = visible_holders(inventory, env) if args.free else {}
+    selection = select_devices(args.devices, inventory=inventory, env=env, held=held, **selection_kwargs(args))
+    if args.no_lease or not selection.devices:  # shared, or CPU only: nothing to lease
+        return selection, None
+    return selection, lease_devices(selection.devices, wait=wait, lock_dir=default_lock_dir(env))
 
 
 def _run_child(command: list[str], env: dict[str, str], pass_fds: Sequence[int]) -> int:

@@ -5,12 +5,21 @@
     settings.get("mixed_precision")                                # "bf16"
     settings.source("mixed_precision")                             # "environment CONVOY_MIXED_PRECISION"
 
-Precedence, highest first: flag > environment (``CONVOY_<KEY>``) > project file (``./convoy.toml``) >
-user file (``$CONVOY_CONFIG`` or ``$XDG_CONFIG_HOME/convoy/config.toml``) > default. Resolution is a pure
-function of its arguments (``env`` and ``cwd`` default to the process's) and the two files; nothing is
-cached and nothing is written. Torch-free.
+Precedence, highest first: flag > torchrun's variable (``PET_<OPTION>``, for the settings that are torchrun
+options: ``nnodes``, ``nproc_per_node``, ``rdzv_backend``, ``rdzv_endpoint``, ``rdzv_id``, ``max_restarts``) >
+environment (``CONVOY_<KEY>``) > project file (``./convoy.toml``) > user file (``$CONVOY_CONFIG`` or
+``$XDG_CONFIG_HOME/convoy/config.toml``) > default. Resolution is a pure function of its arguments (``env``
+and ``cwd`` default to the process's) and the two files; nothing is cached and nothing is written. Torch-free.
 
     $ convoy config show          # the same table on the command line
+
+torchrun reads each of its options also from ``PET_<OPTION>`` (``torch.distributed.argparse_util``: the
+``env`` action makes the variable the flag's default, ``check_env`` reads a switch such as ``--standalone``
+as a number, 0 off and anything else on); a flag wins. Schedulers configure a job that way (Kubeflow's
+training operator sets ``PET_NNODES``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``, ... in every pod), so
+``convoy launch`` reads them as torchrun does (``torchrun_env``). They sit above ``CONVOY_*`` and the files:
+they are written for this one job on this one node by whatever started it, as a flag would be, while
+``CONVOY_*`` and the files are standing preferences. A blank variable counts as unset, as for ``CONVOY_*``.
 """
 
 from __future__ import annotations
@@ -18,16 +27,67 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+import re
+from typing import Any, Iterable, Iterator, Mapping
 
 from convoy.config.files import project_config_path, read_settings_file, user_config_path
-from convoy.config.schema import KEYS, SCHEMA, key_for
+from convoy.config.schema import KEYS, SCHEMA, key_for, show
+from convoy.errors import ConfigError
 
 __all__ = ["Source", "Settings", "effective_settings", "file_settings_env", "fill_unset", "fill_unset_with_origins",
-           "said", "SOURCE_KINDS"]
+           "said", "SOURCE_KINDS", "TORCHRUN_OPTIONS", "TORCHRUN_SWITCHES", "torchrun_variable", "torchrun_env",
+           "read_switch"]
 
 #: the places a value can come from, highest precedence first.
 SOURCE_KINDS = ("flag", "environment", "project file", "user file", "default")
+
+#: torchrun's options that it also reads from ``PET_<OPTION>`` (torch 2.13 ``torch.distributed.run``: every
+#: option with the ``env`` or ``check_env`` action; ``--logs-specs`` and ``--numa-binding`` have none), each
+#: named by its argparse ``dest``, which is also convoy launch's
+TORCHRUN_OPTIONS = (
+    "nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "standalone",
+    "max_restarts", "monitor_interval", "start_method", "event_log_handler", "role", "module", "no_python",
+    "run_path", "log_dir", "redirects", "tee", "local_ranks_filter", "duplicate_stdout_filters",
+    "duplicate_stderr_filters", "node_rank", "master_addr", "master_port", "local_addr", "signals_to_handle",
+    "shutdown_timeout", "virtual_local_rank",
+)
+#: those read as a switch (torchrun's ``check_env``: ``PET_STANDALONE=1`` is ``--standalone``)
+TORCHRUN_SWITCHES = ("standalone", "module", "no_python", "run_path", "virtual_local_rank")
+_SWITCH = re.compile(r"\s*[0-9]{1,9}\s*")
+
+
+def torchrun_variable(name: str) -> str:
+    """``PET_NNODES`` for ``nnodes``: the variable torchrun reads option ``name`` from (``PET_`` + its dest)."""
+    return "PET_" + name.upper()
+
+
+def torchrun_env(env: Mapping[str, str] | None = None, *, skip: Iterable[str] = ()) -> dict[str, tuple[str, Source]]:
+    """torchrun's options set in ``env`` as ``PET_<OPTION>``: option name -> (the variable's text, its
+    ``Source``), for each variable set and not blank; ``skip``: options given otherwise (a flag wins).
+
+        torchrun_env({"PET_NNODES": "2", "PET_NODE_RANK": "1"})
+        # {"nnodes": ("2", Source("environment", "PET_NNODES")), "node_rank": ("1", Source(..., "PET_NODE_RANK"))}
+
+    The text is not parsed here: each option's own parser reads it, as it reads the flag (``read_switch`` for
+    a switch), naming the variable (``Source.said``) when it refuses it."""
+    env = os.environ if env is None else env
+    skipped = set(skip)
+    found = {}
+    for name in TORCHRUN_OPTIONS:
+        variable = torchrun_variable(name)
+        raw = env.get(variable)
+        if name not in skipped and raw is not None and raw.strip():
+            found[name] = (raw, Source("environment", variable))
+    return found
+
+
+def read_switch(raw: str, *, where: str) -> bool:
+    """A switch's ``PET_<OPTION>`` as torchrun's ``check_env`` reads it: a whole number, 0 off and anything else
+    on (``bool(int(text))``); ``ConfigError`` naming ``where`` otherwise (torchrun stops with a ValueError
+    traceback on 'true')."""
+    if not isinstance(raw, str) or not _SWITCH.fullmatch(raw):
+        raise ConfigError(f"{where}: {show(raw)} is not valid; expected 1 (on) or 0 (off), as torchrun reads it")
+    return int(raw) != 0
 
 
 @dataclass(frozen=True)
@@ -48,8 +108,10 @@ class Source:
         """``key`` holding ``value`` as the user wrote it here, for a message about it: ``--nproc-per-node 99``,
         ``CONVOY_NPROC_PER_NODE=99``, ``nproc_per_node = 99 (/repo/convoy.toml, line 3)``."""
         if self.kind == "flag":
-            return f"{self.location} {value}"
+            return self.location if value is True else f"{self.location} {value}"  # a switch: --standalone
         if self.kind == "environment":
+            if isinstance(value, bool) and self.location.startswith("PET_"):
+                value = int(value)  # torchrun's switches are numbers: PET_STANDALONE=1
             return f"{self.location}={value}"
         if self.kind == "default":
             return f"{key} {value} (the default)"
@@ -57,9 +119,11 @@ class Source:
 
 
 def said(origins: Mapping[str, Source], key: str, value: Any) -> str:
-    """Setting ``key`` holding ``value`` as the user gave it: from ``origins`` (key -> ``Source``, as
-    ``fill_unset_with_origins`` returns them), else as its flag (``--nproc-per-node 99``)."""
-    return (origins.get(key) or Source("flag", KEYS[key].flag)).said(key, value)
+    """Setting or option ``key`` holding ``value`` as the user gave it: from ``origins`` (key -> ``Source``, as
+    ``fill_unset_with_origins`` returns them, or torchrun's ``PET_<OPTION>``), else as its flag
+    (``--nproc-per-node 99``; an option that is not a setting, such as ``node_rank``, as ``--node-rank``)."""
+    flag = KEYS[key].flag if key in KEYS else "--" + key.replace("_", "-")
+    return (origins.get(key) or Source("flag", flag)).said(key, value)
 
 
 @dataclass(frozen=True)
@@ -103,7 +167,8 @@ def effective_settings(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
 ) -> Settings:
-    """Resolve every setting: flag > ``CONVOY_<KEY>`` > ``./convoy.toml`` > user file > default.
+    """Resolve every setting: flag > ``PET_<KEY>`` (torchrun's options) > ``CONVOY_<KEY>`` > ``./convoy.toml`` >
+    user file > default.
 
     ``flags`` maps key names to values (``None`` means "not given" and is skipped, so an argparse
     namespace's ``vars()`` restricted to setting names can be passed as is). An empty environment
@@ -128,6 +193,9 @@ def effective_settings(
         if raw is not None and raw.strip() != "":
             values[key.name] = key.parse(raw, where=f"environment {key.env_var}")
             sources[key.name] = Source("environment", key.env_var)
+    for name, (raw, source) in torchrun_env(env).items():  # above CONVOY_*: see the module docstring
+        if name in KEYS:
+            values[name], sources[name] = KEYS[name].parse(raw, where=f"environment {source.location}"), source
     for name, raw in (flags or {}).items():
         if raw is None:
             continue
@@ -146,7 +214,7 @@ def file_settings_env(env: Mapping[str, str] | None = None, cwd: str | os.PathLi
     component's own. Only keys set in a file appear.
     """
     settings = effective_settings(env={k: v for k, v in (os.environ if env is None else env).items()
-                                       if not k.startswith("CONVOY_") or k == "CONVOY_CONFIG"}, cwd=cwd)
+                                       if not k.startswith(("CONVOY_", "PET_")) or k == "CONVOY_CONFIG"}, cwd=cwd)
     out: dict[str, str] = {}
     for name in settings:
         if settings.origin(name).kind in ("project file", "user file"):
@@ -179,7 +247,10 @@ def fill_unset_with_origins(flags: Mapping[str, Any], *, env: Mapping[str, str] 
     (``Source.said``)."""
     values = dict(flags)
     origins: dict[str, Source] = {}
-    settings = effective_settings(env=env, cwd=cwd)
+    env = os.environ if env is None else env
+    given = {torchrun_variable(name) for name, value in values.items() if value is not None}
+    # a flag given is not read from its PET_ variable at all, as torchrun reads them (a bad one is not refused)
+    settings = effective_settings(env={k: v for k, v in env.items() if k not in given}, cwd=cwd)
     for name in settings:
         if name in values and values[name] is None and settings.origin(name).kind != "default":
             value = settings.get(name)

@@ -293,7 +293,8 @@ def lease_devices(devices: Sequence[Device], *, wait: float | str | None = None,
     holders = "; ".join(f"{d.label} is leased by {_describe_holder(_lock_path(lock_dir, d))}" for d in busy)
     waited = f" after waiting {wait:g}s" if wait else ""
     raise LeaseError(f"cannot lease {len(busy)} of the requested devices{waited}: {holders}; "
-                     f"wait longer (--wait 10m) or ask for other devices")
+                     f"{'wait longer' if wait else 'wait for them'} (--wait 10m), ask for other devices, or share "
+                     f"them (--no-lease)")
 
 
 def _attempt(devices: Sequence[Device], lock_dir: Path) -> tuple[Lease | None, list[Device]]:
@@ -352,7 +353,8 @@ def select_and_lease(spec: Any = "auto", *, wait: float | str | None = None, loc
                 raise
             if time.monotonic() >= deadline:
                 waited = f" after waiting {wait:g}s" if wait else ""
-                raise LeaseError(f"{err}{waited}; wait longer (--wait 10m) or ask for fewer devices") from None
+                raise LeaseError(f"{err}{waited}; {'wait longer' if wait else 'wait for them'} (--wait 10m) or ask "
+                                 f"for fewer devices") from None
             time.sleep(_POLL_S)
             continue
         lease, _ = _attempt(selection.devices, lock_dir)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import signal
 import socket
 import sys
 import time
@@ -23,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from convoy.errors import LaunchError
+from convoy.errors import LaunchError, Terminated
 from convoy.launch.failures import RankFailure, failure_error
 from convoy.launch.loopback import agent_store, is_loopback, loopback_env
 from convoy.launch.progress import missing_note
@@ -148,6 +149,7 @@ def _gc_paused() -> Iterator[None]:
 def run_elastic(plan: LaunchPlan, *, base_env: Mapping[str, str]) -> int:
     """Run ``plan`` under torch's elastic agent; 0 on success, else raise ``RankFailedError``."""
     with _gc_paused():
+        from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import elastic_launch
 
@@ -169,6 +171,10 @@ def run_elastic(plan: LaunchPlan, *, base_env: Mapping[str, str]) -> int:
             elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as err:
         raise _root_cause(err, plan, elapsed=time.monotonic() - start) from None
+    except SignalException as err:  # the agent stopped the workers on a signal to this process (was a traceback)
+        if err.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise Terminated(err.sigval) from None
     except (RuntimeError, ValueError) as err:  # rendezvous errors, closed stores, ...
         raise LaunchError(f"the elastic agent failed before the workers ran: {err}") from None
     return 0

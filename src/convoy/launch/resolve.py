@@ -38,18 +38,21 @@ CPU_DEFAULT_NPROC = 2
 
 EVENT_LOG_HANDLERS = ("null", "console")
 """torch's built-in elastic event handlers a launch can name (``torch.distributed.elastic.events``)."""
+START_METHODS = ("spawn", "fork", "forkserver")
+"""How torch's elastic agent can start its workers (torchrun's ``--start-method``)."""
 STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 """Signals that stop a job however ``--signals-to-handle`` reads."""
 
 
-def forwarded_signals(text: str) -> tuple[str, ...]:
-    """``--signals-to-handle``'s names, checked (``ConfigError`` for one that is not a catchable signal)."""
+def forwarded_signals(text: str, *, where: str = "--signals-to-handle") -> tuple[str, ...]:
+    """``--signals-to-handle``'s names, checked (``ConfigError`` for one that is not a catchable signal; the
+    message names ``where`` the value came from)."""
     import signal
 
     names = tuple(name.strip().upper() for name in text.split(",") if name.strip())
     for name in names:
         if name in ("SIGKILL", "SIGSTOP") or not isinstance(getattr(signal, name, None), signal.Signals):
-            raise ConfigError(f"--signals-to-handle: {name[:20]!r} is not a signal the launcher can catch; give "
+            raise ConfigError(f"{where}: {name[:20]!r} is not a signal the launcher can catch; give "
                               f"names such as {DEFAULT_SIGNALS},SIGUSR1")
     return names
 
@@ -89,36 +92,56 @@ class WorkerOptions:
     """Comma-separated words: stdout lines holding one are also written to ``filtered_stdout.log`` (elastic)."""
     duplicate_stderr_filters: str = ""
     """As ``duplicate_stdout_filters``, for stderr (``filtered_stderr.log``)."""
+    origins: Mapping[str, Source] = field(default_factory=dict, compare=False, repr=False)
+    """Where an option came from when not from its flag (torchrun's ``PET_<OPTION>``, ``CONVOY_MAX_RESTARTS``,
+    a settings file): option name -> ``Source``, for messages (``said``)."""
+
+    def said(self, name: str, value: object) -> str:
+        """Option ``name`` holding ``value`` as the user gave it: ``--role x`` or ``PET_ROLE=x``."""
+        return said(self.origins, name, value)
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
-            raise ConfigError(f"--max-restarts {self.max_restarts}: give 0 or more")
+            raise ConfigError(f"{self.said('max_restarts', self.max_restarts)}: give 0 or more")
         if not 0 < self.monitor_interval < 10**9:
-            raise ConfigError(f"--monitor-interval {self.monitor_interval}: give a number of seconds > 0")
+            raise ConfigError(f"{self.said('monitor_interval', self.monitor_interval)}: give a number of seconds > 0")
         # the grammars here; the local ranks they name are checked against the node's count when it is known
-        stream_map(self.redirects, None, flag="--redirects")
-        stream_map(self.tee, None, flag="--tee")
-        shown_ranks(self.local_ranks_filter, None)
+        for name in ("redirects", "tee"):
+            stream_map(getattr(self, name), None, named=self.said(name, repr(getattr(self, name)[:40])))
+        shown_ranks(self.local_ranks_filter, None, named=self.said("local_ranks_filter",
+                                                                   repr(self.local_ranks_filter[:40])))
         if not self.role.strip():
-            raise ConfigError("--role '': give the workers a role name (torchrun's default is 'default')")
+            raise ConfigError(f"{self.said('role', repr(''))}: give the workers a role name (torchrun's default is "
+                              f"'default')")
         # stored as checked (upper case): torch's agent and TORCHELASTIC_SIGNALS_TO_HANDLE skip 'sigusr1'
-        object.__setattr__(self, "signals_to_handle", ",".join(forwarded_signals(self.signals_to_handle)))
+        source = self.origins.get("signals_to_handle")
+        where = f"environment {source.location}" if source and source.kind == "environment" else \
+            "--signals-to-handle"
+        object.__setattr__(self, "signals_to_handle", ",".join(forwarded_signals(self.signals_to_handle,
+                                                                                 where=where)))
         if self.shutdown_timeout is not None and not 0 <= self.shutdown_timeout < 10**9:
-            raise ConfigError(f"--shutdown-timeout {self.shutdown_timeout}: give a whole number of seconds >= 0")
+            raise ConfigError(f"{self.said('shutdown_timeout', self.shutdown_timeout)}: give a whole number of "
+                              f"seconds >= 0")
         if self.event_log_handler not in EVENT_LOG_HANDLERS:
-            raise ConfigError(f"--event-log-handler {self.event_log_handler[:40]!r}: give one of "
+            raise ConfigError(f"{self.said('event_log_handler', repr(self.event_log_handler[:40]))}: give one of "
                               f"{', '.join(EVENT_LOG_HANDLERS)}")
         if self.local_addr is not None and not is_host(self.local_addr):
-            raise ConfigError(f"--local-addr {self.local_addr[:60]!r}: give a host name or an IP address of "
-                              "this node")
+            raise ConfigError(f"{self.said('local_addr', repr(self.local_addr[:60]))}: give a host name or an IP "
+                              "address of this node")
+
+    def named(self, name: str, value: object) -> str:
+        """How a message names option ``name``: its flag alone, or the variable or file it came from, with
+        ``value``."""
+        return self.said(name, value) if name in self.origins else "--" + name.replace("_", "-")
 
     @property
     def agent_only(self) -> list[str]:
-        """The flags given that only torch's elastic agent carries out."""
-        return [flag for flag, given in (("--event-log-handler", self.event_log_handler != "null"),
-                                         ("--duplicate-stdout-filters", bool(self.duplicate_stdout_filters)),
-                                         ("--duplicate-stderr-filters", bool(self.duplicate_stderr_filters)))
-                if given]
+        """The options given that only torch's elastic agent carries out, as ``named``."""
+        return [self.named(name, value) for name, value, given in (
+            ("event_log_handler", self.event_log_handler, self.event_log_handler != "null"),
+            ("duplicate_stdout_filters", self.duplicate_stdout_filters, bool(self.duplicate_stdout_filters)),
+            ("duplicate_stderr_filters", self.duplicate_stderr_filters, bool(self.duplicate_stderr_filters)))
+            if given]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,12 +189,14 @@ class LaunchRequest:
             raise ConfigError("no training script given; usage: convoy launch [options] train.py [args]")
         if self.engine not in ENGINES:
             raise ConfigError(f"engine {self.engine!r} is not one of {', '.join(ENGINES)}")
-        if self.module and self.no_python:
-            raise ConfigError("-m/--module and --no-python cannot be combined; choose one")
+        if self.module and self.no_python:  # (either may be torchrun's PET_MODULE/PET_NO_PYTHON)
+            module = self.said("module", True) if "module" in self.origins else "-m/--module"
+            raise ConfigError(f"{module} and {self.said('no_python', True)} cannot be combined; choose one")
         if self.master_port is not None and not 0 <= self.master_port <= 65535:
-            raise ConfigError(f"--master-port {self.master_port}: give a TCP port from 1 to 65535 (0: a free one)")
+            raise ConfigError(f"{self.said('master_port', self.master_port)}: give a TCP port from 1 to 65535 (0: a "
+                              f"free one)")
         if self.node_rank is not None and self.node_rank < 0:
-            raise ConfigError(f"--node-rank {self.node_rank}: give 0 or more")
+            raise ConfigError(f"{self.said('node_rank', self.node_rank)}: give 0 or more")
         # malformed counts are refused here, before any device is selected: a typo is named as a typo, not as
         # whatever selecting devices with the other flags runs into first
         asked_nproc(self.nproc_per_node)
@@ -209,6 +234,9 @@ class LaunchPlan:
     """Variables added to every worker's environment (visibility, CONVOY_*, OMP_NUM_THREADS)."""
     workers: WorkerOptions = field(default_factory=WorkerOptions)
     """Restarts, monitoring, start method and logs, as the request gave them."""
+    given_by: tuple[str, ...] = ()
+    """The request's values that no flag gave, as they were given: torchrun's ``PET_NNODES=2``,
+    ``CONVOY_STRATEGY=ddp``, ``nproc_per_node = 2 (/repo/convoy.toml, line 3)`` (``describe_plan`` shows them)."""
     explanation: tuple[str, ...] = ()
 
     @property
@@ -232,7 +260,9 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
     """The plan for ``request`` on the devices ``selection`` chose, under ``env``."""
     notes: list[str] = list(selection.explanation)
     nproc, devices = _processes(request, selection, notes)
-    shown_ranks(request.workers.local_ranks_filter, nproc)  # a filter that shows no rank is refused
+    workers = request.workers
+    shown_ranks(workers.local_ranks_filter, nproc,  # a filter that shows no rank is refused
+                named=workers.said("local_ranks_filter", repr(workers.local_ranks_filter[:40])))
     notes.extend(_unrun_ranks_note(request.workers, nproc))
     min_nodes, max_nodes = node_range(request.nnodes)
     node_rank = request.node_rank if request.node_rank is not None else 0
@@ -250,17 +280,17 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
         run_id = run_id or alloc.job_id
         notes.append(f"Slurm job {alloc.job_id}: node {node_rank} of {alloc.nnodes}, main node {master_addr}")
     if not 0 <= node_rank < max_nodes:
-        nodes = request.said("nnodes", request.nnodes) if request.nnodes else f"the Slurm job's {max_nodes} nodes"
-        raise ConfigError(f"--node-rank {node_rank} is outside {nodes}; give 0..{max_nodes - 1}")
+        raise ConfigError(_node_rank_outside(request, node_rank, max_nodes, slurm=alloc is not None and
+                                             alloc.nnodes > 1))
     if request.standalone and max_nodes > 1:
-        raise ConfigError(f"--standalone means one node, but {request.said('nnodes', request.nnodes)}; drop one of "
-                          f"them")
+        raise ConfigError(f"{request.said('standalone', True)} means one node, but "
+                          f"{request.said('nnodes', request.nnodes)}; drop one of them")
     if request.standalone and request.rdzv_endpoint:  # torchrun replaces the endpoint without a word
-        raise ConfigError(f"--standalone runs the rendezvous on this machine, but "
+        raise ConfigError(f"{request.said('standalone', True)} runs the rendezvous on this machine, but "
                           f"{request.said('rdzv_endpoint', request.rdzv_endpoint)} names one; drop one of them")
-    if request.workers.local_addr and max_nodes == 1:
-        notes.append(f"--local-addr {request.workers.local_addr} is not used: the ranks of a one-node job meet on "
-                     "loopback")
+    if workers.local_addr and max_nodes == 1:
+        notes.append(f"{workers.said('local_addr', workers.local_addr)} is not used: the ranks of a one-node job "
+                     "meet on loopback")
     backend = (request.rdzv_backend or "static").lower()
     engine = _engine(request, backend, min_nodes, max_nodes)
     if engine == "direct":
@@ -273,17 +303,22 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
     elif backend == "static":
         if request.rdzv_endpoint:  # torchrun's static rendezvous is at the endpoint when one is given
             master_addr, master_port = _static_endpoint(request)
+        elif max_nodes > 1 and not master_addr:  # torchrun would plan 127.0.0.1, which no other node reaches
+            raise ConfigError(_no_meeting_place(request, max_nodes, env))
         master_addr, master_port = master_addr or "127.0.0.1", master_port or 29500
         endpoint = f"{master_addr}:{master_port}"
     else:
         if not request.rdzv_endpoint:
             raise ConfigError(f"{request.said('rdzv_backend', request.rdzv_backend)} needs --rdzv-endpoint HOST:PORT "
-                              f"(or CONVOY_RDZV_ENDPOINT, or rdzv_endpoint in convoy.toml), the same on every node")
+                              f"(or PET_RDZV_ENDPOINT, CONVOY_RDZV_ENDPOINT, or rdzv_endpoint in convoy.toml), the "
+                              f"same on every node")
         if request.master_addr or request.master_port:  # torchrun ignores them here too, with a warning
-            notes.append(f"--master-addr/--master-port are not used by a {backend} rendezvous: the rendezvous at "
-                         f"{request.rdzv_endpoint} tells every rank where rank 0 is")
+            unused = " and ".join(request.said(name, value) for name, value in (
+                ("master_addr", request.master_addr), ("master_port", request.master_port)) if value)
+            notes.append(f"{unused} {'are' if ' and ' in unused else 'is'} not used by a {backend} rendezvous: the "
+                         f"rendezvous at {request.rdzv_endpoint} tells every rank where rank 0 is")
         endpoint, master_addr, master_port = request.rdzv_endpoint, "", 0
-    extra = dict(_rdzv_conf(request.rdzv_conf))
+    extra = dict(_rdzv_conf(request.rdzv_conf, named=request.said("rdzv_conf", repr(request.rdzv_conf))))
     if backend == "static":
         extra["rank"] = str(node_rank)
     if request.settings.parallelism and min_nodes == max_nodes:
@@ -316,8 +351,42 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
         devices=tuple(devices),
         env=worker_env,
         workers=request.workers,
+        given_by=tuple(_given_elsewhere(request)),
         explanation=tuple(notes),
     )
+
+
+def _given_elsewhere(request: LaunchRequest) -> list[str]:
+    """Each value of the request that no flag gave, as it was given (``PET_NNODES=2``, ``CONVOY_STRATEGY=ddp``,
+    ``nproc_per_node = 2 (/repo/convoy.toml, line 3)``)."""
+    given = []
+    for name, source in request.origins.items():
+        holder = next((h for h in (request, request.workers, request.settings) if hasattr(h, name)), None)
+        given.append(source.said(name, getattr(holder, name)) if holder is not None else str(source))
+    return given
+
+
+def _node_rank_outside(request: LaunchRequest, node_rank: int, max_nodes: int, *, slurm: bool) -> str:
+    """The line for a node rank outside the job's nodes, naming where both came from."""
+    rank = request.said("node_rank", node_rank) if request.node_rank is not None else f"SLURM_NODEID={node_rank}"
+    if request.nnodes:
+        return f"{rank} is outside {request.said('nnodes', request.nnodes)}; give 0..{max_nodes - 1}"
+    if slurm:
+        return f"{rank} is outside the Slurm job's {max_nodes} nodes; give 0..{max_nodes - 1}"
+    return (f"{rank} is outside a one-node job (--nnodes is 1 when not given); give --nnodes N for a job on N "
+            f"machines (node ranks 0..N-1), or leave out the node rank")
+
+
+def _no_meeting_place(request: LaunchRequest, nodes: int, env: Mapping[str, str]) -> str:
+    """The line for a job on several machines that names no rendezvous address (torchrun plans 127.0.0.1)."""
+    asked = request.said("nnodes", request.nnodes) if request.nnodes else f"the Slurm job's {nodes} nodes"
+    line = (f"{asked} runs on {nodes} machines, but nothing says where they meet: give --master-addr HOST (node "
+            f"0's address, the same on every node, with --master-port PORT, default 29500) or --rdzv-endpoint "
+            f"HOST:PORT (or PET_MASTER_ADDR/PET_RDZV_ENDPOINT in the environment, as torchrun reads them)")
+    if env.get("MASTER_ADDR", "").strip():
+        line += (f"; MASTER_ADDR={env['MASTER_ADDR'][:60]} in this environment is a rank's variable, which torchrun "
+                 f"and convoy launch do not read: pass it as --master-addr \"$MASTER_ADDR\"")
+    return line
 
 
 #: CPU processes per core beyond which a count is taken for a typo (--nproc-per-node 999999): gloo ranks
@@ -351,34 +420,38 @@ def _cpu_processes(count: int, request: LaunchRequest) -> int:
 _STREAMS = "0 (none), 1 (stdout), 2 (stderr) or 3 (both)"
 
 
-def stream_map(text: str, nproc: int | None, *, flag: str = "--redirects") -> dict[int, int]:
+def stream_map(text: str, nproc: int | None, *, flag: str = "--redirects", named: str | None = None
+               ) -> dict[int, int]:
     """torchrun's ``--redirects``/``--tee`` value as {local rank: 0-3} for this node's ``nproc`` ranks: ``"3"``
     (every rank) or ``"0:1,1:2"`` (1 stdout, 2 stderr, 3 both; ranks this node does not run are left out, as
-    torchrun leaves them; None: the grammar only). ``ConfigError`` for anything else."""
+    torchrun leaves them; None: the grammar only). ``ConfigError`` for anything else, naming the value as
+    ``named`` says (default: ``flag`` and the value; ``PET_TEE='7'`` for torchrun's variable)."""
     shown = text
     text = (text or "0").strip()
     if re.fullmatch(r"[0-3]", text):
         return {rank: int(text) for rank in range(nproc or 0)}
     pairs = [item.strip() for item in text.split(",")]
     if not all(re.fullmatch(r"[0-9]{1,6}\s*:\s*[0-3]", pair) for pair in pairs):
-        raise ConfigError(f"{flag} {shown[:40]!r}: give one of {_STREAMS} for every rank, or LOCAL_RANK:VALUE "
-                          "pairs like '0:3,1:1'")
+        raise ConfigError(f"{named or f'{flag} {shown[:40]!r}'}: give one of {_STREAMS} for every rank, or "
+                          "LOCAL_RANK:VALUE pairs like '0:3,1:1'")
     mapping = {int(k): int(v) for k, _, v in (pair.partition(":") for pair in pairs)}
     return {k: v for k, v in mapping.items() if nproc is None or k < nproc}
 
 
-def shown_ranks(text: str, nproc: int | None) -> set[int] | None:
+def shown_ranks(text: str, nproc: int | None, *, named: str | None = None) -> set[int] | None:
     """torchrun's ``--local-ranks-filter`` (``"0,2"``) as the local ranks of this node's ``nproc`` whose output
     is shown (listed ranks it does not run are left out, as torchrun leaves them); None (empty): every rank.
-    ``ConfigError`` for anything else, or for a filter that would show no rank at all."""
+    ``ConfigError`` for anything else, or for a filter that would show no rank at all (naming the value as
+    ``named`` says; default: the flag and the value)."""
     if not (text or "").strip():
         return None
+    named = named or f"--local-ranks-filter {text[:40]!r}"
     items = [item.strip() for item in text.split(",")]
     if not all(re.fullmatch(r"[0-9]{1,6}", item) for item in items):
-        raise ConfigError(f"--local-ranks-filter {text[:40]!r}: give local ranks like 0 or 0,2")
+        raise ConfigError(f"{named}: give local ranks like 0 or 0,2")
     ranks = {int(item) for item in items if nproc is None or int(item) < nproc}
     if not ranks:
-        raise ConfigError(f"--local-ranks-filter {text[:40]!r} shows no rank: this node runs {nproc} "
+        raise ConfigError(f"{named} shows no rank: this node runs {nproc} "
                           f"process{'es' if nproc != 1 else ''} (local ranks 0..{nproc - 1})")
     return ranks
 
@@ -386,11 +459,12 @@ def shown_ranks(text: str, nproc: int | None) -> set[int] | None:
 def _unrun_ranks_note(workers: WorkerOptions, nproc: int) -> list[str]:
     """A note for each output flag that names local ranks this node does not run (they are ignored)."""
     notes = []
-    for flag, named in (("--redirects", stream_map(workers.redirects, None)),
-                        ("--tee", stream_map(workers.tee, None, flag="--tee")),
-                        ("--local-ranks-filter", shown_ranks(workers.local_ranks_filter, None) or ())):
+    for name, named in (("redirects", stream_map(workers.redirects, None)),
+                        ("tee", stream_map(workers.tee, None, flag="--tee")),
+                        ("local_ranks_filter", shown_ranks(workers.local_ranks_filter, None) or ())):
         beyond = sorted(rank for rank in named if rank >= nproc)
         if beyond:
+            flag = workers.named(name, getattr(workers, name))
             notes.append(f"{flag} names local rank{'s' if len(beyond) > 1 else ''} "
                          f"{', '.join(map(str, beyond))}, which this node does not run ({nproc} "
                          f"process{'es' if nproc != 1 else ''}): ignored, as torchrun does")
@@ -464,8 +538,8 @@ def _static_endpoint(request: LaunchRequest) -> tuple[str, int]:
     address, number = split_endpoint(request.rdzv_endpoint, default_port=29500)
     if (request.master_addr and request.master_addr.strip("[]") != address) or \
             (request.master_port and request.master_port != number):
-        given = " ".join(f"{flag} {value}" for flag, value in (("--master-addr", request.master_addr),
-                                                              ("--master-port", request.master_port)) if value)
+        given = " ".join(request.said(name, value) for name, value in (("master_addr", request.master_addr),
+                                                                       ("master_port", request.master_port)) if value)
         raise ConfigError(f"{request.said('rdzv_endpoint', request.rdzv_endpoint)} and {given} name different "
                           f"places for the static rendezvous; give one of them")
     return address, number
@@ -491,12 +565,13 @@ def _engine(request: LaunchRequest, backend: str, min_nodes: int, max_nodes: int
     return request.engine
 
 
-def _rdzv_conf(text: str | None) -> list[tuple[str, str]]:
+def _rdzv_conf(text: str | None, *, named: str | None = None) -> list[tuple[str, str]]:
     pairs = []
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--rdzv-conf {text!r}: {item!r} is not KEY=VALUE (e.g. join_timeout=600)")
+            raise ConfigError(f"{named or f'--rdzv-conf {text!r}'}: {item!r} is not KEY=VALUE (e.g. "
+                              "join_timeout=600)")
         pairs.append((key.strip(), value.strip()))
     return pairs
 
@@ -526,6 +601,8 @@ def describe_plan(plan: LaunchPlan, *, base_env: Mapping[str, str] | None = None
            "MASTER_ADDR and MASTER_PORT set by the rendezvous") + f"; run id {plan.run_id}",
         f"restarts:   {plan.workers.max_restarts}",
     ]
+    if plan.given_by:
+        lines.append(f"given by:   {', '.join(plan.given_by)}  (not flags)")
     prefix = vendor_facts(plan.vendor).device_type
     for local in range(plan.nproc_per_node):
         device = plan.device_of(local)

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import IO, Mapping
 
-from convoy.errors import LaunchError
+from convoy.errors import LaunchError, Terminated
 from convoy.launch.env import rank_env
 from convoy.launch.failures import RankFailure, TracebackHold, failure_error, read_error_file
 from convoy.launch.loopback import (LISTEN_FD_VARIABLE, RELEASE_FD_VARIABLE, is_loopback, listen_socket,
@@ -211,8 +211,10 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
         failure = _monitor(ranks, start, stop, grace, wake, release, passed_on_grace=passed_on_grace)
         if failure is not None:
             raise failure_error(failure, stopped=plan.nproc_per_node - 1)
-        if stop.signum is not None:
+        if stop.signum == signal.SIGINT:
             raise KeyboardInterrupt
+        if stop.signum is not None:  # a scheduler's SIGTERM, SIGHUP, or a passed-on --signals-to-handle signal
+            raise Terminated(stop.signum)
         return 0
     finally:
         if listener is not None:

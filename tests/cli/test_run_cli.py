@@ -1,0 +1,162 @@
+"""``convoy run`` leases the devices it runs a command on, as ``convoy launch`` does: two jobs never get the same
+GPU, ``--free`` moves past a leased one, ``--no-lease`` shares, the lease ends with the command (killed too), and
+a scheduler's SIGTERM reaches the command. Inventory files stand in for the GPUs; leases go to a temporary
+``CONVOY_LEASE_DIR``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import INVENTORIES, held_leases
+from tests.processes import finish, start
+
+#: a command that says it runs, with the GPUs it sees, then waits until its stop file exists
+HOLD = 'echo "running gpus=$CUDA_VISIBLE_DEVICES pid=$$"; while [ ! -e "$STOP" ]; do sleep 0.05; done'
+
+
+@pytest.fixture
+def box(tmp_path):
+    """The environment of a 4-GPU box (an inventory file) with a lease directory of its own."""
+    env = {**os.environ, "CONVOY_INVENTORY": str(INVENTORIES / "4_mixed_pcie.json"),
+           "CONVOY_LEASE_DIR": str(tmp_path / "leases"), "STOP": str(tmp_path / "stop")}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def convoy(*argv: str, env: dict, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "convoy", *argv], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def hold(*argv: str, env: dict) -> tuple[subprocess.Popen, str]:
+    """``convoy run ARGV -- HOLD`` started, once its command runs (its first line)."""
+    job = start([sys.executable, "-m", "convoy", "run", *argv, "--", "sh", "-c", HOLD], env=env)
+    line = job.stdout.readline()
+    assert line.startswith("running"), line + finish(job, timeout=10)
+    return job, line.strip()
+
+
+def release(job: subprocess.Popen, env: dict) -> str:
+    open(env["STOP"], "w").close()
+    out = finish(job, timeout=30)
+    os.unlink(env["STOP"])
+    return out
+
+
+def leases(env: dict) -> list[str]:
+    return held_leases(Path(env["CONVOY_LEASE_DIR"]))
+
+
+def test_two_runs_never_share_a_device_unless_one_says_so(box):
+    first, line = hold("--devices", "1,3", env=box)
+    try:
+        assert line.startswith("running gpus=1,3") and len(leases(box)) == 2
+        table = convoy("devices", env=box).stdout.splitlines()
+        assert [row.split()[0] for row in table if " leased " in row] == ["1", "3"], table  # was "free"
+        refused = convoy("run", "--devices", "1,", "--", "true", env=box)
+        assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+        assert refused.stderr.startswith("convoy: cannot lease 1 of the requested devices: GPU 1 (NVIDIA GeForce "
+                                         f"RTX 4090) is leased by pid {first.pid}"), refused.stderr
+        assert "wait for them (--wait 10m), ask for other devices, or share them (--no-lease)" in refused.stderr
+        waited = convoy("run", "--devices", "3,", "--wait", "0.5", "--", "true", env=box)
+        assert waited.returncode == 1 and "after waiting 0.5s" in waited.stderr, waited.stderr
+        shared = convoy("run", "--devices", "1,", "--no-lease", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES",
+                        env=box)
+        assert (shared.returncode, shared.stdout) == (0, "1\n"), shared.stderr
+        other = convoy("run", "--devices", "0,2", "--", "true", env=box)
+        assert other.returncode == 0, other.stderr
+    finally:
+        release(first, box)
+    assert first.returncode == 0 and leases(box) == []
+    assert convoy("run", "--devices", "1,", "--", "true", env=box).returncode == 0  # free again
+
+
+def test_a_run_waits_for_a_device_until_its_holder_ends(box):
+    first, _ = hold("--devices", "2,", env=box)
+    waiting = start([sys.executable, "-m", "convoy", "run", "--devices", "2,", "--wait", "60", "--", "sh", "-c",
+                     "echo got $CUDA_VISIBLE_DEVICES"], env=box)
+    time.sleep(1.0)
+    assert waiting.poll() is None  # still waiting for GPU 2
+    release(first, box)
+    out = finish(waiting, timeout=30)
+    assert waiting.returncode == 0 and out.strip() == "got 2", out
+
+
+def test_run_and_launch_keep_off_each_others_devices(box):
+    job, _ = hold("--devices", "1,", env=box)
+    try:
+        launch = convoy("launch", "--devices", "1,", "--no-python", "true", env=box, timeout=60)
+        assert launch.returncode == 1 and launch.stderr.startswith("convoy: cannot lease 1 of the requested devices: "
+                                                                   f"GPU 1 (NVIDIA GeForce RTX 4090) is leased by pid "
+                                                                   f"{job.pid}"), launch.stderr
+    finally:
+        release(job, box)
+    launcher = start([sys.executable, "-m", "convoy", "launch", "--devices", "2,", "--no-python", "sh", "-c", HOLD],
+                     env=box)
+    try:
+        assert "running gpus=2" in launcher.stdout.readline()
+        run = convoy("run", "--devices", "2,", "--", "true", env=box)
+        assert run.returncode == 1 and "GPU 2 (Tesla T4) is leased by pid" in run.stderr, run.stderr
+    finally:
+        release(launcher, box)
+    assert launcher.returncode == 0 and leases(box) == []
+
+
+def test_free_moves_a_count_past_a_leased_device(box):
+    """`convoy run --devices 2 --free` was handed a GPU that a running `convoy run --devices 1,3` held."""
+    job, _ = hold("--devices", "1,3", env=box)
+    try:
+        one = convoy("run", "--devices", "1", "--free", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES", env=box)
+        two = convoy("run", "--devices", "2", "--free", "--no-lease", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES",
+                     env=box)
+        assert (one.returncode, one.stdout, two.returncode, two.stdout) == (0, "0\n", 0, "0,2\n"), one.stderr
+        listed = convoy("run", "--devices", "0,1", "--free", "--", "true", env=box)
+        assert listed.returncode == 1 and "GPU 1 (NVIDIA GeForce RTX 4090) cannot be used: leased by pid" in \
+            listed.stderr and "wait for them (--wait 10m)" in listed.stderr, listed.stderr
+    finally:
+        release(job, box)
+
+
+def test_the_lease_ends_with_the_command_killed_or_not(box):
+    assert convoy("run", "--devices", "0,", "--", "sh", "-c", "kill -9 $$", env=box).returncode == 128 + 9
+    assert leases(box) == []
+    # convoy run killed outright: the command holds the lease (it inherited the lock) until it ends
+    job, line = hold("--devices", "0,", env=box)
+    command = int(line.rpartition("pid=")[2])
+    try:
+        os.kill(job.pid, signal.SIGKILL)
+        job.wait(timeout=10)
+        assert len(leases(box)) == 1 and os.path.exists(f"/proc/{command}")
+    finally:
+        release(job, box)  # the command ends (it held the job's stdout open until now)
+    deadline = time.monotonic() + 10
+    while leases(box) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert leases(box) == []
+
+
+def test_a_sigterm_to_run_reaches_the_command_and_gives_143(box):
+    """A scheduler's SIGTERM to `convoy run` is passed to the command; the command's end by it is 143."""
+    job, line = hold("--devices", "0,", env=box)
+    command = int(line.rpartition("pid=")[2])
+    job.send_signal(signal.SIGTERM)
+    out = finish(job, timeout=30)
+    assert job.returncode == 143 and out == "", out
+    assert not os.path.exists(f"/proc/{command}") and leases(box) == []
+
+
+def test_run_takes_no_lease_for_the_cpu_and_stays_torch_free(box):
+    assert convoy("run", "--devices", "0", "--", "true", env=box).returncode == 0
+    assert not os.path.exists(box["CONVOY_LEASE_DIR"])  # no device, no lease (not even its directory)
+    code = ("import sys; from convoy.cli.main import main; rc = main(['run', '--devices', '1,3', '--', 'true']); "
+            "print('torch' in sys.modules, rc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=box, timeout=60)
+    assert out.stdout.strip() == "False 0", out.stderr
+    assert len(os.listdir(box["CONVOY_LEASE_DIR"])) == 2 and leases(box) == []  # leased, then released
