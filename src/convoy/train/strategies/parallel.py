@@ -19,7 +19,8 @@ How each axis is realised:
   each pipeline stage with ``reshard_after_forward=False``), ``"ddp"``, or ``"zero1"`` (DDP +
   ``ZeroRedundancyOptimizer`` over the dp group). Default: ``"zero1"`` for dp x pp, as the multi-GPU guide
   recommends, else ``"fsdp"`` (tp makes the weights DTensors, which only FSDP2 takes). ``dp_replicate`` x
-  ``dp_shard`` both > 1 is HSDP (``fully_shard`` on the 2-D dp mesh). Under mixed precision FSDP2 over the
+  ``dp_shard`` both > 1 is HSDP (``fully_shard`` on the 2-D dp mesh). ``cpu_offload`` offloads FSDP2's shards
+  as zero3 does (it was ignored). Under mixed precision FSDP2 over the
   whole model gathers 16-bit weights and reduces in fp32 (``MixedPrecisionPolicy``, as zero3 and torchtitan do);
   pipeline stages gather fp32 (their traced dtypes are the model's) and run under autocast.
 
@@ -57,7 +58,7 @@ from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule, Singl
 from convoy.train.parallel.tensor import apply_tensor_parallel, resolve_tp_plan, tracing_stand_ins
 from convoy.train.settings import TrainSettings
 from convoy.train.strategies.base import ParameterOrigins, Strategy, SupportsNoSync
-from convoy.train.strategies.fsdp import mixed_precision_policy, no_gradient_sync, shard_units
+from convoy.train.strategies.fsdp import mixed_precision_policy, no_gradient_sync, offload_policy, shard_model
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -184,17 +185,18 @@ class ParallelStrategy(Strategy, SupportsNoSync):
 
     def _data_parallel(self, module: "torch.nn.Module") -> "torch.nn.Module":
         if self.dp_engine == "fsdp":
-            from torch.distributed.fsdp import fully_shard
-
-            mesh = self.mesh.dp_shard_mesh
             # as zero3 does (and torchtitan with tp): 16-bit gathered weights under mixed precision, so autocast
             # keeps no bf16 copy of every fp32 weight until the backward
             mp = mixed_precision_policy(self.context.mixed_precision)
-            for block in shard_units(module, self.context.options.get("auto_wrap")):
-                fully_shard(block, mesh=mesh, mp_policy=mp)
-            fully_shard(module, mesh=mesh, mp_policy=mp)
-            return module
+            return shard_model(module, self.context.options.get("auto_wrap"), named=self._named(),
+                               mesh=self.mesh.dp_shard_mesh, mp_policy=mp,
+                               offload_policy=offload_policy(self.context.options))
         return self._wrap_stage(module)
+
+    def _named(self) -> str:
+        """The layout, as a message names it: ``dp_engine='fsdp' beside tp=2``."""
+        split = ", ".join(f"{axis}={getattr(self.dims, axis)}" for axis in ("tp", "pp") if getattr(self.dims, axis) > 1)
+        return f"dp_engine={self.dp_engine!r}" + (f" beside {split}" if split else "")
 
     def _follow_stages(self, pipe: PipelineModule) -> None:
         """Once the stages exist, each optimizer holds exactly this process's stage parameters (sharded
@@ -215,17 +217,13 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         micro-batches' forward and backward (``reshard_after_forward=False``, as torchtitan does with pp); the
         schedule itself turns gradient reduction off until the last micro-batch. ``model`` then holds the
         stage's sharded parameters too, so that its state dicts (and the optimizer's) name them."""
-        from torch.distributed.fsdp import fully_shard
-
         self._origins.record(stage, {id(p): n for n, p in stage.named_parameters()})
         # A traced stage can end in a view (a reshape); FSDP2 warns that an in-place op on it would skip the
         # all-gather. The schedule only sends it on or feeds it to the loss, never in place: the warning,
         # printed by every rank, says nothing to the user here.
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPGraphModule\) returned a view")
-        mesh = self.mesh.dp_shard_mesh
-        for block in shard_units(stage, self.context.options.get("auto_wrap")):
-            fully_shard(block, mesh=mesh, reshard_after_forward=False)
-        fully_shard(stage, mesh=mesh, reshard_after_forward=False)
+        shard_model(stage, self.context.options.get("auto_wrap"), named=self._named(), mesh=self.mesh.dp_shard_mesh,
+                    reshard_after_forward=False, offload_policy=offload_policy(self.context.options))
         for name, param in stage.named_parameters():
             parent, _, leaf = name.rpartition(".")
             model.get_submodule(parent).register_parameter(leaf, param)
