@@ -7,6 +7,7 @@ import dataclasses
 import re
 import types
 from collections import namedtuple
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,9 @@ from torch import nn
 
 from convoy.train.strategies.fsdp import fsdp_limit
 from convoy.train.strategies.fsdp_outputs import close_output, open_output
+from tests.distributed import run_script
+
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,3 +114,17 @@ def test_fsdp_limit_names_what_fully_shard_cannot_wrap():
     assert fsdp_limit(frozen) is None  # FSDP2 compares the trainable ones only
     with torch.device("meta"):  # checked without memory
         assert fsdp_limit(_Blocks()) is None
+
+
+@pytest.mark.slow
+def test_what_fsdp2_could_not_wrap_or_see_trains_under_bf16_on_two_processes():
+    """A SimpleNamespace output failed zero3's backward ("setStorage: ... storage of size 0") and under zero2
+    left the root's gradients unreduced; a model with scalar parameters crashed in fully_shard, which auto chose."""
+    result = run_script(SCRIPTS / "fsdp_wrapping.py", nproc=2, timeout=180)
+    assert result.returncode == 0, result.output
+    for check in ("ddp namespace", "ddp dataclass", "zero3 namespace", "zero3 dataclass", "zero2 namespace",
+                  "zero2 dataclass", "zero3 scalars refused"):
+        assert sorted(re.findall(rf"rank (\d) {check} OK", result.output)) == ["0", "1"], (check, result.output)
+    assert len(re.findall(r"rank \d auto scalars (ddp|zero1|single) OK", result.output)) == 2, result.output
+    assert "FSDP2 layouts (zero2, zero3) were left out: it cannot shard this model (parameter 'a' is a scalar" in \
+        result.output, result.output

@@ -71,7 +71,7 @@ def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[...
             planner=planner or planner_hook(settings.mixed_precision, device=_measured_here(settings)),
             device_bytes=min(collectives.gather_object(
                 device_memory_bytes(settings.device_type, settings.local_world_size))),
-            model=model if dims is None else None, options=options,  # degrees given: data parallel only
+            model=model, split=dims is None, options=options,  # degrees given: data parallel only
             nodes=_nodes(settings)))
         name = layout.name
         if layout.dims is not None:  # tp/pp chosen: strategy "parallel" builds these degrees
