@@ -16,11 +16,14 @@ How each axis is realised:
   ``loss = model(inputs, target=labels)`` (forward and backward together); ``accelerator.backward(loss)``
   then has nothing left to do and is a no-op.
 - dp: option ``dp_engine`` = ``"fsdp"`` (FSDP2 ``fully_shard`` over the dp mesh: of the whole model, or of
-  each pipeline stage with ``reshard_after_forward=False``), ``"ddp"``, or ``"zero1"`` (DDP +
-  ``ZeroRedundancyOptimizer`` over the dp group). Default: ``"zero1"`` for dp x pp, as the multi-GPU guide
-  recommends, else ``"fsdp"`` (tp makes the weights DTensors, which only FSDP2 takes). ``dp_replicate`` x
-  ``dp_shard`` both > 1 is HSDP (``fully_shard`` on the 2-D dp mesh). ``cpu_offload`` offloads FSDP2's shards
-  as zero3 does (it was ignored). Under mixed precision FSDP2 over the
+  each pipeline stage with ``reshard_after_forward=False``), ``"zero2"`` (the same, keeping the gathered weights
+  from forward to backward for the whole model too), ``"ddp"``, or ``"zero1"`` (DDP + ``ZeroRedundancyOptimizer``
+  over the dp group). Default: ``"zero1"`` for dp x pp, as the multi-GPU guide recommends, else ``"fsdp"`` (tp
+  makes the weights DTensors, which only FSDP2 takes). ``dp_replicate`` x ``dp_shard`` both > 1 is HSDP
+  (``fully_shard`` on the 2-D dp mesh). A data-parallel strategy asked for beside tp/pp degrees
+  (``Accelerator(strategy="zero3", parallelism={"tp": 2})``, ``convoy launch --strategy zero3 --tp 2``) is this
+  strategy with that ``dp_engine`` (``convoy.config.schema.dp_engine_beside``); ``cpu_offload`` offloads the
+  FSDP2 engines' shards as zero3 does. Under mixed precision FSDP2 over the
   whole model gathers 16-bit weights and reduces in fp32 (``MixedPrecisionPolicy``, as zero3 and torchtitan do);
   pipeline stages gather fp32 (their traced dtypes are the model's) and run under autocast.
 
@@ -37,7 +40,7 @@ Gradient accumulation with pp (``accumulate``/``no_sync``): the pipeline scales 
 1 / (micro-batches x accumulation steps) and gradients add up in the stages across calls; the dp reduction
 is not skipped on the accumulating calls (correct, as it is linear, but not saved).
 
-Not supported yet (``NotSupportedYetError``): tp with ``dp_engine`` ddp/zero1 (use fsdp), fp16 with pp.
+Not supported yet (``NotSupportedYetError``): tp with ``dp_engine`` ddp/zero1 (use fsdp or zero2), fp16 with pp.
 """
 
 from __future__ import annotations
@@ -65,7 +68,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["ParallelStrategy", "TensorParallelStrategy", "PipelineParallelStrategy"]
 
-_DP_ENGINES = ("fsdp", "ddp", "zero1")
+_DP_ENGINES = ("fsdp", "zero2", "ddp", "zero1")
+_SHARDED = ("fsdp", "zero2")  # the engines that shard with FSDP2
 _OPTIONS = ("tp_plan", "sequence_parallel", "loss_fn", "dp_engine", "auto_wrap", "pp_schedule",
             "pp_microbatches", "pp_stages_per_rank", "pp_split_at", "pp_layers")
 
@@ -94,12 +98,12 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             # silently divide every gradient by the scale
             raise NotSupportedYetError("mixed_precision='fp16' with pp is not supported yet (its loss scaling "
                                        "cannot reach the pipeline's backward); use 'bf16'")
-        if dims.tp > 1 and dims.dp > 1 and engine != "fsdp":
+        if dims.tp > 1 and dims.dp > 1 and engine not in _SHARDED:
             raise NotSupportedYetError(f"tp with dp_engine={engine!r} is not supported yet; use dp_engine='fsdp'")
-        if dims.dp_replicate > 1 and dims.dp_shard > 1 and engine != "fsdp":
+        if dims.dp_replicate > 1 and dims.dp_shard > 1 and engine not in _SHARDED:
             raise StrategyError(f"dp_replicate x dp_shard (HSDP) needs dp_engine='fsdp', not {engine!r}")
         if dims.dp_replicate == 1 or dims.dp_shard == 1:  # one dp axis: name it by how it is realised
-            rep, shard = (1, dims.dp) if engine == "fsdp" else (dims.dp, 1)
+            rep, shard = (1, dims.dp) if engine in _SHARDED else (dims.dp, 1)
             dims = ParallelDims(dp_replicate=rep, dp_shard=shard, tp=dims.tp, pp=dims.pp)
         self.dims = dims
         self.dp_engine = engine
@@ -119,7 +123,8 @@ class ParallelStrategy(Strategy, SupportsNoSync):
     @property
     def distributed_type(self) -> str:  # type: ignore[override]
         hsdp = self.dims.dp_replicate > 1 and self.dims.dp_shard > 1
-        engines = {"fsdp": "HSDP" if hsdp else "FSDP", "ddp": "DDP", "zero1": "ZERO1"}
+        engines = {"fsdp": "HSDP" if hsdp else "FSDP", "zero2": "HSDP" if hsdp else "FSDP", "ddp": "DDP",
+                   "zero1": "ZERO1"}
         dp = engines[self.dp_engine] if self.dims.dp > 1 else ""
         axes = [dp] + [name.upper() for name in ("tp", "pp") if getattr(self.dims, name) > 1]
         return "+".join(a for a in axes if a) or "NO"
@@ -161,7 +166,8 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             self._origins.record(module, names)
             wrap = None
             if self.dims.dp > 1:
-                wrap = functools.partial(self._shard_stage, module) if self.dp_engine == "fsdp" else self._wrap_stage
+                wrap = (functools.partial(self._shard_stage, module) if self.dp_engine in _SHARDED
+                        else self._wrap_stage)
             config = PipelineConfig.from_options(dict(self.context.options))
             if self.dims.tp > 1 and self.context.options.get("sequence_parallel"):
                 _check_block_boundaries(module, config)
@@ -184,13 +190,14 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         return module
 
     def _data_parallel(self, module: "torch.nn.Module") -> "torch.nn.Module":
-        if self.dp_engine == "fsdp":
+        if self.dp_engine in _SHARDED:
             # as zero3 does (and torchtitan with tp): 16-bit gathered weights under mixed precision, so autocast
-            # keeps no bf16 copy of every fp32 weight until the backward
+            # keeps no bf16 copy of every fp32 weight until the backward; zero2 keeps them from forward to backward
+            resharded = {"reshard_after_forward": False} if self.dp_engine == "zero2" else {}
             mp = mixed_precision_policy(self.context.mixed_precision)
             return shard_model(module, self.context.options.get("auto_wrap"), named=self._named(),
                                mesh=self.mesh.dp_shard_mesh, mp_policy=mp,
-                               offload_policy=offload_policy(self.context.options))
+                               offload_policy=offload_policy(self.context.options), **resharded)
         return self._wrap_stage(module)
 
     def _named(self) -> str:
