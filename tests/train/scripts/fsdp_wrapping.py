@@ -4,7 +4,8 @@
 
 1. Outputs: a model whose blocks and whole forward return a ``types.SimpleNamespace`` or a dataclass trains under
    ddp, zero3 and zero2 to the very weights it reaches returning a tuple (under zero3 the SimpleNamespace failed
-   the backward with "setStorage: ... storage of size 0"). Each rank prints ``<strategy> <kind> OK``.
+   the backward with "setStorage: ... storage of size 0"), and a forward hook of its own sees the object it
+   returns. Each rank prints ``<strategy> <kind> OK``.
 2. Scalar parameters (Accelerate's ``RegressionModel``: ``y = a * x + b``, ``a`` and ``b`` 0-dim): ``auto`` picks
    a layout that wraps it and it learns ``a``, ``b`` (``auto scalars <name> OK``); ``strategy="zero3"`` is one
    ``StrategyError`` at ``prepare`` (``zero3 scalars refused OK``).
@@ -75,6 +76,8 @@ def train(strategy, kind, start):
     acc = Accelerator(strategy=strategy, mixed_precision="bf16", collective_timeout=60)
     model = Net(kind)
     model.load_state_dict(start.state_dict())
+    seen = []  # a hook of the user's, registered before prepare(), sees the object the model returns
+    model.register_forward_hook(lambda _m, _args, out: seen.append(type(out)))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, opt = acc.prepare(model, opt)
     gen = torch.Generator().manual_seed(1)
@@ -88,6 +91,7 @@ def train(strategy, kind, start):
         opt.step()
         opt.zero_grad()
     assert acc.strategy.name == strategy, acc.strategy.name
+    assert set(seen) == {type(out)}, (seen, type(out))
     return acc.strategy.full_model_state_dict(model)
 
 

@@ -27,7 +27,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.train.strategies.base import ParameterOrigins, Strategy, SupportsNoSync
-from convoy.train.strategies.fsdp_outputs import expose_outputs
+from convoy.train.strategies.fsdp_outputs import fully_shard_exposed
 
 __all__ = ["Zero2Strategy", "Zero3Strategy", "FSDPStrategy", "fsdp_limit", "shard_model"]
 
@@ -159,18 +159,15 @@ def fsdp_limit(module: "torch.nn.Module", classes: Any = None) -> str | None:
 
 def shard_model(module: "torch.nn.Module", classes: Any, *, named: str, **kwargs: Any) -> "torch.nn.Module":
     """``fully_shard`` the units of ``module`` (``shard_units(module, classes)``) and then ``module`` with
-    ``kwargs``, its outputs opened for FSDP2's hooks (``expose_outputs``); a model FSDP2 cannot shard
+    ``kwargs``, their outputs opened for FSDP2's hooks (``fully_shard_exposed``); a model FSDP2 cannot shard
     (``fsdp_limit``) is one ``StrategyError`` naming ``named`` (the strategy asked for) and what runs it instead."""
-    from torch.distributed.fsdp import fully_shard
-
     why = fsdp_limit(module, classes)
     if why is not None:
         fix = " (a scalar can become a 1-element tensor, torch.tensor([v]))" if "scalar" in why else ""
         raise StrategyError(f"{named} shards the model with FSDP2, which cannot shard it: {why}; use strategy "
                             f"'ddp' or 'zero1', or change the parameter{fix}")
     for unit in [*shard_units(module, classes), module]:
-        fully_shard(unit, **kwargs)
-        expose_outputs(unit)
+        fully_shard_exposed(unit, **kwargs)
     return module
 
 

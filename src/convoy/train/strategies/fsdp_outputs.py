@@ -1,8 +1,7 @@
 """Forward outputs FSDP2 can see into: the tensors in a ``types.SimpleNamespace``, a dataclass or another plain
 object that a model returns, which FSDP2's hooks would not find.
 
-    fully_shard(module, mesh=mesh)
-    expose_outputs(module)        # after fully_shard: model(x).loss.backward() works for any of these outputs
+    fully_shard_exposed(module, mesh=mesh)   # fully_shard, and model(x).loss.backward() works for any such output
 
 FSDP2 (``fully_shard``) hooks the backward of a sharded module through its output: its post-forward hook
 (``FSDPState._post_forward`` -> ``_register_pre_backward_hook`` in ``torch/distributed/fsdp/_fully_shard/
@@ -14,9 +13,10 @@ again for the backward: resharded after forward (zero3) they fail it with "setSt
 storage of size 0"; kept (zero2), the root's final callback, queued by that hook, never runs and its gradients are
 not reduced when the inputs need none.
 
-convoy opens such an output for FSDP2's hook and closes it after: a forward hook put before FSDP2's
-(``prepend=True``) turns each object holding tensors into a plain tuple every torch walks (the object, kept
-opaque, and its attribute values), and one put after it gives the same object back, whose tensors are now hooked.
+convoy opens such an output for FSDP2's hook and closes it after: a forward hook registered just before
+``fully_shard`` registers FSDP2's (so after the user's own hooks) turns each object holding tensors into a plain
+tuple every torch walks (the object, kept opaque, and its attribute values), and one registered just after gives
+the same object back, whose tensors are now hooked.
 No pytree node is registered, so nothing changes for other code; DDP needs none of this (its hooks are on the
 parameters).
 """
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["expose_outputs", "open_output", "close_output"]
+__all__ = ["fully_shard_exposed", "open_output", "close_output"]
 
 _MAX_DEPTH = 32
 
@@ -61,7 +61,7 @@ def _fields(x: Any) -> dict[str, Any] | None:
     if isinstance(x, types.SimpleNamespace) or type(x).__module__ != "builtins":
         try:
             return dict(vars(x))
-        except TypeError:  # __slots__ only: not opened (see expose_outputs)
+        except TypeError:  # __slots__ only: not opened (see fully_shard_exposed)
             return None
     return None
 
@@ -134,9 +134,20 @@ def close_output(x: Any) -> Any:
     return x
 
 
-def expose_outputs(module: torch.nn.Module) -> None:
-    """Around the FSDP2 post-forward hook of ``module`` (call right after ``fully_shard(module)``): open its
-    output before that hook, close it after. Objects with ``__slots__`` only are not opened (a model returning one
-    under FSDP2 still fails in its backward)."""
-    module.register_forward_hook(lambda _m, _args, out: open_output(out), prepend=True)
-    module.register_forward_hook(lambda _m, _args, out: close_output(out))
+def fully_shard_exposed(module: torch.nn.Module, **kwargs: Any) -> None:
+    """``fully_shard(module, **kwargs)`` with its outputs opened for FSDP2's post-forward hook and closed after it
+    (hooks the user registered before see the object, as they did). Objects with ``__slots__`` only are not opened
+    (a model returning one under FSDP2 still fails in its backward)."""
+    from torch.distributed.fsdp import fully_shard
+
+    module.register_forward_hook(_open_hook)  # FSDP2 registers its post-forward hook next, after this one
+    fully_shard(module, **kwargs)
+    module.register_forward_hook(_close_hook)
+
+
+def _open_hook(_module: Any, _args: Any, out: Any) -> Any:
+    return out if isinstance(out, torch.Tensor) else open_output(out)  # a tensor: nothing to walk (most blocks)
+
+
+def _close_hook(_module: Any, _args: Any, out: Any) -> Any:
+    return out if isinstance(out, torch.Tensor) else close_output(out)
