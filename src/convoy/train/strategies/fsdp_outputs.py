@@ -8,17 +8,16 @@ FSDP2 (``fully_shard``) hooks the backward of a sharded module through its outpu
 _fsdp_state.py``) registers ``_pre_backward`` on each output tensor that requires grad. It finds them by walking
 the output: torch 2.13 with ``collect_grad_tensors`` (tuples, lists, dicts, namedtuples and dataclasses), earlier
 releases with ``torch.utils._pytree.tree_flatten`` (the same but registered types instead of dataclasses: a plain
-dataclass is a leaf). Neither opens a ``SimpleNamespace``. A tensor it misses gets no hook, so nothing gathers the module's weights
-again for the backward: resharded after forward (zero3) they fail it with "setStorage: ... out of bounds for
-storage of size 0"; kept (zero2), the root's final callback, queued by that hook, never runs and its gradients are
-not reduced when the inputs need none.
+dataclass is a leaf). Neither opens a ``SimpleNamespace``. A tensor it misses gets no hook, so nothing gathers
+the module's weights again for the backward: resharded after forward (zero3) they fail it with "setStorage: ...
+out of bounds for storage of size 0"; kept (zero2), the root's final callback, queued by that hook, never runs
+and its gradients are not reduced when the inputs need none.
 
 convoy opens such an output for FSDP2's hook and closes it after: a forward hook registered just before
 ``fully_shard`` registers FSDP2's (so after the user's own hooks) turns each object holding tensors into a plain
 tuple every torch walks (the object, kept opaque, and its attribute values), and one registered just after gives
-the same object back, whose tensors are now hooked.
-No pytree node is registered, so nothing changes for other code; DDP needs none of this (its hooks are on the
-parameters).
+the same object back, whose tensors are now hooked. No pytree node is registered, so nothing changes for other
+code; DDP needs none of this (its hooks are on the parameters).
 """
 
 from __future__ import annotations
