@@ -12,7 +12,8 @@ flags and the environment are strings and are converted by the key's type. A wro
 Numbers are ASCII digits only (``²`` and ``٣`` are refused though Python's ``int()`` reads them), whole
 numbers have at most 12 digits, and seconds must be finite. This module is also the one source of the
 choices the launcher and the trainer share: ``MIXED_PRECISIONS``, ``DEFAULT_COLLECTIVE_TIMEOUT`` and
-``BUILTIN_STRATEGIES`` (``convoy launch`` refuses other values in the parent, before any rank starts).
+``BUILTIN_STRATEGIES`` (``convoy launch`` refuses other values in the parent, before any rank starts), and how a
+data-parallel strategy runs beside tp/pp degrees (``dp_engine_beside``: ``--strategy zero3 --tp 2``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from typing import Any, Callable
 from convoy.errors import ConfigError
 
 __all__ = ["Key", "SCHEMA", "KEYS", "key_for", "closest_key", "ENV_PREFIX", "MixedPrecision", "MIXED_PRECISIONS",
-           "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "show", "parse_whole", "is_whole", "is_host"]
+           "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "DP_ENGINES", "dp_engine_beside", "show", "parse_whole",
+           "is_whole", "is_host"]
 
 ENV_PREFIX = "CONVOY_"
 
@@ -72,6 +74,46 @@ DEFAULT_COLLECTIVE_TIMEOUT = 300.0
 #: strategy names convoy ships (``convoy.train.strategies``); a strategy a
 #: script registers itself (``register_strategy``) is chosen in that script, ``Accelerator(strategy=...)``.
 BUILTIN_STRATEGIES = ("auto", "single", "dp", "ddp", "zero1", "zero2", "zero3", "fsdp", "parallel", "tp", "pp")
+#: the ``dp_engine`` (of strategy "parallel") that runs each data-parallel strategy over dp beside tp/pp degrees:
+#: FSDP2 resharding after forward (zero3, fsdp) or keeping the gathered weights until the backward (zero2), DDP,
+#: or DDP with ``ZeroRedundancyOptimizer`` (zero1)
+DP_ENGINES = {"zero3": "fsdp", "fsdp": "fsdp", "zero2": "zero2", "ddp": "ddp", "zero1": "zero1"}
+#: the strategies that read the degrees themselves
+_TAKE_DEGREES = ("auto", "parallel", "tp", "pp")
+
+
+def dp_engine_beside(strategy: str, dims: Any, *, said: str | None = None) -> str | None:
+    """How strategy ``strategy`` runs at degrees ``dims`` (a ``convoy.plan.dims.ParallelDims``; None: none given):
+    the ``dp_engine`` of strategy "parallel" when a data-parallel strategy is asked for beside tp or pp (or HSDP's
+    dp_replicate x dp_shard), so ``--strategy zero3 --tp 2`` runs FSDP2 over dp with tensor parallelism inside;
+    None when the strategy runs as named (no such degrees, a strategy that reads them itself, or one a script
+    registers). A pair the trainer cannot run is one error, whatever the world size: ``StrategyError`` for
+    single and dp (one replica of the whole model per process, or per machine), ``NotSupportedYetError`` for
+    ddp and zero1 with tp or HSDP. ``said``: how the message names the strategy (default ``strategy='ddp'``).
+
+        dp_engine_beside("zero3", ParallelDims(tp=2))     # "fsdp"
+        dp_engine_beside("zero1", ParallelDims(pp=2))     # "zero1"
+        dp_engine_beside("ddp", ParallelDims(tp=2))       # NotSupportedYetError
+    """
+    from convoy.errors import NotSupportedYetError, StrategyError
+
+    hsdp = dims is not None and dims.dp_replicate > 1 and dims.dp_shard > 1
+    if dims is None or strategy in _TAKE_DEGREES or (dims.tp == 1 and dims.pp == 1 and not hsdp):
+        return None
+    named = said or f"strategy={strategy!r}"
+    split = ", ".join(f"{axis}={getattr(dims, axis)}" for axis in ("tp", "pp") if getattr(dims, axis) > 1)
+    split = split or f"dp_replicate={dims.dp_replicate} x dp_shard={dims.dp_shard} (HSDP)"
+    if strategy in ("single", "dp"):
+        raise StrategyError(f"{named} runs the whole model in one process, not split by {split}; use strategy "
+                            f"'parallel' (or a data-parallel strategy: 'zero3', 'ddp', ...) with these degrees")
+    if strategy not in DP_ENGINES:
+        return None  # a strategy the script registers reads the degrees itself
+    if strategy in ("ddp", "zero1") and (dims.tp > 1 or hsdp):
+        why = ("tensor parallelism makes the weights DTensors, which DDP and ZeroRedundancyOptimizer do not take"
+               if dims.tp > 1 else "HSDP shards each replica, which only FSDP2 does")
+        raise NotSupportedYetError(f"{named} with {split} is not supported yet: {why}; use strategy 'zero3' "
+                                   f"(FSDP2 over dp) or 'zero2'")
+    return DP_ENGINES[strategy]
 
 
 def show(value: Any) -> str:

@@ -28,7 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Collection, Mapping
 
-from convoy.config.schema import BUILTIN_STRATEGIES, DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS, parse_whole
+from convoy.config.schema import (BUILTIN_STRATEGIES, DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS,
+                                  dp_engine_beside, parse_whole)
 from convoy.errors import ConfigError
 
 __all__ = [
@@ -205,8 +206,10 @@ class ConvoyEnv:
 
 
 def check_launch_settings(settings: ConvoyEnv, *, said: Callable[[str, object], str] | None = None) -> None:
-    """What the launcher refuses beyond each value's syntax: a strategy that is not convoy's own. A rank
-    would look it up in a registry that only the training script fills (``register_strategy``).
+    """What the launcher refuses beyond each value's syntax: a strategy that is not convoy's own (a rank
+    would look it up in a registry that only the training script fills, ``register_strategy``), and a strategy
+    that cannot run beside the degrees asked for (``convoy.config.schema.dp_engine_beside``: ``--strategy ddp
+    --tp 2``), as every rank would refuse them.
 
     ``said(name, value)``: how the message names the setting (``LaunchRequest.said``: the flag, the
     ``CONVOY_*`` variable or the settings file it came from); default: its flag."""
@@ -217,6 +220,12 @@ def check_launch_settings(settings: ConvoyEnv, *, said: Callable[[str, object], 
         raise ConfigError(f"{named} is not one of convoy's strategies "
                           f"({', '.join(BUILTIN_STRATEGIES)}); a strategy your script registers itself is "
                           f"chosen in the script, Accelerator(strategy=...)")
+    if settings.strategy is not None and settings.parallelism is not None:
+        from convoy.config.settings import said as as_flag
+        from convoy.plan.dims import ParallelDims
+
+        named = (said or (lambda name, value: as_flag({}, name, value)))("strategy", repr(settings.strategy))
+        dp_engine_beside(settings.strategy, ParallelDims.parse(settings.parallelism), said=named)
 
 
 def convoy_env(settings: ConvoyEnv) -> dict[str, str]:

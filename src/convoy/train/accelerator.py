@@ -40,7 +40,7 @@ from convoy.train.process_state import AcceleratorState, DistributedType, Gradie
 from convoy.train.settings import resolve_settings
 from convoy.train.state_hooks import StateHooks
 from convoy.train.strategies.base import Strategy, SupportsNoSync
-from convoy.train.strategies.build import build_strategy, declared_distributed_type, start_job
+from convoy.train.strategies.build import build_strategy, declared_distributed_type, named_layout, start_job
 from convoy.train.wrappers import PreparedOptimizer, PreparedScheduler, autocast_forward
 
 __all__ = ["Accelerator", "ProjectConfiguration", "DataLoaderConfiguration"]
@@ -124,8 +124,11 @@ class Accelerator:
             num_steps=self.settings.gradient_accumulation_steps)
         self._accumulation_steps = self.gradient_accumulation_plugin.num_steps
         self._handlers = handlers
-        check_arguments(strategy=self.settings.strategy, strategy_options=strategy_options or {},  # fail early
-                        dataloader_config=dataloader_config, project_config=project_config)
+        # fail early: a data-parallel strategy beside tp/pp degrees runs as strategy "parallel" (named_layout),
+        # whose options (loss_fn, pp_schedule, ...) the script's are checked against
+        built, _ = named_layout(self.settings)
+        check_arguments(strategy=built, strategy_options=strategy_options or {}, dataloader_config=dataloader_config,
+                        project_config=project_config)
         config = dataloader_config or DataLoaderConfiguration()
         self.dataloader_config = dataclasses.replace(  # the constructor's old arguments win, as in Accelerate
             config, split_batches=bool(config.split_batches if split_batches is None else split_batches),

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 import torch
 
-from convoy.config.schema import KEYS, MIXED_PRECISIONS, MixedPrecision, show
+from convoy.config.schema import KEYS, MIXED_PRECISIONS, MixedPrecision, dp_engine_beside, show
 from convoy.errors import ConfigError
 from convoy.launch.env import (SETTING_NAMES, ConvoyEnv, RankEnv, read_convoy_env, read_debug_mode,
                                read_rank_env)
@@ -115,15 +115,18 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
     unset = [name for name in SETTING_NAMES if getattr(from_env, name) is None and name not in given]
     from_files = read_convoy_env(file_settings_env(env), skip=set(SETTING_NAMES) - set(unset))
     launched = replace(from_env, **{name: getattr(from_files, name) for name in unset})
-    dims = given["parallelism"] if "parallelism" in given else launched.parallelism
+    dims = _parallel_dims(given["parallelism"] if "parallelism" in given else launched.parallelism,
+                          ranks.world_size)
+    strategy = _setting("strategy", given, launched)
+    dp_engine_beside(strategy, dims)  # a strategy that cannot run beside these degrees: one line, as the launcher
     return TrainSettings(
         **{f.name: getattr(ranks, f.name) for f in fields(RankEnv)},
         device_type="cpu" if cpu else _device_type(),
         mixed_precision=_setting("mixed_precision", given, launched),
-        strategy=_setting("strategy", given, launched),
+        strategy=strategy,
         gradient_accumulation_steps=_setting("gradient_accumulation_steps", given, launched),
         collective_timeout_s=_setting("collective_timeout", given, launched),
-        parallel_dims=_parallel_dims(dims, ranks.world_size), options={**(defaults or {}), **(options or {})},
+        parallel_dims=dims, options={**(defaults or {}), **(options or {})},
         backend=given.get("backend"), debug=read_debug_mode(env),
     )
 

@@ -53,9 +53,12 @@ def test_pp2_every_schedule_matches_one_process():
 def test_dp2_tp2_and_dp2_pp2_through_the_accelerator_match_one_process():
     # dp x tp from the launcher's variable; dp x pp with ZeRO-1 (the default) and with FSDP2 per stage; and
     # gradient accumulation (accumulate(), 2 micro-steps per reference step) through pipelines of both kinds
-    # and the pipeline's loop, model(x, target=y), with no pipeline to build (pp=1): auto keeps it working
+    # and the pipeline's loop, model(x, target=y), with no pipeline to build (pp=1): auto keeps it working.
+    # A data-parallel strategy named beside degrees runs them with its own dp engine (it was built over all
+    # ranks, the degrees dropped): docs/choosing-a-strategy.md's `convoy launch --strategy zero3 --tp 2`
+    # (CONVOY_STRATEGY and CONVOY_PARALLELISM), zero2 beside tp, ddp beside pp
     layouts = ["env:dp=2,tp=2", "dp=2,pp=2", "dp=2,pp=2:fsdp:interleaved_1f1b:accumulate2", "dp=2,pp=2:::accumulate2",
-               "dp=4,target::::accumulate2"]
+               "dp=4,target::::accumulate2", "env:strategy=zero3,tp=2", "strategy=zero2,tp=2", "strategy=ddp,pp=2"]
     result = run_script(SCRIPTS / "layout_parity.py", nproc=4, args=layouts, timeout=180)
     assert result.returncode == 0, result.output
     ok = _ok_lines(result.output)
@@ -64,6 +67,9 @@ def test_dp2_tp2_and_dp2_pp2_through_the_accelerator_match_one_process():
     assert sum("dp=2,pp=2:fsdp:interleaved_1f1b:accumulate2 (FSDP+PP)" in line for line in ok) == 4, result.output
     assert sum("dp=2,pp=2:::accumulate2 (ZERO1+PP)" in line for line in ok) == 4, result.output
     assert sum("dp=4,target::::accumulate2 (DDP)" in line for line in ok) == 4, result.output
+    assert sum("env:strategy=zero3,tp=2 (FSDP+TP) dp " in line for line in ok) == 4, result.output
+    assert sum("strategy=zero2,tp=2 (FSDP+TP) dp " in line for line in ok) == 4, result.output
+    assert sum("strategy=ddp,pp=2 (DDP+PP) dp " in line for line in ok) == 4, result.output
     assert "strategy=auto chose parallel (dp=4,tp=1,pp=1)" in result.output, result.output
 
 

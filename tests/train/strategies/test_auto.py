@@ -9,8 +9,10 @@ import torch
 import convoy.plan.candidates
 from convoy.plan.calibration import DATASHEET_MODEL
 from convoy.errors import StrategyError
+from convoy.plan.dims import ParallelDims
 from convoy.train.strategies.auto import (AutoLayout, auto_strategy, choose_strategy, dp_engine_for, planner_hook,
-                                          pp_degrees, runs_in_trainer, tp_degrees)
+                                          layout_shards_with_fsdp, pp_degrees, runs_in_trainer,
+                                          shards_with_fsdp, tp_degrees)
 from tests.distributed import run_script
 from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, lm_loss
 
@@ -459,3 +461,60 @@ def test_on_several_machines_auto_keeps_tp_inside_one():
     assert _nodes(TrainSettings(world_size=16, local_world_size=4)) == 4
     assert _nodes(TrainSettings(world_size=6, local_world_size=4)) == 1
     assert _nodes(TrainSettings()) == 1
+
+
+# --- never a layout the model cannot be wrapped in (issue 24, item 4) ------------------------------------------
+
+class Scalars(torch.nn.Module):
+    """Accelerate's RegressionModel (y = a * x + b with 0-dim a, b), which fully_shard refuses."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.tensor(2.0))
+        self.b = torch.nn.Parameter(torch.tensor(3.0))
+        self.body = torch.nn.Linear(512, 512)  # 262,656 parameters: bf16 got zero3 for the issue's 268K model
+
+
+def test_a_model_fsdp2_cannot_wrap_never_gets_an_fsdp2_layout():
+    model = Scalars()
+    for precision in ("bf16", "no"):
+        layout = choose_strategy(world_size=2, num_parameters=count(model), device_bytes=12 * GIB,
+                                 planner=planner_hook(precision), model=model)
+        assert layout.name in ("ddp", "zero1"), layout
+        assert "FSDP2 layouts (zero2, zero3) were left out: it cannot shard this model (parameter 'a' is a " \
+               "scalar (0-dim)" in layout.reason
+    # too big for one device: the rule shards what it can (optimizer state), not zero3
+    layout = choose_strategy(world_size=2, num_parameters=10**12, device_bytes=GIB, planner=planner_hook("no"),
+                             model=model)
+    assert layout.name == "zero1" and "FSDP2 cannot shard it (parameter 'a' is a scalar" in layout.reason
+
+
+def test_the_planners_filter_leaves_out_every_layout_the_trainer_shards_with_fsdp2():
+    # 6e9 fp32 on 4 x 80 GiB: zero2/zero3 fit, nothing else does; without them the planner declines
+    assert auto_strategy(num_parameters=6 * 10**9, world_size=4, device_bytes=80 * GIB).name in ("zero2", "zero3")
+    assert auto_strategy(num_parameters=6 * 10**9, world_size=4, device_bytes=80 * GIB, fsdp_limit="why") is None
+    # a tp layout beside dp is FSDP2 too (bf16 on 8 x 20 GiB chose dp=4 x tp=2 when this was written)
+    model = meta_gpt()
+    chosen = {}
+    for gib in (16, 20, 24, 40):
+        for limit in (None, "why"):
+            chosen[gib, limit] = auto_strategy(num_parameters=count(model), world_size=8, device_bytes=gib * GIB,
+                                               precision="bf16", model=model, tp_degrees=(2, 4, 8), fsdp_limit=limit)
+    assert any(layout_shards_with_fsdp(chosen[gib, None]) for gib in (16, 20, 24, 40)), chosen
+    assert not any(chosen[gib, "why"] and layout_shards_with_fsdp(chosen[gib, "why"]) for gib in (16, 20, 24, 40))
+
+
+@pytest.mark.parametrize("strategy, dims, fsdp", [
+    ("zero3", ParallelDims(dp_replicate=2), True), ("zero2", ParallelDims(), True), ("ddp", ParallelDims(), False),
+    ("zero1", ParallelDims(dp_replicate=2), False), ("zero3", ParallelDims(dp_replicate=2, tp=2), True),
+    ("zero3", ParallelDims(tp=2), False), ("ddp", ParallelDims(dp_replicate=2, pp=2), False),
+    ("zero1", ParallelDims(dp_replicate=2, tp=2, pp=2), True),  # 3D: FSDP2 per stage
+])
+def test_shards_with_fsdp_follows_how_the_trainer_runs_each_candidate(strategy, dims, fsdp):
+    assert shards_with_fsdp(strategy, dims) is fsdp
+
+
+def test_a_planner_of_the_users_that_picks_fsdp2_for_such_a_model_is_not_followed():
+    layout = choose_strategy(world_size=2, num_parameters=10, device_bytes=GIB, model=Scalars(),
+                             planner=lambda **_: ("zero3", "mine"))
+    assert layout.name == "ddp" and "left out" in layout.reason

@@ -76,3 +76,74 @@ def test_sequence_parallel_pipelines_start_stages_only_between_blocks():
     _check_block_boundaries(model, PipelineConfig())  # the default even cut of the layer list: fine
     with pytest.raises(StrategyError, match="pp_split_at 'lm_head' with sequence_parallel: .*'layers.1'"):
         _check_block_boundaries(model, PipelineConfig(split_at=("lm_head",)))
+
+
+# --- a data-parallel strategy named beside degrees (issue 24, item 7) -------------------------------------------
+
+def _named(strategy: str, parallelism: str, world: int = 4, **options):
+    from convoy.train.strategies.build import named_layout
+
+    settings = resolve_settings(explicit={"strategy": strategy, "parallelism": parallelism},
+                                env={"WORLD_SIZE": str(world)}, cpu=True, options=options)
+    return named_layout(settings)
+
+
+@pytest.mark.parametrize("strategy, parallelism, engine", [
+    ("zero3", "tp=2", "fsdp"), ("fsdp", "tp=2", "fsdp"), ("zero2", "tp=2", "zero2"),  # the guide's case-3 recipe
+    ("zero1", "pp=2", "zero1"), ("ddp", "pp=2", "ddp"), ("zero3", "pp=2", "fsdp"),
+    ("zero3", "dp_replicate=2,dp_shard=2", "fsdp"),  # HSDP, which plain zero3 would run as FSDP over all ranks
+])
+def test_a_data_parallel_strategy_beside_degrees_builds_them_with_its_engine(strategy, parallelism, engine):
+    """It built the named strategy over every rank and dropped the degrees without a word."""
+    name, options = _named(strategy, parallelism)
+    assert (name, options["dp_engine"]) == ("parallel", engine)
+    built = create_strategy(name, StrategyContext(world_size=4, local_world_size=4,
+                                                  parallel_dims=ParallelDims.parse(parallelism, world_size=4),
+                                                  options=options))
+    assert built.dp_engine == engine and built.dims.world_size == 4
+    if engine in ("fsdp", "zero2") and built.dims.tp > 1:
+        assert built.dims.dp_shard == 2 and built.distributed_type == "FSDP+TP"
+
+
+def test_degrees_of_data_parallelism_alone_keep_the_named_strategy():
+    assert _named("zero3", "dp=4") == ("zero3", {})
+    assert _named("auto", "tp=2")[0] == "parallel"
+    assert _named("auto", "dp_replicate=2,dp_shard=2")[0] == "parallel"  # auto compared plain dp, dropping HSDP
+
+
+@pytest.mark.parametrize("strategy, parallelism, error, text", [
+    ("ddp", "tp=2", NotSupportedYetError, "strategy='ddp' with tp=2 is not supported yet: .*DTensors.*'zero3'"),
+    ("zero1", "tp=2,pp=2", NotSupportedYetError, "strategy='zero1' with tp=2, pp=2 is not supported yet"),
+    ("ddp", "dp_replicate=2,dp_shard=2", NotSupportedYetError, "HSDP shards each replica, which only FSDP2 does"),
+    ("single", "pp=2", StrategyError, "runs the whole model in one process, not split by pp=2; use strategy 'parallel'"),
+    ("dp", "tp=2", StrategyError, "strategy='dp' runs the whole model in one process"),
+])
+def test_a_strategy_that_cannot_run_beside_the_degrees_is_one_line(strategy, parallelism, error, text):
+    """Refused as the settings are resolved (Accelerator(), PartialState()), as the launcher refuses them."""
+    with pytest.raises(error, match=text):
+        _named(strategy, parallelism)
+
+
+def test_the_named_strategys_options_must_be_read_by_the_layout_it_runs_as():
+    from convoy.train.strategies.build import named_layout
+
+    assert _named("zero3", "tp=2", cpu_offload=True)[1] == {"cpu_offload": True, "dp_engine": "fsdp"}
+    # a pipeline's options with a data-parallel strategy beside pp: strategy "parallel" reads them
+    assert _named("zero1", "pp=2", loss_fn=len)[1]["loss_fn"] is len
+    with pytest.raises(StrategyError, match="'bucket_cap_mb' is not read when strategy='ddp' runs beside pp=2"):
+        _named("ddp", "pp=2", bucket_cap_mb=5)
+    settings = StrategyContext(world_size=4, local_world_size=4, strategy="zero1",
+                               parallel_dims=ParallelDims(dp_replicate=2, pp=2), options={"dp_engine": "fsdp"})
+    with pytest.raises(StrategyError, match="runs with dp_engine='zero1', not 'fsdp'"):
+        named_layout(settings)
+
+
+def test_the_launcher_refuses_what_a_rank_would():
+    from convoy.launch.env import ConvoyEnv, check_launch_settings
+
+    check_launch_settings(ConvoyEnv(strategy="zero3", parallelism="tp=2"))
+    check_launch_settings(ConvoyEnv(strategy="zero1", parallelism="pp=2"))
+    with pytest.raises(NotSupportedYetError, match="--strategy 'ddp' with tp=2 is not supported yet"):
+        check_launch_settings(ConvoyEnv(strategy="ddp", parallelism="tp=2"))
+    with pytest.raises(StrategyError, match="--strategy 'single' runs the whole model in one process"):
+        check_launch_settings(ConvoyEnv(strategy="single", parallelism="pp=2"))

@@ -23,6 +23,9 @@ where the model can be inspected:
   whose attention head counts are known and divisible. A model whose heads are unknown gets no tp.
 - pp degrees: only when ``options`` has ``loss_fn``, the signal of a loop that trains with
   ``loss = model(x, target=y)``; then only pipeline layouts are compared (that loop runs only under pp).
+- FSDP2: never for a model ``fully_shard`` cannot wrap (``convoy.train.strategies.fsdp.fsdp_limit``: a scalar
+  parameter, as in Accelerate's ``RegressionModel``, a non-contiguous one, two dtypes in one shard unit); the
+  layouts it would shard (zero2, zero3, and tp or pp beside dp through FSDP2) are left out, and the reason says so.
 
 On a GPU the Accelerator's rank 0 plans for its own device (``planner_hook(..., device="cuda:0")``): when the
 model's shape is read (tp or pp may be proposed), step times use the GPU's table row and the rates measured on
@@ -50,7 +53,7 @@ from convoy.plan.memory import RunSpec
 from convoy.plan.model import ModelSpec, resolve_model
 
 __all__ = ["AutoLayout", "TRAINER_STRATEGIES", "choose_strategy", "planner_hook", "auto_strategy", "runs_in_trainer",
-           "trainer_precision", "measured_device",
+           "trainer_precision", "measured_device", "shards_with_fsdp", "layout_shards_with_fsdp", "model_fsdp_limit",
            "dp_engine_for", "training_bytes", "device_memory_bytes", "tp_degrees", "pp_degrees", "model_head_counts"]
 
 # fp32 weights (4) + gradients (4) + Adam's two moments (8); activations come on top, hence the headroom.
@@ -114,6 +117,42 @@ def dp_engine_for(strategy: str, dims: ParallelDims) -> str | None:
     if dims.tp > 1:
         return "fsdp"  # DTensor weights: FSDP2 (for dp x tp x pp, per pipeline stage)
     return _DP_ENGINE.get(strategy, "ddp")
+
+
+#: the strategies the trainer runs with FSDP2's ``fully_shard`` (with data parallelism alone)
+_FSDP_STRATEGIES = ("zero2", "zero3", "fsdp", "hsdp")
+
+
+def shards_with_fsdp(strategy: str, dims: ParallelDims) -> bool:
+    """True when the trainer runs the planner's ``strategy`` at ``dims`` with FSDP2 (``fully_shard``): zero2,
+    zero3/fsdp with data parallelism alone (on any number of processes), and strategy "parallel" whose
+    ``dp_engine_for`` is FSDP2 with dp > 1."""
+    if dims.is_trivial:
+        return strategy in _FSDP_STRATEGIES
+    return dims.dp > 1 and dp_engine_for(strategy, dims) == "fsdp"
+
+
+def layout_shards_with_fsdp(layout: AutoLayout) -> bool:
+    """``shards_with_fsdp`` for an answer: a data-parallel name, or strategy "parallel" with its ``dp_engine``."""
+    if layout.dims is None:
+        return layout.name in _FSDP_STRATEGIES
+    d = layout.dims
+    engine = layout.dp_engine or ("zero1" if d.pp > 1 and d.tp == 1 else "fsdp")  # ParallelStrategy's default
+    return d.dp > 1 and engine in ("fsdp", "zero2")
+
+
+def _left_out(fsdp_limit: str) -> str:
+    return f"FSDP2 layouts (zero2, zero3) were left out: it cannot shard this model ({fsdp_limit})."
+
+
+def model_fsdp_limit(model: Any, options: Mapping[str, Any]) -> str | None:
+    """Why FSDP2 cannot wrap ``model`` as the trainer would shard it (``fsdp_limit``); None when it can or
+    ``model`` is no module (a config, a parameter count)."""
+    if not isinstance(model, torch.nn.Module):
+        return None
+    from convoy.train.strategies.fsdp import fsdp_limit
+
+    return fsdp_limit(model, options.get("auto_wrap"))
 
 
 def training_bytes(num_parameters: int) -> int:
@@ -203,7 +242,7 @@ def pp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tu
 def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, precision: str = "fp32",
                   model: Any = None, tp_degrees: Collection[int] = (), pp_degrees: Collection[int] = (),
                   pipeline: bool = False, mixed_precision: str | None = None, device: str | None = None,
-                  **kwargs: Any) -> AutoLayout | None:
+                  fsdp_limit: str | None = None, **kwargs: Any) -> AutoLayout | None:
     """The ``planner`` hook of ``choose_strategy``: the ``AutoLayout`` to build, or None when
     no layout the trainer runs fits (the caller's own rule then answers).
 
@@ -216,6 +255,8 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
     ``device`` (``"cuda:0"``: the device this process trains on): when the model's shape is read, the plan
     uses that GPU's table row (links, peak FLOPs) and rates measured on it at the model's shapes
     (``convoy.plan.calibrate``, cached per device and torch version, so measured once), and says so.
+    ``fsdp_limit`` (why FSDP2 cannot wrap the model, ``convoy.train.strategies.fsdp.fsdp_limit``): the layouts
+    the trainer shards with FSDP2 are left out, and the reason says why.
     """
     tp_degrees = tuple(t for t in tp_degrees if t > 1)
     pp_degrees = tuple(p for p in pp_degrees if p > 1)
@@ -226,7 +267,8 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
     def keep(cand: Candidate) -> bool:
         d = cand.layout.dims
         return (runs_in_trainer(cand) and (d.pp > 1 or not require_pp)
-                and (d.tp == 1 or d.tp in tp_degrees) and (d.pp == 1 or d.pp in pp_degrees))
+                and (d.tp == 1 or d.tp in tp_degrees) and (d.pp == 1 or d.pp in pp_degrees)
+                and not (fsdp_limit and shards_with_fsdp(cand.strategy, d)))
 
     if mixed_precision in ("bf16", "fp16"):
         precision = f"{mixed_precision}-autocast"
@@ -251,6 +293,8 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
     assert rec.row is not None and dims is not None  # recommend_for_module raises when nothing fits
     reason = rec.reasons[0]
     timed = f" Step times: {timed}." if timed else ""
+    if fsdp_limit and world_size > 1:
+        timed += f" {_left_out(fsdp_limit)}"
     if dims.is_trivial:
         return AutoLayout(name=rec.strategy or "single", reason=reason + timed)
     if pipeline and dims.pp > 1:
@@ -328,16 +372,23 @@ def _ask(planner: Planner, **kwargs: Any) -> AutoLayout | None:
 
 
 def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int, planner: Planner | None = None,
-                    model: Any = None, options: Mapping[str, Any] | None = None, nodes: int = 1) -> AutoLayout:
+                    model: Any = None, options: Mapping[str, Any] | None = None, nodes: int = 1,
+                    split: bool = True) -> AutoLayout:
     """The layout ``"auto"`` stands for, and one line saying why. Pure (given ``planner``).
 
     ``model`` and ``options`` (the ``strategy_options``) decide which tp and pp degrees the planner may
-    propose (see the module docstring); without ``model`` only data-parallel strategies are compared.
-    ``nodes``: the machines the ``world_size`` processes run on, evenly (the planner keeps tp inside one and
-    costs collectives that cross them on the network); given to the planner when above 1.
+    propose (see the module docstring; ``split=False``: none, as the job gave its degrees); without ``model``
+    only data-parallel strategies are compared. A ``model`` FSDP2 cannot wrap (``model_fsdp_limit``) never gets
+    an FSDP2 layout, whoever proposes it (the planner's candidates are filtered; a ``planner`` of the user's that
+    answers one is not followed). ``nodes``: the machines the ``world_size`` processes run on, evenly (the
+    planner keeps tp inside one and costs collectives that cross them on the network); given to the planner when
+    above 1.
     """
+    options = options or {}
+    limit = model_fsdp_limit(model, options)
+    if not split:
+        model = None
     if planner is not None:
-        options = options or {}
         tps = tp_degrees(model, world_size=world_size, options=options)
         pps = pp_degrees(model, world_size=world_size, options=options)
         split = bool(tps or pps)
@@ -345,7 +396,9 @@ def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int, 
         answer = _ask(planner, num_parameters=num_parameters, world_size=world_size, device_bytes=device_bytes,
                       model=model if split else None, tp_degrees=tps, pp_degrees=pps,
                       pipeline=options.get("loss_fn") is not None, **({"heads": heads} if heads else {}),
-                      **({"nodes": nodes} if nodes > 1 else {}))
+                      **({"nodes": nodes} if nodes > 1 else {}), **({"fsdp_limit": limit} if limit else {}))
+        if answer is not None and limit and layout_shards_with_fsdp(answer):
+            answer = None  # a planner that did not take fsdp_limit: the rule below answers instead
         pipeline_loop = options.get("loss_fn") is not None
         if pipeline_loop and not pps:
             return _whole_model_per_process(world_size, answer)
@@ -360,7 +413,13 @@ def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int, 
     if need <= HEADROOM * device_bytes:
         return AutoLayout(name="ddp", reason=(
             f"the model needs ~{_gib(need)} for fp32 weights, gradients and Adam state, which fits one device "
-            f"({_gib(device_bytes)} available), so each of the {world_size} processes keeps a full replica (DDP)"))
+            f"({_gib(device_bytes)} available), so each of the {world_size} processes keeps a full replica (DDP)"
+            + (f". {_left_out(limit)}" if limit else "")))
+    if limit:
+        return AutoLayout(name="zero1", reason=(
+            f"the model needs ~{_gib(need)} for fp32 weights, gradients and Adam state, more than {HEADROOM:.0%} of "
+            f"one device ({_gib(device_bytes)}), but FSDP2 cannot shard it ({limit}), so only the optimizer state "
+            f"is sharded over {world_size} processes (zero1)"))
     return AutoLayout(name="zero3", reason=(
         f"the model needs ~{_gib(need)} for fp32 weights, gradients and Adam state, more than {HEADROOM:.0%} of "
         f"one device ({_gib(device_bytes)}), so it is sharded over {world_size} processes (FSDP2, zero3)"))

@@ -2,11 +2,14 @@
 (``"auto"`` chosen here, from the model's size and the planner), and the strategy object set up.
 
     start_job(settings)                                        # Accelerator() / PartialState(): device, group
+    named_layout(settings)                                     # Accelerator(): "zero3" + tp=2 -> ("parallel", ...)
     strategy = build_strategy(settings, model=model, planner=None)   # at the first prepare()
 
 ``convoy.Accelerator`` calls ``start_job`` at construction and ``build_strategy`` once, at the first ``prepare``
 (or ``accelerator.strategy``). The strategy reads the same ``TrainSettings``, with what ``"auto"`` chose
-(the name, the degrees, ``dp_engine``) put in.
+(the name, the degrees, ``dp_engine``) put in. A data-parallel strategy named beside tp/pp degrees
+(``strategy="zero3"`` with ``parallelism={"tp": 2}``, or ``convoy launch --strategy zero3 --tp 2``) is built as
+strategy ``"parallel"`` with that ``dp_engine`` (``named_layout``), never as a plain one that drops the degrees.
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ from typing import Any, Callable
 
 import torch
 
+from convoy.config.schema import dp_engine_beside, show
+from convoy.errors import StrategyError
 from convoy.train import collectives
 from convoy.train.process_group import start_process_group
 from convoy.train.settings import TrainSettings
 from convoy.train.strategies.auto import choose_strategy, device_memory_bytes, planner_hook
 from convoy.train.strategies.base import Strategy, create_strategy, strategy_class
 
-__all__ = ["start_job", "build_strategy", "declared_distributed_type"]
+__all__ = ["start_job", "build_strategy", "declared_distributed_type", "named_layout"]
 
 
 def start_job(settings: TrainSettings, *, one_process_group: bool = False) -> None:
@@ -54,13 +59,36 @@ def _measured_here(settings: TrainSettings) -> str | None:
     return f"cuda:{settings.local_rank}" if settings.device_type == "cuda" and settings.rank == 0 else None
 
 
+def named_layout(settings: TrainSettings) -> tuple[str, dict[str, Any]]:
+    """The strategy name and options to build for the name and degrees ``settings`` ask for: a data-parallel
+    strategy beside tp/pp (or HSDP) degrees is strategy ``"parallel"`` with its ``dp_engine``
+    (``convoy.config.schema.dp_engine_beside``, which refuses the pairs the trainer cannot run); with tp/pp degrees,
+    ``"auto"`` builds them too. ``StrategyError`` for an option of the named strategy that layout does not read
+    (DDP's ``bucket_cap_mb`` beside pp), at construction rather than at ``prepare``."""
+    name, dims, options = settings.strategy, settings.parallel_dims, dict(settings.options)
+    hsdp = dims is not None and dims.dp_replicate > 1 and dims.dp_shard > 1
+    if name == "auto" and dims is not None and (not dims.is_trivial or hsdp):
+        return "parallel", options  # tp/pp (or HSDP) requested: strategy "parallel" builds that layout
+    engine = dp_engine_beside(name, dims)
+    if engine is None:
+        return name, options
+    reads = strategy_class("parallel").options or ()
+    unread = sorted(str(key) for key in options if key not in reads)
+    split = ", ".join(f"{a}={getattr(dims, a)}" for a in ("tp", "pp") if getattr(dims, a) > 1) or "HSDP"
+    if options.get("dp_engine", engine) != engine:
+        raise StrategyError(f"strategy={name!r} beside {split} runs with dp_engine={engine!r}, not "
+                            f"{show(options['dp_engine'])}; drop dp_engine, or give strategy 'parallel' with it")
+    if unread:
+        raise StrategyError(f"strategy_options: {unread[0][:40]!r} is not read when strategy={name!r} runs beside "
+                            f"{split} (strategy 'parallel' with dp_engine={engine!r}); its options are "
+                            f"{', '.join(sorted(reads))}")
+    return "parallel", {**options, "dp_engine": engine}
+
+
 def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[..., Any] | None) -> Strategy:
     """The strategy ``settings`` ask for, set up; ``"auto"`` picks one for ``model`` (None: by world size)."""
-    name = settings.strategy
+    name, options = named_layout(settings)
     dims = settings.parallel_dims
-    options = dict(settings.options)
-    if name == "auto" and dims is not None and not dims.is_trivial:
-        name = "parallel"  # tp/pp requested: strategy "parallel" builds that layout
     if name == "auto":
         count = sum(p.numel() for p in model.parameters()) if model is not None else 0
         # every rank plans for the smallest device of the job, and builds rank 0's answer: ranks that built
@@ -71,7 +99,7 @@ def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[...
             planner=planner or planner_hook(settings.mixed_precision, device=_measured_here(settings)),
             device_bytes=min(collectives.gather_object(
                 device_memory_bytes(settings.device_type, settings.local_world_size))),
-            model=model if dims is None else None, options=options,  # degrees given: data parallel only
+            model=model, split=dims is None, options=options,  # degrees given: data parallel only
             nodes=_nodes(settings)))
         name = layout.name
         if layout.dims is not None:  # tp/pp chosen: strategy "parallel" builds these degrees

@@ -10,8 +10,11 @@ one; default: every block held in an ``nn.ModuleList``), ``cpu_offload`` (bool; 
 ``CPUOffloadPolicy(pin_memory=False)`` on machines without an accelerator, where pinning fails).
 
 Mixed precision maps onto ``MixedPrecisionPolicy``: ``bf16``/``fp16`` compute in that dtype and reduce
-gradients in fp32. Legacy FSDP is avoided on purpose: on CPU it trains wrong numbers with SHARD_GRAD_OP +
-``use_orig_params`` + auto-wrap, and HYBRID_SHARD diverges (see docs/training.md).
+gradients in fp32. A model FSDP2 cannot shard (``fsdp_limit``: a scalar parameter, as in Accelerate's
+``RegressionModel``; a non-contiguous one; trainable parameters of two dtypes in one shard unit) is refused at
+``prepare`` in one line; outputs FSDP2 cannot see into (a ``SimpleNamespace``, a dataclass) are opened for its
+hooks (``convoy.train.strategies.fsdp_outputs``). Legacy FSDP is avoided on purpose: on CPU it trains wrong
+numbers with SHARD_GRAD_OP + ``use_orig_params`` + auto-wrap, and HYBRID_SHARD diverges (see docs/training.md).
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from typing import Any, ClassVar, Iterator
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
-from convoy.errors import NotSupportedYetError
+from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.train.strategies.base import ParameterOrigins, Strategy, SupportsNoSync
+from convoy.train.strategies.fsdp_outputs import fully_shard_exposed
 
-__all__ = ["Zero2Strategy", "Zero3Strategy", "FSDPStrategy"]
+__all__ = ["Zero2Strategy", "Zero3Strategy", "FSDPStrategy", "fsdp_limit", "shard_model"]
 
 
 class _FullyShardStrategy(Strategy, SupportsNoSync):
@@ -46,20 +50,13 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
             self._mesh = init_device_mesh(self.root_device.type, (self.context.world_size,))
 
     def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
-        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
-
         self.setup_environment()
         module = module.to(self.root_device)
         names = {id(p): n for n, p in module.named_parameters()}
         mp = mixed_precision_policy(self.context.mixed_precision)
-        offload: Any = OffloadPolicy()
-        if self.context.options.get("cpu_offload"):
-            offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
-        kwargs = dict(mesh=self._mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=mp,
-                      offload_policy=offload)
-        for block in shard_units(module, self.context.options.get("auto_wrap")):
-            fully_shard(block, **kwargs)
-        fully_shard(module, **kwargs)
+        offload = offload_policy(self.context.options)
+        shard_model(module, self.context.options.get("auto_wrap"), named=f"strategy={self.name!r}", mesh=self._mesh,
+                    reshard_after_forward=self.reshard_after_forward, mp_policy=mp, offload_policy=offload)
         self._origins.record(module, names)
         return module
 
@@ -99,6 +96,16 @@ def mixed_precision_policy(mixed_precision: Any) -> Any:
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
 
 
+def offload_policy(options: Any) -> Any:
+    """FSDP2's offload policy for ``strategy_options``: ``CPUOffloadPolicy`` with ``cpu_offload`` (pinned memory
+    only where an accelerator is, as pinning fails without one), else none."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+    if options.get("cpu_offload"):
+        return CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    return OffloadPolicy()
+
+
 @contextlib.contextmanager
 def no_gradient_sync(module: "torch.nn.Module") -> Iterator[None]:
     """Inside, an FSDP2 module's backward keeps its gradients local (no reduce-scatter); a no-op for others."""
@@ -122,6 +129,46 @@ def shard_units(module: "torch.nn.Module", classes: Any) -> list["torch.nn.Modul
     else:
         found = [child for m in module.modules() if isinstance(m, torch.nn.ModuleList) for child in m]
     return list(reversed(found))
+
+
+def fsdp_limit(module: "torch.nn.Module", classes: Any = None) -> str | None:
+    """Why FSDP2's ``fully_shard`` cannot shard ``module`` as convoy shards it (the units of ``shard_units``, then
+    the root), in a few words naming the parameter; None when it can. The checks ``fully_shard`` makes, at
+    wrapping (``_verify_managed_param``: a 0-dim parameter, as it splits along the first dimension; ``FSDPParam``:
+    a non-contiguous one) and at the first forward (``FSDPParamGroup._init_mp_dtypes``: one dtype for the
+    trainable parameters of a unit)."""
+    owner: dict[int, str] = {}  # id(parameter) -> its unit's name: an inner unit claims it before the root
+    names = {id(m): n for n, m in module.named_modules()}
+    for unit in [*shard_units(module, classes), module]:
+        for param in unit.parameters():
+            owner.setdefault(id(param), names.get(id(unit), "") or "the model")
+    dtypes: dict[str, tuple[str, "torch.dtype"]] = {}
+    for name, param in module.named_parameters():
+        if param.dim() == 0:
+            return f"parameter {name!r} is a scalar (0-dim), and fully_shard splits along the first dimension"
+        if not param.is_contiguous():
+            return f"parameter {name!r} is not contiguous (stride {tuple(param.stride())}), which fully_shard refuses"
+        if param.requires_grad:
+            unit = owner.get(id(param), "the model")
+            first, dtype = dtypes.setdefault(unit, (name, param.dtype))
+            if dtype != param.dtype:
+                return (f"trainable parameters {first!r} ({dtype}) and {name!r} ({param.dtype}) are sharded "
+                        f"together (in {unit}), and FSDP2 takes one dtype per unit")
+    return None
+
+
+def shard_model(module: "torch.nn.Module", classes: Any, *, named: str, **kwargs: Any) -> "torch.nn.Module":
+    """``fully_shard`` the units of ``module`` (``shard_units(module, classes)``) and then ``module`` with
+    ``kwargs``, their outputs opened for FSDP2's hooks (``fully_shard_exposed``); a model FSDP2 cannot shard
+    (``fsdp_limit``) is one ``StrategyError`` naming ``named`` (the strategy asked for) and what runs it instead."""
+    why = fsdp_limit(module, classes)
+    if why is not None:
+        fix = " (a scalar can become a 1-element tensor, torch.tensor([v]))" if "scalar" in why else ""
+        raise StrategyError(f"{named} shards the model with FSDP2, which cannot shard it: {why}; use strategy "
+                            f"'ddp' or 'zero1', or change the parameter{fix}")
+    for unit in [*shard_units(module, classes), module]:
+        fully_shard_exposed(unit, **kwargs)
+    return module
 
 
 class Zero3Strategy(_FullyShardStrategy):

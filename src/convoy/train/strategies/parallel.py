@@ -16,10 +16,14 @@ How each axis is realised:
   ``loss = model(inputs, target=labels)`` (forward and backward together); ``accelerator.backward(loss)``
   then has nothing left to do and is a no-op.
 - dp: option ``dp_engine`` = ``"fsdp"`` (FSDP2 ``fully_shard`` over the dp mesh: of the whole model, or of
-  each pipeline stage with ``reshard_after_forward=False``), ``"ddp"``, or ``"zero1"`` (DDP +
-  ``ZeroRedundancyOptimizer`` over the dp group). Default: ``"zero1"`` for dp x pp, as the multi-GPU guide
-  recommends, else ``"fsdp"`` (tp makes the weights DTensors, which only FSDP2 takes). ``dp_replicate`` x
-  ``dp_shard`` both > 1 is HSDP (``fully_shard`` on the 2-D dp mesh). Under mixed precision FSDP2 over the
+  each pipeline stage with ``reshard_after_forward=False``), ``"zero2"`` (the same, keeping the gathered weights
+  from forward to backward for the whole model too), ``"ddp"``, or ``"zero1"`` (DDP + ``ZeroRedundancyOptimizer``
+  over the dp group). Default: ``"zero1"`` for dp x pp, as the multi-GPU guide recommends, else ``"fsdp"`` (tp
+  makes the weights DTensors, which only FSDP2 takes). ``dp_replicate`` x ``dp_shard`` both > 1 is HSDP
+  (``fully_shard`` on the 2-D dp mesh). A data-parallel strategy asked for beside tp/pp degrees
+  (``Accelerator(strategy="zero3", parallelism={"tp": 2})``, ``convoy launch --strategy zero3 --tp 2``) is this
+  strategy with that ``dp_engine`` (``convoy.config.schema.dp_engine_beside``); ``cpu_offload`` offloads the
+  FSDP2 engines' shards as zero3 does. Under mixed precision FSDP2 over the
   whole model gathers 16-bit weights and reduces in fp32 (``MixedPrecisionPolicy``, as zero3 and torchtitan do);
   pipeline stages gather fp32 (their traced dtypes are the model's) and run under autocast.
 
@@ -36,7 +40,7 @@ Gradient accumulation with pp (``accumulate``/``no_sync``): the pipeline scales 
 1 / (micro-batches x accumulation steps) and gradients add up in the stages across calls; the dp reduction
 is not skipped on the accumulating calls (correct, as it is linear, but not saved).
 
-Not supported yet (``NotSupportedYetError``): tp with ``dp_engine`` ddp/zero1 (use fsdp), fp16 with pp.
+Not supported yet (``NotSupportedYetError``): tp with ``dp_engine`` ddp/zero1 (use fsdp or zero2), fp16 with pp.
 """
 
 from __future__ import annotations
@@ -57,14 +61,15 @@ from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule, Singl
 from convoy.train.parallel.tensor import apply_tensor_parallel, resolve_tp_plan, tracing_stand_ins
 from convoy.train.settings import TrainSettings
 from convoy.train.strategies.base import ParameterOrigins, Strategy, SupportsNoSync
-from convoy.train.strategies.fsdp import mixed_precision_policy, no_gradient_sync, shard_units
+from convoy.train.strategies.fsdp import mixed_precision_policy, no_gradient_sync, offload_policy, shard_model
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["ParallelStrategy", "TensorParallelStrategy", "PipelineParallelStrategy"]
 
-_DP_ENGINES = ("fsdp", "ddp", "zero1")
+_DP_ENGINES = ("fsdp", "zero2", "ddp", "zero1")
+_SHARDED = ("fsdp", "zero2")  # the engines that shard with FSDP2
 _OPTIONS = ("tp_plan", "sequence_parallel", "loss_fn", "dp_engine", "auto_wrap", "pp_schedule",
             "pp_microbatches", "pp_stages_per_rank", "pp_split_at", "pp_layers")
 
@@ -93,12 +98,12 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             # silently divide every gradient by the scale
             raise NotSupportedYetError("mixed_precision='fp16' with pp is not supported yet (its loss scaling "
                                        "cannot reach the pipeline's backward); use 'bf16'")
-        if dims.tp > 1 and dims.dp > 1 and engine != "fsdp":
+        if dims.tp > 1 and dims.dp > 1 and engine not in _SHARDED:
             raise NotSupportedYetError(f"tp with dp_engine={engine!r} is not supported yet; use dp_engine='fsdp'")
-        if dims.dp_replicate > 1 and dims.dp_shard > 1 and engine != "fsdp":
+        if dims.dp_replicate > 1 and dims.dp_shard > 1 and engine not in _SHARDED:
             raise StrategyError(f"dp_replicate x dp_shard (HSDP) needs dp_engine='fsdp', not {engine!r}")
         if dims.dp_replicate == 1 or dims.dp_shard == 1:  # one dp axis: name it by how it is realised
-            rep, shard = (1, dims.dp) if engine == "fsdp" else (dims.dp, 1)
+            rep, shard = (1, dims.dp) if engine in _SHARDED else (dims.dp, 1)
             dims = ParallelDims(dp_replicate=rep, dp_shard=shard, tp=dims.tp, pp=dims.pp)
         self.dims = dims
         self.dp_engine = engine
@@ -118,7 +123,8 @@ class ParallelStrategy(Strategy, SupportsNoSync):
     @property
     def distributed_type(self) -> str:  # type: ignore[override]
         hsdp = self.dims.dp_replicate > 1 and self.dims.dp_shard > 1
-        engines = {"fsdp": "HSDP" if hsdp else "FSDP", "ddp": "DDP", "zero1": "ZERO1"}
+        engines = {"fsdp": "HSDP" if hsdp else "FSDP", "zero2": "HSDP" if hsdp else "FSDP", "ddp": "DDP",
+                   "zero1": "ZERO1"}
         dp = engines[self.dp_engine] if self.dims.dp > 1 else ""
         axes = [dp] + [name.upper() for name in ("tp", "pp") if getattr(self.dims, name) > 1]
         return "+".join(a for a in axes if a) or "NO"
@@ -160,7 +166,8 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             self._origins.record(module, names)
             wrap = None
             if self.dims.dp > 1:
-                wrap = functools.partial(self._shard_stage, module) if self.dp_engine == "fsdp" else self._wrap_stage
+                wrap = (functools.partial(self._shard_stage, module) if self.dp_engine in _SHARDED
+                        else self._wrap_stage)
             config = PipelineConfig.from_options(dict(self.context.options))
             if self.dims.tp > 1 and self.context.options.get("sequence_parallel"):
                 _check_block_boundaries(module, config)
@@ -183,18 +190,20 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         return module
 
     def _data_parallel(self, module: "torch.nn.Module") -> "torch.nn.Module":
-        if self.dp_engine == "fsdp":
-            from torch.distributed.fsdp import fully_shard
-
-            mesh = self.mesh.dp_shard_mesh
+        if self.dp_engine in _SHARDED:
             # as zero3 does (and torchtitan with tp): 16-bit gathered weights under mixed precision, so autocast
-            # keeps no bf16 copy of every fp32 weight until the backward
+            # keeps no bf16 copy of every fp32 weight until the backward; zero2 keeps them from forward to backward
+            resharded = {"reshard_after_forward": False} if self.dp_engine == "zero2" else {}
             mp = mixed_precision_policy(self.context.mixed_precision)
-            for block in shard_units(module, self.context.options.get("auto_wrap")):
-                fully_shard(block, mesh=mesh, mp_policy=mp)
-            fully_shard(module, mesh=mesh, mp_policy=mp)
-            return module
+            return shard_model(module, self.context.options.get("auto_wrap"), named=self._named(),
+                               mesh=self.mesh.dp_shard_mesh, mp_policy=mp,
+                               offload_policy=offload_policy(self.context.options), **resharded)
         return self._wrap_stage(module)
+
+    def _named(self) -> str:
+        """The layout, as a message names it: ``dp_engine='fsdp' beside tp=2``."""
+        split = ", ".join(f"{axis}={getattr(self.dims, axis)}" for axis in ("tp", "pp") if getattr(self.dims, axis) > 1)
+        return f"dp_engine={self.dp_engine!r}" + (f" beside {split}" if split else "")
 
     def _follow_stages(self, pipe: PipelineModule) -> None:
         """Once the stages exist, each optimizer holds exactly this process's stage parameters (sharded
@@ -215,17 +224,13 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         micro-batches' forward and backward (``reshard_after_forward=False``, as torchtitan does with pp); the
         schedule itself turns gradient reduction off until the last micro-batch. ``model`` then holds the
         stage's sharded parameters too, so that its state dicts (and the optimizer's) name them."""
-        from torch.distributed.fsdp import fully_shard
-
         self._origins.record(stage, {id(p): n for n, p in stage.named_parameters()})
         # A traced stage can end in a view (a reshape); FSDP2 warns that an in-place op on it would skip the
         # all-gather. The schedule only sends it on or feeds it to the loss, never in place: the warning,
         # printed by every rank, says nothing to the user here.
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPGraphModule\) returned a view")
-        mesh = self.mesh.dp_shard_mesh
-        for block in shard_units(stage, self.context.options.get("auto_wrap")):
-            fully_shard(block, mesh=mesh, reshard_after_forward=False)
-        fully_shard(stage, mesh=mesh, reshard_after_forward=False)
+        shard_model(stage, self.context.options.get("auto_wrap"), named=self._named(), mesh=self.mesh.dp_shard_mesh,
+                    reshard_after_forward=False, offload_policy=offload_policy(self.context.options))
         for name, param in stage.named_parameters():
             parent, _, leaf = name.rpartition(".")
             model.get_submodule(parent).register_parameter(leaf, param)

@@ -8,10 +8,13 @@ Each argument is one layout (``degrees[:dp_engine[:schedule[:accumulateK]]]``, e
 ``model(x, target=y)`` at pp=1 too), trained for a few steps with clipping and
 compared with ``reference_run``; every rank prints one ``<layout> (<distributed type>) ... OK`` line per layout.
 A layout written ``env:dp=2,tp=2`` reaches the Accelerator only through ``CONVOY_PARALLELISM`` (what
-``convoy launch --dp 2 --tp 2`` sets), with the strategy left at ``"auto"``.
+``convoy launch --dp 2 --tp 2`` sets), with the strategy left at ``"auto"``; ``strategy=NAME`` among the degrees
+names a data-parallel strategy beside them (``env:strategy=zero3,tp=2``: ``CONVOY_STRATEGY=zero3`` as well, what
+``convoy launch --strategy zero3 --tp 2`` sets).
 """
 
 import copy
+import math
 import os
 import sys
 from pathlib import Path
@@ -46,21 +49,26 @@ def prepare(layout, start):
     parts = degrees.split(",")
     if "sp" in parts:  # sequence parallelism on the tp axis
         options["sequence_parallel"] = True
-    dims = dict((k, int(v)) for k, v in (part.split("=") for part in parts if "=" in part))
+    named = {part: part.split("=")[1] for part in parts if part.startswith("strategy=")}
+    dims = dict((k, int(v)) for k, v in (part.split("=") for part in parts if "=" in part and part not in named))
     if dims.get("pp", 1) == 1 and "target" not in parts:
         del options["loss_fn"]  # a plain loop: loss = loss_fn(model(x), y); accelerator.backward(loss)
     if from_env:
         os.environ["CONVOY_PARALLELISM"] = ",".join(f"{k}={v}" for k, v in dims.items())
+        for strategy in named.values():
+            os.environ["CONVOY_STRATEGY"] = strategy
         acc = Accelerator(collective_timeout=60, strategy_options=options, gradient_accumulation_steps=steps)
-        del os.environ["CONVOY_PARALLELISM"]
+        os.environ.pop("CONVOY_PARALLELISM")
+        os.environ.pop("CONVOY_STRATEGY", None)
         assert acc.strategy.name == "parallel", acc.strategy.name
     else:
         acc = Accelerator(parallelism=dims, collective_timeout=60, strategy_options=options,
-                          gradient_accumulation_steps=steps)
+                          gradient_accumulation_steps=steps, strategy=next(iter(named.values()), None))
     model = copy.deepcopy(start)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, opt = acc.prepare(model, opt)
-    dp = dims.get("dp", dims.get("dp_replicate", 1) * dims.get("dp_shard", 1))
+    given = [dims[k] for k in ("dp_replicate", "dp_shard") if k in dims]  # else dp is what tp x pp leave
+    dp = dims.get("dp") or (math.prod(given) if given else acc.num_processes // (dims.get("tp", 1) * dims.get("pp", 1)))
     assert acc.strategy.data_parallel_size == dp, (acc.strategy.data_parallel_size, dims)
     return acc, model, opt, dims
 
