@@ -40,8 +40,9 @@ def test_cpu_variant_prints_planner_against_measured_with_ratios(capsys, tmp_pat
     for row in rows:
         alloc = float(re.search(r"MB \((\d+\.\d+)x\)", row).group(1))
         assert 0.95 <= alloc <= 1.05, row  # MemTracker's peak against memory_per_gpu, CPU autocast
-        assert re.search(r"ms \(\d+\.\d+x\) / \d+\.\d+ ms \(\d+\.\d+x\) \|$", row), row  # datasheet and calibrated
-    assert "worst peak-allocated error" in out
+        # measured, then the profile (none for a CPU: the model), the shape-aware model and the calibration
+        assert re.search(r"ms / (\d+\.\d+ ms \(\d+\.\d+x\)( / )?){3} \|$", row), row
+    assert "worst peak allocated error" in out and "worst step (calibrated) error" in out
     assert (tmp_path / "convoy" / "calibration.json").exists()
     with pytest.raises(SystemExit):
         planner_accuracy.main(["--cpu", "--cases", "nope"])
