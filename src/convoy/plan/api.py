@@ -304,15 +304,16 @@ def _time_note(rates: Rates, given: str = "") -> str:
 
 def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: int, precision: str = "bf16",
                          seq_len: int = 2048, micro_batch: int = 1, optimizer: str = "adamw",
-                         gpu: str | None = None, peak_tflops: float | None = None, gpus_per_node: int | None = None,
+                         gpu: str | GpuSpec | None = None, peak_tflops: float | None = None,
+                         gpus_per_node: int | None = None,
                          nodes: int = 1, allowed: Collection[str] = STRATEGY_NAMES,
                          keep: Callable[[Candidate], bool] | None = None, calibration: Calibration | None = None,
                          precision_for: Callable[[Candidate], str] | None = None, **shape: Any) -> Recommendation:
     """The layout to use for ``module`` (an ``nn.Module``, a config, or a ``ModelSpec``) on ``world_size``
     devices of ``device_memory_bytes`` each: the planner's recommendation among the ``allowed`` candidates.
 
-    ``gpu``: a table name or NVML device name for peak FLOPs and links (default: a generic PCIe device with 100
-    TFLOPs, which only affects time ties). ``allowed``: candidate strategy names (default: the data-parallel
+    ``gpu``: a table name or NVML device name for peak FLOPs, links and the shipped profile, or a ``GpuSpec``
+    (``convoy.plan.hardware.CPU`` for CPU processes); default: a generic PCIe device with 100 TFLOPs. ``allowed``: candidate strategy names (default: the data-parallel
     ones; add ``"tp"``, ``"pp"``, ``"offload"`` for those layouts). ``keep``: a further filter on the
     candidates (``Accelerator(strategy="auto")`` keeps the layouts its trainer runs). ``precision_for``: each
     candidate's precision recipe where it differs from ``precision`` (see ``plan_for``). ``calibration``: rates
@@ -325,9 +326,9 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
     per_node = gpus_per_node or max(1, world_size // nodes)
     if per_node * nodes != world_size:
         raise PlanError(f"{nodes} nodes x {per_node} devices per node is not the world size {world_size}")
-    spec = lookup_gpu(gpu) if gpu else GpuSpec(name="device", memory_bytes=device_memory_bytes, bf16_tflops=100.0,
-                                               fp16_tflops=100.0, fp32_tflops=25.0, nvlink_gbs=None, pcie_gbs=16,
-                                               source="generic device (no table row)")
+    spec = gpu if isinstance(gpu, GpuSpec) else lookup_gpu(gpu) if gpu else GpuSpec(
+        name="device", memory_bytes=device_memory_bytes, bf16_tflops=100.0, fp16_tflops=100.0, fp32_tflops=25.0,
+        nvlink_gbs=None, pcie_gbs=16, source="generic device (no table row)")
     spec = replace(spec, memory_bytes=int(device_memory_bytes))
     if peak_tflops:
         spec = replace(spec, bf16_tflops=peak_tflops, fp16_tflops=peak_tflops, fp32_tflops=peak_tflops)

@@ -518,3 +518,17 @@ def test_a_planner_of_the_users_that_picks_fsdp2_for_such_a_model_is_not_followe
     layout = choose_strategy(world_size=2, num_parameters=10, device_bytes=GIB, model=Scalars(),
                              planner=lambda **_: ("zero3", "mine"))
     assert layout.name == "ddp" and "left out" in layout.reason
+
+
+@pytest.mark.parametrize("mixed_precision", [None, "bf16"])
+def test_a_small_model_on_cpu_processes_gets_ddp_and_an_explanation_about_them(mixed_precision):
+    """A 268K-parameter model under bf16 on 2 processes got zero3, explained by "the model fits on one GPU ... whose
+    memory is 11.8 GiB" on a CPU job: collective latency and FSDP's copies now keep it on DDP, and the line speaks
+    of CPU processes and their share of the machine's memory."""
+    from convoy.train.strategies.auto import auto_strategy
+
+    layout = auto_strategy(num_parameters=268_000, world_size=2, device_bytes=11 * 2**30,
+                           mixed_precision=mixed_precision, device_type="cpu")
+    assert layout.name == "ddp"
+    assert "CPU process" in layout.reason and "share of this machine's memory is 11.0 GiB" in layout.reason
+    assert "GPU" not in layout.reason

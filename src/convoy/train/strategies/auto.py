@@ -48,7 +48,7 @@ from convoy.plan.api import recommend_for_module
 from convoy.plan.calibration import Calibration, time_model
 from convoy.plan.candidates import Candidate
 from convoy.plan.dims import ParallelDims
-from convoy.plan.hardware import lookup_gpu
+from convoy.plan.hardware import CPU, lookup_gpu
 from convoy.plan.memory import RunSpec
 from convoy.plan.model import ModelSpec, resolve_model
 
@@ -242,7 +242,7 @@ def pp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tu
 def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, precision: str = "fp32",
                   model: Any = None, tp_degrees: Collection[int] = (), pp_degrees: Collection[int] = (),
                   pipeline: bool = False, mixed_precision: str | None = None, device: str | None = None,
-                  fsdp_limit: str | None = None, **kwargs: Any) -> AutoLayout | None:
+                  device_type: str | None = None, fsdp_limit: str | None = None, **kwargs: Any) -> AutoLayout | None:
     """The ``planner`` hook of ``choose_strategy``: the ``AutoLayout`` to build, or None when
     no layout the trainer runs fits (the caller's own rule then answers).
 
@@ -252,9 +252,11 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
     compares tp and pp layouts too; ``pipeline`` (the loop trains with ``model(x, target=y)``, which only a
     pipeline runs) compares pipeline layouts only. ``mixed_precision`` (the Accelerator's ``"bf16"``/``"fp16"``)
     costs each candidate in the recipe the trainer runs it in (``trainer_precision``) instead of ``precision``.
-    ``device`` (``"cuda:0"``: the device this process trains on): when the model's shape is read, the plan
-    uses that GPU's table row (links, peak FLOPs) and rates measured on it at the model's shapes
-    (``convoy.plan.calibrate``, cached per device and torch version, so measured once), and says so.
+    ``device`` (``"cuda:0"``: the device this process trains on): the plan uses that GPU's table row (links, peak
+    FLOPs, and its shipped profile, ``convoy.plan.rates``) and, when the model's shape is read, rates measured on
+    it at the model's shapes (``convoy.plan.calibrate``, cached per device and torch version, so measured once),
+    and says so. ``device_type="cpu"``: the job runs as CPU processes, planned as such (``convoy.plan.hardware.CPU``:
+    gloo's latencies, a share of this machine's memory), and the reasons speak of them.
     ``fsdp_limit`` (why FSDP2 cannot wrap the model, ``convoy.train.strategies.fsdp.fsdp_limit``): the layouts
     the trainer shards with FSDP2 are left out, and the reason says why.
     """
@@ -285,13 +287,17 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
             run = RunSpec(precision=precision, **{k: kwargs[k] for k in ("seq_len", "micro_batch") if k in kwargs})
             gpu, calibration, timed = measured_device(device, spec, run, tp_degrees=(1, *tp_degrees))
             kwargs = {**kwargs, "calibration": calibration, **({"gpu": gpu} if gpu else {})}
+        elif device is not None and device.startswith("cuda"):  # by its size alone: the GPU's row and profile
+            kwargs = {**kwargs, **({"gpu": gpu} if (gpu := _table_row(device)) else {})}
+        elif device_type == "cpu":
+            kwargs = {**kwargs, "gpu": CPU}
         rec = recommend_for_module(spec, world_size=world_size, device_memory_bytes=device_bytes,
                                    precision=precision, allowed=allowed, keep=keep, **kwargs)
     except PlanError:
         return None
     dims = rec.dims
     assert rec.row is not None and dims is not None  # recommend_for_module raises when nothing fits
-    reason = rec.reasons[0]
+    reason = " ".join([rec.reasons[0], *(r for r in rec.reasons if r.startswith("DDP "))])  # and why not DDP
     timed = f" Step times: {timed}." if timed else ""
     if fsdp_limit and world_size > 1:
         timed += f" {_left_out(fsdp_limit)}"
@@ -349,11 +355,22 @@ def measured_device(device: str, model: ModelSpec, run: RunSpec, *,
     return gpu, record, time_model(record)
 
 
-def planner_hook(mixed_precision: str | None, *, device: str | None = None) -> Planner:
+def planner_hook(mixed_precision: str | None, *, device: str | None = None,
+                 device_type: str | None = None) -> Planner:
     """convoy's planner as the ``planner`` of ``choose_strategy``, for this run's precision (the Accelerator's
     ``mixed_precision``: each candidate is costed in the recipe the trainer runs it in, ``trainer_precision``)
-    on ``device`` (its table row and measured rates, see ``auto_strategy``; None: a generic device)."""
-    return partial(auto_strategy, mixed_precision=str(mixed_precision) if mixed_precision else None, device=device)
+    on ``device`` (its table row and measured rates, see ``auto_strategy``; None: a generic device, or with
+    ``device_type="cpu"`` CPU processes)."""
+    return partial(auto_strategy, mixed_precision=str(mixed_precision) if mixed_precision else None, device=device,
+                   device_type=device_type)
+
+
+def _table_row(device: str) -> str | None:
+    """The hardware table's name for the CUDA ``device`` (None for a board the table lacks)."""
+    try:
+        return lookup_gpu(torch.cuda.get_device_name(torch.device(device))).name
+    except (PlanError, RuntimeError, AssertionError):  # a board the table lacks, or no CUDA after all
+        return None
 
 
 def _ask(planner: Planner, **kwargs: Any) -> AutoLayout | None:

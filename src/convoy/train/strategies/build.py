@@ -96,7 +96,8 @@ def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[...
         # user's, or a measurement may differ per rank)
         layout = collectives.broadcast_object(choose_strategy(
             world_size=settings.world_size, num_parameters=count,
-            planner=planner or planner_hook(settings.mixed_precision, device=_measured_here(settings)),
+            planner=planner or planner_hook(settings.mixed_precision, device=_measured_here(settings),
+                                            device_type=settings.device_type),
             device_bytes=min(collectives.gather_object(
                 device_memory_bytes(settings.device_type, settings.local_world_size))),
             model=model, split=dims is None, options=options,  # degrees given: data parallel only
