@@ -102,3 +102,11 @@ def test_hardware_validation():
         Hardware(gpu=lookup_gpu("H100-80GB"), gpus_per_node=0)
     with pytest.raises(PlanError, match="inter-node"):
         parse_hardware("8xH100-80GB", inter_gbps=0)
+
+
+def test_the_hardware_line_names_a_link_only_between_gpus():
+    from convoy.plan.hardware import parse_hardware
+
+    assert parse_hardware("1xH100-80GB").describe() == "1xH100-80GB"  # it said "(nvlink)"
+    assert parse_hardware("8xH100-80GB").describe() == "8xH100-80GB (nvlink)"
+    assert parse_hardware("8xL40S", nodes=2).describe() == "8xL40S (pcie) x 2 nodes (400 Gbit/s between nodes)"

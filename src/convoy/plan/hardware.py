@@ -205,8 +205,10 @@ class Hardware:
         return self.gpu.pcie_gbs * GB
 
     def describe(self) -> str:
+        """``8xH100-80GB (nvlink) x 2 nodes (400 Gbit/s between nodes)``; one GPU has no link to name."""
         nodes = f" x {self.nodes} nodes ({self.inter_gbps:g} Gbit/s between nodes)" if self.nodes > 1 else ""
-        return f"{self.gpus_per_node}x{self.gpu.name} ({self.intra}){nodes}"
+        link = f" ({self.intra})" if self.gpus_per_node > 1 else ""
+        return f"{self.gpus_per_node}x{self.gpu.name}{link}{nodes}"
 
 
 def parse_hardware(text: str, *, nodes: int = 1, intra: str | None = None, intra_gbs: float | None = None,
