@@ -113,10 +113,11 @@ def test_kwargs_handlers_are_applied():
     assert fp16.scaler.get_scale() == 1024.0
     AcceleratorState._reset_state()  # the process's mixed precision is set once, as in Accelerate
     bf16 = Accelerator(mixed_precision="bf16", kwargs_handlers=[AutocastKwargs(enabled=False)])
+    where = bf16.device.type  # autocast is per device type: cuda on a GPU box, cpu elsewhere
     with bf16.autocast():
-        assert not torch.is_autocast_enabled("cpu")
+        assert not torch.is_autocast_enabled(where)
     with bf16.autocast(AutocastKwargs()):
-        assert torch.is_autocast_enabled("cpu")
+        assert torch.is_autocast_enabled(where) and torch.get_autocast_dtype(where) == torch.bfloat16
 
 
 def test_refused_arguments_say_what_to_use():
