@@ -1,9 +1,10 @@
-"""The suite's own guarantees: a hermetic environment whatever the shell exports, and launched processes that
-never outlive their test (tests/conftest.py, tests/processes.py)."""
+"""The suite's own guarantees: a hermetic environment whatever the shell exports or the working directory holds,
+and launched processes that never outlive their test (tests/conftest.py, tests/processes.py)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests import processes
-from tests.conftest import SCRUBBED, held_leases, scrub_environment
+from tests.conftest import SCRUBBED, TESTS, held_leases, scrub_environment
 
 
 def test_the_session_runs_without_the_shells_device_rank_and_convoy_variables():
@@ -75,3 +76,23 @@ def test_a_child_left_running_is_seen_and_a_started_one_is_stopped():
         stray.kill()
         stray.wait()
     assert stray.pid not in processes.live_children(grace=0.1)
+
+
+def test_the_session_works_where_no_project_settings_file_is_read(hermetic_environment):
+    from convoy.config.settings import effective_settings
+
+    assert Path.cwd() == hermetic_environment / "work"  # whatever the directory pytest started in holds
+    assert effective_settings().files == ()
+
+
+@pytest.mark.slow
+def test_a_project_file_an_ignored_sigint_or_no_terminal_where_the_suite_starts_change_nothing(tmp_path):
+    """A convoy.toml where pytest starts (it was read by every test that resolves settings), SIGINT ignored (a
+    background job, nohup) and no standard input: the tests that depended on them pass."""
+    (tmp_path / "convoy.toml").write_text('nproc_per_node = 3\nstrategy = "fsdp"\nmax_restarts = 2\n')
+    nodes = [str(TESTS / "launch" / "test_cli.py") + "::test_accelerate_aliases_map_to_torchrun_meanings",
+             str(TESTS / "launch" / "test_function.py") + "::test_a_raising_rank_or_an_interrupt_releases_the_lease"]
+    done = processes.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *nodes],
+                         capture_output=True, text=True, cwd=tmp_path, stdin=subprocess.DEVNULL, timeout=240,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
