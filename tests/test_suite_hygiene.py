@@ -1,5 +1,6 @@
 """The suite's own guarantees: a hermetic environment whatever the shell exports or the working directory holds,
-and launched processes that never outlive their test (tests/conftest.py, tests/processes.py)."""
+launched processes that never outlive their test (tests/conftest.py, tests/processes.py), and tests that give
+the same result on a GPU box: every one that starts ranks states its devices (tests/launch_sites.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -76,6 +78,70 @@ def test_a_child_left_running_is_seen_and_a_started_one_is_stopped():
         stray.kill()
         stray.wait()
     assert stray.pid not in processes.live_children(grace=0.1)
+
+
+def test_every_test_that_starts_ranks_states_its_devices_and_every_reference_run_hides_the_accelerators():
+    """On a one-GPU box "2 ranks" means 2 GPUs and a plain torchrun sees the GPU: the H100 run failed 11 tests so
+    (tests/launch_sites.py says what each kind of site must state)."""
+    from tests.launch_sites import sites
+
+    found = sites()
+    missing = [str(site) for site in found if site.states is None]
+    assert not missing, ("these start ranks without stating their devices (--devices 0 / devices=0 for CPU "
+                         "processes, or tests/distributed.py's run_script), or run a reference outside convoy that "
+                         "sees the GPUs (env=cpu_env(...)):\n" + "\n".join(missing))
+    kinds = {site.kind for site in found}
+    assert kinds == {"convoy launch", "main(launch)", "convoy.launch(fn)", "torchrun", "python script"}, kinds
+
+
+def test_the_site_scan_flags_what_fails_on_a_gpu_box_and_passes_what_states_it(tmp_path):
+    from tests.launch_sites import sites
+
+    (tmp_path / "test_example.py").write_text(textwrap.dedent('''
+        import os, subprocess, sys
+        import convoy
+        from convoy.cli.main import main
+        from tests.distributed import cpu_env
+        ENV = cpu_env()
+
+        def test_bad():
+            subprocess.run([sys.executable, "-m", "convoy", "launch", "--nproc-per-node", "2", "x.py"])
+            convoy.launch(print, nproc_per_node=2)
+            main(["launch", "--nproc-per-node", "2", "x.py"])
+            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "x.py"])
+            subprocess.run([sys.executable, "script.py"], env=dict(os.environ))
+            code = "from convoy.cli.main import main; main(['launch', '--nproc-per-node', '2', 'x.py'])"
+
+        def helper(*argv):
+            return subprocess.run([sys.executable, "-m", "convoy", "launch", *argv])
+
+        def test_good():
+            subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", "0", "--nproc-per-node", "2", "x"])
+            convoy.launch(print, devices=0, nproc_per_node=2)
+            assert main(["launch", "--nproc-per-node", "two", "x.py"]) == 2
+            main(["launch", "--dry-run", "--nproc-per-node", "2", "x.py"])
+            env = {**cpu_env(), "OMP_NUM_THREADS": "1"}
+            subprocess.run([sys.executable, "-m", "torch.distributed.run", "x.py"], env=env)
+            subprocess.run([sys.executable, "script.py"], env=ENV)
+            subprocess.run([sys.executable, "-c", "print(1)"])
+
+        def cpu_helper(*argv):
+            cpu = () if "--devices" in argv else ("--devices", "0")
+            return subprocess.run([sys.executable, "-m", "convoy", "launch", *cpu, *argv])
+
+        def test_refused():
+            with pytest.raises(ConfigError):
+                convoy.launch(print, nproc_per_node=0)
+        '''))
+    found = sites([tmp_path / "test_example.py"])
+    by_function = {}
+    for site in found:
+        by_function.setdefault(site.function, []).append(site.states)
+    assert by_function["test_bad"] == [None] * 6, found
+    assert by_function["helper"] == [None]  # its callers' arguments are not read: a helper states devices itself
+    assert len(by_function["test_good"]) == 6 and None not in by_function["test_good"], found
+    assert by_function["cpu_helper"] == ["--devices unless given (*cpu)"]
+    assert by_function["test_refused"] == ["refused as bad input before anything starts"]
 
 
 def test_the_session_works_where_no_project_settings_file_is_read(hermetic_environment):
