@@ -6,9 +6,11 @@
 What a CPU box cannot show and a one-GPU box does (the H100 run of 2026-11-25 failed on both):
 
 * "2 ranks" means 2 GPUs on a GPU box: a test that means CPU processes must ask for them. A site that starts
-  ranks through convoy states its devices: ``convoy launch`` with ``--devices`` (or a helper's ``*cpu`` that
-  adds ``--devices 0``; ``tests/distributed.py::run_script`` does), ``convoy.launch(fn, devices=...)``; a dry
-  run, and an in-process ``main(["launch", ...]) == 2`` (bad input, refused before anything starts), start none;
+  ranks through convoy states its devices: ``convoy launch`` (and ``convoy test``) with ``--devices`` (or a
+  helper's ``*cpu`` that adds ``--devices 0``; ``tests/distributed.py::run_script`` does),
+  ``convoy.launch(fn, devices=...)``, ``run_selfcheck(devices=...)``; a dry run, an in-process
+  ``main(["launch", ...]) == 2`` and a call in ``pytest.raises(ConfigError)`` (bad input, refused before anything
+  starts) start none;
 * a reference run outside convoy (torchrun, or a script run by a plain ``python``) sees every GPU unless it
   hides them: it passes ``env=cpu_env(...)`` (``tests/distributed.py``) or sets ``CUDA_VISIBLE_DEVICES`` itself.
 
@@ -33,7 +35,8 @@ SEES_ACCELERATORS: dict[str, str] = {}
 
 _SUBPROCESS_CALLS = {"run", "Popen", "check_output", "check_call", "call", "start"}
 _TORCHRUN = {"torch.distributed.run", "torchrun"}
-_MAIN_LAUNCH_IN_CODE = re.compile(r"main\(\[\s*['\"]launch['\"]")
+_MAIN_LAUNCH_IN_CODE = re.compile(r"main\(\[\s*['\"](launch|test)['\"]")
+_STARTS_RANKS = ("launch", "test")  # convoy test starts ranks as convoy launch does
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,8 @@ class Site:
     function: str
     """The enclosing function ("<module>" at the top level)."""
     kind: str
-    """"convoy launch", "main(launch)", "convoy.launch(fn)", "reference run"."""
+    """"convoy launch", "convoy test", "main(launch)", "main(test)", "convoy.launch(fn)", "run_selfcheck()",
+    "torchrun", "python script"."""
     states: str | None
     """How it states its devices (or hides the accelerators); None when it does not."""
 
@@ -150,8 +154,9 @@ class _Scan:
     def _look(self, node: ast.AST, function: str, bound: dict[str, str], refused: bool) -> None:
         if isinstance(node, (ast.List, ast.Tuple)):
             strings = [_text(e) or "" for e in node.elts]
-            if any(a == "convoy" and b == "launch" for a, b in zip(strings, strings[1:])):
-                self._site(node, function, "convoy launch", self._launch_states(node, bound))
+            for a, b in zip(strings, strings[1:]):
+                if a == "convoy" and b in _STARTS_RANKS:
+                    self._site(node, function, f"convoy {b}", self._launch_states(node, bound))
         elif isinstance(node, ast.Call):
             self._call(node, function, bound, refused)
         elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Call):  # main([...]) == 2
@@ -170,8 +175,9 @@ class _Scan:
         strings = [_text(e) or "" for e in node.elts]
         if _names_devices(strings):
             return "--devices"
-        if "--dry-run" in strings:
-            return "--dry-run"
+        for flag in ("--dry-run", "--help"):  # start nothing
+            if flag in strings:
+                return flag
         for element in node.elts:  # a helper's `cpu = () if "--devices" in argv else ("--devices", "0")`
             if isinstance(element, ast.Starred) and isinstance(element.value, ast.Name) and \
                     "--devices" in bound.get(element.value.id, ""):
@@ -182,14 +188,14 @@ class _Scan:
         func = node.func
         name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
         first = node.args[0] if node.args else None
-        if name == "main" and isinstance(first, ast.List) and first.elts and _text(first.elts[0]) == "launch":
+        if name == "main" and isinstance(first, ast.List) and first.elts and _text(first.elts[0]) in _STARTS_RANKS:
             states = self._launch_states(first, bound) or (
                 "exit 2: refused before anything starts" if getattr(node, "refused", False) else None)
-            self._site(node, function, "main(launch)", states)
-        elif isinstance(func, ast.Attribute) and func.attr == "launch" and isinstance(func.value, ast.Name) and \
-                func.value.id == "convoy":
+            self._site(node, function, f"main({_text(first.elts[0])})", states)
+        elif (isinstance(func, ast.Attribute) and func.attr == "launch" and isinstance(func.value, ast.Name)
+              and func.value.id == "convoy") or name == "run_selfcheck":
             devices = next((k for k in node.keywords if k.arg == "devices"), None)
-            self._site(node, function, "convoy.launch(fn)",
+            self._site(node, function, "convoy.launch(fn)" if name == "launch" else "run_selfcheck()",
                        f"devices={ast.get_source_segment(self.source, devices.value)}" if devices else
                        "refused as bad input before anything starts" if refused else None)
         elif name in _SUBPROCESS_CALLS and isinstance(first, ast.List):

@@ -91,7 +91,8 @@ def test_every_test_that_starts_ranks_states_its_devices_and_every_reference_run
                          "processes, or tests/distributed.py's run_script), or run a reference outside convoy that "
                          "sees the GPUs (env=cpu_env(...)):\n" + "\n".join(missing))
     kinds = {site.kind for site in found}
-    assert kinds == {"convoy launch", "main(launch)", "convoy.launch(fn)", "torchrun", "python script"}, kinds
+    assert kinds == {"convoy launch", "convoy test", "main(launch)", "main(test)", "convoy.launch(fn)",
+                     "run_selfcheck()", "torchrun", "python script"}, kinds
 
 
 def test_the_site_scan_flags_what_fails_on_a_gpu_box_and_passes_what_states_it(tmp_path):
