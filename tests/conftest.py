@@ -87,11 +87,13 @@ def pytest_configure(config):
         _session["removed"] = scrub_environment(os.environ,
                                                 simulate_inventory=config.getoption("--simulate-inventory"))
         # convoy reads the project's settings from ./convoy.toml: the session works where there is none (pytest
-        # has read its arguments already, relative to where it was started)
-        _session["started_in"] = os.getcwd()
-        work = _session["scratch"] / "work"
-        work.mkdir()
-        os.chdir(work)
+        # has read its arguments already, relative to where it was started). pytest-xdist's controller runs no
+        # test and starts its workers in its own directory, where they read the same arguments: it stays.
+        if not (getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")):
+            _session["started_in"] = os.getcwd()
+            work = _session["scratch"] / "work"
+            work.mkdir()
+            os.chdir(work)
 
 
 def pytest_unconfigure(config):
