@@ -83,7 +83,9 @@ def test_sweep_kills_the_processes_carrying_the_token_and_only_those():
     other = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "CONVOY_JOB_ID": token + "x"})
     nested = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "CONVOY_JOB_ID": f"{token}:inner"})
     try:
-        assert sorted(job_processes(token)) == sorted([ours.pid, nested.pid])
+        # a child's /proc environ is empty for a moment after Popen returns (the kernel closes the exec pipe
+        # before it sets up the new environment): under load that moment was seen
+        _wait_for(lambda: sorted(job_processes(token)) == sorted([ours.pid, nested.pid]), 10, "both job processes")
         assert sweep(token, timeout=5) == 2
         assert ours.wait(timeout=5) == -signal.SIGKILL and nested.wait(timeout=5) == -signal.SIGKILL
         assert other.poll() is None
