@@ -1,7 +1,7 @@
 """Where the suite starts ranks, or runs a reference outside convoy, read from its source (``ast``).
 
     python -m tests.launch_sites            # every site: file:line, what it is, what it states
-    python -m tests.launch_sites --files    # the test files that start processes: the simulated one-GPU pass
+    python -m tests.launch_sites --tests    # the tests that start ranks through convoy: the simulated GPU pass
 
 What a CPU box cannot show and a one-GPU box does (the H100 run of 2026-11-25 failed on both):
 
@@ -52,18 +52,22 @@ class Site:
     states: str | None
     """How it states its devices (or hides the accelerators); None when it does not."""
 
+    script_launches: bool = False
+    """A script run by a plain python that itself starts ranks (``notebook_launcher``, ``convoy.launch``)."""
+
     @property
-    def key(self) -> str:
-        return f"{self.path}::{self.function}"
+    def starts_ranks(self) -> bool:
+        return self.kind not in ("torchrun", "python script") or self.script_launches
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line} ({self.function}): {self.kind}: {self.states or 'STATES NO DEVICES'}"
 
 
 def suite_files() -> list[Path]:
-    """Every Python file of the suite but the GPU tests and this one (test modules, helpers, scripts)."""
+    """Every Python file of the suite (test modules, helpers, scripts) but the GPU tests, this one and the
+    hygiene tests (their sites are examples)."""
     return sorted(p for p in TESTS.rglob("*.py") if "gpu" not in p.relative_to(TESTS).parts[:1]
-                  and p != Path(__file__).resolve())
+                  and p.name not in ("launch_sites.py", "test_suite_hygiene.py"))
 
 
 def sites(paths: list[Path] | None = None) -> list[Site]:
@@ -222,20 +226,41 @@ class _Scan:
         key = f"{self.rel}::{function}"
         if states is None and key in SEES_ACCELERATORS:
             states = f"sees the accelerators: {SEES_ACCELERATORS[key]}"
-        self._site(node, function, "torchrun" if torchrun else "python script", states)
+        scripts = {Path(v).name for n in ast.walk(argv) if (v := _text(n)) and v.endswith(".py")}
+        launches = any(re.search(r"notebook_launcher\(|convoy\.launch\(", p.read_text())
+                       for p in TESTS.rglob("*.py") if p.name in scripts)
+        self.found.append(Site(self.rel, node.lineno, function, "torchrun" if torchrun else "python script", states,
+                               script_launches=launches))
 
 
-def launching_files() -> list[str]:
-    """Test modules with a site, or a call of ``run_script``: the files the simulated one-GPU pass runs."""
-    files = {s.path for s in sites() if Path(s.path).name.startswith("test_")}
-    for path in suite_files():
-        if path.name.startswith("test_") and re.search(r"\brun_script\(", path.read_text()):
-            files.add(str(path.relative_to(REPO)))
-    return sorted(files)
+def launching_tests(paths: list[Path] | None = None) -> list[str]:
+    """Node ids (``path::test``) of the tests that start processes through convoy: a test with a site that
+    starts ranks, or that calls (in its module, through helpers, lambdas or fixtures) a function with one. The
+    simulated one-GPU pass runs them: on a GPU box such a site could fail with the plan's refusal or a rank on a
+    missing GPU. Tests that start ranks only through ``run_script`` are not among them: it states its devices."""
+    found = sites(paths)
+    selected: list[str] = []
+    for rel in sorted({s.path for s in found if s.starts_ranks}):
+        path = REPO / rel if not Path(rel).is_absolute() else Path(rel)
+        if not path.name.startswith("test_"):
+            continue
+        tree = ast.parse(path.read_text())
+        uses = {node.name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {a.arg for a in node.args.args}
+                for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        reach = {s.function for s in found if s.path == rel and s.starts_ranks}
+        grew = True
+        while grew:
+            grew = False
+            for function, names in uses.items():
+                if function not in reach and names & reach:
+                    reach.add(function)
+                    grew = True
+        selected += [f"{rel}::{function}" for function in uses if function in reach and function.startswith("test_")]
+    return selected
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--files"]:
-        print("\n".join(launching_files()))
+    if sys.argv[1:] == ["--tests"]:
+        print("\n".join(launching_tests()))
     else:
         print("\n".join(str(s) for s in sites()))

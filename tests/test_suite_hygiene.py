@@ -96,7 +96,7 @@ def test_every_test_that_starts_ranks_states_its_devices_and_every_reference_run
 
 
 def test_the_site_scan_flags_what_fails_on_a_gpu_box_and_passes_what_states_it(tmp_path):
-    from tests.launch_sites import sites
+    from tests.launch_sites import launching_tests, sites
 
     (tmp_path / "test_example.py").write_text(textwrap.dedent('''
         import os, subprocess, sys
@@ -133,8 +133,16 @@ def test_the_site_scan_flags_what_fails_on_a_gpu_box_and_passes_what_states_it(t
         def test_refused():
             with pytest.raises(ConfigError):
                 convoy.launch(print, nproc_per_node=0)
+
+        def test_through_the_helper():
+            side_by_side(lambda: cpu_helper("x.py"))
+
+        def test_through_run_script():
+            run_script("x.py", nproc=2)
         '''))
     found = sites([tmp_path / "test_example.py"])
+    assert [node.split("::")[1] for node in launching_tests([tmp_path / "test_example.py"])] == [
+        "test_bad", "test_good", "test_refused", "test_through_the_helper"]  # run_script states its devices
     by_function = {}
     for site in found:
         by_function.setdefault(site.function, []).append(site.states)
