@@ -10,7 +10,8 @@ The suite gives the same result on a CPU box, a 1-GPU box and an 8-GPU box, what
   ``XDG_CACHE_HOME`` it is under that ``HOME``), and the session works in an empty temporary directory, so a
   project settings file (``./convoy.toml``) where pytest was started is not read either;
 * after each test, a test that leaves a lease held, a process running (stopped, then reported), a watched
-  variable or the working directory changed fails, and the process's ``AcceleratorState`` is reset (it is process-wide, as Accelerate's);
+  variable or the working directory changed fails, and the process's ``AcceleratorState`` is reset (it is
+  process-wide, as Accelerate's);
 * ``@pytest.mark.gpu`` tests run only where ``torch.cuda.is_available()`` (asked in a fresh process, so the
   test runner never touches CUDA itself) and are skipped cleanly elsewhere.
 
