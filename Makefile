@@ -1,15 +1,17 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   creates .venv, installs convoy, and runs its main job on whatever this machine has
-#   make test   creates .venv if needed, installs convoy, and runs the test suite
-#   make test-gpu   on a GPU machine: the gpu-marked tests, then the whole suite, with the system python3
-#                   (its CUDA torch; nothing is installed but convoy itself, editable, without dependencies)
+#   make test   creates .venv if needed, installs convoy, and runs the test suite, then the tests that start
+#               ranks again as a one-GPU machine would show them to convoy (docs/gpu.md)
+#   make test-gpu   on a GPU machine: the gpu-marked tests, then the rest of the suite (8 workers in parallel
+#                   when pytest-xdist is installed), with the system python3 (its CUDA torch; nothing is
+#                   installed but convoy itself, editable, without dependencies)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # torch is pinned to the local CPU build and installed first, so that nothing pulls a CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test test-gpu venv bench clean
+.PHONY: demo test test-simulated-gpu test-gpu venv bench clean
 
 $(BIN)/convoy: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,14 +28,27 @@ demo: venv
 
 test: venv
 	$(BIN)/python -m pytest -q
+	@$(MAKE) --no-print-directory test-simulated-gpu
+
+# The tests that start ranks through convoy (tests/launch_sites.py lists them), with convoy seeing one H100
+# (an inventory file) and CUDA_VISIBLE_DEVICES exported (the suite scrubs it): what fails only on a GPU box.
+SIMULATED_GPU ?= tests/inventories/1xh100.json
+
+test-simulated-gpu: venv
+	@tests="$$($(BIN)/python -m tests.launch_sites --tests)" && [ -n "$$tests" ] && \
+	echo "simulated one-GPU pass ($(SIMULATED_GPU)): $$(echo "$$tests" | wc -l) tests that start ranks" && \
+	CUDA_VISIBLE_DEVICES=0 $(BIN)/python -m pytest -q -p no:cacheprovider --simulate-inventory $(SIMULATED_GPU) $$tests
 
 GPU_PYTHON ?= python3
+GPU_WORKERS ?= 8
 
+# The GPU tests one at a time (they share the GPU and time collectives), then the rest of the suite: in
+# GPU_WORKERS processes, a file each at a time, when pytest-xdist is installed; else one after the other.
 test-gpu:
 	$(GPU_PYTHON) -m pip install -q --no-deps --no-build-isolation -e .
 	$(GPU_PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'test-gpu: torch.cuda.is_available() is False with $(GPU_PYTHON); run it on a GPU machine')"
-	$(GPU_PYTHON) -m pytest -q -m gpu -rs
-	$(GPU_PYTHON) -m pytest -q -rs
+	$(GPU_PYTHON) -m pytest -q -rs -m gpu
+	$(GPU_PYTHON) -m pytest -q -rs -m "not gpu" $$($(GPU_PYTHON) -c "import xdist; print('-n $(GPU_WORKERS) --dist loadfile')" 2>/dev/null)
 
 bench: venv
 	$(BIN)/python benchmarks/cli_latency.py

@@ -5,11 +5,13 @@ The suite gives the same result on a CPU box, a 1-GPU box and an 8-GPU box, what
 
 * before collection, the variables that change what convoy, torch or the launcher do are removed from
   ``os.environ`` for the whole session (``SCRUBBED``, every ``CONVOY_*``, ``TORCHELASTIC_*``, ``SLURM_*``,
-  ``ACCELERATE_*``, torchrun's ``PET_*``), leases go to a temporary ``CONVOY_LEASE_DIR``, and
-  ``HOME``/``XDG_CONFIG_HOME`` point at a temporary directory so the user's settings file is not read (nor
-  their calibration cache written: without ``XDG_CACHE_HOME`` it is under that ``HOME``);
-* after each test, a test that leaves a lease held, a process running (stopped, then reported) or a watched
-  variable changed fails, and the process's ``AcceleratorState`` is reset (it is process-wide, as Accelerate's);
+  ``ACCELERATE_*``, torchrun's ``PET_*``), leases go to a temporary ``CONVOY_LEASE_DIR``, and ``HOME``/``XDG_CONFIG_HOME`` point at
+  a temporary directory so the user's settings file is not read (nor their calibration cache written: without
+  ``XDG_CACHE_HOME`` it is under that ``HOME``), and the session works in an empty temporary directory, so a
+  project settings file (``./convoy.toml``) where pytest was started is not read either;
+* after each test, a test that leaves a lease held, a process running (stopped, then reported), a watched
+  variable or the working directory changed fails, and the process's ``AcceleratorState`` is reset (it is
+  process-wide, as Accelerate's);
 * ``@pytest.mark.gpu`` tests run only where ``torch.cuda.is_available()`` (asked in a fresh process, so the
   test runner never touches CUDA itself) and are skipped cleanly elsewhere.
 
@@ -85,10 +87,20 @@ def pytest_configure(config):
     if "removed" not in _session:
         _session["removed"] = scrub_environment(os.environ,
                                                 simulate_inventory=config.getoption("--simulate-inventory"))
+        # convoy reads the project's settings from ./convoy.toml: the session works where there is none (pytest
+        # has read its arguments already, relative to where it was started). pytest-xdist's controller runs no
+        # test and starts its workers in its own directory, where they read the same arguments: it stays.
+        if not (getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")):
+            _session["started_in"] = os.getcwd()
+            work = _session["scratch"] / "work"
+            work.mkdir()
+            os.chdir(work)
 
 
 def pytest_unconfigure(config):
     scratch = _session.get("scratch")
+    if "started_in" in _session:
+        os.chdir(_session["started_in"])
     if isinstance(scratch, Path):
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -140,8 +152,12 @@ def pytest_collection_modifyitems(config, items):
 def _no_leaks():
     """Fail a test that leaks variables, a live process group, a running process or a held lease."""
     before = {k: os.environ.get(k) for k in _WATCHED}
+    cwd = os.getcwd()
     yield
     leaked = {k: os.environ.get(k) for k in _WATCHED if os.environ.get(k) != before[k]}
+    moved = os.getcwd() if os.getcwd() != cwd else None
+    if moved:
+        os.chdir(cwd)
     for k, v in before.items():  # restore, so one leak does not cascade into other failures
         if v is None:
             os.environ.pop(k, None)
@@ -157,6 +173,7 @@ def _no_leaks():
         processes.stop_tree(pid, grace=1.0)
     leases = held_leases(Path(os.environ["CONVOY_LEASE_DIR"]))
     assert not leaked, f"test leaked environment variables: {leaked}"
+    assert not moved, f"test left the working directory changed to {moved} (monkeypatch.chdir restores it)"
     assert not live_group, "test left a torch.distributed process group initialised"
     assert not stopped, f"test left started processes running (stopped now): {stopped}"
     assert not children, f"test left child processes running (stopped now): {children}"

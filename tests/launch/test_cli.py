@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests import processes
+from tests.distributed import cpu_env
 
 from convoy.cli import launch as cli
 from convoy.cli.main import _command_parser, main
@@ -48,7 +49,7 @@ def test_conflicting_counts_exit_2_with_one_line(capsys):
     assert main(["launch", "--num_processes", "4", "--nproc-per-node", "3", "x.py"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--num_processes 4 means 4 per node but --nproc-per-node 3 says otherwise" in err
-    assert main(["launch", "--logs-specs", "x", "x.py"]) == 1
+    assert main(["launch", "--devices", "0", "--logs-specs", "x", "x.py"]) == 1
     assert "not supported by convoy launch yet" in capsys.readouterr().err
     # --num_processes divides by the nodes as the launch plan reads --nnodes (it was int('²') and a modulo by 0)
     for nodes, why in (("²", "--nnodes: '²' is not valid; expected a node count"), ("0", "a node count like 2")):
@@ -190,10 +191,10 @@ def test_same_variables_as_torchrun():
     """An unmodified torchrun script sees the same variable names under convoy launch as under torchrun."""
     pytest.importorskip("torch")
     runs = {}
-    for name, prefix in {"convoy": [sys.executable, "-m", "convoy", "launch"],
+    for name, prefix in {"convoy": [sys.executable, "-m", "convoy", "launch", "--devices", "0"],
                          "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone"]}.items():
         out = processes.run([*prefix, "--nproc-per-node", "1", SHOW_ENV], capture_output=True, text=True,
-                             timeout=60, check=True).stdout
+                             env=cpu_env(), timeout=60, check=True).stdout
         runs[name] = json.loads(out.split("KEYS ", 1)[1].splitlines()[0])
     missing = set(runs["torchrun"]) - set(runs["convoy"])
     assert missing == set(), missing

@@ -118,15 +118,15 @@ def test_free_moves_a_count_past_devices_another_job_leased(inventory_path, tmp_
     env = {**ENV, "CONVOY_INVENTORY": str(inventory), "CONVOY_LEASE_DIR": str(tmp_path)}
     env.pop("CUDA_VISIBLE_DEVICES")
 
-    def launch(*argv):
-        return processes.run([sys.executable, "-m", "convoy", "launch", *argv], capture_output=True, text=True,
-                             env=env, timeout=60)
+    def launch(devices, *argv):  # GPUs of the inventory file
+        return processes.run([sys.executable, "-m", "convoy", "launch", "--devices", devices, *argv],
+                             capture_output=True, text=True, env=env, timeout=60)
 
     with lease_devices(load_inventory(inventory).devices[:2], lock_dir=tmp_path):
-        plan = launch("--devices", "2", "--free", "--dry-run", "--no-python", "true")
-        job = launch("--devices", "2", "--free", "--no-python", "sh", "-c", "echo visible=$CUDA_VISIBLE_DEVICES")
-        listed = launch("--devices", "1,2", "--free", "--wait", "0.5", "--no-python", "true")
-        unleased = launch("--devices", "2", "--free", "--no-lease", "--dry-run", "--no-python", "true")
+        plan = launch("2", "--free", "--dry-run", "--no-python", "true")
+        job = launch("2", "--free", "--no-python", "sh", "-c", "echo visible=$CUDA_VISIBLE_DEVICES")
+        listed = launch("1,2", "--free", "--wait", "0.5", "--no-python", "true")
+        unleased = launch("2", "--free", "--no-lease", "--dry-run", "--no-python", "true")
     assert plan.returncode == 0 and "CUDA_VISIBLE_DEVICES=2,3" in plan.stdout, plan.stdout + plan.stderr
     assert "left GPU 0 (NVIDIA H100 80GB HBM3): leased by pid" in plan.stdout
     assert job.returncode == 0 and job.stdout.count("visible=2,3") == 2, job.stdout + job.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 
 import pytest
@@ -76,7 +77,17 @@ def test_a_leased_gpu_stops_the_call_before_any_rank_starts(gpu_inventory):
         gpu_inventory(1).release()  # all or none: GPU 1 was not kept by the failed call
 
 
-def test_a_raising_rank_or_an_interrupt_releases_the_lease(gpu_inventory):
+@pytest.fixture
+def ctrl_c_interrupts():
+    """Ctrl-C raises KeyboardInterrupt here, as in a notebook: Python's default SIGINT handler, which it installs
+    only when SIGINT was not ignored at start (a background job of a non-interactive shell, nohup and some CI
+    runners start the suite with SIGINT ignored)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_a_raising_rank_or_an_interrupt_releases_the_lease(gpu_inventory, ctrl_c_interrupts):
     with pytest.raises(ValueError, match="rank failed on purpose"):
         convoy.launch(fn_targets.raises_value_error, devices="0,1")
     gpu_inventory(0).release()

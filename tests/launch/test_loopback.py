@@ -1,4 +1,6 @@
-"""A single-node job listens on 127.0.0.1 only: the rendezvous store (both engines, convoy.launch(fn)) and gloo."""
+"""A single-node job listens on 127.0.0.1 only: the rendezvous store (both engines, convoy.launch(fn)) and gloo.
+
+CPU processes on every machine (``--devices 0``): on a one-GPU box two ranks would be refused by the plan."""
 
 from __future__ import annotations
 
@@ -31,8 +33,9 @@ def _job_token(pid: int) -> str:
 @pytest.mark.parametrize("engine", [[], ["--max-restarts", "1"]], ids=["direct", "elastic"])
 def test_every_listening_socket_of_a_single_node_job_is_on_loopback(engine, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}
-    launcher = subprocess.Popen([sys.executable, "-m", "convoy", "launch", "--nproc-per-node", "2", *engine, SCRIPT,
-                                 str(tmp_path)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    launcher = subprocess.Popen([sys.executable, "-m", "convoy", "launch", "--devices", "0", "--nproc-per-node", "2",
+                                 *engine, SCRIPT, str(tmp_path)], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 90
         while not all((tmp_path / f"rank{r}").exists() for r in (0, 1)):
@@ -66,7 +69,7 @@ def _rank0_listeners():
 
 @pytest.mark.slow
 def test_convoy_launch_fn_listens_on_loopback_only():
-    sockets, port = convoy.launch(_rank0_listeners, nproc_per_node=2, start_method="spawn")
+    sockets, port = convoy.launch(_rank0_listeners, devices=0, nproc_per_node=2, start_method="spawn")
     assert any(p == port for _, _, p in sockets) and all(a == "127.0.0.1" for _, a, _ in sockets), sockets
 
 

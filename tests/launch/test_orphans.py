@@ -15,6 +15,8 @@ import pytest
 from convoy.devices.inventory import load_inventory
 from convoy.devices.lease import lease_holders
 from convoy.launch.guard import job_processes, sweep
+from tests import processes
+from tests.distributed import REPO, cpu_env
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "spawn_child.py")
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the guard reads /proc")
@@ -81,7 +83,9 @@ def test_sweep_kills_the_processes_carrying_the_token_and_only_those():
     other = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "CONVOY_JOB_ID": token + "x"})
     nested = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "CONVOY_JOB_ID": f"{token}:inner"})
     try:
-        assert sorted(job_processes(token)) == sorted([ours.pid, nested.pid])
+        # a child's /proc environ is empty for a moment after Popen returns (the kernel closes the exec pipe
+        # before it sets up the new environment): under load that moment was seen
+        _wait_for(lambda: sorted(job_processes(token)) == sorted([ours.pid, nested.pid]), 10, "both job processes")
         assert sweep(token, timeout=5) == 2
         assert ours.wait(timeout=5) == -signal.SIGKILL and nested.wait(timeout=5) == -signal.SIGKILL
         assert other.poll() is None
@@ -97,10 +101,20 @@ def _start_a_daemon():
 
 
 def test_convoy_launch_fn_leaves_no_child_of_a_rank_behind():
-    import convoy
-
-    pid = convoy.launch(_start_a_daemon, nproc_per_node=1, start_method="fork")
-    assert not _alive(pid)  # it left the rank's process group, but carried the job's id
+    # In a fresh caller: convoy.launch refuses start_method="fork" once CUDA is initialised in the calling process,
+    # and a test that ran before in this process may have initialised it (an in-process Accelerator on cuda:0;
+    # the H100 run with 4 test workers failed here so).
+    code = ("import convoy; from tests.launch.test_orphans import _start_a_daemon; "
+            "print(convoy.launch(_start_a_daemon, devices=0, nproc_per_node=1, start_method='fork'))")
+    done = processes.run([sys.executable, "-c", code], capture_output=True, text=True, env=cpu_env(), cwd=REPO,
+                         timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    pid = int(done.stdout.split()[-1])
+    try:
+        assert not _alive(pid)  # it left the rank's process group, but carried the job's id
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("threaded", [False, True], ids=["forked-guard", "spawned-guard"])

@@ -1,4 +1,6 @@
-"""A raw torch all_reduce that one rank never joins ends the job within the timeout, naming that rank."""
+"""A raw torch all_reduce that one rank never joins ends the job within the timeout, naming that rank.
+
+CPU processes on every machine (``--devices 0``): on a one-GPU box two ranks would be refused by the plan."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ SCRIPT = str(Path(__file__).parent / "scripts" / "skip_collective.py")
 @pytest.mark.parametrize("engine", [[], ["--max-restarts", "0", "--engine", "elastic"]], ids=["direct", "elastic"])
 def test_a_skipped_raw_all_reduce_ends_the_job_naming_the_missing_rank(engine):
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "convoy", "launch", "--nproc-per-node", "2", *engine,
+    proc = subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", "0", "--nproc-per-node", "2", *engine,
                            "--collective-timeout", "3", SCRIPT], capture_output=True, text=True, timeout=110)
     elapsed = time.monotonic() - start
     assert proc.returncode == 1, proc.stderr
@@ -29,8 +31,8 @@ def test_a_skipped_raw_all_reduce_ends_the_job_naming_the_missing_rank(engine):
 
 
 def test_raw_process_groups_get_convoys_default_timeout():
-    proc = subprocess.run([sys.executable, "-m", "convoy", "launch", "--nproc-per-node", "1", SCRIPT, "report"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", "0", "--nproc-per-node", "1", SCRIPT,
+                           "report"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "default timeout 300.0" in proc.stdout  # torch's own default for gloo is 1800 s
 

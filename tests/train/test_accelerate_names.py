@@ -15,7 +15,7 @@ from convoy import (Accelerator, AcceleratorState, AutocastKwargs, DistributedDa
                     GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs, PartialState)
 from convoy.errors import ConfigError, NotSupportedYetError
 from convoy.train.process_group import stop_process_group
-from tests.distributed import run_script
+from tests.distributed import cpu_env, run_script
 from tests.train.test_scripts import SCRIPTS
 
 
@@ -113,10 +113,11 @@ def test_kwargs_handlers_are_applied():
     assert fp16.scaler.get_scale() == 1024.0
     AcceleratorState._reset_state()  # the process's mixed precision is set once, as in Accelerate
     bf16 = Accelerator(mixed_precision="bf16", kwargs_handlers=[AutocastKwargs(enabled=False)])
+    where = bf16.device.type  # autocast is per device type: cuda on a GPU box, cpu elsewhere
     with bf16.autocast():
-        assert not torch.is_autocast_enabled("cpu")
+        assert not torch.is_autocast_enabled(where)
     with bf16.autocast(AutocastKwargs()):
-        assert torch.is_autocast_enabled("cpu")
+        assert torch.is_autocast_enabled(where) and torch.get_autocast_dtype(where) == torch.bfloat16
 
 
 def test_refused_arguments_say_what_to_use():
@@ -286,11 +287,25 @@ def test_accelerate_names_on_two_cpu_processes():
 
 @pytest.mark.slow
 def test_notebook_launcher_runs_the_function_on_two_cpu_processes():
-    import os
-    import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    out = subprocess.run([sys.executable, str(SCRIPTS / "notebook_launch.py")], capture_output=True, text=True,
-                         env={**env, "OMP_NUM_THREADS": "1"}, timeout=120)
+    from tests import processes
+
+    # CPU processes where no accelerator is visible: the notebook's process hides them (on a GPU box too)
+    out = processes.run([sys.executable, str(SCRIPTS / "notebook_launch.py")], capture_output=True, text=True,
+                        env=cpu_env(), timeout=120)
     assert "RESULT (0, 2, 'MULTI_CPU', 7)" in out.stdout, out.stdout + out.stderr[-3000:]
+
+
+def test_notebook_launcher_with_more_processes_than_gpus_is_one_error_saying_what_to_do(inventory_path, monkeypatch):
+    # a one-GPU box: Accelerate starts both processes and rank 1 dies on cuda:1; convoy starts none
+    monkeypatch.setenv("CONVOY_INVENTORY", str(inventory_path("1xh100")))
+    with pytest.raises(ConfigError) as err:
+        convoy.notebook_launcher(print, args=("never printed",), num_processes=2)
+    assert str(err.value) == (
+        "notebook_launcher(num_processes=2) starts one process per accelerator, but 1 is visible (GPU 0 (NVIDIA H100 "
+        "80GB HBM3)); give num_processes=1, or for 2 CPU processes call convoy.launch(function, args, devices=0, "
+        "nproc_per_node=2)")
+    for bad in (0, "2", 1.5, True):
+        with pytest.raises(ConfigError, match=re.escape(f"notebook_launcher(num_processes={bad!r}): give a whole")):
+            convoy.notebook_launcher(print, num_processes=bad)

@@ -3,13 +3,21 @@
     from convoy import notebook_launcher
     notebook_launcher(train, args=(1e-3,), num_processes=2)     # -> rank 0's return value
 
-One machine only: ``num_processes`` processes (one per accelerator when there are accelerators, else CPU
-processes), restarted up to ``max_restarts`` times after a failure; the rendezvous arguments of Accelerate's
-multi-node form are refused with what to use instead.
+One machine only: ``num_processes`` processes, one per accelerator when this process sees accelerators (its
+``CUDA_VISIBLE_DEVICES`` and the other vendors' masks apply), else CPU processes; restarted up to
+``max_restarts`` times after a failure; the rendezvous arguments of Accelerate's multi-node form are refused
+with what to use instead.
+
+More processes than visible accelerators is one ``ConfigError`` before anything starts, naming what to do
+(Accelerate starts them all, and every rank past the last GPU dies on a device that does not exist):
+
+    notebook_launcher(train, num_processes=2)      # on a one-GPU machine: ConfigError
+    convoy.launch(train, devices=0, nproc_per_node=2)   # 2 CPU processes there instead
 """
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Sequence
 
 from convoy.errors import ConfigError, NotSupportedYetError
@@ -44,12 +52,40 @@ def notebook_launcher(function: Callable[..., Any], args: Sequence[Any] = (), nu
         raise ConfigError(f"notebook_launcher(rdzv_backend={rdzv_backend!r}): give static, c10d, etcd or etcd-v2")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"notebook_launcher(max_restarts={max_restarts!r}): give a whole number >= 0")
-    where = {"devices": "auto"} if num_processes is None else (
-        {"devices": num_processes} if _accelerator_count() > 0 else {"nproc_per_node": num_processes})
-    return launch(function, args=args, mixed_precision=mixed_precision, max_restarts=max_restarts, **where)
+    return launch(function, args=args, mixed_precision=mixed_precision, max_restarts=max_restarts,
+                  **_where(num_processes))
 
 
-def _accelerator_count() -> int:
+def _where(num_processes: Any) -> dict[str, Any]:
+    """``convoy.launch``'s devices for ``num_processes``: that many of the visible accelerators, or CPU processes
+    where none is visible."""
+    if num_processes is None:
+        return {"devices": "auto"}
+    try:
+        count = None if isinstance(num_processes, bool) else operator.index(num_processes)  # int, numpy's ints
+    except TypeError:
+        count = None
+    if count is None or count < 1:
+        raise ConfigError(f"notebook_launcher(num_processes={num_processes!r:.40}): give a whole number >= 1, "
+                          f"or leave it out for one process per accelerator")
+    num_processes = count
+    visible = _visible_accelerators()
+    if not visible:
+        return {"nproc_per_node": num_processes}
+    if num_processes > len(visible):
+        named = ", ".join(d.label for d in visible[:4]) + (", ..." if len(visible) > 4 else "")
+        raise ConfigError(f"notebook_launcher(num_processes={num_processes}) starts one process per accelerator, "
+                          f"but {len(visible)} {'is' if len(visible) == 1 else 'are'} visible ({named}); give "
+                          f"num_processes={len(visible)}, or for {num_processes} CPU processes call "
+                          f"convoy.launch(function, args, devices=0, nproc_per_node={num_processes})")
+    return {"devices": num_processes}
+
+
+def _visible_accelerators() -> tuple:
+    """The accelerators this process sees: the machine's, less what its visibility variables hide."""
+    import os
+
     from convoy.devices.discovery import discover
+    from convoy.devices.visibility import visible_devices
 
-    return len(discover().devices)
+    return visible_devices(discover(os.environ), os.environ).devices

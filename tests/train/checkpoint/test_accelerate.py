@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ import torch
 from convoy.errors import CheckpointError
 from convoy.train.checkpoint.accelerate import is_accelerate_checkpoint, latest_accelerate_checkpoint
 from convoy.train.checkpoint.files import load_file as safe_load
-from tests.distributed import run_script
+from tests.distributed import cpu_env, run_script
 from tests.processes import side_by_side
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "accelerate_resume.py"
@@ -25,8 +24,9 @@ K, M = 3, 2  # steps before the checkpoint, steps after it
 
 
 def _run(args: list[str], nproc: int = 1) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["OMP_NUM_THREADS"] = "1"
+    """Outside convoy: one plain process, or torchrun's ``nproc``. On the CPU, as convoy's runs compared with it
+    (torchrun would put rank 1 on cuda:1, and one process would train on cuda:0: other numbers)."""
+    env = {k: v for k, v in cpu_env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     launcher = [] if nproc == 1 else ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
     proc = subprocess.run([sys.executable, *launcher, str(SCRIPT), *args], capture_output=True, text=True,
                           env=env, timeout=180)
@@ -197,5 +197,5 @@ def test_an_accelerate_checkpoint_without_this_ranks_random_states_still_loads(t
     directory = tmp_path / "checkpoint_0"
     saved = _accelerate_layout(directory)
     (directory / "random_states_0.pkl").unlink()
-    model = _load_into_fresh(directory)
-    assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())
+    model = _load_into_fresh(directory)  # on accelerator.device: compared on the CPU, where the file was written
+    assert all(torch.equal(model.state_dict()[k].cpu(), v) for k, v in saved.items())

@@ -9,6 +9,7 @@ skipped here with the reason.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import subprocess
 import sys
@@ -62,6 +63,11 @@ EXPECTED: dict[str, list[str]] = {
         "test_torch_metrics#5", "test_gather_for_metrics_drop_last#1"],
 }
 
+# checks that need an optional package: skipped without it, as Accelerate's own suite skips them
+# (accelerate.test_utils.require_torchdata_stateful_dataloader); the script calls them either way
+NEEDS: dict[str, str] = {"test_stateful_dataloader#1": "torchdata.stateful_dataloader",
+                         "test_stateful_dataloader_save_state#1": "torchdata.stateful_dataloader"}
+
 # scripts that start their own processes (notebook_launcher): run by plain python, ACCELERATE_NUM_PROCESSES=2
 PLAIN = {"test_notebook.py"}
 ELAPSED: dict[str, float] = {}  # seconds each PLAIN script took
@@ -102,6 +108,13 @@ SYNC_EXTRA = [f"test_gradient_accumulation#{i}" for i in range(1, 9)] + [
 _LINE = re.compile(r"@@check (\S+) rank=(\d+) (PASS|FAIL) ?(.*)")
 
 
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # its parent package is missing
+        return False
+
+
 @lru_cache(maxsize=None)
 def _results(script: str) -> tuple[dict[str, dict[int, str]], str]:
     """label -> {rank: "PASS" or the failure}, and the launch's output (one launch per script)."""
@@ -126,6 +139,8 @@ def _results(script: str) -> tuple[dict[str, dict[int, str]], str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("script,label", [(s, c) for s, labels in EXPECTED.items() for c in labels])
 def test_accelerate_check_passes_under_convoy(script, label):
+    if label in NEEDS and not _installed(NEEDS[label]):
+        pytest.skip(f"{script}: {label} needs {NEEDS[label]}, which is not installed (pip install torchdata)")
     checks, output = _results(script)
     per_rank = checks.get(label)
     assert per_rank is not None, f"{script}: {label} never ran; the script stopped before it:\n{output[-3000:]}"
