@@ -160,11 +160,11 @@ def test_a_flag_given_is_not_read_from_its_variable_even_when_the_variable_is_ba
 
 @pytest.mark.slow
 def test_two_pytorchjob_pods_on_loopback_train_from_their_environment_alone():
-    """Two `convoy launch train.py` with nothing but a PyTorchJob pod's environment (and CONVOY_DEVICES=0 for
-    CPU ranks on any machine): node ranks, world size and rendezvous come from PET_*, as under torchrun."""
+    """Two `convoy launch train.py` with nothing but a PyTorchJob pod's environment (and --devices 0 for CPU
+    ranks on any machine): node ranks, world size and rendezvous come from PET_*, as under torchrun."""
     port = free_port()
-    pods = [start([sys.executable, "-m", "convoy", "launch", str(SCRIPTS / "ddp_train.py"), "--steps", "2"],
-                  env=cpu_env({**pytorchjob(rank, port), "CONVOY_DEVICES": "0"})) for rank in (1, 0)]
+    pods = [start([sys.executable, "-m", "convoy", "launch", "--devices", "0", str(SCRIPTS / "ddp_train.py"),
+                   "--steps", "2"], env=cpu_env(pytorchjob(rank, port))) for rank in (1, 0)]
     outs = [finish(pod, timeout=120) for pod in pods]
     assert [pod.returncode for pod in pods] == [0, 0], outs
     assert f"[rank1]: trained rank=1 world=2 local=0 port={port}" in outs[0], outs[0]  # PET_NODE_RANK=1
