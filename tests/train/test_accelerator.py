@@ -23,7 +23,9 @@ PUBLIC = [
     "init_trackers", "is_last_process", "is_local_main_process", "is_main_process", "join_uneven_inputs",
     "load_state", "local_main_process_first", "local_process_index", "log", "logging_dir", "main_process_first",
     "mixed_precision", "no_sync", "num_processes", "on_last_process", "on_local_main_process", "on_local_process",
-    "on_main_process", "on_process", "optimizer_step_was_skipped", "pad_across_processes", "prepare",
+    "on_main_process", "on_process", "optimizer_step_was_skipped", "pad_across_processes",
+    "plan_report",  # convoy's own, not an Accelerate name: the plan beside what the first steps measured
+    "prepare",
     "prepare_data_loader", "prepare_model", "prepare_optimizer", "prepare_scheduler", "print", "process_index",
     "project_dir", "reduce", "register_for_checkpointing", "register_load_state_pre_hook",
     "register_save_state_pre_hook", "save", "save_model", "save_state", "set_trigger", "skip_first_batches",

@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Collection
+from typing import Any, Callable, Collection, Mapping
 
 from convoy.errors import PlanError
 from convoy.plan.calibration import Calibration
@@ -28,6 +28,7 @@ from convoy.plan.candidates import STRATEGY_NAMES, Candidate, enumerate_candidat
 from convoy.plan.hardware import GpuSpec, Hardware, hardware_from_inventory, lookup_gpu, parse_hardware
 from convoy.plan.memory import Layout, MemoryBreakdown, RunSpec, memory_per_gpu
 from convoy.plan.model import ModelSpec, resolve_model
+from convoy.plan.observed import Observation, case_key, observations_here
 from convoy.plan.recommend import Recommendation, Row, recommend
 from convoy.plan.rates import Rates, rates_for
 from convoy.plan.timing import step_time
@@ -62,6 +63,9 @@ class Plan:
     """One sentence: which time model the step times come from, and why."""
     time_model: str = "modeled"
     """Where the rates came from: ``calibrated``, ``profile``, ``modeled`` or ``datasheet`` (``convoy.plan.rates``)."""
+    observations: Mapping[str, Observation] = field(default_factory=dict)
+    """Candidate name -> what a job measured for exactly that case on this machine; those rows' step times are
+    the measured ones (``convoy.plan.observed``)."""
 
     def row(self, name: str) -> Row:
         for r in self.rows:
@@ -79,7 +83,8 @@ class Plan:
                          "nodes": hw.nodes, "intra": hw.intra, "intra_bytes_per_s": hw.intra_bandwidth,
                          "inter_gbps": hw.inter_gbps, "source": hw.gpu.source},
             "time_model": {"kind": self.time_model, "note": self.time_note,
-                           "calibration": self.calibration.as_dict() if self.calibration else None},
+                           "calibration": self.calibration.as_dict() if self.calibration else None,
+                           "observed": {name: o.as_dict() for name, o in self.observations.items()}},
             "single_gpu": self.single_gpu.as_dict(),
             "candidates": [r.as_dict() for r in self.rows],
             "recommendation": self.recommendation.as_dict(),
@@ -93,12 +98,15 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
              efficiency: float | None = None, offload: bool = True,
              allowed: Collection[str] | None = None, explain_breaks: bool = True,
              keep: Callable[[Candidate], bool] | None = None, calibration: Calibration | None = None,
-             time_note: str = "", precision_for: Callable[[Candidate], str] | None = None) -> Plan:
+             time_note: str = "", precision_for: Callable[[Candidate], str] | None = None,
+             observed: Mapping[str, Observation] | None = None) -> Plan:
     """The plan for already-resolved inputs (``plan`` resolves names, files and the inventory first).
 
     ``keep``: a further filter on the candidates (``Accelerator(strategy="auto")`` keeps what its trainer runs).
     ``precision_for``: the precision recipe each candidate runs in, where it is not ``run.precision`` for all of
-    them (a trainer whose sharded strategies gather 16-bit weights while its replicated ones autocast)."""
+    them (a trainer whose sharded strategies gather 16-bit weights while its replicated ones autocast).
+    ``observed``: what jobs measured on this machine, by ``case_key`` (``observations_here``): a candidate whose
+    case is there takes the measured step time."""
     if efficiency is not None and not 0 < efficiency <= 1:
         raise PlanError(f"efficiency must be in (0, 1], got {efficiency}")
     _check_scale(hw)
@@ -107,6 +115,7 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
     if gb < run.micro_batch:
         raise PlanError(f"global batch {gb} is smaller than the micro-batch {run.micro_batch}")
     rows = []
+    applied: dict[str, Observation] = {}
     uneven: set[int] = set()
     alone = {"zero3" if name == "fsdp" else name for name in allowed or ()} & {"zero1", "zero2", "zero3"}
     for cand in enumerate_candidates(model, hw, global_batch=gb, micro_batch=run.micro_batch, offload=offload,
@@ -121,6 +130,10 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
         own = replace(run, precision=precision_for(cand)) if precision_for is not None else run
         mem = memory_per_gpu(model, own, cand.layout)
         t = step_time(model, own, cand.layout, hw, global_batch=gb, rates=rates)
+        seen = observed.get(case_key(model, own, cand.layout, hw)) if observed else None
+        if seen is not None:  # this job ran here: its measured step, the model's breakdown scaled to it
+            t = replace(t, correction=seen.measured_s / t.seconds)
+            applied[cand.name] = seen
         rows.append(Row(candidate=cand, memory=mem, time=t, fits=mem.total <= hw.gpu.memory_bytes,
                         precision=own.precision))
     if not rows and uneven:
@@ -144,7 +157,7 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
                                        f"{format_seconds(full.time.seconds)} per step.",))
     return Plan(model=model, run=run, hardware=hw, global_batch=gb, efficiency=efficiency, rows=tuple(rows),
                 single_gpu=single, recommendation=rec, calibration=calibration, time_model=rates.kind,
-                time_note=_time_note(rates, time_note))
+                time_note=_time_note(rates, time_note) + _corrected_note(applied), observations=applied)
 
 
 def _show(value: Any) -> str:
@@ -244,6 +257,11 @@ def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory
     if allowed is not None and (isinstance(allowed, (str, bytes)) or not all(isinstance(a, str) for a in allowed)):
         raise PlanError(f"allowed={_show(allowed)}: give a collection of strategy names such as ['ddp', 'fsdp']")
     spec = resolve_model(model, params=params, **shape)
+    here = None  # this machine's devices, when probed: for the hardware, a calibration and what jobs measured
+    if hardware is None and inventory is None:
+        from convoy.devices.discovery import discover
+
+        inventory = here = discover()
     hw = resolve_hardware(hardware, inventory=inventory, nodes=nodes, intra=intra, intra_gbs=intra_gbs,
                           inter_gbps=inter_gbps, gpu_memory_gib=gpu_memory_gib, peak_tflops=peak_tflops)
     run = RunSpec(seq_len=seq_len, micro_batch=micro_batch, global_batch=global_batch, precision=precision,
@@ -252,11 +270,14 @@ def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory
     if calibrate:
         from convoy.plan.calibrate import resolve_calibration
 
-        calibration, why = resolve_calibration(hw, spec, run)
+        calibration, why = resolve_calibration(hw, spec, run, inventory=here)
         if calibration is None:
             note = f"{why}; step times use {rates_for(hw.gpu, efficiency=efficiency).describe()}"
+    # the cases jobs measured on this GPU (convoy.plan.observed); none under efficiency=, which asks for the
+    # datasheet model alone
+    observed = observations_here(hw, inventory=here) if efficiency is None else {}
     return plan_for(spec, run, hw, efficiency=efficiency, offload=offload, allowed=allowed, calibration=calibration,
-                    time_note=note)
+                    time_note=note, observed=observed)
 
 
 def resolve_hardware(hardware: str | Hardware | None = None, *, inventory: Any = None, nodes: int = 1,
@@ -300,6 +321,15 @@ def _time_note(rates: Rates, given: str = "") -> str:
     """The one sentence every plan shows about its step times: ``given`` (why a calibration was not used, said
     by the caller), else where ``rates`` come from."""
     return given or f"step times use {rates.describe()}"
+
+
+def _corrected_note(applied: Mapping[str, Observation]) -> str:
+    """What the time line adds for rows a job measured on this machine (marked * in the table)."""
+    if not applied:
+        return ""
+    rows = ", ".join(f"{name} ({format_seconds(o.measured_s)} measured over {o.steps} steps, the model said "
+                     f"{format_seconds(o.planned_s)})" for name, o in applied.items())
+    return f"; corrected by a measurement of this job on this machine (marked *): {rows}"
 
 
 def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: int, precision: str = "bf16",
@@ -361,7 +391,8 @@ def format_plan(p: Plan) -> str:
         gib = [format_bytes(x, binary=True) for x in (mem.params, mem.grads, mem.optimizer, mem.master,
                                                        mem.activations, mem.buffers, mem.temporary, mem.total)]
         table.append((r.name, str(d.dp), str(d.tp), str(d.pp), *gib, "yes" if r.fits else "NO",
-                      format_seconds(r.time.seconds), format_bytes(r.time.comm_bytes, binary=True),
+                      format_seconds(r.time.seconds) + ("*" if r.name in p.observations else ""),
+                      format_bytes(r.time.comm_bytes, binary=True),
                       f"{r.time.mfu:.0%}"))
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:

@@ -7,12 +7,16 @@
 A ``Calibration`` holds achieved rates, not a single efficiency: matmul FLOP/s per GEMM shape (the model's
 own shapes), the seconds of one fused-attention forward + backward per shape, the memory bandwidth of a large
 copy, the per-kernel launch overhead, and (several GPUs) the peer-to-peer copy bandwidth. The measuring code
-is ``convoy.plan.calibrate`` (imports torch); this module is plain data and a JSON cache, torch-free.
+is ``convoy.plan.calibrate`` (imports torch); this module is plain data and a JSON cache, torch-free. A record
+also keeps what training jobs measured on the device next to their plans (``observed``, written by the
+``Accelerator`` after its first steps and read by later plans: ``convoy.plan.observed``); a record may hold
+only those, no rates (``has_rates``).
 
 The cache is one JSON file, ``$XDG_CACHE_HOME/convoy/calibration.json`` (``~/.cache/...`` by default),
-a map from ``calibration_key(device name, device uuid, torch version)`` to a record. A record is used only for
-the same device (uuid, else name), the same torch version and the same ``FORMAT``; anything else is measured
-again. Shapes missing from a record are measured and merged in.
+a map from ``calibration_key(device name, device uuid, torch version)`` to a record. A record's rates are used only
+for the same device (uuid, else name), the same torch version and the same ``FORMAT``; anything else is
+measured again. Shapes missing from a record are measured and merged in. ``cached_records`` reads every entry,
+whatever its torch version, without torch (how ``convoy plan`` finds the observations of the GPU at hand).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -28,9 +33,11 @@ from typing import Any, Mapping
 from convoy.errors import PlanError
 
 __all__ = ["Calibration", "FORMAT", "cache_path", "calibration_key", "load_calibration", "save_calibration",
-           "gemm_key", "attention_key", "DATASHEET_MODEL", "time_model"]
+           "cached_records", "gemm_key", "attention_key", "DATASHEET_MODEL", "time_model"]
 
-#: bump when a field's meaning changes: older records are then ignored (measured again)
+#: bump when a field's meaning changes: older records are then ignored (measured again). Adding an optional
+#: field is not such a change (``observed`` came without a bump: a record without it has none, and an older
+#: convoy drops the key it does not know)
 FORMAT = 1
 
 #: what step times rested on before device profiles (``convoy.plan.rates.FlatRates``; now ``efficiency=``)
@@ -74,11 +81,19 @@ class Calibration:
     """One-direction copy bandwidth between two devices of the node; None with one device."""
     measured_at: float = 0.0
     """Unix time of the (last) measurement."""
+    observed: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """What training jobs measured on this device next to their plans: ``convoy.plan.observed.case_key`` ->
+    ``Observation.as_dict()`` (plain JSON; ``convoy.plan.observed`` reads it)."""
     format: int = FORMAT
 
     @property
     def key(self) -> str:
         return calibration_key(self.device_name, self.device_uuid, self.torch_version)
+
+    @property
+    def has_rates(self) -> bool:
+        """False for a record that holds only observations (a job ran here, nothing was calibrated)."""
+        return bool(self.gemm_flops or self.attention_seconds or self.memory_bytes_per_s)
 
     def merged(self, other: "Calibration") -> "Calibration":
         """This record with ``other``'s shapes and rates added (``other`` wins where both measured)."""
@@ -88,17 +103,24 @@ class Calibration:
                        launch_seconds=other.launch_seconds or self.launch_seconds,
                        pointwise_seconds_per_byte=other.pointwise_seconds_per_byte or self.pointwise_seconds_per_byte,
                        peer_bytes_per_s=other.peer_bytes_per_s or self.peer_bytes_per_s,
-                       measured_at=max(self.measured_at, other.measured_at))
+                       measured_at=max(self.measured_at, other.measured_at),
+                       observed={**self.observed, **other.observed})
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["gemm_flops"], d["attention_seconds"] = dict(self.gemm_flops), dict(self.attention_seconds)
+        d["observed"] = {k: dict(v) for k, v in self.observed.items()}
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Calibration":
         names = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in d.items() if k in names})
+        fields = {k: v for k, v in d.items() if k in names}
+        if "observed" in fields:  # an edited or damaged map loses its bad entries, never the record's rates
+            seen = fields["observed"]
+            fields["observed"] = ({k: v for k, v in seen.items() if isinstance(k, str) and isinstance(v, Mapping)}
+                                  if isinstance(seen, Mapping) else {})
+        return cls(**fields)
 
     def describe(self) -> str:
         rates = sorted(self.gemm_flops.values())
@@ -156,6 +178,21 @@ def load_calibration(*, device_name: str, device_uuid: str = "", torch_version: 
     return record if _rates_are_sound(record) else None
 
 
+def cached_records(*, path: Path | None = None) -> list[Calibration]:
+    """Every sound entry of the cache, whatever its device and torch version (no torch needed to read them)."""
+    out = []
+    for entry in _read(path or cache_path()).values():
+        if not isinstance(entry, dict) or entry.get("format") != FORMAT:
+            continue
+        try:
+            record = Calibration.from_dict(entry)
+        except TypeError:
+            continue
+        if _rates_are_sound(record):
+            out.append(record)
+    return out
+
+
 def _rate(value: Any, *, positive: bool) -> bool:
     """A finite number (> 0 when ``positive``, else >= 0): what a measured rate can be."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -191,9 +228,16 @@ def save_calibration(record: Calibration, *, path: Path | None = None) -> Path:
     data[record.key] = record.as_dict()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(path)
+        # a temporary file of this writer's own (two jobs finishing at once must not write into one), then an
+        # atomic rename: a reader sees the old cache or the new one, never half of it
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(data, indent=1, sort_keys=True))
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     except OSError as err:
         raise PlanError(f"cannot write the calibration cache {str(path)!r} ({err}); set XDG_CACHE_HOME to a "
                         "writable directory") from None

@@ -96,11 +96,14 @@ class StepTime:
     time_model: str = "modeled"
     """Where the rates came from (``convoy.plan.rates``): ``"calibrated"``, ``"profile"``, ``"modeled"`` or
     ``"datasheet"``."""
+    correction: float = 1.0
+    """Multiplies the modeled step: measured / modeled for this very case, when a job measured it on this
+    machine (``convoy.plan.observed``); 1 otherwise. The breakdown above stays the model's."""
 
     @property
     def seconds(self) -> float:
-        return (self.compute + self.optimizer + self.overhead + self.exposed_dp + self.tp_comm + self.pp_comm
-                + self.offload)
+        return self.correction * (self.compute + self.optimizer + self.overhead + self.exposed_dp + self.tp_comm
+                                  + self.pp_comm + self.offload)
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -117,7 +120,8 @@ class StepTime:
                 "dp_comm": self.dp_comm,
                 "exposed_dp": self.exposed_dp, "tp_comm": self.tp_comm, "pp_comm": self.pp_comm,
                 "offload": self.offload, "comm_bytes": self.comm_bytes,
-                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu, "time_model": self.time_model}
+                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu, "time_model": self.time_model,
+                "correction": self.correction}
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: int, *, training: bool = True) -> float:

@@ -34,6 +34,7 @@ from convoy.train.arguments import check_arguments, check_plain_arguments, is_fl
 from convoy.train.coordination import Trigger, join_uneven_inputs
 from convoy.train.data import DataLoaderConfiguration, PreparedDataLoader
 from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
+from convoy.train.plan_report import PlanReport, PlanWatch
 from convoy.train.process_group import stop_process_group
 from convoy.train.prepared import LoopState
 from convoy.train.process_state import AcceleratorState, DistributedType, GradientState, distributed_type_for
@@ -146,6 +147,7 @@ class Accelerator:
         self.save_iteration = project.iteration
         self._planner = planner
         self._loop = LoopState()
+        self._plan_watch = self._new_plan_watch()
         self.step = 0  # micro-steps seen by accumulate()
         self._strategy: Strategy | None = None
         self._models: list[Any] = []
@@ -311,6 +313,7 @@ class Accelerator:
         if self.settings.mixed_precision.compute_dtype is not None:
             autocast_forward(prepared, self.autocast)
         self._models.append(prepared)
+        self._plan_watch.watch_model(model, prepared, self.device)
         return prepared
 
     def prepare_optimizer(self, optimizer: "torch.optim.Optimizer", device_placement: bool | None = None
@@ -322,6 +325,7 @@ class Accelerator:
         first_now = next((p for g in inner.param_groups for p in g["params"]), None)
         owner = next((m for m in self._models if any(p is first_now for p in m.parameters())), None)
         prepared = PreparedOptimizer(inner, state=self._loop, scaler=self.scaler)
+        self._plan_watch.watch_optimizer(inner)
         self._optimizers.append(prepared)
         self._optimizer_models.append(owner)
         return prepared
@@ -356,6 +360,20 @@ class Accelerator:
                                      split_batches=self.split_batches, num_processes=self.num_processes)
         self._schedulers.append(prepared)
         return prepared
+
+    # --- the plan next to the measurement (convoy.train.plan_report; convoy's own, not an Accelerate name) ----
+    def plan_report(self) -> PlanReport:
+        """This job's measured step time and peak memory over its first steps (optimizer steps 3 to 7) beside what
+        ``convoy.plan`` predicts for the layout it runs; until then, a report whose ``missing`` says how far it is.
+        Logged once on the main process, and kept for later plans on this device (docs/training.md)."""
+        return self._plan_watch.report()
+
+    def _new_plan_watch(self) -> PlanWatch:
+        return PlanWatch(self._plan_job, main_process=self.is_main_process)
+
+    def _plan_job(self) -> tuple[Strategy, int]:
+        """What the report plans: the strategy that runs, and the micro-steps per optimizer step."""
+        return self.strategy, self.gradient_accumulation_steps
 
     # --- the step --------------------------------------------------------------------------------------
     def backward(self, loss: "torch.Tensor", **kwargs: Any) -> None:
@@ -589,6 +607,8 @@ class Accelerator:
             held.clear()
         self._strategy = None
         self.step = 0
+        self._plan_watch.close()
+        self._plan_watch = self._new_plan_watch()
         objects = [None] * len(objects)
         gc.collect()
         if self.settings.device_type == "cuda":

@@ -1,0 +1,173 @@
+"""What a training job measured on this machine next to what its plan said, and how later plans use it.
+
+    from convoy.plan.observed import Observation, case_key, observations_here
+    key = case_key(model, run, layout, hw)                   # one job: model, layout, s x b, recipe, machine shape
+    seen = Observation(measured_s=0.071, planned_s=0.0766, measured_bytes=14.6e9, planned_bytes=14.2e9,
+                       rates="profile", steps=5, at=time.time())
+    save_calibration(Calibration(device_name=..., torch_version=..., observed={key: seen.as_dict()}))
+    plan_for(model, run, hw, observed=observations_here(hw))  # what convoy.plan() does on the GPU at hand
+
+``convoy.Accelerator`` writes one ``Observation`` per job into the calibration cache entry of its device and
+torch version (``convoy.plan.calibration``) once its first steps are measured (``convoy.train.plan_report``).
+A later plan of the same case on that device takes the measured step time instead of the modeled one (the
+modeled breakdown scaled to it, ``StepTime.correction``) and says so; every other case is planned as before.
+The measured peak memory is kept and shown, but not applied: the peak a loop reaches also holds what the loop
+does beyond the layout (a loss kept for logging, an evaluation batch), so ``fits`` stays the model's.
+
+A case is the same model (parameter count and shape, not its name: a config path and the module built from it
+are one model), the same layout (ZeRO stage, degrees, micro-batches per step, offload), the same sequence
+length and micro-batch, precision recipe, optimizer, recomputation and attention, on as many GPUs of the same
+table row per node and as many nodes. ``observations_here`` finds them without torch (``convoy plan`` stays
+torch-free): the cache entries of the devices this machine has (NVML's uuid, else the name,
+``convoy.devices.discovery``), whatever torch version wrote them, the newest observation of each case winning.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from convoy.errors import PlanError
+from convoy.plan.calibration import Calibration, cached_records
+from convoy.plan.hardware import Hardware, lookup_gpu
+from convoy.plan.memory import Layout
+from convoy.plan.model import ModelSpec
+from convoy.plan.run import RunSpec
+
+__all__ = ["Observation", "case_key", "observed_in", "observations_for", "observations_here"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Observation:
+    """One job's first steps on a device, next to its plan."""
+
+    measured_s: float
+    """Median seconds of one optimizer step, measured after warm-up."""
+    planned_s: float
+    """Seconds the plan said, for that case, with the rates it had then (``rates``)."""
+    planned_bytes: int
+    """Peak allocated bytes the plan said (``MemoryBreakdown.allocated``)."""
+    measured_bytes: int | None = None
+    """``torch.cuda.max_memory_allocated`` over the measured steps; None where there is no allocator peak (CPU)."""
+    rates: str = ""
+    """Where the plan's rates came from then (``Rates.kind``: calibrated, profile, modeled, datasheet)."""
+    steps: int = 0
+    """How many steps the median is over."""
+    at: float = 0.0
+    """Unix time of the measurement."""
+
+    @property
+    def time_ratio(self) -> float:
+        """The plan as a multiple of what was measured (docs/planner-accuracy.md's convention)."""
+        return self.planned_s / self.measured_s
+
+    @property
+    def memory_ratio(self) -> float | None:
+        return self.planned_bytes / self.measured_bytes if self.measured_bytes else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Observation | None":
+        """The observation ``d`` holds, or None when it is damaged (a missing, non-finite or non-positive time)."""
+        def number(key: str, *, optional: bool = False) -> float | None:
+            value = d.get(key)
+            if value is None and optional:
+                return None
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(key)
+            return value
+
+        try:
+            bytes_seen = number("measured_bytes", optional=True)
+            return cls(measured_s=float(number("measured_s")), planned_s=float(number("planned_s")),
+                       planned_bytes=int(number("planned_bytes")),
+                       measured_bytes=int(bytes_seen) if bytes_seen is not None else None,
+                       rates=str(d.get("rates", "")), steps=int(number("steps", optional=True) or 0),
+                       at=float(number("at", optional=True) or 0.0))
+        except (ValueError, OverflowError):
+            return None
+
+
+def case_key(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> str:
+    """The one string that names a case (see the module docstring), e.g.
+    ``"124439808 params 12x768 a12/12 f3072 v50257 | zero3 dp2 (shard 2) tp1 pp1 m1 | s1024 b8 | bf16-fsdp adamw
+    recompute none flash | 2 H100-80GB per node x 1"``."""
+    shape = f"{model.num_layers}x{model.hidden} a{model.heads}/{model.kv_heads or model.heads} f{model.ffn} " \
+            f"v{model.vocab}" if model.has_shape else "no shape"
+    d = layout.dims
+    split = f" (replicate {d.dp_replicate} x shard {d.dp_shard})" if layout.zero_stage == 3 and d.dp_replicate > 1 \
+        else ""
+    stage = f"zero{layout.zero_stage}" if layout.zero_stage else "replicated"
+    where = f"{stage} dp{d.dp}{split} tp{d.tp} pp{d.pp} m{layout.microbatches}" + (" offload" if layout.offload else "")
+    how = f"{run.precision} {run.optimizer} recompute {run.recompute}" + (
+        f"/{run.recompute_every}" if run.recompute == "full" and run.recompute_every > 1 else "") + f" {run.attention}"
+    return " | ".join((f"{model.num_params} params {shape}", where, f"s{run.seq_len} b{run.micro_batch}", how,
+                       f"{hw.gpus_per_node} {hw.gpu.name} per node x {hw.nodes}"))
+
+
+def observed_in(record: Calibration | None) -> dict[str, Observation]:
+    """The sound observations of ``record`` by case (a damaged one is left out)."""
+    out = {}
+    for key, value in (record.observed if record is not None else {}).items():
+        seen = Observation.from_dict(value)
+        if seen is not None:
+            out[key] = seen
+    return out
+
+
+def observations_for(*, uuids: tuple[str, ...] = (), names: tuple[str, ...] = (), path: Path | None = None
+                     ) -> dict[str, Observation]:
+    """Every case observed on these devices (a cache entry with one of ``uuids``; one without a uuid whose device
+    name is in ``names``), whatever torch version wrote it; the newest observation of each case wins."""
+    out: dict[str, Observation] = {}
+    bare = {_bare_uuid(u) for u in uuids}
+    for record in cached_records(path=path):
+        if not (_bare_uuid(record.device_uuid) in bare if record.device_uuid else record.device_name in names):
+            continue
+        for key, seen in observed_in(record).items():
+            if key not in out or seen.at > out[key].at:
+                out[key] = seen
+    return out
+
+
+def _bare_uuid(uuid: str) -> str:
+    """NVML says ``GPU-2f9e...``, torch's device properties ``2f9e...``: one device, compared without the prefix."""
+    uuid = uuid.strip().lower()
+    return uuid[4:] if uuid.startswith("gpu-") else uuid
+
+
+def _row(name: str) -> str:
+    try:
+        return lookup_gpu(name).name
+    except PlanError:
+        return name
+
+
+def observations_here(hw: Hardware, *, inventory: Any = None, path: Path | None = None) -> dict[str, Observation]:
+    """The observations a plan for ``hw`` takes on this machine: those of the devices here whose table row is the
+    planned GPU's (``inventory``, else ``convoy.devices.discovery.discover()``). Devices are probed only when the
+    cache holds an observation of that GPU, so a plan elsewhere costs one read of the cache file. A GPU whose peak
+    was overridden (``--peak-tflops``) is not the board that was measured: no observations."""
+    try:
+        row = lookup_gpu(hw.gpu.name)
+    except PlanError:
+        return {}
+    if (row.bf16_tflops, row.fp16_tflops, row.fp32_tflops) != (hw.gpu.bf16_tflops, hw.gpu.fp16_tflops,
+                                                               hw.gpu.fp32_tflops):
+        return {}
+    if not any(record.observed and _row(record.device_name) == hw.gpu.name for record in cached_records(path=path)):
+        return {}
+    if inventory is None:
+        try:
+            from convoy.devices.discovery import discover
+
+            inventory = discover()
+        except Exception:  # noqa: BLE001 -- probing is best effort: the plan stands without observations
+            return {}
+    here = [d for d in getattr(inventory, "devices", ()) or () if _row(d.name) == hw.gpu.name]
+    return observations_for(uuids=tuple(d.uuid for d in here if d.uuid), names=tuple(d.name for d in here),
+                            path=path)

@@ -1,0 +1,407 @@
+"""The plan next to the measurement: after its first steps, the step time and peak memory this job measured beside
+what ``convoy.plan`` predicts for the very layout it runs; and the measurement kept, so later plans improve.
+
+    report = accelerator.plan_report()      # a PlanReport; complete once optimizer step 7 is done
+    report.measured_seconds, report.planned_seconds, report.time_ratio           # ratio: planned / measured
+    report.measured_peak_bytes, report.planned_peak_bytes, report.memory_ratio
+    report.describe()   # also logged once, on the main process, by the logger "convoy.train.plan_report":
+    # measured 71.0 ms/step and 13.6 GB peak (steps 3-7); the plan for zero3 on 2xH100-80GB said 76.6 ms (1.08x)
+    # and 13.2 GB (0.97x), from the H100-80GB profile
+
+Measuring. A step post-hook on the first prepared optimizer (``torch.optim.Optimizer.register_step_post_hook``)
+counts optimizer steps: a counter and nothing else on the steps it does not measure. Steps 1 and 2 are warm-up
+(lazy initialisation, the optimizer's state, the allocator growing). At the end of step 2 the device is
+synchronised, CUDA's peak-memory counter reset (``torch.cuda.reset_peak_memory_stats``: a script that reads
+``max_memory_allocated()`` afterwards sees the peak since then) and the clock read; at the end of each of steps 3
+to 7 the device is synchronised and the clock read again: the step time is the median of those five intervals
+(data loading included, as a user's loop sees it), the peak ``torch.cuda.max_memory_allocated`` at the end of
+step 7, this process's device (rank 0's on the main process: the first pipeline stage, the one the plan's memory
+is for). The CPU has no allocator peak: there, time only. Then the hooks are removed.
+
+Planning. The model as ``convoy.plan`` reads it (a transformers model's ``config``, else the module itself), the
+sequence length and micro-batch of the largest forward input seen (``input_ids`` or the first tensor:
+``(batch, seq, ...)``), the precision recipe the trainer runs the strategy in (``trainer_precision``), the optimizer
+(Adam, AdamW, SGD; others as AdamW), gradient checkpointing when the model says it is on, the layout of the
+strategy (its ZeRO stage, degrees, accumulation steps and pipeline micro-batches, offload), on this device's table
+row x the job's processes per node and nodes, at the rates a plan uses here (a calibration of this device and
+torch version when cached, else the shipped profile, else the shape-aware model; ``convoy.plan.rates``). Nothing
+is measured for the plan. Any failure leaves the report without the plan, saying why (and a debug log line):
+training never stops for it.
+
+Keeping. The main process writes the observation into the calibration cache entry of its device
+(``convoy.plan.observed``): a later plan of the same case on this machine (``convoy plan``) takes the measured
+step time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import torch
+
+from convoy.errors import NotSupportedYetError, PlanError
+from convoy.plan.calibrate import device_identity
+from convoy.plan.calibration import Calibration, load_calibration, save_calibration
+from convoy.plan.candidates import Candidate
+from convoy.plan.dims import ParallelDims
+from convoy.plan.hardware import CPU, Hardware, lookup_gpu
+from convoy.plan.memory import Layout, memory_per_gpu
+from convoy.plan.model import ModelSpec, describe_module, resolve_model
+from convoy.plan.observed import Observation, case_key
+from convoy.plan.rates import rates_for
+from convoy.plan.run import RunSpec
+from convoy.plan.timing import step_time
+from convoy.plan.units import format_bytes, format_seconds
+from convoy.train.logging import get_logger
+from convoy.train.strategies.auto import device_memory_bytes, trainer_precision
+
+__all__ = ["PlanReport", "PlanWatch", "WARMUP_STEPS", "MEASURED_STEPS", "trainer_layout"]
+
+#: optimizer steps left out before measuring, and steps measured after them
+WARMUP_STEPS = 2
+MEASURED_STEPS = 5
+
+logger = get_logger(__name__)
+
+_STAGES = {"single": 0, "ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}
+_OPTIMIZERS = {torch.optim.Adam: "adam", torch.optim.AdamW: "adamw"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanReport:
+    """What this job measured over its first steps, beside what the plan said for its layout. A value that is
+    missing is None, and ``missing`` says why."""
+
+    layout: str = ""
+    """The planner's name of the layout that ran (``"zero3"``, ``"ddp+tp2"``)."""
+    hardware: str = ""
+    """What it was planned on (``"2xH100-80GB (nvlink)"``, ``"2 CPU processes"``)."""
+    steps: int = 0
+    """Optimizer steps measured (after ``WARMUP_STEPS`` of warm-up)."""
+    measured_seconds: float | None = None
+    """Median seconds of one optimizer step."""
+    planned_seconds: float | None = None
+    """The plan's step time for this layout (the model's, never corrected by an earlier measurement)."""
+    measured_peak_bytes: int | None = None
+    """``torch.cuda.max_memory_allocated`` over the measured steps; None on the CPU."""
+    planned_peak_bytes: int | None = None
+    """The plan's peak allocated bytes (``MemoryBreakdown.allocated``)."""
+    time_model: str = ""
+    """Where the plan's rates came from (``"the H100-80GB profile"``)."""
+    case: str = ""
+    """The ``convoy.plan.observed.case_key`` the measurement was kept under ("" when it was not)."""
+    missing: str = ""
+    """Why a value is None, or the measurement was not kept ("" when nothing is missing)."""
+
+    def lacking(self, why: str) -> "PlanReport":
+        """This report with ``why`` added to what it lacks."""
+        return replace(self, missing=f"{self.missing}; {why}" if self.missing else why)
+
+    @property
+    def time_ratio(self) -> float | None:
+        """planned / measured (1.08: the plan said 8 % more than measured)."""
+        if self.planned_seconds is None or not self.measured_seconds:
+            return None
+        return self.planned_seconds / self.measured_seconds
+
+    @property
+    def memory_ratio(self) -> float | None:
+        if self.planned_peak_bytes is None or not self.measured_peak_bytes:
+            return None
+        return self.planned_peak_bytes / self.measured_peak_bytes
+
+    def describe(self) -> str:
+        """The one line the Accelerator logs."""
+        if self.measured_seconds is None:
+            return f"no step time measured yet: {self.missing}"
+        first = WARMUP_STEPS + 1
+        steps = f"steps {first}-{first + self.steps - 1}"
+        if self.measured_peak_bytes is not None:
+            measured = f"measured {format_seconds(self.measured_seconds)}/step and " \
+                       f"{format_bytes(self.measured_peak_bytes)} peak ({steps})"
+        else:
+            measured = f"measured {format_seconds(self.measured_seconds)}/step ({steps}; no allocator peak)"
+        if self.planned_seconds is None or self.planned_peak_bytes is None:
+            return f"{measured}; no plan to compare: {self.missing}"
+        said = f"{format_seconds(self.planned_seconds)} ({_ratio(self.time_ratio)})"
+        memory = format_bytes(self.planned_peak_bytes)
+        said += f" and {memory} ({_ratio(self.memory_ratio)})" if self.memory_ratio is not None else \
+            f" and a {memory} peak"
+        return f"{measured}; the plan for {self.layout} on {self.hardware} said {said}, from {self.time_model}"
+
+
+def _ratio(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}x" if value >= 0.1 else f"{value:.2g}x"
+
+
+def trainer_layout(strategy: Any, *, accumulation: int) -> tuple[Candidate, int]:
+    """The planner's candidate for the layout ``strategy`` runs (its name, ZeRO stage, degrees, micro-batches per
+    optimizer step, offload), and how many pipeline micro-batches one forward's batch is cut into (1 without pp).
+
+    The trainer's realisation of each candidate is ``convoy.train.strategies.auto.runs_in_trainer``'s, read back:
+    dp x tp is FSDP2 (zero3), dp x pp is DDP or ZeRO-1 (FSDP2 per stage is planned as ZeRO-1, an upper bound)."""
+    context = strategy.context
+    world, options = context.world_size, dict(context.options)
+    name = strategy.name
+    chunks = 1
+    if name in _STAGES:
+        stage = _STAGES[name]
+        dims = ParallelDims() if world == 1 else (
+            ParallelDims(dp_shard=world) if stage == 3 else ParallelDims(dp_replicate=world))
+    elif name in ("parallel", "tp", "pp"):
+        d, engine = strategy.dims, strategy.dp_engine
+        if d.dp == 1:
+            stage = 0
+        elif d.pp > 1:
+            stage = 0 if engine == "ddp" else 1
+        else:
+            stage = {"fsdp": 3, "zero2": 2, "zero1": 1}.get(engine, 0)
+        dims = d if stage == 3 else ParallelDims(dp_replicate=d.dp, tp=d.tp, pp=d.pp)
+        if d.pp > 1:
+            from convoy.train.parallel.pipeline import PipelineConfig
+
+            config = PipelineConfig.from_options(options)
+            chunks = config.microbatches or d.pp * config.local_stages()
+    else:
+        raise NotSupportedYetError(f"strategy {name!r} is not one the planner lays out; it plans single, ddp, "
+                                   "zero1-3, fsdp and parallel")
+    hsdp = stage == 3 and dims.dp_replicate > 1 and dims.dp_shard > 1
+    base = "hsdp" if hsdp else {0: "ddp" if dims.dp > 1 else "single", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]
+    offload = bool(options.get("cpu_offload"))
+    parts = [base] if dims.dp > 1 or (dims.tp == 1 and dims.pp == 1) else []
+    parts += [f"tp{dims.tp}"] * (dims.tp > 1) + [f"pp{dims.pp}"] * (dims.pp > 1) + ["offload"] * offload
+    layout = Layout(dims=dims, zero_stage=stage, offload=offload, microbatches=accumulation * chunks)
+    return Candidate(name="+".join(parts), strategy=base, layout=layout), chunks
+
+
+def _model_spec(model: Any) -> ModelSpec:
+    """``model`` as the planner reads it: a transformers model by its config (what ``convoy plan config.json``
+    reads), else by its modules."""
+    config = getattr(model, "config", None)
+    if config is not None and callable(getattr(config, "to_dict", None)):
+        try:
+            return resolve_model(config.to_dict())
+        except Exception:  # noqa: BLE001 -- a config the planner (or transformers on the meta device) cannot read
+            pass  # the module itself, then
+    return describe_module(model, name=type(model).__name__)
+
+
+def _run_spec(model: Any, optimizer: Any, *, precision: str, batch: tuple[int, int], chunks: int) -> RunSpec:
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer holds the local one
+    kind = _OPTIMIZERS.get(type(inner))
+    if isinstance(inner, torch.optim.SGD):
+        kind = "sgd-momentum" if any(g.get("momentum") for g in inner.param_groups) else "sgd"
+    config = getattr(model, "config", None)
+    eager = getattr(config, "_attn_implementation", None) == "eager"
+    return RunSpec(seq_len=batch[1], micro_batch=max(1, batch[0] // chunks), precision=precision,
+                   optimizer=kind or "adamw", recompute="full" if getattr(model, "is_gradient_checkpointing", False)
+                   is True else "none", attention="eager" if eager else "flash")
+
+
+def _hardware(device: torch.device, context: Any) -> Hardware:
+    per_node = context.local_world_size if context.local_world_size > 0 else context.world_size
+    nodes = context.world_size // per_node if context.world_size % per_node == 0 else 1
+    per_node = context.world_size // nodes
+    if device.type == "cuda":
+        gpu = lookup_gpu(torch.cuda.get_device_name(device))  # PlanError for a board the table lacks
+        gpu = replace(gpu, memory_bytes=int(torch.cuda.get_device_properties(device).total_memory))
+    elif device.type == "cpu":
+        gpu = replace(CPU, memory_bytes=device_memory_bytes("cpu", per_node))
+    else:
+        raise NotSupportedYetError(f"the planner has no rates for {device.type} devices")
+    intra = "nvlink" if gpu.nvlink_gbs is not None and per_node > 1 else "pcie"
+    return Hardware(gpu=gpu, gpus_per_node=per_node, nodes=nodes, intra=intra)
+
+
+def _rates_source(kind: str, gpu: str) -> str:
+    return {"calibrated": "rates measured on this machine", "profile": f"the {gpu} profile",
+            "modeled": f"the shape-aware model of the {gpu} datasheet"}.get(kind, f"the {gpu} datasheet")
+
+
+def _input_shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int] | None:
+    """(batch, sequence) of a forward's input: ``input_ids``, else its first tensor; a 2-D float input is (batch,
+    features), one position per sample."""
+    first = kwargs.get("input_ids")
+    if not isinstance(first, torch.Tensor):
+        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+    if first is None or first.dim() == 0:
+        return None
+    positions = first.shape[1] if first.dim() >= 3 or (first.dim() == 2 and not first.is_floating_point()) else 1
+    return int(first.shape[0]), int(positions)
+
+
+class PlanWatch:
+    """Measures the first steps and, once they are done, compares them with the plan (see the module docstring).
+    ``job()`` gives the built strategy and the accumulation steps when the report is made."""
+
+    def __init__(self, job: Callable[[], tuple[Any, int]], *, main_process: bool) -> None:
+        self._job = job
+        self._main = main_process
+        self._model: Any = None
+        self._optimizer: Any = None
+        self._hooks: list[Any] = []
+        self._batch: tuple[int, int] | None = None
+        self._steps = 0
+        self._device: torch.device | None = None
+        self._last = 0.0
+        self._times: list[float] = []
+        self._report: PlanReport | None = None
+
+    def watch_model(self, model: Any, prepared: Any, device: torch.device) -> None:
+        """Plan ``model`` (the module given to ``prepare``; read when the report is made) and watch the inputs
+        ``prepared`` (what ``prepare`` returned) is called with."""
+        if self._model is not None or self._report is not None:
+            return  # the first model is the one planned
+        self._model, self._device = model, device
+        if isinstance(prepared, torch.nn.Module):
+            self._hooks.append(prepared.register_forward_pre_hook(_InputHook(self), with_kwargs=True))
+
+    def watch_optimizer(self, optimizer: Any) -> None:
+        """Count ``optimizer``'s steps (the first optimizer prepared: one step of it is one training step)."""
+        if self._optimizer is not None or self._report is not None:
+            return
+        if not callable(getattr(optimizer, "register_step_post_hook", None)):
+            self._report = PlanReport(missing=f"{type(optimizer).__name__} has no step hooks to time steps by")
+            return
+        self._optimizer = optimizer
+        self._hooks.append(optimizer.register_step_post_hook(self._on_step))
+
+    def report(self) -> PlanReport:
+        if self._report is not None:
+            return self._report
+        if self._optimizer is None:
+            return PlanReport(missing="no optimizer prepared yet: the report times optimizer steps")
+        return PlanReport(missing=f"{self._steps} of {WARMUP_STEPS + MEASURED_STEPS} optimizer steps done (the "
+                                  f"first {WARMUP_STEPS} are warm-up); the report comes after the last")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickled Accelerator (Accelerate's checks pickle one) carries the report made so far; the copy watches
+        nothing: the hooks stay with the objects of this process."""
+        return {"report": self.report(), "main": self._main}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(lambda: (None, 1), main_process=state["main"])
+        self._report = state["report"]
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+
+    # --- hooks: cheap on every call, and they never raise into the loop --------------------------------------
+    def _on_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        try:
+            shape = _input_shape(args, kwargs)
+        except Exception:  # noqa: BLE001 -- an input the heuristic does not know: no shape
+            return
+        if shape is not None:
+            old = self._batch or (0, 0)
+            self._batch = (max(old[0], shape[0]), max(old[1], shape[1]))
+
+    def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._steps += 1
+        if self._steps < WARMUP_STEPS:
+            return
+        try:
+            self._sync()
+            now = time.perf_counter()
+            if self._steps == WARMUP_STEPS:
+                if self._device is not None and self._device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(self._device)
+            else:
+                self._times.append(now - self._last)
+            self._last = now
+            if self._steps == WARMUP_STEPS + MEASURED_STEPS:
+                self.close()
+                self._finish()
+        except Exception as err:  # noqa: BLE001 -- see the module docstring: never fails the job
+            self.close()
+            self._report = PlanReport(missing=f"measuring failed ({_first_line(err)})")
+            logger.debug("plan report: %s", self._report.missing)
+
+    def _sync(self) -> None:
+        if self._device is not None and self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+
+    # --- the report ------------------------------------------------------------------------------------
+    def _finish(self) -> None:
+        measured = PlanReport(steps=len(self._times), measured_seconds=statistics.median(self._times))
+        if self._device is not None and self._device.type == "cuda":
+            measured = replace(measured, measured_peak_bytes=int(torch.cuda.max_memory_allocated(self._device)))
+        else:
+            measured = measured.lacking(f"no allocator peak on the {(self._device or torch.device('cpu')).type}")
+        try:
+            report = self._planned(measured)
+        except Exception as err:  # noqa: BLE001 -- see the module docstring: never fails the job
+            why = f"no plan ({_first_line(err)})"
+            report = measured.lacking(why)
+            logger.debug("plan report: %s", why)
+        self._report = report
+        if self._main:
+            logger.info("%s", report.describe())
+
+    def _planned(self, measured: PlanReport) -> PlanReport:
+        if self._model is None:
+            return measured.lacking("no model was prepared")
+        if self._batch is None:
+            return measured.lacking("no forward input with a batch dimension was seen")
+        spec = _model_spec(self._model)
+        strategy, accumulation = self._job()
+        context = strategy.context
+        device = self._device if self._device is not None else torch.device("cpu")
+        candidate, chunks = trainer_layout(strategy, accumulation=accumulation)
+        mixed = str(context.mixed_precision)
+        precision = trainer_precision(mixed, candidate) if mixed in ("bf16", "fp16") else "fp32"
+        run = _run_spec(self._model, self._optimizer, precision=precision, batch=self._batch, chunks=chunks)
+        hw = _hardware(device, context)
+        layout = candidate.layout
+        name, uuid, version = device_identity(str(device))
+        record = load_calibration(device_name=name, device_uuid=uuid, torch_version=version)
+        rates = rates_for(hw.gpu, calibration=record if record is not None and record.has_rates else None)
+        mem = memory_per_gpu(spec, run, layout)
+        t = step_time(spec, run, layout, hw, global_batch=layout.dims.dp * run.micro_batch * layout.microbatches,
+                      rates=rates)
+        n = hw.gpus_per_node * hw.nodes
+        gpus = f"{n} CPU process{'es' if n > 1 else ''}" if hw.gpu.kind == "cpu" else hw.describe()
+        report = replace(measured, layout=candidate.name, hardware=gpus, planned_seconds=t.seconds,
+                         planned_peak_bytes=mem.allocated, time_model=_rates_source(rates.kind, hw.gpu.name))
+        if not self._main:
+            return report
+        key = case_key(spec, run, layout, hw)
+        seen = Observation(measured_s=measured.measured_seconds, planned_s=t.seconds, planned_bytes=mem.allocated,
+                           measured_bytes=measured.measured_peak_bytes, rates=rates.kind, steps=measured.steps,
+                           at=time.time())
+        try:
+            save_calibration(Calibration(device_name=name, device_uuid=uuid, torch_version=version,
+                                         device_type=device.type, observed={key: seen.as_dict()}))
+        except PlanError as err:
+            logger.debug("plan report: the measurement is not kept for later plans (%s)", err)
+            return report.lacking(f"not kept for later plans ({_first_line(err)})")
+        return replace(report, case=key)
+
+
+class _InputHook:
+    """The forward pre-hook on the user's model: hands the inputs to the watch. The model may be copied or pickled
+    while it is on (an EMA copy, ``torch.save(model)``): a copy shares it, a pickle holds a hook that does nothing,
+    so neither drags the watch (the model again, the optimizer, the Accelerator) along."""
+
+    def __init__(self, watch: PlanWatch | None) -> None:
+        self.watch = watch
+
+    def __call__(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self.watch is not None:
+            self.watch._on_forward(args, kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "_InputHook":
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_InputHook, (None,))
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
