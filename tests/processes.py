@@ -146,6 +146,10 @@ def stop_tree(pid: int, grace: float = 3.0) -> None:
         time.sleep(0.05)
     for p in tree + descendants(pid):
         _signal(p, signal.SIGKILL)
+    try:  # a child that outlived its parent has left the tree but not the session's process group
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _is_helper(pid: int) -> bool:

@@ -160,3 +160,32 @@ def test_run_takes_no_lease_for_the_cpu_and_stays_torch_free(box):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=box, timeout=60)
     assert out.stdout.strip() == "False 0", out.stderr
     assert len(os.listdir(box["CONVOY_LEASE_DIR"])) == 2 and leases(box) == []  # leased, then released
+
+
+def test_a_signal_while_the_command_starts_reaches_the_command(monkeypatch):
+    """A SIGTERM that arrives as CMD is being started (before, convoy's handlers went in after the start: the
+    signal ended convoy and left CMD running, holding its devices) is passed to CMD once it exists."""
+    import subprocess as sp
+
+    from convoy.cli import run as run_cli
+
+    real_popen = sp.Popen
+
+    def popen_then_sigterm(*args, **kwargs):
+        child = real_popen(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered here, inside the start
+        return child
+
+    monkeypatch.setattr(run_cli.subprocess, "Popen", popen_then_sigterm)
+    caught: list[int] = []
+
+    def ours(signum, _frame):  # what was installed before: it must not be the one that gets the signal
+        caught.append(signum)
+
+    before = signal.signal(signal.SIGTERM, ours)
+    try:
+        code = run_cli._run_child(["sh", "-c", "sleep 5"], dict(os.environ), ())
+        assert signal.getsignal(signal.SIGTERM) is ours  # put back afterwards
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert code == 128 + signal.SIGTERM and not caught  # CMD ended by the signal, not left behind

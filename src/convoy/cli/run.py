@@ -110,24 +110,15 @@ def _select_and_lease(args: argparse.Namespace, env: dict[str, str], *, wait: fl
 
 
 def _run_child(command: list[str], env: dict[str, str], pass_fds: Sequence[int]) -> int:
-    try:
-        child = subprocess.Popen(command, env=env, pass_fds=tuple(pass_fds))
-    except FileNotFoundError:
-        print(f"convoy: command not found: {command[0]!r}", file=sys.stderr)
-        return 127
-    except PermissionError:
-        print(f"convoy: command not executable: {command[0]!r}", file=sys.stderr)
-        return 126
-    except OSError as err:
-        if err.errno != errno.ENOEXEC:
-            raise
-        # a script without a '#!' line: the kernel cannot run it (a shell would guess; exec does not)
-        print(f"convoy: {command[0]} is not executable as a program: add a #! line or run it with "
-              f"bash {command[0]}", file=sys.stderr)
-        return 126
+    # The forwarding handlers go in before CMD starts: a signal that arrived between the start and their
+    # installation ended convoy (Terminated) and left CMD running without it, holding the lease's devices.
+    child: subprocess.Popen | None = None
+    pending: list[int] = []
 
     def forward(signum, _frame):
-        if child.poll() is None:
+        if child is None:
+            pending.append(signum)  # CMD is being started: it gets the signal as soon as it exists
+        elif child.poll() is None:
             child.send_signal(signum)
 
     previous = {}
@@ -136,6 +127,23 @@ def _run_child(command: list[str], env: dict[str, str], pass_fds: Sequence[int])
         if sig is not None:
             previous[sig] = signal.signal(sig, forward)
     try:
+        try:
+            child = subprocess.Popen(command, env=env, pass_fds=tuple(pass_fds))
+        except FileNotFoundError:
+            print(f"convoy: command not found: {command[0]!r}", file=sys.stderr)
+            return 127
+        except PermissionError:
+            print(f"convoy: command not executable: {command[0]!r}", file=sys.stderr)
+            return 126
+        except OSError as err:
+            if err.errno != errno.ENOEXEC:
+                raise
+            # a script without a '#!' line: the kernel cannot run it (a shell would guess; exec does not)
+            print(f"convoy: {command[0]} is not executable as a program: add a #! line or run it with "
+                  f"bash {command[0]}", file=sys.stderr)
+            return 126
+        for signum in pending:
+            child.send_signal(signum)
         while True:
             try:
                 code = child.wait()
