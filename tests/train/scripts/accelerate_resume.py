@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -88,6 +90,14 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(state, f)
     acc.wait_for_everyone()
+    if args.lib == "accelerate":
+        # The reference run's result is written. Under torchrun with torch 2.13 on the CPU, a rank of this
+        # Accelerate run aborts in the interpreter's C++ teardown now and then ("terminate called without an
+        # active exception", no Python frame; about 1 run in 6 here, and more with destroy_process_group()):
+        # leave without it, so that what the test compares is all a failure can mean.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
