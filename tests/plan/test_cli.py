@@ -135,7 +135,8 @@ def test_a_factory_in_the_working_directory_plans_through_the_console_script(tmp
     (tmp_path / "mypkg" / "blocks.py").write_text("import torch\nWIDTH = 32\nBlock = torch.nn.Linear\n")
     (tmp_path / "mypkg" / "models.py").write_text(
         "import torch\nfrom mypkg.blocks import WIDTH, Block\n"
-        "def build():\n    return torch.nn.Sequential(torch.nn.Embedding(100, WIDTH), *[Block(WIDTH, WIDTH) for _ in range(4)])\n")
+        "def build():\n"
+        "    return torch.nn.Sequential(torch.nn.Embedding(100, WIDTH), *[Block(WIDTH, WIDTH) for _ in range(4)])\n")
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "shapes.py").write_text("WIDTH = 16\n")
     (tmp_path / "other" / "net.py").write_text(
