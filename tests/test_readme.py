@@ -1,6 +1,7 @@
 """The README's commands, run as a newcomer copies them: every line of its ``bash`` blocks is run here or listed
 with the reason it is not (a new line fails ``test_every_readme_command_is_run_or_skipped_with_a_reason`` until
-it is one or the other).
+it is one or the other). The same for the ``$ command`` lines of docs/*.md that show their output: what they
+print must hold what the page shows (``...`` marks what a page leaves out).
 
     python -m pytest -q tests/test_readme.py
 
@@ -103,11 +104,27 @@ LAUNCHER_TABLE = {
 }
 
 
+def _code_blocks(text: str, languages: tuple[str, ...]) -> list[list[str]]:
+    """The lines of each fenced code block of ``text`` whose language is one of ``languages`` ("" for none)."""
+    blocks, current = [], None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if current is None:
+                current = [] if line[3:].strip() in languages else False
+            else:
+                if current is not False:
+                    blocks.append(current)
+                current = None
+        elif isinstance(current, list):
+            current.append(line)
+    return blocks
+
+
 def readme_commands() -> list[str]:
     """Every command line of the README's ``bash`` blocks, in order, without its comment."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S):
-        for line in block.splitlines():
+    for block in _code_blocks(README.read_text(), ("bash",)):
+        for line in block:
             command = re.split(r"\s{2,}#", line)[0].strip()
             if command and not command.startswith("#"):
                 commands.append(command)
@@ -187,3 +204,91 @@ def test_the_tour_launches(tour_dir):
     for command, how in TOUR.items():
         if isinstance(how, Run) and how.launches:
             _run(command, how, work, bin_dir)
+
+
+WRITES = "SKIP writes a settings file (tests/cli/test_config_cli.py runs convoy config)"
+
+#: every ``$ command`` of docs/*.md's example sessions: the inventory it runs on, or why it is not run here
+DOCS_CONSOLE: dict[tuple[str, str], str] = {
+    ("choosing-a-strategy.md", "convoy plan --params 1.3e9 --hardware 1xA100-80GB"): "8xh100_nvswitch.json",
+    ("choosing-a-strategy.md", "convoy plan --params 7e9 --hardware 8xH100-80GB"): "8xh100_nvswitch.json",
+    ("choosing-a-strategy.md", "convoy plan llama70b.json --hardware 32xH100-80GB --recompute full"):
+        "8xh100_nvswitch.json",
+    ("choosing-a-strategy.md", "convoy launch --strategy zero2 train.py"): "SKIP starts a job (README's tour runs one)",
+    ("choosing-a-strategy.md", "convoy launch --nnodes 4 --node-rank 0 --master-addr node0 --strategy zero3 --tp 2 "
+                               "train.py"): "SKIP waits for 3 other machines",
+    ("choosing-a-strategy.md", "convoy config --strategy zero2"): WRITES,
+    ("configuration.md", "convoy config"): "SKIP asks questions on a terminal",
+    ("configuration.md", "convoy config --strategy ddp --mixed-precision bf16"): WRITES,
+    ("configuration.md", "convoy config --path ./convoy.toml --devices 0,1"): WRITES,
+    ("configuration.md", "convoy config --max-restarts ''"): WRITES,
+    ("configuration.md", "convoy config show"): "SKIP shows the values the commands above wrote",
+    ("configuration.md", "convoy config show --json"): "SKIP shows the values the commands above wrote",
+    ("configuration.md", "convoy config keys"): "8xh100_nvswitch.json",
+    ("configuration.md", "convoy test"): "SKIP starts a job (README's tour runs it); port and bandwidth vary",
+    ("configuration.md", "convoy test --devices 0,1 --size-mib 1024 --json"): "SKIP starts a job",
+    ("configuration.md", "convoy launch --max-restarts 3 train.py"): "SKIP starts a job",
+    ("devices.md", "convoy devices"): "8gpu_two_islands.json",
+    ("devices.md", "CUDA_VISIBLE_DEVICES=4,5,6,7 CUDA_DEVICE_ORDER=PCI_BUS_ID convoy select 1,0 --format index"):
+        "8xh100_nvswitch.json",
+    ("devices.md", "convoy select 2 --free --order topology --explain --inventory "
+                   "tests/inventories/amd_4gpu_xgmi_pairs.json"): "8xh100_nvswitch.json",
+    ("launching.md", "convoy launch --dry-run --nnodes 4 train.py"): "8xh100_nvswitch.json",
+    ("launching.md", "PET_NODE_RANK=first convoy launch train.py"): "8xh100_nvswitch.json",
+    ("launching.md", "PET_NNODES=2 PET_NODE_RANK=2 PET_MASTER_ADDR=head convoy launch train.py"):
+        "8xh100_nvswitch.json",
+}
+
+
+def docs_sessions() -> list[tuple[str, str, list[str]]]:
+    """(page, command, the lines the page shows it printing) for every ``$ `` line of docs/*.md's code blocks."""
+    found = []
+    for page in sorted((REPO / "docs").glob("*.md")):
+        for block in _code_blocks(page.read_text(), ("", "console")):
+            command, shown = None, []
+            for line in [*block, "$ "]:
+                if line.startswith("$ "):
+                    if command:
+                        found.append((page.name, command, shown))
+                    command, shown = re.split(r"\s{2,}#", line[2:])[0].strip(), []
+                elif line.strip() and line.strip() != "...":
+                    shown.append(line)
+    return found
+
+
+def _shows(shown: str, output: str) -> bool:
+    """The page's line, its words in order (``...`` for what it leaves out), in a line of the output that starts
+    with the same word."""
+    words = [w for w in re.split(r"\s+|\.\.\.", shown.strip()) if w]
+    for line in output.splitlines():
+        have = iter(line.split())
+        if line.split()[:1] == words[:1] and all(any(w == h for h in have) for w in words):
+            return True
+    return False
+
+
+def test_every_docs_session_is_run_or_skipped_with_a_reason():
+    sessions = {(page, command) for page, command, _ in docs_sessions()}
+    assert [s for s in sessions if s not in DOCS_CONSOLE] == [], "doc commands this test neither runs nor skips"
+    assert [s for s in DOCS_CONSOLE if s not in sessions] == [], "doc commands listed here the docs no longer have"
+
+
+def test_docs_sessions_print_what_the_pages_show(tour_dir):
+    work, bin_dir = tour_dir
+    shutil.copy(REPO / "tests" / "plan" / "configs" / "llama2_70b.json", work / "llama70b.json")
+    (work / "tests").symlink_to(REPO / "tests")
+    ran = 0
+    for page, command, shown in docs_sessions():
+        inventory = DOCS_CONSOLE[(page, command)]
+        if inventory.startswith("SKIP"):
+            continue
+        env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+               "CONVOY_INVENTORY": str(REPO / "tests" / "inventories" / inventory)}
+        done = processes.run(["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+        output = done.stdout + done.stderr
+        refused = [line for line in shown if line.startswith("convoy: ")]
+        assert done.returncode == (2 if refused else 0), f"{page}: {command}: exit {done.returncode}\n{output}"
+        missing = [line for line in shown if not _shows(line, output)]
+        assert missing == [], f"{page}: {command}: the page shows {missing}, not printed:\n{output[-3000:]}"
+        ran += 1
+    assert ran >= 10, ran
