@@ -8,15 +8,22 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# torch is pinned to the local CPU build and installed first, so that nothing pulls a CUDA build.
-TORCH  ?= torch==2.13.0
+# torch is pinned and installed first. PyPI's torch for Linux is the CUDA build (GBs of nvidia-* wheels): on
+# Linux without a working NVIDIA driver the CPU build (2.13.0+cpu) comes from PyTorch's own CPU index
+# (https://pytorch.org/get-started/locally/), added beside the configured one for torch alone (--no-deps: its
+# dependencies come with convoy's, from the configured index, and an unreachable extra index costs one lookup).
+# Elsewhere (a GPU machine, macOS) PyPI's build. Another build: make venv TORCH=torch==2.13.0+rocm6.4 \
+#   TORCH_INDEX=https://download.pytorch.org/whl/rocm6.4
+NO_GPU       = $(shell [ "$$(uname -s)" = Linux ] && ! nvidia-smi -L >/dev/null 2>&1 && echo yes)
+TORCH       ?= torch==2.13.0$(if $(NO_GPU),+cpu)
+TORCH_INDEX ?= $(if $(NO_GPU),https://download.pytorch.org/whl/cpu)
 
 .PHONY: demo test test-simulated-gpu test-gpu venv bench clean
 
 $(BIN)/convoy: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q --no-deps "$(TORCH)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install -q -e ".[torch,dev]"
 	@touch $@
 

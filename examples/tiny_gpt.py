@@ -40,7 +40,9 @@ class TinyGPT(nn.Module):
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab, dim), nn.Embedding(seq, dim)
         self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))  # each block sharded on its own
-        self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab)
+        # no bias in the output layer, as GPT-2's and Llama's: a biased nn.Linear over (batch, seq, dim) returns a
+        # view (torch's addmm over the flattened input, reshaped), which FSDP2 warns about on every rank
+        self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
 
 from convoy.cli.main import main
+from convoy.plan.model import from_factory
 
 CONFIGS = Path(__file__).parent / "configs"
 
@@ -113,3 +116,49 @@ def test_the_documented_case_3_table_is_what_convoy_plan_prints(capsys):
     for shown in (line.split() for line in block[2:] if line.strip()):
         ours = printed[shown[0]]
         assert shown[:4] == ours[:4] and shown[-8:] == ours[-8:], (shown, ours)
+
+
+def _console_script() -> str:
+    """The ``convoy`` console script of the Python running the tests (not ``python -m convoy``, which puts the
+    working directory on ``sys.path`` by itself)."""
+    found = shutil.which("convoy", path=sysconfig.get_path("scripts")) or shutil.which("convoy")
+    assert found, f"the convoy console script is not installed beside {sys.executable}"
+    return found
+
+
+def test_a_factory_in_the_working_directory_plans_through_the_console_script(tmp_path):
+    """docs/planner.md's `convoy plan mypkg.models:build`, run from the folder holding `mypkg/`, said "cannot
+    import 'mypkg.models'": the console script does not put the working directory on sys.path. A path to a file
+    imports the file's neighbours, as `python path/to/file.py` would."""
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "blocks.py").write_text("import torch\nWIDTH = 32\nBlock = torch.nn.Linear\n")
+    (tmp_path / "mypkg" / "models.py").write_text(
+        "import torch\nfrom mypkg.blocks import WIDTH, Block\n"
+        "def build():\n"
+        "    return torch.nn.Sequential(torch.nn.Embedding(100, WIDTH), *[Block(WIDTH, WIDTH) for _ in range(4)])\n")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "shapes.py").write_text("WIDTH = 16\n")
+    (tmp_path / "other" / "net.py").write_text(
+        "import torch\nfrom shapes import WIDTH\ndef build():\n    return torch.nn.Linear(WIDTH, WIDTH)\n")
+    params = {"mypkg.models:build": 100 * 32 + 4 * (32 * 32 + 32), "other/net.py:build": 16 * 16 + 16}
+    for target, count in params.items():
+        out = subprocess.run([_console_script(), "plan", target, "--hardware", "8xH100-80GB", "--json"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["model"]["params"] == count
+    out = subprocess.run([_console_script(), "plan", "mypkg.models:build", "--hardware", "8xH100-80GB"],
+                         cwd=tmp_path / "other", capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().endswith("(ModuleNotFoundError: No module named 'mypkg')")
+
+
+def test_a_factory_leaves_sys_path_as_it_found_it(tmp_path, monkeypatch):
+    (tmp_path / "cwd_factory.py").write_text("import torch\ndef build():\n    return torch.nn.Linear(4, 4)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    before = list(sys.path)
+    try:
+        assert from_factory("cwd_factory:build").num_params == 20
+    finally:
+        sys.modules.pop("cwd_factory", None)
+    assert sys.path == before

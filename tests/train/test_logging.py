@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
+import sys
+from pathlib import Path
 
 import pytest
 
 from convoy.errors import ConfigError
 from convoy.train import progress
 from convoy.train.logging import get_logger, is_main_process, process_rank, world_size
+from tests import processes
+from tests.distributed import cpu_env, run_script
 
 
 @pytest.fixture
@@ -80,3 +84,40 @@ def test_progress_bar_only_on_main_and_switch(monkeypatch):
     finally:
         progress.enable_progress_bars()
     assert list(progress.progress_bar(range(3))) == [0, 1, 2]
+
+
+LOG_SCRIPT = Path(__file__).parent / "scripts" / "log_levels.py"
+
+
+def _logged(cwd: Path, *args: str, **env: str) -> str:
+    """What ``log_levels.py`` prints in a plain process (no launcher) run from ``cwd``."""
+    scrubbed = {k: v for k, v in cpu_env(env).items() if k not in ("RANK", "WORLD_SIZE")}
+    done = processes.run([sys.executable, str(LOG_SCRIPT), *args], cwd=cwd, env=scrubbed, capture_output=True,
+                         text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout + done.stderr
+
+
+def test_a_program_without_logging_configured_sees_info_and_the_configured_level(tmp_path):
+    """Python hands a record no handler takes to logging.lastResort, which prints warnings only: logger.info
+    printed nothing, whatever CONVOY_LOG_LEVEL said. The level is the variable's, else convoy.toml's, else info;
+    an application's own logging configuration is left alone, and takes over once made."""
+    assert _logged(tmp_path).splitlines() == ["INFO shown", "EVERY RANK", "WARNING shown"]
+    (tmp_path / "convoy.toml").write_text('log_level = "debug"\n')
+    assert _logged(tmp_path).splitlines() == ["DEBUG shown", "INFO shown", "EVERY RANK", "WARNING shown"]
+    assert _logged(tmp_path, CONVOY_LOG_LEVEL="warning").splitlines() == ["WARNING shown"]
+    (tmp_path / "convoy.toml").unlink()
+    assert _logged(tmp_path, "--configure-first").splitlines() == ["CONFIGURED WARNING shown"]  # root's level
+    assert _logged(tmp_path, "--configure-after").splitlines() == [
+        "INFO shown", "EVERY RANK", "WARNING shown", "CONFIGURED AFTER basicConfig"]
+
+
+@pytest.mark.slow
+def test_info_is_printed_under_convoy_launch(tmp_path):
+    """docs/configuration.md's `logger.info(...)` under `convoy launch` with CONVOY_LOG_LEVEL=info: rank 0's
+    message once, every rank's with its prefix, nothing below the level."""
+    result = run_script(LOG_SCRIPT, nproc=2, env={"CONVOY_LOG_LEVEL": "info"}, cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    assert result.output.count("INFO shown") == 1 and result.output.count("WARNING shown") == 1, result.output
+    assert "[rank 0] EVERY RANK" in result.output and "[rank 1] EVERY RANK" in result.output, result.output
+    assert "DEBUG shown" not in result.output, result.output

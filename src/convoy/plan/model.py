@@ -26,9 +26,10 @@ import importlib.util
 import json
 import math
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from convoy.errors import NotSupportedYetError, PlanError
 
@@ -467,10 +468,35 @@ def _transformers_meta(config: Mapping[str, Any], name: str) -> ModelSpec:
 
 
 def from_factory(target: str, *, name: str | None = None) -> ModelSpec:
-    """A model from ``"package.module:function"`` or ``"path/to/file.py:function"``, built on the meta device."""
+    """A model from ``"package.module:function"`` or ``"path/to/file.py:function"``, built on the meta device.
+
+    As ``python -m`` (and uvicorn, gunicorn) do for ``module:function``, a package in the working directory is
+    importable; a file's own folder is, as for ``python path/to/file.py``, so that it can import its neighbours.
+    """
     module_name, sep, func_name = target.rpartition(":")
     if not sep or not module_name or not func_name.isidentifier():
         raise PlanError(f"model factory {target!r} is not MODULE:FUNCTION (e.g. 'mypkg.models:build')")
+    folder = Path(module_name).resolve().parent if module_name.endswith(".py") else Path.cwd()
+    with _importable(folder):
+        return _build_factory(target, module_name, func_name, name=name)
+
+
+@contextmanager
+def _importable(folder: Path) -> Iterator[None]:
+    """``folder`` first on ``sys.path`` while the factory is imported and called, then taken off again (the
+    console script, unlike ``python -m``, does not put the working directory there)."""
+    entry = str(folder)
+    present = entry in sys.path or (folder == Path.cwd() and "" in sys.path)
+    if not present:
+        sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        if not present and entry in sys.path:
+            sys.path.remove(entry)
+
+
+def _build_factory(target: str, module_name: str, func_name: str, *, name: str | None) -> ModelSpec:
     try:
         if module_name.endswith(".py"):
             path = Path(module_name)

@@ -8,7 +8,14 @@
 
 The rank is the live process group's when one is initialised, else ``RANK`` from the environment (what
 ``convoy launch`` and torchrun set), else 0. torch is never imported here: a process group can only exist
-if the caller already imported it. The level comes from ``log_level=`` or ``CONVOY_LOG_LEVEL``.
+if the caller already imported it.
+
+The level is ``log_level=``, else ``CONVOY_LOG_LEVEL``, else ``log_level`` in a settings file (``convoy.toml``,
+the user's config), else the application's own when it configured logging, else ``info`` (the setting's default).
+A program that configured no logging handler (no ``logging.basicConfig``) still sees its messages at that level
+on stderr: Python would hand them to ``logging.lastResort``, which prints warnings and above only, so that
+``logger.info`` printed nothing under ``convoy launch``. The stand-in handler steps aside as soon as the
+application installs a handler of its own.
 """
 
 from __future__ import annotations
@@ -106,15 +113,52 @@ class RankLoggerAdapter(logging.LoggerAdapter):
 def get_logger(name: str, log_level: str | int | None = None) -> RankLoggerAdapter:
     """A logger for ``name`` that logs on the main process only unless a call says otherwise.
 
-    ``log_level`` (or ``CONVOY_LOG_LEVEL``) sets the underlying logger's level; when neither is given the
-    level is left as the application configured it.
+    Its level: ``log_level``, else ``CONVOY_LOG_LEVEL``, else a settings file's ``log_level``; when none is given,
+    the level the application configured, or ``info`` when it configured no logging (see the module docstring).
     """
     logger = logging.getLogger(name)
     level: str | int | None = log_level
     if isinstance(level, str) and level.strip():  # the same names as CONVOY_LOG_LEVEL and convoy.toml take
         level = KEYS["log_level"].parse(level, where="get_logger(log_level=...)")
-    elif level is None or isinstance(level, str):  # not given (or blank): the environment's, if any
+    elif level is None or isinstance(level, str):  # not given (or blank): the environment's, else the files'
         level = read_log_level(os.environ)
+        if level is None:
+            from convoy.config.settings import file_settings_env
+
+            level = read_log_level(file_settings_env())
+    configured = _has_own_handlers(logger)
+    if level is None and not configured:
+        level = KEYS["log_level"].default
     if level is not None:
         logger.setLevel(logging.getLevelName(level.upper()) if isinstance(level, str) else level)
+    if not configured and not any(isinstance(h, _UntilConfigured) for h in logger.handlers):
+        logger.addHandler(_UntilConfigured())
     return RankLoggerAdapter(logger, {})
+
+
+class _UntilConfigured(logging.Handler):
+    """stderr, ``%(message)s``, as Python's ``logging.lastResort`` but at the logger's own level, while no other
+    handler would receive the record (once the application configures logging, its handlers print it)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.NOTSET)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if _has_own_handlers(logging.getLogger(record.name)):
+            return
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:  # as logging.StreamHandler: a closed stderr does not break the program
+            self.handleError(record)
+
+
+def _has_own_handlers(logger: logging.Logger) -> bool:
+    """Whether a record of ``logger`` reaches a handler other than convoy's stand-in (``Logger.hasHandlers``
+    without it)."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        if any(not isinstance(h, _UntilConfigured) for h in current.handlers):
+            return True
+        current = current.parent if current.propagate else None
+    return False

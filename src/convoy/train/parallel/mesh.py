@@ -107,4 +107,8 @@ def build_mesh(dims: ParallelDims, *, device_type: str | None = None) -> Paralle
                             mesh_dim_names=tuple(name for name, _ in shape))
     if dims.dp_replicate > 1 and dims.dp_shard > 1:
         mesh["dp_replicate", "dp_shard"]._flatten("dp")  # private but the documented torchtitan idiom
+    if dims.dp_shard > 1 and dims.tp > 1:
+        # a gradient norm partial over both (clip_grad_norm_) is then one all-reduce, not two in sequence; without
+        # it DTensor warns on every rank "flatten mesh dimensions ["dp_shard", "tp"]" (tensor/_redistribute.py)
+        mesh["dp_shard", "tp"]._flatten("dp_shard_tp")
     return ParallelMesh(dims=dims, mesh=mesh)

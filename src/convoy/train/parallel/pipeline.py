@@ -24,6 +24,7 @@ no second process; convoy does not move layers between devices in one process, s
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -212,8 +213,14 @@ class PipelineModule:
         try:
             for name, stand_in in stand_ins.items():
                 self.model.set_submodule(name, stand_in)
-            pipe = pp.pipeline(self.model, mb_args=mb_args, mb_kwargs=mb_kwargs or None,
-                               split_spec={name: pp.SplitPoint.BEGINNING for name in self.boundaries})
+            with warnings.catch_warnings():
+                # torch's Pipe.from_tracing deep-copies the traced graph's pytree specs, which builds a LeafSpec,
+                # a class torch itself deprecated (torch/utils/_pytree.py): a FutureWarning about torch's own code
+                # on every rank, which no user code can change
+                warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                                        category=FutureWarning)
+                pipe = pp.pipeline(self.model, mb_args=mb_args, mb_kwargs=mb_kwargs or None,
+                                   split_spec={name: pp.SplitPoint.BEGINNING for name in self.boundaries})
         except Exception as exc:  # tracing errors come from deep inside torch.export
             cause = _convoy_cause(exc)
             if cause is not None:  # convoy's own check (e.g. in a stand-in) said what is wrong: say that
