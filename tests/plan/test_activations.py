@@ -93,7 +93,7 @@ def test_full_recomputation_peak_is_within_a_few_percent():
     assert r["peak"][0] < none["peak"][0] and r["peak"][1] < none["peak"][1]
 
 
-def test_gpt2_small_matches_the_h100_measurement_in_issue_12():
+def test_gpt2_small_matches_the_first_h100_measurement():
     """Issue 12 measured GPT-2 small (seq 1024 x 8, sdpa, autocast bf16, fp32 AdamW) on an H100: MemTracker
     activations 8.58 GB, peak allocated 13.45 GB; the planner said 4.07 / 8.85 GB before this model."""
     spec = from_hf_config(CONFIGS / "gpt2.json")

@@ -101,7 +101,7 @@ def test_a_shaped_model_adds_memory_bound_work_at_the_datasheet_bandwidth():
 
 def test_small_models_are_memory_bound_where_large_ones_are_not():
     """The datasheet no longer promises a 124M model the MFU of a 7B one: at hidden 768 the saved activations'
-    traffic is a large share of the step (issue 12 measured GPT-2 small at 70 ms, 9.7 % MFU, on an H100)."""
+    traffic is a large share of the step (an H100 measured GPT-2 small at 70 ms, 9.7 % MFU)."""
     hw = parse_hardware("1xH100-80GB")
     gpt2 = from_numbers(124e6, layers=12, hidden=768, heads=12, vocab=50257)
     small = step_time(gpt2, RUN_AUTOCAST_1024x8, Layout(), hw, global_batch=8)

@@ -218,7 +218,7 @@ def _loopback_hint(plan: LaunchPlan, take: Callable):
     except LeaseError as err:
         if plan.max_nodes > 1 and plan.master_addr in _LOOPBACK:
             # Several "nodes" on one host (a loopback rehearsal of a multi-node job) each select the same
-            # devices; the first holds them and waits for its peers (issue 11).
+            # devices; the first holds them and waits for its peers, which never get them.
             raise LeaseError(f"{err}; several nodes on one host need devices of their own: give each node "
                              "different --devices, or --devices 0 for CPU processes") from None
         raise
