@@ -3,6 +3,7 @@
     sock = listen_socket("127.0.0.1", 0)                  # launcher: the store's socket, bound to loopback
     env = {**loopback_env(), LISTEN_FD_VARIABLE: str(sock.fileno())}   # rank 0 gets the socket (pass_fds)
     prepare_worker(os.environ)                            # in rank 0 (convoy.launch.record does it)
+    close_when_done()                                     # in the others: rank 0 may go once they are done
 
 torch's ``TCPStore`` server binds every interface (``::`` and ``0.0.0.0``) whatever ``host_name`` says; its one
 knob for the address is ``master_listen_fd``: a socket the caller has bound and passes in. The process group
@@ -14,9 +15,14 @@ Gloo's own listeners follow ``GLOO_SOCKET_IFNAME=lo`` (set unless the user set i
 
 Rank 0 serving the store must not take it away while other ranks still reach it: a program whose rank 0 is
 done right after making its process group left the others with "Connection reset by peer". So rank 0, once
-its program has succeeded, keeps serving (``keep_serving``) until its launcher says every other rank has
-ended, the launcher is gone, or ``STORE_LINGER`` seconds have passed; the bound keeps a rank that waits in a
-collective rank 0 never joins from waiting out the whole collective timeout.
+its program has succeeded, keeps serving (``keep_serving``) until every other rank's program has finished,
+the launcher is gone, or ``STORE_LINGER`` seconds have passed; the bound keeps a rank that waits in a
+collective rank 0 never joins from waiting out the whole collective timeout. The direct engine says when
+with one pipe: rank 0 holds its read end, every other rank a copy of its write end, which that rank closes
+once its program has finished (``close_when_done``: at exit, after the program's threads and every other
+exit handler, before the interpreter tears itself down) and which the OS closes if the rank dies first; the
+read end's end of file is the last one closed. Rank 0 therefore shuts down while the others do, not after
+them (an interpreter that imported torch takes about 0.4 s to tear itself down).
 
 Multi-node jobs (a ``--master-addr``/``--rdzv-endpoint`` that is not a loopback address) are left as torch
 makes them. A script that starts its own ``TCPStore`` server on ``MASTER_PORT`` without ``multi_tenant=True``
@@ -35,13 +41,15 @@ from typing import Any, Callable, Iterator, Mapping
 
 __all__ = ["LOOPBACK_VARIABLE", "LISTEN_FD_VARIABLE", "RELEASE_FD_VARIABLE", "STORE_LINGER", "is_loopback",
            "listen_socket", "loopback_env", "prepare_worker", "agent_store", "after_torch_import", "serving",
-           "keep_serving", "released_by_fd"]
+           "keep_serving", "released_by_fd", "DONE_FD_VARIABLE", "close_when_done"]
 
 LOOPBACK_VARIABLE = "CONVOY_LOOPBACK_STORE"
 LISTEN_FD_VARIABLE = "CONVOY_STORE_LISTEN_FD"
-RELEASE_FD_VARIABLE = "CONVOY_STORE_RELEASE_FD"  # a pipe's read end: its end of file says the other ranks ended
+RELEASE_FD_VARIABLE = "CONVOY_STORE_RELEASE_FD"  # rank 0: a pipe's read end, its end of file: the others are done
+DONE_FD_VARIABLE = "CONVOY_STORE_DONE_FD"  # the other ranks: that pipe's write end, closed when the program is done
 STORE_LINGER = 30.0  # seconds rank 0 keeps serving after its program is done, at most
 _SERVERS: list[Any] = []  # the stores started here; torch reuses their servers while they live
+_DONE_FDS: list[int] = []  # this rank's copy of the release pipe's write end (close_when_done)
 
 
 def is_loopback(host: str | None) -> bool:
@@ -167,7 +175,7 @@ def serving() -> bool:
 
 def keep_serving(others_done: Callable[[float], bool], limit: float = STORE_LINGER) -> None:
     """Rank 0, its program done: keep the store up until ``others_done(wait)`` (which may block for ``wait``
-    seconds) says the other ranks have ended, the launcher (the parent) is gone, or ``limit`` seconds passed."""
+    seconds) says the other ranks are done, the launcher (the parent) is gone, or ``limit`` seconds passed."""
     sys.stdout.flush()
     sys.stderr.flush()
     parent, deadline = os.getppid(), time.monotonic() + limit
@@ -176,8 +184,42 @@ def keep_serving(others_done: Callable[[float], bool], limit: float = STORE_LING
             return
 
 
+def close_when_done(env: Mapping[str, str] | None = None) -> None:
+    """In a rank other than 0 (``DONE_FD_VARIABLE`` set): close the release pipe's write end once this program
+    has finished, so that rank 0 may stop serving the store while this interpreter tears itself down.
+
+    Call it before the program starts: the ``atexit`` handler registered here runs after every one
+    registered later (the program's, torch's) and after Python has joined the program's threads. A fork of
+    this process (a data loader's worker) closes its copy at once, and an exec'd child never gets one, so only
+    this program holds the pipe open; if it dies first, the OS closes it.
+    """
+    fd_text = os.environ.pop(DONE_FD_VARIABLE, "") if env is None else env.get(DONE_FD_VARIABLE, "")
+    if not fd_text.isdigit():  # (popped: a program this rank starts has no copy, and must not think it has)
+        return
+    fd = int(fd_text)
+    try:
+        os.set_inheritable(fd, False)
+    except OSError:  # not open here (a test, a caller that closed it): nothing to hold
+        return
+    if not _DONE_FDS and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_close_done_fds)
+    _DONE_FDS.append(fd)
+    import atexit
+
+    atexit.register(_close_done_fds)
+
+
+def _close_done_fds() -> None:
+    while _DONE_FDS:
+        try:
+            os.close(_DONE_FDS.pop())
+        except OSError:
+            pass
+
+
 def released_by_fd(fd: int) -> Callable[[float], bool]:
-    """``others_done`` for a pipe's read end that the launcher closes once the other ranks have ended."""
+    """``others_done`` for the release pipe's read end: end of file once every copy of its write end is closed
+    (the other ranks' programs have finished, or they died; the launcher closed its own)."""
     def done(wait: float) -> bool:
         try:
             return bool(select.select([fd], [], [], wait)[0])  # readable: end of file (nothing is written)

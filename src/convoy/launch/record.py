@@ -6,7 +6,8 @@
 The elastic engine starts workers through this so that an unmodified script (no ``@record``) still leaves
 its traceback in ``TORCHELASTIC_ERROR_FILE``, where the agent reads the failing rank's root cause; rank 0 of a
 single-node job also starts the rendezvous store on loopback here, and keeps serving it after the program
-succeeded while the other ranks may still reach it (``convoy.launch.loopback``). Torch-free:
+succeeded until the other ranks' programs have finished, which they say here (``convoy.launch.loopback``).
+Torch-free:
 it writes the same JSON as ``torch.distributed.elastic.multiprocessing.errors.ErrorHandler``.
 """
 
@@ -36,9 +37,10 @@ def main(argv: list[str]) -> None:
     if not argv:
         sys.exit("usage: python -m convoy.launch.record SCRIPT [ARGS] | -m MODULE [ARGS]")
     from convoy.launch import progress
-    from convoy.launch.loopback import prepare_worker
+    from convoy.launch.loopback import close_when_done, prepare_worker
 
     prepare_worker()  # rank 0 of a single-node job: the store listens on loopback only
+    close_when_done()  # the other ranks: tell rank 0 once this program is done, before the interpreter's teardown
     progress.install()  # raw collectives: convoy's default timeout, and counts that name a missing rank
     try:
         if argv[0] == "-m":
