@@ -2,7 +2,8 @@
 
 Direct engine: rank 0 serves the store and stops once every other rank's program has finished (each rank
 closes its copy of a pipe then, or the OS does when it dies), so its interpreter's teardown runs beside the
-others' instead of after them.
+others' instead of after them. Elastic engine on one node: without restarts the agent serves the workers'
+store (torch's static rendezvous on a loopback store), so it lives as long as the agent.
 """
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
+from convoy.launch.guard import JOB_ID_VARIABLE, job_processes
 from convoy.launch.loopback import DONE_FD_VARIABLE, released_by_fd
 from tests.distributed import cpu_env
+from tests.launch.listening import listening
 from tests.processes import finish, start
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -45,6 +49,16 @@ def test_a_rank_that_fails_after_rank_0_is_done_is_still_reported(tmp_path):
     assert job.returncode == 1, out
     assert "convoy: rank 1 (local rank 1)" in out and "failed with exit code 1" in out, out
     assert out.count("ValueError: rank 1 fails after rank 0 is done") == 1, out
+
+
+@pytest.mark.slow
+def test_a_rank_still_reaching_the_store_after_rank_0_is_done_gets_it_under_the_elastic_engine():
+    """Rank 0's program is done at once; rank 1 reaches the store a second later (raw torch). Under the elastic
+    engine rank 0 served the store and left: 'client socket has timed out'. (The direct engine's test is in
+    test_direct.py.)"""
+    job = convoy_launch("--nproc-per-node", "2", "--engine", "elastic", str(SCRIPTS / "rank0_leaves_early.py"))
+    out = finish(job, timeout=90)
+    assert job.returncode == 0 and "rank 1 reached the store" in out, out
 
 
 _HOLDER = textwrap.dedent("""
@@ -88,3 +102,30 @@ def test_the_pipe_is_held_while_the_program_runs_and_released_when_it_ends_not_b
         os.close(read_end)
         holder.stdin.close()
         holder.stdout.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/net/tcp")
+def test_elastic_engine_on_one_node_without_restarts_serves_the_workers_store_from_the_agent(tmp_path):
+    """The agent's store, on loopback, is the workers' store: no worker listens on MASTER_PORT."""
+    env = {k: v for k, v in cpu_env().items() if k != "GLOO_SOCKET_IFNAME"}
+    launcher = convoy_launch("--engine", "elastic", "--nproc-per-node", "2", str(SCRIPTS / "listen_and_wait.py"),
+                             str(tmp_path), env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while not all((tmp_path / f"rank{r}").exists() for r in (0, 1)):
+            assert launcher.poll() is None, launcher.stdout.read()
+            assert time.monotonic() < deadline, "the ranks did not start"
+            time.sleep(0.1)
+        worker, master_port = map(int, (tmp_path / "rank0").read_text().split())
+        with open(f"/proc/{worker}/environ", "rb") as handle:
+            environ = dict(item.split(b"=", 1) for item in handle.read().split(b"\0") if b"=" in item)
+        assert environ[b"TORCHELASTIC_USE_AGENT_STORE"] == b"True"
+        token = environ[JOB_ID_VARIABLE.encode()].decode().split(":")[-1]
+        sockets = listening({launcher.pid, *job_processes(token)})
+        assert (launcher.pid, "127.0.0.1", master_port) in sockets, sockets
+        assert all(address == "127.0.0.1" for _, address, _ in sockets), sockets
+    finally:
+        (tmp_path / "stop").touch()
+        out = finish(launcher, timeout=60)
+    assert launcher.returncode == 0, out
