@@ -3,7 +3,8 @@
 Direct engine: rank 0 serves the store and stops once every other rank's program has finished (each rank
 closes its copy of a pipe then, or the OS does when it dies), so its interpreter's teardown runs beside the
 others' instead of after them. Elastic engine on one node: without restarts the agent serves the workers'
-store (torch's static rendezvous on a loopback store), so it lives as long as the agent.
+store (torch's static rendezvous on a loopback store), so it lives as long as the agent; with restarts each
+attempt's rank 0 serves it, until the other ranks let go of a lock each (the agent passes no descriptors).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from convoy.launch.guard import JOB_ID_VARIABLE, job_processes
-from convoy.launch.loopback import DONE_FD_VARIABLE, released_by_fd
+from convoy.launch.loopback import DONE_FD_VARIABLE, HOLD_DIR_VARIABLE, others_done, released_by_fd
 from tests.distributed import cpu_env
 from tests.launch.listening import listening
 from tests.processes import finish, start
@@ -52,11 +53,13 @@ def test_a_rank_that_fails_after_rank_0_is_done_is_still_reported(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_rank_still_reaching_the_store_after_rank_0_is_done_gets_it_under_the_elastic_engine():
+@pytest.mark.parametrize("engine", [("--engine", "elastic"), ("--max-restarts", "1")], ids=["static", "restarts"])
+def test_a_rank_still_reaching_the_store_after_rank_0_is_done_gets_it_under_the_elastic_engine(engine):
     """Rank 0's program is done at once; rank 1 reaches the store a second later (raw torch). Under the elastic
-    engine rank 0 served the store and left: 'client socket has timed out'. (The direct engine's test is in
+    engine rank 0 served the store and left: 'client socket has timed out'. Now the agent serves it (static
+    rendezvous), or with restarts rank 0 waits for rank 1's lock. (The direct engine's test is in
     test_direct.py.)"""
-    job = convoy_launch("--nproc-per-node", "2", "--engine", "elastic", str(SCRIPTS / "rank0_leaves_early.py"))
+    job = convoy_launch("--nproc-per-node", "2", *engine, str(SCRIPTS / "rank0_leaves_early.py"))
     out = finish(job, timeout=90)
     assert job.returncode == 0 and "rank 1 reached the store" in out, out
 
@@ -75,20 +78,31 @@ _HOLDER = textwrap.dedent("""
 """)
 
 
-def test_the_pipe_is_held_while_the_program_runs_and_released_when_it_ends_not_by_its_children():
-    read_end, write_end = os.pipe()
-    env = {**os.environ, DONE_FD_VARIABLE: str(write_end)}
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER], env=env, pass_fds=(write_end,), text=True,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    os.close(write_end)
+@pytest.mark.parametrize("hold", ["pipe", "lock"])
+def test_a_rank_holds_rank_0_while_its_program_runs_and_lets_go_when_it_ends_whatever_its_children_do(
+        hold, tmp_path):
+    """The direct engine's pipe, and under torch's agent (restarts on one node) a lock of this attempt's."""
+    if hold == "pipe":
+        read_end, write_end = os.pipe()
+        env, fds, done = {DONE_FD_VARIABLE: str(write_end)}, (write_end,), released_by_fd(read_end)
+    else:
+        read_end = write_end = -1
+        attempt = {HOLD_DIR_VARIABLE: str(tmp_path), "TORCHELASTIC_RESTART_COUNT": "2"}
+        env, fds, done = {**attempt, "RANK": "1"}, (), others_done({**attempt, "RANK": "0", "WORLD_SIZE": "2"})
+        (tmp_path / "1.1").touch()  # the previous attempt's rank 1, long gone: not this attempt's
+        assert not done(0.1)  # this attempt's rank 1 has not started
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER], env={**os.environ, **env}, pass_fds=fds,
+                              text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    if write_end >= 0:
+        os.close(write_end)
     children = []
     try:
         children = [int(pid) for pid in holder.stdout.readline().split()]
         assert len(children) == 2
-        assert not released_by_fd(read_end)(0.3)  # the program runs: rank 0 keeps serving
+        assert not done(0.3)  # the program runs: rank 0 keeps serving
         holder.stdin.write("done\n")
         holder.stdin.flush()
-        assert released_by_fd(read_end)(30)  # the program ended; its children live on
+        assert done(30)  # the program ended; its children live on
         assert all(os.path.exists(f"/proc/{pid}") for pid in children)
         assert holder.wait(timeout=30) == 0
     finally:
@@ -99,7 +113,8 @@ def test_the_pipe_is_held_while_the_program_runs_and_released_when_it_ends_not_b
                 pass
         holder.kill()
         holder.wait()
-        os.close(read_end)
+        if read_end >= 0:
+            os.close(read_end)
         holder.stdin.close()
         holder.stdout.close()
 

@@ -9,9 +9,10 @@ the root-cause rank. Two fixes over plain torchrun: ``TORCH_DISABLE_SHARE_RDZV_T
 ``max_restarts > 0`` (restarted groups otherwise hang on stale peer addresses in the shared store, see
 notes item 9), and Python workers start through ``convoy.launch.record`` so unmodified scripts leave their
 traceback in the error file. On one node without restarts the agent meets no one, so it gets torch's static
-rendezvous instead of c10d (``_one_node_static``), and the objects torch's import made are frozen out of the
-garbage collector's reach (``_gc_paused``): this process then exits ~0.4 s sooner. Imports torch (the agent
-needs it); the direct engine does not.
+rendezvous instead of c10d (``_one_node_static``); with restarts each attempt's rank 0 serves the workers'
+store until the other ranks' programs are done (``_store_holds``). The objects torch's import made are
+frozen out of the garbage collector's reach (``_gc_paused``), so this process's exit no longer walks them
+(~0.4 s on 2 cores). Imports torch (the agent needs it); the direct engine does not.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,7 +32,7 @@ from typing import Iterator, Mapping
 
 from convoy.errors import LaunchError, Terminated
 from convoy.launch.failures import RankFailure, failure_error
-from convoy.launch.loopback import agent_store, is_loopback, loopback_env
+from convoy.launch.loopback import HOLD_DIR_VARIABLE, agent_store, is_loopback, loopback_env
 from convoy.launch.progress import missing_note
 from convoy.launch.resolve import DEFAULT_SIGNALS, LaunchPlan, shown_ranks, split_endpoint, stream_map
 
@@ -139,9 +142,9 @@ def _gc_paused() -> Iterator[None]:
     ``import torch`` allocates hundreds of thousands of objects, which triggers full collections that find
     next to nothing: on a 2-core box the import took ~0.1 s less CPU with the collector paused (median of 5,
     1.22 -> 1.09 s; docs/launching.md). Those objects live as long as the process, yet every later full
-    collection walks them again, above all the ones Python runs while it tears itself down at exit: this
-    process's exit cost ~0.4 s of CPU after importing the agent, ~0.05 s with them frozen (``gc.freeze()``:
-    moved to the permanent generation, which the collector never examines; median of 10 on a 2-core box,
+    collection walks them again, above all the ones Python runs while it tears itself down at exit: after
+    importing the agent, this process's exit cost ~0.5 s of CPU, ~0.07 s with them frozen (``gc.freeze()``:
+    moved to the permanent generation, which the collector never examines; medians of 10 on a 2-core box,
     docs/launching.md). Only objects alive at the freeze are concerned, cyclic garbage made later is
     collected as before. The collector's previous state is restored afterwards.
     """
@@ -174,7 +177,8 @@ def run_elastic(plan: LaunchPlan, *, base_env: Mapping[str, str]) -> int:
     entrypoint, args = _worker_command(plan)
     start = time.monotonic()
     try:
-        with _environment(extra), _rendezvous_store(plan, host) as endpoint:
+        with _store_holds(plan, host) as holds, _environment({**extra, **holds}), \
+                _rendezvous_store(plan, host) as endpoint:
             config = launch_config(_one_node_static(plan, endpoint), endpoint=endpoint, local_addr=host)
             elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as err:
@@ -205,6 +209,21 @@ def _loopback_host(plan: LaunchPlan) -> str | None:
         return None
     host, _ = split_endpoint(plan.rdzv_endpoint, default_port=C10D_PORT)
     return ("127.0.0.1" if host == "localhost" else host) if is_loopback(host) else None
+
+
+@contextmanager
+def _store_holds(plan: LaunchPlan, host: str | None) -> Iterator[dict[str, str]]:
+    """One node with restarts, where each attempt's rank 0 serves the workers' store: a directory in which the
+    other ranks hold a lock while their program runs, so that rank 0 keeps serving until then
+    (``convoy.launch.loopback``; the agent passes no descriptors, so the direct engine's pipe cannot be used)."""
+    if host is None or plan.workers.max_restarts == 0:
+        yield {}
+        return
+    directory = tempfile.mkdtemp(prefix="convoy-store-")
+    try:
+        yield {HOLD_DIR_VARIABLE: directory}
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _one_node_static(plan: LaunchPlan, endpoint: str | None) -> LaunchPlan:
