@@ -143,6 +143,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--baseline", metavar="SRC", help="also time convoy from this src/ directory (PYTHONPATH)")
+    parser.add_argument("--rows", metavar="WORDS", help="only the launchers whose name contains one of these "
+                        "comma-separated words (more rounds in the same time), e.g. 'convoy,torchrun,bare'")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="convoy-bench-scripts-"))
     script, floor, bare = work / "ready.py", work / "floor.py", work / "bare.py"
@@ -150,6 +152,9 @@ def main() -> None:
     floor.write_text(FLOOR_SCRIPT)
     bare.write_text(BARE_LAUNCHER)
     table = launchers(args.nproc, str(script), str(floor), str(bare), args.baseline)
+    if args.rows:
+        words = [word.strip() for word in args.rows.split(",") if word.strip()]
+        table = {name: argv for name, argv in table.items() if any(word in name for word in words)}
     # one entry per round and launcher (None: that run failed), so that rounds pair up for the ratios
     columns: dict[str, dict[str, list[float | None]]] = {
         key: {name: [] for name in table} for key in ("ready", "init", "exit", "cpu")}
