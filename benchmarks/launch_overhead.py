@@ -126,6 +126,8 @@ def _ratio_lines(columns: dict[str, dict[str, list[float]]], nproc: int) -> list
     names = [(ours, peer.format(nproc=nproc), goal) for ours, peer, goal in GOALS]
     names += [(f"{ours} (baseline)", peer, goal) for ours, peer, goal in names if f"{ours} (baseline)" in exits]
     for ours, peer, goal in names:
+        if ours not in exits or peer not in exits:
+            continue
         rounds = [a / b for a, b in zip(exits[ours], exits[peer]) if a is not None and b is not None]
         mine, theirs = [v for v in exits[ours] if v is not None], [v for v in exits[peer] if v is not None]
         if not rounds:
@@ -167,7 +169,7 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
 
     def median(key: str, name: str) -> float | None:
-        values = [v for v in columns[key][name] if v is not None]
+        values = [v for v in columns[key].get(name, []) if v is not None]
         return statistics.median(values) if values else None
 
     torchrun, floor_s = median("ready", "torchrun --standalone"), median("ready", FLOOR)
