@@ -137,6 +137,13 @@ def _ratio_lines(columns: dict[str, dict[str, list[float]]], nproc: int) -> list
         lines.append(f"{ours} / {peer}, exit: {statistics.median(mine) / statistics.median(theirs):.2f}x "
                      f"(median of {len(rounds)} rounds' ratios {statistics.median(rounds):.2f}x; "
                      f"cpu {cpu:.2f}x; goal {goal}x)")
+    for ours, _, _ in GOALS:  # this checkout against the baseline, round by round
+        before = exits.get(f"{ours} (baseline)")
+        if before and ours in exits:
+            rounds = [a / b for a, b in zip(exits[ours], before) if a is not None and b is not None]
+            if rounds:
+                lines.append(f"{ours} / its baseline, exit: median of {len(rounds)} rounds' ratios "
+                             f"{statistics.median(rounds):.2f}x")
     return lines
 
 
