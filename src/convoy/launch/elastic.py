@@ -8,11 +8,22 @@ convoy writes no agent and no rendezvous: this module turns a ``LaunchPlan`` int
 the root-cause rank. Two fixes over plain torchrun: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` whenever
 ``max_restarts > 0`` (restarted groups otherwise hang on stale peer addresses in the shared store, see
 notes item 9), and Python workers start through ``convoy.launch.record`` so unmodified scripts leave their
-traceback in the error file. On one node without restarts the agent meets no one, so it gets torch's static
-rendezvous instead of c10d (``_one_node_static``); with restarts each attempt's rank 0 serves the workers'
-store until the other ranks' programs are done (``_store_holds``). The objects torch's import made are
-frozen out of the garbage collector's reach (``_gc_paused``), so this process's exit no longer walks them
-(~0.4 s on 2 cores). Imports torch (the agent needs it); the direct engine does not.
+traceback in the error file.
+
+On one node the agent meets no one. Without restarts convoy plans torch's static rendezvous there
+(``convoy.launch.resolve``), not c10d as ``torchrun --standalone`` does: c10d pays to meet other nodes, a
+random 0-0.3 s delay before its first round (``dynamic_rendezvous.py``, to spread many nodes' joins), a state
+machine synchronised through the store, a heartbeat thread, and two ``inspect.stack()`` walks per event it
+records (``get_method_name``), whether or not events are logged. The static rendezvous gives the agent the
+same store, started here on loopback, and its workers use it (``TORCHELASTIC_USE_AGENT_STORE=True``): it
+lives as long as the agent, so no rank loses it while it still needs it; the agent's monitor, failure
+reports and signal handling are the same. With restarts the c10d rendezvous stays, since torch's workers
+reuse a shared store's keys across attempts (notes item 9): each attempt's rank 0 serves a fresh store, until
+the other ranks' programs are done (``_store_holds``).
+
+The objects torch's import made are frozen out of the garbage collector's reach (``_gc_paused``), so this
+process's exit no longer walks them (~0.4 s on 2 cores). Imports torch (the agent needs it); the direct
+engine does not.
 """
 
 from __future__ import annotations
@@ -179,7 +190,7 @@ def run_elastic(plan: LaunchPlan, *, base_env: Mapping[str, str]) -> int:
     try:
         with _store_holds(plan, host) as holds, _environment({**extra, **holds}), \
                 _rendezvous_store(plan, host) as endpoint:
-            config = launch_config(_one_node_static(plan, endpoint), endpoint=endpoint, local_addr=host)
+            config = launch_config(plan, endpoint=endpoint, local_addr=host)
             elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as err:
         raise _root_cause(err, plan, elapsed=time.monotonic() - start) from None
@@ -204,8 +215,8 @@ def _local_error_files(rank: int, pf, nproc: int) -> dict[int, str]:
 
 
 def _loopback_host(plan: LaunchPlan) -> str | None:
-    """The loopback address of a single-node c10d rendezvous, else None (multi-node: left to torch)."""
-    if plan.max_nodes != 1 or plan.rdzv_backend != "c10d":
+    """The loopback address of a single-node rendezvous, else None (multi-node: left to torch)."""
+    if plan.max_nodes != 1 or plan.rdzv_backend not in ("c10d", "static"):
         return None
     host, _ = split_endpoint(plan.rdzv_endpoint, default_port=C10D_PORT)
     return ("127.0.0.1" if host == "localhost" else host) if is_loopback(host) else None
@@ -216,8 +227,8 @@ def _store_holds(plan: LaunchPlan, host: str | None) -> Iterator[dict[str, str]]
     """One node with restarts, where each attempt's rank 0 serves the workers' store: a directory in which the
     other ranks hold a lock while their program runs, so that rank 0 keeps serving until then
     (``convoy.launch.loopback``; the agent passes no descriptors, so the direct engine's pipe cannot be used)."""
-    if host is None or plan.workers.max_restarts == 0:
-        yield {}
+    if host is None or plan.workers.max_restarts == 0 or plan.rdzv_backend != "c10d":
+        yield {}  # (static: the agent's store is the workers', for every attempt)
         return
     directory = tempfile.mkdtemp(prefix="convoy-store-")
     try:
@@ -226,28 +237,10 @@ def _store_holds(plan: LaunchPlan, host: str | None) -> Iterator[dict[str, str]]
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _one_node_static(plan: LaunchPlan, endpoint: str | None) -> LaunchPlan:
-    """One node without restarts: torch's static rendezvous on the loopback store started here, instead of c10d.
-
-    On one node the c10d rendezvous has no other node to meet, yet it costs what ``torchrun --standalone``
-    pays: a random 0-0.3 s delay before its first round (``dynamic_rendezvous.py``, to spread many nodes'
-    joins), a state machine synchronised through the store, a heartbeat thread, and two ``inspect.stack()``
-    walks per event it records (``get_method_name``), whether or not events are logged. The static
-    rendezvous (torchrun's, without ``--rdzv-backend``) gives the agent the same store, with none of that; its
-    workers use that store (``TORCHELASTIC_USE_AGENT_STORE=True``), which lives as long as the agent, so no
-    rank can lose it while it still needs it. The agent's monitor, failure reports and signal handling are the
-    same. With restarts the c10d rendezvous stays: each attempt then gets a fresh store from its rank 0, since
-    torch's workers reuse a shared store's keys across attempts (notes item 9).
-    """
-    if endpoint is None or plan.workers.max_restarts > 0 or plan.rdzv_backend != "c10d":
-        return plan
-    configs = tuple(sorted({**dict(plan.rdzv_configs), "rank": "0"}.items()))
-    return dataclasses.replace(plan, rdzv_backend="static", rdzv_endpoint=endpoint, rdzv_configs=configs)
-
-
 @contextmanager
 def _rendezvous_store(plan: LaunchPlan, host: str | None) -> Iterator[str | None]:
-    """The agent's rendezvous store, started on ``host`` before torch's c10d backend binds every interface."""
+    """The agent's rendezvous store, started on ``host`` before torch's rendezvous (c10d or static) would bind
+    every interface; yields its endpoint."""
     if host is None:
         yield None
         return

@@ -34,8 +34,8 @@ from typing import IO, Mapping
 from convoy.errors import LaunchError, Terminated
 from convoy.launch.env import rank_env
 from convoy.launch.failures import RankFailure, TracebackHold, failure_error, read_error_file
-from convoy.launch.loopback import (DONE_FD_VARIABLE, LISTEN_FD_VARIABLE, RELEASE_FD_VARIABLE, is_loopback,
-                                    listen_socket, loopback_env)
+from convoy.launch.loopback import (DONE_FD_VARIABLE, LISTEN_FD_VARIABLE, RELEASE_FD_VARIABLE, STORE_VARIABLES,
+                                    is_loopback, listen_socket, loopback_env)
 from convoy.launch.progress import missing_note
 from convoy.launch.ports import free_port
 from convoy.launch.resolve import STOP_SIGNALS, LaunchPlan, forwarded_signals, shown_ranks, stream_map
@@ -253,7 +253,7 @@ def _worker_command(command: tuple[str, ...], rank: int, listener, release: "_Re
     ``convoy.launch.progress``); rank 0 also gets the store's loopback socket and the release pipe's read end,
     every other rank its write end (``convoy.launch.loopback``). Other commands run as they are and rank 0
     binds the port itself."""
-    for name in (LISTEN_FD_VARIABLE, RELEASE_FD_VARIABLE, DONE_FD_VARIABLE):  # a job inside a job's rank: not ours
+    for name in STORE_VARIABLES:  # a job started inside a job's rank: its launcher's are not this job's
         env.pop(name, None)
     if tuple(command[:2]) != (sys.executable, "-u"):
         return command, ()
