@@ -144,3 +144,46 @@ def test_elastic_engine_on_one_node_without_restarts_serves_the_workers_store_fr
         (tmp_path / "stop").touch()
         out = finish(launcher, timeout=60)
     assert launcher.returncode == 0, out
+
+
+_TEARS_DOWN_SLOWLY = textwrap.dedent("""
+    import os, sys, time, types
+    from convoy.launch.loopback import close_when_done
+    close_when_done()
+    if sys.argv[2] != "none":  # no NCCL on a CPU box: what torch.distributed answers about the group left alive
+        fake = types.ModuleType("torch.distributed")
+        fake.is_available = fake.is_initialized = lambda: True
+        fake.get_backend = lambda: sys.argv[2]
+        sys.modules["torch.distributed"] = fake
+
+    class UntilGo:  # freed by the interpreter's teardown, after every exit handler
+        def __del__(self, exists=os.path.exists, sleep=time.sleep, clock=time.monotonic, go=sys.argv[1] + "/go"):
+            deadline = clock() + 30
+            while not exists(go) and clock() < deadline:
+                sleep(0.02)
+
+    holder = types.ModuleType("holds_until_go")
+    holder.keep = UntilGo()
+    sys.modules[holder.__name__] = holder
+""")
+
+
+@pytest.mark.parametrize("group, held_through_teardown", [("none", False), ("gloo", False), ("nccl", True)])
+def test_a_program_that_leaves_an_nccl_group_alive_holds_rank_0_through_its_teardown(
+        group, held_through_teardown, tmp_path):
+    """NCCL's monitor thread reads the store until its group is destroyed, and warns once the store is gone."""
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-c", _TEARS_DOWN_SLOWLY, str(tmp_path), group], pass_fds=(write_end,),
+                            env={**os.environ, DONE_FD_VARIABLE: str(write_end)})
+    os.close(write_end)
+    try:
+        if held_through_teardown:
+            assert not released_by_fd(read_end)(2.0)  # the program is done, its teardown waits: still held
+            (tmp_path / "go").touch()
+        assert released_by_fd(read_end)(30)
+        (tmp_path / "go").touch()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(read_end)

@@ -201,7 +201,8 @@ def close_when_done(env: Mapping[str, str] | None = None) -> None:
     Call it before the program starts: the ``atexit`` handler registered here runs after every one
     registered later (the program's, torch's) and after Python has joined the program's threads. A fork of
     this process (a data loader's worker) closes its copy at once, and an exec'd child never gets one, so only
-    this program holds it; if it dies first, the OS lets go.
+    this program holds it; if it dies first, the OS lets go. A program that leaves an NCCL process group alive
+    holds it until its process ends (``_let_go_at_exit``).
     """
     env = os.environ if env is None else env
     fd = _done_fd(env)
@@ -212,7 +213,21 @@ def close_when_done(env: Mapping[str, str] | None = None) -> None:
     _DONE_FDS.append(fd)
     import atexit
 
-    atexit.register(_close_done_fds)
+    atexit.register(_let_go_at_exit)
+
+
+def _let_go_at_exit() -> None:
+    """The program is done: let rank 0 go, unless it left a process group other than gloo alive, which may still
+    read the store while the interpreter tears it down (NCCL's monitor thread checks it until the group is
+    destroyed, and warns "maybe TCPStore server has shut down too early" once it is gone); the OS then lets go
+    with the process, as before. ``Accelerator`` destroys its group at exit, before this runs."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_backend() != "gloo":
+            return
+    except Exception:  # noqa: BLE001 - torch half torn down: nothing left that could read the store
+        pass
+    _close_done_fds()
 
 
 def _done_fd(env: Mapping[str, str]) -> int | None:
