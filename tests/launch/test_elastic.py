@@ -49,11 +49,13 @@ def test_elastic_engine_reports_the_real_failing_rank():
 
 @pytest.mark.parametrize("how, code, line", [(signal.SIGTERM, 143, "convoy: terminated (SIGTERM)"),
                                              (signal.SIGINT, 130, "convoy: interrupted")])
-def test_a_stop_signal_stops_the_agents_workers_with_its_own_code_and_line(how, code, line):
+@pytest.mark.parametrize("engine", [("--max-restarts", "1"), ("--engine", "elastic")], ids=["c10d", "static"])
+def test_a_stop_signal_stops_the_agents_workers_with_its_own_code_and_line(how, code, line, engine):
     """torch's agent raised its SignalException out of convoy launch: a traceback and exit 1 for a scheduler's
-    SIGTERM. Now 143 and "terminated" (a Ctrl-C: 130, "interrupted"), the workers stopped."""
+    SIGTERM. Now 143 and "terminated" (a Ctrl-C: 130, "interrupted"), the workers stopped; with restarts (c10d
+    rendezvous) and without (one node: torch's static rendezvous)."""
     # (torch's agent reads "$$" in a command's arguments as its own escape of "$": no shell's pid here)
-    job = launch("--max-restarts", "1", "--no-python", sys.executable, "-c",
+    job = launch(*engine, "--no-python", sys.executable, "-c",
                  "import os, time; print(f'pid={os.getpid()}', flush=True); time.sleep(60)")
     pids = []
     while len(pids) < 2:
@@ -115,3 +117,29 @@ def test_two_nodes_on_a_one_gpu_host_refuse_the_second_at_once(tmp_path):
         stop_tree(first.pid)
         first.communicate()
     assert not held_leases(tmp_path)
+
+
+def test_the_agents_import_is_frozen_out_of_the_collector_which_stays_on_for_later_garbage():
+    """The objects torch's import made are frozen (the launcher's exit no longer walks them); what the job makes
+    afterwards is collected as before."""
+    import gc
+    import weakref
+
+    from convoy.launch.elastic import _gc_paused
+
+    class Node:
+        pass
+
+    frozen = gc.get_freeze_count()
+    try:
+        with _gc_paused():
+            import torch.distributed.launcher.api  # noqa: F401
+        assert gc.isenabled() and gc.get_freeze_count() > frozen
+        node = Node()
+        node.itself = node
+        gone = weakref.ref(node)
+        del node
+        gc.collect()
+        assert gone() is None
+    finally:
+        gc.unfreeze()

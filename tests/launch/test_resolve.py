@@ -48,6 +48,18 @@ def test_devices_decide_the_process_count_and_order(inventory_path):
     assert resolve_launch(req(devices="2,0", nproc_per_node="2"), sel, env={}).nproc_per_node == 2
 
 
+def test_one_node_on_the_agent_meets_through_torchs_static_rendezvous_unless_it_restarts():
+    """One node has no one to meet: torch's static rendezvous on a free loopback port, whose store the workers
+    use (c10d paid a random delay and per-event stack walks); restarts keep c10d, a fresh store per attempt."""
+    plan = resolve_launch(req(engine="elastic"), CPU, env={})
+    assert (plan.engine, plan.rdzv_backend, plan.rdzv_endpoint) == ("elastic", "static", "127.0.0.1:0")
+    assert dict(plan.rdzv_configs)["rank"] == "0"
+    shown = "\n".join(describe_plan(plan))
+    assert "rendezvous: static at 127.0.0.1:0" in shown and "TORCHELASTIC_USE_AGENT_STORE=True" in shown
+    restarting = resolve_launch(req(workers=WorkerOptions(max_restarts=1)), CPU, env={})
+    assert "TORCHELASTIC_USE_AGENT_STORE=False" in "\n".join(describe_plan(restarting))
+
+
 def test_engine_choice_direct_only_for_one_node_without_restarts():
     assert resolve_launch(req(workers=WorkerOptions(max_restarts=1)), CPU, env={}).engine == "elastic"
     plan = resolve_launch(req(workers=WorkerOptions(max_restarts=1)), CPU, env={})

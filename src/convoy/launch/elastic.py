@@ -8,7 +8,22 @@ convoy writes no agent and no rendezvous: this module turns a ``LaunchPlan`` int
 the root-cause rank. Two fixes over plain torchrun: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` whenever
 ``max_restarts > 0`` (restarted groups otherwise hang on stale peer addresses in the shared store, see
 notes item 9), and Python workers start through ``convoy.launch.record`` so unmodified scripts leave their
-traceback in the error file. Imports torch (the agent needs it); the direct engine does not.
+traceback in the error file.
+
+On one node the agent meets no one. Without restarts convoy plans torch's static rendezvous there
+(``convoy.launch.resolve``), not c10d as ``torchrun --standalone`` does: c10d pays to meet other nodes, a
+random 0-0.3 s delay before its first round (``dynamic_rendezvous.py``, to spread many nodes' joins), a state
+machine synchronised through the store, a heartbeat thread, and two ``inspect.stack()`` walks per event it
+records (``get_method_name``), whether or not events are logged. The static rendezvous gives the agent the
+same store, started here on loopback, and its workers use it (``TORCHELASTIC_USE_AGENT_STORE=True``): it
+lives as long as the agent, so no rank loses it while it still needs it; the agent's monitor, failure
+reports and signal handling are the same. With restarts the c10d rendezvous stays, since torch's workers
+reuse a shared store's keys across attempts (notes item 9): each attempt's rank 0 serves a fresh store, until
+the other ranks' programs are done (``_store_holds``).
+
+The objects torch's import made are frozen out of the garbage collector's reach (``_gc_paused``), so this
+process's exit no longer walks them (~0.4 s on 2 cores). Imports torch (the agent needs it); the direct
+engine does not.
 """
 
 from __future__ import annotations
@@ -16,9 +31,11 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +43,7 @@ from typing import Iterator, Mapping
 
 from convoy.errors import LaunchError, Terminated
 from convoy.launch.failures import RankFailure, failure_error
-from convoy.launch.loopback import agent_store, is_loopback, loopback_env
+from convoy.launch.loopback import HOLD_DIR_VARIABLE, agent_store, is_loopback, loopback_env
 from convoy.launch.progress import missing_note
 from convoy.launch.resolve import DEFAULT_SIGNALS, LaunchPlan, shown_ranks, split_endpoint, stream_map
 
@@ -53,7 +70,7 @@ def launch_config(plan: LaunchPlan, *, endpoint: str | None = None, local_addr: 
     configs: dict[str, object] = dict(plan.rdzv_configs)
     if "rank" in configs:
         configs["rank"] = int(configs["rank"])  # static rendezvous: this node's rank
-    if endpoint is not None or (plan.rdzv_backend == "c10d" and plan.rdzv_endpoint == "127.0.0.1:0"):
+    if plan.rdzv_backend == "c10d" and (endpoint is not None or plan.rdzv_endpoint == "127.0.0.1:0"):
         configs.setdefault("is_host", True)
     endpoint = endpoint or plan.rdzv_endpoint
     workers = plan.workers
@@ -131,16 +148,22 @@ def _environment(extra: Mapping[str, str]) -> Iterator[None]:
 
 @contextmanager
 def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while torch's agent is imported.
+    """Pause the cyclic garbage collector while torch's agent is imported, then freeze what the import made.
 
     ``import torch`` allocates hundreds of thousands of objects, which triggers full collections that find
     next to nothing: on a 2-core box the import took ~0.1 s less CPU with the collector paused (median of 5,
-    1.22 -> 1.09 s; docs/launching.md). The collector's previous state is restored afterwards.
+    1.22 -> 1.09 s; docs/launching.md). Those objects live as long as the process, yet every later full
+    collection walks them again, above all the ones Python runs while it tears itself down at exit: after
+    importing the agent, this process's exit cost ~0.5 s of CPU, ~0.07 s with them frozen (``gc.freeze()``:
+    moved to the permanent generation, which the collector never examines; medians of 10 on a 2-core box,
+    docs/launching.md). Only objects alive at the freeze are concerned, cyclic garbage made later is
+    collected as before. The collector's previous state is restored afterwards.
     """
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
+        gc.freeze()
     finally:
         if enabled:
             gc.enable()
@@ -154,19 +177,19 @@ def run_elastic(plan: LaunchPlan, *, base_env: Mapping[str, str]) -> int:
         from torch.distributed.launcher.api import elastic_launch
 
     extra = {key: value for key, value in {**base_env, **plan.env}.items() if os.environ.get(key) != value}
-    if plan.workers.max_restarts > 0:
-        extra["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # restarts hang otherwise (notes item 9)
+    if plan.workers.max_restarts > 0:  # restarts hang otherwise (notes item 9); on one node each attempt's rank 0
+        extra["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # serves its store on loopback (convoy.launch.loopback)
     if plan.rdzv_backend == "static":
         extra.setdefault("MASTER_ADDR", plan.master_addr)
         extra.setdefault("MASTER_PORT", str(plan.master_port))
     host = _loopback_host(plan)
     if host is not None:  # one node: every store and gloo listen on loopback only (convoy.launch.loopback)
         extra.update({k: v for k, v in loopback_env(base_env).items() if os.environ.get(k) != v})
-        extra["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # rank 0 serves the workers' store, on loopback
     entrypoint, args = _worker_command(plan)
     start = time.monotonic()
     try:
-        with _environment(extra), _rendezvous_store(plan, host) as endpoint:
+        with _store_holds(plan, host) as holds, _environment({**extra, **holds}), \
+                _rendezvous_store(plan, host) as endpoint:
             config = launch_config(plan, endpoint=endpoint, local_addr=host)
             elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as err:
@@ -192,16 +215,32 @@ def _local_error_files(rank: int, pf, nproc: int) -> dict[int, str]:
 
 
 def _loopback_host(plan: LaunchPlan) -> str | None:
-    """The loopback address of a single-node c10d rendezvous, else None (multi-node: left to torch)."""
-    if plan.max_nodes != 1 or plan.rdzv_backend != "c10d":
+    """The loopback address of a single-node rendezvous, else None (multi-node: left to torch)."""
+    if plan.max_nodes != 1 or plan.rdzv_backend not in ("c10d", "static"):
         return None
     host, _ = split_endpoint(plan.rdzv_endpoint, default_port=C10D_PORT)
     return ("127.0.0.1" if host == "localhost" else host) if is_loopback(host) else None
 
 
 @contextmanager
+def _store_holds(plan: LaunchPlan, host: str | None) -> Iterator[dict[str, str]]:
+    """One node with restarts, where each attempt's rank 0 serves the workers' store: a directory in which the
+    other ranks hold a lock while their program runs, so that rank 0 keeps serving until then
+    (``convoy.launch.loopback``; the agent passes no descriptors, so the direct engine's pipe cannot be used)."""
+    if host is None or plan.workers.max_restarts == 0 or plan.rdzv_backend != "c10d":
+        yield {}  # (static: the agent's store is the workers', for every attempt)
+        return
+    directory = tempfile.mkdtemp(prefix="convoy-store-")
+    try:
+        yield {HOLD_DIR_VARIABLE: directory}
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextmanager
 def _rendezvous_store(plan: LaunchPlan, host: str | None) -> Iterator[str | None]:
-    """The agent's rendezvous store, started on ``host`` before torch's c10d backend binds every interface."""
+    """The agent's rendezvous store, started on ``host`` before torch's rendezvous (c10d or static) would bind
+    every interface; yields its endpoint."""
     if host is None:
         yield None
         return

@@ -3,6 +3,8 @@
     sock = listen_socket("127.0.0.1", 0)                  # launcher: the store's socket, bound to loopback
     env = {**loopback_env(), LISTEN_FD_VARIABLE: str(sock.fileno())}   # rank 0 gets the socket (pass_fds)
     prepare_worker(os.environ)                            # in rank 0 (convoy.launch.record does it)
+    close_when_done(env)                                  # in the others: rank 0 may go once they are done
+    keep_serving(others_done(env))                        # rank 0, its program done
 
 torch's ``TCPStore`` server binds every interface (``::`` and ``0.0.0.0``) whatever ``host_name`` says; its one
 knob for the address is ``master_listen_fd``: a socket the caller has bound and passes in. The process group
@@ -14,9 +16,18 @@ Gloo's own listeners follow ``GLOO_SOCKET_IFNAME=lo`` (set unless the user set i
 
 Rank 0 serving the store must not take it away while other ranks still reach it: a program whose rank 0 is
 done right after making its process group left the others with "Connection reset by peer". So rank 0, once
-its program has succeeded, keeps serving (``keep_serving``) until its launcher says every other rank has
-ended, the launcher is gone, or ``STORE_LINGER`` seconds have passed; the bound keeps a rank that waits in a
-collective rank 0 never joins from waiting out the whole collective timeout.
+its program has succeeded, keeps serving (``keep_serving``) until every other rank's program has finished,
+the launcher is gone, or ``STORE_LINGER`` seconds have passed; the bound keeps a rank that waits in a
+collective rank 0 never joins from waiting out the whole collective timeout. The direct engine says when
+with one pipe: rank 0 holds its read end, every other rank a copy of its write end, which that rank closes
+once its program has finished (``close_when_done``: at exit, after the program's threads and every other
+exit handler, before the interpreter tears itself down) and which the OS closes if the rank dies first; the
+read end's end of file is the last one closed. Rank 0 therefore shuts down while the others do, not after
+them (an interpreter that imported torch takes about 0.4 s to tear itself down). Under torch's elastic agent,
+which passes no descriptors, a restarting one-node job's rank 0 serves each attempt's store: there each other
+rank holds a shared ``flock`` on a file of its own in ``HOLD_DIR_VARIABLE``'s directory instead
+(``<attempt>.<rank>``, locked before it takes that name), let go at the same moment or by the OS, and rank 0
+waits until it can lock each one exclusively.
 
 Multi-node jobs (a ``--master-addr``/``--rdzv-endpoint`` that is not a loopback address) are left as torch
 makes them. A script that starts its own ``TCPStore`` server on ``MASTER_PORT`` without ``multi_tenant=True``
@@ -35,13 +46,19 @@ from typing import Any, Callable, Iterator, Mapping
 
 __all__ = ["LOOPBACK_VARIABLE", "LISTEN_FD_VARIABLE", "RELEASE_FD_VARIABLE", "STORE_LINGER", "is_loopback",
            "listen_socket", "loopback_env", "prepare_worker", "agent_store", "after_torch_import", "serving",
-           "keep_serving", "released_by_fd"]
+           "keep_serving", "released_by_fd", "DONE_FD_VARIABLE", "HOLD_DIR_VARIABLE", "STORE_VARIABLES",
+           "close_when_done", "others_done", "released_by_holds"]
 
 LOOPBACK_VARIABLE = "CONVOY_LOOPBACK_STORE"
 LISTEN_FD_VARIABLE = "CONVOY_STORE_LISTEN_FD"
-RELEASE_FD_VARIABLE = "CONVOY_STORE_RELEASE_FD"  # a pipe's read end: its end of file says the other ranks ended
+RELEASE_FD_VARIABLE = "CONVOY_STORE_RELEASE_FD"  # rank 0: a pipe's read end, its end of file: the others are done
+DONE_FD_VARIABLE = "CONVOY_STORE_DONE_FD"  # the other ranks: that pipe's write end, closed when the program is done
+HOLD_DIR_VARIABLE = "CONVOY_STORE_HOLD_DIR"  # elastic engine, one node: where the other ranks hold their locks
+STORE_VARIABLES = (LISTEN_FD_VARIABLE, RELEASE_FD_VARIABLE, DONE_FD_VARIABLE, HOLD_DIR_VARIABLE)
+"""This rank's own: a worker takes them out of its environment, so that a program it starts has none."""
 STORE_LINGER = 30.0  # seconds rank 0 keeps serving after its program is done, at most
 _SERVERS: list[Any] = []  # the stores started here; torch reuses their servers while they live
+_DONE_FDS: list[int] = []  # what this rank holds until its program is done (close_when_done)
 
 
 def is_loopback(host: str | None) -> bool:
@@ -167,7 +184,7 @@ def serving() -> bool:
 
 def keep_serving(others_done: Callable[[float], bool], limit: float = STORE_LINGER) -> None:
     """Rank 0, its program done: keep the store up until ``others_done(wait)`` (which may block for ``wait``
-    seconds) says the other ranks have ended, the launcher (the parent) is gone, or ``limit`` seconds passed."""
+    seconds) says the other ranks are done, the launcher (the parent) is gone, or ``limit`` seconds passed."""
     sys.stdout.flush()
     sys.stderr.flush()
     parent, deadline = os.getppid(), time.monotonic() + limit
@@ -176,8 +193,121 @@ def keep_serving(others_done: Callable[[float], bool], limit: float = STORE_LING
             return
 
 
+def close_when_done(env: Mapping[str, str] | None = None) -> None:
+    """In a rank other than 0: hold what tells rank 0 that this program runs (the release pipe's write end,
+    ``DONE_FD_VARIABLE``; under the elastic agent a lock in ``HOLD_DIR_VARIABLE``), and let go of it once this
+    program has finished, so that rank 0 may stop serving the store while this interpreter tears itself down.
+
+    Call it before the program starts: the ``atexit`` handler registered here runs after every one
+    registered later (the program's, torch's) and after Python has joined the program's threads. A fork of
+    this process (a data loader's worker) closes its copy at once, and an exec'd child never gets one, so only
+    this program holds it; if it dies first, the OS lets go. A program that leaves an NCCL process group alive
+    holds it until its process ends (``_let_go_at_exit``).
+    """
+    env = os.environ if env is None else env
+    fd = _done_fd(env)
+    if fd is None:
+        return
+    if not _DONE_FDS and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_close_done_fds)
+    _DONE_FDS.append(fd)
+    import atexit
+
+    atexit.register(_let_go_at_exit)
+
+
+def _let_go_at_exit() -> None:
+    """The program is done: let rank 0 go, unless it left a process group other than gloo alive, which may still
+    read the store while the interpreter tears it down (NCCL's monitor thread checks it until the group is
+    destroyed, and warns "maybe TCPStore server has shut down too early" once it is gone); the OS then lets go
+    with the process, as before. ``Accelerator`` destroys its group at exit, before this runs."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_backend() != "gloo":
+            return
+    except Exception:  # noqa: BLE001 - torch half torn down: nothing left that could read the store
+        pass
+    _close_done_fds()
+
+
+def _done_fd(env: Mapping[str, str]) -> int | None:
+    fd_text = env.get(DONE_FD_VARIABLE, "")
+    if fd_text.isdigit():
+        try:
+            os.set_inheritable(int(fd_text), False)
+        except OSError:  # not open here (a caller that closed it): nothing to hold
+            return None
+        return int(fd_text)
+    directory, rank = env.get(HOLD_DIR_VARIABLE), env.get("RANK", "0")
+    if not directory or rank == "0":
+        return None
+    import fcntl
+
+    path = _hold_path(directory, env, rank)
+    try:  # locked before it has its name: rank 0 never finds it unlocked while this program runs
+        fd = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # not inherited (PEP 446)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        os.replace(path + ".new", path)
+    except OSError:  # the launcher's directory is gone: the job is ending
+        return None
+    return fd
+
+
+def _hold_path(directory: str, env: Mapping[str, str], rank: str | int) -> str:
+    return os.path.join(directory, f"{env.get('TORCHELASTIC_RESTART_COUNT', '0')}.{rank}")
+
+
+def others_done(env: Mapping[str, str] | None = None) -> Callable[[float], bool] | None:
+    """Rank 0: how ``keep_serving`` learns that the other ranks' programs are done (None: nothing says it)."""
+    env = os.environ if env is None else env
+    fd_text = env.get(RELEASE_FD_VARIABLE, "")
+    if fd_text.isdigit():
+        return released_by_fd(int(fd_text))
+    directory, world = env.get(HOLD_DIR_VARIABLE), env.get("WORLD_SIZE", "1")
+    if directory and env.get("RANK") == "0" and world.isdigit():
+        return released_by_holds([_hold_path(directory, env, rank) for rank in range(1, int(world))])
+    return None
+
+
+def released_by_holds(paths: list[str]) -> Callable[[float], bool]:
+    """``others_done`` for the other ranks' lock files: each must exist (its rank started) and be free."""
+    import fcntl
+
+    waiting = list(paths)
+
+    def done(wait: float) -> bool:
+        deadline = time.monotonic() + wait
+        while True:
+            for path in list(waiting):
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except OSError:  # that rank has not started yet
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    waiting.remove(path)
+                except OSError:  # held: its program runs
+                    pass
+                finally:
+                    os.close(fd)
+            left = deadline - time.monotonic()
+            if not waiting or left <= 0:
+                return not waiting
+            time.sleep(min(0.02, left))
+    return done
+
+
+def _close_done_fds() -> None:
+    while _DONE_FDS:
+        try:
+            os.close(_DONE_FDS.pop())
+        except OSError:
+            pass
+
+
 def released_by_fd(fd: int) -> Callable[[float], bool]:
-    """``others_done`` for a pipe's read end that the launcher closes once the other ranks have ended."""
+    """``others_done`` for the release pipe's read end: end of file once every copy of its write end is closed
+    (the other ranks' programs have finished, or they died; the launcher closed its own)."""
     def done(wait: float) -> bool:
         try:
             return bool(select.select([fd], [], [], wait)[0])  # readable: end of file (nothing is written)

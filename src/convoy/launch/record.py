@@ -6,7 +6,8 @@
 The elastic engine starts workers through this so that an unmodified script (no ``@record``) still leaves
 its traceback in ``TORCHELASTIC_ERROR_FILE``, where the agent reads the failing rank's root cause; rank 0 of a
 single-node job also starts the rendezvous store on loopback here, and keeps serving it after the program
-succeeded while the other ranks may still reach it (``convoy.launch.loopback``). Torch-free:
+succeeded until the other ranks' programs have finished, which they say here (``convoy.launch.loopback``).
+Torch-free:
 it writes the same JSON as ``torch.distributed.elastic.multiprocessing.errors.ErrorHandler``.
 """
 
@@ -36,9 +37,13 @@ def main(argv: list[str]) -> None:
     if not argv:
         sys.exit("usage: python -m convoy.launch.record SCRIPT [ARGS] | -m MODULE [ARGS]")
     from convoy.launch import progress
-    from convoy.launch.loopback import prepare_worker
+    from convoy.launch.loopback import STORE_VARIABLES, close_when_done, prepare_worker
 
-    prepare_worker()  # rank 0 of a single-node job: the store listens on loopback only
+    env = dict(os.environ)
+    for name in STORE_VARIABLES:  # this rank's own: a program it starts must not take them for its own
+        os.environ.pop(name, None)
+    prepare_worker(env)  # rank 0 of a single-node job: the store listens on loopback only
+    close_when_done(env)  # the other ranks: tell rank 0 once this program is done, before the interpreter's teardown
     progress.install()  # raw collectives: convoy's default timeout, and counts that name a missing rank
     try:
         if argv[0] == "-m":
@@ -50,7 +55,7 @@ def main(argv: list[str]) -> None:
             runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as done:
         if done.code in (None, 0):
-            _keep_serving_the_store()
+            _keep_serving_the_store(env)
         raise
     except BaseException as exc:
         exc.__traceback__ = _user_frames(exc.__traceback__)
@@ -60,16 +65,16 @@ def main(argv: list[str]) -> None:
         traceback.print_exception(exc, file=sys.stderr)  # as Python would, without this wrapper's frames
         sys.stderr.flush()
         sys.exit(1)
-    _keep_serving_the_store()
+    _keep_serving_the_store(env)
 
 
-def _keep_serving_the_store() -> None:
-    """Rank 0 of the direct engine, its program done: the other ranks may still reach the store it serves."""
-    from convoy.launch.loopback import RELEASE_FD_VARIABLE, keep_serving, released_by_fd, serving
+def _keep_serving_the_store(env: dict[str, str]) -> None:
+    """Rank 0 of a single-node job, its program done: the other ranks may still reach the store it serves."""
+    from convoy.launch.loopback import keep_serving, others_done, serving
 
-    fd = os.environ.get(RELEASE_FD_VARIABLE, "")
-    if fd.isdigit() and serving():
-        keep_serving(released_by_fd(int(fd)))
+    done = others_done(env)
+    if done is not None and serving():
+        keep_serving(done)
 
 
 def _user_frames(tb):

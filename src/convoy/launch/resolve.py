@@ -297,8 +297,11 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
         master_addr, master_port = master_addr or "127.0.0.1", master_port or 0
         endpoint = f"{master_addr}:{master_port or 'free port'}"
     elif request.standalone or (max_nodes == 1 and backend == "static" and not request.master_port):
-        # one node with restarts: torchrun --standalone's c10d store on a free loopback port
-        backend, master_addr, master_port = "c10d", "127.0.0.1", 0
+        # one node on torch's agent, on a free loopback port: with restarts torchrun --standalone's c10d store
+        # (each attempt's workers then get a fresh store), without torch's static rendezvous, which skips what
+        # c10d pays to meet other nodes (convoy.launch.elastic)
+        backend = "c10d" if request.workers.max_restarts else "static"
+        master_addr, master_port = "127.0.0.1", 0
         endpoint = request.rdzv_endpoint or "127.0.0.1:0"
     elif backend == "static":
         if request.rdzv_endpoint:  # torchrun's static rendezvous is at the endpoint when one is given
@@ -617,6 +620,8 @@ def describe_plan(plan: LaunchPlan, *, base_env: Mapping[str, str] | None = None
                           master_port=plan.master_port, run_id=plan.run_id, group_rank=plan.node_rank,
                           group_world_size=plan.max_nodes, max_restarts=plan.workers.max_restarts,
                           signals_to_handle=plan.workers.signals_to_handle)
+        if plan.engine == "elastic" and (plan.rdzv_backend == "static" or not plan.workers.max_restarts):
+            sample["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # the agent's store is the workers' but for c10d restarts
         lines.append("environment (per rank, shown for local rank 0; RANK/LOCAL_RANK differ):")
         lines += [f"  {key}={value}" for key, value in sorted(sample.items())]
     lines += [f"note: {text}" for text in plan.explanation]

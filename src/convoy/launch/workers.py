@@ -11,9 +11,9 @@ output, stop every rank within seconds when one fails (SIGTERM, then SIGKILL aft
 report the first failing rank once, and leave no process behind (each worker leads its own process group,
 killed as a group, and dies with this process via ``PR_SET_PDEATHSIG`` on Linux). On a loopback address the
 rendezvous store listens on that address only: this process binds the socket and hands it to rank 0
-(``convoy.launch.loopback``), with a pipe whose end of file tells rank 0 that the other ranks have ended, so
-that it keeps serving the store until then. Multi-node jobs and
-``--max-restarts`` use the elastic agent instead (``convoy.launch.elastic``).
+(``convoy.launch.loopback``), with a pipe whose end of file tells rank 0 that the other ranks' programs have
+finished (each holds its write end until then), so that it keeps serving the store until then and no
+longer. Multi-node jobs and ``--max-restarts`` use the elastic agent instead (``convoy.launch.elastic``).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import IO, Mapping
 from convoy.errors import LaunchError, Terminated
 from convoy.launch.env import rank_env
 from convoy.launch.failures import RankFailure, TracebackHold, failure_error, read_error_file
-from convoy.launch.loopback import (LISTEN_FD_VARIABLE, RELEASE_FD_VARIABLE, is_loopback, listen_socket,
-                                    loopback_env)
+from convoy.launch.loopback import (DONE_FD_VARIABLE, LISTEN_FD_VARIABLE, RELEASE_FD_VARIABLE, STORE_VARIABLES,
+                                    is_loopback, listen_socket, loopback_env)
 from convoy.launch.progress import missing_note
 from convoy.launch.ports import free_port
 from convoy.launch.resolve import STOP_SIGNALS, LaunchPlan, forwarded_signals, shown_ranks, stream_map
@@ -206,9 +206,11 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
             visible = local in shown
             ranks.append(_Rank(local, rank, proc, show=(visible and not mode & 1, visible and not mode & 2),
                                log=log, lock=lock, error_file=error_file, wake=wake))
+        if release is not None:
+            release.close()  # the ranks hold the pipe now: its end of file is theirs to give
         for worker in ranks:  # threads start once every rank runs: rank N's start does not wait on them
             worker.start()
-        failure = _monitor(ranks, start, stop, grace, wake, release, passed_on_grace=passed_on_grace)
+        failure = _monitor(ranks, start, stop, grace, wake, passed_on_grace=passed_on_grace)
         if failure is not None:
             raise failure_error(failure, stopped=plan.nproc_per_node - 1)
         if stop.signum == signal.SIGINT:
@@ -248,43 +250,47 @@ def _store_socket(plan: LaunchPlan):
 def _worker_command(command: tuple[str, ...], rank: int, listener, release: "_Release | None",
                     env: dict[str, str]):
     """A Python program starts through ``convoy.launch.record`` (error file, collective timeout and counts,
-    ``convoy.launch.progress``); rank 0 also gets the store's loopback socket and the release pipe
-    (``convoy.launch.loopback``). Other commands run as they are and rank 0 binds the port itself."""
+    ``convoy.launch.progress``); rank 0 also gets the store's loopback socket and the release pipe's read end,
+    every other rank its write end (``convoy.launch.loopback``). Other commands run as they are and rank 0
+    binds the port itself."""
+    for name in STORE_VARIABLES:  # a job started inside a job's rank: its launcher's are not this job's
+        env.pop(name, None)
     if tuple(command[:2]) != (sys.executable, "-u"):
         return command, ()
     wrapped = (sys.executable, "-u", "-m", "convoy.launch.record", *command[2:])
-    if rank != 0 or listener is None or release is None:
+    if listener is None or release is None:
         return wrapped, ()
+    if rank != 0:
+        env[DONE_FD_VARIABLE] = str(release.write_end)
+        return wrapped, (release.write_end,)
     env[LISTEN_FD_VARIABLE] = str(listener.fileno())
     env[RELEASE_FD_VARIABLE] = str(release.read_end)
     return wrapped, (listener.fileno(), release.read_end)
 
 
 class _Release:
-    """The pipe that tells rank 0 (which serves the store) that every other rank has ended: its end of file."""
+    """The pipe that tells rank 0 (which serves the store) that every other rank's program has finished: rank 0
+    reads it, the others hold copies of its write end until then (``loopback.close_when_done``) and the OS
+    closes a dead rank's copy; its end of file comes when the last copy is closed. This process closes its own
+    copies once every rank has started."""
 
     def __init__(self) -> None:
-        self.read_end, self._write_end = os.pipe()
+        self.read_end, self.write_end = os.pipe()
 
     def close_read_end(self) -> None:
         if self.read_end >= 0:
             os.close(self.read_end)  # rank 0 has its copy
             self.read_end = -1
 
-    def update(self, ranks: list[_Rank]) -> None:
-        if self._write_end >= 0 and all(w.proc.poll() is not None for w in ranks if w.rank != 0):
-            self.close()
-
     def close(self) -> None:
         self.close_read_end()
-        if self._write_end >= 0:
-            os.close(self._write_end)
-            self._write_end = -1
+        if self.write_end >= 0:
+            os.close(self.write_end)
+            self.write_end = -1
 
 
 def _monitor(ranks: list[_Rank], start: float, stop: "_StopSignal", grace: float,
-             wake: "_Wake", release: _Release | None = None, *,
-             passed_on_grace: float = FORWARDED_GRACE) -> RankFailure | None:
+             wake: "_Wake", *, passed_on_grace: float = FORWARDED_GRACE) -> RankFailure | None:
     failure: RankFailure | None = None
     deadline: float | None = None
     saving = False
@@ -292,8 +298,6 @@ def _monitor(ranks: list[_Rank], start: float, stop: "_StopSignal", grace: float
         wake.clear()  # before looking: an exit from now on wakes the wait below at once
         now = time.monotonic()
         alive = [w for w in ranks if w.proc.poll() is None]
-        if release is not None:
-            release.update(ranks)
         for worker in ranks:
             worker.flush_stale(now)
         if failure is None and stop.signum is None:  # after our own stop signal, exits are not failures
