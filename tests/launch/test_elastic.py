@@ -119,9 +119,9 @@ def test_two_nodes_on_a_one_gpu_host_refuse_the_second_at_once(tmp_path):
     assert not held_leases(tmp_path)
 
 
-def test_the_agents_import_is_frozen_out_of_the_collector_which_stays_on_for_later_garbage():
-    """The objects torch's import made are frozen (the launcher's exit no longer walks them); what the job makes
-    afterwards is collected as before."""
+def test_importing_the_agent_pauses_the_collector_and_leaves_it_as_it_was():
+    """The collector is paused while torch's agent is imported, then back on, freezing nothing: a program that
+    calls run_elastic keeps collecting its own garbage (the ``convoy`` command alone freezes as it exits)."""
     import gc
     import weakref
 
@@ -131,15 +131,29 @@ def test_the_agents_import_is_frozen_out_of_the_collector_which_stays_on_for_lat
         pass
 
     frozen = gc.get_freeze_count()
+    with _gc_paused():
+        assert not gc.isenabled()
+        import torch.distributed.launcher.api  # noqa: F401
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
+    node = Node()
+    node.itself = node
+    gone = weakref.ref(node)
+    del node
+    gc.collect()
+    assert gone() is None
+
+
+def test_the_convoy_command_freezes_its_objects_as_it_leaves(monkeypatch):
+    """What the command imported is not walked again by the interpreter's last collections (its exit cost)."""
+    import gc
+
+    from convoy.cli import main as cli
+
+    monkeypatch.setattr(cli, "main", lambda argv=None: 0)
+    frozen = gc.get_freeze_count()
     try:
-        with _gc_paused():
-            import torch.distributed.launcher.api  # noqa: F401
-        assert gc.isenabled() and gc.get_freeze_count() > frozen
-        node = Node()
-        node.itself = node
-        gone = weakref.ref(node)
-        del node
-        gc.collect()
-        assert gone() is None
+        with pytest.raises(SystemExit) as done:
+            cli.entry_point()
+        assert done.value.code == 0 and gc.get_freeze_count() > frozen
     finally:
         gc.unfreeze()

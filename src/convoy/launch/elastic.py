@@ -148,22 +148,18 @@ def _environment(extra: Mapping[str, str]) -> Iterator[None]:
 
 @contextmanager
 def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while torch's agent is imported, then freeze what the import made.
+    """Pause the cyclic garbage collector while torch's agent is imported.
 
     ``import torch`` allocates hundreds of thousands of objects, which triggers full collections that find
     next to nothing: on a 2-core box the import took ~0.1 s less CPU with the collector paused (median of 5,
-    1.22 -> 1.09 s; docs/launching.md). Those objects live as long as the process, yet every later full
-    collection walks them again, above all the ones Python runs while it tears itself down at exit: after
-    importing the agent, this process's exit cost ~0.5 s of CPU, ~0.07 s with them frozen (``gc.freeze()``:
-    moved to the permanent generation, which the collector never examines; medians of 10 on a 2-core box,
-    docs/launching.md). Only objects alive at the freeze are concerned, cyclic garbage made later is
-    collected as before. The collector's previous state is restored afterwards.
+    1.22 -> 1.09 s; docs/launching.md). The collector's previous state is restored afterwards. (What those
+    objects cost at exit, the ``convoy`` command spares itself by freezing them as it leaves,
+    ``convoy.cli.main.entry_point``; a program calling ``run_elastic`` keeps its collector as it was.)
     """
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
-        gc.freeze()
     finally:
         if enabled:
             gc.enable()
