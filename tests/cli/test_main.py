@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import convoy
 from convoy.cli.main import COMMANDS, main
 
@@ -64,3 +66,16 @@ def test_error_types_refine_the_builtins():
     assert issubclass(convoy.LaunchError, RuntimeError)
     assert issubclass(convoy.NotSupportedYetError, NotImplementedError)
     assert all(issubclass(getattr(convoy, n), convoy.ConvoyError) for n in convoy.__all__ if n.endswith("Error"))
+
+
+@pytest.mark.parametrize("argv", [["launch", "--dry-run", "--num_processes=--", "x.py"],
+                                  ["launch", "--dry-run", "--exclude=--", "x.py"], ["select", "--exclude=--", "1"],
+                                  ["plan", "--params=--"]])
+def test_a_flag_given_double_dash_as_its_value_is_one_line(argv, capsys):
+    """Python 3.11's argparse turns --flag=-- into an empty list, which crashed launch with a traceback."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and "expected one argument" in err and "Traceback" not in err, err

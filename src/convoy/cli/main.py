@@ -107,8 +107,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _command_parser(name, module)
     parse = getattr(module, "parse_args", None)
     args = parse(parser, rest) if parse else parser.parse_args(rest)
+    _one_value_each(parser, args)
     debug = top_args.debug or getattr(args, "debug", False)
     return _run(module, args, debug=debug)
+
+
+def _one_value_each(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse ``--flag=--``, which Python 3.11's argparse turns into an empty list for an option taking one
+    value (it drops the ``--`` and keeps what is left; 3.12 reads it as the value ``--``): the command then failed
+    with a traceback on a list where a number or a word was expected."""
+    for action in parser._actions:  # noqa: SLF001 -- argparse keeps no public list of an option's actions
+        stores_one = type(action) is argparse._StoreAction and action.nargs is None  # noqa: SLF001 -- not append
+        if action.option_strings and stores_one and isinstance(getattr(args, action.dest, None), list):
+            parser.error(f"argument {'/'.join(action.option_strings)}: expected one argument")
 
 
 def _run(module, args: argparse.Namespace, *, debug: bool) -> int:
