@@ -33,16 +33,12 @@ from typing import Any, Mapping
 from convoy.errors import PlanError
 
 __all__ = ["Calibration", "FORMAT", "cache_path", "calibration_key", "load_calibration", "save_calibration",
-           "cached_records", "gemm_key", "attention_key", "DATASHEET_MODEL", "time_model"]
+           "cached_records", "gemm_key", "attention_key", "time_model"]
 
 #: bump when a field's meaning changes: older records are then ignored (measured again). Adding an optional
 #: field is not such a change (``observed`` came without a bump: a record without it has none, and an older
 #: convoy drops the key it does not know)
 FORMAT = 1
-
-#: what step times rested on before device profiles (``convoy.plan.rates.FlatRates``; now ``efficiency=``)
-DATASHEET_MODEL = ("the datasheet model (peak FLOPs x a fixed efficiency, memory-bound work at the board's bandwidth "
-                   "where the table has it)")
 
 
 def gemm_key(m: int, k: int, n: int, dtype: str) -> str:
@@ -133,12 +129,10 @@ class Calibration:
         return f"{self.device_name} (torch {self.torch_version}, measured {when}): {mid}{bw}{peer}"
 
 
-def time_model(record: "Calibration | None", *, why: str = "") -> str:
-    """The one sentence every output (``convoy plan``, ``strategy="auto"``) uses for the step-time model: the
-    rates measured on this machine, or the datasheet model and, given, why no measurement was used."""
-    if record is not None:
-        return f"rates measured on this machine ({record.describe()})"
-    return f"{DATASHEET_MODEL}: {why}" if why else DATASHEET_MODEL
+def time_model(record: "Calibration") -> str:
+    """The sentence every output (``convoy plan``, ``strategy="auto"``) uses for step times measured on this
+    machine (``convoy.plan.rates.Rates.describe`` says it for the other sources)."""
+    return f"rates measured on this machine ({record.describe()})"
 
 
 def calibration_key(device_name: str, device_uuid: str, torch_version: str) -> str:

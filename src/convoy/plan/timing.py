@@ -35,19 +35,15 @@ from convoy.plan.calibration import Calibration
 from convoy.plan.hardware import GpuSpec, Hardware
 from convoy.plan.memory import Layout, _stage_params
 from convoy.plan.model import ModelSpec
-from convoy.plan.rates import FlatRates, Rates, rates_for
+from convoy.plan.rates import Rates, rates_for
 from convoy.plan.run import OPTIMIZER_STATE_BYTES, RunSpec
 from convoy.plan.shapes import attention_shape, gemm_shapes
 
 __all__ = ["StepTime", "step_time", "model_flops_per_token", "ring_all_reduce_seconds", "ring_gather_seconds",
-           "DEFAULT_EFFICIENCY", "CPU_ADAM_PARAMS_PER_S", "gemm_shapes", "attention_shape", "compute_seconds",
-           "optimizer_seconds", "datasheet_rates", "mfu_peak", "COLLECTIVE_LATENCY_S", "DDP_BUCKET_BYTES",
+           "CPU_ADAM_PARAMS_PER_S", "gemm_shapes", "attention_shape", "compute_seconds",
+           "optimizer_seconds", "mfu_peak", "COLLECTIVE_LATENCY_S", "DDP_BUCKET_BYTES",
            "framework_seconds", "kernel_launches"]
 
-#: the fraction of peak FLOPs ``efficiency=`` (``--efficiency``) stood for by default before device profiles: a
-#: typical large-model figure (PaLM reports 46% MFU, Megatron-LM 52% on A100). Plans now default to the rates of
-#: ``convoy.plan.rates``; a given efficiency selects the flat datasheet model (``FlatRates``).
-DEFAULT_EFFICIENCY = 0.5
 #: parameters per second a CPU Adam step updates per process, for offloaded optimizers (DeepSpeed's
 #: CPU-Adam reports about 1e9 on a server socket); a stated assumption.
 CPU_ADAM_PARAMS_PER_S = 1.0e9
@@ -174,11 +170,6 @@ def collective_latency(hw: Hardware, *, across_nodes: bool) -> float:
     if across_nodes and hw.nodes > 1:
         return COLLECTIVE_LATENCY_S["inter"]
     return COLLECTIVE_LATENCY_S["pcie" if hw.intra == "pcie" else "nvlink"]
-
-
-def datasheet_rates(gpu: GpuSpec, efficiency: float = DEFAULT_EFFICIENCY) -> FlatRates:
-    """The flat datasheet model's rates for ``gpu`` (what ``efficiency=`` selects)."""
-    return FlatRates(gpu=gpu, efficiency=efficiency)
 
 
 def mfu_peak(gpu: GpuSpec, dtype: str, rates: Rates | None = None) -> float:

@@ -46,6 +46,7 @@ import torch
 from convoy.errors import NotSupportedYetError, PlanError, StrategyError
 from convoy.plan.api import recommend_for_module
 from convoy.plan.calibration import Calibration, time_model
+from convoy.plan.rates import rates_for
 from convoy.plan.candidates import Candidate
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import CPU, lookup_gpu
@@ -330,8 +331,9 @@ def measured_device(device: str, model: ModelSpec, run: RunSpec, *,
                     tp_degrees: tuple[int, ...] = (1,)) -> tuple[str | None, Calibration | None, str]:
     """What a plan knows of ``device`` beyond its free memory: its table row's name (a CUDA device the table
     has; None otherwise), its rates measured at ``model``'s shapes for each of ``tp_degrees`` (None when they
-    cannot be: the datasheet model is kept), and a sentence saying which time model applies. Measuring is best
-    effort: a failure (a full GPU, an unwritable cache) leaves the plan on the datasheet, never stops the job."""
+    cannot be: the GPU's shipped profile or the shape-aware model is kept), and a sentence saying which time model
+    applies. Measuring is best effort: a failure (a full GPU, an unwritable cache) leaves the plan on those rates,
+    never stops the job."""
     from convoy.plan.calibrate import calibrate
 
     gpu = None
@@ -345,7 +347,7 @@ def measured_device(device: str, model: ModelSpec, run: RunSpec, *,
         record = calibrate(model, run, device=device, tp=tp_degrees, peer=False)
     except Exception as err:  # noqa: BLE001 -- see the docstring: the choice still stands without rates
         why = str(err).splitlines()[0] if str(err) else type(err).__name__
-        return gpu, None, time_model(None, why=f"measuring {device} failed, {why}")
+        return gpu, None, f"measuring {device} failed, {why}; {_unmeasured_rates(gpu)}"
     finally:
         if device.startswith("cuda"):
             try:  # the measurement's buffers (an out-of-memory one's too) go back to the GPU
@@ -353,6 +355,14 @@ def measured_device(device: str, model: ModelSpec, run: RunSpec, *,
             except Exception:  # noqa: BLE001 -- a broken CUDA context: the fallback above stands
                 pass
     return gpu, record, time_model(record)
+
+
+def _unmeasured_rates(gpu: str | None) -> str:
+    """What a plan times steps with when its device could not be measured: the table row's rates
+    (``convoy.plan.rates.rates_for``: its shipped profile, else the shape-aware model), or a generic device's."""
+    if gpu is None:
+        return "step times use the shape-aware model on a generic device"
+    return f"step times use {rates_for(lookup_gpu(gpu)).describe()}"
 
 
 def planner_hook(mixed_precision: str | None, *, device: str | None = None,
