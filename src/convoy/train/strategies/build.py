@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from convoy.config.schema import dp_engine_beside, show
-from convoy.errors import NotSupportedYetError, StrategyError
+from convoy.errors import StrategyError
 from convoy.train import collectives
 from convoy.train.process_group import start_process_group
 from convoy.train.settings import TrainSettings
@@ -89,9 +89,6 @@ def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[...
     """The strategy ``settings`` ask for, set up; ``"auto"`` picks one for ``model`` (None: by world size)."""
     name, options = named_layout(settings)
     dims = settings.parallel_dims
-    if settings.recompute != "none":  # the setting travels from the launcher already; the trainer's part follows
-        raise NotSupportedYetError(f"recompute={settings.recompute!r} is not supported by the trainer yet; use "
-                                   "recompute='none'")
     if name == "auto":
         count = sum(p.numel() for p in model.parameters()) if model is not None else 0
         # every rank plans for the smallest device of the job, and builds rank 0's answer: ranks that built
