@@ -18,7 +18,9 @@ order: tp, activation checkpointing, data parallelism), and on each pipeline sta
   (``convoy.plan.activations.block_selective``).
 
 Blocks are the model's FSDP units: the entries of its ``nn.ModuleList``\\ s (or ``strategy_options["auto_wrap"]``'s
-classes where a strategy reads it), outermost only. Dropout draws the same masks when recomputed (the RNG state is
+classes where a strategy reads it), outermost only. A transformers model checkpoints its own decoder layers
+(``gradient_checkpointing_enable`` with non-reentrant checkpointing and the same save list), which also turns off its
+KV cache while training, as a recomputed layer must not append to a cache twice. Dropout draws the same masks when recomputed (the RNG state is
 kept), so training is bit for bit what it is without recomputation.
 """
 
@@ -32,7 +34,8 @@ from torch import nn
 
 from convoy.errors import NotSupportedYetError, StrategyError
 
-__all__ = ["MODES", "SELECTIVE_SAVES", "apply_recompute", "recompute_units", "selective_saves"]
+__all__ = ["MODES", "SELECTIVE_SAVES", "apply_recompute", "recompute_units", "selective_saves", "checkpoints_itself",
+           "refuse_recompute"]
 
 #: the modes, as the settings key ``recompute`` takes them (``convoy.config.schema.RECOMPUTE_MODES``)
 MODES = ("none", "selective", "full")
@@ -121,9 +124,12 @@ def apply_recompute(module: nn.Module, mode: str, *, classes: Iterable[type] | N
         raise StrategyError(f"recompute={mode!r} is not one of {', '.join(MODES)}")
     if mode == "none" or not any(p.requires_grad for p in module.parameters()):
         return 0  # no backward to save memory for (a frozen teacher, an EMA copy)
-    if getattr(module, "is_gradient_checkpointing", False):
+    if checkpoints_itself(module):
         raise StrategyError(f"recompute={mode!r}: {named} already checkpoints its layers (transformers' "
                             "gradient_checkpointing_enable()); use one of the two: recompute='full' does the same")
+    if names is None and getattr(module, "supports_gradient_checkpointing", False) and hasattr(
+            module, "gradient_checkpointing_enable"):
+        return _transformers_layers(module, mode)
     if names is not None:
         present = dict(module.named_modules())
         blocks = [(name, present[name]) for name in names if name in present]
@@ -141,6 +147,31 @@ def apply_recompute(module: nn.Module, mode: str, *, classes: Iterable[type] | N
         else:
             checkpoint(block)
     return len(blocks)
+
+
+def checkpoints_itself(module: nn.Module) -> bool:
+    """A transformers model whose gradient checkpointing is on (``is_activation_checkpointing``, earlier
+    ``is_gradient_checkpointing``)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if isinstance(getattr(type(module), name, None), property):
+            return getattr(module, name) is True
+    return False
+
+
+def _transformers_layers(model: nn.Module, mode: str) -> int:
+    """A transformers model checkpoints its own decoder layers (``gradient_checkpointing_enable``): it checkpoints
+    each layer's ``forward``, inside FSDP2's hooks, and turns the KV cache off while it trains, which a layer
+    recomputed with a cache would append to twice. Non-reentrant, with the save list for ``"selective"``."""
+    kwargs: dict[str, Any] = {"use_reentrant": False}
+    if mode == "selective":
+        kwargs["context_fn"] = _selective_contexts
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name; the old one warns there
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    on = [m for m in model.modules() if m is not model and getattr(m, "gradient_checkpointing", False) is True]
+    return sum(1 for m in on if not any(getattr(c, "gradient_checkpointing", False) is True  # the layers, not the
+                                        for c in m.modules() if c is not m))               # base model above them
 
 
 def refuse_recompute(mode: str, strategy: str, why: str) -> None:
