@@ -33,9 +33,9 @@ Recomputation as the trainer runs it (``convoy.train.parallel.recompute``): ``"f
 only; ``"selective"`` keeps what the trainer's per-op save list keeps (``block_selective``): the block's input,
 the output of every matrix multiply (``gemm_shapes``' block GEMMs) and of the attention kernel, and under tensor
 parallelism the outputs of the collectives that end the row-parallel matmuls; norms, activation functions,
-rotary embeddings, dropout, casts and eager attention's s x s scores are recomputed in the backward. With a fused attention kernel that is the
-only selective recomputation that saves memory: Korthikanti's "selective" (the attention core alone) keeps
-everything a fused kernel keeps anyway.
+rotary embeddings, dropout, casts and eager attention's s x s scores are recomputed in the backward. With a fused
+attention kernel that is the only selective recomputation that saves memory: Korthikanti's "selective" (the
+attention core alone) keeps everything a fused kernel keeps anyway.
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@
     python tests/gpu/scripts/recompute_cuda.py full single /tmp/p.pt --smoke               # tiny, on the CPU too
 
 Trains transformers' Llama (8 layers of 1024, GQA 16/4, sequence 1024 x batch 8, bf16) for 9 AdamW steps with the
-mode asked for, saves the parameters (CPU tensors) to the path given, and prints ``REPORT <json>``: the plan report's measured
-peak (``torch.cuda.max_memory_allocated`` over steps 3-7) and the plan's for that recomputation, the case the plan
-names, and the blocks' forward calls per step (twice each with recomputation). ``--smoke`` runs 2 layers of 64 on
-whatever device there is, to check the script itself.
+mode asked for, saves the parameters (CPU tensors) to the path given, and prints ``REPORT <json>``: the plan
+report's measured peak (``torch.cuda.max_memory_allocated`` over steps 3-7) and the plan's for that recomputation,
+the case the plan names, and the blocks' forward calls per step (twice each with recomputation). ``--smoke`` runs
+2 layers of 64 on whatever device there is, to check the script itself.
 """
 
 import dataclasses
@@ -53,8 +53,9 @@ def main(mode: str, strategy: str, out: str) -> None:
     report = acc.plan_report()
     full = acc.strategy.full_model_state_dict(model)
     torch.save({k: v.float().cpu() for k, v in full.items()}, out)
+    calls_per_step = calls[0] / 9 / SHAPE["num_hidden_layers"]
     print("REPORT", json.dumps({**dataclasses.asdict(report), "memory_ratio": report.memory_ratio,
-                                "calls_per_step": calls[0] / 9 / SHAPE["num_hidden_layers"], "device": acc.device.type}), flush=True)
+                                "calls_per_step": calls_per_step, "device": acc.device.type}), flush=True)
 
 
 if __name__ == "__main__":

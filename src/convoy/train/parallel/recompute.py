@@ -19,9 +19,9 @@ order: tp, activation checkpointing, data parallelism), and on each pipeline sta
 
 Blocks are the model's FSDP units: the entries of its ``nn.ModuleList``\\ s (or ``strategy_options["auto_wrap"]``'s
 classes where a strategy reads it), outermost only. A transformers model checkpoints its own decoder layers
-(``gradient_checkpointing_enable`` with non-reentrant checkpointing and the same save list), which also turns off its
-KV cache while training, as a recomputed layer must not append to a cache twice. Dropout draws the same masks when recomputed (the RNG state is
-kept), so training is bit for bit what it is without recomputation.
+(``activation_checkpointing_enable``, non-reentrant, with the same save list), which also turns off its KV cache
+while training, as a recomputed layer must not append to a cache twice. Dropout draws the same masks when
+recomputed (the RNG state is kept), so training is bit for bit what it is without recomputation.
 """
 
 from __future__ import annotations
