@@ -102,12 +102,11 @@ RESULTS: tuple[Published, ...] = (
               inter_gbps=3200, dims=ParallelDims(dp_shard=8), zero_stage=3, seq=8192, micro_batch=2,
               global_batch=16, recompute="selective", precision="bf16-fsdp", step_seconds=16 * 8192 / (5762 * 8),
               derivation="16 x 8192 tokens / (5,762 tokens/s/GPU x 8)", memory_gib=82.4,
-              deviation="memory: torchtitan's selective checkpointing is per op (every other matmul's output and "
-                        "the attention's are kept, the rest recomputed); convoy's selective is Korthikanti's "
-                        "(the attention core only), which with a fused attention kernel keeps as much as no "
-                        "recomputation (144.6 GiB planned), and full recomputation plans 45.9 GiB: the published "
-                        "82.4 GiB lies between. Time: the source's boards are HBM2e H100s capped at 500 W, "
-                        "slower than the SXM5 board the profile measured, as the source says"),
+              deviation="memory: torchtitan's selective checkpointing is per op and keeps every other matmul's "
+                        "output and the attention's; convoy's selective (what its trainer runs) keeps every "
+                        "matmul's, 94.2 GiB planned, and full recomputation plans 45.9 GiB: the published 82.4 GiB "
+                        "lies between, nearer the former. Time: the source's boards are HBM2e H100s capped at "
+                        "500 W, slower than the SXM5 board the profile measured, as the source says"),
     Published(key="T3", source="pytorch/torchtitan docs/performance.md (Llama 3, 64 A100)", model=LLAMA3_8B,
               hardware="64 x A100 80GB (links not stated)", gpu="A100-80GB", gpus_per_node=8, nodes=8,
               inter_gbps=1600, dims=ParallelDims(dp_shard=64), zero_stage=3, seq=8192, micro_batch=1,

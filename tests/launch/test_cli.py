@@ -213,6 +213,27 @@ def test_parallelism_from_a_settings_file_reaches_the_workers_and_flags_win(tmp_
     assert r.settings.parallelism == "pp=4"
 
 
+def test_recompute_reaches_the_ranks_and_a_bad_value_is_one_line_naming_its_source(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    r, _ = request("--recompute", "selective")
+    assert r.settings.recompute == "selective"
+    monkeypatch.setenv("CONVOY_RECOMPUTE", "full")
+    assert request()[0].settings.recompute == "full" and request("--recompute", "none")[0].settings.recompute == "none"
+    monkeypatch.delenv("CONVOY_RECOMPUTE")
+    for given, source in ((["--recompute", "half"], "--recompute: 'half'"),
+                          ([], "environment CONVOY_RECOMPUTE: 'half'")):
+        if not given:
+            monkeypatch.setenv("CONVOY_RECOMPUTE", "half")
+        assert main(["launch", "--dry-run", *given, "x.py"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and source in err and "expected one of none, selective, full" in err, err
+    monkeypatch.delenv("CONVOY_RECOMPUTE")
+    (tmp_path / "convoy.toml").write_text('recompute = "Half"\n')
+    assert main(["launch", "--dry-run", "x.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "convoy.toml" in err and "expected one of none, selective, full" in err, err
+
+
 @pytest.mark.parametrize("script_args", [["--start", "3"], ["--nproc", "2", "--devices", "x"], ["--help"],
                                          ["-m", "--", "--dry-run"]])
 def test_the_programs_own_flags_reach_it_untouched_even_when_they_look_like_ours(script_args):

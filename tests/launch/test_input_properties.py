@@ -23,11 +23,12 @@ _FLAGS = st.sampled_from([
     "--devices", "--min-free-memory", "--max-utilization", "--exclude", "--wait", "--nproc-per-node",
     "--num_processes", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--rdzv-conf", "--max-restarts",
     "--monitor-interval", "--mixed-precision", "--strategy", "--dp", "--tp", "--pp", "--gradient-accumulation-steps",
-    "--collective-timeout", "--engine", "--rdzv-backend",
+    "--collective-timeout", "--engine", "--rdzv-backend", "--recompute",
 ])
 _VALUES = st.one_of(
     st.sampled_from(["0", "1", "2", "-1", "70000", "inf", "nan", "fp8", "bf16", "ddp", "bogus", "auto", "all", "²",
-                     "٣", "--1", "a", "0,0", "1:2", "5m", "1e400", "9" * 300, "c10d", "x=1", "", "GPU-"]),
+                     "٣", "--1", "a", "0,0", "1:2", "5m", "1e400", "9" * 300, "c10d", "x=1", "", "GPU-", "full",
+                     "selective"]),
     st.text("0123456789-,:.aeinf", max_size=8),
 )
 

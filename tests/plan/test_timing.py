@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from convoy.plan.activations import block_bytes
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import Hardware, lookup_gpu, parse_hardware
 from convoy.plan.memory import Layout, RunSpec
@@ -92,11 +93,16 @@ def test_a_shaped_model_adds_memory_bound_work_at_the_datasheet_bandwidth():
     assert memory_bound > 0 and half_bw.seconds - full_bw.seconds == pytest.approx(memory_bound)
     assert full_bw.seconds == step_time(MODEL, run, Layout(), parse_hardware("1xH100-80GB"), global_batch=4,
                                         efficiency=0.5).seconds
-    # selective recomputation runs the attention core's forward again: 4·L·h·s per token, nothing else
+    # selective recomputation (the trainer's save list keeps every matmul's and the fused attention's output) runs
+    # the blocks' memory-bound forward again: each byte a block saves without recomputation written and read once
+    # more, and no FLOPs
     selective = step_time(MODEL, replace(run, recompute="selective"), Layout(), _board(3350), global_batch=4,
                           efficiency=0.5)
-    again = 4 * 32 * 4096 * 2048 * (4 * 2048) / (989.4e12 * 0.5)
-    assert selective.seconds - full_bw.seconds == pytest.approx(again)
+    blocks = 32 * block_bytes(MODEL, run)
+    assert selective.seconds - full_bw.seconds == pytest.approx(2 * blocks / 3350e9)
+    assert selective.model_flops == full_bw.model_flops
+    full = step_time(MODEL, replace(run, recompute="full"), Layout(), _board(3350), global_batch=4, efficiency=0.5)
+    assert full_bw.seconds < selective.seconds < full.seconds
 
 
 def test_small_models_are_memory_bound_where_large_ones_are_not():

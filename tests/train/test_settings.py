@@ -16,7 +16,8 @@ from convoy.train.settings import TrainSettings, resolve_settings
 def _no_job(monkeypatch, tmp_path):
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "CONVOY_MIXED_PRECISION", "CONVOY_STRATEGY",
                 "CONVOY_PARALLELISM", "CONVOY_COLLECTIVE_TIMEOUT", "CONVOY_GRADIENT_ACCUMULATION_STEPS",
-                "ACCELERATE_MIXED_PRECISION", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "CONVOY_CONFIG"):
+                "ACCELERATE_MIXED_PRECISION", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "CONVOY_CONFIG",
+                "CONVOY_RECOMPUTE"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
@@ -45,6 +46,9 @@ def test_launcher_and_trainer_share_one_list_and_one_default():
     ({"strategy": "ddp", "strategy_options": {"auto_wrap": set()}}, StrategyError, "find_unused_parameters"),
     ({"strategy_options": "find_unused_parameters"}, ConfigError, "give a dict"),
     ({"mixed_precision": "fp8"}, ConfigError, "expected one of no, fp16, bf16"),
+    ({"recompute": "half"}, ConfigError, "Accelerator(recompute='half'): 'half' is not valid; expected one of none, "
+                                         "selective, full"),
+    ({"recompute": True}, ConfigError, "expected one of none, selective, full"),
     ({"project_config": "runs"}, ConfigError, "project_config='runs'"),
 ])
 def test_bad_arguments_are_one_error_at_construction(kwargs, error, fragment):
@@ -58,6 +62,7 @@ def test_bad_arguments_are_one_error_at_construction(kwargs, error, fragment):
     ("CONVOY_COLLECTIVE_TIMEOUT", "٣"), ("CONVOY_PARALLELISM", "dp=²"), ("WORLD_SIZE", "٣"),
     ("ACCELERATE_MIXED_PRECISION", "fp8"), ("CONVOY_STRATEGY", "no such name"),
     ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "0"), ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "four"),
+    ("CONVOY_RECOMPUTE", "yes"),
 ])
 def test_bad_variables_are_one_error(variable, value):
     with pytest.raises(ConvoyError) as info:
@@ -87,3 +92,21 @@ def test_good_arguments_still_work():
                               strategy="ddp", strategy_options={"find_unused_parameters": True})
     assert accelerator.gradient_accumulation_steps == 2 and accelerator.settings.collective_timeout_s == 60.0
     assert resolve_settings(explicit={"parallelism": "dp=1"}, env={}, cpu=True).parallel_dims.dp == 1
+
+
+def test_recompute_is_read_argument_first_then_variable_then_files_then_default(monkeypatch, tmp_path):
+    assert Accelerator(cpu=True).settings.recompute == "none"
+    (tmp_path / "convoy.toml").write_text('recompute = "selective"\n')
+    assert Accelerator(cpu=True).settings.recompute == "selective"
+    monkeypatch.setenv("CONVOY_RECOMPUTE", "FULL")  # as the launcher writes it from --recompute (any case)
+    assert Accelerator(cpu=True).settings.recompute == "full"
+    assert Accelerator(cpu=True, recompute="none").settings.recompute == "none"
+    (tmp_path / "convoy.toml").write_text('recompute = "some"\n')
+    monkeypatch.delenv("CONVOY_RECOMPUTE")
+    with pytest.raises(ConfigError) as info:
+        Accelerator(cpu=True)
+    assert "convoy.toml" in str(info.value) and "expected one of none, selective, full" in str(info.value)
+    (tmp_path / "convoy.toml").unlink()
+    for value in ("none", "selective", "full"):  # whatever the launcher passes on, the trainer takes
+        env = launch_env.convoy_env(launch_env.ConvoyEnv(recompute=value))
+        assert env == {"CONVOY_RECOMPUTE": value} and resolve_settings(env=env, cpu=True).recompute == value

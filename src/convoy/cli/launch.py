@@ -15,7 +15,7 @@ import argparse
 import os
 import re
 
-from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS, is_host
+from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS, RECOMPUTE_MODES, is_host
 from convoy.errors import ConfigError
 from convoy.launch.resolve import DEFAULT_SIGNALS, EVENT_LOG_HANDLERS, START_METHODS
 
@@ -126,6 +126,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cv.add_argument("--tp", type=_whole, default=None)
     cv.add_argument("--pp", type=_whole, default=None)
     cv.add_argument("--gradient-accumulation-steps", "--gradient_accumulation_steps", type=_whole, default=None)
+    cv.add_argument("--recompute", default=None, metavar="MODE",
+                    help=f"activation recomputation: {', '.join(RECOMPUTE_MODES)} (default none): 'selective' keeps "
+                         "each block's matmul and attention outputs, 'full' only its input")
     cv.add_argument("--collective-timeout", default=None, metavar="SECONDS",
                     help=f"fail a collective not every rank reached after this long (default "
                          f"{DEFAULT_COLLECTIVE_TIMEOUT:g}; finite)")
@@ -260,6 +263,7 @@ def build_request(args: argparse.Namespace):
         mixed_precision=args.mixed_precision, strategy=args.strategy,
         parallelism=",".join(f"{k}={v}" for k, v in dims.items()) or args.parallelism,
         gradient_accumulation_steps=args.gradient_accumulation_steps, collective_timeout=args.collective_timeout,
+        recompute=args.recompute,
     )
     options = {name: getattr(args, name) for name in _WORKER_OPTIONS if getattr(args, name) is not None}
     workers = WorkerOptions(**options, origins={k: v for k, v in origins.items() if k in _WORKER_OPTIONS})

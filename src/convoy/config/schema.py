@@ -11,8 +11,8 @@ flags and the environment are strings and are converted by the key's type. A wro
 
 Numbers are ASCII digits only (``²`` and ``٣`` are refused though Python's ``int()`` reads them), whole
 numbers have at most 12 digits, and seconds must be finite. This module is also the one source of the
-choices the launcher and the trainer share: ``MIXED_PRECISIONS``, ``DEFAULT_COLLECTIVE_TIMEOUT`` and
-``BUILTIN_STRATEGIES`` (``convoy launch`` refuses other values in the parent, before any rank starts), and how a
+choices the launcher and the trainer share: ``MIXED_PRECISIONS``, ``RECOMPUTE_MODES``, ``DEFAULT_COLLECTIVE_TIMEOUT``
+and ``BUILTIN_STRATEGIES`` (``convoy launch`` refuses other values in the parent, before any rank starts), and how a
 data-parallel strategy runs beside tp/pp degrees (``dp_engine_beside``: ``--strategy zero3 --tp 2``).
 """
 
@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from convoy.errors import ConfigError
+from convoy.plan.run import RECOMPUTE  # torch-free: the planner's modes are the trainer's
 
 __all__ = ["Key", "SCHEMA", "KEYS", "key_for", "closest_key", "ENV_PREFIX", "MixedPrecision", "MIXED_PRECISIONS",
+           "RECOMPUTE_MODES",
            "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "DP_ENGINES", "dp_engine_beside", "show", "parse_whole",
            "is_whole", "is_host"]
 
@@ -67,6 +69,9 @@ class MixedPrecision(str, enum.Enum):
 
 #: the mixed-precision modes the trainer implements, as the strings flags, variables and files use.
 MIXED_PRECISIONS = tuple(mode.value for mode in MixedPrecision)
+#: activation recomputation as the trainer runs it and the planner plans it: "none", "selective" (per-op: the outputs
+#: of matmuls and attention kept, the rest of each block recomputed) or "full" (each block's input kept only)
+RECOMPUTE_MODES = RECOMPUTE
 #: the levels of Python's logging, as CONVOY_LOG_LEVEL and ``get_logger(log_level=)`` take them
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 #: seconds a collective may wait for the other ranks (torch's own default is 30 minutes).
@@ -337,6 +342,10 @@ SCHEMA: tuple[Key, ...] = (
     Key(name="mixed_precision", type="one of " + ", ".join(MIXED_PRECISIONS), default="no", ask=True,
         convert=_choice(*MIXED_PRECISIONS), choices=MIXED_PRECISIONS,
         doc="Lower-precision compute: 'no' (fp32), 'fp16' (with loss scaling) or 'bf16'."),
+    Key(name="recompute", type="one of " + ", ".join(RECOMPUTE_MODES), default="none",
+        convert=_choice(*RECOMPUTE_MODES), choices=RECOMPUTE_MODES,
+        doc="Activation recomputation: 'none'; 'selective' keeps each block's matmul and attention outputs and "
+            "recomputes the rest in the backward; 'full' keeps each block's input only and recomputes the block."),
     Key(name="parallelism", type="degrees", default=None, convert=_parse_parallelism,
         doc="Parallel degrees like 'dp=2,tp=2,pp=1' (unset: all data parallel)."),
     Key(name="gradient_accumulation_steps", type="int >= 1", default=1, ask=True,

@@ -14,9 +14,9 @@ worker bootstrap read):
   ``ROLE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_*``), with the values torch's elastic agent
   gives them, so an unmodified torchrun script runs as it is;
 * convoy's own (``CONVOY_MIXED_PRECISION``, ``CONVOY_STRATEGY``, ``CONVOY_PARALLELISM``,
-  ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``) set from launch flags and read by the
-  ``Accelerator``; an explicit constructor argument always wins over them. Accelerate's launcher says the
-  same with ``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` and
+  ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``, ``CONVOY_RECOMPUTE``) set from launch
+  flags and read by the ``Accelerator``; an explicit constructor argument always wins over them. Accelerate's
+  launcher says the same with ``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` and
   ``ACCELERATE_DEBUG_MODE``, which are read here too.
 
 Every value is parsed by its key in ``convoy.config.schema``, on both sides, so the parent refuses exactly
@@ -58,7 +58,8 @@ RANK_VARIABLES = (
     "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE",
 )
 #: the settings the launcher hands to every rank, each as its schema key's ``CONVOY_<KEY>`` variable
-SETTING_NAMES = ("mixed_precision", "strategy", "parallelism", "gradient_accumulation_steps", "collective_timeout")
+SETTING_NAMES = ("mixed_precision", "strategy", "parallelism", "gradient_accumulation_steps", "collective_timeout",
+                 "recompute")
 CONVOY_VARIABLES = tuple(KEYS[name].env_var for name in SETTING_NAMES)
 #: Accelerate's launcher's variable for a setting, read when convoy's own is not set (Accelerate's
 #: ``Accelerator.__init__`` reads both; there ACCELERATE_GRADIENT_ACCUMULATION_STEPS beats even the argument, here
@@ -194,6 +195,8 @@ class ConvoyEnv:
     """Micro-batches per optimizer step."""
     collective_timeout: float | None = None
     """Seconds before a collective that not every rank reached fails (convoy's default: 300)."""
+    recompute: str | None = None
+    """Activation recomputation, one of ``convoy.config.schema.RECOMPUTE_MODES`` ("none", "selective", "full")."""
 
     def __post_init__(self) -> None:
         # each value is checked by the schema key the trainer reads it with, so the parent refuses exactly

@@ -1,7 +1,8 @@
 """What PyTorch keeps for backward in one transformer block, tensor by tensor, per precision recipe and family.
 
-    from convoy.plan.activations import block_saved, block_bytes
+    from convoy.plan.activations import block_saved, block_selective, block_bytes
     [(t.what, t.bytes_per_token) for t in block_saved(model, run)]     # one block, one token
+    [(t.what, t.bytes_per_token) for t in block_selective(model, run)] # what recompute="selective" keeps
     block_bytes(model, run, tp=1)                                      # x seq_len x micro_batch / tp
 
 Each block is the list of tensors autograd saves when the family's modeling code runs (Hugging Face
@@ -24,10 +25,17 @@ nanoGPT-style blocks, Korthikanti et al. 2022's breakdown, for ``generic``), und
   call, so GPT-NeoX's two parallel-residual norms keep two), softmax and ``pow`` are fp32 as under ``autocast``.
   Llama's RMSNorm upcasts by itself, so a Llama block keeps what it keeps under ``pure16``.
 
-A tensor saved by several ops (a view, or the same output) is counted once. ``attention_core`` marks what
-selective recomputation (Korthikanti's) drops. Checked tensor by tensor against autograd's saved tensors and
-MemTracker on CPU autocast with the CUDA fp32 list applied (``tests/plan/test_activations.py``,
-docs/planner-accuracy.md).
+A tensor saved by several ops (a view, or the same output) is counted once. Checked tensor by tensor against
+autograd's saved tensors and MemTracker on CPU autocast with the CUDA fp32 list applied
+(``tests/plan/test_activations.py``, docs/planner-accuracy.md).
+
+Recomputation as the trainer runs it (``convoy.train.parallel.recompute``): ``"full"`` keeps each block's input
+only; ``"selective"`` keeps what the trainer's per-op save list keeps (``block_selective``): the block's input,
+the output of every matrix multiply (``gemm_shapes``' block GEMMs) and of the attention kernel, and under tensor
+parallelism the outputs of the collectives that end the row-parallel matmuls; norms, activation functions,
+rotary embeddings, dropout, casts and eager attention's s x s scores are recomputed in the backward. With a fused
+attention kernel that is the only selective recomputation that saves memory: Korthikanti's "selective" (the
+attention core alone) keeps everything a fused kernel keeps anyway.
 """
 
 from __future__ import annotations
@@ -39,7 +47,8 @@ if TYPE_CHECKING:  # memory.py imports this module
     from convoy.plan.run import RunSpec
     from convoy.plan.model import ModelSpec
 
-__all__ = ["Saved", "FAMILIES", "block_saved", "block_bytes", "weight_cast_bytes", "head_saved_bytes", "regime"]
+__all__ = ["Saved", "FAMILIES", "block_saved", "block_selective", "block_bytes", "weight_cast_bytes",
+           "head_saved_bytes", "regime"]
 
 FAMILIES = ("generic", "gpt2", "llama", "gpt_neox")
 LN_STATS = 8  # LayerNorm's fp32 mean and rstd per token
@@ -53,8 +62,8 @@ class Saved:
     what: str
     bytes_per_token: float
     """Bytes per token (per sequence position of one sequence); s x s tensors give a·s·bytes here."""
-    attention_core: bool = False
-    """Recomputed, hence not kept, under selective recomputation (softmax, its dropout, SDPA's logsumexp)."""
+    whole: bool = False
+    """Kept whole on every tensor-parallel rank (a row-parallel matmul's partial sums), not divided by tp."""
 
 
 def regime(run: "RunSpec") -> str:
@@ -96,14 +105,14 @@ def _attention(model, run, *, q_bytes: float, k_bytes: float, v_bytes: float, so
     drop = _dropout(model, run)
     out = [Saved("q", q_bytes), Saved("k", k_bytes), Saved("v", v_bytes)]
     if run.attention == "flash":  # SDPA's fused kernels: q, k, v, out, fp32 logsumexp; dropout via RNG state
-        out += [Saved("attention output (= out-proj input)", lo * h), Saved("logsumexp", 4 * a, True)]
+        out += [Saved("attention output (= out-proj input)", lo * h), Saved("logsumexp", 4 * a)]
         return out
     probs = 4 if softmax == "fp32" else lo
-    out.append(Saved("softmax output", probs * a * s, True))
+    out.append(Saved("softmax output", probs * a * s))
     if drop:
-        out += [Saved("attention dropout mask", 1 * a * s, True), Saved("attention dropout output", lo * a * s, True)]
+        out += [Saved("attention dropout mask", 1 * a * s), Saved("attention dropout output", lo * a * s)]
     elif probs != lo:  # the 16-bit cast the AV matmul takes
-        out.append(Saved("softmax output, 16-bit cast", lo * a * s, True))
+        out.append(Saved("softmax output, 16-bit cast", lo * a * s))
     out.append(Saved("out-proj input", lo * h))
     return out
 
@@ -218,21 +227,46 @@ def block_saved(model: "ModelSpec", run: "RunSpec") -> tuple[Saved, ...]:
     return tuple(_BUILDERS[model.family if model.family in _BUILDERS else "generic"](model, run))
 
 
+def block_selective(model: "ModelSpec", run: "RunSpec", *, tp: int = 1) -> tuple[Saved, ...]:
+    """The tensors one block keeps under ``recompute="selective"``, per token: the trainer's save list
+    (``convoy.train.parallel.recompute.SELECTIVE_SAVES``). The block's input (the checkpoint keeps it), every
+    block GEMM's output (``gemm_shapes``; a row-parallel one's partial sums whole on each tp rank), the attention
+    kernel's outputs (fused: its output and fp32 logsumexp; eager: the AV product, the s x s scores being
+    recomputed), and with ``tp`` > 1 the reduced output of each row-parallel matmul."""
+    from convoy.plan.shapes import gemm_shapes
+
+    assert model.num_layers is not None and model.heads is not None and model.hidden is not None
+    res, lo, _ = _bytes(run)
+    h, a, L = model.hidden, model.heads, model.num_layers
+    out = [Saved("block input (kept by the checkpoint)", res * h)]
+    # the same GEMMs in the same order at tp=2: those whose k is split are row-parallel (out- and down-projection)
+    for (_, k, n, count), (_, k2, _, _) in zip(gemm_shapes(model, run), gemm_shapes(model, run, tp=2)):
+        if count == 1:  # the output head, outside the blocks
+            continue
+        per = f" (x{count // L})" if count > L else ""
+        out.append(Saved(f"matmul output {k} -> {n}{per}", lo * n * count / L, whole=tp > 1 and k2 != k))
+    if run.attention == "flash":
+        out += [Saved("attention output", lo * h), Saved("logsumexp", 4 * a)]
+    else:  # the s x s scores are recomputed from the kept q and k, as Korthikanti et al. recompute the core
+        out.append(Saved("attention output (AV)", lo * h))
+    if tp > 1:  # the all-reduce (reduce-scatter with sequence parallelism) after the out- and down-projection
+        out.append(Saved("reduced row-parallel outputs (x2)", 2 * lo * h))
+    return tuple(out)
+
+
 def block_bytes(model: "ModelSpec", run: "RunSpec", *, tp: int = 1, stored_only: bool = True) -> float:
     """Bytes one block keeps for backward at ``run``'s s x b, divided by ``tp`` (tensor + sequence parallel).
 
-    ``recompute="full"``: only the block's input (the residual stream); ``"selective"``: all but the attention
-    core; ``stored_only=False``: the full set (what a block holds while it is recomputed).
+    ``recompute="full"``: only the block's input (the residual stream); ``"selective"``: ``block_selective``;
+    ``stored_only=False``: the full set (what a block holds while it is recomputed).
     """
     s, b = run.seq_len, run.micro_batch
     recompute = run.recompute if stored_only else "none"
     if recompute == "full":
         res, _, _ = _bytes(run)
         return res * s * b * model.hidden / tp
-    saved = block_saved(model, run)
-    if recompute == "selective":
-        saved = tuple(x for x in saved if not x.attention_core)
-    return sum(x.bytes_per_token for x in saved) * s * b / tp
+    saved = block_selective(model, run, tp=tp) if recompute == "selective" else block_saved(model, run)
+    return sum(x.bytes_per_token * (1 if x.whole else 1 / tp) for x in saved) * s * b
 
 
 def weight_cast_bytes(model: "ModelSpec", run: "RunSpec", *, layers: int, tp: int = 1, head: bool = True) -> float:

@@ -10,8 +10,10 @@ and figure 1): mixed-precision Adam keeps 2 bytes of 16-bit weights, 2 of 16-bit
 master weights, momentum and variance per parameter, i.e. 16 bytes; stage 1 shards the K bytes, stage 2 also
 the gradients, stage 3 also the weights, over the data-parallel degree. Activations follow Korthikanti et al.
 2022, "Reducing Activation Recomputation in Large Transformer Models" (https://arxiv.org/abs/2205.05198,
-table 2): ``sbh(34 + 5as/h)`` bytes per layer, divided by t under tensor + sequence parallelism, ``34sbh/t``
-with selective recomputation, ``2sbh/t`` with full recomputation. Buffers and the reserve are documented
+table 2): ``sbh(34 + 5as/h)`` bytes per layer, divided by t under tensor + sequence parallelism, ``2sbh/t`` with
+full recomputation (``korthikanti_layer_bytes``; its "selective", the attention core alone, is the paper's).
+Each block is counted tensor by tensor (``convoy.plan.activations``), and ``recompute="selective"`` is what the
+trainer keeps under its per-op save list (``activations.block_selective``). Buffers and the reserve are documented
 estimates (docs/planner.md says where each comes from).
 """
 
@@ -131,7 +133,8 @@ def layer_activation_bytes(model: ModelSpec, run: RunSpec, *, tp: int = 1, store
     """Activation bytes one block keeps for backward: ``convoy.plan.activations.block_bytes``, tensor by tensor.
 
     For the ``generic`` family with GELU of 4h, eager attention, dropout and 16-bit activations it equals
-    ``korthikanti_layer_bytes`` (sequence parallel when ``tp > 1``, as torch's ``SequenceParallel`` does).
+    ``korthikanti_layer_bytes`` without recomputation and with full recomputation (sequence parallel when
+    ``tp > 1``, as torch's ``SequenceParallel`` does); selective recomputation is the trainer's save list.
     ``stored_only=False`` gives what a block holds while it is recomputed (its full no-recompute set).
     """
     assert model.hidden is not None and model.heads is not None
@@ -205,7 +208,8 @@ def _activations(model: ModelSpec, run: RunSpec, layout: Layout) -> tuple[float,
     """Activation bytes on the first pipeline stage (or the only one) when the backward starts -- the blocks'
     saved tensors, autocast's weight copies, the final norm / head inputs and the loss's fp32 log-softmax -- and,
     with full recomputation, the working set of the block being recomputed (which the backward reaches after
-    the loss's temporaries are gone: it competes with them, it does not add to them)."""
+    the loss's temporaries are gone: it competes with them, it does not add to them). Selective recomputation keeps
+    the trainer's per-op save list of each block and recomputes the rest of one block at a time, likewise."""
     if not model.has_shape:
         return 0.0, 0.0
     tp, pp = layout.dims.tp, layout.dims.pp
@@ -223,6 +227,10 @@ def _activations(model: ModelSpec, run: RunSpec, layout: Layout) -> tuple[float,
         kept = in_flight * per_mb
         # autocast's weight copies of checkpointed blocks are not saved; the recomputed block makes its own
         casts = weight_cast_bytes(model, run, layers=layers - checkpointed, tp=tp, head=False)
+        recomputing = full + weight_cast_bytes(model, run, layers=1, tp=tp, head=False)
+    elif run.recompute == "selective":  # the trainer's per-op save list (activations.block_selective)
+        kept = layers * in_flight * layer_activation_bytes(model, run, tp=tp)
+        casts = 0.0  # autocast's weight copies are recomputed with the rest of each block
         recomputing = full + weight_cast_bytes(model, run, layers=1, tp=tp, head=False)
     else:
         kept = layers * in_flight * layer_activation_bytes(model, run, tp=tp)

@@ -88,7 +88,8 @@ class RunSpec:
     optimizer: str = "adamw"
     """A key of ``OPTIMIZER_STATE_BYTES``; ``"none"`` plans inference."""
     recompute: str = "none"
-    """Activation checkpointing: none, selective (attention core) or full (every block)."""
+    """Activation checkpointing as the trainer runs it: none, selective (each block keeps its matmul and attention
+    outputs, ``activations.block_selective``) or full (each block keeps its input)."""
     attention: str = "flash"
     """``"flash"`` (SDPA's fused kernels keep no s x s matrix) or ``"eager"`` (Korthikanti's 5as^2b term)."""
     dropout: bool = False

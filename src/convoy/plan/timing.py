@@ -14,7 +14,8 @@ al. 2021); a 1F1B pipeline idles (p-1)/(m+p-1) of the time (GPipe bubble). Data-
 the backward; tensor-parallel and offload traffic are counted as exposed.
 
 A model with a shape (layers, hidden, heads) is timed kernel class by kernel class: every GEMM of the model at
-its own shape (x3 for forward + two backward products, x4 with full recomputation), the fused attention's
+its own shape (x3 for forward + two backward products, x4 with full recomputation; selective recomputation keeps
+every matmul's output and runs only each block's memory-bound work and its kernels again), the fused attention's
 forward + backward, memory-bound work (per byte the blocks save for backward), and the optimizer's reads and
 writes, at a device's ``Rates`` (``convoy.plan.rates``: measured here, a shipped profile, the shape-aware model
 or the flat datasheet model). A step is never shorter than its kernels' launches (``Rates.launch_seconds``
@@ -205,8 +206,11 @@ def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates
     layers = math.ceil(total / pp)
     share = layers / total
     # full recomputation runs the forward of every recompute_every-th block again (the head is not checkpointed);
-    # selective, the attention core's only
+    # selective (the trainer's per-op save list keeps every matmul's and the attention's output) the rest of each
+    # block's forward: its memory-bound work and those kernels, no GEMM and no collective
     again = math.ceil(total / run.recompute_every) / total if run.training and run.recompute == "full" else 0.0
+    selective = run.training and run.recompute == "selective"
+    pointwise_again = 1.0 if selective else again
     gemm = 0.0
     for mm, k, n, count in gemm_shapes(model, run, tp=tp):
         block = count > 1  # the head (count 1) is on one stage: count it on the busiest
@@ -216,17 +220,20 @@ def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates
     attn_fwd_bwd = rates.attention_seconds(b, a, kv, s, d, dtype)
     if run.attention == "eager":
         attn_fwd_bwd *= 2  # the s x s scores go through memory (a stated factor, not measured)
-    attn_again = 1.0 if run.training and run.recompute == "selective" else again
+    # selective with eager attention recomputes the s x s scores: QK^T, half of the attention's forward
+    attn_again = 0.5 if selective and run.attention == "eager" else again
     attn = layers * attn_fwd_bwd * ((1 + attn_again / 3) if run.training else 1 / 3)
     blocks = layers * block_bytes(model, replace(run, recompute="none"), tp=tp)
     saved = blocks + head_saved_bytes(model, run, tp=tp)
     if rates.pointwise_seconds_per_byte:  # memory-bound forward + backward (launches included) per saved byte
         fwd_bwd = rates.pointwise_seconds_per_byte  # the forward is a third of it, as for the GEMMs
-        memory_bound = (saved + again * blocks / 3) * fwd_bwd if run.training else saved * fwd_bwd / 3
+        memory_bound = (saved + pointwise_again * blocks / 3) * fwd_bwd if run.training else saved * fwd_bwd / 3
     else:  # each saved byte written and read in the forward, its gradient written and read in the backward
-        memory_bound = (4 * saved + 2 * again * blocks if run.training else 2 * saved) / (rates.memory_bytes_per_s
-                                                                                        or float("inf"))
+        memory_bound = (4 * saved + 2 * pointwise_again * blocks if run.training else 2 * saved) / (
+            rates.memory_bytes_per_s or float("inf"))
     launches = kernel_launches(model, run, layout) * (1 + again / 3 if run.training else 1 / 3)
+    if selective:  # the forward kernel of each tensor a block saves without recomputation, again
+        launches += layers * len(block_saved(model, run))
     return m * max(gemm + attn + memory_bound, launches * rates.launch_seconds)
 
 
@@ -289,8 +296,7 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
     hw_flops = model_flops
     if run.training and run.recompute == "full":
         hw_flops = model_flops * 4 / 3  # one more forward
-    elif run.training and run.recompute == "selective" and model.num_layers and model.hidden:
-        hw_flops = model_flops + 4 * model.num_layers * model.hidden * s * tokens  # the attention core again
+    # selective recomputation runs no matmul again (its save list keeps every matmul's output): no more FLOPs
     optimizer = 0.0
     if model.has_shape:
         compute = compute_seconds(model, run, layout, rates)

@@ -101,7 +101,7 @@ class Accelerator:
                  rng_types: Any = None, log_with: Any = None, strategy_options: dict[str, Any] | None = None,
                  collective_timeout: float | None = None, planner: Callable[..., Any] | None = None,
                  parallelism: Any = None, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
-                 kwargs_handlers: list[Any] | None = None, **unsupported: Any) -> None:
+                 kwargs_handlers: list[Any] | None = None, recompute: str | None = None, **unsupported: Any) -> None:
         refuse_arguments(unsupported)
         check_plain_arguments({"device_placement": device_placement, "split_batches": split_batches, "cpu": cpu,
                                "step_scheduler_with_optimizer": step_scheduler_with_optimizer,
@@ -115,7 +115,7 @@ class Accelerator:
         held = AcceleratorState._held_mixed_precision()  # set by an earlier Accelerator of this process: kept
         self.settings = resolve_settings(explicit={
             "mixed_precision": held if mixed_precision is None else mixed_precision, "strategy": strategy,
-            "collective_timeout": collective_timeout,
+            "collective_timeout": collective_timeout, "recompute": recompute,
             "gradient_accumulation_steps": plugin.num_steps if plugin is not None else gradient_accumulation_steps,
             "parallelism": parallelism, "backend": handlers.backend}, cpu=cpu,
             options=strategy_options, defaults=handlers.ddp)

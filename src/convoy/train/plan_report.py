@@ -56,6 +56,7 @@ from convoy.plan.run import RunSpec
 from convoy.plan.timing import step_time
 from convoy.plan.units import format_bytes, format_seconds
 from convoy.train.logging import get_logger
+from convoy.train.parallel.recompute import checkpoints_itself
 from convoy.train.strategies.auto import device_memory_bytes, trainer_precision
 
 __all__ = ["PlanReport", "PlanWatch", "WARMUP_STEPS", "MEASURED_STEPS", "trainer_layout"]
@@ -189,7 +190,8 @@ def _model_spec(model: Any) -> ModelSpec:
     return describe_module(model, name=type(model).__name__)
 
 
-def _run_spec(model: Any, optimizer: Any, *, precision: str, batch: tuple[int, int], chunks: int) -> RunSpec:
+def _run_spec(model: Any, optimizer: Any, *, precision: str, batch: tuple[int, int], chunks: int,
+              recompute: str = "none") -> RunSpec:
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer holds the local one
     kind = _OPTIMIZERS.get(type(inner))
     if isinstance(inner, torch.optim.SGD):
@@ -197,8 +199,7 @@ def _run_spec(model: Any, optimizer: Any, *, precision: str, batch: tuple[int, i
     config = getattr(model, "config", None)
     eager = getattr(config, "_attn_implementation", None) == "eager"
     return RunSpec(seq_len=batch[1], micro_batch=max(1, batch[0] // chunks), precision=precision,
-                   optimizer=kind or "adamw", recompute="full" if getattr(model, "is_gradient_checkpointing", False)
-                   is True else "none", attention="eager" if eager else "flash")
+                   optimizer=kind or "adamw", recompute=recompute, attention="eager" if eager else "flash")
 
 
 def _hardware(device: torch.device, context: Any) -> Hardware:
@@ -355,7 +356,11 @@ class PlanWatch:
         candidate, chunks = trainer_layout(strategy, accumulation=accumulation)
         mixed = str(context.mixed_precision)
         precision = trainer_precision(mixed, candidate) if mixed in ("bf16", "fp16") else "fp32"
-        run = _run_spec(self._model, self._optimizer, precision=precision, batch=self._batch, chunks=chunks)
+        # the trainer's recomputation (Accelerator(recompute=...)), or a transformers model's own checkpointing
+        recompute = context.recompute if context.recompute != "none" else (
+            "full" if checkpoints_itself(self._model) else "none")
+        run = _run_spec(self._model, self._optimizer, precision=precision, batch=self._batch, chunks=chunks,
+                        recompute=recompute)
         hw = _hardware(device, context)
         layout = candidate.layout
         name, uuid, version = device_identity(str(device))

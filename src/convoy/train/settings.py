@@ -7,12 +7,12 @@
 One record, ``TrainSettings``, travels from the ``Accelerator`` to its strategy: the strategy builder only
 replaces what ``strategy="auto"`` chose (the name, the degrees, the options). The launcher's variables are read
 by ``convoy.launch.env`` (``RANK``, ``WORLD_SIZE``, ... and ``CONVOY_MIXED_PRECISION``, ``CONVOY_STRATEGY``,
-``CONVOY_PARALLELISM``, ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``; Accelerate's
-``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` and ``ACCELERATE_DEBUG_MODE``), every
-value by its key in ``convoy.config.schema``, so a value the launcher refuses is refused here with the same line. When
-``RANK``/``WORLD_SIZE`` say the job has several processes, a process group is started even on a CPU-only
-machine (``convoy.train.process_group``): convoy never trains N independent copies that each believe they
-are alone.
+``CONVOY_PARALLELISM``, ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``,
+``CONVOY_RECOMPUTE``; Accelerate's ``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` and
+``ACCELERATE_DEBUG_MODE``), every value by its key in ``convoy.config.schema``, so a value the launcher refuses is
+refused here with the same line. When ``RANK``/``WORLD_SIZE`` say the job has several processes, a process group is
+started even on a CPU-only machine (``convoy.train.process_group``): convoy never trains N independent copies that
+each believe they are alone.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 import torch
 
-from convoy.config.schema import KEYS, MIXED_PRECISIONS, MixedPrecision, dp_engine_beside, show
+from convoy.config.schema import KEYS, MIXED_PRECISIONS, RECOMPUTE_MODES, MixedPrecision, dp_engine_beside, show
 from convoy.errors import ConfigError
 from convoy.launch.env import (SETTING_NAMES, ConvoyEnv, RankEnv, read_convoy_env, read_debug_mode,
                                read_rank_env)
@@ -48,6 +48,9 @@ class TrainSettings(RankEnv):
     """Backward passes per optimizer step; a strategy that runs backward itself (a pipeline) scales by it."""
     collective_timeout_s: float = KEYS["collective_timeout"].default
     """Timeout of every collective (convoy's default is 300 s, not torch's 30 min)."""
+    recompute: str = KEYS["recompute"].default
+    """Activation recomputation of the model's blocks: ``"none"``, ``"selective"`` or ``"full"``
+    (``convoy.train.parallel.recompute``); each strategy applies it where it prepares the model."""
     parallel_dims: ParallelDims | None = None
     """Parallel degrees (``parallelism=``, ``CONVOY_PARALLELISM``); ``None`` = pure data parallel over the world."""
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -68,6 +71,9 @@ class TrainSettings(RankEnv):
             raise ConfigError(f"gradient_accumulation_steps={self.gradient_accumulation_steps} must be >= 1")
         if not 0 < self.collective_timeout_s < float("inf"):
             raise ConfigError(f"collective timeout {self.collective_timeout_s} s must be positive")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ConfigError(f"recompute={show(self.recompute)} is not supported; "
+                              f"choose one of {', '.join(RECOMPUTE_MODES)}")
 
     @property
     def distributed(self) -> bool:
@@ -126,6 +132,7 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
         strategy=strategy,
         gradient_accumulation_steps=_setting("gradient_accumulation_steps", given, launched),
         collective_timeout_s=_setting("collective_timeout", given, launched),
+        recompute=_setting("recompute", given, launched),
         parallel_dims=dims, options={**(defaults or {}), **(options or {})},
         backend=given.get("backend"), debug=read_debug_mode(env),
     )

@@ -9,14 +9,14 @@ GPTNeoXLayer). Autocast runs use CPU autocast with ``cuda_rules=True``: the expl
 makes for softmax / pow / layer_norm, so the saved tensors are those a GPU keeps. Two checks per case:
 
 1. ``saved_per_block``: the unique storages autograd saves in one block (saved_tensors_hooks), weights and
-   their autocast copies separated out, against ``block_bytes`` and ``weight_cast_bytes``.
+   their autocast copies separated out, against ``block_bytes`` and ``weight_cast_bytes``; ``kept_per_block``:
+   what one block keeps under the trainer's ``recompute="selective"`` (``convoy.train.parallel.recompute``).
 2. ``step``: one training step (the second) under ``torch.distributed._tools.mem_tracker.MemTracker``; its
    categories at the peak against ``memory_per_gpu``.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from pathlib import Path
@@ -76,11 +76,10 @@ def _setup(case: str, recipe: str, attention: str, recompute: str):
     model = build(config, attention="sdpa" if attention == "flash" else "eager", cuda_rules=True)
     if _bf16_weights(recipe):
         model = model.to(torch.bfloat16)
-    if recompute == "full":
-        from torch.utils.checkpoint import checkpoint
+    if recompute != "none":  # as the trainer recomputes: Accelerator(recompute=...)
+        from convoy.train.parallel.recompute import apply_recompute
 
-        for block in _blocks(model):
-            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+        apply_recompute(model, recompute)
     spec = from_hf_config(config)
     return model, spec
 
@@ -140,8 +139,44 @@ def saved_per_block(case: str, recipe: str, attention: str, *, seq: int = 48, ba
             "planned casts": weight_cast_bytes(spec, run, layers=1, head=False)}
 
 
+def kept_per_block(case: str, recipe: str, attention: str, *, seq: int = 48, batch: int = 2) -> dict:
+    """Bytes the second block keeps under the trainer's ``recompute="selective"``: its input (which the checkpoint
+    holds) and the outputs its save list stores (unique storages), measured and planned."""
+    from unittest import mock
+
+    from convoy.train.parallel import recompute
+
+    model, spec = _setup(case, recipe, attention, "selective")
+    block = _blocks(model)[1]
+    seen: dict[int, int] = {}
+    inside = [False]
+    policy = recompute._policy
+
+    def recording(ctx, func, *args, **kwargs):
+        decided = policy(ctx, func, *args, **kwargs)
+        if inside[0] and decided.name == "MUST_SAVE":
+            for out in (ctx.op_output if isinstance(ctx.op_output, (tuple, list)) else [ctx.op_output]):
+                if isinstance(out, torch.Tensor):
+                    seen[out.untyped_storage().data_ptr()] = out.untyped_storage().nbytes()
+        return decided
+
+    def enter(module, args):
+        inside[0] = True
+        seen[args[0].untyped_storage().data_ptr()] = args[0].untyped_storage().nbytes()  # the hidden states
+
+    block.register_forward_pre_hook(enter)
+    block.register_forward_hook(lambda *_: inside.__setitem__(0, False))
+    ids = torch.randint(0, spec.vocab, (batch, seq))
+    with mock.patch.object(recompute, "_policy", recording):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=PRECISIONS[recipe].autocast):
+            model(ids)
+    run = RunSpec(seq_len=seq, micro_batch=batch, precision=recipe, attention=attention, recompute="selective")
+    return {"kept": sum(seen.values()), "planned": block_bytes(spec, run)}
+
+
 def step(case: str, recipe: str, attention: str, recompute: str = "none", *, seq: int = 64, batch: int = 4) -> dict:
-    """MemTracker's categories at the peak of the second training step, and the planner's."""
+    """MemTracker's categories at the peak of the second training step, and the planner's; and the activations when
+    the backward starts (what the planner's ``activations`` are: with recomputation the peak can come later)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     model, spec = _setup(case, recipe, attention, recompute)
@@ -153,6 +188,7 @@ def step(case: str, recipe: str, attention: str, recompute: str = "none", *, seq
         for i in range(2):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=PRECISIONS[recipe].autocast):
                 loss = causal_lm_loss(model(ids), ids)
+            start = next(iter(mt.get_tracker_snapshot().values()))
             loss.backward()
             opt.step()
             opt.zero_grad()
@@ -165,7 +201,12 @@ def step(case: str, recipe: str, attention: str, recompute: str = "none", *, seq
     return {"params": (got.get("param", 0), est.params), "optimizer": (got.get("opt", 0), est.optimizer),
             "gradients at the peak": (got.get("grad", 0), est.grads if est.grads_at_peak else 0),
             "activations": (got.get("act", 0), est.activations), "temporaries": (got.get("temp", 0), est.temporary),
-            "peak": (got.get("total", 0), est.allocated)}
+            "peak": (got.get("total", 0), est.allocated),
+            "activations as the backward starts": (_category(start, "act"), est.activations)}
+
+
+def _category(snapshot: dict, name: str) -> int:
+    return next((v for k, v in snapshot.items() if str(k).split(".")[-1].lower() == name), 0)
 
 
 def full_size(name: str, seq: int, batch: int) -> dict:
@@ -231,7 +272,8 @@ def main() -> None:
     print("|---|---|---|---|---|---:|---:|---:|")
     for case in ("gpt2", "llama-gqa", "gpt_neox"):
         for recipe in ("fp32", "bf16-autocast", "bf16-fsdp"):
-            for attention, recompute in (("flash", "none"), ("eager", "none"), ("flash", "full")):
+            for attention, recompute in (("flash", "none"), ("eager", "none"), ("flash", "full"),
+                                         ("flash", "selective"), ("eager", "selective")):
                 r = step(case, recipe, attention, recompute)
                 for cat, (m, e) in r.items():
                     ratio = f"{e / m:.3f}" if m else "n/a"

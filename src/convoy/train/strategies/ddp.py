@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from convoy.errors import ConfigError
 from convoy.train.optimizer_state import named_optimizer_state, numbered_optimizer_state, param_names
+from convoy.train.parallel.recompute import apply_recompute
 from convoy.train.strategies.base import Strategy, SupportsNoSync
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -91,6 +92,7 @@ class DDPStrategy(Strategy, SupportsNoSync):
         module = module.to(self.root_device)
         if not any(p.requires_grad for p in module.parameters()):
             return module  # nothing to synchronise (a frozen teacher, an EMA copy): DDP would refuse it
+        apply_recompute(module, self.context.recompute)  # inside DDP's wrapper: its hooks see the whole backward
         kwargs: dict[str, Any] = {k: self.context.options[k] for k in _DDP_OPTIONS if k in self.context.options}
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         hook = comm_hook(self.context.options)  # before wrapping: a bad option stops nothing half-built

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from convoy.errors import StrategyError
+from convoy.train.parallel.recompute import refuse_recompute
 from convoy.train.strategies.base import Strategy
 
 __all__ = ["DataParallelStrategy"]
@@ -27,6 +28,10 @@ class DataParallelStrategy(Strategy):
         if self.context.world_size > 1:
             raise StrategyError(f"strategy='dp' runs in one process, but this job has {self.context.world_size}; "
                                 "use strategy='ddp' with several processes")
+        # DataParallel copies the module into one thread per GPU every step, and the checkpoint hooks keep one state
+        # per block, which the threads would share
+        refuse_recompute(self.context.recompute, "dp", "torch.nn.DataParallel's replicas would share each block's "
+                                                       "checkpoint state; use strategy='ddp'")
         if self.context.device_type != "cuda":
             raise StrategyError("strategy='dp' (torch.nn.DataParallel) needs CUDA GPUs; on the CPU use "
                                 "strategy='single', or several processes with strategy='ddp'")

@@ -26,6 +26,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from convoy.errors import NotSupportedYetError, StrategyError
+from convoy.train.parallel.recompute import apply_recompute
 from convoy.train.strategies.base import ParameterOrigins, Strategy, SupportsNoSync
 from convoy.train.strategies.fsdp_outputs import fully_shard_exposed
 
@@ -55,6 +56,9 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
         names = {id(p): n for n, p in module.named_parameters()}
         mp = mixed_precision_policy(self.context.mixed_precision)
         offload = offload_policy(self.context.options)
+        # checkpointed before sharding (torchtitan's order): the blocks are FSDP's units, whose hooks gather the
+        # weights outside the recomputed region, and again for the backward before the block is recomputed
+        apply_recompute(module, self.context.recompute, classes=self.context.options.get("auto_wrap"))
         shard_model(module, self.context.options.get("auto_wrap"), named=f"strategy={self.name!r}", mesh=self._mesh,
                     reshard_after_forward=self.reshard_after_forward, mp_policy=mp, offload_policy=offload)
         self._origins.record(module, names)

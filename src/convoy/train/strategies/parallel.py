@@ -27,6 +27,8 @@ How each axis is realised:
   whole model gathers 16-bit weights and reduces in fp32 (``MixedPrecisionPolicy``, as zero3 and torchtitan do);
   pipeline stages gather fp32 (their traced dtypes are the model's) and run under autocast.
 
+- recompute (``Accelerator(recompute=...)``, ``convoy.train.parallel.recompute``): each block checkpointed after tp
+  and before the dp engine wraps it (torchtitan's order); in a pipeline, each stage's blocks once it is built.
 - tp x pp: the TP plan is applied to the whole model on the tp sub-mesh first; the pipeline then traces it
   with plain stand-ins of the split modules (``tracing_stand_ins``: this rank's local shapes) and puts
   the real tensor-parallel modules back into each stage, whose schedule runs over the pp sub-mesh's group.
@@ -58,6 +60,7 @@ from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.plan.dims import ParallelDims
 from convoy.train.parallel.mesh import ParallelMesh, build_mesh
 from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule, SingleStage, find_layers
+from convoy.train.parallel.recompute import apply_recompute, recompute_units
 from convoy.train.parallel.tensor import apply_tensor_parallel, resolve_tp_plan, tracing_stand_ins
 from convoy.train.settings import TrainSettings
 from convoy.train.strategies.base import ParameterOrigins, Strategy, SupportsNoSync
@@ -168,6 +171,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             if self.dims.dp > 1:
                 wrap = (functools.partial(self._shard_stage, module) if self.dp_engine in _SHARDED
                         else self._wrap_stage)
+            wrap = self._recomputed_stages(module, wrap)
             config = PipelineConfig.from_options(dict(self.context.options))
             if self.dims.tp > 1 and self.context.options.get("sequence_parallel"):
                 _check_block_boundaries(module, config)
@@ -180,6 +184,8 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             self._pipelines.append(pipe)
             self._own_backward = True
             return pipe
+        # torchtitan's order: tensor parallelism, then activation checkpointing, then data parallelism
+        apply_recompute(module, self.context.recompute, classes=self.context.options.get("auto_wrap"))
         if self.dims.dp > 1:
             module = self._data_parallel(module)
         self._origins.record(self.unwrap(module), names)  # names are the model's, not a DDP wrapper's
@@ -188,6 +194,23 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             self._own_backward = True
             return SingleStage(module, loss_fn=loss_fn, loss_scale=1.0 / self.context.gradient_accumulation_steps)
         return module
+
+    def _recomputed_stages(self, model: "torch.nn.Module", wrap: Any) -> Any:
+        """``wrap`` (the stages' data parallelism, or None) preceded by recomputation of each stage's blocks: the
+        stages of a traced pipeline keep the model's module names but not its lists, so the blocks are named on the
+        whole model first (a model without any is refused here, before tracing)."""
+        mode = self.context.recompute
+        blocks = [name for name, _ in recompute_units(model, self.context.options.get("auto_wrap"))]
+        if mode == "none":
+            return wrap
+        if not blocks:
+            apply_recompute(model, mode)  # refuses a model that trains and has no blocks
+
+        def prepare_stage(stage: "torch.nn.Module") -> "torch.nn.Module":
+            apply_recompute(stage, mode, names=blocks)
+            return wrap(stage) if wrap is not None else stage
+
+        return prepare_stage
 
     def _data_parallel(self, module: "torch.nn.Module") -> "torch.nn.Module":
         if self.dp_engine in _SHARDED:

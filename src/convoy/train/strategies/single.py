@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from convoy.train.parallel.recompute import apply_recompute
 from convoy.train.strategies.base import Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -23,5 +24,7 @@ class SingleStrategy(Strategy):
 
     def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
         # Module.to moves parameters in place (same Parameter objects), so an optimizer built earlier
-        # still points at them.
-        return module.to(self.root_device)
+        # still points at them; recomputation hooks the blocks in place too
+        module = module.to(self.root_device)
+        apply_recompute(module, self.context.recompute)
+        return module
