@@ -121,8 +121,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     cv = parser.add_argument_group("training settings (CONVOY_* variables for the ranks' Accelerator)")
     cv.add_argument("--mixed-precision", "--mixed_precision", default=None, choices=MIXED_PRECISIONS)
-    cv.add_argument("--strategy", default=None, help="auto, ddp, fsdp, zero1, zero2, zero3, tp, pp, ...")
+    cv.add_argument("--strategy", default=None, help="auto, ddp, zero1, zero2, zero3, fsdp, hsdp, tp, pp, ...")
     cv.add_argument("--dp", type=_whole, default=None)
+    cv.add_argument("--dp-replicate", "--dp_replicate", type=_whole, default=None,
+                    help="HSDP: replicas (across nodes), with --dp-shard")
+    cv.add_argument("--dp-shard", "--dp_shard", type=_whole, default=None,
+                    help="HSDP: ranks each replica is sharded over (inside a node), with --dp-replicate")
     cv.add_argument("--tp", type=_whole, default=None)
     cv.add_argument("--pp", type=_whole, default=None)
     cv.add_argument("--gradient-accumulation-steps", "--gradient_accumulation_steps", type=_whole, default=None)
@@ -255,7 +259,7 @@ def build_request(args: argparse.Namespace):
                               f"{said('nproc_per_node', nproc)} says otherwise; give one of them")
         nproc = per_node
         origins.pop("nproc_per_node", None)  # from --num_processes now
-    dims = {k: getattr(args, k) for k in ("dp", "tp", "pp") if getattr(args, k) is not None}
+    dims = {k: getattr(args, k) for k in ("dp", "dp_replicate", "dp_shard", "tp", "pp") if getattr(args, k) is not None}
     settings = ConvoyEnv(
         mixed_precision=args.mixed_precision, strategy=args.strategy,
         parallelism=",".join(f"{k}={v}" for k, v in dims.items()) or args.parallelism,

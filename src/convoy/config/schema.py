@@ -73,13 +73,15 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEFAULT_COLLECTIVE_TIMEOUT = 300.0
 #: strategy names convoy ships (``convoy.train.strategies``); a strategy a
 #: script registers itself (``register_strategy``) is chosen in that script, ``Accelerator(strategy=...)``.
-BUILTIN_STRATEGIES = ("auto", "single", "dp", "ddp", "zero1", "zero2", "zero3", "fsdp", "parallel", "tp", "pp")
+BUILTIN_STRATEGIES = ("auto", "single", "dp", "ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "parallel", "tp", "pp")
 #: the ``dp_engine`` (of strategy "parallel") that runs each data-parallel strategy over dp beside tp/pp degrees:
-#: FSDP2 resharding after forward (zero3, fsdp) or keeping the gathered weights until the backward (zero2), DDP,
-#: or DDP with ``ZeroRedundancyOptimizer`` (zero1)
+#: FSDP2 resharding after forward (zero3, fsdp) or keeping the gathered weights until the backward (zero2), whole
+#: replicas with all-reduced gradients (ddp: DDP, or beside tp, whose weights are DTensors, FSDP2's replicate), or
+#: the optimizer state sharded (zero1: DDP with ``ZeroRedundancyOptimizer``, or beside tp FSDP2 keeping the
+#: gathered weights through the step; convoy.train.strategies.parallel.realisation)
 DP_ENGINES = {"zero3": "fsdp", "fsdp": "fsdp", "zero2": "zero2", "ddp": "ddp", "zero1": "zero1"}
-#: the strategies that read the degrees themselves
-_TAKE_DEGREES = ("auto", "parallel", "tp", "pp")
+#: the strategies that read the degrees themselves (hsdp: dp_replicate x dp_shard beside any tp, pp)
+_TAKE_DEGREES = ("auto", "parallel", "tp", "pp", "hsdp")
 
 
 def dp_engine_beside(strategy: str, dims: Any, *, said: str | None = None) -> str | None:
@@ -87,15 +89,17 @@ def dp_engine_beside(strategy: str, dims: Any, *, said: str | None = None) -> st
     the ``dp_engine`` of strategy "parallel" when a data-parallel strategy is asked for beside tp or pp (or HSDP's
     dp_replicate x dp_shard), so ``--strategy zero3 --tp 2`` runs FSDP2 over dp with tensor parallelism inside;
     None when the strategy runs as named (no such degrees, a strategy that reads them itself, or one a script
-    registers). A pair the trainer cannot run is one error, whatever the world size: ``StrategyError`` for
-    single and dp (one replica of the whole model per process, or per machine), ``NotSupportedYetError`` for
-    ddp and zero1 with tp or HSDP. ``said``: how the message names the strategy (default ``strategy='ddp'``).
+    registers). With dp = 1 the data-parallel strategy has nothing to do and the degrees run as they are
+    (``--strategy ddp --tp 8`` on 8 processes). A pair the trainer cannot run is one error, whatever the world size:
+    ``StrategyError`` for single and dp (one replica of the whole model per process, or per machine), and for ddp
+    and zero1 with HSDP's dp_replicate x dp_shard, which shard each replica (strategy ``hsdp``). ``said``: how the
+    message names the strategy (default ``strategy='ddp'``).
 
         dp_engine_beside("zero3", ParallelDims(tp=2))     # "fsdp"
         dp_engine_beside("zero1", ParallelDims(pp=2))     # "zero1"
-        dp_engine_beside("ddp", ParallelDims(tp=2))       # NotSupportedYetError
+        dp_engine_beside("ddp", ParallelDims(dp_replicate=2, tp=2))   # "ddp": whole replicas of DTensor weights
     """
-    from convoy.errors import NotSupportedYetError, StrategyError
+    from convoy.errors import StrategyError
 
     hsdp = dims is not None and dims.dp_replicate > 1 and dims.dp_shard > 1
     if dims is None or strategy in _TAKE_DEGREES or (dims.tp == 1 and dims.pp == 1 and not hsdp):
@@ -108,11 +112,9 @@ def dp_engine_beside(strategy: str, dims: Any, *, said: str | None = None) -> st
                             f"'parallel' (or a data-parallel strategy: 'zero3', 'ddp', ...) with these degrees")
     if strategy not in DP_ENGINES:
         return None  # a strategy the script registers reads the degrees itself
-    if strategy in ("ddp", "zero1") and (dims.tp > 1 or hsdp):
-        why = ("tensor parallelism makes the weights DTensors, which DDP and ZeroRedundancyOptimizer do not take"
-               if dims.tp > 1 else "HSDP shards each replica, which only FSDP2 does")
-        raise NotSupportedYetError(f"{named} with {split} is not supported yet: {why}; use strategy 'zero3' "
-                                   f"(FSDP2 over dp) or 'zero2'")
+    if strategy in ("ddp", "zero1") and hsdp:
+        raise StrategyError(f"{named} keeps whole weights in each replica, but {split} shards the weights of each "
+                            f"replica, which only FSDP2 does; use strategy 'hsdp' (or 'zero3') with these degrees")
     return DP_ENGINES[strategy]
 
 
