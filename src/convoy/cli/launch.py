@@ -15,7 +15,7 @@ import argparse
 import os
 import re
 
-from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS, is_host
+from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS, PP_SCHEDULES, is_host
 from convoy.errors import ConfigError
 from convoy.launch.resolve import DEFAULT_SIGNALS, EVENT_LOG_HANDLERS, START_METHODS
 
@@ -129,6 +129,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="HSDP: ranks each replica is sharded over (inside a node), with --dp-replicate")
     cv.add_argument("--tp", type=_whole, default=None)
     cv.add_argument("--pp", type=_whole, default=None)
+    cv.add_argument("--cpu-offload", "--cpu_offload", action="store_const", const=True, default=None,
+                    help="keep FSDP2's shards (weights, gradients, optimizer state) in host memory")
+    cv.add_argument("--pp-schedule", "--pp_schedule", default=None, choices=PP_SCHEDULES,
+                    help="the pipeline schedule with --pp (default 1f1b)")
     cv.add_argument("--gradient-accumulation-steps", "--gradient_accumulation_steps", type=_whole, default=None)
     cv.add_argument("--collective-timeout", default=None, metavar="SECONDS",
                     help=f"fail a collective not every rank reached after this long (default "
@@ -263,6 +267,7 @@ def build_request(args: argparse.Namespace):
     settings = ConvoyEnv(
         mixed_precision=args.mixed_precision, strategy=args.strategy,
         parallelism=",".join(f"{k}={v}" for k, v in dims.items()) or args.parallelism,
+        cpu_offload=args.cpu_offload, pp_schedule=args.pp_schedule,
         gradient_accumulation_steps=args.gradient_accumulation_steps, collective_timeout=args.collective_timeout,
     )
     options = {name: getattr(args, name) for name in _WORKER_OPTIONS if getattr(args, name) is not None}

@@ -28,7 +28,8 @@ from typing import Any, Callable
 from convoy.errors import ConfigError
 
 __all__ = ["Key", "SCHEMA", "KEYS", "key_for", "closest_key", "ENV_PREFIX", "MixedPrecision", "MIXED_PRECISIONS",
-           "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "DP_ENGINES", "dp_engine_beside", "show", "parse_whole",
+           "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "DP_ENGINES", "dp_engine_beside", "PP_SCHEDULES",
+           "OFFLOADING", "check_offload", "show", "parse_whole",
            "is_whole", "is_host"]
 
 ENV_PREFIX = "CONVOY_"
@@ -80,6 +81,11 @@ BUILTIN_STRATEGIES = ("auto", "single", "dp", "ddp", "zero1", "zero2", "zero3", 
 #: the optimizer state sharded (zero1: DDP with ``ZeroRedundancyOptimizer``, or beside tp FSDP2 keeping the
 #: gathered weights through the step; convoy.train.strategies.parallel.realisation)
 DP_ENGINES = {"zero3": "fsdp", "fsdp": "fsdp", "zero2": "zero2", "ddp": "ddp", "zero1": "zero1"}
+#: the pipeline schedules the trainer runs (``convoy.train.parallel.pipeline.SCHEDULES``, which imports torch)
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs")
+#: the strategies ``cpu_offload`` applies to: those that shard with FSDP2 (its ``CPUOffloadPolicy``), and
+#: strategy "parallel" (with tp/pp), whose FSDP2 engines offload as zero3 does
+OFFLOADING = ("zero2", "zero3", "fsdp", "hsdp", "parallel", "tp", "pp")
 #: the strategies that read the degrees themselves (hsdp: dp_replicate x dp_shard beside any tp, pp)
 _TAKE_DEGREES = ("auto", "parallel", "tp", "pp", "hsdp")
 
@@ -116,6 +122,23 @@ def dp_engine_beside(strategy: str, dims: Any, *, said: str | None = None) -> st
         raise StrategyError(f"{named} keeps whole weights in each replica, but {split} shards the weights of each "
                             f"replica, which only FSDP2 does; use strategy 'hsdp' (or 'zero3') with these degrees")
     return DP_ENGINES[strategy]
+
+
+def check_offload(strategy: str, dims: Any, *, said: str) -> None:
+    """``StrategyError`` when ``cpu_offload`` (named ``said``: ``--cpu-offload``, ``CONVOY_CPU_OFFLOAD=1``) is
+    asked of a strategy that keeps no FSDP2 shards to offload (single, dp, ddp, zero1), and of ``auto``, which
+    decides offloading itself. ``dims``: the degrees beside it (for the message)."""
+    from convoy.errors import StrategyError
+
+    if strategy in OFFLOADING:
+        return
+    if strategy == "auto":
+        raise StrategyError(f"{said} with strategy 'auto': auto offloads where nothing else fits and says so; name "
+                            f"the strategy to offload (zero3, zero2, hsdp)")
+    if strategy in BUILTIN_STRATEGIES:
+        beside = f" (beside {dims.describe()})" if dims is not None else ""
+        raise StrategyError(f"{said} offloads FSDP2's shards to host memory, and strategy {strategy!r}{beside} keeps "
+                            f"none; use strategy 'zero3', 'zero2' or 'hsdp'")
 
 
 def show(value: Any) -> str:
@@ -341,6 +364,11 @@ SCHEMA: tuple[Key, ...] = (
         doc="Lower-precision compute: 'no' (fp32), 'fp16' (with loss scaling) or 'bf16'."),
     Key(name="parallelism", type="degrees", default=None, convert=_parse_parallelism,
         doc="Parallel degrees like 'dp=2,tp=2,pp=1' (unset: all data parallel)."),
+    Key(name="cpu_offload", type="bool", default=False, convert=_parse_bool,
+        doc="Keep sharded weights, gradients and optimizer state in host memory (FSDP2's CPUOffloadPolicy; "
+            "zero2, zero3, fsdp, hsdp, parallel)."),
+    Key(name="pp_schedule", type="one of " + ", ".join(PP_SCHEDULES), default=None, convert=_choice(*PP_SCHEDULES),
+        choices=PP_SCHEDULES, doc="The pipeline schedule when pp > 1 (unset: 1f1b)."),
     Key(name="gradient_accumulation_steps", type="int >= 1", default=1, ask=True,
         convert=lambda v, w: parse_whole(v, w, 1),
         doc="Micro-batches whose gradients are summed before each optimizer step."),
