@@ -11,6 +11,7 @@ import pytest
 import convoy
 from convoy.errors import PlanError
 from convoy.plan.api import format_plan, plan, recommend_for_module
+from convoy.plan.recommend import tie_rank
 from convoy.plan.units import GiB
 
 CONFIGS = Path(__file__).parent / "configs"
@@ -48,16 +49,32 @@ def test_7b_on_8_gpus_is_case_2_and_picks_a_sharded_layout_that_fits():
     assert rec.row.fits and rec.row.memory.total <= p.hardware.gpu.memory_bytes
     fastest = min((r for r in p.rows if r.fits), key=lambda r: r.time.seconds)
     assert rec.row.time.seconds <= fastest.time.seconds * 1.05
-    # ties go to less sharding: nothing as fast and simpler was passed over
-    simpler = [r for r in p.rows if r.fits and r.candidate.sharding_rank < rec.row.candidate.sharding_rank]
+    # ties go to the simpler layout: nothing as fast and simpler was passed over
+    simpler = [r for r in p.rows if r.fits and tie_rank(r.candidate, rec.case) < tie_rank(rec.row.candidate, rec.case)]
     assert all(r.time.seconds > fastest.time.seconds * 1.05 for r in simpler)
 
 
-def test_nothing_fits_says_so_and_suggests_recompute():
+def test_nothing_fits_as_asked_turns_recompute_then_offload_and_says_which():
+    """70B on one 8xH100 box at 4096 tokens: no layout fits as asked, nor with recompute alone; the plan
+    recommends the fastest that fits with recompute='full' and CPU offload, and says so (it recommended nothing,
+    and the Accelerator had no way to apply the recompute it suggested)."""
     p = plan(CONFIGS / "llama2_70b.json", hardware="8xH100-80GB", seq_len=4096)
-    assert p.recommendation.row is None and "No layout fits" in " ".join(p.recommendation.reasons)
-    assert any("recompute='full'" in b for b in p.recommendation.breaks)
-    assert "nothing fits" in format_plan(p)
+    rec = p.recommendation
+    assert not any(r.fits for r in p.rows if not r.candidate.layout.offload)
+    assert rec.row.fits and rec.recompute == "full" and rec.cpu_offload and rec.knob == "recompute+offload"
+    said = " ".join(rec.reasons)
+    assert "No layout fits as asked" in said and "Turning recompute='full'" in said and "CPU offload" in said
+    assert rec.launch_args[-3:] == ("--cpu-offload", "--recompute", "full")
+    assert "with recompute='full'" in format_plan(p).split("recommended: ")[1].splitlines()[0]
+    # 7B at 16384 tokens on 2 A100-80GB: recompute alone is enough, and faster than offloading
+    small = plan(CONFIGS / "llama2_7b.json", hardware="2xA100-80GB", seq_len=16384)
+    assert small.recommendation.knob == "recompute" and not small.recommendation.cpu_offload, small.recommendation
+    # knobs the caller cannot turn are not turned (Accelerator(strategy="auto") before it can recompute)
+    from convoy.plan.api import plan_for
+
+    bare = plan_for(p.model, p.run, p.hardware, knobs=())
+    assert bare.recommendation.row is None and "nothing fits" in format_plan(bare)
+    assert any("recompute='full'" in b for b in bare.recommendation.breaks)
 
 
 def test_largest_layer_too_big_is_case_3():
