@@ -134,7 +134,8 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
     elif explain_breaks and run.recompute != "full" and run.training and "recompute" not in knobs:
         full = plan_for(model, replace(run, recompute="full"), hw, global_batch=gb, efficiency=efficiency,
                         offload=offload, allowed=allowed, explain_breaks=False, facts=facts,
-                        calibration=calibration, precision_for=precision_for, knobs=()).recommendation.row
+                        calibration=calibration, precision_for=precision_for,
+                        knobs=("offload",) if offload else ()).recommendation.row
         if full is not None:
             rec = replace(rec, breaks=(f"With recompute='full' (checkpoint every block) {full.name} fits at "
                                        f"{format_bytes(full.memory.total, binary=True)} per GPU and takes "
