@@ -39,9 +39,13 @@ from convoy.plan.units import format_bytes, format_seconds
 
 __all__ = ["Plan", "plan", "plan_for", "recommend_for_module", "MAX_GPUS_PER_NODE", "MAX_GPUS"]
 
-#: the largest machine the planner compares layouts for: GPUs in one node (an NVLink domain; NVL576 is the
-#: largest built) and in the whole job. Bounding both keeps a plan's time independent of the count asked for.
-MAX_GPUS_PER_NODE = 4096
+#: the most GPUs one node has (an 8-GPU HGX board, 16 on the largest PCIe servers): ``--hardware 32xH100-80GB`` is
+#: a mistake for several nodes, which plan differently (tp inside a node, the network between them); the job
+#: as a whole is bounded too, which keeps a plan's time independent of the count asked for
+MAX_GPUS_PER_NODE = 16
+#: the most devices per node a plan compares layouts for, however the machine was described (an inventory, CPU
+#: processes of ``Accelerator(strategy="auto")``)
+MAX_DEVICES_PER_NODE = 4096
 MAX_GPUS = 2**20
 
 
@@ -219,9 +223,9 @@ def _positive_number(key: str, value: Any) -> None:
 
 
 def _check_scale(hw: Hardware) -> None:
-    if hw.gpus_per_node > MAX_GPUS_PER_NODE or hw.world_size > MAX_GPUS:
+    if hw.gpus_per_node > MAX_DEVICES_PER_NODE or hw.world_size > MAX_GPUS:
         raise PlanError(f"{hw.gpus_per_node} GPUs per node x {hw.nodes} nodes is beyond what the planner compares "
-                        f"(at most {MAX_GPUS_PER_NODE} per node and {MAX_GPUS} in all)")
+                        f"(at most {MAX_DEVICES_PER_NODE} per node and {MAX_GPUS} in all)")
 
 
 def _allowed(cand: Candidate, allowed: Collection[str]) -> bool:
@@ -297,7 +301,7 @@ def _network_breaks(rec: Recommendation, hw: Hardware, at: Callable[[float], Pla
 def _with_knobs(rec: Recommendation) -> str:
     """The choice's name, with the knob turned to reach it: ``zero3+offload with recompute='full'``."""
     name = rec.row.name if rec.row else "nothing"
-    return f"{name} with recompute={rec.recompute!r}" if rec.row and rec.recompute != "none" else name
+    return f"{name} with recompute={rec.recompute!r}" if "recompute" in rec.knob else name
 
 
 def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory: Any = None, nodes: int = 1,
@@ -370,11 +374,12 @@ def resolve_hardware(hardware: str | Hardware | None = None, *, inventory: Any =
         raise PlanError(f"hardware={_show(hardware)} is a {type(hardware).__name__}; give 'COUNTxGPU' such as "
                         f"'8xH100-80GB' (or inventory=)")
     if hardware:
-        count = re.match(r"\s*([^xX*\s]+)\s*[xX*]", hardware)
-        if count and not (re.fullmatch(r"[0-9]{1,7}", count.group(1)) and
-                          1 <= int(count.group(1)) <= MAX_GPUS_PER_NODE):
+        count = re.match(r"\s*([^xX*\s]+)\s*[xX*]\s*(.*)", hardware)
+        if count and not re.fullmatch(r"[0-9]{1,7}", count.group(1)) or count and int(count.group(1)) < 1:
             raise PlanError(f"hardware {_show(hardware)}: the GPU count must be a whole number from 1 to "
                             f"{MAX_GPUS_PER_NODE} per node (give more nodes with --nodes)")
+        if count and int(count.group(1)) > MAX_GPUS_PER_NODE:
+            raise PlanError(_one_node_too_many(int(count.group(1)), count.group(2).strip(), nodes))
         return parse_hardware(hardware, nodes=nodes, intra=intra, intra_gbs=intra_gbs, inter_gbps=inter_gbps,
                               memory_gib=gpu_memory_gib, peak_tflops=peak_tflops)
     if isinstance(inventory, (str, Path)):
@@ -395,6 +400,14 @@ def resolve_hardware(hardware: str | Hardware | None = None, *, inventory: Any =
         hw = replace(hw, gpu=override_gpu(hw.gpu, memory_gib=gpu_memory_gib, peak_tflops=peak_tflops),
                      intra_gbs=intra_gbs)
     return hw
+
+
+def _one_node_too_many(count: int, gpu: str, nodes: int) -> str:
+    """The message for ``--hardware 32xH100-80GB``: no node has that many GPUs; the ``--nodes`` spelling of it."""
+    per_node = 8 if count % 8 == 0 else max(d for d in range(1, MAX_GPUS_PER_NODE + 1) if count % d == 0)
+    total = count // per_node * nodes
+    return (f"hardware {count}x{gpu} is {count} GPUs in one node (no node has more than {MAX_GPUS_PER_NODE}); "
+            f"for {total} nodes of {per_node} write --hardware {per_node}x{gpu} --nodes {total}")
 
 
 def _time_note(rates: Rates, given: str = "") -> str:
@@ -485,7 +498,7 @@ def format_plan(p: Plan) -> str:
     rec = p.recommendation
     lines.append("")
     lines.append(f"time: {p.time_note}")
-    knob = f" with recompute={rec.recompute!r}" if rec.row and rec.recompute != p.run.recompute else ""
+    knob = f" with recompute={rec.recompute!r}" if "recompute" in rec.knob else ""
     lines.append(f"recommended: {rec.row.name if rec.row else 'nothing fits'}{knob}"
                  + (f"  (strategy={rec.strategy}, {rec.dims.describe()})" if rec.row else ""))
     if rec.row:
