@@ -11,7 +11,7 @@ import pytest
 import convoy
 from convoy.errors import PlanError
 from convoy.plan.api import format_plan, plan, recommend_for_module
-from convoy.plan.recommend import tie_rank
+from convoy.plan.recommend import tie_rank, tie_reason
 from convoy.plan.units import GiB
 
 CONFIGS = Path(__file__).parent / "configs"
@@ -176,3 +176,25 @@ def test_wrong_python_types_are_one_plan_error(kwargs, word):
 
 def test_global_batch_none_is_still_the_default():
     assert plan(params=7e9, hardware="8xH100-80GB", global_batch=None).recommendation is not None
+
+
+def test_multi_node_plans_name_the_network_and_tie_break_toward_zero1():
+    """70B on 4 nodes of 8 H100s: ZeRO-1 beside tp x pp (52.3 GiB), where the tie-break chose DDP at 77.8 of 79.6
+    GiB while its reason recommended ZeRO-1; the network speed assumed is printed, and named where it decides."""
+    p = plan(CONFIGS / "llama2_70b.json", hardware="8xH100-80GB", nodes=4, recompute="full")
+    rec = p.recommendation
+    assert rec.row.name == "zero1+tp4+pp4" and p.row("ddp+tp4+pp4").fits
+    assert "(network: --inter-gbps)" in format_plan(p).splitlines()[1] and "400 Gbit/s" in format_plan(p)
+    assert any("assumes 400 Gbit/s per node (--inter-gbps); on a faster one, 3,200 Gbit/s, zero3 would be chosen"
+               in b for b in rec.breaks), rec.breaks
+    zero1, ddp = (p.row(n).candidate for n in ("zero1+tp4+pp4", "ddp+tp4+pp4"))
+    assert tie_rank(zero1, rec.case) < tie_rank(ddp, rec.case)
+    assert "ZeRO-1 shards the optimizer state for the traffic of DDP" in tie_reason(zero1, ddp, rec.case)
+    # on one node, where the model fits one GPU, the guide's order holds: DDP before ZeRO
+    assert tie_rank(ddp, "case 1") < tie_rank(zero1, "case 1")
+
+
+def test_a_node_of_more_than_16_gpus_is_refused_with_the_nodes_spelling():
+    with pytest.raises(PlanError, match=r"32xH100-80GB is 32 GPUs in one node .*; for 4 nodes of 8 write "
+                                        r"--hardware 8xH100-80GB --nodes 4"):
+        plan(params=7e9, hardware="32xH100-80GB")

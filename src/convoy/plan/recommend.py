@@ -230,11 +230,11 @@ _DP_ORDER = {"case 1": ("single", "parallel", "ddp", "zero1", "zero2", "zero3", 
 
 def tie_rank(candidate: Candidate, case: str) -> tuple[int, ...]:
     """How a candidate ranks among those within ``TIE`` of the fastest, smaller first: no CPU offload, no
-    pipeline, no tensor parallelism, the guide's data-parallel choice for ``case`` (``_DP_ORDER``), then the
-    fewest ranks the model is split over."""
+    pipeline, no tensor parallelism, then the guide's data-parallel choice for ``case`` (``_DP_ORDER``); equal
+    ranks go to the faster."""
     d = candidate.layout.dims
     order = _DP_ORDER["case 1" if case == "case 1" else "other"]
-    return (int(candidate.layout.offload), int(d.pp > 1), int(d.tp > 1), order.index(candidate.strategy), d.tp, d.pp)
+    return (int(candidate.layout.offload), int(d.pp > 1), int(d.tp > 1), order.index(candidate.strategy))
 
 
 def tie_reason(best: Candidate, other: Candidate, case: str) -> str:
@@ -252,9 +252,7 @@ def tie_reason(best: Candidate, other: Candidate, case: str) -> str:
                 "pipelines and tensor parallelism and across nodes")
     if first == 3 and case == "case 1":
         return "the model fits one device, where the guide's choice is the least sharding (DDP, then ZeRO)"
-    if first == 3:
-        return "it shards less"
-    return "it splits the model over fewer ranks"
+    return "it shards less"
 
 
 def _why_not_ddp(best: Row, fastest: Row, rows: list[Row], noun: str) -> str:
