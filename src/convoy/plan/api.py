@@ -260,7 +260,8 @@ def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowe
         out.append(f"At sequence length {longer.seq_len} {name} needs {format_bytes(same.memory.total, binary=True)} per GPU "
                    f"and no longer fits{then}.")
     elif pick is not None and pick.name != name:
-        out.append(f"At sequence length {longer.seq_len} {_with_knobs(alt.recommendation)} would be faster than {name}.")
+        out.append(f"At sequence length {longer.seq_len} {_with_knobs(alt.recommendation)} would be faster than "
+                   f"{name}.")
     else:
         out.append(f"At sequence length {longer.seq_len} {name} still fits and stays the choice.")
     if hw.intra == "nvlink" and hw.gpus_per_node > 1:
