@@ -519,6 +519,8 @@ def test_the_planners_filter_leaves_out_every_layout_the_trainer_shards_with_fsd
     ("zero1", ParallelDims(dp_replicate=2), False), ("zero3", ParallelDims(dp_replicate=2, tp=2), True),
     ("zero3", ParallelDims(tp=2), False), ("ddp", ParallelDims(dp_replicate=2, pp=2), False),
     ("zero1", ParallelDims(dp_replicate=2, tp=2, pp=2), True),  # 3D: FSDP2 per stage
+    ("ddp", ParallelDims(dp_replicate=2, tp=2), True),  # whole replicas of DTensor weights: FSDP2's replicate
+    ("hsdp", ParallelDims(dp_replicate=2, dp_shard=2), True),
 ])
 def test_shards_with_fsdp_follows_how_the_trainer_runs_each_candidate(strategy, dims, fsdp):
     assert shards_with_fsdp(strategy, dims) is fsdp
@@ -542,3 +544,23 @@ def test_a_small_model_on_cpu_processes_gets_ddp_and_an_explanation_about_them(m
     assert layout.name == "ddp"
     assert "CPU process" in layout.reason and "share of this machine's memory is 11.0 GiB" in layout.reason
     assert "GPU" not in layout.reason
+
+
+def test_the_offload_the_planner_turned_is_applied_by_the_strategy_built():
+    """auto's answer with cpu_offload (nothing fit as asked) is built with FSDP2's CPUOffloadPolicy, as planned."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    from convoy.train.settings import resolve_settings
+    from convoy.train.strategies.build import build_strategy
+    from convoy.train.strategies.fsdp import offload_policy
+
+    settings = resolve_settings(env={}, cpu=True)
+    try:
+        strategy = build_strategy(settings, model=torch.nn.Linear(4, 4), planner=lambda **_: AutoLayout(
+            name="zero3", reason="nothing fits as asked", cpu_offload=True))
+        assert strategy.name == "zero3" and strategy.context.options == {"cpu_offload": True}
+        assert isinstance(offload_policy(strategy.context.options), CPUOffloadPolicy)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
