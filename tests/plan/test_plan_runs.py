@@ -196,3 +196,47 @@ def test_layouts_train_from_the_printed_arguments(monkeypatch):
     ok = [line for line in result.output.splitlines() if line.endswith(" OK")]
     for label, _ in layouts:
         assert sum(f" {label} (" in line for line in ok) == 8, (label, result.output)
+
+
+@pytest.mark.parametrize("world, nodes, gib, precision", [
+    (4, 1, 80, "fp32"),  # zero2
+    (4, 1, 32, "fp32"),  # zero3 with cpu_offload: nothing fits as asked
+    (8, 1, 16, "bf16"),  # tp8 (parallel, dp = 1)
+    (8, 1, 20, "bf16"),  # zero3 beside tp4
+    (8, 1, 24, "bf16"),  # zero1 beside tp4
+    (16, 2, 20, "bf16"),  # hsdp beside tp4
+    (4, 1, 12, "bf16"),  # nothing fits: both decline
+])
+def test_strategy_auto_builds_what_convoy_plan_recommends_for_the_same_case(world, nodes, gib, precision, monkeypatch):
+    """One function decides: ``auto_strategy`` with the trainer's facts, and ``plan_for`` (what ``convoy plan``
+    calls) with the same facts, give one layout: the strategy built from auto's answer is the one built from the
+    plan's launch arguments (degrees, engine, offload)."""
+    from convoy.plan.candidates import TrainerFacts
+    from convoy.plan.hardware import GpuSpec, Hardware
+    from convoy.train.strategies.auto import TRAINER_KNOBS, auto_strategy
+    from convoy.train.strategies.base import create_strategy
+    from convoy.train.settings import resolve_settings
+
+    config = json.loads((CONFIGS / "llama2_7b.json").read_text())
+    tps = tuple(t for t in (2, 4, 8) if (world // nodes) % t == 0)
+    layout = auto_strategy(num_parameters=6_738_415_616, world_size=world, device_bytes=gib * 2**30,
+                           precision=precision, model=config, tp_degrees=tps, **({"nodes": nodes} if nodes > 1 else {}))
+    gpu = GpuSpec(name="device", memory_bytes=gib * 2**30, bf16_tflops=100.0, fp16_tflops=100.0, fp32_tflops=25.0,
+                  nvlink_gbs=None, pcie_gbs=16, source="generic device (no table row)")
+    hw = Hardware(gpu=gpu, gpus_per_node=world // nodes, nodes=nodes, intra="pcie")
+    p = plan_for(resolve_model(config), RunSpec(precision=precision), hw, facts=TrainerFacts(tp_degrees=tps, pp_degrees=()),
+                 knobs=TRAINER_KNOBS)
+    rec = p.recommendation
+    assert (layout is None) == (rec.row is None), (layout, rec.reasons)
+    if layout is None:
+        return
+    from_plan = _built(_rank_settings(rec.launch_args, monkeypatch))
+    env = {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world // nodes)}
+    options = {**({"dp_engine": layout.dp_engine} if layout.dp_engine else {}),
+               **({"cpu_offload": True} if layout.cpu_offload else {})}
+    from_auto = create_strategy(layout.name, replace(resolve_settings(env=env, cpu=True), strategy=layout.name,
+                                                      parallel_dims=layout.dims, options=options))
+    assert getattr(from_auto, "dims", None) == getattr(from_plan, "dims", None), (layout, rec.launch_args)
+    assert getattr(from_auto, "dp_engine", None) == getattr(from_plan, "dp_engine", None), (layout, rec.launch_args)
+    assert from_auto.context.options.get("cpu_offload") == from_plan.context.options.get("cpu_offload")
+    assert from_auto.distributed_type == from_plan.distributed_type, (layout, rec.launch_args)
