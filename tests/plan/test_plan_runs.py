@@ -179,14 +179,15 @@ def _row_args(hardware: str, nodes: int, name: str) -> tuple[str, ...]:
 @pytest.mark.slow
 def test_layouts_train_from_the_printed_arguments(monkeypatch):
     """Rows the plan offers for a tiny GPT on 8 GPUs (one node, or two of 4 for HSDP) -- ddp beside tp, hsdp, ddp
-    beside pp, zero1 beside tp and pp -- launched as their launch_args say (the launcher's variables for the
-    ranks, ``CONVOY_*``), train 3 steps on 8 CPU processes to the parameters of one process. One launch trains the
-    four (8 processes on 2 cores cost more to start than to train)."""
+    beside pp, zero1 beside tp and pp, zero3 with CPU offload -- launched as their launch_args say (the launcher's
+    variables for the ranks, ``CONVOY_*``), train 3 steps on 8 CPU processes to the parameters of one process. One
+    launch trains them all (8 processes on 2 cores cost more to start than to train)."""
     from tests.distributed import run_script
 
     layouts = []
     for hardware, nodes, name in (("8xH100-80GB", 1, "ddp+tp2"), ("4xH100-80GB", 2, "hsdp"),
-                                  ("8xH100-80GB", 1, "ddp+pp2"), ("8xH100-80GB", 1, "zero1+tp2+pp2")):
+                                  ("8xH100-80GB", 1, "ddp+pp2"), ("8xH100-80GB", 1, "zero1+tp2+pp2"),
+                                  ("8xH100-80GB", 1, "zero3+offload")):
         args = _row_args(hardware, nodes, name)
         assert int(args[1]) * int(args[3]) == 8, args
         env = {k: v for k, v in _rank_settings(args, monkeypatch).items() if k.startswith("CONVOY_")}

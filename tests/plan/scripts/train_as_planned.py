@@ -42,13 +42,13 @@ def train(label, start, cfg, ref, ref_losses, ref_norms):
     losses, norms = [], []
     for step in range(STEPS):
         x, y = batch(cfg, size=BATCH, step=step)
-        x, y = x.chunk(dp)[dp_rank], y.chunk(dp)[dp_rank]
+        x, y = x.chunk(dp)[dp_rank].to(acc.device), y.chunk(dp)[dp_rank].to(acc.device)
         loss = model(x, target=y) if pipeline else lm_loss(model(x), y)
         acc.backward(loss)
         norms.append(float(acc.clip_grad_norm_(model.parameters(), CLIP)))
         opt.step()
         opt.zero_grad()
-        mean = torch.tensor(loss.item())
+        mean = torch.tensor(loss.item(), device=acc.device)
         dist.all_reduce(mean)
         losses.append(mean.item() / dist.get_world_size())
     diffs = assert_matches_reference(label, acc.strategy.full_model_state_dict(model), ref, losses, ref_losses,
