@@ -81,7 +81,8 @@ TOUR: dict[str, Run | str] = {
     "convoy launch --nproc-per-node 8 --dp 2 --tp 2 --pp 2 examples/tiny_gpt_pp.py": Run(
         ("layout dp=2,tp=2,pp=2 (FSDP+TP+PP)", "re:step +1 +loss"), then=" --steps 2", cpu=True, launches=True),
     "convoy plan path/to/config.json --hardware 8xH100-80GB": Run(
-        ("6,738,415,616 parameters", "hardware  8xH100-80GB (nvlink)", "recommended:")),
+        ("6,738,415,616 parameters", "hardware  8xH100-80GB (nvlink)", "recommended:",
+         "re:run it:  convoy launch --nnodes 1 --nproc-per-node 8 --strategy \\w+", "or:      Accelerator(strategy=")),
     # measures the GPU where there is one; here it says why it did not
     "convoy plan path/to/config.json --calibrate": Run(
         ("re:time: (rates measured on this machine|calibration failed \\(calibration needs a CUDA device)",)),
@@ -212,11 +213,12 @@ WRITES = "SKIP writes a settings file (tests/cli/test_config_cli.py runs convoy 
 DOCS_CONSOLE: dict[tuple[str, str], str] = {
     ("choosing-a-strategy.md", "convoy plan --params 1.3e9 --hardware 1xA100-80GB"): "8xh100_nvswitch.json",
     ("choosing-a-strategy.md", "convoy plan --params 7e9 --hardware 8xH100-80GB"): "8xh100_nvswitch.json",
-    ("choosing-a-strategy.md", "convoy plan llama70b.json --hardware 32xH100-80GB --recompute full"):
-        "8xh100_nvswitch.json",
+    ("choosing-a-strategy.md", "convoy plan llama70b.json --hardware 8xH100-80GB --nodes 4 --inter-gbps 3200 "
+                               "--recompute full"): "8xh100_nvswitch.json",
     ("choosing-a-strategy.md", "convoy launch --strategy zero2 train.py"): "SKIP starts a job (README's tour runs one)",
-    ("choosing-a-strategy.md", "convoy launch --nnodes 4 --node-rank 0 --master-addr node0 --strategy zero3 --tp 2 "
-                               "train.py"): "SKIP waits for 3 other machines",
+    ("choosing-a-strategy.md", "convoy launch --nnodes 4 --nproc-per-node 8 --strategy zero1 --dp 2 --tp 4 --pp 4 "
+                               "--pp-schedule 1f1b --rdzv-endpoint node0:29500 train.py"):
+        "SKIP waits for 3 other machines (tests/plan/test_plan_runs.py dry-runs it)",
     ("choosing-a-strategy.md", "convoy config --strategy zero2"): WRITES,
     ("configuration.md", "convoy config"): "SKIP asks questions on a terminal",
     ("configuration.md", "convoy config --strategy ddp --mixed-precision bf16"): WRITES,

@@ -11,6 +11,7 @@ import pytest
 import convoy
 from convoy.errors import PlanError
 from convoy.plan.api import format_plan, plan, recommend_for_module
+from convoy.plan.recommend import tie_rank, tie_reason
 from convoy.plan.units import GiB
 
 CONFIGS = Path(__file__).parent / "configs"
@@ -48,16 +49,33 @@ def test_7b_on_8_gpus_is_case_2_and_picks_a_sharded_layout_that_fits():
     assert rec.row.fits and rec.row.memory.total <= p.hardware.gpu.memory_bytes
     fastest = min((r for r in p.rows if r.fits), key=lambda r: r.time.seconds)
     assert rec.row.time.seconds <= fastest.time.seconds * 1.05
-    # ties go to less sharding: nothing as fast and simpler was passed over
-    simpler = [r for r in p.rows if r.fits and r.candidate.sharding_rank < rec.row.candidate.sharding_rank]
+    # ties go to the simpler layout: nothing as fast and simpler was passed over
+    simpler = [r for r in p.rows if r.fits and tie_rank(r.candidate, rec.case) < tie_rank(rec.row.candidate, rec.case)]
     assert all(r.time.seconds > fastest.time.seconds * 1.05 for r in simpler)
 
 
-def test_nothing_fits_says_so_and_suggests_recompute():
+def test_nothing_fits_as_asked_turns_recompute_then_offload_and_says_which():
+    """70B on one 8xH100 box at 4096 tokens: no layout fits as asked, nor with recompute alone; the plan
+    recommends the fastest that fits with the least recomputation ('selective', which keeps each block's matmul
+    and attention outputs) and CPU offload, and says so (it recommended nothing, and the Accelerator had no way to
+    apply the recompute it suggested)."""
     p = plan(CONFIGS / "llama2_70b.json", hardware="8xH100-80GB", seq_len=4096)
-    assert p.recommendation.row is None and "No layout fits" in " ".join(p.recommendation.reasons)
-    assert any("recompute='full'" in b for b in p.recommendation.breaks)
-    assert "nothing fits" in format_plan(p)
+    rec = p.recommendation
+    assert not any(r.fits for r in p.rows if not r.candidate.layout.offload)
+    assert rec.row.fits and rec.recompute == "selective" and rec.cpu_offload and rec.knob == "recompute+offload"
+    said = " ".join(rec.reasons)
+    assert "No layout fits as asked" in said and "Turning recompute='selective'" in said and "CPU offload" in said
+    assert rec.launch_args[-3:] == ("--cpu-offload", "--recompute", "selective")
+    assert "with recompute='selective'" in format_plan(p).split("recommended: ")[1].splitlines()[0]
+    # 7B at 16384 tokens on 2 A100-80GB: recompute alone is enough, and faster than offloading
+    small = plan(CONFIGS / "llama2_7b.json", hardware="2xA100-80GB", seq_len=16384)
+    assert small.recommendation.knob == "recompute" and not small.recommendation.cpu_offload, small.recommendation
+    # knobs the caller cannot turn are not turned (Accelerator(strategy="auto") before it can recompute)
+    from convoy.plan.api import plan_for
+
+    bare = plan_for(p.model, p.run, p.hardware, knobs=())
+    assert bare.recommendation.row is None and "nothing fits" in format_plan(bare)
+    assert any("recompute='full'" in b for b in bare.recommendation.breaks)
 
 
 def test_largest_layer_too_big_is_case_3():
@@ -159,3 +177,25 @@ def test_wrong_python_types_are_one_plan_error(kwargs, word):
 
 def test_global_batch_none_is_still_the_default():
     assert plan(params=7e9, hardware="8xH100-80GB", global_batch=None).recommendation is not None
+
+
+def test_multi_node_plans_name_the_network_and_tie_break_toward_zero1():
+    """70B on 4 nodes of 8 H100s: ZeRO-1 beside tp x pp (52.3 GiB), where the tie-break chose DDP at 77.8 of 79.6
+    GiB while its reason recommended ZeRO-1; the network speed assumed is printed, and named where it decides."""
+    p = plan(CONFIGS / "llama2_70b.json", hardware="8xH100-80GB", nodes=4, recompute="full")
+    rec = p.recommendation
+    assert rec.row.name == "zero1+tp4+pp4" and p.row("ddp+tp4+pp4").fits
+    assert "(network: --inter-gbps)" in format_plan(p).splitlines()[1] and "400 Gbit/s" in format_plan(p)
+    assert any("assumes 400 Gbit/s per node (--inter-gbps); on a faster one, 3,200 Gbit/s, zero3 would be chosen"
+               in b for b in rec.breaks), rec.breaks
+    zero1, ddp = (p.row(n).candidate for n in ("zero1+tp4+pp4", "ddp+tp4+pp4"))
+    assert tie_rank(zero1, rec.case) < tie_rank(ddp, rec.case)
+    assert "ZeRO-1 shards the optimizer state for the traffic of DDP" in tie_reason(zero1, ddp, rec.case)
+    # on one node, where the model fits one GPU, the guide's order holds: DDP before ZeRO
+    assert tie_rank(ddp, "case 1") < tie_rank(zero1, "case 1")
+
+
+def test_a_node_of_more_than_16_gpus_is_refused_with_the_nodes_spelling():
+    with pytest.raises(PlanError, match=r"32xH100-80GB is 32 GPUs in one node .*; for 4 nodes of 8 write "
+                                        r"--hardware 8xH100-80GB --nodes 4"):
+        plan(params=7e9, hardware="32xH100-80GB")

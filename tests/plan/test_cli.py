@@ -41,14 +41,20 @@ def test_table_names_every_candidate_and_the_recommendation(capsys):
 
 
 def test_json_output_is_the_plan(capsys):
-    assert main(["plan", "--params", "7.5e9", "--hardware", "64xA100-80GB", "--json"]) == 0
+    assert main(["plan", "--params", "7.5e9", "--hardware", "8xA100-80GB", "--nodes", "8", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     states = {c["name"]: c["model_states_bytes"] for c in data["candidates"]}
     for c in data["candidates"]:  # one number: parameters + gradients + optimizer + master weights
         assert c["model_states_bytes"] == sum(c["memory"][k] for k in ("params", "grads", "optimizer", "master"))
     # the ZeRO paper's figure 1 (Psi = 7.5B, Nd = 64, K = 12): 120 / 31.4 / 16.6 / 1.9 GB
     assert [round(states[n] / 1e9, 1) for n in ("ddp", "zero1", "zero2", "zero3")] == [120.0, 31.4, 16.6, 1.9]
-    assert data["hardware"]["gpus_per_node"] == 64 and data["recommendation"]["candidate"]
+    assert data["hardware"]["gpus_per_node"] == 8 and data["hardware"]["nodes"] == 8
+    rec = data["recommendation"]
+    # the command that runs the choice, in convoy launch's words, for the recommendation and every row
+    assert rec["candidate"] and rec["launch_args"][:4] == ["--nnodes", "8", "--nproc-per-node", "8"]
+    assert rec["launch_args"][4:6] == ["--strategy", rec["strategy"]] and rec["command"].startswith("convoy launch ")
+    assert rec["accelerator"].startswith(f'Accelerator(strategy="{rec["strategy"]}"')
+    assert all(c["launch_args"][5] == c["strategy"] for c in data["candidates"])
 
 
 def test_hardware_flags_reach_the_plan(capsys):
@@ -107,13 +113,16 @@ def test_plot(capsys, tmp_path):
 
 
 def test_the_documented_case_3_table_is_what_convoy_plan_prints(capsys):
-    """docs/choosing-a-strategy.md shows rows of `convoy plan` for a 70B Llama on 32 H100s (middle columns
+    """docs/choosing-a-strategy.md shows rows of `convoy plan` for a 70B Llama on 4 nodes of 8 H100s (middle columns
     elided): each row shown is the command's own, so the guide stays true when the model changes."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "choosing-a-strategy.md").read_text()
     block = text[text.index("$ convoy plan llama70b.json"):].split("```")[0].splitlines()
-    assert main(["plan", str(CONFIGS / "llama2_70b.json"), "--hardware", "32xH100-80GB", "--recompute", "full"]) == 0
+    assert main(["plan", str(CONFIGS / "llama2_70b.json"), "--hardware", "8xH100-80GB", "--nodes", "4",
+                 "--inter-gbps", "3200", "--recompute", "full"]) == 0
     printed = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line.strip()}
-    for shown in (line.split() for line in block[2:] if line.strip()):
+    rows = [line for line in block[2:block.index("...")] if line.strip()]  # then the recommendation (test_readme)
+    assert len(rows) >= 5, block
+    for shown in (line.split() for line in rows):
         ours = printed[shown[0]]
         assert shown[:4] == ours[:4] and shown[-8:] == ours[-8:], (shown, ours)
 

@@ -105,7 +105,8 @@ def test_plan_command_line(flags):
     ({"params": 7e9, "gpu_memory_gib": float("inf")}, "gpu_memory_gib"),
     ({"params": 7e9, "global_batch": 3, "allowed": ["ddp", "zero3"]}, "global batch 3 cannot be split evenly"),
     ({"params": 7e9, "hardware": "99999999999999xH100-80GB"}, "GPU count"),
-    ({"params": 7e9, "hardware": "4096xH100-80GB", "nodes": 257}, "beyond what the planner compares"),
+    ({"params": 7e9, "hardware": "16xH100-80GB", "nodes": 65537}, "beyond what the planner compares"),
+    ({"params": 7e9, "hardware": "32xH100-80GB"}, "is 32 GPUs in one node .* --hardware 8xH100-80GB --nodes 4"),
 ])
 def test_plan_api_refuses_with_one_plan_error(kwargs, fragment):
     with pytest.raises(PlanError, match=fragment):
@@ -124,4 +125,4 @@ def test_global_batch_picks_a_data_parallel_degree_that_divides_it():
 def test_the_largest_gpu_count_plans_in_bounded_time():
     # 2^20 GPUs, the largest accepted: candidates are enumerated in O(sqrt(GPUs)), not O(GPUs) as before
     # (the 99999999999999xH100-80GB ran for minutes and grew with the count)
-    assert plan(params=7e9, hardware="4096xH100-80GB", nodes=256).recommendation.row is not None
+    assert plan(params=7e9, hardware="16xH100-80GB", nodes=65536).recommendation.row is not None

@@ -146,7 +146,8 @@ def test_small_models_keep_ddp_and_the_reasons_say_why_not():
     assert rec.strategy != "zero3" and gpt2.row("zero3").time.seconds > gpt2.row("zero2").time.seconds
     if rec.strategy != "ddp":
         assert any(r.startswith("DDP fits too but takes") for r in rec.reasons), rec.reasons
-    big = plan(str(Path(__file__).parent / "configs" / "llama2_70b.json"), hardware="32xH100-80GB", recompute="full")
+    big = plan(str(Path(__file__).parent / "configs" / "llama2_70b.json"), hardware="8xH100-80GB", nodes=4,
+               inter_gbps=3200, recompute="full")
     assert big.recommendation.strategy == "zero3"
 
 

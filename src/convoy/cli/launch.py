@@ -15,7 +15,8 @@ import argparse
 import os
 import re
 
-from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS, RECOMPUTE_MODES, is_host
+from convoy.config.schema import (DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS, PP_SCHEDULES, RECOMPUTE_MODES,
+                                  is_host)
 from convoy.errors import ConfigError
 from convoy.launch.resolve import DEFAULT_SIGNALS, EVENT_LOG_HANDLERS, START_METHODS
 
@@ -121,10 +122,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     cv = parser.add_argument_group("training settings (CONVOY_* variables for the ranks' Accelerator)")
     cv.add_argument("--mixed-precision", "--mixed_precision", default=None, choices=MIXED_PRECISIONS)
-    cv.add_argument("--strategy", default=None, help="auto, ddp, fsdp, zero1, zero2, zero3, tp, pp, ...")
+    cv.add_argument("--strategy", default=None, help="auto, ddp, zero1, zero2, zero3, fsdp, hsdp, tp, pp, ...")
     cv.add_argument("--dp", type=_whole, default=None)
+    cv.add_argument("--dp-replicate", "--dp_replicate", type=_whole, default=None,
+                    help="HSDP: replicas (across nodes), with --dp-shard")
+    cv.add_argument("--dp-shard", "--dp_shard", type=_whole, default=None,
+                    help="HSDP: ranks each replica is sharded over (inside a node), with --dp-replicate")
     cv.add_argument("--tp", type=_whole, default=None)
     cv.add_argument("--pp", type=_whole, default=None)
+    cv.add_argument("--cpu-offload", "--cpu_offload", action="store_const", const=True, default=None,
+                    help="keep FSDP2's shards (weights, gradients, optimizer state) in host memory")
+    cv.add_argument("--pp-schedule", "--pp_schedule", default=None, choices=PP_SCHEDULES,
+                    help="the pipeline schedule with --pp (default 1f1b)")
     cv.add_argument("--gradient-accumulation-steps", "--gradient_accumulation_steps", type=_whole, default=None)
     cv.add_argument("--recompute", default=None, metavar="MODE",
                     help=f"activation recomputation: {', '.join(RECOMPUTE_MODES)} (default none): 'selective' keeps "
@@ -258,10 +267,11 @@ def build_request(args: argparse.Namespace):
                               f"{said('nproc_per_node', nproc)} says otherwise; give one of them")
         nproc = per_node
         origins.pop("nproc_per_node", None)  # from --num_processes now
-    dims = {k: getattr(args, k) for k in ("dp", "tp", "pp") if getattr(args, k) is not None}
+    dims = {k: getattr(args, k) for k in ("dp", "dp_replicate", "dp_shard", "tp", "pp") if getattr(args, k) is not None}
     settings = ConvoyEnv(
         mixed_precision=args.mixed_precision, strategy=args.strategy,
         parallelism=",".join(f"{k}={v}" for k, v in dims.items()) or args.parallelism,
+        cpu_offload=args.cpu_offload, pp_schedule=args.pp_schedule,
         gradient_accumulation_steps=args.gradient_accumulation_steps, collective_timeout=args.collective_timeout,
         recompute=args.recompute,
     )

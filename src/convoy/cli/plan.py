@@ -1,7 +1,7 @@
 """``convoy plan``: memory and time per parallelism layout, and which to use.
 
     convoy plan config.json --hardware 8xH100-80GB --seq-len 4096
-    convoy plan --params 7.5e9 --hardware 64xA100-80GB --json
+    convoy plan --params 7.5e9 --hardware 8xA100-80GB --nodes 8 --json
     convoy plan mypkg.models:build --hardware 2xL40S --plot plan.png
     convoy plan config.json --inventory box.json            # a machine described by `convoy devices --json`
 
@@ -19,7 +19,7 @@ from convoy.plan.memory import PRECISIONS
 DESCRIPTION = "Estimate per-GPU memory and step time of every parallelism layout, and recommend one."
 EPILOG = """examples:
   convoy plan Llama-2-7b/config.json --hardware 8xH100-80GB --seq-len 4096
-  convoy plan --params 7.5e9 --hardware 64xA100-80GB --json
+  convoy plan --params 7.5e9 --hardware 8xA100-80GB --nodes 8 --json
   convoy plan config.json --hardware 8xH100-80GB --nodes 4 --inter-gbps 3200 --recompute full
   convoy plan mypkg.models:build --inventory box.json --plot plan.png
 
@@ -62,13 +62,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--ffn", type=_positive_int, help="MLP inner size (default 4 x hidden)")
     m.add_argument("--vocab", type=_positive_int, help="vocabulary size")
     h = parser.add_argument_group("hardware")
-    h.add_argument("--hardware", metavar="NxGPU", help="e.g. 8xH100-80GB (GPUs per node x table name)")
+    h.add_argument("--hardware", metavar="NxGPU", help="e.g. 8xH100-80GB (GPUs per node, at most 16, x table name)")
     h.add_argument("--inventory", metavar="FILE", help="plan for the machine in this inventory file")
     h.add_argument("--nodes", type=_positive_int, default=1, help="number of nodes (default 1)")
     h.add_argument("--intra", choices=("nvlink", "pcie"), help="link inside a node (default: NVLink if the GPU has it)")
     h.add_argument("--intra-gbs", type=_positive_float, help="override intra-node GB/s per GPU, one direction")
     h.add_argument("--inter-gbps", type=_positive_float, default=400.0,
-                   help="network Gbit/s per node, all NICs (default 400; a DGX H100 has 3200)")
+                   help="network Gbit/s per node, all NICs (default 400; a DGX H100 has 3200); printed with "
+                        "multi-node plans, and it often decides them")
     h.add_argument("--gpu-memory-gib", type=_positive_float, help="override the GPU's memory")
     h.add_argument("--peak-tflops", type=_positive_float, help="override the GPU's peak TFLOPs")
     r = parser.add_argument_group("run")
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     allowed = None
     if args.strategies:
         allowed = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
-        known = {"single", "ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "tp", "pp", "offload"}
+        known = {"single", "ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "parallel", "tp", "pp", "offload"}
         bad = [s for s in allowed if s not in known]
         if bad:
             raise PlanError(f"--strategies: unknown {bad[0]!r}; use some of {', '.join(sorted(known))}")

@@ -29,8 +29,8 @@ from convoy.errors import ConfigError
 from convoy.plan.run import RECOMPUTE  # torch-free: the planner's modes are the trainer's
 
 __all__ = ["Key", "SCHEMA", "KEYS", "key_for", "closest_key", "ENV_PREFIX", "MixedPrecision", "MIXED_PRECISIONS",
-           "RECOMPUTE_MODES",
-           "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "DP_ENGINES", "dp_engine_beside", "show", "parse_whole",
+           "RECOMPUTE_MODES", "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "DP_ENGINES", "dp_engine_beside",
+           "PP_SCHEDULES", "OFFLOADING", "check_offload", "show", "parse_whole",
            "is_whole", "is_host"]
 
 ENV_PREFIX = "CONVOY_"
@@ -78,13 +78,20 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEFAULT_COLLECTIVE_TIMEOUT = 300.0
 #: strategy names convoy ships (``convoy.train.strategies``); a strategy a
 #: script registers itself (``register_strategy``) is chosen in that script, ``Accelerator(strategy=...)``.
-BUILTIN_STRATEGIES = ("auto", "single", "dp", "ddp", "zero1", "zero2", "zero3", "fsdp", "parallel", "tp", "pp")
+BUILTIN_STRATEGIES = ("auto", "single", "dp", "ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "parallel", "tp", "pp")
 #: the ``dp_engine`` (of strategy "parallel") that runs each data-parallel strategy over dp beside tp/pp degrees:
-#: FSDP2 resharding after forward (zero3, fsdp) or keeping the gathered weights until the backward (zero2), DDP,
-#: or DDP with ``ZeroRedundancyOptimizer`` (zero1)
+#: FSDP2 resharding after forward (zero3, fsdp) or keeping the gathered weights until the backward (zero2), whole
+#: replicas with all-reduced gradients (ddp: DDP, or beside tp, whose weights are DTensors, FSDP2's replicate), or
+#: the optimizer state sharded (zero1: DDP with ``ZeroRedundancyOptimizer``, or beside tp FSDP2 keeping the
+#: gathered weights through the step; convoy.train.strategies.parallel.realisation)
 DP_ENGINES = {"zero3": "fsdp", "fsdp": "fsdp", "zero2": "zero2", "ddp": "ddp", "zero1": "zero1"}
-#: the strategies that read the degrees themselves
-_TAKE_DEGREES = ("auto", "parallel", "tp", "pp")
+#: the pipeline schedules the trainer runs (``convoy.train.parallel.pipeline.SCHEDULES``, which imports torch)
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs")
+#: the strategies ``cpu_offload`` applies to: those that shard with FSDP2 (its ``CPUOffloadPolicy``), and
+#: strategy "parallel" (with tp/pp), whose FSDP2 engines offload as zero3 does
+OFFLOADING = ("zero2", "zero3", "fsdp", "hsdp", "parallel", "tp", "pp")
+#: the strategies that read the degrees themselves (hsdp: dp_replicate x dp_shard beside any tp, pp)
+_TAKE_DEGREES = ("auto", "parallel", "tp", "pp", "hsdp")
 
 
 def dp_engine_beside(strategy: str, dims: Any, *, said: str | None = None) -> str | None:
@@ -92,15 +99,17 @@ def dp_engine_beside(strategy: str, dims: Any, *, said: str | None = None) -> st
     the ``dp_engine`` of strategy "parallel" when a data-parallel strategy is asked for beside tp or pp (or HSDP's
     dp_replicate x dp_shard), so ``--strategy zero3 --tp 2`` runs FSDP2 over dp with tensor parallelism inside;
     None when the strategy runs as named (no such degrees, a strategy that reads them itself, or one a script
-    registers). A pair the trainer cannot run is one error, whatever the world size: ``StrategyError`` for
-    single and dp (one replica of the whole model per process, or per machine), ``NotSupportedYetError`` for
-    ddp and zero1 with tp or HSDP. ``said``: how the message names the strategy (default ``strategy='ddp'``).
+    registers). With dp = 1 the data-parallel strategy has nothing to do and the degrees run as they are
+    (``--strategy ddp --tp 8`` on 8 processes). A pair the trainer cannot run is one error, whatever the world size:
+    ``StrategyError`` for single and dp (one replica of the whole model per process, or per machine), and for ddp
+    and zero1 with HSDP's dp_replicate x dp_shard, which shard each replica (strategy ``hsdp``). ``said``: how the
+    message names the strategy (default ``strategy='ddp'``).
 
         dp_engine_beside("zero3", ParallelDims(tp=2))     # "fsdp"
         dp_engine_beside("zero1", ParallelDims(pp=2))     # "zero1"
-        dp_engine_beside("ddp", ParallelDims(tp=2))       # NotSupportedYetError
+        dp_engine_beside("ddp", ParallelDims(dp_replicate=2, tp=2))   # "ddp": whole replicas of DTensor weights
     """
-    from convoy.errors import NotSupportedYetError, StrategyError
+    from convoy.errors import StrategyError
 
     hsdp = dims is not None and dims.dp_replicate > 1 and dims.dp_shard > 1
     if dims is None or strategy in _TAKE_DEGREES or (dims.tp == 1 and dims.pp == 1 and not hsdp):
@@ -113,12 +122,27 @@ def dp_engine_beside(strategy: str, dims: Any, *, said: str | None = None) -> st
                             f"'parallel' (or a data-parallel strategy: 'zero3', 'ddp', ...) with these degrees")
     if strategy not in DP_ENGINES:
         return None  # a strategy the script registers reads the degrees itself
-    if strategy in ("ddp", "zero1") and (dims.tp > 1 or hsdp):
-        why = ("tensor parallelism makes the weights DTensors, which DDP and ZeroRedundancyOptimizer do not take"
-               if dims.tp > 1 else "HSDP shards each replica, which only FSDP2 does")
-        raise NotSupportedYetError(f"{named} with {split} is not supported yet: {why}; use strategy 'zero3' "
-                                   f"(FSDP2 over dp) or 'zero2'")
+    if strategy in ("ddp", "zero1") and hsdp:
+        raise StrategyError(f"{named} keeps whole weights in each replica, but {split} shards the weights of each "
+                            f"replica, which only FSDP2 does; use strategy 'hsdp' (or 'zero3') with these degrees")
     return DP_ENGINES[strategy]
+
+
+def check_offload(strategy: str, dims: Any, *, said: str) -> None:
+    """``StrategyError`` when ``cpu_offload`` (named ``said``: ``--cpu-offload``, ``CONVOY_CPU_OFFLOAD=1``) is
+    asked of a strategy that keeps no FSDP2 shards to offload (single, dp, ddp, zero1), and of ``auto``, which
+    decides offloading itself. ``dims``: the degrees beside it (for the message)."""
+    from convoy.errors import StrategyError
+
+    if strategy in OFFLOADING:
+        return
+    if strategy == "auto":
+        raise StrategyError(f"{said} with strategy 'auto': auto offloads where nothing else fits and says so; name "
+                            f"the strategy to offload (zero3, zero2, hsdp)")
+    if strategy in BUILTIN_STRATEGIES:
+        beside = f" (beside {dims.describe()})" if dims is not None else ""
+        raise StrategyError(f"{said} offloads FSDP2's shards to host memory, and strategy {strategy!r}{beside} keeps "
+                            f"none; use strategy 'zero3', 'zero2' or 'hsdp'")
 
 
 def show(value: Any) -> str:
@@ -348,6 +372,11 @@ SCHEMA: tuple[Key, ...] = (
             "recomputes the rest in the backward; 'full' keeps each block's input only and recomputes the block."),
     Key(name="parallelism", type="degrees", default=None, convert=_parse_parallelism,
         doc="Parallel degrees like 'dp=2,tp=2,pp=1' (unset: all data parallel)."),
+    Key(name="cpu_offload", type="bool", default=False, convert=_parse_bool,
+        doc="Keep sharded weights, gradients and optimizer state in host memory (FSDP2's CPUOffloadPolicy; "
+            "zero2, zero3, fsdp, hsdp, parallel)."),
+    Key(name="pp_schedule", type="one of " + ", ".join(PP_SCHEDULES), default=None, convert=_choice(*PP_SCHEDULES),
+        choices=PP_SCHEDULES, doc="The pipeline schedule when pp > 1 (unset: 1f1b)."),
     Key(name="gradient_accumulation_steps", type="int >= 1", default=1, ask=True,
         convert=lambda v, w: parse_whole(v, w, 1),
         doc="Micro-batches whose gradients are summed before each optimizer step."),

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Collection, Mapping
 
 from convoy.config.schema import (BUILTIN_STRATEGIES, DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS,
-                                  dp_engine_beside, parse_whole)
+                                  check_offload, dp_engine_beside, parse_whole)
 from convoy.errors import ConfigError
 
 __all__ = [
@@ -58,8 +58,8 @@ RANK_VARIABLES = (
     "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE",
 )
 #: the settings the launcher hands to every rank, each as its schema key's ``CONVOY_<KEY>`` variable
-SETTING_NAMES = ("mixed_precision", "strategy", "parallelism", "gradient_accumulation_steps", "collective_timeout",
-                 "recompute")
+SETTING_NAMES = ("mixed_precision", "strategy", "parallelism", "cpu_offload", "pp_schedule",
+                 "gradient_accumulation_steps", "collective_timeout", "recompute")
 CONVOY_VARIABLES = tuple(KEYS[name].env_var for name in SETTING_NAMES)
 #: Accelerate's launcher's variable for a setting, read when convoy's own is not set (Accelerate's
 #: ``Accelerator.__init__`` reads both; there ACCELERATE_GRADIENT_ACCUMULATION_STEPS beats even the argument, here
@@ -191,6 +191,10 @@ class ConvoyEnv:
     """One of ``convoy.config.schema.BUILTIN_STRATEGIES`` ("auto", "ddp", "fsdp", ...)."""
     parallelism: str | None = None
     """Degrees as "dp=2,tp=2,pp=1"; parse with ``convoy.plan.dims.ParallelDims.parse``."""
+    cpu_offload: bool | None = None
+    """FSDP2's shards kept in host memory (``strategy_options["cpu_offload"]``)."""
+    pp_schedule: str | None = None
+    """The pipeline schedule when pp > 1 (``strategy_options["pp_schedule"]``)."""
     gradient_accumulation_steps: int | None = None
     """Micro-batches per optimizer step."""
     collective_timeout: float | None = None
@@ -229,6 +233,22 @@ def check_launch_settings(settings: ConvoyEnv, *, said: Callable[[str, object], 
 
         named = (said or (lambda name, value: as_flag({}, name, value)))("strategy", repr(settings.strategy))
         dp_engine_beside(settings.strategy, ParallelDims.parse(settings.parallelism), said=named)
+    if settings.cpu_offload:
+        from convoy.config.settings import said as as_flag
+        from convoy.plan.dims import ParallelDims
+
+        named = (said or (lambda name, value: as_flag({}, name, value)))("cpu_offload", True)
+        dims = ParallelDims.parse(settings.parallelism) if settings.parallelism else None
+        check_offload(settings.strategy or KEYS["strategy"].default, dims, said=named)
+    if settings.pp_schedule is not None and settings.strategy not in ("pp", "auto"):
+        from convoy.config.settings import said as as_flag
+        from convoy.plan.dims import ParallelDims
+
+        dims = ParallelDims.parse(settings.parallelism) if settings.parallelism else None
+        if dims is None or dims.pp == 1:
+            named = (said or (lambda name, value: as_flag({}, name, value)))("pp_schedule", settings.pp_schedule)
+            raise ConfigError(f"{named} schedules a pipeline, and the job has none (pp=1); give --pp with it, or "
+                              f"leave it out")
 
 
 def convoy_env(settings: ConvoyEnv) -> dict[str, str]:

@@ -15,6 +15,7 @@ asks it (``convoy.train.strategies.auto``) and turns the answer into a layout th
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -24,8 +25,10 @@ from typing import Any, Callable, Collection, Mapping
 
 from convoy.errors import PlanError
 from convoy.plan.calibration import Calibration
-from convoy.plan.candidates import STRATEGY_NAMES, Candidate, enumerate_candidates
+from convoy.plan.candidates import STRATEGY_NAMES, Candidate, TrainerFacts, enumerate_candidates
+from convoy.plan.commands import accelerator_call, launch_args, launch_command
 from convoy.plan.hardware import GpuSpec, Hardware, hardware_from_inventory, lookup_gpu, parse_hardware
+from convoy.plan.knobs import KNOBS, turn_knobs
 from convoy.plan.memory import Layout, MemoryBreakdown, RunSpec, memory_per_gpu
 from convoy.plan.model import ModelSpec, resolve_model
 from convoy.plan.observed import Observation, case_key, observations_here
@@ -36,9 +39,13 @@ from convoy.plan.units import format_bytes, format_seconds
 
 __all__ = ["Plan", "plan", "plan_for", "recommend_for_module", "MAX_GPUS_PER_NODE", "MAX_GPUS"]
 
-#: the largest machine the planner compares layouts for: GPUs in one node (an NVLink domain; NVL576 is the
-#: largest built) and in the whole job. Bounding both keeps a plan's time independent of the count asked for.
-MAX_GPUS_PER_NODE = 4096
+#: the most GPUs one node has (an 8-GPU HGX board, 16 on the largest PCIe servers): ``--hardware 32xH100-80GB`` is
+#: a mistake for several nodes, which plan differently (tp inside a node, the network between them); the job
+#: as a whole is bounded too, which keeps a plan's time independent of the count asked for
+MAX_GPUS_PER_NODE = 16
+#: the most devices per node a plan compares layouts for, however the machine was described (an inventory, CPU
+#: processes of ``Accelerator(strategy="auto")``)
+MAX_DEVICES_PER_NODE = 4096
 MAX_GPUS = 2**20
 
 
@@ -97,16 +104,18 @@ class Plan:
 def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int | None = None,
              efficiency: float | None = None, offload: bool = True,
              allowed: Collection[str] | None = None, explain_breaks: bool = True,
-             keep: Callable[[Candidate], bool] | None = None, calibration: Calibration | None = None,
+             facts: TrainerFacts = TrainerFacts(), calibration: Calibration | None = None,
              time_note: str = "", precision_for: Callable[[Candidate], str] | None = None,
-             observed: Mapping[str, Observation] | None = None) -> Plan:
+             observed: Mapping[str, Observation] | None = None, knobs: Collection[str] = KNOBS) -> Plan:
     """The plan for already-resolved inputs (``plan`` resolves names, files and the inventory first).
 
-    ``keep``: a further filter on the candidates (``Accelerator(strategy="auto")`` keeps what its trainer runs).
+    ``facts``: what the trainer can run of this model and loop (``TrainerFacts``; ``Accelerator(strategy="auto")``
+    passes its own, so that its answer is this function's for the same case).
     ``precision_for``: the precision recipe each candidate runs in, where it is not ``run.precision`` for all of
     them (a trainer whose sharded strategies gather 16-bit weights while its replicated ones autocast).
     ``observed``: what jobs measured on this machine, by ``case_key`` (``observations_here``): a candidate whose
-    case is there takes the measured step time."""
+    case is there takes the measured step time. ``knobs``: what may be turned when nothing fits as asked
+    (``"recompute"``, ``"offload"``; ``convoy.plan.knobs``)."""
     if efficiency is not None and not 0 < efficiency <= 1:
         raise PlanError(f"efficiency must be in (0, 1], got {efficiency}")
     _check_scale(hw)
@@ -114,50 +123,88 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
     gb = global_batch or run.global_batch or run.micro_batch * hw.world_size
     if gb < run.micro_batch:
         raise PlanError(f"global batch {gb} is smaller than the micro-batch {run.micro_batch}")
-    rows = []
-    applied: dict[str, Observation] = {}
-    uneven: set[int] = set()
-    alone = {"zero3" if name == "fsdp" else name for name in allowed or ()} & {"zero1", "zero2", "zero3"}
-    for cand in enumerate_candidates(model, hw, global_batch=gb, micro_batch=run.micro_batch, offload=offload,
-                                     alone=alone):
-        if allowed is not None and not _allowed(cand, allowed):
-            continue
-        if keep is not None and not keep(cand):
-            continue
-        if gb % (run.micro_batch * cand.layout.dims.dp):  # each dp rank runs whole micro-batches, equally many
-            uneven.add(cand.layout.dims.dp)
-            continue
-        own = replace(run, precision=precision_for(cand)) if precision_for is not None else run
-        mem = memory_per_gpu(model, own, cand.layout)
-        t = step_time(model, own, cand.layout, hw, global_batch=gb, rates=rates)
-        seen = observed.get(case_key(model, own, cand.layout, hw)) if observed else None
-        if seen is not None:  # this job ran here: its measured step, the model's breakdown scaled to it
-            t = replace(t, correction=seen.measured_s / t.seconds)
-            applied[cand.name] = seen
-        rows.append(Row(candidate=cand, memory=mem, time=t, fits=mem.total <= hw.gpu.memory_bytes,
-                        precision=own.precision))
-    if not rows and uneven:
-        raise PlanError(f"global batch {gb} cannot be split evenly: every layout on {hw.describe()} has a "
-                        f"data-parallel degree ({', '.join(map(str, sorted(uneven)))}) x micro-batch {run.micro_batch} that does not "
-                        f"divide it; use a global batch that is a multiple of {min(uneven) * run.micro_batch}")
-    if not rows:
-        raise PlanError(f"no candidate layout is allowed ({', '.join(sorted(allowed or ()))}) on {hw.describe()}")
+    costing = _Costing(model=model, hw=hw, gb=gb, rates=rates, offload=offload, allowed=allowed, facts=facts,
+                       precision_for=precision_for, observed=observed or {})
+    rows, applied = costing.rows(run)
     single = memory_per_gpu(model, run, Layout())
     rec = recommend(rows, model=model, run=run, hw=hw, single=single)
+    if rec.row is None and run.training:
+        rec = turn_knobs(rec, lambda level: costing.rows(replace(run, recompute=level))[0], asked=run.recompute,
+                         knobs=knobs if offload or "offload" not in knobs else tuple(set(knobs) - {"offload"}),
+                         noun=hw.gpu.noun, case=rec.case)
     if explain_breaks and rec.row is not None:
-        rec = replace(rec, breaks=_breaks(rec, model, run, hw, gb, efficiency, offload, allowed, keep, calibration,
-                                          precision_for))
-    elif explain_breaks and run.recompute != "full" and run.training:
+        rec = replace(rec, breaks=_breaks(rec, model, replace(run, recompute=rec.recompute), hw, gb, efficiency,
+                                          offload, allowed, facts, calibration, precision_for, knobs))
+    elif explain_breaks and run.recompute != "full" and run.training and "recompute" not in knobs:
         full = plan_for(model, replace(run, recompute="full"), hw, global_batch=gb, efficiency=efficiency,
-                        offload=offload, allowed=allowed, explain_breaks=False, keep=keep,
-                        calibration=calibration, precision_for=precision_for).recommendation.row
+                        offload=offload, allowed=allowed, explain_breaks=False, facts=facts,
+                        calibration=calibration, precision_for=precision_for,
+                        knobs=("offload",) if offload else ()).recommendation.row
         if full is not None:
             rec = replace(rec, breaks=(f"With recompute='full' (checkpoint every block) {full.name} fits at "
                                        f"{format_bytes(full.memory.total, binary=True)} per GPU and takes "
                                        f"{format_seconds(full.time.seconds)} per step.",))
+    if rec.row is not None:
+        rec = replace(rec, command=launch_command(rec.row.candidate, hw, recompute=rec.recompute),
+                      accelerator=accelerator_call(rec.row.candidate, recompute=rec.recompute))
     return Plan(model=model, run=run, hardware=hw, global_batch=gb, efficiency=efficiency, rows=tuple(rows),
                 single_gpu=single, recommendation=rec, calibration=calibration, time_model=rates.kind,
                 time_note=_time_note(rates, time_note) + _corrected_note(applied), observations=applied)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Costing:
+    """The candidates of one plan costed at a run: what ``plan_for`` asks for each recompute level it tries."""
+
+    model: ModelSpec
+    hw: Hardware
+    gb: int
+    rates: Rates
+    offload: bool
+    allowed: Collection[str] | None
+    facts: TrainerFacts
+    precision_for: Callable[[Candidate], str] | None
+    observed: Mapping[str, Observation]
+
+    def rows(self, run: RunSpec) -> tuple[list[Row], dict[str, Observation]]:
+        """One ``Row`` per candidate the trainer runs and ``allowed`` keeps, costed at ``run``, and the
+        measurements applied (candidate name -> observation)."""
+        model, hw, gb = self.model, self.hw, self.gb
+        rows: list[Row] = []
+        applied: dict[str, Observation] = {}
+        uneven: set[int] = set()
+        alone = {"zero3" if name == "fsdp" else name for name in self.allowed or ()} & {"zero1", "zero2", "zero3"}
+        for cand in enumerate_candidates(model, hw, global_batch=gb, micro_batch=run.micro_batch,
+                                         offload=self.offload, alone=alone, facts=self.facts):
+            if self.allowed is not None and not _allowed(cand, self.allowed):
+                continue
+            if gb % (run.micro_batch * cand.layout.dims.dp):  # each dp rank runs whole micro-batches, equally many
+                uneven.add(cand.layout.dims.dp)
+                continue
+            own = replace(run, precision=self.precision_for(cand)) if self.precision_for is not None else run
+            mem = _memory(model, own, cand.layout)
+            t = step_time(model, own, cand.layout, hw, global_batch=gb, rates=self.rates)
+            seen = self.observed.get(case_key(model, own, cand.layout, hw))
+            if seen is not None:  # this job ran here: its measured step, the model's breakdown scaled to it
+                t = replace(t, correction=seen.measured_s / t.seconds)
+                applied[cand.name] = seen
+            rows.append(Row(candidate=cand, memory=mem, time=t, fits=mem.total <= hw.gpu.memory_bytes,
+                            precision=own.precision, recompute=run.recompute,
+                            launch_args=launch_args(cand, hw, recompute=run.recompute)))
+        if not rows and uneven:
+            raise PlanError(f"global batch {gb} cannot be split evenly: every layout on {hw.describe()} has a "
+                            f"data-parallel degree ({', '.join(map(str, sorted(uneven)))}) x micro-batch "
+                            f"{run.micro_batch} that does not divide it; use a global batch that is a multiple of "
+                            f"{min(uneven) * run.micro_batch}")
+        if not rows:
+            raise PlanError(f"no candidate layout is allowed ({', '.join(sorted(self.allowed or ()))}) on "
+                            f"{hw.describe()}")
+        return rows, applied
+
+
+#: ``memory_per_gpu`` remembered for the plans of one answer (``_breaks`` re-plans the same case on other links
+#: and networks, where the memory is the same); a pure function of frozen records, so only its time is saved
+_memory = functools.lru_cache(maxsize=2048)(memory_per_gpu)
 
 
 def _show(value: Any) -> str:
@@ -176,48 +223,86 @@ def _positive_number(key: str, value: Any) -> None:
 
 
 def _check_scale(hw: Hardware) -> None:
-    if hw.gpus_per_node > MAX_GPUS_PER_NODE or hw.world_size > MAX_GPUS:
+    if hw.gpus_per_node > MAX_DEVICES_PER_NODE or hw.world_size > MAX_GPUS:
         raise PlanError(f"{hw.gpus_per_node} GPUs per node x {hw.nodes} nodes is beyond what the planner compares "
-                        f"(at most {MAX_GPUS_PER_NODE} per node and {MAX_GPUS} in all)")
+                        f"(at most {MAX_DEVICES_PER_NODE} per node and {MAX_GPUS} in all)")
 
 
 def _allowed(cand: Candidate, allowed: Collection[str]) -> bool:
+    """``cand`` is among ``allowed`` (strategy names, ``fsdp`` for zero3, and ``tp``, ``pp``, ``offload``): its
+    strategy (a layout without data parallelism, strategy ``parallel``, by its axes alone), and each axis it
+    splits over."""
     d = cand.layout.dims
-    ok = cand.strategy in allowed or (cand.strategy == "zero3" and "fsdp" in allowed)
+    ok = (cand.strategy in allowed or (cand.strategy == "zero3" and "fsdp" in allowed)
+          or cand.strategy == "parallel")
     return ok and (d.tp == 1 or "tp" in allowed) and (d.pp == 1 or "pp" in allowed) and (
         not cand.layout.offload or "offload" in allowed)
 
 
-def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowed, keep,
-            calibration=None, precision_for=None) -> tuple[str, ...]:
-    """What would change the answer: twice the sequence length, and (on NVLink machines) PCIe instead."""
+def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowed, facts,
+            calibration=None, precision_for=None, knobs=KNOBS) -> tuple[str, ...]:
+    """What would change the answer: twice the sequence length, (on NVLink machines) PCIe instead, and (on
+    several nodes) the network speed, when it decides."""
     name = rec.row.name  # type: ignore[union-attr]
+
+    def again(run_: RunSpec, hw_: Hardware) -> Plan:
+        return plan_for(model, run_, hw_, global_batch=gb, efficiency=efficiency, offload=offload, allowed=allowed,
+                        explain_breaks=False, facts=facts, calibration=calibration, precision_for=precision_for,
+                        knobs=knobs)
+
     out = []
     longer = replace(run, seq_len=run.seq_len * 2)
-    alt = plan_for(model, longer, hw, global_batch=gb, efficiency=efficiency, offload=offload, allowed=allowed,
-                   explain_breaks=False, keep=keep, calibration=calibration, precision_for=precision_for)
+    alt = again(longer, hw)
     same = next((r for r in alt.rows if r.name == name), None)
     pick = alt.recommendation.row
     if same is not None and not same.fits:
-        then = f"; {pick.name} would be chosen" if pick else "; nothing would fit"
+        then = f"; {_with_knobs(alt.recommendation)} would be chosen" if pick else "; nothing would fit"
         out.append(f"At sequence length {longer.seq_len} {name} needs {format_bytes(same.memory.total, binary=True)} per GPU "
                    f"and no longer fits{then}.")
     elif pick is not None and pick.name != name:
-        out.append(f"At sequence length {longer.seq_len} {pick.name} would be faster than {name}.")
+        out.append(f"At sequence length {longer.seq_len} {_with_knobs(alt.recommendation)} would be faster than "
+                   f"{name}.")
     else:
         out.append(f"At sequence length {longer.seq_len} {name} still fits and stays the choice.")
     if hw.intra == "nvlink" and hw.gpus_per_node > 1:
-        pcie = replace(hw, intra="pcie", intra_gbs=None)
-        alt = plan_for(model, run, pcie, global_batch=gb, efficiency=efficiency, offload=offload, allowed=allowed,
-                       explain_breaks=False, keep=keep, calibration=calibration, precision_for=precision_for)
+        alt = again(run, replace(hw, intra="pcie", intra_gbs=None))
         pick = alt.recommendation.row
         same = next((r for r in alt.rows if r.name == name), None)
         slower = f" and takes {format_seconds(same.time.seconds)} per step" if same else ""
         if pick is not None and pick.name != name:
-            out.append(f"Without NVLink (PCIe only) {pick.name} would be chosen instead; {name} slows down{slower}.")
+            out.append(f"Without NVLink (PCIe only) {_with_knobs(alt.recommendation)} would be chosen instead; {name} "
+                       f"slows down{slower}.")
         else:
             out.append(f"Without NVLink (PCIe only) {name} stays the choice{slower}.")
+    if hw.nodes > 1:
+        out += _network_breaks(rec, hw, lambda gbps: again(run, replace(hw, inter_gbps=gbps)))
     return tuple(out)
+
+
+#: the network speeds a multi-node plan is compared at: one 400 Gbit/s NIC per node (the default) and a DGX
+#: H100's eight
+NETWORK_GBPS = (400.0, 3200.0)
+
+
+def _network_breaks(rec: Recommendation, hw: Hardware, at: Callable[[float], Plan]) -> list[str]:
+    """A line when the network speed between nodes decides the answer: the plan again at the other of
+    ``NETWORK_GBPS`` (or at 8x less, above them), naming what would be chosen there."""
+    name = rec.row.name  # type: ignore[union-attr]
+    other = next((g for g in NETWORK_GBPS if g > hw.inter_gbps), hw.inter_gbps / 8)
+    alt = at(other)
+    pick = alt.recommendation.row
+    if pick is None or pick.name == name:
+        return []
+    word = "faster" if other > hw.inter_gbps else "slower"
+    return [f"The network between nodes decides it: this plan assumes {hw.inter_gbps:,g} Gbit/s per node "
+            f"(--inter-gbps); on a {word} one, {other:,g} Gbit/s, {_with_knobs(alt.recommendation)} would be chosen "
+            f"instead."]
+
+
+def _with_knobs(rec: Recommendation) -> str:
+    """The choice's name, with the knob turned to reach it: ``zero3+offload with recompute='full'``."""
+    name = rec.row.name if rec.row else "nothing"
+    return f"{name} with recompute={rec.recompute!r}" if "recompute" in rec.knob else name
 
 
 def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory: Any = None, nodes: int = 1,
@@ -290,11 +375,12 @@ def resolve_hardware(hardware: str | Hardware | None = None, *, inventory: Any =
         raise PlanError(f"hardware={_show(hardware)} is a {type(hardware).__name__}; give 'COUNTxGPU' such as "
                         f"'8xH100-80GB' (or inventory=)")
     if hardware:
-        count = re.match(r"\s*([^xX*\s]+)\s*[xX*]", hardware)
-        if count and not (re.fullmatch(r"[0-9]{1,7}", count.group(1)) and
-                          1 <= int(count.group(1)) <= MAX_GPUS_PER_NODE):
+        count = re.match(r"\s*([^xX*\s]+)\s*[xX*]\s*(.*)", hardware)
+        if count and not re.fullmatch(r"[0-9]{1,7}", count.group(1)) or count and int(count.group(1)) < 1:
             raise PlanError(f"hardware {_show(hardware)}: the GPU count must be a whole number from 1 to "
                             f"{MAX_GPUS_PER_NODE} per node (give more nodes with --nodes)")
+        if count and int(count.group(1)) > MAX_GPUS_PER_NODE:
+            raise PlanError(_one_node_too_many(int(count.group(1)), count.group(2).strip(), nodes))
         return parse_hardware(hardware, nodes=nodes, intra=intra, intra_gbs=intra_gbs, inter_gbps=inter_gbps,
                               memory_gib=gpu_memory_gib, peak_tflops=peak_tflops)
     if isinstance(inventory, (str, Path)):
@@ -317,6 +403,14 @@ def resolve_hardware(hardware: str | Hardware | None = None, *, inventory: Any =
     return hw
 
 
+def _one_node_too_many(count: int, gpu: str, nodes: int) -> str:
+    """The message for ``--hardware 32xH100-80GB``: no node has that many GPUs; the ``--nodes`` spelling of it."""
+    per_node = 8 if count % 8 == 0 else max(d for d in range(1, MAX_GPUS_PER_NODE + 1) if count % d == 0)
+    total = count // per_node * nodes
+    return (f"hardware {count}x{gpu} is {count} GPUs in one node (no node has more than {MAX_GPUS_PER_NODE}); "
+            f"for {total} nodes of {per_node} write --hardware {per_node}x{gpu} --nodes {total}")
+
+
 def _time_note(rates: Rates, given: str = "") -> str:
     """The one sentence every plan shows about its step times: ``given`` (why a calibration was not used, said
     by the caller), else where ``rates`` come from."""
@@ -336,16 +430,19 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
                          seq_len: int = 2048, micro_batch: int = 1, optimizer: str = "adamw",
                          gpu: str | GpuSpec | None = None, peak_tflops: float | None = None,
                          gpus_per_node: int | None = None,
-                         nodes: int = 1, allowed: Collection[str] = STRATEGY_NAMES,
-                         keep: Callable[[Candidate], bool] | None = None, calibration: Calibration | None = None,
+                         nodes: int = 1, allowed: Collection[str] | None = STRATEGY_NAMES,
+                         facts: TrainerFacts = TrainerFacts(), knobs: Collection[str] = KNOBS,
+                         calibration: Calibration | None = None,
                          precision_for: Callable[[Candidate], str] | None = None, **shape: Any) -> Recommendation:
     """The layout to use for ``module`` (an ``nn.Module``, a config, or a ``ModelSpec``) on ``world_size``
-    devices of ``device_memory_bytes`` each: the planner's recommendation among the ``allowed`` candidates.
+    devices of ``device_memory_bytes`` each: the planner's recommendation among the ``allowed`` candidates,
+    ``plan_for``'s for the same case.
 
     ``gpu``: a table name or NVML device name for peak FLOPs, links and the shipped profile, or a ``GpuSpec``
-    (``convoy.plan.hardware.CPU`` for CPU processes); default: a generic PCIe device with 100 TFLOPs. ``allowed``: candidate strategy names (default: the data-parallel
-    ones; add ``"tp"``, ``"pp"``, ``"offload"`` for those layouts). ``keep``: a further filter on the
-    candidates (``Accelerator(strategy="auto")`` keeps the layouts its trainer runs). ``precision_for``: each
+    (``convoy.plan.hardware.CPU`` for CPU processes); default: a generic PCIe device with 100 TFLOPs.
+    ``allowed``: candidate strategy names (default: the data-parallel ones; add ``"tp"``, ``"pp"``, ``"offload"``
+    for those layouts; None: all). ``facts``: what the trainer can run of this model and loop (``TrainerFacts``).
+    ``knobs``: what may be turned when nothing fits as asked (``convoy.plan.knobs``). ``precision_for``: each
     candidate's precision recipe where it differs from ``precision`` (see ``plan_for``). ``calibration``: rates
     measured on this device (``convoy.plan.calibrate.calibrate(spec, run)``); None keeps the datasheet time
     model. Raises ``PlanError`` when no allowed layout fits.
@@ -367,8 +464,9 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
     model = resolve_model(module, **shape)
     run = RunSpec(seq_len=seq_len, micro_batch=micro_batch, precision=precision, optimizer=optimizer)
 
-    result = plan_for(model, run, hw, offload="offload" in allowed, allowed=allowed, explain_breaks=False, keep=keep,
-                      calibration=calibration, precision_for=precision_for)
+    offload = allowed is None or "offload" in allowed
+    result = plan_for(model, run, hw, offload=offload, allowed=allowed, explain_breaks=False, facts=facts,
+                      calibration=calibration, precision_for=precision_for, knobs=knobs)
     rec = result.recommendation
     if rec.row is None:
         raise PlanError(" ".join(rec.reasons))
@@ -378,8 +476,9 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
 def format_plan(p: Plan) -> str:
     """The readable table ``convoy plan`` prints."""
     hw, m = p.hardware, p.model
+    network = " (network: --inter-gbps)" if hw.nodes > 1 else ""
     lines = [f"model     {m.name}: {m.num_params:,} parameters ({m.source})",
-             f"hardware  {hw.describe()}, {format_bytes(hw.gpu.memory_bytes, binary=True)} per GPU",
+             f"hardware  {hw.describe()}, {format_bytes(hw.gpu.memory_bytes, binary=True)} per GPU{network}",
              f"run       seq {p.run.seq_len} x micro-batch {p.run.micro_batch}, global batch {p.global_batch}, "
              f"{p.run.precision} {p.run.optimizer}, recompute {p.run.recompute}, attention {p.run.attention}",
              ""]
@@ -400,8 +499,12 @@ def format_plan(p: Plan) -> str:
     rec = p.recommendation
     lines.append("")
     lines.append(f"time: {p.time_note}")
-    lines.append(f"recommended: {rec.row.name if rec.row else 'nothing fits'}"
+    knob = f" with recompute={rec.recompute!r}" if "recompute" in rec.knob else ""
+    lines.append(f"recommended: {rec.row.name if rec.row else 'nothing fits'}{knob}"
                  + (f"  (strategy={rec.strategy}, {rec.dims.describe()})" if rec.row else ""))
+    if rec.row:
+        lines.append(f"  run it:  {rec.command}")
+        lines.append(f"  or:      {rec.accelerator}")
     lines += [f"  - {s}" for s in rec.reasons]
     if rec.breaks:
         lines.append("what would change it:")

@@ -1,13 +1,21 @@
 """The layouts worth comparing for a model on a machine: DDP, ZeRO 1/2/3, HSDP, TP, PP, their products, offload.
 
-    from convoy.plan.candidates import enumerate_candidates
+    from convoy.plan.candidates import enumerate_candidates, TrainerFacts
     for c in enumerate_candidates(model, hw, global_batch=64, micro_batch=1):
         c.name, c.strategy, c.layout.dims.describe()      # 'zero1+tp2+pp2', 'zero1', 'dp=2,tp=2,pp=2'
+    enumerate_candidates(model, hw, global_batch=64, micro_batch=1, facts=TrainerFacts(tp_degrees=(2,)))
 
 Rules (from the Hugging Face "Efficient training on multiple GPUs" guide and Megatron/torchtitan practice):
 tensor parallelism stays inside one node (its NVLink domain) and divides the attention heads; pipeline
 stages do not outnumber the layers; ZeRO-2/3 are not combined with pipelining (gradients accumulate across
 micro-batches, which sharded gradients fight); HSDP shards within a node and replicates across nodes.
+
+Every candidate is one the trainer runs, under the name ``Accelerator(strategy=...)`` and ``convoy launch
+--strategy`` take: a data-parallel strategy beside tp/pp runs with that strategy's engine (``ddp`` beside tp keeps
+whole replicas of the DTensor weights, ``convoy.train.strategies.parallel``), and a layout without data
+parallelism (dp = 1) is strategy ``parallel`` with its degrees. ``TrainerFacts`` are what the trainer knows of the
+model and the loop (the tp and pp degrees it can split the model by, whether the loop is a pipeline's, whether
+FSDP2 can wrap the model): ``Accelerator(strategy="auto")`` passes them, ``convoy plan`` plans without limits.
 """
 
 from __future__ import annotations
@@ -21,11 +29,47 @@ from convoy.plan.hardware import Hardware
 from convoy.plan.memory import Layout
 from convoy.plan.model import ModelSpec
 
-__all__ = ["Candidate", "enumerate_candidates", "STRATEGY_NAMES"]
+__all__ = ["Candidate", "TrainerFacts", "enumerate_candidates", "STRATEGY_NAMES", "FSDP2_STRATEGIES"]
 
-#: data-parallel strategy names, as ``Accelerator(strategy=...)`` spells them.
-STRATEGY_NAMES = ("single", "ddp", "zero1", "zero2", "zero3", "hsdp")
-_STAGE = {"single": 0, "ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "hsdp": 3}
+#: the candidates' strategy names, as ``Accelerator(strategy=...)`` spells them (``parallel``: tp/pp without dp).
+STRATEGY_NAMES = ("single", "ddp", "zero1", "zero2", "zero3", "hsdp", "parallel")
+_STAGE = {"single": 0, "ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "hsdp": 3, "parallel": 0}
+#: the strategies the trainer runs with FSDP2 over data parallelism alone
+FSDP2_STRATEGIES = ("zero2", "zero3", "hsdp")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerFacts:
+    """What the trainer can do with this model and loop; the candidates are enumerated within it."""
+
+    tp_degrees: tuple[int, ...] | None = None
+    """The tensor-parallel degrees above 1 the model can be split by (its tp plan, its heads); None: every divisor
+    of the heads that fits in a node."""
+    pp_degrees: tuple[int, ...] | None = None
+    """The pipeline degrees above 1 the model can be cut into; None: any up to its layers."""
+    pipeline_only: bool = False
+    """The loop trains with ``model(x, target=y)``, which only a pipeline runs: pipeline layouts only."""
+    fsdp: bool = True
+    """False when FSDP2 cannot wrap the model (a scalar parameter, two dtypes in a unit): no layout that runs on
+    it (zero2, zero3, hsdp, offload, and data parallelism beside tp, whose DTensor weights FSDP2 holds)."""
+
+    def takes(self, candidate: "Candidate") -> bool:
+        """True when the trainer runs ``candidate`` for this model and loop."""
+        d = candidate.layout.dims
+        if self.tp_degrees is not None and d.tp > 1 and d.tp not in self.tp_degrees:
+            return False
+        if self.pp_degrees is not None and d.pp > 1 and d.pp not in self.pp_degrees:
+            return False
+        if self.pipeline_only and d.pp == 1:
+            return False
+        return self.fsdp or not uses_fsdp2(candidate)
+
+
+def uses_fsdp2(candidate: "Candidate") -> bool:
+    """True when the trainer runs ``candidate`` on FSDP2: the sharded strategies, offload, and any data
+    parallelism beside tp (``fully_shard``, or FSDP2's ``replicate`` for ddp)."""
+    d = candidate.layout.dims
+    return candidate.strategy in FSDP2_STRATEGIES or candidate.layout.offload or (d.tp > 1 and d.dp > 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,7 +79,8 @@ class Candidate:
     name: str
     """e.g. ``"zero3"``, ``"ddp+tp4"``, ``"zero2+offload"``, ``"tp2+pp4"``."""
     strategy: str
-    """Data-parallel strategy name (``single``, ``ddp``, ``zero1``, ``zero2``, ``zero3``, ``hsdp``)."""
+    """The ``Accelerator(strategy=...)`` name: ``single``, ``ddp``, ``zero1``, ``zero2``, ``zero3``, ``hsdp``, or
+    ``parallel`` for tp/pp without data parallelism."""
     layout: Layout
     """Degrees, ZeRO stage, offload and micro-batches."""
 
@@ -43,12 +88,6 @@ class Candidate:
     def dims(self) -> ParallelDims:
         return self.layout.dims
 
-    @property
-    def sharding_rank(self) -> tuple[int, ...]:
-        """Smaller is simpler: ties between equally fast candidates go to the smallest."""
-        d = self.layout.dims
-        return (int(self.layout.offload), int(d.pp > 1), int(d.tp > 1), self.layout.zero_stage,
-                int(d.dp_replicate > 1 and d.dp_shard > 1), d.tp, d.pp)
 
 
 def _divisors(n: int) -> list[int]:
@@ -69,10 +108,18 @@ def _name(strategy: str, dims: ParallelDims, offload: bool) -> str:
 
 
 def enumerate_candidates(model: ModelSpec, hw: Hardware, *, global_batch: int, micro_batch: int,
-                         offload: bool = True, alone: Collection[str] = ()) -> Iterator[Candidate]:
-    """Every candidate layout for ``model`` on ``hw`` (all of its GPUs). ``alone``: ZeRO strategies (``zero1``,
-    ``zero2``, ``zero3``) to plan on one GPU too, where they shard nothing but run (``Accelerator(strategy="zero3")``
-    on one process is FSDP2 over a group of one); only when asked for, since they never beat ``single`` there."""
+                         offload: bool = True, alone: Collection[str] = (),
+                         facts: TrainerFacts = TrainerFacts()) -> Iterator[Candidate]:
+    """Every candidate layout for ``model`` on ``hw`` (all of its GPUs) that the trainer runs within ``facts``.
+    ``alone``: ZeRO strategies (``zero1``, ``zero2``, ``zero3``) to plan on one GPU too, where they shard nothing but
+    run (``Accelerator(strategy="zero3")`` on one process is FSDP2 over a group of one); only when asked for, since
+    they never beat ``single`` there."""
+    yield from (c for c in _every_candidate(model, hw, global_batch=global_batch, micro_batch=micro_batch,
+                                            offload=offload, alone=alone) if facts.takes(c))
+
+
+def _every_candidate(model: ModelSpec, hw: Hardware, *, global_batch: int, micro_batch: int,
+                     offload: bool, alone: Collection[str]) -> Iterator[Candidate]:
     world = hw.world_size
 
     def make(strategy: str, dims: ParallelDims, off: bool = False) -> Candidate:
@@ -99,7 +146,7 @@ def enumerate_candidates(model: ModelSpec, hw: Hardware, *, global_batch: int, m
                 continue
             dp = world // (tp * pp)
             if dp == 1:
-                yield make("single" if tp == pp == 1 else "ddp", ParallelDims(tp=tp, pp=pp))
+                yield make("single" if tp == pp == 1 else "parallel", ParallelDims(tp=tp, pp=pp))
                 continue
             plain = ParallelDims(dp_replicate=dp, tp=tp, pp=pp)
             yield make("ddp", plain)

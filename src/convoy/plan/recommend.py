@@ -9,7 +9,9 @@ perf_train_gpu_many, "Scalability strategy") sorts a job into cases: (1) the mod
 ZeRO; (2) it does not -> PP, ZeRO or TP (TP/ZeRO need NVLink to compete); (3) its largest layer does not fit
 -> TP or ZeRO; and multi-node with fast links -> ZeRO or 3D, with slow links -> DP x PP x TP with ZeRO-1.
 Here every candidate is costed instead of guessed, the fastest fitting one wins, and a candidate within
-``TIE`` of the fastest but with less sharding (``Candidate.sharding_rank``) wins the tie.
+``TIE`` of the fastest wins the tie when it is simpler (``tie_rank``: no offload, no pipeline, no tensor
+parallelism, then the guide's data parallelism for the case: DDP when the model fits one device, else ZeRO-1),
+and the reason says which of these decided it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from convoy.plan.model import ModelSpec
 from convoy.plan.timing import StepTime
 from convoy.plan.units import format_bytes, format_seconds
 
-__all__ = ["Row", "Recommendation", "recommend", "guide_case", "TIE", "FAST_INTER_GBPS_PER_GPU"]
+__all__ = ["Row", "Recommendation", "recommend", "guide_case", "tie_rank", "tie_reason", "TIE",
+           "FAST_INTER_GBPS_PER_GPU"]
 
 #: step times within this fraction of the fastest count as a tie (the cost model is not finer than that).
 TIE = 0.05
@@ -52,6 +55,10 @@ class Row:
     """True when the per-GPU total (with reserve) is within the GPU's memory."""
     precision: str = ""
     """The precision recipe this row was costed in (``plan_for``'s ``precision_for``; else the run's)."""
+    recompute: str = "none"
+    """The activation recomputation this row was costed with (the run's, or a knob ``plan_for`` turned)."""
+    launch_args: tuple[str, ...] = ()
+    """The ``convoy launch`` arguments that run this row (``convoy.plan.commands.launch_args``)."""
 
     @property
     def name(self) -> str:
@@ -62,7 +69,7 @@ class Row:
         return {"name": self.name, "strategy": self.candidate.strategy, "zero_stage": self.candidate.layout.zero_stage,
                 "offload": self.candidate.layout.offload, "dp_replicate": d.dp_replicate, "dp_shard": d.dp_shard,
                 "tp": d.tp, "pp": d.pp, "microbatches": self.candidate.layout.microbatches, "fits": self.fits,
-                "precision": self.precision,
+                "precision": self.precision, "recompute": self.recompute, "launch_args": list(self.launch_args),
                 "model_states_bytes": self.memory.model_states,
                 "memory": self.memory.as_dict(), "time": self.time.as_dict()}
 
@@ -76,7 +83,14 @@ class Recommendation:
     """``"case 1"``, ``"case 2"``, ``"case 3"``, ``"multi-node fast"`` or ``"multi-node slow"``."""
     reasons: tuple[str, ...]
     breaks: tuple[str, ...] = ()
-    """What would change the answer (2x sequence length, no NVLink), filled in by ``convoy.plan``."""
+    """What would change the answer (2x sequence length, no NVLink, the network), filled in by ``convoy.plan``."""
+    knob: str = ""
+    """What ``convoy.plan`` turned because nothing fit as asked: ``"recompute"``, ``"offload"``, both joined by
+    ``+``, or ``""``."""
+    command: str = ""
+    """The ``convoy launch`` command line that runs the choice (``convoy.plan.commands.launch_command``)."""
+    accelerator: str = ""
+    """The equivalent ``Accelerator(...)`` call (``convoy.plan.commands.accelerator_call``)."""
 
     @property
     def candidate(self) -> Candidate | None:
@@ -96,12 +110,24 @@ class Recommendation:
     def cpu_offload(self) -> bool:
         return bool(self.row and self.row.candidate.layout.offload)
 
+    @property
+    def recompute(self) -> str:
+        """The activation recomputation of the choice (``"none"`` when nothing is chosen)."""
+        return self.row.recompute if self.row else "none"
+
+    @property
+    def launch_args(self) -> tuple[str, ...]:
+        """The ``convoy launch`` arguments that run the choice (() when nothing fits)."""
+        return self.row.launch_args if self.row else ()
+
     noun: str = "GPU"
     """What one device is (``GpuSpec.noun``): ``"GPU"``, or ``"CPU process"``."""
 
     def as_dict(self) -> dict:
         return {"candidate": self.row.name if self.row else None, "strategy": self.strategy,
                 "parallelism": self.dims.describe() if self.dims else None, "cpu_offload": self.cpu_offload,
+                "recompute": self.recompute, "knob": self.knob, "launch_args": list(self.launch_args),
+                "command": self.command, "accelerator": self.accelerator,
                 "case": self.case, "advice": advice(self.case, self.noun), "reasons": list(self.reasons),
                 "breaks": list(self.breaks)}
 
@@ -157,15 +183,16 @@ def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, 
     reasons = [f"{_count(model.num_params)} parameters with {run.precision} {run.optimizer}: "
                f"{states} of weights, gradients and optimizer state {_where(hw)}; the guide's {case}: "
                f"{advice(case, noun)}."]
-    fitting = [r for r in rows if r.fits]
+    # as asked: CPU offload is a knob (``convoy.plan.knobs``) turned only when nothing else fits
+    fitting = [r for r in rows if r.fits and not r.candidate.layout.offload]
     if not fitting:
         smallest = min(rows, key=lambda r: r.memory.total)
-        reasons.append(f"No layout fits: the smallest, {smallest.name}, needs {format_bytes(smallest.memory.total, binary=True)} "
-                       f"per {noun}. Use more {noun}s, recompute='full', a shorter sequence or a smaller micro-batch.")
+        reasons.append(f"No layout fits as asked: the smallest, {smallest.name}, needs "
+                       f"{format_bytes(smallest.memory.total, binary=True)} per {noun}.")
         return Recommendation(row=None, case=case, reasons=tuple(reasons), noun=noun)
     fastest = min(fitting, key=lambda r: r.time.seconds)
     ties = [r for r in fitting if r.time.seconds <= fastest.time.seconds * (1 + TIE)]
-    best = min(ties, key=lambda r: (r.candidate.sharding_rank, r.time.seconds))
+    best = min(ties, key=lambda r: (tie_rank(r.candidate, case), r.time.seconds))
     t = best.time
     costed = f" (costed as {best.precision})" if best.precision and best.precision != run.precision else ""
     reasons.append(f"{best.name} fits at {format_bytes(best.memory.total, binary=True)} per {noun}{costed} and takes about "
@@ -173,7 +200,8 @@ def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, 
                    f"{t.mfu:.0%} MFU).")
     if best is not fastest:
         reasons.append(f"{fastest.name} is {(1 - fastest.time.seconds / t.seconds):.0%} faster on paper, within the "
-                       f"{TIE:.0%} noise of this model, so the layout with less sharding wins.")
+                       f"{TIE:.0%} noise of this model, so {best.name} wins: "
+                       f"{tie_reason(best.candidate, fastest.candidate, case)}.")
     others = sorted((r for r in fitting if r is not best), key=lambda r: r.time.seconds)
     if others and others[0] is not fastest:
         nxt = others[0]
@@ -193,12 +221,48 @@ def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, 
     return Recommendation(row=best, case=case, reasons=tuple(reasons), noun=noun)
 
 
+#: the order data-parallel strategies win a tie in, per guide case: DDP first when the model fits one device
+#: (case 1), else ZeRO-1, which shards the optimizer state for DDP's traffic (the guide's "DP x PP x TP with
+#: ZeRO-1"); a layout without data parallelism (parallel, single) ranks with DDP: nothing sharded
+_DP_ORDER = {"case 1": ("single", "parallel", "ddp", "zero1", "zero2", "zero3", "hsdp"),
+             "other": ("zero1", "single", "parallel", "ddp", "zero2", "zero3", "hsdp")}
+
+
+def tie_rank(candidate: Candidate, case: str) -> tuple[int, ...]:
+    """How a candidate ranks among those within ``TIE`` of the fastest, smaller first: no CPU offload, no
+    pipeline, no tensor parallelism, then the guide's data-parallel choice for ``case`` (``_DP_ORDER``); equal
+    ranks go to the faster."""
+    d = candidate.layout.dims
+    order = _DP_ORDER["case 1" if case == "case 1" else "other"]
+    return (int(candidate.layout.offload), int(d.pp > 1), int(d.tp > 1), order.index(candidate.strategy))
+
+
+def tie_reason(best: Candidate, other: Candidate, case: str) -> str:
+    """Why ``best`` wins the tie against ``other``, from the first part of ``tie_rank`` where they differ."""
+    a, b = tie_rank(best, case), tie_rank(other, case)
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+    if first == 0:
+        return "it needs no CPU offload"
+    if first == 1:
+        return "it needs no pipeline"
+    if first == 2:
+        return "it needs no tensor parallelism"
+    if first == 3 and best.strategy == "zero1":
+        return ("ZeRO-1 shards the optimizer state for the traffic of DDP, the guide's data parallelism beside "
+                "pipelines and tensor parallelism and across nodes")
+    if first == 3 and case == "case 1":
+        return "the model fits one device, where the guide's choice is the least sharding (DDP, then ZeRO)"
+    return "it shards less"
+
+
 def _why_not_ddp(best: Row, fastest: Row, rows: list[Row], noun: str) -> str:
     """Why a model that fits one device is not trained with DDP, the guide's first choice: DDP does not fit
     (its replicas and buckets), or it is slower than the fastest layout beyond the noise, and by what."""
     d = best.candidate.layout.dims
     ddp = next((r for r in rows if r.candidate.strategy == "ddp"
                 and r.candidate.layout.dims == ParallelDims(dp_replicate=d.dp, tp=d.tp, pp=d.pp)), None)
+    if ddp is None:  # a layout without data parallelism (tp, pp): DDP over every device instead
+        ddp = next((r for r in rows if r.candidate.strategy == "ddp" and r.candidate.layout.dims.is_trivial), None)
     if ddp is None:
         return f"DDP is not among the layouts compared, so {best.name} is used."
     if not ddp.fits:

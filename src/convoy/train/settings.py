@@ -23,7 +23,8 @@ from typing import Any, Mapping
 
 import torch
 
-from convoy.config.schema import KEYS, MIXED_PRECISIONS, RECOMPUTE_MODES, MixedPrecision, dp_engine_beside, show
+from convoy.config.schema import (KEYS, MIXED_PRECISIONS, RECOMPUTE_MODES, MixedPrecision, check_offload,
+                                  dp_engine_beside, show)
 from convoy.errors import ConfigError
 from convoy.launch.env import (SETTING_NAMES, ConvoyEnv, RankEnv, read_convoy_env, read_debug_mode,
                                read_rank_env)
@@ -125,6 +126,7 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
                           ranks.world_size)
     strategy = _setting("strategy", given, launched)
     dp_engine_beside(strategy, dims)  # a strategy that cannot run beside these degrees: one line, as the launcher
+    options = {**(defaults or {}), **_launched_options(strategy, dims, launched, env), **(options or {})}
     return TrainSettings(
         **{f.name: getattr(ranks, f.name) for f in fields(RankEnv)},
         device_type="cpu" if cpu else _device_type(),
@@ -133,9 +135,24 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
         gradient_accumulation_steps=_setting("gradient_accumulation_steps", given, launched),
         collective_timeout_s=_setting("collective_timeout", given, launched),
         recompute=_setting("recompute", given, launched),
-        parallel_dims=dims, options={**(defaults or {}), **(options or {})},
+        parallel_dims=dims, options=options,
         backend=given.get("backend"), debug=read_debug_mode(env),
     )
+
+
+def _launched_options(strategy: str, dims: ParallelDims | None, launched: ConvoyEnv,
+                      env: Mapping[str, str]) -> dict[str, Any]:
+    """The strategy options the launcher's settings stand for (``--cpu-offload``: ``cpu_offload``,
+    ``--pp-schedule``: ``pp_schedule`` where there is a pipeline); ``strategy_options`` given to the Accelerator
+    win over them. A strategy with nothing to offload is one line naming where ``cpu_offload`` came from."""
+    out: dict[str, Any] = {}
+    if launched.cpu_offload:
+        variable = KEYS["cpu_offload"].env_var
+        check_offload(strategy, dims, said=f"{variable}={env[variable]}" if variable in env else "cpu_offload = true")
+        out["cpu_offload"] = True
+    if launched.pp_schedule is not None and (strategy == "pp" or (dims is not None and dims.pp > 1)):
+        out["pp_schedule"] = launched.pp_schedule
+    return out
 
 
 def _device_type() -> str:

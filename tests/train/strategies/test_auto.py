@@ -10,7 +10,7 @@ import convoy.plan.candidates
 from convoy.errors import StrategyError
 from convoy.plan.dims import ParallelDims
 from convoy.train.strategies.auto import (AutoLayout, auto_strategy, choose_strategy, dp_engine_for, planner_hook,
-                                          layout_shards_with_fsdp, pp_degrees, runs_in_trainer,
+                                          layout_shards_with_fsdp, pp_degrees,
                                           shards_with_fsdp, tp_degrees)
 from tests.distributed import run_script
 from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, lm_loss
@@ -75,7 +75,10 @@ def test_mixed_precision_costs_each_candidate_as_the_trainer_runs_it():
     backward: zero3 needs 32.2 GiB, tp4 32.7 GiB, zero3 + tp2 32.8 GiB and is the fastest of them on this
     generic PCIe device (planned all in pure bf16, as before, tp4 took 29.2 GiB and zero3 34.0 GiB)."""
     model = meta_gpt()
-    assert auto(model, world_size=4, device_gib=30).name == "zero3"  # nothing fits by the plan: the rule's answer
+    # nothing fits as asked: auto turns the planner's offload knob and applies it (the rule answered zero3 before)
+    offloaded = auto(model, world_size=4, device_gib=30)
+    assert offloaded.cpu_offload and offloaded.name in ("zero2", "zero3"), offloaded
+    assert "No layout fits as asked" in offloaded.reason and "Turning CPU offload" in offloaded.reason
     layout = auto(model, world_size=4, device_gib=32.5)
     assert layout.name == "zero3" and "case 2" in layout.reason  # the planner's answer: only zero3 fits
     layout = auto(model, world_size=4, device_gib=34)
@@ -168,14 +171,15 @@ def test_pp_only_with_loss_fn():
             assert layout.dp_engine in ("ddp", "zero1")
 
 
-def test_auto_can_choose_dp_x_tp_x_pp_realised_with_fsdp_per_stage():
+def test_auto_can_choose_dp_x_tp_x_pp():
     # 8 devices of 40 GiB, a 7B-shaped model, a pipeline loop, and a model that splits only 2 ways by tp and by pp:
-    # the other factor of 2 is data parallel, and dp over tp-split weights is FSDP2 (per stage)
+    # the other factor of 2 is data parallel: the planner's zero1+tp2+pp2, built with the zero1 engine (over
+    # tp-split weights, FSDP2 per stage keeping the gathered weights through the step)
     model = meta_gpt()
     layout = auto_strategy(num_parameters=count(model), world_size=8, device_bytes=40 * GIB, model=model,
                            tp_degrees=(2,), pp_degrees=(2,), pipeline=True, mixed_precision="bf16", heads=32)
     assert layout.name == "parallel" and (layout.dims.dp, layout.dims.tp, layout.dims.pp) == (2, 2, 2), layout
-    assert layout.dims.world_size == 8 and layout.dp_engine == "fsdp", layout
+    assert layout.dims.world_size == 8 and layout.dp_engine == "zero1", layout
 
 
 def test_a_pipeline_loop_keeps_a_pipeline_when_none_fits_the_estimate():
@@ -249,10 +253,11 @@ def test_auto_strategy_hook_for_choose_strategy():
     assert layout.name == "ddp" and layout.dims is None and "fits" in layout.reason
     assert auto_strategy(num_parameters=6 * 10**9, world_size=4, device_bytes=80 * GIB).name in ("zero2", "zero3")
     # 7e9 in fp32 on 4 x 80 GiB: by a bare count (one unit) zero3 gathers the whole model and zero2 keeps the fp32
-    # shards beside the whole weights (82.7 GiB): the planner declines and the rule shards it
-    assert auto_strategy(num_parameters=7 * 10**9, world_size=4, device_bytes=80 * GIB) is None
+    # shards beside the whole weights (82.7 GiB): nothing fits as asked, and the planner turns CPU offload
+    offloaded = auto_strategy(num_parameters=7 * 10**9, world_size=4, device_bytes=80 * GIB)
+    assert offloaded.cpu_offload and offloaded.describe() in ("zero2 with cpu_offload", "zero3 with cpu_offload")
     assert choose_strategy(world_size=4, num_parameters=7 * 10**9, device_bytes=80 * GIB,
-                           planner=auto_strategy).name == "zero3"
+                           planner=auto_strategy) == offloaded
     assert auto_strategy(num_parameters=10**8, world_size=1, device_bytes=80 * GIB).name == "single"
     assert auto_strategy(num_parameters=10**12, world_size=2, device_bytes=GIB) is None
 
@@ -265,10 +270,11 @@ def test_auto_strategy_splits_only_by_the_degrees_it_is_given():
                            tp_degrees=(2, 4))
     assert layout.name == "parallel" and layout.dims.tp == 4 and layout.dims.world_size == 4
     assert layout.describe() == "parallel (dp=1,tp=4,pp=1)" and "tp4 fits" in layout.reason
-    # tp=2 only (as for a model whose kv heads tp=4 would not divide): nothing fits
+    # tp=2 only (as for a model whose kv heads tp=4 would not divide): nothing fits as asked, only with offload
     assert auto_strategy(num_parameters=n, world_size=4, device_bytes=32 * GIB, precision="bf16", model=model,
-                         tp_degrees=(2,)) is None
-    # no degrees: the data-parallel comparison of a bare parameter count, whatever the model
+                         tp_degrees=(2,)).cpu_offload
+    # no degrees: the data-parallel comparison of a bare parameter count (one unit: offload gathers it whole),
+    # whatever the model: nothing fits even with offload
     assert auto_strategy(num_parameters=n, world_size=4, device_bytes=32 * GIB, precision="bf16",
                          model=model) is None
     # a pipeline loop: pipeline layouts only, each replica by DDP or ZeRO-1
@@ -287,21 +293,26 @@ def test_auto_layout_degrees_go_with_strategy_parallel_only():
         AutoLayout(name="parallel", reason="")
 
 
-def test_recommend_for_module_proposes_only_layouts_the_trainer_runs():
+def test_the_planners_candidates_are_built_with_the_engine_their_strategy_names():
+    """Every candidate runs in the trainer as named (ddp and zero1 beside tp too, which were planned but refused);
+    auto narrows them only by the trainer's facts about the model, as planner inputs."""
+    from convoy.plan.candidates import TrainerFacts
     from convoy.plan.hardware import parse_hardware
     from convoy.plan.model import from_hf_config
 
-    cands = list(convoy.plan.candidates.enumerate_candidates(from_hf_config(_gpt_config()),
-                                                             parse_hardware("8xH100-80GB"), global_batch=8,
-                                                             micro_batch=1))
-    kept = {c.name for c in cands if runs_in_trainer(c)}
-    assert {"ddp", "zero3", "zero3+tp2", "tp8", "ddp+pp2", "zero1+pp2", "tp2+pp4", "zero1+tp2+pp2"} <= kept
-    # tp with dp > 1 only through FSDP2 (dp x tp x pp: the zero1 candidate, FSDP2 per stage)
-    assert not kept & {"ddp+tp2", "zero1+tp2", "ddp+tp2+pp2"}
-    three_d = next(c for c in cands if c.name == "zero1+tp2+pp2")
-    assert dp_engine_for(three_d.strategy, three_d.dims) == "fsdp"
-    assert dp_engine_for("zero1", next(c for c in cands if c.name == "zero1+pp2").dims) == "zero1"
-    assert {"ddp+tp2", "zero1+tp2", "ddp+tp2+pp2"} <= {c.name for c in cands}
+    model, hw = from_hf_config(_gpt_config()), parse_hardware("8xH100-80GB")
+    cands = list(convoy.plan.candidates.enumerate_candidates(model, hw, global_batch=8, micro_batch=1))
+    named = {c.name: c for c in cands}
+    assert {"ddp", "zero3", "zero3+tp2", "tp8", "ddp+pp2", "zero1+pp2", "tp2+pp4", "zero1+tp2+pp2", "ddp+tp2",
+            "zero1+tp2", "ddp+tp2+pp2"} <= set(named)
+    assert named["tp8"].strategy == "parallel" and named["tp2+pp4"].strategy == "parallel"
+    assert [dp_engine_for(named[n].strategy, named[n].dims) for n in ("zero1+tp2+pp2", "ddp+tp2", "zero1+pp2", "tp8")
+            ] == ["zero1", "ddp", "zero1", None]
+    only = TrainerFacts(tp_degrees=(2,), pp_degrees=(), fsdp=False)
+    kept = {c.name for c in convoy.plan.candidates.enumerate_candidates(model, hw, global_batch=8, micro_batch=1,
+                                                                       facts=only)}
+    # tp2 only, no pp, and nothing FSDP2 runs (zero2/zero3, offload, and dp beside tp, whose DTensors it holds)
+    assert kept == {"ddp", "zero1"}
 
 
 # --- on the device at hand: its measured rates rank the layouts ------------------------------------------------
@@ -508,6 +519,8 @@ def test_the_planners_filter_leaves_out_every_layout_the_trainer_shards_with_fsd
     ("zero1", ParallelDims(dp_replicate=2), False), ("zero3", ParallelDims(dp_replicate=2, tp=2), True),
     ("zero3", ParallelDims(tp=2), False), ("ddp", ParallelDims(dp_replicate=2, pp=2), False),
     ("zero1", ParallelDims(dp_replicate=2, tp=2, pp=2), True),  # 3D: FSDP2 per stage
+    ("ddp", ParallelDims(dp_replicate=2, tp=2), True),  # whole replicas of DTensor weights: FSDP2's replicate
+    ("hsdp", ParallelDims(dp_replicate=2, dp_shard=2), True),
 ])
 def test_shards_with_fsdp_follows_how_the_trainer_runs_each_candidate(strategy, dims, fsdp):
     assert shards_with_fsdp(strategy, dims) is fsdp
@@ -531,3 +544,23 @@ def test_a_small_model_on_cpu_processes_gets_ddp_and_an_explanation_about_them(m
     assert layout.name == "ddp"
     assert "CPU process" in layout.reason and "share of this machine's memory is 11.0 GiB" in layout.reason
     assert "GPU" not in layout.reason
+
+
+def test_the_offload_the_planner_turned_is_applied_by_the_strategy_built():
+    """auto's answer with cpu_offload (nothing fit as asked) is built with FSDP2's CPUOffloadPolicy, as planned."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    from convoy.train.settings import resolve_settings
+    from convoy.train.strategies.build import build_strategy
+    from convoy.train.strategies.fsdp import offload_policy
+
+    settings = resolve_settings(env={}, cpu=True)
+    try:
+        strategy = build_strategy(settings, model=torch.nn.Linear(4, 4), planner=lambda **_: AutoLayout(
+            name="zero3", reason="nothing fits as asked", cpu_offload=True))
+        assert strategy.name == "zero3" and strategy.context.options == {"cpu_offload": True}
+        assert isinstance(offload_policy(strategy.context.options), CPUOffloadPolicy)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

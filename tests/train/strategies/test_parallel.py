@@ -39,9 +39,33 @@ def test_degrees_must_multiply_to_the_world_size():
         create_strategy("parallel", _ctx(2, ParallelDims(dp_replicate=2, tp=2)))
 
 
+def test_ddp_and_zero1_beside_tp_run_with_engines_that_take_dtensor_weights():
+    """DDP and ZeroRedundancyOptimizer take plain tensors only: beside tp, ddp keeps whole replicas with FSDP2's
+    replicate (dp stays replicated) and zero1 shards with fully_shard keeping the weights through the step."""
+    from convoy.train.strategies.parallel import realisation
+
+    ddp = create_strategy("parallel", _ctx(4, ParallelDims(dp_replicate=2, tp=2), dp_engine="ddp"))
+    assert ddp.dims == ParallelDims(dp_replicate=2, tp=2) and ddp.distributed_type == "DDP+TP"
+    zero1 = create_strategy("parallel", _ctx(8, ParallelDims(dp_replicate=2, tp=2, pp=2), dp_engine="zero1"))
+    assert zero1.dims == ParallelDims(dp_shard=2, tp=2, pp=2) and zero1.distributed_type == "ZERO1+TP+PP"
+    assert [realisation(e, 2) for e in ("fsdp", "zero2", "ddp", "zero1")] == ["fsdp", "fsdp", "replicate",
+                                                                               "fsdp-kept"]
+    assert [realisation(e, 1) for e in ("ddp", "zero1")] == ["ddp", "zero1"]
+
+
+def test_hsdp_shards_inside_a_machine_and_replicates_across_machines_by_default():
+    two_nodes = StrategyContext(world_size=16, local_world_size=8, parallel_dims=None)
+    assert create_strategy("hsdp", two_nodes).dims == ParallelDims(dp_replicate=2, dp_shard=8)
+    with_tp = StrategyContext(world_size=16, local_world_size=8, parallel_dims=ParallelDims(dp_replicate=8, tp=2))
+    assert create_strategy("hsdp", with_tp).dims == ParallelDims(dp_replicate=2, dp_shard=4, tp=2)
+    given = _ctx(4, ParallelDims(dp_replicate=2, dp_shard=2))
+    assert create_strategy("hsdp", given).distributed_type == "HSDP"
+    with pytest.raises(StrategyError, match="strategy='hsdp' shards each replica with FSDP2: dp_engine='ddp'"):
+        create_strategy("hsdp", _ctx(4, ParallelDims(dp_replicate=2, dp_shard=2), dp_engine="ddp"))
+
+
 @pytest.mark.parametrize("dims, options, error, text", [
-    (ParallelDims(dp_replicate=2, tp=2), {"dp_engine": "ddp"}, NotSupportedYetError, "dp_engine='fsdp'"),
-    (ParallelDims(dp_replicate=2, tp=2, pp=2), {"dp_engine": "zero1"}, NotSupportedYetError, "dp_engine='fsdp'"),
+    (ParallelDims(dp_replicate=2, dp_shard=2), {"dp_engine": "ddp"}, StrategyError, "needs dp_engine='fsdp'"),
     (ParallelDims(tp=4), {"dp_engine": "deepspeed"}, StrategyError, "'deepspeed' is unknown"),
     (ParallelDims(tp=4), {"tp_plna": {}}, StrategyError, "unknown option 'tp_plna'"),
 ])
@@ -92,6 +116,8 @@ def _named(strategy: str, parallelism: str, world: int = 4, **options):
     ("zero3", "tp=2", "fsdp"), ("fsdp", "tp=2", "fsdp"), ("zero2", "tp=2", "zero2"),  # the guide's case-3 recipe
     ("zero1", "pp=2", "zero1"), ("ddp", "pp=2", "ddp"), ("zero3", "pp=2", "fsdp"),
     ("zero3", "dp_replicate=2,dp_shard=2", "fsdp"),  # HSDP, which plain zero3 would run as FSDP over all ranks
+    ("ddp", "tp=2", "ddp"), ("zero1", "tp=2", "zero1"),  # whole replicas / ZeRO-1 of DTensor weights
+    ("zero1", "tp=2,pp=2", "zero1"), ("ddp", "tp=2,pp=2", "ddp"),  # dp = 1: nothing for them to do, accepted
 ])
 def test_a_data_parallel_strategy_beside_degrees_builds_them_with_its_engine(strategy, parallelism, engine):
     """It built the named strategy over every rank and dropped the degrees without a word."""
@@ -101,7 +127,7 @@ def test_a_data_parallel_strategy_beside_degrees_builds_them_with_its_engine(str
                                                   parallel_dims=ParallelDims.parse(parallelism, world_size=4),
                                                   options=options))
     assert built.dp_engine == engine and built.dims.world_size == 4
-    if engine in ("fsdp", "zero2") and built.dims.tp > 1:
+    if engine in ("fsdp", "zero2") and built.dims.tp > 1 and built.dims.pp == 1:
         assert built.dims.dp_shard == 2 and built.distributed_type == "FSDP+TP"
 
 
@@ -109,12 +135,13 @@ def test_degrees_of_data_parallelism_alone_keep_the_named_strategy():
     assert _named("zero3", "dp=4") == ("zero3", {})
     assert _named("auto", "tp=2")[0] == "parallel"
     assert _named("auto", "dp_replicate=2,dp_shard=2")[0] == "parallel"  # auto compared plain dp, dropping HSDP
+    assert _named("hsdp", "dp_replicate=2,dp_shard=2") == ("hsdp", {})  # hsdp reads the degrees itself
 
 
 @pytest.mark.parametrize("strategy, parallelism, error, text", [
-    ("ddp", "tp=2", NotSupportedYetError, "strategy='ddp' with tp=2 is not supported yet: .*DTensors.*'zero3'"),
-    ("zero1", "tp=2,pp=2", NotSupportedYetError, "strategy='zero1' with tp=2, pp=2 is not supported yet"),
-    ("ddp", "dp_replicate=2,dp_shard=2", NotSupportedYetError, "HSDP shards each replica, which only FSDP2 does"),
+    ("ddp", "dp_replicate=2,dp_shard=2", StrategyError, "shards the weights of each replica, which only FSDP2 "
+                                                        "does; use strategy 'hsdp'"),
+    ("zero1", "dp_replicate=2,dp_shard=2", StrategyError, "strategy='zero1' keeps whole weights in each replica"),
     ("single", "pp=2", StrategyError, "runs the whole model in one process, not split by pp=2; use strategy 'parallel'"),
     ("dp", "tp=2", StrategyError, "strategy='dp' runs the whole model in one process"),
 ])
@@ -143,7 +170,9 @@ def test_the_launcher_refuses_what_a_rank_would():
 
     check_launch_settings(ConvoyEnv(strategy="zero3", parallelism="tp=2"))
     check_launch_settings(ConvoyEnv(strategy="zero1", parallelism="pp=2"))
-    with pytest.raises(NotSupportedYetError, match="--strategy 'ddp' with tp=2 is not supported yet"):
-        check_launch_settings(ConvoyEnv(strategy="ddp", parallelism="tp=2"))
+    check_launch_settings(ConvoyEnv(strategy="ddp", parallelism="dp=4,tp=2,pp=2"))  # the planner's ddp+tp2+pp2
+    check_launch_settings(ConvoyEnv(strategy="hsdp", parallelism="dp_replicate=2,dp_shard=8"))
+    with pytest.raises(StrategyError, match="--strategy 'ddp' keeps whole weights in each replica"):
+        check_launch_settings(ConvoyEnv(strategy="ddp", parallelism="dp_replicate=2,dp_shard=2"))
     with pytest.raises(StrategyError, match="--strategy 'single' runs the whole model in one process"):
         check_launch_settings(ConvoyEnv(strategy="single", parallelism="pp=2"))

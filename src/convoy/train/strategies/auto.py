@@ -1,9 +1,11 @@
 """``strategy="auto"``: the planner's layout (data parallel, or tp/pp where the model and the loop allow), else a rule.
 
-The trainer's side of the planner: which of the planner's candidates the trainer runs (``runs_in_trainer``),
-how strategy ``"parallel"`` realises their data parallelism (``dp_engine_for``), and the answer as an
-``AutoLayout`` the strategy builder (``convoy.train.strategies.build``) turns into a strategy. The planner
-(``convoy.plan``) answers in its own terms, candidates and recommendations; it knows no trainer names.
+The trainer's side of the planner: what the trainer can do with this model and loop (the tp and pp degrees it can
+split the model by, whether the loop is a pipeline's, whether FSDP2 can wrap it), handed to the planner as its
+``TrainerFacts``, so that ``convoy plan`` with the same facts gives the same answer (one function decides:
+``convoy.plan.api.plan_for``); how strategy ``"parallel"`` realises the candidates' data parallelism
+(``dp_engine_for``); and the answer as an ``AutoLayout`` the strategy builder (``convoy.train.strategies.build``)
+turns into a strategy, with CPU offload applied when the planner turned that knob (nothing else fit).
 
     layout = choose_strategy(world_size=4, num_parameters=7e9, device_bytes=80 * 2**30)
     layout.name, layout.reason   # ("zero3", "the model needs ~104.3 GiB for fp32 weights, gradients and Adam ...")
@@ -38,22 +40,24 @@ from __future__ import annotations
 import inspect
 import os
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Callable, Collection, Mapping
 
 import torch
 
 from convoy.errors import NotSupportedYetError, PlanError, StrategyError
 from convoy.plan.api import recommend_for_module
+from convoy.config.schema import DP_ENGINES
 from convoy.plan.calibration import Calibration, time_model
-from convoy.plan.rates import rates_for
-from convoy.plan.candidates import Candidate
+from convoy.plan.candidates import Candidate, TrainerFacts
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import CPU, lookup_gpu
 from convoy.plan.memory import RunSpec
 from convoy.plan.model import ModelSpec, resolve_model
+from convoy.plan.rates import rates_for
+from convoy.plan.recommend import Recommendation
 
-__all__ = ["AutoLayout", "TRAINER_STRATEGIES", "choose_strategy", "planner_hook", "auto_strategy", "runs_in_trainer",
+__all__ = ["AutoLayout", "TRAINER_STRATEGIES", "TRAINER_KNOBS", "choose_strategy", "planner_hook", "auto_strategy",
+           "ConvoyPlanner", "TrainerPrecision",
            "trainer_precision", "measured_device", "shards_with_fsdp", "layout_shards_with_fsdp", "model_fsdp_limit",
            "dp_engine_for", "training_bytes", "device_memory_bytes", "tp_degrees", "pp_degrees", "model_head_counts"]
 
@@ -63,11 +67,11 @@ HEADROOM = 0.8
 
 Planner = Callable[..., "AutoLayout | tuple[str, str] | None"]
 
-#: the strategies the training layer implements today (convoy.train.strategies registry).
-TRAINER_STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
-#: the trainer's data-parallel engine (``strategy_options["dp_engine"]`` of strategy "parallel") for each
-#: candidate strategy, when a tp/pp layout also has dp > 1
-_DP_ENGINE = {"ddp": "ddp", "zero1": "zero1", "zero2": "fsdp", "zero3": "fsdp", "fsdp": "fsdp", "hsdp": "fsdp"}
+#: the data-parallel strategies the training layer implements (convoy.train.strategies registry).
+TRAINER_STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp")
+#: what auto turns when nothing fits as asked (``convoy.plan.knobs``): CPU offload, which the strategies apply
+#: (``cpu_offload``)
+TRAINER_KNOBS = ("offload",)
 _SHAPE_KEYS = ("layers", "hidden", "heads", "vocab", "ffn", "kv_heads")
 
 
@@ -82,42 +86,29 @@ class AutoLayout:
     dims: ParallelDims | None = None
     """The degrees for strategy ``parallel`` (tp or pp above 1); None for the data-parallel strategies."""
     dp_engine: str | None = None
-    """How ``parallel`` realises dp > 1 (``fsdp``, ``ddp``, ``zero1``); None when dp = 1 or not ``parallel``."""
+    """How ``parallel`` realises dp > 1 (``fsdp``, ``zero2``, ``ddp``, ``zero1``); None when dp = 1 or not
+    ``parallel``."""
+    cpu_offload: bool = False
+    """FSDP2's shards in host memory (``strategy_options["cpu_offload"]``): the knob the planner turned when
+    nothing else fit."""
 
     def __post_init__(self) -> None:
         if (self.name == "parallel") != (self.dims is not None):
             raise StrategyError(f"layout {self.name!r}: parallel degrees go with strategy 'parallel' only")
 
     def describe(self) -> str:
-        """``"zero3"``, or ``"parallel (dp=1,tp=2,pp=1)"``."""
-        return f"{self.name} ({self.dims.describe()})" if self.dims is not None else self.name
-
-
-def runs_in_trainer(candidate: Candidate) -> bool:
-    """True for layouts strategy ``"parallel"`` (``convoy.train.strategies.parallel``) builds from a candidate:
-    with tp and dp > 1 the weights are DTensors, which only FSDP2 shards (candidate ``zero3``); with pp and dp > 1 the
-    stages are replicated by DDP or ZeRO-1 (the only pipeline candidates). dp x tp x pp is the ``zero1``
-    candidate, which the trainer realises with FSDP2 per stage (``dp_engine_for``): through the step a stage's
-    parameters and gradients are whole, as with ZeRO-1, and at rest they are sharded too, so the candidate's
-    memory is an upper bound."""
-    d = candidate.layout.dims
-    if d.is_trivial or d.dp == 1:
-        return True
-    if d.tp > 1 and d.pp > 1:
-        return candidate.strategy == "zero1"
-    if d.tp > 1:
-        return candidate.strategy == "zero3"
-    return candidate.strategy in ("ddp", "zero1")
+        """``"zero3"``, ``"zero3 with cpu_offload"``, or ``"parallel (dp=1,tp=2,pp=1)"``."""
+        name = f"{self.name} ({self.dims.describe()})" if self.dims is not None else self.name
+        return name + (" with cpu_offload" if self.cpu_offload else "")
 
 
 def dp_engine_for(strategy: str, dims: ParallelDims) -> str | None:
-    """The trainer's ``dp_engine`` for a data-parallel strategy name at ``dims`` (see ``runs_in_trainer``);
-    a name it does not know (a custom planner's) replicates with DDP."""
+    """The trainer's ``dp_engine`` (of strategy "parallel") for a candidate's strategy name at ``dims``: the one
+    ``convoy launch --strategy NAME`` runs beside these degrees (``convoy.config.schema.DP_ENGINES``; hsdp: FSDP2
+    on the 2-D dp mesh); None when dp = 1. A name it does not know (a custom planner's) replicates with DDP."""
     if dims.dp == 1:
         return None
-    if dims.tp > 1:
-        return "fsdp"  # DTensor weights: FSDP2 (for dp x tp x pp, per pipeline stage)
-    return _DP_ENGINE.get(strategy, "ddp")
+    return {"hsdp": "fsdp", **DP_ENGINES}.get(strategy, "ddp")
 
 
 #: the strategies the trainer runs with FSDP2's ``fully_shard`` (with data parallelism alone)
@@ -125,21 +116,23 @@ _FSDP_STRATEGIES = ("zero2", "zero3", "fsdp", "hsdp")
 
 
 def shards_with_fsdp(strategy: str, dims: ParallelDims) -> bool:
-    """True when the trainer runs the planner's ``strategy`` at ``dims`` with FSDP2 (``fully_shard``): zero2,
-    zero3/fsdp with data parallelism alone (on any number of processes), and strategy "parallel" whose
-    ``dp_engine_for`` is FSDP2 with dp > 1."""
-    if dims.is_trivial:
+    """True when the trainer runs ``strategy`` at ``dims`` on FSDP2: zero2, zero3/fsdp and hsdp over data
+    parallelism alone (on any number of processes), and strategy "parallel" with dp > 1 whose engine is FSDP2's,
+    or beside tp, whose DTensor weights every engine keeps with FSDP2 (``convoy.train.strategies.parallel``)."""
+    if dims.is_trivial and not (dims.dp_replicate > 1 and dims.dp_shard > 1):
         return strategy in _FSDP_STRATEGIES
-    return dims.dp > 1 and dp_engine_for(strategy, dims) == "fsdp"
+    return dims.dp > 1 and (dims.tp > 1 or dp_engine_for(strategy, dims) in ("fsdp", "zero2"))
 
 
 def layout_shards_with_fsdp(layout: AutoLayout) -> bool:
     """``shards_with_fsdp`` for an answer: a data-parallel name, or strategy "parallel" with its ``dp_engine``."""
+    if layout.cpu_offload:
+        return True
     if layout.dims is None:
         return layout.name in _FSDP_STRATEGIES
     d = layout.dims
     engine = layout.dp_engine or ("zero1" if d.pp > 1 and d.tp == 1 else "fsdp")  # ParallelStrategy's default
-    return d.dp > 1 and engine in ("fsdp", "zero2")
+    return d.dp > 1 and (d.tp > 1 or engine in ("fsdp", "zero2"))
 
 
 def _left_out(fsdp_limit: str) -> str:
@@ -264,18 +257,12 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
     tp_degrees = tuple(t for t in tp_degrees if t > 1)
     pp_degrees = tuple(p for p in pp_degrees if p > 1)
     split = model is not None and bool(tp_degrees or pp_degrees)
-    allowed = TRAINER_STRATEGIES + (("tp",) if tp_degrees else ()) + (("pp",) if pp_degrees else ())
-    require_pp = pipeline and bool(pp_degrees)
-
-    def keep(cand: Candidate) -> bool:
-        d = cand.layout.dims
-        return (runs_in_trainer(cand) and (d.pp > 1 or not require_pp)
-                and (d.tp == 1 or d.tp in tp_degrees) and (d.pp == 1 or d.pp in pp_degrees)
-                and not (fsdp_limit and shards_with_fsdp(cand.strategy, d)))
-
+    # the trainer's facts are the planner's inputs: convoy plan with the same facts gives the same answer
+    facts = TrainerFacts(tp_degrees=tp_degrees, pp_degrees=pp_degrees, pipeline_only=pipeline and bool(pp_degrees),
+                         fsdp=not fsdp_limit)
     if mixed_precision in ("bf16", "fp16"):
         precision = f"{mixed_precision}-autocast"
-        kwargs = {**kwargs, "precision_for": partial(trainer_precision, str(mixed_precision))}
+        kwargs = {**kwargs, "precision_for": TrainerPrecision(str(mixed_precision))}
     shape = {k: v for k, v in kwargs.items() if k in _SHAPE_KEYS}
     kwargs = {k: v for k, v in kwargs.items() if k not in _SHAPE_KEYS}
     timed = ""
@@ -293,21 +280,30 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
         elif device_type == "cpu":
             kwargs = {**kwargs, "gpu": CPU}
         rec = recommend_for_module(spec, world_size=world_size, device_memory_bytes=device_bytes,
-                                   precision=precision, allowed=allowed, keep=keep, **kwargs)
+                                   precision=precision, allowed=None, facts=facts, knobs=TRAINER_KNOBS, **kwargs)
     except PlanError:
         return None
+    return _as_layout(rec, pipeline=pipeline, timed=timed, left_out=_left_out(fsdp_limit) if fsdp_limit and
+                      world_size > 1 else "")
+
+
+def _as_layout(rec: Recommendation, *, pipeline: bool, timed: str, left_out: str) -> AutoLayout:
+    """The planner's recommendation as the layout the strategy builder builds, and the one line saying why: the
+    guide's case, the choice (and why not DDP), the knob turned when nothing fit as asked."""
     dims = rec.dims
     assert rec.row is not None and dims is not None  # recommend_for_module raises when nothing fits
-    reason = " ".join([rec.reasons[0], *(r for r in rec.reasons if r.startswith("DDP "))])  # and why not DDP
-    timed = f" Step times: {timed}." if timed else ""
-    if fsdp_limit and world_size > 1:
-        timed += f" {_left_out(fsdp_limit)}"
-    if dims.is_trivial:
-        return AutoLayout(name=rec.strategy or "single", reason=reason + timed)
+    picked = (r for r in rec.reasons[1:] if r.startswith(("DDP ", "No layout fits as asked", "Turning ")))
+    reason = " ".join([rec.reasons[0], *picked])
+    timed = (f" Step times: {timed}." if timed else "") + (f" {left_out}" if left_out else "")
+    hsdp = dims.dp_replicate > 1 and dims.dp_shard > 1
+    if dims.is_trivial and not hsdp:
+        return AutoLayout(name=rec.strategy or "single", reason=reason + timed, cpu_offload=rec.cpu_offload)
     if pipeline and dims.pp > 1:
         reason += (" strategy_options has loss_fn (a loop that trains with model(x, target=y)), so only "
                    "pipeline layouts were compared.")
-    return AutoLayout(name="parallel", reason=f"{reason} {rec.reasons[1]}{timed}", dims=dims,
+    if not rec.knob:
+        reason += f" {rec.reasons[1]}"
+    return AutoLayout(name="parallel", reason=f"{reason}{timed}", dims=dims, cpu_offload=rec.cpu_offload,
                       dp_engine=dp_engine_for(rec.strategy or "ddp", dims))
 
 
@@ -365,14 +361,43 @@ def _unmeasured_rates(gpu: str | None) -> str:
     return f"step times use {rates_for(lookup_gpu(gpu)).describe()}"
 
 
+@dataclass(frozen=True)
+class TrainerPrecision:
+    """``trainer_precision`` for one ``mixed_precision``: the ``precision_for`` of the plan (a candidate's recipe)."""
+
+    mixed_precision: str
+
+    def __call__(self, candidate: Candidate) -> str:
+        return trainer_precision(self.mixed_precision, candidate)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvoyPlanner:
+    """convoy's planner as the ``planner`` of ``choose_strategy`` (``planner_hook``): ``auto_strategy`` for this
+    run's precision and device, called with every fact ``choose_strategy`` has."""
+
+    mixed_precision: str | None = None
+    device: str | None = None
+    device_type: str | None = None
+
+    def __call__(self, *, num_parameters: int, world_size: int, device_bytes: int, model: Any = None,
+                 tp_degrees: Collection[int] = (), pp_degrees: Collection[int] = (), pipeline: bool = False,
+                 heads: int | None = None, nodes: int = 1, fsdp_limit: str | None = None) -> AutoLayout | None:
+        shape = {"heads": heads} if heads else {}
+        return auto_strategy(num_parameters=num_parameters, world_size=world_size, device_bytes=device_bytes,
+                             model=model, tp_degrees=tp_degrees, pp_degrees=pp_degrees, pipeline=pipeline,
+                             mixed_precision=self.mixed_precision, device=self.device, device_type=self.device_type,
+                             fsdp_limit=fsdp_limit, **({"nodes": nodes} if nodes > 1 else {}), **shape)
+
+
 def planner_hook(mixed_precision: str | None, *, device: str | None = None,
-                 device_type: str | None = None) -> Planner:
+                 device_type: str | None = None) -> ConvoyPlanner:
     """convoy's planner as the ``planner`` of ``choose_strategy``, for this run's precision (the Accelerator's
     ``mixed_precision``: each candidate is costed in the recipe the trainer runs it in, ``trainer_precision``)
     on ``device`` (its table row and measured rates, see ``auto_strategy``; None: a generic device, or with
     ``device_type="cpu"`` CPU processes)."""
-    return partial(auto_strategy, mixed_precision=str(mixed_precision) if mixed_precision else None, device=device,
-                   device_type=device_type)
+    return ConvoyPlanner(mixed_precision=str(mixed_precision) if mixed_precision else None, device=device,
+                         device_type=device_type)
 
 
 def _table_row(device: str) -> str | None:
@@ -384,7 +409,10 @@ def _table_row(device: str) -> str | None:
 
 
 def _ask(planner: Planner, **kwargs: Any) -> AutoLayout | None:
-    """Call ``planner`` with the keywords it takes; accept a layout or a ``(name, reason)`` pair."""
+    """Call ``planner``: convoy's own with every keyword, a script's with the keywords it takes; accept a layout
+    or a ``(name, reason)`` pair."""
+    if isinstance(planner, ConvoyPlanner):
+        return planner(**kwargs)
     try:
         params = inspect.signature(planner).parameters
     except (TypeError, ValueError):  # pragma: no cover - builtins without a signature

@@ -225,6 +225,7 @@ _BUILTIN: dict[str, str] = {
     "parallel": "convoy.train.strategies.parallel:ParallelStrategy",
     "tp": "convoy.train.strategies.parallel:TensorParallelStrategy",
     "pp": "convoy.train.strategies.parallel:PipelineParallelStrategy",
+    "hsdp": "convoy.train.strategies.parallel:HybridShardStrategy",
 }
 _REGISTERED: dict[str, type[Strategy]] = {}
 

@@ -106,6 +106,8 @@ def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[...
         if layout.dims is not None:  # tp/pp chosen: strategy "parallel" builds these degrees
             dims = layout.dims
             options = {**({"dp_engine": layout.dp_engine} if layout.dp_engine else {}), **options}
+        if layout.cpu_offload:  # the knob the planner turned: nothing fit without it
+            options = {**options, "cpu_offload": True}
         if settings.world_size > 1 and settings.rank == 0:
             print(f"convoy: strategy=auto chose {layout.describe()}: {layout.reason}", flush=True)
     strategy = create_strategy(name, replace(settings, strategy=name, parallel_dims=dims, options=options))

@@ -1,6 +1,8 @@
 """Strategies ``"parallel"``, ``"tp"`` and ``"pp"``: any dp x tp x pp layout through the Accelerator.
 
     accelerator = Accelerator(parallelism={"dp": 2, "tp": 2})          # 2D: FSDP2 over dp, TP inside
+    accelerator = Accelerator(strategy="ddp", parallelism={"dp": 2, "tp": 2})   # whole replicas over dp instead
+    accelerator = Accelerator(strategy="hsdp", parallelism={"dp_replicate": 2, "dp_shard": 8})
     accelerator = Accelerator(strategy="tp")                          # tp = every process
     accelerator = Accelerator(parallelism={"dp": 2, "pp": 2},          # DP x PP, ZeRO-1 over dp
                               strategy_options={"loss_fn": F.cross_entropy, "pp_schedule": "1f1b"})
@@ -18,9 +20,12 @@ How each axis is realised:
 - dp: option ``dp_engine`` = ``"fsdp"`` (FSDP2 ``fully_shard`` over the dp mesh: of the whole model, or of
   each pipeline stage with ``reshard_after_forward=False``), ``"zero2"`` (the same, keeping the gathered weights
   from forward to backward for the whole model too), ``"ddp"``, or ``"zero1"`` (DDP + ``ZeroRedundancyOptimizer``
-  over the dp group). Default: ``"zero1"`` for dp x pp, as the multi-GPU guide recommends, else ``"fsdp"`` (tp
-  makes the weights DTensors, which only FSDP2 takes). ``dp_replicate`` x ``dp_shard`` both > 1 is HSDP
-  (``fully_shard`` on the 2-D dp mesh). A data-parallel strategy asked for beside tp/pp degrees
+  over the dp group). Beside tp the weights are DTensors, which DDP and ``ZeroRedundancyOptimizer`` do not take:
+  ``"ddp"`` then keeps whole replicas with FSDP2's ``replicate`` (``replicated.py``) and ``"zero1"`` runs as
+  ``fully_shard`` keeping the gathered weights through the step (``realisation``). Default: ``"zero1"`` for
+  dp x pp, as the multi-GPU guide recommends, else ``"fsdp"``. ``dp_replicate`` x ``dp_shard`` both > 1 is HSDP
+  (``fully_shard`` on the 2-D dp mesh; strategy ``"hsdp"``, which by default shards inside each machine and
+  replicates across machines). A data-parallel strategy asked for beside tp/pp degrees
   (``Accelerator(strategy="zero3", parallelism={"tp": 2})``, ``convoy launch --strategy zero3 --tp 2``) is this
   strategy with that ``dp_engine`` (``convoy.config.schema.dp_engine_beside``); ``cpu_offload`` offloads the
   FSDP2 engines' shards as zero3 does. Under mixed precision FSDP2 over the
@@ -42,13 +47,14 @@ Gradient accumulation with pp (``accumulate``/``no_sync``): the pipeline scales 
 1 / (micro-batches x accumulation steps) and gradients add up in the stages across calls; the dp reduction
 is not skipped on the accumulating calls (correct, as it is linear, but not saved).
 
-Not supported yet (``NotSupportedYetError``): tp with ``dp_engine`` ddp/zero1 (use fsdp or zero2), fp16 with pp.
+Not supported yet (``NotSupportedYetError``): fp16 with pp.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import inspect
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -65,14 +71,33 @@ from convoy.train.parallel.tensor import apply_tensor_parallel, resolve_tp_plan,
 from convoy.train.settings import TrainSettings
 from convoy.train.strategies.base import ParameterOrigins, Strategy, SupportsNoSync
 from convoy.train.strategies.fsdp import mixed_precision_policy, no_gradient_sync, offload_policy, shard_model
+from convoy.train.strategies.replicated import replicate_model
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["ParallelStrategy", "TensorParallelStrategy", "PipelineParallelStrategy"]
+__all__ = ["ParallelStrategy", "TensorParallelStrategy", "PipelineParallelStrategy", "HybridShardStrategy",
+           "realisation"]
 
 _DP_ENGINES = ("fsdp", "zero2", "ddp", "zero1")
 _SHARDED = ("fsdp", "zero2")  # the engines that shard with FSDP2
+#: the realisations (``realisation``) that shard with FSDP2's ``fully_shard``
+_FULLY_SHARD = ("fsdp", "fsdp-kept")
+
+
+def realisation(engine: str, tp: int) -> str:
+    """How ``dp_engine`` ``engine`` is run over dp > 1 when tensor parallelism is ``tp``: ``"fsdp"`` (fully_shard,
+    resharding after forward for ``fsdp``, keeping the gathered weights for ``zero2``: both ``fully_shard``),
+    ``"ddp"`` (DistributedDataParallel), ``"zero1"`` (DDP and ZeroRedundancyOptimizer), and beside tp, whose
+    weights are DTensors that DDP and ZeroRedundancyOptimizer do not take: ``"replicate"`` for ddp (FSDP2's
+    replicate: whole replicas, gradients all-reduced) and ``"fsdp-kept"`` for zero1 (``fully_shard`` keeping the
+    gathered weights from forward to backward: the optimizer state sharded as ZeRO-1 shards it, the gradients
+    too, so the memory is at most ZeRO-1's and the traffic the same: reduce-scatter and all-gather)."""
+    if engine in _SHARDED:
+        return "fsdp"
+    if tp > 1:
+        return "replicate" if engine == "ddp" else "fsdp-kept"
+    return engine
 _OPTIONS = ("tp_plan", "sequence_parallel", "loss_fn", "dp_engine", "auto_wrap", "pp_schedule",
             "pp_microbatches", "pp_stages_per_rank", "pp_split_at", "pp_layers")
 
@@ -91,25 +116,25 @@ class ParallelStrategy(Strategy, SupportsNoSync):
                                 f"{', '.join(_OPTIONS)}")
         dims = self.default_dims(context)
         dims.check_world_size(context.world_size)
-        # ZeRO-1 with pp, as the multi-GPU guide recommends; FSDP2 wherever tp splits the weights (DDP and
-        # ZeroRedundancyOptimizer do not take DTensor parameters)
-        engine = context.options.get("dp_engine", "zero1" if dims.pp > 1 and dims.tp == 1 else "fsdp")
+        engine = context.options.get("dp_engine", self.default_engine(dims))
         if engine not in _DP_ENGINES:
             raise StrategyError(f"dp_engine={engine!r} is unknown; choose one of {', '.join(_DP_ENGINES)}")
+        if self.shards_only and engine not in _SHARDED:
+            raise StrategyError(f"strategy={self.name!r} shards each replica with FSDP2: dp_engine={engine!r} is "
+                                f"not one it runs; use 'fsdp' or 'zero2', or strategy 'parallel' for {engine!r}")
         if dims.pp > 1 and context.mixed_precision.scales_loss:
             # the schedule runs backward itself, so the gradient scaler never scales the loss: training would
             # silently divide every gradient by the scale
             raise NotSupportedYetError("mixed_precision='fp16' with pp is not supported yet (its loss scaling "
                                        "cannot reach the pipeline's backward); use 'bf16'")
-        if dims.tp > 1 and dims.dp > 1 and engine not in _SHARDED:
-            raise NotSupportedYetError(f"tp with dp_engine={engine!r} is not supported yet; use dp_engine='fsdp'")
         if dims.dp_replicate > 1 and dims.dp_shard > 1 and engine not in _SHARDED:
             raise StrategyError(f"dp_replicate x dp_shard (HSDP) needs dp_engine='fsdp', not {engine!r}")
         if dims.dp_replicate == 1 or dims.dp_shard == 1:  # one dp axis: name it by how it is realised
-            rep, shard = (1, dims.dp) if engine in _SHARDED else (dims.dp, 1)
+            rep, shard = (1, dims.dp) if realisation(engine, dims.tp) in _FULLY_SHARD else (dims.dp, 1)
             dims = ParallelDims(dp_replicate=rep, dp_shard=shard, tp=dims.tp, pp=dims.pp)
         self.dims = dims
         self.dp_engine = engine
+        self._realised = realisation(engine, dims.tp) if dims.dp > 1 else "none"
         self._pm: ParallelMesh | None = None
         # id(parameter before prepare) -> (prepared module, parameter name): parallelize_module and
         # fully_shard replace parameters, and an optimizer built before prepare() must follow them.
@@ -119,9 +144,17 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         self._optimizers: list[Any] = []  # re-pointed again when a pipeline shards its stages on the first call
         self._group_names: dict[int, list[list[str]]] = {}  # id(optimizer) -> its groups' names, whole model
 
+    #: True for a strategy that runs only the FSDP2 engines (``hsdp``)
+    shards_only = False
+
     @classmethod
     def default_dims(cls, context: TrainSettings) -> ParallelDims:
         return context.parallel_dims or ParallelDims(dp_replicate=context.world_size)
+
+    @staticmethod
+    def default_engine(dims: ParallelDims) -> str:
+        """ZeRO-1 with pp, as the multi-GPU guide recommends; else FSDP2 (with tp, the least memory)."""
+        return "zero1" if dims.pp > 1 and dims.tp == 1 else "fsdp"
 
     @property
     def distributed_type(self) -> str:  # type: ignore[override]
@@ -168,9 +201,12 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             # an optimizer built before prepare() must follow them
             self._origins.record(module, names)
             wrap = None
-            if self.dims.dp > 1:
-                wrap = (functools.partial(self._shard_stage, module) if self.dp_engine in _SHARDED
-                        else self._wrap_stage)
+            if self._realised in _FULLY_SHARD:
+                wrap = functools.partial(self._shard_stage, module)
+            elif self._realised == "replicate":
+                wrap = functools.partial(self._replicate_stage, module)
+            elif self.dims.dp > 1:
+                wrap = self._wrap_stage
             wrap = self._recomputed_stages(module, wrap)
             config = PipelineConfig.from_options(dict(self.context.options))
             if self.dims.tp > 1 and self.context.options.get("sequence_parallel"):
@@ -221,6 +257,12 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             return shard_model(module, self.context.options.get("auto_wrap"), named=self._named(),
                                mesh=self.mesh.dp_shard_mesh, mp_policy=mp,
                                offload_policy=offload_policy(self.context.options), **resharded)
+        if self._realised == "fsdp-kept":  # zero1 beside tp: fp32 weights under autocast, as ZeRO-1 keeps them
+            return shard_model(module, self.context.options.get("auto_wrap"), named=self._named(),
+                               mesh=self.mesh.dp_shard_mesh, reshard_after_forward=False)
+        if self._realised == "replicate":
+            return replicate_model(module, self.context.options.get("auto_wrap"), named=self._named(),
+                                   mesh=self.mesh.dp)
         return self._wrap_stage(module)
 
     def _named(self) -> str:
@@ -259,6 +301,17 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             model.get_submodule(parent).register_parameter(leaf, param)
         return stage
 
+    def _replicate_stage(self, model: "torch.nn.Module", stage: "torch.nn.Module") -> "torch.nn.Module":
+        """``replicate_model`` over the dp mesh for one pipeline stage of ``model`` whose weights are DTensors
+        (ddp beside tp and pp); ``model`` then holds the stage's new parameters, as with ``_shard_stage``."""
+        self._origins.record(stage, {id(p): n for n, p in stage.named_parameters()})
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPGraphModule\) returned a view")
+        replicate_model(stage, self.context.options.get("auto_wrap"), named=self._named(), mesh=self.mesh.dp)
+        for name, param in stage.named_parameters():
+            parent, _, leaf = name.rpartition(".")
+            model.get_submodule(parent).register_parameter(leaf, param)
+        return stage
+
     def _wrap_stage(self, module: "torch.nn.Module") -> "torch.nn.Module":
         """DDP over the dp group (used for whole models and for pipeline stages)."""
 
@@ -268,9 +321,9 @@ class ParallelStrategy(Strategy, SupportsNoSync):
 
     def setup_optimizer(self, optimizer: "torch.optim.Optimizer", module: Any = None) -> "torch.optim.Optimizer":
         self._origins.repoint(optimizer)
-        if self.dp_engine != "zero1" or self.dims.dp == 1:
+        if self._realised != "zero1":
             self._optimizers.append(optimizer)  # ZeRO-1 stages keep their parameters; nothing to re-point
-        if self.dp_engine == "zero1" and self.dims.dp > 1:
+        if self._realised == "zero1":
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
             if not isinstance(optimizer, ZeroRedundancyOptimizer):
@@ -403,6 +456,29 @@ class PipelineParallelStrategy(ParallelStrategy):
     @classmethod
     def default_dims(cls, context: TrainSettings) -> ParallelDims:
         return context.parallel_dims or ParallelDims(pp=context.world_size)
+
+
+class HybridShardStrategy(ParallelStrategy):
+    """``strategy="hsdp"``: FSDP2 over dp_replicate x dp_shard, parameters sharded inside each shard group and
+    replicated across them (``fully_shard`` on the 2-D dp mesh), beside any tp and pp degrees. Without both dp
+    degrees given, the shard group is the processes of one machine (``LOCAL_WORLD_SIZE`` / (tp x pp)): sharded
+    over the fast links inside a node, replicated over the network, the planner's ``hsdp``."""
+
+    shards_only = True
+
+    @classmethod
+    def default_dims(cls, context: TrainSettings) -> ParallelDims:
+        dims = context.parallel_dims or ParallelDims(dp_replicate=context.world_size)
+        if dims.dp_replicate > 1 and dims.dp_shard > 1:
+            return dims
+        model = dims.tp * dims.pp
+        per_node = context.local_world_size // model if context.local_world_size % model == 0 else 1
+        shard = math.gcd(dims.dp, max(1, per_node))
+        return ParallelDims(dp_replicate=dims.dp // shard, dp_shard=shard, tp=dims.tp, pp=dims.pp)
+
+    @staticmethod
+    def default_engine(dims: ParallelDims) -> str:
+        return "fsdp"
 
 
 def _check_block_boundaries(model: "torch.nn.Module", config: PipelineConfig) -> None:
