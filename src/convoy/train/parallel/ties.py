@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
 __all__ = ["Tie", "find_ties", "declared_ties", "module_kinds", "tp_layout", "reconcile_tp_styles", "retie",
-           "share_in_state", "TiedCopies"]
+           "share_in_state", "stages_on_one_process", "TiedCopies"]
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def find_ties(model: "nn.Module") -> tuple[Tie, ...]:
 #: embedding over its vocabulary, a Linear over its output features), "cols" (Shard(1)), "replicated" (a whole
 #: DTensor), "whole" (left a plain tensor). Styles missing here (another layer's own styles) have no known layout.
 _LAYOUTS: dict[tuple[str, str], dict[str, str]] = {
-    **{("embedding", s): {"weight": "rows"} for s in ("rowwise", "embedding", "rowwise_rep")},
+    **{("embedding", s): {"weight": "rows"} for s in ("rowwise", "embedding", "rowwise_rep", "embedding_rowwise")},
     **{("linear", s): {"weight": "rows", "bias": "rows"} for s in ("colwise", "colwise_rep")},
     **{("linear", s): {"weight": "cols", "bias": "replicated"} for s in ("rowwise", "rowwise_rep")},
 }
@@ -201,6 +201,21 @@ def share_in_state(state: dict[str, Any], ties: Sequence[Tie]) -> dict[str, Any]
 
 # --- pipeline parallelism -----------------------------------------------------------------------------------
 
+def stages_on_one_process(ties: Sequence[Tie], module_order: Sequence[str], boundaries: Sequence[str], pp: int
+                          ) -> Tie | None:
+    """The first tie whose modules land on two different stages of one process when the model (its modules in
+    ``module_order``, their forward order) is cut at ``boundaries`` and stage ``s`` runs on process ``s % pp``;
+    None when every tie's stages are on different processes (or in one stage). Pure."""
+    position = {name: i for i, name in enumerate(module_order)}
+    starts = sorted(position[b] for b in boundaries)
+    for tie in ties:
+        stages = {sum(start <= position.get(m, 0) for start in starts) for m in tie.modules}
+        ranks = [s % pp for s in stages]
+        if len(set(ranks)) < len(ranks):
+            return tie
+    return None
+
+
 class TiedCopies:
     """This process's copy of each tied weight across its pipeline stages, and the stages holding each.
 
@@ -280,15 +295,15 @@ class TiedCopies:
         import torch.distributed as dist
 
         for _, ranks, copies in self._joined():
-            grads = [_local(p.grad) for p in copies if p.grad is not None]
+            grads = [_grad_as_param(p) for p in copies if p.grad is not None]
             total = torch.stack(grads).sum(0) if grads else torch.zeros_like(_local(copies[0]))
             if len(ranks) > 1:
                 dist.all_reduce(total, group=self.group(ranks))
             for param in copies:
-                if param.grad is None:
-                    param.grad = _like_grad(param, total)
+                if _same_layout(param.grad, param):
+                    _local(param.grad).copy_(total)  # in place: a wrapper may hold the gradient (DDP's buckets)
                 else:
-                    _local(param.grad).copy_(total)
+                    param.grad = _like_grad(param, total)
 
     def counted_once(self) -> set[int]:
         """ids of the copies a gradient norm must skip: all but the first holding stage's, so that a tied weight
@@ -324,6 +339,25 @@ def _local(t: "torch.Tensor") -> "torch.Tensor":
     from torch.distributed.tensor import DTensor
 
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _grad_as_param(param: Any) -> "torch.Tensor":
+    """This process's part of ``param.grad``, laid out as ``param`` is (a DTensor's gradient can come back in
+    another placement: a vocabulary-split embedding's as a whole ``Replicate()``)."""
+    from torch.distributed.tensor import DTensor
+
+    grad = param.grad
+    if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(param.placements):
+        grad = grad.redistribute(param.device_mesh, param.placements)
+    return _local(grad)
+
+
+def _same_layout(grad: Any, param: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    if grad is None or isinstance(grad, DTensor) != isinstance(param, DTensor):
+        return False
+    return not isinstance(grad, DTensor) or tuple(grad.placements) == tuple(param.placements)
 
 
 def _like_grad(param: "torch.Tensor", local: "torch.Tensor") -> "torch.Tensor":

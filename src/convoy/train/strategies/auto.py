@@ -22,7 +22,13 @@ where the model can be inspected:
   (``resolve_tp_plan``; a model without projection names has none) that ``check_tp_plan`` accepts, and
   whose attention head counts are known and divisible. A model whose heads are unknown gets no tp.
 - pp degrees: only when ``options`` has ``loss_fn``, the signal of a loop that trains with
-  ``loss = model(x, target=y)``; then only pipeline layouts are compared (that loop runs only under pp).
+  ``loss = model(x, target=y)``; then only pipeline layouts are compared, and only cuts whose tied weights
+  (``convoy.train.parallel.ties``) land on stages of different processes.
+- a model that fits one process (the guide's case 1) is never split (``data_parallel_first``): its data-parallel
+  answer is taken, also for a pipeline loop (strategy "parallel" runs ``model(x, target=y)`` at pp = 1), and the
+  line says so.
+- tied weights: tp degrees come from a plan that splits a tied embedding and head alike or leaves them whole
+  (``resolve_tp_plan``; a user's ``tp_plan`` splitting them apart has none).
 - FSDP2: never for a model ``fully_shard`` cannot wrap (``convoy.train.strategies.fsdp.fsdp_limit``: a scalar
   parameter, as in Accelerate's ``RegressionModel``, a non-contiguous one, two dtypes in one shard unit); the
   layouts it would shard (zero2, zero3, and tp or pp beside dp through FSDP2) are left out, and the reason says so.
@@ -229,14 +235,19 @@ def pp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tu
         return ()
     from convoy.train.parallel.pipeline import PipelineConfig, stage_boundaries
 
+    from convoy.train.parallel.ties import find_ties, stages_on_one_process
+
     config = PipelineConfig.from_options(dict(options))  # bad pipeline options are the user's error: raise
+    ties = find_ties(model)
+    order = [name for name, _ in model.named_modules()]
     out = []
     for pp in _divisors_above_one(world_size):
         try:
-            stage_boundaries(model, pp * config.local_stages(), split_at=config.split_at, layers=config.layers)
+            cut = stage_boundaries(model, pp * config.local_stages(), split_at=config.split_at, layers=config.layers)
         except StrategyError:
             continue
-        out.append(pp)
+        if stages_on_one_process(ties, order, cut, pp) is None:  # the pipeline refuses a tie split on one process
+            out.append(pp)
     return tuple(out)
 
 
@@ -267,11 +278,14 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
     allowed = TRAINER_STRATEGIES + (("tp",) if tp_degrees else ()) + (("pp",) if pp_degrees else ())
     require_pp = pipeline and bool(pp_degrees)
 
-    def keep(cand: Candidate) -> bool:
+    def runs(cand: Candidate) -> bool:
         d = cand.layout.dims
-        return (runs_in_trainer(cand) and (d.pp > 1 or not require_pp)
+        return (runs_in_trainer(cand)
                 and (d.tp == 1 or d.tp in tp_degrees) and (d.pp == 1 or d.pp in pp_degrees)
                 and not (fsdp_limit and shards_with_fsdp(cand.strategy, d)))
+
+    def keep(cand: Candidate) -> bool:
+        return runs(cand) and (cand.layout.dims.pp > 1 or not require_pp)
 
     if mixed_precision in ("bf16", "fp16"):
         precision = f"{mixed_precision}-autocast"
@@ -292,8 +306,9 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
             kwargs = {**kwargs, **({"gpu": gpu} if (gpu := _table_row(device)) else {})}
         elif device_type == "cpu":
             kwargs = {**kwargs, "gpu": CPU}
-        rec = recommend_for_module(spec, world_size=world_size, device_memory_bytes=device_bytes,
-                                   precision=precision, allowed=allowed, keep=keep, **kwargs)
+        recommend = partial(recommend_for_module, spec, world_size=world_size, device_memory_bytes=device_bytes,
+                            precision=precision, allowed=allowed, **kwargs)
+        rec, dp_fits = data_parallel_first(recommend, keep, split=split, unsplit=runs)
     except PlanError:
         return None
     dims = rec.dims
@@ -302,6 +317,8 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
     timed = f" Step times: {timed}." if timed else ""
     if fsdp_limit and world_size > 1:
         timed += f" {_left_out(fsdp_limit)}"
+    if dp_fits:
+        timed += f" {_NO_SPLIT}"
     if dims.is_trivial:
         return AutoLayout(name=rec.strategy or "single", reason=reason + timed)
     if pipeline and dims.pp > 1:
@@ -309,6 +326,28 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
                    "pipeline layouts were compared.")
     return AutoLayout(name="parallel", reason=f"{reason} {rec.reasons[1]}{timed}", dims=dims,
                       dp_engine=dp_engine_for(rec.strategy or "ddp", dims))
+
+
+_NO_SPLIT = ("The model fits one process, so tensor and pipeline parallelism (communication in every layer, a "
+             "pipeline bubble) were not used.")
+
+
+def data_parallel_first(recommend: Callable[..., Any], keep: Callable[[Candidate], bool], *, split: bool,
+                        unsplit: Callable[[Candidate], bool] | None = None) -> tuple[Any, bool]:
+    """The planner's recommendation among the layouts ``keep`` admits, and whether tp and pp were left out: for a
+    model that fits one process (the guide's case 1, where its own line says data parallelism is the choice) a
+    layout that splits it is never taken when a data-parallel one fits (among those ``unsplit`` admits, default
+    ``keep``: a pipeline loop's ``model(x, target=y)`` also runs at pp = 1). ``recommend(keep=...)`` raises
+    ``PlanError`` when nothing fits; ``split=False`` (no tp/pp degree offered) asks once."""
+    rec = recommend(keep=keep)
+    dims = rec.dims
+    if not split or rec.case != "case 1" or dims is None or (dims.tp == 1 and dims.pp == 1):
+        return rec, False
+    admit = unsplit or keep
+    try:
+        return recommend(keep=lambda c: admit(c) and c.layout.dims.tp == 1 and c.layout.dims.pp == 1), True
+    except PlanError:  # a data-parallel replica's buckets can tip a model that fits over: keep the split one
+        return rec, False
 
 
 #: the strategies that shard with FSDP2's ``MixedPrecisionPolicy`` (16-bit gathered weights) under mixed precision
@@ -427,8 +466,9 @@ def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int, 
         if answer is not None and limit and layout_shards_with_fsdp(answer):
             answer = None  # a planner that did not take fsdp_limit: the rule below answers instead
         pipeline_loop = options.get("loss_fn") is not None
-        if pipeline_loop and not pps:
-            return _whole_model_per_process(world_size, answer)
+        if pipeline_loop and (not pps or (answer is not None and (answer.dims is None or answer.dims.pp == 1))):
+            # the loop's model(x, target=y) runs unsplit too (strategy "parallel" at pp=1)
+            return _whole_model_per_process(world_size, answer, pipeline_fits=bool(pps))
         if answer is not None:
             return answer
         if pps and pipeline_loop:
@@ -452,21 +492,23 @@ def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int, 
         f"one device ({_gib(device_bytes)}), so it is sharded over {world_size} processes (FSDP2, zero3)"))
 
 
-def _whole_model_per_process(world_size: int, answer: AutoLayout | None) -> AutoLayout:
-    """The loop trains with ``model(x, target=y)`` but no pipeline degree fits this job (one process, or too
-    few layers): strategy "parallel" at pp = 1 keeps that call working (``SingleStage``), with the planner's
-    tp or data-parallel choice."""
+def _whole_model_per_process(world_size: int, answer: AutoLayout | None, *, pipeline_fits: bool = False
+                             ) -> AutoLayout:
+    """The loop trains with ``model(x, target=y)`` and the model is not split into stages: no pipeline degree fits
+    this job (one process, or too few layers), or the planner chose a layout without one (``pipeline_fits``: one
+    was possible; a model that fits under data parallelism is not split). Strategy "parallel" at pp = 1 keeps
+    that call working (``SingleStage``), with the planner's tp or data-parallel choice."""
     if answer is not None and answer.dims is not None:
         return answer  # tp chosen: strategy "parallel" runs the loop at pp = 1 as well
     dims = ParallelDims(dp_replicate=world_size)
     chosen = answer.name if answer is not None and answer.name != "single" else "ddp"
     engine = dp_engine_for(chosen, dims)
     why = answer.reason if answer is not None else "no planner answer"
+    unsplit = ("no pipeline is needed" if pipeline_fits else
+               f"no pipeline layout was asked for or fits {world_size} process(es)")
     return AutoLayout(name="parallel", dims=dims, dp_engine=engine, reason=(
-        f"strategy_options has loss_fn (a loop that trains with model(x, target=y)) but no pipeline layout was "
-        f"asked for or fits {world_size} process(es), so each runs the whole model (pp=1)"
-        f"{f' with {engine}' if engine else ''}: "
-        f"{why}"))
+        f"strategy_options has loss_fn (a loop that trains with model(x, target=y)) and {unsplit}, so each "
+        f"process runs the whole model (pp=1){f' with {engine}' if engine else ''}: {why}"))
 
 
 def _most_split_pipeline(world_size: int, pps: tuple[int, ...]) -> AutoLayout:
