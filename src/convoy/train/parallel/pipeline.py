@@ -12,7 +12,10 @@ each boundary), so the model's own ``forward`` needs no change; the boundaries a
 another one). Tracing happens on the first call, with the first micro-batch as the example, so every
 batch afterwards must have the same shape (use ``drop_last``). Stage parameters are the model's own
 ``Parameter`` objects: an optimizer built on the whole model keeps working (other stages' parameters get
-no gradient and are skipped). Each process still builds the whole model before splitting.
+no gradient and are skipped). Each process still builds the whole model before splitting. A weight shared by
+modules on several stages (a tied embedding and head, ``convoy.train.parallel.ties``) is the model's own tensor
+on each, made equal at build, and its gradient is summed over those stages after each training call, or once
+before each step of an optimizer passed to ``hook_optimizer`` (what the Accelerator does).
 
 Schedules (``SCHEDULES``): ``gpipe``, ``1f1b``, ``interleaved_1f1b`` and ``looped_bfs`` (the last two hold
 several stages per process, ``stages_per_rank``, default 2). Gradients are the mean over micro-batches
@@ -339,8 +342,9 @@ class PipelineModule:
 
     # --- tied weights ---------------------------------------------------------------------------------------
     def _tie_stages(self, pipe: Any) -> "TiedCopies | None":
-        """Each tie used by more than one stage: one parameter per stage (torch's splitter copies it into each),
-        the copies made equal (the first stage's value), and the process groups joining the stages' ranks."""
+        """Each tie held by several stages: the model's own tensor on each (torch's splitter gave each a copy),
+        equal on every process (the first holding stage's value), and the process groups joining those stages'
+        processes, made here on every process."""
         if not self.ties:
             return None
         stage_names = [[n for n, _ in pipe.get_stage_module(s).named_parameters(remove_duplicate=False)]

@@ -267,7 +267,7 @@ def apply_tensor_parallel(model: "nn.Module", tp_mesh: "DeviceMesh", plan: TPPla
     tp = tp_mesh.size()
     check_tp_plan(model, plan, tp)
     ties = find_ties(model)  # before parallelize_module, which gives each split module a parameter of its own
-    reconcile_tp_styles(plan.as_dict(), ties, module_kinds(model), source="user")  # refuses a plan splitting a tie apart
+    reconcile_tp_styles(plan.as_dict(), ties, module_kinds(model), source="user")  # refuses a tie split apart
     styles = {name: _style_object(style, model.get_submodule(name), plan.sequence_parallel)
               for name, style in plan.styles}
     parallelize_module(model, tp_mesh, styles)

@@ -32,6 +32,11 @@ How each axis is realised:
   the real tensor-parallel modules back into each stage, whose schedule runs over the pp sub-mesh's group.
 - dp x tp x pp: as tp x pp, then each stage is sharded with FSDP2 over the dp mesh (torchtitan's 3D layout).
 
+Tied weights (a head sharing its embedding's weight, ``convoy.train.parallel.ties``): tp splits them alike or
+leaves them whole; pp sums the shared gradient over the stages holding it before each optimizer step (an
+optimizer step pre-hook) and before ``clip_grad_norm_``, which counts it once; ``full_model_state_dict`` names
+one tensor per tie, so ``save_model`` writes it once.
+
 Checkpoints of every layout (``save_state``) are ``torch.distributed.checkpoint`` directories keyed by the
 model's parameter names, loadable at any other layout; a pipeline loads on its first call (when its stages
 are built). ZeRO-1 state is gathered over the dp group first.
