@@ -32,7 +32,7 @@ from convoy.plan.knobs import KNOBS, turn_knobs
 from convoy.plan.memory import Layout, MemoryBreakdown, RunSpec, memory_per_gpu
 from convoy.plan.model import ModelSpec, resolve_model
 from convoy.plan.observed import Observation, case_key, observations_here
-from convoy.plan.recommend import Recommendation, Row, recommend
+from convoy.plan.recommend import Recommendation, Row, guide_case, recommend
 from convoy.plan.rates import Rates, rates_for
 from convoy.plan.timing import step_time
 from convoy.plan.units import format_bytes, format_seconds
@@ -123,10 +123,13 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
     gb = global_batch or run.global_batch or run.micro_batch * hw.world_size
     if gb < run.micro_batch:
         raise PlanError(f"global batch {gb} is smaller than the micro-batch {run.micro_batch}")
+    single = memory_per_gpu(model, run, Layout())
+    if facts.pipeline_only and guide_case(model, run, hw, single) == "case 1":
+        # a pipeline loop (model(x, target=y)) runs at pp = 1 too, and a model that fits one device is not split
+        facts = replace(facts, pipeline_only=False)
     costing = _Costing(model=model, hw=hw, gb=gb, rates=rates, offload=offload, allowed=allowed, facts=facts,
                        precision_for=precision_for, observed=observed or {})
     rows, applied = costing.rows(run)
-    single = memory_per_gpu(model, run, Layout())
     rec = recommend(rows, model=model, run=run, hw=hw, single=single)
     if rec.row is None and run.training:
         rec = turn_knobs(rec, lambda level: costing.rows(replace(run, recompute=level))[0], asked=run.recompute,

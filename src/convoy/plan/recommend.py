@@ -27,7 +27,7 @@ from convoy.plan.timing import StepTime
 from convoy.plan.units import format_bytes, format_seconds
 
 __all__ = ["Row", "Recommendation", "recommend", "guide_case", "tie_rank", "tie_reason", "TIE",
-           "FAST_INTER_GBPS_PER_GPU"]
+           "FAST_INTER_GBPS_PER_GPU", "NOT_SPLIT"]
 
 #: step times within this fraction of the fastest count as a tie (the cost model is not finer than that).
 TIE = 0.05
@@ -190,6 +190,12 @@ def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, 
         reasons.append(f"No layout fits as asked: the smallest, {smallest.name}, needs "
                        f"{format_bytes(smallest.memory.total, binary=True)} per {noun}.")
         return Recommendation(row=None, case=case, reasons=tuple(reasons), noun=noun)
+    # the guide's case 1 is data parallelism: a model that fits one device is not split when a replica fits
+    whole = [r for r in fitting if r.candidate.layout.dims.tp == 1 and r.candidate.layout.dims.pp == 1]
+    split_faster = False
+    if case == "case 1" and whole:
+        quickest = min(fitting, key=lambda r: r.time.seconds)
+        fitting, split_faster = whole, quickest not in whole
     fastest = min(fitting, key=lambda r: r.time.seconds)
     ties = [r for r in fitting if r.time.seconds <= fastest.time.seconds * (1 + TIE)]
     best = min(ties, key=lambda r: (tie_rank(r.candidate, case), r.time.seconds))
@@ -211,6 +217,8 @@ def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, 
         reasons.append(f"The next best, {nxt.name}, is {nxt.time.seconds / t.seconds - 1:.0%} slower.")
     if case == "case 1" and best.candidate.strategy not in ("ddp", "single"):
         reasons.append(_why_not_ddp(best, fastest, rows, noun))
+    if split_faster:
+        reasons.append(NOT_SPLIT.format(noun=noun) + ".")
     misfits = len(rows) - len(fitting)
     if misfits:
         reasons.append(f"{misfits} of {len(rows)} layouts do not fit in memory.")
@@ -220,6 +228,10 @@ def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, 
                        "faster links would speed it up.")
     return Recommendation(row=best, case=case, reasons=tuple(reasons), noun=noun)
 
+
+#: the reason a model that fits one device (the guide's case 1) is not split, though a split layout costs less
+NOT_SPLIT = ("The model fits one {noun}, so tensor and pipeline parallelism (communication in every layer, a "
+             "pipeline bubble) were not used")
 
 #: the order data-parallel strategies win a tie in, per guide case: DDP first when the model fits one device
 #: (case 1), else ZeRO-1, which shards the optimizer state for DDP's traffic (the guide's "DP x PP x TP with

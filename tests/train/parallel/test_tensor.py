@@ -31,12 +31,10 @@ def test_sequence_parallel_default_plan_adds_every_norm():
                                     "layers.1.input_layernorm", "layers.1.post_attention_layernorm"])
 
 
-def test_tied_embedding_and_head_stay_replicated():
-    model = TinyGPT(TinyConfig(layers=1))
-    model.lm_head.weight = model.embed_tokens.weight
-    plan = resolve_tp_plan(model)
-    assert "embed_tokens" not in plan.as_dict() and "lm_head" not in plan.as_dict()
-    assert any("share their weight" in note for note in plan.notes)
+def test_tied_embedding_and_head_are_split_alike_over_the_vocabulary():
+    plan = resolve_tp_plan(TinyGPT(TinyConfig(layers=1, tied=True)))
+    assert plan.as_dict()["embed_tokens"] == "embedding" and plan.as_dict()["lm_head"] == "colwise_rep"
+    assert any("share their weight: both split alike" in note for note in plan.notes)
 
 
 def test_declared_hugging_face_plan_wins_and_gets_the_base_model_prefix():

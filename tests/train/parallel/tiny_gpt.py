@@ -1,6 +1,7 @@
 """A tiny GPT for the parallelism tests: Llama-style module names, so default TP plans apply to it.
 
     model = TinyGPT(TinyConfig(vocab=32, dim=16, heads=4, layers=4))
+    tied = TinyGPT(TinyConfig(tied=True))              # lm_head.weight is embed_tokens.weight
     logits = model(torch.randint(0, 32, (2, 8)))       # [2, 8, 32]
 """
 
@@ -21,6 +22,7 @@ class TinyConfig:
     layers: int = 4
     seq: int = 8
     hidden: int = 32
+    tied: bool = False  # lm_head.weight is embed_tokens.weight (GPT-2, Gemma, tied Llama 3.2 / Qwen2)
 
     @property
     def num_attention_heads(self) -> int:  # Hugging Face's name, read by convoy's head check
@@ -82,6 +84,8 @@ class TinyGPT(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.norm = nn.LayerNorm(cfg.dim)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
+        if cfg.tied:
+            self.lm_head.weight = self.embed_tokens.weight
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(ids)

@@ -12,7 +12,10 @@ each boundary), so the model's own ``forward`` needs no change; the boundaries a
 another one). Tracing happens on the first call, with the first micro-batch as the example, so every
 batch afterwards must have the same shape (use ``drop_last``). Stage parameters are the model's own
 ``Parameter`` objects: an optimizer built on the whole model keeps working (other stages' parameters get
-no gradient and are skipped). Each process still builds the whole model before splitting.
+no gradient and are skipped). Each process still builds the whole model before splitting. A weight shared by
+modules on several stages (a tied embedding and head, ``convoy.train.parallel.ties``) is the model's own tensor
+on each, made equal at build, and its gradient is summed over those stages after each training call, or once
+before each step of an optimizer passed to ``hook_optimizer`` (what the Accelerator does).
 
 Schedules (``SCHEDULES``): ``gpipe``, ``1f1b``, ``interleaved_1f1b`` and ``looped_bfs`` (the last two hold
 several stages per process, ``stages_per_rank``, default 2). Gradients are the mean over micro-batches
@@ -34,6 +37,7 @@ from torch import nn
 from torch.utils._pytree import tree_map_only
 
 from convoy.errors import ConvoyError, NotSupportedYetError, StrategyError
+from convoy.train.parallel.ties import TiedCopies, find_ties
 
 __all__ = ["SCHEDULES", "PipelineConfig", "PipelineModule", "SingleStage", "stage_boundaries", "find_layers"]
 
@@ -171,6 +175,12 @@ class PipelineModule:
         self._stage_modules: list["nn.Module"] = []
         self._schedule: Any = None
         self._on_build: list[Callable[["PipelineModule"], None]] = []
+        # weights shared between modules, found before any split (ties.py): a copy on each stage using one,
+        # gradients summed over those stages before the optimizer steps
+        self.ties = find_ties(model)
+        self._tied: TiedCopies | None = None
+        self._tied_pending = False  # gradients reached the copies since they were last summed
+        self._tie_sync_deferred = False  # summed by an optimizer's step pre-hook (hook_optimizer), not per call
 
     # --- building -------------------------------------------------------------------------------------
     @property
@@ -239,6 +249,9 @@ class PipelineModule:
             stage = pipe.build_stage(index, self.device, group=self.group)
             _restore_modules(stage.submod, originals)
             self._stage_modules.append(stage.submod)
+            self._stages.append(stage)
+        self._tied = self._tie_stages(pipe)  # before wrapping: one copy per stage, equal on every stage
+        for stage in self._stages:
             if self._wrap_stage is not None:
                 wrapped = self._wrap_stage(stage.submod)
                 if wrapped is not stage.submod and hasattr(stage.submod, "graph"):
@@ -246,7 +259,7 @@ class PipelineModule:
                     # runs a DDP-wrapped submod with no_sync per micro-batch, so the wrapper needs the graph
                     wrapped.graph = stage.submod.graph
                 stage.submod = wrapped
-            self._stages.append(stage)
+        self._tie_model_to_copies()
         self._schedule = self._make_schedule(self.loss_fn)
         callbacks, self._on_build = self._on_build, []
         for callback in callbacks:
@@ -299,6 +312,9 @@ class PipelineModule:
         self._losses = []
         if torch.is_grad_enabled() and self.training:
             self._schedule.step(*feed, target=target, **kwargs)
+            self._tied_pending = True
+            if not self._tie_sync_deferred:
+                self.sync_tied_gradients()
         else:
             with _no_grad():
                 self._schedule.eval(*feed, target=target, **kwargs)
@@ -323,6 +339,79 @@ class PipelineModule:
                 return self._schedule.eval(*feed, **kwargs)
         finally:
             self._schedule._loss_fn = loss_fn
+
+    # --- tied weights ---------------------------------------------------------------------------------------
+    def _tie_stages(self, pipe: Any) -> "TiedCopies | None":
+        """Each tie held by several stages: the model's own tensor on each (torch's splitter gave each a copy),
+        equal on every process (the first holding stage's value), and the process groups joining those stages'
+        processes, made here on every process."""
+        if not self.ties:
+            return None
+        stage_names = [[n for n, _ in pipe.get_stage_module(s).named_parameters(remove_duplicate=False)]
+                       for s in range(self.num_stages)]
+        originals = [self.model.get_parameter(tie.names[0]) for tie in self.ties]
+        local = dict(zip(self.stage_indices, self._stage_modules))
+        tied = TiedCopies(self.ties, stage_names=stage_names, pp_size=self.pp_size, pp_rank=self.pp_rank,
+                          local=local, originals=originals, group_for=self._tie_groups())
+        for index, tie in enumerate(tied.ties):
+            here = tied.local_holders(index)
+            if len(here) > 1 and self._wrap_stage is not None:
+                # each stage's data-parallel wrapper (DDP, FSDP2) would reduce and shard one tensor on its own
+                raise NotSupportedYetError(
+                    f"pipeline: stages {here} on one process both use the weight {tie.describe()} share, with "
+                    f"data parallelism over each stage; cut the model so that they land on different processes "
+                    f"(pp_split_at), or use a schedule with one stage per process")
+        for _, ranks in tied.spread():  # made on every process, in the same order, before any is used
+            tied.group(ranks)
+        if tied.spread():
+            tied.broadcast()
+        return tied
+
+    def _tie_groups(self) -> Callable[[tuple[int, ...]], Any]:
+        """``ranks`` (pipeline ranks) -> the process group joining this process with the processes at those
+        pipeline ranks and the same place on the other axes: the pipeline group itself when ``ranks`` are all of
+        them, else a subgroup made here on every process of the job (groups are made collectively)."""
+        made: dict[tuple[int, ...], Any] = {}
+
+        def group_for(ranks: tuple[int, ...]) -> Any:
+            if len(ranks) == self.pp_size:
+                return self.group
+            if ranks not in made:
+                made[ranks] = _pipeline_subgroup(self.group, self.pp_size, ranks)
+            return made[ranks]
+
+        return group_for
+
+    def sync_tied_gradients(self) -> None:
+        """Sum the gradients of each tied weight's copies over the stages holding them (collective over their
+        processes); a no-op when no gradient reached them since the last sum. Runs after each training call, or
+        once before each optimizer step when ``hook_optimizer`` was called (gradient accumulation sums once)."""
+        if self._tied is None or not self._tied_pending:
+            return
+        self._tied_pending = False
+        self._tied.sum_gradients()
+
+    def hook_optimizer(self, optimizer: Any) -> None:
+        """Sum tied gradients once, just before ``optimizer`` steps (and before a gradient norm), not per call."""
+        if self._tied is None or not self._tied.spread():
+            return
+        self._tie_sync_deferred = True
+        optimizer.register_step_pre_hook(lambda *_: self.sync_tied_gradients())
+
+    def tied_norm_skip(self) -> set[int]:
+        """ids of this process's tied copies a gradient norm skips, so that each tied weight counts once."""
+        return self._tied.counted_once() if self._tied is not None else set()
+
+    def _tie_model_to_copies(self) -> None:
+        """After wrapping: the whole model names this process's copy of each tie it holds (under every name), so
+        that optimizers re-pointed by name follow it and state dicts name it once per tie."""
+        if self._tied is None:
+            return
+        self._tied.refresh()
+        for tie, copies in zip(self._tied.ties, self._tied.copies):
+            for name in tie.names if copies else ():
+                parent, _, leaf = name.rpartition(".")
+                self.model.get_submodule(parent).register_parameter(leaf, copies[0])
 
     # --- the nn.Module surface a training loop touches ----------------------------------------------------
     def stage_modules(self) -> list["nn.Module"]:
@@ -415,6 +504,20 @@ def _restore_modules(submod: "nn.Module", originals: Mapping[str, "nn.Module"]) 
     for name, module in originals.items():
         if name in present:
             submod.set_submodule(name, module)
+
+
+def _pipeline_subgroup(group: Any, pp_size: int, ranks: tuple[int, ...]) -> Any:
+    """The process group of ``ranks`` (pipeline ranks) among this process's pipeline group's peers: every
+    process of the job makes every such group (``new_group`` is collective), in the same order."""
+    mine = [dist.get_global_rank(group, r) for r in range(pp_size)]
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    found = None
+    for peers in sorted({tuple(p) for p in every}):
+        sub = dist.new_group([peers[r] for r in ranks])
+        if peers == tuple(mine) and dist.get_rank() in [peers[r] for r in ranks]:
+            found = sub
+    return found
 
 
 def _convoy_cause(exc: BaseException) -> "ConvoyError | None":

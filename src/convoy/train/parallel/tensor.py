@@ -9,7 +9,9 @@ Where the plan comes from, first match wins: the ``plan`` argument (module-name 
 one name component such as a layer number), the model's declared plan (Hugging Face models carry
 ``config.base_model_tp_plan`` for the base model and ``_tp_plan`` for heads such as ``lm_head``), or
 convoy's default for common transformer names (q/k/v/o projections, MLP up/gate/down, token embedding,
-LM head; ``nn.Linear``/``nn.Embedding`` only, tied embeddings left replicated).
+LM head; ``nn.Linear``/``nn.Embedding`` only). Modules sharing a weight (a tied embedding and LM head) are split
+alike (both over the vocabulary, one ``DTensor`` after splitting) or left whole; a user's plan that splits them
+differently is refused (``convoy.train.parallel.ties``).
 
 Styles (Hugging Face's names where they exist): ``colwise``, ``rowwise`` (on an ``nn.Embedding``: the
 vocabulary is split and the input ids are replicated), ``colwise_rep``/``colwise_gather_output`` (output
@@ -31,6 +33,7 @@ import torch
 from torch import nn
 
 from convoy.errors import NotSupportedYetError, StrategyError
+from convoy.train.parallel.ties import find_ties, module_kinds, reconcile_tp_styles, retie
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -77,7 +80,7 @@ class TPPlan:
     sequence_parallel: bool = False
     """Split activations between blocks along the sequence dimension (dim 1)."""
     notes: tuple[str, ...] = ()
-    """Decisions worth telling the user (e.g. tied embeddings left replicated)."""
+    """Decisions worth telling the user (e.g. a tied embedding and head split alike)."""
 
     def as_dict(self) -> dict[str, str]:
         return dict(self.styles)
@@ -112,11 +115,6 @@ def _declared_plan(model: "nn.Module") -> dict[str, str]:
     return declared
 
 
-def _tied(model: "nn.Module", a: str, b: str) -> bool:
-    ma, mb = model.get_submodule(a), model.get_submodule(b)
-    return getattr(ma, "weight", None) is not None and getattr(ma, "weight", None) is getattr(mb, "weight", None)
-
-
 def _default_plan(model: "nn.Module", sequence_parallel: bool) -> tuple[dict[str, str], list[str]]:
     plan: dict[str, str] = {}
     notes: list[str] = []
@@ -131,12 +129,9 @@ def _default_plan(model: "nn.Module", sequence_parallel: bool) -> tuple[dict[str
             heads.append(name)
         elif sequence_parallel and type(module).__name__.endswith("Norm"):
             plan[name] = "sequence_parallel"
-    tied = [(e, h) for e in embeddings for h in heads if _tied(model, e, h)]
-    for emb, head in tied:
-        notes.append(f"{emb} and {head} share their weight: both left replicated")
-    tied_names = {n for pair in tied for n in pair}
-    plan.update({e: "embedding" for e in embeddings if e not in tied_names})
-    plan.update({h: "colwise_rep" for h in heads if h not in tied_names})
+    # a tied embedding and head get the same split (their vocabulary): see ties.reconcile_tp_styles
+    plan.update({e: "embedding" for e in embeddings})
+    plan.update({h: "colwise_rep" for h in heads})
     return plan, notes
 
 
@@ -166,6 +161,9 @@ def resolve_tp_plan(model: "nn.Module", plan: Mapping[str, str] | None = None, *
         for name, module in model.named_modules():
             if type(module).__name__.endswith("Norm") and name not in resolved:
                 resolved[name] = "sequence_parallel"
+    # modules sharing a weight (a tied embedding and head) are left whole or split alike, or a user's plan refused
+    resolved, tie_notes = reconcile_tp_styles(resolved, find_ties(model), module_kinds(model), source=source)
+    notes += tie_notes
     order = {name: i for i, name in enumerate(names)}
     styles = tuple(sorted(((n, s) for n, s in resolved.items() if s != "replicate"), key=lambda p: order[p[0]]))
     if not styles:
@@ -268,9 +266,12 @@ def apply_tensor_parallel(model: "nn.Module", tp_mesh: "DeviceMesh", plan: TPPla
 
     tp = tp_mesh.size()
     check_tp_plan(model, plan, tp)
+    ties = find_ties(model)  # before parallelize_module, which gives each split module a parameter of its own
+    reconcile_tp_styles(plan.as_dict(), ties, module_kinds(model), source="user")  # refuses a tie split apart
     styles = {name: _style_object(style, model.get_submodule(name), plan.sequence_parallel)
               for name, style in plan.styles}
     parallelize_module(model, tp_mesh, styles)
+    retie(model, ties)  # split alike: the tied names share one DTensor again
     _localize_head_counts(model, plan, tp)
     return model
 

@@ -24,7 +24,13 @@ where the model can be inspected:
   (``resolve_tp_plan``; a model without projection names has none) that ``check_tp_plan`` accepts, and
   whose attention head counts are known and divisible. A model whose heads are unknown gets no tp.
 - pp degrees: only when ``options`` has ``loss_fn``, the signal of a loop that trains with
-  ``loss = model(x, target=y)``; then only pipeline layouts are compared (that loop runs only under pp).
+  ``loss = model(x, target=y)``; then only pipeline layouts are compared, and only cuts whose tied weights
+  (``convoy.train.parallel.ties``) land on stages of different processes.
+- a model that fits one process (the guide's case 1) is never split (the planner's own rule, ``recommend``): its
+  data-parallel answer is taken, also for a pipeline loop (strategy "parallel" runs ``model(x, target=y)`` at
+  pp = 1), and the line says so.
+- tied weights: tp degrees come from a plan that splits a tied embedding and head alike or leaves them whole
+  (``resolve_tp_plan``; a user's ``tp_plan`` splitting them apart has none).
 - FSDP2: never for a model ``fully_shard`` cannot wrap (``convoy.train.strategies.fsdp.fsdp_limit``: a scalar
   parameter, as in Accelerate's ``RegressionModel``, a non-contiguous one, two dtypes in one shard unit); the
   layouts it would shard (zero2, zero3, and tp or pp beside dp through FSDP2) are left out, and the reason says so.
@@ -54,7 +60,7 @@ from convoy.plan.hardware import CPU, lookup_gpu
 from convoy.plan.memory import RunSpec
 from convoy.plan.model import ModelSpec, resolve_model
 from convoy.plan.rates import rates_for
-from convoy.plan.recommend import Recommendation
+from convoy.plan.recommend import NOT_SPLIT, Recommendation
 
 __all__ = ["AutoLayout", "TRAINER_STRATEGIES", "TRAINER_KNOBS", "choose_strategy", "planner_hook", "auto_strategy",
            "ConvoyPlanner", "TrainerPrecision",
@@ -222,14 +228,19 @@ def pp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tu
         return ()
     from convoy.train.parallel.pipeline import PipelineConfig, stage_boundaries
 
+    from convoy.train.parallel.ties import find_ties, stages_on_one_process
+
     config = PipelineConfig.from_options(dict(options))  # bad pipeline options are the user's error: raise
+    ties = find_ties(model)
+    order = [name for name, _ in model.named_modules()]
     out = []
     for pp in _divisors_above_one(world_size):
         try:
-            stage_boundaries(model, pp * config.local_stages(), split_at=config.split_at, layers=config.layers)
+            cut = stage_boundaries(model, pp * config.local_stages(), split_at=config.split_at, layers=config.layers)
         except StrategyError:
             continue
-        out.append(pp)
+        if stages_on_one_process(ties, order, cut, pp) is None:  # the pipeline refuses a tie split on one process
+            out.append(pp)
     return tuple(out)
 
 
@@ -294,7 +305,9 @@ def _as_layout(rec: Recommendation, *, pipeline: bool, timed: str, left_out: str
     assert rec.row is not None and dims is not None  # recommend_for_module raises when nothing fits
     picked = (r for r in rec.reasons[1:] if r.startswith(("DDP ", "No layout fits as asked", "Turning ")))
     reason = " ".join([rec.reasons[0], *picked])
-    timed = (f" Step times: {timed}." if timed else "") + (f" {left_out}" if left_out else "")
+    not_split = [r for r in rec.reasons if r.startswith(NOT_SPLIT.split("{")[0])]  # case 1: tp/pp left out
+    timed = ((f" Step times: {timed}." if timed else "") + (f" {left_out}" if left_out else "")
+             + "".join(f" {r}" for r in not_split))
     hsdp = dims.dp_replicate > 1 and dims.dp_shard > 1
     if dims.is_trivial and not hsdp:
         return AutoLayout(name=rec.strategy or "single", reason=reason + timed, cpu_offload=rec.cpu_offload)
@@ -455,8 +468,9 @@ def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int, 
         if answer is not None and limit and layout_shards_with_fsdp(answer):
             answer = None  # a planner that did not take fsdp_limit: the rule below answers instead
         pipeline_loop = options.get("loss_fn") is not None
-        if pipeline_loop and not pps:
-            return _whole_model_per_process(world_size, answer)
+        if pipeline_loop and (not pps or (answer is not None and (answer.dims is None or answer.dims.pp == 1))):
+            # the loop's model(x, target=y) runs unsplit too (strategy "parallel" at pp=1)
+            return _whole_model_per_process(world_size, answer, pipeline_fits=bool(pps))
         if answer is not None:
             return answer
         if pps and pipeline_loop:
@@ -480,21 +494,23 @@ def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int, 
         f"one device ({_gib(device_bytes)}), so it is sharded over {world_size} processes (FSDP2, zero3)"))
 
 
-def _whole_model_per_process(world_size: int, answer: AutoLayout | None) -> AutoLayout:
-    """The loop trains with ``model(x, target=y)`` but no pipeline degree fits this job (one process, or too
-    few layers): strategy "parallel" at pp = 1 keeps that call working (``SingleStage``), with the planner's
-    tp or data-parallel choice."""
+def _whole_model_per_process(world_size: int, answer: AutoLayout | None, *, pipeline_fits: bool = False
+                             ) -> AutoLayout:
+    """The loop trains with ``model(x, target=y)`` and the model is not split into stages: no pipeline degree fits
+    this job (one process, or too few layers), or the planner chose a layout without one (``pipeline_fits``: one
+    was possible; a model that fits under data parallelism is not split). Strategy "parallel" at pp = 1 keeps
+    that call working (``SingleStage``), with the planner's tp or data-parallel choice."""
     if answer is not None and answer.dims is not None:
         return answer  # tp chosen: strategy "parallel" runs the loop at pp = 1 as well
     dims = ParallelDims(dp_replicate=world_size)
     chosen = answer.name if answer is not None and answer.name != "single" else "ddp"
     engine = dp_engine_for(chosen, dims)
     why = answer.reason if answer is not None else "no planner answer"
+    unsplit = ("no pipeline is needed" if pipeline_fits else
+               f"no pipeline layout was asked for or fits {world_size} process(es)")
     return AutoLayout(name="parallel", dims=dims, dp_engine=engine, reason=(
-        f"strategy_options has loss_fn (a loop that trains with model(x, target=y)) but no pipeline layout was "
-        f"asked for or fits {world_size} process(es), so each runs the whole model (pp=1)"
-        f"{f' with {engine}' if engine else ''}: "
-        f"{why}"))
+        f"strategy_options has loss_fn (a loop that trains with model(x, target=y)) and {unsplit}, so each "
+        f"process runs the whole model (pp=1){f' with {engine}' if engine else ''}: {why}"))
 
 
 def _most_split_pipeline(world_size: int, pps: tuple[int, ...]) -> AutoLayout:

@@ -39,6 +39,11 @@ How each axis is realised:
   the real tensor-parallel modules back into each stage, whose schedule runs over the pp sub-mesh's group.
 - dp x tp x pp: as tp x pp, then each stage is sharded with FSDP2 over the dp mesh (torchtitan's 3D layout).
 
+Tied weights (a head sharing its embedding's weight, ``convoy.train.parallel.ties``): tp splits them alike or
+leaves them whole; pp sums the shared gradient over the stages holding it before each optimizer step (an
+optimizer step pre-hook) and before ``clip_grad_norm_``, which counts it once; ``full_model_state_dict`` names
+one tensor per tie, so ``save_model`` writes it once.
+
 Checkpoints of every layout (``save_state``) are ``torch.distributed.checkpoint`` directories keyed by the
 model's parameter names, loadable at any other layout; a pipeline loads on its first call (when its stages
 are built). ZeRO-1 state is gathered over the dp group first.
@@ -68,6 +73,7 @@ from convoy.train.parallel.mesh import ParallelMesh, build_mesh
 from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule, SingleStage, find_layers
 from convoy.train.parallel.recompute import apply_recompute, recompute_units
 from convoy.train.parallel.tensor import apply_tensor_parallel, resolve_tp_plan, tracing_stand_ins
+from convoy.train.parallel.ties import find_ties, share_in_state
 from convoy.train.settings import TrainSettings
 from convoy.train.strategies.base import ParameterOrigins, Strategy, SupportsNoSync
 from convoy.train.strategies.fsdp import mixed_precision_policy, no_gradient_sync, offload_policy, shard_model
@@ -333,6 +339,8 @@ class ParallelStrategy(Strategy, SupportsNoSync):
                 defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
                 optimizer = ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer),
                                                     process_group=self.mesh.dp.get_group(), **defaults)
+        for pipe in self._pipelines:  # weights tied across stages: their gradients summed once, before each step
+            pipe.on_build(functools.partial(PipelineModule.hook_optimizer, optimizer=optimizer))
         return optimizer
 
     def unwrap(self, module: Any) -> "torch.nn.Module":
@@ -365,7 +373,11 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         from convoy.train.parallel.norms import clip_grad_norm_
 
         pp_group = self.mesh.pp.get_group() if self.dims.pp > 1 else None
-        return clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type, pp_group=pp_group)
+        skip: set[int] = set()
+        for pipe in self._pipelines:  # a weight tied across stages: its gradient summed first, counted once
+            pipe.sync_tied_gradients()
+            skip |= pipe.tied_norm_skip()
+        return clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type, pp_group=pp_group, skip=skip)
 
     # --- state ----------------------------------------------------------------------------------------
     def full_model_state_dict(self, module: Any) -> dict[str, "torch.Tensor"]:
@@ -375,9 +387,10 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             local = {k: _full(v).detach().cpu() for k, v in module.state_dict().items()}
             parts: list[Any] = [None] * self.dims.pp
             dist.all_gather_object(parts, local, group=self.mesh.pp.get_group())
-            return {k: v for part in parts for k, v in part.items()}
+            # a tied weight's copies (one per stage using it) are equal: one tensor under each of its names
+            return share_in_state({k: v for part in parts for k, v in part.items()}, module.ties)
         full = get_model_state_dict(self.unwrap(module), options=StateDictOptions(full_state_dict=True))
-        return {k: v.detach().cpu() for k, v in full.items()}
+        return share_in_state({k: v.detach().cpu() for k, v in full.items()}, find_ties(self.unwrap(module)))
 
     def checkpoint_state(self, module: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         from torch.distributed.optim import ZeroRedundancyOptimizer

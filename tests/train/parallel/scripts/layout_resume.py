@@ -7,7 +7,8 @@ The first layout trains ``SAVED`` steps from the common start and saves; every o
 *different* model, loads the checkpoint before its first step (a pipeline reads it when it is built, on
 that first call) and trains the remaining steps; its losses, gradient norms and final parameters must equal
 an unbroken one-process run. Every rank prints ``resume <layout> (<type>) ... OK`` per resumed layout.
-``--`` starts another round (its own saved layout and checkpoint) in the same processes.
+``--`` starts another round (its own saved layout and checkpoint) in the same processes. ``--tied`` first:
+the model's head is its embedding (``TinyConfig(tied=True)``).
 """
 
 import sys
@@ -28,7 +29,9 @@ SAVED, TOTAL = 2, 4
 
 def main():
     root, *rounds = sys.argv[1:]
-    cfg = TinyConfig()
+    tied = rounds[:1] == ["--tied"]
+    rounds = rounds[1:] if tied else rounds
+    cfg = TinyConfig(tied=tied)
     torch.manual_seed(0)
     start = TinyGPT(cfg)
     ref = reference_run(start, cfg, steps=TOTAL, size=BATCH, clip=CLIP)
