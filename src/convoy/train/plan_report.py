@@ -197,8 +197,17 @@ def _run_spec(model: Any, optimizer: Any, *, precision: str, batch: tuple[int, i
     config = getattr(model, "config", None)
     eager = getattr(config, "_attn_implementation", None) == "eager"
     return RunSpec(seq_len=batch[1], micro_batch=max(1, batch[0] // chunks), precision=precision,
-                   optimizer=kind or "adamw", recompute="full" if getattr(model, "is_gradient_checkpointing", False)
-                   is True else "none", attention="eager" if eager else "flash")
+                   optimizer=kind or "adamw", recompute="full" if _recomputes(model) else "none",
+                   attention="eager" if eager else "flash")
+
+
+def _recomputes(model: Any) -> bool:
+    """Whether a transformers model recomputes its layers' activations: ``is_activation_checkpointing`` (5.x),
+    else ``is_gradient_checkpointing`` (4.x; 5.x keeps it as a deprecated alias that warns on every read)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if getattr(type(model), name, None) is not None or name in getattr(model, "__dict__", {}):
+            return getattr(model, name, False) is True
+    return False
 
 
 def _hardware(device: torch.device, context: Any) -> Hardware:
