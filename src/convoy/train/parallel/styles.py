@@ -245,13 +245,12 @@ def _style_classes() -> tuple[type, ...]:
     """The ParallelStyle subclasses, defined on first use (torch's parallel package loads lazily)."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import ParallelStyle
-    from torch.distributed.tensor.placement_types import _StridedShard
 
     class LocalShardStyle(ParallelStyle):
         """A Linear or Conv1D split column- or row-wise (packed or not), computed on the local shards.
 
-        Weights (and a colwise bias) are DTensors on the tp mesh; the forward runs the module's own matmul on
-        their local shards between explicit collectives: colwise takes a replicated input (its gradient summed
+        Weights (and a colwise bias; a packed one stays whole, each rank adding its share) are DTensors on the tp
+        mesh; the forward runs the module's own matmul on their local shards between explicit collectives: colwise takes a replicated input (its gradient summed
         over tp) and leaves its output split, or gathers it (``colwise_rep``); rowwise takes a split input (or
         keeps its share of a replicated one, ``rowwise_rep``), sums the partial outputs, then adds the bias once.
         """
@@ -264,15 +263,13 @@ def _style_classes() -> tuple[type, ...]:
         def _apply(self, module: nn.Module, device_mesh: "DeviceMesh") -> nn.Module:
             colwise = self.style in _COLWISE
             weight_placement = _weight_placement(module, self.style)
-            bias_dim = 0
             for name, param in list(module.named_parameters(recurse=False)):
                 if name == "weight":
                     placement = weight_placement
-                elif colwise:  # the bias follows the output features
-                    placement = (_StridedShard(bias_dim, split_factor=self.parts) if self.parts > 1
-                                 else Shard(bias_dim))
-                else:
-                    placement = Replicate()
+                elif colwise and self.parts == 1:  # the bias follows the output features
+                    placement = Shard(0)
+                else:  # a packed bias stays whole, each rank adding its share: a 1-D _StridedShard would meet
+                    placement = Replicate()  # FSDP2's own split of dim 0, which the two cannot compose
                 dtensor = distribute_tensor(param.detach(), device_mesh, [placement], src_data_rank=self.src_data_rank)
                 module.register_parameter(name, nn.Parameter(dtensor, requires_grad=param.requires_grad))
             group = _group(device_mesh)
@@ -289,6 +286,8 @@ def _style_classes() -> tuple[type, ...]:
                 y = x @ weight if conv1d else x @ weight.t()
                 if not colwise:
                     y = _ReduceFromTP.apply(y, group)
+                if bias is not None and colwise and parts > 1:
+                    bias = _ShareFromTP.apply(bias, group, parts)
                 if bias is not None:
                     y = y + bias
                 if style == "colwise_rep":

@@ -8,7 +8,8 @@ degrees such as ``tp=2`` and at most one strategy name such as ``zero3``). The l
 write, ``out = model(input_ids=ids, labels=ids)``, ``accelerator.backward(out.loss)``, with no ``loss_fn``, also
 under pp. After a few AdamW steps the losses and every parameter must equal one process's; ``save_model`` must
 write exactly the model's own state-dict names, which ``load_state_dict(strict=True)`` reads back to the trained
-values (and ``from_pretrained`` for the first layout of each family). Every rank prints one
+values (and ``from_pretrained`` for the first layout of each family). ``family:A>B`` also saves the state at layout
+A and resumes it at layout B (not a pipeline), which must take the same next step. Every rank prints one
 ``<family>:<layout> (<distributed type>) ... OK`` line per layout.
 """
 
@@ -55,13 +56,17 @@ def accelerator(layout):
     return Accelerator(strategy=strategy, parallelism=dims or None, strategy_options=options, collective_timeout=60)
 
 
-def train(acc, start):
+def prepared(acc, start):
     model = copy.deepcopy(start)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    model, opt = acc.prepare(model, opt)
+    return acc.prepare(model, opt)
+
+
+def train(acc, model, opt, steps):
+    """Train the given steps (step numbers pick the batches); returns the losses, averaged as one process's."""
     dp_rank, dp = acc.strategy.data_parallel_rank, acc.strategy.data_parallel_size
     losses = []
-    for step in range(STEPS):
+    for step in steps:
         ids = token_batch(step=step).chunk(dp)[dp_rank]
         out = model(input_ids=ids, labels=ids)
         acc.backward(out.loss)
@@ -70,7 +75,24 @@ def train(acc, start):
         loss = out.loss.detach().clone()
         dist.all_reduce(loss)  # every rank of a dp replica has its replica's loss
         losses.append(loss.item() / dist.get_world_size())
-    return model, losses
+    return losses
+
+
+def check_resume(acc, model, opt, other, start, directory):
+    """save_state here, load_state at layout ``other``: the same parameters, and the next step as here."""
+    acc.save_state(directory)
+    acc2 = accelerator(other)
+    model2, opt2 = prepared(acc2, start)
+    if not isinstance(model2, torch.nn.Module):  # a pipeline is built (and loads) on its first call
+        raise NotImplementedError("resume into a pipeline layout: not in this script")
+    acc2.load_state(directory)
+    before = acc.get_state_dict(model)
+    loaded = acc2.get_state_dict(model2)
+    if before and loaded:
+        assert all(torch.equal(before[k], loaded[k]) for k in before), "resumed parameters differ"
+    next_here, next_there = train(acc, model, opt, [STEPS]), train(acc2, model2, opt2, [STEPS])
+    assert abs(next_here[0] - next_there[0]) < 1e-5, (next_here, next_there)
+    return acc2
 
 
 def check_saved(acc, model, ref, directory, *, from_pretrained):
@@ -99,21 +121,28 @@ def main():
     refs, saved_once = {}, set()
     for cell in sys.argv[2:]:
         family, layout = cell.split(":")
+        layout, _, resume_at = layout.partition(">")
         if family not in refs:
             refs[family] = reference(family)
         start, ref, ref_losses = refs[family]
         acc = accelerator(layout)
-        model, losses = train(acc, start)
+        model, opt = prepared(acc, start)
+        losses = train(acc, model, opt, range(STEPS))
         ldiff = max(abs(a - b) for a, b in zip(losses, ref_losses))
         full = acc.get_state_dict(model)
         want = ref.state_dict()
         pdiff = max((full[k].float() - want[k]).abs().max().item() for k in want) if full else 0.0
         assert not full or set(full) >= set(want), sorted(set(want) - set(full))
-        assert ldiff < 1e-5 and pdiff < TOLERANCE, (cell, losses, ref_losses, pdiff)
+        worst = sorted(((full[k].float() - want[k]).abs().max().item(), k) for k in want)[-3:] if full else []
+        assert ldiff < 1e-5 and pdiff < TOLERANCE, (cell, losses, ref_losses, worst)
         check_saved(acc, model, ref, out_dir / family / layout, from_pretrained=family not in saved_once)
         saved_once.add(family)
+        resumed = ""
+        if resume_at:
+            acc2 = check_resume(acc, model, opt, resume_at, start, out_dir / "state" / family / layout)
+            resumed = f", resumed at {resume_at} ({acc2.strategy.distributed_type})"
         print(f"rank {dist.get_rank()} {cell} ({acc.strategy.distributed_type}): loss diff {ldiff:.1e} "
-              f"param diff {pdiff:.1e} saved OK", flush=True)
+              f"param diff {pdiff:.1e} saved{resumed} OK", flush=True)
     dist.destroy_process_group()
 
 
