@@ -1,8 +1,9 @@
 """transformers models under convoy's tensor-parallel styles and pipeline on one CUDA device, run by
-tests/gpu/test_transformers_gpu.py in a fresh process (one process: a 1-rank tp mesh, a 1-stage pipeline: traced, scheduled in 2 micro-batches).
+tests/gpu/test_transformers_gpu.py in a fresh process (one process: a 1-rank tp mesh; a 1-stage pipeline, traced
+and scheduled in 2 micro-batches).
 
-    python transformers_cuda.py styles gpt2      # the model's plan (convoy's for GPT-2) on cuda:0 against the plain model
-    python transformers_cuda.py pipeline llama   # model(input_ids=..., labels=...).loss through the pipeline on cuda:0
+    python transformers_cuda.py styles gpt2      # the model's plan (convoy's for GPT-2) against the plain model
+    python transformers_cuda.py pipeline llama   # model(input_ids=..., labels=...).loss through the pipeline
 
 Prints ``CHECK <name> ok`` per check; a failed check raises (exit 1). Without CUDA it runs the same checks on the CPU
 (gloo), which is how it was rehearsed on a machine without a GPU.

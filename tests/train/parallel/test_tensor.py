@@ -73,7 +73,7 @@ def test_user_plan_patterns_match_one_name_component_per_star():
 
 
 @pytest.mark.parametrize("style, error", [("diagonal", StrategyError), ("moe_tp_experts", NotSupportedYetError),
-                                          ("grouped_gemm", NotSupportedYetError), ("local_params", NotSupportedYetError)])
+                                          ("grouped_gemm", NotSupportedYetError), ("isolated", NotSupportedYetError)])
 def test_unknown_expert_and_not_yet_styles_are_named_with_their_entry(style, error):
     with pytest.raises(error, match=style) as caught:
         resolve_tp_plan(TinyGPT(), {"layers.*.mlp.up_proj": style})

@@ -2,9 +2,10 @@
 
 In-process: the tp plans convoy reads or supplies for them, the style registry of the installed transformers, the
 refusals, the causal-LM loss a pipeline uses, ``save_model``'s files. On CPU processes (slow): Llama, Qwen2, GPT-2
-and Phi3 trained as transformers loops call them (``model(input_ids=..., labels=...).loss``, no ``loss_fn``) under
-ddp, zero3, tp=2, zero3 x tp=2, pp=2 and dp x tp x pp, against one process; ``save_model`` writes the model's own
-names under each. Several layouts share one launch (a process start with torch and transformers costs seconds).
+and Phi3 (with Qwen3 and Granite-SWA for their styles) trained as transformers loops call them
+(``model(input_ids=..., labels=...).loss``, no ``loss_fn``) under ddp, zero3, tp=2, zero3 x tp=2, pp=2 and
+dp x tp x pp, against one process; ``save_model`` writes the model's own names under each. Several layouts share
+one launch (a process start with torch and transformers costs seconds).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ def test_every_style_of_the_installed_transformers_is_run_or_refused_by_name():
     for style in ALL_PARALLEL_STYLES.valid_keys():
         try:
             canonical = styles.canonical_style(style, entry="x", origin="model", owner="M")
-        except NotSupportedYetError as err:  # expert-parallel styles, and single-parameter ones
-            assert style in styles.EXPERT_STYLES or style == "local_params", style
+        except NotSupportedYetError as err:  # expert-parallel styles
+            assert style in styles.EXPERT_STYLES, style
             assert f"style {style!r}" in str(err)
             continue
         assert canonical in styles.STYLES, (style, canonical)
@@ -52,6 +53,21 @@ def test_llama_and_qwen2_plans_are_their_own_with_transformers_names():
         assert styles_of["lm_head"] == "colwise_rep"  # colwise_gather_output
         assert styles_of["model.layers.1.self_attn.o_proj"] == "rowwise"
         check_tp_plan(tiny(family), plan, 2)
+
+
+def test_a_parameter_entry_splits_that_parameter_and_needs_local_params_on_its_module():
+    model = tiny("granite_swa")
+    plan = resolve_tp_plan(model)
+    assert plan.parameters == (("model.layers.0.self_attn.sinks", 0), ("model.layers.1.self_attn.sinks", 0))
+    assert plan.as_dict()["model.layers.1.self_attn"] == "local_params"
+    check_tp_plan(model, plan, 2)
+    with pytest.raises(StrategyError, match="tp=8 does not divide"):
+        check_tp_plan(model, plan, 8)
+    with pytest.raises(StrategyError, match="add {'model.layers.0.self_attn': 'local_params'}"):
+        resolve_tp_plan(model, {"model.layers.*.self_attn.sinks": "colwise",
+                                "model.layers.*.self_attn.q_proj": "colwise"})
+    with pytest.raises(NotSupportedYetError, match="'embedding_colwise' on a single parameter"):
+        resolve_tp_plan(model, {"model.layers.*.self_attn.sinks": "embedding_colwise"})
 
 
 def test_gpt2_gets_convoys_plan_with_packed_qkv_and_its_tied_embedding_left_whole():
@@ -166,6 +182,7 @@ def test_llama_qwen2_gpt2_and_phi3_under_ddp_zero3_tp_and_pp_match_one_process(t
     cells = [f"{family}:{layout}" for family in ("llama", "qwen2", "gpt2", "phi3")
              for layout in ("ddp", "zero3", "tp=2", "pp=2") if (family, layout) != ("gpt2", "pp=2")]
     cells.append("qwen3:tp=2")  # replicated_with_grad_allreduce (its per-head q/k norms)
+    cells.append("granite_swa:tp=2")  # attention sinks: a parameter entry, and local_params
     result = run_script(SCRIPT, nproc=2, args=[str(tmp_path), *cells], timeout=300)
     assert result.returncode == 0, result.output
     assert _cells(result.output, 2) == set(cells), result.output
@@ -182,7 +199,8 @@ def test_gpt2_under_pp_matches_one_process(tmp_path):
 
 @pytest.mark.slow
 def test_zero3_x_tp2_of_each_family_matches_one_process_and_gpt2s_packed_weights_resume_under_zero3(tmp_path):
-    cells = ["llama:zero3+tp=2", "qwen2:zero3+tp=2", "gpt2:zero3+tp=2>zero3", "phi3:zero3+tp=2"]
+    cells = ["llama:zero3+tp=2", "qwen2:zero3+tp=2", "gpt2:zero3+tp=2>zero3", "phi3:zero3+tp=2",
+             "granite_swa:zero3+tp=2"]
     result = run_script(SCRIPT, nproc=4, args=[str(tmp_path), *cells], timeout=300)
     assert result.returncode == 0, result.output
     assert _cells(result.output, 4) == set(cells), result.output

@@ -5,11 +5,13 @@
     parallelize_module(model, tp_mesh, {"lm_head": style_object(style, model.lm_head, sequence_parallel=False)})
 
 The names are transformers' (its registry: ``ALL_PARALLEL_STYLES`` in ``transformers/distributed/
-tensor_parallel.py``, 5.24), plus ``packed_qkv`` for fused q/k/v projections. Each split weight becomes a DTensor
-on the tp mesh (``Shard``, or ``_StridedShard`` for packed weights, whose global view keeps the model's own layout,
-so state dicts and checkpoints read as the unsplit model's). ``nn.Linear`` and ``nn.Embedding`` take torch's
-``ColwiseParallel``/``RowwiseParallel``; transformers' ``Conv1D`` (GPT-2: weight ``[in, out]``, transposed against
-``nn.Linear``) and packed weights run the module's matmul on the local shards, with the collectives between.
+tensor_parallel.py``, 5.24), plus ``packed_qkv`` for fused q/k/v projections; an entry may name a single parameter
+(``self_attn.sinks``: ``colwise`` splits dim 0, ``rowwise`` the last) whose module then runs ``local_params``. Each
+split weight becomes a DTensor on the tp mesh (``Shard``, or ``_StridedShard`` for packed weights, whose global view
+keeps the model's own layout, so state dicts and checkpoints read as the unsplit model's). ``nn.Linear`` and
+``nn.Embedding`` take torch's ``ColwiseParallel``/``RowwiseParallel``; transformers' ``Conv1D`` (GPT-2: weight
+``[in, out]``, transposed against ``nn.Linear``) and packed weights run the module's matmul on the local shards,
+with the collectives between.
 
 Mixture-of-experts styles (``moe_tp_experts``, ``grouped_gemm``, ``ep_dispatch_experts``, ...) are refused with
 ``NotSupportedYetError``; a style no table here knows, with ``StrategyError`` naming where the entry came from.
@@ -29,7 +31,8 @@ from convoy.errors import NotSupportedYetError, StrategyError
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["STYLES", "ALIASES", "EXPERT_STYLES", "canonical_style", "style_object", "is_conv1d", "split_dim",
+__all__ = ["STYLES", "ALIASES", "EXPERT_STYLES", "PARAMETER_STYLES", "canonical_style", "parameter_dim",
+           "style_object", "is_conv1d", "split_dim",
            "packed_parts", "plain_shards", "strided_like"]
 
 #: the styles convoy applies (canonical names), with what each does
@@ -47,8 +50,11 @@ STYLES: dict[str, str] = {
     "replicated_with_grad_allreduce": "whole on every rank, fed split activations: its gradient is summed over tp",
     "all_reduce": "whole module whose output is a partial sum: the output is summed over tp",
     "mla_kv_a_proj": "whole MLA kv_a projection: gradients of its rotary part summed over tp",
+    "local_params": "a module whose own parameters other entries split (e.g. attention sinks) runs on their shards",
     "replicate": "leave the module whole on every rank",
 }
+#: styles an entry naming a single parameter takes (the dimension split: 0, or the last)
+PARAMETER_STYLES = {"colwise": 0, "local_colwise": 0, "rowwise": -1, "local_rowwise": -1, "replicate": None}
 #: other names for them: transformers' current and earlier spellings
 ALIASES: dict[str, str] = {
     "colwise_gather_output": "colwise_rep",
@@ -63,7 +69,7 @@ ALIASES: dict[str, str] = {
 EXPERT_STYLES = ("moe_tp_experts", "moe_identity_expert", "grouped_gemm", "ep_dispatch_experts", "ep_router",
                  "local", "isolated")
 #: dense styles transformers has that convoy does not run yet: what each needs
-_NOT_YET = {"local_params": "entries that split single parameters (e.g. attention sinks)"}
+_NOT_YET: dict[str, str] = {}
 _PACKED_PARTS = {"packed_colwise": 2, "packed_qkv": 3, "packed_rowwise": 2}
 _COLWISE = ("colwise", "colwise_rep", "packed_colwise", "packed_qkv")
 _ROWWISE = ("rowwise", "rowwise_rep", "packed_rowwise")
@@ -95,6 +101,17 @@ def canonical_style(style: Any, *, entry: str, origin: str, owner: str) -> str:
     return ALIASES.get(style, style)
 
 
+def parameter_dim(param: torch.Tensor, style: str, *, entry: str, origin: str, owner: str) -> int | None:
+    """The dimension an entry naming a single parameter splits (``None``: left whole); one line otherwise."""
+    canonical_style(style, entry=entry, origin=origin, owner=owner)  # experts and unknown styles, by name
+    if style not in PARAMETER_STYLES:
+        raise NotSupportedYetError(f"tp plan entry {entry!r} names a parameter of {owner}: style {style!r} on a "
+                                   f"single parameter is not supported yet; parameters take "
+                                   f"{', '.join(PARAMETER_STYLES)}")
+    dim = PARAMETER_STYLES[style]
+    return None if dim is None else dim % max(param.dim(), 1)
+
+
 def is_conv1d(module: nn.Module) -> bool:
     """transformers' ``Conv1D`` (GPT-2, GPT): ``weight`` is ``[in, out]``, the transpose of ``nn.Linear``'s."""
     weight = getattr(module, "weight", None)
@@ -111,7 +128,8 @@ def split_dim(module: nn.Module, style: str) -> tuple[int, int, str] | None:
     """(weight dim split, its size, what it is) for a style that splits ``module``'s weight; ``None`` if none.
 
     ``StrategyError`` when the style cannot apply to this kind of module."""
-    if style in ("sequence_parallel", "replicated_with_grad_allreduce", "all_reduce", "mla_kv_a_proj", "replicate"):
+    if style in ("sequence_parallel", "replicated_with_grad_allreduce", "all_reduce", "mla_kv_a_proj", "local_params",
+                 "replicate"):
         return None
     if isinstance(module, nn.Embedding):
         if style in ("rowwise", "embedding", "rowwise_rep"):
@@ -249,10 +267,11 @@ def _style_classes() -> tuple[type, ...]:
     class LocalShardStyle(ParallelStyle):
         """A Linear or Conv1D split column- or row-wise (packed or not), computed on the local shards.
 
-        Weights (and a colwise bias; a packed one stays whole, each rank adding its share) are DTensors on the tp
-        mesh; the forward runs the module's own matmul on their local shards between explicit collectives: colwise takes a replicated input (its gradient summed
-        over tp) and leaves its output split, or gathers it (``colwise_rep``); rowwise takes a split input (or
-        keeps its share of a replicated one, ``rowwise_rep``), sums the partial outputs, then adds the bias once.
+        Weights (and a colwise bias; a packed one stays whole, each rank adding its share) are DTensors on the
+        tp mesh; the forward runs the module's own matmul on their local shards between explicit collectives:
+        colwise takes a replicated input (its gradient summed over tp) and leaves its output split, or gathers it
+        (``colwise_rep``); rowwise takes a split input (or keeps its share of a replicated one, ``rowwise_rep``),
+        sums the partial outputs, then adds the bias once.
         """
 
         def __init__(self, style: str) -> None:
@@ -342,7 +361,27 @@ def _style_classes() -> tuple[type, ...]:
             module.register_forward_hook(hook)
             return module
 
-    return LocalShardStyle, GradientSumStyle, OutputSumStyle
+    class LocalParamsStyle(ParallelStyle):
+        """A module whose own parameters other entries split (attention sinks, one per head): its forward runs
+        on their local shards (its split projections give it this rank's heads)."""
+
+        def _apply(self, module: nn.Module, device_mesh: "DeviceMesh") -> nn.Module:
+            original = module.forward
+
+            def forward(*args: Any, **kwargs: Any) -> Any:
+                saved = dict(module._parameters)
+                try:
+                    for name, param in saved.items():
+                        if param is not None:
+                            module._parameters[name] = _local(param)  # type: ignore[assignment]
+                    return original(*args, **kwargs)
+                finally:
+                    module._parameters.update(saved)
+
+            module.forward = forward  # type: ignore[method-assign]
+            return module
+
+    return LocalShardStyle, GradientSumStyle, OutputSumStyle, LocalParamsStyle
 
 
 def _rope_width(module: nn.Module) -> int:
@@ -359,10 +398,12 @@ def style_object(style: str, module: nn.Module, sequence_parallel: bool) -> Any:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
-    local_shard, gradient_sum, output_sum = _style_classes()
+    local_shard, gradient_sum, output_sum, local_params = _style_classes()
     seq = Shard(1) if sequence_parallel else Replicate()
     if style == "sequence_parallel":
         return SequenceParallel()
+    if style == "local_params":
+        return local_params()
     if style == "replicated_with_grad_allreduce":
         return gradient_sum()
     if style in ("all_reduce", "mla_kv_a_proj"):

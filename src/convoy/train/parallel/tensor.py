@@ -36,7 +36,8 @@ import torch
 from torch import nn
 
 from convoy.errors import NotSupportedYetError, StrategyError
-from convoy.train.parallel.styles import STYLES, canonical_style, is_conv1d, packed_parts, split_dim, style_object
+from convoy.train.parallel.styles import (STYLES, canonical_style, is_conv1d, packed_parts, parameter_dim, split_dim,
+                                          style_object)
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -78,6 +79,8 @@ class TPPlan:
     """Split activations between blocks along the sequence dimension (dim 1)."""
     notes: tuple[str, ...] = ()
     """Decisions worth telling the user (e.g. tied embeddings left replicated)."""
+    parameters: tuple[tuple[str, int], ...] = ()
+    """(parameter name, dimension split) for entries that name single parameters (attention sinks)."""
 
     def as_dict(self) -> dict[str, str]:
         return dict(self.styles)
@@ -171,10 +174,14 @@ def resolve_tp_plan(model: "nn.Module", plan: Mapping[str, str] | None = None, *
         style = canonical_style(style, entry=pattern, origin=source, owner=owner)
         for hit in hits:
             resolved.setdefault(hit, style)
+    split_parameters: dict[str, int] = {}
     for pattern, style in on_parameters:  # after the module entries: an expert layer is refused as one
-        canonical_style(style, entry=pattern, origin=source, owner=owner)
-        raise NotSupportedYetError(f"tp plan entry {pattern!r} names a parameter of {owner}, not a module: "
-                                   f"splitting single parameters (style {style!r}) is not supported yet")
+        regex = _pattern(pattern)
+        for pname, param in model.named_parameters():
+            if regex.fullmatch(pname):
+                dim = parameter_dim(param, style, entry=pattern, origin=source, owner=owner)
+                if dim is not None:
+                    split_parameters.setdefault(pname, dim)
     if source == "builtin":
         notes = _leave_tied_whole(model, resolved)
     if sequence_parallel and source in ("model", "builtin"):
@@ -187,7 +194,13 @@ def resolve_tp_plan(model: "nn.Module", plan: Mapping[str, str] | None = None, *
         raise StrategyError(f"no tensor-parallel plan for {owner}: it declares none and no "
                             f"module has a common projection name (q_proj, o_proj, up_proj, ...); pass "
                             f"tp_plan={{'<module pattern>': 'colwise' | 'rowwise', ...}}")
-    return TPPlan(styles=styles, source=source, sequence_parallel=sequence_parallel, notes=tuple(notes))
+    owners = {name.rpartition(".")[0] for name in split_parameters}
+    unrun = sorted(o for o in owners if resolved.get(o) != "local_params")
+    if unrun:
+        raise StrategyError(f"tp plan splits parameters of {unrun[0]!r} ({owner}) but does not give that module "
+                            f"'local_params', which runs it on their shards; add {{{unrun[0]!r}: 'local_params'}}")
+    return TPPlan(styles=styles, source=source, sequence_parallel=sequence_parallel, notes=tuple(notes),
+                  parameters=tuple(sorted(split_parameters.items())))
 
 
 def _leave_tied_whole(model: "nn.Module", resolved: dict[str, str]) -> list[str]:
@@ -253,6 +266,11 @@ def check_tp_plan(model: "nn.Module", plan: TPPlan, tp: int) -> None:
             parts = f" ({packed_parts(style)} packed parts)" if packed_parts(style) > 1 else ""
             raise StrategyError(f"tp={tp} does not divide the {size} {what} of {name!r}{parts} evenly; choose a "
                                 f"tp dividing {size // packed_parts(style)}")
+    for pname, dim in plan.parameters:
+        size = model.get_parameter(pname).shape[dim]
+        if size % tp:
+            raise StrategyError(f"tp={tp} does not divide dim {dim} ({size}) of parameter {pname!r}; choose a tp "
+                                f"dividing {size}")
     for parent, attr, value in _split_head_counts(model, plan):  # what _localize_head_counts will divide
         if value % tp:
             raise StrategyError(f"tp={tp} does not divide {parent or 'model'}.{attr}={value}; choose a tp "
@@ -289,8 +307,15 @@ def apply_tensor_parallel(model: "nn.Module", tp_mesh: "DeviceMesh", plan: TPPla
     """Split ``model`` in place over ``tp_mesh`` (1-D) following ``plan``; returns ``model``."""
     from torch.distributed.tensor.parallel import parallelize_module
 
+    from torch.distributed.tensor import Shard, distribute_tensor
+
     tp = tp_mesh.size()
     check_tp_plan(model, plan, tp)
+    for pname, dim in plan.parameters:  # entries naming single parameters; their modules run local_params
+        parent, _, leaf = pname.rpartition(".")
+        module, param = model.get_submodule(parent), model.get_parameter(pname)
+        module.register_parameter(leaf, nn.Parameter(distribute_tensor(param.detach(), tp_mesh, [Shard(dim)]),
+                                                     requires_grad=param.requires_grad))
     styles = {name: style_object(style, model.get_submodule(name), plan.sequence_parallel)
               for name, style in plan.styles}
     parallelize_module(model, tp_mesh, styles)
@@ -316,6 +341,9 @@ def tracing_stand_ins(model: "nn.Module", plan: TPPlan) -> dict[str, "nn.Module"
     from torch.distributed.tensor import DTensor
 
     shard_linear, shard_embedding, gather = _stand_in_classes()
+    if plan.parameters:
+        raise NotSupportedYetError(f"tp with pp: tracing a module whose own parameters are split "
+                                   f"({plan.parameters[0][0]!r}) is not supported yet; use tp or pp alone")
     tp = _tp_size(model, plan)
     stand_ins: dict[str, nn.Module] = {}
     for name, style in plan.styles:
