@@ -70,11 +70,23 @@ def test_user_plan_patterns_match_one_name_component_per_star():
         resolve_tp_plan(model, {"*.up_proj": "colwise"})  # '*' is one component, not several
 
 
-@pytest.mark.parametrize("style, error", [("diagonal", StrategyError), ("local_colwise", NotSupportedYetError),
-                                          ("packed_colwise", NotSupportedYetError)])
-def test_unknown_and_hugging_face_only_styles_are_named(style, error):
-    with pytest.raises(error, match=style):
+@pytest.mark.parametrize("style, error", [("diagonal", StrategyError), ("moe_tp_experts", NotSupportedYetError),
+                                          ("grouped_gemm", NotSupportedYetError), ("isolated", NotSupportedYetError)])
+def test_unknown_expert_and_not_yet_styles_are_named_with_their_entry(style, error):
+    with pytest.raises(error, match=style) as caught:
         resolve_tp_plan(TinyGPT(), {"layers.*.mlp.up_proj": style})
+    assert "'layers.*.mlp.up_proj' from strategy_options['tp_plan']" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_transformers_spellings_resolve_to_the_styles_they_name():
+    plan = resolve_tp_plan(TinyGPT(TinyConfig(layers=1)), {
+        "embed_tokens": "embedding_rowwise", "layers.*.self_attn.q_proj": "local_colwise",
+        "layers.*.mlp.up_proj": "packed_colwise", "layers.*.mlp.down_proj": "rowwise_split_input",
+        "lm_head": "colwise_gather_output", "layers.*.input_layernorm": "replicated_with_grad_allreduce"})
+    assert plan.as_dict() == {"embed_tokens": "embedding", "layers.0.self_attn.q_proj": "colwise",
+                              "layers.0.mlp.up_proj": "packed_colwise", "layers.0.mlp.down_proj": "rowwise_rep",
+                              "lm_head": "colwise_rep", "layers.0.input_layernorm": "replicated_with_grad_allreduce"}
 
 
 def test_model_without_a_plan_or_known_names_asks_for_one():
@@ -93,8 +105,12 @@ def test_checks_heads_features_and_module_kinds():
     odd = TinyGPT(TinyConfig(heads=4, dim=16, hidden=30))
     with pytest.raises(StrategyError, match="30 output features of 'layers.0.mlp.gate_proj'"):
         check_tp_plan(odd, resolve_tp_plan(odd), 4)
-    with pytest.raises(StrategyError, match="only Linear and Embedding"):
+    with pytest.raises(StrategyError, match="splits Linear, Conv1D and Embedding modules, not a LayerNorm"):
         check_tp_plan(model, resolve_tp_plan(model, {"norm": "colwise"}), 2)
+    with pytest.raises(StrategyError, match="embeddings take 'embedding'"):
+        check_tp_plan(model, resolve_tp_plan(model, {"embed_tokens": "colwise"}), 2)
+    with pytest.raises(StrategyError, match=r"30 output features of 'layers.0.mlp.up_proj' \(2 packed parts\)"):
+        check_tp_plan(odd, resolve_tp_plan(odd, {"layers.*.mlp.up_proj": "packed_colwise"}), 2)  # 15 per part
     with pytest.raises(StrategyError, match="sequence_parallel is off"):
         check_tp_plan(model, resolve_tp_plan(model, {"norm": "sequence_parallel"}), 2)
 

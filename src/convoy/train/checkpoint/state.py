@@ -34,7 +34,7 @@ from convoy.train.checkpoint import accelerate, directories
 from convoy.train.checkpoint.files import dcp_load, load_file, save_file
 from convoy.train.checkpoint.items import CheckpointItems, CheckpointResult
 from convoy.train.checkpoint.rng import rng_state, set_rng_state
-from convoy.train.checkpoint.weights import parse_size, write_model
+from convoy.train.checkpoint.weights import model_keys, parse_size, write_model
 
 if TYPE_CHECKING:  # pragma: no cover
     from convoy.train.strategies.base import Strategy
@@ -58,7 +58,8 @@ def save_model(items: CheckpointItems, model: torch.nn.Module, save_directory: s
                max_shard_size: int | str, safe_serialization: bool) -> None:
     """Unwrapped, consolidated weights in safetensors (transformers' file layout). Collective."""
     parse_size(max_shard_size)  # on every rank: a bad size is every rank's error, before any collective
-    state = items.get_strategy().full_model_state_dict(model)
+    strategy = items.get_strategy()
+    state = model_keys(strategy.full_model_state_dict(model), strategy.unwrap(model).state_dict().keys())
 
     def write() -> None:
         try:

@@ -3,6 +3,9 @@
     write_model(state, "out", max_shard_size="5GB", safe_serialization=True)
     # out/model.safetensors, or shards plus out/model.safetensors.index.json past max_shard_size
     # (safe_serialization=False: pytorch_model.bin, torch.save's format)
+
+Every strategy writes the same names: those of the model's own state dict (``model_keys``), tied weights under each
+of their names, so ``model.load_state_dict(load_file(...))`` and transformers' ``from_pretrained`` read the files.
 """
 
 from __future__ import annotations
@@ -10,13 +13,13 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
 from convoy.errors import ConfigError
 
-__all__ = ["write_model", "parse_size"]
+__all__ = ["write_model", "parse_size", "model_keys"]
 
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -37,17 +40,24 @@ def parse_size(size: int | str) -> int:
     return value
 
 
-def _drop_shared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """safetensors refuses tensors that share memory (tied weights): keep the first name of each."""
-    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+def _unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors that share memory (tied weights): each name after the first gets a copy, so
+    every name of the model's state dict is in the file (a strict ``load_state_dict`` needs them all), under every
+    strategy alike (sharded engines gather tied weights as separate tensors)."""
+    seen: set[int] = set()
     out = {}
     for name, tensor in state.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-        if tensor.numel() and key in seen:
-            continue
-        seen.add(key)
-        out[name] = tensor.contiguous()
+        storage = tensor.untyped_storage().data_ptr()
+        shared = tensor.numel() and storage in seen
+        seen.add(storage)
+        out[name] = tensor.clone() if shared else tensor.contiguous()
     return out
+
+
+def model_keys(state: dict[str, torch.Tensor], keys: Iterable[str]) -> dict[str, torch.Tensor]:
+    """``state``'s entries that the model's own state dict has (``keys``), in its order: no non-persistent
+    buffer an engine kept (a traced pipeline stage's rotary tables), whatever the strategy gathered."""
+    return {k: state[k] for k in keys if k in state}
 
 
 def _on_cpu(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -81,7 +91,7 @@ def write_model(state: dict[str, torch.Tensor], directory: str | Path, *, max_sh
     directory.mkdir(parents=True, exist_ok=True)
     limit = parse_size(max_shard_size)
     state = _on_cpu(state)
-    state = _drop_shared(state) if safe_serialization else state
+    state = _unshared(state) if safe_serialization else state
     shards: list[dict[str, Any]] = [{}]
     size = 0
     for name, tensor in state.items():

@@ -21,12 +21,18 @@ Schedules (``SCHEDULES``): ``gpipe``, ``1f1b``, ``interleaved_1f1b`` and ``loope
 several stages per process, ``stages_per_rank``, default 2). Gradients are the mean over micro-batches
 (the schedule scales them), so with a mean loss they equal the full-batch gradient.
 
+A transformers causal LM trains the way transformers' loops call it: ``out = pipe(input_ids=ids, labels=labels)``
+then ``out.loss`` (a ``PipelineOutput``); the labels are the last stage's target and the model's own causal-LM loss
+(shifted labels) is the pipeline's loss, no ``loss_fn`` needed; its ``use_cache`` is off while it is traced.
+Keyword inputs are passed on as the forward's leading positional arguments (``input_ids``, ``attention_mask``).
+
 Naive model parallelism (one process, layers spread over its devices) is ``pp`` with one micro-batch and
 no second process; convoy does not move layers between devices in one process, see docs/parallelism.md.
 """
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -37,6 +43,8 @@ from torch import nn
 from torch.utils._pytree import tree_map_only
 
 from convoy.errors import ConvoyError, NotSupportedYetError, StrategyError
+from convoy.train.parallel.causal_lm import (PipelineOutput, cache_off, causal_lm_loss, count_targets, is_causal_lm,
+                                             trace_failure)
 from convoy.train.parallel.ties import TiedCopies, find_ties
 
 __all__ = ["SCHEDULES", "PipelineConfig", "PipelineModule", "SingleStage", "stage_boundaries", "find_layers"]
@@ -158,6 +166,10 @@ class PipelineModule:
         self.model = model
         self.config = config
         self.loss_fn = loss_fn
+        # a transformers causal LM without a loss_fn: its own loss, each micro-batch's share of the batch's
+        self.causal_lm = is_causal_lm(model)
+        self._lm_loss = causal_lm_loss(model) if self.causal_lm and loss_fn is None else None
+        self._num_targets = 0  # this call's valid targets (last stage), what the micro-batch losses divide by
         self.loss_scale = loss_scale  # 1 / gradient accumulation steps: each call adds loss_scale x its gradient
         self._losses: list["torch.Tensor"] = []  # this call's micro-batch losses, unscaled (last stage)
         self.group = group
@@ -229,15 +241,14 @@ class PipelineModule:
                 # on every rank, which no user code can change
                 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                                         category=FutureWarning)
-                pipe = pp.pipeline(self.model, mb_args=mb_args, mb_kwargs=mb_kwargs or None,
-                                   split_spec={name: pp.SplitPoint.BEGINNING for name in self.boundaries})
+                with cache_off(self.model):  # a key/value cache is no training output, and no stage can send it
+                    pipe = pp.pipeline(self.model, mb_args=mb_args, mb_kwargs=mb_kwargs or None,
+                                       split_spec={name: pp.SplitPoint.BEGINNING for name in self.boundaries})
         except Exception as exc:  # tracing errors come from deep inside torch.export
             cause = _convoy_cause(exc)
             if cause is not None:  # convoy's own check (e.g. in a stand-in) said what is wrong: say that
                 raise cause from None
-            raise NotSupportedYetError(f"pipeline: {type(self.model).__name__} could not be traced for "
-                                       f"splitting ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
-                                       f"simplify its forward or use tp/fsdp instead") from exc
+            raise NotSupportedYetError(trace_failure(exc, self.model)) from exc
         finally:
             for name, module in originals.items():
                 self.model.set_submodule(name, module)
@@ -274,13 +285,17 @@ class PipelineModule:
         def scaled(output: Any, target: Any) -> "torch.Tensor":
             # each micro-batch's loss is divided here rather than by the schedule's scale_grads, which divides
             # every gradient present at the end of a step, also those accumulated by earlier calls
+            if self._lm_loss is not None:  # already this micro-batch's share of the batch's mean
+                loss = self._lm_loss(output, target, num_items=self._num_targets)
+                self._losses.append(loss.detach())
+                return loss * self.loss_scale
             loss = loss_fn(output, target)
             self._losses.append(loss.detach())
             return loss * (self.loss_scale / self.microbatches)
 
         try:
-            return cls(stages, n_microbatches=self.microbatches, loss_fn=scaled if loss_fn else None,
-                       scale_grads=False)
+            return cls(stages, n_microbatches=self.microbatches,
+                       loss_fn=scaled if loss_fn or self._lm_loss else None, scale_grads=False)
         except ValueError as exc:
             raise StrategyError(f"pipeline schedule {self.config.schedule!r} with {self.microbatches} "
                                 f"micro-batches on {self.pp_size} processes: {exc}") from exc
@@ -293,35 +308,81 @@ class PipelineModule:
         """Training (``target`` given): run forward and backward over the micro-batches and return the mean
         loss (on every stage). In eval mode or under ``torch.no_grad()`` with ``target``: forward only, the
         mean loss on every stage (a validation loss). Without ``target``: forward only; the last stage returns
-        the output, the others ``None``."""
+        the output, the others ``None``.
 
+        A transformers causal LM called its own way (``input_ids=..., labels=...``: ``labels`` is the target)
+        returns a ``PipelineOutput`` instead: ``.loss`` on every stage, ``.logits`` on the last one."""
+
+        transformers_call = self.causal_lm and target is None
+        labels = kwargs.pop("labels", None)
+        if labels is not None:
+            if target is not None:
+                raise StrategyError("a pipeline takes the labels once: pass labels=... or target=..., not both")
+            target, transformers_call = labels, True
+        args = self._positional(args, kwargs)
         # micro-batches are dim-0 chunks of the inputs; torch 2.11's stages check their strides against the traced
         # example, so a sliced batch (tokens[:, :-1]) is made dense first, as the example is
-        args, kwargs = tree_map_only(torch.Tensor, lambda t: t.contiguous(), (args, kwargs))
+        args = tree_map_only(torch.Tensor, lambda t: t.contiguous(), args)
         if not self.built:
-            self.build(*args, **kwargs)
+            self.build(*args)
         if target is None:
             if torch.is_grad_enabled() and self.training:
-                raise StrategyError("a pipeline-parallel model trains with model(inputs, target=labels) and "
-                                    "a loss_fn (forward and backward run together, stage by stage)")
-            return self._forward_only(*args, **kwargs)
-        if self.loss_fn is None:
+                raise StrategyError("a pipeline-parallel model trains with its labels, forward and backward together "
+                                    "stage by stage: model(input_ids=..., labels=...) for a transformers causal LM, "
+                                    "else model(inputs, target=labels) with strategy_options={'loss_fn': fn}")
+            output = self._forward_only(*args)
+            return PipelineOutput(logits=output) if transformers_call else output
+        if self.loss_fn is None and self._lm_loss is None:
             raise StrategyError("pipeline training needs a loss function: strategy_options={'loss_fn': fn}")
         feed = args if self.is_first else ()
         target = target if self.is_last else None
+        if target is not None and self._lm_loss is not None:
+            self._num_targets = count_targets(target)
         self._losses = []
         if torch.is_grad_enabled() and self.training:
-            self._schedule.step(*feed, target=target, **kwargs)
+            output = self._schedule.step(*feed, target=target)
             self._tied_pending = True
             if not self._tie_sync_deferred:
                 self.sync_tied_gradients()
         else:
             with _no_grad():
-                self._schedule.eval(*feed, target=target, **kwargs)
-        return self._mean_loss(self._losses)
+                output = self._schedule.eval(*feed, target=target)
+        loss = self._mean_loss(self._losses)
+        if transformers_call:
+            return PipelineOutput(loss=loss, logits=output if isinstance(output, torch.Tensor) else None)
+        return loss
+
+    def _positional(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
+        """``args`` and keyword inputs as the forward's leading positional arguments (a pipeline's inputs are
+        cut into micro-batches and fed to the first stage only). Switches that training fixes are dropped."""
+        if kwargs.pop("use_cache", None):
+            raise StrategyError("use_cache=True under pp: pipeline stages cannot pass a key/value cache; train "
+                                "with use_cache=False (or leave it out)")
+        kwargs.pop("return_dict", None)  # a pipeline returns its own output
+        for key in [k for k, v in kwargs.items() if v is None]:
+            del kwargs[key]
+        if not kwargs:
+            return args
+        params = [name for name, p in inspect.signature(self.model.forward).parameters.items()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        out = list(args)
+        for name in params[len(args):]:
+            if not kwargs:
+                break
+            if name not in kwargs:
+                raise StrategyError(f"pipeline inputs are the forward's leading arguments, in order: "
+                                    f"{', '.join(sorted(kwargs))} come after {name!r}, which is missing; pass "
+                                    f"{name}= too or leave the later ones out")
+            out.append(kwargs.pop(name))
+        if kwargs:
+            raise StrategyError(f"pipeline input {next(iter(kwargs))!r} is not an argument of "
+                                f"{type(self.model).__name__}.forward; pass tensors the forward takes")
+        return tuple(out)
 
     def _mean_loss(self, losses: list) -> "torch.Tensor":
-        if self.is_last:
+        if self.is_last and self._lm_loss is not None:  # each micro-batch's loss is its share: they add up
+            loss = torch.stack([l.detach().float() for l in losses]).sum().to(self.device)
+        elif self.is_last:
             loss = torch.stack([l.detach().float() for l in losses]).mean().to(self.device)
         else:
             loss = torch.zeros((), dtype=torch.float32, device=self.device)
@@ -329,14 +390,14 @@ class PipelineModule:
         dist.broadcast(loss, src=last_rank, group=self.group)
         return loss
 
-    def _forward_only(self, *args: Any, **kwargs: Any) -> Any:
+    def _forward_only(self, *args: Any) -> Any:
         feed = args if self.is_first else ()
         # torch's eval still applies the loss function when the schedule has one, and there is no target
         # here: the schedule runs without it for this call
         loss_fn, self._schedule._loss_fn = self._schedule._loss_fn, None
         try:
             with _no_grad():
-                return self._schedule.eval(*feed, **kwargs)
+                return self._schedule.eval(*feed)
         finally:
             self._schedule._loss_fn = loss_fn
 
@@ -431,11 +492,23 @@ class PipelineModule:
             yield p
 
     def state_dict(self) -> dict[str, "torch.Tensor"]:
-        """This process's stages' entries, under the original model's names."""
+        """This process's stages' entries, under the original model's names: what the model's own state dict
+        holds (a traced stage keeps the model's non-persistent buffers, such as rotary tables, as its own)."""
+        transient = _transient_buffers(self.model)
         out: dict[str, Any] = {}
         for module in self._stage_modules:
-            out.update(module.state_dict())
+            out.update((k, v) for k, v in module.state_dict().items() if k not in transient)
         return out
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Load this process's stages' entries from ``state`` (the whole model's, or more), strictly."""
+        transient = _transient_buffers(self.model)
+        for module in self._stage_modules:
+            own = [k for k in module.state_dict() if k not in transient]
+            missing = [k for k in own if k not in state]
+            if missing:
+                raise StrategyError(f"pipeline stage state is missing {missing[0]!r} ({len(missing)} entries)")
+            module.load_state_dict({k: state[k] for k in own}, strict=False)
 
     def train(self, mode: bool = True) -> "PipelineModule":
         self.training = mode
@@ -495,6 +568,12 @@ class SingleStage:
 
     def eval(self) -> "SingleStage":
         return self.train(False)
+
+
+def _transient_buffers(model: "nn.Module") -> set[str]:
+    """Names of ``model``'s non-persistent buffers (not in its state dict)."""
+    return {f"{name}.{buffer}" if name else buffer for name, module in model.named_modules()
+            for buffer in module._non_persistent_buffers_set}
 
 
 def _restore_modules(submod: "nn.Module", originals: Mapping[str, "nn.Module"]) -> None:

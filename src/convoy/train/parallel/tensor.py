@@ -13,13 +13,18 @@ LM head; ``nn.Linear``/``nn.Embedding`` only). Modules sharing a weight (a tied 
 alike (both over the vocabulary, one ``DTensor`` after splitting) or left whole; a user's plan that splits them
 differently is refused (``convoy.train.parallel.ties``).
 
-Styles (Hugging Face's names where they exist): ``colwise``, ``rowwise`` (on an ``nn.Embedding``: the
-vocabulary is split and the input ids are replicated), ``colwise_rep``/``colwise_gather_output`` (output
-gathered to every rank, for LM heads), ``rowwise_rep``, ``embedding``, ``sequence_parallel`` (norms, when
-sequence parallelism is on), ``replicate`` (leave the module whole). With ``sequence_parallel=True`` the
-activations between blocks are split along the sequence dimension: every norm must then be in the plan as
-``sequence_parallel`` (the default plan does this). Attention modules whose projections are split have
-their head-count attributes (``num_heads``, ``n_heads``, ...) divided by tp, as their local head count.
+Styles (``STYLES``, in ``styles.py``): every dense style transformers declares, under its names (``colwise``,
+``rowwise``, ``colwise_gather_output``, ``rowwise_split_input``, ``embedding_rowwise``, ``embedding_colwise``,
+``packed_colwise``, ``packed_rowwise``, ``sequence_parallel``, ``replicated_with_grad_allreduce``, ``all_reduce``,
+``mla_kv_a_proj``, ``replicate``, and the earlier ``local_*`` spellings), plus convoy's ``packed_qkv`` for fused
+``[q | k | v]`` projections; ``nn.Linear``, ``nn.Embedding`` and transformers' ``Conv1D``. Mixture-of-experts styles
+are refused (``NotSupportedYetError``), unknown ones too (``StrategyError``), each naming the entry and where the
+plan came from. Models that declare no plan but that convoy knows (GPT-2: ``Conv1D`` projections, fused
+``c_attn``) get convoy's plan for them (``builtin_plan``). With ``sequence_parallel=True`` the activations between
+blocks are split along the sequence dimension: every norm must then be in the plan as ``sequence_parallel`` (the
+default plan does this). Attention modules whose projections are split have their head-count attributes
+(``num_heads``, ``n_heads``, ...; for a packed q/k/v projection also the per-part width ``split_size``) divided by
+tp, as their local head count.
 """
 
 from __future__ import annotations
@@ -34,28 +39,15 @@ from torch import nn
 
 from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.train.parallel.ties import find_ties, module_kinds, reconcile_tp_styles, retie
+from convoy.train.parallel.styles import (STYLES, canonical_style, is_conv1d, packed_parts, parameter_dim, split_dim,
+                                          style_object)
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["STYLES", "TPPlan", "resolve_tp_plan", "check_tp_plan", "apply_tensor_parallel", "model_num_heads",
+__all__ = ["STYLES", "TPPlan", "resolve_tp_plan", "builtin_plan", "check_tp_plan", "check_beside_fsdp",
+           "apply_tensor_parallel", "model_num_heads",
            "tracing_stand_ins"]
-
-#: the style names convoy applies, with what each does
-STYLES: dict[str, str] = {
-    "colwise": "split the output features; output stays split",
-    "rowwise": "split the input features (Embedding: the vocabulary); output summed to every rank",
-    "colwise_rep": "split the output features, then gather the output on every rank",
-    "colwise_gather_output": "same as colwise_rep (Hugging Face's name for LM heads)",
-    "rowwise_rep": "split the input features of a replicated input; output summed to every rank",
-    "embedding": "split an Embedding's vocabulary; ids replicated, output summed",
-    "sequence_parallel": "norm/dropout running on a sequence shard (only with sequence_parallel=True)",
-    "replicate": "leave the module whole on every rank",
-}
-_ALIASES = {"replicated_with_grad_allreduce": "replicate", "colwise_gather_output": "colwise_rep"}
-# Hugging Face styles that need layers of Hugging Face's own (packed, expert, local-only weights).
-_HF_ONLY = ("local_colwise", "local_rowwise", "local_packed_rowwise", "local", "gather", "packed_colwise",
-            "packed_rowwise", "isolated", "ep_router", "moe_tp_experts", "grouped_gemm", "mla_kv_a_proj")
 
 _DEFAULT_LEAF_STYLES = {
     **{name: "colwise" for name in ("q_proj", "k_proj", "v_proj", "wq", "wk", "wv", "query", "key", "value",
@@ -67,6 +59,15 @@ _DEFAULT_HEADS = ("lm_head", "output")
 #: attributes holding head counts (on a Hugging Face config or on attention modules); tp must divide each
 HEAD_ATTRS = ("num_heads", "n_heads", "n_head", "num_attention_heads", "num_key_value_heads", "n_kv_heads",
               "num_kv_heads")
+#: attributes holding one part's width beside a packed q/k/v projection (GPT-2's ``split_size``)
+_PACKED_WIDTH_ATTRS = ("split_size",)
+#: styles whose split output feeds attention heads: their parent's head counts become local
+_HEAD_SPLITTING = ("colwise", "packed_qkv")
+#: convoy's plans for models that declare none: model_type -> (base-model plan, head plan)
+_BUILTIN_PLANS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
+    "gpt2": ({"wte": "embedding", "h.*.attn.c_attn": "packed_qkv", "h.*.attn.c_proj": "rowwise",
+              "h.*.mlp.c_fc": "colwise", "h.*.mlp.c_proj": "rowwise"}, {"lm_head": "colwise_rep"}),
+}
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ class TPPlan:
     """Split activations between blocks along the sequence dimension (dim 1)."""
     notes: tuple[str, ...] = ()
     """Decisions worth telling the user (e.g. a tied embedding and head split alike)."""
+    parameters: tuple[tuple[str, int], ...] = ()
+    """(parameter name, dimension split) for entries that name single parameters (attention sinks)."""
 
     def as_dict(self) -> dict[str, str]:
         return dict(self.styles)
@@ -90,29 +93,29 @@ def _pattern(text: str) -> re.Pattern[str]:
     return re.compile("".join("[^.]+" if part == "*" else re.escape(part) for part in re.split(r"(\*)", text)))
 
 
-def _canonical(style: str, where: str) -> str:
-    if not isinstance(style, str):
-        raise StrategyError(f"tp plan entry {where!r}: style {style!r} is not a string; use one of "
-                            f"{', '.join(STYLES)}")
-    if style in _HF_ONLY:
-        raise NotSupportedYetError(f"tp plan entry {where!r}: style {style!r} needs Hugging Face's own "
-                                   f"parallel layers; convoy supports {', '.join(STYLES)}")
-    if style not in STYLES and style not in _ALIASES:
-        raise StrategyError(f"tp plan entry {where!r}: unknown style {style!r}; use one of {', '.join(STYLES)}")
-    return _ALIASES.get(style, style)
+def _prefixed(model: "nn.Module", base: Mapping[str, str]) -> dict[str, str]:
+    """Base-model patterns under the model's ``base_model_prefix`` (when the model holds its base model there)."""
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    has_prefix = bool(prefix) and any(name == prefix for name, _ in model.named_children())
+    return {f"{prefix}.{pattern}" if has_prefix else pattern: style for pattern, style in base.items()}
 
 
 def _declared_plan(model: "nn.Module") -> dict[str, str]:
     """The Hugging Face-style plan a model declares, with base-model entries prefixed."""
-    declared: dict[str, str] = {}
     config = getattr(model, "config", None)
-    base = dict(getattr(config, "base_model_tp_plan", None) or {})
-    prefix = getattr(model, "base_model_prefix", "") or ""
-    has_prefix = bool(prefix) and any(name == prefix for name, _ in model.named_children())
-    for pattern, style in base.items():
-        declared[f"{prefix}.{pattern}" if has_prefix else pattern] = style
+    declared = _prefixed(model, dict(getattr(config, "base_model_tp_plan", None) or {}))
     declared.update(dict(getattr(model, "_tp_plan", None) or {}))
     return declared
+
+
+def builtin_plan(model: "nn.Module") -> dict[str, str]:
+    """convoy's plan for a model that declares none but whose layout convoy knows (by ``config.model_type``:
+    GPT-2), with base-model entries prefixed; empty for the others."""
+    found = _BUILTIN_PLANS.get(getattr(getattr(model, "config", None), "model_type", None))
+    if found is None:
+        return {}
+    base, head = found
+    return {**_prefixed(model, base), **head}
 
 
 def _default_plan(model: "nn.Module", sequence_parallel: bool) -> tuple[dict[str, str], list[str]]:
@@ -137,7 +140,8 @@ def _default_plan(model: "nn.Module", sequence_parallel: bool) -> tuple[dict[str
 
 def resolve_tp_plan(model: "nn.Module", plan: Mapping[str, str] | None = None, *,
                     sequence_parallel: bool = False) -> TPPlan:
-    """Resolve patterns to the model's module names; raise ``StrategyError`` for a pattern that matches none."""
+    """Resolve patterns to the model's module names; raise ``StrategyError`` for a pattern that matches none
+    (in a plan given here), and one line for a style that cannot run, naming the entry and the plan's origin."""
     names = [name for name, _ in model.named_modules() if name]
     notes: list[str] = []
     if plan is not None:
@@ -145,19 +149,37 @@ def resolve_tp_plan(model: "nn.Module", plan: Mapping[str, str] | None = None, *
     else:
         patterns, source, strict = _declared_plan(model), "model", False
         if not patterns:
+            patterns, source = builtin_plan(model), "builtin"
+        if not patterns:
             patterns, notes = _default_plan(model, sequence_parallel)
             source = "default"
+    owner = type(model).__name__
     resolved: dict[str, str] = {}
+    on_parameters: list[tuple[str, str]] = []
     for pattern, style in patterns.items():
-        style = _canonical(style, pattern)
         regex = _pattern(pattern)
         hits = [n for n in names if regex.fullmatch(n)]
-        if not hits and strict:
-            raise StrategyError(f"tp plan pattern {pattern!r} matches no module of {type(model).__name__}; "
-                                f"module names look like {names[1] if len(names) > 1 else names[:1]!r}")
+        if not hits:
+            if style != "replicate" and any(regex.fullmatch(p) for p, _ in model.named_parameters()):
+                on_parameters.append((pattern, style))
+            elif strict:
+                raise StrategyError(f"tp plan pattern {pattern!r} matches no module of {owner}; module names look "
+                                    f"like {names[1] if len(names) > 1 else names[:1]!r}")
+            continue
+        style = canonical_style(style, entry=pattern, origin=source, owner=owner)
         for hit in hits:
             resolved.setdefault(hit, style)
-    if sequence_parallel and source == "model":
+    split_parameters: dict[str, int] = {}
+    for pattern, style in on_parameters:  # after the module entries: an expert layer is refused as one
+        regex = _pattern(pattern)
+        for pname, param in model.named_parameters():
+            if regex.fullmatch(pname):
+                dim = parameter_dim(param, style, entry=pattern, origin=source, owner=owner)
+                if dim is not None:
+                    split_parameters.setdefault(pname, dim)
+    if source == "builtin":
+        notes = _leave_tied_whole(model, resolved)
+    if sequence_parallel and source in ("model", "builtin"):
         for name, module in model.named_modules():
             if type(module).__name__.endswith("Norm") and name not in resolved:
                 resolved[name] = "sequence_parallel"
@@ -167,10 +189,45 @@ def resolve_tp_plan(model: "nn.Module", plan: Mapping[str, str] | None = None, *
     order = {name: i for i, name in enumerate(names)}
     styles = tuple(sorted(((n, s) for n, s in resolved.items() if s != "replicate"), key=lambda p: order[p[0]]))
     if not styles:
-        raise StrategyError(f"no tensor-parallel plan for {type(model).__name__}: it declares none and no "
+        raise StrategyError(f"no tensor-parallel plan for {owner}: it declares none and no "
                             f"module has a common projection name (q_proj, o_proj, up_proj, ...); pass "
                             f"tp_plan={{'<module pattern>': 'colwise' | 'rowwise', ...}}")
-    return TPPlan(styles=styles, source=source, sequence_parallel=sequence_parallel, notes=tuple(notes))
+    owners = {name.rpartition(".")[0] for name in split_parameters}
+    unrun = sorted(o for o in owners if resolved.get(o) != "local_params")
+    if unrun:
+        raise StrategyError(f"tp plan splits parameters of {unrun[0]!r} ({owner}) but does not give that module "
+                            f"'local_params', which runs it on their shards; add {{{unrun[0]!r}: 'local_params'}}")
+    return TPPlan(styles=styles, source=source, sequence_parallel=sequence_parallel, notes=tuple(notes),
+                  parameters=tuple(sorted(split_parameters.items())))
+
+
+def _leave_tied_whole(model: "nn.Module", resolved: dict[str, str]) -> list[str]:
+    """Drop from ``resolved`` the modules whose weight another module shares (an embedding tied to the LM head):
+    splitting one would untie them. Returns a note per pair."""
+    holders: dict[int, list[str]] = {}
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, nn.Parameter):
+            holders.setdefault(id(weight), []).append(name)
+    notes = []
+    for group in holders.values():
+        if len(group) > 1 and any(name in resolved for name in group):
+            for name in group:
+                resolved.pop(name, None)
+            notes.append(f"{' and '.join(group)} share their weight: left replicated")
+    return notes
+
+
+def check_beside_fsdp(model: "nn.Module", plan: TPPlan) -> None:
+    """``NotSupportedYetError`` for a packed weight split along dim 0, the dimension FSDP2 shards too: the two
+    strided layouts do not compose (an ``nn.Linear``'s packed_colwise, a ``Conv1D``'s packed_rowwise)."""
+    for name, style in plan.styles:
+        found = split_dim(model.get_submodule(name), style)
+        if packed_parts(style) > 1 and found is not None and found[0] == 0:
+            raise NotSupportedYetError(f"tp style {style!r} on {name!r} beside FSDP2 data parallelism is not "
+                                       f"supported yet (FSDP2 shards the same dimension of its weight); run tp "
+                                       f"without data parallelism, or give {name!r} 'colwise_gather_output' in "
+                                       f"strategy_options['tp_plan']")
 
 
 def model_num_heads(model: "nn.Module") -> int | None:
@@ -195,21 +252,23 @@ def check_tp_plan(model: "nn.Module", plan: TPPlan, tp: int) -> None:
         if style == "sequence_parallel" and not plan.sequence_parallel:
             raise StrategyError(f"tp plan gives {name!r} 'sequence_parallel' but sequence_parallel is off; "
                                 f"turn it on or use 'replicate'")
-        if style == "sequence_parallel":
+        try:
+            found = split_dim(module, style)
+        except StrategyError as err:
+            raise StrategyError(f"tp plan gives {name!r}: {err}") from None
+        if found is None:
             continue
-        if isinstance(module, nn.Embedding):
-            size, what = module.num_embeddings, "vocabulary size"
-            if style not in ("rowwise", "embedding", "rowwise_rep"):
-                raise StrategyError(f"tp plan gives Embedding {name!r} style {style!r}; embeddings take 'embedding'")
-        elif isinstance(module, nn.Linear):
-            colwise = style.startswith("colwise")
-            size = module.out_features if colwise else module.in_features
-            what = "output features" if colwise else "input features"
-        else:
-            raise StrategyError(f"tp plan gives {type(module).__name__} {name!r} style {style!r}; only Linear "
-                                f"and Embedding modules can be split")
+        _, size, what = found
+        step = tp * packed_parts(style)
+        if size % step:
+            parts = f" ({packed_parts(style)} packed parts)" if packed_parts(style) > 1 else ""
+            raise StrategyError(f"tp={tp} does not divide the {size} {what} of {name!r}{parts} evenly; choose a "
+                                f"tp dividing {size // packed_parts(style)}")
+    for pname, dim in plan.parameters:
+        size = model.get_parameter(pname).shape[dim]
         if size % tp:
-            raise StrategyError(f"tp={tp} does not divide the {size} {what} of {name!r}; choose a tp dividing {size}")
+            raise StrategyError(f"tp={tp} does not divide dim {dim} ({size}) of parameter {pname!r}; choose a tp "
+                                f"dividing {size}")
     for parent, attr, value in _split_head_counts(model, plan):  # what _localize_head_counts will divide
         if value % tp:
             raise StrategyError(f"tp={tp} does not divide {parent or 'model'}.{attr}={value}; choose a tp "
@@ -221,32 +280,14 @@ def check_tp_plan(model: "nn.Module", plan: TPPlan, tp: int) -> None:
                                 f"missing {missing[0]!r}")
 
 
-def _style_object(style: str, module: "nn.Module", sequence_parallel: bool):
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
-
-    seq = Shard(1) if sequence_parallel else Replicate()
-    if style == "sequence_parallel":
-        return SequenceParallel()
-    if isinstance(module, nn.Embedding):
-        return RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
-    if style == "colwise":
-        return ColwiseParallel(input_layouts=seq)
-    if style == "colwise_rep":
-        return ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
-    if style == "rowwise":
-        return RowwiseParallel(output_layouts=seq)
-    if style == "rowwise_rep":
-        return RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
-    raise AssertionError(f"unhandled style {style}")  # _canonical admits only the styles above
-
-
 def _split_head_counts(model: "nn.Module", plan: TPPlan) -> list[tuple[str, str, int]]:
-    """(module, attribute, count) of the head counts on modules whose projections ``plan`` splits colwise."""
+    """(module, attribute, count) of the head counts on modules whose projections ``plan`` splits colwise (and
+    the per-part widths beside a packed q/k/v projection)."""
     found = []
-    for parent in sorted({name.rpartition(".")[0] for name, style in plan.styles if style == "colwise"}):
+    for parent in sorted({name.rpartition(".")[0] for name, style in plan.styles if style in _HEAD_SPLITTING}):
         module = model.get_submodule(parent)
-        for attr in HEAD_ATTRS:
+        packed = any(style == "packed_qkv" and name.rpartition(".")[0] == parent for name, style in plan.styles)
+        for attr in HEAD_ATTRS + (_PACKED_WIDTH_ATTRS if packed else ()):
             value = getattr(module, attr, None)
             if isinstance(value, int) and not isinstance(value, bool):
                 found.append((parent, attr, value))
@@ -264,11 +305,18 @@ def apply_tensor_parallel(model: "nn.Module", tp_mesh: "DeviceMesh", plan: TPPla
     """Split ``model`` in place over ``tp_mesh`` (1-D) following ``plan``; returns ``model``."""
     from torch.distributed.tensor.parallel import parallelize_module
 
+    from torch.distributed.tensor import Shard, distribute_tensor
+
     tp = tp_mesh.size()
     check_tp_plan(model, plan, tp)
     ties = find_ties(model)  # before parallelize_module, which gives each split module a parameter of its own
     reconcile_tp_styles(plan.as_dict(), ties, module_kinds(model), source="user")  # refuses a tie split apart
-    styles = {name: _style_object(style, model.get_submodule(name), plan.sequence_parallel)
+    for pname, dim in plan.parameters:  # entries naming single parameters; their modules run local_params
+        parent, _, leaf = pname.rpartition(".")
+        module, param = model.get_submodule(parent), model.get_parameter(pname)
+        module.register_parameter(leaf, nn.Parameter(distribute_tensor(param.detach(), tp_mesh, [Shard(dim)]),
+                                                     requires_grad=param.requires_grad))
+    styles = {name: style_object(style, model.get_submodule(name), plan.sequence_parallel)
               for name, style in plan.styles}
     parallelize_module(model, tp_mesh, styles)
     retie(model, ties)  # split alike: the tied names share one DTensor again
@@ -294,6 +342,9 @@ def tracing_stand_ins(model: "nn.Module", plan: TPPlan) -> dict[str, "nn.Module"
     from torch.distributed.tensor import DTensor
 
     shard_linear, shard_embedding, gather = _stand_in_classes()
+    if plan.parameters:
+        raise NotSupportedYetError(f"tp with pp: tracing a module whose own parameters are split "
+                                   f"({plan.parameters[0][0]!r}) is not supported yet; use tp or pp alone")
     tp = _tp_size(model, plan)
     stand_ins: dict[str, nn.Module] = {}
     for name, style in plan.styles:
@@ -301,15 +352,20 @@ def tracing_stand_ins(model: "nn.Module", plan: TPPlan) -> dict[str, "nn.Module"
         if style == "sequence_parallel":
             stand_ins[name] = gather(module, tp)
             continue
+        if split_dim(module, style) is None:  # whole modules with a hook (gradient or output sums): untraceable
+            stand_ins[name] = _unhooked(module)
+            continue
         weight = module.weight
-        local = style in ("colwise", "rowwise") and isinstance(module, nn.Linear)
+        conv1d = is_conv1d(module)
+        local = style in _LOCAL_SHAPED and (isinstance(module, nn.Linear) or conv1d)
         shape = weight.to_local().shape if local and isinstance(weight, DTensor) else weight.shape
         kwargs = {"device": weight.device, "dtype": weight.dtype}
         # with sequence parallelism these return this rank's sequence shard (output_layouts=Shard(1))
         shard_seq = plan.sequence_parallel and (isinstance(module, nn.Embedding) or style.startswith("rowwise"))
-        if isinstance(module, nn.Linear):
+        if isinstance(module, nn.Linear) or conv1d:  # a Conv1D's weight is [in, out]: traced as that Linear
             cls = shard_linear if shard_seq else nn.Linear
-            stand_in = torch.nn.utils.skip_init(cls, shape[1], shape[0], bias=module.bias is not None, **kwargs)
+            features = (shape[0], shape[1]) if conv1d else (shape[1], shape[0])
+            stand_in = torch.nn.utils.skip_init(cls, *features, bias=module.bias is not None, **kwargs)
         elif isinstance(module, nn.Embedding):
             cls = shard_embedding if shard_seq else nn.Embedding
             stand_in = torch.nn.utils.skip_init(cls, shape[0], shape[1], padding_idx=module.padding_idx, **kwargs)
@@ -319,6 +375,19 @@ def tracing_stand_ins(model: "nn.Module", plan: TPPlan) -> dict[str, "nn.Module"
             stand_in.tp = tp
         stand_ins[name] = stand_in
     return stand_ins
+
+
+#: styles whose module computes with its local shard's shape (the others see whole inputs and outputs)
+_LOCAL_SHAPED = ("colwise", "rowwise", "packed_colwise", "packed_qkv", "packed_rowwise")
+
+
+def _unhooked(module: "nn.Module") -> "nn.Module":
+    """A shallow copy of ``module`` (same parameters) without the forward or hooks a style put on it."""
+    copy = nn.Module.__new__(type(module))
+    copy.__dict__ = {k: v for k, v in module.__dict__.items() if k != "forward"}
+    copy._forward_hooks = type(module._forward_hooks)()
+    copy._forward_pre_hooks = type(module._forward_pre_hooks)()
+    return copy
 
 
 def _tp_size(model: "nn.Module", plan: TPPlan) -> int:

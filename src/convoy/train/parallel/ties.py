@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from convoy.errors import StrategyError
+from convoy.train.parallel.styles import ALIASES
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -87,7 +88,8 @@ def find_ties(model: "nn.Module") -> tuple[Tie, ...]:
 #: embedding over its vocabulary, a Linear over its output features), "cols" (Shard(1)), "replicated" (a whole
 #: DTensor), "whole" (left a plain tensor). Styles missing here (another layer's own styles) have no known layout.
 _LAYOUTS: dict[tuple[str, str], dict[str, str]] = {
-    **{("embedding", s): {"weight": "rows"} for s in ("rowwise", "embedding", "rowwise_rep", "embedding_rowwise")},
+    **{("embedding", s): {"weight": "rows"} for s in ("rowwise", "embedding", "rowwise_rep")},
+    ("embedding", "embedding_colwise"): {"weight": "cols"},
     **{("linear", s): {"weight": "rows", "bias": "rows"} for s in ("colwise", "colwise_rep")},
     **{("linear", s): {"weight": "cols", "bias": "replicated"} for s in ("rowwise", "rowwise_rep")},
 }
@@ -104,6 +106,7 @@ def module_kinds(model: "nn.Module") -> dict[str, str]:
 def tp_layout(kind: str, style: str | None, attr: str) -> str | None:
     """How ``style`` lays out parameter ``attr`` of a module of ``kind``: ``"whole"`` (no style), ``"rows"``,
     ``"cols"``, ``"replicated"``; None when unknown. Pure."""
+    style = ALIASES.get(style, style) if style is not None else None  # transformers' spellings
     if style is None or style == "replicate":
         return "whole"
     if style == "sequence_parallel":

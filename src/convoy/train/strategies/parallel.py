@@ -71,8 +71,10 @@ from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.plan.dims import ParallelDims
 from convoy.train.parallel.mesh import ParallelMesh, build_mesh
 from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule, SingleStage, find_layers
+from convoy.train.parallel.causal_lm import is_causal_lm
 from convoy.train.parallel.recompute import apply_recompute, recompute_units
-from convoy.train.parallel.tensor import apply_tensor_parallel, resolve_tp_plan, tracing_stand_ins
+from convoy.train.parallel.styles import plain_shards, strided_like
+from convoy.train.parallel.tensor import apply_tensor_parallel, check_beside_fsdp, resolve_tp_plan, tracing_stand_ins
 from convoy.train.parallel.ties import find_ties, share_in_state
 from convoy.train.settings import TrainSettings
 from convoy.train.strategies.base import ParameterOrigins, Strategy, SupportsNoSync
@@ -199,10 +201,13 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         if self.dims.tp > 1:
             plan = resolve_tp_plan(module, self.context.options.get("tp_plan"),
                                    sequence_parallel=bool(self.context.options.get("sequence_parallel", False)))
+            if self.dims.dp > 1 and self.dp_engine in _SHARDED:
+                check_beside_fsdp(module, plan)
             apply_tensor_parallel(module, pm.tp, plan)
             if self.dims.pp > 1:  # the pipeline traces plain stand-ins of the split modules (see tensor.py)
                 stand_ins = functools.partial(tracing_stand_ins, module, plan)
         if self.dims.pp > 1:
+            _check_pipeline_loss(module, self.context.options.get("loss_fn"))
             # with tp, parallelize_module replaced the split parameters (DTensors, which the stages share):
             # an optimizer built before prepare() must follow them
             self._origins.record(module, names)
@@ -393,6 +398,11 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         return share_in_state({k: v.detach().cpu() for k, v in full.items()}, find_ties(self.unwrap(module)))
 
     def checkpoint_state(self, module: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        # packed tensor-parallel weights (_StridedShard) are saved as plain shards of the same tensors
+        msd, osd = self._checkpoint_state(module, optimizer)
+        return plain_shards(msd), plain_shards(osd)
+
+    def _checkpoint_state(self, module: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         if not isinstance(module, PipelineModule):
@@ -443,14 +453,17 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         from convoy.train.strategies.ddp import load_zero_state
 
         model = module.model if isinstance(module, PipelineModule) else self.unwrap(module)
+        tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        model_state = strided_like(tensors.get, model_state)  # back to the packed layouts checkpoint_state left
+        optimizer_state = strided_like(tensors.get, optimizer_state) if optimizer_state else optimizer_state
         if isinstance(optimizer, ZeroRedundancyOptimizer) and optimizer_state:
             load_zero_state(optimizer, optimizer_state, param_names(model, optimizer))
             optimizer, optimizer_state = None, {}
         if not isinstance(module, PipelineModule):
             super().load_checkpoint_state(model, optimizer, model_state, optimizer_state)
             return
-        for stage in module.stage_modules() if model_state else ():
-            stage.load_state_dict({k: v for k, v in model_state.items() if k in stage.state_dict()})
+        if model_state:
+            module.load_state_dict(model_state)
         if optimizer is not None and optimizer_state:
             set_optimizer_state_dict(model, optimizer, optimizer_state)
 
@@ -506,6 +519,17 @@ def _check_block_boundaries(model: "torch.nn.Module", config: PipelineConfig) ->
             raise StrategyError(f"pp_split_at {name!r} with sequence_parallel: stages must begin at an entry of "
                                 f"{layers!r} (e.g. '{layers}.1'); between blocks the activations are sequence "
                                 "shards, elsewhere they are DTensors, which stages cannot send")
+
+
+def _check_pipeline_loss(model: "torch.nn.Module", loss_fn: Any) -> None:
+    """At prepare, not at the first step: a pipeline trains with a loss, the model's own for a transformers
+    causal LM, else ``loss_fn``."""
+    if loss_fn is None and not is_causal_lm(model):
+        raise StrategyError(f"pp needs a loss function for {type(model).__name__}: pass strategy_options="
+                            f"{{'loss_fn': fn}} (fn(output, target) -> loss) and train with model(inputs, "
+                            f"target=labels); transformers causal LMs need none (model(input_ids=..., labels=...))")
+    if loss_fn is not None and not callable(loss_fn):
+        raise StrategyError(f"strategy_options['loss_fn'] = {loss_fn!r} is not callable; pass fn(output, target)")
 
 
 def _full(t: Any) -> Any:
