@@ -7,6 +7,7 @@ import importlib.util
 import json
 import logging
 import math
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -89,9 +90,10 @@ def test_one_process_reports_after_the_first_steps_logs_once_and_keeps_it(tmp_pa
     assert report.planned_peak_bytes > 0 and (report.layout, report.hardware) == ("single", "1 CPU process")
     # the case the plan was made for: the input's (batch, sequence), the accumulation, SGD with momentum, fp32
     assert "| s12 b3 |" in report.case and " m2" in report.case and "fp32 sgd-momentum" in report.case
-    lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
-    assert lines == [report.describe()]
-    assert lines[0].startswith("measured ") and "the plan for single on 1 CPU process said" in lines[0]
+    lines = [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.INFO]
+    assert lines == [f"convoy: {report.describe()}"]
+    assert re.fullmatch(r"convoy: step [0-9.]+ m?s, planned [0-9.]+ m?s \(plan ([0-9]+ % (fast|slow)|[0-9.]+x "
+                        r"(fast|slow)|right)\) -- single on 1 CPU process, steps 3-7", lines[0]), lines[0]
     (record,) = cached_records(path=tmp_path / "convoy" / "calibration.json")
     seen = observed_in(record)[report.case]
     assert (seen.measured_s, seen.planned_s, seen.steps) == (report.measured_seconds, report.planned_seconds,
@@ -115,9 +117,10 @@ def test_a_plan_that_cannot_be_made_leaves_the_measurement_and_the_training(tmp_
     why = ("no plan (strategy 'test-plan-report-custom' is not one the planner lays out; it plans single, ddp, "
            "zero1-3, fsdp and parallel)")
     assert report.missing == f"no allocator peak on the cpu; {why}"
-    messages = [r.getMessage() for r in caplog.records if r.name == LOGGER]
-    assert messages == [f"plan report: {why}", report.describe()]  # the reason at debug, then the one line
-    assert "no plan to compare" in messages[-1]
+    messages = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == LOGGER]
+    # nothing at info where no plan applies: the reason and the measurement at debug
+    assert messages == [(logging.DEBUG, f"plan report: {why}"), (logging.DEBUG, f"convoy: {report.describe()}")]
+    assert f"; no plan: no allocator peak on the cpu; {why}" in messages[-1][1]
     assert not (tmp_path / "convoy").exists()  # nothing kept without a plan
 
 
@@ -193,7 +196,7 @@ def test_two_processes_report_log_once_and_the_second_plan_takes_the_measurement
     assert result.returncode == 0, result.output[-4000:]
     logged = [line for line in result.output.splitlines() if "LOG convoy.train.plan_report" in line]
     assert len(logged) == 1 and "rank0" in logged[0], result.output[-4000:]
-    assert "the plan for zero3 on 2 CPU processes said" in logged[0]
+    assert ", planned " in logged[0] and logged[0].endswith("-- zero3 on 2 CPU processes, steps 3-7")
     reports = {int(line.split()[2]): json.loads(line.split(" ", 3)[3])
                for line in result.output.splitlines() if " REPORT " in line}
     early = next(json.loads(line.split("EARLY ", 1)[1]) for line in result.output.splitlines() if "EARLY " in line)
