@@ -31,7 +31,7 @@ from convoy.plan.model import ModelSpec, resolve_model
 from convoy.plan.observed import Observation, case_key, observations_here
 from convoy.plan.recommend import Recommendation, Row, recommend
 from convoy.plan.rates import Rates, rates_for
-from convoy.plan.timing import step_time
+from convoy.plan.timing import choose_schedule, step_time
 from convoy.plan.units import format_bytes, format_seconds
 
 __all__ = ["Plan", "plan", "plan_for", "recommend_for_module", "MAX_GPUS_PER_NODE", "MAX_GPUS"]
@@ -128,6 +128,8 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
             uneven.add(cand.layout.dims.dp)
             continue
         own = replace(run, precision=precision_for(cand)) if precision_for is not None else run
+        if cand.layout.dims.pp > 1:  # the pipeline schedule it runs with (convoy.plan.schedules): in its layout
+            cand = replace(cand, layout=choose_schedule(model, own, cand.layout, hw, global_batch=gb, rates=rates))
         mem = memory_per_gpu(model, own, cand.layout)
         t = step_time(model, own, cand.layout, hw, global_batch=gb, rates=rates)
         seen = observed.get(case_key(model, own, cand.layout, hw)) if observed else None

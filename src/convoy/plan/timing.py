@@ -45,7 +45,7 @@ from convoy.plan.shapes import attention_shape, gemm_shapes
 __all__ = ["StepTime", "step_time", "model_flops_per_token", "ring_all_reduce_seconds", "ring_gather_seconds",
            "CPU_ADAM_PARAMS_PER_S", "gemm_shapes", "attention_shape", "compute_seconds",
            "optimizer_seconds", "mfu_peak", "COLLECTIVE_LATENCY_S", "DDP_BUCKET_BYTES",
-           "framework_seconds", "kernel_launches"]
+           "framework_seconds", "kernel_launches", "choose_schedule"]
 
 #: parameters per second a CPU Adam step updates per process, for offloaded optimizers (DeepSpeed's
 #: CPU-Adam reports about 1e9 on a server socket); a stated assumption.
@@ -374,3 +374,27 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
                     tp_comm=tp_comm, pp_comm=pp_comm, offload=offload, exposed_dp=exposed_dp, comm_bytes=comm,
                     tokens=tokens, world_size=world, model_flops=model_flops,
                     peak_flops=mfu_peak(hw.gpu, recipe.compute, rates), time_model=rates.kind)
+
+
+def choose_schedule(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, global_batch: int,
+                    rates: Rates | None = None) -> Layout:
+    """``layout`` with the pipeline schedule the planner runs it with: of the schedules its degrees and
+    micro-batches can run (``convoy.plan.schedules.schedule_options``: 1F1B, interleaved 1F1B with v = 2, 4, 8),
+    the fastest whose memory fits ``hw``'s GPU, else the one needing least memory. A layout without pp, or with a
+    schedule other than the default already set, is returned as it is."""
+    from convoy.plan.memory import memory_per_gpu
+    from convoy.plan.schedules import DEFAULT_SCHEDULE, schedule_options
+
+    if layout.dims.pp == 1 or (layout.pp_schedule, layout.pp_stages_per_rank) != (DEFAULT_SCHEDULE, 1):
+        return layout
+    options = [replace(layout, pp_schedule=name, pp_stages_per_rank=v)
+               for name, v in schedule_options(pp=layout.dims.pp, microbatches=layout.microbatches,
+                                               layers=model.num_layers)]
+    if len(options) == 1:
+        return layout
+    costed = [(memory_per_gpu(model, run, o).total, step_time(model, run, o, hw, global_batch=global_batch,
+                                                              rates=rates).seconds, o) for o in options]
+    fitting = [c for c in costed if c[0] <= hw.gpu.memory_bytes]
+    if fitting:
+        return min(fitting, key=lambda c: c[1])[2]
+    return min(costed, key=lambda c: c[0])[2]

@@ -4,9 +4,9 @@ what ``convoy.plan`` predicts for the very layout it runs; and the measurement k
     report = accelerator.plan_report()      # a PlanReport; complete once optimizer step 7 is done
     report.measured_seconds, report.planned_seconds, report.time_ratio           # ratio: planned / measured
     report.measured_peak_bytes, report.planned_peak_bytes, report.memory_ratio
-    report.describe()   # also logged once, on the main process, by the logger "convoy.train.plan_report":
-    # measured 71.0 ms/step and 13.6 GB peak (steps 3-7); the plan for zero3 on 2xH100-80GB said 76.6 ms (1.08x)
-    # and 13.2 GB (0.97x), from the H100-80GB profile
+    report.describe()   # logged once, on the main process, at info, with "convoy: " before it:
+    # step 71.0 ms, planned 76.6 ms (plan 8 % slow); peak 12.7 GiB, planned 12.3 GiB (plan 3 % low) -- zero3 on
+    # 2xH100-80GB (nvlink), steps 3-7          (at debug instead when no plan applies, with the reason)
 
 Measuring. A step post-hook on the first prepared optimizer (``torch.optim.Optimizer.register_step_post_hook``)
 counts optimizer steps: a counter and nothing else on the steps it does not measure. Steps 1 and 2 are warm-up
@@ -16,7 +16,10 @@ synchronised, CUDA's peak-memory counter reset (``torch.cuda.reset_peak_memory_s
 to 7 the device is synchronised and the clock read again: the step time is the median of those five intervals
 (data loading included, as a user's loop sees it), the peak ``torch.cuda.max_memory_allocated`` at the end of
 step 7, this process's device (rank 0's on the main process: the first pipeline stage, the one the plan's memory
-is for). The CPU has no allocator peak: there, time only. Then the hooks are removed.
+is for). The CPU has no allocator peak: there, time only. Then the hooks are removed. On the CPU, warm-up step 2
+also counts the operators it runs (``convoy.plan.cpu_measure.OpCounter``) and, at its end, every rank measures the
+collectives' round trip between the job's processes (``round_trip_seconds``; every rank's hook fires at the same
+optimizer step).
 
 Planning. The model as ``convoy.plan`` reads it (a transformers model's ``config``, else the module itself), the
 sequence length and micro-batch of the largest forward input seen (``input_ids`` or the first tensor:
@@ -24,9 +27,11 @@ sequence length and micro-batch of the largest forward input seen (``input_ids``
 (Adam, AdamW, SGD; others as AdamW), gradient checkpointing when the model says it is on, the layout of the
 strategy (its ZeRO stage, degrees, accumulation steps and pipeline micro-batches, offload), on this device's table
 row x the job's processes per node and nodes, at the rates a plan uses here (a calibration of this device and
-torch version when cached, else the shipped profile, else the shape-aware model; ``convoy.plan.rates``). Nothing
-is measured for the plan. Any failure leaves the report without the plan, saying why (and a debug log line):
-training never stops for it.
+torch version when cached, else the shipped profile, else the shape-aware model; ``convoy.plan.rates``). On CPU
+processes the step is the counted operators at this CPU's rates (``convoy.plan.cpu``: cost per operator, matmul
+rate and bandwidth measured once and cached, the round trip above), plus the pipeline's idle share for its
+schedule. Any failure leaves the report without the plan, saying why (and a debug log line): training never stops
+for it.
 
 Keeping. The main process writes the observation into the calibration cache entry of its device
 (``convoy.plan.observed``): a later plan of the same case on this machine (``convoy plan``) takes the measured
@@ -159,11 +164,13 @@ def trainer_layout(strategy: Any, *, accumulation: int) -> tuple[Candidate, int]
     optimizer step, offload), and how many pipeline micro-batches one forward's batch is cut into (1 without pp).
 
     The trainer's realisation of each candidate is ``convoy.train.strategies.auto.runs_in_trainer``'s, read back:
-    dp x tp is FSDP2 (zero3), dp x pp is DDP or ZeRO-1 (FSDP2 per stage is planned as ZeRO-1, an upper bound)."""
+    dp x tp is FSDP2 (zero3), dp x pp is DDP, ZeRO-1 or FSDP2 per stage (zero2 with pp); the pipeline's schedule
+    and stages per rank are the layout's."""
     context = strategy.context
     world, options = context.world_size, dict(context.options)
     name = strategy.name
     chunks = 1
+    schedule: dict[str, Any] = {}
     if name in _STAGES:
         stage = _STAGES[name]
         dims = ParallelDims() if world == 1 else (
@@ -172,16 +179,18 @@ def trainer_layout(strategy: Any, *, accumulation: int) -> tuple[Candidate, int]
         d, engine = strategy.dims, strategy.dp_engine
         if d.dp == 1:
             stage = 0
-        elif d.pp > 1:
-            stage = 0 if engine == "ddp" else 1
+        elif d.pp > 1:  # FSDP2 per stage (fsdp, zero2) is the planner's zero2 with pp
+            stage = {"ddp": 0, "zero1": 1}.get(engine, 2)
         else:
             stage = {"fsdp": 3, "zero2": 2, "zero1": 1}.get(engine, 0)
-        dims = d if stage == 3 else ParallelDims(dp_replicate=d.dp, tp=d.tp, pp=d.pp)
+        sharded = stage == 3 or (stage == 2 and d.pp > 1)
+        dims = d if sharded else ParallelDims(dp_replicate=d.dp, tp=d.tp, pp=d.pp)
         if d.pp > 1:
             from convoy.train.parallel.pipeline import PipelineConfig
 
             config = PipelineConfig.from_options(options)
             chunks = config.microbatches or d.pp * config.local_stages()
+            schedule = {"pp_schedule": config.schedule, "pp_stages_per_rank": config.local_stages()}
     else:
         raise NotSupportedYetError(f"strategy {name!r} is not one the planner lays out; it plans single, ddp, "
                                    "zero1-3, fsdp and parallel")
@@ -190,7 +199,7 @@ def trainer_layout(strategy: Any, *, accumulation: int) -> tuple[Candidate, int]
     offload = bool(options.get("cpu_offload"))
     parts = [base] if dims.dp > 1 or (dims.tp == 1 and dims.pp == 1) else []
     parts += [f"tp{dims.tp}"] * (dims.tp > 1) + [f"pp{dims.pp}"] * (dims.pp > 1) + ["offload"] * offload
-    layout = Layout(dims=dims, zero_stage=stage, offload=offload, microbatches=accumulation * chunks)
+    layout = Layout(dims=dims, zero_stage=stage, offload=offload, microbatches=accumulation * chunks, **schedule)
     return Candidate(name="+".join(parts), strategy=base, layout=layout), chunks
 
 

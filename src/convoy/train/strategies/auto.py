@@ -104,9 +104,11 @@ def runs_in_trainer(candidate: Candidate) -> bool:
     if d.is_trivial or d.dp == 1:
         return True
     if d.tp > 1 and d.pp > 1:
-        return candidate.strategy == "zero1"
+        return candidate.strategy in ("zero1", "zero2")
     if d.tp > 1:
         return candidate.strategy == "zero3"
+    if d.pp > 1:  # DDP or ZeRO-1 per stage, or FSDP2 per stage (the zero2 candidate)
+        return candidate.strategy in ("ddp", "zero1", "zero2")
     return candidate.strategy in ("ddp", "zero1")
 
 
