@@ -64,3 +64,30 @@ def test_the_first_stage_holds_the_activations_of_its_schedule():
     per_mb = 6 * layer_activation_bytes(model, run)
     assert chunks.activations - plain.activations == pytest.approx(1.5 * per_mb, abs=8)
     assert gpipe.activations - plain.activations == pytest.approx(4 * per_mb, abs=8)
+
+
+def test_the_planner_runs_a_deep_pipeline_interleaved_when_that_fits_and_is_faster():
+    from convoy.plan.api import plan
+    from convoy.plan.timing import choose_schedule, step_time
+
+    from pathlib import Path
+
+    config = Path(__file__).parent / "configs" / "llama2_70b.json"
+    p = plan(str(config), hardware="32xH100-80GB", recompute="full")
+    row = p.row("zero2+pp8")
+    assert (row.candidate.layout.pp_schedule, row.candidate.layout.pp_stages_per_rank) == ("interleaved_1f1b", 8)
+    assert row.fits and row.time.bubble < 0.25 * (row.time.compute - row.time.bubble)
+    plain = Layout(dims=row.candidate.layout.dims, zero_stage=2, microbatches=row.candidate.layout.microbatches)
+    assert step_time(p.model, p.run, plain, p.hardware, global_batch=p.global_batch).seconds > row.time.seconds
+    flat = p.row("zero3").candidate.layout
+    assert choose_schedule(p.model, p.run, flat, p.hardware, global_batch=p.global_batch) is flat
+
+
+def test_fsdp2_per_pipeline_stage_keeps_whole_gradients_and_shards_the_rest():
+    model = from_numbers(1.3e9, layers=24, hidden=2048, heads=16, vocab=50304)
+    run = RunSpec(seq_len=2048, micro_batch=1, precision="fp32")
+    zero1 = memory_per_gpu(model, run, Layout(dims=ParallelDims(dp_replicate=2, pp=2), zero_stage=1, microbatches=4))
+    fsdp = memory_per_gpu(model, run, Layout(dims=ParallelDims(dp_shard=2, pp=2), zero_stage=2, microbatches=4))
+    assert fsdp.grads == zero1.grads and fsdp.optimizer == zero1.optimizer  # whole gradients until the last micro-batch
+    assert fsdp.params == pytest.approx(1.5 * zero1.params, rel=1e-6)  # gathered weights beside the fp32 shard
+    assert fsdp.buffers < zero1.buffers  # no DDP buckets
