@@ -235,8 +235,17 @@ def round_trip_seconds(reps: int = 9) -> tuple[float, float]:
 
     step = _reference_step()
     small, large = torch.zeros(16), torch.zeros(1 << 18)
-    work = _median_seconds(step, reps)
-    latency = max(0.0, _median_seconds(lambda: (step(), dist.all_reduce(small)), reps) - work)
+    step()
+    dist.all_reduce(small)
+    added = []
+    for _ in range(reps):  # in pairs, so that the machine's load drifting between them cancels
+        start = time.perf_counter()
+        step()
+        middle = time.perf_counter()
+        step()
+        dist.all_reduce(small)
+        added.append((time.perf_counter() - middle) - (middle - start))
+    latency = max(0.0, statistics.median(added))
     bare = _median_seconds(lambda: dist.all_reduce(small), reps)
     extra = _median_seconds(lambda: dist.all_reduce(large), max(3, reps // 2)) - bare
     return latency, large.numel() * 4 / extra if extra > 0 else float("inf")
