@@ -7,8 +7,9 @@
 Rules (from the Hugging Face "Efficient training on multiple GPUs" guide and Megatron/torchtitan practice):
 tensor parallelism stays inside one node (its NVLink domain) and divides the attention heads; pipeline
 stages do not outnumber the layers; ZeRO-2/3 are not combined with pipelining (gradients accumulate across
-micro-batches, which sharded gradients fight) but as FSDP2 per pipeline stage (``zero2`` with pp: the weights sharded
-at rest, gathered through the step, gradients reduce-scattered once after the last micro-batch); HSDP shards within a node and replicates across nodes.
+micro-batches, which sharded gradients fight) but as FSDP2 per pipeline stage (``zero2`` with pp: the weights
+sharded at rest, gathered through the step, gradients reduce-scattered once after the last micro-batch); HSDP
+shards within a node and replicates across nodes.
 """
 
 from __future__ import annotations
