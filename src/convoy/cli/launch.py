@@ -134,6 +134,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="keep FSDP2's shards (weights, gradients, optimizer state) in host memory")
     cv.add_argument("--pp-schedule", "--pp_schedule", default=None, choices=PP_SCHEDULES,
                     help="the pipeline schedule with --pp (default 1f1b)")
+    cv.add_argument("--pp-stages-per-rank", "--pp_stages_per_rank", type=_whole, default=None,
+                    help="stages each process holds under interleaved_1f1b or looped_bfs (default 2)")
     cv.add_argument("--gradient-accumulation-steps", "--gradient_accumulation_steps", type=_whole, default=None)
     cv.add_argument("--recompute", default=None, metavar="MODE",
                     help=f"activation recomputation: {', '.join(RECOMPUTE_MODES)} (default none): 'selective' keeps "
@@ -272,6 +274,7 @@ def build_request(args: argparse.Namespace):
         mixed_precision=args.mixed_precision, strategy=args.strategy,
         parallelism=",".join(f"{k}={v}" for k, v in dims.items()) or args.parallelism,
         cpu_offload=args.cpu_offload, pp_schedule=args.pp_schedule,
+        pp_stages_per_rank=args.pp_stages_per_rank,
         gradient_accumulation_steps=args.gradient_accumulation_steps, collective_timeout=args.collective_timeout,
         recompute=args.recompute,
     )

@@ -377,6 +377,8 @@ SCHEMA: tuple[Key, ...] = (
             "zero2, zero3, fsdp, hsdp, parallel)."),
     Key(name="pp_schedule", type="one of " + ", ".join(PP_SCHEDULES), default=None, convert=_choice(*PP_SCHEDULES),
         choices=PP_SCHEDULES, doc="The pipeline schedule when pp > 1 (unset: 1f1b)."),
+    Key(name="pp_stages_per_rank", type="int >= 1", default=None, convert=lambda v, w: parse_whole(v, w, 1),
+        doc="Pipeline stages each process holds under interleaved_1f1b or looped_bfs (unset: 2)."),
     Key(name="gradient_accumulation_steps", type="int >= 1", default=1, ask=True,
         convert=lambda v, w: parse_whole(v, w, 1),
         doc="Micro-batches whose gradients are summed before each optimizer step."),

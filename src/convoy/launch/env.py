@@ -58,7 +58,7 @@ RANK_VARIABLES = (
     "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE",
 )
 #: the settings the launcher hands to every rank, each as its schema key's ``CONVOY_<KEY>`` variable
-SETTING_NAMES = ("mixed_precision", "strategy", "parallelism", "cpu_offload", "pp_schedule",
+SETTING_NAMES = ("mixed_precision", "strategy", "parallelism", "cpu_offload", "pp_schedule", "pp_stages_per_rank",
                  "gradient_accumulation_steps", "collective_timeout", "recompute")
 CONVOY_VARIABLES = tuple(KEYS[name].env_var for name in SETTING_NAMES)
 #: Accelerate's launcher's variable for a setting, read when convoy's own is not set (Accelerate's
@@ -195,6 +195,8 @@ class ConvoyEnv:
     """FSDP2's shards kept in host memory (``strategy_options["cpu_offload"]``)."""
     pp_schedule: str | None = None
     """The pipeline schedule when pp > 1 (``strategy_options["pp_schedule"]``)."""
+    pp_stages_per_rank: int | None = None
+    """Stages per process of an interleaved schedule (``strategy_options["pp_stages_per_rank"]``)."""
     gradient_accumulation_steps: int | None = None
     """Micro-batches per optimizer step."""
     collective_timeout: float | None = None
@@ -240,13 +242,16 @@ def check_launch_settings(settings: ConvoyEnv, *, said: Callable[[str, object], 
         named = (said or (lambda name, value: as_flag({}, name, value)))("cpu_offload", True)
         dims = ParallelDims.parse(settings.parallelism) if settings.parallelism else None
         check_offload(settings.strategy or KEYS["strategy"].default, dims, said=named)
-    if settings.pp_schedule is not None and settings.strategy not in ("pp", "auto"):
+    for name in ("pp_schedule", "pp_stages_per_rank"):
+        value = getattr(settings, name)
+        if value is None or settings.strategy in ("pp", "auto"):
+            continue
         from convoy.config.settings import said as as_flag
         from convoy.plan.dims import ParallelDims
 
         dims = ParallelDims.parse(settings.parallelism) if settings.parallelism else None
         if dims is None or dims.pp == 1:
-            named = (said or (lambda name, value: as_flag({}, name, value)))("pp_schedule", settings.pp_schedule)
+            named = (said or (lambda name, value: as_flag({}, name, value)))(name, value)
             raise ConfigError(f"{named} schedules a pipeline, and the job has none (pp=1); give --pp with it, or "
                               f"leave it out")
 

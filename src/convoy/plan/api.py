@@ -34,7 +34,7 @@ from convoy.plan.model import ModelSpec, resolve_model
 from convoy.plan.observed import Observation, case_key, observations_here
 from convoy.plan.recommend import Recommendation, Row, guide_case, recommend
 from convoy.plan.rates import Rates, rates_for
-from convoy.plan.timing import step_time
+from convoy.plan.timing import choose_schedule, step_time
 from convoy.plan.units import format_bytes, format_seconds
 
 __all__ = ["Plan", "plan", "plan_for", "recommend_for_module", "MAX_GPUS_PER_NODE", "MAX_GPUS"]
@@ -185,6 +185,9 @@ class _Costing:
                 uneven.add(cand.layout.dims.dp)
                 continue
             own = replace(run, precision=self.precision_for(cand)) if self.precision_for is not None else run
+            if cand.layout.dims.pp > 1:  # the pipeline schedule it runs with (convoy.plan.schedules): in its layout
+                cand = replace(cand, layout=choose_schedule(model, own, cand.layout, hw, global_batch=gb,
+                                                            rates=self.rates))
             mem = _memory(model, own, cand.layout)
             t = step_time(model, own, cand.layout, hw, global_batch=gb, rates=self.rates)
             seen = self.observed.get(case_key(model, own, cand.layout, hw))

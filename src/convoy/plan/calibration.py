@@ -80,6 +80,9 @@ class Calibration:
     observed: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """What training jobs measured on this device next to their plans: ``convoy.plan.observed.case_key`` ->
     ``Observation.as_dict()`` (plain JSON; ``convoy.plan.observed`` reads it)."""
+    cpu_ops: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """On a CPU: the cost per operator, matmul rate and bandwidth one process measured, per thread count
+    (``convoy.plan.cpu.rates_key`` -> ``CpuRates.as_dict()``; ``convoy.plan.cpu_measure.cpu_rates``)."""
     format: int = FORMAT
 
     @property
@@ -100,12 +103,14 @@ class Calibration:
                        pointwise_seconds_per_byte=other.pointwise_seconds_per_byte or self.pointwise_seconds_per_byte,
                        peer_bytes_per_s=other.peer_bytes_per_s or self.peer_bytes_per_s,
                        measured_at=max(self.measured_at, other.measured_at),
-                       observed={**self.observed, **other.observed})
+                       observed={**self.observed, **other.observed},
+                       cpu_ops={**self.cpu_ops, **other.cpu_ops})
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["gemm_flops"], d["attention_seconds"] = dict(self.gemm_flops), dict(self.attention_seconds)
         d["observed"] = {k: dict(v) for k, v in self.observed.items()}
+        d["cpu_ops"] = {k: dict(v) for k, v in self.cpu_ops.items()}
         return d
 
     @classmethod
@@ -116,6 +121,10 @@ class Calibration:
             seen = fields["observed"]
             fields["observed"] = ({k: v for k, v in seen.items() if isinstance(k, str) and isinstance(v, Mapping)}
                                   if isinstance(seen, Mapping) else {})
+        if "cpu_ops" in fields:
+            ops = fields["cpu_ops"]
+            fields["cpu_ops"] = ({k: v for k, v in ops.items() if isinstance(k, str) and isinstance(v, Mapping)}
+                                 if isinstance(ops, Mapping) else {})
         return cls(**fields)
 
     def describe(self) -> str:

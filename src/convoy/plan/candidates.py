@@ -8,7 +8,9 @@
 Rules (from the Hugging Face "Efficient training on multiple GPUs" guide and Megatron/torchtitan practice):
 tensor parallelism stays inside one node (its NVLink domain) and divides the attention heads; pipeline
 stages do not outnumber the layers; ZeRO-2/3 are not combined with pipelining (gradients accumulate across
-micro-batches, which sharded gradients fight); HSDP shards within a node and replicates across nodes.
+micro-batches, which sharded gradients fight) but as FSDP2 per pipeline stage (``zero2`` with pp: the weights
+sharded at rest, gathered through the step, gradients reduce-scattered once after the last micro-batch); HSDP
+shards within a node and replicates across nodes.
 
 Every candidate is one the trainer runs, under the name ``Accelerator(strategy=...)`` and ``convoy launch
 --strategy`` take: a data-parallel strategy beside tp/pp runs with that strategy's engine (``ddp`` beside tp keeps
@@ -151,8 +153,9 @@ def _every_candidate(model: ModelSpec, hw: Hardware, *, global_batch: int, micro
             plain = ParallelDims(dp_replicate=dp, tp=tp, pp=pp)
             yield make("ddp", plain)
             yield make("zero1", plain)
-            if pp > 1:
-                continue
+            if pp > 1:  # FSDP2 per pipeline stage (the trainer's dp_engine fsdp/zero2 beside pp): planned as ZeRO-2
+                yield make("zero2", ParallelDims(dp_shard=dp, tp=tp, pp=pp))  # with whole gradients until the last
+                continue  # micro-batch (convoy.plan.memory)
             sharded = ParallelDims(dp_shard=dp, tp=tp)
             if tp == 1:
                 yield make("zero2", plain)

@@ -26,10 +26,11 @@ __all__ = ["launch_args", "launch_command", "accelerator_call", "planned_schedul
 FIRST_NODE = "HOST:29500"
 
 
-def planned_schedule(candidate: Candidate) -> str | None:
-    """The pipeline schedule the planner costs for ``candidate`` (None without a pipeline): plain 1F1B, whose
-    bubble ``convoy.plan.timing`` charges, which is also the trainer's default."""
-    return "1f1b" if candidate.layout.dims.pp > 1 else None
+def planned_schedule(candidate: Candidate) -> tuple[str, int] | None:
+    """The pipeline schedule the planner costs for ``candidate`` and the stages each process holds (None without a
+    pipeline): the layout's (``convoy.plan.timing.choose_schedule``), which the trainer runs as asked."""
+    layout = candidate.layout
+    return (layout.pp_schedule, layout.pp_stages_per_rank) if layout.dims.pp > 1 else None
 
 
 def _degrees(candidate: Candidate) -> list[tuple[str, int]]:
@@ -56,7 +57,9 @@ def launch_args(candidate: Candidate, hw: Hardware, *, recompute: str = "none") 
         args += ["--recompute", recompute]
     schedule = planned_schedule(candidate)
     if schedule is not None:
-        args += ["--pp-schedule", schedule]
+        args += ["--pp-schedule", schedule[0]]
+        if schedule[1] > 1:
+            args += ["--pp-stages-per-rank", str(schedule[1])]
     return tuple(args)
 
 
@@ -81,7 +84,9 @@ def accelerator_call(candidate: Candidate, *, recompute: str = "none") -> str:
         options.append('"cpu_offload": True')
     schedule = planned_schedule(candidate)
     if schedule is not None:
-        options += ['"loss_fn": loss_fn', f'"pp_schedule": "{schedule}"']
+        options += ['"loss_fn": loss_fn', f'"pp_schedule": "{schedule[0]}"']
+        if schedule[1] > 1:
+            options.append(f'"pp_stages_per_rank": {schedule[1]}')
     if options:
         parts.append("strategy_options={" + ", ".join(options) + "}")
     return f"Accelerator({', '.join(parts)})"

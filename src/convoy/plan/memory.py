@@ -29,6 +29,7 @@ from convoy.plan.model import ModelSpec
 # what one step processes and the precision recipes live below this module (``convoy.plan.run``), so that
 # ``activations`` can read them too; they stay importable from here, where most callers look for them
 from convoy.plan.run import ATTENTION, OPTIMIZER_STATE_BYTES, PRECISIONS, RECOMPUTE, Precision, RunSpec
+from convoy.plan.schedules import check_schedule, in_flight as schedule_in_flight
 from convoy.plan.units import MiB
 
 __all__ = ["Precision", "PRECISIONS", "OPTIMIZER_STATE_BYTES", "RunSpec", "Layout", "MemoryBreakdown",
@@ -54,6 +55,15 @@ class Layout:
     """Optimizer state, master weights and gradients (and stage-3 weights) live in host memory."""
     microbatches: int = 1
     """Micro-batches per optimizer step on each pipeline (gradient accumulation steps)."""
+    pp_schedule: str = "1f1b"
+    """The pipeline schedule (``strategy_options["pp_schedule"]``; ``convoy.plan.schedules``): ``1f1b``,
+    ``interleaved_1f1b``, ``gpipe``, ``looped_bfs``. Meaningful with pp > 1."""
+    pp_stages_per_rank: int = 1
+    """Pipeline stages each rank holds (``strategy_options["pp_stages_per_rank"]``): v > 1 with the interleaved and
+    looped schedules."""
+
+    def __post_init__(self) -> None:
+        check_schedule(self.pp_schedule, self.pp_stages_per_rank)
 
     @property
     def shard_degree(self) -> int:
@@ -170,7 +180,12 @@ def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout) -> MemoryBrea
     # (in inference no master is counted, so the shard is the whole fp32 copy: weight + master bytes under bf16-fsdp)
     shard_bytes = recipe.weight_bytes + (0 if train else recipe.master_bytes)
     stored_shard = psi * shard_bytes / dp if stage == 2 and dp > 1 and recipe.master_bytes < 4 else 0
-    grads = psi * (recipe.grad_bytes + recipe.accum_bytes) / (dp if stage >= 2 else 1) if train else 0.0
+    # FSDP2 per pipeline stage (stage 2 with pp, convoy's dp x pp with dp_engine fsdp/zero2): the schedule turns
+    # gradient sync off until the last micro-batch, so a stage accumulates its whole gradients and reduce-scatters
+    # them once, at the end of the step
+    pipeline_fsdp = stage == 2 and dims.pp > 1
+    grads = psi * (recipe.grad_bytes + recipe.accum_bytes) / (dp if stage >= 2 and not pipeline_fsdp else 1) \
+        if train else 0.0
     optimizer = psi * opt_bytes / (dp if stage >= 1 else 1) if train else 0.0
     master = psi * master_bytes / (dp if stage >= 1 else 1)
     if stage == 3 and dims.dp_replicate > 1:  # HSDP: every state is sharded within the shard group only
@@ -217,7 +232,9 @@ def _activations(model: ModelSpec, run: RunSpec, layout: Layout) -> tuple[float,
     if not run.training:  # inference: one block's working set at a time, nothing kept for backward
         return layer_activation_bytes(model, run, tp=tp, stored_only=False) / 2, 0.0
     layers = math.ceil(model.num_layers / pp)
-    in_flight = min(pp, layout.microbatches) if pp > 1 else 1  # 1F1B: stage 0 holds pp micro-batches
+    # micro-batches of its layers the first rank holds at its peak, by schedule (1F1B: pp of them)
+    in_flight = schedule_in_flight(pp, layout.microbatches, schedule=layout.pp_schedule,
+                                   stages_per_rank=layout.pp_stages_per_rank) if pp > 1 else 1
     full = layer_activation_bytes(model, run, tp=tp, stored_only=False)
     head = head_saved_bytes(model, run, tp=tp) + weight_cast_bytes(model, run, layers=0, tp=tp)
     recomputing = 0.0

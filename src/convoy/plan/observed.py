@@ -103,6 +103,8 @@ def case_key(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> st
         else ""
     stage = f"zero{layout.zero_stage}" if layout.zero_stage else "replicated"
     where = f"{stage} dp{d.dp}{split} tp{d.tp} pp{d.pp} m{layout.microbatches}" + (" offload" if layout.offload else "")
+    if d.pp > 1 and (layout.pp_schedule, layout.pp_stages_per_rank) != ("1f1b", 1):
+        where += f" {layout.pp_schedule} v{layout.pp_stages_per_rank}"
     how = f"{run.precision} {run.optimizer} recompute {run.recompute}" + (
         f"/{run.recompute_every}" if run.recompute == "full" and run.recompute_every > 1 else "") + f" {run.attention}"
     return " | ".join((f"{model.num_params} params {shape}", where, f"s{run.seq_len} b{run.micro_batch}", how,

@@ -69,6 +69,8 @@ class Row:
         return {"name": self.name, "strategy": self.candidate.strategy, "zero_stage": self.candidate.layout.zero_stage,
                 "offload": self.candidate.layout.offload, "dp_replicate": d.dp_replicate, "dp_shard": d.dp_shard,
                 "tp": d.tp, "pp": d.pp, "microbatches": self.candidate.layout.microbatches, "fits": self.fits,
+                "pp_schedule": self.candidate.layout.pp_schedule,
+                "pp_stages_per_rank": self.candidate.layout.pp_stages_per_rank,
                 "precision": self.precision, "recompute": self.recompute, "launch_args": list(self.launch_args),
                 "model_states_bytes": self.memory.model_states,
                 "memory": self.memory.as_dict(), "time": self.time.as_dict()}

@@ -10,7 +10,9 @@ et al. 2022). Collectives use the ring (bandwidth-optimal) cost: all-reduce move
 through each GPU's link, all-gather and reduce-scatter (n-1)/n (Thakur, Rabenseifner & Gropp 2005; NCCL's
 "bus bandwidth" doc), plus a fixed latency per collective (``COLLECTIVE_LATENCY_S``). Megatron tensor
 parallelism does 4 all-reduce-equivalents of the layer's activations per block per micro-batch (Narayanan et
-al. 2021); a 1F1B pipeline idles (p-1)/(m+p-1) of the time (GPipe bubble). Data-parallel traffic overlaps with
+al. 2021); a pipeline idles (p-1)/m of its busy time under 1F1B and GPipe, (p-1)/(v m) with v stages per
+rank (interleaved 1F1B, looped BFS), and sends 2 v m activations and gradients per step
+(``convoy.plan.schedules``). Data-parallel traffic overlaps with
 the backward; tensor-parallel and offload traffic are counted as exposed.
 
 A model with a shape (layers, hidden, heads) is timed kernel class by kernel class: every GEMM of the model at
@@ -38,12 +40,13 @@ from convoy.plan.memory import Layout, _stage_params
 from convoy.plan.model import ModelSpec
 from convoy.plan.rates import Rates, rates_for
 from convoy.plan.run import OPTIMIZER_STATE_BYTES, RunSpec
+from convoy.plan.schedules import pipeline_bubble, transfers
 from convoy.plan.shapes import attention_shape, gemm_shapes
 
 __all__ = ["StepTime", "step_time", "model_flops_per_token", "ring_all_reduce_seconds", "ring_gather_seconds",
            "CPU_ADAM_PARAMS_PER_S", "gemm_shapes", "attention_shape", "compute_seconds",
            "optimizer_seconds", "mfu_peak", "COLLECTIVE_LATENCY_S", "DDP_BUCKET_BYTES",
-           "framework_seconds", "kernel_launches"]
+           "framework_seconds", "kernel_launches", "choose_schedule"]
 
 #: parameters per second a CPU Adam step updates per process, for offloaded optimizers (DeepSpeed's
 #: CPU-Adam reports about 1e9 on a server socket); a stated assumption.
@@ -304,7 +307,8 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
     else:
         compute = hw_flops / world / rates.bulk_flops(recipe.compute)
     overhead = framework_seconds(model, run, layout, rates)
-    bubble = compute * (dims.pp - 1) / m if dims.pp > 1 else 0.0
+    bubble = compute * pipeline_bubble(dims.pp, m, schedule=layout.pp_schedule,
+                                       stages_per_rank=layout.pp_stages_per_rank) if dims.pp > 1 else 0.0
     compute += bubble
 
     # data parallel: rank layout pp (outer) x dp x tp (inner), so a dp group has gpus_per_node/tp ranks per node
@@ -328,11 +332,14 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
             n = layout.shard_degree
             gathers = 2 if layout.zero_stage == 3 else 1
             shard_bw = _group_bandwidth(hw, max(1, min(n, hw.gpus_per_node // dims.tp)), n)
+            # FSDP2 per pipeline stage reduce-scatters once per step, after the last micro-batch (gradient sync is
+            # off before it), and keeps the weights gathered from a micro-batch's forward to its backward
+            reduces = 1 if dims.pp > 1 else m
             if n > 1:
                 latency = collective_latency(hw, across_nodes=n > max(1, hw.gpus_per_node // dims.tp))
-                dp_comm = m * (gathers * ring_gather_seconds(weights, n, shard_bw) + ring_gather_seconds(grads, n, shard_bw)
-                               + (gathers + 1) * units * latency)
-            comm = m * (n - 1) / n * (gathers * weights + grads) if n > 1 else 0.0
+                dp_comm = (m * gathers * (ring_gather_seconds(weights, n, shard_bw) + units * latency)
+                           + reduces * (ring_gather_seconds(grads, n, shard_bw) + units * latency))
+            comm = (n - 1) / n * (m * gathers * weights + reduces * grads) if n > 1 else 0.0
             if dims.dp_replicate > 1:  # HSDP: all-reduce the shard's gradients across replicas once per step
                 rep_bw = _group_bandwidth(hw, 1, dims.dp_replicate)
                 dp_comm += ring_all_reduce_seconds(grads / n, dims.dp_replicate, rep_bw) + units * collective_latency(
@@ -358,8 +365,10 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
         act = s * b * model.hidden * recipe.activation_bytes / dims.tp
         crosses = dims.tp * dims.dp * dims.pp > hw.gpus_per_node
         bw = _group_bandwidth(hw, 1, 2) if crosses else hw.intra_bandwidth
-        pp_comm = 2 * m * (act / bw + collective_latency(hw, across_nodes=crosses))  # activations out, gradients back
-        comm += 2 * m * act
+        # activations out, gradients back, at every stage boundary a micro-batch crosses (v per rank interleaved)
+        sends = transfers(dims.pp, m, stages_per_rank=layout.pp_stages_per_rank)
+        pp_comm = sends * (act / bw + collective_latency(hw, across_nodes=crosses))
+        comm += sends * act
     offload = 0.0
     if layout.offload and run.training:
         shard = psi / (layout.shard_degree if layout.zero_stage >= 1 else 1)
@@ -371,3 +380,27 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
                     tp_comm=tp_comm, pp_comm=pp_comm, offload=offload, exposed_dp=exposed_dp, comm_bytes=comm,
                     tokens=tokens, world_size=world, model_flops=model_flops,
                     peak_flops=mfu_peak(hw.gpu, recipe.compute, rates), time_model=rates.kind)
+
+
+def choose_schedule(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, global_batch: int,
+                    rates: Rates | None = None) -> Layout:
+    """``layout`` with the pipeline schedule the planner runs it with: of the schedules its degrees and
+    micro-batches can run (``convoy.plan.schedules.schedule_options``: 1F1B, interleaved 1F1B with v = 2, 4, 8),
+    the fastest whose memory fits ``hw``'s GPU, else the one needing least memory. A layout without pp, or with a
+    schedule other than the default already set, is returned as it is."""
+    from convoy.plan.memory import memory_per_gpu
+    from convoy.plan.schedules import DEFAULT_SCHEDULE, schedule_options
+
+    if layout.dims.pp == 1 or (layout.pp_schedule, layout.pp_stages_per_rank) != (DEFAULT_SCHEDULE, 1):
+        return layout
+    options = [replace(layout, pp_schedule=name, pp_stages_per_rank=v)
+               for name, v in schedule_options(pp=layout.dims.pp, microbatches=layout.microbatches,
+                                               layers=model.num_layers)]
+    if len(options) == 1:
+        return layout
+    costed = [(memory_per_gpu(model, run, o).total, step_time(model, run, o, hw, global_batch=global_batch,
+                                                              rates=rates).seconds, o) for o in options]
+    fitting = [c for c in costed if c[0] <= hw.gpu.memory_bytes]
+    if fitting:
+        return min(fitting, key=lambda c: c[1])[2]
+    return min(costed, key=lambda c: c[0])[2]

@@ -4,9 +4,9 @@ what ``convoy.plan`` predicts for the very layout it runs; and the measurement k
     report = accelerator.plan_report()      # a PlanReport; complete once optimizer step 7 is done
     report.measured_seconds, report.planned_seconds, report.time_ratio           # ratio: planned / measured
     report.measured_peak_bytes, report.planned_peak_bytes, report.memory_ratio
-    report.describe()   # also logged once, on the main process, by the logger "convoy.train.plan_report":
-    # measured 71.0 ms/step and 13.6 GB peak (steps 3-7); the plan for zero3 on 2xH100-80GB said 76.6 ms (1.08x)
-    # and 13.2 GB (0.97x), from the H100-80GB profile
+    report.describe()   # logged once, on the main process, at info, with "convoy: " before it:
+    # step 71.0 ms, planned 76.6 ms (plan 8 % slow); peak 12.7 GiB, planned 12.3 GiB (plan 3 % low) -- zero3 on
+    # 2xH100-80GB (nvlink), steps 3-7          (at debug instead when no plan applies, with the reason)
 
 Measuring. A step post-hook on the first prepared optimizer (``torch.optim.Optimizer.register_step_post_hook``)
 counts optimizer steps: a counter and nothing else on the steps it does not measure. Steps 1 and 2 are warm-up
@@ -16,7 +16,10 @@ synchronised, CUDA's peak-memory counter reset (``torch.cuda.reset_peak_memory_s
 to 7 the device is synchronised and the clock read again: the step time is the median of those five intervals
 (data loading included, as a user's loop sees it), the peak ``torch.cuda.max_memory_allocated`` at the end of
 step 7, this process's device (rank 0's on the main process: the first pipeline stage, the one the plan's memory
-is for). The CPU has no allocator peak: there, time only. Then the hooks are removed.
+is for). The CPU has no allocator peak: there, time only. Then the hooks are removed. On the CPU, warm-up step 2
+also counts the operators it runs (``convoy.plan.cpu_measure.OpCounter``) and, at its end, every rank measures the
+collectives' round trip between the job's processes (``round_trip_seconds``; every rank's hook fires at the same
+optimizer step).
 
 Planning. The model as ``convoy.plan`` reads it (a transformers model's ``config``, else the module itself), the
 sequence length and micro-batch of the largest forward input seen (``input_ids`` or the first tensor:
@@ -24,9 +27,11 @@ sequence length and micro-batch of the largest forward input seen (``input_ids``
 (Adam, AdamW, SGD; others as AdamW), gradient checkpointing when the model says it is on, the layout of the
 strategy (its ZeRO stage, degrees, accumulation steps and pipeline micro-batches, offload), on this device's table
 row x the job's processes per node and nodes, at the rates a plan uses here (a calibration of this device and
-torch version when cached, else the shipped profile, else the shape-aware model; ``convoy.plan.rates``). Nothing
-is measured for the plan. Any failure leaves the report without the plan, saying why (and a debug log line):
-training never stops for it.
+torch version when cached, else the shipped profile, else the shape-aware model; ``convoy.plan.rates``). On CPU
+processes the step is the counted operators at this CPU's rates (``convoy.plan.cpu``: cost per operator, matmul
+rate and bandwidth measured once and cached, the round trip above), plus the pipeline's idle share for its
+schedule. Any failure leaves the report without the plan, saying why (and a debug log line): training never stops
+for it.
 
 Keeping. The main process writes the observation into the calibration cache entry of its device
 (``convoy.plan.observed``): a later plan of the same case on this machine (``convoy plan``) takes the measured
@@ -35,6 +40,8 @@ step time.
 
 from __future__ import annotations
 
+import logging
+import math
 import statistics
 import time
 from dataclasses import dataclass, replace
@@ -46,6 +53,8 @@ from convoy.errors import NotSupportedYetError, PlanError
 from convoy.plan.calibrate import device_identity
 from convoy.plan.calibration import Calibration, load_calibration, save_calibration
 from convoy.plan.candidates import Candidate
+from convoy.plan.cpu import cpu_step
+from convoy.plan.cpu_measure import OpCounter, cpu_rates, round_trip_seconds
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import CPU, Hardware, lookup_gpu
 from convoy.plan.memory import Layout, memory_per_gpu
@@ -53,6 +62,7 @@ from convoy.plan.model import ModelSpec, describe_module, resolve_model
 from convoy.plan.observed import Observation, case_key
 from convoy.plan.rates import rates_for
 from convoy.plan.run import RunSpec
+from convoy.plan.schedules import pipeline_bubble
 from convoy.plan.timing import step_time
 from convoy.plan.units import format_bytes, format_seconds
 from convoy.train.logging import get_logger
@@ -115,27 +125,39 @@ class PlanReport:
         return self.planned_peak_bytes / self.measured_peak_bytes
 
     def describe(self) -> str:
-        """The one line the Accelerator logs."""
+        """The one line the Accelerator logs: ``step 5.0 ms, planned 4.1 ms (plan 18 % fast); peak 1.2 GiB,
+        planned 1.1 GiB (plan 8 % low) -- zero3 on 2xH100-80GB, steps 3-7``."""
         if self.measured_seconds is None:
             return f"no step time measured yet: {self.missing}"
         first = WARMUP_STEPS + 1
         steps = f"steps {first}-{first + self.steps - 1}"
-        if self.measured_peak_bytes is not None:
-            measured = f"measured {format_seconds(self.measured_seconds)}/step and " \
-                       f"{format_bytes(self.measured_peak_bytes)} peak ({steps})"
-        else:
-            measured = f"measured {format_seconds(self.measured_seconds)}/step ({steps}; no allocator peak)"
-        if self.planned_seconds is None or self.planned_peak_bytes is None:
-            return f"{measured}; no plan to compare: {self.missing}"
-        said = f"{format_seconds(self.planned_seconds)} ({_ratio(self.time_ratio)})"
-        memory = format_bytes(self.planned_peak_bytes)
-        said += f" and {memory} ({_ratio(self.memory_ratio)})" if self.memory_ratio is not None else \
-            f" and a {memory} peak"
-        return f"{measured}; the plan for {self.layout} on {self.hardware} said {said}, from {self.time_model}"
+        step = f"step {format_seconds(self.measured_seconds)}"
+        if self.planned_seconds is None:
+            return f"{step} ({steps}); no plan: {self.missing}"
+        line = f"{step}, planned {format_seconds(self.planned_seconds)} " \
+               f"(plan {_off(self.time_ratio, 'fast', 'slow')})"
+        if self.measured_peak_bytes is not None and self.planned_peak_bytes is not None:
+            peak, planned = (format_bytes(b, binary=True) for b in (self.measured_peak_bytes, self.planned_peak_bytes))
+            line += f"; peak {peak}, planned {planned} (plan {_off(self.memory_ratio, 'low', 'high')})"
+        return f"{line} -- {self.layout} on {self.hardware}, {steps}"
+
+    @property
+    def logged(self) -> bool:
+        """True when ``describe()`` is the info line (a plan to compare with); else it is logged at debug."""
+        return self.measured_seconds is not None and self.planned_seconds is not None
 
 
-def _ratio(value: float | None) -> str:
-    return "" if value is None else f"{value:.2f}x" if value >= 0.1 else f"{value:.2g}x"
+def _off(ratio: float | None, under: str, over: str) -> str:
+    """How far the plan is from the measurement, in a user's words: ``18 % fast``, ``2.5x slow``, ``right``."""
+    if ratio is None:
+        return "?"
+    if 0.995 <= ratio <= 1.005:
+        return "right"
+    if 0.5 <= ratio < 1:
+        return f"{(1 - ratio) * 100:.0f} % {under}"
+    if 1 < ratio <= 2:
+        return f"{(ratio - 1) * 100:.0f} % {over}"
+    return f"{1 / ratio:.2g}x {under}" if ratio < 1 else f"{ratio:.2g}x {over}"
 
 
 def trainer_layout(strategy: Any, *, accumulation: int) -> tuple[Candidate, int]:
@@ -143,11 +165,13 @@ def trainer_layout(strategy: Any, *, accumulation: int) -> tuple[Candidate, int]
     optimizer step, offload), and how many pipeline micro-batches one forward's batch is cut into (1 without pp).
 
     The trainer's realisation of each candidate is ``convoy.train.strategies.auto.runs_in_trainer``'s, read back:
-    dp x tp is FSDP2 (zero3), dp x pp is DDP or ZeRO-1 (FSDP2 per stage is planned as ZeRO-1, an upper bound)."""
+    dp x tp is FSDP2 (zero3), dp x pp is DDP, ZeRO-1 or FSDP2 per stage (zero2 with pp); the pipeline's schedule
+    and stages per rank are the layout's."""
     context = strategy.context
     world, options = context.world_size, dict(context.options)
     name = strategy.name
     chunks = 1
+    schedule: dict[str, Any] = {}
     if name in _STAGES:
         stage = _STAGES[name]
         dims = ParallelDims() if world == 1 else (
@@ -156,16 +180,18 @@ def trainer_layout(strategy: Any, *, accumulation: int) -> tuple[Candidate, int]
         d, engine = strategy.dims, strategy.dp_engine
         if d.dp == 1:
             stage = 0
-        elif d.pp > 1:
-            stage = 0 if engine == "ddp" else 1
+        elif d.pp > 1:  # FSDP2 per stage (fsdp, zero2) is the planner's zero2 with pp
+            stage = {"ddp": 0, "zero1": 1}.get(engine, 2)
         else:
             stage = {"fsdp": 3, "zero2": 2, "zero1": 1}.get(engine, 0)
-        dims = d if stage == 3 else ParallelDims(dp_replicate=d.dp, tp=d.tp, pp=d.pp)
+        sharded = stage == 3 or (stage == 2 and d.pp > 1)
+        dims = d if sharded else ParallelDims(dp_replicate=d.dp, tp=d.tp, pp=d.pp)
         if d.pp > 1:
             from convoy.train.parallel.pipeline import PipelineConfig
 
             config = PipelineConfig.from_options(options)
             chunks = config.microbatches or d.pp * config.local_stages()
+            schedule = {"pp_schedule": config.schedule, "pp_stages_per_rank": config.local_stages()}
     else:
         raise NotSupportedYetError(f"strategy {name!r} is not one the planner lays out; it plans single, ddp, "
                                    "zero1-3, fsdp and parallel")
@@ -174,7 +200,7 @@ def trainer_layout(strategy: Any, *, accumulation: int) -> tuple[Candidate, int]
     offload = bool(options.get("cpu_offload"))
     parts = [base] if dims.dp > 1 or (dims.tp == 1 and dims.pp == 1) else []
     parts += [f"tp{dims.tp}"] * (dims.tp > 1) + [f"pp{dims.pp}"] * (dims.pp > 1) + ["offload"] * offload
-    layout = Layout(dims=dims, zero_stage=stage, offload=offload, microbatches=accumulation * chunks)
+    layout = Layout(dims=dims, zero_stage=stage, offload=offload, microbatches=accumulation * chunks, **schedule)
     return Candidate(name="+".join(parts), strategy=base, layout=layout), chunks
 
 
@@ -250,6 +276,8 @@ class PlanWatch:
         self._last = 0.0
         self._times: list[float] = []
         self._report: PlanReport | None = None
+        self._counter: OpCounter | None = None
+        self._round_trip = (0.0, math.inf)
 
     def watch_model(self, model: Any, prepared: Any, device: torch.device) -> None:
         """Plan ``model`` (the module given to ``prepare``; read when the report is made) and watch the inputs
@@ -257,8 +285,12 @@ class PlanWatch:
         if self._model is not None or self._report is not None:
             return  # the first model is the one planned
         self._model, self._device = model, device
+        if device.type == "cpu":
+            self._counter = OpCounter()
         if isinstance(prepared, torch.nn.Module):
             self._hooks.append(prepared.register_forward_pre_hook(_InputHook(self), with_kwargs=True))
+        elif callable(getattr(prepared, "forward", None)):  # a pipeline: its call runs forward and backward
+            self._hooks.append(_ForwardWrap(prepared, _InputHook(self)))
 
     def watch_optimizer(self, optimizer: Any) -> None:
         """Count ``optimizer``'s steps (the first optimizer prepared: one step of it is one training step)."""
@@ -291,6 +323,8 @@ class PlanWatch:
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
+        if self._counter is not None and self._counter.counting:
+            self._counter.stop()
 
     # --- hooks: cheap on every call, and they never raise into the loop --------------------------------------
     def _on_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -304,9 +338,14 @@ class PlanWatch:
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._steps += 1
-        if self._steps < WARMUP_STEPS:
-            return
         try:
+            if self._counter is not None and self._steps == WARMUP_STEPS - 1:
+                self._counter.start()  # the operators of the last warm-up step: what the CPU plan costs
+            if self._steps < WARMUP_STEPS:
+                return
+            if self._counter is not None and self._counter.counting:
+                self._counter.stop()
+                self._round_trip = _round_trip()  # every rank reaches this hook at the same step
             self._sync()
             now = time.perf_counter()
             if self._steps == WARMUP_STEPS:
@@ -342,7 +381,7 @@ class PlanWatch:
             logger.debug("plan report: %s", why)
         self._report = report
         if self._main:
-            logger.info("%s", report.describe())
+            logger.log(logging.INFO if report.logged else logging.DEBUG, "convoy: %s", report.describe())
 
     def _planned(self, measured: PlanReport) -> PlanReport:
         if self._model is None:
@@ -364,20 +403,24 @@ class PlanWatch:
         hw = _hardware(device, context)
         layout = candidate.layout
         name, uuid, version = device_identity(str(device))
-        record = load_calibration(device_name=name, device_uuid=uuid, torch_version=version)
-        rates = rates_for(hw.gpu, calibration=record if record is not None and record.has_rates else None)
         mem = memory_per_gpu(spec, run, layout)
-        t = step_time(spec, run, layout, hw, global_batch=layout.dims.dp * run.micro_batch * layout.microbatches,
-                      rates=rates)
+        if device.type == "cpu":
+            planned, kind, source = self._cpu_plan(layout, chunks)
+        else:
+            record = load_calibration(device_name=name, device_uuid=uuid, torch_version=version)
+            rates = rates_for(hw.gpu, calibration=record if record is not None and record.has_rates else None)
+            t = step_time(spec, run, layout, hw, rates=rates,
+                          global_batch=layout.dims.dp * run.micro_batch * layout.microbatches)
+            planned, kind, source = t.seconds, rates.kind, _rates_source(rates.kind, hw.gpu.name)
         n = hw.gpus_per_node * hw.nodes
         gpus = f"{n} CPU process{'es' if n > 1 else ''}" if hw.gpu.kind == "cpu" else hw.describe()
-        report = replace(measured, layout=candidate.name, hardware=gpus, planned_seconds=t.seconds,
-                         planned_peak_bytes=mem.allocated, time_model=_rates_source(rates.kind, hw.gpu.name))
+        report = replace(measured, layout=candidate.name, hardware=gpus, planned_seconds=planned,
+                         planned_peak_bytes=mem.allocated, time_model=source)
         if not self._main:
             return report
         key = case_key(spec, run, layout, hw)
-        seen = Observation(measured_s=measured.measured_seconds, planned_s=t.seconds, planned_bytes=mem.allocated,
-                           measured_bytes=measured.measured_peak_bytes, rates=rates.kind, steps=measured.steps,
+        seen = Observation(measured_s=measured.measured_seconds, planned_s=planned, planned_bytes=mem.allocated,
+                           measured_bytes=measured.measured_peak_bytes, rates=kind, steps=measured.steps,
                            at=time.time())
         try:
             save_calibration(Calibration(device_name=name, device_uuid=uuid, torch_version=version,
@@ -386,6 +429,63 @@ class PlanWatch:
             logger.debug("plan report: the measurement is not kept for later plans (%s)", err)
             return report.lacking(f"not kept for later plans ({_first_line(err)})")
         return replace(report, case=key)
+
+
+    def _cpu_plan(self, layout: Layout, chunks: int) -> tuple[float, str, str]:
+        """(seconds, rates kind, where they come from) of the CPU step: the operators counted on the last warm-up
+        step at this CPU's rates (``convoy.plan.cpu``), plus the pipeline's idle time for its schedule."""
+        if self._counter is None:
+            raise PlanError("no operators were counted on the CPU")
+        ops = self._counter.ops
+        mesh = None
+        if ops.dtensor_ops:
+            mesh = next((p.device_mesh for p in self._model.parameters() if hasattr(p, "device_mesh")), None)
+        latency, bandwidth = self._round_trip
+        context = self._job()[0].context
+        local = context.local_world_size if context.local_world_size > 0 else context.world_size
+        rates = replace(cpu_rates(mesh=mesh, processes=local, save=self._main), collective_seconds=latency,
+                        collective_bytes_per_s=bandwidth)
+        ops = replace(ops, fsdp_units=_fsdp_units(self._model) * layout.microbatches)
+        dims = layout.dims
+        bubble = pipeline_bubble(dims.pp, chunks, schedule=layout.pp_schedule,
+                                 stages_per_rank=layout.pp_stages_per_rank) if dims.pp > 1 else 0.0
+        step = cpu_step(ops, rates, bubble=bubble)
+        logger.debug("plan report: %s at %s: %s", ops, rates, step)
+        return step.seconds, "cpu-ops", rates.describe()
+
+
+def _round_trip() -> tuple[float, float]:
+    """(seconds, bytes/s) of a collective between the job's CPU processes (0 and inf in a process alone)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return 0.0, math.inf
+    return round_trip_seconds()
+
+
+def _fsdp_units(model: Any) -> int:
+    """FSDP2 units in ``model`` (modules ``fully_shard`` made ``FSDPModule``s)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return sum(isinstance(m, FSDPModule) for m in model.modules())
+
+
+class _ForwardWrap:
+    """A forward pre-hook for an object that is no ``nn.Module`` (a pipeline): its ``forward`` attribute wraps the
+    class's, until ``remove()``."""
+
+    def __init__(self, target: Any, hook: "_InputHook") -> None:
+        self.target = target
+        inner = type(target).forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            hook(target, args, kwargs)
+            return inner(target, *args, **kwargs)
+
+        target.forward = forward
+
+    def remove(self) -> None:
+        self.target.__dict__.pop("forward", None)
 
 
 class _InputHook:

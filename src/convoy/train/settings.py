@@ -143,15 +143,17 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
 def _launched_options(strategy: str, dims: ParallelDims | None, launched: ConvoyEnv,
                       env: Mapping[str, str]) -> dict[str, Any]:
     """The strategy options the launcher's settings stand for (``--cpu-offload``: ``cpu_offload``,
-    ``--pp-schedule``: ``pp_schedule`` where there is a pipeline); ``strategy_options`` given to the Accelerator
+    ``--pp-schedule``/``--pp-stages-per-rank``: ``pp_schedule``/``pp_stages_per_rank`` where there is a pipeline); ``strategy_options`` given to the Accelerator
     win over them. A strategy with nothing to offload is one line naming where ``cpu_offload`` came from."""
     out: dict[str, Any] = {}
     if launched.cpu_offload:
         variable = KEYS["cpu_offload"].env_var
         check_offload(strategy, dims, said=f"{variable}={env[variable]}" if variable in env else "cpu_offload = true")
         out["cpu_offload"] = True
-    if launched.pp_schedule is not None and (strategy == "pp" or (dims is not None and dims.pp > 1)):
-        out["pp_schedule"] = launched.pp_schedule
+    pipeline = strategy == "pp" or (dims is not None and dims.pp > 1)
+    for name in ("pp_schedule", "pp_stages_per_rank"):
+        if getattr(launched, name) is not None and pipeline:
+            out[name] = getattr(launched, name)
     return out
 
 

@@ -192,8 +192,8 @@ def _check_same_layout(tie: Tie, a: "torch.Tensor", b: "torch.Tensor") -> None:
 
 
 def share_in_state(state: dict[str, Any], ties: Sequence[Tie]) -> dict[str, Any]:
-    """``state`` with the names of each tie pointing at one tensor (the first name's present), so that a
-    weights file writes it once (``train/checkpoint/weights.py``) and a loader finds it under every name."""
+    """``state`` with the names of each tie pointing at one tensor (the first name's present), so that a loader
+    finds it under every name (``train/checkpoint/weights.py`` writes each name)."""
     out = dict(state)
     for tie in ties:
         present = [n for n in tie.names if n in out]

@@ -42,7 +42,7 @@ How each axis is realised:
 Tied weights (a head sharing its embedding's weight, ``convoy.train.parallel.ties``): tp splits them alike or
 leaves them whole; pp sums the shared gradient over the stages holding it before each optimizer step (an
 optimizer step pre-hook) and before ``clip_grad_norm_``, which counts it once; ``full_model_state_dict`` names
-one tensor per tie, so ``save_model`` writes it once.
+one tensor under each of the tie's names.
 
 Checkpoints of every layout (``save_state``) are ``torch.distributed.checkpoint`` directories keyed by the
 model's parameter names, loadable at any other layout; a pipeline loads on its first call (when its stages

@@ -1,0 +1,275 @@
+"""Count the operators a training step runs, and measure what one costs on this CPU (``convoy.plan.cpu``).
+
+    from convoy.plan.cpu_measure import OpCounter, cpu_rates, round_trip_seconds
+    counter = OpCounter()
+    with counter:                      # or counter.start() ... counter.stop(), from two hooks
+        train_one_step()
+    counter.ops                        # a StepOps
+    rates = cpu_rates(processes=2)     # cached per CPU, torch version, threads, processes; measured once (~0.2 s)
+    latency, bandwidth = round_trip_seconds()                          # every rank of the job, at once
+    rates = replace(rates, collective_seconds=latency, collective_bytes_per_s=bandwidth)
+
+``OpCounter`` is a ``TorchDispatchMode``: it sees every operator the dispatcher runs on this thread (and the
+autograd engine's, which runs a CPU backward on the calling thread), counts it, and calls it unchanged. An
+operator on DTensors is seen once, before DTensor unwraps it (the local operators it runs are not counted again).
+
+``measure_cpu_rates``: the cost per operator is a small training step (three Linear layers, ReLU, cross-entropy,
+backward, AdamW, ``zero_grad``) timed and divided by the operators the counter counts in it, so that the Python
+of modules, autograd and the optimizer is in it as it is in a user's step; the DTensor costs are AdamW steps over
+DTensor parameters (per parameter, then ``foreach``), on a mesh the job already has (a DTensor parameter's); the
+matmul rate a 256 x 512 x 512 product, the bandwidth a 16 MiB copy. ``round_trip_seconds``: what an all-reduce of a
+few numbers adds to the reference step it follows, and 1 MiB more to a bare one, over the job's default group
+(every rank calls it at the same point: the Accelerator, at the end of the first optimizer step): what each
+collective and pipeline transfer costs between the job's processes. Each process arrives at it after work of its
+own, so it holds the wait for the other process to be scheduled, as a step's collectives do (on 2 cores about 1
+ms, against 0.3 ms for collectives back to back). It is not cached: it depends on the processes and on what else
+the machine runs.
+
+The only modules of ``convoy.plan`` that import torch are this one and ``convoy.plan.calibrate``, inside functions.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from convoy.errors import PlanError
+from convoy.plan.calibration import load_calibration, save_calibration, Calibration
+from convoy.plan.cpu import CpuRates, StepOps, rates_key
+
+__all__ = ["OpCounter", "measure_cpu_rates", "cpu_rates", "round_trip_seconds"]
+
+_GEMMS = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.")
+_ATTENTION = "aten._scaled_dot_product"
+_COLLECTIVE_PREFIXES = ("c10d.", "_c10d_functional.", "c10d_functional.", "_dtensor.")
+_NOT_COLLECTIVES = ("wait_tensor", "_wrap_tensor_autograd")
+
+
+def _counter_class() -> type:
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    def local(t: Any) -> Any:
+        return getattr(t, "_local_tensor", t)
+
+    def nbytes(t: Any) -> int:
+        t = local(t)
+        return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+    class _Counter(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops = self.dtensor = self.foreach = self.collectives = 0
+            self.flops = self.moved = self.collective_bytes = 0.0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            try:
+                self._count(func, args, kwargs, out)
+            except Exception:  # noqa: BLE001 -- an operator the rules do not know still runs, uncounted
+                pass
+            return out
+
+        def _count(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+            name = str(func)
+            flat, _ = tree_flatten((args, kwargs))
+            tensors = [a for a in flat if isinstance(a, torch.Tensor)]
+            if name.startswith(_COLLECTIVE_PREFIXES) and not any(n in name for n in _NOT_COLLECTIVES):
+                self.collectives += 1
+                self.collective_bytes += sum(nbytes(t) for t in tensors)
+                return
+            subclass = [t for t in tensors if type(t) not in (torch.Tensor, torch.nn.Parameter)]
+            if subclass and "_foreach_" in name:
+                lists = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, (list, tuple))]
+                self.foreach += max((len(x) for x in lists), default=1)
+            elif subclass:
+                self.dtensor += 1
+            else:
+                self.ops += 1
+            if name.startswith(_GEMMS):
+                a, b = [local(t) for t in tensors if t.dim() >= 2][-2:]
+                self.flops += 2 * a.numel() * b.shape[-1]
+            elif name.startswith(_ATTENTION) and tensors:
+                q, k = local(tensors[0]), local(tensors[1])  # (batch, heads, seq, dim)
+                forward = 4 * q.numel() * k.shape[-2]
+                self.flops += 2 * forward if "backward" in name else forward
+            if not func.is_view:
+                outs, _ = tree_flatten(out)
+                self.moved += sum(nbytes(t) for t in (*tensors, *outs) if isinstance(t, torch.Tensor))
+
+    return _Counter
+
+
+class OpCounter:
+    """Counts the operators run between ``start()`` and ``stop()`` on this thread (or inside ``with``)."""
+
+    def __init__(self) -> None:
+        self._mode: Any = None
+        self._result: StepOps | None = None
+
+    def start(self) -> None:
+        if self._mode is None:
+            self._mode = _counter_class()()
+            self._mode.__enter__()
+
+    def stop(self) -> StepOps:
+        if self._mode is not None:
+            mode, self._mode = self._mode, None
+            mode.__exit__(None, None, None)
+            self._result = StepOps(ops=mode.ops, dtensor_ops=mode.dtensor, dtensor_foreach=mode.foreach,
+                                   gemm_flops=mode.flops,
+                                   bytes_moved=mode.moved, collectives=mode.collectives,
+                                   collective_bytes=mode.collective_bytes)
+        return self.ops
+
+    @property
+    def counting(self) -> bool:
+        return self._mode is not None
+
+    @property
+    def ops(self) -> StepOps:
+        if self._result is None:
+            raise PlanError("no operators counted yet: start() and stop() the counter around a step")
+        return self._result
+
+    def __enter__(self) -> "OpCounter":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def _median_seconds(fn: Any, reps: int, inner: int = 1) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        times.append((time.perf_counter() - start) / inner)
+    return statistics.median(times)
+
+
+def _reference_step() -> Any:
+    """A small training step (module docstring): three Linear layers, ReLU, cross-entropy, backward, AdamW."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(8, 32, generator=g), torch.randint(0, 4, (8,), generator=g)
+
+    def step() -> None:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return step
+
+
+def measure_cpu_rates(*, mesh: Any = None, reps: int = 15) -> CpuRates:
+    """Measure this process's rates on the CPU (module docstring); ``mesh``: a DeviceMesh of the job, to cost
+    DTensor operators on (without one, the DTensor costs are 0). The collectives' round trip is not measured
+    here (``round_trip_seconds``)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    step = _reference_step()
+    step()
+    with OpCounter() as counter:
+        step()
+    op = _median_seconds(step, reps) / max(1, counter.ops.ops)
+    single = foreach = 0.0
+    if mesh is not None:
+        single, foreach = _dtensor_seconds(mesh, op, reps)
+    a, b = torch.randn(256, 512, generator=g), torch.randn(512, 512, generator=g)
+    gemm = 2 * 256 * 512 * 512 / _median_seconds(lambda: torch.mm(a, b), max(3, reps // 3))
+    src = torch.empty(1 << 22)
+    dst = torch.empty_like(src)
+    bandwidth = 2 * src.numel() * 4 / _median_seconds(lambda: dst.copy_(src), max(3, reps // 3))
+    return CpuRates(op_seconds=op, dtensor_op_seconds=single, dtensor_foreach_seconds=foreach,
+                    gemm_flops_per_s=gemm, memory_bytes_per_s=bandwidth, threads=torch.get_num_threads(),
+                    measured_at=time.time())
+
+
+def _dtensor_seconds(mesh: Any, op: float, reps: int) -> tuple[float, float]:
+    """(seconds per operator on DTensors, per DTensor of a ``_foreach_*`` operator) on ``mesh``: ``add_`` and
+    AdamW steps over 8 sharded parameters of different shapes, per parameter then ``foreach``, with their plain
+    operators (the step counters) taken out at ``op`` each. Local work only: no collective runs."""
+    import torch
+    from torch.distributed.tensor import DTensor, Shard
+
+    placements = [Shard(0)] * mesh.ndim
+
+    def dtensor(*shape: int) -> Any:
+        return DTensor.from_local(torch.randn(*shape), mesh, placements, run_check=False)
+
+    params = [torch.nn.Parameter(dtensor(4 * (i + 1), 8 + i)) for i in range(8)]
+    for p in params:
+        p.grad = dtensor(*p.to_local().shape)
+    per: list[float] = []
+    for foreach in (False, True):  # one operator per parameter (FSDP2's default), then _foreach_ over the lists
+        optimizer = torch.optim.AdamW(params, lr=1e-3, foreach=foreach)
+        optimizer.step()
+        with OpCounter() as counter:
+            optimizer.step()
+        counted = counter.ops
+        rest = _median_seconds(optimizer.step, max(3, reps // 3)) - counted.ops * op
+        if foreach:
+            rest -= counted.dtensor_ops * per[0]
+        per.append(max(0.0, rest) / max(1, counted.dtensor_foreach if foreach else counted.dtensor_ops))
+    return per[0], per[1]
+
+
+def round_trip_seconds(reps: int = 9) -> tuple[float, float]:
+    """(seconds, bytes per second) of a collective between the job's processes, as a step meets it: what an
+    all-reduce of a few numbers adds to the reference step it follows (each process arrives after its own work,
+    as in a training step, not in lock step as back-to-back collectives do), and what 1 MiB more adds to a bare
+    one. Every rank must call it, at the same point."""
+    import torch
+    import torch.distributed as dist
+
+    step = _reference_step()
+    small, large = torch.zeros(16), torch.zeros(1 << 18)
+    step()
+    dist.all_reduce(small)
+    added = []
+    for _ in range(reps):  # in pairs, so that the machine's load drifting between them cancels
+        start = time.perf_counter()
+        step()
+        middle = time.perf_counter()
+        step()
+        dist.all_reduce(small)
+        added.append((time.perf_counter() - middle) - (middle - start))
+    latency = max(0.0, statistics.median(added))
+    bare = _median_seconds(lambda: dist.all_reduce(small), reps)
+    extra = _median_seconds(lambda: dist.all_reduce(large), max(3, reps // 2)) - bare
+    return latency, large.numel() * 4 / extra if extra > 0 else float("inf")
+
+
+def cpu_rates(*, mesh: Any = None, processes: int = 1, save: bool = True) -> CpuRates:
+    """This CPU's rates at this process's thread count with ``processes`` processes of the job on the machine
+    (each of which measures at the same point): the calibration cache's, else measured now (and cached when
+    ``save``). Rates cached without a DTensor cost are measured again when ``mesh`` is given."""
+    import torch
+
+    from convoy.plan.calibrate import device_identity
+
+    name, uuid, version = device_identity("cpu")
+    key = rates_key(torch.get_num_threads(), processes)
+    record = load_calibration(device_name=name, device_uuid=uuid, torch_version=version)
+    cached = CpuRates.from_dict(record.cpu_ops.get(key, {})) if record is not None else None
+    if cached is not None and (mesh is None or cached.dtensor_op_seconds > 0):
+        return cached
+    rates = measure_cpu_rates(mesh=mesh)
+    if save:
+        try:
+            save_calibration(Calibration(device_name=name, device_uuid=uuid, torch_version=version,
+                                         device_type="cpu", cpu_ops={key: rates.as_dict()}))
+        except PlanError:
+            pass  # the rates just measured serve this plan; the next one measures again
+    return rates

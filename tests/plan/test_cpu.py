@@ -1,0 +1,96 @@
+"""The CPU step model (``convoy.plan.cpu``) and what it is fed: the operators counted in a step, the rates measured
+here (``convoy.plan.cpu_measure``)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from convoy.errors import PlanError
+from convoy.plan.calibrate import device_identity
+from convoy.plan.calibration import Calibration, load_calibration, save_calibration
+from convoy.plan.cpu import FSDP_UNIT_OPS, CpuRates, StepOps, cpu_step, rates_key
+from convoy.plan.cpu_measure import OpCounter, cpu_rates, measure_cpu_rates
+
+RATES = CpuRates(op_seconds=10e-6, dtensor_op_seconds=50e-6, dtensor_foreach_seconds=20e-6, gemm_flops_per_s=1e11,
+                 memory_bytes_per_s=1e10, collective_seconds=1e-3, collective_bytes_per_s=1e9)
+
+
+def test_a_step_is_its_operators_at_the_rates_plus_the_pipelines_idle_share():
+    ops = StepOps(ops=100, dtensor_ops=10, dtensor_foreach=50, gemm_flops=2e9, bytes_moved=1e8, collectives=3,
+                  collective_bytes=2e6, fsdp_units=3)
+    step = cpu_step(ops, RATES)
+    assert step.dispatch == pytest.approx((100 + 3 * FSDP_UNIT_OPS) * 10e-6 + 10 * 50e-6 + 50 * 20e-6)
+    assert (step.gemm, step.memory) == (pytest.approx(0.02), pytest.approx(0.01))
+    assert step.collectives == pytest.approx(3e-3 + 2e-3) and step.bubble == 0
+    assert step.seconds == pytest.approx(step.dispatch + step.gemm + step.memory + step.collectives)
+    idle = cpu_step(ops, RATES, bubble=0.25)
+    assert idle.bubble == pytest.approx(0.25 * step.seconds) and idle.seconds == pytest.approx(1.25 * step.seconds)
+
+
+def test_the_counter_sees_every_operator_of_forward_backward_and_the_optimizer_and_the_matmul_flops():
+    model = torch.nn.Linear(16, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 16)
+    with OpCounter() as counter:
+        model(x).sum().backward()
+    forward_backward = counter.ops
+    # addmm forward (4x16 @ 16x8), mm for the weight's gradient (8x4 @ 4x16); the input needs no gradient
+    assert forward_backward.gemm_flops == 2 * 4 * 16 * 8 * 2
+    assert forward_backward.ops >= 5 and forward_backward.collectives == 0 and forward_backward.dtensor_ops == 0
+    with OpCounter() as counter:
+        model(x).sum().backward()
+        optimizer.step()
+    assert counter.ops.ops > forward_backward.ops  # the update is operators too
+    assert counter.ops.bytes_moved >= 4 * (16 * 8 + 8)  # at least the weights read once
+
+
+def test_a_counter_not_stopped_has_no_count_and_stops_once():
+    counter = OpCounter()
+    with pytest.raises(PlanError, match="no operators counted yet"):
+        counter.ops
+    counter.start()
+    assert counter.counting
+    torch.ones(2).add_(1)
+    first = counter.stop()
+    assert not counter.counting and first.ops == 2 and counter.stop() == first
+
+
+def test_rates_are_measured_once_then_read_from_the_cache_by_threads_and_processes(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = cpu_rates(processes=2)
+    assert first.op_seconds > 0 and first.gemm_flops_per_s > 0 and first.memory_bytes_per_s > 0
+    assert first.dtensor_op_seconds == 0 and first.threads == torch.get_num_threads()
+    assert cpu_rates(processes=2) == first  # cached: not measured again
+    name, _, version = device_identity("cpu")
+    record = load_calibration(device_name=name, torch_version=version)
+    assert set(record.cpu_ops) == {rates_key(torch.get_num_threads(), 2)} and not record.has_rates
+    assert cpu_rates(processes=1) != first  # another case of the machine: measured
+
+
+@pytest.mark.parametrize("entry", [{}, {"op_seconds": 0.0, "gemm_flops_per_s": 1.0, "memory_bytes_per_s": 1.0},
+                                   {"op_seconds": "1e-5", "gemm_flops_per_s": 1.0, "memory_bytes_per_s": 1.0},
+                                   {"op_seconds": math.nan, "gemm_flops_per_s": 1.0, "memory_bytes_per_s": 1.0},
+                                   {"op_seconds": 1e-5, "gemm_flops_per_s": 1.0, "memory_bytes_per_s": 1.0,
+                                    "dtensor_op_seconds": -1.0}])
+def test_a_damaged_cache_entry_is_measured_again(entry, tmp_path, monkeypatch):
+    assert CpuRates.from_dict(entry) is None
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    name, uuid, version = device_identity("cpu")
+    key = rates_key(torch.get_num_threads(), 1)
+    save_calibration(Calibration(device_name=name, torch_version=version, device_type="cpu", cpu_ops={key: entry}))
+    assert cpu_rates().op_seconds > 0
+
+
+def test_dtensor_operators_are_costed_on_a_mesh(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        rates = measure_cpu_rates(mesh=init_device_mesh("cpu", (1,)), reps=3)
+    finally:
+        dist.destroy_process_group()
+    assert rates.dtensor_op_seconds > 0 and rates.dtensor_foreach_seconds >= 0
