@@ -354,12 +354,18 @@ def _data_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware,
     block, root = parameter_tensors(model, tp=dims.tp, pp=dims.pp)
     layers = math.ceil((model.num_layers or 0) / dims.pp)
     scale = weights / max(1.0, layers * sum(block) + sum(root)) if model.has_shape else 1.0
-    if engine == "deepspeed" and layout.zero_stage == 3:
-        pieces = [x * scale for x in block] * layers + [x * scale for x in root]
+    sizes: Counter[float] = Counter()  # collectives by size (many share one): each size is priced once
+    if not model.has_shape:
+        sizes[weights] = 1
+    elif engine == "deepspeed" and layout.zero_stage == 3:  # one collective per parameter tensor
+        for x in block:
+            sizes[x * scale] += layers
+        for x in root:
+            sizes[x * scale] += 1
     else:  # FSDP2: one unit per block and the root
-        pieces = [sum(block) * scale] * layers + [sum(root) * scale] if model.has_shape else [weights]
+        sizes[sum(block) * scale] += layers
+        sizes[sum(root) * scale] += 1
     grad_ratio = grads / weights if weights else 0.0
-    sizes = Counter(pieces)  # many tensors share a size: price each size once
     if n > 1:
         shard = _group(hw, max(1, min(n, hw.gpus_per_node // dims.tp)), n)
         for piece, count in sizes.items():
