@@ -56,6 +56,10 @@ class Published:
     precision: str
     """The planner's recipe for what the source ran (``bf16-fsdp``: FSDP with bf16 compute and fp32 shards)."""
     attention: str = "flash"
+    engine: str = "torch"
+    """Whose data-parallel collective schedule the run followed (``convoy.plan.timing.ENGINES``)."""
+    pp_stages_per_rank: int = 1
+    """Virtual pipeline stages per GPU: above 1 the run used Megatron's interleaved 1F1B schedule."""
     step_seconds: float
     derivation: str
     """How ``step_seconds`` follows from what the source prints."""
@@ -69,7 +73,8 @@ class Published:
         d = self.dims
         parts = [f"{'FSDP' if self.zero_stage == 3 else 'ZeRO-1' if self.zero_stage == 1 else 'DP'} {d.dp}"]
         parts += [f"TP {d.tp}"] if d.tp > 1 else []
-        parts += [f"PP {d.pp}"] if d.pp > 1 else []
+        parts += [f"PP {d.pp}" + (f" (interleaved, v {self.pp_stages_per_rank})" if self.pp_stages_per_rank > 1
+                                  else "")] if d.pp > 1 else []
         return " x ".join(parts)
 
 
@@ -85,28 +90,49 @@ def _gpt(params, layers, hidden, heads, vocab, name):
                    name=name)
 
 
+def _megatron_flops(batch, seq, layers, hidden, vocab=51200):
+    """Narayanan et al. 2021, equation (3): 96·B·s·l·h²·(1 + s/6h + V/16lh), recomputation's forward included."""
+    return 96 * batch * seq * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
+
+
+def _megatron_params(layers, hidden, vocab=51200, seq=2048):
+    """The same paper's equation (2): P = 12·l·h²·(1 + 13/12h + (V + s)/12lh)."""
+    return 12 * layers * hidden**2 * (1 + 13 / (12 * hidden) + (vocab + seq) / (12 * layers * hidden))
+
+
+def _table1(key, layers, hidden, heads, tp, pp, gpus, batch, micro, tflops, name, virtual=1):
+    """One row of Narayanan et al. 2021's table 1 (micro-batch sizes from NVIDIA's examples/sc21/run_table_1.sh)."""
+    flops = _megatron_flops(batch, 2048, layers, hidden)
+    dp = gpus // (tp * pp)
+    return Published(key=key, source=_MEGATRON, model=_gpt(_megatron_params(layers, hidden), layers, hidden, heads,
+                                                           51200, name),
+                     hardware=f"{gpus:,} x A100 80GB; {_SELENE}", gpu="A100-80GB", gpus_per_node=8, nodes=gpus // 8,
+                     inter_gbps=1600, dims=ParallelDims(dp_replicate=dp, tp=tp, pp=pp), zero_stage=0, seq=2048,
+                     micro_batch=micro, global_batch=batch, recompute="full", precision="bf16", attention="eager",
+                     pp_stages_per_rank=virtual, step_seconds=flops / (gpus * tflops * 1e12),
+                     derivation=f"Megatron's 96·B·s·l·h²·(1 + s/6h + V/16lh) = {flops:.4g} FLOPs / ({gpus:,} x "
+                                f"{tflops} TFLOP/s)")
+
+
 LLAMA3_8B = _llama(32, 4096, 32, 8, 14336, 128256, "Llama 3.1 8B")
 LLAMA3_70B = _llama(80, 8192, 64, 8, 28672, 128256, "Llama 3 70B")
 LLAMA2_7B = _llama(32, 4096, 32, 32, 11008, 32000, "Llama 2 7B")
 MPT_7B = _gpt(6_658_859_008, 32, 4096, 32, 50368, "MPT-7B")
 MPT_70B = _gpt(64_862_437_376, 80, 8192, 64, 50368, "MPT-70B")
+MPT_13B = _gpt(12_853_954_560, 40, 5120, 40, 50368, "MPT-13B")
+MPT_30B = _gpt(29_975_214_080, 48, 7168, 56, 50368, "MPT-30B")
 
 _TORCHTITAN_H100 = ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Dec 2024)")
 _FOUNDRY = "mosaicml/llm-foundry scripts/train/benchmarking/README.md"
 _MEGATRON = "Narayanan et al. 2021 (arXiv:2104.04473), table 1"
 _SELENE = "DGX A100 80GB, NVSwitch, 8 x 200 Gbit/s HDR InfiniBand per node"
 
-RESULTS: tuple[Published, ...] = (
+_ROWS: tuple[Published, ...] = (
     Published(key="T1", source=f"{_TORCHTITAN_H100}, table 1", model=LLAMA3_8B,
-              hardware="8 x H100 96GB HBM2e (500 W), NVLink", gpu="H100-80GB", gpus_per_node=8, nodes=1,
+              hardware="8 x H100 96GB HBM2e (500 W), NVLink", gpu="H100-96GB-500W", gpus_per_node=8, nodes=1,
               inter_gbps=3200, dims=ParallelDims(dp_shard=8), zero_stage=3, seq=8192, micro_batch=2,
               global_batch=16, recompute="selective", precision="bf16-fsdp", step_seconds=16 * 8192 / (5762 * 8),
-              derivation="16 x 8192 tokens / (5,762 tokens/s/GPU x 8)", memory_gib=82.4,
-              deviation="memory: torchtitan's selective checkpointing is per op and keeps every other matmul's "
-                        "output and the attention's; convoy's selective (what its trainer runs) keeps every "
-                        "matmul's, 94.2 GiB planned, and full recomputation plans 45.9 GiB: the published 82.4 GiB "
-                        "lies between, nearer the former. Time: the source's boards are HBM2e H100s capped at "
-                        "500 W, slower than the SXM5 board the profile measured, as the source says"),
+              derivation="16 x 8192 tokens / (5,762 tokens/s/GPU x 8)", memory_gib=82.4),
     Published(key="T3", source="pytorch/torchtitan docs/performance.md (Llama 3, 64 A100)", model=LLAMA3_8B,
               hardware="64 x A100 80GB (links not stated)", gpu="A100-80GB", gpus_per_node=8, nodes=8,
               inter_gbps=1600, dims=ParallelDims(dp_shard=64), zero_stage=3, seq=8192, micro_batch=1,
@@ -159,37 +185,133 @@ RESULTS: tuple[Published, ...] = (
               hardware=f"1,536 x A100 80GB; {_SELENE}", gpu="A100-80GB", gpus_per_node=8, nodes=192,
               inter_gbps=1600, dims=ParallelDims(dp_replicate=24, tp=8, pp=8), zero_stage=0, seq=2048,
               micro_batch=2, global_batch=2304, recompute="full", precision="bf16", attention="eager",
-              step_seconds=5.6417e18 / (1536 * 148e12),
-              derivation="5.642e18 FLOPs / (1,536 x 148 TFLOP/s)",
-              deviation="interleaved schedule (2 virtual stages per GPU) halves the bubble the planner costs "
-                        "for plain 1F1B: (p-1)/m = 15 % planned, 7 % run"),
+              pp_stages_per_rank=2, step_seconds=5.6417e18 / (1536 * 148e12),
+              derivation="5.642e18 FLOPs / (1,536 x 148 TFLOP/s)"),
     Published(key="Z1", source=f"{_MEGATRON[:-9]}, table 2 (ZeRO-3 without model parallelism)",
               model=_gpt(174.6e9, 96, 12288, 96, 51200, "GPT-3 175B"), hardware=f"384 x A100 80GB; {_SELENE}",
               gpu="A100-80GB", gpus_per_node=8, nodes=48, inter_gbps=1600, dims=ParallelDims(dp_shard=384),
-              zero_stage=3, seq=2048, micro_batch=4, global_batch=1536, recompute="full", precision="bf16",
+              engine="deepspeed", zero_stage=3, seq=2048, micro_batch=4, global_batch=1536, recompute="full", precision="bf16",
               attention="eager", step_seconds=4.5110e18 / (384 * 144e12),
               derivation="4.511e18 FLOPs / (384 x 144 TFLOP/s)"),
     Published(key="Z1b", source=f"{_MEGATRON[:-9]}, table 2 (ZeRO-3 without model parallelism)",
               model=_gpt(174.6e9, 96, 12288, 96, 51200, "GPT-3 175B"), hardware=f"1,536 x A100 80GB; {_SELENE}",
               gpu="A100-80GB", gpus_per_node=8, nodes=192, inter_gbps=1600, dims=ParallelDims(dp_shard=1536),
-              zero_stage=3, seq=2048, micro_batch=1, global_batch=1536, recompute="full", precision="bf16",
+              engine="deepspeed", zero_stage=3, seq=2048, micro_batch=1, global_batch=1536, recompute="full", precision="bf16",
               attention="eager", step_seconds=4.5110e18 / (1536 * 44e12),
-              derivation="4.511e18 FLOPs / (1,536 x 44 TFLOP/s)",
-              deviation="at one sequence per GPU every one of the 1,536 ranks gathers the whole 175B model twice "
-                        "for 2,048 tokens of work; the source's ZeRO-3 (DeepSpeed, 2021: a collective per "
-                        "parameter over rings of 1,536 ranks) reached 44 TFLOP/s per GPU, where the planner costs "
-                        "the gathers at the nodes' 1,600 Gbit/s, hidden behind the compute by prefetching, with a "
-                        "fixed latency per collective that does not grow with the ring's length. The same source "
-                        "runs the same model at 1,536 GPUs with DP x TP x PP in 20.8 s (141 TFLOP/s); the "
-                        "planner rates ZeRO-3 there too fast"),
+              derivation="4.511e18 FLOPs / (1,536 x 44 TFLOP/s)"),
     Published(key="S1", source="bigscience-workshop/bigscience train/tr11-176B-ml/README.md (BLOOM, 2022), log "
               "line at iteration 85376", model=_gpt(176e9, 70, 14336, 112, 250880, "BLOOM 176B"),
               hardware="384 x A100 80GB, NVLink, 4 Omni-Path links (100 Gbit/s each) per node", gpu="A100-80GB",
               gpus_per_node=8, nodes=48, inter_gbps=400, dims=ParallelDims(dp_replicate=8, tp=4, pp=12),
-              zero_stage=1, seq=2048, micro_batch=2, global_batch=2048, recompute="full", precision="bf16",
-              step_seconds=104.70, derivation="logged: elapsed time per iteration 104.70 s"),
+              engine="deepspeed", zero_stage=1, seq=2048, micro_batch=2, global_batch=2048, recompute="full",
+              precision="bf16", attention="eager", step_seconds=104.70,
+              derivation="logged: elapsed time per iteration 104.70 s"),
+    Published(key="T2", source=f"{_TORCHTITAN_H100}, table 3", model=LLAMA3_8B,
+              hardware="128 x H100 96GB HBM2e (500 W), NVLink, 400 Gbit/s RDMA per GPU", gpu="H100-96GB-500W",
+              gpus_per_node=8, nodes=16, inter_gbps=3200, dims=ParallelDims(dp_shard=128), zero_stage=3, seq=8192,
+              micro_batch=2, global_batch=256, recompute="selective", precision="bf16-fsdp",
+              step_seconds=2 * 8192 / 5605, derivation="2 x 8192 tokens per GPU / 5,605 tokens/s/GPU", memory_gib=67.0),
+    Published(key="F4", source=f"{_FOUNDRY}, A100 80GB table", model=MPT_13B,
+              hardware="8 x A100 80GB (links not stated)", gpu="A100-80GB", gpus_per_node=8, nodes=1,
+              inter_gbps=1600, dims=ParallelDims(dp_shard=8), zero_stage=3, seq=2048, micro_batch=2,
+              global_batch=48, recompute="none", precision="bf16-fsdp", step_seconds=48 * 2048 / 18097,
+              derivation="48 x 2048 tokens / 18,097 tokens/s"),
+    Published(key="F5", source=f"{_FOUNDRY}, A100 80GB table", model=MPT_30B,
+              hardware="8 x A100 80GB (links not stated)", gpu="A100-80GB", gpus_per_node=8, nodes=1,
+              inter_gbps=1600, dims=ParallelDims(dp_shard=8), zero_stage=3, seq=2048, micro_batch=3,
+              global_batch=504, recompute="full", precision="bf16-fsdp", step_seconds=504 * 2048 / 7330,
+              derivation="504 x 2048 tokens / 7,330 tokens/s"),
+    Published(key="F6", source=f"{_FOUNDRY}, H100 80GB table", model=MPT_13B,
+              hardware="64 x H100 80GB (links not stated)", gpu="H100-80GB", gpus_per_node=8, nodes=8,
+              inter_gbps=3200, dims=ParallelDims(dp_shard=64), zero_stage=3, seq=2048, micro_batch=2,
+              global_batch=128, recompute="none", precision="bf16-fsdp", step_seconds=128 * 2048 / 307209,
+              derivation="128 x 2048 tokens / 307,209 tokens/s"),
+    Published(key="F7", source=f"{_FOUNDRY}, H100 80GB table", model=MPT_30B,
+              hardware="32 x H100 80GB (links not stated)", gpu="H100-80GB", gpus_per_node=8, nodes=4,
+              inter_gbps=3200, dims=ParallelDims(dp_shard=32), zero_stage=3, seq=2048, micro_batch=14,
+              global_batch=1344, recompute="full", precision="bf16-fsdp", step_seconds=1344 * 2048 / 73860,
+              derivation="1,344 x 2048 tokens / 73,860 tokens/s"),
+    Published(key="F8", source=f"{_FOUNDRY}, H100 80GB table", model=MPT_70B,
+              hardware="64 x H100 80GB (links not stated)", gpu="H100-80GB", gpus_per_node=8, nodes=8,
+              inter_gbps=3200, dims=ParallelDims(dp_shard=64), zero_stage=3, seq=2048, micro_batch=8,
+              global_batch=2048, recompute="full", precision="bf16-fsdp", step_seconds=2048 * 2048 / 66523,
+              derivation="2,048 x 2048 tokens / 66,523 tokens/s"),
+    Published(key="F9", source=f"{_FOUNDRY}, A100 40GB table", model=MPT_7B,
+              hardware="128 x A100 40GB, 1,600 Gbit/s RoCE between nodes", gpu="A100-40GB", gpus_per_node=8,
+              nodes=16, inter_gbps=1600, dims=ParallelDims(dp_shard=128), zero_stage=3, seq=2048, micro_batch=18,
+              global_batch=2304, recompute="full", precision="bf16", step_seconds=2304 * 2048 / 463749,
+              derivation="2,304 x 2048 tokens / 463,749 tokens/s (pure bf16)"),
+    _table1("M1b", 30, 3072, 32, 2, 1, 64, 512, 16, 138, "GPT 3.6B"),
+    _table1("M1c", 36, 4096, 32, 4, 1, 128, 512, 16, 142, "GPT 7.5B"),
+    _table1("M3b", 60, 10240, 80, 8, 4, 1024, 1792, 2, 140, "GPT 76.1B", virtual=3),
+    _table1("M5", 96, 16384, 128, 8, 16, 1920, 2160, 1, 155, "GPT 310.1B", virtual=2),
+    _table1("M6", 105, 20480, 128, 8, 35, 2520, 2520, 1, 163, "GPT 529.6B", virtual=3),
+    _table1("M7", 128, 25600, 160, 8, 64, 3072, 3072, 1, 163, "GPT 1T"),
+    Published(key="P1", source=f"{_MEGATRON[:-9]}, table 2 (PTD parallelism)",
+              model=_gpt(174.6e9, 96, 12288, 96, 51200, "GPT-3 175B"), hardware=f"1,536 x A100 80GB; {_SELENE}",
+              gpu="A100-80GB", gpus_per_node=8, nodes=192, inter_gbps=1600,
+              dims=ParallelDims(dp_replicate=16, tp=8, pp=12), zero_stage=0, seq=2048, micro_batch=1,
+              global_batch=1536, recompute="full", precision="bf16", attention="eager",
+              step_seconds=_megatron_flops(1536, 2048, 96, 12288) / (1536 * 141e12),
+              derivation="Megatron's formula: 4.511e18 FLOPs / (1,536 x 141 TFLOP/s)"),
+    Published(key="P1b", source=f"{_MEGATRON[:-9]}, table 2 (PTD parallelism)",
+              model=_gpt(174.6e9, 96, 12288, 96, 51200, "GPT-3 175B"), hardware=f"384 x A100 80GB; {_SELENE}",
+              gpu="A100-80GB", gpus_per_node=8, nodes=48, inter_gbps=1600,
+              dims=ParallelDims(dp_replicate=4, tp=8, pp=12), zero_stage=0, seq=2048, micro_batch=1,
+              global_batch=1536, recompute="full", precision="bf16", attention="eager",
+              step_seconds=_megatron_flops(1536, 2048, 96, 12288) / (384 * 153e12),
+              derivation="Megatron's formula: 4.511e18 FLOPs / (384 x 153 TFLOP/s)"),
 )
 
+
+_MEGATRON_FAST = ("as the Megatron rows with tensor parallelism 8 are (0.83-0.88x; TP 4 0.93x, TP 2 0.98x, DP alone "
+                  "1.04x): the paper's 2021 stack (PyTorch 1.8, cuBLAS 11) reached 43-52 % of the A100's peak end to "
+                  "end, where the model's GEMMs take MAMF's 2025 cuBLAS measurement (86.9 %) and its tensor-parallel "
+                  "all-reduces NCCL 2.19's model; neither is a measurement of the paper's own stack")
+_PER_OP_SAC = ("torchtitan's selective checkpointing is per op: it keeps every other matmul's output and the "
+               "attention's and recomputes the rest (its _save_list policy), so half of each block's forward matmuls "
+               "run again; convoy's selective (what its trainer runs) keeps every matmul's output and recomputes no "
+               "matmul, so about a sixth of the block GEMMs' time is uncharged and more is kept")
+
+#: what the planner does not model about a row (shown under the table); required where it is > 25 % off, given
+#: for every row more than 10 % off
+DEVIATIONS = {
+    "T1": f"time: {_PER_OP_SAC}. Memory: for the same reason the plan keeps more (92.9 GiB; full recomputation plans "
+          "45.9 GiB) than the published 82.4 GiB (torchtitan prints max_memory_reserved). The board is planned as the "
+          "500 W HBM2e H100 it is (1,636 MHz by the f^3 law, 2.4 TB/s), not the SXM5 profile (0.76x before)",
+    "T2": f"time and memory as T1: {_PER_OP_SAC}",
+    "T3": f"time: {_PER_OP_SAC}",
+    "I1": "HSDP over 16 nodes of 400 Gbit/s: the plan hides 1.27 s of collectives (NCCL's model) behind 1.84 s of "
+          "compute; what that overlap costs the compute (NCCL's kernels hold SMs and memory bandwidth while they run) "
+          "is not modeled",
+    "F6": "MPT-13B at one micro-batch of 2 per step on 64 H100s: the plan hides its FSDP traffic (0.30 s over 8 nodes) "
+          "behind 0.63 s of compute; Composer's FSDP (FSDP1, limit_all_gathers) exposes each step's first gather and "
+          "last reduce-scatter and throttles its prefetch, which the overlap model does not",
+    "M2": f"planned 12 % fast, {_MEGATRON_FAST}",
+    "M3": f"planned 12 % fast, {_MEGATRON_FAST}",
+    "M3b": f"planned 17 % fast, {_MEGATRON_FAST}. Planned with its interleaved schedule (3 virtual stages per GPU, "
+           "bubble (p-1)/(v m) = 4 %)",
+    "M4": f"planned 14 % fast, {_MEGATRON_FAST}. Planned with its interleaved schedule (2 virtual stages per GPU)",
+    "M5": f"planned 14 % fast, {_MEGATRON_FAST}. Planned with its interleaved schedule (2 virtual stages per GPU)",
+    "M6": f"planned 16 % fast, {_MEGATRON_FAST}. Planned with its interleaved schedule (3 virtual stages per GPU)",
+    "M7": f"planned 13 % fast, {_MEGATRON_FAST}",
+    "Z1": "planned 0.65x: at micro-batch 4 the plan is compute-bound at 73 % of the A100's peak (the 175B model's "
+          "unsplit GEMMs reach MAMF's 86.9 %) where the source's ZeRO-3 ran at 46 % and the same paper's best PTD-P "
+          "run at 52 %: against 2021's software the planner's A100 compute is optimistic most for the largest "
+          "GEMMs; DeepSpeed's per-parameter gathers (8.0 s priced by NCCL's model) are taken as hidden behind it",
+    "Z1b": "planned 0.23x: DeepSpeed's one collective per parameter tensor over rings of 1,536 ranks is priced by "
+           "NCCL's model (14.1 s per step, about 1.9 ms per small tensor's gather) and mostly hidden behind 13.2 s "
+           "of compute. The source measured 66.7 s here and 66.7 s on 768 GPUs, where each GPU did twice the work: "
+           "a fixed cost of about 60 s per step that neither the bytes (5.3 s at the nodes' 1,600 Gbit/s) nor "
+           "NCCL's latency model reach; some cost per rank and collective of DeepSpeed's 2021 ZeRO-3 (its gather "
+           "into a list of per-rank tensors is one candidate, not measured here) is missing. The same model at the "
+           "same scale with DP x TP x PP (row P1) is planned within 10 %",
+}
+_ORDER = ("T1", "T2", "T3", "T3b", "F1", "F2", "F3", "F4", "F5", "F6", "F7", "F8", "F9", "I1", "M1", "M1b", "M1c",
+          "M2", "M3", "M3b", "M4", "M5", "M6", "M7", "P1b", "P1", "S1", "Z1", "Z1b")
+RESULTS: tuple[Published, ...] = tuple(
+    replace(row, deviation=DEVIATIONS.get(row.key, row.deviation))
+    for row in sorted(_ROWS, key=lambda r: _ORDER.index(r.key)))
 
 def hardware(row: Published) -> Hardware:
     return Hardware(gpu=lookup_gpu(row.gpu), gpus_per_node=row.gpus_per_node, nodes=row.nodes,
@@ -201,8 +323,10 @@ def planned(row: Published) -> tuple[float, float]:
     run = RunSpec(seq_len=row.seq, micro_batch=row.micro_batch, precision=row.precision, recompute=row.recompute,
                   attention=row.attention)
     m = row.global_batch // (row.micro_batch * row.dims.dp)
-    layout = Layout(dims=row.dims, zero_stage=row.zero_stage, microbatches=m)
-    t = step_time(row.model, run, layout, hardware(row), global_batch=row.global_batch)
+    schedule = "interleaved_1f1b" if row.pp_stages_per_rank > 1 else "1f1b"
+    layout = Layout(dims=row.dims, zero_stage=row.zero_stage, microbatches=m, pp_schedule=schedule,
+                    pp_stages_per_rank=row.pp_stages_per_rank)
+    t = step_time(row.model, run, layout, hardware(row), global_batch=row.global_batch, engine=row.engine)
     return t.seconds, memory_per_gpu(row.model, run, layout).total / 2**30
 
 
@@ -232,11 +356,27 @@ def table() -> str:
     return "\n".join(lines)
 
 
+def deviations() -> str:
+    """The list under the table: what the planner does not model, row by row."""
+    return "\n".join(f"- {row.key}: {row.deviation}." for row in RESULTS if row.deviation)
+
+
+def summary() -> str:
+    """One sentence: how many rows are within 10 % and 25 % of their published step time."""
+    ratios = [planned(row)[0] / row.step_seconds for row in RESULTS]
+    ten = sum(abs(r - 1) <= 0.10 for r in ratios)
+    quarter = sum(abs(r - 1) <= TARGET for r in ratios)
+    return (f"Of the {len(RESULTS)} 16-bit runs, {quarter} are planned within 25 % of their published step time and "
+            f"{ten} within 10 % (ratios {min(ratios):.2f}-{max(ratios):.2f}x, median "
+            f"{sorted(ratios)[len(ratios) // 2]:.2f}x).")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when an unexplained row is off by > 25 %")
     args = parser.parse_args(argv)
     print(table())
+    print("\nWhat the planner does not model, row by row:\n" + deviations() + "\n\n" + summary())
     if args.check:
         off = [row.key for row in RESULTS if not (within(row) and memory_within(row)) and not row.deviation]
         if off:

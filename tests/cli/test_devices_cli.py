@@ -254,3 +254,16 @@ def test_flag_snapshots():
     assert _flags("select") == sorted(["--debug", "--help", "-h", "--format", "--explain", *filters])
     assert _flags("run") == sorted(["--debug", "--help", "-h", "--devices", "--wait", "--no-lease", "--explain",
                                     *filters])
+
+
+def test_devices_names_the_planner_row_each_board_matched(inventory_path):
+    """``convoy devices`` ends with the board-table row each device name matched (what ``convoy plan`` assumes of
+    it), or says that no row did."""
+    from convoy.cli.devices import planner_rows
+    from convoy.devices.inventory import load_inventory
+
+    lines = planner_rows(load_inventory(inventory_path("4_mixed_pcie")).devices)
+    assert "planner: Tesla T4 is the T4 (40 SMs, 1590 MHz under 70 W, 320 GB/s) row" in lines
+    assert any(line.startswith("planner: NVIDIA RTX A4000 has no row") for line in lines)
+    assert planner_rows(load_inventory(inventory_path("gaudi2")).devices) == [
+        "planner: HL-225 is the Gaudi2 (2 MMEs, 1650 MHz under 600 W, 2460 GB/s) row"]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from convoy.errors import PlanError
+from convoy.plan.architectures import ARCHITECTURES
 from convoy.plan.hardware import GPUS, Hardware, hardware_from_inventory, lookup_gpu, parse_hardware
 from convoy.plan.units import GB, MiB
 
@@ -15,7 +16,11 @@ from convoy.plan.units import GB, MiB
 def test_every_row_has_a_source_and_sane_numbers():
     for gpu in GPUS.values():
         assert gpu.source and gpu.memory_bytes > 8 * GB
-        assert gpu.fp16_tflops >= gpu.fp32_tflops > 0
+        assert gpu.fp32_tflops is None or gpu.fp16_tflops >= gpu.fp32_tflops > 0
+        assert gpu.arch in ARCHITECTURES, gpu.name
+        if gpu.units is not None:  # the physics the compute model needs: units, clocks, power
+            assert gpu.clock_mhz and gpu.power_w and (gpu.boost_mhz is None or gpu.boost_mhz >= gpu.clock_mhz)
+            assert 0 < gpu.power_limited_mhz <= gpu.clock_mhz
         assert gpu.pcie_gbs in (16, 32, 64)
         # memory bandwidth: GDDR (an L4's 300 GB/s) to HBM3 (an MI300X's 5.3 TB/s), never the host link's
         assert 300 <= gpu.memory_gbs <= 8000 and gpu.memory_gbs > 4 * gpu.pcie_gbs
@@ -36,13 +41,20 @@ def _documented_rows() -> dict[str, list[str]]:
 def test_the_documented_table_is_the_code_table():
     rows = _documented_rows()
     assert set(rows) == {gpu.name for gpu in GPUS.values()}
+    def number(cell):
+        return None if cell == "–" else float(cell)
+
     for gpu in GPUS.values():
-        memory, bf16, fp16, fp32, nvlink, pcie, bandwidth = rows[gpu.name]
+        memory, bf16, fp16, fp32, nvlink, pcie, bandwidth, units, boost, peak, limited, power = rows[gpu.name]
         assert int(memory) == gpu.memory_bytes // MiB, gpu.name
-        assert (float(bf16) if bf16 != "–" else None) == pytest.approx(gpu.bf16_tflops, abs=0.1), gpu.name
-        assert (float(fp16), float(fp32)) == pytest.approx((gpu.fp16_tflops, gpu.fp32_tflops), abs=0.1), gpu.name
-        assert (float(nvlink) if nvlink != "–" else None) == gpu.nvlink_gbs, gpu.name
+        assert number(bf16) == pytest.approx(gpu.bf16_tflops, abs=0.1), gpu.name
+        assert number(fp16) == pytest.approx(gpu.fp16_tflops, abs=0.1), gpu.name
+        assert number(fp32) == pytest.approx(gpu.fp32_tflops, abs=0.1), gpu.name
+        assert number(nvlink) == gpu.nvlink_gbs, gpu.name
         assert (float(pcie), float(bandwidth)) == (gpu.pcie_gbs, gpu.memory_gbs), gpu.name
+        assert number(units.split()[0]) == gpu.units, gpu.name
+        assert (number(boost), number(peak), number(power)) == (gpu.boost_mhz, gpu.clock_mhz, gpu.power_w), gpu.name
+        assert number(limited) == (round(gpu.power_limited_mhz) if gpu.power_limited_mhz else None), gpu.name
 
 
 def test_parse_hardware_and_links():
@@ -80,7 +92,8 @@ def test_nvml_names_find_their_rows():
     names = {"NVIDIA A100 80GB PCIe": "A100-PCIE-80GB", "NVIDIA A100-PCIE-40GB": "A100-PCIE-40GB",
              "A100-SXM-80GB": "A100-80GB", "NVIDIA A100-SXM4-40GB": "A100-40GB", "NVIDIA H100 PCIe": "H100-PCIE",
              "NVIDIA L4": "L4", "NVIDIA L40S": "L40S", "NVIDIA A10": "A10", "NVIDIA H200": "H200-141GB",
-             "NVIDIA H100 NVL": "H100-NVL", "NVIDIA A10G": "A10G"}
+             "NVIDIA H100 NVL": "H100-NVL", "NVIDIA A10G": "A10G", "NVIDIA B200": "B200",
+             "AMD Instinct MI250X": "MI250X", "HL-225": "Gaudi2", "HL-325L": "Gaudi3"}
     assert {name: lookup_gpu(name).name for name in names} == names
     assert lookup_gpu("NVIDIA A100 80GB PCIe").nvlink_gbs is None and lookup_gpu("A100-80GB").nvlink_gbs == 300
     for unknown in ("NVIDIA L40", "NVIDIA GH200 480GB"):  # once read as an L4 and an H200

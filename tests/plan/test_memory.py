@@ -169,3 +169,20 @@ def test_offload_never_needs_more_gpu_memory_than_the_same_layout_on_the_gpu(par
     assert pairs
     for off, on in pairs:
         assert off.memory.total <= on.memory.total, (off.name, off.memory.total, on.memory.total)
+
+
+def test_the_fragmentation_allowance_is_what_the_h100_runs_measured():
+    """The reserve's fragmentation term comes from the 18 H100 cases of benchmarks/planner_accuracy.py
+    (max_memory_reserved over max_memory_allocated): the fit charges their lower quartile, and the expected
+    reserved figure is their median."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    from convoy.plan.memory import FRAGMENTATION, RESERVED_OVER_ALLOCATED
+
+    cases = json.loads((Path(__file__).parent / "data" / "h100_measured.json").read_text())["reserve"]
+    gaps = [c["reserved_gb"] / c["allocated_gb"] - 1 for c in cases]
+    assert len(gaps) == 18 and min(gaps) > 0.02
+    assert FRAGMENTATION == pytest.approx(statistics.quantiles(gaps, n=4)[0], abs=0.002)
+    assert RESERVED_OVER_ALLOCATED == pytest.approx(1 + statistics.median(gaps), abs=0.002)

@@ -19,7 +19,8 @@ _spec.loader.exec_module(published)
 
 def test_the_documented_table_is_what_the_planner_gives():
     doc = (REPO / "docs" / "planner-accuracy.md").read_text()
-    assert published.table() in doc, "rerun: python benchmarks/published_results.py, and paste its table"
+    for part in (published.table(), published.deviations(), published.summary()):
+        assert part in doc, "rerun: python benchmarks/published_results.py, and paste its output"
 
 
 def test_the_table_covers_the_layouts_users_choose_between():
@@ -29,6 +30,18 @@ def test_the_table_covers_the_layouts_users_choose_between():
              for r in rows}
     assert {"fsdp", "dp", "dp+tp", "dp+tp+pp"} <= kinds, kinds
     assert any(r.memory_gib for r in rows) and {r.gpu for r in rows} >= {"A100-80GB", "H100-80GB"}
+    assert len(rows) >= 24 and len({r.key for r in rows}) == len(rows)
+    assert any(r.dims.dp_replicate > 1 and r.dims.dp_shard > 1 for r in rows)  # HSDP
+    assert any(r.zero_stage == 1 and r.dims.tp > 1 for r in rows)  # ZeRO-1 x TP
+    assert max(r.gpus_per_node * r.nodes for r in rows if r.dims.pp > 1) >= 2048  # DP x TP x PP at thousands
+
+
+def test_most_runs_are_planned_within_10_percent_and_the_rest_say_why():
+    """Every row more than 10 % off carries what the planner does not model about it."""
+    for row in published.RESULTS:
+        seconds, _ = published.planned(row)
+        if abs(seconds / row.step_seconds - 1) > 0.10:
+            assert len(row.deviation) > 80, row.key
 
 
 @pytest.mark.parametrize("row", published.RESULTS, ids=lambda r: r.key)

@@ -13,8 +13,10 @@ from convoy.plan.hardware import Hardware, lookup_gpu, parse_hardware
 from convoy.plan.memory import Layout, RunSpec
 from convoy.plan.model import ModelSpec, from_numbers
 from convoy.plan.rates import rates_for
-from convoy.plan.timing import (COLLECTIVE_LATENCY_S, DDP_BUCKET_BYTES, compute_seconds, gemm_shapes,
-                                 model_flops_per_token, ring_all_reduce_seconds, ring_gather_seconds, step_time)
+from convoy.plan.collectives import Group, collective_seconds
+from convoy.plan.timing import (DDP_BUCKET_BYTES, NCCL_LINK_FRACTION, compute_seconds, gemm_shapes,
+                                 model_flops_per_token, parameter_tensors, ring_all_reduce_seconds,
+                                 ring_gather_seconds, step_time)
 from tests.conftest import REPO
 
 MODEL = from_numbers(7e9, layers=32, hidden=4096, heads=32, vocab=32000)
@@ -142,10 +144,12 @@ def test_bubble_overlap_and_slow_links_cost_time():
     assert ddp.exposed_dp == pytest.approx(max(0.0, ddp.dp_comm - ddp.compute * 2 / 3))
     slow = step_time(MODEL, run, Layout(dims=ParallelDims(dp_replicate=8)), parse_hardware("8xH100-80GB", intra="pcie"),
                      global_batch=8)
-    # one all-reduce per 25 MiB DDP bucket, each with the link's latency; the bytes at the link's bandwidth
+    # one all-reduce per 25 MiB DDP bucket, each priced by NCCL's model on the link at NCCL's figure for it
     buckets = math.ceil(2 * 7e9 / DDP_BUCKET_BYTES)
-    nvlink, pcie = COLLECTIVE_LATENCY_S["nvlink"], COLLECTIVE_LATENCY_S["pcie"]
-    assert slow.dp_comm - buckets * pcie == pytest.approx((ddp.dp_comm - buckets * nvlink) * 450 / 64)
+    for t, link, bus in ((ddp, "nvlink", 450e9 * NCCL_LINK_FRACTION["nvlink"]),
+                         (slow, "pcie", 64e9 * NCCL_LINK_FRACTION["pcie"])):
+        group = Group(ranks=8, nodes=1, bus_bytes_per_s=bus, link=link)
+        assert t.dp_comm == pytest.approx(buckets * collective_seconds("all_reduce", 2 * 7e9 / buckets, group))
     assert slow.seconds > ddp.seconds
     z3 = step_time(MODEL, run, Layout(dims=ParallelDims(dp_shard=8), zero_stage=3), hw, global_batch=8)
     assert z3.comm_bytes == pytest.approx(ddp.comm_bytes * 1.5)  # ZeRO-3: 1.5x the all-reduce volume
@@ -154,11 +158,37 @@ def test_bubble_overlap_and_slow_links_cost_time():
 
 
 def test_multi_node_shares_the_nics():
+    """A data-parallel ring across nodes gets its share of the node's NICs: an eighth of the network is slower by
+    8x on the bytes, the per-collective latency (which grows with the ring) unchanged."""
     run = RunSpec(seq_len=2048, micro_batch=1)
     one = parse_hardware("8xH100-80GB", nodes=2, inter_gbps=3200)
     thin = parse_hardware("8xH100-80GB", nodes=2, inter_gbps=400)
     layout = Layout(dims=ParallelDims(dp_replicate=16))
     fast = step_time(MODEL, run, layout, one, global_batch=16)
     slow = step_time(MODEL, run, layout, thin, global_batch=16)
-    latency = math.ceil(2 * 7e9 / DDP_BUCKET_BYTES) * COLLECTIVE_LATENCY_S["inter"]
-    assert slow.dp_comm - latency == pytest.approx((fast.dp_comm - latency) * 8)
+    buckets = math.ceil(2 * 7e9 / DDP_BUCKET_BYTES)
+    for t, gbps in ((fast, 3200), (slow, 400)):
+        group = Group(ranks=16, nodes=2, bus_bytes_per_s=gbps / 8 * 1e9 * NCCL_LINK_FRACTION["net"], link="nvlink")
+        assert t.dp_comm == pytest.approx(buckets * collective_seconds("all_reduce", 2 * 7e9 / buckets, group))
+    assert 4 < slow.dp_comm / fast.dp_comm < 8
+
+
+def test_zero3_over_many_ranks_pays_for_its_ring_and_its_collective_count():
+    """ZeRO-3 of GPT-3 175B over 1,536 A100s at one sequence per GPU (Narayanan et al. 2021, table 2): a ring of 1,536
+    ranks costs milliseconds per collective, and DeepSpeed's one collective per parameter tensor costs far more than
+    FSDP2's one per block; at 8 ranks the same schedules are close."""
+    gpt3 = from_numbers(174.6e9, layers=96, hidden=12288, heads=96, vocab=51200, ffn=4 * 12288)
+    run = RunSpec(seq_len=2048, micro_batch=1, precision="bf16", recompute="full")
+    big = Hardware(gpu=lookup_gpu("A100-80GB"), gpus_per_node=8, nodes=192, inter_gbps=1600)
+    layout = Layout(dims=ParallelDims(dp_shard=1536), zero_stage=3)
+    unit = step_time(gpt3, run, layout, big, global_batch=1536)
+    parameter = step_time(gpt3, run, layout, big, global_batch=1536, engine="deepspeed")
+    blocks, root = parameter_tensors(gpt3)
+    assert len(blocks) == 12 and len(root) == 3  # 4 GEMM weights and biases, 2 LayerNorms; embedding, head, norm
+    assert parameter.dp_comm > unit.dp_comm + 3 * 96 * 8 * 1e-3  # >= 1 ms per small tensor's collective
+    small = Hardware(gpu=lookup_gpu("A100-80GB"), gpus_per_node=8)
+    tiny = Layout(dims=ParallelDims(dp_shard=8), zero_stage=3)
+    assert step_time(gpt3, run, tiny, small, global_batch=8, engine="deepspeed").dp_comm == pytest.approx(
+        step_time(gpt3, run, tiny, small, global_batch=8).dp_comm, rel=0.05)
+    with pytest.raises(ValueError, match="engine"):
+        step_time(gpt3, run, layout, big, global_batch=1536, engine="megatron")

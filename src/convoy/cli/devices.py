@@ -1,6 +1,7 @@
 """``convoy devices``: this machine's accelerators (or an inventory file's), as a table or JSON.
 
-    convoy devices                    # index, name, memory, utilisation, processes, NVLink/xGMI island, state
+    convoy devices                    # index, name, memory, utilisation, processes, NVLink/xGMI island, state, and the
+                                      # planner's board row each name matched
     convoy devices --json > box.json  # the inventory format; replay with CONVOY_INVENTORY=box.json
 
 Calls ``convoy.devices.discovery.discover``; never imports torch and never starts a CUDA context.
@@ -82,11 +83,27 @@ def render_table(inventory, env) -> str:
                 rows.append(_row(unit, "", held, rank_of, prefix, vendor, mig=True))
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    footer = [f"source: {inventory.source}"]
+    footer = [f"source: {inventory.source}"] + planner_rows(inventory.devices)
     footer += [f"{name}={value!r} is set: AS shows the {prefix} index each device gets under it"
                for name, value in view.masks]
     footer += list(view.notes)
     return "\n".join(lines + footer)
+
+
+def planner_rows(devices: Sequence) -> list[str]:
+    """One line per board name: the planner's table row it matched (``convoy.plan.hardware``), what that row assumes
+    of the board, or that no row matched (then ``convoy plan`` needs --gpu-memory-gib and --peak-tflops)."""
+    from convoy.errors import PlanError
+    from convoy.plan.hardware import lookup_gpu
+
+    lines = []
+    for name in dict.fromkeys(d.name for d in devices):
+        try:
+            lines.append(f"planner: {name} is the {lookup_gpu(name).describe()} row")
+        except PlanError:
+            lines.append(f"planner: {name} has no row in the board table; convoy plan needs --gpu-memory-gib and "
+                         "--peak-tflops for it")
+    return lines
 
 
 def _row(device, link: str, held, rank_of, prefix: str, vendor: str, *, mig: bool = False) -> tuple[str, ...]:

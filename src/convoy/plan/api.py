@@ -29,7 +29,7 @@ from convoy.plan.candidates import STRATEGY_NAMES, Candidate, TrainerFacts, enum
 from convoy.plan.commands import accelerator_call, launch_args, launch_command
 from convoy.plan.hardware import GpuSpec, Hardware, hardware_from_inventory, lookup_gpu, parse_hardware
 from convoy.plan.knobs import KNOBS, turn_knobs
-from convoy.plan.memory import Layout, MemoryBreakdown, RunSpec, memory_per_gpu
+from convoy.plan.memory import FRAGMENTATION, Layout, MemoryBreakdown, RunSpec, memory_per_gpu
 from convoy.plan.model import ModelSpec, resolve_model
 from convoy.plan.observed import Observation, case_key, observations_here
 from convoy.plan.recommend import Recommendation, Row, guide_case, recommend
@@ -516,6 +516,7 @@ def format_plan(p: Plan) -> str:
         lines.append("what would change it:")
         lines += [f"  - {s}" for s in rec.breaks]
     lines.append("total = params + optim + master + buffers + max(activ + temp, grads [+ the block recomputed "
-                 "last]) + reserve\n        (CUDA context, 5% fragmentation); grads are added, not maxed, when they "
+                 f"last]) + reserve\n        (CUDA context, {FRAGMENTATION:.1%} fragmentation); grads are added, not maxed, "
+                 "when they "
                  "live through gradient accumulation")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from convoy.errors import PlanError
+from convoy.plan.architectures import power_limited_mhz
 from convoy.plan.units import GB, MiB
 
 __all__ = ["GpuSpec", "Hardware", "GPUS", "CPU", "lookup_gpu", "parse_hardware", "hardware_from_inventory"]
@@ -37,10 +38,11 @@ class GpuSpec:
     """Dense bf16 tensor-core peak (None: no bf16 support)."""
     fp16_tflops: float
     """Dense fp16 tensor-core peak."""
-    fp32_tflops: float
-    """Plain fp32 peak (PyTorch does not use TF32 for matmuls by default)."""
+    fp32_tflops: float | None
+    """Plain fp32 peak (PyTorch does not use TF32 for matmuls by default); None: not published."""
     nvlink_gbs: float | None
-    """Peer link bandwidth per GPU, one direction, GB/s (NVLink / Infinity Fabric); None when absent."""
+    """Peer link bandwidth per GPU, one direction, GB/s (NVLink / Infinity Fabric / Gaudi's scale-up ports);
+    None when absent."""
     pcie_gbs: float
     """Host link bandwidth, one direction, GB/s (PCIe x16 of the board's generation)."""
     memory_gbs: float | None = None
@@ -52,11 +54,39 @@ class GpuSpec:
     """Lower-case substrings that identify this board in a device name from NVML/ROCm."""
     kind: str = "gpu"
     """``"gpu"`` for an accelerator, ``"cpu"`` for CPU processes (``CPU``): what plans and explanations call it."""
+    arch: str | None = None
+    """Architecture (``convoy.plan.architectures``: what its GEMMs and attention attain); None: Hopper's figures."""
+    units: int | None = None
+    """Compute units a GEMM's tiles are spread over: SMs (NVIDIA), CUs (AMD, per GCD), MMEs (Gaudi)."""
+    boost_mhz: float | None = None
+    """The highest clock the board runs (its datasheet's or whitepaper's boost clock)."""
+    clock_mhz: float | None = None
+    """The clock its dense peak is stated at (peak / (units x FLOPs per unit and clock)); ``power_limited_mhz``
+    lowers it where the board's power limit does."""
+    power_w: float | None = None
+    """Board power limit (TDP), W."""
 
     @property
     def noun(self) -> str:
         """What one device is called in a sentence: ``"GPU"``, or ``"CPU process"``."""
         return "CPU process" if self.kind == "cpu" else "GPU"
+
+    @property
+    def power_limited_mhz(self) -> float | None:
+        """The clock a GEMM holds under the board's power limit (``convoy.plan.architectures``)."""
+        return power_limited_mhz(self)
+
+    def describe(self) -> str:
+        """``H100-80GB (132 SMs, 1830 MHz under 700 W, 3350 GB/s)``: what a plan assumed of the board."""
+        facts = []
+        if self.units:
+            facts.append(f"{self.units} {_UNIT_NAMES.get(self.arch or '', 'SMs')}")
+        clock = self.power_limited_mhz
+        if clock:
+            facts.append(f"{clock:.0f} MHz" + (f" under {self.power_w:g} W" if self.power_w else ""))
+        if self.memory_gbs:
+            facts.append(f"{self.memory_gbs:g} GB/s")
+        return f"{self.name} ({', '.join(facts)})" if facts else self.name
 
     def peak_flops(self, dtype: str) -> float:
         """Peak FLOP/s for ``"bf16"``, ``"fp16"`` or ``"fp32"`` compute."""
@@ -67,67 +97,127 @@ class GpuSpec:
         if dtype == "fp16":
             return self.fp16_tflops * 1e12
         if dtype == "fp32":
+            if self.fp32_tflops is None:
+                raise PlanError(f"{self.name} has no published fp32 peak; use precision bf16, or give --peak-tflops")
             return self.fp32_tflops * 1e12
         raise PlanError(f"unknown compute dtype {dtype!r}; use bf16, fp16 or fp32")
 
 
-def _gpu(name, mib, bf16, fp16, fp32, nvlink, pcie, source, aliases=(), *, hbm) -> GpuSpec:
-    return GpuSpec(name=name, memory_bytes=mib * MiB, bf16_tflops=bf16, fp16_tflops=fp16, fp32_tflops=fp32,
-                   nvlink_gbs=nvlink, pcie_gbs=pcie, memory_gbs=hbm, source=source, aliases=aliases)
+_UNIT_NAMES = {"cdna2": "CUs", "cdna3": "CUs", "gaudi2": "MMEs", "gaudi3": "MMEs"}
 
+
+def _gpu(name, mib, bf16, fp16, fp32, nvlink, pcie, source, aliases=(), *, hbm, arch=None, units=None, boost=None,
+         clock=None, power=None) -> GpuSpec:
+    return GpuSpec(name=name, memory_bytes=mib * MiB, bf16_tflops=bf16, fp16_tflops=fp16, fp32_tflops=fp32,
+                   nvlink_gbs=nvlink, pcie_gbs=pcie, memory_gbs=hbm, source=source, aliases=aliases, arch=arch,
+                   units=units, boost_mhz=boost, clock_mhz=clock, power_w=power)
+
+
+_H100_WP = "NVIDIA H100 Tensor Core GPU Architecture whitepaper (SMs, clocks)"
+_A100_WP = "NVIDIA A100 Tensor Core GPU Architecture whitepaper (108 SMs, 1410 MHz boost)"
+_ADA_WP = "NVIDIA Ada GPU Architecture whitepaper (SMs, boost clocks; 1024 dense fp16 FLOPs per SM and clock)"
+#: the 500 W, 96 GB HBM2e H100 (Meta's Grand Teton, torchtitan's benchmarks): no datasheet; its peak is the SXM5's
+#: at the clock the f^3 power law gives 500 W (convoy.plan.architectures): 1830 x (500/700)^(1/3) = 1636 MHz
+_H100_500W_MHZ = 1830 * (500 / 700) ** (1 / 3)
 
 # name -> spec. Memory: nvidia-smi's "total" for the board. Links: GB/s per GPU per direction. hbm: the same
-# datasheet's memory bandwidth, GB/s.
+# datasheet's memory bandwidth, GB/s. units/boost/clock/power: SMs (CUs, MMEs), boost clock, the clock the dense
+# peak is stated at (peak / (units x FLOPs per unit and clock)), TDP.
 GPUS: dict[str, GpuSpec] = {g.name.lower(): g for g in (
     _gpu("H100-80GB", 81559, 989.4, 989.4, 66.9, 450, 64,
-         "NVIDIA H100 Tensor Core GPU datasheet (SXM5): https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
-         ("h100 80gb hbm3", "h100-sxm", "h100-sxm5", "h100 sxm"), hbm=3350),
+         "NVIDIA H100 Tensor Core GPU datasheet (SXM5, 700 W): https://resources.nvidia.com/en-us-tensor-core/nvidia-"
+         f"tensor-core-gpu-datasheet; {_H100_WP}: 132 SMs, 1980 MHz boost; peak at 1830 MHz (4096 FLOPs/SM/clock)",
+         ("h100 80gb hbm3", "h100-sxm", "h100-sxm5", "h100 sxm"), hbm=3350, arch="hopper", units=132, boost=1980,
+         clock=1830, power=700),
+    _gpu("H100-96GB-500W", 91553, round(132 * 4096 * _H100_500W_MHZ / 1e6, 1),
+         round(132 * 4096 * _H100_500W_MHZ / 1e6, 1), round(66.9 * _H100_500W_MHZ / 1830, 1), 450, 64,
+         "H100 SXM with 96 GB HBM2e at 2.4 TB/s and a 500 W limit, as pytorch/torchtitan benchmarks/"
+         "llama3_h100_202412_torchtitan.md describes its boards (no datasheet: 'between SXM and NVL'); peak = the "
+         "SXM5's 132 SMs at the 1636 MHz the f^3 power law gives 500 W; memory: 96 GB", (), hbm=2400,
+         arch="hopper", units=132, boost=1980, clock=round(_H100_500W_MHZ), power=500),
     _gpu("H100-PCIE", 81559, 756.5, 756.5, 51.2, None, 64,
-         "NVIDIA H100 datasheet (PCIe column; the optional NVLink bridge pairs only two boards)",
-         ("h100 pcie",), hbm=2000),
+         "NVIDIA H100 datasheet (PCIe column, 350 W; the optional NVLink bridge pairs only two boards); "
+         f"{_H100_WP}: 114 SMs, 1755 MHz boost; peak at 1620 MHz", ("h100 pcie",), hbm=2000, arch="hopper",
+         units=114, boost=1755, clock=1620, power=350),
     _gpu("H100-NVL", 95330, 835.5, 835.5, 60, None, 64,
-         "NVIDIA H100 datasheet (H100 NVL column, dense; its NVLink bridge pairs only two boards); memory: NVML's "
-         "99,961,274,368 bytes, to the MiB", ("h100 nvl",), hbm=3900),
+         "NVIDIA H100 datasheet (H100 NVL column, dense, 350-400 W; its NVLink bridge pairs only two boards); memory: "
+         "NVML's 99,961,274,368 bytes, to the MiB; 132 SMs, 1785 MHz boost; peak at 1545 MHz", ("h100 nvl",),
+         hbm=3900, arch="hopper", units=132, boost=1785, clock=1545, power=400),
     _gpu("H200-141GB", 143771, 989.4, 989.4, 66.9, 450, 64,
-         "NVIDIA H200 datasheet (SXM): https://www.nvidia.com/en-us/data-center/h200/", ("h200",), hbm=4800),
+         "NVIDIA H200 datasheet (SXM, up to 700 W): https://www.nvidia.com/en-us/data-center/h200/; the H100 SXM5's "
+         "132 SMs and clocks", ("h200",), hbm=4800, arch="hopper", units=132, boost=1980, clock=1830, power=700),
+    _gpu("B200", 171661, 2250, 2250, 80, 900, 64,
+         "NVIDIA HGX B200 datasheet (per GPU: 4.5 PFLOPs fp16 with sparsity, 2.25 dense; 180 GB HBM3e at 8 TB/s; NVLink "
+         "5 at 1.8 TB/s total; 1000 W): https://www.nvidia.com/en-us/data-center/hgx/; 148 SMs; peak at 1855 MHz "
+         "(twice Hopper's 4096 FLOPs/SM/clock); memory: 180 GB, as printed", ("nvidia b200",), hbm=8000,
+         arch="blackwell", units=148, clock=1855, power=1000),
     # the PCIe boards come before the SXM rows, whose shorter aliases ("a100 80gb") their names also contain
     _gpu("A100-PCIE-80GB", 81920, 312, 312, 19.5, None, 32,
-         "NVIDIA A100 datasheet (PCIe column; the optional NVLink bridge pairs only two boards)",
-         ("a100 80gb pcie", "a100-pcie-80gb", "a100 pcie 80gb"), hbm=1935),
+         f"NVIDIA A100 datasheet (PCIe column, 300 W; the optional NVLink bridge pairs only two boards); {_A100_WP}",
+         ("a100 80gb pcie", "a100-pcie-80gb", "a100 pcie 80gb"), hbm=1935, arch="ampere", units=108, boost=1410,
+         clock=1410, power=300),
     _gpu("A100-PCIE-40GB", 40960, 312, 312, 19.5, None, 32,
-         "NVIDIA A100 datasheet (PCIe 40GB)", ("a100-pcie-40gb", "a100 40gb pcie"), hbm=1555),
+         f"NVIDIA A100 datasheet (PCIe 40GB, 250 W); {_A100_WP}", ("a100-pcie-40gb", "a100 40gb pcie"), hbm=1555,
+         arch="ampere", units=108, boost=1410, clock=1410, power=250),
     _gpu("A100-80GB", 81920, 312, 312, 19.5, 300, 32,
-         "NVIDIA A100 datasheet (SXM4, NVLink 3 600 GB/s total): https://www.nvidia.com/en-us/data-center/a100/",
-         ("a100-sxm4-80gb", "a100-sxm-80gb", "a100 80gb", "a100-80gb"), hbm=2039),
+         "NVIDIA A100 datasheet (SXM4, 400 W, NVLink 3 600 GB/s total): https://www.nvidia.com/en-us/data-center/a100/; "
+         f"{_A100_WP}", ("a100-sxm4-80gb", "a100-sxm-80gb", "a100 80gb", "a100-80gb"), hbm=2039, arch="ampere",
+         units=108, boost=1410, clock=1410, power=400),
     _gpu("A100-40GB", 40960, 312, 312, 19.5, 300, 32,
-         "NVIDIA A100 datasheet (SXM4 40GB)", ("a100-sxm4-40gb", "a100-sxm-40gb", "a100 40gb", "a100-40gb"),
-         hbm=1555),
+         f"NVIDIA A100 datasheet (SXM4 40GB, 400 W); {_A100_WP}",
+         ("a100-sxm4-40gb", "a100-sxm-40gb", "a100 40gb", "a100-40gb"), hbm=1555, arch="ampere", units=108,
+         boost=1410, clock=1410, power=400),
     _gpu("V100-32GB", 32768, None, 125, 15.7, 150, 16,
-         "NVIDIA V100 datasheet (SXM2, NVLink 2 300 GB/s total): https://www.nvidia.com/en-us/data-center/v100/",
-         ("v100-sxm2-32gb", "v100 32gb", "v100-32gb"), hbm=900),
-    _gpu("V100-16GB", 16160, None, 125, 15.7, 150, 16, "NVIDIA V100 datasheet (SXM2 16GB)",
-         ("v100-sxm2-16gb", "v100-16gb"), hbm=900),
+         "NVIDIA V100 datasheet (SXM2, 300 W, NVLink 2 300 GB/s total): https://www.nvidia.com/en-us/data-center/v100/; "
+         "Volta whitepaper: 80 SMs, 1530 MHz boost", ("v100-sxm2-32gb", "v100 32gb", "v100-32gb"), hbm=900,
+         arch="volta", units=80, boost=1530, clock=1530, power=300),
+    _gpu("V100-16GB", 16160, None, 125, 15.7, 150, 16, "NVIDIA V100 datasheet (SXM2 16GB, 300 W); 80 SMs, 1530 MHz",
+         ("v100-sxm2-16gb", "v100-16gb"), hbm=900, arch="volta", units=80, boost=1530, clock=1530, power=300),
     _gpu("L40S", 46068, 362.05, 362.05, 91.6, None, 32,
-         "NVIDIA L40S datasheet (dense, without sparsity): https://www.nvidia.com/en-us/data-center/l40s/", ("l40s",),
-         hbm=864),
+         "NVIDIA L40S datasheet (dense, without sparsity; 350 W): https://www.nvidia.com/en-us/data-center/l40s/; "
+         f"{_ADA_WP}: 142 SMs, 2520 MHz boost; peak at 2490 MHz", ("l40s",), hbm=864, arch="ada", units=142,
+         boost=2520, clock=2490, power=350),
     _gpu("L4", 23034, 121, 121, 30.3, None, 32,
-         "NVIDIA L4 datasheet (dense, without sparsity): https://www.nvidia.com/en-us/data-center/l4/", ("nvidia l4",),
-         hbm=300),
+         "NVIDIA L4 datasheet (dense, without sparsity; 72 W): https://www.nvidia.com/en-us/data-center/l4/; "
+         f"{_ADA_WP}: 58 SMs, 2040 MHz boost", ("nvidia l4",), hbm=300, arch="ada", units=58, boost=2040,
+         clock=2040, power=72),
     # before A10, whose alias "nvidia a10" the A10G's NVML name also contains
     _gpu("A10G", 23028, 70, 70, 35, None, 32,
          "AWS's variant of the A10 (G5 instances); neither NVIDIA nor AWS publish a datasheet: tensor and fp32 "
          "figures from Baseten's A10 vs A10G comparison (https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-"
-         "model-inference/), memory and bandwidth as the A10's", ("nvidia a10g",), hbm=600),
+         "model-inference/), memory and bandwidth as the A10's", ("nvidia a10g",), hbm=600, arch="ampere-ga102"),
     _gpu("A10", 23028, 125, 125, 31.2, None, 32,
-         "NVIDIA A10 datasheet: https://www.nvidia.com/en-us/data-center/products/a10-gpu/", ("nvidia a10",), hbm=600),
+         "NVIDIA A10 datasheet (150 W): https://www.nvidia.com/en-us/data-center/products/a10-gpu/; GA102: 72 SMs, "
+         "1695 MHz boost", ("nvidia a10",), hbm=600, arch="ampere-ga102", units=72, boost=1695, clock=1695, power=150),
     _gpu("T4", 15360, None, 65, 8.1, None, 16,
-         "NVIDIA T4 datasheet: https://www.nvidia.com/en-us/data-center/tesla-t4/", ("tesla t4",), hbm=320),
+         "NVIDIA T4 datasheet (70 W): https://www.nvidia.com/en-us/data-center/tesla-t4/; Turing whitepaper: 40 SMs, "
+         "1590 MHz boost", ("tesla t4",), hbm=320, arch="turing", units=40, boost=1590, clock=1590, power=70),
     _gpu("RTX4090", 24564, 165.2, 165.2, 82.6, None, 32,
-         "NVIDIA Ada architecture whitepaper, RTX 4090 (fp16/bf16 with fp32 accumulate, dense)",
-         ("rtx 4090",), hbm=1008),
+         f"{_ADA_WP}, RTX 4090 (fp16/bf16 with fp32 accumulate, dense, at half the L40S's rate per SM; 450 W): "
+         "128 SMs, 2520 MHz boost", ("rtx 4090",), hbm=1008, arch="ada", units=128, boost=2520, clock=2520,
+         power=450),
     _gpu("MI300X", 196592, 1307.4, 1307.4, 163.4, 448, 64,
-         "AMD Instinct MI300X datasheet (7 Infinity Fabric links x 64 GB/s each way): "
-         "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html", ("mi300x",), hbm=5300),
+         "AMD Instinct MI300X datasheet (750 W; 7 Infinity Fabric links x 64 GB/s each way; 304 CUs at 2100 MHz): "
+         "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html", ("mi300x",), hbm=5300,
+         arch="cdna3", units=304, boost=2100, clock=2100, power=750),
+    _gpu("MI250X", 65536, 191.5, 191.5, 23.95, 100, 32,
+         "AMD Instinct MI250X datasheet, per GCD (each of its two dies is a device of its own: half of 383 TFLOPs "
+         "bf16, 47.9 fp32, 128 GB HBM2e at 3.2768 TB/s and 560 W; 110 of its 220 CUs at 1700 MHz): "
+         "https://www.amd.com/en/products/accelerators/instinct/mi200/mi250x.html; peer link: an assumed 100 GB/s "
+         "each way, the GCD's share of the package's 8 Infinity Fabric links", ("mi250x",), hbm=1638.4,
+         arch="cdna2", units=110, boost=1700, clock=1700, power=280),
+    _gpu("Gaudi2", 98304, 432, 432, None, 262.5, 32,
+         "Intel Gaudi 2 (HL-225, 600 W, 96 GB HBM2e at 2.46 TB/s; 21 of its 24 100-GbE ports link the 8 cards of a "
+         "server: 262.5 GB/s each way): https://docs.habana.ai/en/latest/Gaudi_Overview/Gaudi_Architecture.html; "
+         "bf16 peak: 2 MMEs of 256 x 256 MACs at 1650 MHz (stas00/ml-engineering compute/accelerator/README.md); "
+         "fp32: not published", ("hl-225", "gaudi2", "gaudi 2"), hbm=2460, arch="gaudi2", units=2, boost=1650,
+         clock=1650, power=600),
+    _gpu("Gaudi3", 131072, 1835, 459, 229, 525, 64,
+         "Intel Gaudi 3 AI accelerator white paper (HL-325L OAM, 900 W, 128 GB HBM2e at 3.7 TB/s, 8 MMEs; 21 of its "
+         "24 200-GbE ports link the 8 cards of a server: 525 GB/s each way): https://www.intel.com/content/www/us/"
+         "en/content-details/817486/intel-gaudi-3-ai-accelerator-white-paper.html; its 1835 TFLOPs bf16 are at "
+         "1750 MHz, the boards measured run their MMEs at 1600 (stas00/ml-engineering)",
+         ("hl-325", "gaudi3", "gaudi 3"), hbm=3700, arch="gaudi3", units=8, boost=1750, clock=1750, power=900),
 )}
 
 #: CPU processes (gloo) as the planner sees them, for ``strategy="auto"`` on a machine without an accelerator.
@@ -242,7 +332,8 @@ def override_gpu(gpu: GpuSpec, *, memory_gib: float | None = None, peak_tflops: 
     if peak_tflops is not None:
         if peak_tflops <= 0:
             raise PlanError(f"peak TFLOPs must be > 0, got {peak_tflops}")
-        gpu = replace(gpu, bf16_tflops=peak_tflops, fp16_tflops=peak_tflops, fp32_tflops=peak_tflops,
+        # the user's peak is what the board runs at: no power-limited clock lowers it
+        gpu = replace(gpu, bf16_tflops=peak_tflops, fp16_tflops=peak_tflops, fp32_tflops=peak_tflops, power_w=None,
                       source=gpu.source + "; peak given by the user")
     return gpu
 

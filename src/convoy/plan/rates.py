@@ -16,20 +16,26 @@ Four sources, best first, which ``rates_for`` picks and ``Rates.describe`` names
 - ``datasheet``: every GEMM and the attention at one fixed fraction of the peak (``FlatRates``): what
   ``efficiency=`` (``--efficiency``) asks for, and the planner's model before profiles.
 
-The shape-aware model. A GEMM of m x k x n takes ``max(2mkn / (E x peak x a), bytes / bandwidth) + t0``: E = 0.705
-of the dense peak once large, a fixed t0 = 24 us per product (launch, wave quantisation and the tail of a
-kernel, as a timed product sees them), the operands' bytes at the memory bandwidth when that is slower (skinny
-shapes on boards with little bandwidth per FLOP), and a = 1/5.5 when a dimension is not a multiple of 8
-elements (16 bytes of bf16): tensor cores then load operands in narrower steps (NVIDIA, "Matrix Multiplication
-Background User's Guide", https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/,
-"Tensor Core Requirements"; GPT-2's 50,257-word head runs at 0.13 of the H100's peak against 0.69 for 50,304).
-A fused causal attention forward + backward takes ``12 b a s^2 d / (E_att x peak) + t0_att`` with E_att = 0.61 of
-the non-causal count's FLOPs and t0_att = 207 us. Memory-bound work (norms, activations, residuals) moves 15 bytes
-per byte it saves for backward, at the board's bandwidth x 0.835, the fraction a large copy reaches. Each
-constant is a least-squares fit to the H100 profile (``profiles/h100-80gb.json``: 31 GEMM shapes of the
-benchmark's models, rms error 15 %; 7 attention shapes, rms 13 %; docs/planner-accuracy.md shows the fit), and
-on another GPU only the datasheet's peak and bandwidth change: the fractions are assumed to carry over, which
-the published multi-GPU results on A100s check (docs/planner-accuracy.md section 8).
+The shape-aware model (``ModeledRates``), from the board's physics (``GpuSpec``: compute units, the clock its
+power limit lets a GEMM hold) and its architecture's public measurements (``convoy.plan.architectures``). A GEMM of
+m x k x n runs as tiles of tm x tn outputs, one per compute unit at a time: ``ceil(m/tm) x ceil(n/tn)`` tiles in
+``waves = ceil(tiles / units)`` (NVIDIA, "Matrix Multiplication Background User's Guide", "Tile quantization" and
+"Wave quantization": https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/), each
+wave taking a tile's ``2·tm·tn·(k + 128)`` FLOPs at one unit's share of the attainable rate, the library taking the
+tile shape that finishes first. The attainable rate is the architecture's best measured GEMM fraction (MAMF) of the
+dense peak at the power-limited clock; the 128 is a tile's pipeline fill and drain (two 64-deep k-steps). So
+``max(waves x tile time / a, bytes / bandwidth) + t0``: the operands' bytes at the memory bandwidth when that is
+slower (skinny shapes on boards with little bandwidth per FLOP), a = 1/5.5 when a dimension is not a multiple of 8
+elements (16 bytes of bf16): tensor cores then load operands in narrower steps (same guide, "Tensor Core
+Requirements"; GPT-2's 50,257-word head runs at 0.13 of the H100's peak against 0.69 for 50,304), and t0 = 22.5 us,
+the fixed cost a timed product pays on the profile's host (its launch and synchronisation; least squares over the
+H100 profile's 31 products, with everything else fixed by the physics above). On the H100 the model is within 16 %
+(rms) of the profile's 31 measured products, with no constant taken from them but t0 and a.
+A fused causal attention forward + backward takes ``12 b a s^2 d / (E_att x peak) + t0_att``, E_att the
+architecture's attention fraction (Hopper 0.61 of the non-causal count's FLOPs, the H100 profile's own figure,
+rms 13 % over its 7 shapes; Ampere 1.9x that, from FlashAttention-2's measurements) and t0_att = 207 us.
+Memory-bound work (norms, activations, residuals) moves 15 bytes per byte it saves for backward, at the board's
+bandwidth x the fraction a large copy reaches (0.835 on the H100).
 """
 
 from __future__ import annotations
@@ -40,26 +46,23 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from convoy.plan.calibration import Calibration, attention_key, gemm_key, time_model
+from convoy.plan.architectures import Architecture, architecture_of
 from convoy.plan.hardware import GpuSpec
 from convoy.plan.profiles import profile_for
 from convoy.plan.units import GB
 
-__all__ = ["Rates", "ModeledRates", "MeasuredRates", "FlatRates", "rates_for", "GEMM_EFFICIENCY",
-           "GEMM_FLOOR_S", "UNALIGNED_FACTOR", "ATTENTION_EFFICIENCY", "ATTENTION_FLOOR_S", "MEMORY_EFFICIENCY",
-           "POINTWISE_TRAFFIC", "LAUNCH_S"]
+__all__ = ["Rates", "ModeledRates", "MeasuredRates", "FlatRates", "rates_for", "GEMM_FLOOR_S", "TILE_FILL_K",
+           "UNALIGNED_FACTOR", "ATTENTION_FLOOR_S", "POINTWISE_TRAFFIC", "LAUNCH_S"]
 
-#: fraction of the dense peak a large GEMM reaches (least squares over the H100 profile's aligned shapes)
-GEMM_EFFICIENCY = 0.705
-#: seconds every GEMM costs beyond its FLOPs (the same fit)
-GEMM_FLOOR_S = 24.2e-6
+#: seconds every timed GEMM costs beyond its tiles (the profile's host: launch and synchronisation; least squares
+#: over the H100 profile's 31 products with the tile model's other terms fixed)
+GEMM_FLOOR_S = 22.5e-6
+#: a tile's pipeline fill and drain, in k (two 64-deep k-steps of the main loop that no MMA overlaps)
+TILE_FILL_K = 128
 #: the compute rate of a GEMM with a dimension that is not a multiple of 8 elements, as a fraction of an aligned one
 UNALIGNED_FACTOR = 1 / 5.5
-#: fraction of the dense peak a fused causal attention forward + backward reaches, against 12·b·a·s²·d FLOPs
-ATTENTION_EFFICIENCY = 0.61
-#: seconds each attention forward + backward costs beyond its FLOPs
+#: seconds each attention forward + backward costs beyond its FLOPs (least squares over the H100 profile)
 ATTENTION_FLOOR_S = 207e-6
-#: fraction of the datasheet's memory bandwidth a large device-to-device copy reaches (H100: 2.80 of 3.35 TB/s)
-MEMORY_EFFICIENCY = 0.835
 #: bytes read and written, forward and backward, per byte of activations a chain of norm / activation / residual
 #: kernels saves for backward (the H100 profile's pointwise cost x its measured bandwidth: 14.96)
 POINTWISE_TRAFFIC = 15.0
@@ -106,7 +109,8 @@ def _aligned(*dims: int) -> bool:
 
 @dataclass(frozen=True)
 class ModeledRates:
-    """The shape-aware model (module docstring) on ``gpu``'s datasheet peak and bandwidth."""
+    """The shape-aware model (module docstring) on ``gpu``'s compute units, power-limited clock, peak and bandwidth,
+    with its architecture's attainable fractions."""
 
     gpu: GpuSpec
     gemm_scale: float = 1.0
@@ -118,34 +122,56 @@ class ModeledRates:
     launch_seconds: float = LAUNCH_S
 
     @property
+    def architecture(self) -> Architecture:
+        return architecture_of(self.gpu)
+
+    @property
     def memory_bytes_per_s(self) -> float:
-        return (self.gpu.memory_gbs or 0.0) * GB * MEMORY_EFFICIENCY
+        return (self.gpu.memory_gbs or 0.0) * GB * self.architecture.memory_fraction
 
     @property
     def pointwise_seconds_per_byte(self) -> float:
         bandwidth = self.memory_bytes_per_s
         return POINTWISE_TRAFFIC / bandwidth if bandwidth else 0.0
 
+    def clocked_peak(self, dtype: str) -> float:
+        """The dense peak at the clock the board's power limit lets a GEMM hold (``GpuSpec.power_limited_mhz``)."""
+        peak = self.gpu.peak_flops(dtype)
+        clock, limited = self.gpu.clock_mhz, self.gpu.power_limited_mhz
+        return peak * limited / clock if clock and limited else peak
+
     def gemm_seconds(self, m: int, k: int, n: int, dtype: str) -> float:
-        rate = GEMM_EFFICIENCY * self.gpu.peak_flops(dtype) * (1.0 if _aligned(m, k, n) else UNALIGNED_FACTOR)
+        rate = self.architecture.gemm_fraction * self.clocked_peak(dtype)
+        units = self.gpu.units
+        compute = math.inf
+        for tm, tn in self.architecture.tiles:
+            tiles = math.ceil(m / tm) * math.ceil(n / tn)
+            tile_flops = 2 * tm * tn * (k + TILE_FILL_K)
+            # whole waves over the units; a board without a unit count spreads its tiles evenly
+            waves = math.ceil(tiles / units) if units else tiles / 1.0
+            compute = min(compute, waves * tile_flops / (rate / units if units else rate))
+        if not _aligned(m, k, n):
+            compute /= UNALIGNED_FACTOR
         moved = (m * k + k * n + m * n) * _dtype_bytes(dtype)
         bandwidth = self.memory_bytes_per_s or math.inf
-        return self.gemm_scale * (max(2 * m * k * n / rate, moved / bandwidth) + GEMM_FLOOR_S)
+        return self.gemm_scale * (max(compute, moved / bandwidth) + GEMM_FLOOR_S)
 
     def attention_seconds(self, batch: int, heads: int, kv_heads: int, seq: int, head_dim: int, dtype: str) -> float:
         flops = 12 * batch * heads * seq * seq * head_dim
-        return self.attention_scale * (flops / (ATTENTION_EFFICIENCY * self.gpu.peak_flops(dtype)) + ATTENTION_FLOOR_S)
+        rate = self.architecture.attention_fraction * self.clocked_peak(dtype)
+        return self.attention_scale * (flops / rate + ATTENTION_FLOOR_S)
 
     def peak_seen(self, dtype: str) -> float:
         return 0.0
 
     def bulk_flops(self, dtype: str) -> float:
-        return GEMM_EFFICIENCY * self.gpu.peak_flops(dtype) / self.gemm_scale
+        return self.architecture.gemm_fraction * self.clocked_peak(dtype) / self.gemm_scale
 
     def describe(self) -> str:
-        return (f"the shape-aware model on the {self.gpu.name} datasheet (GEMMs at {GEMM_EFFICIENCY:.1%} of the "
-                f"peak plus {GEMM_FLOOR_S * 1e6:.0f} us each, fitted to the H100 profile; no measured profile for "
-                "this GPU)")
+        arch = self.architecture
+        return (f"the shape-aware model of the {self.gpu.describe()}: GEMMs in waves of tiles over its units at "
+                f"{arch.gemm_fraction:.1%} of the peak ({arch.name}'s measured best) plus "
+                f"{GEMM_FLOOR_S * 1e6:.1f} us each; no measured profile for this GPU")
 
 
 @dataclass(frozen=True)

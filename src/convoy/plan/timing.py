@@ -31,10 +31,12 @@ its parameter count is timed as 6N FLOPs per token at the rates' bulk matmul rat
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 
 from convoy.plan.activations import block_bytes, block_saved, head_saved_bytes
 from convoy.plan.calibration import Calibration
+from convoy.plan.collectives import Group, collective_seconds
 from convoy.plan.hardware import GpuSpec, Hardware
 from convoy.plan.memory import Layout, _stage_params
 from convoy.plan.model import ModelSpec
@@ -46,7 +48,8 @@ from convoy.plan.shapes import attention_shape, gemm_shapes
 __all__ = ["StepTime", "step_time", "model_flops_per_token", "ring_all_reduce_seconds", "ring_gather_seconds",
            "CPU_ADAM_PARAMS_PER_S", "gemm_shapes", "attention_shape", "compute_seconds",
            "optimizer_seconds", "mfu_peak", "COLLECTIVE_LATENCY_S", "DDP_BUCKET_BYTES",
-           "framework_seconds", "kernel_launches", "choose_schedule"]
+           "framework_seconds", "kernel_launches", "choose_schedule", "ENGINES", "parameter_tensors",
+           "NCCL_LINK_FRACTION"]
 
 #: parameters per second a CPU Adam step updates per process, for offloaded optimizers (DeepSpeed's
 #: CPU-Adam reports about 1e9 on a server socket); a stated assumption.
@@ -58,6 +61,15 @@ CPU_ADAM_PARAMS_PER_S = 1.0e9
 COLLECTIVE_LATENCY_S = {"nvlink": 10e-6, "pcie": 15e-6, "inter": 25e-6, "cpu": 100e-6}
 #: DDP's bucket size (``bucket_cap_mb`` = 25 MiB): one all-reduce per bucket
 DDP_BUCKET_BYTES = 25 * 2**20
+#: the fraction of a datasheet link NCCL's topology model credits it with (src/graph/topo.h): an NVLink at 20 GB/s
+#: each way of an A100's 25 (20.6 of a Hopper's 25, 40.1 of a Blackwell's 50), a PCIe Gen3 x16 at 12 of 16, a NIC
+#: at 12 GB/s per 100 Gbit/s (12.5)
+NCCL_LINK_FRACTION = {"nvlink": 0.8, "pcie": 0.75, "net": 0.96}
+#: the data-parallel engines whose collective schedules ``step_time`` prices: ``"torch"`` (convoy's: FSDP2 gathers
+#: and reduce-scatters one unit, a block or the root, per collective; ZeroRedundancyOptimizer broadcasts each rank's
+#: shard after the step) and ``"deepspeed"`` (ZeRO-3 as DeepSpeed ran it in 2021: one collective per parameter
+#: tensor; ZeRO-1 all-gathers the updated shards), for the published runs of other projects
+ENGINES = ("torch", "deepspeed")
 #: bytes of an FSDP2 shard per parameter (fp32: the optimizer steps it, whatever the gathered dtype)
 _SHARD_BYTES = 4
 
@@ -165,6 +177,49 @@ def _group_bandwidth(hw: Hardware, ranks_per_node: int, group: int) -> float:
     if group <= ranks_per_node or hw.nodes == 1:
         return hw.intra_bandwidth
     return min(hw.intra_bandwidth, hw.inter_bandwidth * ranks_per_node / hw.gpus_per_node)
+
+
+def _group(hw: Hardware, ranks_per_node: int, ranks: int) -> Group:
+    """The collective group of ``ranks`` ranks, ``ranks_per_node`` of them on each node (``convoy.plan.collectives``),
+    its bus bandwidth the datasheet links' at the fraction NCCL's topology model gives them (``NCCL_LINK_FRACTION``;
+    a measured or given intra-node bandwidth is taken as it is)."""
+    per_node = max(1, min(ranks_per_node, ranks))
+    nodes = 1 if hw.nodes == 1 else max(1, math.ceil(ranks / per_node))
+    link = "cpu" if hw.gpu.kind == "cpu" else ("pcie" if hw.intra == "pcie" else "nvlink")
+    bus = _group_bandwidth(hw, per_node, ranks)
+    if link != "cpu" and (nodes > 1 or hw.intra_gbs is None):
+        bus *= NCCL_LINK_FRACTION["net" if nodes > 1 else link]
+    return Group(ranks=ranks, nodes=nodes, bus_bytes_per_s=bus, link=link)
+
+
+def _collective(op: str, nbytes: float, group: Group, hw: Hardware) -> float:
+    """One collective on ``group``: NCCL's model on GPUs; gloo's ring with one fixed latency on CPU processes."""
+    if group.ranks <= 1:
+        return 0.0
+    if group.link == "cpu":
+        ring = ring_all_reduce_seconds if op == "all_reduce" else ring_gather_seconds
+        return ring(nbytes, group.ranks, group.bus_bytes_per_s) + COLLECTIVE_LATENCY_S["cpu"]
+    return collective_seconds(op, nbytes, group)
+
+
+def parameter_tensors(model: ModelSpec, *, tp: int = 1, pp: int = 1) -> tuple[list[float], list[float]]:
+    """Elements of each parameter tensor of one block and of the root (embedding, head, final norm) on one tp rank
+    of the busiest stage: what a per-parameter ZeRO-3 gathers one collective at a time. Block GEMMs from
+    ``gemm_shapes``, a bias per GEMM output outside the Llama family, two norms (LayerNorm: weight and bias)."""
+    if not model.has_shape:
+        return [], [float(model.num_params)]
+    h, layers = model.hidden, model.num_layers
+    one = RunSpec(seq_len=1)
+    block: list[float] = []
+    for _, k, n, count in gemm_shapes(model, one, tp=tp):
+        if count > 1:
+            per_block = count // layers  # type: ignore[operator]
+            block += [float(k * n)] * per_block
+            if model.family != "llama":
+                block += [float(n)] * per_block
+    block += [float(h)] * (2 if model.family == "llama" else 4)  # type: ignore[list-item]
+    root = [float((model.vocab or 0) * h / tp)] * (1 if model.family == "gpt2" else 2) + [float(h)]  # type: ignore
+    return block, root
 
 
 def collective_latency(hw: Hardware, *, across_nodes: bool) -> float:
@@ -278,14 +333,77 @@ def framework_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rat
     return moved / (rates.memory_bytes_per_s or float("inf"))
 
 
+def _data_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, grads: float, weights: float,
+                   engine: str) -> tuple[float, float, float]:
+    """(seconds of data-parallel collectives before overlap, bytes each GPU sends, seconds after the optimizer step
+    that nothing hides) per step, each collective priced by NCCL's model (``convoy.plan.collectives``) at its own size:
+    DDP one all-reduce per 25 MiB bucket; ZeRO-1 then the updated shards (torch: one broadcast per rank; DeepSpeed:
+    one all-gather); FSDP2 per micro-batch one all-gather per unit (ZeRO-3: again for the backward) and one
+    reduce-scatter, DeepSpeed's ZeRO-3 the same per parameter tensor; HSDP, hierarchically, an all-reduce of each
+    unit's gradient shard across the replicas (one rank per replica group on each node)."""
+    dims = layout.dims
+    if not run.training or dims.dp <= 1:
+        return 0.0, 0.0, 0.0
+    m = layout.microbatches
+    per_node = max(1, min(dims.dp, hw.gpus_per_node // dims.tp))
+    dp_comm = comm = after_step = 0.0
+    if layout.zero_stage <= 1:  # DDP: one all-reduce per bucket, along the last backward
+        group = _group(hw, per_node, dims.dp)
+        buckets = max(1, math.ceil(grads / DDP_BUCKET_BYTES))
+        dp_comm = buckets * _collective("all_reduce", grads / buckets, group, hw)
+        comm = 2 * (dims.dp - 1) / dims.dp * grads
+        if layout.zero_stage == 1:  # the updated shards, before the next forward can start
+            if engine == "deepspeed":
+                after_step = _collective("all_gather", weights, group, hw)
+            else:  # torch.distributed.optim.ZeroRedundancyOptimizer.step: each rank broadcasts its shard
+                after_step = dims.dp * _collective("broadcast", weights / dims.dp, group, hw)
+            comm += (dims.dp - 1) / dims.dp * weights
+        return dp_comm, comm, after_step
+    n = layout.shard_degree
+    gathers = 2 if layout.zero_stage == 3 else 1
+    block, root = parameter_tensors(model, tp=dims.tp, pp=dims.pp)
+    layers = math.ceil((model.num_layers or 0) / dims.pp)
+    scale = weights / max(1.0, layers * sum(block) + sum(root)) if model.has_shape else 1.0
+    sizes: Counter[float] = Counter()  # collectives by size (many share one): each size is priced once
+    if not model.has_shape:
+        sizes[weights] = 1
+    elif engine == "deepspeed" and layout.zero_stage == 3:  # one collective per parameter tensor
+        for x in block:
+            sizes[x * scale] += layers
+        for x in root:
+            sizes[x * scale] += 1
+    else:  # FSDP2: one unit per block and the root
+        sizes[sum(block) * scale] += layers
+        sizes[sum(root) * scale] += 1
+    grad_ratio = grads / weights if weights else 0.0
+    # FSDP2 per pipeline stage reduce-scatters once per step, after the last micro-batch (gradient sync is off
+    # before it), and keeps the weights gathered from a micro-batch's forward to its backward
+    reduces = 1 if dims.pp > 1 else m
+    if n > 1:
+        shard = _group(hw, max(1, min(n, hw.gpus_per_node // dims.tp)), n)
+        for piece, count in sizes.items():
+            dp_comm += count * (m * gathers * _collective("all_gather", piece, shard, hw)
+                                + reduces * _collective("reduce_scatter", piece * grad_ratio, shard, hw))
+        comm = (n - 1) / n * (m * gathers * weights + reduces * grads)
+    if dims.dp_replicate > 1:  # HSDP: all-reduce each unit's gradient shard across replicas once per step
+        replicas = _group(hw, 1, dims.dp_replicate)
+        for piece, count in sizes.items():
+            dp_comm += count * _collective("all_reduce", piece * grad_ratio / n, replicas, hw)
+        comm += 2 * (dims.dp_replicate - 1) / dims.dp_replicate * grads / n
+    return dp_comm, comm, after_step
+
+
 def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, global_batch: int,
               efficiency: float | None = None, calibration: Calibration | None = None,
-              rates: Rates | None = None) -> StepTime:
+              rates: Rates | None = None, engine: str = "torch") -> StepTime:
     """Estimated seconds of one optimizer step processing ``global_batch`` sequences.
 
     ``rates``: the device's rates (``convoy.plan.rates``); by default ``rates_for(hw.gpu, calibration=,
     efficiency=)``: the flat datasheet model when ``efficiency`` is given, else ``calibration`` (measured here),
-    else the GPU's shipped profile, else the shape-aware model."""
+    else the GPU's shipped profile, else the shape-aware model. ``engine``: whose collective schedule the
+    data-parallel traffic follows (``ENGINES``; convoy's trainer runs ``"torch"``)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine {engine!r} is not one of {', '.join(ENGINES)}")
     if rates is None:
         rates = rates_for(hw.gpu, calibration=calibration, efficiency=efficiency)
     if rates.peer_bytes_per_s and hw.gpus_per_node > 1:
@@ -313,38 +431,8 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
 
     # data parallel: rank layout pp (outer) x dp x tp (inner), so a dp group has gpus_per_node/tp ranks per node
     psi = _stage_params(model, dims.pp) / dims.tp
-    per_node = max(1, min(dims.dp, hw.gpus_per_node // dims.tp))
-    dp_bw = _group_bandwidth(hw, per_node, dims.dp)
-    dp_latency = collective_latency(hw, across_nodes=dims.dp > per_node)
     grads, weights = psi * recipe.grad_bytes, psi * recipe.weight_bytes
-    units = _units(model, dims.pp)
-    dp_comm = comm = after_step = 0.0
-    if run.training and dims.dp > 1:
-        if layout.zero_stage <= 1:  # DDP: one all-reduce per bucket, along the last backward
-            buckets = max(1, math.ceil(grads / DDP_BUCKET_BYTES))
-            dp_comm = ring_all_reduce_seconds(grads, dims.dp, dp_bw) + buckets * dp_latency
-            comm = 2 * (dims.dp - 1) / dims.dp * grads
-            if layout.zero_stage == 1:  # ZeroRedundancyOptimizer: each rank broadcasts its updated shard after the
-                # step, before the next forward can start (torch.distributed.optim.ZeroRedundancyOptimizer.step)
-                after_step = ring_gather_seconds(weights, dims.dp, dp_bw) + dims.dp * dp_latency
-                comm += (dims.dp - 1) / dims.dp * weights
-        else:  # FSDP2, per micro-batch and unit: gather weights (ZeRO-3: again for the backward), reduce-scatter grads
-            n = layout.shard_degree
-            gathers = 2 if layout.zero_stage == 3 else 1
-            shard_bw = _group_bandwidth(hw, max(1, min(n, hw.gpus_per_node // dims.tp)), n)
-            # FSDP2 per pipeline stage reduce-scatters once per step, after the last micro-batch (gradient sync is
-            # off before it), and keeps the weights gathered from a micro-batch's forward to its backward
-            reduces = 1 if dims.pp > 1 else m
-            if n > 1:
-                latency = collective_latency(hw, across_nodes=n > max(1, hw.gpus_per_node // dims.tp))
-                dp_comm = (m * gathers * (ring_gather_seconds(weights, n, shard_bw) + units * latency)
-                           + reduces * (ring_gather_seconds(grads, n, shard_bw) + units * latency))
-            comm = (n - 1) / n * (m * gathers * weights + reduces * grads) if n > 1 else 0.0
-            if dims.dp_replicate > 1:  # HSDP: all-reduce the shard's gradients across replicas once per step
-                rep_bw = _group_bandwidth(hw, 1, dims.dp_replicate)
-                dp_comm += ring_all_reduce_seconds(grads / n, dims.dp_replicate, rep_bw) + units * collective_latency(
-                    hw, across_nodes=True)
-                comm += 2 * (dims.dp_replicate - 1) / dims.dp_replicate * grads / n
+    dp_comm, comm, after_step = _data_parallel(model, run, layout, hw, grads=grads, weights=weights, engine=engine)
     # overlap: DDP hides its all-reduce behind the last micro-batch's backward (2/3 of its compute); FSDP2 prefetches
     # along the whole forward and backward; ZeRO-1's broadcast after the step is never hidden
     window = compute - bubble if layout.zero_stage >= 2 else (compute - bubble) / m * 2 / 3
@@ -356,9 +444,8 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
         layers = math.ceil(model.num_layers / dims.pp)  # type: ignore[operator]
         act = s * b * model.hidden * recipe.activation_bytes  # type: ignore[operator]
         per_layer = 4 + (2 if run.recompute == "full" else 0)
-        tp_bw = _group_bandwidth(hw, min(dims.tp, hw.gpus_per_node), dims.tp)
-        tp_latency = collective_latency(hw, across_nodes=dims.tp > hw.gpus_per_node)
-        tp_comm = m * layers * per_layer * (ring_all_reduce_seconds(act, dims.tp, tp_bw) + tp_latency)
+        tp_group = _group(hw, min(dims.tp, hw.gpus_per_node), dims.tp)
+        tp_comm = m * layers * per_layer * _collective("all_reduce", act, tp_group, hw)
         comm += m * layers * per_layer * 2 * (dims.tp - 1) / dims.tp * act
     pp_comm = 0.0
     if dims.pp > 1 and model.hidden:

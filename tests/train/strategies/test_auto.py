@@ -70,20 +70,20 @@ def test_a_model_too_big_for_sharded_data_parallel_gets_tensor_parallel():
 
 
 def test_mixed_precision_costs_each_candidate_as_the_trainer_runs_it():
-    """Under mixed_precision="bf16" FSDP2 over the whole model (zero3, and zero3 + tp2) gathers bf16 weights and
-    reduces fp32 gradients, while tp alone keeps fp32 weights under autocast, whose bf16 copies live until the
-    backward: zero3 needs 32.2 GiB, tp4 32.7 GiB, zero3 + tp2 32.8 GiB and is the fastest of them on this
-    generic PCIe device (planned all in pure bf16, as before, tp4 took 29.2 GiB and zero3 34.0 GiB)."""
+    """Under mixed_precision="bf16" FSDP2 over the whole model (zero3) gathers bf16 weights and reduces fp32
+    gradients, while tp alone keeps fp32 weights under autocast, whose bf16 copies live until the backward: on this
+    generic PCIe device zero3 needs about 31.7 GiB and tp4 32.3 GiB (planned all in pure bf16, as before, tp4 took
+    29.2 GiB and zero3 34.0 GiB)."""
     model = meta_gpt()
     # nothing fits as asked: auto turns the planner's offload knob and applies it (the rule answered zero3 before)
-    offloaded = auto(model, world_size=4, device_gib=30)
+    offloaded = auto(model, world_size=4, device_gib=31.5)
     assert offloaded.cpu_offload and offloaded.name in ("zero2", "zero3"), offloaded
     assert "No layout fits as asked" in offloaded.reason and "Turning CPU offload" in offloaded.reason
-    layout = auto(model, world_size=4, device_gib=32.5)
+    layout = auto(model, world_size=4, device_gib=32)
     assert layout.name == "zero3" and "case 2" in layout.reason  # the planner's answer: only zero3 fits
     layout = auto(model, world_size=4, device_gib=34)
-    assert (layout.dims.dp_shard, layout.dims.tp, layout.dp_engine) == (2, 2, "fsdp"), layout
-    assert "zero3+tp2 fits at 32.8 GiB per GPU (costed as bf16-fsdp)" in layout.reason
+    assert (layout.dims.tp, layout.dp_engine) == (4, None), layout
+    assert "tp4 fits at 32.3 GiB per GPU and takes" in layout.reason and "costed as" not in layout.reason
 
 
 @pytest.mark.parametrize("strategy,dims,expected", [
@@ -250,7 +250,9 @@ def _gpt_config(**overrides):
 
 def test_auto_strategy_hook_for_choose_strategy():
     layout = auto_strategy(num_parameters=10**8, world_size=4, device_bytes=80 * GIB)
-    assert layout.name == "ddp" and layout.dims is None and "fits" in layout.reason
+    assert layout.name in ("ddp", "zero2") and layout.dims is None and "fits" in layout.reason
+    if layout.name != "ddp":  # a data-parallel choice other than DDP in case 1 says why
+        assert "DDP fits too but takes" in layout.reason, layout.reason
     assert auto_strategy(num_parameters=6 * 10**9, world_size=4, device_bytes=80 * GIB).name in ("zero2", "zero3")
     # 7e9 in fp32 on 4 x 80 GiB: by a bare count (one unit) zero3 gathers the whole model and zero2 keeps the fp32
     # shards beside the whole weights (82.7 GiB): nothing fits as asked, and the planner turns CPU offload
@@ -281,7 +283,7 @@ def test_auto_strategy_splits_only_by_the_degrees_it_is_given():
     layout = auto_strategy(num_parameters=n, world_size=4, device_bytes=80 * GIB, precision="bf16", model=model,
                            tp_degrees=(2, 4), pp_degrees=(2, 4), pipeline=True)
     assert layout.dims.pp > 1 and "loss_fn" in layout.reason
-    assert layout.dp_engine in (("ddp", "zero1") if layout.dims.dp > 1 else (None,)), layout
+    assert layout.dp_engine in (("ddp", "zero1", "zero2") if layout.dims.dp > 1 else (None,)), layout
 
 
 def test_auto_layout_degrees_go_with_strategy_parallel_only():
