@@ -201,7 +201,8 @@ def read_accelerate_config(path: str | os.PathLike[str], *, cwd: str | os.PathLi
         notes.append(f"{cite('debug', True)}: set ACCELERATE_DEBUG_MODE=1 for convoy's shape checks before each "
                      f"collective")
     prefix = f", {file.name}: "  # one file: named once per line
-    return Translation(values=tuple(values), notes=tuple(note.replace(prefix, ", ") for note in notes))
+    return Translation(values=tuple(Mapped(m.name, m.value, m.origin.replace(prefix, ", ")) for m in values),
+                       notes=tuple(note.replace(prefix, ", ") for note in notes))
 
 
 def _blocks(data: Mapping[str, Any], cite: Callable[[str, Any], str]) -> dict[str, Mapping[str, Any]]:
