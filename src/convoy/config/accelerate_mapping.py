@@ -303,8 +303,7 @@ def fsdp_translation(fields: Mapping[str, Any], *, cite: Callable[[str, Any], st
             values.append(Mapped("parallelism", f"dp_replicate={nodes},dp_shard={processes // nodes}", where))
         elif sharding.startswith("HYBRID"):
             notes.append(f"{where} on one machine shards over all of its processes")
-    if _flag(given.get("cpu_offload", False), cite("cpu_offload", given.get("cpu_offload"))) or \
-            _is_offload_policy(given.get("cpu_offload")):
+    if _offloads(given.get("cpu_offload", False), cite("cpu_offload", given.get("cpu_offload"))):
         where = cite("cpu_offload", given["cpu_offload"])
         if values and values[0].value == "ddp":
             raise ConfigError(f"{where} with {values[0].origin}: NO_SHARD keeps every parameter on the device; "
@@ -333,9 +332,15 @@ def fsdp_translation(fields: Mapping[str, Any], *, cite: Callable[[str, Any], st
     return Translation(values=tuple(values), notes=tuple(notes), family=FSDP_FAMILY)
 
 
-def _is_offload_policy(value: Any) -> bool:
-    """torch's ``CPUOffloadPolicy`` (FSDP2) or ``CPUOffload(offload_params=True)`` (FSDP1), read without torch."""
-    return type(value).__name__ == "CPUOffloadPolicy" or getattr(value, "offload_params", False) is True
+def _offloads(value: Any, where: str) -> bool:
+    """``cpu_offload`` as a bool: a yes/no, torch's ``CPUOffloadPolicy``/``OffloadPolicy`` (FSDP2) or
+    ``CPUOffload(offload_params=...)`` (FSDP1), read without torch."""
+    kind = type(value).__name__
+    if kind in ("CPUOffloadPolicy", "OffloadPolicy"):
+        return kind == "CPUOffloadPolicy"
+    if kind == "CPUOffload":
+        return bool(getattr(value, "offload_params", False))
+    return _flag(value, where)
 
 
 # --- DeepSpeed ----------------------------------------------------------------------------------------------------

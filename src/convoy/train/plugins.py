@@ -235,6 +235,12 @@ def plugin_arguments(*, fsdp_plugin: Any, deepspeed_plugin: Any, parallelism_con
         if given is not None and not _same(mapped.name, given, mapped.value):
             raise ConfigError(f"Accelerator({mapped.name}={show(given)}) and {mapped.origin}: give one of them")
         merged[mapped.name] = mapped.value
-    family = translated.family if merged.get("strategy") is None else ()
+    plugin = fsdp_plugin if fsdp_plugin is not None else deepspeed_plugin
+    chosen = merged.get("strategy")
+    if plugin is not None and translated.get("strategy") is None and chosen is not None and \
+            chosen not in translated.family:
+        raise ConfigError(f"Accelerator(strategy={show(chosen)}) and {type(plugin).__name__}(...): the plugin runs "
+                          f"as {', '.join(translated.family)}; give one of them")
+    family = translated.family if chosen is None else ()
     return PluginArguments(explicit=merged, options=options if options or strategy_options is not None else None,
                            family=family)
