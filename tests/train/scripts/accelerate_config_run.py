@@ -6,7 +6,7 @@ Accelerate plugin say; rank 0 writes the final parameters and what ran.
     convoy launch --devices 0 --nproc-per-node 2 tests/train/scripts/accelerate_config_run.py --out run.pt \
         --plugin fsdp2            # Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
 
-``--device cuda`` (with ``convoy launch --devices 2``) runs the same on GPUs.
+On GPUs (``convoy launch --devices 1 --num_processes 1 ...``) the prepared model and batches are on ``cuda``.
 """
 
 import argparse
