@@ -209,6 +209,10 @@ def plugin_arguments(*, fsdp_plugin: Any, deepspeed_plugin: Any, parallelism_con
             raise ConfigError(f"Accelerator({name}={show(value)}): give a convoy.{kind.__name__}(...){hint}")
     if fsdp_plugin is not None and deepspeed_plugin is not None:
         raise ConfigError("Accelerator(fsdp_plugin=..., deepspeed_plugin=...): give one of them")
+    if fsdp_plugin is None and deepspeed_plugin is None and parallelism_config is None:
+        return PluginArguments(explicit=dict(explicit), options=strategy_options)
+    if strategy_options is not None and not isinstance(strategy_options, Mapping):
+        raise ConfigError(f"strategy_options={show(strategy_options)}: give a dict such as {{'cpu_offload': True}}")
     ranks = read_rank_env(os.environ if env is None else env)
     nodes = ranks.world_size // ranks.local_world_size if ranks.world_size % ranks.local_world_size == 0 else 1
     translated = Translation()
