@@ -151,3 +151,19 @@ def test_the_file_is_read_without_torch_and_help_without_yaml(box, inventory_pat
             "print('yaml' in sys.modules)")
     out = processes.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60).stdout
     assert out.strip().endswith("False"), out
+
+
+def test_strategy_options_travel_to_the_ranks_and_back():
+    from convoy.errors import ConfigError
+    from convoy.launch.env import ConvoyEnv, convoy_env, read_convoy_env
+
+    sent = ConvoyEnv(strategy="zero3", strategy_options={"cpu_offload": True, "auto_wrap": ["Block", "Head"]})
+    env = convoy_env(sent)
+    assert env["CONVOY_STRATEGY_OPTIONS"] == '{"auto_wrap": ["Block", "Head"], "cpu_offload": true}'
+    assert read_convoy_env(env).strategy_options == {"cpu_offload": True, "auto_wrap": ("Block", "Head")}
+    for raw, words in (("{", "is not a JSON object"), ('{"bucket_cap_mb": 1}', "expected an object with keys"),
+                       ('{"cpu_offload": "yes"}', "cpu_offload='yes': give true or false"),
+                       ('{"auto_wrap": "Block"}', "auto_wrap='Block': give module class names")):
+        with pytest.raises(ConfigError, match="environment CONVOY_STRATEGY_OPTIONS") as caught:
+            read_convoy_env({"CONVOY_STRATEGY_OPTIONS": raw})
+        assert words in str(caught.value), caught.value

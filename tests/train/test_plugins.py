@@ -138,3 +138,20 @@ def test_hybrid_shard_splits_over_the_machines_and_parallelism_config_gives_degr
         plugin_arguments(fsdp_plugin=None, deepspeed_plugin=None, parallelism_config=ParallelismConfig(tp_size=2),
                          explicit={"parallelism": {"tp": 2}}, strategy_options=None, env=env)
     assert ParallelismConfig(dp_shard_size=4, tp_size=2).total_size == 8
+
+
+def test_auto_wrap_takes_class_names_as_accelerates_transformer_cls_names_to_wrap():
+    from torch import nn
+
+    from convoy.errors import StrategyError
+    from convoy.train.strategies.fsdp import shard_units
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+
+    model = nn.Sequential(nn.Linear(2, 2), Block(), Block())
+    assert [type(m).__name__ for m in shard_units(model, ("Block",))] == ["Block", "Block"]
+    with pytest.raises(StrategyError, match="auto_wrap: the model has no module of class 'LlamaDecoderLayer'"):
+        shard_units(model, ("LlamaDecoderLayer",))
