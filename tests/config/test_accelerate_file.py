@@ -78,8 +78,10 @@ def test_each_file_maps_onto_convoys_settings_with_the_key_that_set_it(name):
 
 def test_origins_name_the_key_as_the_file_writes_it():
     fsdp = read_accelerate_config(FILES / "fsdp1_questionnaire.yaml")
-    assert fsdp.origin("strategy") == "fsdp1_questionnaire.yaml: fsdp_config.fsdp_reshard_after_forward = SHARD_GRAD_OP"
-    assert fsdp.origin("auto_wrap") == "fsdp1_questionnaire.yaml: fsdp_config.fsdp_transformer_layer_cls_to_wrap = Block"
+    assert fsdp.origin("strategy") == \
+        "fsdp1_questionnaire.yaml: fsdp_config.fsdp_reshard_after_forward = SHARD_GRAD_OP"
+    assert fsdp.origin("auto_wrap") == \
+        "fsdp1_questionnaire.yaml: fsdp_config.fsdp_transformer_layer_cls_to_wrap = Block"
     hybrid = read_accelerate_config(FILES / "fsdp_hybrid_two_machines.yaml")
     assert hybrid.origin("parallelism") == "fsdp_hybrid_two_machines.yaml: fsdp_config.fsdp_sharding_strategy = " \
                                            "HYBRID_SHARD"
@@ -129,8 +131,8 @@ def _write(tmp_path, text, name="a.yaml"):
      "give true or false (FSDP2)"),
     ("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: NO_SHARD\n  fsdp_offload_params: true\n",
      "NO_SHARD keeps every parameter on the device"),
-    ("distributed_type: FSDP\nnum_machines: 2\nnum_processes: 3\nfsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD\n",
-     "give num_processes, a multiple of 2"),
+    ("distributed_type: FSDP\nnum_machines: 2\nnum_processes: 3\nfsdp_config:\n"
+     "  fsdp_sharding_strategy: HYBRID_SHARD\n", "give num_processes, a multiple of 2"),
     ("distributed_type: FSDP\nnum_processes: 4\nfsdp_config:\n  fsdp_version: 2\nparallelism_config:\n"
      "  parallelism_config_dp_replicate_size: 4\n", "FSDP has no dimension to shard across"),
     ("distributed_type: MULTI_GPU\nparallelism_config:\n  parallelism_config_tp_size: 2\n",

@@ -254,11 +254,11 @@ def _deepspeed(block: Mapping[str, Any], data: Mapping[str, Any], file: Path, ci
     json_config, json_cite = None, None
     if json_file is not None:
         # relative to the current directory, as Accelerate opens it, else to the YAML file's own folder
-        found, json_config = read_deepspeed_json(json_file, where=cite("deepspeed_config.deepspeed_config_file",
-                                                                        json_file), folders=(cwd, file.resolve().parent))
+        where = cite("deepspeed_config.deepspeed_config_file", json_file)
+        found, json_config = read_deepspeed_json(json_file, where=where, folders=(cwd, file.resolve().parent))
 
         def json_cite(key: str, value: Any) -> str:
-            return f"{found.name}: {key} = {_yaml_text(value).lower() if isinstance(value, bool) else _yaml_text(value)}"
+            return f"{found.name}: {key} = {_yaml_text(value)}"
 
     return deepspeed_translation(fields, cite=lambda f, v: cite(f"deepspeed_config.{keys.get(f, f)}", v),
                                  json_config=json_config, json_cite=json_cite)
