@@ -7,7 +7,8 @@ print must hold what the page shows (``...`` marks what a page leaves out).
 
 Each runs in ``bash -c``, exactly as written, from an empty directory holding what the README's placeholders
 name: ``train.py`` (a stand-in that prints its devices and arguments), ``path/to/config.json`` (Llama-2-7B's
-config from ``tests/plan/configs``), ``examples/`` (the repository's), with ``convoy`` and ``python`` on
+config from ``tests/plan/configs``), ``examples/`` (the repository's), ``fsdp.yaml`` (Accelerate's FSDP template,
+``tests/config/accelerate/fsdp_template.yaml``), with ``convoy`` and ``python`` on
 ``PATH`` (the console script and interpreter of this Python). The GPU box of the tour is
 ``tests/inventories/8xh100_nvswitch.json``, replayed with ``CONVOY_INVENTORY`` until the tour writes ``box.json``,
 then that snapshot, as the README says; commands that start ranks of a job run them as CPU processes
@@ -102,6 +103,8 @@ LAUNCHER_TABLE = {
     "convoy launch --num_processes 2 train.py": ("rank 1 (local 1): device 1",),
     "convoy launch --devices 2 train.py": ("rank 1 (local 1): device 1",),
     "convoy launch --devices 2,0 train.py": ("rank 0 (local 0): device 2", "as cuda:0", "rank 1 (local 1): device 0"),
+    "convoy launch --config_file fsdp.yaml train.py": (
+        "strategy = zero3 (fsdp.yaml: fsdp_config.fsdp_sharding_strategy = FULL_SHARD)", "rank 1 (local 1): device 1"),
 }
 
 
@@ -159,6 +162,7 @@ def tour_dir(tmp_path):
     (work / "path" / "to").mkdir(parents=True)
     shutil.copy(CONFIG, work / "path" / "to" / "config.json")
     (work / "train.py").write_text(TRAIN_PY)
+    shutil.copy(REPO / "tests" / "config" / "accelerate" / "fsdp_template.yaml", work / "fsdp.yaml")  # Accelerate's
     (work / "examples").symlink_to(REPO / "examples")
     return work, _console_dir(tmp_path)
 
@@ -236,6 +240,7 @@ DOCS_CONSOLE: dict[tuple[str, str], str] = {
     ("devices.md", "convoy select 2 --free --order topology --explain --inventory "
                    "tests/inventories/amd_4gpu_xgmi_pairs.json"): "8xh100_nvswitch.json",
     ("launching.md", "convoy launch --dry-run --nnodes 4 train.py"): "8xh100_nvswitch.json",
+    ("migrating.md", "convoy launch --dry-run --config_file fsdp.yaml train.py"): "8xh100_nvswitch.json",
     ("launching.md", "PET_NODE_RANK=first convoy launch train.py"): "8xh100_nvswitch.json",
     ("launching.md", "PET_NNODES=2 PET_NODE_RANK=2 PET_MASTER_ADDR=head convoy launch train.py"):
         "8xh100_nvswitch.json",

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from convoy.config.schema import KEYS
 from convoy.plan.api import plan_for
 from convoy.plan.hardware import parse_hardware
 from convoy.plan.model import from_numbers, resolve_model
@@ -43,9 +42,6 @@ MODELS = {
 BOARDS = (("8xH100-80GB", None), ("8xA100-80GB", "pcie"), ("8xA100-40GB", None), ("4xL40S", None))
 NODES = (1, 2, 4)
 SEQ = (2048, 8192)
-#: until the recompute engineer's settings key lands, the launcher has no --recompute: rows asking for it are
-#: checked without it, and listed (an empty list once it lands, as the condition below turns itself off)
-RECOMPUTE_LANDED = "recompute" in KEYS
 
 
 def _plans():
@@ -121,12 +117,7 @@ def test_every_recommendation_and_fitting_row_is_accepted_by_the_launcher_and_th
         for row in rows:
             offered.setdefault(row.launch_args, f"{row.name} for {where}")
     assert recommended > 100 and {"", "offload", "recompute"} <= knobs, (recommended, knobs)
-    pending = []
     for args, case in sorted(offered.items()):
-        if "--recompute" in args and not RECOMPUTE_LANDED:
-            i = args.index("--recompute")
-            pending.append(case)
-            args = args[:i] + args[i + 2:]
         code, printed = _launched(args, script)
         assert code == 0, (case, args, printed)
         assert f"world size {int(args[1]) * int(args[3])}" in printed, (case, printed)
@@ -139,14 +130,11 @@ def test_every_recommendation_and_fitting_row_is_accepted_by_the_launcher_and_th
             assert dims.world_size == int(args[1]) * int(args[3]), (case, dims)
     for call, args in calls.items():
         given = eval(call, {"Accelerator": lambda **kw: kw, "loss_fn": lm_loss})  # noqa: S307 - our own output
-        if "recompute" in given and not RECOMPUTE_LANDED:
-            given.pop("recompute")
         nodes, per_node = int(args[1]), int(args[3])
         env = {"WORLD_SIZE": str(nodes * per_node), "LOCAL_WORLD_SIZE": str(per_node), "RANK": "0", "LOCAL_RANK": "0"}
         explicit = {k: v for k, v in given.items() if k != "strategy_options"}
         _built(env, explicit=explicit, options=given.get("strategy_options"))
-    print(f"{len(offered)} distinct launch_args, {len(calls)} Accelerator calls; waiting on --recompute: "
-          f"{len(pending)}")
+    print(f"{len(offered)} distinct launch_args, {len(calls)} Accelerator calls")
 
 
 def test_the_json_recommendation_carries_the_arguments_the_issue_found_refused(capsys):

@@ -121,7 +121,9 @@ def test_kwargs_handlers_are_applied():
 
 
 def test_refused_arguments_say_what_to_use():
-    with pytest.raises(NotSupportedYetError, match="use strategy='fsdp'"):
+    with pytest.raises(NotSupportedYetError, match="use parallelism="):
+        Accelerator(megatron_lm_plugin=object())
+    with pytest.raises(ConfigError, match=r"fsdp_plugin=.*give a convoy.FullyShardedDataParallelPlugin"):
         Accelerator(fsdp_plugin=object())
     with pytest.raises(NotSupportedYetError, match="torch.compile"):
         Accelerator(dynamo_backend="inductor")

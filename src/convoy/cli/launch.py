@@ -5,6 +5,7 @@
     convoy launch --nproc-per-node 4 -m my.trainer    # torchrun's meaning
     convoy launch --nnodes 2 --node-rank 0 --master-addr head --master-port 29500 train.py
     convoy launch --dry-run --devices 0,1 train.py    # print the plan and exit
+    convoy launch --config_file fsdp.yaml train.py    # an Accelerate config file (accelerate launch --config_file)
 
 Python: ``convoy.launch.job.launch_job(LaunchRequest(...))``; functions: ``convoy.launch(fn, args)``.
 """
@@ -18,6 +19,7 @@ import re
 from convoy.config.schema import (DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS, PP_SCHEDULES, RECOMPUTE_MODES,
                                   is_host)
 from convoy.errors import ConfigError
+from convoy.launch.env import LAUNCHED_OPTIONS
 from convoy.launch.resolve import DEFAULT_SIGNALS, EVENT_LOG_HANDLERS, START_METHODS
 
 DESCRIPTION = ("Start one process per selected device (or N CPU processes with gloo) with torchrun's "
@@ -29,10 +31,11 @@ EPILOG = """examples:
   convoy launch --num_processes 2 train.py        as accelerate launch --num_processes 2 train.py
   convoy launch --max-restarts 2 train.py         restart the group up to twice (torch elastic agent)
   convoy launch --dry-run --devices 2,0 train.py  print nodes, ranks, devices, environment, rendezvous
+  convoy launch --config_file fsdp.yaml train.py  the settings an Accelerate config file holds (flags win)
 
 torchrun's variables: every torchrun flag is also read from PET_<FLAG> (PET_NNODES, PET_NODE_RANK,
 PET_MASTER_ADDR, ...: what Kubeflow's PyTorchJob sets), as torchrun reads them; a flag wins.
-Precedence: flag > PET_<FLAG> > CONVOY_<KEY> > ./convoy.toml > user settings file > default."""
+Precedence: flag > PET_<FLAG> > --config_file > CONVOY_<KEY> > ./convoy.toml > user settings file > default."""
 
 STOPPED_BY_SIGTERM = True  # convoy.cli.main: SIGTERM ends the job with 143 and "terminated"
 
@@ -121,6 +124,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--virtual-local-rank", "--virtual_local_rank", action="store_true", help=argparse.SUPPRESS)
 
     cv = parser.add_argument_group("training settings (CONVOY_* variables for the ranks' Accelerator)")
+    cv.add_argument("--config_file", "--config-file", default=None, metavar="FILE",
+                    help="an Accelerate config file (what `accelerate config` wrote): its settings, below the flags")
     cv.add_argument("--mixed-precision", "--mixed_precision", default=None, choices=MIXED_PRECISIONS)
     cv.add_argument("--strategy", default=None, help="auto, ddp, zero1, zero2, zero3, fsdp, hsdp, tp, pp, ...")
     cv.add_argument("--dp", type=_whole, default=None)
@@ -215,6 +220,55 @@ def _program_position(parser: argparse.ArgumentParser, argv: list[str]) -> int |
     return None
 
 
+#: the torchrun options (not settings) an Accelerate config file sets: machine_rank, main_process_ip/port
+_FILE_OPTIONS = ("node_rank", "master_addr", "master_port")
+
+
+def _accelerate_file(args: argparse.Namespace, given: dict, env: dict) -> tuple[dict, dict, tuple[str, ...]]:
+    """``--config_file``'s values put into ``given`` (settings) and ``args`` (torchrun's options, the total
+    ``num_processes``) where no flag and no torchrun ``PET_<OPTION>`` gave them, as Accelerate's flags beat its file:
+    returns their origins (name -> ``Source``), the strategy options it sets, and its notes. Without the flag, a file
+    at Accelerate's default place is named once on stderr, not read."""
+    import sys
+
+    from convoy.config.settings import Source, torchrun_variable
+
+    if args.config_file is None:
+        from convoy.config.accelerate_file import accelerate_default_config
+
+        default = accelerate_default_config(env)
+        if default.is_file():
+            print(f"convoy: Accelerate's default config {default} is not read; --config_file {default} would use it",
+                  file=sys.stderr, flush=True)
+        return {}, {}, ()
+    from convoy.config.accelerate_file import read_accelerate_config
+
+    translated = read_accelerate_config(args.config_file)
+    origins, options = {}, {}
+
+    def unset(name: str) -> bool:  # no flag, and no torchrun variable (set for this job, as a flag would be)
+        pet = torchrun_variable("nproc_per_node" if name == "num_processes" else name)
+        return not (env.get(pet) or "").strip()
+
+    dims_given = any(getattr(args, axis) is not None for axis in ("dp", "dp_replicate", "dp_shard", "tp", "pp"))
+    for mapped in translated.values:
+        source = Source("accelerate config", mapped.origin)
+        name = mapped.name
+        if name in LAUNCHED_OPTIONS:
+            options[name] = mapped.value
+            origins[name] = source
+        elif name == "num_processes":
+            if args.num_processes is None and args.nproc_per_node is None and unset(name):
+                args.num_processes, origins[name] = mapped.value, source
+        elif name in _FILE_OPTIONS:
+            if getattr(args, name) is None and unset(name):
+                setattr(args, name, mapped.value)
+                origins[name] = source
+        elif name in given and given[name] is None and unset(name) and not (name == "parallelism" and dims_given):
+            given[name], origins[name] = mapped.value, source
+    return origins, options, translated.notes
+
+
 def build_request(args: argparse.Namespace):
     """The ``LaunchRequest`` and ``DeviceFilters`` for parsed flags (``ConfigError`` for conflicts)."""
     from convoy.launch.env import ConvoyEnv
@@ -229,9 +283,14 @@ def build_request(args: argparse.Namespace):
     # not the flag
     given = {"parallelism": None, **{name: value for name, value in vars(args).items() if name in KEYS}}
     env = dict(os.environ)
+    from_file, options, file_notes = _accelerate_file(args, given, env)
     if args.num_processes is not None:  # a flag for the per-node count: its PET_ variable is not read (a flag wins)
         env.pop(torchrun_variable("nproc_per_node"), None)
     filled, origins = fill_unset_with_origins(given, env=env)  # the settings' PET_ (nnodes, ...) included
+    origins.update(from_file)
+    if "num_processes" in from_file:  # the file's total beats CONVOY_NPROC_PER_NODE and convoy.toml's count
+        filled["nproc_per_node"] = None
+        origins.pop("nproc_per_node", None)
     args = argparse.Namespace(**{**vars(args), **filled})
     for name, (value, source) in _torchrun_options(args).items():
         setattr(args, name, value)
@@ -260,15 +319,18 @@ def build_request(args: argparse.Namespace):
     nproc = args.nproc_per_node
     if args.num_processes is not None:
         _, machines = node_range(args.nnodes)  # the launch plan's own reading of --nnodes
+        total = said("num_processes", args.num_processes).replace("--num-processes", "--num_processes")
         if args.num_processes % machines:
             nodes = said("nnodes", args.nnodes) if "nnodes" in origins else f"--num_machines {machines}"
-            raise ConfigError(f"--num_processes {args.num_processes} is not divisible by {nodes}")
+            raise ConfigError(f"{total} is not divisible by {nodes}")
         per_node = str(args.num_processes // machines)
         if nproc is not None and nproc != per_node:
-            raise ConfigError(f"--num_processes {args.num_processes} means {per_node} per node but "
+            raise ConfigError(f"{total} means {per_node} per node but "
                               f"{said('nproc_per_node', nproc)} says otherwise; give one of them")
         nproc = per_node
         origins.pop("nproc_per_node", None)  # from --num_processes now
+        if "num_processes" in origins:  # the file's total over its machines
+            origins["nproc_per_node"] = origins.pop("num_processes")
     dims = {k: getattr(args, k) for k in ("dp", "dp_replicate", "dp_shard", "tp", "pp") if getattr(args, k) is not None}
     settings = ConvoyEnv(
         mixed_precision=args.mixed_precision, strategy=args.strategy,
@@ -276,7 +338,7 @@ def build_request(args: argparse.Namespace):
         cpu_offload=args.cpu_offload, pp_schedule=args.pp_schedule,
         pp_stages_per_rank=args.pp_stages_per_rank,
         gradient_accumulation_steps=args.gradient_accumulation_steps, collective_timeout=args.collective_timeout,
-        recompute=args.recompute,
+        recompute=args.recompute, strategy_options=options or None,
     )
     options = {name: getattr(args, name) for name in _WORKER_OPTIONS if getattr(args, name) is not None}
     workers = WorkerOptions(**options, origins={k: v for k, v in origins.items() if k in _WORKER_OPTIONS})
@@ -286,6 +348,7 @@ def build_request(args: argparse.Namespace):
         master_addr=args.master_addr, master_port=args.master_port, rdzv_backend=args.rdzv_backend,
         rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, rdzv_conf=args.rdzv_conf,
         standalone=args.standalone, workers=workers, engine=args.engine, settings=settings, origins=origins,
+        notes=file_notes,
     )
     exclude = tuple(int(t) if re.fullmatch(r"[0-9]{1,9}", t) else t  # indices or UUIDs; select_devices checks
                     for t in (part.strip() for part in args.exclude.split(",")) if t)

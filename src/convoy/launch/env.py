@@ -14,9 +14,11 @@ worker bootstrap read):
   ``ROLE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_*``), with the values torch's elastic agent
   gives them, so an unmodified torchrun script runs as it is;
 * convoy's own (``CONVOY_MIXED_PRECISION``, ``CONVOY_STRATEGY``, ``CONVOY_PARALLELISM``,
-  ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``, ``CONVOY_RECOMPUTE``) set from launch
-  flags and read by the ``Accelerator``; an explicit constructor argument always wins over them. Accelerate's
-  launcher says the same with ``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` and
+  ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``, ``CONVOY_RECOMPUTE``, ...) set from launch
+  flags and read by the ``Accelerator``; an explicit constructor argument always wins over them.
+  ``CONVOY_STRATEGY_OPTIONS`` (JSON) carries the strategy options an Accelerate config file sets (``auto_wrap``:
+  ``convoy launch --config_file``); a key of ``Accelerator(strategy_options=...)`` wins. Accelerate's launcher says
+  the same with ``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` and
   ``ACCELERATE_DEBUG_MODE``, which are read here too.
 
 Every value is parsed by its key in ``convoy.config.schema``, on both sides, so the parent refuses exactly
@@ -25,11 +27,12 @@ what a rank would refuse.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Callable, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 from convoy.config.schema import (BUILTIN_STRATEGIES, DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS,
-                                  check_offload, dp_engine_beside, parse_whole)
+                                  check_offload, dp_engine_beside, parse_whole, show)
 from convoy.errors import ConfigError
 
 __all__ = [
@@ -38,6 +41,8 @@ __all__ = [
     "MIXED_PRECISIONS",
     "RANK_VARIABLES",
     "CONVOY_VARIABLES",
+    "STRATEGY_OPTIONS_VARIABLE",
+    "LAUNCHED_OPTIONS",
     "ConvoyEnv",
     "RankEnv",
     "rank_env",
@@ -48,6 +53,7 @@ __all__ = [
     "read_rank_env",
     "read_collective_timeout",
     "read_debug_mode",
+    "launched_options",
 ]
 
 
@@ -60,7 +66,11 @@ RANK_VARIABLES = (
 #: the settings the launcher hands to every rank, each as its schema key's ``CONVOY_<KEY>`` variable
 SETTING_NAMES = ("mixed_precision", "strategy", "parallelism", "cpu_offload", "pp_schedule", "pp_stages_per_rank",
                  "gradient_accumulation_steps", "collective_timeout", "recompute")
+STRATEGY_OPTIONS_VARIABLE = "CONVOY_STRATEGY_OPTIONS"
 CONVOY_VARIABLES = tuple(KEYS[name].env_var for name in SETTING_NAMES)
+#: the strategy options a launcher hands to the ranks (an Accelerate config file's), and the strategies that read
+#: each (``"parallel"`` with its FSDP2 dp engine): FSDP2's ``CPUOffloadPolicy``, the module classes sharded one by one
+LAUNCHED_OPTIONS = {"auto_wrap": ("zero2", "zero3", "fsdp", "hsdp", "parallel")}
 #: Accelerate's launcher's variable for a setting, read when convoy's own is not set (Accelerate's
 #: ``Accelerator.__init__`` reads both; there ACCELERATE_GRADIENT_ACCUMULATION_STEPS beats even the argument, here
 #: an explicit argument wins, as for every variable)
@@ -203,6 +213,8 @@ class ConvoyEnv:
     """Seconds before a collective that not every rank reached fails (convoy's default: 300)."""
     recompute: str | None = None
     """Activation recomputation, one of ``convoy.config.schema.RECOMPUTE_MODES`` ("none", "selective", "full")."""
+    strategy_options: Mapping[str, Any] | None = None
+    """Strategy options of ``LAUNCHED_OPTIONS`` (``{"auto_wrap": ("LlamaDecoderLayer",)}``)."""
 
     def __post_init__(self) -> None:
         # each value is checked by the schema key the trainer reads it with, so the parent refuses exactly
@@ -212,6 +224,27 @@ class ConvoyEnv:
             where = "--dp/--tp/--pp (parallelism)" if name == "parallelism" else KEYS[name].flag
             if value is not None:  # stored as parsed: "300" -> 300.0, "BF16" -> "bf16"
                 object.__setattr__(self, name, KEYS[name].parse(value, where=where))
+        if self.strategy_options is not None:
+            object.__setattr__(self, "strategy_options", launched_options(self.strategy_options,
+                                                                          where=STRATEGY_OPTIONS_VARIABLE))
+
+
+def launched_options(options: Any, *, where: str) -> dict[str, Any]:
+    """``options`` checked as ``LAUNCHED_OPTIONS`` (``auto_wrap``: module class names), the names as a tuple;
+    ``ConfigError`` naming ``where`` otherwise."""
+    if not isinstance(options, Mapping) or any(key not in LAUNCHED_OPTIONS for key in options):
+        raise ConfigError(f"{where}: {show(options)} is not valid; expected an object with keys from "
+                          f"{', '.join(LAUNCHED_OPTIONS)}")
+    checked: dict[str, Any] = {}
+    for key, value in options.items():
+        if key == "auto_wrap":
+            if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value or \
+                    not all(isinstance(v, str) and v.strip() for v in value):
+                raise ConfigError(f"{where}: auto_wrap={show(value)}: give module class names like "
+                                  f"['LlamaDecoderLayer']")
+            value = tuple(v.strip() for v in value)
+        checked[key] = value
+    return checked
 
 
 def check_launch_settings(settings: ConvoyEnv, *, said: Callable[[str, object], str] | None = None) -> None:
@@ -254,12 +287,23 @@ def check_launch_settings(settings: ConvoyEnv, *, said: Callable[[str, object], 
             named = (said or (lambda name, value: as_flag({}, name, value)))(name, value)
             raise ConfigError(f"{named} schedules a pipeline, and the job has none (pp=1); give --pp with it, or "
                               f"leave it out")
+    for key, value in (settings.strategy_options or {}).items():
+        if settings.strategy is not None and settings.strategy not in LAUNCHED_OPTIONS[key]:
+            from convoy.config.settings import said as as_flag
+
+            name = said or (lambda n, v: as_flag({}, n, v))
+            raise ConfigError(f"{name(key, value)} is not read by {name('strategy', settings.strategy)}; it is an "
+                              f"option of {', '.join(LAUNCHED_OPTIONS[key])}")
 
 
 def convoy_env(settings: ConvoyEnv) -> dict[str, str]:
     """The ``CONVOY_*`` variables for ``settings``; unset fields are left out (the trainer's default holds)."""
     values = {KEYS[name].env_var: getattr(settings, name) for name in SETTING_NAMES}
-    return {key: _format(value) for key, value in values.items() if value is not None}
+    env = {key: _format(value) for key, value in values.items() if value is not None}
+    if settings.strategy_options:
+        env[STRATEGY_OPTIONS_VARIABLE] = json.dumps({k: list(v) if isinstance(v, tuple) else v
+                                                    for k, v in sorted(settings.strategy_options.items())})
+    return env
 
 
 def _format(value: object) -> str:
@@ -284,6 +328,14 @@ def read_convoy_env(env: Mapping[str, str], *, skip: Collection[str] = ()) -> Co
             if raw is not None and raw.strip():
                 values[name] = KEYS[name].parse(raw, where=f"environment {variable}")
                 break
+    raw = env.get(STRATEGY_OPTIONS_VARIABLE, "")
+    if raw.strip():
+        where = f"environment {STRATEGY_OPTIONS_VARIABLE}"
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            raise ConfigError(f"{where}: {show(raw)} is not a JSON object such as {{\"auto_wrap\": [\"Block\"]}}") from None
+        values["strategy_options"] = launched_options(parsed, where=where)
     return ConvoyEnv(**values)
 
 

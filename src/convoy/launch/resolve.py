@@ -176,7 +176,10 @@ class LaunchRequest:
     """What the ranks' ``Accelerator`` is asked for (``CONVOY_*`` variables)."""
     origins: Mapping[str, Source] = field(default_factory=dict)
     """Where a setting came from when not from its flag (``convoy.config.settings.fill_unset_with_origins``):
-    setting name -> a ``CONVOY_*`` variable or a settings file's line. Messages name that place (``said``)."""
+    setting name -> a ``CONVOY_*`` variable, a settings file's line, or an Accelerate config file's key (kind
+    ``"accelerate config"``). Messages name that place (``said``)."""
+    notes: tuple[str, ...] = ()
+    """Lines about the request for the plan (an Accelerate config file's keys that run otherwise in convoy)."""
 
     def said(self, name: str, value: object) -> str:
         """Setting ``name`` holding ``value`` as the user wrote it, for a message: ``--nproc-per-node 99``, or
@@ -237,6 +240,9 @@ class LaunchPlan:
     given_by: tuple[str, ...] = ()
     """The request's values that no flag gave, as they were given: torchrun's ``PET_NNODES=2``,
     ``CONVOY_STRATEGY=ddp``, ``nproc_per_node = 2 (/repo/convoy.toml, line 3)`` (``describe_plan`` shows them)."""
+    from_file: tuple[str, ...] = ()
+    """The values an Accelerate config file gave (``--config_file``), each with its key: ``strategy = zero3
+    (fsdp.yaml: fsdp_config.fsdp_sharding_strategy = FULL_SHARD)``."""
     explanation: tuple[str, ...] = ()
 
     @property
@@ -258,7 +264,7 @@ class LaunchPlan:
 
 def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping[str, str]) -> LaunchPlan:
     """The plan for ``request`` on the devices ``selection`` chose, under ``env``."""
-    notes: list[str] = list(selection.explanation)
+    notes: list[str] = [*selection.explanation, *request.notes]
     nproc, devices = _processes(request, selection, notes)
     workers = request.workers
     shown_ranks(workers.local_ranks_filter, nproc,  # a filter that shows no rank is refused
@@ -354,18 +360,26 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
         devices=tuple(devices),
         env=worker_env,
         workers=request.workers,
-        given_by=tuple(_given_elsewhere(request)),
+        given_by=tuple(_given_elsewhere(request, from_file=False)),
+        from_file=tuple(_given_elsewhere(request, from_file=True)),
         explanation=tuple(notes),
     )
 
 
-def _given_elsewhere(request: LaunchRequest) -> list[str]:
+def _given_elsewhere(request: LaunchRequest, *, from_file: bool) -> list[str]:
     """Each value of the request that no flag gave, as it was given (``PET_NNODES=2``, ``CONVOY_STRATEGY=ddp``,
-    ``nproc_per_node = 2 (/repo/convoy.toml, line 3)``)."""
+    ``nproc_per_node = 2 (/repo/convoy.toml, line 3)``): those of an Accelerate config file, or the others."""
     given = []
+    options = request.settings.strategy_options or {}
     for name, source in request.origins.items():
+        if (source.kind == "accelerate config") != from_file:
+            continue
         holder = next((h for h in (request, request.workers, request.settings) if hasattr(h, name)), None)
-        given.append(source.said(name, getattr(holder, name)) if holder is not None else str(source))
+        if name in options:
+            value = options[name]
+            given.append(source.said(name, ",".join(value) if isinstance(value, tuple) else value))
+        else:
+            given.append(source.said(name, getattr(holder, name)) if holder is not None else str(source))
     return given
 
 
@@ -606,6 +620,8 @@ def describe_plan(plan: LaunchPlan, *, base_env: Mapping[str, str] | None = None
     ]
     if plan.given_by:
         lines.append(f"given by:   {', '.join(plan.given_by)}  (not flags)")
+    for i, value in enumerate(plan.from_file):
+        lines.append(("config:     " if i == 0 else " " * 12) + value)
     prefix = vendor_facts(plan.vendor).device_type
     for local in range(plan.nproc_per_node):
         device = plan.device_of(local)

@@ -35,6 +35,7 @@ from convoy.train.coordination import Trigger, join_uneven_inputs
 from convoy.train.data import DataLoaderConfiguration, PreparedDataLoader
 from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
 from convoy.train.plan_report import PlanReport, PlanWatch
+from convoy.train.plugins import plugin_arguments
 from convoy.train.process_group import stop_process_group
 from convoy.train.prepared import LoopState
 from convoy.train.process_state import AcceleratorState, DistributedType, GradientState, distributed_type_for
@@ -101,7 +102,8 @@ class Accelerator:
                  rng_types: Any = None, log_with: Any = None, strategy_options: dict[str, Any] | None = None,
                  collective_timeout: float | None = None, planner: Callable[..., Any] | None = None,
                  parallelism: Any = None, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
-                 kwargs_handlers: list[Any] | None = None, recompute: str | None = None, **unsupported: Any) -> None:
+                 kwargs_handlers: list[Any] | None = None, recompute: str | None = None, fsdp_plugin: Any = None,
+                 deepspeed_plugin: Any = None, parallelism_config: Any = None, **unsupported: Any) -> None:
         refuse_arguments(unsupported)
         check_plain_arguments({"device_placement": device_placement, "split_batches": split_batches, "cpu": cpu,
                                "step_scheduler_with_optimizer": step_scheduler_with_optimizer,
@@ -113,12 +115,19 @@ class Accelerator:
         if collective_timeout is None and handlers.timeout_s is not None:
             collective_timeout = handlers.timeout_s
         held = AcceleratorState._held_mixed_precision()  # set by an earlier Accelerator of this process: kept
+        # Accelerate's plugins, read as the arguments they stand for (convoy.train.plugins)
+        plugins = plugin_arguments(
+            fsdp_plugin=fsdp_plugin, deepspeed_plugin=deepspeed_plugin, parallelism_config=parallelism_config,
+            explicit={"mixed_precision": mixed_precision, "strategy": strategy, "parallelism": parallelism,
+                      "recompute": recompute, "gradient_accumulation_steps": plugin.num_steps if plugin is not None
+                      else gradient_accumulation_steps}, strategy_options=strategy_options)
+        strategy_options = plugins.options
+        explicit = dict(plugins.explicit)
+        if explicit["mixed_precision"] is None:
+            explicit["mixed_precision"] = held
         self.settings = resolve_settings(explicit={
-            "mixed_precision": held if mixed_precision is None else mixed_precision, "strategy": strategy,
-            "collective_timeout": collective_timeout, "recompute": recompute,
-            "gradient_accumulation_steps": plugin.num_steps if plugin is not None else gradient_accumulation_steps,
-            "parallelism": parallelism, "backend": handlers.backend}, cpu=cpu,
-            options=strategy_options, defaults=handlers.ddp)
+            **explicit, "collective_timeout": collective_timeout, "backend": handlers.backend}, cpu=cpu,
+            options=strategy_options, defaults=handlers.ddp, strategy_family=plugins.family)
         AcceleratorState._check_mixed_precision(self.settings.mixed_precision,
                                                 where=f"Accelerator(mixed_precision={show(mixed_precision)})")
         self.gradient_accumulation_plugin = plugin or GradientAccumulationPlugin(

@@ -216,12 +216,9 @@ class GradientAccumulationPlugin:
 
 # Accelerate's constructor arguments convoy refuses, and what to use instead.
 REFUSED_ARGUMENTS = {
-    "deepspeed_plugin": "strategy='zero1'/'zero2'/'zero3' (ZeRO on PyTorch's engines) with strategy_options={...}",
-    "deepspeed_plugins": "strategy='zero1'/'zero2'/'zero3' with strategy_options={...}",
-    "fsdp_plugin": "strategy='fsdp' (FSDP2) with strategy_options={...}",
+    "deepspeed_plugins": "one deepspeed_plugin=DeepSpeedPlugin(...), or strategy='zero1'/'zero2'/'zero3'",
     "megatron_lm_plugin": "parallelism={'tp': ..., 'pp': ...}",
     "torch_tp_plugin": "parallelism={'tp': ...}",
-    "parallelism_config": "parallelism={'dp': ..., 'tp': ..., 'pp': ...}",
     "dynamo_backend": "torch.compile(model) before prepare()",
     "dynamo_plugin": "torch.compile(model) before prepare()",
     "dispatch_batches": "DataLoaderConfiguration(...) (convoy shards on every process)",

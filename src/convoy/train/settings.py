@@ -105,11 +105,14 @@ def _parallel_dims(dims: Any, world_size: int) -> ParallelDims | None:
 
 def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
                      cpu: bool = False, options: Mapping[str, Any] | None = None,
-                     defaults: Mapping[str, Any] | None = None) -> TrainSettings:
+                     defaults: Mapping[str, Any] | None = None, strategy_family: tuple[str, ...] = ()
+                     ) -> TrainSettings:
     """Combine explicit constructor arguments (``None`` = not given) with the launcher's environment
     (``convoy.launch.env``, read there). ``options``: the strategy options (their keys are checked by
-    ``convoy.train.arguments.check_arguments``), over ``defaults`` (a kwargs handler's). Reads the settings files and, unless ``cpu``,
-    asks torch whether CUDA is there; nothing else."""
+    ``convoy.train.arguments.check_arguments``), over the launcher's (``CONVOY_STRATEGY_OPTIONS``, an Accelerate config
+    file's), over ``defaults`` (a kwargs handler's). Reads the settings files and, unless ``cpu``,
+    asks torch whether CUDA is there; nothing else. ``strategy_family``: the strategies an engine's plugin runs as
+    (``convoy.train.plugins``): a strategy from the launcher outside them becomes the first."""
     if options is not None and not isinstance(options, Mapping):
         raise ConfigError(f"strategy_options={show(options)}: give a dict such as "
                           f"{{'find_unused_parameters': True}}")
@@ -125,6 +128,8 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
     dims = _parallel_dims(given["parallelism"] if "parallelism" in given else launched.parallelism,
                           ranks.world_size)
     strategy = _setting("strategy", given, launched)
+    if strategy_family and "strategy" not in given and strategy not in strategy_family:
+        strategy = strategy_family[0]  # Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin()): FSDP, not ddp
     dp_engine_beside(strategy, dims)  # a strategy that cannot run beside these degrees: one line, as the launcher
     options = {**(defaults or {}), **_launched_options(strategy, dims, launched, env), **(options or {})}
     return TrainSettings(

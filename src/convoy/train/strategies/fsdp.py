@@ -5,7 +5,7 @@ with FSDP2 (``torch.distributed.fsdp.fully_shard``), never the legacy ``FullySha
     accelerator = Accelerator(strategy="zero2")   # keep parameters gathered between forward and backward
     accelerator = Accelerator(strategy="fsdp")    # the same as zero3, under PyTorch's name
 
-Options (``Accelerator(strategy_options={...})``): ``auto_wrap`` (a set of module classes to shard one by
+Options (``Accelerator(strategy_options={...})``): ``auto_wrap`` (module classes, or their names, to shard one by
 one; default: every block held in an ``nn.ModuleList``), ``cpu_offload`` (bool; uses
 ``CPUOffloadPolicy(pin_memory=False)`` on machines without an accelerator, where pinning fails).
 
@@ -125,11 +125,19 @@ def no_gradient_sync(module: "torch.nn.Module") -> Iterator[None]:
 
 def shard_units(module: "torch.nn.Module", classes: Any) -> list["torch.nn.Module"]:
     """Sub-modules sharded one by one (innermost first), so only one block is gathered at a time: those of
-    ``classes`` (``strategy_options["auto_wrap"]``), else every child of a ``ModuleList``."""
+    ``classes`` (``strategy_options["auto_wrap"]``: module classes, or class names as Accelerate's
+    ``transformer_cls_names_to_wrap``), else every child of a ``ModuleList``. A name no module of the model has is
+    one ``StrategyError``, as in Accelerate."""
 
     if classes:
-        wanted = tuple(classes)
-        found = [m for m in module.modules() if isinstance(m, wanted) and m is not module]
+        names = {c for c in classes if isinstance(c, str)}
+        missing = names - {type(m).__name__ for m in module.modules()}
+        if missing:
+            raise StrategyError(f"auto_wrap: the model has no module of class {sorted(missing)[0]!r} to shard on its "
+                                f"own; give class names the model has, such as {type(module).__name__!r}'s blocks")
+        wanted = tuple(c for c in classes if not isinstance(c, str))
+        found = [m for m in module.modules()
+                 if m is not module and (isinstance(m, wanted) or type(m).__name__ in names)]
     else:
         found = [child for m in module.modules() if isinstance(m, torch.nn.ModuleList) for child in m]
     return list(reversed(found))

@@ -1,0 +1,196 @@
+"""Accelerate's config files (written as `accelerate config` writes them, in tests/config/accelerate/) read as
+convoy's settings, each value with the key it came from; every key convoy cannot run is one line naming it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from convoy.config.accelerate_file import TOP_LEVEL_KEYS, accelerate_default_config, read_accelerate_config
+from convoy.config.accelerate_mapping import ROWS, fsdp_translation, plugin_cite
+from convoy.errors import ConfigError, NotSupportedYetError
+
+FILES = Path(__file__).parent / "accelerate"
+
+#: each file -> the convoy values it sets (every one; num_processes is the total over the machines)
+READ = {
+    "fsdp1_questionnaire.yaml": {"strategy": "zero2", "auto_wrap": ("Block",), "num_processes": 2, "nnodes": "1",
+                                 "rdzv_backend": "static", "mixed_precision": "no"},
+    "fsdp_template.yaml": {"strategy": "zero3", "num_processes": 2, "mixed_precision": "bf16"},
+    "fsdp2_offload.yaml": {"strategy": "zero3", "cpu_offload": True, "auto_wrap": ("Block",), "num_processes": 2,
+                           "nnodes": "1", "rdzv_backend": "static", "mixed_precision": "no"},
+    "fsdp_integer_strategy.yaml": {"strategy": "zero2", "num_processes": 2},
+    "fsdp_no_shard.yaml": {"strategy": "ddp", "num_processes": 2},
+    "fsdp_hybrid_two_machines.yaml": {"strategy": "zero3", "parallelism": "dp_replicate=2,dp_shard=4",
+                                      "num_processes": 8, "nnodes": "2", "node_rank": 1, "rdzv_backend": "static",
+                                      "master_addr": "10.1.2.3", "master_port": 29501, "mixed_precision": "bf16"},
+    "fsdp2_parallelism.yaml": {"strategy": "zero3", "parallelism": "dp_replicate=1,dp_shard=2,tp=2",
+                               "num_processes": 4, "nnodes": "1", "mixed_precision": "bf16"},
+    "deepspeed_inline.yaml": {"strategy": "zero2", "cpu_offload": True, "gradient_accumulation_steps": 4,
+                              "num_processes": 2, "nnodes": "1", "rdzv_backend": "static", "mixed_precision": "fp16"},
+    "deepspeed_zero3_file.yaml": {"strategy": "zero3", "gradient_accumulation_steps": 2, "num_processes": 2},
+    "multi_gpu.yaml": {"strategy": "ddp", "num_processes": 2, "nnodes": "1", "rdzv_backend": "static",
+                       "devices": "2,0", "mixed_precision": "bf16"},
+    "multi_node.yaml": {"strategy": "ddp", "num_processes": 8, "nnodes": "2", "node_rank": 0, "rdzv_backend": "static",
+                        "master_addr": "10.0.0.1", "master_port": 9999},
+    "multi_node_c10d.yaml": {"strategy": "ddp", "num_processes": 4, "nnodes": "2", "node_rank": 1,
+                             "rdzv_backend": "c10d", "rdzv_endpoint": "head:29400"},
+    "multi_cpu.yaml": {"strategy": "ddp", "num_processes": 2, "nnodes": "1", "rdzv_backend": "static",
+                       "devices": "0", "mixed_precision": "no"},
+    "default_config.yaml": {"num_processes": 1, "nnodes": "1", "rdzv_backend": "static", "devices": "0",
+                            "mixed_precision": "no"},
+}
+#: each file convoy refuses -> the error and the key its one line names
+REFUSED = {
+    "fp8.yaml": (NotSupportedYetError, "fp8.yaml: fp8_config = {...}: fp8 training is not in convoy"),
+    "megatron.yaml": (NotSupportedYetError, "megatron.yaml: megatron_lm_config = {...}: Megatron-LM"),
+    "tpu.yaml": (NotSupportedYetError, "tpu.yaml: distributed_type = XLA: TPUs"),
+    "context_parallel.yaml": (NotSupportedYetError, "parallelism_config.parallelism_config_cp_size = 2: context "
+                                                    "parallelism is not in convoy yet"),
+    "dynamo.yaml": (NotSupportedYetError, "dynamo_config.dynamo_backend = INDUCTOR: convoy does not compile"),
+    "deepspeed_nvme.yaml": (NotSupportedYetError, "deepspeed_config.offload_optimizer_device = nvme"),
+    "deepspeed_clipping.yaml": (NotSupportedYetError, "deepspeed_config.gradient_clipping = 1.0: convoy does not "
+                                                      "clip on its own yet; call accelerator.clip_grad_norm_"),
+    "deepspeed_optimizer_file.yaml": (NotSupportedYetError, "zero2_optimizer.json: optimizer = {...}: DeepSpeed "
+                                                            "builds this optimizer"),
+}
+RECOMPUTE = "fsdp_recompute.yaml"
+
+
+def test_every_file_here_is_one_accelerate_itself_loads():
+    """The files are real: Accelerate 1.15's own loader reads each (it refuses unknown keys and values)."""
+    config_args = pytest.importorskip("accelerate.commands.config.config_args")
+    names = sorted(p.name for p in FILES.glob("*.yaml"))
+    assert set(names) == {*READ, *REFUSED, RECOMPUTE}
+    for name in names:
+        config_args.load_config_from_file(str(FILES / name))
+
+
+@pytest.mark.parametrize("name", sorted(READ))
+def test_each_file_maps_onto_convoys_settings_with_the_key_that_set_it(name):
+    translated = read_accelerate_config(FILES / name)
+    assert {m.name: m.value for m in translated.values} == READ[name]
+    for mapped in translated.values:
+        assert mapped.origin.startswith(f"{name}: ") or mapped.origin.startswith(("zero3.json: ",)), mapped
+
+
+def test_origins_name_the_key_as_the_file_writes_it():
+    fsdp = read_accelerate_config(FILES / "fsdp1_questionnaire.yaml")
+    assert fsdp.origin("strategy") == \
+        "fsdp1_questionnaire.yaml: fsdp_config.fsdp_reshard_after_forward = SHARD_GRAD_OP"
+    assert fsdp.origin("auto_wrap") == \
+        "fsdp1_questionnaire.yaml: fsdp_config.fsdp_transformer_layer_cls_to_wrap = Block"
+    hybrid = read_accelerate_config(FILES / "fsdp_hybrid_two_machines.yaml")
+    assert hybrid.origin("parallelism") == "fsdp_hybrid_two_machines.yaml: fsdp_config.fsdp_sharding_strategy = " \
+                                           "HYBRID_SHARD"
+    assert hybrid.origin("num_processes") == "fsdp_hybrid_two_machines.yaml: num_processes = 8"
+    ds = read_accelerate_config(FILES / "deepspeed_zero3_file.yaml")
+    assert ds.origin("strategy") == "zero3.json: zero_optimization.stage = 3"
+    assert "accepted, without effect" in " ".join(ds.notes) and "zero3_init_flag = true" in " ".join(ds.notes)
+    c10d = read_accelerate_config(FILES / "multi_node_c10d.yaml")
+    assert c10d.origin("rdzv_endpoint") == "multi_node_c10d.yaml: main_process_ip = head, main_process_port = 29400"
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_what_convoy_cannot_run_is_one_line_naming_the_key(name):
+    kind, words = REFUSED[name]
+    with pytest.raises(kind) as caught:
+        read_accelerate_config(FILES / name)
+    assert words in str(caught.value) and "\n" not in str(caught.value), caught.value
+
+
+def test_activation_checkpointing_is_full_recompute():
+    translated = read_accelerate_config(FILES / RECOMPUTE)
+    assert translated.value("recompute") == "full"
+    assert translated.origin("recompute") == f"{RECOMPUTE}: fsdp_config.fsdp_activation_checkpointing = true"
+
+
+def _write(tmp_path, text, name="a.yaml"):
+    (tmp_path / name).write_text(text)
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("text, words", [
+    ("distributed_type: MULTI_GPU\nnum_procs: 2\n", "'num_procs' is not a key of Accelerate's config file"),
+    ("num_processes: 2\n", "no distributed_type"),
+    ("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding: FULL_SHARD\n", "fsdp_config.'fsdp_sharding' is not"),
+    ("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: QUARTER_SHARD\n",
+     "fsdp_sharding_strategy = QUARTER_SHARD: give one of FULL_SHARD"),
+    ("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: 7\n", "(or its number 1-5)"),
+    ("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 3\n", "fsdp_version = 3: give 1 or 2"),
+    ("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forward: maybe\n",
+     "give true or false (FSDP2)"),
+    ("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: NO_SHARD\n  fsdp_offload_params: true\n",
+     "NO_SHARD keeps every parameter on the device"),
+    ("distributed_type: FSDP\nnum_machines: 2\nnum_processes: 3\nfsdp_config:\n"
+     "  fsdp_sharding_strategy: HYBRID_SHARD\n", "give num_processes, a multiple of 2"),
+    ("distributed_type: FSDP\nnum_processes: 4\nfsdp_config:\n  fsdp_version: 2\nparallelism_config:\n"
+     "  parallelism_config_dp_replicate_size: 4\n", "FSDP has no dimension to shard across"),
+    ("distributed_type: MULTI_GPU\nparallelism_config:\n  parallelism_config_tp_size: 2\n",
+     "Accelerate takes it with FSDP (fsdp_version 2) only"),
+    ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 5\n", "give a ZeRO stage from 0 to 3"),
+    ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 1\n  offload_optimizer_device: cpu\n",
+     "offloading needs stage 2 or 3"),
+    ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: missing.json\n", "no such file"),
+    ("distributed_type: DEEPSPEED\nmixed_precision: bf16\ndeepspeed_config:\n  deepspeed_config_file: zero3.json\n",
+     "give it in the JSON file only"),
+    ("distributed_type: MULTI_GPU\ngpu_ids: first\n", "gpu_ids = first: give device indices"),
+    ("distributed_type: MULTI_GPU\nnum_processes: -3\n", "num_processes = -3: give a whole number >= 1"),
+    ("compute_environment: AMAZON_SAGEMAKER\ndistributed_type: DATA_PARALLEL\n", "not on SageMaker"),
+    ("distributed_type: MULTI_GPU\ntpu_use_cluster: true\n", "tpu_use_cluster = true: TPU pods"),
+    ("distributed_type: MULTI_GPU\ndistributed_type: [\n", "not valid YAML"),
+    ("- a list\n", "holds list"),
+])
+def test_malformed_files_are_one_line(tmp_path, text, words):
+    (tmp_path / "zero3.json").write_text((FILES / "zero3.json").read_text())
+    with pytest.raises((ConfigError, NotSupportedYetError)) as caught:
+        read_accelerate_config(_write(tmp_path, text), cwd=tmp_path)
+    assert words in str(caught.value) and "\n" not in str(caught.value), caught.value
+
+
+def test_deepspeed_json_values_win_and_auto_takes_the_rest(tmp_path):
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 1}, "bf16": {"enabled": true}, '
+                                      '"gradient_accumulation_steps": "auto", "fp16": {"enabled": false}}')
+    translated = read_accelerate_config(_write(tmp_path, "distributed_type: DEEPSPEED\ndeepspeed_config:\n"
+                                                         "  deepspeed_config_file: ds.json\n"), cwd=tmp_path)
+    assert {m.name: m.value for m in translated.values} == {"strategy": "zero1", "mixed_precision": "bf16"}
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 2, "zero_quantized_weights": true}}')
+    with pytest.raises(NotSupportedYetError, match="zero_optimization.zero_quantized_weights = true: ZeRO"):
+        read_accelerate_config(tmp_path / "a.yaml", cwd=tmp_path)
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 2}, "sparse_gradients_x": 1}')
+    with pytest.raises(ConfigError, match="sparse_gradients_x = 1: convoy does not know this DeepSpeed key"):
+        read_accelerate_config(tmp_path / "a.yaml", cwd=tmp_path)
+
+
+def test_keys_that_change_nothing_are_accepted(tmp_path):
+    text = ("compute_environment: LOCAL_MACHINE\ndebug: false\ndistributed_type: MULTI_GPU\ndowncast_bf16: 'no'\n"
+            "enable_cpu_affinity: true\nmain_training_function: train\nsame_network: true\ntpu_env: []\n"
+            "tpu_use_cluster: false\ntpu_use_sudo: false\ndynamo_config: {}\nnum_processes: 2\n")
+    translated = read_accelerate_config(_write(tmp_path, text))
+    assert {m.name: m.value for m in translated.values} == {"strategy": "ddp", "num_processes": 2}
+
+
+def test_the_table_covers_every_key_accelerate_writes():
+    """Every ClusterConfig field is a top-level key here, and every FSDP key Accelerate's launcher copies has a row."""
+    config_args = pytest.importorskip("accelerate.commands.config.config_args")
+    assert set(config_args.ClusterConfig.__dataclass_fields__) == set(TOP_LEVEL_KEYS) - {"fp16", "dynamo_backend"}
+    plugins = pytest.importorskip("accelerate.utils.dataclasses")
+    fsdp_fields = set(plugins.FullyShardedDataParallelPlugin.__dataclass_fields__)
+    assert {row.field for row in ROWS if row.block == "fsdp_config"} <= fsdp_fields
+    ds_fields = set(plugins.DeepSpeedPlugin.__dataclass_fields__)
+    assert {row.field for row in ROWS if row.block == "deepspeed_config" and row.field != "-"} <= ds_fields
+
+
+@pytest.mark.parametrize("value, strategy", [("FULL_SHARD", "zero3"), (1, "zero3"), ("2", "zero2"), (3, "ddp"),
+                                             ("hybrid_shard", "zero3"), (5, "zero2")])
+def test_sharding_strategies_by_name_and_number(value, strategy):
+    translated = fsdp_translation({"sharding_strategy": value}, cite=plugin_cite("P"), nodes=1, processes=2)
+    assert translated.value("strategy") == strategy and translated.value("parallelism") is None
+
+
+def test_accelerates_default_file_is_found_where_accelerate_looks(tmp_path):
+    assert accelerate_default_config({"HF_HOME": str(tmp_path)}) == tmp_path / "accelerate" / "default_config.yaml"
+    assert accelerate_default_config({"XDG_CACHE_HOME": str(tmp_path)}) == \
+        tmp_path / "huggingface" / "accelerate" / "default_config.yaml"
+    assert accelerate_default_config({"HOME": str(tmp_path)}).name == "default_config.yaml"

@@ -1,0 +1,66 @@
+"""Training from an Accelerate setup on 2 CPU processes: an FSDP config file, a DeepSpeed config file with a
+ZeRO-3 JSON, and a script passing ``FullyShardedDataParallelPlugin(fsdp_version=2)`` each reach the very
+parameters that convoy's own flags (``--strategy zero3 --gradient-accumulation-steps 2``) reach."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.distributed import cpu_env
+from tests.processes import finish, start
+
+
+FILES = Path(__file__).resolve().parents[1] / "config" / "accelerate"
+SCRIPT = Path(__file__).parent / "scripts" / "accelerate_config_run.py"
+FLAGS = ("--strategy", "zero3", "--gradient-accumulation-steps", "2")
+
+pytestmark = pytest.mark.slow
+
+
+def launch(tmp_path: Path, name: str, *flags: str, plugin: str | None = None) -> dict:
+    """``convoy launch --devices 0 FLAGS script --out ... [--plugin PLUGIN]``: what rank 0 saved."""
+    out = tmp_path / f"{name}.pt"
+    script_args = ["--out", str(out), *(["--plugin", plugin] if plugin else [])]
+    proc = start([sys.executable, "-m", "convoy", "launch", "--devices", "0", *flags, str(SCRIPT), *script_args],
+                 env=cpu_env(), cwd=tmp_path)
+    output = finish(proc, timeout=240)
+    assert proc.returncode == 0, output[-4000:]
+    return torch.load(out, weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def by_flags(tmp_path_factory):
+    return launch(tmp_path_factory.mktemp("flags"), "flags", "--nproc-per-node", "2", *FLAGS)
+
+
+def assert_same_parameters(run: dict, reference: dict) -> None:
+    assert run["params"].keys() == reference["params"].keys()
+    for key, value in reference["params"].items():
+        assert torch.equal(run["params"][key], value), (key, (run["params"][key] - value).abs().max())
+
+
+def test_an_fsdp_config_file_trains_as_the_flags(tmp_path, by_flags):
+    """fsdp2_offload.yaml: FSDP2 resharding after forward, parameters offloaded, Block units (the default's too)."""
+    run = launch(tmp_path, "fsdp", "--config_file", str(FILES / "fsdp2_offload.yaml"), "--gradient-accumulation-steps",
+                 "2")
+    assert (run["strategy"], run["options"], run["processes"]) == ("zero3", {"cpu_offload": True,
+                                                                           "auto_wrap": ["Block"]}, 2)
+    assert (by_flags["strategy"], by_flags["options"], by_flags["accumulation"]) == ("zero3", {}, 2)
+    assert_same_parameters(run, by_flags)
+
+
+def test_a_deepspeed_file_with_a_zero3_json_trains_as_the_flags(tmp_path, by_flags):
+    run = launch(tmp_path, "deepspeed", "--config_file", str(FILES / "deepspeed_zero3_file.yaml"))
+    assert (run["strategy"], run["accumulation"], run["processes"]) == ("zero3", 2, 2)  # from zero3.json
+    assert_same_parameters(run, by_flags)
+
+
+@pytest.mark.parametrize("plugin", ["fsdp2", "fsdp2-recompute"])
+def test_an_fsdp_plugin_trains_as_the_flags(tmp_path, by_flags, plugin):
+    run = launch(tmp_path, plugin, "--nproc-per-node", "2", "--gradient-accumulation-steps", "2", plugin=plugin)
+    assert (run["strategy"], run["accumulation"]) == ("zero3", 2)
+    assert_same_parameters(run, by_flags)

@@ -1,0 +1,158 @@
+"""Accelerate's plugin objects in convoy: ``FullyShardedDataParallelPlugin``, ``DeepSpeedPlugin`` and
+``ParallelismConfig`` with Accelerate's constructor arguments, read by the ``Accelerator`` as the strategy, degrees
+and options they stand for (the 2-process runs: tests/train/test_accelerate_config.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from convoy import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin, ParallelismConfig, PartialState
+from convoy.errors import ConfigError, NotSupportedYetError
+from convoy.train.plugins import plugin_arguments
+from convoy.train.process_group import stop_process_group
+
+ZERO3_JSON = Path(__file__).resolve().parents[1] / "config" / "accelerate" / "zero3.json"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state():
+    PartialState._reset_state()
+    yield
+    PartialState._reset_state()
+    stop_process_group()
+
+
+def test_importable_where_accelerate_puts_them():
+    from convoy.parallelism_config import ParallelismConfig as from_module
+    from convoy.utils import DeepSpeedPlugin as ds, FullyShardedDataParallelPlugin as fsdp, ParallelismConfig as pc
+
+    assert (fsdp, ds, pc, from_module) == (FullyShardedDataParallelPlugin, DeepSpeedPlugin, ParallelismConfig,
+                                           ParallelismConfig)
+
+
+@pytest.mark.parametrize("ours, name", [(FullyShardedDataParallelPlugin, "FullyShardedDataParallelPlugin"),
+                                        (DeepSpeedPlugin, "DeepSpeedPlugin"), (ParallelismConfig, "ParallelismConfig")])
+def test_constructor_arguments_are_accelerates(ours, name):
+    accelerate = pytest.importorskip("accelerate")
+    theirs = getattr(accelerate.utils, name)
+    assert [f.name for f in dataclasses.fields(ours)] == [f.name for f in dataclasses.fields(theirs) if f.init]
+
+
+@pytest.mark.parametrize("plugin, strategy, options", [
+    (FullyShardedDataParallelPlugin(), "zero3", {}),
+    (FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=False, cpu_offload=True), "zero2",
+     {"cpu_offload": True}),
+    (FullyShardedDataParallelPlugin(sharding_strategy="SHARD_GRAD_OP"), "zero2", {}),
+    (FullyShardedDataParallelPlugin(sharding_strategy=3), "ddp", {}),
+    (FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["Block"]),
+     "zero3", {"auto_wrap": ("Block",)}),
+])
+def test_an_fsdp_plugin_is_the_strategy_it_stands_for(plugin, strategy, options):
+    accelerator = Accelerator(fsdp_plugin=plugin)
+    assert accelerator.settings.strategy == strategy
+    assert {k: v for k, v in accelerator.settings.options.items() if k in ("cpu_offload", "auto_wrap")} == options
+
+
+def test_torchs_own_enums_and_policies_are_read(monkeypatch):
+    fsdp = pytest.importorskip("torch.distributed.fsdp")
+    plugin = FullyShardedDataParallelPlugin(sharding_strategy=fsdp.ShardingStrategy.SHARD_GRAD_OP,
+                                            cpu_offload=fsdp.CPUOffload(offload_params=True))
+    assert (plugin.translate(nodes=1, processes=2).value("strategy"),
+            plugin.translate(nodes=1, processes=2).value("cpu_offload")) == ("zero2", True)
+    policy = FullyShardedDataParallelPlugin(fsdp_version=2, cpu_offload=fsdp.CPUOffloadPolicy())
+    assert policy.translate(nodes=1, processes=2).value("cpu_offload") is True
+    import torch
+
+    mixed = FullyShardedDataParallelPlugin(mixed_precision_policy=fsdp.MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                                           reduce_dtype=torch.float32))
+    assert mixed.translate(nodes=1, processes=1).value("mixed_precision") == "bf16"
+    with pytest.raises(NotSupportedYetError, match="reduces gradients in fp32"):
+        FullyShardedDataParallelPlugin(mixed_precision_policy={"param_dtype": torch.bfloat16,
+                                                               "reduce_dtype": torch.bfloat16})
+
+
+def test_a_plugin_left_bare_keeps_the_launchers_strategy_of_its_family(monkeypatch):
+    monkeypatch.setenv("CONVOY_STRATEGY", "zero2")  # convoy launch --config_file with SHARD_GRAD_OP
+    assert Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin()).settings.strategy == "zero2"
+    PartialState._reset_state()
+    monkeypatch.setenv("CONVOY_STRATEGY", "ddp")  # a plain multi-GPU launch: the plugin asks for FSDP
+    assert Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin()).settings.strategy == "zero3"
+    PartialState._reset_state()
+    monkeypatch.setenv("CONVOY_STRATEGY", "zero3")
+    assert Accelerator(deepspeed_plugin=DeepSpeedPlugin()).settings.strategy == "zero3"
+    PartialState._reset_state()
+    monkeypatch.delenv("CONVOY_STRATEGY")
+    assert Accelerator(deepspeed_plugin=DeepSpeedPlugin()).settings.strategy == "zero2"  # Accelerate's stage 2
+
+
+def test_a_deepspeed_plugin_reads_its_json_as_the_config_file_does(monkeypatch, tmp_path):
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=str(ZERO3_JSON)))
+    assert (accelerator.settings.strategy, accelerator.gradient_accumulation_steps) == ("zero3", 2)
+    PartialState._reset_state()
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2, offload_optimizer_device="cpu",
+                                                               gradient_accumulation_steps=4))
+    assert (accelerator.settings.strategy, accelerator.settings.options.get("cpu_offload"),
+            accelerator.gradient_accumulation_steps) == ("zero2", True, 4)
+    with pytest.raises(NotSupportedYetError, match=r"DeepSpeedPlugin\(hf_ds_config\)\['optimizer'\].*DummyOptim"):
+        DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW"}})
+    with pytest.raises(NotSupportedYetError, match=r"\(offload_param_device='nvme'\): offloading to NVMe"):
+        DeepSpeedPlugin(zero_stage=3, offload_param_device="nvme")
+    with pytest.raises(NotSupportedYetError, match="MS-AMP"):
+        DeepSpeedPlugin(enable_msamp=True)
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda: Accelerator(strategy="ddp", fsdp_plugin=FullyShardedDataParallelPlugin()),
+     "Accelerator(strategy='ddp') and FullyShardedDataParallelPlugin"),
+    (lambda: Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(), deepspeed_plugin=DeepSpeedPlugin()),
+     "give one of them"),
+    (lambda: Accelerator(deepspeed_plugin={"a": DeepSpeedPlugin(), "b": DeepSpeedPlugin()}), "one plugin"),
+    (lambda: Accelerator(mixed_precision="fp16", deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={
+        "zero_optimization": {"stage": 2}, "bf16": {"enabled": True}})), "Accelerator(mixed_precision='fp16') and"),
+    (lambda: Accelerator(strategy_options={"cpu_offload": False},
+                         fsdp_plugin=FullyShardedDataParallelPlugin(cpu_offload=True)),
+     "strategy_options cpu_offload=False and FullyShardedDataParallelPlugin(cpu_offload=True)"),
+    (lambda: FullyShardedDataParallelPlugin(fsdp_version=3), "Plugin(fsdp_version=3): give 1 or 2"),
+    (lambda: FullyShardedDataParallelPlugin(ignored_modules=["head"]), "ignored_modules=['head']): not supported yet"),
+    (lambda: ParallelismConfig(cp_size=2), "ParallelismConfig(cp_size=2): context parallelism is not in convoy yet"),
+])
+def test_conflicts_and_what_convoy_does_not_run_are_one_line(make, words):
+    with pytest.raises((ConfigError, NotSupportedYetError)) as caught:
+        make()
+    assert words in str(caught.value) and "\n" not in str(caught.value), caught.value
+
+
+def test_hybrid_shard_splits_over_the_machines_and_parallelism_config_gives_degrees():
+    env = {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "RANK": "5", "LOCAL_RANK": "1"}
+    hybrid = plugin_arguments(fsdp_plugin=FullyShardedDataParallelPlugin(sharding_strategy="HYBRID_SHARD"),
+                              deepspeed_plugin=None, parallelism_config=None, explicit={}, strategy_options=None,
+                              env=env)
+    assert (hybrid.explicit["strategy"], hybrid.explicit["parallelism"]) == ("zero3", "dp_replicate=2,dp_shard=4")
+    both = plugin_arguments(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2),
+                            deepspeed_plugin=None, parallelism_config=ParallelismConfig(dp_shard_size=4, tp_size=2),
+                            explicit={}, strategy_options=None, env=env)
+    assert both.explicit["parallelism"] == "dp_replicate=1,dp_shard=4,tp=2" and both.family
+    with pytest.raises(ConfigError, match=r"Accelerator\(parallelism=\{'tp': 2\}\) and ParallelismConfig"):
+        plugin_arguments(fsdp_plugin=None, deepspeed_plugin=None, parallelism_config=ParallelismConfig(tp_size=2),
+                         explicit={"parallelism": {"tp": 2}}, strategy_options=None, env=env)
+    assert ParallelismConfig(dp_shard_size=4, tp_size=2).total_size == 8
+
+
+def test_auto_wrap_takes_class_names_as_accelerates_transformer_cls_names_to_wrap():
+    from torch import nn
+
+    from convoy.errors import StrategyError
+    from convoy.train.strategies.fsdp import shard_units
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+
+    model = nn.Sequential(nn.Linear(2, 2), Block(), Block())
+    assert [type(m).__name__ for m in shard_units(model, ("Block",))] == ["Block", "Block"]
+    with pytest.raises(StrategyError, match="auto_wrap: the model has no module of class 'LlamaDecoderLayer'"):
+        shard_units(model, ("LlamaDecoderLayer",))
