@@ -107,6 +107,15 @@ class Lease:
     def held(self) -> bool:
         return bool(self._fds)
 
+    def close(self) -> None:
+        """Close this process's descriptors without unlocking them: the lease then lasts while any process given
+        ``fds`` still holds a copy (``release`` unlocks for every copy: a lock belongs to the open file, not to a
+        descriptor). ``convoy run`` ends its hold this way, so a process of the command that outlived it keeps the
+        devices leased until it ends."""
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)
+
     def release(self) -> None:
         fds, self._fds = self._fds, []
         for fd in fds:
