@@ -124,6 +124,24 @@ def test_free_moves_a_count_past_a_leased_device(box):
         release(job, box)
 
 
+def test_a_count_refused_for_a_leased_device_says_that_free_picks_free_ones(box):
+    """`convoy run --devices 2` while GPU 1 was leased was refused with three GPUs free, and the line did not say
+    that `--free` moves a count past leased devices."""
+    job, _ = hold("--devices", "1,", env=box)
+    try:
+        for argv in (["run", "--devices", "2", "--", "true"], ["launch", "--devices", "2", "--no-python", "true"]):
+            refused = convoy(*argv, env=box, timeout=60)
+            assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+            assert "is leased by pid" in refused.stderr and "; --free takes 2 devices that no other job holds " \
+                "(--devices 2 --free); or wait for them (--wait 10m)" in refused.stderr, refused.stderr
+        listed = convoy("run", "--devices", "0,1", "--", "true", env=box)  # exact devices: --free would not help
+        assert listed.returncode == 1 and "--free" not in listed.stderr, listed.stderr
+        taken = convoy("run", "--devices", "2", "--free", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES", env=box)
+        assert (taken.returncode, taken.stdout) == (0, "0,2\n"), taken.stderr
+    finally:
+        release(job, box)
+
+
 def test_the_lease_ends_with_the_command_killed_or_not(box):
     assert convoy("run", "--devices", "0,", "--", "sh", "-c", "kill -9 $$", env=box).returncode == 128 + 9
     assert leases(box) == []

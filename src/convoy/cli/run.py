@@ -136,7 +136,7 @@ def _select_and_lease(args: argparse.Namespace, env: dict[str, str], *, wait: fl
     selection = select_devices(args.devices, inventory=inventory, env=env, held=held, **selection_kwargs(args))
     if args.no_lease or not selection.devices:  # shared, or CPU only: nothing to lease
         return selection, None
-    return selection, lease_devices(selection.devices, wait=wait, lock_dir=default_lock_dir(env))
+    return selection, lease_devices(selection.devices, wait=wait, lock_dir=default_lock_dir(env), spec=args.devices)
 
 
 def _run_child(command: list[str], env: dict[str, str], pass_fds: Sequence[int], *,

@@ -281,9 +281,10 @@ def visible_holders(inventory: Any, env: Mapping[str, str]) -> dict[str, str]:
 
 
 def lease_devices(devices: Sequence[Device], *, wait: float | str | None = None,
-                  lock_dir: str | Path | None = None) -> Lease:
+                  lock_dir: str | Path | None = None, spec: Any = None) -> Lease:
     """Lease every device of ``devices`` (all or none), waiting up to ``wait`` (seconds, or a duration such as
-    ``"5m"``; ``None``: not at all).
+    ``"5m"``; ``None``: not at all). ``spec``: the request they were chosen for; when it was a count, the
+    refusal says that ``--free`` takes that many devices no other job holds.
 
     Raises:
         LeaseError: some device is still held by another job when the wait ends; names the holders.
@@ -301,9 +302,22 @@ def lease_devices(devices: Sequence[Device], *, wait: float | str | None = None,
         time.sleep(_POLL_S)
     holders = "; ".join(f"{d.label} is leased by {_describe_holder(_lock_path(lock_dir, d))}" for d in busy)
     waited = f" after waiting {wait:g}s" if wait else ""
-    raise LeaseError(f"cannot lease {len(busy)} of the requested devices{waited}: {holders}; "
+    free = _free_hint(spec, len(devices))
+    raise LeaseError(f"cannot lease {len(busy)} of the requested devices{waited}: {holders}; {free}"
                      f"{'wait longer' if wait else 'wait for them'} (--wait 10m), ask for other devices, or share "
                      f"them (--no-lease)")
+
+
+def _free_hint(spec: Any, wanted: int) -> str:
+    """For a count (``--devices 2``): ``--free`` would have moved past the leased devices."""
+    from convoy.devices.spec import is_count
+
+    if not is_count(spec):
+        return ""
+    many = str(spec).strip().lower() in ("-1", "all", "auto")
+    what = "every device that no other job holds" if many else \
+        f"{wanted} device{'s' if wanted > 1 else ''} that no other job holds"
+    return f"--free takes {what} (--devices {str(spec).strip()} --free); or "
 
 
 def _attempt(devices: Sequence[Device], lock_dir: Path) -> tuple[Lease | None, list[Device]]:

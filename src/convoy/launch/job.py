@@ -196,7 +196,7 @@ def _lease_job(request: LaunchRequest, plan: LaunchPlan, filters: DeviceFilters,
     lease (``select_and_lease``): a count moves on to devices no job holds, even one that another job leased
     since the plan was made, and the plan is resolved again for the devices taken."""
     if not (plan.devices and filters.lease and filters.free):
-        return plan, lease_plan(plan, filters=filters, env=env)
+        return plan, lease_plan(plan, filters=filters, env=env, spec=_wanted(request))
     from convoy.devices.lease import select_and_lease
 
     selection, lease = _loopback_hint(plan, lambda: select_and_lease(
@@ -224,8 +224,10 @@ def _loopback_hint(plan: LaunchPlan, take: Callable):
         raise
 
 
-def lease_plan(plan: LaunchPlan, *, filters: DeviceFilters = DeviceFilters(), env: Mapping[str, str] | None = None):
+def lease_plan(plan: LaunchPlan, *, filters: DeviceFilters = DeviceFilters(), env: Mapping[str, str] | None = None,
+               spec: object = None):
     """A context manager holding a lease on ``plan.devices`` (in ``env``'s lease directory) while it is open.
+    ``spec``: the device request, for the refusal's hint (``lease_devices``).
 
     Does nothing for a CPU plan or ``filters.lease=False``. Raises ``LeaseError`` naming the holders when
     another job still has a device after ``filters.lease_wait`` seconds. Used by ``convoy.launch(fn)`` too.
@@ -235,7 +237,7 @@ def lease_plan(plan: LaunchPlan, *, filters: DeviceFilters = DeviceFilters(), en
     from convoy.devices.lease import default_lock_dir, lease_devices
 
     return _loopback_hint(plan, lambda: lease_devices(plan.devices, wait=filters.lease_wait,
-                                                      lock_dir=default_lock_dir(env)))
+                                                      lock_dir=default_lock_dir(env), spec=spec))
 
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
