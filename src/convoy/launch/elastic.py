@@ -31,11 +31,9 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -226,11 +224,13 @@ def _store_holds(plan: LaunchPlan, host: str | None) -> Iterator[dict[str, str]]
     if host is None or plan.workers.max_restarts == 0 or plan.rdzv_backend != "c10d":
         yield {}  # (static: the agent's store is the workers', for every attempt)
         return
-    directory = tempfile.mkdtemp(prefix="convoy-store-")
+    from convoy.launch.scratch import Scratch
+
+    scratch = Scratch.create("convoy-store-")  # (a launcher killed before left one: swept there)
     try:
-        yield {HOLD_DIR_VARIABLE: directory}
+        yield {HOLD_DIR_VARIABLE: str(scratch.path)}
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        scratch.remove()
 
 
 @contextmanager

@@ -116,6 +116,9 @@ def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters
         for line in describe_plan(plan):
             print(line)
         return 0
+    from convoy.launch.scratch import check_temp_dir
+
+    check_temp_dir()  # where the job's temporary directory goes: refused before anything is said or leased
     for note in plan.explanation:
         if note.startswith(CPU_NOTE_STARTS):
             echo(f"convoy: {note}")

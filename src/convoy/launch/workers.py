@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import os
 import select
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -38,6 +36,7 @@ from convoy.launch.loopback import (DONE_FD_VARIABLE, LISTEN_FD_VARIABLE, RELEAS
                                     is_loopback, listen_socket, loopback_env)
 from convoy.launch.progress import missing_note
 from convoy.launch.ports import free_port
+from convoy.launch.scratch import Scratch
 from convoy.launch.resolve import STOP_SIGNALS, LaunchPlan, forwarded_signals, shown_ranks, stream_map
 
 __all__ = ["run_direct"]
@@ -162,7 +161,8 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
     listener = _store_socket(plan)
     release = _Release() if listener is not None else None
     port = listener.getsockname()[1] if listener is not None else plan.master_port or free_port(plan.master_addr)
-    scratch = Path(tempfile.mkdtemp(prefix="convoy-launch-"))
+    scratch_dir = Scratch.create("convoy-launch-")  # (a launcher killed before left one: swept there)
+    scratch = scratch_dir.path
     redirects = stream_map(plan.workers.redirects, plan.nproc_per_node)
     shown = shown_ranks(plan.workers.local_ranks_filter, plan.nproc_per_node)
     shown = set(range(plan.nproc_per_node)) if shown is None else shown
@@ -232,7 +232,7 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
         for log in logs:
             log.close()
         wake.close()
-        shutil.rmtree(scratch, ignore_errors=True)
+        scratch_dir.remove()
 
 
 def _store_socket(plan: LaunchPlan):
