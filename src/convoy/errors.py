@@ -22,6 +22,9 @@ not know convoy. Messages say what was wrong and what would be right, in one lin
 The CLI turns a ``ConvoyError`` into ``convoy: <message>`` on stderr and ``exit_code`` (2 for bad input,
 1 for a failure at run time) in exactly one place, ``convoy.cli.main.main``.
 
+Warnings: ``ConvoyWarning(UserWarning)``, for input convoy sets aside and goes on without (a calibration cache it
+may not trust, a measurement no device could make); the CLI prints each as one ``convoy: warning: ...`` line.
+
 Outside the tree, as ``KeyboardInterrupt`` is: ``Terminated(BaseException)``, a job stopped by a signal other
 than Ctrl-C (a scheduler's SIGTERM); the CLI exits 128 + the signal's number with a line that says so.
 """
@@ -44,6 +47,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "DistributedOperationError",
     "NotSupportedYetError",
+    "ConvoyWarning",
     "Terminated",
 ]
 
@@ -141,6 +145,10 @@ class NotSupportedYetError(ConvoyError, NotImplementedError):
     """Something convoy does not do yet; the message says what, and what to use instead."""
 
     exit_code = 1
+
+
+class ConvoyWarning(UserWarning):
+    """Input convoy sets aside and goes on without; the message names it (the file, the key) and says why."""
 
 
 class Terminated(BaseException):

@@ -126,7 +126,7 @@ def _run(module, args: argparse.Namespace, *, debug: bool) -> int:
     from convoy.errors import ConvoyError, Terminated
 
     try:
-        with _terminated_on_signal(getattr(module, "STOPPED_BY_SIGTERM", False)):
+        with _terminated_on_signal(getattr(module, "STOPPED_BY_SIGTERM", False)), _warnings_as_lines():
             return int(module.run(args) or 0)
     except ConvoyError as err:
         if debug:
@@ -146,6 +146,29 @@ def _run(module, args: argparse.Namespace, *, debug: bool) -> int:
         os.dup2(null, sys.stdout.fileno())  # Python's flush of stdout at exit must not fail on it too
         os.close(null)
         return 141  # 128 + SIGPIPE, what a shell reports for a program the pipe stopped
+
+
+@contextlib.contextmanager
+def _warnings_as_lines():
+    """A ``ConvoyWarning`` is one ``convoy: warning: ...`` line on stderr (Python's format adds the file, the line
+    number and the source line of the call); every other warning is shown as Python shows it."""
+    import warnings
+
+    from convoy.errors import ConvoyWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if isinstance(category, type) and issubclass(category, ConvoyWarning):
+            print(f"convoy: warning: {message}", file=sys.stderr if file is None else file, flush=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
 
 
 @contextlib.contextmanager

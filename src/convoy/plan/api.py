@@ -28,7 +28,7 @@ from convoy.plan.candidates import STRATEGY_NAMES, Candidate, enumerate_candidat
 from convoy.plan.hardware import GpuSpec, Hardware, hardware_from_inventory, lookup_gpu, parse_hardware
 from convoy.plan.memory import Layout, MemoryBreakdown, RunSpec, memory_per_gpu
 from convoy.plan.model import ModelSpec, resolve_model
-from convoy.plan.observed import Observation, case_key, observations_here
+from convoy.plan.observed import Observation, case_key, impossible, observations_here
 from convoy.plan.recommend import Recommendation, Row, recommend
 from convoy.plan.rates import Rates, rates_for
 from convoy.plan.timing import step_time
@@ -131,6 +131,8 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
         mem = memory_per_gpu(model, own, cand.layout)
         t = step_time(model, own, cand.layout, hw, global_batch=gb, rates=rates)
         seen = observed.get(case_key(model, own, cand.layout, hw)) if observed else None
+        if seen is not None and impossible(seen, t, hw):  # no GPU measures that: one warning, the model's time
+            seen = None
         if seen is not None:  # this job ran here: its measured step, the model's breakdown scaled to it
             t = replace(t, correction=seen.measured_s / t.seconds)
             applied[cand.name] = seen
