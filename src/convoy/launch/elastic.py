@@ -166,9 +166,16 @@ def _gc_paused() -> Iterator[None]:
 def run_elastic(plan: LaunchPlan, *, base_env: Mapping[str, str]) -> int:
     """Run ``plan`` under torch's elastic agent; 0 on success, else raise ``RankFailedError``."""
     with _gc_paused():
+        from torch.distributed.elastic.multiprocessing import tail_log
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import elastic_launch
+
+    from convoy.launch.console import tail_rank_file
+
+    # torch's tee reads each rank's file line by line, a carriage return ending a line: a progress bar became a
+    # line per redraw. convoy's reader keeps the bar (convoy.launch.console), with the same arguments
+    tail_log.tail_logfile = tail_rank_file
 
     extra = {key: value for key, value in {**base_env, **plan.env}.items() if os.environ.get(key) != value}
     if plan.workers.max_restarts > 0:  # restarts hang otherwise (notes item 9); on one node each attempt's rank 0

@@ -18,6 +18,7 @@ longer. Multi-node jobs and ``--max-restarts`` use the elastic agent instead (``
 
 from __future__ import annotations
 
+import io
 import os
 import select
 import signal
@@ -31,6 +32,7 @@ from typing import IO, Mapping
 
 from convoy.errors import LaunchError, Terminated
 from convoy.launch.env import rank_env
+from convoy.launch.console import RankLines, pieces
 from convoy.launch.failures import RankFailure, TracebackHold, failure_error, read_error_file
 from convoy.launch.loopback import (DONE_FD_VARIABLE, LISTEN_FD_VARIABLE, RELEASE_FD_VARIABLE, STORE_VARIABLES,
                                     is_loopback, listen_socket, loopback_env)
@@ -61,6 +63,8 @@ class _Rank:
         self.error_file = error_file
         self._lock, self._log, self._wake = lock, log, wake
         self._prefix = f"[rank{rank}]: "
+        self._lines = {False: RankLines(self._prefix, tty=_isatty(sys.stdout)),
+                       True: RankLines(self._prefix, tty=_isatty(sys.stderr))}
         self.threads = [
             threading.Thread(target=self._pump, args=(proc.stdout, sys.stdout, show[0], False), daemon=True),
             threading.Thread(target=self._pump, args=(proc.stderr, sys.stderr, show[1], True), daemon=True),
@@ -81,10 +85,19 @@ class _Rank:
         self.proc.wait()
         self._wake.set()
 
-    def _pump(self, stream, console, show: bool, is_err: bool) -> None:
-        for line in iter(stream.readline, ""):
-            if not line.endswith("\n"):
-                line += "\n"
+    def _pump(self, raw, console, show: bool, is_err: bool) -> None:
+        # carriage returns kept: a progress bar's redraw is a piece of its own (convoy.launch.console.RankLines)
+        stream = io.TextIOWrapper(raw, errors="replace", newline="")
+        lines = self._lines[is_err]
+        for piece in pieces(stream):
+            if RankLines.is_redraw(piece):
+                with self._lock:
+                    if self._log is not None:
+                        self._log.write(piece)
+                    if show and not (is_err and self.hold.holding):
+                        self._emit(console, lines.feed(piece))
+                continue
+            line = piece[:-2] + "\n" if piece.endswith("\r\n") else piece if piece.endswith("\n") else piece + "\n"
             if line.startswith(self._prefix):  # torch's excepthook already prefixes tracebacks with the rank
                 line = line[len(self._prefix):]
             with self._lock:
@@ -102,11 +115,19 @@ class _Rank:
                 self._write(console, out)
         if is_err:
             self.eof_at = time.monotonic()
+        with self._lock:
+            if show:
+                self._emit(console, lines.close())
         stream.close()
 
     def _write(self, console, lines: list[str]) -> None:
-        if lines:
-            console.write("".join(self._prefix + line for line in lines))
+        stream = self._lines[console is sys.stderr]
+        self._emit(console, "".join(stream.feed(line) for line in lines))
+
+    @staticmethod
+    def _emit(console, text: str) -> None:
+        if text:
+            console.write(text)
             console.flush()
 
     def flush_stale(self, now: float) -> None:
@@ -134,6 +155,13 @@ class _Rank:
             os.killpg(self.proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 def _die_with_parent_hook():
@@ -194,7 +222,7 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
                 logs.append(log)
             try:
                 proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1,
+                                        stdin=subprocess.DEVNULL, bufsize=0,
                                         start_new_session=True, preexec_fn=pre_exec, pass_fds=pass_fds)
             except OSError as err:
                 raise LaunchError(f"cannot start {plan.command[0]!r} for rank {rank}: {err.strerror}") from None
