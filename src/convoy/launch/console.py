@@ -31,7 +31,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, TextIO
 
-__all__ = ["guarded_consoles", "RankLines", "BAR_EVERY_S", "pieces", "tail_rank_file"]
+__all__ = ["guarded_consoles", "RankLines", "BAR_EVERY_S", "own_prefix_stripped", "pieces", "tail_rank_file"]
 
 BAR_EVERY_S = 10.0
 """Not on a terminal, a progress bar's redraws become one line at most this often (and its last state)."""
@@ -67,7 +67,7 @@ class RankLines:
                 return f"{self.prefix}{text}\n"
             self._pending = text
             return ""
-        line = piece if piece.endswith("\n") else piece + "\n"
+        line = own_prefix_stripped(piece if piece.endswith("\n") else piece + "\n", self.prefix)
         erase = _ERASE_LINE if self._drawn and line.strip() else ""
         self._drawn, self._shown_at, self._pending = False, None, None  # a bar's last state, or other output
         return f"{self.prefix}{line[:-1]}{erase}\n" if erase else f"{self.prefix}{line}"
@@ -81,6 +81,16 @@ class RankLines:
             self._drawn = False
             return "\n"
         return ""
+
+
+def own_prefix_stripped(line: str, prefix: str) -> str:
+    """``line`` without the rank prefix it already carries: torch prefixes a rank's tracebacks (``[rank1]: ``) and
+    its C++ warnings (``[rank1]:[W1127 ...]``) itself, and convoy's logger its lines (``[rank1]: ``); the launcher
+    adds its own, so ``[rank1]: [rank1]:[W...`` read twice."""
+    if line.startswith(prefix):
+        return line[len(prefix):]
+    bare = prefix.rstrip(" ")
+    return line[len(bare):] if line.startswith(bare + "[") else line
 
 
 def pieces(stream) -> Iterator[str]:

@@ -32,7 +32,7 @@ from typing import IO, Mapping
 
 from convoy.errors import LaunchError, Terminated
 from convoy.launch.env import rank_env
-from convoy.launch.console import RankLines, pieces
+from convoy.launch.console import RankLines, own_prefix_stripped, pieces
 from convoy.launch.failures import RankFailure, TracebackHold, failure_error, read_error_file
 from convoy.launch.loopback import (DONE_FD_VARIABLE, LISTEN_FD_VARIABLE, RELEASE_FD_VARIABLE, STORE_VARIABLES,
                                     is_loopback, listen_socket, loopback_env)
@@ -98,8 +98,7 @@ class _Rank:
                         self._emit(console, lines.feed(piece))
                 continue
             line = piece[:-2] + "\n" if piece.endswith("\r\n") else piece if piece.endswith("\n") else piece + "\n"
-            if line.startswith(self._prefix):  # torch's excepthook already prefixes tracebacks with the rank
-                line = line[len(self._prefix):]
+            line = own_prefix_stripped(line, self._prefix)  # torch's tracebacks and C++ warnings carry it already
             with self._lock:
                 if self._log is not None:
                     self._log.write(line)
