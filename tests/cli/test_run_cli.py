@@ -6,6 +6,7 @@ a scheduler's SIGTERM reaches the command. Inventory files stand in for the GPUs
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -85,8 +86,11 @@ def test_a_run_waits_for_a_device_until_its_holder_ends(box):
     time.sleep(1.0)
     assert waiting.poll() is None  # still waiting for GPU 2
     release(first, box)
-    out = finish(waiting, timeout=30)
-    assert waiting.returncode == 0 and out.strip() == "got 2", out
+    out = finish(waiting, timeout=30).splitlines()
+    # said once what it waits for and who holds it (it looked hung with --wait 1h), and when it has the device
+    assert waiting.returncode == 0 and len(out) == 3 and "got 2" in out, out
+    assert out[0].startswith(f"convoy: waiting up to 1m for GPU 2 (Tesla T4): leased by pid {first.pid} "), out
+    assert re.fullmatch(r"convoy: got GPU 2 \(Tesla T4\) after waiting [\d.]+ s", out[1]), out
 
 
 def test_run_and_launch_keep_off_each_others_devices(box):

@@ -129,14 +129,18 @@ def _select_and_lease(args: argparse.Namespace, env: dict[str, str], *, wait: fl
     from convoy.devices.lease import default_lock_dir, lease_devices, select_and_lease, visible_holders
     from convoy.devices.selection import select_devices
 
+    def say(line: str) -> None:  # a wait is told: what it waits for, and when it has the devices
+        print(line, file=sys.stderr, flush=True)
+
     if args.free and not args.no_lease:
-        return select_and_lease(args.devices, wait=wait, env=env, **selection_kwargs(args))
+        return select_and_lease(args.devices, wait=wait, env=env, say=say, **selection_kwargs(args))
     inventory = discover(env)
     held = visible_holders(inventory, env) if args.free else {}
     selection = select_devices(args.devices, inventory=inventory, env=env, held=held, **selection_kwargs(args))
     if args.no_lease or not selection.devices:  # shared, or CPU only: nothing to lease
         return selection, None
-    return selection, lease_devices(selection.devices, wait=wait, lock_dir=default_lock_dir(env), spec=args.devices)
+    return selection, lease_devices(selection.devices, wait=wait, lock_dir=default_lock_dir(env), spec=args.devices,
+                                    say=say)
 
 
 def _run_child(command: list[str], env: dict[str, str], pass_fds: Sequence[int], *,
