@@ -65,7 +65,8 @@ def render_table(inventory, env) -> str:
     from convoy.devices.visibility import visible_devices
 
     if not inventory.devices:
-        return f"no accelerators found ({inventory.source}); jobs run on the CPU"
+        where = "" if inventory.source == "none" else f" ({inventory.source})"
+        return f"no accelerators found{where}; jobs run on the CPU"
     vendor = inventory.vendor
     view = visible_devices(inventory, env, vendor)
     prefix = vendor_facts(vendor).device_type

@@ -23,6 +23,9 @@ if TYPE_CHECKING:  # the backends (subprocess, shutil, ...) load only when the h
 
 __all__ = ["discover", "INVENTORY_VARIABLE"]
 
+NO_SOURCE = "none"
+"""An inventory's ``source`` when no backend found an accelerator."""
+
 INVENTORY_VARIABLE = "CONVOY_INVENTORY"
 
 
@@ -37,7 +40,7 @@ def discover(env: Mapping[str, str] | None = None, *, backends: Sequence[Backend
 
         backends = BACKENDS
     devices: list[Device] = []
-    sources: list[str] = []
+    sources: list[str] = []  # the backends that found devices (or failed); none: NO_SOURCE
     for backend in backends:
         if not backend.available():
             continue
@@ -50,6 +53,6 @@ def discover(env: Mapping[str, str] | None = None, *, backends: Sequence[Backend
             devices.extend(found)
             sources.append(backend.source)
     if not devices:
-        return Inventory((), source="none (no accelerator found)" if not sources else ", ".join(sources))
+        return Inventory((), source=NO_SOURCE if not sources else ", ".join(sources))
     # One index space per vendor (each runtime counts its own devices from 0); keep vendors apart in order.
     return Inventory(tuple(devices), source=", ".join(sources))

@@ -30,6 +30,12 @@ from convoy.errors import DeviceSpecError, SelectionError
 
 __all__ = ["Selection", "select_devices", "ORDERS"]
 
+#: the explanation's lines for a CPU run (``convoy launch`` says it once in a line of its own instead)
+NO_INVENTORY_NOTE = "inventory: no accelerators found"
+NO_ACCELERATOR_NOTE = "no accelerator is visible: the job runs on the CPU"
+EMPTY_SELECTION_NOTE = "empty selection: every accelerator is hidden (CPU run)"
+CPU_RUN_NOTES = (NO_INVENTORY_NOTE, NO_ACCELERATOR_NOTE, EMPTY_SELECTION_NOTE)
+
 ORDERS = ("index", "free-memory", "fastest", "topology")
 
 
@@ -134,7 +140,7 @@ def select_devices(
         eligible = [p for p in range(len(units)) if p not in reasons]
         count = len(eligible) if wants_all else len(indices)
         if count == 0 and not units:
-            lines.append("no accelerator is visible: the job runs on the CPU")
+            lines.append(NO_ACCELERATOR_NOTE)
         if len(eligible) < count or (wants_all and units and not eligible):
             raise SelectionError(_shortage(spec, count, units, reasons, view))
         chosen, why = _pick(eligible, count, units, order or "index")
@@ -162,7 +168,8 @@ def select_devices(
             continue
         lines.append(f"left {_name(device, position, prefix, view)}: {reasons.get(position, 'not needed')}")
     if not devices:
-        lines.append("empty selection: every accelerator is hidden (CPU run)")
+        if units:  # (none to hide: the line above said so)
+            lines.append(EMPTY_SELECTION_NOTE)
         return Selection((), "cpu", dict(HIDE_ALL), tuple(lines))
     child_env = visibility_env(devices, vendor=vendor, base_env=env, inventory=inventory)
     return Selection(tuple(devices), vendor, child_env, tuple(lines))
@@ -177,7 +184,7 @@ def _means_all(spec: Any) -> bool:
 def _inventory_line(inventory: Inventory, vendor: str) -> str:
     n = sum(1 for d in inventory.devices if d.vendor == vendor)
     if not inventory.devices:
-        return f"inventory: no accelerators ({inventory.source})"
+        return NO_INVENTORY_NOTE if inventory.source == "none" else f"inventory: no accelerators ({inventory.source})"
     others = len(inventory.devices) - n
     tail = f"; {others} device(s) of other vendors ignored" if others else ""
     return f"inventory: {n} {vendor} device(s) from {inventory.source}{tail}"

@@ -95,7 +95,20 @@ def plan_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters()
             raise
         # CONVOY_DEVICES or a settings file's devices: say which, the user may not know it is set
         raise DeviceSpecError(f"{request.said('devices', request.devices)}: {err}") from None
-    return resolve_launch(request, selection, env=env)
+    return _torch_noted(resolve_launch(request, selection, env=env))
+
+
+def _torch_noted(plan: LaunchPlan) -> LaunchPlan:
+    """``plan`` with a note when it runs a Python program on devices this Python's torch cannot use (a CPU-only
+    torch on a GPU box: ``convoy.launch.torch_build``), which the dry run shows and the run says once."""
+    if not plan.devices or plan.command[:2] != (sys.executable, "-u"):  # another program: nothing is known
+        return plan
+    from dataclasses import replace
+
+    from convoy.launch.torch_build import unusable_note
+
+    note = unusable_note(plan.vendor, count=len(plan.devices))
+    return plan if note is None else replace(plan, explanation=(*plan.explanation, note))
 
 
 def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters(),
