@@ -101,7 +101,7 @@ def test_plot(capsys, tmp_path):
     rc = main(["plan", "--params", "7e9", "--layers", "32", "--hidden", "4096", "--heads", "32",
                "--hardware", "8xH100-80GB", "--plot", str(out)])
     if importlib.util.find_spec("matplotlib") is None:
-        assert rc == 1 and "needs matplotlib" in capsys.readouterr().err and not out.exists()
+        assert rc == 2 and "needs matplotlib" in capsys.readouterr().err and not out.exists()
     else:
         assert rc == 0 and out.read_bytes()[:4] == b"\x89PNG"
 
