@@ -254,9 +254,27 @@ class Key:
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
-    def parse(self, raw: Any, *, where: str) -> Any:
-        """Convert ``raw`` (a TOML value or a string) to this key's type, or raise ``ConfigError``."""
+    def parse(self, raw: Any, *, where: str, typed: bool = False) -> Any:
+        """Convert ``raw`` (a TOML value or a string) to this key's type, or raise ``ConfigError``.
+
+        ``typed``: ``raw`` comes from where values have types (a TOML file, a Python argument), not from text (a
+        flag, a variable): a number or a yes/no written as a string there (``nproc_per_node = "2"``,
+        ``free = "true"``, ``gradient_accumulation_steps=' 4 '``) is refused like any other wrong type."""
+        if typed and isinstance(raw, str):
+            _refuse_quoted(self, raw, where)
         return self.convert(raw, where)
+
+
+def _refuse_quoted(key: Key, raw: str, where: str) -> None:
+    """A number or a yes/no quoted where a typed source must give it unquoted (see ``Key.parse``); any other
+    string is left to the key's parser, which says what it expects."""
+    text = raw.strip()
+    if key.type == "bool" and text.lower() in _TRUE | _FALSE:
+        word = "true" if text.lower() in _TRUE else "false"
+        raise ConfigError(f"{where}: {show(raw)} is a string, not a bool; write {word} without quotes")
+    numeric = key.type.startswith(("int", "seconds")) or key.name == "nproc_per_node"
+    if numeric and _SECONDS.fullmatch(text):
+        raise ConfigError(f"{where}: {show(raw)} is a string, not a number; write {text} without quotes")
 
 
 def _choice(*choices: str) -> Callable[[Any, str], str]:
