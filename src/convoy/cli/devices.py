@@ -9,7 +9,9 @@ Calls ``convoy.devices.discovery.discover``; never imports torch and never start
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
+if TYPE_CHECKING:
+    from typing import Sequence
 
 DESCRIPTION = "List this machine's accelerators (or an inventory file's): memory, load, links, and who uses them."
 EPILOG = """examples:

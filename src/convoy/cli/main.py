@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import importlib
 import os
 import sys
-from typing import Sequence
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
+if TYPE_CHECKING:
+    from typing import Sequence
 
 # name -> (module, one-line summary). Order is the order of ``convoy --help``.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -99,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
+        import difflib
+
         close = difflib.get_close_matches(name, COMMANDS, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else f"; commands: {', '.join(COMMANDS)}"
         print(f"convoy: unknown command '{name}'{hint}", file=sys.stderr)
@@ -178,10 +181,13 @@ def _terminated_on_signal(wanted: bool):
     the job's own handlers are in place (selecting devices, waiting for a lease) still cleans up and says
     "terminated" with 128 + the signal's number, where Python's default would end the process without a word.
     The job's engines install their own handlers while the job runs (``convoy.launch.workers``)."""
+    if not wanted:
+        yield
+        return
     import signal
     import threading
 
-    if not wanted or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
     from convoy.errors import Terminated

@@ -14,11 +14,13 @@ than breaking discovery. Nothing here starts an accelerator runtime or imports t
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Mapping, Sequence
 
 from convoy.devices.inventory import Device, Inventory, load_inventory
 
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:  # the backends (subprocess, shutil, ...) load only when the hardware is asked
+    from typing import Mapping, Sequence
+
     from convoy.devices.backends.base import Backend
 
 __all__ = ["discover", "INVENTORY_VARIABLE"]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import fcntl
 import errno
-import getpass
 import json
 import os
 import pwd
@@ -35,7 +34,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
+if TYPE_CHECKING:
+    from typing import Any, Callable, Mapping, Sequence
 
 from convoy.devices.inventory import Device
 from convoy.devices.units import parse_duration
@@ -217,6 +218,8 @@ def _write_holder(fd: int) -> None:
 
 def _user() -> str:
     try:
+        import getpass
+
         return getpass.getuser()
     except Exception:
         return str(os.getuid())

@@ -19,7 +19,9 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
+if TYPE_CHECKING:
+    from typing import Any, Iterable, Mapping, Sequence
 
 from convoy.devices.inventory import Device, Inventory, as_inventory
 from convoy.devices.spec import describe_available, is_count, parse_devices
@@ -94,7 +96,9 @@ def select_devices(
         SelectionError: too few devices pass the filters; the message names each rejected device and why.
     """
     env = os.environ if env is None else env
-    if not isinstance(env, Mapping):
+    from collections.abc import Mapping as _Mapping
+
+    if not isinstance(env, _Mapping):
         raise DeviceSpecError(f"env={type(env).__name__}: give a mapping of environment variables (os.environ)")
     for key, value in env.items():  # os.environ holds only strings; a dict with an int crashed the mask parser
         if not isinstance(key, str) or not isinstance(value, str):

@@ -21,7 +21,9 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
+if TYPE_CHECKING:
+    from typing import Callable, Mapping, Sequence
 
 __all__ = ["Ended", "STOP_SIGNALS", "PASSED_SIGNALS", "run_group"]
 
