@@ -103,7 +103,7 @@ CASES = [
     ({}, "launch --master-port 70000 {d}/train.py", 2, "--master-port"),
     ({}, "launch --strategy bogus {d}/train.py", 2, "bogus"),
     # a strategy the ranks would build without the degrees (or cannot run beside them): refused in the parent
-    ({}, "launch --nproc-per-node 4 --strategy ddp --tp 2 {d}/train.py", 1, "--strategy 'ddp' with tp=2 is not"),
+    ({}, "launch --nproc-per-node 4 --strategy ddp --tp 2 {d}/train.py", 2, "--strategy 'ddp' with tp=2 is not"),
     ({"CONVOY_STRATEGY": "single"}, "launch --nproc-per-node 2 --pp 2 {d}/train.py", 2, "CONVOY_STRATEGY='single' runs"),
     ({}, "launch --collective-timeout inf {d}/train.py", 2, "seconds > 0"),
     ({}, "launch --mixed-precision fp8 {d}/train.py", 2, "fp8"),

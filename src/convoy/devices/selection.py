@@ -347,5 +347,6 @@ def _check_mig(devices: Sequence[Device], spec: Any) -> None:
         raise SelectionError(
             f"devices={spec!r} would give one process {len(devices)} devices including MIG slice "
             f"{slices[0].uuid}, but CUDA lets a process use a single MIG slice; ask for 1 device per process "
-            f"(e.g. devices='0'), or run one process per slice"
+            f"(devices=1, or a one-index list such as '0,'; devices='0' means no accelerator), or run one "
+            f"process per slice"
         )

@@ -143,7 +143,11 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
                         f"data-parallel degree ({', '.join(map(str, sorted(uneven)))}) x micro-batch {run.micro_batch} that does not "
                         f"divide it; use a global batch that is a multiple of {min(uneven) * run.micro_batch}")
     if not rows:
-        raise PlanError(f"no candidate layout is allowed ({', '.join(sorted(allowed or ()))}) on {hw.describe()}")
+        only = set(allowed or ()) <= {"tp", "pp", "offload"}  # what goes beside a data-parallel strategy, alone
+        hint = (": tp, pp and offload go beside a data-parallel strategy; list one with them, e.g. --strategies "
+                f"zero3,{','.join(sorted(allowed or ()))}") if allowed and only else ""
+        raise PlanError(f"no candidate layout is allowed ({', '.join(sorted(allowed or ()))}) on {hw.describe()}"
+                        f"{hint}")
     single = memory_per_gpu(model, run, Layout())
     rec = recommend(rows, model=model, run=run, hw=hw, single=single)
     if explain_breaks and rec.row is not None:

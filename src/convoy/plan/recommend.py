@@ -185,7 +185,7 @@ def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, 
         reasons.append(_why_not_ddp(best, fastest, rows, noun))
     misfits = len(rows) - len(fitting)
     if misfits:
-        reasons.append(f"{misfits} of {len(rows)} layouts do not fit in memory.")
+        reasons.append(f"{misfits} of {len(rows)} layouts {'does' if misfits == 1 else 'do'} not fit in memory.")
     exposed = t.exposed_dp + t.tp_comm + t.pp_comm + t.offload
     if exposed > 0.2 * t.seconds:
         reasons.append(f"Communication that compute cannot hide is {exposed / t.seconds:.0%} of its step; "
