@@ -162,3 +162,26 @@ def test_a_factory_leaves_sys_path_as_it_found_it(tmp_path, monkeypatch):
     finally:
         sys.modules.pop("cwd_factory", None)
     assert sys.path == before
+
+
+def test_the_newcomers_planner_lines(capsys):
+    """--strategies tp alone said 'no candidate layout is allowed (tp)' without saying why; '1 of 2 layouts do not
+    fit'; the derived shape said 'hidden = 128 x layers' beside 33 layers of 4096."""
+    assert main(["plan", str(CONFIGS / "llama2_7b.json"), "--hardware", "8xH100-80GB", "--strategies", "tp"]) == 2
+    assert "tp, pp and offload go beside a data-parallel strategy; list one with them, e.g. --strategies " \
+        "zero3,tp" in capsys.readouterr().err
+    assert main(["plan", "--params", "7e9", "--hardware", "1xH100-80GB"]) == 0
+    out = capsys.readouterr().out
+    assert "1 of 2 layouts does not fit in memory." in out and "hidden = 128 x layers)" not in out
+    assert "hidden the size nearest 128 x layers, then as many layers as the count takes" in out
+    assert "--calibrate measures this machine" not in out
+
+
+def test_launch_orders_are_the_ones_select_takes(capsys):
+    from convoy.devices.selection import ORDERS
+
+    try:
+        main(["launch", "--help"])
+    except SystemExit:
+        pass
+    assert f"device order for a count: {', '.join(ORDERS)}" in " ".join(capsys.readouterr().out.split())
