@@ -365,8 +365,9 @@ SCHEMA: tuple[Key, ...] = (
     Key(name="nnodes", type="count or MIN:MAX", default="1", ask=True, convert=_nnodes,
         doc="Machines in the job: a count, or MIN:MAX for an elastic job."),
     Key(name="nproc_per_node", type="'auto', 'cpu', 'gpu' or int >= 1", default="auto", convert=_nproc,
-        doc="Processes per machine: 'auto' starts one per selected device (on a machine without one, one per CPU "
-            "core, as torchrun's 'auto'); 'gpu' one per device; 'cpu' one per core; or a number."),
+        doc="Processes per machine: 'auto' starts one per selected device; on a machine without one, 2 CPU "
+            "processes when nothing sets it, one per CPU core when 'auto' is given (torchrun's 'auto'); 'gpu' one "
+            "per device; 'cpu' one per core; or a number."),
     Key(name="rdzv_backend", type="one of c10d, static", default="c10d", convert=_choice("c10d", "static"),
         choices=("c10d", "static"), doc="How the machines find each other (torchrun's --rdzv-backend)."),
     Key(name="rdzv_endpoint", type="HOST:PORT", default="", ask=True, convert=_endpoint,
