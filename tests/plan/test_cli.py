@@ -185,3 +185,21 @@ def test_launch_orders_are_the_ones_select_takes(capsys):
     except SystemExit:
         pass
     assert f"device order for a count: {', '.join(ORDERS)}" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_plots_bars_add_up_to_each_layouts_total_and_what_fits_comes_first():
+    """--plot stacked every part, so the bars rose above the peak they were drawn against (gradients and
+    activations do not all coincide); now three parts add up to the plan's total."""
+    from convoy.plan.api import plan
+    from convoy.plan.plot import _ordered, segments
+    from convoy.plan.units import GiB
+
+    p = plan(CONFIGS / "llama2_7b.json", hardware="8xH100-80GB")
+    for row in p.rows:
+        assert sum(segments(row.memory)) * GiB == pytest.approx(row.memory.total, rel=1e-9)
+        assert min(segments(row.memory)) >= 0
+    ordered = _ordered(p.rows)
+    fits = [r.fits for r in ordered]
+    assert fits == sorted(fits, reverse=True)  # every fitting layout before every other
+    fitting = [r.time.seconds for r in ordered if r.fits]
+    assert fitting == sorted(fitting)
