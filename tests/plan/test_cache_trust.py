@@ -53,7 +53,8 @@ def _write(path: Path, observed: dict, **rates) -> None:
 
 
 def _convoy_plan(cache_home: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "XDG_CACHE_HOME": str(cache_home), "CONVOY_INVENTORY": str(INVENTORIES / "8xh100_nvswitch.json")}
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache_home),
+           "CONVOY_INVENTORY": str(INVENTORIES / "8xh100_nvswitch.json")}
     return subprocess.run([sys.executable, "-m", "convoy", *PLAN, *extra], capture_output=True, text=True, env=env,
                           timeout=120)
 
@@ -182,7 +183,8 @@ def test_a_cache_others_can_write_is_not_read_nor_written(loose, tmp_path, model
     done = _convoy_plan(tmp_path)
     assert done.returncode == 0 and _zero3_seconds(done.stdout) == modeled, done.stderr
     lines = done.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"convoy: warning: calibration cache {str(path)!r}: the {loose} "), lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"convoy: warning: calibration cache {str(path)!r}: the {loose} "), lines
     assert "is writable by other users (mode 0" in lines[0] and "so another user could steer your plans: not read" \
         in lines[0], lines
     if loose == "directory":

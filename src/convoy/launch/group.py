@@ -145,8 +145,9 @@ class _Job:
             return 0
         left = _members(pgid)
         if not self._armed:  # (after a stop signal they have had it, and SIGKILL is on its way)
-            which = f"{len(left)} process{'es' if len(left) > 1 else ''} it started (pid " \
-                f"{', '.join(map(str, left[:5]))}{', ...' if len(left) > 5 else ''})" if left else "processes it started"
+            pids = ", ".join(map(str, left[:5])) + (", ..." if len(left) > 5 else "")
+            which = f"{len(left)} process{'es' if len(left) > 1 else ''} it started (pid {pids})" if left else \
+                "processes it started"
             verb = "runs" if len(left) == 1 else "run"
             say(f"convoy: the command has ended, but {which} still {verb}; stopping them (SIGTERM, SIGKILL after "
                 f"{self.grace:g}s) before the devices are released")

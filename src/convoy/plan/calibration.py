@@ -271,7 +271,8 @@ def rates_problem(record: Calibration) -> str | None:
     if record.peer_bytes_per_s is not None and not _rate(record.peer_bytes_per_s, positive=True):
         return f"peer_bytes_per_s = {_short(record.peer_bytes_per_s)} is not a finite number > 0"
     if record.launch_seconds and record.launch_seconds < LAUNCH_FLOOR_S:
-        return f"launch_seconds = {_short(record.launch_seconds)} is below the kernel-launch floor ({LAUNCH_FLOOR_S:g} s)"
+        return (f"launch_seconds = {_short(record.launch_seconds)} is below the kernel-launch floor "
+                f"({LAUNCH_FLOOR_S:g} s)")
     board = _board(record)
     return None if board is None else _beyond_board(record, board)
 

@@ -8,9 +8,9 @@ parts that add up to the plan's total: what stays all step (weights, optimizer s
 the step's peak above it (activations and temporaries, or the gradients, whichever is larger when they do not
 coincide), and the reserve (CUDA context, fragmentation); the GPU's memory is a line. The axis ends a little past
 the GPU's memory, so the layouts that fit stay readable: a bar beyond it is cut and labelled with its total.
-Right, the step time (on a log axis when the layouts' times are orders of magnitude apart). Layouts that do not fit are hatched
-and pale; the recommended one is named in bold with a star. matplotlib is imported here only, when a plot is
-asked for.
+Right, the step time (on a log axis when the layouts' times are orders of magnitude apart). Layouts that do
+not fit are hatched and pale; the recommended one is named in bold with a star. matplotlib is imported here
+only, when a plot is asked for.
 """
 
 from __future__ import annotations
