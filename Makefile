@@ -24,7 +24,7 @@ $(BIN)/convoy: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q --no-deps "$(TORCH)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
-	$(BIN)/python -m pip install -q -e ".[torch,dev]"
+	$(BIN)/python -m pip install -q -e ".[torch,dev,plot]"
 	@touch $@
 
 venv: $(BIN)/convoy

@@ -4,8 +4,10 @@
     python benchmarks/cli_latency.py --runs 15
 
 Each row is the median wall time of a fresh process (``time.perf_counter`` around it) and its median
-CPU time (user + system, from ``os.wait4``), which a busy machine distorts less. The target (issue 2): ``convoy select`` within 0.15 s of bare Python start-up, which
-holds only as long as the device layer never imports torch.
+CPU time (user + system, from ``os.wait4``), which a busy machine distorts less. The target (issue 32):
+``convoy select 2 --free`` within 30 ms of bare Python start-up (issue 2's was 150 ms, which holds only as long as
+the device layer never imports torch). Run it with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` unset, as a
+user's install has it): without ``.pyc`` files every module is compiled again on each start.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 INVENTORY = REPO / "tests" / "inventories" / "8xh100_nvswitch.json"
+TARGET_S = 0.030  # convoy select 2 --free above bare Python (issue 32)
 
 
 def _cases(python: str, convoy: list[str]) -> list[tuple[str, list[str], dict[str, str]]]:
@@ -72,9 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:<40} {wall:>7.3f} {wall / base:>9.1f} {1000 * (wall - base):>6.0f} {cpu:>7.3f} "
               f"{cpu / base_cpu:>9.1f} {1000 * (cpu - base_cpu):>6.0f} {runs:>5}")
     select_wall, select_cpu = next((w, c) for label, w, c, _ in rows if label.startswith("convoy select"))
-    verdict = "meets" if select_wall - base <= 0.15 else "misses"
+    verdict = "meets" if select_wall - base <= TARGET_S else "misses"
     print(f"\nconvoy select: +{1000 * (select_wall - base):.0f} ms wall, +{1000 * (select_cpu - base_cpu):.0f} ms "
-          f"CPU above bare Python: {verdict} the 150 ms target")
+          f"CPU above bare Python: {verdict} the {1000 * TARGET_S:.0f} ms target")
+    if sys.flags.dont_write_bytecode:
+        print("note: PYTHONDONTWRITEBYTECODE is set: modules without a .pyc were compiled on every start")
     return 0
 
 

@@ -19,8 +19,14 @@ not know convoy. Messages say what was wrong and what would be right, in one lin
     ├── DistributedOperationError(RuntimeError)   a collective whose ranks passed mismatched shapes (exit 1)
     └── NotSupportedYetError(NotImplementedError) a real gap, named; never a silent fallback
 
-The CLI turns a ``ConvoyError`` into ``convoy: <message>`` on stderr and ``exit_code`` (2 for bad input,
-1 for a failure at run time) in exactly one place, ``convoy.cli.main.main``.
+The CLI turns a ``ConvoyError`` into ``convoy: <message>`` on stderr and ``exit_code`` in exactly one place,
+``convoy.cli.main.main``, by one rule (docs/launching.md, "Exit codes"): 2 when the command is wrong here and
+stays wrong however often it is retried (a bad or conflicting flag, setting or file, devices the machine does not
+have, a combination convoy does not support yet, an optional package the request needs), 1 when it could run but
+did not this time (devices taken or too few free, a rank failed, a launch, checkpoint or collective that failed).
+
+Warnings: ``ConvoyWarning(UserWarning)``, for input convoy sets aside and goes on without (a calibration cache it
+may not trust, a measurement no device could make); the CLI prints each as one ``convoy: warning: ...`` line.
 
 Outside the tree, as ``KeyboardInterrupt`` is: ``Terminated(BaseException)``, a job stopped by a signal other
 than Ctrl-C (a scheduler's SIGTERM); the CLI exits 128 + the signal's number with a line that says so.
@@ -44,6 +50,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "DistributedOperationError",
     "NotSupportedYetError",
+    "ConvoyWarning",
     "Terminated",
 ]
 
@@ -138,9 +145,12 @@ class DistributedOperationError(ConvoyError, RuntimeError):
 
 
 class NotSupportedYetError(ConvoyError, NotImplementedError):
-    """Something convoy does not do yet; the message says what, and what to use instead."""
+    """Something convoy does not do yet; the message says what, and what to use instead. On the command line a
+    usage error (exit 2): retried as it is, the request never runs; change it."""
 
-    exit_code = 1
+
+class ConvoyWarning(UserWarning):
+    """Input convoy sets aside and goes on without; the message names it (the file, the key) and says why."""
 
 
 class Terminated(BaseException):

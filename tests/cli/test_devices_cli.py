@@ -177,7 +177,7 @@ def test_concurrent_runs_get_distinct_gpus(inventory_path, tmp_path):
     the holders; a waiting job gets the GPU of a job killed by SIGKILL at once."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CONVOY_LEASE_DIR": str(tmp_path / "leases"),
            "CONVOY_INVENTORY": str(inventory_path("4_mixed_pcie"))}
-    job = ["sh", "-c", "echo \"gpu=$CUDA_VISIBLE_DEVICES\"; exec sleep 60"]
+    job = ["sh", "-c", "echo \"gpu=$CUDA_VISIBLE_DEVICES $$\"; exec sleep 60"]
 
     def start(*extra):
         return subprocess.Popen([sys.executable, "-m", "convoy", "run", "--devices", "1", "--free", *extra, "--",
@@ -191,7 +191,8 @@ def test_concurrent_runs_get_distinct_gpus(inventory_path, tmp_path):
         for proc in procs:
             line = proc.stdout.readline()
             if line:
-                running[line.strip()] = proc
+                gpu, command = line.split()
+                running[gpu] = (proc, int(command))
             else:
                 assert proc.wait(timeout=30) == 1
                 failed.append(proc.stderr.read())
@@ -203,16 +204,20 @@ def test_concurrent_runs_get_distinct_gpus(inventory_path, tmp_path):
         waiter = start("--wait", "30")
         time.sleep(0.5)
         assert waiter.poll() is None  # still waiting
-        victim = running["gpu=2"]
-        os.killpg(victim.pid, signal.SIGKILL)  # the whole job: convoy run and its command
+        victim, command = running["gpu=2"]
+        os.killpg(command, signal.SIGKILL)  # the command's process group: convoy run then ends, releasing the GPU
         victim.wait(timeout=10)
         start_wait = time.monotonic()
-        assert waiter.stdout.readline().strip() == "gpu=2"
+        assert waiter.stdout.readline().split()[0] == "gpu=2"
         assert time.monotonic() - start_wait < 5
     finally:
         for proc in [*procs, *([waiter] if waiter else [])]:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.kill(proc.pid, signal.SIGTERM)  # convoy run stops its command's group
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
             proc.stdout.close()
             proc.stderr.close()
@@ -253,7 +258,7 @@ def test_flag_snapshots():
     assert _flags("devices") == ["--debug", "--help", "--inventory", "--json", "-h"]
     assert _flags("select") == sorted(["--debug", "--help", "-h", "--format", "--explain", *filters])
     assert _flags("run") == sorted(["--debug", "--help", "-h", "--devices", "--wait", "--no-lease", "--explain",
-                                    *filters])
+                                    "--shutdown-timeout", "--shutdown_timeout", *filters])
 
 
 def test_devices_names_the_planner_row_each_board_matched(inventory_path):

@@ -79,3 +79,34 @@ def test_a_flag_given_double_dash_as_its_value_is_one_line(argv, capsys):
         code = exc.code
     err = capsys.readouterr().err
     assert code == 2 and "expected one argument" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv, env, code", [
+    # 2: wrong here, and wrong however often it is retried
+    (["select", "2", "--order", "memory"], {}, 2),                                   # a value argparse refuses
+    (["launch", "--dry-run", "--devices", "0", "--virtual-local-rank", "x.py"], {}, 2),  # not supported yet
+    (["select", "9"], {"CONVOY_INVENTORY": "4_mixed_pcie"}, 2),                      # devices it does not have
+    (["plan", "--params", "1e9", "--hardware", "1xH100-80GB", "--plot", "p.png"], {"NO_MATPLOTLIB": "1"}, 2),
+    # 1: could run, did not this time
+    (["select", "1", "--free"], {"CONVOY_INVENTORY": "2_busy_exclusive"}, 1),  # none free now
+])
+def test_one_exit_code_rule(argv, env, code, monkeypatch, tmp_path, capsys):
+    """Usage errors were 2 in docs/launching.md but 1 for `--plot` without matplotlib and for an unsupported
+    combination: one rule now (docs/launching.md, "Exit codes")."""
+    import importlib.util
+
+    from tests.conftest import INVENTORIES
+
+    monkeypatch.chdir(tmp_path)
+    if "CONVOY_INVENTORY" in env:
+        monkeypatch.setenv("CONVOY_INVENTORY", str(INVENTORIES / f"{env['CONVOY_INVENTORY']}.json"))
+    if "NO_MATPLOTLIB" in env:
+        real = importlib.util.find_spec
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else
+                            real(name, *a))
+    try:
+        got = main(argv)
+    except SystemExit as exc:
+        got = exc.code
+    err = capsys.readouterr().err
+    assert got == code and err.startswith("convoy:") and err.count("\n") == 1, err

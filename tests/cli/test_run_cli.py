@@ -6,6 +6,7 @@ a scheduler's SIGTERM reaches the command. Inventory files stand in for the GPUs
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -85,8 +86,11 @@ def test_a_run_waits_for_a_device_until_its_holder_ends(box):
     time.sleep(1.0)
     assert waiting.poll() is None  # still waiting for GPU 2
     release(first, box)
-    out = finish(waiting, timeout=30)
-    assert waiting.returncode == 0 and out.strip() == "got 2", out
+    out = finish(waiting, timeout=30).splitlines()
+    # said once what it waits for and who holds it (it looked hung with --wait 1h), and when it has the device
+    assert waiting.returncode == 0 and len(out) == 3 and "got 2" in out, out
+    assert out[0].startswith(f"convoy: waiting up to 1m for GPU 2 (Tesla T4): leased by pid {first.pid} "), out
+    assert re.fullmatch(r"convoy: got GPU 2 \(Tesla T4\) after waiting [\d.]+ s", out[1]), out
 
 
 def test_run_and_launch_keep_off_each_others_devices(box):
@@ -120,6 +124,24 @@ def test_free_moves_a_count_past_a_leased_device(box):
         listed = convoy("run", "--devices", "0,1", "--free", "--", "true", env=box)
         assert listed.returncode == 1 and "GPU 1 (NVIDIA GeForce RTX 4090) cannot be used: leased by pid" in \
             listed.stderr and "wait for them (--wait 10m)" in listed.stderr, listed.stderr
+    finally:
+        release(job, box)
+
+
+def test_a_count_refused_for_a_leased_device_says_that_free_picks_free_ones(box):
+    """`convoy run --devices 2` while GPU 1 was leased was refused with three GPUs free, and the line did not say
+    that `--free` moves a count past leased devices."""
+    job, _ = hold("--devices", "1,", env=box)
+    try:
+        for argv in (["run", "--devices", "2", "--", "true"], ["launch", "--devices", "2", "--no-python", "true"]):
+            refused = convoy(*argv, env=box, timeout=60)
+            assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+            assert "is leased by pid" in refused.stderr and "; --free takes 2 devices that no other job holds " \
+                "(--devices 2 --free); or wait for them (--wait 10m)" in refused.stderr, refused.stderr
+        listed = convoy("run", "--devices", "0,1", "--", "true", env=box)  # exact devices: --free would not help
+        assert listed.returncode == 1 and "--free" not in listed.stderr, listed.stderr
+        taken = convoy("run", "--devices", "2", "--free", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES", env=box)
+        assert (taken.returncode, taken.stdout) == (0, "0,2\n"), taken.stderr
     finally:
         release(job, box)
 
@@ -168,6 +190,7 @@ def test_a_signal_while_the_command_starts_reaches_the_command(monkeypatch):
     import subprocess as sp
 
     from convoy.cli import run as run_cli
+    from convoy.launch import group
 
     real_popen = sp.Popen
 
@@ -176,7 +199,7 @@ def test_a_signal_while_the_command_starts_reaches_the_command(monkeypatch):
         os.kill(os.getpid(), signal.SIGTERM)  # delivered here, inside the start
         return child
 
-    monkeypatch.setattr(run_cli.subprocess, "Popen", popen_then_sigterm)
+    monkeypatch.setattr(group.subprocess, "Popen", popen_then_sigterm)
     caught: list[int] = []
 
     def ours(signum, _frame):  # what was installed before: it must not be the one that gets the signal
@@ -184,8 +207,116 @@ def test_a_signal_while_the_command_starts_reaches_the_command(monkeypatch):
 
     before = signal.signal(signal.SIGTERM, ours)
     try:
-        code = run_cli._run_child(["sh", "-c", "sleep 5"], dict(os.environ), ())
+        ended = run_cli._run_child(["sh", "-c", "sleep 5"], dict(os.environ), ())
         assert signal.getsignal(signal.SIGTERM) is ours  # put back afterwards
     finally:
         signal.signal(signal.SIGTERM, before)
-    assert code == 128 + signal.SIGTERM and not caught  # CMD ended by the signal, not left behind
+    assert ended.code == 128 + signal.SIGTERM and not caught  # CMD ended by the signal, not left behind
+
+
+#: a command whose shell starts two processes without exec, one of which ignores SIGTERM; prints their pids
+FAMILY = ('sleep 300 & a=$!; (trap "" TERM; echo ignoring; exec sleep 300) & b=$!; echo "running pid=$$ kids=$a,$b"; '
+          'while [ ! -e "$STOP" ]; do sleep 0.05; done; wait')
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_sigterm_stops_every_process_of_the_command_before_the_lease_ends(box):
+    """`convoy run -- ./wrapper.sh` whose script starts children without exec: a SIGTERM to convoy reached only
+    the script, convoy released the lease at once, and the children kept running on GPUs the next job was given.
+    Now the signal reaches the command's whole process group, SIGKILL follows after the shutdown timeout, and the
+    devices stay leased until the last process is gone."""
+    job = start([sys.executable, "-m", "convoy", "run", "--devices", "1,3", "--shutdown-timeout", "3", "--",
+                 "sh", "-c", FAMILY], env=box)
+    lines = [job.stdout.readline(), job.stdout.readline()]  # once the second one ignores SIGTERM
+    line = next((line for line in lines if line.startswith("running")), "")
+    assert line and "ignoring\n" in lines, "".join(lines) + finish(job, timeout=10)
+    kids = [int(pid) for pid in line.strip().rpartition("kids=")[2].split(",")]
+    job.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 2
+    while _alive(kids[0]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _alive(kids[0]), "the script's child did not get the SIGTERM"
+    assert _alive(kids[1]) and job.poll() is None  # it ignores SIGTERM: convoy waits for it, holding the lease
+    taken = convoy("run", "--devices", "3,", "--", "true", env=box)
+    assert taken.returncode == 1 and "GPU 3 (NVIDIA GeForce RTX 3090) is leased by pid" in taken.stderr, taken.stderr
+    out = finish(job, timeout=30)  # SIGKILL to the group after 3 s
+    assert job.returncode == 143 and out == "", out  # the script's own end, by the SIGTERM
+    assert not _alive(kids[1]) and leases(box) == []
+
+
+def test_processes_the_command_leaves_running_are_stopped_before_the_lease_ends(box):
+    done = convoy("run", "--devices", "1,", "--", "sh", "-c", "sleep 300 & echo started $!", env=box)
+    kid = int(done.stdout.split()[1])
+    assert done.returncode == 0 and not _alive(kid) and leases(box) == []
+    assert done.stderr.startswith(f"convoy: the command has ended, but 1 process it started (pid {kid}) still runs; "
+                                  "stopping them (SIGTERM, SIGKILL after 30s) before the devices are released"), \
+        done.stderr
+
+
+def test_a_process_that_leaves_the_commands_group_keeps_the_devices_leased(box):
+    """convoy closes its copy of the lease without unlocking it (an unlock frees the lock for every copy): a
+    process of the command that escaped its group (setsid) holds the devices until it ends."""
+    done = convoy("run", "--devices", "2,", "--", "sh", "-c", "setsid sleep 300 </dev/null >/dev/null 2>&1 & "
+                  "echo $!", env=box)
+    escaped = int(done.stdout)
+    try:
+        assert done.returncode == 0 and _alive(escaped) and len(leases(box)) == 1, done.stderr
+    finally:
+        os.kill(escaped, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while leases(box) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert leases(box) == []
+
+
+def _on_a_terminal(argv: list[str], env: dict, *, send: bytes, after: bytes, timeout: float = 30) -> tuple[str, int]:
+    """Run ``argv`` on a new pseudo-terminal (its controlling one), type ``send`` once ``after`` was printed;
+    (what the terminal showed, the wait status)."""
+    import pty
+    import select
+
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.execve(argv[0], argv, env)
+        finally:
+            os._exit(127)
+    out, sent, deadline = b"", False, time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not sent and after in out:
+                os.write(fd, send)
+                sent = True
+            if select.select([fd], [], [], 0.1)[0]:
+                try:
+                    data = os.read(fd, 4096)
+                except OSError:  # the terminal's other side is gone
+                    break
+                if not data:
+                    break
+                out += data
+        else:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    return out.decode(errors="replace"), status
+
+
+def test_on_a_terminal_the_command_reads_the_keyboard_and_ctrl_c_stops_it(box):
+    """CMD's process group has the terminal: it reads the keyboard (a background group would be stopped), and a
+    Ctrl-C reaches it; convoy then ends by SIGINT itself, so a shell loop around it stops too."""
+    argv = [sys.executable, "-m", "convoy", "run", "--devices", "1,", "--"]
+    shown, status = _on_a_terminal([*argv, "sh", "-c", 'echo ready; read x; echo "got $x"'], box, send=b"hello\n",
+                                   after=b"ready")
+    assert "got hello" in shown and os.waitstatus_to_exitcode(status) == 0, shown
+    shown, status = _on_a_terminal([*argv, "sh", "-c", "echo ready; sleep 300"], box, send=b"\x03", after=b"ready")
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT, shown
+    assert leases(box) == []

@@ -46,6 +46,12 @@ def _read(tmp_path, text):
     ('parallelism = "dp=2,xx=2"\n', r"key 'parallelism': unknown parallelism key 'xx'"),
     ('rdzv_backend = "etcd"\n', r"expected one of c10d, static"),
     ('nnodes = 0\n', r"expected a node count"),
+    # a number or a yes/no quoted: a string, refused as every other wrong type is (they were read as the value)
+    ('\nnproc_per_node = "2"\n', r"line 2, key 'nproc_per_node': '2' is a string, not a number; write 2 without "
+                                 r"quotes"),
+    ('free = "true"\n', r"key 'free': 'true' is a string, not a bool; write true without quotes"),
+    ('max_restarts = " 3 "\n', r"key 'max_restarts': ' 3 ' is a string, not a number; write 3 without quotes"),
+    ('collective_timeout = "300"\n', r"'300' is a string, not a number; write 300 without quotes"),
     ('log_level = "loud"\n', r"expected one of debug, info, warning, error"),
 ])
 def test_malformed_files_name_file_line_and_key(tmp_path, text, message):
@@ -85,6 +91,24 @@ def test_write_merges_round_trips_and_removes(tmp_path):
     assert values == {"strategy": "ddp", "mixed_precision": "bf16", "collective_timeout": 60.0,
                       "rdzv_endpoint": "node0:29500"}
     assert "# How the model is spread" in path.read_text()
+
+
+def test_what_convoy_config_writes_reads_back_a_number_unquoted(tmp_path):
+    path = tmp_path / "convoy.toml"
+    write_settings_file(path, {"nproc_per_node": "2", "max_restarts": "3", "free": "yes"})  # as typed at a prompt
+    assert "nproc_per_node = 2\n" in path.read_text() and "max_restarts = 3\n" in path.read_text()
+    assert {k: v.value for k, v in read_settings_file(path).items()} == {"nproc_per_node": "2", "max_restarts": 3,
+                                                                        "free": True}
+
+
+def test_the_accelerator_and_convoy_launch_refuse_a_quoted_number():
+    import convoy
+
+    with pytest.raises(ConfigError, match=r"Accelerator\(gradient_accumulation_steps=' 4 '\): ' 4 ' is a string, "
+                                          r"not a number; write 4 without quotes"):
+        convoy.Accelerator(gradient_accumulation_steps=" 4 ")
+    with pytest.raises(ConfigError, match=r"convoy.launch\(nproc_per_node=...\): '2' is a string, not a number"):
+        convoy.launch(print, nproc_per_node="2")
 
 
 def test_write_rejects_bad_values_and_unknown_keys_and_keeps_the_file(tmp_path):

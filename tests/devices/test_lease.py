@@ -92,3 +92,31 @@ def test_select_and_lease_reports_non_lease_shortage_as_selection_error(inventor
     busy = load_inventory(inventory_path("2_busy_exclusive"))
     with pytest.raises(SelectionError):
         select_and_lease(1, free=True, inventory=busy, env={}, lock_dir=tmp_path)
+
+
+def test_a_wait_for_free_devices_says_what_it_waits_for_and_when_it_has_them(inv, inventory_path, tmp_path):
+    """`--free --wait 1h` printed nothing while it waited: it looked hung."""
+    import threading
+
+    said: list[str] = []
+    holders = [_holder(inventory_path, tmp_path, i, 60) for i in range(8)]
+    ends = threading.Timer(1.0, holders[3].kill)  # GPU 3 comes free a second into the wait
+    ends.start()
+    try:
+        selection, lease = select_and_lease(1, free=True, wait=60, inventory=inv, lock_dir=tmp_path,
+                                            say=said.append)
+        lease.release()
+    finally:
+        ends.join()
+        for proc in holders:
+            proc.kill()
+            proc.wait()
+    assert len(said) == 2, said
+    assert said[0].startswith("convoy: waiting up to 1m for devices=1 that no other job holds; now GPU 0 (")
+    assert said[0].count("leased by pid") == 8, said[0]  # one holder each here
+    assert selection.indices == [3] and said[1].startswith(f"convoy: got {selection.devices[0].label} after "
+                                                           "waiting "), said
+    quiet: list[str] = []
+    _, lease = select_and_lease(1, free=True, wait=60, inventory=inv, lock_dir=tmp_path, say=quiet.append)
+    lease.release()
+    assert quiet == []  # no wait, nothing to say

@@ -106,8 +106,13 @@ def test_mig_one_slice_per_process(load):
     assert len(sel.devices) == 1 and sel.devices[0].is_mig_slice and "2g.20gb" in sel.devices[0].name
     assert sel.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": sel.devices[0].uuid}
     assert sel.devices[0].mig_parent_uuid == inv.devices[0].uuid
-    with pytest.raises(SelectionError, match="CUDA lets a process use a single MIG slice; ask for 1 device"):
+    with pytest.raises(SelectionError, match="CUDA lets a process use a single MIG slice; ask for 1 device") as err:
         select_devices(2, inventory=inv, env={})
+    # what it suggests is one device in convoy's grammar ('0' alone means no accelerator)
+    for suggested in ("1", "0,"):
+        assert f"'{suggested}'" in str(err.value) or f"devices={suggested}" in str(err.value)
+        assert len(select_devices(suggested, inventory=inv, env={}).devices) == 1
+    assert "devices='0' means no accelerator" in str(err.value)
     mig_uuid = inv.devices[1].mig_devices[3].uuid
     sel = select_devices("auto", inventory=inv, env={"CUDA_VISIBLE_DEVICES": mig_uuid})
     assert sel.uuids == [mig_uuid]

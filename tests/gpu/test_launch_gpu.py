@@ -21,6 +21,16 @@ def test_convoy_launch_runs_one_rank_per_gpu_on_nccl(tmp_path):
     assert not held_leases(tmp_path)
 
 
+def test_a_cuda_torch_on_the_gpus_gets_no_not_used_note(tmp_path):
+    """The note a CPU-only torch gets (convoy.launch.torch_build) is never said where the GPUs are used: the dry
+    run plans nccl on cuda:0 and the run uses the GPU, both without the note."""
+    dry = run_ok(["convoy", "launch", "--dry-run", "--devices", "1", str(SCRIPTS / "nccl_job.py")])
+    assert "backend nccl" in dry and " as cuda:0" in dry and "this Python's torch (" not in dry, dry
+    out = run_ok(["convoy", "launch", "--devices", "1", str(SCRIPTS / "nccl_job.py")],
+                 env={"CONVOY_LEASE_DIR": str(tmp_path)})
+    assert "this Python's torch (" not in out and "backend=nccl device=cuda:0" in out, out
+
+
 def test_more_ranks_than_gpus_are_refused_at_once():
     code, inventory, err = run_json(["convoy", "devices", "--json"])
     n = len(inventory["devices"])

@@ -38,6 +38,23 @@ def test_max_restarts_recovers_from_one_failure():
     assert "[rank1]: ValueError: boom from rank 1" in out  # the first attempt's failure was shown
 
 
+def test_a_restart_says_which_rank_died_and_the_knock_on_failure_is_not_blamed():
+    """Rank 1 killed by SIGKILL while rank 0 waits in a collective (which then fails, "Connection closed by peer"):
+    no convoy line said a rank died and the group restarted, torch's W/E lines did, and the report blamed rank 1
+    "(its traceback is above)" when the traceback above was rank 0's."""
+    job = launch("--nproc-per-node", "2", "--max-restarts", "1", str(SCRIPTS / "fail.py"), "--how", "kill",
+                 "--others", "collective")
+    out = finish(job, timeout=180)
+    assert job.returncode == 1, out
+    lines = out.splitlines()
+    assert "convoy: rank 1 died (SIGKILL) (1 other rank failed after it); restarting, attempt 1 of 1" in lines, out
+    assert lines[-1].startswith("convoy: rank 1 (local rank 1) on host ") and lines[-1].endswith(
+        "failed with signal SIGKILL after " + lines[-1].split(" after ")[1].split(" s;")[0] + " s; stopped the other "
+        "1 rank(s) (it printed no traceback)"), lines[-1]
+    assert "Connection closed by peer" in out  # rank 0's own traceback is still shown, as rank 0's
+    assert not any(re.match(r"[WEI]\d{4} ", line) for line in lines), out  # torch's agent's log lines
+
+
 def test_elastic_engine_reports_the_real_failing_rank():
     bad = launch("--engine", "elastic", str(SCRIPTS / "fail.py"), "--bad", "1")
     out = finish(bad, timeout=120)

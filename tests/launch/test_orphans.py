@@ -46,9 +46,10 @@ def test_kill_9_of_the_launcher_stops_every_process_and_holds_the_lease_until_th
         engine, inventory_path, tmp_path):
     inventory = inventory_path("8xh100_nvswitch")
     devices = load_inventory(inventory).devices[:2]
-    lease_dir, out = tmp_path / "leases", tmp_path / "out"
+    lease_dir, out, tmp = tmp_path / "leases", tmp_path / "out", tmp_path / "tmp"
     out.mkdir()
-    env = {**os.environ, "CONVOY_INVENTORY": str(inventory), "CONVOY_LEASE_DIR": str(lease_dir)}
+    tmp.mkdir(mode=0o700)
+    env = {**os.environ, "CONVOY_INVENTORY": str(inventory), "CONVOY_LEASE_DIR": str(lease_dir), "TMPDIR": str(tmp)}
     launcher = subprocess.Popen([sys.executable, "-m", "convoy", "launch", "--devices", "0,1", *engine, SCRIPT,
                                  str(out)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -65,6 +66,21 @@ def test_kill_9_of_the_launcher_stops_every_process_and_holds_the_lease_until_th
             assert time.monotonic() < deadline, f"still alive 10 s after kill -9: {[p for p in pids if _alive(p)]}"
             time.sleep(0.02)
         _wait_for(lambda: not lease_holders(devices, lock_dir=lease_dir), 10, "the lease to be released")
+        # its temporary directory (the direct engine's error files, the elastic engine's hold files) stayed behind;
+        # the next launch removes it, and leaves alone that of a launcher that lives (this test's own lock)
+        left = sorted(p.name for p in tmp.glob("convoy-*"))
+        assert len(left) == 1 and left[0].startswith("convoy-launch-" if not engine else "convoy-store-"), left
+        from convoy.launch.scratch import Scratch
+
+        live = Scratch.create("convoy-launch-", tmp)
+        try:
+            assert live.path.parent == tmp
+            done = subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", "0", "--no-python", "true"],
+                                  env=env, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+            assert sorted(p.name for p in tmp.glob("convoy-*")) == [live.path.name]
+        finally:
+            live.remove()
     finally:
         if launcher.poll() is None:
             launcher.kill()

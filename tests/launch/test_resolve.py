@@ -25,6 +25,20 @@ def test_cpu_box_defaults_to_two_gloo_processes_on_a_free_loopback_port():
     assert plan.command[1:] == ("-u", "train.py", "--lr", "1")
     assert plan.env["OMP_NUM_THREADS"] == "1"
     assert any("no accelerator found: running 2 CPU processes" in n for n in plan.explanation)
+    # said once: the selection's "no accelerators" / "no accelerator is visible" / "empty selection (CPU run)"
+    # lines repeated it three more times in every dry run
+    assert plan.explanation == ("no accelerator found: running 2 CPU processes with the gloo backend",), \
+        plan.explanation
+    assert sum("note:" in line for line in describe_plan(plan)) == 1
+
+
+def test_no_accelerator_is_said_without_a_source_in_brackets():
+    from convoy.cli.devices import render_table  # what `convoy devices` prints
+    from convoy.devices.discovery import discover
+
+    empty = discover(env={}, backends=())
+    assert empty.source == "none" and empty.devices == ()
+    assert render_table(empty, {}) == "no accelerators found; jobs run on the CPU"  # was "(none (no accelerator ...))"
 
 
 def test_nproc_per_node_keeps_torchruns_meaning_and_user_omp_wins():

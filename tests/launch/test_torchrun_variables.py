@@ -134,7 +134,7 @@ def test_switches_are_read_as_torchruns_check_env_reads_them(pet, capsys):
     ({"PET_SIGNALS_TO_HANDLE": "SIGFOO"}, 2, "environment PET_SIGNALS_TO_HANDLE: 'SIGFOO' is not a signal"),
     ({"PET_RDZV_CONF": "timeout"}, 2, "PET_RDZV_CONF='timeout': 'timeout' is not KEY=VALUE"),
     ({"PET_RDZV_BACKEND": "etcd"}, 2, "environment PET_RDZV_BACKEND: 'etcd' is not valid; expected one of c10d"),
-    ({"PET_VIRTUAL_LOCAL_RANK": "1"}, 1, "PET_VIRTUAL_LOCAL_RANK=1 is not supported by convoy launch yet"),
+    ({"PET_VIRTUAL_LOCAL_RANK": "1"}, 2, "PET_VIRTUAL_LOCAL_RANK=1 is not supported by convoy launch yet"),
     ({"PET_NNODES": "2", "PET_NODE_RANK": "2", "PET_MASTER_ADDR": "h"}, 2, "PET_NODE_RANK=2 is outside PET_NNODES=2"),
     ({"PET_NNODES": "2", "PET_STANDALONE": "1"}, 2, "PET_STANDALONE=1 means one node, but PET_NNODES=2"),
     ({"PET_MODULE": "1"}, 2, "PET_MODULE=1 and --no-python cannot be combined"),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from convoy.devices.inventory import load_inventory
-from convoy.errors import PlanError
+from convoy.errors import ConvoyWarning, PlanError
 from convoy.plan.activations import block_bytes, head_saved_bytes
 from convoy.plan.api import plan, plan_for
 from convoy.plan.calibrate import resolve_calibration
@@ -210,7 +210,8 @@ def test_a_damaged_entry_is_measured_again_not_divided_by(tmp_path):
         save_calibration(fresh, path=path)  # the damaged entry is replaced, not merged into
         assert load_calibration(**who) == fresh, damage
     path.write_text(json.dumps({next(iter(data)): {**next(iter(data.values())), "memory_bytes_per_s": 10**400}}))
-    assert load_calibration(**who) is not None  # a huge whole number is absurd, not an OverflowError
+    with pytest.warns(ConvoyWarning, match="memory_bytes_per_s = a number too large is above the H100-80GB's"):
+        assert load_calibration(**who) is None  # a huge whole number is absurd: refused, not an OverflowError
 
 
 def _tiny_cpu_model():

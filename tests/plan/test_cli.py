@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -107,7 +108,7 @@ def test_plot(capsys, tmp_path):
     rc = main(["plan", "--params", "7e9", "--layers", "32", "--hidden", "4096", "--heads", "32",
                "--hardware", "8xH100-80GB", "--plot", str(out)])
     if importlib.util.find_spec("matplotlib") is None:
-        assert rc == 1 and "needs matplotlib" in capsys.readouterr().err and not out.exists()
+        assert rc == 2 and "needs matplotlib" in capsys.readouterr().err and not out.exists()
     else:
         assert rc == 0 and out.read_bytes()[:4] == b"\x89PNG"
 
@@ -171,3 +172,50 @@ def test_a_factory_leaves_sys_path_as_it_found_it(tmp_path, monkeypatch):
     finally:
         sys.modules.pop("cwd_factory", None)
     assert sys.path == before
+
+
+def test_the_newcomers_planner_lines(capsys):
+    """--strategies tp alone said 'no candidate layout is allowed (tp)' without saying why; '1 of 2 layouts do not
+    fit'; the derived shape said 'hidden = 128 x layers' beside 33 layers of 4096."""
+    assert main(["plan", str(CONFIGS / "llama2_7b.json"), "--hardware", "8xH100-80GB", "--strategies", "offload"]) == 2
+    assert "tp, pp and offload go beside a data-parallel strategy; list one with them, e.g. --strategies " \
+        "zero3,offload" in capsys.readouterr().err
+    # tp alone is a layout of its own (strategy parallel, dp = 1), which the trainer runs
+    assert main(["plan", str(CONFIGS / "llama2_7b.json"), "--hardware", "8xH100-80GB", "--strategies", "tp"]) == 0
+    assert "recommended: tp8  (strategy=parallel, dp=1,tp=8,pp=1)" in capsys.readouterr().out
+    assert main(["plan", "--params", "7e9", "--hardware", "1xH100-80GB"]) == 0
+    out = capsys.readouterr().out
+    assert "No layout fits as asked: the smallest, single, needs 1" in out and "hidden = 128 x layers)" not in out
+    assert "hidden the size nearest 128 x layers, then as many layers as the count takes" in out
+    assert "--calibrate measures this machine" not in out
+    assert main(["plan", "--params", "3e9", "--hardware", "2xA100-40GB"]) == 0  # ddp does not fit, the ZeRO ones do
+    out = capsys.readouterr().out
+    assert re.search(r"- 1 of \d+ layouts does not fit in memory\.", out) and "layouts do not fit" not in out, out
+
+
+def test_launch_orders_are_the_ones_select_takes(capsys):
+    from convoy.devices.selection import ORDERS
+
+    try:
+        main(["launch", "--help"])
+    except SystemExit:
+        pass
+    assert f"device order for a count: {', '.join(ORDERS)}" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_plots_bars_add_up_to_each_layouts_total_and_what_fits_comes_first():
+    """--plot stacked every part, so the bars rose above the peak they were drawn against (gradients and
+    activations do not all coincide); now three parts add up to the plan's total."""
+    from convoy.plan.api import plan
+    from convoy.plan.plot import _ordered, segments
+    from convoy.plan.units import GiB
+
+    p = plan(CONFIGS / "llama2_7b.json", hardware="8xH100-80GB")
+    for row in p.rows:
+        assert sum(segments(row.memory)) * GiB == pytest.approx(row.memory.total, rel=1e-9)
+        assert min(segments(row.memory)) >= 0
+    ordered = _ordered(p.rows)
+    fits = [r.fits for r in ordered]
+    assert fits == sorted(fits, reverse=True)  # every fitting layout before every other
+    fitting = [r.time.seconds for r in ordered if r.fits]
+    assert fitting == sorted(fitting)

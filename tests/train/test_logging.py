@@ -33,7 +33,7 @@ def test_main_process_only_by_default(monkeypatch, logged):
     logger.warning("every %s", "rank", main_process_only=False)
     _as_rank(monkeypatch, 0)
     logger.info("from zero %d", 0)
-    assert [r.getMessage() for r in logged.records] == ["[rank 1] every rank", "from zero 0"]
+    assert [r.getMessage() for r in logged.records] == ["[rank1]: every rank", "from zero 0"]
 
 
 def test_single_process_has_no_prefix(monkeypatch, logged):
@@ -119,5 +119,6 @@ def test_info_is_printed_under_convoy_launch(tmp_path):
     result = run_script(LOG_SCRIPT, nproc=2, env={"CONVOY_LOG_LEVEL": "info"}, cwd=tmp_path)
     assert result.returncode == 0, result.output
     assert result.output.count("INFO shown") == 1 and result.output.count("WARNING shown") == 1, result.output
-    assert "[rank 0] EVERY RANK" in result.output and "[rank 1] EVERY RANK" in result.output, result.output
+    assert "[rank0]: EVERY RANK" in result.output and "[rank1]: EVERY RANK" in result.output, result.output
+    assert "[rank1]: [rank" not in result.output, result.output  # the rank said once, not twice
     assert "DEBUG shown" not in result.output, result.output

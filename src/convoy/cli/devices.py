@@ -10,7 +10,9 @@ Calls ``convoy.devices.discovery.discover``; never imports torch and never start
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
+if TYPE_CHECKING:
+    from typing import Sequence
 
 DESCRIPTION = "List this machine's accelerators (or an inventory file's): memory, load, links, and who uses them."
 EPILOG = """examples:
@@ -66,7 +68,8 @@ def render_table(inventory, env) -> str:
     from convoy.devices.visibility import visible_devices
 
     if not inventory.devices:
-        return f"no accelerators found ({inventory.source}); jobs run on the CPU"
+        where = "" if inventory.source == "none" else f" ({inventory.source})"
+        return f"no accelerators found{where}; jobs run on the CPU"
     vendor = inventory.vendor
     view = visible_devices(inventory, env, vendor)
     prefix = vendor_facts(vendor).device_type

@@ -72,7 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dev.add_argument("--max-utilization", type=_whole, default=None, metavar="PCT")
     dev.add_argument("--exclude", default="", metavar="IDX,...",
                      help="devices never to use: visible indices or UUIDs, comma-separated")
-    dev.add_argument("--order", default=None, help="device order: index, memory, topology, ...")
+    from convoy.devices.selection import ORDERS  # torch-free, and the orders' one home
+
+    dev.add_argument("--order", default=None, choices=ORDERS,
+                     help=f"device order for a count: {', '.join(ORDERS)} (default: index)")
     dev.add_argument("--wait", default=None, metavar="T",
                      help="wait up to T (30s, 5m, 1h, inf) for devices leased by another job")
     dev.add_argument("--no-lease", action="store_true", help="do not hold a lease on the devices")

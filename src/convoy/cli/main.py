@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import importlib
 import os
 import sys
-from typing import Sequence
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
+if TYPE_CHECKING:
+    from typing import Sequence
 
 # name -> (module, one-line summary). Order is the order of ``convoy --help``.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -99,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
+        import difflib
+
         close = difflib.get_close_matches(name, COMMANDS, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else f"; commands: {', '.join(COMMANDS)}"
         print(f"convoy: unknown command '{name}'{hint}", file=sys.stderr)
@@ -126,7 +129,7 @@ def _run(module, args: argparse.Namespace, *, debug: bool) -> int:
     from convoy.errors import ConvoyError, Terminated
 
     try:
-        with _terminated_on_signal(getattr(module, "STOPPED_BY_SIGTERM", False)):
+        with _terminated_on_signal(getattr(module, "STOPPED_BY_SIGTERM", False)), _warnings_as_lines():
             return int(module.run(args) or 0)
     except ConvoyError as err:
         if debug:
@@ -149,16 +152,42 @@ def _run(module, args: argparse.Namespace, *, debug: bool) -> int:
 
 
 @contextlib.contextmanager
+def _warnings_as_lines():
+    """A ``ConvoyWarning`` is one ``convoy: warning: ...`` line on stderr (Python's format adds the file, the line
+    number and the source line of the call); every other warning is shown as Python shows it."""
+    import warnings
+
+    from convoy.errors import ConvoyWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if isinstance(category, type) and issubclass(category, ConvoyWarning):
+            print(f"convoy: warning: {message}", file=sys.stderr if file is None else file, flush=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
+
+@contextlib.contextmanager
 def _terminated_on_signal(wanted: bool):
     """For a command that runs a job (``STOPPED_BY_SIGTERM``: ``convoy launch``, ``convoy run``): SIGTERM and
     SIGHUP raise ``Terminated`` while it runs, as SIGINT raises ``KeyboardInterrupt``, so that a stop before
     the job's own handlers are in place (selecting devices, waiting for a lease) still cleans up and says
     "terminated" with 128 + the signal's number, where Python's default would end the process without a word.
     The job's engines install their own handlers while the job runs (``convoy.launch.workers``)."""
+    if not wanted:
+        yield
+        return
     import signal
     import threading
 
-    if not wanted or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
     from convoy.errors import Terminated

@@ -95,7 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="only these, comma-separated: single,ddp,zero1,zero2,zero3,hsdp,tp,pp,offload")
     o = parser.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the plan as JSON")
-    o.add_argument("--plot", metavar="OUT.png", help="draw per-GPU memory per candidate (needs matplotlib)")
+    o.add_argument("--plot", metavar="OUT.png", help="draw each candidate's per-GPU memory beside its step time, what "
+                   "fits marked (needs matplotlib: pip install 'convoy[plot]')")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -122,10 +123,10 @@ def run(args: argparse.Namespace) -> int:
                   params=args.params, layers=args.layers, hidden=args.hidden, heads=args.heads,
                   kv_heads=args.kv_heads, ffn=args.ffn, vocab=args.vocab, calibrate=args.calibrate)
     if args.plot:
-        from convoy.plan.plot import plot_memory
+        from convoy.plan.plot import plot_plan
 
-        plot_memory(result, args.plot)
+        plot_plan(result, args.plot)
     print(result.to_json() if args.json else format_plan(result))
     if args.plot and not args.json:
-        print(f"memory plot written to {args.plot}")
+        print(f"plot of memory and step time written to {args.plot}")
     return 0

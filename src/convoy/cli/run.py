@@ -8,10 +8,12 @@
 Resolves the request with ``select_devices`` and leases the devices it chose for the life of CMD, as
 ``convoy launch`` does: a device another job has leased is refused at once, naming the holder, or waited for
 with ``--wait``; ``--free`` moves a count past leased devices (``select_and_lease``); ``--no-lease`` shares
-them. Then it starts CMD with the visibility variables set, forwards SIGTERM/SIGHUP/SIGINT/SIGQUIT/SIGUSR1/
-SIGUSR2 to it, and exits with its exit code (128+N when a signal N killed it: 143 for a scheduler's SIGTERM).
-The lease is held by convoy and by CMD (it inherits the lock), so it ends when both are gone, SIGKILL
-included. Torch-free.
+them. CMD runs in a process group of its own (``convoy.launch.group``): SIGTERM/SIGHUP/SIGINT/SIGQUIT/SIGUSR1/
+SIGUSR2 to convoy reach every process of that group, a stop signal is followed by SIGKILL after
+``--shutdown-timeout`` seconds, and what CMD leaves running when it ends is stopped the same way. convoy exits
+with CMD's exit code (128+N when a signal N killed it: 143 for a scheduler's SIGTERM) once the group is gone.
+The lease is held by convoy and by CMD (it inherits the lock, and so do its children), and convoy only closes
+its own copy: it ends when the last of them is gone, SIGKILL included. Torch-free.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import argparse
 import errno
 import os
 import signal
-import subprocess
 import sys
-from typing import Sequence
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
+if TYPE_CHECKING:
+    from typing import Sequence
 
 from convoy.cli.select import NO_LEASE_WAIT, add_filter_arguments, command_env, selection_kwargs
 from convoy.errors import ConfigError
@@ -34,14 +37,18 @@ EPILOG = """examples:
   convoy run --devices 2 --free --wait 10m -- bash job.sh     # wait for 2 GPUs no other job holds
   convoy run --devices 0, --no-lease -- nvidia-smi            # GPU 0, shared: no lease
 
-leases: the devices are leased for the life of CMD (as convoy launch leases them), so another convoy run or
-launch cannot take them, and --free skips them; one that another job holds is refused at once (exit 1,
-naming the holder) unless --wait T waits for it. --no-lease shares the devices: no lease is taken.
+leases: the devices are leased for the life of CMD and every process it starts (as convoy launch leases them),
+so another convoy run or launch cannot take them, and --free skips them; one that another job holds is refused at
+once (exit 1, naming the holder) unless --wait T waits for it. --no-lease shares the devices: no lease is taken.
+signals: SIGTERM, SIGHUP, SIGINT, SIGQUIT, SIGUSR1 and SIGUSR2 to convoy reach CMD's whole process group; after a
+stop signal, SIGKILL follows --shutdown-timeout seconds later. Processes CMD leaves running when it ends are
+stopped (SIGTERM, then SIGKILL) before the lease ends.
 exit code: CMD's own; 128+N if signal N killed it (SIGTERM to convoy reaches CMD: 143 if it ends CMD);
 1 if no devices could be had; 2 for bad flags; 127 if CMD is not found; 126 if it cannot be run (no
 permission, or a script without a #! line)."""
 
-_FORWARDED = ("SIGTERM", "SIGHUP", "SIGINT", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+SHUTDOWN_TIMEOUT = 30.0
+"""Seconds between a stop signal passed on to CMD's group and SIGKILL (torch's agent's and Slurm's default)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +61,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-lease", action="store_true",
                         help="share the devices: take no lease (by default they are leased while CMD runs)")
     parser.add_argument("--explain", action="store_true", help="print why these devices, to stderr")
+    parser.add_argument("--shutdown-timeout", "--shutdown_timeout", metavar="S", type=_seconds,
+                        default=SHUTDOWN_TIMEOUT, help="seconds CMD's processes get after a stop signal (SIGTERM, "
+                        f"SIGINT, SIGHUP, SIGQUIT) before SIGKILL (default {SHUTDOWN_TIMEOUT:g})")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
+
+
+def _seconds(text: str) -> float:
+    from convoy.devices.units import parse_duration
+
+    try:
+        value = parse_duration(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    if value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite time such as 30 or 2m")
+    return value
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
@@ -85,10 +107,20 @@ def run(args: argparse.Namespace) -> int:
         if args.explain:
             print("\n".join(selection.explanation), file=sys.stderr)
         child_env = {**os.environ, **selection.env}
-        return _run_child(args.command, child_env, pass_fds=lease.fds if lease else ())
+        ended = _run_child(args.command, child_env, pass_fds=lease.fds if lease else (),
+                           grace=args.shutdown_timeout)
     finally:
         if lease is not None:
-            lease.release()
+            lease.close()  # not unlocked: a process of CMD that left its group keeps its copy, and the lease
+    if isinstance(ended, int):
+        return ended
+    if ended.foreground and ended.signum == signal.SIGINT:
+        # Ctrl-C went to CMD (it had the terminal): end as it did, so that a shell loop around convoy stops too
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    return ended.code
 
 
 def _select_and_lease(args: argparse.Namespace, env: dict[str, str], *, wait: float | None):
@@ -99,58 +131,37 @@ def _select_and_lease(args: argparse.Namespace, env: dict[str, str], *, wait: fl
     from convoy.devices.lease import default_lock_dir, lease_devices, select_and_lease, visible_holders
     from convoy.devices.selection import select_devices
 
+    def say(line: str) -> None:  # a wait is told: what it waits for, and when it has the devices
+        print(line, file=sys.stderr, flush=True)
+
     if args.free and not args.no_lease:
-        return select_and_lease(args.devices, wait=wait, env=env, **selection_kwargs(args))
+        return select_and_lease(args.devices, wait=wait, env=env, say=say, **selection_kwargs(args))
     inventory = discover(env)
     held = visible_holders(inventory, env) if args.free else {}
     selection = select_devices(args.devices, inventory=inventory, env=env, held=held, **selection_kwargs(args))
     if args.no_lease or not selection.devices:  # shared, or CPU only: nothing to lease
         return selection, None
-    return selection, lease_devices(selection.devices, wait=wait, lock_dir=default_lock_dir(env))
+    return selection, lease_devices(selection.devices, wait=wait, lock_dir=default_lock_dir(env), spec=args.devices,
+                                    say=say)
 
 
-def _run_child(command: list[str], env: dict[str, str], pass_fds: Sequence[int]) -> int:
-    # The forwarding handlers go in before CMD starts: a signal that arrived between the start and their
-    # installation ended convoy (Terminated) and left CMD running without it, holding the lease's devices.
-    child: subprocess.Popen | None = None
-    pending: list[int] = []
+def _run_child(command: list[str], env: dict[str, str], pass_fds: Sequence[int], *,
+               grace: float = SHUTDOWN_TIMEOUT):
+    """CMD's end (``convoy.launch.group.Ended``), or the exit code when it could not be started."""
+    from convoy.launch.group import run_group
 
-    def forward(signum, _frame):
-        if child is None:
-            pending.append(signum)  # CMD is being started: it gets the signal as soon as it exists
-        elif child.poll() is None:
-            child.send_signal(signum)
-
-    previous = {}
-    for name in _FORWARDED:
-        sig = getattr(signal, name, None)
-        if sig is not None:
-            previous[sig] = signal.signal(sig, forward)
     try:
-        try:
-            child = subprocess.Popen(command, env=env, pass_fds=tuple(pass_fds))
-        except FileNotFoundError:
-            print(f"convoy: command not found: {command[0]!r}", file=sys.stderr)
-            return 127
-        except PermissionError:
-            print(f"convoy: command not executable: {command[0]!r}", file=sys.stderr)
-            return 126
-        except OSError as err:
-            if err.errno != errno.ENOEXEC:
-                raise
-            # a script without a '#!' line: the kernel cannot run it (a shell would guess; exec does not)
-            print(f"convoy: {command[0]} is not executable as a program: add a #! line or run it with "
-                  f"bash {command[0]}", file=sys.stderr)
-            return 126
-        for signum in pending:
-            child.send_signal(signum)
-        while True:
-            try:
-                code = child.wait()
-                break
-            except InterruptedError:  # pragma: no cover - PEP 475 retries for us
-                continue
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 128 - code if code < 0 else code
+        return run_group(command, env=env, pass_fds=pass_fds, grace=grace)
+    except FileNotFoundError:
+        print(f"convoy: command not found: {command[0]!r}", file=sys.stderr)
+        return 127
+    except PermissionError:
+        print(f"convoy: command not executable: {command[0]!r}", file=sys.stderr)
+        return 126
+    except OSError as err:
+        if err.errno != errno.ENOEXEC:
+            raise
+        # a script without a '#!' line: the kernel cannot run it (a shell would guess; exec does not)
+        print(f"convoy: {command[0]} is not executable as a program: add a #! line or run it with "
+              f"bash {command[0]}", file=sys.stderr)
+        return 126

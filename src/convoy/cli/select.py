@@ -15,7 +15,9 @@ import json
 import os
 import shlex
 import sys
-from typing import Any
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 DESCRIPTION = "Choose devices for a request and print them, or the environment that makes them visible."
 EPILOG = """examples:

@@ -128,7 +128,7 @@ def _settings_from_text(text: str, path: Path) -> dict[str, FileValue]:
         if isinstance(raw, dict):
             raise ConfigError(f"{_where(path, line, name)}: expected a value, found a table "
                               f"(write '{name} = ...' at the top level)")
-        values[name] = FileValue(KEYS[name].parse(raw, where=_where(path, line, name)), line)
+        values[name] = FileValue(KEYS[name].parse(raw, where=_where(path, line, name), typed=True), line)
     return values
 
 
@@ -175,7 +175,10 @@ def write_settings_file(path: str | os.PathLike[str], values: Mapping[str, Any])
             "# flag > CONVOY_<KEY> environment variable > ./convoy.toml > user file > default", ""]
     for key in SCHEMA:
         if key.name in merged:
-            body += [f"# {key.doc}", f"{key.name} = {_toml_value(merged[key.name])}", ""]
+            value = merged[key.name]
+            if key.name == "nproc_per_node" and str(value).isdigit():  # a number unquoted: a quoted one is refused
+                value = int(value)
+            body += [f"# {key.doc}", f"{key.name} = {_toml_value(value)}", ""]
     text = "\n".join(body)
     # what is written must read back as it is: the reader's own checks, before the file is replaced
     back = {name: fv.value for name, fv in _settings_from_text(text, path).items()}

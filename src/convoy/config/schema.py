@@ -283,9 +283,27 @@ class Key:
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
-    def parse(self, raw: Any, *, where: str) -> Any:
-        """Convert ``raw`` (a TOML value or a string) to this key's type, or raise ``ConfigError``."""
+    def parse(self, raw: Any, *, where: str, typed: bool = False) -> Any:
+        """Convert ``raw`` (a TOML value or a string) to this key's type, or raise ``ConfigError``.
+
+        ``typed``: ``raw`` comes from where values have types (a TOML file, a Python argument), not from text (a
+        flag, a variable): a number or a yes/no written as a string there (``nproc_per_node = "2"``,
+        ``free = "true"``, ``gradient_accumulation_steps=' 4 '``) is refused like any other wrong type."""
+        if typed and isinstance(raw, str):
+            _refuse_quoted(self, raw, where)
         return self.convert(raw, where)
+
+
+def _refuse_quoted(key: Key, raw: str, where: str) -> None:
+    """A number or a yes/no quoted where a typed source must give it unquoted (see ``Key.parse``); any other
+    string is left to the key's parser, which says what it expects."""
+    text = raw.strip()
+    if key.type == "bool" and text.lower() in _TRUE | _FALSE:
+        word = "true" if text.lower() in _TRUE else "false"
+        raise ConfigError(f"{where}: {show(raw)} is a string, not a bool; write {word} without quotes")
+    numeric = key.type.startswith(("int", "seconds")) or key.name == "nproc_per_node"
+    if numeric and _SECONDS.fullmatch(text):
+        raise ConfigError(f"{where}: {show(raw)} is a string, not a number; write {text} without quotes")
 
 
 def _choice(*choices: str) -> Callable[[Any, str], str]:
@@ -387,8 +405,9 @@ SCHEMA: tuple[Key, ...] = (
     Key(name="nnodes", type="count or MIN:MAX", default="1", ask=True, convert=_nnodes,
         doc="Machines in the job: a count, or MIN:MAX for an elastic job."),
     Key(name="nproc_per_node", type="'auto', 'cpu', 'gpu' or int >= 1", default="auto", convert=_nproc,
-        doc="Processes per machine: 'auto' starts one per selected device (on a machine without one, one per CPU "
-            "core, as torchrun's 'auto'); 'gpu' one per device; 'cpu' one per core; or a number."),
+        doc="Processes per machine: 'auto' starts one per selected device; on a machine without one, 2 CPU "
+            "processes when nothing sets it, one per CPU core when 'auto' is given (torchrun's 'auto'); 'gpu' one "
+            "per device; 'cpu' one per core; or a number."),
     Key(name="rdzv_backend", type="one of c10d, static", default="c10d", convert=_choice("c10d", "static"),
         choices=("c10d", "static"), doc="How the machines find each other (torchrun's --rdzv-backend)."),
     Key(name="rdzv_endpoint", type="HOST:PORT", default="", ask=True, convert=_endpoint,

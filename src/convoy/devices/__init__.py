@@ -14,7 +14,9 @@ Modules: ``spec`` (request grammar), ``vendors`` (each vendor's device type, lin
 from __future__ import annotations
 
 import importlib
-from typing import Any
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 _LAZY: dict[str, str] = {
     "parse_devices": "convoy.devices.spec",

@@ -14,14 +14,19 @@ than breaking discovery. Nothing here starts an accelerator runtime or imports t
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Mapping, Sequence
 
 from convoy.devices.inventory import Device, Inventory, load_inventory
 
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:  # the backends (subprocess, shutil, ...) load only when the hardware is asked
+    from typing import Mapping, Sequence
+
     from convoy.devices.backends.base import Backend
 
 __all__ = ["discover", "INVENTORY_VARIABLE"]
+
+NO_SOURCE = "none"
+"""An inventory's ``source`` when no backend found an accelerator."""
 
 INVENTORY_VARIABLE = "CONVOY_INVENTORY"
 
@@ -37,7 +42,7 @@ def discover(env: Mapping[str, str] | None = None, *, backends: Sequence[Backend
 
         backends = BACKENDS
     devices: list[Device] = []
-    sources: list[str] = []
+    sources: list[str] = []  # the backends that found devices (or failed); none: NO_SOURCE
     for backend in backends:
         if not backend.available():
             continue
@@ -50,6 +55,6 @@ def discover(env: Mapping[str, str] | None = None, *, backends: Sequence[Backend
             devices.extend(found)
             sources.append(backend.source)
     if not devices:
-        return Inventory((), source="none (no accelerator found)" if not sources else ", ".join(sources))
+        return Inventory((), source=NO_SOURCE if not sources else ", ".join(sources))
     # One index space per vendor (each runtime counts its own devices from 0); keep vendors apart in order.
     return Inventory(tuple(devices), source=", ".join(sources))

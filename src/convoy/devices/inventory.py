@@ -25,12 +25,13 @@ holding more than their GPU, or on a device that is not NVIDIA's (a total of 0 i
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
+if TYPE_CHECKING:
+    from typing import Any, Mapping
 
 from convoy.devices.vendors import DEVICE_VENDORS
 from convoy.errors import InventoryError
@@ -363,6 +364,8 @@ def _vendor(value: Any, where: str) -> str:
     visibility variables for it) or silently (a 'cpu' device hid every GPU with CUDA_VISIBLE_DEVICES='')."""
     if isinstance(value, str) and value.lower() in DEVICE_VENDORS:
         return value.lower()
+    import difflib
+
     close = difflib.get_close_matches(value.lower(), DEVICE_VENDORS, n=1) if isinstance(value, str) else []
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     if isinstance(value, str) and value.lower() == "cpu":

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import fcntl
 import errno
-import getpass
 import json
 import os
 import pwd
@@ -35,7 +34,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
+if TYPE_CHECKING:
+    from typing import Any, Callable, Mapping, Sequence
 
 from convoy.devices.inventory import Device
 from convoy.devices.units import parse_duration
@@ -106,6 +107,15 @@ class Lease:
     @property
     def held(self) -> bool:
         return bool(self._fds)
+
+    def close(self) -> None:
+        """Close this process's descriptors without unlocking them: the lease then lasts while any process given
+        ``fds`` still holds a copy (``release`` unlocks for every copy: a lock belongs to the open file, not to a
+        descriptor). ``convoy run`` ends its hold this way, so a process of the command that outlived it keeps the
+        devices leased until it ends."""
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)
 
     def release(self) -> None:
         fds, self._fds = self._fds, []
@@ -208,6 +218,8 @@ def _write_holder(fd: int) -> None:
 
 def _user() -> str:
     try:
+        import getpass
+
         return getpass.getuser()
     except Exception:
         return str(os.getuid())
@@ -272,9 +284,13 @@ def visible_holders(inventory: Any, env: Mapping[str, str]) -> dict[str, str]:
 
 
 def lease_devices(devices: Sequence[Device], *, wait: float | str | None = None,
-                  lock_dir: str | Path | None = None) -> Lease:
+                  lock_dir: str | Path | None = None, spec: Any = None,
+                  say: Callable[[str], None] | None = None) -> Lease:
     """Lease every device of ``devices`` (all or none), waiting up to ``wait`` (seconds, or a duration such as
-    ``"5m"``; ``None``: not at all).
+    ``"5m"``; ``None``: not at all). ``spec``: the request they were chosen for; when it was a count, the
+    refusal says that ``--free`` takes that many devices no other job holds. ``say``: where a wait is told,
+    once when it starts (what it waits for, who holds it) and once when the devices are had (``convoy run
+    --wait`` passes a stderr printer).
 
     Raises:
         LeaseError: some device is still held by another job when the wait ends; names the holders.
@@ -282,19 +298,64 @@ def lease_devices(devices: Sequence[Device], *, wait: float | str | None = None,
     wait = None if wait is None else parse_duration(wait)  # seconds, or '30s', '5m', '1h', 'inf'
     lock_dir = default_lock_dir() if lock_dir is None else Path(lock_dir)
     _ensure_dir(lock_dir)
-    deadline = time.monotonic() + (wait or 0)
+    started = time.monotonic()
+    deadline = started + (wait or 0)
+    told = False
     while True:
         lease, busy = _attempt(devices, lock_dir)
         if lease is not None:
+            if told and say is not None:
+                say(f"convoy: got {_labels(devices)} after waiting {_waited(time.monotonic() - started)}")
             return lease
         if time.monotonic() >= deadline:
             break
+        if not told and say is not None:
+            told = True
+            holders = {d: _describe_holder(_lock_path(lock_dir, d)) for d in busy}
+            say(f"convoy: waiting up to {_waited(wait)} for {_held_by(holders)}")
         time.sleep(_POLL_S)
     holders = "; ".join(f"{d.label} is leased by {_describe_holder(_lock_path(lock_dir, d))}" for d in busy)
     waited = f" after waiting {wait:g}s" if wait else ""
-    raise LeaseError(f"cannot lease {len(busy)} of the requested devices{waited}: {holders}; "
+    free = _free_hint(spec, len(devices))
+    raise LeaseError(f"cannot lease {len(busy)} of the requested devices{waited}: {holders}; {free}"
                      f"{'wait longer' if wait else 'wait for them'} (--wait 10m), ask for other devices, or share "
                      f"them (--no-lease)")
+
+
+def _labels(devices: Sequence[Device]) -> str:
+    return ", ".join(d.label for d in devices)
+
+
+def _held_by(holders: Mapping[Device, str]) -> str:
+    """``GPU 0 (A100), GPU 1 (A100): leased by pid 42 (...)``, devices of one holder together."""
+    by: dict[str, list[Device]] = {}
+    for device, holder in holders.items():
+        by.setdefault(holder, []).append(device)
+    return "; ".join(f"{_labels(devices)}: leased by {holder}" for holder, devices in by.items())
+
+
+def _waited(seconds: float | None) -> str:
+    """``"1h"``, ``"5m"``, ``"12.3 s"``, ``"ever"`` (for ``inf``)."""
+    if seconds is None or seconds == float("inf"):
+        return "ever" if seconds else "0 s"
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    if seconds == int(seconds):
+        return f"{int(seconds)} s"
+    return f"{seconds:.1f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
+
+
+def _free_hint(spec: Any, wanted: int) -> str:
+    """For a count (``--devices 2``): ``--free`` would have moved past the leased devices."""
+    from convoy.devices.spec import is_count
+
+    if not is_count(spec):
+        return ""
+    many = str(spec).strip().lower() in ("-1", "all", "auto")
+    what = "every device that no other job holds" if many else \
+        f"{wanted} device{'s' if wanted > 1 else ''} that no other job holds"
+    return f"--free takes {what} (--devices {str(spec).strip()} --free); or "
 
 
 def _attempt(devices: Sequence[Device], lock_dir: Path) -> tuple[Lease | None, list[Device]]:
@@ -321,11 +382,12 @@ def _attempt(devices: Sequence[Device], lock_dir: Path) -> tuple[Lease | None, l
 
 
 def select_and_lease(spec: Any = "auto", *, wait: float | str | None = None, lock_dir: str | Path | None = None,
-                     **select_kwargs: Any):
+                     say: Callable[[str], None] | None = None, **select_kwargs: Any):
     """Select devices that no other job holds, and lease them, retrying until ``wait`` runs out.
 
     Returns ``(Selection, Lease)``. For a count with ``free=True`` any unleased device will do, so losing a
     race to another job just means trying the next one; an index list waits for exactly those devices.
+    ``say``: where a wait is told, when it starts and when the devices are had (as ``lease_devices``).
 
     Raises:
         LeaseError: not enough devices came free in time; names who holds them.
@@ -343,7 +405,9 @@ def select_and_lease(spec: Any = "auto", *, wait: float | str | None = None, loc
     lock_dir = default_lock_dir(env) if lock_dir is None else Path(lock_dir)
     _ensure_dir(lock_dir)
     candidates = visible_devices(inventory, env).devices
-    deadline = time.monotonic() + (wait or 0)
+    started = time.monotonic()
+    deadline = started + (wait or 0)
+    told = False
     while True:
         held = lease_holders(candidates, lock_dir=lock_dir)
         try:
@@ -355,10 +419,17 @@ def select_and_lease(spec: Any = "auto", *, wait: float | str | None = None, loc
                 waited = f" after waiting {wait:g}s" if wait else ""
                 raise LeaseError(f"{err}{waited}; {'wait longer' if wait else 'wait for them'} (--wait 10m) or ask "
                                  f"for fewer devices") from None
+            if not told and say is not None:
+                told = True
+                busy = {d: held[d.uuid] for d in candidates if d.uuid in held}
+                say(f"convoy: waiting up to {_waited(wait)} for devices={spec!s} that no other job holds; now "
+                    f"{_held_by(busy)}")
             time.sleep(_POLL_S)
             continue
         lease, _ = _attempt(selection.devices, lock_dir)
         if lease is not None:
+            if told and say is not None:
+                say(f"convoy: got {_labels(selection.devices)} after waiting {_waited(time.monotonic() - started)}")
             return selection, lease
         # Another job took one of them between the snapshot and the lock: look again (the next snapshot
         # shows it held, so a count moves on to other devices and a list waits or fails naming it).

@@ -19,7 +19,9 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
+if TYPE_CHECKING:
+    from typing import Any, Iterable, Mapping, Sequence
 
 from convoy.devices.inventory import Device, Inventory, as_inventory
 from convoy.devices.spec import describe_available, is_count, parse_devices
@@ -29,6 +31,12 @@ from convoy.devices.visibility import HIDE_ALL, visibility_env, visible_devices
 from convoy.errors import DeviceSpecError, SelectionError
 
 __all__ = ["Selection", "select_devices", "ORDERS"]
+
+#: the explanation's lines for a CPU run (``convoy launch`` says it once in a line of its own instead)
+NO_INVENTORY_NOTE = "inventory: no accelerators found"
+NO_ACCELERATOR_NOTE = "no accelerator is visible: the job runs on the CPU"
+EMPTY_SELECTION_NOTE = "empty selection: every accelerator is hidden (CPU run)"
+CPU_RUN_NOTES = (NO_INVENTORY_NOTE, NO_ACCELERATOR_NOTE, EMPTY_SELECTION_NOTE)
 
 ORDERS = ("index", "free-memory", "fastest", "topology")
 
@@ -88,7 +96,9 @@ def select_devices(
         SelectionError: too few devices pass the filters; the message names each rejected device and why.
     """
     env = os.environ if env is None else env
-    if not isinstance(env, Mapping):
+    from collections.abc import Mapping as _Mapping
+
+    if not isinstance(env, _Mapping):
         raise DeviceSpecError(f"env={type(env).__name__}: give a mapping of environment variables (os.environ)")
     for key, value in env.items():  # os.environ holds only strings; a dict with an int crashed the mask parser
         if not isinstance(key, str) or not isinstance(value, str):
@@ -134,7 +144,7 @@ def select_devices(
         eligible = [p for p in range(len(units)) if p not in reasons]
         count = len(eligible) if wants_all else len(indices)
         if count == 0 and not units:
-            lines.append("no accelerator is visible: the job runs on the CPU")
+            lines.append(NO_ACCELERATOR_NOTE)
         if len(eligible) < count or (wants_all and units and not eligible):
             raise SelectionError(_shortage(spec, count, units, reasons, view))
         chosen, why = _pick(eligible, count, units, order or "index")
@@ -162,7 +172,8 @@ def select_devices(
             continue
         lines.append(f"left {_name(device, position, prefix, view)}: {reasons.get(position, 'not needed')}")
     if not devices:
-        lines.append("empty selection: every accelerator is hidden (CPU run)")
+        if units:  # (none to hide: the line above said so)
+            lines.append(EMPTY_SELECTION_NOTE)
         return Selection((), "cpu", dict(HIDE_ALL), tuple(lines))
     child_env = visibility_env(devices, vendor=vendor, base_env=env, inventory=inventory)
     return Selection(tuple(devices), vendor, child_env, tuple(lines))
@@ -177,7 +188,7 @@ def _means_all(spec: Any) -> bool:
 def _inventory_line(inventory: Inventory, vendor: str) -> str:
     n = sum(1 for d in inventory.devices if d.vendor == vendor)
     if not inventory.devices:
-        return f"inventory: no accelerators ({inventory.source})"
+        return NO_INVENTORY_NOTE if inventory.source == "none" else f"inventory: no accelerators ({inventory.source})"
     others = len(inventory.devices) - n
     tail = f"; {others} device(s) of other vendors ignored" if others else ""
     return f"inventory: {n} {vendor} device(s) from {inventory.source}{tail}"
@@ -336,5 +347,6 @@ def _check_mig(devices: Sequence[Device], spec: Any) -> None:
         raise SelectionError(
             f"devices={spec!r} would give one process {len(devices)} devices including MIG slice "
             f"{slices[0].uuid}, but CUDA lets a process use a single MIG slice; ask for 1 device per process "
-            f"(e.g. devices='0'), or run one process per slice"
+            f"(devices=1, or a one-index list such as '0,'; devices='0' means no accelerator), or run one "
+            f"process per slice"
         )

@@ -30,7 +30,9 @@ import bisect
 import math
 import operator
 import re
-from typing import Any
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 from convoy.errors import DeviceSpecError
 

@@ -31,18 +31,16 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Mapping
 
 from convoy.errors import LaunchError, Terminated
-from convoy.launch.failures import RankFailure, failure_error
+from convoy.launch.failures import RankFailure, describe_exit, failure_error
 from convoy.launch.loopback import HOLD_DIR_VARIABLE, agent_store, is_loopback, loopback_env
 from convoy.launch.progress import missing_note
 from convoy.launch.resolve import DEFAULT_SIGNALS, LaunchPlan, shown_ranks, split_endpoint, stream_map
@@ -168,9 +166,16 @@ def _gc_paused() -> Iterator[None]:
 def run_elastic(plan: LaunchPlan, *, base_env: Mapping[str, str]) -> int:
     """Run ``plan`` under torch's elastic agent; 0 on success, else raise ``RankFailedError``."""
     with _gc_paused():
+        from torch.distributed.elastic.multiprocessing import tail_log
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import elastic_launch
+
+    from convoy.launch.console import tail_rank_file
+
+    # torch's tee reads each rank's file line by line, a carriage return ending a line: a progress bar became a
+    # line per redraw. convoy's reader keeps the bar (convoy.launch.console), with the same arguments
+    tail_log.tail_logfile = tail_rank_file
 
     extra = {key: value for key, value in {**base_env, **plan.env}.items() if os.environ.get(key) != value}
     if plan.workers.max_restarts > 0:  # restarts hang otherwise (notes item 9); on one node each attempt's rank 0
@@ -185,7 +190,7 @@ def run_elastic(plan: LaunchPlan, *, base_env: Mapping[str, str]) -> int:
     start = time.monotonic()
     try:
         with _store_holds(plan, host) as holds, _environment({**extra, **holds}), \
-                _rendezvous_store(plan, host) as endpoint:
+                _rendezvous_store(plan, host) as endpoint, _told_agent(plan):
             config = launch_config(plan, endpoint=endpoint, local_addr=host)
             elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as err:
@@ -226,11 +231,13 @@ def _store_holds(plan: LaunchPlan, host: str | None) -> Iterator[dict[str, str]]
     if host is None or plan.workers.max_restarts == 0 or plan.rdzv_backend != "c10d":
         yield {}  # (static: the agent's store is the workers', for every attempt)
         return
-    directory = tempfile.mkdtemp(prefix="convoy-store-")
+    from convoy.launch.scratch import Scratch
+
+    scratch = Scratch.create("convoy-store-")  # (a launcher killed before left one: swept there)
     try:
-        yield {HOLD_DIR_VARIABLE: directory}
+        yield {HOLD_DIR_VARIABLE: str(scratch.path)}
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        scratch.remove()
 
 
 @contextmanager
@@ -248,16 +255,104 @@ def _rendezvous_store(plan: LaunchPlan, host: str | None) -> Iterator[str | None
         raise LaunchError(f"cannot listen on {plan.rdzv_endpoint} for the rendezvous: {err.strerror}") from None
 
 
+def _first_cause(failures: Mapping[int, object]) -> tuple[int, object]:
+    """(global rank, ProcessFailure) of the failure that caused the others. The agent SIGTERMs the rest after the
+    first one (-15: consequences). Within a second (the failures' timestamps are whole seconds), a rank whose
+    traceback says a peer closed its connection lost that peer: the peer is the cause (a rank killed by SIGKILL,
+    with no traceback, was blamed less than the rank whose 'Connection reset by peer' it caused)."""
+    return min(failures.items(), key=lambda kv: (kv[1].exitcode == -15, kv[1].timestamp,
+                                                 _lost_a_peer(_traceback_of(kv[1])), kv[0]))
+
+
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
+
+
+def _lost_a_peer(text: str | None) -> bool:
+    return bool(text) and any(words in text for words in _PEER_GONE)
+
+
+def _traceback_of(pf) -> str | None:
+    """The traceback a failure's error file holds (torch's ``ProcessFailure.message`` is that file's content, a
+    dict; without one it is a sentence about the signal, or "To enable traceback ...": no traceback)."""
+    message = pf.message
+    if isinstance(message, dict):
+        return (message.get("extraInfo") or {}).get("py_callstack") or message.get("message")
+    return None
+
+
+def _death(pf) -> str:
+    """``died (SIGKILL)``, ``failed (exit code 1)``."""
+    how = describe_exit(pf.exitcode)
+    return f"died ({how.removeprefix('signal ')})" if pf.exitcode < 0 else f"failed ({how})"
+
+
+@contextmanager
+def _told_agent(plan: LaunchPlan) -> Iterator[None]:
+    """torch's agent, while the job runs: its restarts said in one convoy line each, its own INFO/WARNING lines
+    (which repeat what convoy says, or say what goes well) and its 'failed (exitcode ...)' lines left out
+    (``LOGLEVEL`` set, as torchrun reads it, shows them all)."""
+    import logging
+
+    from torch.distributed.launcher import api as launcher
+
+    agent_class = launcher.LocalElasticAgent
+    launcher.LocalElasticAgent = _restart_telling(agent_class, plan)
+    quiet = _AgentNoise() if not os.environ.get("LOGLEVEL") else None
+    loggers = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
+               if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher"))]
+    for logger in loggers if quiet is not None else ():
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        launcher.LocalElasticAgent = agent_class
+        for logger in loggers if quiet is not None else ():
+            logger.removeFilter(quiet)
+
+
+class _AgentNoise:
+    """A logging filter: torch's agent's records at ERROR and above, except its per-failure line."""
+
+    @staticmethod
+    def filter(record) -> bool:
+        import logging
+
+        return record.levelno >= logging.ERROR and not str(record.msg).startswith("failed (exitcode")
+
+
+def _restart_telling(agent_class, plan: LaunchPlan):
+    """``agent_class`` (torch's ``LocalElasticAgent``) that says on convoy's stderr which rank failed each time it
+    restarts the worker group: ``convoy: rank 1 died (SIGKILL); restarting, attempt 1 of 3``."""
+
+    class RestartTellingAgent(agent_class):
+        _last_failures: dict = {}
+
+        def _monitor_workers(self, worker_group):
+            result = super()._monitor_workers(worker_group)
+            if result.failures:
+                self._last_failures = dict(result.failures)
+            return result
+
+        def _restart_workers(self, worker_group):
+            spec = worker_group.spec
+            failures, self._last_failures = self._last_failures, {}
+            attempt = spec.max_restarts - self._remaining_restarts
+            if failures:
+                rank, pf = _first_cause(failures)
+                who = f"rank {rank}" if plan.max_nodes == 1 else f"rank {rank} (local rank {pf.local_rank})"
+                others = len(failures) - 1
+                also = f" ({others} other rank{'s' if others > 1 else ''} failed after it)" if others else ""
+                print(f"convoy: {who} {_death(pf)}{also}; restarting, attempt {attempt} of {spec.max_restarts}",
+                      file=sys.stderr, flush=True)
+            super()._restart_workers(worker_group)
+
+    return RestartTellingAgent
+
+
 def _root_cause(err, plan: LaunchPlan, *, elapsed: float) -> Exception:
     failures = err.failures  # {global rank: ProcessFailure}
-    # The agent SIGTERMs the rest after the first failure; those (-15) are consequences, not causes.
-    rank, pf = min(failures.items(), key=lambda kv: (kv[1].exitcode == -15, kv[1].timestamp, kv[0]))
-    message = pf.message
-    text = None
-    if isinstance(message, dict):
-        text = (message.get("extraInfo") or {}).get("py_callstack") or message.get("message")
-    elif isinstance(message, str) and "To enable traceback" not in message and message:
-        text = message
+    rank, pf = _first_cause(failures)
+    text = _traceback_of(pf)
     note = missing_note(_local_error_files(rank, pf, plan.nproc_per_node), failed_rank=rank)
     failure = RankFailure(rank=rank, local_rank=pf.local_rank, host=socket.gethostname(), returncode=pf.exitcode,
                           traceback=text, traceback_shown=text is not None, elapsed=elapsed, note=note)

@@ -80,7 +80,7 @@ def launch(
     for name, value in (("nproc_per_node", nproc_per_node), ("mixed_precision", mixed_precision),
                         ("collective_timeout", collective_timeout)):
         if value is not None:  # named as this call's keywords, not as convoy launch's flags
-            KEYS[name].parse(value, where=f"convoy.launch({name}=...)")
+            KEYS[name].parse(value, where=f"convoy.launch({name}=...)", typed=True)
     method = start_method_for(start_method, cuda_initialized=_cuda_initialized(), platform=sys.platform)
     target = _target(fn, method)
     name = getattr(fn, "__qualname__", repr(fn))

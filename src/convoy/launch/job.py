@@ -95,7 +95,20 @@ def plan_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters()
             raise
         # CONVOY_DEVICES or a settings file's devices: say which, the user may not know it is set
         raise DeviceSpecError(f"{request.said('devices', request.devices)}: {err}") from None
-    return resolve_launch(request, selection, env=env)
+    return _torch_noted(resolve_launch(request, selection, env=env))
+
+
+def _torch_noted(plan: LaunchPlan) -> LaunchPlan:
+    """``plan`` with a note when it runs a Python program on devices this Python's torch cannot use (a CPU-only
+    torch on a GPU box: ``convoy.launch.torch_build``), which the dry run shows and the run says once."""
+    if not plan.devices or plan.command[:2] != (sys.executable, "-u"):  # another program: nothing is known
+        return plan
+    from dataclasses import replace
+
+    from convoy.launch.torch_build import unusable_note
+
+    note = unusable_note(plan.vendor, count=len(plan.devices))
+    return plan if note is None else replace(plan, explanation=(*plan.explanation, note))
 
 
 def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters(),
@@ -116,13 +129,16 @@ def launch_job(request: LaunchRequest, *, filters: DeviceFilters = DeviceFilters
         for line in describe_plan(plan):
             print(line)
         return 0
+    from convoy.launch.scratch import check_temp_dir
+
+    check_temp_dir()  # where the job's temporary directory goes: refused before anything is said or leased
     for note in plan.explanation:
         if note.startswith(CPU_NOTE_STARTS):
             echo(f"convoy: {note}")
     from convoy.launch.console import guarded_consoles
     from convoy.launch.guard import job_guard
 
-    plan, lease = _lease_job(request, plan, filters, base_env)
+    plan, lease = _lease_job(request, plan, filters, base_env, say=echo)
     kept = "--log-dir" if plan.workers.log_dir else None  # where rank output goes once the console's reader left
     # The guard holds the lease's locks too: when this process dies, the devices stay leased until every
     # process of the job is gone (convoy.launch.guard).
@@ -191,16 +207,17 @@ def prepare_log_dir(log_dir: str, *, create: bool = True) -> Path:
     return path
 
 
-def _lease_job(request: LaunchRequest, plan: LaunchPlan, filters: DeviceFilters, env: Mapping[str, str]):
+def _lease_job(request: LaunchRequest, plan: LaunchPlan, filters: DeviceFilters, env: Mapping[str, str], *,
+               say: Callable[[str], None] | None = None):
     """``(plan, lease)``: the plan's devices leased. With ``--free`` the devices are chosen again under the
     lease (``select_and_lease``): a count moves on to devices no job holds, even one that another job leased
     since the plan was made, and the plan is resolved again for the devices taken."""
     if not (plan.devices and filters.lease and filters.free):
-        return plan, lease_plan(plan, filters=filters, env=env)
+        return plan, lease_plan(plan, filters=filters, env=env, spec=_wanted(request), say=say)
     from convoy.devices.lease import select_and_lease
 
     selection, lease = _loopback_hint(plan, lambda: select_and_lease(
-        _wanted(request), wait=filters.lease_wait, env=env, **_filter_kwargs(filters)))
+        _wanted(request), wait=filters.lease_wait, env=env, say=say, **_filter_kwargs(filters)))
     if selection.devices != plan.devices:
         try:
             plan = resolve_launch(request, selection, env=env)
@@ -224,8 +241,10 @@ def _loopback_hint(plan: LaunchPlan, take: Callable):
         raise
 
 
-def lease_plan(plan: LaunchPlan, *, filters: DeviceFilters = DeviceFilters(), env: Mapping[str, str] | None = None):
+def lease_plan(plan: LaunchPlan, *, filters: DeviceFilters = DeviceFilters(), env: Mapping[str, str] | None = None,
+               spec: object = None, say: Callable[[str], None] | None = None):
     """A context manager holding a lease on ``plan.devices`` (in ``env``'s lease directory) while it is open.
+    ``spec``: the device request, for the refusal's hint; ``say``: where a wait is told (``lease_devices``).
 
     Does nothing for a CPU plan or ``filters.lease=False``. Raises ``LeaseError`` naming the holders when
     another job still has a device after ``filters.lease_wait`` seconds. Used by ``convoy.launch(fn)`` too.
@@ -235,7 +254,7 @@ def lease_plan(plan: LaunchPlan, *, filters: DeviceFilters = DeviceFilters(), en
     from convoy.devices.lease import default_lock_dir, lease_devices
 
     return _loopback_hint(plan, lambda: lease_devices(plan.devices, wait=filters.lease_wait,
-                                                      lock_dir=default_lock_dir(env)))
+                                                      lock_dir=default_lock_dir(env), spec=spec, say=say))
 
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")

@@ -27,7 +27,9 @@ them (an interpreter that imported torch takes about 0.4 s to tear itself down).
 which passes no descriptors, a restarting one-node job's rank 0 serves each attempt's store: there each other
 rank holds a shared ``flock`` on a file of its own in ``HOLD_DIR_VARIABLE``'s directory instead
 (``<attempt>.<rank>``, locked before it takes that name), let go at the same moment or by the OS, and rank 0
-waits until it can lock each one exclusively.
+waits until it can lock each one exclusively. Those files are opened without following a link and never
+truncated, in a directory that must be this user's and writable by nobody else (``convoy.launch.scratch`` makes
+it, in a temporary directory other users cannot swap it in).
 
 Multi-node jobs (a ``--master-addr``/``--rdzv-endpoint`` that is not a loopback address) are left as torch
 makes them. A script that starts its own ``TCPStore`` server on ``MASTER_PORT`` without ``multi_tenant=True``
@@ -243,14 +245,33 @@ def _done_fd(env: Mapping[str, str]) -> int | None:
         return None
     import fcntl
 
+    if not _own_private_dir(directory):  # not the launcher's (swapped by someone else): hold nothing there
+        return None
     path = _hold_path(directory, env, rank)
     try:  # locked before it has its name: rank 0 never finds it unlocked while this program runs
-        fd = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # not inherited (PEP 446)
+        # never truncated, never through a link: a file planted under that name is not written to
+        fd = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError:  # the launcher's directory is gone (the job is ending), or a link is in the way
+        return None
+    try:
         fcntl.flock(fd, fcntl.LOCK_SH)
         os.replace(path + ".new", path)
-    except OSError:  # the launcher's directory is gone: the job is ending
+    except OSError:
+        os.close(fd)
         return None
     return fd
+
+
+def _own_private_dir(directory: str) -> bool:
+    """``directory`` is a directory (not a link) of this user that nobody else may write to: the launcher's
+    ``convoy-store-*`` (``convoy.launch.scratch``), not one put in its place."""
+    import stat
+
+    try:
+        info = os.lstat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
 
 
 def _hold_path(directory: str, env: Mapping[str, str], rank: str | int) -> str:
@@ -280,8 +301,8 @@ def released_by_holds(paths: list[str]) -> Callable[[float], bool]:
         while True:
             for path in list(waiting):
                 try:
-                    fd = os.open(path, os.O_RDONLY)
-                except OSError:  # that rank has not started yet
+                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+                except OSError:  # that rank has not started yet (or a link is in the way)
                     continue
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -24,7 +24,7 @@ from convoy.config.schema import ACCELERATOR_WORDS, KEYS, is_host
 from convoy.config.settings import Source, said
 from convoy.devices.vendors import vendor_facts
 from convoy.devices.inventory import Device
-from convoy.devices.selection import Selection
+from convoy.devices.selection import CPU_RUN_NOTES, Selection
 from convoy.errors import ConfigError, LaunchError
 from convoy.launch.env import DEFAULT_SIGNALS, ConvoyEnv, check_launch_settings, convoy_env, rank_env
 from convoy.launch.slurm import slurm_allocation
@@ -264,7 +264,9 @@ class LaunchPlan:
 
 def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping[str, str]) -> LaunchPlan:
     """The plan for ``request`` on the devices ``selection`` chose, under ``env``."""
-    notes: list[str] = [*selection.explanation, *request.notes]
+    # a CPU run is said once, by the launch's own note (_cpu_note), not three more times by the selection's
+    notes: list[str] = [*(n for n in selection.explanation if selection.devices or n not in CPU_RUN_NOTES),
+                        *request.notes]
     nproc, devices = _processes(request, selection, notes)
     workers = request.workers
     shown_ranks(workers.local_ranks_filter, nproc,  # a filter that shows no rank is refused
@@ -340,11 +342,12 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
             if "parallelism" not in request.origins:  # --dp/--tp/--pp: the message names the degrees
                 raise
             raise StrategyError(f"{request.said('parallelism', request.settings.parallelism)}: {err}") from None
+    command = _command(request)
     worker_env = {**selection.env, **convoy_env(request.settings)}
     if "OMP_NUM_THREADS" not in env and nproc > 1:
         worker_env["OMP_NUM_THREADS"] = "1"  # torchrun's default, so N ranks do not oversubscribe the cores
     return LaunchPlan(
-        command=_command(request),
+        command=command,
         engine=engine,
         nproc_per_node=nproc,
         min_nodes=min_nodes,
@@ -523,8 +526,9 @@ def _devices_text(devices: tuple[Device, ...]) -> str:
     return f"only {len(devices)} ({labels}) {'is' if len(devices) == 1 else 'are'}"
 
 
-#: how the note that a job runs CPU processes begins (``convoy launch`` prints it): none found, or none asked for
-CPU_NOTE_STARTS = ("no accelerator found", "no accelerator asked for")
+#: how the note that a job runs CPU processes begins (``convoy launch`` prints it): none found, none asked for, or
+#: a torch that cannot use the devices (``convoy.launch.torch_build``)
+CPU_NOTE_STARTS = ("no accelerator found", "no accelerator asked for", "this Python's torch (")
 
 
 def _cpu_note(count: int, *, asked: bool = False) -> str:
@@ -601,6 +605,10 @@ def _command(request: LaunchRequest) -> tuple[str, ...]:
     return (sys.executable, "-u", *request.program)
 
 
+def _torch_cannot(plan: LaunchPlan) -> bool:
+    return any(note.startswith(CPU_NOTE_STARTS[2]) for note in plan.explanation)
+
+
 def describe_plan(plan: LaunchPlan, *, base_env: Mapping[str, str] | None = None) -> list[str]:
     """Human-readable lines: nodes, processes, each rank's device, environment and rendezvous."""
     world = plan.world_size if plan.world_size is not None else f"{plan.min_nodes * plan.nproc_per_node}+"
@@ -612,7 +620,8 @@ def describe_plan(plan: LaunchPlan, *, base_env: Mapping[str, str] | None = None
                                          "  (workers started directly, torchrun's environment)"),
         f"nodes:      {nodes} (this is node {plan.node_rank}); {plan.nproc_per_node} processes per node; "
         f"world size {world}",
-        f"devices:    {plan.vendor}, backend {plan.backend}",
+        f"devices:    {plan.vendor}, backend {plan.backend}" if not _torch_cannot(plan) else
+        f"devices:    {plan.vendor}, not used by this Python's torch: CPU processes, backend gloo",
         f"rendezvous: {plan.rdzv_backend} at {plan.rdzv_endpoint}; "
         + (f"MASTER_ADDR={plan.master_addr} MASTER_PORT={port}" if plan.master_addr else
            "MASTER_ADDR and MASTER_PORT set by the rendezvous") + f"; run id {plan.run_id}",
@@ -627,6 +636,9 @@ def describe_plan(plan: LaunchPlan, *, base_env: Mapping[str, str] | None = None
         device = plan.device_of(local)
         where = (f"device {device.index} {device.name} uuid={device.uuid} as {prefix}:{local}"
                  if device is not None else "cpu")
+        if device is not None and _torch_cannot(plan):
+            where = (f"device {device.index} {device.name} uuid={device.uuid} visible as {prefix}:{local}, not used "
+                     "(a CPU process)")
         lines.append(f"  rank {plan.rank_of(local)} (local {local}): {where}")
     lines.append("environment (every rank):")
     lines += [f"  {key}={value}" for key, value in sorted(plan.env.items())]

@@ -18,14 +18,13 @@ longer. Multi-node jobs and ``--max-restarts`` use the elastic agent instead (``
 
 from __future__ import annotations
 
+import io
 import os
 import select
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -33,11 +32,13 @@ from typing import IO, Mapping
 
 from convoy.errors import LaunchError, Terminated
 from convoy.launch.env import rank_env
+from convoy.launch.console import RankLines, own_prefix_stripped, pieces
 from convoy.launch.failures import RankFailure, TracebackHold, failure_error, read_error_file
 from convoy.launch.loopback import (DONE_FD_VARIABLE, LISTEN_FD_VARIABLE, RELEASE_FD_VARIABLE, STORE_VARIABLES,
                                     is_loopback, listen_socket, loopback_env)
 from convoy.launch.progress import missing_note
 from convoy.launch.ports import free_port
+from convoy.launch.scratch import Scratch
 from convoy.launch.resolve import STOP_SIGNALS, LaunchPlan, forwarded_signals, shown_ranks, stream_map
 
 __all__ = ["run_direct"]
@@ -62,6 +63,8 @@ class _Rank:
         self.error_file = error_file
         self._lock, self._log, self._wake = lock, log, wake
         self._prefix = f"[rank{rank}]: "
+        self._lines = {False: RankLines(self._prefix, tty=_isatty(sys.stdout)),
+                       True: RankLines(self._prefix, tty=_isatty(sys.stderr))}
         self.threads = [
             threading.Thread(target=self._pump, args=(proc.stdout, sys.stdout, show[0], False), daemon=True),
             threading.Thread(target=self._pump, args=(proc.stderr, sys.stderr, show[1], True), daemon=True),
@@ -82,12 +85,20 @@ class _Rank:
         self.proc.wait()
         self._wake.set()
 
-    def _pump(self, stream, console, show: bool, is_err: bool) -> None:
-        for line in iter(stream.readline, ""):
-            if not line.endswith("\n"):
-                line += "\n"
-            if line.startswith(self._prefix):  # torch's excepthook already prefixes tracebacks with the rank
-                line = line[len(self._prefix):]
+    def _pump(self, raw, console, show: bool, is_err: bool) -> None:
+        # carriage returns kept: a progress bar's redraw is a piece of its own (convoy.launch.console.RankLines)
+        stream = io.TextIOWrapper(raw, errors="replace", newline="")
+        lines = self._lines[is_err]
+        for piece in pieces(stream):
+            if RankLines.is_redraw(piece):
+                with self._lock:
+                    if self._log is not None:
+                        self._log.write(piece)
+                    if show and not (is_err and self.hold.holding):
+                        self._emit(console, lines.feed(piece))
+                continue
+            line = piece[:-2] + "\n" if piece.endswith("\r\n") else piece if piece.endswith("\n") else piece + "\n"
+            line = own_prefix_stripped(line, self._prefix)  # torch's tracebacks and C++ warnings carry it already
             with self._lock:
                 if self._log is not None:
                     self._log.write(line)
@@ -103,11 +114,19 @@ class _Rank:
                 self._write(console, out)
         if is_err:
             self.eof_at = time.monotonic()
+        with self._lock:
+            if show:
+                self._emit(console, lines.close())
         stream.close()
 
     def _write(self, console, lines: list[str]) -> None:
-        if lines:
-            console.write("".join(self._prefix + line for line in lines))
+        stream = self._lines[console is sys.stderr]
+        self._emit(console, "".join(stream.feed(line) for line in lines))
+
+    @staticmethod
+    def _emit(console, text: str) -> None:
+        if text:
+            console.write(text)
             console.flush()
 
     def flush_stale(self, now: float) -> None:
@@ -137,6 +156,13 @@ class _Rank:
             pass
 
 
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
 def _die_with_parent_hook():
     """A pre-exec hook that makes the worker die with this process (Linux ``PR_SET_PDEATHSIG``).
 
@@ -162,7 +188,8 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
     listener = _store_socket(plan)
     release = _Release() if listener is not None else None
     port = listener.getsockname()[1] if listener is not None else plan.master_port or free_port(plan.master_addr)
-    scratch = Path(tempfile.mkdtemp(prefix="convoy-launch-"))
+    scratch_dir = Scratch.create("convoy-launch-")  # (a launcher killed before left one: swept there)
+    scratch = scratch_dir.path
     redirects = stream_map(plan.workers.redirects, plan.nproc_per_node)
     shown = shown_ranks(plan.workers.local_ranks_filter, plan.nproc_per_node)
     shown = set(range(plan.nproc_per_node)) if shown is None else shown
@@ -194,7 +221,7 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
                 logs.append(log)
             try:
                 proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1,
+                                        stdin=subprocess.DEVNULL, bufsize=0,
                                         start_new_session=True, preexec_fn=pre_exec, pass_fds=pass_fds)
             except OSError as err:
                 raise LaunchError(f"cannot start {plan.command[0]!r} for rank {rank}: {err.strerror}") from None
@@ -232,7 +259,7 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
         for log in logs:
             log.close()
         wake.close()
-        shutil.rmtree(scratch, ignore_errors=True)
+        scratch_dir.remove()
 
 
 def _store_socket(plan: LaunchPlan):

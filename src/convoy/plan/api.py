@@ -31,7 +31,7 @@ from convoy.plan.hardware import GpuSpec, Hardware, hardware_from_inventory, loo
 from convoy.plan.knobs import KNOBS, turn_knobs
 from convoy.plan.memory import FRAGMENTATION, Layout, MemoryBreakdown, RunSpec, memory_per_gpu
 from convoy.plan.model import ModelSpec, resolve_model
-from convoy.plan.observed import Observation, case_key, observations_here
+from convoy.plan.observed import Observation, case_key, impossible, observations_here
 from convoy.plan.recommend import Recommendation, Row, guide_case, recommend
 from convoy.plan.rates import Rates, rates_for
 from convoy.plan.timing import choose_schedule, step_time
@@ -191,6 +191,8 @@ class _Costing:
             mem = _memory(model, own, cand.layout)
             t = step_time(model, own, cand.layout, hw, global_batch=gb, rates=self.rates)
             seen = self.observed.get(case_key(model, own, cand.layout, hw))
+            if seen is not None and impossible(seen, t, hw):  # no GPU measures that: one warning, the model's time
+                seen = None
             if seen is not None:  # this job ran here: its measured step, the model's breakdown scaled to it
                 t = replace(t, correction=seen.measured_s / t.seconds)
                 applied[cand.name] = seen
@@ -203,8 +205,11 @@ class _Costing:
                             f"{run.micro_batch} that does not divide it; use a global batch that is a multiple of "
                             f"{min(uneven) * run.micro_batch}")
         if not rows:
-            raise PlanError(f"no candidate layout is allowed ({', '.join(sorted(self.allowed or ()))}) on "
-                            f"{hw.describe()}")
+            allowed = sorted(self.allowed or ())
+            only = set(allowed) <= {"tp", "pp", "offload"}  # what goes beside a data-parallel strategy, alone
+            hint = (": tp, pp and offload go beside a data-parallel strategy; list one with them, e.g. --strategies "
+                    f"zero3,{','.join(allowed)}") if allowed and only else ""
+            raise PlanError(f"no candidate layout is allowed ({', '.join(allowed)}) on {hw.describe()}{hint}")
         return rows, applied
 
 

@@ -13,7 +13,12 @@ also keeps what training jobs measured on the device next to their plans (``obse
 only those, no rates (``has_rates``).
 
 The cache is one JSON file, ``$XDG_CACHE_HOME/convoy/calibration.json`` (``~/.cache/...`` by default),
-a map from ``calibration_key(device name, device uuid, torch version)`` to a record. A record's rates are used only
+a map from ``calibration_key(device name, device uuid, torch version)`` to a record. It is read and written
+only where no other user can change it (``convoy.plan.cache_file``: this user's, writable by no one else, no
+link of another user's on the way); a file that breaks that rule or cannot be read is one warning and is set
+aside. An entry whose values no measurement gives (not a finite positive number, or beyond what its board can
+do: a matmul above the datasheet's peak, a copy above its memory bandwidth, a kernel below the launch floor) is
+one warning naming the file and the entry, and is ignored (``rates_problem``). A record's rates are used only
 for the same device (uuid, else name), the same torch version and the same ``FORMAT``; anything else is
 measured again. Shapes missing from a record are measured and merged in. ``cached_records`` reads every entry,
 whatever its torch version, without torch (how ``convoy plan`` finds the observations of the GPU at hand).
@@ -21,24 +26,29 @@ whatever its torch version, without torch (how ``convoy plan`` finds the observa
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from convoy.errors import PlanError
+from convoy.errors import ConvoyWarning, PlanError
+from convoy.plan.cache_file import read_cache, write_cache
 
 __all__ = ["Calibration", "FORMAT", "cache_path", "calibration_key", "load_calibration", "save_calibration",
-           "cached_records", "gemm_key", "attention_key", "time_model"]
+           "cached_records", "gemm_key", "attention_key", "time_model", "rates_problem", "LAUNCH_FLOOR_S"]
 
 #: bump when a field's meaning changes: older records are then ignored (measured again). Adding an optional
 #: field is not such a change (``observed`` came without a bump: a record without it has none, and an older
 #: convoy drops the key it does not know)
 FORMAT = 1
+
+LAUNCH_FLOOR_S = 5e-7
+"""Seconds below which no kernel (nor step) runs on any GPU: a launch alone costs more (eager PyTorch measures
+several microseconds)."""
+_MARGIN = 1.1  # a measurement may exceed a datasheet's rounded figure a little, never by more
 
 
 def gemm_key(m: int, k: int, n: int, dtype: str) -> str:
@@ -156,44 +166,70 @@ def cache_path(env: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "convoy" / "calibration.json"
 
 
-def _read(path: Path) -> dict[str, Any]:
+def _where(path: Path) -> str:
+    return f"calibration cache {str(path)!r}"
+
+
+def _record(path: Path, key: Any, entry: Any) -> Calibration | None:
+    """The sound record ``entry`` holds, or None: an older format silently (measured again), anything else no
+    measurement wrote with one warning naming the file and the entry."""
+    def refuse(why: str) -> None:
+        warnings.warn(f"{_where(path)}, entry {_short(key)}: {why}: ignored", ConvoyWarning, stacklevel=4)
+
+    if not isinstance(entry, dict):
+        refuse(f"a JSON {type(entry).__name__}, not a record")
+        return None
+    if entry.get("format") != FORMAT:
+        return None
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, json.JSONDecodeError):
-        return {}  # a damaged cache is measured again, not an error
-    return data if isinstance(data, dict) else {}
+        record = Calibration.from_dict(entry)
+    except TypeError as err:
+        refuse(f"not a calibration record ({err})")
+        return None
+    problem = rates_problem(record)
+    if problem is not None:
+        refuse(problem)
+        return None
+    seen = entry.get("observed", {})
+    if not isinstance(seen, Mapping):  # the record's rates stand; its observations are set aside
+        refuse(f"observed is a JSON {type(seen).__name__}, not a map of observations")
+    else:
+        bad = next((k for k, v in seen.items() if not isinstance(v, Mapping)), None)
+        if bad is not None:
+            refuse(f"observed[{_short(bad)}] is a JSON {type(seen[bad]).__name__}, not an observation")
+    return record
 
 
 def load_calibration(*, device_name: str, device_uuid: str = "", torch_version: str,
                      path: Path | None = None) -> Calibration | None:
     """The cached record for this device and torch version, or None (absent, other version, older format)."""
-    entry = _read(path or cache_path()).get(calibration_key(device_name, device_uuid, torch_version))
-    if not isinstance(entry, dict) or entry.get("format") != FORMAT:
+    path = path or cache_path()
+    key = calibration_key(device_name, device_uuid, torch_version)
+    data = read_cache(path)
+    if key not in data:
         return None
-    try:
-        record = Calibration.from_dict(entry)
-    except TypeError:
+    record = _record(path, key, data[key])
+    if record is None or record.torch_version != torch_version or (device_uuid and record.device_uuid != device_uuid):
         return None
-    if record.torch_version != torch_version or (device_uuid and record.device_uuid != device_uuid):
-        return None
-    return record if _rates_are_sound(record) else None
+    return record
 
 
 def cached_records(*, path: Path | None = None) -> list[Calibration]:
     """Every sound entry of the cache, whatever its device and torch version (no torch needed to read them)."""
+    path = path or cache_path()
     out = []
-    for entry in _read(path or cache_path()).values():
-        if not isinstance(entry, dict) or entry.get("format") != FORMAT:
-            continue
-        try:
-            record = Calibration.from_dict(entry)
-        except TypeError:
-            continue
-        if _rates_are_sound(record):
+    for key, entry in read_cache(path).items():
+        record = _record(path, key, entry)
+        if record is not None:
             out.append(record)
     return out
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return "a number too large"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _rate(value: Any, *, positive: bool) -> bool:
@@ -205,43 +241,99 @@ def _rate(value: Any, *, positive: bool) -> bool:
     return value > 0 if positive else value >= 0
 
 
-def _rates_are_sound(record: Calibration) -> bool:
-    """False for a cache entry edited or damaged into values no measurement gives (a rate of 0, a string):
-    such an entry is measured again rather than dividing by it."""
-    maps_ok = all(isinstance(m, Mapping) and all(isinstance(k, str) and _rate(v, positive=True) for k, v in m.items())
-                  for m in (record.gemm_flops, record.attention_seconds))
-    scalars_ok = all(_rate(v, positive=False) for v in (record.memory_bytes_per_s, record.launch_seconds,
-                                                          record.pointwise_seconds_per_byte, record.measured_at))
-    peer_ok = record.peer_bytes_per_s is None or _rate(record.peer_bytes_per_s, positive=True)
-    return maps_ok and scalars_ok and peer_ok
+def _board(record: Calibration):
+    """The table row of the measured device (None: the CPU, or a board the table lacks: no physical bounds)."""
+    if record.device_type == "cpu":
+        return None
+    from convoy.plan.hardware import lookup_gpu
+
+    try:
+        return lookup_gpu(record.device_name)
+    except PlanError:
+        return None
+
+
+def _peak(board, dtype: str) -> float | None:
+    """The most FLOP/s any GEMM of ``dtype`` can reach on ``board`` (fp32: its tensor cores' TF32, below fp16's)."""
+    try:
+        return board.peak_flops("fp16" if dtype in ("fp32", "tf32") else dtype)
+    except PlanError:
+        return None
+
+
+def rates_problem(record: Calibration) -> str | None:
+    """Why ``record`` holds values no measurement gives, or None. Every value must be a finite number (> 0 for
+    the maps and the peer bandwidth, >= 0 for the rest: 0 is "not measured"); on a board of the GPU table none may
+    be beyond it: a matmul above the datasheet's peak (times a small margin), a copy above its memory bandwidth, a
+    peer copy above its fastest link, an attention faster than its FLOPs at peak, a kernel below
+    ``LAUNCH_FLOOR_S``."""
+    for name in ("gemm_flops", "attention_seconds"):
+        values = getattr(record, name)
+        if not isinstance(values, Mapping):
+            return f"{name} is not a map"
+        for key, value in values.items():
+            if not isinstance(key, str) or not _rate(value, positive=True):
+                return f"{name}[{_short(key)}] = {_short(value)} is not a finite number > 0"
+    for name in ("memory_bytes_per_s", "launch_seconds", "pointwise_seconds_per_byte", "measured_at"):
+        if not _rate(getattr(record, name), positive=False):
+            return f"{name} = {_short(getattr(record, name))} is not a finite number >= 0"
+    if record.peer_bytes_per_s is not None and not _rate(record.peer_bytes_per_s, positive=True):
+        return f"peer_bytes_per_s = {_short(record.peer_bytes_per_s)} is not a finite number > 0"
+    if record.launch_seconds and record.launch_seconds < LAUNCH_FLOOR_S:
+        return (f"launch_seconds = {_short(record.launch_seconds)} is below the kernel-launch floor "
+                f"({LAUNCH_FLOOR_S:g} s)")
+    board = _board(record)
+    return None if board is None else _beyond_board(record, board)
+
+
+def _beyond_board(record: Calibration, board) -> str | None:
+    for key, flops in record.gemm_flops.items():
+        peak = _peak(board, key.rpartition(":")[2])
+        if peak is not None and flops > peak * _MARGIN:
+            return (f"gemm_flops[{key!r}] = {_short(flops)} FLOP/s is above the {board.name}'s peak "
+                    f"({peak / 1e12:g} TFLOP/s)")
+    for key, seconds in record.attention_seconds.items():
+        lower = _attention_floor(key, board)
+        if seconds < lower:
+            return (f"attention_seconds[{key!r}] = {_short(seconds)} s is faster than its FLOPs at the "
+                    f"{board.name}'s peak ({lower:.3g} s)")
+    bandwidth = board.memory_gbs * 1e9 if board.memory_gbs else None
+    if bandwidth and record.memory_bytes_per_s > bandwidth * _MARGIN:
+        return (f"memory_bytes_per_s = {_short(record.memory_bytes_per_s)} is above the {board.name}'s memory "
+                f"bandwidth ({board.memory_gbs:g} GB/s)")
+    if bandwidth and record.pointwise_seconds_per_byte and \
+            record.pointwise_seconds_per_byte * bandwidth * _MARGIN < 1:
+        return (f"pointwise_seconds_per_byte = {_short(record.pointwise_seconds_per_byte)} is faster than the "
+                f"{board.name}'s memory bandwidth ({board.memory_gbs:g} GB/s)")
+    link = max(board.nvlink_gbs or 0.0, board.pcie_gbs) * 1e9
+    if record.peer_bytes_per_s is not None and record.peer_bytes_per_s > link * _MARGIN:
+        return (f"peer_bytes_per_s = {_short(record.peer_bytes_per_s)} is above the {board.name}'s fastest link "
+                f"({link / 1e9:g} GB/s)")
+    return None
+
+
+def _attention_floor(key: str, board) -> float:
+    """Seconds below which a causal attention forward + backward of ``key``'s shape cannot run on ``board``: its
+    forward's matmul FLOPs (2 * b * h * s^2 * d, causal) at peak; 0 for a key that is not a shape."""
+    shape, _, dtype = key.partition(":")
+    try:
+        batch, heads, _kv, seq, head_dim = (int(n) for n in shape.split("x"))
+    except ValueError:
+        return 0.0
+    peak = _peak(board, dtype)
+    return max(2.0 * batch * heads * seq * seq * head_dim / (peak * _MARGIN), LAUNCH_FLOOR_S) if peak else 0.0
 
 
 def save_calibration(record: Calibration, *, path: Path | None = None) -> Path:
-    """Write (or merge into) the cache entry for ``record``'s device and torch version; returns the file."""
+    """Write (or merge into) the cache entry for ``record``'s device and torch version; returns the file.
+    ``PlanError`` where the cache may not be written (``convoy.plan.cache_file``)."""
     path = path or cache_path()
-    data = _read(path)
+    data = read_cache(path)
     old = data.get(record.key)
     if isinstance(old, dict) and old.get("format") == FORMAT:
-        try:
-            previous = Calibration.from_dict(old)
-        except TypeError:
-            previous = None
-        if previous is not None and _rates_are_sound(previous):  # a damaged entry is replaced, not merged
+        previous = _record(path, record.key, old)
+        if previous is not None:  # a damaged entry is replaced, not merged
             record = previous.merged(record)
     data[record.key] = record.as_dict()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # a temporary file of this writer's own (two jobs finishing at once must not write into one), then an
-        # atomic rename: a reader sees the old cache or the new one, never half of it
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(data, indent=1, sort_keys=True))
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as err:
-        raise PlanError(f"cannot write the calibration cache {str(path)!r} ({err}); set XDG_CACHE_HOME to a "
-                        "writable directory") from None
+    write_cache(path, data)
     return path

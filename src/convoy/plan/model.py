@@ -220,7 +220,8 @@ def derive_shape(params: float, *, layers: int | None = None, hidden: int | None
                      kv_heads=kv_heads, ffn=ffn, vocab=v or None, layer_params=max(1, (n - outside) // layers),
                      gated_mlp=True, family="llama",
                      source=f"shape derived from the parameter count ({derived}{f', vocab {v}' if v else ''}: "
-                            "Llama-2-style blocks, hidden = 128 x layers); give --layers/--hidden/--heads or a "
+                            "Llama-2-style blocks; hidden the size nearest 128 x layers, then as many layers as the "
+                            "count takes); give --layers/--hidden/--heads or a "
                             "config.json for the real one")
     check_heads_divide_hidden(spec, given=given)
     check_params_fit_shape(spec, given={k: val for k, val in given.items() if val is not None})

@@ -25,18 +25,24 @@ torch-free): the cache entries of the devices this machine has (NVML's uuid, els
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+import warnings
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from convoy.errors import PlanError
-from convoy.plan.calibration import Calibration, cached_records
+from convoy.errors import ConvoyWarning, PlanError
+from convoy.plan.calibration import LAUNCH_FLOOR_S, Calibration, cache_path, cached_records
 from convoy.plan.hardware import Hardware, lookup_gpu
 from convoy.plan.memory import Layout
 from convoy.plan.model import ModelSpec
 from convoy.plan.run import RunSpec
 
-__all__ = ["Observation", "case_key", "observed_in", "observations_for", "observations_here"]
+__all__ = ["Observation", "case_key", "observed_in", "observations_for", "observations_here", "impossible",
+           "LONGEST_STEP_S"]
+
+LONGEST_STEP_S = 86400.0
+"""A step measured longer than this (a day) is no measurement of a job's first steps."""
+_MARGIN = 1.1  # as the calibration's bounds: a datasheet's rounded figure may be beaten a little, never more
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +63,8 @@ class Observation:
     """How many steps the median is over."""
     at: float = 0.0
     """Unix time of the measurement."""
+    where: str = field(default="", compare=False, repr=False)
+    """Where it was read (the cache file, the entry, the case), for a warning about it; not stored."""
 
     @property
     def time_ratio(self) -> float:
@@ -68,28 +76,32 @@ class Observation:
         return self.planned_bytes / self.measured_bytes if self.measured_bytes else None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        del d["where"]
+        return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Observation | None":
-        """The observation ``d`` holds, or None when it is damaged (a missing, non-finite or non-positive time)."""
-        def number(key: str, *, optional: bool = False) -> float | None:
-            value = d.get(key)
-            if value is None and optional:
-                return None
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-                raise ValueError(key)
-            return value
+    def from_dict(cls, d: Mapping[str, Any], *, where: str = "") -> "Observation | None":
+        """The observation ``d`` holds, or None when it is damaged (``problem``)."""
+        return None if cls.problem(d) is not None else cls(
+            measured_s=float(d["measured_s"]), planned_s=float(d["planned_s"]), planned_bytes=int(d["planned_bytes"]),
+            measured_bytes=int(d["measured_bytes"]) if d.get("measured_bytes") is not None else None,
+            rates=str(d.get("rates", "")), steps=int(d.get("steps") or 0), at=float(d.get("at") or 0.0), where=where)
 
-        try:
-            bytes_seen = number("measured_bytes", optional=True)
-            return cls(measured_s=float(number("measured_s")), planned_s=float(number("planned_s")),
-                       planned_bytes=int(number("planned_bytes")),
-                       measured_bytes=int(bytes_seen) if bytes_seen is not None else None,
-                       rates=str(d.get("rates", "")), steps=int(number("steps", optional=True) or 0),
-                       at=float(number("at", optional=True) or 0.0))
-        except (ValueError, OverflowError):
-            return None
+    @staticmethod
+    def problem(d: Any) -> str | None:
+        """Why ``d`` is not an observation (a missing, non-numeric, non-finite or non-positive value), or None."""
+        if not isinstance(d, Mapping):
+            return f"a JSON {type(d).__name__}, not an observation"
+        for key in ("measured_s", "planned_s", "planned_bytes", "measured_bytes", "steps", "at"):
+            value = d.get(key)
+            if value is None and key not in ("measured_s", "planned_s", "planned_bytes"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                return f"{key} = {_short(value)} is not a finite number > 0"
+            if isinstance(value, int) and value.bit_length() > 64:
+                return f"{key} = {_short(value)} is not a finite number > 0"
+        return None
 
 
 def case_key(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> str:
@@ -111,14 +123,45 @@ def case_key(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> st
                        f"{hw.gpus_per_node} {hw.gpu.name} per node x {hw.nodes}"))
 
 
-def observed_in(record: Calibration | None) -> dict[str, Observation]:
-    """The sound observations of ``record`` by case (a damaged one is left out)."""
+def _short(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return "a number too large"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def observed_in(record: Calibration | None, *, path: Path | None = None) -> dict[str, Observation]:
+    """The sound observations of ``record`` by case; a damaged one is left out, with one warning naming the file
+    (``path``, default: the cache), the entry and the case."""
     out = {}
     for key, value in (record.observed if record is not None else {}).items():
-        seen = Observation.from_dict(value)
-        if seen is not None:
-            out[key] = seen
+        where = f"calibration cache {str(path or cache_path())!r}, entry {record.key!r}, case {key!r}"
+        problem = Observation.problem(value)
+        if problem is not None:
+            warnings.warn(f"{where}: {problem}: ignored", ConvoyWarning, stacklevel=2)
+            continue
+        out[key] = Observation.from_dict(value, where=where)
     return out
+
+
+def impossible(seen: Observation, step: Any, hw: Hardware) -> str | None:
+    """Why no GPU of ``hw`` could have measured ``seen`` for the case ``step`` (its modeled ``StepTime``) times,
+    after one warning naming where it was read; None when it could. Faster than the case's model FLOPs at the
+    board's peak (an MFU above 100 %) or than ``LAUNCH_FLOOR_S``, longer than ``LONGEST_STEP_S``, or a peak above
+    the board's memory."""
+    floor = max(step.model_flops / (step.world_size * step.peak_flops * _MARGIN), LAUNCH_FLOOR_S)
+    why = None
+    if seen.measured_s < floor:
+        why = (f"measured_s = {seen.measured_s:.3g} s is faster than any {hw.gpu.name} runs this case "
+               f"({floor:.3g} s: its model FLOPs at peak, or the kernel-launch floor)")
+    elif seen.measured_s > LONGEST_STEP_S:
+        why = f"measured_s = {seen.measured_s:.3g} s is longer than a day: no measurement of a job's first steps"
+    elif seen.measured_bytes is not None and seen.measured_bytes > hw.gpu.memory_bytes * _MARGIN:
+        why = f"measured_bytes = {seen.measured_bytes:,} is more than a {hw.gpu.name} holds"
+    if why is not None:
+        warnings.warn(f"{seen.where or 'an observation'}: {why}: ignored, the plan keeps its modeled time",
+                      ConvoyWarning, stacklevel=2)
+    return why
 
 
 def observations_for(*, uuids: tuple[str, ...] = (), names: tuple[str, ...] = (), path: Path | None = None
@@ -130,7 +173,7 @@ def observations_for(*, uuids: tuple[str, ...] = (), names: tuple[str, ...] = ()
     for record in cached_records(path=path):
         if not (_bare_uuid(record.device_uuid) in bare if record.device_uuid else record.device_name in names):
             continue
-        for key, seen in observed_in(record).items():
+        for key, seen in observed_in(record, path=path).items():
             if key not in out or seen.at > out[key].at:
                 out[key] = seen
     return out

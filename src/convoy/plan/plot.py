@@ -1,9 +1,16 @@
-"""Per-GPU memory of each candidate as stacked bars against the GPU's memory line (``convoy plan --plot``).
+"""Each candidate's per-GPU memory beside its step time, what fits marked (``convoy plan --plot``).
 
-    from convoy.plan.plot import plot_memory
-    plot_memory(p, "plan.png")          # needs matplotlib; NotSupportedYetError without it
+    from convoy.plan.plot import plot_plan
+    plot_plan(p, "plan.png")            # needs matplotlib (pip install 'convoy[plot]'); NotSupportedYetError without
 
-matplotlib is optional: it is imported here only, and only when a plot is asked for.
+One row per candidate, the ones that fit first (fastest on top), then the rest. Left, memory per GPU in three
+parts that add up to the plan's total: what stays all step (weights, optimizer state, master weights, buffers),
+the step's peak above it (activations and temporaries, or the gradients, whichever is larger when they do not
+coincide), and the reserve (CUDA context, fragmentation); the GPU's memory is a line. The axis ends a little past
+the GPU's memory, so the layouts that fit stay readable: a bar beyond it is cut and labelled with its total.
+Right, the step time (on a log axis when the layouts' times are orders of magnitude apart). Layouts that do
+not fit are hatched and pale; the recommended one is named in bold with a star. matplotlib is imported here
+only, when a plot is asked for.
 """
 
 from __future__ import annotations
@@ -14,43 +21,100 @@ from pathlib import Path
 from convoy.errors import NotSupportedYetError
 from convoy.plan.units import GiB
 
-__all__ = ["plot_memory", "PARTS"]
+__all__ = ["plot_plan", "plot_memory", "PARTS", "segments"]
 
-PARTS = ("params", "grads", "optimizer", "master", "activations", "buffers", "temporary", "reserve")
+PARTS = ("kept all step", "step's peak above it", "reserve")
+"""The memory bar's parts, bottom to top (``segments``)."""
+_COLORS = ("#4c72b0", "#dd8452", "#a0a0a0")
+_AXIS_PAST_LIMIT = 1.5  # the memory axis ends at this multiple of the GPU's memory (or the largest fitting bar)
 
 
-def plot_memory(plan, path: str | Path) -> Path:
-    """Draw ``plan``'s per-GPU memory breakdown per candidate to ``path`` (PNG, SVG or PDF by its suffix)."""
+def segments(memory) -> tuple[float, float, float]:
+    """``memory`` (a ``MemoryBreakdown``) in GiB as ``PARTS``: they add up to ``memory.total``."""
+    kept = memory.params + memory.optimizer + memory.master + memory.buffers
+    return kept / GiB, (memory.allocated - kept) / GiB, memory.reserve / GiB
+
+
+def _ordered(rows):
+    fit = sorted((r for r in rows if r.fits), key=lambda r: r.time.seconds)
+    rest = sorted((r for r in rows if not r.fits), key=lambda r: r.memory.total)
+    return fit + rest
+
+
+def plot_plan(plan, path: str | Path) -> Path:
+    """Draw ``plan``'s candidates (memory beside step time) to ``path`` (PNG, SVG or PDF by its suffix)."""
     if importlib.util.find_spec("matplotlib") is None:
-        raise NotSupportedYetError("--plot needs matplotlib, which is not installed (pip install matplotlib); "
-                                   "--json gives the same numbers")
+        raise NotSupportedYetError("--plot needs matplotlib, which is not installed (pip install 'convoy[plot]', "
+                                   "or pip install matplotlib); --json gives the same numbers")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = sorted(plan.rows, key=lambda r: r.memory.total)
+    rows = _ordered(plan.rows)
     names = [r.name for r in rows]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(rows) + 2), 4.5))
-    bottom = [0.0] * len(rows)
-    for part in PARTS:
-        values = [getattr(r.memory, part) / GiB for r in rows]
-        ax.bar(names, values, bottom=bottom, label=part)
-        bottom = [b + v for b, v in zip(bottom, values)]
     limit = plan.hardware.gpu.memory_bytes / GiB
-    ax.axhline(limit, color="black", linestyle="--", linewidth=1)
-    ax.text(len(rows) - 0.5, limit, f" {plan.hardware.gpu.name}: {limit:.1f} GiB", va="bottom", ha="right")
+    fitting = [r.memory.total / GiB for r in rows if r.fits]
+    right = max([limit * _AXIS_PAST_LIMIT, *(t * 1.05 for t in fitting)])
+    y = list(range(len(rows)))[::-1]  # the first row on top
+    fig, (mem, tim) = plt.subplots(1, 2, sharey=True, figsize=(11, max(3.5, 0.32 * len(rows) + 1.8)),
+                                   gridspec_kw={"width_ratios": (3, 2)})
+    left = [0.0] * len(rows)
+    for part, color, index in zip(PARTS, _COLORS, range(3)):
+        widths = [segments(r.memory)[index] for r in rows]
+        shown = [max(0.0, min(w, right - l)) for w, l in zip(widths, left)]  # cut at the axis end
+        for yi, l, w, row in zip(y, left, shown, rows):
+            mem.barh(yi, w, left=l, color=color, alpha=1.0 if row.fits else 0.35,
+                     hatch=None if row.fits else "//", edgecolor="white" if row.fits else color, linewidth=0.5)
+        left = [l + w for l, w in zip(left, widths)]
+    for yi, row in zip(y, rows):
+        total = row.memory.total / GiB
+        if total > right:
+            mem.text(right, yi, f" {total:,.0f} GiB ->", va="center", ha="right", fontsize="x-small",
+                     color="black", bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+    mem.axvline(limit, color="black", linestyle="--", linewidth=1)
+    mem.set_xlim(0, right)
+    mem.set_xlabel("GiB per GPU (dashed: the GPU's memory; hatched: does not fit)")
+    mem.set_title(f"memory per GPU ({plan.hardware.gpu.name}: {limit:.1f} GiB)", fontsize="medium")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _COLORS]
+    fig.legend(handles, PARTS, fontsize="small", loc="lower center", ncol=3, frameon=False)
+
+    seconds = [r.time.seconds for r in rows]
+    for yi, row, s in zip(y, rows, seconds):
+        tim.barh(yi, s, color="#55a868", alpha=1.0 if row.fits else 0.35, hatch=None if row.fits else "//",
+                 edgecolor="white" if row.fits else "#55a868", linewidth=0.5)
+        tim.text(s, yi, f" {_seconds(s)}", va="center", fontsize="x-small")
+    if max(seconds) > 20 * min(seconds):  # orders of magnitude apart: a log axis, labelled at its decades only
+        from matplotlib.ticker import NullFormatter
+
+        tim.set_xscale("log")
+        tim.xaxis.set_minor_formatter(NullFormatter())
+        tim.set_xlim(min(seconds) / 2, max(seconds) * 8)  # room for the labels
+        tim.set_xlabel("seconds per step (log scale)")
+    else:
+        tim.set_xlim(0, max(seconds) * 1.3)
+        tim.set_xlabel("seconds per step")
+    tim.set_title("step time", fontsize="medium")
+
     rec = plan.recommendation.row
-    if rec is not None:
-        ax.get_xticklabels()[names.index(rec.name)].set_fontweight("bold")
-    ax.scatter(names, [r.memory.total / GiB for r in rows], marker="_", s=200, color="black", zorder=3,
-               label="peak (grads and activations do not all coincide)")
-    ax.set_ylabel("GiB per GPU")
-    ax.set_title(f"{plan.model.name}: per-GPU memory on {plan.hardware.describe()}")
-    ax.tick_params(axis="x", rotation=60)
-    ax.legend(fontsize="small", ncol=2)
-    fig.tight_layout()
+    chosen = names.index(rec.name) if rec is not None else -1
+    mem.set_yticks(y)
+    mem.set_yticklabels([f"* {n}" if i == chosen else n for i, n in enumerate(names)], fontsize="small")
+    if chosen >= 0:
+        mem.get_yticklabels()[chosen].set_fontweight("bold")
+    fig.suptitle(f"{Path(str(plan.model.name)).name} on {plan.hardware.describe()}"
+                 + (f": * {rec.name} recommended" if rec is not None else ": no layout fits"), fontsize="medium")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))  # the legend below
     out = Path(path)
-    fig.savefig(out)
+    fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def plot_memory(plan, path: str | Path) -> Path:
+    """The name the plot had when it showed memory only: ``plot_plan``."""
+    return plot_plan(plan, path)
+
+
+def _seconds(s: float) -> str:
+    return f"{s * 1e3:.0f} ms" if s < 1 else f"{s:.2f} s" if s < 100 else f"{s:,.0f} s"

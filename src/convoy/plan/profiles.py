@@ -14,17 +14,22 @@ measured on one board of a table row (``convoy.plan.hardware.GPUS``), stored as 
 --hardware 8xH100-80GB`` on a laptop, and ``strategy="auto"`` on a machine never calibrated. A profile applies
 to its row as the datasheet describes it: a GPU whose peak was overridden (``--peak-tflops``) is not that board.
 To add one, run ``convoy plan <config> --calibrate`` on the GPU and copy its cache entry
-(``$XDG_CACHE_HOME/convoy/calibration.json``) into a new file here.
+(``$XDG_CACHE_HOME/convoy/calibration.json``) into a new file here. A profile that cannot be read (a damaged
+install: truncated, not UTF-8, not the layout above) or holds values no measurement gives
+(``calibration.rates_problem``) is one warning naming the file; plans for that board use the shape-aware model,
+and every other profile stands.
 """
 
 from __future__ import annotations
 
 import functools
-import json
+import warnings
 from importlib import resources
-from typing import Mapping
+from typing import Any, Iterator, Mapping
 
-from convoy.plan.calibration import Calibration
+from convoy.errors import ConvoyWarning
+from convoy.plan.cache_file import parse_json_object
+from convoy.plan.calibration import Calibration, rates_problem
 from convoy.plan.hardware import GPUS, GpuSpec
 
 __all__ = ["profile_for", "shipped_profiles"]
@@ -34,14 +39,37 @@ _PACKAGE = "convoy.plan.device_profiles"
 
 @functools.cache
 def shipped_profiles() -> Mapping[str, tuple[Calibration, str]]:
-    """Every shipped profile by table name: (record, on what it was measured). Read once per process."""
+    """Every sound shipped profile by table name: (record, on what it was measured). Read once per process."""
     out: dict[str, tuple[Calibration, str]] = {}
-    for entry in resources.files(_PACKAGE).iterdir():
-        if not entry.name.endswith(".json"):
+    for name, raw in _profile_files():
+        what = f"device profile {name!r} (shipped with convoy)"
+        data = parse_json_object(raw, what, fix="plans use the shape-aware model; reinstall convoy")
+        if not data:
             continue
-        data = json.loads(entry.read_text(encoding="utf-8"))
+        problem = _problem(data)
+        if problem is not None:
+            warnings.warn(f"{what}: {problem}: not used; plans use the shape-aware model; reinstall convoy",
+                          ConvoyWarning, stacklevel=2)
+            continue
         out[data["gpu"]] = (Calibration.from_dict(data["record"]), str(data.get("measured", "")))
     return out
+
+
+def _profile_files() -> Iterator[tuple[str, bytes]]:
+    """(file name, its bytes) of each shipped profile."""
+    for entry in resources.files(_PACKAGE).iterdir():
+        if entry.name.endswith(".json"):
+            yield entry.name, entry.read_bytes()
+
+
+def _problem(data: Mapping[str, Any]) -> str | None:
+    if not isinstance(data.get("gpu"), str) or not isinstance(data.get("record"), dict):
+        return "not a profile (\"gpu\" and \"record\" expected)"
+    try:
+        record = Calibration.from_dict(data["record"])
+    except TypeError as err:
+        return f"its record is not a calibration record ({err})"
+    return rates_problem(record)
 
 
 def profile_for(gpu: GpuSpec) -> tuple[Calibration, str] | None:

@@ -228,7 +228,8 @@ class MeasuredRates:
     def describe(self) -> str:
         if self.kind == "profile":
             return (f"the {self.fallback.gpu.name} profile shipped with convoy (measured on {self.origin}; other "
-                    "shapes from the shape-aware model fitted to it); --calibrate measures this machine")
+                    f"shapes from the shape-aware model fitted to it); on the {self.fallback.gpu.name} itself, "
+                    "--calibrate measures that board")
         return time_model(self.record)
 
 

@@ -188,7 +188,8 @@ def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, 
     # as asked: CPU offload is a knob (``convoy.plan.knobs``) turned only when nothing else fits
     fitting = [r for r in rows if r.fits and not r.candidate.layout.offload]
     if not fitting:
-        smallest = min(rows, key=lambda r: r.memory.total)
+        asked = [r for r in rows if not r.candidate.layout.offload] or rows  # offload is the knob, not as asked
+        smallest = min(asked, key=lambda r: r.memory.total)
         reasons.append(f"No layout fits as asked: the smallest, {smallest.name}, needs "
                        f"{format_bytes(smallest.memory.total, binary=True)} per {noun}.")
         return Recommendation(row=None, case=case, reasons=tuple(reasons), noun=noun)
@@ -221,9 +222,9 @@ def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, 
         reasons.append(_why_not_ddp(best, fastest, rows, noun))
     if split_faster:
         reasons.append(NOT_SPLIT.format(noun=noun) + ".")
-    misfits = len(rows) - len(fitting)
+    misfits = sum(not r.fits for r in rows)
     if misfits:
-        reasons.append(f"{misfits} of {len(rows)} layouts do not fit in memory.")
+        reasons.append(f"{misfits} of {len(rows)} layouts {'does' if misfits == 1 else 'do'} not fit in memory.")
     exposed = t.exposed_dp + t.tp_comm + t.pp_comm + t.offload
     if exposed > 0.2 * t.seconds:
         reasons.append(f"Communication that compute cannot hide is {exposed / t.seconds:.0%} of its step; "

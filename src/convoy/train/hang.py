@@ -29,7 +29,7 @@ shares one sequence and the store keeps at most two keys per rank.
 from __future__ import annotations
 
 import contextlib
-import datetime
+import time
 import os
 from typing import Any, Iterator, Mapping
 
@@ -89,9 +89,7 @@ class CollectiveWatch:
         seq, self._seq = self._seq, self._seq + 1
         keys = [f"{seq}/{r}" for r in range(self.world_size)]
         self._store.set(keys[self.rank], name)
-        try:
-            self._store.wait(keys, datetime.timedelta(seconds=seconds))
-        except RuntimeError:  # DistStoreError: some keys never appeared
+        if not self._arrived(keys, seconds):
             missing = [r for r, key in enumerate(keys) if not self._store.check([key])]
             if missing:
                 raise CollectiveTimeoutError(
@@ -99,7 +97,6 @@ class CollectiveWatch:
                     f"{self.world_size} did not arrive (they skipped it, or are stuck or slower before it; "
                     f"their stack traces show where: 'py-spy dump --pid PID'); raise CONVOY_COLLECTIVE_TIMEOUT "
                     f"if they are only slow") from None
-            raise
         names = dict(enumerate(value.decode() for value in self._values(keys)))
         strays = {r: n for r, n in names.items() if n != name}
         if strays:
@@ -109,6 +106,20 @@ class CollectiveWatch:
                 f"(every rank must run the same collectives in the same order)")
         if seq:  # every rank has passed seq-1 (they set seq only after), so its key can go
             self._store.delete_key(f"{seq - 1}/{self.rank}")
+
+    def _arrived(self, keys: list[str], seconds: float) -> bool:
+        """True once every key is in the store, False after ``seconds``. Polled with ``check`` rather than one
+        ``store.wait``: a wait that times out has torch's C++ client print two ``[c10d] waitForInput ... timed
+        out`` warnings per rank just before convoy's ``CollectiveTimeoutError`` says what happened."""
+        deadline = time.monotonic() + seconds
+        pause, longest = 0.0002, min(0.01 * max(1.0, self.world_size / 64), 0.1)  # a large job polls less often
+        while not self._store.check(keys):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, longest)
+        return True
 
     def _values(self, keys: list[str]) -> list[bytes]:
         try:  # one round trip where the store has it (TCPStore, HashStore)

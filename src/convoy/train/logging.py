@@ -3,7 +3,7 @@
     from convoy.train.logging import get_logger
     logger = get_logger(__name__)                        # like accelerate.logging.get_logger
     logger.info("epoch %d", epoch)                       # printed by rank 0 only
-    logger.info("my shard has %d rows", n, main_process_only=False)   # every rank, prefixed "[rank N]"
+    logger.info("my shard has %d rows", n, main_process_only=False)   # every rank, prefixed "[rankN]: "
     logger.warning("slow step", main_process_only=False, in_order=True)  # every rank, rank 0 first
 
 The rank is the live process group's when one is initialised, else ``RANK`` from the environment (what
@@ -81,7 +81,9 @@ class RankLoggerAdapter(logging.LoggerAdapter):
             if rank == 0:
                 self.logger.log(level, msg, *args, **kwargs)
             return
-        prefixed = f"[rank {rank}] {msg}" if world_size() > 1 else msg
+        # torch's own form (its tracebacks, its C++ warnings): convoy launch, which prefixes every rank's line
+        # with it, then shows it once
+        prefixed = f"[rank{rank}]: {msg}" if world_size() > 1 else msg
         dist = _group()
         if not in_order or dist is None:
             self.logger.log(level, prefixed, *args, **kwargs)

@@ -85,7 +85,7 @@ def _setting(name: str, given: Mapping[str, Any], launched: ConvoyEnv) -> Any:
     """The constructor argument ``name`` (checked by the schema key the launcher uses), else what the launcher
     set, else the schema's default."""
     if name in given:
-        return KEYS[name].parse(given[name], where=f"Accelerator({name}={show(given[name])})")
+        return KEYS[name].parse(given[name], where=f"Accelerator({name}={show(given[name])})", typed=True)
     value = getattr(launched, name)
     return KEYS[name].default if value is None else value
 

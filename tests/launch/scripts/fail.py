@@ -12,6 +12,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--bad", type=int, default=1)
 parser.add_argument("--how", default="raise")
 parser.add_argument("--until-restart", type=int, default=99, help="fail only while restart count < this")
+parser.add_argument("--others", default="sleep", help="sleep: far from any collective; collective: in one (they "
+                    "then fail too, losing their peer)")
 args = parser.parse_args()
 
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
@@ -28,6 +30,8 @@ if rank == args.bad and restart < args.until_restart:
 if restart >= args.until_restart:
     dist.barrier()
     print(f"recovered rank={rank} restart={restart}", flush=True)
+elif args.others == "collective":
+    dist.all_reduce(torch.ones(1))  # fails with "Connection closed by peer" once the bad rank is gone
 else:
     time.sleep(60)  # a survivor stuck far from any collective: the launcher must stop it
 dist.destroy_process_group()

@@ -10,9 +10,10 @@ The backend modules (vendor tools, subprocess, sysfs readers) load on the first 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 
 if TYPE_CHECKING:
+    from typing import Any
     from convoy.devices.backends.base import Backend
 
 __all__ = ["Backend", "BACKENDS"]

@@ -9,7 +9,9 @@ Without ``xpu-smi`` no Intel device is reported (integrated graphics are not tra
 from __future__ import annotations
 
 import shutil
-from typing import Any
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 from convoy.devices.backends.base import Backend, run_json_tool
 from convoy.devices.inventory import Device

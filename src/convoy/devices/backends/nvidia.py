@@ -11,7 +11,9 @@ other one on it.
 from __future__ import annotations
 
 import os
-from typing import Any
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 from convoy.devices.backends.base import Backend
 from convoy.devices.inventory import Device, MigDevice, Process

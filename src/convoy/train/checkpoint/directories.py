@@ -171,7 +171,15 @@ def prune_checkpoints(root: str | Path, total_limit: int | None) -> list[Path]:
     complete = [p for _, p in _numbered(root) if is_complete(p)]
     if total_limit is not None and total_limit > 0 and len(complete) > total_limit:
         for path in complete[: len(complete) - total_limit]:
-            shutil.rmtree(path, ignore_errors=True)
+            # renamed out of the way first (one atomic step), then deleted: a process killed while deleting leaves a
+            # staging directory the next prune removes, never a checkpoint_<n> without its marker, which no later
+            # prune would count or remove
+            trash = path.parent / f"{_STAGING_PREFIX}pruned-{path.name}-{uuid.uuid4().hex[:8]}"
+            try:
+                os.replace(path, trash)
+            except OSError:  # gone already (another process pruned it)
+                continue
+            shutil.rmtree(trash, ignore_errors=True)
             removed.append(path)
     return removed
 

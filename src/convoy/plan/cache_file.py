@@ -1,0 +1,217 @@
+"""The calibration cache on disk: read only where nobody else can steer it, written only there.
+
+    data = read_cache(path)            # {} with one warning when it cannot be trusted or read; {} when absent
+    write_cache(path, data)            # PlanError (one line) where it may not be written
+
+What other users can change must not change this user's plans, nor receive this user's files. The rules are the
+lease directory's (``convoy.devices.lease``): the cache's directory (``$XDG_CACHE_HOME/convoy``,
+``~/.cache/convoy``) and the file belong to this user, neither is writable by anyone else, every symbolic link on
+the way to them belongs to this user or to root, and the directory and the file are opened without following a
+link (``O_NOFOLLOW``, the file relative to the directory's descriptor, so nothing can be swapped in between). A
+file that breaks a rule, is not valid UTF-8 or JSON, is nested too deep, is larger than ``MAX_BYTES``, or does
+not hold a JSON object, is one ``ConvoyWarning`` naming the file; the plan goes on without it. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import stat
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+
+from convoy.errors import ConvoyWarning, PlanError
+
+__all__ = ["MAX_BYTES", "read_cache", "write_cache", "unsafe_directory"]
+
+MAX_BYTES = 64 * 1024 * 1024
+"""A cache larger than this is not convoy's (one entry is a few kilobytes)."""
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # NONBLOCK: a planted FIFO cannot stall
+
+
+def _owner(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return f"uid {uid}"
+
+
+def _resolved(directory: Path) -> tuple[Path, str | None]:
+    """(where ``directory`` leads, why a link on the way could be another user's or None)."""
+    reason = _links_unsafe(directory)
+    return Path(os.path.realpath(directory)), reason
+
+
+def _named(directory: Path, real: Path) -> str:
+    return repr(str(directory)) if real == Path(os.path.abspath(directory)) else \
+        f"{str(real)!r} (where {str(directory)!r} leads)"
+
+
+def _links_unsafe(directory: Path) -> str | None:
+    """Why a symbolic link on the way to ``directory`` (which may not exist yet) could be another user's, or None."""
+    me = os.geteuid()
+    current = Path("/")
+    for part in Path(os.path.abspath(directory)).parts[1:]:
+        step = current / part
+        try:
+            info = os.lstat(step)
+        except FileNotFoundError:
+            return None  # the rest does not exist yet: it will be made by this user
+        except OSError as err:
+            return f"{str(step)!r} cannot be read ({err.strerror})"
+        if stat.S_ISLNK(info.st_mode):
+            if info.st_uid not in (me, 0):
+                return f"{str(step)!r} is a link owned by {_owner(info.st_uid)}"
+            current = Path(os.path.realpath(step))
+        else:
+            current = step
+    return None
+
+
+def _stat_unsafe(what: str, named: str, info: os.stat_result) -> str | None:
+    if info.st_uid != os.geteuid():
+        return f"{what} {named} belongs to {_owner(info.st_uid)}"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{what} {named} is writable by other users (mode {stat.S_IMODE(info.st_mode):04o})"
+    return None
+
+
+def unsafe_directory(directory: Path) -> str | None:
+    """Why ``directory`` may not hold this user's cache (it exists), or None."""
+    real, reason = _resolved(directory)
+    if reason is not None:
+        return reason
+    try:
+        fd = os.open(real, _DIR_FLAGS)
+    except OSError as err:
+        return f"the directory {_named(directory, real)} cannot be opened ({err.strerror})"
+    try:
+        return _stat_unsafe("the directory", _named(directory, real), os.fstat(fd))
+    finally:
+        os.close(fd)
+
+
+def _refusal(reason: str) -> str:
+    return (f"{reason}, so another user could steer your plans: not read; make it yours and writable by you alone "
+            "(chmod go-w), or set XDG_CACHE_HOME to a directory of your own")
+
+
+def _warn(text: str) -> None:
+    warnings.warn(text, ConvoyWarning, stacklevel=3)
+
+
+def read_cache(path: Path) -> dict[str, Any]:
+    """The cache's JSON object; ``{}`` when there is none, and ``{}`` with one warning when it may not be trusted
+    (see the module) or cannot be read."""
+    real, reason = _resolved(path.parent)
+    if reason is not None:
+        _warn(f"calibration cache {str(path)!r}: {_refusal(reason)}")
+        return {}
+    try:
+        dir_fd = os.open(real, _DIR_FLAGS)
+    except FileNotFoundError:
+        return {}
+    except OSError as err:
+        _warn(f"calibration cache {str(path)!r}: its directory cannot be opened ({err.strerror}): not read")
+        return {}
+    try:
+        reason = _stat_unsafe("the directory", _named(path.parent, real), os.fstat(dir_fd))
+        if reason is not None:
+            _warn(f"calibration cache {str(path)!r}: {_refusal(reason)}")
+            return {}
+        return _read_file(path, dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _read_file(path: Path, dir_fd: int) -> dict[str, Any]:
+    try:
+        fd = os.open(path.name, _FILE_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return {}
+    except OSError as err:
+        _warn(f"calibration cache {str(path)!r} cannot be opened ({err.strerror}; a link is not followed): not read")
+        return {}
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            _warn(f"calibration cache {str(path)!r} is not a regular file: not read")
+            return {}
+        reason = _stat_unsafe("the file", repr(str(path)), info)
+        if reason is not None:
+            _warn(f"calibration cache {str(path)!r}: {_refusal(reason)}")
+            return {}
+        if info.st_size > MAX_BYTES:
+            _warn(f"calibration cache {str(path)!r} is {info.st_size:,} bytes, more than any cache convoy writes: "
+                  "not read; remove it")
+            return {}
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            raw = handle.read(MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    return parse_json_object(raw, f"calibration cache {str(path)!r}", fix="remove it (it is measured again)")
+
+
+def parse_json_object(raw: bytes, what: str, *, fix: str) -> dict[str, Any]:
+    """``raw`` as a JSON object, or ``{}`` with one warning saying what is wrong with ``what`` and ``fix``."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        _warn(f"{what} is not valid UTF-8 (byte {raw[err.start]:#04x} at offset {err.start}): not read; {fix}")
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        _warn(f"{what} is not JSON ({err.msg} at line {err.lineno} column {err.colno}): not read; {fix}")
+        return {}
+    except RecursionError:
+        _warn(f"{what} is nested too deep to be read: not read; {fix}")
+        return {}
+    if not isinstance(data, dict):
+        _warn(f"{what} holds a JSON {type(data).__name__}, not an object: not read; {fix}")
+        return {}
+    return data
+
+
+def write_cache(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` to ``path`` atomically (a temporary file of this writer's own, then a rename, both relative
+    to the directory's descriptor), making the directory (0700) if needed. ``PlanError`` where it may not."""
+    where = f"the calibration cache {str(path)!r}"
+    real, reason = _resolved(path.parent)
+    try:
+        if reason is None and not os.path.lexists(path.parent):
+            path.parent.mkdir(mode=0o700, parents=True)
+            real = Path(os.path.realpath(path.parent))
+        dir_fd = os.open(real, _DIR_FLAGS) if reason is None else -1
+    except OSError as err:
+        raise PlanError(f"cannot write {where} ({err.strerror}); set XDG_CACHE_HOME to a writable directory") from None
+    try:
+        if reason is None:
+            reason = _stat_unsafe("the directory", _named(path.parent, real), os.fstat(dir_fd))
+        if reason is not None:
+            raise PlanError(f"not writing {where}: {reason}, where another user could read or replace it; make it "
+                            "yours and writable by you alone (chmod go-w), or set XDG_CACHE_HOME to a directory of "
+                            "your own")
+        tmp = f"{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=dir_fd)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(data, indent=1, sort_keys=True))
+            os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except OSError:
+                pass
+            raise
+    except OSError as err:
+        raise PlanError(f"cannot write {where} ({err.strerror or err}); set XDG_CACHE_HOME to a writable "
+                        "directory") from None
+    finally:
+        if dir_fd >= 0:
+            os.close(dir_fd)
