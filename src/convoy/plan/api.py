@@ -442,7 +442,7 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
                          gpu: str | GpuSpec | None = None, peak_tflops: float | None = None,
                          gpus_per_node: int | None = None,
                          nodes: int = 1, allowed: Collection[str] | None = STRATEGY_NAMES,
-                         facts: TrainerFacts = TrainerFacts(), knobs: Collection[str] = KNOBS,
+                         facts: TrainerFacts = TrainerFacts(), knobs: Collection[str] = KNOBS, recompute: str = "none",
                          calibration: Calibration | None = None,
                          precision_for: Callable[[Candidate], str] | None = None, **shape: Any) -> Recommendation:
     """The layout to use for ``module`` (an ``nn.Module``, a config, or a ``ModelSpec``) on ``world_size``
@@ -456,7 +456,8 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
     ``knobs``: what may be turned when nothing fits as asked (``convoy.plan.knobs``). ``precision_for``: each
     candidate's precision recipe where it differs from ``precision`` (see ``plan_for``). ``calibration``: rates
     measured on this device (``convoy.plan.calibrate.calibrate(spec, run)``); None keeps the datasheet time
-    model. Raises ``PlanError`` when no allowed layout fits.
+    model. ``recompute``: the activation recomputation the run asks for (the knob turns it further only from
+    ``"none"``). Raises ``PlanError`` when no allowed layout fits.
     """
     if world_size < 1 or device_memory_bytes <= 0:
         raise PlanError(f"recommend_for_module needs world_size >= 1 and device memory > 0, got "
@@ -473,7 +474,8 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
     hw = Hardware(gpu=spec, gpus_per_node=per_node, nodes=nodes,
                   intra="nvlink" if spec.nvlink_gbs is not None else "pcie")
     model = resolve_model(module, **shape)
-    run = RunSpec(seq_len=seq_len, micro_batch=micro_batch, precision=precision, optimizer=optimizer)
+    run = RunSpec(seq_len=seq_len, micro_batch=micro_batch, precision=precision, optimizer=optimizer,
+                  recompute=recompute)
 
     offload = allowed is None or "offload" in allowed
     result = plan_for(model, run, hw, offload=offload, allowed=allowed, explain_breaks=False, facts=facts,

@@ -75,8 +75,12 @@ def test_mixed_precision_costs_each_candidate_as_the_trainer_runs_it():
     generic PCIe device zero3 needs about 31.7 GiB and tp4 32.3 GiB (planned all in pure bf16, as before, tp4 took
     29.2 GiB and zero3 34.0 GiB)."""
     model = meta_gpt()
-    # nothing fits as asked: auto turns the planner's offload knob and applies it (the rule answered zero3 before)
-    offloaded = auto(model, world_size=4, device_gib=31.5)
+    # nothing fits as asked: auto turns the planner's knobs, recomputation first, then offload, and applies them
+    recomputed = auto(model, world_size=4, device_gib=31.5)
+    assert recomputed.recompute == "selective" and not recomputed.cpu_offload, recomputed
+    assert "No layout fits as asked" in recomputed.reason and "Turning recompute='selective'" in recomputed.reason
+    assert recomputed.describe().endswith("with recompute='selective'")
+    offloaded = auto(model, world_size=4, device_gib=20)
     assert offloaded.cpu_offload and offloaded.name in ("zero2", "zero3"), offloaded
     assert "No layout fits as asked" in offloaded.reason and "Turning CPU offload" in offloaded.reason
     layout = auto(model, world_size=4, device_gib=32)
@@ -272,9 +276,11 @@ def test_auto_strategy_splits_only_by_the_degrees_it_is_given():
                            tp_degrees=(2, 4))
     assert layout.name == "parallel" and layout.dims.tp == 4 and layout.dims.world_size == 4
     assert layout.describe() == "parallel (dp=1,tp=4,pp=1)" and "tp4 fits" in layout.reason
-    # tp=2 only (as for a model whose kv heads tp=4 would not divide): nothing fits as asked, only with offload
-    assert auto_strategy(num_parameters=n, world_size=4, device_bytes=32 * GIB, precision="bf16", model=model,
-                         tp_degrees=(2,)).cpu_offload
+    # tp=2 only (as for a model whose kv heads tp=4 would not divide): nothing fits as asked, only with the
+    # planner's first knob, recomputation
+    turned = auto_strategy(num_parameters=n, world_size=4, device_bytes=32 * GIB, precision="bf16", model=model,
+                           tp_degrees=(2,))
+    assert turned.dims.tp == 2 and turned.recompute is not None and not turned.cpu_offload, turned
     # no degrees: the data-parallel comparison of a bare parameter count (one unit: offload gathers it whole),
     # whatever the model: nothing fits even with offload
     assert auto_strategy(num_parameters=n, world_size=4, device_bytes=32 * GIB, precision="bf16",
@@ -571,3 +577,26 @@ def test_the_offload_the_planner_turned_is_applied_by_the_strategy_built():
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_the_recompute_the_planner_turned_is_applied_by_the_strategy_built():
+    """auto's answer with recompute (nothing fit without it) reaches the strategy's settings, which apply it; a run
+    that asks for recomputation itself is planned with it, so the knob is not turned again."""
+    import torch.distributed as dist
+
+    from convoy.train.settings import resolve_settings
+    from convoy.train.strategies.auto import ConvoyPlanner
+    from convoy.train.strategies.build import build_strategy
+
+    settings = resolve_settings(env={}, cpu=True)
+    try:
+        strategy = build_strategy(settings, model=torch.nn.Linear(4, 4), planner=lambda **_: AutoLayout(
+            name="single", reason="nothing fits as asked", recompute="full"))
+        assert strategy.name == "single" and strategy.context.recompute == "full"
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    asked = ConvoyPlanner(mixed_precision="bf16", recompute="full")(
+        num_parameters=count(meta_gpt()), world_size=4, device_bytes=int(28 * GIB), model=meta_gpt(),
+        tp_degrees=(2, 4))
+    assert asked.recompute is None and "Turning recompute" not in asked.reason, asked

@@ -75,9 +75,9 @@ Planner = Callable[..., "AutoLayout | tuple[str, str] | None"]
 
 #: the data-parallel strategies the training layer implements (convoy.train.strategies registry).
 TRAINER_STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp")
-#: what auto turns when nothing fits as asked (``convoy.plan.knobs``): CPU offload, which the strategies apply
-#: (``cpu_offload``)
-TRAINER_KNOBS = ("offload",)
+#: what auto turns when nothing fits as asked (``convoy.plan.knobs``), as ``convoy plan`` does: activation
+#: recomputation (the settings' ``recompute``), then CPU offload (``cpu_offload``), both applied by the strategies
+TRAINER_KNOBS = ("recompute", "offload")
 _SHAPE_KEYS = ("layers", "hidden", "heads", "vocab", "ffn", "kv_heads")
 
 
@@ -97,15 +97,21 @@ class AutoLayout:
     cpu_offload: bool = False
     """FSDP2's shards in host memory (``strategy_options["cpu_offload"]``): the knob the planner turned when
     nothing else fit."""
+    recompute: str | None = None
+    """Activation recomputation the planner turned on when nothing fit without it (``"selective"``, ``"full"``);
+    None: the run's own setting stands."""
 
     def __post_init__(self) -> None:
         if (self.name == "parallel") != (self.dims is not None):
             raise StrategyError(f"layout {self.name!r}: parallel degrees go with strategy 'parallel' only")
 
     def describe(self) -> str:
-        """``"zero3"``, ``"zero3 with cpu_offload"``, or ``"parallel (dp=1,tp=2,pp=1)"``."""
+        """``"zero3"``, ``"zero3 with cpu_offload"``, ``"zero3 with recompute='full'"``, or
+        ``"parallel (dp=1,tp=2,pp=1)"``."""
         name = f"{self.name} ({self.dims.describe()})" if self.dims is not None else self.name
-        return name + (" with cpu_offload" if self.cpu_offload else "")
+        turned = [f"recompute={self.recompute!r}"] if self.recompute else []
+        turned += ["cpu_offload"] if self.cpu_offload else []
+        return name + (f" with {' and '.join(turned)}" if turned else "")
 
 
 def dp_engine_for(strategy: str, dims: ParallelDims) -> str | None:
@@ -309,15 +315,17 @@ def _as_layout(rec: Recommendation, *, pipeline: bool, timed: str, left_out: str
     timed = ((f" Step times: {timed}." if timed else "") + (f" {left_out}" if left_out else "")
              + "".join(f" {r}" for r in not_split))
     hsdp = dims.dp_replicate > 1 and dims.dp_shard > 1
+    turned = rec.recompute if "recompute" in rec.knob else None  # the knob the planner turned, if any
     if dims.is_trivial and not hsdp:
-        return AutoLayout(name=rec.strategy or "single", reason=reason + timed, cpu_offload=rec.cpu_offload)
+        return AutoLayout(name=rec.strategy or "single", reason=reason + timed, cpu_offload=rec.cpu_offload,
+                          recompute=turned)
     if pipeline and dims.pp > 1:
         reason += (" strategy_options has loss_fn (a loop that trains with model(x, target=y)), so only "
                    "pipeline layouts were compared.")
     if not rec.knob:
         reason += f" {rec.reasons[1]}"
     return AutoLayout(name="parallel", reason=f"{reason}{timed}", dims=dims, cpu_offload=rec.cpu_offload,
-                      dp_engine=dp_engine_for(rec.strategy or "ddp", dims))
+                      recompute=turned, dp_engine=dp_engine_for(rec.strategy or "ddp", dims))
 
 
 #: the strategies that shard with FSDP2's ``MixedPrecisionPolicy`` (16-bit gathered weights) under mixed precision
@@ -392,6 +400,8 @@ class ConvoyPlanner:
     mixed_precision: str | None = None
     device: str | None = None
     device_type: str | None = None
+    recompute: str = "none"
+    """The run's activation recomputation (``Accelerator(recompute=...)``), planned as asked."""
 
     def __call__(self, *, num_parameters: int, world_size: int, device_bytes: int, model: Any = None,
                  tp_degrees: Collection[int] = (), pp_degrees: Collection[int] = (), pipeline: bool = False,
@@ -400,17 +410,18 @@ class ConvoyPlanner:
         return auto_strategy(num_parameters=num_parameters, world_size=world_size, device_bytes=device_bytes,
                              model=model, tp_degrees=tp_degrees, pp_degrees=pp_degrees, pipeline=pipeline,
                              mixed_precision=self.mixed_precision, device=self.device, device_type=self.device_type,
-                             fsdp_limit=fsdp_limit, **({"nodes": nodes} if nodes > 1 else {}), **shape)
+                             fsdp_limit=fsdp_limit, recompute=self.recompute,
+                             **({"nodes": nodes} if nodes > 1 else {}), **shape)
 
 
 def planner_hook(mixed_precision: str | None, *, device: str | None = None,
-                 device_type: str | None = None) -> ConvoyPlanner:
+                 device_type: str | None = None, recompute: str = "none") -> ConvoyPlanner:
     """convoy's planner as the ``planner`` of ``choose_strategy``, for this run's precision (the Accelerator's
     ``mixed_precision``: each candidate is costed in the recipe the trainer runs it in, ``trainer_precision``)
     on ``device`` (its table row and measured rates, see ``auto_strategy``; None: a generic device, or with
-    ``device_type="cpu"`` CPU processes)."""
+    ``device_type="cpu"`` CPU processes), with the run's ``recompute``."""
     return ConvoyPlanner(mixed_precision=str(mixed_precision) if mixed_precision else None, device=device,
-                         device_type=device_type)
+                         device_type=device_type, recompute=recompute)
 
 
 def _table_row(device: str) -> str | None:

@@ -97,7 +97,7 @@ def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[...
         layout = collectives.broadcast_object(choose_strategy(
             world_size=settings.world_size, num_parameters=count,
             planner=planner or planner_hook(settings.mixed_precision, device=_measured_here(settings),
-                                            device_type=settings.device_type),
+                                            device_type=settings.device_type, recompute=settings.recompute),
             device_bytes=min(collectives.gather_object(
                 device_memory_bytes(settings.device_type, settings.local_world_size))),
             model=model, split=dims is None, options=options,  # degrees given: data parallel only
@@ -108,6 +108,8 @@ def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[...
             options = {**({"dp_engine": layout.dp_engine} if layout.dp_engine else {}), **options}
         if layout.cpu_offload:  # the knob the planner turned: nothing fit without it
             options = {**options, "cpu_offload": True}
+        if layout.recompute:  # the other knob: activation recomputation, applied as the planner costed it
+            settings = replace(settings, recompute=layout.recompute)
         if settings.world_size > 1 and settings.rank == 0:
             print(f"convoy: strategy=auto chose {layout.describe()}: {layout.reason}", flush=True)
     strategy = create_strategy(name, replace(settings, strategy=name, parallel_dims=dims, options=options))
