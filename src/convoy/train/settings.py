@@ -131,7 +131,8 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
     if strategy_family and "strategy" not in given and strategy not in strategy_family:
         strategy = strategy_family[0]  # Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin()): FSDP, not ddp
     dp_engine_beside(strategy, dims)  # a strategy that cannot run beside these degrees: one line, as the launcher
-    options = {**(defaults or {}), **_launched_options(strategy, dims, launched, env), **(options or {})}
+    options = {**(defaults or {}), **(launched.strategy_options or {}),
+               **_launched_options(strategy, dims, launched, env), **(options or {})}
     return TrainSettings(
         **{f.name: getattr(ranks, f.name) for f in fields(RankEnv)},
         device_type="cpu" if cpu else _device_type(),
@@ -148,8 +149,9 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
 def _launched_options(strategy: str, dims: ParallelDims | None, launched: ConvoyEnv,
                       env: Mapping[str, str]) -> dict[str, Any]:
     """The strategy options the launcher's settings stand for (``--cpu-offload``: ``cpu_offload``,
-    ``--pp-schedule``/``--pp-stages-per-rank``: ``pp_schedule``/``pp_stages_per_rank`` where there is a pipeline); ``strategy_options`` given to the Accelerator
-    win over them. A strategy with nothing to offload is one line naming where ``cpu_offload`` came from."""
+    ``--pp-schedule``/``--pp-stages-per-rank``: ``pp_schedule``/``pp_stages_per_rank`` where there is a pipeline);
+    ``strategy_options`` given to the Accelerator win over them. A strategy with nothing to offload is one line
+    naming where ``cpu_offload`` came from."""
     out: dict[str, Any] = {}
     if launched.cpu_offload:
         variable = KEYS["cpu_offload"].env_var
