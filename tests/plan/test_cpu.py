@@ -94,3 +94,12 @@ def test_dtensor_operators_are_costed_on_a_mesh(tmp_path):
     finally:
         dist.destroy_process_group()
     assert rates.dtensor_op_seconds > 0 and rates.dtensor_foreach_seconds >= 0
+
+
+def test_measuring_the_rates_leaves_the_jobs_random_numbers_as_they_were():
+    # the first run's report measures inside the user's job: a resumed run and dropout must draw what they would
+    torch.manual_seed(1234)
+    expected = torch.rand(4)
+    torch.manual_seed(1234)
+    measure_cpu_rates(reps=3)
+    assert torch.equal(torch.rand(4), expected)

@@ -30,15 +30,34 @@ The only modules of ``convoy.plan`` that import torch are this one and ``convoy.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from convoy.errors import PlanError
 from convoy.plan.calibration import load_calibration, save_calibration, Calibration
 from convoy.plan.cpu import CpuRates, StepOps, rates_key
 
 __all__ = ["OpCounter", "measure_cpu_rates", "cpu_rates", "round_trip_seconds"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _keeps_random_state(fn: _F) -> _F:
+    """``fn`` with the CPU random generator as it found it: the measurements build models and random tensors in the
+    user's job, which must draw the same numbers with the report as without it (a resumed run's RNG state, dropout).
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        with torch.random.fork_rng(devices=[]):
+            return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
 
 _GEMMS = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.")
 _ATTENTION = "aten._scaled_dot_product"
@@ -171,6 +190,7 @@ def _reference_step() -> Any:
     return step
 
 
+@_keeps_random_state
 def measure_cpu_rates(*, mesh: Any = None, reps: int = 15) -> CpuRates:
     """Measure this process's rates on the CPU (module docstring); ``mesh``: a DeviceMesh of the job, to cost
     DTensor operators on (without one, the DTensor costs are 0). The collectives' round trip is not measured
@@ -225,6 +245,7 @@ def _dtensor_seconds(mesh: Any, op: float, reps: int) -> tuple[float, float]:
     return per[0], per[1]
 
 
+@_keeps_random_state
 def round_trip_seconds(reps: int = 9) -> tuple[float, float]:
     """(seconds, bytes per second) of a collective between the job's processes, as a step meets it: what an
     all-reduce of a few numbers adds to the reference step it follows (each process arrives after its own work,
