@@ -11,20 +11,22 @@ import torch
 from convoy.errors import PlanError
 from convoy.plan.calibrate import device_identity
 from convoy.plan.calibration import Calibration, load_calibration, save_calibration
-from convoy.plan.cpu import FSDP_UNIT_OPS, CpuRates, StepOps, cpu_step, rates_key
+from convoy.plan.cpu import FSDP_UNIT_OPS, TP_MODULE_OPS, CpuRates, StepOps, cpu_step, rates_key
 from convoy.plan.cpu_measure import OpCounter, cpu_rates, measure_cpu_rates
 
 RATES = CpuRates(op_seconds=10e-6, dtensor_op_seconds=50e-6, dtensor_foreach_seconds=20e-6, gemm_flops_per_s=1e11,
-                 memory_bytes_per_s=1e10, collective_seconds=1e-3, collective_bytes_per_s=1e9)
+                 memory_bytes_per_s=1e10, collective_seconds=1e-3, transfer_seconds=4e-3,
+                 collective_bytes_per_s=1e9)
 
 
 def test_a_step_is_its_operators_at_the_rates_plus_the_pipelines_idle_share():
     ops = StepOps(ops=100, dtensor_ops=10, dtensor_foreach=50, gemm_flops=2e9, bytes_moved=1e8, collectives=3,
-                  collective_bytes=2e6, fsdp_units=3)
+                  transfers=2, collective_bytes=2e6, fsdp_units=3, tp_modules=4)
     step = cpu_step(ops, RATES)
-    assert step.dispatch == pytest.approx((100 + 3 * FSDP_UNIT_OPS) * 10e-6 + 10 * 50e-6 + 50 * 20e-6)
+    assert step.dispatch == pytest.approx((100 + 3 * FSDP_UNIT_OPS + 4 * TP_MODULE_OPS) * 10e-6 + 10 * 50e-6
+                                          + 50 * 20e-6)
     assert (step.gemm, step.memory) == (pytest.approx(0.02), pytest.approx(0.01))
-    assert step.collectives == pytest.approx(3e-3 + 2e-3) and step.bubble == 0
+    assert step.collectives == pytest.approx(1e-3 + 2 * 4e-3 + 2e-3) and step.bubble == 0
     assert step.seconds == pytest.approx(step.dispatch + step.gemm + step.memory + step.collectives)
     idle = cpu_step(ops, RATES, bubble=0.25)
     assert idle.bubble == pytest.approx(0.25 * step.seconds) and idle.seconds == pytest.approx(1.25 * step.seconds)

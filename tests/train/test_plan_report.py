@@ -292,10 +292,11 @@ def replace_report(report, **changes):
 ], ids=["demo", "tiny_gpt", "tiny_gpt_pp", "tiny_gpt_tp", "step_overhead"])
 def test_the_first_runs_plan_on_two_cpu_processes_is_within_2x_of_its_step(script, args, layout, tmp_path):
     """The plan line of the demo, the examples and the step benchmark: once, rank 0's, within 2x of the step. The
-    machine is shared: a job whose steps another job's load slowed (or sped up) past 2x is run once more; a
-    plan off by more than 2x fails both."""
+    machine is shared and a step of a few ms on 2 cores is mostly the wait for the other process to be scheduled,
+    which load moves by 2-3x between the round trip the plan is measured at (step 2) and steps 3-7: a job
+    off by more than 2x is run again, up to three times in all; a plan off by more than 2x fails all three."""
     seen = []
-    for attempt in range(2):
+    for attempt in range(3):
         result = run_script(ROOT / script, nproc=2, args=args, env={"XDG_CACHE_HOME": str(tmp_path / str(attempt))},
                             timeout=300)
         assert result.returncode == 0, result.output[-4000:]
@@ -307,4 +308,23 @@ def test_the_first_runs_plan_on_two_cpu_processes_is_within_2x_of_its_step(scrip
         seen.append((ratio, lines[0]))
         if 0.5 <= ratio <= 2:
             return
-    assert False, f"planned / measured outside 0.5-2 in both runs: {seen}"
+    assert False, f"planned / measured outside 0.5-2 in all three runs: {seen}"
+
+
+def test_the_cpu_plan_costs_each_module_a_parallel_style_split_and_no_other(tmp_path):
+    # the styles' hooks are Python that runs no operator (convoy.plan.cpu.TP_MODULE_OPS): counted per split module
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from convoy.train.plan_report import _tp_modules
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8), nn.LayerNorm(8), nn.Linear(8, 4))
+        assert _tp_modules(model) == 0
+        parallelize_module(model, init_device_mesh("cpu", (1,)), {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        assert _tp_modules(model) == 2
+    finally:
+        dist.destroy_process_group()

@@ -15,10 +15,10 @@ optimizer step, tensor-parallel weights) costs its sharding propagation on top, 
 gloo costs a round trip between processes. A model of a few thousand parameters then takes milliseconds, not
 the microseconds its FLOPs say. So the CPU step is::
 
-    seconds = ((ops + fsdp_units x FSDP_UNIT_OPS) x op_seconds + dtensor_ops x dtensor_op_seconds
+    seconds = ((ops + fsdp_units x FSDP_UNIT_OPS + tp_modules x TP_MODULE_OPS) x op_seconds + dtensor_ops x dtensor_op_seconds
                + dtensor_foreach x dtensor_foreach_seconds + gemm_flops / gemm_flops_per_s
-               + bytes_moved / memory_bytes_per_s + collectives x collective_seconds
-               + collective_bytes / collective_bytes_per_s) x (1 + bubble)
+               + bytes_moved / memory_bytes_per_s + (collectives - transfers) x collective_seconds
+               + transfers x transfer_seconds + collective_bytes / collective_bytes_per_s) x (1 + bubble)
 
 ``StepOps`` is what one step runs, counted by the Accelerator on a warm-up step (``convoy.plan.cpu_measure.
 OpCounter``: every operator the dispatcher sees, data loading, forward, backward, the data-parallel engine's
@@ -37,13 +37,21 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
-__all__ = ["StepOps", "CpuRates", "CpuStep", "cpu_step", "rates_key", "FSDP_UNIT_OPS"]
+__all__ = ["StepOps", "CpuRates", "CpuStep", "cpu_step", "rates_key", "FSDP_UNIT_OPS", "TP_MODULE_OPS"]
 
 #: FSDP2's own Python per sharded unit, forward and backward of one micro-batch, in operators' worth: its hooks
 #: gather, swap and free the unit's parameters and queue its gradient reduction around the operators it runs.
 #: A stated fit on this project's 2-core machine (torch 2.13, tiny_gpt's 3 units on one process: 2.4 ms per unit
 #: beyond its counted operators at 9.5 us per operator; docs/planner-accuracy.md)
 FSDP_UNIT_OPS = 250
+
+#: A tensor-parallel module's own Python per forward and backward of one micro-batch, in operators' worth: its
+#: parallel style's input and output hooks make DTensors of plain tensors and back (``DTensor.from_local``,
+#: ``redistribute``, ``to_local`` and their autograd functions), Python that runs no operator of its own. A stated
+#: fit as ``FSDP_UNIT_OPS`` (torch 2.13, examples/tiny_gpt_tp.py's 30 split modules on 2 processes: operators
+#: inside the dispatcher took 100 ms of its 180-230 ms step; about 2.5 ms per module beyond them at 10 us per
+#: operator; docs/planner-accuracy.md)
+TP_MODULE_OPS = 250
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +75,11 @@ class StepOps:
     operator."""
     collective_bytes: float = 0.0
     """Bytes this process hands to them."""
+    transfers: int = 0
+    """Of the collectives, the point-to-point sends and receives (a pipeline's activations and gradients)."""
+    tp_modules: int = 0
+    """Tensor-parallel modules forwarded and backwarded (modules a parallel style split x micro-batches): their
+    hooks' Python is no operator."""
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -88,8 +101,11 @@ class CpuRates:
     memory_bytes_per_s: float
     """Bytes per second read + written by a copy."""
     collective_seconds: float = 0.0
-    """Seconds per collective or transfer between the job's processes (a round trip over gloo, measured by the job
-    on its own processes: ``convoy.plan.cpu_measure.round_trip_seconds``; never cached)."""
+    """Seconds per collective between the job's processes (a round trip over gloo, measured by the job on its own
+    processes: ``convoy.plan.cpu_measure.round_trip_seconds``; never cached)."""
+    transfer_seconds: float = 0.0
+    """Seconds per point-to-point send or receive between them (likewise): a pipeline stage's receive waits for
+    the other stage to be scheduled, which the collectives of symmetric work mostly do not."""
     collective_bytes_per_s: float = math.inf
     """Bytes per second a collective moves between them (likewise; inf: not measured)."""
     threads: int = 1
@@ -112,7 +128,7 @@ class CpuRates:
 
         positive = all(number(v, 0) for v in (rates.op_seconds, rates.gemm_flops_per_s, rates.memory_bytes_per_s))
         rest = all(number(v, -1e-300) for v in (rates.dtensor_op_seconds, rates.dtensor_foreach_seconds,
-                                                 rates.collective_seconds))
+                                                 rates.collective_seconds, rates.transfer_seconds))
         return rates if positive and rest and isinstance(rates.threads, int) else None
 
     def describe(self) -> str:
@@ -150,10 +166,11 @@ class CpuStep:
 def cpu_step(ops: StepOps, rates: CpuRates, *, bubble: float = 0.0) -> CpuStep:
     """One step of ``ops`` at ``rates`` (module docstring); ``bubble``: the pipeline's idle fraction of the
     busy time (``(p - 1) / (v m)`` for an interleaved schedule, 0 without pp)."""
-    dispatch = ((ops.ops + ops.fsdp_units * FSDP_UNIT_OPS) * rates.op_seconds
+    dispatch = ((ops.ops + ops.fsdp_units * FSDP_UNIT_OPS + ops.tp_modules * TP_MODULE_OPS) * rates.op_seconds
                 + ops.dtensor_ops * rates.dtensor_op_seconds + ops.dtensor_foreach * rates.dtensor_foreach_seconds)
     gemm = ops.gemm_flops / rates.gemm_flops_per_s
     memory = ops.bytes_moved / rates.memory_bytes_per_s
-    collectives = ops.collectives * rates.collective_seconds + ops.collective_bytes / rates.collective_bytes_per_s
+    collectives = ((ops.collectives - ops.transfers) * rates.collective_seconds + ops.transfers * rates.transfer_seconds
+                   + ops.collective_bytes / rates.collective_bytes_per_s)
     busy = dispatch + gemm + memory + collectives
     return CpuStep(dispatch=dispatch, gemm=gemm, memory=memory, collectives=collectives, bubble=busy * bubble)

@@ -6,8 +6,9 @@
         train_one_step()
     counter.ops                        # a StepOps
     rates = cpu_rates(processes=2)     # cached per CPU, torch version, threads, processes; measured once (~0.2 s)
-    latency, bandwidth = round_trip_seconds()                          # every rank of the job, at once
-    rates = replace(rates, collective_seconds=latency, collective_bytes_per_s=bandwidth)
+    collective, transfer, bandwidth = round_trip_seconds()             # every rank of the job, at once
+    rates = replace(rates, collective_seconds=collective, transfer_seconds=transfer,
+                    collective_bytes_per_s=bandwidth)
 
 ``OpCounter`` is a ``TorchDispatchMode``: it sees every operator the dispatcher runs on this thread (and the
 autograd engine's, which runs a CPU backward on the calling thread), counts it, and calls it unchanged. An
@@ -16,14 +17,16 @@ operator on DTensors is seen once, before DTensor unwraps it (the local operator
 ``measure_cpu_rates``: the cost per operator is a small training step (three Linear layers, ReLU, cross-entropy,
 backward, AdamW, ``zero_grad``) timed and divided by the operators the counter counts in it, so that the Python
 of modules, autograd and the optimizer is in it as it is in a user's step; the DTensor costs are AdamW steps over
-DTensor parameters (per parameter, then ``foreach``), on a mesh the job already has (a DTensor parameter's); the
+DTensor parameters (per parameter, then ``foreach``) and a forward and backward through two sharded linears (the
+dearer of the two per operator), on a mesh the job already has (a DTensor parameter's); the
 matmul rate a 256 x 512 x 512 product, the bandwidth a 16 MiB copy. ``round_trip_seconds``: what an all-reduce of a
 few numbers adds to the reference step it follows, and 1 MiB more to a bare one, over the job's default group
 (every rank calls it at the same point: the Accelerator, at the end of the first optimizer step): what each
 collective and pipeline transfer costs between the job's processes. Each process arrives at it after work of its
-own, so it holds the wait for the other process to be scheduled, as a step's collectives do (on 2 cores about 1
-ms, against 0.3 ms for collectives back to back). It is not cached: it depends on the processes and on what else
-the machine runs.
+own, so it holds the wait for the other process to be scheduled, as a step's collectives do (on 2 cores a
+collective about 0.3 ms, a pipeline's receive, which more often waits for a descheduled stage, 1-2 ms). It is not
+cached: it depends on the processes and on what else the machine runs. The measurements leave the job's random
+generator as they found it.
 
 The only modules of ``convoy.plan`` that import torch are this one and ``convoy.plan.calibrate``, inside functions.
 """
@@ -62,6 +65,7 @@ def _keeps_random_state(fn: _F) -> _F:
 _GEMMS = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.")
 _ATTENTION = "aten._scaled_dot_product"
 _COLLECTIVE_PREFIXES = ("c10d.", "_c10d_functional.", "c10d_functional.", "_dtensor.")
+_TRANSFERS = ("c10d.send.", "c10d.recv_.", "c10d.recv_any_source_.")
 _NOT_COLLECTIVES = ("wait_tensor", "_wrap_tensor_autograd")
 
 
@@ -80,7 +84,7 @@ def _counter_class() -> type:
     class _Counter(TorchDispatchMode):
         def __init__(self) -> None:
             super().__init__()
-            self.ops = self.dtensor = self.foreach = self.collectives = 0
+            self.ops = self.dtensor = self.foreach = self.collectives = self.transfers = 0
             self.flops = self.moved = self.collective_bytes = 0.0
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -97,6 +101,7 @@ def _counter_class() -> type:
             tensors = [a for a in flat if isinstance(a, torch.Tensor)]
             if name.startswith(_COLLECTIVE_PREFIXES) and not any(n in name for n in _NOT_COLLECTIVES):
                 self.collectives += 1
+                self.transfers += name.startswith(_TRANSFERS)
                 self.collective_bytes += sum(nbytes(t) for t in tensors)
                 return
             subclass = [t for t in tensors if type(t) not in (torch.Tensor, torch.nn.Parameter)]
@@ -140,7 +145,7 @@ class OpCounter:
             self._result = StepOps(ops=mode.ops, dtensor_ops=mode.dtensor, dtensor_foreach=mode.foreach,
                                    gemm_flops=mode.flops,
                                    bytes_moved=mode.moved, collectives=mode.collectives,
-                                   collective_bytes=mode.collective_bytes)
+                                   transfers=mode.transfers, collective_bytes=mode.collective_bytes)
         return self.ops
 
     @property
@@ -242,15 +247,51 @@ def _dtensor_seconds(mesh: Any, op: float, reps: int) -> tuple[float, float]:
         if foreach:
             rest -= counted.dtensor_ops * per[0]
         per.append(max(0.0, rest) / max(1, counted.dtensor_foreach if foreach else counted.dtensor_ops))
-    return per[0], per[1]
+    return max(per[0], _dtensor_forward_backward_seconds(mesh, op, reps)), per[1]
+
+
+def _dtensor_forward_backward_seconds(mesh: Any, op: float, reps: int) -> float:
+    """Seconds per operator on DTensors in a forward and backward (layer norm, two sharded linears, SiLU, a view,
+    a sum), where most of a tensor-parallel step's DTensor operators are: their sharding propagation costs about
+    twice an optimizer's pointwise operator. Local work only (no operator here needs a collective)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    g = torch.Generator().manual_seed(0)
+    shard, replicate = [Shard(0)] * mesh.ndim, [Replicate()] * mesh.ndim
+    rows = 32 * mesh.size()
+    w1, w2 = (torch.nn.Parameter(distribute_tensor(torch.randn(rows, 32, generator=g), mesh, shard)) for _ in "ab")
+    scale = torch.nn.Parameter(distribute_tensor(torch.ones(32), mesh, replicate))
+    x = distribute_tensor(torch.randn(4, 8, 32, generator=g), mesh, replicate)
+
+    def step() -> None:
+        h = F.layer_norm(x, (32,), scale)
+        y = F.silu(F.linear(h, w1)) * F.linear(h, w2)
+        y.view(4, 8, 2, rows // 2).transpose(1, 2).sum().backward()
+
+    step()
+    with OpCounter() as counter:
+        step()
+    counted = counter.ops
+    if counted.collectives or not counted.dtensor_ops:
+        return 0.0
+    rest = _median_seconds(step, max(3, reps // 3)) - counted.ops * op
+    return max(0.0, rest) / counted.dtensor_ops
 
 
 @_keeps_random_state
-def round_trip_seconds(reps: int = 9) -> tuple[float, float]:
-    """(seconds, bytes per second) of a collective between the job's processes, as a step meets it: what an
-    all-reduce of a few numbers adds to the reference step it follows (each process arrives after its own work,
-    as in a training step, not in lock step as back-to-back collectives do), and what 1 MiB more adds to a bare
-    one. Every rank must call it, at the same point."""
+def round_trip_seconds(reps: int = 31) -> tuple[float, float, float]:
+    """(seconds per collective, seconds per point-to-point transfer, bytes per second) between the job's
+    processes, as a step meets them: what an all-reduce of a few numbers adds to the reference step it follows
+    (each process arrives after its own work, as in a training step, not in lock step as back-to-back collectives
+    do), over ``reps`` pairs, and what 1 MiB more adds to a bare one. Every rank must call it, at the same point.
+
+    On a box with as many cores as processes about one pair in three meets the other process descheduled and adds
+    2-8 ms instead of 0.2-0.4 ms. A collective after symmetric work mostly does not: it costs the lower quartile
+    (which moved by 2x between runs on a quiet 2-core machine, where the median moved by 6x). A pipeline stage's
+    receive waits for the other stage to be scheduled: it costs the mean.
+    """
     import torch
     import torch.distributed as dist
 
@@ -266,10 +307,11 @@ def round_trip_seconds(reps: int = 9) -> tuple[float, float]:
         step()
         dist.all_reduce(small)
         added.append((time.perf_counter() - middle) - (middle - start))
-    latency = max(0.0, statistics.median(added))
+    collective = max(0.0, statistics.quantiles(added, n=4)[0])
+    transfer = max(collective, statistics.fmean(added))
     bare = _median_seconds(lambda: dist.all_reduce(small), reps)
     extra = _median_seconds(lambda: dist.all_reduce(large), max(3, reps // 2)) - bare
-    return latency, large.numel() * 4 / extra if extra > 0 else float("inf")
+    return collective, transfer, large.numel() * 4 / extra if extra > 0 else float("inf")
 
 
 def cpu_rates(*, mesh: Any = None, processes: int = 1, save: bool = True) -> CpuRates:

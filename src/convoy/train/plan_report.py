@@ -277,7 +277,7 @@ class PlanWatch:
         self._times: list[float] = []
         self._report: PlanReport | None = None
         self._counter: OpCounter | None = None
-        self._round_trip = (0.0, math.inf)
+        self._round_trip = (0.0, 0.0, math.inf)
 
     def watch_model(self, model: Any, prepared: Any, device: torch.device) -> None:
         """Plan ``model`` (the module given to ``prepare``; read when the report is made) and watch the inputs
@@ -440,12 +440,13 @@ class PlanWatch:
         mesh = None
         if ops.dtensor_ops:
             mesh = next((p.device_mesh for p in self._model.parameters() if hasattr(p, "device_mesh")), None)
-        latency, bandwidth = self._round_trip
+        collective, transfer, bandwidth = self._round_trip
         context = self._job()[0].context
         local = context.local_world_size if context.local_world_size > 0 else context.world_size
-        rates = replace(cpu_rates(mesh=mesh, processes=local, save=self._main), collective_seconds=latency,
-                        collective_bytes_per_s=bandwidth)
-        ops = replace(ops, fsdp_units=_fsdp_units(self._model) * layout.microbatches)
+        rates = replace(cpu_rates(mesh=mesh, processes=local, save=self._main), collective_seconds=collective,
+                        transfer_seconds=transfer, collective_bytes_per_s=bandwidth)
+        ops = replace(ops, fsdp_units=_fsdp_units(self._model) * layout.microbatches,
+                      tp_modules=_tp_modules(self._model) * layout.microbatches)
         dims = layout.dims
         bubble = pipeline_bubble(dims.pp, chunks, schedule=layout.pp_schedule,
                                  stages_per_rank=layout.pp_stages_per_rank) if dims.pp > 1 else 0.0
@@ -454,12 +455,13 @@ class PlanWatch:
         return step.seconds, "cpu-ops", rates.describe()
 
 
-def _round_trip() -> tuple[float, float]:
-    """(seconds, bytes/s) of a collective between the job's CPU processes (0 and inf in a process alone)."""
+def _round_trip() -> tuple[float, float, float]:
+    """(seconds per collective, per transfer, bytes/s) between the job's CPU processes (0, 0 and inf in a process
+    alone)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-        return 0.0, math.inf
+        return 0.0, 0.0, math.inf
     return round_trip_seconds()
 
 
@@ -468,6 +470,19 @@ def _fsdp_units(model: Any) -> int:
     from torch.distributed.fsdp import FSDPModule
 
     return sum(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def _tp_modules(model: Any) -> int:
+    """Modules in ``model`` a tensor-parallel style split: parameters of their own that are DTensors, and the
+    style's forward hooks (FSDP2's DTensor parameters have none; ``_fsdp_units`` costs those)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    def split(m: Any) -> bool:
+        own = any(isinstance(p, DTensor) for p in m.parameters(recurse=False))
+        return own and not isinstance(m, FSDPModule) and bool(m._forward_pre_hooks or m._forward_hooks)
+
+    return sum(split(m) for m in model.modules())
 
 
 class _ForwardWrap:
