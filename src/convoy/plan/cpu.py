@@ -15,8 +15,8 @@ optimizer step, tensor-parallel weights) costs its sharding propagation on top, 
 gloo costs a round trip between processes. A model of a few thousand parameters then takes milliseconds, not
 the microseconds its FLOPs say. So the CPU step is::
 
-    seconds = ((ops + fsdp_units x FSDP_UNIT_OPS + tp_modules x TP_MODULE_OPS) x op_seconds + dtensor_ops x dtensor_op_seconds
-               + dtensor_foreach x dtensor_foreach_seconds + gemm_flops / gemm_flops_per_s
+    seconds = ((ops + fsdp_units x FSDP_UNIT_OPS + tp_modules x TP_MODULE_OPS) x op_seconds
+               + dtensor_ops x dtensor_op_seconds + dtensor_foreach x dtensor_foreach_seconds + gemm_flops / gemm_flops_per_s
                + bytes_moved / memory_bytes_per_s + (collectives - transfers) x collective_seconds
                + transfers x transfer_seconds + collective_bytes / collective_bytes_per_s) x (1 + bubble)
 
