@@ -224,9 +224,10 @@ def write_peak(snap: dict, path: Path, top: int = 25) -> None:
 
 def planned(case: Case, config: dict, *, device: str, hardware, calibrate: bool) -> dict:
     from convoy.plan.calibrate import calibrate as measure_device
-    from convoy.plan.memory import FRAGMENTATION, Layout, RunSpec, memory_per_gpu
+    from convoy.plan.memory import FRAGMENTATION, Layout, memory_per_gpu
     from convoy.plan.model import from_hf_config
     from convoy.plan.rates import ModeledRates, rates_for
+    from convoy.plan.run import RunSpec
     from convoy.plan.timing import step_time
 
     spec = from_hf_config(config)
@@ -283,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         print("planner_accuracy: needs a CUDA GPU (torch.cuda.is_available() is False); "
               "--cpu runs the tiny CPU variant", file=sys.stderr)
         return 2
-    from convoy.plan.hardware import lookup_gpu, parse_hardware
     from planner_models import CONFIGS
+
+    from convoy.plan.hardware import lookup_gpu, parse_hardware
 
     configs = CPU_CONFIGS if args.cpu else CONFIGS
     cases = CPU_CASES if args.cpu else CASES

@@ -15,15 +15,30 @@ from convoy.errors import ConvoyWarning, PlanError
 from convoy.plan.activations import block_bytes, head_saved_bytes
 from convoy.plan.api import plan, plan_for
 from convoy.plan.calibrate import resolve_calibration
-from convoy.plan.calibration import (FORMAT, Calibration, attention_key, cache_path, calibration_key, gemm_key,
-                                     load_calibration, save_calibration)
+from convoy.plan.calibration import (
+    FORMAT,
+    Calibration,
+    attention_key,
+    cache_path,
+    calibration_key,
+    gemm_key,
+    load_calibration,
+    save_calibration,
+)
+from convoy.plan.collectives import Group, collective_seconds
 from convoy.plan.hardware import parse_hardware
-from convoy.plan.memory import Layout, RunSpec
+from convoy.plan.memory import Layout
 from convoy.plan.model import from_hf_config
 from convoy.plan.rates import ModeledRates
-from convoy.plan.collectives import Group, collective_seconds
-from convoy.plan.timing import (NCCL_LINK_FRACTION, DDP_BUCKET_BYTES, attention_shape, gemm_shapes,
-                                 model_flops_per_token, step_time)
+from convoy.plan.run import RunSpec
+from convoy.plan.timing import (
+    DDP_BUCKET_BYTES,
+    NCCL_LINK_FRACTION,
+    attention_shape,
+    gemm_shapes,
+    model_flops_per_token,
+    step_time,
+)
 
 CONFIGS = Path(__file__).parent / "configs"
 GPT2 = from_hf_config(CONFIGS / "gpt2.json")

@@ -12,13 +12,22 @@ from pathlib import Path
 import pytest
 
 from convoy.plan.api import plan, plan_for
+from convoy.plan.architectures import ARCHITECTURES
 from convoy.plan.hardware import lookup_gpu, override_gpu, parse_hardware
-from convoy.plan.memory import Layout, RunSpec
+from convoy.plan.memory import Layout
 from convoy.plan.model import from_hf_config, from_numbers
 from convoy.plan.profiles import profile_for, shipped_profiles
-from convoy.plan.architectures import ARCHITECTURES
-from convoy.plan.rates import (ATTENTION_FLOOR_S, GEMM_FLOOR_S, TILE_FILL_K, UNALIGNED_FACTOR, FlatRates,
-                               MeasuredRates, ModeledRates, rates_for)
+from convoy.plan.rates import (
+    ATTENTION_FLOOR_S,
+    GEMM_FLOOR_S,
+    TILE_FILL_K,
+    UNALIGNED_FACTOR,
+    FlatRates,
+    MeasuredRates,
+    ModeledRates,
+    rates_for,
+)
+from convoy.plan.run import RunSpec
 from convoy.plan.shapes import attention_shape, gemm_shapes
 from convoy.plan.timing import step_time
 

@@ -21,9 +21,9 @@ from convoy.plan.calibration import cached_records
 from convoy.plan.candidates import enumerate_candidates
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import CPU, Hardware, parse_hardware
-from convoy.plan.memory import RunSpec
 from convoy.plan.model import describe_module
 from convoy.plan.observed import observed_in
+from convoy.plan.run import RunSpec
 from convoy.train.plan_report import MEASURED_STEPS, WARMUP_STEPS, trainer_layout
 from convoy.train.strategies import Strategy, register_strategy
 from tests.distributed import run_script

@@ -29,11 +29,12 @@ from convoy.plan.candidates import STRATEGY_NAMES, Candidate, TrainerFacts, enum
 from convoy.plan.commands import accelerator_call, launch_args, launch_command
 from convoy.plan.hardware import GpuSpec, Hardware, hardware_from_inventory, lookup_gpu, parse_hardware
 from convoy.plan.knobs import KNOBS, turn_knobs
-from convoy.plan.memory import FRAGMENTATION, Layout, MemoryBreakdown, RunSpec, memory_per_gpu
+from convoy.plan.memory import FRAGMENTATION, Layout, MemoryBreakdown, memory_per_gpu
 from convoy.plan.model import ModelSpec, resolve_model
 from convoy.plan.observed import Observation, case_key, impossible, observations_here
-from convoy.plan.recommend import Recommendation, Row, guide_case, recommend
 from convoy.plan.rates import Rates, rates_for
+from convoy.plan.recommend import Recommendation, Row, guide_case, recommend
+from convoy.plan.run import RunSpec
 from convoy.plan.timing import choose_schedule, step_time
 from convoy.plan.units import format_bytes, format_seconds
 

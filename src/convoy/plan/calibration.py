@@ -71,7 +71,7 @@ class Calibration:
     """The device's UUID where the runtime gives one (``GPU-...``); empty for the CPU."""
     torch_version: str
     device_type: str = "cuda"
-    """``"cuda"`` or ``"cpu"`` (``"datasheet"``: no measurement, the rates a datasheet promises)."""
+    """The measured device's type: ``"cuda"`` or ``"cpu"``."""
     gemm_flops: Mapping[str, float] = field(default_factory=dict)
     """``gemm_key`` -> achieved FLOP/s (2mnk per product, median of timed runs)."""
     attention_seconds: Mapping[str, float] = field(default_factory=dict)

@@ -1,6 +1,7 @@
 """Bytes per GPU for one training layout: model states, activations, buffers and the framework's reserve.
 
-    from convoy.plan.memory import RunSpec, Layout, memory_per_gpu, korthikanti_layer_bytes
+    from convoy.plan.memory import Layout, memory_per_gpu, korthikanti_layer_bytes
+    from convoy.plan.run import RunSpec
     run = RunSpec(seq_len=2048, micro_batch=1, precision="bf16")
     mem = memory_per_gpu(model, run, Layout(zero_stage=3, dims=ParallelDims(dp_shard=64)))
     mem.model_states, mem.activations, mem.total
@@ -26,15 +27,13 @@ from convoy.errors import PlanError
 from convoy.plan.activations import block_bytes, head_saved_bytes, weight_cast_bytes
 from convoy.plan.dims import ParallelDims
 from convoy.plan.model import ModelSpec
-# what one step processes and the precision recipes live below this module (``convoy.plan.run``), so that
-# ``activations`` can read them too; they stay importable from here, where most callers look for them
-from convoy.plan.run import ATTENTION, OPTIMIZER_STATE_BYTES, PRECISIONS, RECOMPUTE, Precision, RunSpec
-from convoy.plan.schedules import check_schedule, in_flight as schedule_in_flight
+from convoy.plan.run import OPTIMIZER_STATE_BYTES, RECOMPUTE, RunSpec
+from convoy.plan.schedules import check_schedule
+from convoy.plan.schedules import in_flight as schedule_in_flight
 from convoy.plan.units import MiB
 
-__all__ = ["Precision", "PRECISIONS", "OPTIMIZER_STATE_BYTES", "RunSpec", "Layout", "MemoryBreakdown",
-           "memory_per_gpu", "korthikanti_layer_bytes", "layer_activation_bytes", "CUDA_CONTEXT_BYTES",
-           "FRAGMENTATION", "RESERVED_OVER_ALLOCATED", "ATTENTION", "RECOMPUTE"]
+__all__ = ["Layout", "MemoryBreakdown", "memory_per_gpu", "korthikanti_layer_bytes", "layer_activation_bytes",
+           "CUDA_CONTEXT_BYTES", "FRAGMENTATION", "RESERVED_OVER_ALLOCATED"]
 
 #: CUDA context plus cuBLAS/cuDNN workspaces a PyTorch process holds outside the caching allocator; a typical
 #: figure for recent PyTorch on Hopper/Ampere with lazy module loading (nvidia-smi minus max_memory_reserved). Not

@@ -21,7 +21,7 @@ from pathlib import Path
 from convoy.errors import NotSupportedYetError
 from convoy.plan.units import GiB
 
-__all__ = ["plot_plan", "plot_memory", "PARTS", "segments"]
+__all__ = ["plot_plan", "PARTS", "segments"]
 
 PARTS = ("kept all step", "step's peak above it", "reserve")
 """The memory bar's parts, bottom to top (``segments``)."""
@@ -109,11 +109,6 @@ def plot_plan(plan, path: str | Path) -> Path:
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
-
-
-def plot_memory(plan, path: str | Path) -> Path:
-    """The name the plot had when it showed memory only: ``plot_plan``."""
-    return plot_plan(plan, path)
 
 
 def _seconds(s: float) -> str:

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from convoy.plan.candidates import Candidate
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import Hardware
-from convoy.plan.memory import MemoryBreakdown, RunSpec, layer_activation_bytes, OPTIMIZER_STATE_BYTES
+from convoy.plan.memory import MemoryBreakdown, layer_activation_bytes
 from convoy.plan.model import ModelSpec
+from convoy.plan.run import OPTIMIZER_STATE_BYTES, RunSpec
 from convoy.plan.timing import StepTime
 from convoy.plan.units import format_bytes, format_seconds
 
@@ -179,7 +180,6 @@ def guide_case(model: ModelSpec, run: RunSpec, hw: Hardware, single: MemoryBreak
 def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, single: MemoryBreakdown) -> Recommendation:
     """Pick the fastest fitting row, ties toward less sharding, and say why."""
     case = guide_case(model, run, hw, single)
-    limit = hw.gpu.memory_bytes
     states = format_bytes(single.model_states, binary=True)
     noun = hw.gpu.noun
     reasons = [f"{_count(model.num_params)} parameters with {run.precision} {run.optimizer}: "

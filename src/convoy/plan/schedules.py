@@ -29,8 +29,6 @@ x (1 + bubble); it assumes stages of equal work, which the trainer's even cut of
 
 from __future__ import annotations
 
-import math
-
 from convoy.errors import PlanError
 
 __all__ = ["SCHEDULES", "INTERLEAVED", "pipeline_bubble", "in_flight", "transfers", "schedule_options",
@@ -99,8 +97,3 @@ def schedule_options(*, pp: int, microbatches: int, layers: int | None) -> tuple
         options.append(("interleaved_1f1b", v))
         v *= 2
     return tuple(options)
-
-
-def stage_layers(layers: int, pp: int, stages_per_rank: int = 1) -> int:
-    """Blocks on the busiest rank: v chunks of ceil(L / (v p)) each (the trainer cuts the layer list evenly)."""
-    return stages_per_rank * math.ceil(layers / (pp * stages_per_rank))

@@ -240,11 +240,6 @@ def mfu_peak(gpu: GpuSpec, dtype: str, rates: Rates | None = None) -> float:
     return max(peak, rates.peak_seen(dtype)) if rates is not None else peak
 
 
-def _units(model: ModelSpec, pp: int) -> int:
-    """FSDP units on the busiest stage: its blocks and the root (embedding, head, final norm)."""
-    return math.ceil((model.num_layers or 0) / pp) + 1
-
-
 def kernel_launches(model: ModelSpec, run: RunSpec, layout: Layout) -> int:
     """Kernels one micro-batch launches on the busiest GPU (forward and backward): three per GEMM, two per
     attention, about three per tensor a block saves for backward, and a dozen for the head and the loss."""

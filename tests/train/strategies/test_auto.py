@@ -9,9 +9,17 @@ import torch
 import convoy.plan.candidates
 from convoy.errors import StrategyError
 from convoy.plan.dims import ParallelDims
-from convoy.train.strategies.auto import (AutoLayout, auto_strategy, choose_strategy, dp_engine_for, planner_hook,
-                                          layout_shards_with_fsdp, pp_degrees,
-                                          shards_with_fsdp, tp_degrees)
+from convoy.train.strategies.auto import (
+    AutoLayout,
+    auto_strategy,
+    choose_strategy,
+    dp_engine_for,
+    layout_shards_with_fsdp,
+    planner_hook,
+    pp_degrees,
+    shards_with_fsdp,
+    tp_degrees,
+)
 from tests.distributed import run_script
 from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, lm_loss
 
@@ -334,8 +342,8 @@ def _planted_rates(tp2_speedup: float):
     whole-model ones (1 TFLOP/s): what auto reads instead of measuring."""
     from convoy.plan.calibrate import device_identity
     from convoy.plan.calibration import Calibration, attention_key, gemm_key, save_calibration
-    from convoy.plan.memory import RunSpec
     from convoy.plan.model import resolve_model
+    from convoy.plan.run import RunSpec
     from convoy.plan.timing import attention_shape, gemm_shapes
 
     spec, run = resolve_model(GPT2_SMALL), RunSpec(precision="fp32")

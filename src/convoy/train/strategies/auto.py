@@ -50,17 +50,17 @@ from typing import Any, Callable, Collection, Mapping
 
 import torch
 
+from convoy.config.schema import DP_ENGINES
 from convoy.errors import NotSupportedYetError, PlanError, StrategyError
 from convoy.plan.api import recommend_for_module
-from convoy.config.schema import DP_ENGINES
 from convoy.plan.calibration import Calibration, time_model
 from convoy.plan.candidates import Candidate, TrainerFacts
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import CPU, lookup_gpu
-from convoy.plan.memory import RunSpec
 from convoy.plan.model import ModelSpec, resolve_model
 from convoy.plan.rates import rates_for
 from convoy.plan.recommend import NOT_SPLIT, Recommendation
+from convoy.plan.run import RunSpec
 
 __all__ = ["AutoLayout", "TRAINER_STRATEGIES", "TRAINER_KNOBS", "choose_strategy", "planner_hook", "auto_strategy",
            "ConvoyPlanner", "TrainerPrecision",
@@ -233,7 +233,6 @@ def pp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tu
     if model is None or world_size < 2 or options.get("loss_fn") is None:
         return ()
     from convoy.train.parallel.pipeline import PipelineConfig, stage_boundaries
-
     from convoy.train.parallel.ties import find_ties, stages_on_one_process
 
     config = PipelineConfig.from_options(dict(options))  # bad pipeline options are the user's error: raise
