@@ -16,8 +16,10 @@ from convoy.plan.architectures import ARCHITECTURES
 from convoy.plan.hardware import lookup_gpu, override_gpu, parse_hardware
 from convoy.plan.memory import Layout
 from convoy.plan.model import from_hf_config, from_numbers
-from convoy.plan.profiles import profile_for, shipped_profiles
-from convoy.plan.rates import (
+from convoy.plan.run import RunSpec
+from convoy.plan.shapes import attention_shape, gemm_shapes
+from convoy.plan.speed.profiles import profile_for, shipped_profiles
+from convoy.plan.speed.rates import (
     ATTENTION_FLOOR_S,
     GEMM_FLOOR_S,
     TILE_FILL_K,
@@ -27,8 +29,6 @@ from convoy.plan.rates import (
     ModeledRates,
     rates_for,
 )
-from convoy.plan.run import RunSpec
-from convoy.plan.shapes import attention_shape, gemm_shapes
 from convoy.plan.timing import step_time
 
 H100 = lookup_gpu("H100-80GB")

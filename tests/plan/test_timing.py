@@ -8,13 +8,13 @@ from dataclasses import replace
 import pytest
 
 from convoy.plan.activations import block_bytes
-from convoy.plan.collectives import Group, collective_seconds
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import Hardware, lookup_gpu, parse_hardware
 from convoy.plan.memory import Layout
 from convoy.plan.model import ModelSpec, from_numbers
-from convoy.plan.rates import rates_for
 from convoy.plan.run import RunSpec
+from convoy.plan.speed.collectives import Group, collective_seconds
+from convoy.plan.speed.rates import rates_for
 from convoy.plan.timing import (
     DDP_BUCKET_BYTES,
     NCCL_LINK_FRACTION,

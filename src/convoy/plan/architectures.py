@@ -14,7 +14,7 @@ A board (``convoy.plan.hardware.GpuSpec``) names its architecture; the architect
   reference board's clock under its power limit, its library's tile choices and its epilogues at its best shape.
 - ``attention_fraction``: what a fused causal attention forward + backward reaches, as a fraction of the peak
   against the non-causal count ``12·b·a·s²·d`` the time model uses. Hopper: 0.61, the H100 profile's own
-  measurement of torch's SDPA (rates.py); FlashAttention-2's paper (Dao 2023, arXiv:2307.08691, section 4.1 and
+  measurement of torch's SDPA (``convoy.plan.speed.rates``); FlashAttention-2's paper (Dao 2023, arXiv:2307.08691, section 4.1 and
   figure 8) reports up to 335 TFLOPs/s forward + backward on an H100 (0.34 of its peak in the paper's causal
   count, 3.5 x 2·s²·d per head, where 0.61 is 0.36) and, on an A100 80GB SXM4, up to 225 TFLOPs/s forward and
   196 backward (figures 5-6), 203 TFLOPs/s forward + backward in the same count (0.65 of its peak): the same
@@ -81,7 +81,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
                  reference_power_w=150),
     Architecture(name="hopper", gemm_fraction=0.803, gemm_source=f"{_MAMF}: H100 SXM 794.5 of 989 TFLOPs",
                  attention_fraction=_HOPPER_ATTENTION,
-                 attention_source="the H100 profile's torch SDPA (convoy.plan.device_profiles/h100-80gb.json)",
+                 attention_source="the H100 profile's torch SDPA (plan/speed/device_profiles/h100-80gb.json)",
                  reference="H100 SXM5", reference_units=132, reference_mhz=1830, reference_power_w=700),
     Architecture(name="blackwell", gemm_fraction=0.776, gemm_source=f"{_MAMF}: B200 SXM 1,745 of 2,250 TFLOPs",
                  attention_fraction=_HOPPER_ATTENTION, attention_source="Hopper's (no public measurement read)",

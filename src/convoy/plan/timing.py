@@ -19,7 +19,7 @@ A model with a shape (layers, hidden, heads) is timed kernel class by kernel cla
 its own shape (x3 for forward + two backward products, x4 with full recomputation; selective recomputation keeps
 every matmul's output and runs only each block's memory-bound work and its kernels again), the fused attention's
 forward + backward, memory-bound work (per byte the blocks save for backward), and the optimizer's reads and
-writes, at a device's ``Rates`` (``convoy.plan.rates``: measured here, a shipped profile, the shape-aware model
+writes, at a device's ``Rates`` (``convoy.plan.speed.rates``: measured here, a shipped profile, the shape-aware model
 or the flat datasheet model). A step is never shorter than its kernels' launches (``Rates.launch_seconds``
 each), which is what bounds a small model. The framework's own work is charged too (``StepTime.overhead``):
 FSDP2 copies every unit's parameters into and out of its flat all-gather buffer and its gradients into the
@@ -35,15 +35,15 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from convoy.plan.activations import block_bytes, block_saved, head_saved_bytes
-from convoy.plan.calibration import Calibration
-from convoy.plan.collectives import Group, collective_seconds
 from convoy.plan.hardware import GpuSpec, Hardware
 from convoy.plan.memory import Layout, _stage_params
 from convoy.plan.model import ModelSpec
-from convoy.plan.rates import Rates, rates_for
 from convoy.plan.run import OPTIMIZER_STATE_BYTES, RunSpec
 from convoy.plan.schedules import pipeline_bubble, transfers
 from convoy.plan.shapes import attention_shape, gemm_shapes
+from convoy.plan.speed.collectives import Group, collective_seconds
+from convoy.plan.speed.rates import Rates, rates_for
+from convoy.plan.speed.records import Calibration
 
 __all__ = ["StepTime", "step_time", "model_flops_per_token", "ring_all_reduce_seconds", "ring_gather_seconds",
            "CPU_ADAM_PARAMS_PER_S", "gemm_shapes", "attention_shape", "compute_seconds",
@@ -106,11 +106,11 @@ class StepTime:
     peak_flops: float
     """Per-GPU peak for the compute dtype."""
     time_model: str = "modeled"
-    """Where the rates came from (``convoy.plan.rates``): ``"calibrated"``, ``"profile"``, ``"modeled"`` or
+    """Where the rates came from (``convoy.plan.speed.rates``): ``"calibrated"``, ``"profile"``, ``"modeled"`` or
     ``"datasheet"``."""
     correction: float = 1.0
     """Multiplies the modeled step: measured / modeled for this very case, when a job measured it on this
-    machine (``convoy.plan.observed``); 1 otherwise. The breakdown above stays the model's."""
+    machine (``convoy.plan.speed.observed``); 1 otherwise. The breakdown above stays the model's."""
 
     @property
     def seconds(self) -> float:
@@ -180,7 +180,7 @@ def _group_bandwidth(hw: Hardware, ranks_per_node: int, group: int) -> float:
 
 
 def _group(hw: Hardware, ranks_per_node: int, ranks: int) -> Group:
-    """The collective group of ``ranks`` ranks, ``ranks_per_node`` of them on each node (``convoy.plan.collectives``),
+    """The collective group of ``ranks`` ranks, ``ranks_per_node`` of them on each node (``convoy.plan.speed.collectives``),
     its bus bandwidth the datasheet links' at the fraction NCCL's topology model gives them (``NCCL_LINK_FRACTION``;
     a measured or given intra-node bandwidth is taken as it is)."""
     per_node = max(1, min(ranks_per_node, ranks))
@@ -331,7 +331,7 @@ def framework_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rat
 def _data_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, grads: float, weights: float,
                    engine: str) -> tuple[float, float, float]:
     """(seconds of data-parallel collectives before overlap, bytes each GPU sends, seconds after the optimizer step
-    that nothing hides) per step, each collective priced by NCCL's model (``convoy.plan.collectives``) at its own size:
+    that nothing hides) per step, each collective priced by NCCL's model (``convoy.plan.speed.collectives``) at its own size:
     DDP one all-reduce per 25 MiB bucket; ZeRO-1 then the updated shards (torch: one broadcast per rank; DeepSpeed:
     one all-gather); FSDP2 per micro-batch one all-gather per unit (ZeRO-3: again for the backward) and one
     reduce-scatter, DeepSpeed's ZeRO-3 the same per parameter tensor; HSDP, hierarchically, an all-reduce of each
@@ -393,7 +393,7 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
               rates: Rates | None = None, engine: str = "torch") -> StepTime:
     """Estimated seconds of one optimizer step processing ``global_batch`` sequences.
 
-    ``rates``: the device's rates (``convoy.plan.rates``); by default ``rates_for(hw.gpu, calibration=,
+    ``rates``: the device's rates (``convoy.plan.speed.rates``); by default ``rates_for(hw.gpu, calibration=,
     efficiency=)``: the flat datasheet model when ``efficiency`` is given, else ``calibration`` (measured here),
     else the GPU's shipped profile, else the shape-aware model. ``engine``: whose collective schedule the
     data-parallel traffic follows (``ENGINES``; convoy's trainer runs ``"torch"``)."""

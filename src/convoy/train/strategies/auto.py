@@ -37,7 +37,7 @@ where the model can be inspected:
 
 On a GPU the Accelerator's rank 0 plans for its own device (``planner_hook(..., device="cuda:0")``): when the
 model's shape is read (tp or pp may be proposed), step times use the GPU's table row and the rates measured on
-it at the model's shapes (``convoy.plan.calibrate``: once per device and torch version, then from the cache);
+it at the model's shapes (``convoy.plan.speed.measure``: once per device and torch version, then from the cache);
 without a GPU, or for a bare parameter count, the datasheet model of a generic device ranks the layouts.
 """
 
@@ -53,14 +53,14 @@ import torch
 from convoy.config.schema import DP_ENGINES
 from convoy.errors import NotSupportedYetError, PlanError, StrategyError
 from convoy.plan.api import recommend_for_module
-from convoy.plan.calibration import Calibration, time_model
 from convoy.plan.candidates import Candidate, TrainerFacts
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import CPU, lookup_gpu
 from convoy.plan.model import ModelSpec, resolve_model
-from convoy.plan.rates import rates_for
 from convoy.plan.recommend import NOT_SPLIT, Recommendation
 from convoy.plan.run import RunSpec
+from convoy.plan.speed.rates import rates_for
+from convoy.plan.speed.records import Calibration, time_model
 
 __all__ = ["AutoLayout", "TRAINER_STRATEGIES", "TRAINER_KNOBS", "choose_strategy", "planner_hook", "auto_strategy",
            "ConvoyPlanner", "TrainerPrecision",
@@ -263,8 +263,8 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
     pipeline runs) compares pipeline layouts only. ``mixed_precision`` (the Accelerator's ``"bf16"``/``"fp16"``)
     costs each candidate in the recipe the trainer runs it in (``trainer_precision``) instead of ``precision``.
     ``device`` (``"cuda:0"``: the device this process trains on): the plan uses that GPU's table row (links, peak
-    FLOPs, and its shipped profile, ``convoy.plan.rates``) and, when the model's shape is read, rates measured on
-    it at the model's shapes (``convoy.plan.calibrate``, cached per device and torch version, so measured once),
+    FLOPs, and its shipped profile, ``convoy.plan.speed.rates``) and, when the model's shape is read, rates measured on
+    it at the model's shapes (``convoy.plan.speed.measure``, cached per device and torch version, so measured once),
     and says so. ``device_type="cpu"``: the job runs as CPU processes, planned as such (``convoy.plan.hardware.CPU``:
     gloo's latencies, a share of this machine's memory), and the reasons speak of them.
     ``fsdp_limit`` (why FSDP2 cannot wrap the model, ``convoy.train.strategies.fsdp.fsdp_limit``): the layouts
@@ -350,7 +350,7 @@ def measured_device(device: str, model: ModelSpec, run: RunSpec, *,
     cannot be: the GPU's shipped profile or the shape-aware model is kept), and a sentence saying which time model
     applies. Measuring is best effort: a failure (a full GPU, an unwritable cache) leaves the plan on those rates,
     never stops the job."""
-    from convoy.plan.calibrate import calibrate
+    from convoy.plan.speed.measure import calibrate
 
     gpu = None
     try:
@@ -375,7 +375,7 @@ def measured_device(device: str, model: ModelSpec, run: RunSpec, *,
 
 def _unmeasured_rates(gpu: str | None) -> str:
     """What a plan times steps with when its device could not be measured: the table row's rates
-    (``convoy.plan.rates.rates_for``: its shipped profile, else the shape-aware model), or a generic device's."""
+    (``convoy.plan.speed.rates.rates_for``: its shipped profile, else the shape-aware model), or a generic device's."""
     if gpu is None:
         return "step times use the shape-aware model on a generic device"
     return f"step times use {rates_for(lookup_gpu(gpu)).describe()}"

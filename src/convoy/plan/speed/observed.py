@@ -1,6 +1,6 @@
 """What a training job measured on this machine next to what its plan said, and how later plans use it.
 
-    from convoy.plan.observed import Observation, case_key, observations_here
+    from convoy.plan.speed.observed import Observation, case_key, observations_here
     key = case_key(model, run, layout, hw)                   # one job: model, layout, s x b, recipe, machine shape
     seen = Observation(measured_s=0.071, planned_s=0.0766, measured_bytes=14.6e9, planned_bytes=14.2e9,
                        rates="profile", steps=5, at=time.time())
@@ -8,7 +8,7 @@
     plan_for(model, run, hw, observed=observations_here(hw))  # what convoy.plan() does on the GPU at hand
 
 ``convoy.Accelerator`` writes one ``Observation`` per job into the calibration cache entry of its device and
-torch version (``convoy.plan.calibration``) once its first steps are measured (``convoy.train.plan_report``).
+torch version (``convoy.plan.speed.records``) once its first steps are measured (``convoy.train.plan_report``).
 A later plan of the same case on that device takes the measured step time instead of the modeled one (the
 modeled breakdown scaled to it, ``StepTime.correction``) and says so; every other case is planned as before.
 The measured peak memory is kept and shown, but not applied: the peak a loop reaches also holds what the loop
@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from convoy.errors import ConvoyWarning, PlanError
-from convoy.plan.calibration import LAUNCH_FLOOR_S, Calibration, cache_path, cached_records
 from convoy.plan.hardware import Hardware, lookup_gpu
 from convoy.plan.memory import Layout
 from convoy.plan.model import ModelSpec
 from convoy.plan.run import RunSpec
+from convoy.plan.speed.records import LAUNCH_FLOOR_S, Calibration, cache_path, cached_records
 
 __all__ = ["Observation", "case_key", "observed_in", "observations_for", "observations_here", "impossible",
            "LONGEST_STEP_S"]

@@ -1,20 +1,20 @@
 """What the machine at hand achieves, measured once per device and torch version, and cached.
 
-    from convoy.plan.calibration import Calibration, load_calibration, save_calibration, cache_path
+    from convoy.plan.speed.records import Calibration, load_calibration, save_calibration, cache_path
     record = load_calibration(device_name="NVIDIA H100 80GB HBM3", device_uuid="GPU-...", torch_version="2.13.0")
     step_time(model, run, layout, hw, global_batch=8, calibration=record)      # convoy.plan.timing
 
 A ``Calibration`` holds achieved rates, not a single efficiency: matmul FLOP/s per GEMM shape (the model's
 own shapes), the seconds of one fused-attention forward + backward per shape, the memory bandwidth of a large
 copy, the per-kernel launch overhead, and (several GPUs) the peer-to-peer copy bandwidth. The measuring code
-is ``convoy.plan.calibrate`` (imports torch); this module is plain data and a JSON cache, torch-free. A record
+is ``convoy.plan.speed.measure`` (imports torch); this module is plain data and a JSON cache, torch-free. A record
 also keeps what training jobs measured on the device next to their plans (``observed``, written by the
-``Accelerator`` after its first steps and read by later plans: ``convoy.plan.observed``); a record may hold
+``Accelerator`` after its first steps and read by later plans: ``convoy.plan.speed.observed``); a record may hold
 only those, no rates (``has_rates``).
 
 The cache is one JSON file, ``$XDG_CACHE_HOME/convoy/calibration.json`` (``~/.cache/...`` by default),
 a map from ``calibration_key(device name, device uuid, torch version)`` to a record. It is read and written
-only where no other user can change it (``convoy.plan.cache_file``: this user's, writable by no one else, no
+only where no other user can change it (``convoy.plan.speed.cache_file``: this user's, writable by no one else, no
 link of another user's on the way); a file that breaks that rule or cannot be read is one warning and is set
 aside. An entry whose values no measurement gives (not a finite positive number, or beyond what its board can
 do: a matmul above the datasheet's peak, a copy above its memory bandwidth, a kernel below the launch floor) is
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from convoy.errors import ConvoyWarning, PlanError
-from convoy.plan.cache_file import read_cache, write_cache
+from convoy.plan.speed.cache_file import read_cache, write_cache
 
 __all__ = ["Calibration", "FORMAT", "cache_path", "calibration_key", "load_calibration", "save_calibration",
            "cached_records", "gemm_key", "attention_key", "time_model", "rates_problem", "LAUNCH_FLOOR_S"]
@@ -88,11 +88,11 @@ class Calibration:
     measured_at: float = 0.0
     """Unix time of the (last) measurement."""
     observed: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    """What training jobs measured on this device next to their plans: ``convoy.plan.observed.case_key`` ->
-    ``Observation.as_dict()`` (plain JSON; ``convoy.plan.observed`` reads it)."""
+    """What training jobs measured on this device next to their plans: ``convoy.plan.speed.observed.case_key`` ->
+    ``Observation.as_dict()`` (plain JSON; ``convoy.plan.speed.observed`` reads it)."""
     cpu_ops: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """On a CPU: the cost per operator, matmul rate and bandwidth one process measured, per thread count
-    (``convoy.plan.cpu.rates_key`` -> ``CpuRates.as_dict()``; ``convoy.plan.cpu_measure.cpu_rates``)."""
+    (``convoy.plan.speed.cpu_step.rates_key`` -> ``CpuRates.as_dict()``; ``convoy.plan.speed.measure_cpu.cpu_rates``)."""
     format: int = FORMAT
 
     @property
@@ -150,7 +150,7 @@ class Calibration:
 
 def time_model(record: "Calibration") -> str:
     """The sentence every output (``convoy plan``, ``strategy="auto"``) uses for step times measured on this
-    machine (``convoy.plan.rates.Rates.describe`` says it for the other sources)."""
+    machine (``convoy.plan.speed.rates.Rates.describe`` says it for the other sources)."""
     return f"rates measured on this machine ({record.describe()})"
 
 
@@ -326,7 +326,7 @@ def _attention_floor(key: str, board) -> float:
 
 def save_calibration(record: Calibration, *, path: Path | None = None) -> Path:
     """Write (or merge into) the cache entry for ``record``'s device and torch version; returns the file.
-    ``PlanError`` where the cache may not be written (``convoy.plan.cache_file``)."""
+    ``PlanError`` where the cache may not be written (``convoy.plan.speed.cache_file``)."""
     path = path or cache_path()
     data = read_cache(path)
     old = data.get(record.key)

@@ -1,6 +1,6 @@
 """How fast a device runs each kind of work a training step is made of, before or after it is in hand.
 
-    from convoy.plan.rates import rates_for
+    from convoy.plan.speed.rates import rates_for
     rates = rates_for(gpu)                                   # a shipped profile, else the shape-aware model
     rates = rates_for(gpu, calibration=record)               # rates measured here (``convoy plan --calibrate``)
     rates = rates_for(gpu, efficiency=0.5)                   # the flat datasheet model (``--efficiency``)
@@ -8,10 +8,10 @@
 
 Four sources, best first, which ``rates_for`` picks and ``Rates.describe`` names in every plan:
 
-- ``calibrated``: a ``Calibration`` measured on this device (``convoy.plan.calibrate``); GEMM shapes and
+- ``calibrated``: a ``Calibration`` measured on this device (``convoy.plan.speed.measure``); GEMM shapes and
   attention shapes it lacks come from the shape-aware model fitted to it (``MeasuredRates``).
 - ``profile``: a record measured on the planned GPU elsewhere and shipped with convoy
-  (``convoy.plan.profiles``), used the same way: what users plan with before the GPU is in hand.
+  (``convoy.plan.speed.profiles``), used the same way: what users plan with before the GPU is in hand.
 - ``modeled``: a GPU without a profile: the shape-aware model (``ModeledRates``) on its datasheet.
 - ``datasheet``: every GEMM and the attention at one fixed fraction of the peak (``FlatRates``): what
   ``efficiency=`` (``--efficiency``) asks for, and the planner's model before profiles.
@@ -45,10 +45,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from convoy.plan.calibration import Calibration, attention_key, gemm_key, time_model
 from convoy.plan.architectures import Architecture, architecture_of
 from convoy.plan.hardware import GpuSpec
-from convoy.plan.profiles import profile_for
+from convoy.plan.speed.profiles import profile_for
+from convoy.plan.speed.records import Calibration, attention_key, gemm_key, time_model
 from convoy.plan.units import GB
 
 __all__ = ["Rates", "ModeledRates", "MeasuredRates", "FlatRates", "rates_for", "GEMM_FLOOR_S", "TILE_FILL_K",

@@ -1,6 +1,6 @@
-"""Count the operators a training step runs, and measure what one costs on this CPU (``convoy.plan.cpu``).
+"""Count the operators a training step runs, and measure what one costs on this CPU (``convoy.plan.speed.cpu_step``).
 
-    from convoy.plan.cpu_measure import OpCounter, cpu_rates, round_trip_seconds
+    from convoy.plan.speed.measure_cpu import OpCounter, cpu_rates, round_trip_seconds
     counter = OpCounter()
     with counter:                      # or counter.start() ... counter.stop(), from two hooks
         train_one_step()
@@ -25,7 +25,7 @@ own, so it holds the wait for the other process to be scheduled, as a step's col
 ms, against 0.3 ms for collectives back to back). It is not cached: it depends on the processes and on what else
 the machine runs.
 
-The only modules of ``convoy.plan`` that import torch are this one and ``convoy.plan.calibrate``, inside functions.
+The only modules of ``convoy.plan`` that import torch are this one and ``convoy.plan.speed.measure``, inside functions.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ import time
 from typing import Any
 
 from convoy.errors import PlanError
-from convoy.plan.calibration import load_calibration, save_calibration, Calibration
-from convoy.plan.cpu import CpuRates, StepOps, rates_key
+from convoy.plan.speed.cpu_step import CpuRates, StepOps, rates_key
+from convoy.plan.speed.records import Calibration, load_calibration, save_calibration
 
 __all__ = ["OpCounter", "measure_cpu_rates", "cpu_rates", "round_trip_seconds"]
 
@@ -257,7 +257,7 @@ def cpu_rates(*, mesh: Any = None, processes: int = 1, save: bool = True) -> Cpu
     ``save``). Rates cached without a DTensor cost are measured again when ``mesh`` is given."""
     import torch
 
-    from convoy.plan.calibrate import device_identity
+    from convoy.plan.speed.measure import device_identity
 
     name, uuid, version = device_identity("cpu")
     key = rates_key(torch.get_num_threads(), processes)

@@ -1,14 +1,14 @@
 """The step of eager PyTorch on CPU processes: the operators one step runs, at this machine's cost per operator,
 matmul rate and memory bandwidth.
 
-    from convoy.plan.cpu import CpuRates, StepOps, cpu_step
+    from convoy.plan.speed.cpu_step import CpuRates, StepOps, cpu_step
     ops = StepOps(ops=173, gemm_flops=1.8e5, bytes_moved=2.7e5, collectives=3, collective_bytes=5416)
     rates = CpuRates(op_seconds=30e-6, dtensor_op_seconds=60e-6, dtensor_foreach_seconds=20e-6,
                      gemm_flops_per_s=3e10, memory_bytes_per_s=5e9, collective_seconds=150e-6, threads=1)
     step = cpu_step(ops, rates, bubble=0.25)
     step.seconds, step.dispatch, step.gemm, step.memory, step.collectives, step.bubble
 
-Why a model of its own. On a GPU a training step is its kernels' time (``convoy.plan.rates``). An eager step of a
+Why a model of its own. On a GPU a training step is its kernels' time (``convoy.plan.speed.rates``). An eager step of a
 small model on a CPU is not bound by FLOPs at all: each operator costs PyTorch's Python, dispatcher and autograd
 work, some tens of microseconds whatever its size; a DTensor operator (FSDP2's sharded parameters and their
 optimizer step, tensor-parallel weights) costs its sharding propagation on top, per tensor; a collective over
@@ -20,11 +20,11 @@ the microseconds its FLOPs say. So the CPU step is::
                + bytes_moved / memory_bytes_per_s + collectives x collective_seconds
                + collective_bytes / collective_bytes_per_s) x (1 + bubble)
 
-``StepOps`` is what one step runs, counted by the Accelerator on a warm-up step (``convoy.plan.cpu_measure.
+``StepOps`` is what one step runs, counted by the Accelerator on a warm-up step (``convoy.plan.speed.measure_cpu.
 OpCounter``: every operator the dispatcher sees, data loading, forward, backward, the data-parallel engine's
 copies and collectives, the optimizer); ``CpuRates`` is what this machine does, measured in a fraction of a
-second (``convoy.plan.cpu_measure.measure_cpu_rates``) and cached per CPU, torch version, thread count and
-processes of the job on the machine (``convoy.plan.calibration``'s file, key ``cpu_ops``), but for the
+second (``convoy.plan.speed.measure_cpu.measure_cpu_rates``) and cached per CPU, torch version, thread count and
+processes of the job on the machine (``convoy.plan.speed.records``'s file, key ``cpu_ops``), but for the
 collectives' round trip, which the job measures on its own processes (it depends on how many there are and on
 what else the machine runs). ``bubble`` is the pipeline's idle fraction for the schedule that runs
 (``convoy.plan.schedules.pipeline_bubble``): a stage's own operators are counted, its waiting
@@ -89,7 +89,7 @@ class CpuRates:
     """Bytes per second read + written by a copy."""
     collective_seconds: float = 0.0
     """Seconds per collective or transfer between the job's processes (a round trip over gloo, measured by the job
-    on its own processes: ``convoy.plan.cpu_measure.round_trip_seconds``; never cached)."""
+    on its own processes: ``convoy.plan.speed.measure_cpu.round_trip_seconds``; never cached)."""
     collective_bytes_per_s: float = math.inf
     """Bytes per second a collective moves between them (likewise; inf: not measured)."""
     threads: int = 1

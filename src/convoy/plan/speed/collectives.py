@@ -1,7 +1,7 @@
 """Seconds of one collective as NCCL's own cost model prices it: ring or tree, LL / LL128 / Simple, latency that grows
 with the ranks and the nodes a group spans.
 
-    from convoy.plan.collectives import Group, collective_seconds
+    from convoy.plan.speed.collectives import Group, collective_seconds
     group = Group(ranks=1536, nodes=192, bus_bytes_per_s=200e9, link="nvlink")
     collective_seconds("all_gather", 24_576, group)        # a LayerNorm's weights over 1,536 ranks: latency-bound
     collective_seconds("all_reduce", 2 * 7e9, Group(ranks=8, nodes=1, bus_bytes_per_s=450e9, link="nvlink"))
