@@ -180,9 +180,9 @@ def _group_bandwidth(hw: Hardware, ranks_per_node: int, group: int) -> float:
 
 
 def _group(hw: Hardware, ranks_per_node: int, ranks: int) -> Group:
-    """The collective group of ``ranks`` ranks, ``ranks_per_node`` of them on each node (``convoy.plan.speed.collectives``),
-    its bus bandwidth the datasheet links' at the fraction NCCL's topology model gives them (``NCCL_LINK_FRACTION``;
-    a measured or given intra-node bandwidth is taken as it is)."""
+    """The collective group of ``ranks`` ranks, ``ranks_per_node`` of them on each node
+    (``convoy.plan.speed.collectives``), its bus bandwidth the datasheet links' at the fraction NCCL's topology model
+    gives them (``NCCL_LINK_FRACTION``; a measured or given intra-node bandwidth is taken as it is)."""
     per_node = max(1, min(ranks_per_node, ranks))
     nodes = 1 if hw.nodes == 1 else max(1, math.ceil(ranks / per_node))
     link = "cpu" if hw.gpu.kind == "cpu" else ("pcie" if hw.intra == "pcie" else "nvlink")
@@ -328,14 +328,14 @@ def framework_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rat
     return moved / (rates.memory_bytes_per_s or float("inf"))
 
 
-def _data_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, grads: float, weights: float,
-                   engine: str) -> tuple[float, float, float]:
+def _data_parallel_collectives(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, grads: float,
+                                weights: float, engine: str) -> tuple[float, float, float]:
     """(seconds of data-parallel collectives before overlap, bytes each GPU sends, seconds after the optimizer step
-    that nothing hides) per step, each collective priced by NCCL's model (``convoy.plan.speed.collectives``) at its own size:
-    DDP one all-reduce per 25 MiB bucket; ZeRO-1 then the updated shards (torch: one broadcast per rank; DeepSpeed:
-    one all-gather); FSDP2 per micro-batch one all-gather per unit (ZeRO-3: again for the backward) and one
-    reduce-scatter, DeepSpeed's ZeRO-3 the same per parameter tensor; HSDP, hierarchically, an all-reduce of each
-    unit's gradient shard across the replicas (one rank per replica group on each node)."""
+    that nothing hides) per step, each collective priced by NCCL's model (``convoy.plan.speed.collectives``) at its
+    own size: DDP one all-reduce per 25 MiB bucket; ZeRO-1 then the updated shards (torch: one broadcast per rank;
+    DeepSpeed: one all-gather); FSDP2 per micro-batch one all-gather per unit (ZeRO-3: again for the backward) and
+    one reduce-scatter, DeepSpeed's ZeRO-3 the same per parameter tensor; HSDP, hierarchically, an all-reduce of
+    each unit's gradient shard across the replicas (one rank per replica group on each node)."""
     dims = layout.dims
     if not run.training or dims.dp <= 1:
         return 0.0, 0.0, 0.0
@@ -401,67 +401,108 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
         raise ValueError(f"engine {engine!r} is not one of {', '.join(ENGINES)}")
     if rates is None:
         rates = rates_for(hw.gpu, calibration=calibration, efficiency=efficiency)
+    hw = _with_measured_link(hw, rates)
+    tokens = global_batch * run.seq_len
+    model_flops = model_flops_per_token(model, run.seq_len, training=run.training) * tokens
+    compute, optimizer = _passes(model, run, layout, rates, model_flops=model_flops)
+    overhead = framework_seconds(model, run, layout, rates)
+    bubble = _bubble(compute, layout)
+    compute += bubble
+    dp_comm, exposed_dp, dp_bytes = _data_parallel(model, run, layout, hw, busy=compute - bubble, engine=engine)
+    tp_comm, tp_bytes = _tensor_parallel(model, run, layout, hw)
+    pp_comm, pp_bytes = _pipeline(model, run, layout, hw)
+    offload = _offload(model, run, layout, hw)
+    return StepTime(compute=compute, bubble=bubble, optimizer=optimizer, overhead=overhead, dp_comm=dp_comm,
+                    tp_comm=tp_comm, pp_comm=pp_comm, offload=offload, exposed_dp=exposed_dp,
+                    comm_bytes=dp_bytes + tp_bytes + pp_bytes, tokens=tokens, world_size=layout.dims.world_size,
+                    model_flops=model_flops, peak_flops=mfu_peak(hw.gpu, run.recipe.compute, rates),
+                    time_model=rates.kind)
+
+
+def _with_measured_link(hw: Hardware, rates: Rates) -> Hardware:
+    """``hw`` with its intra-node link at the peer-to-peer bandwidth ``rates`` measured, where they did."""
     if rates.peer_bytes_per_s and hw.gpus_per_node > 1:
-        hw = replace(hw, intra_gbs=rates.peer_bytes_per_s / 1e9)
-    dims, recipe = layout.dims, run.recipe
-    world = dims.world_size
-    s, b, m = run.seq_len, run.micro_batch, layout.microbatches
-    tokens = global_batch * s
-    per_token = model_flops_per_token(model, s, training=run.training)
-    model_flops = per_token * tokens
+        return replace(hw, intra_gbs=rates.peer_bytes_per_s / 1e9)
+    return hw
+
+
+def _passes(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates, *, model_flops: float
+            ) -> tuple[float, float]:
+    """(seconds of one GPU's forward and backward passes, of its optimizer step) per step: kernel by kernel for a
+    model with a shape, else its ``model_flops`` (plus a forward under full recomputation) at the bulk matmul
+    rate."""
+    if model.has_shape:
+        return compute_seconds(model, run, layout, rates), optimizer_seconds(model, run, layout, rates)
     hw_flops = model_flops
     if run.training and run.recompute == "full":
         hw_flops = model_flops * 4 / 3  # one more forward
     # selective recomputation runs no matmul again (its save list keeps every matmul's output): no more FLOPs
-    optimizer = 0.0
-    if model.has_shape:
-        compute = compute_seconds(model, run, layout, rates)
-        optimizer = optimizer_seconds(model, run, layout, rates)
-    else:
-        compute = hw_flops / world / rates.bulk_flops(recipe.compute)
-    overhead = framework_seconds(model, run, layout, rates)
-    bubble = compute * pipeline_bubble(dims.pp, m, schedule=layout.pp_schedule,
-                                       stages_per_rank=layout.pp_stages_per_rank) if dims.pp > 1 else 0.0
-    compute += bubble
+    return hw_flops / layout.dims.world_size / rates.bulk_flops(run.recipe.compute), 0.0
 
-    # data parallel: rank layout pp (outer) x dp x tp (inner), so a dp group has gpus_per_node/tp ranks per node
-    psi = _stage_params(model, dims.pp) / dims.tp
-    grads, weights = psi * recipe.grad_bytes, psi * recipe.weight_bytes
-    dp_comm, comm, after_step = _data_parallel(model, run, layout, hw, grads=grads, weights=weights, engine=engine)
+
+def _bubble(busy: float, layout: Layout) -> float:
+    """Seconds a pipeline stage idles per step beside its ``busy`` seconds, for the layout's schedule."""
+    dims = layout.dims
+    return busy * pipeline_bubble(dims.pp, layout.microbatches, schedule=layout.pp_schedule,
+                                  stages_per_rank=layout.pp_stages_per_rank) if dims.pp > 1 else 0.0
+
+
+def _data_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, busy: float, engine: str
+                   ) -> tuple[float, float, float]:
+    """(seconds of data-parallel collectives, the part of them nothing hides, bytes each GPU sends) per step, beside
+    ``busy`` seconds of forward and backward passes."""
+    # rank layout pp (outer) x dp x tp (inner), so a dp group has gpus_per_node/tp ranks per node
+    psi = _stage_params(model, layout.dims.pp) / layout.dims.tp
+    grads, weights = psi * run.recipe.grad_bytes, psi * run.recipe.weight_bytes
+    dp_comm, sent, after_step = _data_parallel_collectives(model, run, layout, hw, grads=grads, weights=weights,
+                                                           engine=engine)
     # overlap: DDP hides its all-reduce behind the last micro-batch's backward (2/3 of its compute); FSDP2 prefetches
     # along the whole forward and backward; ZeRO-1's broadcast after the step is never hidden
-    window = compute - bubble if layout.zero_stage >= 2 else (compute - bubble) / m * 2 / 3
-    exposed_dp = max(0.0, dp_comm - window) + after_step
-    dp_comm += after_step
+    window = busy if layout.zero_stage >= 2 else busy / layout.microbatches * 2 / 3
+    exposed = max(0.0, dp_comm - window) + after_step
+    return dp_comm + after_step, exposed, sent
 
-    tp_comm = 0.0
-    if dims.tp > 1 and model.has_shape:
-        layers = math.ceil(model.num_layers / dims.pp)  # type: ignore[operator]
-        act = s * b * model.hidden * recipe.activation_bytes  # type: ignore[operator]
-        per_layer = 4 + (2 if run.recompute == "full" else 0)
-        tp_group = _group(hw, min(dims.tp, hw.gpus_per_node), dims.tp)
-        tp_comm = m * layers * per_layer * _collective("all_reduce", act, tp_group, hw)
-        comm += m * layers * per_layer * 2 * (dims.tp - 1) / dims.tp * act
-    pp_comm = 0.0
-    if dims.pp > 1 and model.hidden:
-        act = s * b * model.hidden * recipe.activation_bytes / dims.tp
-        crosses = dims.tp * dims.dp * dims.pp > hw.gpus_per_node
-        bw = _group_bandwidth(hw, 1, 2) if crosses else hw.intra_bandwidth
-        # activations out, gradients back, at every stage boundary a micro-batch crosses (v per rank interleaved)
-        sends = transfers(dims.pp, m, stages_per_rank=layout.pp_stages_per_rank)
-        pp_comm = sends * (act / bw + collective_latency(hw, across_nodes=crosses))
-        comm += sends * act
-    offload = 0.0
-    if layout.offload and run.training:
-        shard = psi / (layout.shard_degree if layout.zero_stage >= 1 else 1)
-        transfer = shard * (recipe.grad_bytes + recipe.weight_bytes)  # gradients down, updated weights up
-        if layout.zero_stage == 3:
-            transfer += shard * recipe.weight_bytes * 2 * (m - 1)  # weights up again every micro-batch
-        offload = transfer / hw.host_bandwidth + shard / CPU_ADAM_PARAMS_PER_S
-    return StepTime(compute=compute, bubble=bubble, optimizer=optimizer, overhead=overhead, dp_comm=dp_comm,
-                    tp_comm=tp_comm, pp_comm=pp_comm, offload=offload, exposed_dp=exposed_dp, comm_bytes=comm,
-                    tokens=tokens, world_size=world, model_flops=model_flops,
-                    peak_flops=mfu_peak(hw.gpu, recipe.compute, rates), time_model=rates.kind)
+
+def _tensor_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> tuple[float, float]:
+    """(seconds of tensor-parallel all-reduces, all exposed; bytes each GPU sends) per step: 4 per block and
+    micro-batch (Megatron's two in the forward, two in the backward), 2 more under full recomputation."""
+    dims = layout.dims
+    if not (dims.tp > 1 and model.has_shape):
+        return 0.0, 0.0
+    m = layout.microbatches
+    layers = math.ceil(model.num_layers / dims.pp)  # type: ignore[operator]
+    act = run.seq_len * run.micro_batch * model.hidden * run.recipe.activation_bytes  # type: ignore[operator]
+    per_layer = 4 + (2 if run.recompute == "full" else 0)
+    tp_group = _group(hw, min(dims.tp, hw.gpus_per_node), dims.tp)
+    seconds = m * layers * per_layer * _collective("all_reduce", act, tp_group, hw)
+    return seconds, m * layers * per_layer * 2 * (dims.tp - 1) / dims.tp * act
+
+
+def _pipeline(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> tuple[float, float]:
+    """(seconds of the pipeline's sends, all exposed; bytes each GPU sends) per step."""
+    dims = layout.dims
+    if not (dims.pp > 1 and model.hidden):
+        return 0.0, 0.0
+    act = run.seq_len * run.micro_batch * model.hidden * run.recipe.activation_bytes / dims.tp
+    crosses = dims.tp * dims.dp * dims.pp > hw.gpus_per_node
+    bw = _group_bandwidth(hw, 1, 2) if crosses else hw.intra_bandwidth
+    # activations out, gradients back, at every stage boundary a micro-batch crosses (v per rank interleaved)
+    sends = transfers(dims.pp, layout.microbatches, stages_per_rank=layout.pp_stages_per_rank)
+    return sends * (act / bw + collective_latency(hw, across_nodes=crosses)), sends * act
+
+
+def _offload(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> float:
+    """Seconds of an offloaded optimizer per step, all exposed: gradients to the host and updated weights back
+    (ZeRO-3: the weights again at every micro-batch), and the CPU's Adam step."""
+    if not (layout.offload and run.training):
+        return 0.0
+    recipe, m = run.recipe, layout.microbatches
+    psi = _stage_params(model, layout.dims.pp) / layout.dims.tp
+    shard = psi / (layout.shard_degree if layout.zero_stage >= 1 else 1)
+    transfer = shard * (recipe.grad_bytes + recipe.weight_bytes)  # gradients down, updated weights up
+    if layout.zero_stage == 3:
+        transfer += shard * recipe.weight_bytes * 2 * (m - 1)  # weights up again every micro-batch
+    return transfer / hw.host_bandwidth + shard / CPU_ADAM_PARAMS_PER_S
 
 
 def choose_schedule(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, global_batch: int,
