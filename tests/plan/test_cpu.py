@@ -1,5 +1,5 @@
-"""The CPU step model (``convoy.plan.speed.cpu_step``) and what it is fed: the operators counted in a step, the rates measured
-here (``convoy.plan.speed.measure_cpu``)."""
+"""The CPU step model (``convoy.plan.speed.cpu_step``) and what it is fed: the operators counted in a step, the rates
+measured here (``convoy.plan.speed.measure_cpu``)."""
 
 from __future__ import annotations
 

@@ -69,8 +69,8 @@ def _measured_seconds(record) -> list[tuple[tuple[int, int, int], float]]:
 
 
 def test_the_shape_aware_model_is_the_documented_fit_of_the_profile():
-    """rates.py documents rms errors within 16 % (GEMMs) and 13 % (attention) against the H100 profile: keep them
-    true (the tile-and-wave model takes only its fixed cost per product from the profile)."""
+    """docs/planner.md documents rms errors within 16 % (GEMMs) and 13 % (attention) against the H100 profile: keep
+    them true (the tile-and-wave model takes only its fixed cost per product from the profile)."""
     record, _ = profile_for(H100)
     model = ModeledRates(H100)
     errors = [math.log(model.gemm_seconds(*dims, "bf16") / seconds) for dims, seconds in _measured_seconds(record)]

@@ -222,7 +222,8 @@ def test_two_processes_report_log_once_and_the_second_plan_takes_the_measurement
     hw = Hardware(gpu=CPU, gpus_per_node=2, intra="pcie")
     first = plan_for(model, run, hw, global_batch=8, allowed=["ddp", "zero3"])
     second = plan_for(model, run, hw, global_batch=8, allowed=["ddp", "zero3"], observed=observed_in(record))
-    # (the job's own plan is the CPU's counted operators, convoy.plan.speed.cpu_step; a plan without the module is the model's)
+    # (the job's own plan is the CPU's counted operators, convoy.plan.speed.cpu_step; a plan without the module is the
+    # model's)
     assert second.row("zero3").time.seconds == pytest.approx(seen.measured_s)
     assert second.row("ddp").time.seconds == first.row("ddp").time.seconds
     elsewhere = plan_for(model, run, parse_hardware("2xH100-80GB"), global_batch=8, observed=observed_in(record))

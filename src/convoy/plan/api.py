@@ -70,7 +70,8 @@ class Plan:
     time_note: str = ""
     """One sentence: which time model the step times come from, and why."""
     time_model: str = "modeled"
-    """Where the rates came from: ``calibrated``, ``profile``, ``modeled`` or ``datasheet`` (``convoy.plan.speed.rates``)."""
+    """Where the rates came from: ``calibrated``, ``profile``, ``modeled`` or ``datasheet``
+    (``convoy.plan.speed.rates``)."""
     observations: Mapping[str, Observation] = field(default_factory=dict)
     """Candidate name -> what a job measured for exactly that case on this machine; those rows' step times are
     the measured ones (``convoy.plan.speed.observed``)."""
@@ -269,8 +270,8 @@ def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowe
     pick = alt.recommendation.row
     if same is not None and not same.fits:
         then = f"; {_with_knobs(alt.recommendation)} would be chosen" if pick else "; nothing would fit"
-        out.append(f"At sequence length {longer.seq_len} {name} needs {format_bytes(same.memory.total, binary=True)} per GPU "
-                   f"and no longer fits{then}.")
+        needs = format_bytes(same.memory.total, binary=True)
+        out.append(f"At sequence length {longer.seq_len} {name} needs {needs} per GPU and no longer fits{then}.")
     elif pick is not None and pick.name != name:
         out.append(f"At sequence length {longer.seq_len} {_with_knobs(alt.recommendation)} would be faster than "
                    f"{name}.")
@@ -524,7 +525,7 @@ def format_plan(p: Plan) -> str:
         lines.append("what would change it:")
         lines += [f"  - {s}" for s in rec.breaks]
     lines.append("total = params + optim + master + buffers + max(activ + temp, grads [+ the block recomputed "
-                 f"last]) + reserve\n        (CUDA context, {FRAGMENTATION:.1%} fragmentation); grads are added, not maxed, "
-                 "when they "
+                 f"last]) + reserve\n        (CUDA context, {FRAGMENTATION:.1%} fragmentation); grads are added, "
+                 "not maxed, when they "
                  "live through gradient accumulation")
     return "\n".join(lines)

@@ -1,21 +1,15 @@
 """Bytes per GPU for one training layout: model states, activations, buffers and the framework's reserve.
 
     from convoy.plan.memory import Layout, memory_per_gpu, korthikanti_layer_bytes
-    from convoy.plan.run import RunSpec
-    run = RunSpec(seq_len=2048, micro_batch=1, precision="bf16")
+    run = RunSpec(seq_len=2048, micro_batch=1, precision="bf16")      # convoy.plan.run
     mem = memory_per_gpu(model, run, Layout(zero_stage=3, dims=ParallelDims(dp_shard=64)))
     mem.model_states, mem.activations, mem.total
 
-Model states follow the ZeRO paper (Rajbhandari et al. 2020, https://arxiv.org/abs/1910.02054, section 3.1
-and figure 1): mixed-precision Adam keeps 2 bytes of 16-bit weights, 2 of 16-bit gradients and K = 12 of fp32
-master weights, momentum and variance per parameter, i.e. 16 bytes; stage 1 shards the K bytes, stage 2 also
-the gradients, stage 3 also the weights, over the data-parallel degree. Activations follow Korthikanti et al.
-2022, "Reducing Activation Recomputation in Large Transformer Models" (https://arxiv.org/abs/2205.05198,
-table 2): ``sbh(34 + 5as/h)`` bytes per layer, divided by t under tensor + sequence parallelism, ``2sbh/t`` with
-full recomputation (``korthikanti_layer_bytes``; its "selective", the attention core alone, is the paper's).
-Each block is counted tensor by tensor (``convoy.plan.activations``), and ``recompute="selective"`` is what the
-trainer keeps under its per-op save list (``activations.block_selective``). Buffers and the reserve are documented
-estimates (docs/planner.md says where each comes from).
+Model states follow the ZeRO paper (Rajbhandari et al. 2020, https://arxiv.org/abs/1910.02054, section 3.1): stage
+1 shards the optimizer's states over the data-parallel degree, stage 2 also the gradients, stage 3 also the
+weights. Activations are counted tensor by tensor (``convoy.plan.activations``); ``korthikanti_layer_bytes`` is
+Korthikanti et al. 2022's table 2 (https://arxiv.org/abs/2205.05198). Buffers and the reserve are documented
+estimates: docs/planner.md, "Memory per GPU", says where each comes from.
 """
 
 from __future__ import annotations

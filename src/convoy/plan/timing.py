@@ -4,28 +4,12 @@
     t = step_time(model, run, layout, hardware, global_batch=512)
     t.seconds, t.tokens_per_s_per_gpu, t.mfu, t.comm_bytes, t.time_model   # time_model: where the rates came from
 
-Sources: training FLOPs per token 6N + 12·L·h·s (Kaplan et al. 2020 for 6N; the attention term and the MFU
-definition from PaLM, Chowdhery et al. 2022, appendix B); full recomputation adds one forward (8N, Korthikanti
-et al. 2022). Collectives use the ring (bandwidth-optimal) cost: all-reduce moves 2(n-1)/n of the buffer
-through each GPU's link, all-gather and reduce-scatter (n-1)/n (Thakur, Rabenseifner & Gropp 2005; NCCL's
-"bus bandwidth" doc), plus a fixed latency per collective (``COLLECTIVE_LATENCY_S``). Megatron tensor
-parallelism does 4 all-reduce-equivalents of the layer's activations per block per micro-batch (Narayanan et
-al. 2021); a pipeline idles (p-1)/m of its busy time under 1F1B and GPipe, (p-1)/(v m) with v stages per
-rank (interleaved 1F1B, looped BFS), and sends 2 v m activations and gradients per step
-(``convoy.plan.schedules``). Data-parallel traffic overlaps with
-the backward; tensor-parallel and offload traffic are counted as exposed.
-
-A model with a shape (layers, hidden, heads) is timed kernel class by kernel class: every GEMM of the model at
-its own shape (x3 for forward + two backward products, x4 with full recomputation; selective recomputation keeps
-every matmul's output and runs only each block's memory-bound work and its kernels again), the fused attention's
-forward + backward, memory-bound work (per byte the blocks save for backward), and the optimizer's reads and
-writes, at a device's ``Rates`` (``convoy.plan.speed.rates``: measured here, a shipped profile, the shape-aware model
-or the flat datasheet model). A step is never shorter than its kernels' launches (``Rates.launch_seconds``
-each), which is what bounds a small model. The framework's own work is charged too (``StepTime.overhead``):
-FSDP2 copies every unit's parameters into and out of its flat all-gather buffer and its gradients into the
-reduce-scatter buffer, at every micro-batch, even on one process (``torch.distributed.fsdp``'s
-``foreach_all_gather``/``foreach_reduce``); DDP copies gradients into its buckets and back. A model known only by
-its parameter count is timed as 6N FLOPs per token at the rates' bulk matmul rate.
+``step_time`` adds, in order: the forward and backward passes (every GEMM at its own shape, the fused attention,
+memory-bound work, at ``convoy.plan.speed.rates``; never shorter than the kernels' launches; 6N FLOPs per token at
+the bulk rate for a model known only by its count), the optimizer step, the data-parallel engine's own copies, the
+pipeline bubble (``convoy.plan.schedules``), then data-parallel collectives (priced by
+``convoy.plan.speed.collectives``, overlapped with the backward), tensor-parallel and pipeline traffic and offload
+(exposed). Formulas and sources: docs/planner.md, "Time per step".
 """
 
 from __future__ import annotations
@@ -305,7 +289,7 @@ def optimizer_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rat
 
 
 def framework_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates) -> float:
-    """Seconds of the data-parallel engine's own copies per optimizer step on one GPU (see the module docstring).
+    """Seconds of the data-parallel engine's own copies per optimizer step on one GPU.
 
     FSDP2 (ZeRO-2/3 in convoy's trainer), per parameter and micro-batch: each all-gather casts and copies this
     rank's shard into the flat buffer (about (4 + 2w)/n bytes) and copies the gathered weights out (2w), twice

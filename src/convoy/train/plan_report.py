@@ -27,11 +27,11 @@ sequence length and micro-batch of the largest forward input seen (``input_ids``
 (Adam, AdamW, SGD; others as AdamW), gradient checkpointing when the model says it is on, the layout of the
 strategy (its ZeRO stage, degrees, accumulation steps and pipeline micro-batches, offload), on this device's table
 row x the job's processes per node and nodes, at the rates a plan uses here (a calibration of this device and
-torch version when cached, else the shipped profile, else the shape-aware model; ``convoy.plan.speed.rates``). On CPU
-processes the step is the counted operators at this CPU's rates (``convoy.plan.speed.cpu_step``: cost per operator, matmul
-rate and bandwidth measured once and cached, the round trip above), plus the pipeline's idle share for its
-schedule. Any failure leaves the report without the plan, saying why (and a debug log line): training never stops
-for it.
+torch version when cached, else the shipped profile, else the shape-aware model; ``convoy.plan.speed.rates``). On
+CPU processes the step is the counted operators at this CPU's rates (``convoy.plan.speed.cpu_step``: cost per
+operator, matmul rate and bandwidth measured once and cached, the round trip above), plus the pipeline's idle share
+for its schedule. Any failure leaves the report without the plan, saying why (and a debug log line): training never
+stops for it.
 
 Keeping. The main process writes the observation into the calibration cache entry of its device
 (``convoy.plan.speed.observed``): a later plan of the same case on this machine (``convoy plan``) takes the measured

@@ -5,9 +5,9 @@
     record = calibrate(model, run, device="cuda", tp=(1, 2, 4))   # every tp degree's shapes, one record
     record = measure(model, run, device="cuda:0")         # always measures, no cache
 
-The only module of ``convoy.plan`` that imports torch, and only inside its functions. Every number is a median
-of timed repetitions after a warm-up, synchronised on the device (``torch.cuda.synchronize``). On the CPU it
-measures the CPU (used by tests of this code path and for plans of CPU runs).
+torch is imported inside its functions only. Every number is a median of timed repetitions after a warm-up,
+synchronised on the device (``torch.cuda.synchronize``). On the CPU it measures the CPU (used by tests of this code
+path and for plans of CPU runs). What it records: ``convoy.plan.speed.records``.
 """
 
 from __future__ import annotations

@@ -9,23 +9,11 @@
     latency, bandwidth = round_trip_seconds()                          # every rank of the job, at once
     rates = replace(rates, collective_seconds=latency, collective_bytes_per_s=bandwidth)
 
-``OpCounter`` is a ``TorchDispatchMode``: it sees every operator the dispatcher runs on this thread (and the
-autograd engine's, which runs a CPU backward on the calling thread), counts it, and calls it unchanged. An
-operator on DTensors is seen once, before DTensor unwraps it (the local operators it runs are not counted again).
-
-``measure_cpu_rates``: the cost per operator is a small training step (three Linear layers, ReLU, cross-entropy,
-backward, AdamW, ``zero_grad``) timed and divided by the operators the counter counts in it, so that the Python
-of modules, autograd and the optimizer is in it as it is in a user's step; the DTensor costs are AdamW steps over
-DTensor parameters (per parameter, then ``foreach``), on a mesh the job already has (a DTensor parameter's); the
-matmul rate a 256 x 512 x 512 product, the bandwidth a 16 MiB copy. ``round_trip_seconds``: what an all-reduce of a
-few numbers adds to the reference step it follows, and 1 MiB more to a bare one, over the job's default group
-(every rank calls it at the same point: the Accelerator, at the end of the first optimizer step): what each
-collective and pipeline transfer costs between the job's processes. Each process arrives at it after work of its
-own, so it holds the wait for the other process to be scheduled, as a step's collectives do (on 2 cores about 1
-ms, against 0.3 ms for collectives back to back). It is not cached: it depends on the processes and on what else
-the machine runs.
-
-The only modules of ``convoy.plan`` that import torch are this one and ``convoy.plan.speed.measure``, inside functions.
+``OpCounter`` is a ``TorchDispatchMode``: it counts every operator the dispatcher runs on this thread (the CPU
+autograd engine's too) and runs it unchanged; an operator on DTensors is counted once, before DTensor unwraps it.
+``measure_cpu_rates`` times a small reference training step per counted operator, AdamW steps over DTensor
+parameters, a matmul and a copy. ``round_trip_seconds`` is not cached: it depends on the job's processes and on
+what else the machine runs. torch is imported inside functions only.
 """
 
 from __future__ import annotations
@@ -172,9 +160,12 @@ def _reference_step() -> Any:
 
 
 def measure_cpu_rates(*, mesh: Any = None, reps: int = 15) -> CpuRates:
-    """Measure this process's rates on the CPU (module docstring); ``mesh``: a DeviceMesh of the job, to cost
-    DTensor operators on (without one, the DTensor costs are 0). The collectives' round trip is not measured
-    here (``round_trip_seconds``)."""
+    """Measure this process's rates on the CPU: the cost per operator is a small training step (three Linear
+    layers, ReLU, cross-entropy, backward, AdamW, ``zero_grad``) timed and divided by the operators the counter
+    counts in it, so the Python of modules, autograd and the optimizer is in it as in a user's step; the DTensor
+    costs are AdamW steps over DTensor parameters (per parameter, then ``foreach``) on ``mesh``, a DeviceMesh of
+    the job (without one they are 0); the matmul rate a 256 x 512 x 512 product, the bandwidth a 16 MiB copy. The
+    collectives' round trip is not measured here (``round_trip_seconds``)."""
     import torch
 
     g = torch.Generator().manual_seed(0)
