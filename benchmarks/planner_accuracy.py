@@ -18,7 +18,7 @@ recomputation is what transformers users turn on (``gradient_checkpointing_enabl
 cache off). Planned: ``convoy.plan.memory.memory_per_gpu`` (allocated; reserved = allocated x (1 +
 fragmentation)) and ``convoy.plan.timing.step_time`` three times: with the GPU's shipped profile (what a plan
 made before the GPU is in hand uses), with the shape-aware model alone (what a GPU without a profile gets),
-and calibrated on this GPU (``convoy.plan.calibrate``). Targets: allocated within 10 %, step time within 25 %.
+and calibrated on this GPU (``convoy.plan.speed.measure``). Targets: allocated within 10 %, step time within 25 %.
 ``--snapshot DIR`` records the CUDA allocator's history over each measured step and writes, per case, the live
 allocations at the peak with the code that made them (and the raw snapshot for https://pytorch.org/memory_viz).
 Without a GPU it refuses with one line unless ``--cpu`` is given.
@@ -223,10 +223,11 @@ def write_peak(snap: dict, path: Path, top: int = 25) -> None:
 
 
 def planned(case: Case, config: dict, *, device: str, hardware, calibrate: bool) -> dict:
-    from convoy.plan.calibrate import calibrate as measure_device
-    from convoy.plan.memory import FRAGMENTATION, Layout, RunSpec, memory_per_gpu
+    from convoy.plan.memory import FRAGMENTATION, Layout, memory_per_gpu
     from convoy.plan.model import from_hf_config
-    from convoy.plan.rates import ModeledRates, rates_for
+    from convoy.plan.run import RunSpec
+    from convoy.plan.speed.measure import calibrate as measure_device
+    from convoy.plan.speed.rates import ModeledRates, rates_for
     from convoy.plan.timing import step_time
 
     spec = from_hf_config(config)
@@ -283,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         print("planner_accuracy: needs a CUDA GPU (torch.cuda.is_available() is False); "
               "--cpu runs the tiny CPU variant", file=sys.stderr)
         return 2
-    from convoy.plan.hardware import lookup_gpu, parse_hardware
     from planner_models import CONFIGS
+
+    from convoy.plan.hardware import lookup_gpu, parse_hardware
 
     configs = CPU_CONFIGS if args.cpu else CONFIGS
     cases = CPU_CASES if args.cpu else CASES

@@ -24,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from convoy.plan.dims import ParallelDims  # noqa: E402
 from convoy.plan.hardware import Hardware, lookup_gpu  # noqa: E402
-from convoy.plan.memory import Layout, RunSpec, memory_per_gpu  # noqa: E402
+from convoy.plan.memory import Layout, memory_per_gpu  # noqa: E402
 from convoy.plan.model import ModelSpec, from_hf_config, from_numbers  # noqa: E402
+from convoy.plan.run import RunSpec  # noqa: E402
 from convoy.plan.timing import step_time  # noqa: E402
 
 TARGET = 0.25

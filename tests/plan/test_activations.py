@@ -20,8 +20,9 @@ sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 import measure_recipes  # noqa: E402
 
 from convoy.plan.activations import block_saved  # noqa: E402
-from convoy.plan.memory import Layout, RunSpec, memory_per_gpu  # noqa: E402
+from convoy.plan.memory import Layout, memory_per_gpu  # noqa: E402
 from convoy.plan.model import from_hf_config  # noqa: E402
+from convoy.plan.run import RunSpec  # noqa: E402
 
 CONFIGS = Path(__file__).parent / "configs"
 

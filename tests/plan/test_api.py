@@ -122,8 +122,9 @@ def test_each_candidate_can_be_costed_in_its_own_precision_recipe():
 
     from convoy.plan.api import plan_for
     from convoy.plan.hardware import parse_hardware
-    from convoy.plan.memory import RunSpec, memory_per_gpu
+    from convoy.plan.memory import memory_per_gpu
     from convoy.plan.model import from_hf_config
+    from convoy.plan.run import RunSpec
     from convoy.plan.timing import step_time
 
     def recipe(candidate):

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from convoy.errors import ConvoyWarning, PlanError
-from convoy.plan import profiles
 from convoy.plan.api import plan, plan_for
-from convoy.plan.calibration import Calibration, cached_records, load_calibration, save_calibration
 from convoy.plan.hardware import parse_hardware
-from convoy.plan.memory import RunSpec
 from convoy.plan.model import from_hf_config
-from convoy.plan.observed import Observation, case_key, observations_for
+from convoy.plan.run import RunSpec
+from convoy.plan.speed import profiles
+from convoy.plan.speed.observed import Observation, case_key, observations_for
+from convoy.plan.speed.records import Calibration, cached_records, load_calibration, save_calibration
 
 CONFIGS = Path(__file__).parent / "configs"
 INVENTORIES = Path(__file__).parents[1] / "inventories"

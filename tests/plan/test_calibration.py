@@ -14,16 +14,31 @@ from convoy.devices.inventory import load_inventory
 from convoy.errors import ConvoyWarning, PlanError
 from convoy.plan.activations import block_bytes, head_saved_bytes
 from convoy.plan.api import plan, plan_for
-from convoy.plan.calibrate import resolve_calibration
-from convoy.plan.calibration import (FORMAT, Calibration, attention_key, cache_path, calibration_key, gemm_key,
-                                     load_calibration, save_calibration)
 from convoy.plan.hardware import parse_hardware
-from convoy.plan.memory import Layout, RunSpec
+from convoy.plan.memory import Layout
 from convoy.plan.model import from_hf_config
-from convoy.plan.rates import ModeledRates
-from convoy.plan.collectives import Group, collective_seconds
-from convoy.plan.timing import (NCCL_LINK_FRACTION, DDP_BUCKET_BYTES, attention_shape, gemm_shapes,
-                                 model_flops_per_token, step_time)
+from convoy.plan.run import RunSpec
+from convoy.plan.speed.collectives import Group, collective_seconds
+from convoy.plan.speed.measure import resolve_calibration
+from convoy.plan.speed.rates import ModeledRates
+from convoy.plan.speed.records import (
+    FORMAT,
+    Calibration,
+    attention_key,
+    cache_path,
+    calibration_key,
+    gemm_key,
+    load_calibration,
+    save_calibration,
+)
+from convoy.plan.timing import (
+    DDP_BUCKET_BYTES,
+    NCCL_LINK_FRACTION,
+    attention_shape,
+    gemm_shapes,
+    model_flops_per_token,
+    step_time,
+)
 
 CONFIGS = Path(__file__).parent / "configs"
 GPT2 = from_hf_config(CONFIGS / "gpt2.json")
@@ -161,7 +176,7 @@ def test_without_the_planned_gpu_the_plan_says_why_and_keeps_the_profile(tmp_pat
     assert all(r.time.time_model == "profile" for r in p.rows)
     # the planned GPU is visible but this torch cannot reach it (a CPU build): the profile, and why
     h100 = type("One", (), {"devices": (type("D", (), {"name": "NVIDIA H100 80GB HBM3"})(),)})()
-    import convoy.plan.calibrate as cal
+    import convoy.plan.speed.measure as cal
 
     monkeypatch.setattr(cal, "device_identity", lambda device: (_ for _ in ()).throw(
         cal.PlanError("calibration needs a CUDA device and torch.cuda.is_available() is False")))
@@ -178,7 +193,7 @@ def test_without_the_planned_gpu_the_plan_says_why_and_keeps_the_profile(tmp_pat
 
 def test_measuring_code_runs_on_the_cpu_and_caches(tmp_path, monkeypatch):
     pytest.importorskip("torch")
-    from convoy.plan import calibrate as cal
+    from convoy.plan.speed import measure as cal
 
     tiny = from_hf_config({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                            "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256})
@@ -222,7 +237,7 @@ def _tiny_cpu_model():
 
 def test_several_tp_degrees_measure_their_shapes_and_the_device_once(tmp_path, monkeypatch):
     pytest.importorskip("torch")
-    from convoy.plan import calibrate as cal
+    from convoy.plan.speed import measure as cal
 
     tiny, run, calls = _tiny_cpu_model(), RunSpec(seq_len=32, micro_batch=2, precision="fp32"), []
     real = cal.measure
@@ -253,7 +268,7 @@ def test_an_unwritable_cache_costs_a_warning_not_the_measurement(tmp_path, monke
     pytest.importorskip("torch")
     from functools import partial
 
-    from convoy.plan import calibrate as cal
+    from convoy.plan.speed import measure as cal
 
     monkeypatch.setattr(cal, "measure", partial(cal.measure, reps=1, copy_bytes=1 << 16))
     blocked = tmp_path / "a-file"
@@ -269,8 +284,8 @@ def test_calibration_on_the_gpu_measures_and_the_plan_uses_it(tmp_path, monkeypa
     """Runs on a GPU machine: the real CUDA path, its cache, and a plan timed with it."""
     import torch
 
-    from convoy.plan import calibrate as cal
     from convoy.plan.hardware import lookup_gpu
+    from convoy.plan.speed import measure as cal
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     rec = cal.calibrate(GPT2, RUN, device="cuda")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from convoy.plan.collectives import Group, choice, collective_seconds
+from convoy.plan.speed.collectives import Group, choice, collective_seconds
 
 NODE = Group(ranks=8, nodes=1, bus_bytes_per_s=360e9, link="nvlink")
 

@@ -1,5 +1,5 @@
-"""The CPU step model (``convoy.plan.cpu``) and what it is fed: the operators counted in a step, the rates measured
-here (``convoy.plan.cpu_measure``)."""
+"""The CPU step model (``convoy.plan.speed.cpu_step``) and what it is fed: the operators counted in a step, the rates
+measured here (``convoy.plan.speed.measure_cpu``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from convoy.errors import PlanError
-from convoy.plan.calibrate import device_identity
-from convoy.plan.calibration import Calibration, load_calibration, save_calibration
-from convoy.plan.cpu import FSDP_UNIT_OPS, TP_MODULE_OPS, CpuRates, StepOps, cpu_step, rates_key
-from convoy.plan.cpu_measure import OpCounter, cpu_rates, measure_cpu_rates
+from convoy.plan.speed.cpu_step import FSDP_UNIT_OPS, TP_MODULE_OPS, CpuRates, StepOps, cpu_step, rates_key
+from convoy.plan.speed.measure import device_identity
+from convoy.plan.speed.measure_cpu import OpCounter, cpu_rates, measure_cpu_rates
+from convoy.plan.speed.records import Calibration, load_calibration, save_calibration
 
 RATES = CpuRates(op_seconds=10e-6, dtensor_op_seconds=50e-6, dtensor_foreach_seconds=20e-6, gemm_flops_per_s=1e11,
                  memory_bytes_per_s=1e10, collective_seconds=1e-3, transfer_seconds=4e-3,

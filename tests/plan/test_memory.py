@@ -6,9 +6,9 @@ import pytest
 
 from convoy.errors import PlanError
 from convoy.plan.dims import ParallelDims
-from convoy.plan.memory import (PRECISIONS, OPTIMIZER_STATE_BYTES, Layout, RunSpec, korthikanti_layer_bytes,
-                                layer_activation_bytes, memory_per_gpu)
+from convoy.plan.memory import Layout, korthikanti_layer_bytes, layer_activation_bytes, memory_per_gpu
 from convoy.plan.model import ModelSpec, from_numbers
+from convoy.plan.run import OPTIMIZER_STATE_BYTES, PRECISIONS, RunSpec
 from convoy.plan.units import format_bytes
 
 # GPT-3 175B as in Korthikanti et al. 2022, table 3: a=96, h=12288, L=96, s=2048

@@ -12,14 +12,23 @@ from pathlib import Path
 import pytest
 
 from convoy.plan.api import plan, plan_for
-from convoy.plan.hardware import lookup_gpu, override_gpu, parse_hardware
-from convoy.plan.memory import Layout, RunSpec
-from convoy.plan.model import from_hf_config, from_numbers
-from convoy.plan.profiles import profile_for, shipped_profiles
 from convoy.plan.architectures import ARCHITECTURES
-from convoy.plan.rates import (ATTENTION_FLOOR_S, GEMM_FLOOR_S, TILE_FILL_K, UNALIGNED_FACTOR, FlatRates,
-                               MeasuredRates, ModeledRates, rates_for)
+from convoy.plan.hardware import lookup_gpu, override_gpu, parse_hardware
+from convoy.plan.memory import Layout
+from convoy.plan.model import from_hf_config, from_numbers
+from convoy.plan.run import RunSpec
 from convoy.plan.shapes import attention_shape, gemm_shapes
+from convoy.plan.speed.profiles import profile_for, shipped_profiles
+from convoy.plan.speed.rates import (
+    ATTENTION_FLOOR_S,
+    GEMM_FLOOR_S,
+    TILE_FILL_K,
+    UNALIGNED_FACTOR,
+    FlatRates,
+    MeasuredRates,
+    ModeledRates,
+    rates_for,
+)
 from convoy.plan.timing import step_time
 
 H100 = lookup_gpu("H100-80GB")
@@ -60,8 +69,8 @@ def _measured_seconds(record) -> list[tuple[tuple[int, int, int], float]]:
 
 
 def test_the_shape_aware_model_is_the_documented_fit_of_the_profile():
-    """rates.py documents rms errors within 16 % (GEMMs) and 13 % (attention) against the H100 profile: keep them
-    true (the tile-and-wave model takes only its fixed cost per product from the profile)."""
+    """docs/planner.md documents rms errors within 16 % (GEMMs) and 13 % (attention) against the H100 profile: keep
+    them true (the tile-and-wave model takes only its fixed cost per product from the profile)."""
     record, _ = profile_for(H100)
     model = ModeledRates(H100)
     errors = [math.log(model.gemm_seconds(*dims, "bf16") / seconds) for dims, seconds in _measured_seconds(record)]

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from convoy.plan.dims import ParallelDims
-from convoy.plan.memory import Layout, RunSpec, memory_per_gpu
+from convoy.plan.memory import Layout, memory_per_gpu
 from convoy.plan.model import from_factory
+from convoy.plan.run import RunSpec
 from tests.distributed import run_script
 
 SCRIPT = Path(__file__).parent / "scripts" / "state_bytes.py"

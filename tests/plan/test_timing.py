@@ -10,13 +10,22 @@ import pytest
 from convoy.plan.activations import block_bytes
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import Hardware, lookup_gpu, parse_hardware
-from convoy.plan.memory import Layout, RunSpec
+from convoy.plan.memory import Layout
 from convoy.plan.model import ModelSpec, from_numbers
-from convoy.plan.rates import rates_for
-from convoy.plan.collectives import Group, collective_seconds
-from convoy.plan.timing import (DDP_BUCKET_BYTES, NCCL_LINK_FRACTION, compute_seconds, gemm_shapes,
-                                 model_flops_per_token, parameter_tensors, ring_all_reduce_seconds,
-                                 ring_gather_seconds, step_time)
+from convoy.plan.run import RunSpec
+from convoy.plan.speed.collectives import Group, collective_seconds
+from convoy.plan.speed.rates import rates_for
+from convoy.plan.timing import (
+    DDP_BUCKET_BYTES,
+    NCCL_LINK_FRACTION,
+    compute_seconds,
+    gemm_shapes,
+    model_flops_per_token,
+    parameter_tensors,
+    ring_all_reduce_seconds,
+    ring_gather_seconds,
+    step_time,
+)
 from tests.conftest import REPO
 
 MODEL = from_numbers(7e9, layers=32, hidden=4096, heads=32, vocab=32000)

@@ -17,13 +17,13 @@ from torch import nn
 
 from convoy import Accelerator
 from convoy.plan.api import plan_for
-from convoy.plan.calibration import cached_records
 from convoy.plan.candidates import enumerate_candidates
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import CPU, Hardware, parse_hardware
-from convoy.plan.memory import RunSpec
 from convoy.plan.model import describe_module
-from convoy.plan.observed import observed_in
+from convoy.plan.run import RunSpec
+from convoy.plan.speed.observed import observed_in
+from convoy.plan.speed.records import cached_records
 from convoy.train.plan_report import MEASURED_STEPS, WARMUP_STEPS, trainer_layout
 from convoy.train.strategies import Strategy, register_strategy
 from tests.distributed import run_script
@@ -222,7 +222,8 @@ def test_two_processes_report_log_once_and_the_second_plan_takes_the_measurement
     hw = Hardware(gpu=CPU, gpus_per_node=2, intra="pcie")
     first = plan_for(model, run, hw, global_batch=8, allowed=["ddp", "zero3"])
     second = plan_for(model, run, hw, global_batch=8, allowed=["ddp", "zero3"], observed=observed_in(record))
-    # (the job's own plan is the CPU's counted operators, convoy.plan.cpu; a plan without the module is the model's)
+    # (the job's own plan is the CPU's counted operators, convoy.plan.speed.cpu_step; a plan without the module is the
+    # model's)
     assert second.row("zero3").time.seconds == pytest.approx(seen.measured_s)
     assert second.row("ddp").time.seconds == first.row("ddp").time.seconds
     elsewhere = plan_for(model, run, parse_hardware("2xH100-80GB"), global_batch=8, observed=observed_in(record))
@@ -312,7 +313,7 @@ def test_the_first_runs_plan_on_two_cpu_processes_is_within_2x_of_its_step(scrip
 
 
 def test_the_cpu_plan_costs_each_module_a_parallel_style_split_and_no_other(tmp_path):
-    # the styles' hooks are Python that runs no operator (convoy.plan.cpu.TP_MODULE_OPS): counted per split module
+    # the styles' hooks are Python that runs no operator (convoy.plan.speed.cpu_step.TP_MODULE_OPS): counted per split module
     import torch.distributed as dist
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from convoy.plan.memory import PRECISIONS
+from convoy.plan.run import PRECISIONS
 
 DESCRIPTION = "Estimate per-GPU memory and step time of every parallelism layout, and recommend one."
 EPILOG = """examples:

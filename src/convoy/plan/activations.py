@@ -6,36 +6,11 @@
     block_bytes(model, run, tp=1)                                      # x seq_len x micro_batch / tp
 
 Each block is the list of tensors autograd saves when the family's modeling code runs (Hugging Face
-``transformers`` for ``gpt2``, ``llama`` (Llama/Mistral/Qwen2/Qwen3) and ``gpt_neox`` (Pythia); Megatron/
-nanoGPT-style blocks, Korthikanti et al. 2022's breakdown, for ``generic``), under one of four regimes:
-
-* ``fp32``: every activation 4 bytes.
-* ``autocast`` (``torch.autocast(bfloat16|float16)`` with fp32 weights): matmuls (``linear``, ``addmm``,
-  ``matmul``, SDPA) take 16-bit casts of their inputs, made anew for every call (autocast caches casts of leaf
-  tensors, i.e. weights, only); the residual stream stays fp32 (fp32 embedding + 16-bit branch = fp32), so
-  norms save fp32 inputs; CUDA autocast runs ``softmax``, ``pow``, ``layer_norm``, ``rsqrt``,
-  ``log_softmax`` in fp32 (PyTorch, "Automatic Mixed Precision package", Autocast Op Reference:
-  https://pytorch.org/docs/stable/amp.html#autocast-op-reference). The weight casts live until their
-  matmul's backward (``weight_cast_bytes``).
-* ``pure16`` (bf16/fp16 weights, fp32 master copy in the optimizer): every activation 2 bytes, no casts.
-* ``autocast16`` (16-bit weights under ``torch.autocast``: FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16)``
-  with the trainer's autocast, as convoy's zero2/zero3/fsdp, Accelerate's FSDP and Lightning's FSDP run
-  ``bf16-mixed``): the residual stream and the matmuls are 16-bit with no weight casts, as in ``pure16``, but the
-  ops on CUDA autocast's fp32 list run in fp32: each ``layer_norm`` saves an fp32 copy of its input (one per
-  call, so GPT-NeoX's two parallel-residual norms keep two), softmax and ``pow`` are fp32 as under ``autocast``.
-  Llama's RMSNorm upcasts by itself, so a Llama block keeps what it keeps under ``pure16``.
-
-A tensor saved by several ops (a view, or the same output) is counted once. Checked tensor by tensor against
-autograd's saved tensors and MemTracker on CPU autocast with the CUDA fp32 list applied
-(``tests/plan/test_activations.py``, docs/planner-accuracy.md).
-
-Recomputation as the trainer runs it (``convoy.train.parallel.recompute``): ``"full"`` keeps each block's input
-only; ``"selective"`` keeps what the trainer's per-op save list keeps (``block_selective``): the block's input,
-the output of every matrix multiply (``gemm_shapes``' block GEMMs) and of the attention kernel, and under tensor
-parallelism the outputs of the collectives that end the row-parallel matmuls; norms, activation functions,
-rotary embeddings, dropout, casts and eager attention's s x s scores are recomputed in the backward. With a fused
-attention kernel that is the only selective recomputation that saves memory: Korthikanti's "selective" (the
-attention core alone) keeps everything a fused kernel keeps anyway.
+``transformers`` for ``gpt2``, ``llama`` (Llama/Mistral/Qwen2/Qwen3) and ``gpt_neox`` (Pythia); Megatron/nanoGPT
+blocks, Korthikanti et al. 2022's breakdown, for ``generic``), under one of four regimes (``regime``: ``fp32``,
+``autocast``, ``pure16``, ``autocast16``); a tensor saved by several ops is counted once. ``"full"`` recomputation
+keeps each block's input only, ``"selective"`` the trainer's per-op save list (``block_selective``). The regimes,
+the per-family totals and how they were checked: docs/planner.md, "Memory per GPU".
 """
 
 from __future__ import annotations
@@ -44,8 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # memory.py imports this module
-    from convoy.plan.run import RunSpec
     from convoy.plan.model import ModelSpec
+    from convoy.plan.run import RunSpec
 
 __all__ = ["Saved", "FAMILIES", "block_saved", "block_selective", "block_bytes", "weight_cast_bytes",
            "head_saved_bytes", "regime"]

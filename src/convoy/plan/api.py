@@ -24,16 +24,17 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Mapping
 
 from convoy.errors import PlanError
-from convoy.plan.calibration import Calibration
 from convoy.plan.candidates import STRATEGY_NAMES, Candidate, TrainerFacts, enumerate_candidates
 from convoy.plan.commands import accelerator_call, launch_args, launch_command
 from convoy.plan.hardware import GpuSpec, Hardware, hardware_from_inventory, lookup_gpu, parse_hardware
 from convoy.plan.knobs import KNOBS, turn_knobs
-from convoy.plan.memory import FRAGMENTATION, Layout, MemoryBreakdown, RunSpec, memory_per_gpu
+from convoy.plan.memory import FRAGMENTATION, Layout, MemoryBreakdown, memory_per_gpu
 from convoy.plan.model import ModelSpec, resolve_model
-from convoy.plan.observed import Observation, case_key, impossible, observations_here
 from convoy.plan.recommend import Recommendation, Row, guide_case, recommend
-from convoy.plan.rates import Rates, rates_for
+from convoy.plan.run import RunSpec
+from convoy.plan.speed.observed import Observation, case_key, impossible, observations_here
+from convoy.plan.speed.rates import Rates, rates_for
+from convoy.plan.speed.records import Calibration
 from convoy.plan.timing import choose_schedule, step_time
 from convoy.plan.units import format_bytes, format_seconds
 
@@ -69,10 +70,11 @@ class Plan:
     time_note: str = ""
     """One sentence: which time model the step times come from, and why."""
     time_model: str = "modeled"
-    """Where the rates came from: ``calibrated``, ``profile``, ``modeled`` or ``datasheet`` (``convoy.plan.rates``)."""
+    """Where the rates came from: ``calibrated``, ``profile``, ``modeled`` or ``datasheet``
+    (``convoy.plan.speed.rates``)."""
     observations: Mapping[str, Observation] = field(default_factory=dict)
     """Candidate name -> what a job measured for exactly that case on this machine; those rows' step times are
-    the measured ones (``convoy.plan.observed``)."""
+    the measured ones (``convoy.plan.speed.observed``)."""
 
     def row(self, name: str) -> Row:
         for r in self.rows:
@@ -268,8 +270,8 @@ def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowe
     pick = alt.recommendation.row
     if same is not None and not same.fits:
         then = f"; {_with_knobs(alt.recommendation)} would be chosen" if pick else "; nothing would fit"
-        out.append(f"At sequence length {longer.seq_len} {name} needs {format_bytes(same.memory.total, binary=True)} per GPU "
-                   f"and no longer fits{then}.")
+        needs = format_bytes(same.memory.total, binary=True)
+        out.append(f"At sequence length {longer.seq_len} {name} needs {needs} per GPU and no longer fits{then}.")
     elif pick is not None and pick.name != name:
         out.append(f"At sequence length {longer.seq_len} {_with_knobs(alt.recommendation)} would be faster than "
                    f"{name}.")
@@ -329,7 +331,7 @@ def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory
     ``hardware``: ``"8xH100-80GB"`` or a ``Hardware``; else ``inventory`` (a path or a ``convoy.devices``
     ``Inventory``); else this machine's detected inventory (``convoy.devices.discovery.discover()``).
     ``calibrate``: measure the planned GPU here (when one is visible; cached per device and torch version,
-    ``convoy.plan.calibration``) and time every candidate with the measured rates.
+    ``convoy.plan.speed.records``) and time every candidate with the measured rates.
     """
     for key, value in (("seq_len", seq_len), ("micro_batch", micro_batch), ("global_batch", global_batch),
                        ("nodes", nodes)):
@@ -364,12 +366,12 @@ def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory
                   optimizer=optimizer, recompute=recompute, attention=attention, dropout=dropout)
     calibration, note = None, ""
     if calibrate:
-        from convoy.plan.calibrate import resolve_calibration
+        from convoy.plan.speed.measure import resolve_calibration
 
         calibration, why = resolve_calibration(hw, spec, run, inventory=here)
         if calibration is None:
             note = f"{why}; step times use {rates_for(hw.gpu, efficiency=efficiency).describe()}"
-    # the cases jobs measured on this GPU (convoy.plan.observed); none under efficiency=, which asks for the
+    # the cases jobs measured on this GPU (convoy.plan.speed.observed); none under efficiency=, which asks for the
     # datasheet model alone
     observed = observations_here(hw, inventory=here) if efficiency is None else {}
     return plan_for(spec, run, hw, efficiency=efficiency, offload=offload, allowed=allowed, calibration=calibration,
@@ -455,7 +457,7 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
     for those layouts; None: all). ``facts``: what the trainer can run of this model and loop (``TrainerFacts``).
     ``knobs``: what may be turned when nothing fits as asked (``convoy.plan.knobs``). ``precision_for``: each
     candidate's precision recipe where it differs from ``precision`` (see ``plan_for``). ``calibration``: rates
-    measured on this device (``convoy.plan.calibrate.calibrate(spec, run)``); None keeps the datasheet time
+    measured on this device (``convoy.plan.speed.measure.calibrate(spec, run)``); None keeps the datasheet time
     model. ``recompute``: the activation recomputation the run asks for (the knob turns it further only from
     ``"none"``). Raises ``PlanError`` when no allowed layout fits.
     """
@@ -523,7 +525,7 @@ def format_plan(p: Plan) -> str:
         lines.append("what would change it:")
         lines += [f"  - {s}" for s in rec.breaks]
     lines.append("total = params + optim + master + buffers + max(activ + temp, grads [+ the block recomputed "
-                 f"last]) + reserve\n        (CUDA context, {FRAGMENTATION:.1%} fragmentation); grads are added, not maxed, "
-                 "when they "
+                 f"last]) + reserve\n        (CUDA context, {FRAGMENTATION:.1%} fragmentation); grads are added, "
+                 "not maxed, when they "
                  "live through gradient accumulation")
     return "\n".join(lines)

@@ -1,37 +1,13 @@
-"""What each accelerator architecture attains, from public microbenchmarks of it: the facts the compute model needs.
+"""What each accelerator architecture attains, from public measurements of it: the facts the compute model needs.
 
     from convoy.plan.architectures import ARCHITECTURES, power_limited_mhz
     ARCHITECTURES["hopper"].gemm_fraction        # 0.803: cuBLAS's best bf16 GEMM over the H100 SXM's peak
     power_limited_mhz(lookup_gpu("H100-NVL"))    # the clock a GEMM holds under the board's power limit
 
-A board (``convoy.plan.hardware.GpuSpec``) names its architecture; the architecture says
-
-- ``gemm_fraction``: the largest fraction of the dense peak a bf16 GEMM reached on the architecture's reference
-  board, as measured by the Maximum Achievable Matmul FLOPS finder (Bekman, ``stas00/ml-engineering``,
-  compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table", BF16: A100 SXM 86.9 %,
-  H100 SXM 80.3 % ("H200 is the same"), B200 SXM 77.6 %, MI300X 51.4 %, Gaudi 2 96.9 %, Gaudi 3 74.1 % of the
-  1,677 TFLOPs its 1,600 MHz give; MI250X 76.7 % of one GCD in the table's earlier version). It already holds the
-  reference board's clock under its power limit, its library's tile choices and its epilogues at its best shape.
-- ``attention_fraction``: what a fused causal attention forward + backward reaches, as a fraction of the peak
-  against the non-causal count ``12·b·a·s²·d`` the time model uses. Hopper: 0.61, the H100 profile's own
-  measurement of torch's SDPA (rates.py); FlashAttention-2's paper (Dao 2023, arXiv:2307.08691, section 4.1 and
-  figure 8) reports up to 335 TFLOPs/s forward + backward on an H100 (0.34 of its peak in the paper's causal
-  count, 3.5 x 2·s²·d per head, where 0.61 is 0.36) and, on an A100 80GB SXM4, up to 225 TFLOPs/s forward and
-  196 backward (figures 5-6), 203 TFLOPs/s forward + backward in the same count (0.65 of its peak): the same
-  kernel reaches 1.9x the fraction on Ampere, so Ampere's is 0.61 x 1.9. Architectures without a published
-  measurement take Hopper's.
-- ``memory_fraction``: the fraction of the datasheet's memory bandwidth a large device-to-device copy reaches
-  (H100: 2.80 of 3.35 TB/s, the profile's measurement; others assumed alike).
-- the reference board the fractions were measured on (its compute units, dense-peak clock and power), from which
-  ``power_limited_mhz`` carries them to a variant of the architecture (the same die: GA102's A10 is an
-  architecture of its own here): a board with less power per unit holds a
-  lower clock under a GEMM, dynamic power growing as f·V² with V growing with f, so as f³ (the usual DVFS law).
-  Checked against NVIDIA's own figures: the law puts the 400 W, 132-SM H100 NVL at 1,519 MHz where its datasheet
-  peak implies 1,545, and MAMF's A100 PCIe (300 W) at 0.909 of the SXM's clock, 79.0 % of peak, where it
-  measured 81.1 %.
-- ``tiles``: the output tiles (rows x columns) its GEMM library runs one per compute unit at a time: 128 x 256,
-  256 x 128 and 128 x 128 for NVIDIA's and AMD's (CUTLASS / cuBLAS and hipBLASLt tile sizes), 256 x 256 for a
-  Gaudi MME.
+A board (``convoy.plan.hardware.GpuSpec``) names its architecture. Each ``Architecture`` holds the fractions of the
+peak its reference board reaches (best GEMM, fused attention, large copy), the source of each, the GEMM tiles its
+library runs, and the reference board's units, clock and power, from which ``power_limited_mhz`` carries the
+fractions to another board of the architecture. ``convoy.plan.speed.rates.ModeledRates`` reads them.
 """
 
 from __future__ import annotations
@@ -52,10 +28,12 @@ class Architecture:
 
     name: str
     gemm_fraction: float
-    """Best bf16 GEMM over the dense peak on the reference board (MAMF)."""
+    """Best bf16 GEMM over the dense peak on the reference board, by Bekman's Maximum Achievable Matmul FLOPS finder
+    (MAMF): it already holds that board's clock under its power limit and its library's best tiles."""
     gemm_source: str
     attention_fraction: float
-    """Fused causal attention forward + backward over the peak, against 12·b·a·s²·d FLOPs."""
+    """Fused causal attention forward + backward over the peak, against the non-causal count 12·b·a·s²·d FLOPs the
+    time model uses; architectures without a published measurement take Hopper's."""
     attention_source: str
     reference: str
     """The board the fractions were measured on."""
@@ -66,8 +44,12 @@ class Architecture:
     memory_fraction: float = 0.835
     """A large copy's bandwidth over the datasheet's (the H100 profile: 2.80 of 3.35 TB/s)."""
     tiles: tuple[tuple[int, int], ...] = _GPU_TILES
+    """The output tiles (rows x columns) its GEMM library runs, one per compute unit at a time: CUTLASS / cuBLAS and
+    hipBLASLt sizes, 256 x 256 for a Gaudi MME."""
 
 
+#: the H100 profile's own torch SDPA measurement. FlashAttention-2 (figures 5-8) reaches 1.9x the fraction of the
+#: peak on an A100 (203 of 312 TFLOPs/s) that it reaches on an H100 (335 of 989.4), which gives Ampere's.
 _HOPPER_ATTENTION = 0.61
 _FA2 = "FlashAttention-2 (Dao 2023, arXiv:2307.08691): H100 335 TFLOPs/s, A100 203 TFLOPs/s forward + backward"
 
@@ -81,7 +63,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
                  reference_power_w=150),
     Architecture(name="hopper", gemm_fraction=0.803, gemm_source=f"{_MAMF}: H100 SXM 794.5 of 989 TFLOPs",
                  attention_fraction=_HOPPER_ATTENTION,
-                 attention_source="the H100 profile's torch SDPA (convoy.plan.device_profiles/h100-80gb.json)",
+                 attention_source="the H100 profile's torch SDPA (plan/speed/device_profiles/h100-80gb.json)",
                  reference="H100 SXM5", reference_units=132, reference_mhz=1830, reference_power_w=700),
     Architecture(name="blackwell", gemm_fraction=0.776, gemm_source=f"{_MAMF}: B200 SXM 1,745 of 2,250 TFLOPs",
                  attention_fraction=_HOPPER_ATTENTION, attention_source="Hopper's (no public measurement read)",
@@ -121,9 +103,12 @@ def architecture_of(gpu: Any) -> Architecture:
 
 
 def power_limited_mhz(gpu: Any) -> float | None:
-    """The clock ``gpu`` holds under a GEMM at its power limit: its datasheet peak's clock, lowered by the f³ law
-    where it has less power per compute unit than its architecture's reference board; None when the row lacks
-    the numbers."""
+    """The clock ``gpu`` holds under a GEMM at its power limit: its datasheet peak's clock, lowered where it has
+    less power per compute unit than its architecture's reference board; None when the row lacks the numbers.
+
+    Dynamic power grows as f·V² with V growing with f, so as f³ (the usual DVFS law). Checked against NVIDIA's own
+    figures: it puts the 400 W, 132-SM H100 NVL at 1,519 MHz where its datasheet peak implies 1,545, and MAMF's
+    A100 PCIe (300 W) at 0.909 of the SXM's clock, 79.0 % of peak, where MAMF measured 81.1 %."""
     clock, units, power = (getattr(gpu, name, None) for name in ("clock_mhz", "units", "power_w"))
     arch = ARCHITECTURES.get(getattr(gpu, "arch", None) or "")
     if clock is None:

@@ -5,19 +5,12 @@
         c.name, c.strategy, c.layout.dims.describe()      # 'zero1+tp2+pp2', 'zero1', 'dp=2,tp=2,pp=2'
     enumerate_candidates(model, hw, global_batch=64, micro_batch=1, facts=TrainerFacts(tp_degrees=(2,)))
 
-Rules (from the Hugging Face "Efficient training on multiple GPUs" guide and Megatron/torchtitan practice):
-tensor parallelism stays inside one node (its NVLink domain) and divides the attention heads; pipeline
-stages do not outnumber the layers; ZeRO-2/3 are not combined with pipelining (gradients accumulate across
-micro-batches, which sharded gradients fight) but as FSDP2 per pipeline stage (``zero2`` with pp: the weights
-sharded at rest, gathered through the step, gradients reduce-scattered once after the last micro-batch); HSDP
-shards within a node and replicates across nodes.
-
-Every candidate is one the trainer runs, under the name ``Accelerator(strategy=...)`` and ``convoy launch
---strategy`` take: a data-parallel strategy beside tp/pp runs with that strategy's engine (``ddp`` beside tp keeps
-whole replicas of the DTensor weights, ``convoy.train.strategies.parallel``), and a layout without data
-parallelism (dp = 1) is strategy ``parallel`` with its degrees. ``TrainerFacts`` are what the trainer knows of the
-model and the loop (the tp and pp degrees it can split the model by, whether the loop is a pipeline's, whether
-FSDP2 can wrap the model): ``Accelerator(strategy="auto")`` passes them, ``convoy plan`` plans without limits.
+Rules (the Hugging Face "Efficient training on multiple GPUs" guide, Megatron and torchtitan practice): tensor
+parallelism stays inside one node and divides the attention heads; pipeline stages do not outnumber the layers;
+ZeRO-2/3 beside a pipeline run as FSDP2 per stage; HSDP shards within a node and replicates across nodes. Every
+candidate is one the trainer runs under the name ``Accelerator(strategy=...)`` and ``convoy launch --strategy``
+take (a layout without data parallelism is strategy ``parallel``). ``TrainerFacts`` narrow them to what the trainer
+can do with this model and loop: ``strategy="auto"`` passes them, ``convoy plan`` plans without limits.
 """
 
 from __future__ import annotations
@@ -133,8 +126,9 @@ def _every_candidate(model: ModelSpec, hw: Hardware, *, global_batch: int, micro
         yield make("single", ParallelDims())
         for strategy in ("zero1", "zero2", "zero3"):
             if strategy in alone:
+                microbatches = make("single", ParallelDims()).layout.microbatches
                 yield Candidate(name=strategy, strategy=strategy,
-                                layout=Layout(zero_stage=_STAGE[strategy], microbatches=make("single", ParallelDims()).layout.microbatches))
+                                layout=Layout(zero_stage=_STAGE[strategy], microbatches=microbatches))
         if offload:
             yield make("zero3", ParallelDims(), True)
         return

@@ -147,9 +147,9 @@ GPUS: dict[str, GpuSpec] = {g.name.lower(): g for g in (
          "NVIDIA H200 datasheet (SXM, up to 700 W): https://www.nvidia.com/en-us/data-center/h200/; the H100 SXM5's "
          "132 SMs and clocks", ("h200",), hbm=4800, arch="hopper", units=132, boost=1980, clock=1830, power=700),
     _gpu("B200", 171661, 2250, 2250, 80, 900, 64,
-         "NVIDIA HGX B200 datasheet (per GPU: 4.5 PFLOPs fp16 with sparsity, 2.25 dense; 180 GB HBM3e at 8 TB/s; NVLink "
-         "5 at 1.8 TB/s total; 1000 W): https://www.nvidia.com/en-us/data-center/hgx/; 148 SMs; peak at 1855 MHz "
-         "(twice Hopper's 4096 FLOPs/SM/clock); memory: 180 GB, as printed", ("nvidia b200",), hbm=8000,
+         "NVIDIA HGX B200 datasheet (per GPU: 4.5 PFLOPs fp16 with sparsity, 2.25 dense; 180 GB HBM3e at 8 TB/s; "
+         "NVLink 5 at 1.8 TB/s total; 1000 W): https://www.nvidia.com/en-us/data-center/hgx/; 148 SMs; peak at "
+         "1855 MHz (twice Hopper's 4096 FLOPs/SM/clock); memory: 180 GB, as printed", ("nvidia b200",), hbm=8000,
          arch="blackwell", units=148, clock=1855, power=1000),
     # the PCIe boards come before the SXM rows, whose shorter aliases ("a100 80gb") their names also contain
     _gpu("A100-PCIE-80GB", 81920, 312, 312, 19.5, None, 32,
@@ -160,17 +160,19 @@ GPUS: dict[str, GpuSpec] = {g.name.lower(): g for g in (
          f"NVIDIA A100 datasheet (PCIe 40GB, 250 W); {_A100_WP}", ("a100-pcie-40gb", "a100 40gb pcie"), hbm=1555,
          arch="ampere", units=108, boost=1410, clock=1410, power=250),
     _gpu("A100-80GB", 81920, 312, 312, 19.5, 300, 32,
-         "NVIDIA A100 datasheet (SXM4, 400 W, NVLink 3 600 GB/s total): https://www.nvidia.com/en-us/data-center/a100/; "
-         f"{_A100_WP}", ("a100-sxm4-80gb", "a100-sxm-80gb", "a100 80gb", "a100-80gb"), hbm=2039, arch="ampere",
-         units=108, boost=1410, clock=1410, power=400),
+         "NVIDIA A100 datasheet (SXM4, 400 W, NVLink 3 600 GB/s total): "
+         f"https://www.nvidia.com/en-us/data-center/a100/; {_A100_WP}",
+         ("a100-sxm4-80gb", "a100-sxm-80gb", "a100 80gb", "a100-80gb"), hbm=2039, arch="ampere", units=108,
+         boost=1410, clock=1410, power=400),
     _gpu("A100-40GB", 40960, 312, 312, 19.5, 300, 32,
          f"NVIDIA A100 datasheet (SXM4 40GB, 400 W); {_A100_WP}",
          ("a100-sxm4-40gb", "a100-sxm-40gb", "a100 40gb", "a100-40gb"), hbm=1555, arch="ampere", units=108,
          boost=1410, clock=1410, power=400),
     _gpu("V100-32GB", 32768, None, 125, 15.7, 150, 16,
-         "NVIDIA V100 datasheet (SXM2, 300 W, NVLink 2 300 GB/s total): https://www.nvidia.com/en-us/data-center/v100/; "
-         "Volta whitepaper: 80 SMs, 1530 MHz boost", ("v100-sxm2-32gb", "v100 32gb", "v100-32gb"), hbm=900,
-         arch="volta", units=80, boost=1530, clock=1530, power=300),
+         "NVIDIA V100 datasheet (SXM2, 300 W, NVLink 2 300 GB/s total): "
+         "https://www.nvidia.com/en-us/data-center/v100/; Volta whitepaper: 80 SMs, 1530 MHz boost",
+         ("v100-sxm2-32gb", "v100 32gb", "v100-32gb"), hbm=900, arch="volta", units=80, boost=1530, clock=1530,
+         power=300),
     _gpu("V100-16GB", 16160, None, 125, 15.7, 150, 16, "NVIDIA V100 datasheet (SXM2 16GB, 300 W); 80 SMs, 1530 MHz",
          ("v100-sxm2-16gb", "v100-16gb"), hbm=900, arch="volta", units=80, boost=1530, clock=1530, power=300),
     _gpu("L40S", 46068, 362.05, 362.05, 91.6, None, 32,

@@ -1,20 +1,15 @@
 """Bytes per GPU for one training layout: model states, activations, buffers and the framework's reserve.
 
-    from convoy.plan.memory import RunSpec, Layout, memory_per_gpu, korthikanti_layer_bytes
-    run = RunSpec(seq_len=2048, micro_batch=1, precision="bf16")
+    from convoy.plan.memory import Layout, memory_per_gpu, korthikanti_layer_bytes
+    run = RunSpec(seq_len=2048, micro_batch=1, precision="bf16")      # convoy.plan.run
     mem = memory_per_gpu(model, run, Layout(zero_stage=3, dims=ParallelDims(dp_shard=64)))
     mem.model_states, mem.activations, mem.total
 
-Model states follow the ZeRO paper (Rajbhandari et al. 2020, https://arxiv.org/abs/1910.02054, section 3.1
-and figure 1): mixed-precision Adam keeps 2 bytes of 16-bit weights, 2 of 16-bit gradients and K = 12 of fp32
-master weights, momentum and variance per parameter, i.e. 16 bytes; stage 1 shards the K bytes, stage 2 also
-the gradients, stage 3 also the weights, over the data-parallel degree. Activations follow Korthikanti et al.
-2022, "Reducing Activation Recomputation in Large Transformer Models" (https://arxiv.org/abs/2205.05198,
-table 2): ``sbh(34 + 5as/h)`` bytes per layer, divided by t under tensor + sequence parallelism, ``2sbh/t`` with
-full recomputation (``korthikanti_layer_bytes``; its "selective", the attention core alone, is the paper's).
-Each block is counted tensor by tensor (``convoy.plan.activations``), and ``recompute="selective"`` is what the
-trainer keeps under its per-op save list (``activations.block_selective``). Buffers and the reserve are documented
-estimates (docs/planner.md says where each comes from).
+Model states follow the ZeRO paper (Rajbhandari et al. 2020, https://arxiv.org/abs/1910.02054, section 3.1): stage
+1 shards the optimizer's states over the data-parallel degree, stage 2 also the gradients, stage 3 also the
+weights. Activations are counted tensor by tensor (``convoy.plan.activations``); ``korthikanti_layer_bytes`` is
+Korthikanti et al. 2022's table 2 (https://arxiv.org/abs/2205.05198). Buffers and the reserve are documented
+estimates: docs/planner.md, "Memory per GPU", says where each comes from.
 """
 
 from __future__ import annotations
@@ -26,15 +21,13 @@ from convoy.errors import PlanError
 from convoy.plan.activations import block_bytes, head_saved_bytes, weight_cast_bytes
 from convoy.plan.dims import ParallelDims
 from convoy.plan.model import ModelSpec
-# what one step processes and the precision recipes live below this module (``convoy.plan.run``), so that
-# ``activations`` can read them too; they stay importable from here, where most callers look for them
-from convoy.plan.run import ATTENTION, OPTIMIZER_STATE_BYTES, PRECISIONS, RECOMPUTE, Precision, RunSpec
-from convoy.plan.schedules import check_schedule, in_flight as schedule_in_flight
+from convoy.plan.run import OPTIMIZER_STATE_BYTES, RECOMPUTE, RunSpec
+from convoy.plan.schedules import check_schedule
+from convoy.plan.schedules import in_flight as schedule_in_flight
 from convoy.plan.units import MiB
 
-__all__ = ["Precision", "PRECISIONS", "OPTIMIZER_STATE_BYTES", "RunSpec", "Layout", "MemoryBreakdown",
-           "memory_per_gpu", "korthikanti_layer_bytes", "layer_activation_bytes", "CUDA_CONTEXT_BYTES",
-           "FRAGMENTATION", "RESERVED_OVER_ALLOCATED", "ATTENTION", "RECOMPUTE"]
+__all__ = ["Layout", "MemoryBreakdown", "memory_per_gpu", "korthikanti_layer_bytes", "layer_activation_bytes",
+           "CUDA_CONTEXT_BYTES", "FRAGMENTATION", "RESERVED_OVER_ALLOCATED"]
 
 #: CUDA context plus cuBLAS/cuDNN workspaces a PyTorch process holds outside the caching allocator; a typical
 #: figure for recent PyTorch on Hopper/Ampere with lazy module loading (nvidia-smi minus max_memory_reserved). Not

@@ -5,18 +5,11 @@
     m = from_factory("mypkg.models:build")           # built on the meta device (imports torch)
     m = from_numbers(7.5e9, layers=32, hidden=4096, heads=32, vocab=32000)
 
-A ``config.json`` is read as plain JSON, never downloaded. Architectures with a closed form here: the Llama
-family (llama, mistral, qwen2, qwen3) and gpt2. Any other ``model_type`` is built on the meta device when
-``transformers`` is installed, else refused with ``NotSupportedYetError`` naming the supported types.
-
-What is checked, each as one ``PlanError`` naming the file and key: the config is UTF-8 JSON; shape keys are
-whole numbers > 0 (``4096.5``, ``"4096"`` and ``null`` are refused; ``null`` is allowed where Hugging Face
-documents it as "the default": ``num_key_value_heads``, ``head_dim``, ``n_inner``); key/value heads divide
-the heads; without ``head_dim`` the heads divide the hidden size. A model has at most ``MAX_PARAMS``
-parameters and ``MAX_DIM`` in any dimension. A factory that fails to import or raises is named with its error.
-A parameter count given with a shape (``--params`` with ``--layers``/``--hidden``/..., or either over a config)
-must be one the shape can hold (``check_params_fit_shape``); ``--params 7e10 --layers 2 --hidden 64`` is refused.
-Heads given as numbers divide the hidden size, as in a config without ``head_dim`` (``check_heads_divide_hidden``).
+A ``config.json`` is read as plain JSON, never downloaded; the Llama family (llama, mistral, qwen2, qwen3) and gpt2
+have a closed form here, any other ``model_type`` is built on the meta device when ``transformers`` is installed,
+else refused with ``NotSupportedYetError``. Every value is checked (whole numbers > 0, heads that divide, at most
+``MAX_PARAMS`` parameters and ``MAX_DIM`` in any dimension, a parameter count the given shape can hold:
+``check_params_fit_shape``); a bad one is one ``PlanError`` naming the file and key, or the factory and its error.
 """
 
 from __future__ import annotations
@@ -33,9 +26,9 @@ from typing import Any, Iterator, Mapping
 
 from convoy.errors import NotSupportedYetError, PlanError
 
-__all__ = ["derive_shape", "ModelSpec", "from_hf_config", "from_factory", "from_numbers", "resolve_model", "MAX_PARAMS", "MAX_DIM",
-           "shape_param_range", "check_params_fit_shape", "check_heads_divide_hidden", "SHAPE_SLACK",
-           "SHAPE_HEADROOM"]
+__all__ = ["derive_shape", "ModelSpec", "from_hf_config", "from_factory", "from_numbers", "resolve_model",
+           "MAX_PARAMS", "MAX_DIM", "shape_param_range", "check_params_fit_shape", "check_heads_divide_hidden",
+           "SHAPE_SLACK", "SHAPE_HEADROOM"]
 
 _LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 _DROPOUT_KEYS = ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout", "hidden_dropout", "dropout")
@@ -256,9 +249,9 @@ def check_heads_divide_hidden(spec: ModelSpec, *, given: Mapping[str, Any], base
 
 
 def shape_param_range(spec: ModelSpec) -> tuple[int, int | None] | None:
-    """The fewest and the most parameters a transformer of ``spec``'s shape holds (before ``SHAPE_SLACK`` and ``SHAPE_HEADROOM``), as the
-    planner reads the shape; None without a hidden size, and no upper end without the number of blocks or the
-    vocabulary (an embedding table of unknown size can hold any count).
+    """The fewest and the most parameters a transformer of ``spec``'s shape holds (before ``SHAPE_SLACK`` and
+    ``SHAPE_HEADROOM``), as the planner reads the shape; None without a hidden size, and no upper end without the
+    number of blocks or the vocabulary (an embedding table of unknown size can hold any count).
 
     A block holds at least its q and o projections (2h²), k and v (2h·kv, kv = h·kv_heads/heads; at least one
     head when kv_heads is not given) and a two-matrix MLP (2h·f, f = ffn, else the 4h the planner assumes), at
@@ -283,8 +276,9 @@ def shape_param_range(spec: ModelSpec) -> tuple[int, int | None] | None:
 
 def check_params_fit_shape(spec: ModelSpec, *, given: Mapping[str, Any], base: str = "") -> None:
     """``PlanError`` when ``spec.num_params`` cannot be a model of ``spec``'s shape (``shape_param_range``,
-    widened by ``SHAPE_SLACK`` below and ``SHAPE_HEADROOM`` above). ``given``: the numbers the user gave (keyword -> value), named in the message
-    as the command line spells them; ``base``: the config or factory the rest of the shape came from."""
+    widened by ``SHAPE_SLACK`` below and ``SHAPE_HEADROOM`` above). ``given``: the numbers the user gave (keyword ->
+    value), named in the message as the command line spells them; ``base``: the config or factory the rest of the
+    shape came from."""
     bounds = shape_param_range(spec)
     if bounds is None:
         return
@@ -538,8 +532,8 @@ def _first_line(err: BaseException) -> str:
 def describe_module(module: Any, *, name: str) -> ModelSpec:
     """A ``ModelSpec`` from an ``nn.Module`` (real or meta): exact parameter count, blocks found by structure.
 
-    The blocks are the longest ``ModuleList``/``Sequential`` of same-typed modules; hidden size and vocabulary come from the
-    largest ``nn.Embedding``; heads from a ``num_heads``/``n_head``/``num_attention_heads`` attribute.
+    The blocks are the longest ``ModuleList``/``Sequential`` of same-typed modules; hidden size and vocabulary come
+    from the largest ``nn.Embedding``; heads from a ``num_heads``/``n_head``/``num_attention_heads`` attribute.
     """
     import torch
 

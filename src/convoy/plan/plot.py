@@ -21,7 +21,7 @@ from pathlib import Path
 from convoy.errors import NotSupportedYetError
 from convoy.plan.units import GiB
 
-__all__ = ["plot_plan", "plot_memory", "PARTS", "segments"]
+__all__ = ["plot_plan", "PARTS", "segments"]
 
 PARTS = ("kept all step", "step's peak above it", "reserve")
 """The memory bar's parts, bottom to top (``segments``)."""
@@ -43,6 +43,28 @@ def _ordered(rows):
 
 def plot_plan(plan, path: str | Path) -> Path:
     """Draw ``plan``'s candidates (memory beside step time) to ``path`` (PNG, SVG or PDF by its suffix)."""
+    plt = _pyplot()
+    rows = _ordered(plan.rows)
+    y = list(range(len(rows)))[::-1]  # the first row on top
+    fig, (mem, tim) = plt.subplots(1, 2, sharey=True, figsize=(11, max(3.5, 0.32 * len(rows) + 1.8)),
+                                   gridspec_kw={"width_ratios": (3, 2)})
+    _draw_memory(mem, rows, y, plan.hardware.gpu)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _COLORS]
+    fig.legend(handles, PARTS, fontsize="small", loc="lower center", ncol=3, frameon=False)
+    _draw_time(tim, rows, y)
+    _name_rows(mem, rows, y, plan.recommendation.row)
+    rec = plan.recommendation.row
+    fig.suptitle(f"{Path(str(plan.model.name)).name} on {plan.hardware.describe()}"
+                 + (f": * {rec.name} recommended" if rec is not None else ": no layout fits"), fontsize="medium")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))  # the legend below
+    out = Path(path)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend (no display); NotSupportedYetError when matplotlib is missing."""
     if importlib.util.find_spec("matplotlib") is None:
         raise NotSupportedYetError("--plot needs matplotlib, which is not installed (pip install 'convoy[plot]', "
                                    "or pip install matplotlib); --json gives the same numbers")
@@ -51,14 +73,14 @@ def plot_plan(plan, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = _ordered(plan.rows)
-    names = [r.name for r in rows]
-    limit = plan.hardware.gpu.memory_bytes / GiB
+    return plt
+
+
+def _draw_memory(mem, rows, y, gpu) -> None:
+    """The memory bars in ``PARTS``, cut and labelled past the axis end, with the GPU's memory as a line."""
+    limit = gpu.memory_bytes / GiB
     fitting = [r.memory.total / GiB for r in rows if r.fits]
     right = max([limit * _AXIS_PAST_LIMIT, *(t * 1.05 for t in fitting)])
-    y = list(range(len(rows)))[::-1]  # the first row on top
-    fig, (mem, tim) = plt.subplots(1, 2, sharey=True, figsize=(11, max(3.5, 0.32 * len(rows) + 1.8)),
-                                   gridspec_kw={"width_ratios": (3, 2)})
     left = [0.0] * len(rows)
     for part, color, index in zip(PARTS, _COLORS, range(3)):
         widths = [segments(r.memory)[index] for r in rows]
@@ -75,10 +97,11 @@ def plot_plan(plan, path: str | Path) -> Path:
     mem.axvline(limit, color="black", linestyle="--", linewidth=1)
     mem.set_xlim(0, right)
     mem.set_xlabel("GiB per GPU (dashed: the GPU's memory; hatched: does not fit)")
-    mem.set_title(f"memory per GPU ({plan.hardware.gpu.name}: {limit:.1f} GiB)", fontsize="medium")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _COLORS]
-    fig.legend(handles, PARTS, fontsize="small", loc="lower center", ncol=3, frameon=False)
+    mem.set_title(f"memory per GPU ({gpu.name}: {limit:.1f} GiB)", fontsize="medium")
 
+
+def _draw_time(tim, rows, y) -> None:
+    """The step-time bars, each labelled, on a log axis when the times are orders of magnitude apart."""
     seconds = [r.time.seconds for r in rows]
     for yi, row, s in zip(y, rows, seconds):
         tim.barh(yi, s, color="#55a868", alpha=1.0 if row.fits else 0.35, hatch=None if row.fits else "//",
@@ -96,24 +119,15 @@ def plot_plan(plan, path: str | Path) -> Path:
         tim.set_xlabel("seconds per step")
     tim.set_title("step time", fontsize="medium")
 
-    rec = plan.recommendation.row
+
+def _name_rows(mem, rows, y, rec) -> None:
+    """The candidates' names down the left, the recommended one (``rec``) starred and bold."""
+    names = [r.name for r in rows]
     chosen = names.index(rec.name) if rec is not None else -1
     mem.set_yticks(y)
     mem.set_yticklabels([f"* {n}" if i == chosen else n for i, n in enumerate(names)], fontsize="small")
     if chosen >= 0:
         mem.get_yticklabels()[chosen].set_fontweight("bold")
-    fig.suptitle(f"{Path(str(plan.model.name)).name} on {plan.hardware.describe()}"
-                 + (f": * {rec.name} recommended" if rec is not None else ": no layout fits"), fontsize="medium")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))  # the legend below
-    out = Path(path)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
-
-
-def plot_memory(plan, path: str | Path) -> Path:
-    """The name the plot had when it showed memory only: ``plot_plan``."""
-    return plot_plan(plan, path)
 
 
 def _seconds(s: float) -> str:

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from convoy.plan.candidates import Candidate
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import Hardware
-from convoy.plan.memory import MemoryBreakdown, RunSpec, layer_activation_bytes, OPTIMIZER_STATE_BYTES
+from convoy.plan.memory import MemoryBreakdown, layer_activation_bytes
 from convoy.plan.model import ModelSpec
+from convoy.plan.run import OPTIMIZER_STATE_BYTES, RunSpec
 from convoy.plan.timing import StepTime
 from convoy.plan.units import format_bytes, format_seconds
 
@@ -176,10 +177,10 @@ def guide_case(model: ModelSpec, run: RunSpec, hw: Hardware, single: MemoryBreak
     return "case 3" if layer > limit else "case 2"
 
 
-def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, single: MemoryBreakdown) -> Recommendation:
+def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, single: MemoryBreakdown
+              ) -> Recommendation:
     """Pick the fastest fitting row, ties toward less sharding, and say why."""
     case = guide_case(model, run, hw, single)
-    limit = hw.gpu.memory_bytes
     states = format_bytes(single.model_states, binary=True)
     noun = hw.gpu.noun
     reasons = [f"{_count(model.num_params)} parameters with {run.precision} {run.optimizer}: "
@@ -204,7 +205,8 @@ def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, 
     best = min(ties, key=lambda r: (tie_rank(r.candidate, case), r.time.seconds))
     t = best.time
     costed = f" (costed as {best.precision})" if best.precision and best.precision != run.precision else ""
-    reasons.append(f"{best.name} fits at {format_bytes(best.memory.total, binary=True)} per {noun}{costed} and takes about "
+    fits_at = format_bytes(best.memory.total, binary=True)
+    reasons.append(f"{best.name} fits at {fits_at} per {noun}{costed} and takes about "
                    f"{format_seconds(t.seconds)} per step ({t.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, "
                    f"{t.mfu:.0%} MFU).")
     if best is not fastest:

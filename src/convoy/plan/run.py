@@ -44,7 +44,8 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     Precision(name="fp32", weight_bytes=4, grad_bytes=4, master_bytes=0, compute="fp32", activation_bytes=4,
               description="everything fp32: 4 + 4 bytes per parameter plus the optimizer"),
     Precision(name="bf16", weight_bytes=2, grad_bytes=2, master_bytes=4, compute="bf16",
-              description="bf16 weights and gradients, fp32 master weights (as the ZeRO paper counts: 16 B/param with Adam)"),
+              description="bf16 weights and gradients, fp32 master weights (as the ZeRO paper counts: 16 B/param "
+                          "with Adam)"),
     Precision(name="fp16", weight_bytes=2, grad_bytes=2, master_bytes=4, compute="fp16",
               description="fp16 weights and gradients, fp32 master weights (16 B/param with Adam)"),
     Precision(name="bf16-fp32-grads", weight_bytes=2, grad_bytes=4, master_bytes=4, compute="bf16",
@@ -52,7 +53,8 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     Precision(name="bf16-fp32-accum", weight_bytes=2, grad_bytes=2, master_bytes=4, accum_bytes=4, compute="bf16",
               description="bf16 weights and gradients plus an fp32 accumulation buffer (20 B/param with Adam)"),
     Precision(name="bf16-autocast", weight_bytes=4, grad_bytes=4, master_bytes=0, compute="bf16", autocast=True,
-              description="fp32 weights under torch.autocast(bf16), as Accelerate's mixed_precision='bf16' (16 B/param with Adam)"),
+              description="fp32 weights under torch.autocast(bf16), as Accelerate's mixed_precision='bf16' "
+                          "(16 B/param with Adam)"),
     Precision(name="fp16-autocast", weight_bytes=4, grad_bytes=4, master_bytes=0, compute="fp16", autocast=True,
               description="fp32 weights under torch.autocast(float16) with a GradScaler (16 B/param with Adam)"),
     # FSDP2 keeps fp32 weight shards and fp32 gradient shards (reduce_dtype) and gathers 16-bit weights: counted as

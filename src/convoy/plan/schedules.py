@@ -7,36 +7,23 @@ transfers between stages, and which schedules a layout can run.
     in_flight(4, 8, schedule="interleaved_1f1b", stages_per_rank=2)           # 1.375 micro-batches of a rank's layers
     schedule_options(pp=4, microbatches=8, layers=32)              # (("1f1b", 1), ("interleaved_1f1b", 2), ...)
 
-Schedules (``SCHEDULES``; the names are ``strategy_options["pp_schedule"]``'s, v is ``pp_stages_per_rank``):
-
-- ``gpipe``: every forward, then every backward. Idle (p-1)/m of the busy time (Huang et al. 2019); the first
-  stage holds all m micro-batches' activations.
-- ``1f1b``: one forward, one backward in the steady state. Idle (p-1)/m (Narayanan et al. 2021, "Efficient
-  Large-Scale Language Model Training on GPU Clusters", section 2.2.1); the first stage holds min(p, m).
-- ``interleaved_1f1b``: v chunks of L/(v p) layers per rank, chunk i on rank i mod p. Idle (p-1)/(v m) (the same
-  paper, section 2.2.2); the first rank runs torch's warm-up of (v-1) r + 2(p-1) chunk forwards before its first
-  backward (``_get_warmup_ops``: r = m / max(1, m // p) micro-batches per round), so it holds
-  min((v-1) r + 2(p-1) + 1, v m) chunks' activations, ``in_flight`` = that / v micro-batches of all its layers
-  (with m = p: p + (p-1)/v, Korthikanti et al. 2022's factor 1 + (p-1)/(v p) over 1F1B). Every micro-batch
-  crosses v times as many stage boundaries.
-- ``looped_bfs``: v chunks per rank, breadth first: every micro-batch through a rank's first chunk, then its
-  next (Lamy-Poirier 2022, "Breadth-First Pipeline Parallelism"). Idle (p-1)/(v m); the rank holds all m
-  micro-batches of all its chunks, as GPipe does.
-
-The idle fraction is of the busy time (the step's forward and backward work on one rank), so a step takes busy
-x (1 + bubble); it assumes stages of equal work, which the trainer's even cut of the layer list gives.
+The names are ``SCHEDULES``' (``strategy_options["pp_schedule"]``; v is ``pp_stages_per_rank``). The idle fraction
+is of the busy time (a rank's forward and backward work), so a step takes busy x (1 + bubble); stages are assumed
+to do equal work, which the trainer's even cut of the layer list gives.
 """
 
 from __future__ import annotations
-
-import math
 
 from convoy.errors import PlanError
 
 __all__ = ["SCHEDULES", "INTERLEAVED", "pipeline_bubble", "in_flight", "transfers", "schedule_options",
            "check_schedule", "DEFAULT_SCHEDULE"]
 
-#: schedule name -> several stages per rank (the trainer's ``convoy.train.parallel.pipeline.SCHEDULES``)
+#: schedule name -> several stages per rank (the trainer's ``convoy.train.parallel.pipeline.SCHEDULES``):
+#: ``gpipe`` every forward, then every backward (Huang et al. 2019); ``1f1b`` one forward, one backward in the steady
+#: state (Narayanan et al. 2021, section 2.2.1); ``interleaved_1f1b`` v chunks of L/(v p) layers per rank, chunk i on
+#: rank i mod p (the same paper, section 2.2.2); ``looped_bfs`` v chunks per rank, every micro-batch through a rank's
+#: first chunk, then its next (Lamy-Poirier 2022, "Breadth-First Pipeline Parallelism")
 SCHEDULES = {"gpipe": False, "1f1b": False, "interleaved_1f1b": True, "looped_bfs": True}
 INTERLEAVED = tuple(name for name, multi in SCHEDULES.items() if multi)
 DEFAULT_SCHEDULE = "1f1b"
@@ -64,7 +51,10 @@ def pipeline_bubble(pp: int, microbatches: int, *, schedule: str = DEFAULT_SCHED
 
 def in_flight(pp: int, microbatches: int, *, schedule: str = DEFAULT_SCHEDULE, stages_per_rank: int = 1) -> float:
     """Micro-batches of activations the first rank holds at its peak, in units of one micro-batch through all of
-    its layers (1F1B: min(p, m)); see the module docstring."""
+    its layers: 1F1B min(p, m); GPipe and looped BFS all m; interleaved 1F1B runs torch's warm-up of (v-1) r + 2(p-1)
+    chunk forwards before its first backward (``_get_warmup_ops``, r = m / max(1, m // p) micro-batches per round),
+    so it holds min((v-1) r + 2(p-1) + 1, v m) chunks, divided by v (with m = p: p + (p-1)/v, Korthikanti et al.
+    2022's factor 1 + (p-1)/(v p) over 1F1B)."""
     check_schedule(schedule, stages_per_rank)
     m, v = max(1, microbatches), stages_per_rank
     if pp <= 1:
@@ -99,8 +89,3 @@ def schedule_options(*, pp: int, microbatches: int, layers: int | None) -> tuple
         options.append(("interleaved_1f1b", v))
         v *= 2
     return tuple(options)
-
-
-def stage_layers(layers: int, pp: int, stages_per_rank: int = 1) -> int:
-    """Blocks on the busiest rank: v chunks of ceil(L / (v p)) each (the trainer cuts the layer list evenly)."""
-    return stages_per_rank * math.ceil(layers / (pp * stages_per_rank))

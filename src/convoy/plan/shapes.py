@@ -5,7 +5,7 @@
         ...
     batch, heads, kv_heads, seq, head_dim = attention_shape(model, run, tp=2)
 
-What the time model charges (``convoy.plan.timing``) and what a calibration measures (``convoy.plan.calibrate``)
+What the time model charges (``convoy.plan.timing``) and what a calibration measures (``convoy.plan.speed.measure``)
 are the same list, so it lives here, below both.
 """
 

@@ -4,28 +4,12 @@
     t = step_time(model, run, layout, hardware, global_batch=512)
     t.seconds, t.tokens_per_s_per_gpu, t.mfu, t.comm_bytes, t.time_model   # time_model: where the rates came from
 
-Sources: training FLOPs per token 6N + 12·L·h·s (Kaplan et al. 2020 for 6N; the attention term and the MFU
-definition from PaLM, Chowdhery et al. 2022, appendix B); full recomputation adds one forward (8N, Korthikanti
-et al. 2022). Collectives use the ring (bandwidth-optimal) cost: all-reduce moves 2(n-1)/n of the buffer
-through each GPU's link, all-gather and reduce-scatter (n-1)/n (Thakur, Rabenseifner & Gropp 2005; NCCL's
-"bus bandwidth" doc), plus a fixed latency per collective (``COLLECTIVE_LATENCY_S``). Megatron tensor
-parallelism does 4 all-reduce-equivalents of the layer's activations per block per micro-batch (Narayanan et
-al. 2021); a pipeline idles (p-1)/m of its busy time under 1F1B and GPipe, (p-1)/(v m) with v stages per
-rank (interleaved 1F1B, looped BFS), and sends 2 v m activations and gradients per step
-(``convoy.plan.schedules``). Data-parallel traffic overlaps with
-the backward; tensor-parallel and offload traffic are counted as exposed.
-
-A model with a shape (layers, hidden, heads) is timed kernel class by kernel class: every GEMM of the model at
-its own shape (x3 for forward + two backward products, x4 with full recomputation; selective recomputation keeps
-every matmul's output and runs only each block's memory-bound work and its kernels again), the fused attention's
-forward + backward, memory-bound work (per byte the blocks save for backward), and the optimizer's reads and
-writes, at a device's ``Rates`` (``convoy.plan.rates``: measured here, a shipped profile, the shape-aware model
-or the flat datasheet model). A step is never shorter than its kernels' launches (``Rates.launch_seconds``
-each), which is what bounds a small model. The framework's own work is charged too (``StepTime.overhead``):
-FSDP2 copies every unit's parameters into and out of its flat all-gather buffer and its gradients into the
-reduce-scatter buffer, at every micro-batch, even on one process (``torch.distributed.fsdp``'s
-``foreach_all_gather``/``foreach_reduce``); DDP copies gradients into its buckets and back. A model known only by
-its parameter count is timed as 6N FLOPs per token at the rates' bulk matmul rate.
+``step_time`` adds, in order: the forward and backward passes (every GEMM at its own shape, the fused attention,
+memory-bound work, at ``convoy.plan.speed.rates``; never shorter than the kernels' launches; 6N FLOPs per token at
+the bulk rate for a model known only by its count), the optimizer step, the data-parallel engine's own copies, the
+pipeline bubble (``convoy.plan.schedules``), then data-parallel collectives (priced by
+``convoy.plan.speed.collectives``, overlapped with the backward), tensor-parallel and pipeline traffic and offload
+(exposed). Formulas and sources: docs/planner.md, "Time per step".
 """
 
 from __future__ import annotations
@@ -35,15 +19,15 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from convoy.plan.activations import block_bytes, block_saved, head_saved_bytes
-from convoy.plan.calibration import Calibration
-from convoy.plan.collectives import Group, collective_seconds
 from convoy.plan.hardware import GpuSpec, Hardware
 from convoy.plan.memory import Layout, _stage_params
 from convoy.plan.model import ModelSpec
-from convoy.plan.rates import Rates, rates_for
 from convoy.plan.run import OPTIMIZER_STATE_BYTES, RunSpec
 from convoy.plan.schedules import pipeline_bubble, transfers
 from convoy.plan.shapes import attention_shape, gemm_shapes
+from convoy.plan.speed.collectives import Group, collective_seconds
+from convoy.plan.speed.rates import Rates, rates_for
+from convoy.plan.speed.records import Calibration
 
 __all__ = ["StepTime", "step_time", "model_flops_per_token", "ring_all_reduce_seconds", "ring_gather_seconds",
            "CPU_ADAM_PARAMS_PER_S", "gemm_shapes", "attention_shape", "compute_seconds",
@@ -106,11 +90,11 @@ class StepTime:
     peak_flops: float
     """Per-GPU peak for the compute dtype."""
     time_model: str = "modeled"
-    """Where the rates came from (``convoy.plan.rates``): ``"calibrated"``, ``"profile"``, ``"modeled"`` or
+    """Where the rates came from (``convoy.plan.speed.rates``): ``"calibrated"``, ``"profile"``, ``"modeled"`` or
     ``"datasheet"``."""
     correction: float = 1.0
     """Multiplies the modeled step: measured / modeled for this very case, when a job measured it on this
-    machine (``convoy.plan.observed``); 1 otherwise. The breakdown above stays the model's."""
+    machine (``convoy.plan.speed.observed``); 1 otherwise. The breakdown above stays the model's."""
 
     @property
     def seconds(self) -> float:
@@ -180,9 +164,9 @@ def _group_bandwidth(hw: Hardware, ranks_per_node: int, group: int) -> float:
 
 
 def _group(hw: Hardware, ranks_per_node: int, ranks: int) -> Group:
-    """The collective group of ``ranks`` ranks, ``ranks_per_node`` of them on each node (``convoy.plan.collectives``),
-    its bus bandwidth the datasheet links' at the fraction NCCL's topology model gives them (``NCCL_LINK_FRACTION``;
-    a measured or given intra-node bandwidth is taken as it is)."""
+    """The collective group of ``ranks`` ranks, ``ranks_per_node`` of them on each node
+    (``convoy.plan.speed.collectives``), its bus bandwidth the datasheet links' at the fraction NCCL's topology model
+    gives them (``NCCL_LINK_FRACTION``; a measured or given intra-node bandwidth is taken as it is)."""
     per_node = max(1, min(ranks_per_node, ranks))
     nodes = 1 if hw.nodes == 1 else max(1, math.ceil(ranks / per_node))
     link = "cpu" if hw.gpu.kind == "cpu" else ("pcie" if hw.intra == "pcie" else "nvlink")
@@ -238,11 +222,6 @@ def mfu_peak(gpu: GpuSpec, dtype: str, rates: Rates | None = None) -> float:
     device, ``--peak-tflops`` set low): an MFU against the lower figure would pass 100 %."""
     peak = gpu.peak_flops(dtype)
     return max(peak, rates.peak_seen(dtype)) if rates is not None else peak
-
-
-def _units(model: ModelSpec, pp: int) -> int:
-    """FSDP units on the busiest stage: its blocks and the root (embedding, head, final norm)."""
-    return math.ceil((model.num_layers or 0) / pp) + 1
 
 
 def kernel_launches(model: ModelSpec, run: RunSpec, layout: Layout) -> int:
@@ -310,7 +289,7 @@ def optimizer_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rat
 
 
 def framework_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates) -> float:
-    """Seconds of the data-parallel engine's own copies per optimizer step on one GPU (see the module docstring).
+    """Seconds of the data-parallel engine's own copies per optimizer step on one GPU.
 
     FSDP2 (ZeRO-2/3 in convoy's trainer), per parameter and micro-batch: each all-gather casts and copies this
     rank's shard into the flat buffer (about (4 + 2w)/n bytes) and copies the gathered weights out (2w), twice
@@ -333,14 +312,14 @@ def framework_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rat
     return moved / (rates.memory_bytes_per_s or float("inf"))
 
 
-def _data_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, grads: float, weights: float,
-                   engine: str) -> tuple[float, float, float]:
+def _data_parallel_collectives(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, grads: float,
+                                weights: float, engine: str) -> tuple[float, float, float]:
     """(seconds of data-parallel collectives before overlap, bytes each GPU sends, seconds after the optimizer step
-    that nothing hides) per step, each collective priced by NCCL's model (``convoy.plan.collectives``) at its own size:
-    DDP one all-reduce per 25 MiB bucket; ZeRO-1 then the updated shards (torch: one broadcast per rank; DeepSpeed:
-    one all-gather); FSDP2 per micro-batch one all-gather per unit (ZeRO-3: again for the backward) and one
-    reduce-scatter, DeepSpeed's ZeRO-3 the same per parameter tensor; HSDP, hierarchically, an all-reduce of each
-    unit's gradient shard across the replicas (one rank per replica group on each node)."""
+    that nothing hides) per step, each collective priced by NCCL's model (``convoy.plan.speed.collectives``) at its
+    own size: DDP one all-reduce per 25 MiB bucket; ZeRO-1 then the updated shards (torch: one broadcast per rank;
+    DeepSpeed: one all-gather); FSDP2 per micro-batch one all-gather per unit (ZeRO-3: again for the backward) and
+    one reduce-scatter, DeepSpeed's ZeRO-3 the same per parameter tensor; HSDP, hierarchically, an all-reduce of
+    each unit's gradient shard across the replicas (one rank per replica group on each node)."""
     dims = layout.dims
     if not run.training or dims.dp <= 1:
         return 0.0, 0.0, 0.0
@@ -398,7 +377,7 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
               rates: Rates | None = None, engine: str = "torch") -> StepTime:
     """Estimated seconds of one optimizer step processing ``global_batch`` sequences.
 
-    ``rates``: the device's rates (``convoy.plan.rates``); by default ``rates_for(hw.gpu, calibration=,
+    ``rates``: the device's rates (``convoy.plan.speed.rates``); by default ``rates_for(hw.gpu, calibration=,
     efficiency=)``: the flat datasheet model when ``efficiency`` is given, else ``calibration`` (measured here),
     else the GPU's shipped profile, else the shape-aware model. ``engine``: whose collective schedule the
     data-parallel traffic follows (``ENGINES``; convoy's trainer runs ``"torch"``)."""
@@ -406,67 +385,108 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
         raise ValueError(f"engine {engine!r} is not one of {', '.join(ENGINES)}")
     if rates is None:
         rates = rates_for(hw.gpu, calibration=calibration, efficiency=efficiency)
+    hw = _with_measured_link(hw, rates)
+    tokens = global_batch * run.seq_len
+    model_flops = model_flops_per_token(model, run.seq_len, training=run.training) * tokens
+    compute, optimizer = _passes(model, run, layout, rates, model_flops=model_flops)
+    overhead = framework_seconds(model, run, layout, rates)
+    bubble = _bubble(compute, layout)
+    compute += bubble
+    dp_comm, exposed_dp, dp_bytes = _data_parallel(model, run, layout, hw, busy=compute - bubble, engine=engine)
+    tp_comm, tp_bytes = _tensor_parallel(model, run, layout, hw)
+    pp_comm, pp_bytes = _pipeline(model, run, layout, hw)
+    offload = _offload(model, run, layout, hw)
+    return StepTime(compute=compute, bubble=bubble, optimizer=optimizer, overhead=overhead, dp_comm=dp_comm,
+                    tp_comm=tp_comm, pp_comm=pp_comm, offload=offload, exposed_dp=exposed_dp,
+                    comm_bytes=dp_bytes + tp_bytes + pp_bytes, tokens=tokens, world_size=layout.dims.world_size,
+                    model_flops=model_flops, peak_flops=mfu_peak(hw.gpu, run.recipe.compute, rates),
+                    time_model=rates.kind)
+
+
+def _with_measured_link(hw: Hardware, rates: Rates) -> Hardware:
+    """``hw`` with its intra-node link at the peer-to-peer bandwidth ``rates`` measured, where they did."""
     if rates.peer_bytes_per_s and hw.gpus_per_node > 1:
-        hw = replace(hw, intra_gbs=rates.peer_bytes_per_s / 1e9)
-    dims, recipe = layout.dims, run.recipe
-    world = dims.world_size
-    s, b, m = run.seq_len, run.micro_batch, layout.microbatches
-    tokens = global_batch * s
-    per_token = model_flops_per_token(model, s, training=run.training)
-    model_flops = per_token * tokens
+        return replace(hw, intra_gbs=rates.peer_bytes_per_s / 1e9)
+    return hw
+
+
+def _passes(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates, *, model_flops: float
+            ) -> tuple[float, float]:
+    """(seconds of one GPU's forward and backward passes, of its optimizer step) per step: kernel by kernel for a
+    model with a shape, else its ``model_flops`` (plus a forward under full recomputation) at the bulk matmul
+    rate."""
+    if model.has_shape:
+        return compute_seconds(model, run, layout, rates), optimizer_seconds(model, run, layout, rates)
     hw_flops = model_flops
     if run.training and run.recompute == "full":
         hw_flops = model_flops * 4 / 3  # one more forward
     # selective recomputation runs no matmul again (its save list keeps every matmul's output): no more FLOPs
-    optimizer = 0.0
-    if model.has_shape:
-        compute = compute_seconds(model, run, layout, rates)
-        optimizer = optimizer_seconds(model, run, layout, rates)
-    else:
-        compute = hw_flops / world / rates.bulk_flops(recipe.compute)
-    overhead = framework_seconds(model, run, layout, rates)
-    bubble = compute * pipeline_bubble(dims.pp, m, schedule=layout.pp_schedule,
-                                       stages_per_rank=layout.pp_stages_per_rank) if dims.pp > 1 else 0.0
-    compute += bubble
+    return hw_flops / layout.dims.world_size / rates.bulk_flops(run.recipe.compute), 0.0
 
-    # data parallel: rank layout pp (outer) x dp x tp (inner), so a dp group has gpus_per_node/tp ranks per node
-    psi = _stage_params(model, dims.pp) / dims.tp
-    grads, weights = psi * recipe.grad_bytes, psi * recipe.weight_bytes
-    dp_comm, comm, after_step = _data_parallel(model, run, layout, hw, grads=grads, weights=weights, engine=engine)
+
+def _bubble(busy: float, layout: Layout) -> float:
+    """Seconds a pipeline stage idles per step beside its ``busy`` seconds, for the layout's schedule."""
+    dims = layout.dims
+    return busy * pipeline_bubble(dims.pp, layout.microbatches, schedule=layout.pp_schedule,
+                                  stages_per_rank=layout.pp_stages_per_rank) if dims.pp > 1 else 0.0
+
+
+def _data_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, busy: float, engine: str
+                   ) -> tuple[float, float, float]:
+    """(seconds of data-parallel collectives, the part of them nothing hides, bytes each GPU sends) per step, beside
+    ``busy`` seconds of forward and backward passes."""
+    # rank layout pp (outer) x dp x tp (inner), so a dp group has gpus_per_node/tp ranks per node
+    psi = _stage_params(model, layout.dims.pp) / layout.dims.tp
+    grads, weights = psi * run.recipe.grad_bytes, psi * run.recipe.weight_bytes
+    dp_comm, sent, after_step = _data_parallel_collectives(model, run, layout, hw, grads=grads, weights=weights,
+                                                           engine=engine)
     # overlap: DDP hides its all-reduce behind the last micro-batch's backward (2/3 of its compute); FSDP2 prefetches
     # along the whole forward and backward; ZeRO-1's broadcast after the step is never hidden
-    window = compute - bubble if layout.zero_stage >= 2 else (compute - bubble) / m * 2 / 3
-    exposed_dp = max(0.0, dp_comm - window) + after_step
-    dp_comm += after_step
+    window = busy if layout.zero_stage >= 2 else busy / layout.microbatches * 2 / 3
+    exposed = max(0.0, dp_comm - window) + after_step
+    return dp_comm + after_step, exposed, sent
 
-    tp_comm = 0.0
-    if dims.tp > 1 and model.has_shape:
-        layers = math.ceil(model.num_layers / dims.pp)  # type: ignore[operator]
-        act = s * b * model.hidden * recipe.activation_bytes  # type: ignore[operator]
-        per_layer = 4 + (2 if run.recompute == "full" else 0)
-        tp_group = _group(hw, min(dims.tp, hw.gpus_per_node), dims.tp)
-        tp_comm = m * layers * per_layer * _collective("all_reduce", act, tp_group, hw)
-        comm += m * layers * per_layer * 2 * (dims.tp - 1) / dims.tp * act
-    pp_comm = 0.0
-    if dims.pp > 1 and model.hidden:
-        act = s * b * model.hidden * recipe.activation_bytes / dims.tp
-        crosses = dims.tp * dims.dp * dims.pp > hw.gpus_per_node
-        bw = _group_bandwidth(hw, 1, 2) if crosses else hw.intra_bandwidth
-        # activations out, gradients back, at every stage boundary a micro-batch crosses (v per rank interleaved)
-        sends = transfers(dims.pp, m, stages_per_rank=layout.pp_stages_per_rank)
-        pp_comm = sends * (act / bw + collective_latency(hw, across_nodes=crosses))
-        comm += sends * act
-    offload = 0.0
-    if layout.offload and run.training:
-        shard = psi / (layout.shard_degree if layout.zero_stage >= 1 else 1)
-        transfer = shard * (recipe.grad_bytes + recipe.weight_bytes)  # gradients down, updated weights up
-        if layout.zero_stage == 3:
-            transfer += shard * recipe.weight_bytes * 2 * (m - 1)  # weights up again every micro-batch
-        offload = transfer / hw.host_bandwidth + shard / CPU_ADAM_PARAMS_PER_S
-    return StepTime(compute=compute, bubble=bubble, optimizer=optimizer, overhead=overhead, dp_comm=dp_comm,
-                    tp_comm=tp_comm, pp_comm=pp_comm, offload=offload, exposed_dp=exposed_dp, comm_bytes=comm,
-                    tokens=tokens, world_size=world, model_flops=model_flops,
-                    peak_flops=mfu_peak(hw.gpu, recipe.compute, rates), time_model=rates.kind)
+
+def _tensor_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> tuple[float, float]:
+    """(seconds of tensor-parallel all-reduces, all exposed; bytes each GPU sends) per step: 4 per block and
+    micro-batch (Megatron's two in the forward, two in the backward), 2 more under full recomputation."""
+    dims = layout.dims
+    if not (dims.tp > 1 and model.has_shape):
+        return 0.0, 0.0
+    m = layout.microbatches
+    layers = math.ceil(model.num_layers / dims.pp)  # type: ignore[operator]
+    act = run.seq_len * run.micro_batch * model.hidden * run.recipe.activation_bytes  # type: ignore[operator]
+    per_layer = 4 + (2 if run.recompute == "full" else 0)
+    tp_group = _group(hw, min(dims.tp, hw.gpus_per_node), dims.tp)
+    seconds = m * layers * per_layer * _collective("all_reduce", act, tp_group, hw)
+    return seconds, m * layers * per_layer * 2 * (dims.tp - 1) / dims.tp * act
+
+
+def _pipeline(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> tuple[float, float]:
+    """(seconds of the pipeline's sends, all exposed; bytes each GPU sends) per step."""
+    dims = layout.dims
+    if not (dims.pp > 1 and model.hidden):
+        return 0.0, 0.0
+    act = run.seq_len * run.micro_batch * model.hidden * run.recipe.activation_bytes / dims.tp
+    crosses = dims.tp * dims.dp * dims.pp > hw.gpus_per_node
+    bw = _group_bandwidth(hw, 1, 2) if crosses else hw.intra_bandwidth
+    # activations out, gradients back, at every stage boundary a micro-batch crosses (v per rank interleaved)
+    sends = transfers(dims.pp, layout.microbatches, stages_per_rank=layout.pp_stages_per_rank)
+    return sends * (act / bw + collective_latency(hw, across_nodes=crosses)), sends * act
+
+
+def _offload(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> float:
+    """Seconds of an offloaded optimizer per step, all exposed: gradients to the host and updated weights back
+    (ZeRO-3: the weights again at every micro-batch), and the CPU's Adam step."""
+    if not (layout.offload and run.training):
+        return 0.0
+    recipe, m = run.recipe, layout.microbatches
+    psi = _stage_params(model, layout.dims.pp) / layout.dims.tp
+    shard = psi / (layout.shard_degree if layout.zero_stage >= 1 else 1)
+    transfer = shard * (recipe.grad_bytes + recipe.weight_bytes)  # gradients down, updated weights up
+    if layout.zero_stage == 3:
+        transfer += shard * recipe.weight_bytes * 2 * (m - 1)  # weights up again every micro-batch
+    return transfer / hw.host_bandwidth + shard / CPU_ADAM_PARAMS_PER_S
 
 
 def choose_schedule(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, global_batch: int,

@@ -17,7 +17,7 @@ to 7 the device is synchronised and the clock read again: the step time is the m
 (data loading included, as a user's loop sees it), the peak ``torch.cuda.max_memory_allocated`` at the end of
 step 7, this process's device (rank 0's on the main process: the first pipeline stage, the one the plan's memory
 is for). The CPU has no allocator peak: there, time only. Then the hooks are removed. On the CPU, warm-up step 2
-also counts the operators it runs (``convoy.plan.cpu_measure.OpCounter``) and, at its end, every rank measures the
+also counts the operators it runs (``convoy.plan.speed.measure_cpu.OpCounter``) and, at its end, every rank measures the
 collectives' round trip between the job's processes (``round_trip_seconds``; every rank's hook fires at the same
 optimizer step).
 
@@ -27,14 +27,14 @@ sequence length and micro-batch of the largest forward input seen (``input_ids``
 (Adam, AdamW, SGD; others as AdamW), gradient checkpointing when the model says it is on, the layout of the
 strategy (its ZeRO stage, degrees, accumulation steps and pipeline micro-batches, offload), on this device's table
 row x the job's processes per node and nodes, at the rates a plan uses here (a calibration of this device and
-torch version when cached, else the shipped profile, else the shape-aware model; ``convoy.plan.rates``). On CPU
-processes the step is the counted operators at this CPU's rates (``convoy.plan.cpu``: cost per operator, matmul
-rate and bandwidth measured once and cached, the round trip above), plus the pipeline's idle share for its
-schedule. Any failure leaves the report without the plan, saying why (and a debug log line): training never stops
-for it.
+torch version when cached, else the shipped profile, else the shape-aware model; ``convoy.plan.speed.rates``). On
+CPU processes the step is the counted operators at this CPU's rates (``convoy.plan.speed.cpu_step``: cost per
+operator, matmul rate and bandwidth measured once and cached, the round trip above), plus the pipeline's idle share
+for its schedule. Any failure leaves the report without the plan, saying why (and a debug log line): training never
+stops for it.
 
 Keeping. The main process writes the observation into the calibration cache entry of its device
-(``convoy.plan.observed``): a later plan of the same case on this machine (``convoy plan``) takes the measured
+(``convoy.plan.speed.observed``): a later plan of the same case on this machine (``convoy plan``) takes the measured
 step time.
 """
 
@@ -50,19 +50,19 @@ from typing import Any, Callable
 import torch
 
 from convoy.errors import NotSupportedYetError, PlanError
-from convoy.plan.calibrate import device_identity
-from convoy.plan.calibration import Calibration, load_calibration, save_calibration
 from convoy.plan.candidates import Candidate
-from convoy.plan.cpu import cpu_step
-from convoy.plan.cpu_measure import OpCounter, cpu_rates, round_trip_seconds
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import CPU, Hardware, lookup_gpu
 from convoy.plan.memory import Layout, memory_per_gpu
 from convoy.plan.model import ModelSpec, describe_module, resolve_model
-from convoy.plan.observed import Observation, case_key
-from convoy.plan.rates import rates_for
 from convoy.plan.run import RunSpec
 from convoy.plan.schedules import pipeline_bubble
+from convoy.plan.speed.cpu_step import cpu_step
+from convoy.plan.speed.measure import device_identity
+from convoy.plan.speed.measure_cpu import OpCounter, cpu_rates, round_trip_seconds
+from convoy.plan.speed.observed import Observation, case_key
+from convoy.plan.speed.rates import rates_for
+from convoy.plan.speed.records import Calibration, load_calibration, save_calibration
 from convoy.plan.timing import step_time
 from convoy.plan.units import format_bytes, format_seconds
 from convoy.train.logging import get_logger
@@ -103,7 +103,7 @@ class PlanReport:
     time_model: str = ""
     """Where the plan's rates came from (``"the H100-80GB profile"``)."""
     case: str = ""
-    """The ``convoy.plan.observed.case_key`` the measurement was kept under ("" when it was not)."""
+    """The ``convoy.plan.speed.observed.case_key`` the measurement was kept under ("" when it was not)."""
     missing: str = ""
     """Why a value is None, or the measurement was not kept ("" when nothing is missing)."""
 
@@ -433,7 +433,7 @@ class PlanWatch:
 
     def _cpu_plan(self, layout: Layout, chunks: int) -> tuple[float, str, str]:
         """(seconds, rates kind, where they come from) of the CPU step: the operators counted on the last warm-up
-        step at this CPU's rates (``convoy.plan.cpu``), plus the pipeline's idle time for its schedule."""
+        step at this CPU's rates (``convoy.plan.speed.cpu_step``), plus the pipeline's idle time for its schedule."""
         if self._counter is None:
             raise PlanError("no operators were counted on the CPU")
         ops = self._counter.ops

@@ -80,8 +80,9 @@ def measure(seq: int, batch: int) -> dict:
 
 
 def main() -> None:
-    from convoy.plan.memory import Layout, RunSpec, memory_per_gpu
+    from convoy.plan.memory import Layout, memory_per_gpu
     from convoy.plan.model import from_factory
+    from convoy.plan.run import RunSpec
 
     spec = from_factory(f"{__file__}:build")
     print(f"model: {spec.num_params:,} parameters, {spec.num_layers} blocks, h={spec.hidden}, a={spec.heads}")

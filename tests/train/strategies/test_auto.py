@@ -9,9 +9,17 @@ import torch
 import convoy.plan.candidates
 from convoy.errors import StrategyError
 from convoy.plan.dims import ParallelDims
-from convoy.train.strategies.auto import (AutoLayout, auto_strategy, choose_strategy, dp_engine_for, planner_hook,
-                                          layout_shards_with_fsdp, pp_degrees,
-                                          shards_with_fsdp, tp_degrees)
+from convoy.train.strategies.auto import (
+    AutoLayout,
+    auto_strategy,
+    choose_strategy,
+    dp_engine_for,
+    layout_shards_with_fsdp,
+    planner_hook,
+    pp_degrees,
+    shards_with_fsdp,
+    tp_degrees,
+)
 from tests.distributed import run_script
 from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, lm_loss
 
@@ -332,10 +340,10 @@ GPT2_SMALL = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, 
 def _planted_rates(tp2_speedup: float):
     """A cached calibration of this CPU in which GPT-2 small's tp2 GEMMs run ``tp2_speedup`` x faster than its
     whole-model ones (1 TFLOP/s): what auto reads instead of measuring."""
-    from convoy.plan.calibrate import device_identity
-    from convoy.plan.calibration import Calibration, attention_key, gemm_key, save_calibration
-    from convoy.plan.memory import RunSpec
     from convoy.plan.model import resolve_model
+    from convoy.plan.run import RunSpec
+    from convoy.plan.speed.measure import device_identity
+    from convoy.plan.speed.records import Calibration, attention_key, gemm_key, save_calibration
     from convoy.plan.timing import attention_shape, gemm_shapes
 
     spec, run = resolve_model(GPT2_SMALL), RunSpec(precision="fp32")
@@ -355,7 +363,7 @@ def _auto_gpt2(device="cpu"):
 
 def test_the_rates_measured_on_the_device_time_the_plan_but_a_model_that_fits_one_process_is_not_split(
         tmp_path, monkeypatch):
-    import convoy.plan.calibrate as cal
+    import convoy.plan.speed.measure as cal
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(cal, "measure", lambda *a, **k: pytest.fail("a cached record was measured again"))
@@ -377,8 +385,8 @@ def test_the_rates_measured_on_the_device_time_the_plan_but_a_model_that_fits_on
 def test_auto_measures_each_split_once_and_then_reads_the_cache(tmp_path, monkeypatch):
     from functools import partial
 
-    import convoy.plan.calibrate as cal
-    from convoy.plan.calibration import cache_path, load_calibration
+    import convoy.plan.speed.measure as cal
+    from convoy.plan.speed.records import cache_path, load_calibration
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(cal, "measure", partial(cal.measure, reps=2, copy_bytes=1 << 20))
@@ -398,7 +406,7 @@ def test_auto_measures_each_split_once_and_then_reads_the_cache(tmp_path, monkey
 
 
 def test_a_failed_measurement_leaves_the_unmeasured_rates_and_the_job_goes_on(tmp_path, monkeypatch):
-    import convoy.plan.calibrate as cal
+    import convoy.plan.speed.measure as cal
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
 
@@ -415,7 +423,7 @@ def test_a_failed_measurement_leaves_the_unmeasured_rates_and_the_job_goes_on(tm
 def test_a_model_without_a_shape_is_not_measured(tmp_path, monkeypatch):
     """A pipeline split of a model whose heads are unknown is costed without a shape: rates at its shapes cannot
     apply, so nothing is measured and the reason claims none."""
-    import convoy.plan.calibrate as cal
+    import convoy.plan.speed.measure as cal
     from convoy.plan.model import ModelSpec
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -441,8 +449,8 @@ def test_only_rank_zero_on_a_gpu_measures():
 def test_auto_on_a_gpu_plans_with_its_table_row_and_rates_measured_on_it(tmp_path, monkeypatch):
     """Runs on a GPU machine: rank 0's planner measures the GPU at GPT-2 small's shapes (tp1 and tp2, bf16),
     caches them, and the reason names the device."""
-    from convoy.plan.calibrate import device_identity
-    from convoy.plan.calibration import cache_path, load_calibration
+    from convoy.plan.speed.measure import device_identity
+    from convoy.plan.speed.records import cache_path, load_calibration
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     warm = torch.ones(64, 64, device="cuda:0")

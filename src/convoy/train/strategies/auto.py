@@ -16,9 +16,9 @@ turns into a strategy, with CPU offload applied when the planner turned that kno
 ``planner`` is the hook for ``convoy.plan``: a callable ``planner(num_parameters=, world_size=, device_bytes=,
 model=, tp_degrees=, pp_degrees=, pipeline=[, heads=, nodes=]) -> AutoLayout | (name, reason) | None`` (``heads``:
 the model config's attention heads, given when known; ``nodes``: the machines of a multi-node job, given when
-above 1; a planner gets only the keywords it takes). When it
-answers, its answer wins, and the rule below is the fallback. What the planner may split is decided here,
-where the model can be inspected:
+above 1). convoy's own planner (``planner_hook``) is called with every keyword; a planner of the user's gets
+the keywords its signature names (all of them when it takes ``**kwargs``). When it answers, its answer wins, and
+the rule below is the fallback. What the planner may split is decided here, where the model can be inspected:
 
 - tp degrees: those dividing the world size for which the model has a tensor-parallel plan
   (``resolve_tp_plan``; a model without projection names has none) that ``check_tp_plan`` accepts, and
@@ -37,7 +37,7 @@ where the model can be inspected:
 
 On a GPU the Accelerator's rank 0 plans for its own device (``planner_hook(..., device="cuda:0")``): when the
 model's shape is read (tp or pp may be proposed), step times use the GPU's table row and the rates measured on
-it at the model's shapes (``convoy.plan.calibrate``: once per device and torch version, then from the cache);
+it at the model's shapes (``convoy.plan.speed.measure``: once per device and torch version, then from the cache);
 without a GPU, or for a bare parameter count, the datasheet model of a generic device ranks the layouts.
 """
 
@@ -50,17 +50,17 @@ from typing import Any, Callable, Collection, Mapping
 
 import torch
 
+from convoy.config.schema import DP_ENGINES
 from convoy.errors import NotSupportedYetError, PlanError, StrategyError
 from convoy.plan.api import recommend_for_module
-from convoy.config.schema import DP_ENGINES
-from convoy.plan.calibration import Calibration, time_model
 from convoy.plan.candidates import Candidate, TrainerFacts
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import CPU, lookup_gpu
-from convoy.plan.memory import RunSpec
 from convoy.plan.model import ModelSpec, resolve_model
-from convoy.plan.rates import rates_for
 from convoy.plan.recommend import NOT_SPLIT, Recommendation
+from convoy.plan.run import RunSpec
+from convoy.plan.speed.rates import rates_for
+from convoy.plan.speed.records import Calibration, time_model
 
 __all__ = ["AutoLayout", "TRAINER_STRATEGIES", "TRAINER_KNOBS", "choose_strategy", "planner_hook", "auto_strategy",
            "ConvoyPlanner", "TrainerPrecision",
@@ -233,7 +233,6 @@ def pp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tu
     if model is None or world_size < 2 or options.get("loss_fn") is None:
         return ()
     from convoy.train.parallel.pipeline import PipelineConfig, stage_boundaries
-
     from convoy.train.parallel.ties import find_ties, stages_on_one_process
 
     config = PipelineConfig.from_options(dict(options))  # bad pipeline options are the user's error: raise
@@ -253,7 +252,8 @@ def pp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tu
 def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, precision: str = "fp32",
                   model: Any = None, tp_degrees: Collection[int] = (), pp_degrees: Collection[int] = (),
                   pipeline: bool = False, mixed_precision: str | None = None, device: str | None = None,
-                  device_type: str | None = None, fsdp_limit: str | None = None, **kwargs: Any) -> AutoLayout | None:
+                  device_type: str | None = None, fsdp_limit: str | None = None, heads: int | None = None,
+                  nodes: int = 1, recompute: str = "none", **kwargs: Any) -> AutoLayout | None:
     """The ``planner`` hook of ``choose_strategy``: the ``AutoLayout`` to build, or None when
     no layout the trainer runs fits (the caller's own rule then answers).
 
@@ -264,8 +264,8 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
     pipeline runs) compares pipeline layouts only. ``mixed_precision`` (the Accelerator's ``"bf16"``/``"fp16"``)
     costs each candidate in the recipe the trainer runs it in (``trainer_precision``) instead of ``precision``.
     ``device`` (``"cuda:0"``: the device this process trains on): the plan uses that GPU's table row (links, peak
-    FLOPs, and its shipped profile, ``convoy.plan.rates``) and, when the model's shape is read, rates measured on
-    it at the model's shapes (``convoy.plan.calibrate``, cached per device and torch version, so measured once),
+    FLOPs, and its shipped profile, ``convoy.plan.speed.rates``) and, when the model's shape is read, rates measured on
+    it at the model's shapes (``convoy.plan.speed.measure``, cached per device and torch version, so measured once),
     and says so. ``device_type="cpu"``: the job runs as CPU processes, planned as such (``convoy.plan.hardware.CPU``:
     gloo's latencies, a share of this machine's memory), and the reasons speak of them.
     ``fsdp_limit`` (why FSDP2 cannot wrap the model, ``convoy.train.strategies.fsdp.fsdp_limit``): the layouts
@@ -280,7 +280,7 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
     if mixed_precision in ("bf16", "fp16"):
         precision = f"{mixed_precision}-autocast"
         kwargs = {**kwargs, "precision_for": TrainerPrecision(str(mixed_precision))}
-    shape = {k: v for k, v in kwargs.items() if k in _SHAPE_KEYS}
+    shape = {k: v for k, v in kwargs.items() if k in _SHAPE_KEYS} | ({"heads": heads} if heads else {})
     kwargs = {k: v for k, v in kwargs.items() if k not in _SHAPE_KEYS}
     timed = ""
     try:
@@ -297,7 +297,8 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
         elif device_type == "cpu":
             kwargs = {**kwargs, "gpu": CPU}
         rec = recommend_for_module(spec, world_size=world_size, device_memory_bytes=device_bytes,
-                                   precision=precision, allowed=None, facts=facts, knobs=TRAINER_KNOBS, **kwargs)
+                                   precision=precision, allowed=None, facts=facts, knobs=TRAINER_KNOBS, nodes=nodes,
+                                   recompute=recompute, **kwargs)
     except PlanError:
         return None
     return _as_layout(rec, pipeline=pipeline, timed=timed, left_out=_left_out(fsdp_limit) if fsdp_limit and
@@ -351,7 +352,7 @@ def measured_device(device: str, model: ModelSpec, run: RunSpec, *,
     cannot be: the GPU's shipped profile or the shape-aware model is kept), and a sentence saying which time model
     applies. Measuring is best effort: a failure (a full GPU, an unwritable cache) leaves the plan on those rates,
     never stops the job."""
-    from convoy.plan.calibrate import calibrate
+    from convoy.plan.speed.measure import calibrate
 
     gpu = None
     try:
@@ -376,7 +377,7 @@ def measured_device(device: str, model: ModelSpec, run: RunSpec, *,
 
 def _unmeasured_rates(gpu: str | None) -> str:
     """What a plan times steps with when its device could not be measured: the table row's rates
-    (``convoy.plan.rates.rates_for``: its shipped profile, else the shape-aware model), or a generic device's."""
+    (``convoy.plan.speed.rates.rates_for``: its shipped profile, else the shape-aware model), or a generic device's."""
     if gpu is None:
         return "step times use the shape-aware model on a generic device"
     return f"step times use {rates_for(lookup_gpu(gpu)).describe()}"
@@ -406,12 +407,10 @@ class ConvoyPlanner:
     def __call__(self, *, num_parameters: int, world_size: int, device_bytes: int, model: Any = None,
                  tp_degrees: Collection[int] = (), pp_degrees: Collection[int] = (), pipeline: bool = False,
                  heads: int | None = None, nodes: int = 1, fsdp_limit: str | None = None) -> AutoLayout | None:
-        shape = {"heads": heads} if heads else {}
         return auto_strategy(num_parameters=num_parameters, world_size=world_size, device_bytes=device_bytes,
                              model=model, tp_degrees=tp_degrees, pp_degrees=pp_degrees, pipeline=pipeline,
                              mixed_precision=self.mixed_precision, device=self.device, device_type=self.device_type,
-                             fsdp_limit=fsdp_limit, recompute=self.recompute,
-                             **({"nodes": nodes} if nodes > 1 else {}), **shape)
+                             fsdp_limit=fsdp_limit, heads=heads, nodes=nodes, recompute=self.recompute)
 
 
 def planner_hook(mixed_precision: str | None, *, device: str | None = None,
@@ -432,11 +431,20 @@ def _table_row(device: str) -> str | None:
         return None
 
 
-def _ask(planner: Planner, **kwargs: Any) -> AutoLayout | None:
-    """Call ``planner``: convoy's own with every keyword, a script's with the keywords it takes; accept a layout
-    or a ``(name, reason)`` pair."""
+def _ask(planner: Planner, *, num_parameters: int, world_size: int, device_bytes: int, model: Any,
+         tp_degrees: tuple[int, ...], pp_degrees: tuple[int, ...], pipeline: bool, heads: int | None, nodes: int,
+         fsdp_limit: str | None) -> AutoLayout | None:
+    """Ask ``planner`` for a layout: convoy's own (``ConvoyPlanner``) by a plain call with every fact; a planner of
+    the user's with the keywords its signature takes (``heads``, ``nodes`` and ``fsdp_limit`` only when known,
+    above 1 and set), answering a layout or a ``(name, reason)`` pair."""
     if isinstance(planner, ConvoyPlanner):
-        return planner(**kwargs)
+        return planner(num_parameters=num_parameters, world_size=world_size, device_bytes=device_bytes, model=model,
+                       tp_degrees=tp_degrees, pp_degrees=pp_degrees, pipeline=pipeline, heads=heads, nodes=nodes,
+                       fsdp_limit=fsdp_limit)
+    kwargs = {"num_parameters": num_parameters, "world_size": world_size, "device_bytes": device_bytes,
+              "model": model, "tp_degrees": tp_degrees, "pp_degrees": pp_degrees, "pipeline": pipeline,
+              **({"heads": heads} if heads else {}), **({"nodes": nodes} if nodes > 1 else {}),
+              **({"fsdp_limit": fsdp_limit} if fsdp_limit else {})}
     try:
         params = inspect.signature(planner).parameters
     except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
@@ -474,8 +482,7 @@ def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int, 
         heads = _config_heads(model) if split else None
         answer = _ask(planner, num_parameters=num_parameters, world_size=world_size, device_bytes=device_bytes,
                       model=model if split else None, tp_degrees=tps, pp_degrees=pps,
-                      pipeline=options.get("loss_fn") is not None, **({"heads": heads} if heads else {}),
-                      **({"nodes": nodes} if nodes > 1 else {}), **({"fsdp_limit": limit} if limit else {}))
+                      pipeline=options.get("loss_fn") is not None, heads=heads, nodes=nodes, fsdp_limit=limit)
         if answer is not None and limit and layout_shards_with_fsdp(answer):
             answer = None  # a planner that did not take fsdp_limit: the rule below answers instead
         pipeline_loop = options.get("loss_fn") is not None

@@ -1,29 +1,16 @@
 """Seconds of one collective as NCCL's own cost model prices it: ring or tree, LL / LL128 / Simple, latency that grows
 with the ranks and the nodes a group spans.
 
-    from convoy.plan.collectives import Group, collective_seconds
+    from convoy.plan.speed.collectives import Group, collective_seconds
     group = Group(ranks=1536, nodes=192, bus_bytes_per_s=200e9, link="nvlink")
     collective_seconds("all_gather", 24_576, group)        # a LayerNorm's weights over 1,536 ranks: latency-bound
     collective_seconds("all_reduce", 2 * 7e9, Group(ranks=8, nodes=1, bus_bytes_per_s=450e9, link="nvlink"))
 
-NCCL picks, per collective and message size, the algorithm and protocol its tuning model predicts fastest
-(``src/graph/tuning.cc``, ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime``: time = latency + bytes / algorithm
-bandwidth); this module is that model with its published constants (NCCL 2.19's table, read from the source):
-
-- latency (us): a base per algorithm and protocol (tree 6.8 / 14 / 0, ring 6.6 / 14 / 8.4 for LL / LL128 /
-  Simple) plus a hop latency per step: NVLink ring .6 / 1.9 / 3.4, PCIe ring 1.0 / 2.5 / 5.7, network ring
-  2.7 / 4.0 / 14, NVLink tree .6 / 1.25 / 28, PCIe tree 1.0 / 1.9 / 28, network tree 5.0 / 8.5 / 28. A ring takes
-  ``n - 1`` steps for an all-gather or reduce-scatter and ``2(n - 1)`` for an all-reduce, of which the ones that
-  cross nodes (``nodes - 1``, or ``2 nodes``) pay the network's hop and the rest the node's link (never less than
-  the 1 us of posting a network operation, 3 us with Simple, on a multi-node ring); a tree all-reduce takes
-  ``2((n/nodes - 1) intra + log2(nodes) inter)``. So a ring's latency grows with its length: 1,536 ranks on 192
-  nodes cost about 1.3 ms per all-gather with LL and 6 ms with Simple, where 8 ranks cost 11 us.
-- bandwidth: the group's bus bandwidth (``Group.bus_bytes_per_s``) x the protocol's efficiency (LL: 1/4 across
-  nodes or for an all-reduce, else 1/3; LL128: 0.92, only on NVLink; tree: 0.92, LL 1/3.8 of that, LL128 x
-  120/128 across nodes or 7/9 inside one), turned into algorithm bandwidth (ring: x n / steps; tree: x 1/2).
-
-What convoy adds: the bus bandwidth of a group (``convoy.plan.timing``: its link inside a node, its share of the
-node's NICs across nodes) and gloo between CPU processes, a ring at ``CPU_LATENCY_S`` per step.
+NCCL picks, per collective and message size, the algorithm and protocol its tuning model predicts fastest (time =
+latency + bytes / algorithm bandwidth: ``src/graph/tuning.cc``, ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime``);
+this module is that model with NCCL 2.19's published constants. A group's bus bandwidth is the caller's
+(``convoy.plan.timing``: its link inside a node, its share of the node's NICs across nodes); gloo between CPU
+processes is a ring at ``CPU_LATENCY_S`` per step.
 """
 
 from __future__ import annotations
@@ -33,6 +20,7 @@ from dataclasses import dataclass
 
 __all__ = ["Group", "collective_seconds", "choice", "CPU_LATENCY_S", "NET_OVERHEAD_S"]
 
+#: latency (us) per algorithm and protocol (LL, LL128, Simple), and per hop by link (NCCL 2.19, tuning.cc)
 _BASE = {"tree": (6.8, 14.0, 0.0), "ring": (6.6, 14.0, 8.4)}
 _HOP = {
     "nvlink": {"tree": (0.6, 1.25, 28.0), "ring": (0.6, 1.9, 3.4)},
@@ -59,6 +47,11 @@ class Group:
 
 
 def _latency(op: str, algo: str, proto: int, group: Group) -> float:
+    """A ring takes n - 1 steps for an all-gather or reduce-scatter and 2(n - 1) for an all-reduce, of which those
+    that cross nodes (nodes - 1, or 2 nodes) pay the network's hop and the rest the node's link (never less than
+    posting a network operation on a multi-node ring); a tree all-reduce takes 2((n/nodes - 1) intra + log2(nodes)
+    inter). So a ring's latency grows with its length: 1,536 ranks on 192 nodes cost about 1.3 ms per all-gather
+    with LL and 6 ms with Simple, where 8 ranks cost 11 us."""
     n, nodes = group.ranks, max(1, group.nodes)
     intra = _HOP["pcie" if group.link == "pcie" else "nvlink"][algo][proto]
     inter = _HOP["net"][algo][proto]
@@ -74,6 +67,9 @@ def _latency(op: str, algo: str, proto: int, group: Group) -> float:
 
 
 def _algorithm_bandwidth(op: str, algo: str, proto: int, group: Group) -> float:
+    """The bus bandwidth x the protocol's efficiency (LL: 1/4 across nodes or for an all-reduce, else 1/3; LL128:
+    0.92, NVLink only; tree: 0.92, LL 1/3.8 of that, LL128 x 120/128 across nodes or 7/9 inside one), turned into
+    algorithm bandwidth (ring: x n / steps; tree: x 1/2)."""
     n, bus = group.ranks, group.bus_bytes_per_s
     name = _PROTOCOLS[proto]
     if name == "LL128" and group.link != "nvlink":

@@ -25,7 +25,7 @@ from typing import Any
 
 from convoy.errors import ConvoyWarning, PlanError
 
-__all__ = ["MAX_BYTES", "read_cache", "write_cache", "unsafe_directory"]
+__all__ = ["MAX_BYTES", "read_cache", "write_cache", "parse_json_object"]
 
 MAX_BYTES = 64 * 1024 * 1024
 """A cache larger than this is not convoy's (one entry is a few kilobytes)."""
@@ -78,21 +78,6 @@ def _stat_unsafe(what: str, named: str, info: os.stat_result) -> str | None:
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return f"{what} {named} is writable by other users (mode {stat.S_IMODE(info.st_mode):04o})"
     return None
-
-
-def unsafe_directory(directory: Path) -> str | None:
-    """Why ``directory`` may not hold this user's cache (it exists), or None."""
-    real, reason = _resolved(directory)
-    if reason is not None:
-        return reason
-    try:
-        fd = os.open(real, _DIR_FLAGS)
-    except OSError as err:
-        return f"the directory {_named(directory, real)} cannot be opened ({err.strerror})"
-    try:
-        return _stat_unsafe("the directory", _named(directory, real), os.fstat(fd))
-    finally:
-        os.close(fd)
 
 
 def _refusal(reason: str) -> str:

@@ -1,27 +1,16 @@
-"""What the machine at hand achieves, measured once per device and torch version, and cached.
+"""The record of what a device achieves (``Calibration``), measured once per device and torch version, and its cache.
 
-    from convoy.plan.calibration import Calibration, load_calibration, save_calibration, cache_path
+    from convoy.plan.speed.records import Calibration, load_calibration, save_calibration, cache_path
     record = load_calibration(device_name="NVIDIA H100 80GB HBM3", device_uuid="GPU-...", torch_version="2.13.0")
     step_time(model, run, layout, hw, global_batch=8, calibration=record)      # convoy.plan.timing
 
-A ``Calibration`` holds achieved rates, not a single efficiency: matmul FLOP/s per GEMM shape (the model's
-own shapes), the seconds of one fused-attention forward + backward per shape, the memory bandwidth of a large
-copy, the per-kernel launch overhead, and (several GPUs) the peer-to-peer copy bandwidth. The measuring code
-is ``convoy.plan.calibrate`` (imports torch); this module is plain data and a JSON cache, torch-free. A record
-also keeps what training jobs measured on the device next to their plans (``observed``, written by the
-``Accelerator`` after its first steps and read by later plans: ``convoy.plan.observed``); a record may hold
-only those, no rates (``has_rates``).
-
-The cache is one JSON file, ``$XDG_CACHE_HOME/convoy/calibration.json`` (``~/.cache/...`` by default),
-a map from ``calibration_key(device name, device uuid, torch version)`` to a record. It is read and written
-only where no other user can change it (``convoy.plan.cache_file``: this user's, writable by no one else, no
-link of another user's on the way); a file that breaks that rule or cannot be read is one warning and is set
-aside. An entry whose values no measurement gives (not a finite positive number, or beyond what its board can
-do: a matmul above the datasheet's peak, a copy above its memory bandwidth, a kernel below the launch floor) is
-one warning naming the file and the entry, and is ignored (``rates_problem``). A record's rates are used only
-for the same device (uuid, else name), the same torch version and the same ``FORMAT``; anything else is
-measured again. Shapes missing from a record are measured and merged in. ``cached_records`` reads every entry,
-whatever its torch version, without torch (how ``convoy plan`` finds the observations of the GPU at hand).
+A record holds achieved rates (FLOP/s per GEMM shape, seconds per attention shape, copy bandwidth, launch cost,
+peer bandwidth), what jobs measured beside their plans (``observed``, ``convoy.plan.speed.observed``) and a CPU's
+costs per operator (``cpu_ops``); ``convoy.plan.speed.measure`` fills it. The cache is one JSON file,
+``$XDG_CACHE_HOME/convoy/calibration.json``, keyed by ``calibration_key(device name, uuid, torch version)`` and
+read and written only where no other user can steer it (``convoy.plan.speed.cache_file``). An entry whose values no
+measurement gives (``rates_problem``) is one warning and is ignored. Rates are used only for the same device, torch
+version and ``FORMAT``; ``cached_records`` reads every entry, whatever its torch version. Torch-free.
 """
 
 from __future__ import annotations
@@ -35,14 +24,13 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from convoy.errors import ConvoyWarning, PlanError
-from convoy.plan.cache_file import read_cache, write_cache
+from convoy.plan.speed.cache_file import read_cache, write_cache
 
 __all__ = ["Calibration", "FORMAT", "cache_path", "calibration_key", "load_calibration", "save_calibration",
            "cached_records", "gemm_key", "attention_key", "time_model", "rates_problem", "LAUNCH_FLOOR_S"]
 
 #: bump when a field's meaning changes: older records are then ignored (measured again). Adding an optional
-#: field is not such a change (``observed`` came without a bump: a record without it has none, and an older
-#: convoy drops the key it does not know)
+#: field is not such a change (a record without it has none, and an older convoy drops the key it does not know)
 FORMAT = 1
 
 LAUNCH_FLOOR_S = 5e-7
@@ -71,7 +59,7 @@ class Calibration:
     """The device's UUID where the runtime gives one (``GPU-...``); empty for the CPU."""
     torch_version: str
     device_type: str = "cuda"
-    """``"cuda"`` or ``"cpu"`` (``"datasheet"``: no measurement, the rates a datasheet promises)."""
+    """The measured device's type: ``"cuda"`` or ``"cpu"``."""
     gemm_flops: Mapping[str, float] = field(default_factory=dict)
     """``gemm_key`` -> achieved FLOP/s (2mnk per product, median of timed runs)."""
     attention_seconds: Mapping[str, float] = field(default_factory=dict)
@@ -88,11 +76,12 @@ class Calibration:
     measured_at: float = 0.0
     """Unix time of the (last) measurement."""
     observed: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    """What training jobs measured on this device next to their plans: ``convoy.plan.observed.case_key`` ->
-    ``Observation.as_dict()`` (plain JSON; ``convoy.plan.observed`` reads it)."""
+    """What training jobs measured on this device next to their plans: ``convoy.plan.speed.observed.case_key`` ->
+    ``Observation.as_dict()`` (plain JSON; ``convoy.plan.speed.observed`` reads it)."""
     cpu_ops: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """On a CPU: the cost per operator, matmul rate and bandwidth one process measured, per thread count
-    (``convoy.plan.cpu.rates_key`` -> ``CpuRates.as_dict()``; ``convoy.plan.cpu_measure.cpu_rates``)."""
+    (``convoy.plan.speed.cpu_step.rates_key`` -> ``CpuRates.as_dict()``;
+    ``convoy.plan.speed.measure_cpu.cpu_rates``)."""
     format: int = FORMAT
 
     @property
@@ -150,7 +139,7 @@ class Calibration:
 
 def time_model(record: "Calibration") -> str:
     """The sentence every output (``convoy plan``, ``strategy="auto"``) uses for step times measured on this
-    machine (``convoy.plan.rates.Rates.describe`` says it for the other sources)."""
+    machine (``convoy.plan.speed.rates.Rates.describe`` says it for the other sources)."""
     return f"rates measured on this machine ({record.describe()})"
 
 
@@ -326,7 +315,7 @@ def _attention_floor(key: str, board) -> float:
 
 def save_calibration(record: Calibration, *, path: Path | None = None) -> Path:
     """Write (or merge into) the cache entry for ``record``'s device and torch version; returns the file.
-    ``PlanError`` where the cache may not be written (``convoy.plan.cache_file``)."""
+    ``PlanError`` where the cache may not be written (``convoy.plan.speed.cache_file``)."""
     path = path or cache_path()
     data = read_cache(path)
     old = data.get(record.key)

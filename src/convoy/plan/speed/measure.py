@@ -1,13 +1,13 @@
 """Measure a device for the planner's time model: GEMMs at the model's shapes, fused attention, bandwidth.
 
-    from convoy.plan.calibrate import calibrate, measure
+    from convoy.plan.speed.measure import calibrate, measure
     record = calibrate(model, run, device="cuda")          # cached per device + torch version; measures what is missing
     record = calibrate(model, run, device="cuda", tp=(1, 2, 4))   # every tp degree's shapes, one record
     record = measure(model, run, device="cuda:0")         # always measures, no cache
 
-The only module of ``convoy.plan`` that imports torch, and only inside its functions. Every number is a median
-of timed repetitions after a warm-up, synchronised on the device (``torch.cuda.synchronize``). On the CPU it
-measures the CPU (used by tests of this code path and for plans of CPU runs).
+torch is imported inside its functions only. Every number is a median of timed repetitions after a warm-up,
+synchronised on the device (``torch.cuda.synchronize``). On the CPU it measures the CPU (used by tests of this code
+path and for plans of CPU runs). What it records: ``convoy.plan.speed.records``.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from convoy.errors import PlanError
-from convoy.plan.calibration import (Calibration, attention_key, gemm_key, load_calibration, save_calibration)
 from convoy.plan.hardware import lookup_gpu
 from convoy.plan.model import ModelSpec
 from convoy.plan.run import RunSpec
 from convoy.plan.shapes import attention_shape, gemm_shapes
+from convoy.plan.speed.records import Calibration, attention_key, gemm_key, load_calibration, save_calibration
 
 __all__ = ["calibrate", "measure", "device_identity", "resolve_calibration"]
 
@@ -207,7 +207,7 @@ def resolve_calibration(hw: Any, model: ModelSpec, run: RunSpec, *, tp: int = 1,
     """The calibration ``convoy plan --calibrate`` uses, or None and why it was not measured.
 
     Measures only when a device of the planned kind is visible here (the inventory, else this machine's
-    discovery); a plan without it keeps the GPU's profile or the shape-aware model (``convoy.plan.rates``)."""
+    discovery); a plan without it keeps the GPU's profile or the shape-aware model (``convoy.plan.speed.rates``)."""
     if inventory is None:
         try:
             from convoy.devices.discovery import discover

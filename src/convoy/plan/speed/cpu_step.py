@@ -1,34 +1,18 @@
 """The step of eager PyTorch on CPU processes: the operators one step runs, at this machine's cost per operator,
 matmul rate and memory bandwidth.
 
-    from convoy.plan.cpu import CpuRates, StepOps, cpu_step
+    from convoy.plan.speed.cpu_step import CpuRates, StepOps, cpu_step
     ops = StepOps(ops=173, gemm_flops=1.8e5, bytes_moved=2.7e5, collectives=3, collective_bytes=5416)
     rates = CpuRates(op_seconds=30e-6, dtensor_op_seconds=60e-6, dtensor_foreach_seconds=20e-6,
                      gemm_flops_per_s=3e10, memory_bytes_per_s=5e9, collective_seconds=150e-6, threads=1)
     step = cpu_step(ops, rates, bubble=0.25)
     step.seconds, step.dispatch, step.gemm, step.memory, step.collectives, step.bubble
 
-Why a model of its own. On a GPU a training step is its kernels' time (``convoy.plan.rates``). An eager step of a
-small model on a CPU is not bound by FLOPs at all: each operator costs PyTorch's Python, dispatcher and autograd
-work, some tens of microseconds whatever its size; a DTensor operator (FSDP2's sharded parameters and their
-optimizer step, tensor-parallel weights) costs its sharding propagation on top, per tensor; a collective over
-gloo costs a round trip between processes. A model of a few thousand parameters then takes milliseconds, not
-the microseconds its FLOPs say. So the CPU step is::
-
-    seconds = ((ops + fsdp_units x FSDP_UNIT_OPS + tp_modules x TP_MODULE_OPS) x op_seconds
-               + dtensor_ops x dtensor_op_seconds + dtensor_foreach x dtensor_foreach_seconds + gemm_flops / gemm_flops_per_s
-               + bytes_moved / memory_bytes_per_s + (collectives - transfers) x collective_seconds
-               + transfers x transfer_seconds + collective_bytes / collective_bytes_per_s) x (1 + bubble)
-
-``StepOps`` is what one step runs, counted by the Accelerator on a warm-up step (``convoy.plan.cpu_measure.
-OpCounter``: every operator the dispatcher sees, data loading, forward, backward, the data-parallel engine's
-copies and collectives, the optimizer); ``CpuRates`` is what this machine does, measured in a fraction of a
-second (``convoy.plan.cpu_measure.measure_cpu_rates``) and cached per CPU, torch version, thread count and
-processes of the job on the machine (``convoy.plan.calibration``'s file, key ``cpu_ops``), but for the
-collectives' round trip, which the job measures on its own processes (it depends on how many there are and on
-what else the machine runs). ``bubble`` is the pipeline's idle fraction for the schedule that runs
-(``convoy.plan.schedules.pipeline_bubble``): a stage's own operators are counted, its waiting
-for the other stages is not.
+An eager step of a small model on a CPU is bound by PyTorch's work per operator (Python, dispatcher, autograd;
+a DTensor operator's sharding propagation on top), not by its FLOPs, so it is costed operator by operator
+(``cpu_step``). ``StepOps`` is counted by ``convoy.plan.speed.measure_cpu.OpCounter`` on a warm-up step, and
+``CpuRates`` measured by ``measure_cpu.cpu_rates`` (cached per CPU, torch version, threads and processes under
+the record's ``cpu_ops``), the collectives' and transfers' round trips by the job's own processes. Pure; no torch.
 """
 
 from __future__ import annotations
@@ -102,7 +86,7 @@ class CpuRates:
     """Bytes per second read + written by a copy."""
     collective_seconds: float = 0.0
     """Seconds per collective between the job's processes (a round trip over gloo, measured by the job on its own
-    processes: ``convoy.plan.cpu_measure.round_trip_seconds``; never cached)."""
+    processes: ``convoy.plan.speed.measure_cpu.round_trip_seconds``; never cached)."""
     transfer_seconds: float = 0.0
     """Seconds per point-to-point send or receive between them (likewise): a pipeline stage's receive waits for
     the other stage to be scheduled, which the collectives of symmetric work mostly do not."""
@@ -164,8 +148,16 @@ class CpuStep:
 
 
 def cpu_step(ops: StepOps, rates: CpuRates, *, bubble: float = 0.0) -> CpuStep:
-    """One step of ``ops`` at ``rates`` (module docstring); ``bubble``: the pipeline's idle fraction of the
-    busy time (``(p - 1) / (v m)`` for an interleaved schedule, 0 without pp)."""
+    """One step of ``ops`` at ``rates``::
+
+        seconds = ((ops + fsdp_units x FSDP_UNIT_OPS + tp_modules x TP_MODULE_OPS) x op_seconds
+                   + dtensor_ops x dtensor_op_seconds + dtensor_foreach x dtensor_foreach_seconds
+                   + gemm_flops / gemm_flops_per_s + bytes_moved / memory_bytes_per_s
+                   + (collectives - transfers) x collective_seconds + transfers x transfer_seconds
+                   + collective_bytes / collective_bytes_per_s) x (1 + bubble)
+
+    ``bubble``: the pipeline's idle fraction of the busy time (``convoy.plan.schedules.pipeline_bubble``; 0 without
+    pp): a stage's own operators are counted, its waiting for the other stages is not."""
     dispatch = ((ops.ops + ops.fsdp_units * FSDP_UNIT_OPS + ops.tp_modules * TP_MODULE_OPS) * rates.op_seconds
                 + ops.dtensor_ops * rates.dtensor_op_seconds + ops.dtensor_foreach * rates.dtensor_foreach_seconds)
     gemm = ops.gemm_flops / rates.gemm_flops_per_s

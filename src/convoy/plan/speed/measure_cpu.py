@@ -1,6 +1,6 @@
-"""Count the operators a training step runs, and measure what one costs on this CPU (``convoy.plan.cpu``).
+"""Count the operators a training step runs, and measure what one costs on this CPU (``convoy.plan.speed.cpu_step``).
 
-    from convoy.plan.cpu_measure import OpCounter, cpu_rates, round_trip_seconds
+    from convoy.plan.speed.measure_cpu import OpCounter, cpu_rates, round_trip_seconds
     counter = OpCounter()
     with counter:                      # or counter.start() ... counter.stop(), from two hooks
         train_one_step()
@@ -10,25 +10,12 @@
     rates = replace(rates, collective_seconds=collective, transfer_seconds=transfer,
                     collective_bytes_per_s=bandwidth)
 
-``OpCounter`` is a ``TorchDispatchMode``: it sees every operator the dispatcher runs on this thread (and the
-autograd engine's, which runs a CPU backward on the calling thread), counts it, and calls it unchanged. An
-operator on DTensors is seen once, before DTensor unwraps it (the local operators it runs are not counted again).
-
-``measure_cpu_rates``: the cost per operator is a small training step (three Linear layers, ReLU, cross-entropy,
-backward, AdamW, ``zero_grad``) timed and divided by the operators the counter counts in it, so that the Python
-of modules, autograd and the optimizer is in it as it is in a user's step; the DTensor costs are AdamW steps over
-DTensor parameters (per parameter, then ``foreach``) and a forward and backward through two sharded linears (the
-dearer of the two per operator), on a mesh the job already has (a DTensor parameter's); the
-matmul rate a 256 x 512 x 512 product, the bandwidth a 16 MiB copy. ``round_trip_seconds``: what an all-reduce of a
-few numbers adds to the reference step it follows, and 1 MiB more to a bare one, over the job's default group
-(every rank calls it at the same point: the Accelerator, at the end of the first optimizer step): what each
-collective and pipeline transfer costs between the job's processes. Each process arrives at it after work of its
-own, so it holds the wait for the other process to be scheduled, as a step's collectives do (on 2 cores a
-collective about 0.3 ms, a pipeline's receive, which more often waits for a descheduled stage, 1-2 ms). It is not
-cached: it depends on the processes and on what else the machine runs. The measurements leave the job's random
-generator as they found it.
-
-The only modules of ``convoy.plan`` that import torch are this one and ``convoy.plan.calibrate``, inside functions.
+``OpCounter`` is a ``TorchDispatchMode``: it counts every operator the dispatcher runs on this thread (the CPU
+autograd engine's too) and runs it unchanged; an operator on DTensors is counted once, before DTensor unwraps it.
+``measure_cpu_rates`` times a small reference training step per counted operator, AdamW steps and a
+forward-backward over DTensor parameters, a matmul and a copy. ``round_trip_seconds`` is not cached: it depends
+on the job's processes and on what else the machine runs. The measurements leave the job's random generator as
+they found it. torch is imported inside functions only.
 """
 
 from __future__ import annotations
@@ -39,8 +26,8 @@ import time
 from typing import Any, Callable, TypeVar
 
 from convoy.errors import PlanError
-from convoy.plan.calibration import load_calibration, save_calibration, Calibration
-from convoy.plan.cpu import CpuRates, StepOps, rates_key
+from convoy.plan.speed.cpu_step import CpuRates, StepOps, rates_key
+from convoy.plan.speed.records import Calibration, load_calibration, save_calibration
 
 __all__ = ["OpCounter", "measure_cpu_rates", "cpu_rates", "round_trip_seconds"]
 
@@ -197,9 +184,13 @@ def _reference_step() -> Any:
 
 @_keeps_random_state
 def measure_cpu_rates(*, mesh: Any = None, reps: int = 15) -> CpuRates:
-    """Measure this process's rates on the CPU (module docstring); ``mesh``: a DeviceMesh of the job, to cost
-    DTensor operators on (without one, the DTensor costs are 0). The collectives' round trip is not measured
-    here (``round_trip_seconds``)."""
+    """Measure this process's rates on the CPU: the cost per operator is a small training step (three Linear
+    layers, ReLU, cross-entropy, backward, AdamW, ``zero_grad``) timed and divided by the operators the counter
+    counts in it, so the Python of modules, autograd and the optimizer is in it as in a user's step; the DTensor
+    costs are AdamW steps over DTensor parameters (per parameter, then ``foreach``) and a forward-backward
+    through two sharded linears (the dearer per operator) on ``mesh``, a DeviceMesh of the job (without one they
+    are 0); the matmul rate a 256 x 512 x 512 product, the bandwidth a 16 MiB copy. The
+    collectives' round trip is not measured here (``round_trip_seconds``)."""
     import torch
 
     g = torch.Generator().manual_seed(0)
@@ -320,7 +311,7 @@ def cpu_rates(*, mesh: Any = None, processes: int = 1, save: bool = True) -> Cpu
     ``save``). Rates cached without a DTensor cost are measured again when ``mesh`` is given."""
     import torch
 
-    from convoy.plan.calibrate import device_identity
+    from convoy.plan.speed.measure import device_identity
 
     name, uuid, version = device_identity("cpu")
     key = rates_key(torch.get_num_threads(), processes)

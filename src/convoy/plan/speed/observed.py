@@ -1,25 +1,16 @@
 """What a training job measured on this machine next to what its plan said, and how later plans use it.
 
-    from convoy.plan.observed import Observation, case_key, observations_here
+    from convoy.plan.speed.observed import Observation, case_key, observations_here
     key = case_key(model, run, layout, hw)                   # one job: model, layout, s x b, recipe, machine shape
     seen = Observation(measured_s=0.071, planned_s=0.0766, measured_bytes=14.6e9, planned_bytes=14.2e9,
                        rates="profile", steps=5, at=time.time())
     save_calibration(Calibration(device_name=..., torch_version=..., observed={key: seen.as_dict()}))
     plan_for(model, run, hw, observed=observations_here(hw))  # what convoy.plan() does on the GPU at hand
 
-``convoy.Accelerator`` writes one ``Observation`` per job into the calibration cache entry of its device and
-torch version (``convoy.plan.calibration``) once its first steps are measured (``convoy.train.plan_report``).
-A later plan of the same case on that device takes the measured step time instead of the modeled one (the
-modeled breakdown scaled to it, ``StepTime.correction``) and says so; every other case is planned as before.
-The measured peak memory is kept and shown, but not applied: the peak a loop reaches also holds what the loop
-does beyond the layout (a loss kept for logging, an evaluation batch), so ``fits`` stays the model's.
-
-A case is the same model (parameter count and shape, not its name: a config path and the module built from it
-are one model), the same layout (ZeRO stage, degrees, micro-batches per step, offload), the same sequence
-length and micro-batch, precision recipe, optimizer, recomputation and attention, on as many GPUs of the same
-table row per node and as many nodes. ``observations_here`` finds them without torch (``convoy plan`` stays
-torch-free): the cache entries of the devices this machine has (NVML's uuid, else the name,
-``convoy.devices.discovery``), whatever torch version wrote them, the newest observation of each case winning.
+``convoy.Accelerator`` writes one ``Observation`` per job into its device's record (``convoy.plan.speed.records``)
+once its first steps are measured (``convoy.train.plan_report``). A later plan of the same case on that device takes
+the measured step time (``StepTime.correction``) and says so; the measured peak memory is shown but not applied
+(a loop's peak also holds what it keeps beyond the layout). ``observations_here`` finds them without torch.
 """
 
 from __future__ import annotations
@@ -31,11 +22,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from convoy.errors import ConvoyWarning, PlanError
-from convoy.plan.calibration import LAUNCH_FLOOR_S, Calibration, cache_path, cached_records
 from convoy.plan.hardware import Hardware, lookup_gpu
 from convoy.plan.memory import Layout
 from convoy.plan.model import ModelSpec
 from convoy.plan.run import RunSpec
+from convoy.plan.speed.records import LAUNCH_FLOOR_S, Calibration, cache_path, cached_records
 
 __all__ = ["Observation", "case_key", "observed_in", "observations_for", "observations_here", "impossible",
            "LONGEST_STEP_S"]
@@ -105,7 +96,10 @@ class Observation:
 
 
 def case_key(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> str:
-    """The one string that names a case (see the module docstring), e.g.
+    """The one string that names a case: the same model (parameter count and shape, not its name: a config path
+    and the module built from it are one model), layout (ZeRO stage, degrees, micro-batches per step, offload),
+    sequence length and micro-batch, precision recipe, optimizer, recomputation and attention, on as many GPUs of
+    the same table row per node and as many nodes, e.g.
     ``"124439808 params 12x768 a12/12 f3072 v50257 | zero3 dp2 (shard 2) tp1 pp1 m1 | s1024 b8 | bf16-fsdp adamw
     recompute none flash | 2 H100-80GB per node x 1"``."""
     shape = f"{model.num_layers}x{model.hidden} a{model.heads}/{model.kv_heads or model.heads} f{model.ffn} " \

@@ -1,23 +1,18 @@
 """Device profiles shipped with convoy: rates measured on a GPU users plan for, used before it is in hand.
 
-    from convoy.plan.profiles import profile_for, shipped_profiles
+    from convoy.plan.speed.profiles import profile_for, shipped_profiles
     record, origin = profile_for(lookup_gpu("H100-80GB"))     # (Calibration, "measured on ...") or None
     shipped_profiles()                                        # {"H100-80GB": ...}
 
-A profile is a ``Calibration`` record (the format ``convoy plan --calibrate`` caches, ``convoy.plan.calibration``)
-measured on one board of a table row (``convoy.plan.hardware.GPUS``), stored as JSON in
-``convoy/plan/device_profiles/<row>.json`` with where and how it was measured::
+A profile is a ``Calibration`` record measured on one board of a table row (``convoy.plan.hardware.GPUS``), stored
+as ``device_profiles/<row>.json`` beside this module::
 
     {"gpu": "H100-80GB", "measured": "the board, driver, torch, date", "origin": "how", "record": {...}}
 
-``convoy.plan.rates.rates_for`` uses it whenever the planned GPU is not calibrated here: ``convoy plan
---hardware 8xH100-80GB`` on a laptop, and ``strategy="auto"`` on a machine never calibrated. A profile applies
-to its row as the datasheet describes it: a GPU whose peak was overridden (``--peak-tflops``) is not that board.
-To add one, run ``convoy plan <config> --calibrate`` on the GPU and copy its cache entry
-(``$XDG_CACHE_HOME/convoy/calibration.json``) into a new file here. A profile that cannot be read (a damaged
-install: truncated, not UTF-8, not the layout above) or holds values no measurement gives
-(``calibration.rates_problem``) is one warning naming the file; plans for that board use the shape-aware model,
-and every other profile stands.
+``convoy.plan.speed.rates.rates_for`` uses it when the planned GPU is not calibrated here, and only for the board
+as its datasheet describes it (not under ``--peak-tflops``). To add one, run ``convoy plan <config> --calibrate`` on
+the GPU and copy its cache entry into a new file there. A profile that cannot be read or holds values no
+measurement gives (``records.rates_problem``) is one warning naming the file; the other profiles stand.
 """
 
 from __future__ import annotations
@@ -28,13 +23,13 @@ from importlib import resources
 from typing import Any, Iterator, Mapping
 
 from convoy.errors import ConvoyWarning
-from convoy.plan.cache_file import parse_json_object
-from convoy.plan.calibration import Calibration, rates_problem
 from convoy.plan.hardware import GPUS, GpuSpec
+from convoy.plan.speed.cache_file import parse_json_object
+from convoy.plan.speed.records import Calibration, rates_problem
 
 __all__ = ["profile_for", "shipped_profiles"]
 
-_PACKAGE = "convoy.plan.device_profiles"
+_PACKAGE = "convoy.plan.speed.device_profiles"
 
 
 @functools.cache

@@ -1,41 +1,17 @@
-"""How fast a device runs each kind of work a training step is made of, before or after it is in hand.
+"""How fast a GPU runs each kind of kernel a training step is made of: GEMMs, fused attention, memory-bound work.
 
-    from convoy.plan.rates import rates_for
+    from convoy.plan.speed.rates import rates_for
     rates = rates_for(gpu)                                   # a shipped profile, else the shape-aware model
     rates = rates_for(gpu, calibration=record)               # rates measured here (``convoy plan --calibrate``)
     rates = rates_for(gpu, efficiency=0.5)                   # the flat datasheet model (``--efficiency``)
     rates.gemm_seconds(8192, 768, 2304, "bf16"), rates.attention_seconds(8, 12, 12, 1024, 64, "bf16")
 
-Four sources, best first, which ``rates_for`` picks and ``Rates.describe`` names in every plan:
-
-- ``calibrated``: a ``Calibration`` measured on this device (``convoy.plan.calibrate``); GEMM shapes and
-  attention shapes it lacks come from the shape-aware model fitted to it (``MeasuredRates``).
-- ``profile``: a record measured on the planned GPU elsewhere and shipped with convoy
-  (``convoy.plan.profiles``), used the same way: what users plan with before the GPU is in hand.
-- ``modeled``: a GPU without a profile: the shape-aware model (``ModeledRates``) on its datasheet.
-- ``datasheet``: every GEMM and the attention at one fixed fraction of the peak (``FlatRates``): what
-  ``efficiency=`` (``--efficiency``) asks for, and the planner's model before profiles.
-
-The shape-aware model (``ModeledRates``), from the board's physics (``GpuSpec``: compute units, the clock its
-power limit lets a GEMM hold) and its architecture's public measurements (``convoy.plan.architectures``). A GEMM of
-m x k x n runs as tiles of tm x tn outputs, one per compute unit at a time: ``ceil(m/tm) x ceil(n/tn)`` tiles in
-``waves = ceil(tiles / units)`` (NVIDIA, "Matrix Multiplication Background User's Guide", "Tile quantization" and
-"Wave quantization": https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/), each
-wave taking a tile's ``2·tm·tn·(k + 128)`` FLOPs at one unit's share of the attainable rate, the library taking the
-tile shape that finishes first. The attainable rate is the architecture's best measured GEMM fraction (MAMF) of the
-dense peak at the power-limited clock; the 128 is a tile's pipeline fill and drain (two 64-deep k-steps). So
-``max(waves x tile time / a, bytes / bandwidth) + t0``: the operands' bytes at the memory bandwidth when that is
-slower (skinny shapes on boards with little bandwidth per FLOP), a = 1/5.5 when a dimension is not a multiple of 8
-elements (16 bytes of bf16): tensor cores then load operands in narrower steps (same guide, "Tensor Core
-Requirements"; GPT-2's 50,257-word head runs at 0.13 of the H100's peak against 0.69 for 50,304), and t0 = 22.5 us,
-the fixed cost a timed product pays on the profile's host (its launch and synchronisation; least squares over the
-H100 profile's 31 products, with everything else fixed by the physics above). On the H100 the model is within 16 %
-(rms) of the profile's 31 measured products, with no constant taken from them but t0 and a.
-A fused causal attention forward + backward takes ``12 b a s^2 d / (E_att x peak) + t0_att``, E_att the
-architecture's attention fraction (Hopper 0.61 of the non-causal count's FLOPs, the H100 profile's own figure,
-rms 13 % over its 7 shapes; Ampere 1.9x that, from FlashAttention-2's measurements) and t0_att = 207 us.
-Memory-bound work (norms, activations, residuals) moves 15 bytes per byte it saves for backward, at the board's
-bandwidth x the fraction a large copy reaches (0.835 on the H100).
+``rates_for`` picks the best of four sources, and ``Rates.kind`` / ``Rates.describe`` name it in every plan:
+``calibrated`` (a ``Calibration`` of this device, ``MeasuredRates``), ``profile`` (a record shipped for the planned
+board, ``convoy.plan.speed.profiles``, used the same way), ``modeled`` (``ModeledRates``: tiles in waves over the
+board's compute units at its power-limited clock) and ``datasheet`` (``FlatRates``: one fraction of the peak).
+Shapes a measured record lacks come from the shape-aware model scaled to that record. The model, its constants
+and its accuracy against the H100 profile: docs/planner.md, "Where the rates come from".
 """
 
 from __future__ import annotations
@@ -45,10 +21,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from convoy.plan.calibration import Calibration, attention_key, gemm_key, time_model
 from convoy.plan.architectures import Architecture, architecture_of
 from convoy.plan.hardware import GpuSpec
-from convoy.plan.profiles import profile_for
+from convoy.plan.speed.profiles import profile_for
+from convoy.plan.speed.records import Calibration, attention_key, gemm_key, time_model
 from convoy.plan.units import GB
 
 __all__ = ["Rates", "ModeledRates", "MeasuredRates", "FlatRates", "rates_for", "GEMM_FLOOR_S", "TILE_FILL_K",
@@ -75,7 +51,7 @@ class Rates(Protocol):
     """What a device achieves: the time model's only view of the hardware's speed."""
 
     kind: str
-    """``"calibrated"``, ``"profile"``, ``"modeled"`` or ``"datasheet"`` (see the module docstring)."""
+    """``"calibrated"``, ``"profile"``, ``"modeled"`` or ``"datasheet"``: where the rates come from."""
     memory_bytes_per_s: float
     """Bandwidth of large device-memory copies (the optimizer step, FSDP's copies, DDP's buckets)."""
     pointwise_seconds_per_byte: float
@@ -109,8 +85,17 @@ def _aligned(*dims: int) -> bool:
 
 @dataclass(frozen=True)
 class ModeledRates:
-    """The shape-aware model (module docstring) on ``gpu``'s compute units, power-limited clock, peak and bandwidth,
-    with its architecture's attainable fractions."""
+    """The shape-aware model on ``gpu``'s compute units, power-limited clock, peak and bandwidth, with its
+    architecture's attainable fractions (``convoy.plan.architectures``).
+
+    A GEMM of m x k x n runs as tiles of tm x tn outputs, one per compute unit at a time (NVIDIA, "Matrix
+    Multiplication Background User's Guide", tile and wave quantization): ``ceil(m/tm) x ceil(n/tn)`` tiles in
+    ``ceil(tiles / units)`` waves, each tile ``2·tm·tn·(k + TILE_FILL_K)`` FLOPs at one unit's share of the
+    architecture's best GEMM fraction of the power-limited peak, the fastest tile shape winning; divided by
+    ``UNALIGNED_FACTOR`` when a dimension is not a multiple of 8 elements; never faster than its operands' bytes at
+    the memory bandwidth; plus ``GEMM_FLOOR_S``. A fused causal attention forward + backward is ``12·b·a·s²·d``
+    FLOPs at the architecture's attention fraction, plus ``ATTENTION_FLOOR_S``. Memory-bound work moves
+    ``POINTWISE_TRAFFIC`` bytes per byte it saves for backward at the bandwidth a large copy reaches."""
 
     gpu: GpuSpec
     gemm_scale: float = 1.0

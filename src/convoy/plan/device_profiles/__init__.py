@@ -1,1 +1,0 @@
-"""Measured device profiles (JSON), read by ``convoy.plan.profiles``."""

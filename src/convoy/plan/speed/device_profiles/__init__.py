@@ -1,0 +1,1 @@
+"""Measured device profiles (JSON), read by ``convoy.plan.speed.profiles``."""
