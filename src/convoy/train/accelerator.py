@@ -31,6 +31,7 @@ from convoy.config.schema import is_whole, show
 from convoy.errors import ConfigError
 from convoy.train import checkpoint, collectives, data, operations, tracking
 from convoy.train.arguments import check_arguments, check_plain_arguments, is_flag
+from convoy.train.checkpoint.hooks import StateHooks
 from convoy.train.coordination import Trigger, join_uneven_inputs
 from convoy.train.data import DataLoaderConfiguration, PreparedDataLoader
 from convoy.train.data.loop import LoopPosition
@@ -38,9 +39,8 @@ from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_han
 from convoy.train.plan_report import PlanReport, PlanWatch
 from convoy.train.plugins import plugin_arguments
 from convoy.train.process_group import stop_process_group
-from convoy.train.process_state import AcceleratorState, DistributedType, GradientState, distributed_type_for
+from convoy.train.process_view import AcceleratorState, DistributedType, GradientState, distributed_type_for
 from convoy.train.settings import resolve_settings
-from convoy.train.state_hooks import StateHooks
 from convoy.train.strategies.base import Strategy, SupportsNoSync
 from convoy.train.strategies.build import build_strategy, declared_distributed_type, named_layout, start_job
 from convoy.train.wrappers import PreparedOptimizer, PreparedScheduler, autocast_forward
