@@ -37,9 +37,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from convoy.config.schema import KEYS, is_whole, show
 from convoy.errors import ConfigError, LaunchError, RankFailedError
+from convoy.launch import hang_report
 from convoy.launch.env import ConvoyEnv, rank_env
 from convoy.launch.failures import describe_exit
-from convoy.launch import progress
 from convoy.launch.loopback import is_loopback, keep_serving, loopback_env, prepare_worker, serving
 from convoy.launch.ports import free_port
 from convoy.launch.resolve import LaunchRequest
@@ -275,7 +275,7 @@ def _child(fn, args, kwargs, env: dict, send, replace_env: bool, release) -> Non
         os.environ.clear()
     os.environ.update(env)
     prepare_worker(env)  # rank 0: serve the rendezvous store on loopback (convoy.launch.loopback)
-    progress.install(env)  # raw collectives get convoy's default timeout
+    hang_report.install(env)  # raw collectives get convoy's default timeout
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)  # a forked intra-op pool hangs (notes: fork safety)

@@ -24,6 +24,9 @@ to ``init_process_group``) still catches a collective that hangs after every ran
 group holds the c10d store past ``destroy_process_group()``, and gloo then aborts the process at exit): it
 makes a short-lived watch whose call number is counted in the store itself, so every caller of the job
 shares one sequence and the store keeps at most two keys per rank.
+
+The launcher's side (raw collectives' default timeout, the report naming a rank that never joined) is
+``convoy.launch.hang_report``.
 """
 
 from __future__ import annotations

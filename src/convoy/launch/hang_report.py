@@ -1,4 +1,5 @@
-"""Raw torch collectives: a default timeout, and a report that names the rank that never joined.
+"""The launcher's side of hang detection (the trainer's is ``convoy.train.hang``): raw torch collectives get
+a default timeout, and a report names the rank that never joined.
 
     install()                                        # in each worker (convoy.launch.record does it)
     missing_note({0: err0, 1: err1}, failed_rank=0)  # in the launcher: "rank 1 never joined collective #3 ..."
