@@ -38,10 +38,10 @@ from typing import Any, Callable, Mapping, Sequence
 from convoy.config.schema import KEYS, is_whole, show
 from convoy.errors import ConfigError, LaunchError, RankFailedError
 from convoy.launch import hang_report
-from convoy.launch.env import ConvoyEnv, rank_env
 from convoy.launch.failures import describe_exit
 from convoy.launch.loopback import is_loopback, keep_serving, loopback_env, prepare_worker, serving
 from convoy.launch.ports import free_port
+from convoy.launch.rank_env import ConvoyEnv, rank_env
 from convoy.launch.resolve import LaunchRequest
 
 __all__ = ["launch", "start_method_for", "importable"]

@@ -33,7 +33,7 @@ def _timeout(env: Mapping[str, str]) -> float:
     set by hand that it refuses is left to the trainer to report, and raw collectives keep the default)."""
     from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT
     from convoy.errors import ConfigError
-    from convoy.launch.env import read_collective_timeout
+    from convoy.launch.rank_env import read_collective_timeout
 
     try:
         return read_collective_timeout(env)

@@ -32,8 +32,8 @@ The launcher's side (raw collectives' default timeout, the report naming a rank 
 from __future__ import annotations
 
 import contextlib
-import time
 import os
+import time
 from typing import Any, Iterator, Mapping
 
 import torch.distributed as dist
@@ -41,7 +41,7 @@ from torch.distributed.distributed_c10d import _get_default_store
 
 from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT
 from convoy.errors import CollectiveTimeoutError, ConfigError
-from convoy.launch.env import read_collective_timeout
+from convoy.launch.rank_env import read_collective_timeout
 
 __all__ = ["CollectiveWatch", "watch_call", "collective_timeout", "DEFAULT_COLLECTIVE_TIMEOUT"]
 
