@@ -278,7 +278,7 @@ def build_request(args: argparse.Namespace):
     from convoy.launch.job import DeviceFilters
     from convoy.launch.resolve import LaunchRequest, WorkerOptions, node_range
     from convoy.config.settings import fill_unset_with_origins, said as settings_said, torchrun_variable
-    from convoy.devices.units import parse_duration
+    from convoy.devices.amounts import parse_duration
 
     # flags not given: torchrun's PET_<OPTION>, then CONVOY_<KEY>, ./convoy.toml, the user file (convoy config);
     # ``parallelism`` has no flag of its own (--dp/--tp/--pp spell it) but comes from the same places. Where

@@ -147,7 +147,7 @@ def _check_lease_options(env: Any, lease: Any, wait: Any) -> float | None:
     if not lease:
         raise ConfigError(f"convoy.launch(wait={show(wait)}, lease=False): wait is for devices another job "
                           "leased, and only a leasing call waits; drop wait= or lease=False")
-    from convoy.devices.units import parse_duration
+    from convoy.devices.amounts import parse_duration
     from convoy.errors import DeviceSpecError
 
     try:
