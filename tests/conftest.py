@@ -186,7 +186,7 @@ def _fresh_accelerator_state():
     Accelerate's), and a test's ``Accelerator(mixed_precision="bf16")`` would otherwise set the next test's
     precision (an ``Accelerator()`` there keeps it, one asking for another is refused)."""
     yield
-    state = sys.modules.get("convoy.train.process_state")  # only where a test loaded it: no torch import here
+    state = sys.modules.get("convoy.train.process_view")  # only where a test loaded it: no torch import here
     if state is not None:
         state.PartialState._reset_state()
 

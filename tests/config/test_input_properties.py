@@ -15,7 +15,7 @@ from convoy.config.settings import Settings, effective_settings
 from convoy.devices.discovery import discover
 from convoy.devices.inventory import Inventory
 from convoy.errors import ConvoyError
-from convoy.launch.env import ConvoyEnv, read_convoy_env
+from convoy.launch.rank_env import ConvoyEnv, read_convoy_env
 from convoy.train.settings import TrainSettings, resolve_settings
 from tests.bounded import BOUNDED, outcome
 

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from convoy.devices.amounts import MemoryAmount, parse_duration, parse_memory, parse_percent
 from convoy.devices.inventory import Inventory, inventory_from_dict, load_inventory
 from convoy.devices.selection import Selection, select_devices
 from convoy.devices.spec import parse_devices
-from convoy.devices.units import MemoryAmount, parse_duration, parse_memory, parse_percent
 from convoy.devices.visibility import MASK_VARIABLES, VisibleView, visible_devices
 from convoy.errors import ConvoyError, DeviceSpecError
 from tests.bounded import BOUNDED, outcome

@@ -155,7 +155,7 @@ def test_the_file_is_read_without_torch_and_help_without_yaml(box, inventory_pat
 
 def test_strategy_options_travel_to_the_ranks_and_back():
     from convoy.errors import ConfigError
-    from convoy.launch.env import ConvoyEnv, convoy_env, read_convoy_env
+    from convoy.launch.rank_env import ConvoyEnv, convoy_env, read_convoy_env
 
     sent = ConvoyEnv(strategy="zero3", strategy_options={"auto_wrap": ["Block", "Head"]})
     env = convoy_env(sent)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from convoy.cli.main import main
 from convoy.errors import ConvoyError
-from convoy.launch.env import ConvoyEnv
+from convoy.launch.rank_env import ConvoyEnv
 from convoy.launch.resolve import LaunchRequest
 from tests.bounded import BOUNDED, outcome
 from tests.conftest import INVENTORIES

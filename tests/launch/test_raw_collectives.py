@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from convoy.launch.progress import SUFFIX, missing_note
+from convoy.launch.hang_report import SUFFIX, missing_note
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "skip_collective.py")
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from convoy.cli.main import main
 from convoy.devices.inventory import Inventory, load_inventory
 from convoy.devices.selection import select_devices
 from convoy.errors import ConfigError, LaunchError, StrategyError
-from convoy.launch.env import ConvoyEnv
-from convoy.cli.main import main
+from convoy.launch.rank_env import ConvoyEnv
 from convoy.launch.resolve import LaunchRequest, WorkerOptions, describe_plan, resolve_launch
 
 CPU = select_devices("auto", inventory=Inventory(devices=(), source="none"), env={})

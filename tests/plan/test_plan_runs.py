@@ -73,7 +73,7 @@ def _rank_settings(args: tuple[str, ...], monkeypatch) -> dict[str, str]:
     """The environment a rank of ``convoy launch ARGS`` gets from the launcher's settings (``CONVOY_*``)."""
     from convoy.cli import launch as cli
     from convoy.cli.main import _command_parser
-    from convoy.launch.env import convoy_env
+    from convoy.launch.rank_env import convoy_env
 
     request, _ = cli.build_request(_command_parser("launch", cli).parse_args([*args, "train.py"]))
     nodes, per_node = (int(args[args.index(flag) + 1]) for flag in ("--nnodes", "--nproc-per-node"))

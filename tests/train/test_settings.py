@@ -8,7 +8,7 @@ import pytest
 from convoy import Accelerator
 from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT, MIXED_PRECISIONS
 from convoy.errors import ConfigError, ConvoyError, StrategyError
-from convoy.launch import env as launch_env
+from convoy.launch import rank_env as launch_env
 from convoy.train.settings import TrainSettings, resolve_settings
 
 

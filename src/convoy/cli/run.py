@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _seconds(text: str) -> float:
-    from convoy.devices.units import parse_duration
+    from convoy.devices.amounts import parse_duration
 
     try:
         value = parse_duration(text)
@@ -96,7 +96,7 @@ STOPPED_BY_SIGTERM = True  # convoy.cli.main: a SIGTERM before CMD starts (waiti
 
 
 def run(args: argparse.Namespace) -> int:
-    from convoy.devices.units import parse_duration
+    from convoy.devices.amounts import parse_duration
 
     env = command_env(args)
     if args.wait is not None and args.no_lease:

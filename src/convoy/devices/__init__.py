@@ -8,7 +8,7 @@
 Modules: ``spec`` (request grammar), ``vendors`` (each vendor's device type, link and collective backend),
 ``inventory`` (Device/Inventory and the JSON format), ``discovery`` (+ ``backends/`` per vendor), ``selection``
 (filters, order, topology, MIG), ``visibility`` (the vendors' environment variables), ``lease`` (reservations),
-``units`` ("20GiB", "80%", "5m").
+``amounts`` ("20GiB", "80%", "5m").
 """
 
 from __future__ import annotations

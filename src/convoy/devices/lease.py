@@ -23,8 +23,8 @@ file this user cannot open counts as held, with one line that names the path and
 
 from __future__ import annotations
 
-import fcntl
 import errno
+import fcntl
 import json
 import os
 import pwd
@@ -38,8 +38,8 @@ TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` sta
 if TYPE_CHECKING:
     from typing import Any, Callable, Mapping, Sequence
 
+from convoy.devices.amounts import parse_duration
 from convoy.devices.inventory import Device
-from convoy.devices.units import parse_duration
 from convoy.errors import LeaseError, SelectionError
 
 __all__ = ["Lease", "lease_devices", "lease_holders", "visible_holders", "select_and_lease", "default_lock_dir",

@@ -23,9 +23,9 @@ TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` sta
 if TYPE_CHECKING:
     from typing import Any, Iterable, Mapping, Sequence
 
+from convoy.devices.amounts import MemoryAmount, parse_memory, parse_percent
 from convoy.devices.inventory import Device, Inventory, as_inventory
 from convoy.devices.spec import describe_available, is_count, parse_devices
-from convoy.devices.units import MemoryAmount, parse_memory, parse_percent
 from convoy.devices.vendors import vendor_facts
 from convoy.devices.visibility import HIDE_ALL, visibility_env, visible_devices
 from convoy.errors import DeviceSpecError, SelectionError

@@ -3,7 +3,7 @@
     convoy launch --devices 0,2 train.py            # the command (convoy.cli.launch)
     convoy.launch(fn, args=(), nproc_per_node=2)     # a function on several processes (function.py)
 
-Modules: ``resolve`` (flags + Selection + Slurm env -> frozen LaunchPlan), ``env`` (the rank environment
+Modules: ``resolve`` (flags + Selection + Slurm env -> frozen LaunchPlan), ``rank_env`` (the rank environment
 contract), ``workers`` (the direct single-node engine, torch-free), ``elastic`` (torch's agent for several
 nodes and restarts), ``failures`` (first failing rank and its traceback), ``slurm``, ``ports``, ``job``
 (what the command calls), ``function`` (``convoy.launch(fn)``), ``record`` (error files for unmodified scripts).

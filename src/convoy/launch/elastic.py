@@ -41,8 +41,8 @@ from typing import Iterator, Mapping
 
 from convoy.errors import LaunchError, Terminated
 from convoy.launch.failures import RankFailure, describe_exit, failure_error
+from convoy.launch.hang_report import missing_note
 from convoy.launch.loopback import HOLD_DIR_VARIABLE, agent_store, is_loopback, loopback_env
-from convoy.launch.progress import missing_note
 from convoy.launch.resolve import DEFAULT_SIGNALS, LaunchPlan, shown_ranks, split_endpoint, stream_map
 
 C10D_PORT = 29400

@@ -37,11 +37,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 from convoy.config.schema import KEYS, is_whole, show
 from convoy.errors import ConfigError, LaunchError, RankFailedError
-from convoy.launch.env import ConvoyEnv, rank_env
+from convoy.launch import hang_report
 from convoy.launch.failures import describe_exit
-from convoy.launch import progress
 from convoy.launch.loopback import is_loopback, keep_serving, loopback_env, prepare_worker, serving
 from convoy.launch.ports import free_port
+from convoy.launch.rank_env import ConvoyEnv, rank_env
 from convoy.launch.resolve import LaunchRequest
 
 __all__ = ["launch", "start_method_for", "importable"]
@@ -147,7 +147,7 @@ def _check_lease_options(env: Any, lease: Any, wait: Any) -> float | None:
     if not lease:
         raise ConfigError(f"convoy.launch(wait={show(wait)}, lease=False): wait is for devices another job "
                           "leased, and only a leasing call waits; drop wait= or lease=False")
-    from convoy.devices.units import parse_duration
+    from convoy.devices.amounts import parse_duration
     from convoy.errors import DeviceSpecError
 
     try:
@@ -275,7 +275,7 @@ def _child(fn, args, kwargs, env: dict, send, replace_env: bool, release) -> Non
         os.environ.clear()
     os.environ.update(env)
     prepare_worker(env)  # rank 0: serve the rendezvous store on loopback (convoy.launch.loopback)
-    progress.install(env)  # raw collectives get convoy's default timeout
+    hang_report.install(env)  # raw collectives get convoy's default timeout
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)  # a forked intra-op pool hangs (notes: fork safety)

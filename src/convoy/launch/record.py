@@ -36,7 +36,7 @@ def write_error_file(exc: BaseException, path: str) -> None:
 def main(argv: list[str]) -> None:
     if not argv:
         sys.exit("usage: python -m convoy.launch.record SCRIPT [ARGS] | -m MODULE [ARGS]")
-    from convoy.launch import progress
+    from convoy.launch import hang_report
     from convoy.launch.loopback import STORE_VARIABLES, close_when_done, prepare_worker
 
     env = dict(os.environ)
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> None:
         os.environ.pop(name, None)
     prepare_worker(env)  # rank 0 of a single-node job: the store listens on loopback only
     close_when_done(env)  # the other ranks: tell rank 0 once this program is done, before the interpreter's teardown
-    progress.install()  # raw collectives: convoy's default timeout, and counts that name a missing rank
+    hang_report.install()  # raw collectives: convoy's default timeout, and counts that name a missing rank
     try:
         if argv[0] == "-m":
             sys.argv = argv[1:]

@@ -26,7 +26,7 @@ from convoy.devices.vendors import vendor_facts
 from convoy.devices.inventory import Device
 from convoy.devices.selection import CPU_RUN_NOTES, Selection
 from convoy.errors import ConfigError, LaunchError
-from convoy.launch.env import DEFAULT_SIGNALS, ConvoyEnv, check_launch_settings, convoy_env, rank_env
+from convoy.launch.rank_env import DEFAULT_SIGNALS, ConvoyEnv, check_launch_settings, convoy_env, rank_env
 from convoy.launch.slurm import slurm_allocation
 
 __all__ = ["WorkerOptions", "LaunchRequest", "LaunchPlan", "resolve_launch", "describe_plan", "node_range", "ENGINES",

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from convoy.devices.vendors import process_group_backend
-from convoy.launch.env import read_rank_env
+from convoy.launch.rank_env import read_rank_env
 
 __all__ = ["Check", "SelfCheckReport", "run_selfcheck", "format_selfcheck", "CHECKS"]
 

@@ -5,7 +5,7 @@
 
 For a single node without restarts, PyTorch's elastic agent adds nothing but its own ``import torch``
 (about 2.5 s on a 2-core box) before any worker starts. This engine starts the workers at once, gives each
-the variables torch's ``LocalElasticAgent`` would (``convoy.launch.env.rank_env``; rank 0's process group
+the variables torch's ``LocalElasticAgent`` would (``convoy.launch.rank_env.rank_env``; rank 0's process group
 creates the TCPStore on ``MASTER_PORT``), and does what the agent's monitor does: stream rank-prefixed
 output, stop every rank within seconds when one fails (SIGTERM, then SIGKILL after ``grace`` seconds),
 report the first failing rank once, and leave no process behind (each worker leads its own process group,
@@ -31,15 +31,15 @@ from pathlib import Path
 from typing import IO, Mapping
 
 from convoy.errors import LaunchError, Terminated
-from convoy.launch.env import rank_env
 from convoy.launch.console import RankLines, own_prefix_stripped, pieces
 from convoy.launch.failures import RankFailure, TracebackHold, failure_error, read_error_file
+from convoy.launch.hang_report import missing_note
 from convoy.launch.loopback import (DONE_FD_VARIABLE, LISTEN_FD_VARIABLE, RELEASE_FD_VARIABLE, STORE_VARIABLES,
                                     is_loopback, listen_socket, loopback_env)
-from convoy.launch.progress import missing_note
 from convoy.launch.ports import free_port
-from convoy.launch.scratch import Scratch
+from convoy.launch.rank_env import rank_env
 from convoy.launch.resolve import STOP_SIGNALS, LaunchPlan, forwarded_signals, shown_ranks, stream_map
+from convoy.launch.scratch import Scratch
 
 __all__ = ["run_direct"]
 
@@ -277,7 +277,7 @@ def _store_socket(plan: LaunchPlan):
 def _worker_command(command: tuple[str, ...], rank: int, listener, release: "_Release | None",
                     env: dict[str, str]):
     """A Python program starts through ``convoy.launch.record`` (error file, collective timeout and counts,
-    ``convoy.launch.progress``); rank 0 also gets the store's loopback socket and the release pipe's read end,
+    ``convoy.launch.hang_report``); rank 0 also gets the store's loopback socket and the release pipe's read end,
     every other rank its write end (``convoy.launch.loopback``). Other commands run as they are and rank 0
     binds the port itself."""
     for name in STORE_VARIABLES:  # a job started inside a job's rank: its launcher's are not this job's

@@ -31,16 +31,16 @@ from convoy.config.schema import is_whole, show
 from convoy.errors import ConfigError
 from convoy.train import checkpoint, collectives, data, operations, tracking
 from convoy.train.arguments import check_arguments, check_plain_arguments, is_flag
+from convoy.train.checkpoint.hooks import StateHooks
 from convoy.train.coordination import Trigger, join_uneven_inputs
 from convoy.train.data import DataLoaderConfiguration, PreparedDataLoader
+from convoy.train.data.loop import LoopPosition
 from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
 from convoy.train.plan_report import PlanReport, PlanWatch
 from convoy.train.plugins import plugin_arguments
 from convoy.train.process_group import stop_process_group
-from convoy.train.prepared import LoopState
-from convoy.train.process_state import AcceleratorState, DistributedType, GradientState, distributed_type_for
+from convoy.train.process_view import AcceleratorState, DistributedType, GradientState, distributed_type_for
 from convoy.train.settings import resolve_settings
-from convoy.train.state_hooks import StateHooks
 from convoy.train.strategies.base import Strategy, SupportsNoSync
 from convoy.train.strategies.build import build_strategy, declared_distributed_type, named_layout, start_job
 from convoy.train.wrappers import PreparedOptimizer, PreparedScheduler, autocast_forward
@@ -155,7 +155,7 @@ class Accelerator:
                                              project.logging_dir)
         self.save_iteration = project.iteration
         self._planner = planner
-        self._loop = LoopState()
+        self._loop = LoopPosition()
         self._plan_watch = self._new_plan_watch()
         self.step = 0  # micro-steps seen by accumulate()
         self._strategy: Strategy | None = None

@@ -20,7 +20,7 @@ import torch
 from torch.distributed.algorithms import Join
 from torch.utils.data import IterableDataset
 
-from convoy.train.process_state import DistributedType
+from convoy.train.process_view import DistributedType
 
 __all__ = ["join_uneven_inputs", "JOINABLE_TYPES", "Trigger"]
 

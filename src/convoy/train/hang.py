@@ -24,13 +24,16 @@ to ``init_process_group``) still catches a collective that hangs after every ran
 group holds the c10d store past ``destroy_process_group()``, and gloo then aborts the process at exit): it
 makes a short-lived watch whose call number is counted in the store itself, so every caller of the job
 shares one sequence and the store keeps at most two keys per rank.
+
+The launcher's side (raw collectives' default timeout, the report naming a rank that never joined) is
+``convoy.launch.hang_report``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 import os
+import time
 from typing import Any, Iterator, Mapping
 
 import torch.distributed as dist
@@ -38,7 +41,7 @@ from torch.distributed.distributed_c10d import _get_default_store
 
 from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT
 from convoy.errors import CollectiveTimeoutError, ConfigError
-from convoy.launch.env import read_collective_timeout
+from convoy.launch.rank_env import read_collective_timeout
 
 __all__ = ["CollectiveWatch", "watch_call", "collective_timeout", "DEFAULT_COLLECTIVE_TIMEOUT"]
 

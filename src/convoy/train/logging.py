@@ -25,9 +25,9 @@ import os
 import sys
 from typing import Any, Mapping
 
-from convoy.errors import ConfigError
 from convoy.config.schema import KEYS
-from convoy.launch.env import RankEnv, read_log_level, read_rank_env
+from convoy.errors import ConfigError
+from convoy.launch.rank_env import RankEnv, read_log_level, read_rank_env
 
 __all__ = ["get_logger", "RankLoggerAdapter", "process_rank", "world_size", "is_main_process"]
 

@@ -126,7 +126,7 @@ def send_to_device(tensor: Any, device: "torch.device | str", non_blocking: bool
 def copy_tensor_to_devices(tensor: "torch.Tensor | None" = None) -> "torch.Tensor":
     """Process 0's ``tensor`` on every process (the others pass ``None``), on each one's device."""
 
-    from convoy.train.process_state import PartialState
+    from convoy.train.process_view import PartialState
 
     if not collectives.is_distributed():
         return tensor
@@ -137,7 +137,7 @@ def copy_tensor_to_devices(tensor: "torch.Tensor | None" = None) -> "torch.Tenso
 
 def _check_same_shapes(operation: str, data: Any) -> None:
     """With ``PartialState().debug``: every process passes tensors of the same shapes, or one clear error."""
-    from convoy.train.process_state import PartialState
+    from convoy.train.process_view import PartialState
 
     if not (collectives.is_distributed() and PartialState._shared_state.get("debug")):
         return

@@ -26,7 +26,7 @@ from convoy.config.accelerate_mapping import (Translation, deepspeed_translation
                                               parallelism_translation, plugin_cite)
 from convoy.config.schema import KEYS, show
 from convoy.errors import ConfigError
-from convoy.launch.env import read_rank_env
+from convoy.launch.rank_env import read_rank_env
 
 __all__ = ["FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "ParallelismConfig", "PluginArguments",
            "plugin_arguments"]

@@ -6,7 +6,7 @@
 
 One record, ``TrainSettings``, travels from the ``Accelerator`` to its strategy: the strategy builder only
 replaces what ``strategy="auto"`` chose (the name, the degrees, the options). The launcher's variables are read
-by ``convoy.launch.env`` (``RANK``, ``WORLD_SIZE``, ... and ``CONVOY_MIXED_PRECISION``, ``CONVOY_STRATEGY``,
+by ``convoy.launch.rank_env`` (``RANK``, ``WORLD_SIZE``, ... and ``CONVOY_MIXED_PRECISION``, ``CONVOY_STRATEGY``,
 ``CONVOY_PARALLELISM``, ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``,
 ``CONVOY_RECOMPUTE``; Accelerate's ``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` and
 ``ACCELERATE_DEBUG_MODE``), every value by its key in ``convoy.config.schema``, so a value the launcher refuses is
@@ -26,8 +26,7 @@ import torch
 from convoy.config.schema import (KEYS, MIXED_PRECISIONS, RECOMPUTE_MODES, MixedPrecision, check_offload,
                                   dp_engine_beside, show)
 from convoy.errors import ConfigError
-from convoy.launch.env import (SETTING_NAMES, ConvoyEnv, RankEnv, read_convoy_env, read_debug_mode,
-                               read_rank_env)
+from convoy.launch.rank_env import SETTING_NAMES, ConvoyEnv, RankEnv, read_convoy_env, read_debug_mode, read_rank_env
 from convoy.plan.dims import ParallelDims
 
 __all__ = ["TrainSettings", "resolve_settings"]
@@ -108,7 +107,7 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
                      defaults: Mapping[str, Any] | None = None, strategy_family: tuple[str, ...] = ()
                      ) -> TrainSettings:
     """Combine explicit constructor arguments (``None`` = not given) with the launcher's environment
-    (``convoy.launch.env``, read there). ``options``: the strategy options (their keys are checked by
+    (``convoy.launch.rank_env``, read there). ``options``: the strategy options (their keys are checked by
     ``convoy.train.arguments.check_arguments``), over the launcher's (``CONVOY_STRATEGY_OPTIONS``, an Accelerate config
     file's), over ``defaults`` (a kwargs handler's). Reads the settings files and, unless ``cpu``,
     asks torch whether CUDA is there; nothing else. ``strategy_family``: the strategies an engine's plugin runs as

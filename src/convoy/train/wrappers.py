@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from convoy.train import collectives
-from convoy.train.prepared import LoopState
+from convoy.train.data.loop import LoopPosition
 
 __all__ = ["PreparedOptimizer", "PreparedScheduler", "autocast_forward"]
 
@@ -26,7 +26,7 @@ __all__ = ["PreparedOptimizer", "PreparedScheduler", "autocast_forward"]
 class PreparedOptimizer(torch.optim.Optimizer):
     """Wraps the (strategy's) optimizer; an ``isinstance(x, torch.optim.Optimizer)`` for schedulers."""
 
-    def __init__(self, optimizer: "torch.optim.Optimizer", *, state: LoopState, scaler: Any = None) -> None:
+    def __init__(self, optimizer: "torch.optim.Optimizer", *, state: LoopPosition, scaler: Any = None) -> None:
         # torch.optim.Optimizer.__init__ is deliberately not called: everything delegates to ``optimizer``.
         self.optimizer = optimizer
         self.loop_state = state
@@ -109,7 +109,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
 class PreparedScheduler:
     """Wraps an LR scheduler so that it follows the optimizer steps that really happened."""
 
-    def __init__(self, scheduler: Any, optimizers: list[PreparedOptimizer], *, state: LoopState,
+    def __init__(self, scheduler: Any, optimizers: list[PreparedOptimizer], *, state: LoopPosition,
                  step_with_optimizer: bool, split_batches: bool, num_processes: int) -> None:
         self.scheduler = scheduler
         self.optimizers = optimizers

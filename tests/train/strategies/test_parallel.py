@@ -166,7 +166,7 @@ def test_the_named_strategys_options_must_be_read_by_the_layout_it_runs_as():
 
 
 def test_the_launcher_refuses_what_a_rank_would():
-    from convoy.launch.env import ConvoyEnv, check_launch_settings
+    from convoy.launch.rank_env import ConvoyEnv, check_launch_settings
 
     check_launch_settings(ConvoyEnv(strategy="zero3", parallelism="tp=2"))
     check_launch_settings(ConvoyEnv(strategy="zero1", parallelism="pp=2"))

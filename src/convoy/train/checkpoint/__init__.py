@@ -8,6 +8,7 @@ read back.
 
     state.py            save_state / load_state / save_model over a CheckpointItems; the DCP tensor state
     items.py            CheckpointItems (what to save and restore) and CheckpointResult (what comes back)
+    hooks.py            the save and load pre-hooks a script registers (register_save_state_pre_hook)
     directories.py      checkpoint directories: staging, the convoy_checkpoint.json marker, commit, naming,
                         pruning, recovery of a save killed mid-commit (no torch use)
     files.py            the files inside: torch.load(weights_only=True), a safe torch.save, DCP's safe reader
@@ -15,7 +16,7 @@ read back.
     weights.py          save_model's safetensors (or .bin) shards and their index
     accelerate.py       reading Accelerate's save_state directories with the same helpers
 
-Optimizer state keyed by parameter name (how every strategy's is stored) is ``convoy.train.optimizer_state``,
+Optimizer state keyed by parameter name (how every strategy's is stored) is ``convoy.train.optimizer_names``,
 below this package and the strategies, which both use it.
 
 Nothing here imports the Accelerator: it hands its objects over in the record and takes the result back.

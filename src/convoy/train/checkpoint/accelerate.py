@@ -31,7 +31,7 @@ from convoy.errors import CheckpointError, NotSupportedYetError
 from convoy.train.checkpoint import directories
 from convoy.train.checkpoint.files import damaged_file, load_file, load_safetensors
 from convoy.train.checkpoint.items import CheckpointItems, CheckpointResult
-from convoy.train.optimizer_state import named_optimizer_state, param_names
+from convoy.train.optimizer_names import named_optimizer_state, param_names
 from convoy.train.checkpoint.rng import restore_rng
 
 if TYPE_CHECKING:  # pragma: no cover

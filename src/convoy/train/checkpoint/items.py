@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from convoy.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from convoy.train.state_hooks import StateHooks
+    from convoy.train.checkpoint.hooks import StateHooks
     from convoy.train.strategies.base import Strategy
     from convoy.train.tracking import TrackerHub
 

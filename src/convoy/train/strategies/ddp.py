@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from convoy.errors import ConfigError
-from convoy.train.optimizer_state import named_optimizer_state, numbered_optimizer_state, param_names
+from convoy.train.optimizer_names import named_optimizer_state, numbered_optimizer_state, param_names
 from convoy.train.parallel.recompute import apply_recompute
 from convoy.train.strategies.base import Strategy, SupportsNoSync
 

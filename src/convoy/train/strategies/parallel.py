@@ -416,7 +416,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
     def _zero_state(model: Any, optimizer: Any, *, keep: set[str]) -> dict[str, Any]:
         """A ZeroRedundancyOptimizer's state, gathered over its dp group, for the parameters named in ``keep``
         (those this process saves: a pipeline's other stages are not)."""
-        from convoy.train.optimizer_state import param_names
+        from convoy.train.optimizer_names import param_names
         from convoy.train.strategies.ddp import gathered_zero_state
 
         named = gathered_zero_state(optimizer, param_names(model, optimizer))
@@ -449,7 +449,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        from convoy.train.optimizer_state import param_names
+        from convoy.train.optimizer_names import param_names
         from convoy.train.strategies.ddp import load_zero_state
 
         model = module.model if isinstance(module, PipelineModule) else self.unwrap(module)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from convoy.devices.units import parse_duration, parse_memory, parse_percent
+from convoy.devices.amounts import parse_duration, parse_memory, parse_percent
 from convoy.errors import DeviceSpecError
 
 

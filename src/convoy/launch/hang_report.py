@@ -1,4 +1,5 @@
-"""Raw torch collectives: a default timeout, and a report that names the rank that never joined.
+"""The launcher's side of hang detection (the trainer's is ``convoy.train.hang``): raw torch collectives get
+a default timeout, and a report names the rank that never joined.
 
     install()                                        # in each worker (convoy.launch.record does it)
     missing_note({0: err0, 1: err1}, failed_rank=0)  # in the launcher: "rank 1 never joined collective #3 ..."
@@ -32,7 +33,7 @@ def _timeout(env: Mapping[str, str]) -> float:
     set by hand that it refuses is left to the trainer to report, and raw collectives keep the default)."""
     from convoy.config.schema import DEFAULT_COLLECTIVE_TIMEOUT
     from convoy.errors import ConfigError
-    from convoy.launch.env import read_collective_timeout
+    from convoy.launch.rank_env import read_collective_timeout
 
     try:
         return read_collective_timeout(env)

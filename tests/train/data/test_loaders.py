@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from convoy.errors import ConfigError
-from convoy.train.prepared import shard_batches
+from convoy.train.data.prepared import shard_batches
 
 
 def batches(n: int, size: int) -> list[list[int]]:
@@ -48,11 +48,12 @@ def _prepared(num_shards: int, shard: int):
     import torch
     from torch.utils.data import DataLoader
 
-    from convoy.train.prepared import LoopState, PreparedDataLoader
+    from convoy.train.data.loop import LoopPosition
+    from convoy.train.data.prepared import PreparedDataLoader
 
     loader = DataLoader(torch.arange(16), batch_size=2)
     return PreparedDataLoader(loader, num_shards=num_shards, shard=shard, split_batches=False, even_batches=True,
-                              device=None, state=LoopState())
+                              device=None, state=LoopPosition())
 
 
 def test_a_loader_prepared_before_auto_chose_reads_its_data_parallel_shard():
@@ -74,9 +75,10 @@ def test_a_loader_already_iterating_cannot_change_its_shard():
 def _shards(make_loader, n: int = 2, **kwargs):
     import torch  # noqa: F401
 
-    from convoy.train.prepared import LoopState, PreparedDataLoader
+    from convoy.train.data.loop import LoopPosition
+    from convoy.train.data.prepared import PreparedDataLoader
 
-    return [PreparedDataLoader(make_loader(), num_shards=n, shard=r, state=LoopState(), **kwargs) for r in range(n)]
+    return [PreparedDataLoader(make_loader(), num_shards=n, shard=r, state=LoopPosition(), **kwargs) for r in range(n)]
 
 
 def _interleave(shards) -> list[int]:
@@ -208,7 +210,8 @@ def test_dataloader_configuration_defaults_are_accelerates():
 
 def test_a_stateful_loader_without_torchdata_names_the_install(monkeypatch):
     from convoy.errors import NotSupportedYetError
-    from convoy.train import DataLoaderConfiguration, stateful
+    from convoy.train import DataLoaderConfiguration
+    from convoy.train.data import torchdata_loader as stateful
 
     monkeypatch.setattr(stateful, "StatefulDataLoader", None)  # as without torchdata installed
     with pytest.raises(NotSupportedYetError, match=r"=True\) needs torchdata.*pip install torchdata"):
@@ -221,12 +224,12 @@ def test_a_stateful_loader_with_dispatched_batches_is_refused():
 
     from convoy.errors import NotSupportedYetError
     from convoy.train.data import DataLoaderConfiguration, shard_data_loader
-    from convoy.train.prepared import LoopState
+    from convoy.train.data.loop import LoopPosition
 
     config = DataLoaderConfiguration(use_stateful_dataloader=True, dispatch_batches=True)
     with pytest.raises(NotSupportedYetError, match="dispatch_batches=True is not supported yet"):
         shard_data_loader(DataLoader(list(range(8)), batch_size=2), config=config, num_shards=1, shard=0,
-                          device=None, state=LoopState(), broadcast=lambda v: v)
+                          device=None, state=LoopPosition(), broadcast=lambda v: v)
 
 
 @pytest.mark.parametrize("iterable", [False, True])
@@ -284,8 +287,8 @@ def test_dispatched_batches_are_sliced_from_one_reader():
     import torch
     from torch.utils.data import DataLoader, IterableDataset
 
-    from convoy.train.prepared import LoopState
-    from convoy.train.dispatch import DispatchedDataLoader
+    from convoy.train.data.loop import LoopPosition
+    from convoy.train.data.dispatch import DispatchedDataLoader
 
     class Stream(IterableDataset):
         def __iter__(self):
@@ -293,7 +296,7 @@ def test_dispatched_batches_are_sliced_from_one_reader():
 
     # one process plays both ranks: each reads (reader=True) what process 0 would broadcast
     ranks = [DispatchedDataLoader(DataLoader(Stream(), batch_size=2), num_shards=2, shard=r, split_batches=False,
-                                  device=None, state=LoopState(), non_blocking=False, broadcast=lambda v: v,
+                                  device=None, state=LoopPosition(), non_blocking=False, broadcast=lambda v: v,
                                   reader=True) for r in range(2)]
     seen = [[(b.tolist(), d.state.end_of_dataloader, d.state.remainder) for b in d] for d in ranks]
     assert seen[0] == [([0, 1], False, None), ([4, 5], False, None), ([8, 9], True, 3)]
@@ -305,9 +308,10 @@ def test_a_loop_inside_a_loop_keeps_each_loaders_end():
     import torch
     from torch.utils.data import DataLoader
 
-    from convoy.train.prepared import LoopState, PreparedDataLoader
+    from convoy.train.data.loop import LoopPosition
+    from convoy.train.data.prepared import PreparedDataLoader
 
-    state = LoopState()
+    state = LoopPosition()
     outer, inner = (PreparedDataLoader(DataLoader(torch.arange(n), batch_size=2), num_shards=1, shard=0, state=state)
                     for n in (6, 4))
     seen = []

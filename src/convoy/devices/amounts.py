@@ -3,7 +3,7 @@
     convoy select 2 --min-free-memory 20GiB --max-utilization 10% --format env
     convoy run --devices 1 --free --wait 5m -- python train.py
 
-    >>> from convoy.devices.units import parse_memory, parse_percent, parse_duration
+    >>> from convoy.devices.amounts import parse_memory, parse_percent, parse_duration
     >>> parse_memory("20GiB").mib_of(81559), parse_memory("80%").mib_of(1000), parse_duration("5m")
     (20480, 800, 300.0)
 

@@ -72,7 +72,7 @@ class DispatchedDataLoader(DataLoader):
     def __init__(self, loader: DataLoader, *, num_shards: int, shard: int, split_batches: bool, device: Any,
                  state: Any, non_blocking: bool, broadcast: Callable[[Any], Any], reader: bool,
                  _skip_batches: int = 0) -> None:
-        from convoy.train.prepared import _base_kwargs
+        from convoy.train.data.prepared import _base_kwargs
 
         self.base, self.num_shards, self.shard, self.split_batches = loader, num_shards, shard, split_batches
         self.device, self.state, self.non_blocking = device, state, non_blocking

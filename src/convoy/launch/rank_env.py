@@ -1,6 +1,6 @@
 """The launcher -> training environment contract: what every rank finds in its environment.
 
-    from convoy.launch.env import ConvoyEnv, convoy_env, rank_env, read_convoy_env, read_rank_env
+    from convoy.launch.rank_env import ConvoyEnv, convoy_env, rank_env, read_convoy_env, read_rank_env
     env = {**base, **selection_env, **convoy_env(ConvoyEnv(mixed_precision="bf16", parallelism="dp=2,tp=1")),
            **rank_env(rank=1, local_rank=1, world_size=2, local_world_size=2, master_addr="127.0.0.1",
                       master_port=41873, run_id="job")}

@@ -1,5 +1,5 @@
-"""Accelerate's state objects on convoy's process group: ``PartialState``, ``AcceleratorState``,
-``GradientState`` and the ``DistributedType`` enum.
+"""The process's view of its job, in Accelerate's names: ``PartialState``, ``AcceleratorState``,
+``GradientState`` and the ``DistributedType`` enum, on convoy's process group.
 
     from convoy import PartialState, DistributedType
     state = PartialState()                       # starts the process group under convoy launch / torchrun
@@ -12,7 +12,7 @@ dictionary of attributes: the process-wide view of the job. ``PartialState._rese
 ``AcceleratorState._reset_state()``) is its documented reset. Its mixed precision is set once, also as in
 Accelerate: a later ``Accelerator()`` without ``mixed_precision`` takes it, and one asking for another is a
 ``ConfigError`` (a ``ValueError``, as Accelerate's) until the reset. ``GradientState`` is a view of one
-Accelerator's loop state (``accelerator.gradient_state``); ``GradientState()`` views the newest Accelerator's.
+Accelerator's loop position (``accelerator.gradient_state``); ``GradientState()`` views the newest Accelerator's.
 """
 
 from __future__ import annotations
@@ -291,7 +291,7 @@ class GradientState:
 
     @classmethod
     def _reset_state(cls) -> None:
-        """Forget the newest Accelerator (it keeps its own loop state)."""
+        """Forget the newest Accelerator (it keeps its own loop position)."""
         cls._current.clear()
 
     @property

@@ -10,7 +10,7 @@ Rules (Accelerate's meanings, ``DataLoaderConfiguration``):
   so one step of N processes consumes the same samples as N consecutive batches of one process.
 - ``split_batches=True``: the loader's batch size is global; each global batch is cut into N equal parts.
 - ``even_batches=True``: every rank gets the same number of full batches; the last round is completed with
-  samples from the start of the epoch, and ``gather_for_metrics`` drops them again (``LoopState.remainder``).
+  samples from the start of the epoch, and ``gather_for_metrics`` drops them again (``LoopPosition.remainder``).
   One process pads nothing (Accelerate does not shard there): its short last batch stays short.
 - Shuffling (a ``RandomSampler`` inside): every rank draws the permutation of rank 0, made exactly as the
   sampler would make it on one process (its own generator, synchronised, or a seed drawn from the global torch
@@ -34,13 +34,10 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from convoy.config.schema import is_whole, show
 from convoy.errors import ConfigError, NotSupportedYetError
-from convoy.train.prepared import LoopState, PreparedDataLoader, SeedableRandomSampler, _identity
-from convoy.train.streams import IterableDatasetShard, shard_iterable
+from convoy.train.data.loop import LoopPosition
+from convoy.train.data.prepared import PreparedDataLoader, SeedableRandomSampler, _identity
 
-# SeedableRandomSampler (convoy.SeedableRandomSampler) and PreparedDataLoader (docs/training.md) are documented
-# here; they live in prepared.py, below this module and the dispatched and stateful loaders
-__all__ = ["DataLoaderConfiguration", "SeedableRandomSampler", "IterableDatasetShard", "shard_iterable",
-           "PreparedDataLoader", "SkipFirstBatches", "shard_data_loader", "is_prepared", "prepare_data_loader",
+__all__ = ["DataLoaderConfiguration", "SkipFirstBatches", "shard_data_loader", "is_prepared", "prepare_data_loader",
            "skip_first_batches"]
 
 
@@ -52,8 +49,8 @@ class DataLoaderConfiguration:
     split_batches: bool = False
     """The loader's batch size is global and split between processes (else: per process)."""
     dispatch_batches: bool | None = None
-    """True: process 0 reads every batch and sends each process its slice (``convoy.train.dispatch``). None and
-    False: every process reads its own shard, IterableDatasets included (Accelerate dispatches those)."""
+    """True: process 0 reads every batch and sends each process its slice (``dispatch.py``). None and False:
+    every process reads its own shard, IterableDatasets included (Accelerate dispatches those)."""
     even_batches: bool = True
     """Pad the last round so every process gets the same number of full batches."""
     use_seedable_sampler: bool = False
@@ -63,12 +60,12 @@ class DataLoaderConfiguration:
     non_blocking: bool = False
     """Copy batches to the device with ``non_blocking=True`` (worth it with ``pin_memory=True``)."""
     use_stateful_dataloader: bool = False
-    """Prepared loaders are torchdata's ``StatefulDataLoader`` (needs torchdata; ``convoy.train.stateful``).
+    """Prepared loaders are torchdata's ``StatefulDataLoader`` (needs torchdata; ``torchdata_loader.py``).
     Their ``state_dict()`` is convoy's position, which save_state stores with or without this."""
 
     def __post_init__(self) -> None:
         if self.use_stateful_dataloader:
-            from convoy.train.stateful import require_torchdata
+            from convoy.train.data.torchdata_loader import require_torchdata
 
             require_torchdata()
 
@@ -111,17 +108,17 @@ def _seedable_source(loader: DataLoader, data_seed: int | None) -> Any:
 
 def is_prepared(loader: Any) -> bool:
     """True for a loader ``prepare`` made (sharded or dispatched)."""
-    from convoy.train.dispatch import DispatchedDataLoader
+    from convoy.train.data.dispatch import DispatchedDataLoader
 
     return isinstance(loader, (PreparedDataLoader, DispatchedDataLoader))
 
 
 def shard_data_loader(loader: DataLoader, *, config: DataLoaderConfiguration, num_shards: int, shard: int,
-                      device: torch.device | None, state: LoopState, broadcast: Callable[[Any], Any],
+                      device: torch.device | None, state: LoopPosition, broadcast: Callable[[Any], Any],
                       reader: bool | None = None) -> Any:
     """``loader`` sharded for this process under ``config`` (what ``Accelerator.prepare`` does); ``reader``:
     this process reads the batches for all with ``dispatch_batches`` (default: shard 0)."""
-    from convoy.train.dispatch import DispatchedDataLoader
+    from convoy.train.data.dispatch import DispatchedDataLoader
 
     if is_prepared(loader):
         return loader
@@ -134,7 +131,7 @@ def shard_data_loader(loader: DataLoader, *, config: DataLoaderConfiguration, nu
                                     broadcast=broadcast, reader=shard == 0 if reader is None else reader)
     cls = PreparedDataLoader
     if config.use_stateful_dataloader:
-        from convoy.train.stateful import stateful_loader_class
+        from convoy.train.data.torchdata_loader import stateful_loader_class
 
         cls = stateful_loader_class()
     source = None
@@ -174,7 +171,7 @@ def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = No
     world, rank, broadcast = _process_group()
     return shard_data_loader(dataloader, config=config, device=device if put_on_device else None,
                              num_shards=world if num_processes is None else num_processes,
-                             shard=rank if process_index is None else process_index, state=LoopState(),
+                             shard=rank if process_index is None else process_index, state=LoopPosition(),
                              broadcast=broadcast)
 
 

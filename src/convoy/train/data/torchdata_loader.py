@@ -13,7 +13,7 @@ import warnings
 from typing import Any
 
 from convoy.errors import NotSupportedYetError
-from convoy.train.prepared import PreparedDataLoader
+from convoy.train.data.prepared import PreparedDataLoader
 
 try:
     from torchdata.stateful_dataloader import StatefulDataLoader

@@ -3,7 +3,7 @@
     convoy launch --nproc-per-node 2 data_order.py --out result.json
 
 Rank 0 writes, per case, the global sample order (each step's batches gathered with ``gather_for_metrics``,
-in rank order) and the parameters of a model trained on shuffled data; ``tests/train/test_data_order.py``
+in rank order) and the parameters of a model trained on shuffled data; ``tests/train/data/test_data_order.py``
 compares them with plain one-process PyTorch.
 """
 

@@ -4,8 +4,8 @@
     shard_batches([[0, 1], [2, 3], [4]], batch_size=2, num_shards=2, shard=1, split_batches=False,
                   even_batches=True)     # [([2, 3], None)] : the last round padded for shard 0 only
 
-The rules (Accelerate's meanings) are in ``convoy.train.data``, which chooses among this loader, its torchdata
-variant (``stateful.py``) and the dispatched one (``dispatch.py``); those two build on what is here.
+The rules (Accelerate's meanings) are in ``convoy.train.data``; ``sharding.py`` chooses among this loader, its
+torchdata variant (``torchdata_loader.py``) and the dispatched one (``dispatch.py``); those two build on it.
 """
 
 from __future__ import annotations
@@ -18,49 +18,11 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from convoy.errors import ConfigError, NotSupportedYetError
+from convoy.train.data.loop import LoopPosition
+from convoy.train.data.streams import IterableDatasetShard
 from convoy.train.operations import send_to_device
-from convoy.train.streams import IterableDatasetShard
 
-__all__ = ["LoopState", "SeedableRandomSampler", "shard_batches", "PreparedDataLoader"]
-
-
-@dataclass
-class LoopState:
-    """Mutable state shared by the Accelerator and its dataloaders (one per Accelerator, never global)."""
-
-    sync_gradients: bool = True
-    """False on the micro-steps of ``accumulate`` that do not synchronise or step."""
-    end_of_dataloader: bool = False
-    """True while the last batch of the active dataloader is being processed."""
-    remainder: int | None = None
-    """Real (not padding) samples in the current step's global batch when it is the last, padded one."""
-    dataloaders: list[Any] = field(default_factory=list)
-    """The prepared loaders being iterated, innermost last (a loop inside a loop nests them)."""
-
-    @property
-    def active_dataloader(self) -> Any:
-        return self.dataloaders[-1] if self.dataloaders else None
-
-    @property
-    def in_dataloader(self) -> bool:
-        return bool(self.dataloaders)
-
-    def enter(self, loader: Any) -> None:
-        loader.end_of_dataloader, loader.remainder = False, None
-        self.dataloaders.append(loader)
-        self.end_of_dataloader, self.remainder = False, None
-
-    def at(self, loader: Any, *, last: bool, remainder: int | None) -> None:
-        loader.end_of_dataloader, loader.remainder = last, remainder
-        self.end_of_dataloader, self.remainder = last, remainder
-
-    def leave(self, loader: Any) -> None:
-        """``loader`` stopped (ran out, or the loop broke out): the loader around it is active again."""
-        loader.end_of_dataloader, loader.remainder = False, None
-        self.dataloaders = [d for d in self.dataloaders if d is not loader]
-        outer = self.active_dataloader
-        self.end_of_dataloader = bool(outer.end_of_dataloader) if outer is not None else False
-        self.remainder = outer.remainder if outer is not None else None
+__all__ = ["SeedableRandomSampler", "shard_batches", "PreparedDataLoader"]
 
 
 class SeedableRandomSampler(RandomSampler):
@@ -218,7 +180,7 @@ class PreparedDataLoader(DataLoader):
     original. ``broadcast`` sends rank 0's value to every rank (identity on one process)."""
 
     def __init__(self, loader: DataLoader, *, num_shards: int, shard: int, split_batches: bool = False,
-                 even_batches: bool = True, device: torch.device | None = None, state: LoopState | None = None,
+                 even_batches: bool = True, device: torch.device | None = None, state: LoopPosition | None = None,
                  non_blocking: bool = False, broadcast: Callable[[Any], Any] = _identity,
                  source: Any = None, _cursor: _Cursor | None = None,
                  _skip_batches: int = 0) -> None:
@@ -226,7 +188,7 @@ class PreparedDataLoader(DataLoader):
         self.num_shards, self.shard = num_shards, shard
         self.split_batches, self.even_batches = split_batches, even_batches
         self.device, self.non_blocking = device, non_blocking
-        self.state = state if state is not None else LoopState()
+        self.state = state if state is not None else LoopPosition()
         self._broadcast = broadcast
         self._cursor = _cursor if _cursor is not None else _Cursor()
         self._skip_batches = _skip_batches
