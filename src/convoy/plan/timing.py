@@ -326,7 +326,7 @@ def framework_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rat
         n = layout.shard_degree
         gathers = 2 if layout.zero_stage == 3 else 1
         moved = layout.microbatches * psi * (gathers * (2 * w + (_SHARD_BYTES + 2 * w) / n) + w + g)
-    elif dims.dp > 1:
+    elif dims.dp_enabled:
         moved = psi * 4 * g
     else:
         return 0.0
@@ -342,7 +342,7 @@ def _data_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware,
     reduce-scatter, DeepSpeed's ZeRO-3 the same per parameter tensor; HSDP, hierarchically, an all-reduce of each
     unit's gradient shard across the replicas (one rank per replica group on each node)."""
     dims = layout.dims
-    if not run.training or dims.dp <= 1:
+    if not run.training or not dims.dp_enabled:
         return 0.0, 0.0, 0.0
     m = layout.microbatches
     per_node = max(1, min(dims.dp, hw.gpus_per_node // dims.tp))
@@ -378,14 +378,14 @@ def _data_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware,
     grad_ratio = grads / weights if weights else 0.0
     # FSDP2 per pipeline stage reduce-scatters once per step, after the last micro-batch (gradient sync is off
     # before it), and keeps the weights gathered from a micro-batch's forward to its backward
-    reduces = 1 if dims.pp > 1 else m
+    reduces = 1 if dims.pp_enabled else m
     if n > 1:
         shard = _group(hw, max(1, min(n, hw.gpus_per_node // dims.tp)), n)
         for piece, count in sizes.items():
             dp_comm += count * (m * gathers * _collective("all_gather", piece, shard, hw)
                                 + reduces * _collective("reduce_scatter", piece * grad_ratio, shard, hw))
         comm = (n - 1) / n * (m * gathers * weights + reduces * grads)
-    if dims.dp_replicate > 1:  # HSDP: all-reduce each unit's gradient shard across replicas once per step
+    if dims.dp_replicate_enabled:  # HSDP: all-reduce each unit's gradient shard across replicas once per step
         replicas = _group(hw, 1, dims.dp_replicate)
         for piece, count in sizes.items():
             dp_comm += count * _collective("all_reduce", piece * grad_ratio / n, replicas, hw)
@@ -426,7 +426,7 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
         compute = hw_flops / world / rates.bulk_flops(recipe.compute)
     overhead = framework_seconds(model, run, layout, rates)
     bubble = compute * pipeline_bubble(dims.pp, m, schedule=layout.pp_schedule,
-                                       stages_per_rank=layout.pp_stages_per_rank) if dims.pp > 1 else 0.0
+                                       stages_per_rank=layout.pp_stages_per_rank) if dims.pp_enabled else 0.0
     compute += bubble
 
     # data parallel: rank layout pp (outer) x dp x tp (inner), so a dp group has gpus_per_node/tp ranks per node
@@ -440,7 +440,7 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
     dp_comm += after_step
 
     tp_comm = 0.0
-    if dims.tp > 1 and model.has_shape:
+    if dims.tp_enabled and model.has_shape:
         layers = math.ceil(model.num_layers / dims.pp)  # type: ignore[operator]
         act = s * b * model.hidden * recipe.activation_bytes  # type: ignore[operator]
         per_layer = 4 + (2 if run.recompute == "full" else 0)
@@ -448,7 +448,7 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
         tp_comm = m * layers * per_layer * _collective("all_reduce", act, tp_group, hw)
         comm += m * layers * per_layer * 2 * (dims.tp - 1) / dims.tp * act
     pp_comm = 0.0
-    if dims.pp > 1 and model.hidden:
+    if dims.pp_enabled and model.hidden:
         act = s * b * model.hidden * recipe.activation_bytes / dims.tp
         crosses = dims.tp * dims.dp * dims.pp > hw.gpus_per_node
         bw = _group_bandwidth(hw, 1, 2) if crosses else hw.intra_bandwidth
@@ -478,7 +478,7 @@ def choose_schedule(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware
     from convoy.plan.memory import memory_per_gpu
     from convoy.plan.schedules import DEFAULT_SCHEDULE, schedule_options
 
-    if layout.dims.pp == 1 or (layout.pp_schedule, layout.pp_stages_per_rank) != (DEFAULT_SCHEDULE, 1):
+    if not layout.dims.pp_enabled or (layout.pp_schedule, layout.pp_stages_per_rank) != (DEFAULT_SCHEDULE, 1):
         return layout
     options = [replace(layout, pp_schedule=name, pp_stages_per_rank=v)
                for name, v in schedule_options(pp=layout.dims.pp, microbatches=layout.microbatches,

@@ -118,7 +118,7 @@ def dp_engine_for(strategy: str, dims: ParallelDims) -> str | None:
     """The trainer's ``dp_engine`` (of strategy "parallel") for a candidate's strategy name at ``dims``: the one
     ``convoy launch --strategy NAME`` runs beside these degrees (``convoy.config.schema.DP_ENGINES``; hsdp: FSDP2
     on the 2-D dp mesh); None when dp = 1. A name it does not know (a custom planner's) replicates with DDP."""
-    if dims.dp == 1:
+    if not dims.dp_enabled:
         return None
     return {"hsdp": "fsdp", **DP_ENGINES}.get(strategy, "ddp")
 
@@ -131,9 +131,9 @@ def shards_with_fsdp(strategy: str, dims: ParallelDims) -> bool:
     """True when the trainer runs ``strategy`` at ``dims`` on FSDP2: zero2, zero3/fsdp and hsdp over data
     parallelism alone (on any number of processes), and strategy "parallel" with dp > 1 whose engine is FSDP2's,
     or beside tp, whose DTensor weights every engine keeps with FSDP2 (``convoy.train.strategies.parallel``)."""
-    if dims.is_trivial and not (dims.dp_replicate > 1 and dims.dp_shard > 1):
+    if dims.is_trivial and not dims.hsdp_enabled:
         return strategy in _FSDP_STRATEGIES
-    return dims.dp > 1 and (dims.tp > 1 or dp_engine_for(strategy, dims) in ("fsdp", "zero2"))
+    return dims.dp_enabled and (dims.tp_enabled or dp_engine_for(strategy, dims) in ("fsdp", "zero2"))
 
 
 def layout_shards_with_fsdp(layout: AutoLayout) -> bool:
@@ -143,8 +143,9 @@ def layout_shards_with_fsdp(layout: AutoLayout) -> bool:
     if layout.dims is None:
         return layout.name in _FSDP_STRATEGIES
     d = layout.dims
-    engine = layout.dp_engine or ("zero1" if d.pp > 1 and d.tp == 1 else "fsdp")  # ParallelStrategy's default
-    return d.dp > 1 and (d.tp > 1 or engine in ("fsdp", "zero2"))
+    # ParallelStrategy's default engine
+    engine = layout.dp_engine or ("zero1" if d.pp_enabled and not d.tp_enabled else "fsdp")
+    return d.dp_enabled and (d.tp_enabled or engine in ("fsdp", "zero2"))
 
 
 def _left_out(fsdp_limit: str) -> str:
@@ -314,12 +315,12 @@ def _as_layout(rec: Recommendation, *, pipeline: bool, timed: str, left_out: str
     not_split = [r for r in rec.reasons if r.startswith(NOT_SPLIT.split("{")[0])]  # case 1: tp/pp left out
     timed = ((f" Step times: {timed}." if timed else "") + (f" {left_out}" if left_out else "")
              + "".join(f" {r}" for r in not_split))
-    hsdp = dims.dp_replicate > 1 and dims.dp_shard > 1
+    hsdp = dims.hsdp_enabled
     turned = rec.recompute if "recompute" in rec.knob else None  # the knob the planner turned, if any
     if dims.is_trivial and not hsdp:
         return AutoLayout(name=rec.strategy or "single", reason=reason + timed, cpu_offload=rec.cpu_offload,
                           recompute=turned)
-    if pipeline and dims.pp > 1:
+    if pipeline and dims.pp_enabled:
         reason += (" strategy_options has loss_fn (a loop that trains with model(x, target=y)), so only "
                    "pipeline layouts were compared.")
     if not rec.knob:
@@ -340,7 +341,7 @@ def trainer_precision(mixed_precision: str, candidate: Candidate) -> str:
     (``"bf16-fsdp"``); the others keep fp32 weights (``"bf16-autocast"``): single, ddp, zero1, and pipeline
     stages (FSDP2 per stage gathers fp32: the stages' traced dtypes stay those of the model)."""
     d = candidate.layout.dims
-    gathers_16bit = candidate.strategy in _GATHER_16BIT and d.dp > 1 and d.pp == 1
+    gathers_16bit = candidate.strategy in _GATHER_16BIT and d.dp_enabled and not d.pp_enabled
     return f"{mixed_precision}-fsdp" if gathers_16bit else f"{mixed_precision}-autocast"
 
 
@@ -479,7 +480,7 @@ def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int, 
         if answer is not None and limit and layout_shards_with_fsdp(answer):
             answer = None  # a planner that did not take fsdp_limit: the rule below answers instead
         pipeline_loop = options.get("loss_fn") is not None
-        if pipeline_loop and (not pps or (answer is not None and (answer.dims is None or answer.dims.pp == 1))):
+        if pipeline_loop and (not pps or (answer is not None and (answer.dims is None or not answer.dims.pp_enabled))):
             # the loop's model(x, target=y) runs unsplit too (strategy "parallel" at pp=1)
             return _whole_model_per_process(world_size, answer, pipeline_fits=bool(pps))
         if answer is not None:
@@ -529,7 +530,7 @@ def _most_split_pipeline(world_size: int, pps: tuple[int, ...]) -> AutoLayout:
     the planner's estimate (which guesses the sequence length and micro-batch): the most split one is used."""
     pp = max(pps)
     dims = ParallelDims(dp_replicate=world_size // pp, pp=pp)
-    return AutoLayout(name="parallel", dims=dims, dp_engine="zero1" if dims.dp > 1 else None, reason=(
+    return AutoLayout(name="parallel", dims=dims, dp_engine="zero1" if dims.dp_enabled else None, reason=(
         f"strategy_options has loss_fn (a loop that trains with model(x, target=y)), so only pipeline layouts "
         f"are compared, and none fits by the planner's estimate (sequence 2048, micro-batch 1); the most split "
         f"one, pp={pp}, is used. Give parallelism= to choose the degrees yourself."))

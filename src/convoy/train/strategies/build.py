@@ -66,7 +66,7 @@ def named_layout(settings: TrainSettings) -> tuple[str, dict[str, Any]]:
     ``"auto"`` builds them too. ``StrategyError`` for an option of the named strategy that layout does not read
     (DDP's ``bucket_cap_mb`` beside pp), at construction rather than at ``prepare``."""
     name, dims, options = settings.strategy, settings.parallel_dims, dict(settings.options)
-    hsdp = dims is not None and dims.dp_replicate > 1 and dims.dp_shard > 1
+    hsdp = dims is not None and dims.hsdp_enabled
     if name == "auto" and dims is not None and (not dims.is_trivial or hsdp):
         return "parallel", options  # tp/pp (or HSDP) requested: strategy "parallel" builds that layout
     engine = dp_engine_beside(name, dims)

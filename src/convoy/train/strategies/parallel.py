@@ -130,19 +130,19 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         if self.shards_only and engine not in _SHARDED:
             raise StrategyError(f"strategy={self.name!r} shards each replica with FSDP2: dp_engine={engine!r} is "
                                 f"not one it runs; use 'fsdp' or 'zero2', or strategy 'parallel' for {engine!r}")
-        if dims.pp > 1 and context.mixed_precision.scales_loss:
+        if dims.pp_enabled and context.mixed_precision.scales_loss:
             # the schedule runs backward itself, so the gradient scaler never scales the loss: training would
             # silently divide every gradient by the scale
             raise NotSupportedYetError("mixed_precision='fp16' with pp is not supported yet (its loss scaling "
                                        "cannot reach the pipeline's backward); use 'bf16'")
-        if dims.dp_replicate > 1 and dims.dp_shard > 1 and engine not in _SHARDED:
+        if dims.hsdp_enabled and engine not in _SHARDED:
             raise StrategyError(f"dp_replicate x dp_shard (HSDP) needs dp_engine='fsdp', not {engine!r}")
-        if dims.dp_replicate == 1 or dims.dp_shard == 1:  # one dp axis: name it by how it is realised
+        if not dims.hsdp_enabled:  # one dp axis: name it by how it is realised
             rep, shard = (1, dims.dp) if realisation(engine, dims.tp) in _FULLY_SHARD else (dims.dp, 1)
             dims = ParallelDims(dp_replicate=rep, dp_shard=shard, tp=dims.tp, pp=dims.pp)
         self.dims = dims
         self.dp_engine = engine
-        self._realised = realisation(engine, dims.tp) if dims.dp > 1 else "none"
+        self._realised = realisation(engine, dims.tp) if dims.dp_enabled else "none"
         self._pm: ParallelMesh | None = None
         # id(parameter before prepare) -> (prepared module, parameter name): parallelize_module and
         # fully_shard replace parameters, and an optimizer built before prepare() must follow them.
@@ -162,14 +162,14 @@ class ParallelStrategy(Strategy, SupportsNoSync):
     @staticmethod
     def default_engine(dims: ParallelDims) -> str:
         """ZeRO-1 with pp, as the multi-GPU guide recommends; else FSDP2 (with tp, the least memory)."""
-        return "zero1" if dims.pp > 1 and dims.tp == 1 else "fsdp"
+        return "zero1" if dims.pp_enabled and not dims.tp_enabled else "fsdp"
 
     @property
     def distributed_type(self) -> str:  # type: ignore[override]
-        hsdp = self.dims.dp_replicate > 1 and self.dims.dp_shard > 1
+        hsdp = self.dims.hsdp_enabled
         engines = {"fsdp": "HSDP" if hsdp else "FSDP", "zero2": "HSDP" if hsdp else "FSDP", "ddp": "DDP",
                    "zero1": "ZERO1"}
-        dp = engines[self.dp_engine] if self.dims.dp > 1 else ""
+        dp = engines[self.dp_engine] if self.dims.dp_enabled else ""
         axes = [dp] + [name.upper() for name in ("tp", "pp") if getattr(self.dims, name) > 1]
         return "+".join(a for a in axes if a) or "NO"
 
@@ -198,15 +198,15 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         module = module.to(self.root_device)
         names = {id(p): n for n, p in module.named_parameters()}
         stand_ins = None
-        if self.dims.tp > 1:
+        if self.dims.tp_enabled:
             plan = resolve_tp_plan(module, self.context.options.get("tp_plan"),
                                    sequence_parallel=bool(self.context.options.get("sequence_parallel", False)))
-            if self.dims.dp > 1 and self.dp_engine in _SHARDED:
+            if self.dims.dp_enabled and self.dp_engine in _SHARDED:
                 check_beside_fsdp(module, plan)
             apply_tensor_parallel(module, pm.tp, plan)
-            if self.dims.pp > 1:  # the pipeline traces plain stand-ins of the split modules (see tensor.py)
+            if self.dims.pp_enabled:  # the pipeline traces plain stand-ins of the split modules (see tensor.py)
                 stand_ins = functools.partial(tracing_stand_ins, module, plan)
-        if self.dims.pp > 1:
+        if self.dims.pp_enabled:
             _check_pipeline_loss(module, self.context.options.get("loss_fn"))
             # with tp, parallelize_module replaced the split parameters (DTensors, which the stages share):
             # an optimizer built before prepare() must follow them
@@ -216,11 +216,11 @@ class ParallelStrategy(Strategy, SupportsNoSync):
                 wrap = functools.partial(self._shard_stage, module)
             elif self._realised == "replicate":
                 wrap = functools.partial(self._replicate_stage, module)
-            elif self.dims.dp > 1:
+            elif self.dims.dp_enabled:
                 wrap = self._wrap_stage
             wrap = self._recomputed_stages(module, wrap)
             config = PipelineConfig.from_options(dict(self.context.options))
-            if self.dims.tp > 1 and self.context.options.get("sequence_parallel"):
+            if self.dims.tp_enabled and self.context.options.get("sequence_parallel"):
                 _check_block_boundaries(module, config)
             pipe = PipelineModule(module, config=config,
                                   loss_fn=self.context.options.get("loss_fn"), group=pm.pp.get_group(),
@@ -233,7 +233,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             return pipe
         # torchtitan's order: tensor parallelism, then activation checkpointing, then data parallelism
         apply_recompute(module, self.context.recompute, classes=self.context.options.get("auto_wrap"))
-        if self.dims.dp > 1:
+        if self.dims.dp_enabled:
             module = self._data_parallel(module)
         self._origins.record(self.unwrap(module), names)  # names are the model's, not a DDP wrapper's
         loss_fn = self.context.options.get("loss_fn")
@@ -377,7 +377,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
                         ) -> "torch.Tensor":
         from convoy.train.parallel.norms import clip_grad_norm_
 
-        pp_group = self.mesh.pp.get_group() if self.dims.pp > 1 else None
+        pp_group = self.mesh.pp.get_group() if self.dims.pp_enabled else None
         skip: set[int] = set()
         for pipe in self._pipelines:  # a weight tied across stages: its gradient summed first, counted once
             pipe.sync_tied_gradients()
@@ -495,7 +495,7 @@ class HybridShardStrategy(ParallelStrategy):
     @classmethod
     def default_dims(cls, context: TrainSettings) -> ParallelDims:
         dims = context.parallel_dims or ParallelDims(dp_replicate=context.world_size)
-        if dims.dp_replicate > 1 and dims.dp_shard > 1:
+        if dims.hsdp_enabled:
             return dims
         model = dims.tp * dims.pp
         per_node = context.local_world_size // model if context.local_world_size % model == 0 else 1
