@@ -68,6 +68,7 @@ from convoy.plan.units import format_bytes, format_seconds
 from convoy.train.logging import get_logger
 from convoy.train.parallel.recompute import checkpoints_itself
 from convoy.train.strategies.auto import device_memory_bytes, trainer_precision
+from convoy.train.strategies.options import ParallelOptions
 
 __all__ = ["PlanReport", "PlanWatch", "WARMUP_STEPS", "MEASURED_STEPS", "trainer_layout"]
 
@@ -167,8 +168,8 @@ def trainer_layout(strategy: Any, *, accumulation: int) -> tuple[Candidate, int]
     The trainer's realisation of each candidate is ``convoy.train.strategies.auto.runs_in_trainer``'s, read back:
     dp x tp is FSDP2 (zero3), dp x pp is DDP, ZeRO-1 or FSDP2 per stage (zero2 with pp); the pipeline's schedule
     and stages per rank are the layout's."""
-    context = strategy.context
-    world, options = context.world_size, dict(context.options)
+    world = strategy.context.world_size
+    options = ParallelOptions.parse(strategy.context.options)  # the pipeline's and cpu_offload, where given
     name = strategy.name
     chunks = 1
     schedule: dict[str, Any] = {}
@@ -187,9 +188,7 @@ def trainer_layout(strategy: Any, *, accumulation: int) -> tuple[Candidate, int]
         sharded = stage == 3 or (stage == 2 and d.pp_enabled)
         dims = d if sharded else ParallelDims(dp_replicate=d.dp, tp=d.tp, pp=d.pp)
         if d.pp_enabled:
-            from convoy.train.parallel.pipeline import PipelineConfig
-
-            config = PipelineConfig.from_options(options)
+            config = options.pipeline()
             chunks = config.microbatches or d.pp * config.local_stages()
             schedule = {"pp_schedule": config.schedule, "pp_stages_per_rank": config.local_stages()}
     else:
@@ -197,7 +196,7 @@ def trainer_layout(strategy: Any, *, accumulation: int) -> tuple[Candidate, int]
                                    "zero1-3, fsdp and parallel")
     hsdp = stage == 3 and dims.hsdp_enabled
     base = "hsdp" if hsdp else {0: "ddp" if dims.dp_enabled else "single", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]
-    offload = bool(options.get("cpu_offload"))
+    offload = bool(options.cpu_offload)
     parts = [base] if dims.dp_enabled or dims.is_trivial else []
     parts += [f"tp{dims.tp}"] * dims.tp_enabled + [f"pp{dims.pp}"] * dims.pp_enabled + ["offload"] * offload
     layout = Layout(dims=dims, zero_stage=stage, offload=offload, microbatches=accumulation * chunks, **schedule)

@@ -61,6 +61,7 @@ from convoy.plan.memory import RunSpec
 from convoy.plan.model import ModelSpec, resolve_model
 from convoy.plan.rates import rates_for
 from convoy.plan.recommend import NOT_SPLIT, Recommendation
+from convoy.train.strategies.options import ParallelOptions
 
 __all__ = ["AutoLayout", "TRAINER_STRATEGIES", "TRAINER_KNOBS", "choose_strategy", "planner_hook", "auto_strategy",
            "ConvoyPlanner", "TrainerPrecision",
@@ -152,14 +153,14 @@ def _left_out(fsdp_limit: str) -> str:
     return f"FSDP2 layouts (zero2, zero3) were left out: it cannot shard this model ({fsdp_limit})."
 
 
-def model_fsdp_limit(model: Any, options: Mapping[str, Any]) -> str | None:
+def model_fsdp_limit(model: Any, options: Mapping[str, Any] | ParallelOptions) -> str | None:
     """Why FSDP2 cannot wrap ``model`` as the trainer would shard it (``fsdp_limit``); None when it can or
     ``model`` is no module (a config, a parameter count)."""
     if not isinstance(model, torch.nn.Module):
         return None
     from convoy.train.strategies.fsdp import fsdp_limit
 
-    return fsdp_limit(model, options.get("auto_wrap"))
+    return fsdp_limit(model, ParallelOptions.parse(options).auto_wrap)
 
 
 def training_bytes(num_parameters: int) -> int:
@@ -200,7 +201,7 @@ def model_head_counts(model: Any) -> dict[str, int]:
     return found
 
 
-def tp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tuple[int, ...]:
+def tp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any] | ParallelOptions) -> tuple[int, ...]:
     """The tp degrees above 1 (dividing ``world_size``) that ``model`` can be split by; () when none."""
     if model is None or world_size < 2:
         return ()
@@ -209,9 +210,9 @@ def tp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tu
         return ()
     from convoy.train.parallel.tensor import check_tp_plan, resolve_tp_plan
 
+    config = ParallelOptions.parse(options)
     try:
-        plan = resolve_tp_plan(model, options.get("tp_plan"),
-                               sequence_parallel=bool(options.get("sequence_parallel", False)))
+        plan = resolve_tp_plan(model, config.tp_plan, sequence_parallel=config.sequence_parallel)
     except (StrategyError, NotSupportedYetError):
         return ()
     styles = {style for _, style in plan.styles}
@@ -229,15 +230,15 @@ def tp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tu
     return tuple(out)
 
 
-def pp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tuple[int, ...]:
+def pp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any] | ParallelOptions) -> tuple[int, ...]:
     """The pp degrees above 1 ``model`` can be cut into, when ``options`` has ``loss_fn``; () otherwise."""
-    if model is None or world_size < 2 or options.get("loss_fn") is None:
+    given = ParallelOptions.parse(options)
+    if model is None or world_size < 2 or given.loss_fn is None:
         return ()
-    from convoy.train.parallel.pipeline import PipelineConfig, stage_boundaries
-
+    from convoy.train.parallel.pipeline import stage_boundaries
     from convoy.train.parallel.ties import find_ties, stages_on_one_process
 
-    config = PipelineConfig.from_options(dict(options))  # bad pipeline options are the user's error: raise
+    config = given.pipeline()  # bad pipeline options are the user's error: raise
     ties = find_ties(model)
     order = [name for name, _ in model.named_modules()]
     out = []
@@ -464,22 +465,22 @@ def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int, 
     planner keeps tp inside one and costs collectives that cross them on the network); given to the planner when
     above 1.
     """
-    options = options or {}
-    limit = model_fsdp_limit(model, options)
+    config = ParallelOptions.parse(options or {})  # what auto reads of the options: the tp, pp and FSDP2 ones
+    limit = model_fsdp_limit(model, config)
     if not split:
         model = None
     if planner is not None:
-        tps = tp_degrees(model, world_size=world_size, options=options)
-        pps = pp_degrees(model, world_size=world_size, options=options)
+        tps = tp_degrees(model, world_size=world_size, options=config)
+        pps = pp_degrees(model, world_size=world_size, options=config)
         split = bool(tps or pps)
         heads = _config_heads(model) if split else None
         answer = _ask(planner, num_parameters=num_parameters, world_size=world_size, device_bytes=device_bytes,
                       model=model if split else None, tp_degrees=tps, pp_degrees=pps,
-                      pipeline=options.get("loss_fn") is not None, **({"heads": heads} if heads else {}),
+                      pipeline=config.loss_fn is not None, **({"heads": heads} if heads else {}),
                       **({"nodes": nodes} if nodes > 1 else {}), **({"fsdp_limit": limit} if limit else {}))
         if answer is not None and limit and layout_shards_with_fsdp(answer):
             answer = None  # a planner that did not take fsdp_limit: the rule below answers instead
-        pipeline_loop = options.get("loss_fn") is not None
+        pipeline_loop = config.loss_fn is not None
         if pipeline_loop and (not pps or (answer is not None and (answer.dims is None or not answer.dims.pp_enabled))):
             # the loop's model(x, target=y) runs unsplit too (strategy "parallel" at pp=1)
             return _whole_model_per_process(world_size, answer, pipeline_fits=bool(pps))

@@ -1,13 +1,13 @@
 """The strategy interface: how a model, its optimizer and its checkpoints are spread over processes.
 
-    from convoy.train.strategies.base import Strategy, StrategyContext, register_strategy, create_strategy
+    from convoy.train.strategies.base import Strategy, register_strategy, create_strategy
 
     @register_strategy("tp")
     class TensorParallelStrategy(Strategy):
         def setup_module(self, module): ...          # wrap / parallelize, return the module to train
         ...
 
-    strategy = create_strategy("tp", context)        # what the Accelerator does with strategy="tp"
+    strategy = create_strategy("tp", settings)       # what the Accelerator does with strategy="tp"
 
 The ``Accelerator`` is a thin facade: every distributed decision (wrapping, gradient sync, clipping,
 state dicts, sharded checkpoints, which ranks form a data-parallel group) is a method here, and the facade
@@ -29,9 +29,9 @@ import torch
 
 from convoy.errors import StrategyError
 from convoy.train.settings import TrainSettings
+from convoy.train.strategies.options import StrategyOptions
 
 __all__ = [
-    "StrategyContext",
     "Strategy",
     "SupportsNoSync",
     "ParameterOrigins",
@@ -41,11 +41,6 @@ __all__ = [
     "available_strategies",
     "check_strategy_options",
 ]
-
-
-#: The settings a strategy reads as ``self.context``: the job's one ``TrainSettings`` record (this name is kept
-#: for strategies written against it).
-StrategyContext = TrainSettings
 
 
 class Strategy(abc.ABC):
@@ -67,9 +62,12 @@ class Strategy(abc.ABC):
     #: the ``strategy_options`` keys this strategy reads; ``None`` (a strategy that does not say) takes any.
     #: ``Accelerator(...)`` refuses other keys at construction (``check_strategy_options``).
     options: ClassVar[tuple[str, ...] | None] = None
+    #: the typed record those options are parsed into (``convoy.train.strategies.options``), read as ``self.config``
+    options_type: ClassVar[type[StrategyOptions]] = StrategyOptions
 
     def __init__(self, context: TrainSettings) -> None:
-        self.context = context
+        self.context = context  # the job's settings: rank, world size, device, degrees, the user's options dict
+        self.config = self.options_type.parse(context.options)  # those options, parsed once (options_type)
 
     # --- environment -------------------------------------------------------------------------------
     @property

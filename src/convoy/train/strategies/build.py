@@ -26,6 +26,7 @@ from convoy.train.process_group import start_process_group
 from convoy.train.settings import TrainSettings
 from convoy.train.strategies.auto import choose_strategy, device_memory_bytes, planner_hook
 from convoy.train.strategies.base import Strategy, create_strategy, strategy_class
+from convoy.train.strategies.options import ParallelOptions
 
 __all__ = ["start_job", "build_strategy", "declared_distributed_type", "named_layout"]
 
@@ -75,9 +76,10 @@ def named_layout(settings: TrainSettings) -> tuple[str, dict[str, Any]]:
     reads = strategy_class("parallel").options or ()
     unread = sorted(str(key) for key in options if key not in reads)
     split = ", ".join(f"{a}={getattr(dims, a)}" for a in ("tp", "pp") if getattr(dims, a) > 1) or "HSDP"
-    if options.get("dp_engine", engine) != engine:
+    given = ParallelOptions.parse(options).dp_engine
+    if given is not None and given != engine:
         raise StrategyError(f"strategy={name!r} beside {split} runs with dp_engine={engine!r}, not "
-                            f"{show(options['dp_engine'])}; drop dp_engine, or give strategy 'parallel' with it")
+                            f"{show(given)}; drop dp_engine, or give strategy 'parallel' with it")
     if unread:
         raise StrategyError(f"strategy_options: {unread[0][:40]!r} is not read when strategy={name!r} runs beside "
                             f"{split} (strategy 'parallel' with dp_engine={engine!r}); its options are "

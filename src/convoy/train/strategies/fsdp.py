@@ -20,7 +20,7 @@ numbers with SHARD_GRAD_OP + ``use_orig_params`` + auto-wrap, and HYBRID_SHARD d
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar, Iterator, Mapping
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -29,6 +29,7 @@ from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.train.parallel.recompute import apply_recompute
 from convoy.train.strategies.base import ParameterOrigins, Strategy, SupportsNoSync
 from convoy.train.strategies.fsdp_outputs import fully_shard_exposed
+from convoy.train.strategies.options import ShardOptions, StrategyOptions
 
 __all__ = ["Zero2Strategy", "Zero3Strategy", "FSDPStrategy", "fsdp_limit", "shard_model"]
 
@@ -37,7 +38,9 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
     distributed_type = "FSDP"
     needs_process_group = True
     reshard_after_forward: ClassVar[bool] = True
-    options = ("auto_wrap", "cpu_offload")
+    options = ShardOptions.keys()
+    options_type = ShardOptions
+    config: ShardOptions
 
     def __init__(self, context: Any) -> None:
         super().__init__(context)
@@ -55,11 +58,11 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
         module = module.to(self.root_device)
         names = {id(p): n for n, p in module.named_parameters()}
         mp = mixed_precision_policy(self.context.mixed_precision)
-        offload = offload_policy(self.context.options)
+        offload = offload_policy(self.config)
         # checkpointed before sharding (torchtitan's order): the blocks are FSDP's units, whose hooks gather the
         # weights outside the recomputed region, and again for the backward before the block is recomputed
-        apply_recompute(module, self.context.recompute, classes=self.context.options.get("auto_wrap"))
-        shard_model(module, self.context.options.get("auto_wrap"), named=f"strategy={self.name!r}", mesh=self._mesh,
+        apply_recompute(module, self.context.recompute, classes=self.config.auto_wrap)
+        shard_model(module, self.config.auto_wrap, named=f"strategy={self.name!r}", mesh=self._mesh,
                     reshard_after_forward=self.reshard_after_forward, mp_policy=mp, offload_policy=offload)
         self._origins.record(module, names)
         return module
@@ -100,12 +103,12 @@ def mixed_precision_policy(mixed_precision: Any) -> Any:
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
 
 
-def offload_policy(options: Any) -> Any:
-    """FSDP2's offload policy for ``strategy_options``: ``CPUOffloadPolicy`` with ``cpu_offload`` (pinned memory
+def offload_policy(options: Mapping[str, Any] | StrategyOptions) -> Any:
+    """FSDP2's offload policy for the strategy options: ``CPUOffloadPolicy`` with ``cpu_offload`` (pinned memory
     only where an accelerator is, as pinning fails without one), else none."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
-    if options.get("cpu_offload"):
+    if ShardOptions.parse(options).cpu_offload:
         return CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     return OffloadPolicy()
 
