@@ -36,6 +36,7 @@ from convoy.train.data import DataLoaderConfiguration, PreparedDataLoader
 from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
 from convoy.train.plan_report import PlanReport, PlanWatch
 from convoy.train.plugins import plugin_arguments
+from convoy.train.precision import Precision, precision_for, restore_forward
 from convoy.train.process_group import stop_process_group
 from convoy.train.prepared import LoopState
 from convoy.train.process_state import AcceleratorState, DistributedType, GradientState, distributed_type_for
@@ -43,7 +44,7 @@ from convoy.train.settings import resolve_settings
 from convoy.train.state_hooks import StateHooks
 from convoy.train.strategies.base import Strategy, SupportsNoSync
 from convoy.train.strategies.build import build_strategy, declared_distributed_type, named_layout, start_job
-from convoy.train.wrappers import PreparedOptimizer, PreparedScheduler, autocast_forward
+from convoy.train.wrappers import PreparedOptimizer, PreparedScheduler
 
 __all__ = ["Accelerator", "ProjectConfiguration", "DataLoaderConfiguration"]
 
@@ -167,7 +168,8 @@ class Accelerator:
         self._custom: list[Any] = []
         self._state_hooks = StateHooks()
         self._trigger = Trigger()
-        self.scaler = self._make_scaler()
+        self._precision = self._make_precision()
+        self.scaler = self._precision.scaler  # the fp16 GradScaler (Accelerate's attribute), else None
         start_job(self.settings)
         self.state = AcceleratorState._from_settings(self.settings, declared_distributed_type(self.settings))
         GradientState._register(self)
@@ -265,7 +267,7 @@ class Accelerator:
     def _ensure_strategy(self, model: Any) -> Strategy:
         if self._strategy is not None:
             return self._strategy
-        strategy = build_strategy(self.settings, model=model, planner=self._planner)
+        strategy = build_strategy(self.settings, model=model, planner=self._planner, precision=self._precision)
         self._strategy = strategy
         self.state.distributed_type = distributed_type_for(  # the strategy auto chose names the set-up
             world_size=self.num_processes, device_type=self.settings.device_type,
@@ -274,11 +276,9 @@ class Accelerator:
             loader.reshard(num_shards=strategy.data_parallel_size, shard=strategy.data_parallel_rank)
         return strategy
 
-    def _make_scaler(self) -> Any:
-        if not self.settings.mixed_precision.scales_loss:
-            return None
-
-        return torch.amp.GradScaler(self.settings.device_type, **self._handlers.scaler)
+    def _make_precision(self) -> Precision:
+        return precision_for(self.settings.mixed_precision, device_type=self.settings.device_type,
+                             autocast_kwargs=self._handlers.autocast, scaler_kwargs=self._handlers.scaler)
 
     # --- prepare ---------------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
@@ -318,9 +318,7 @@ class Accelerator:
     def prepare_model(self, model: "torch.nn.Module", device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> "torch.nn.Module":
         strategy = self._ensure_strategy(model)
-        prepared = strategy.setup_module(model)
-        if self.settings.mixed_precision.compute_dtype is not None:
-            autocast_forward(prepared, self.autocast)
+        prepared = self._precision.convert_module(strategy.setup_module(model))
         self._models.append(prepared)
         self._plan_watch.watch_model(model, prepared, self.device)
         return prepared
@@ -333,7 +331,7 @@ class Accelerator:
         inner = strategy.setup_optimizer(optimizer, None)
         first_now = next((p for g in inner.param_groups for p in g["params"]), None)
         owner = next((m for m in self._models if any(p is first_now for p in m.parameters())), None)
-        prepared = PreparedOptimizer(inner, state=self._loop, scaler=self.scaler)
+        prepared = PreparedOptimizer(inner, state=self._loop, precision=self._precision)
         self._plan_watch.watch_optimizer(inner)
         self._optimizers.append(prepared)
         self._optimizer_models.append(owner)
@@ -389,9 +387,7 @@ class Accelerator:
         """``loss.backward()``, divided by the accumulation steps and scaled for fp16."""
         if self.gradient_accumulation_steps > 1:
             loss = loss / self.gradient_accumulation_steps
-        if self.scaler is not None:
-            loss = self.scaler.scale(loss)
-        self.strategy.backward(loss, **kwargs)
+        self.strategy.backward(self._precision.scale_loss(loss), **kwargs)
 
     @contextlib.contextmanager
     def no_sync(self, model: "torch.nn.Module") -> Iterator[None]:
@@ -441,14 +437,7 @@ class Accelerator:
     def autocast(self, autocast_handler: Any = None) -> Iterator[None]:
         """Compute in the mixed-precision dtype inside (no-op for ``mixed_precision="no"``); an
         ``AutocastKwargs`` (here or in ``kwargs_handlers``) sets ``enabled``/``cache_enabled``."""
-
-        name = self.settings.mixed_precision.compute_dtype
-        dtype = getattr(torch, name) if name else None
-        options = autocast_handler.to_kwargs() if autocast_handler is not None else self._handlers.autocast
-        if dtype is None:
-            yield
-            return
-        with torch.autocast(device_type=self.settings.device_type, dtype=dtype, **options):
+        with self._precision.forward_context(autocast_handler.to_kwargs() if autocast_handler is not None else None):
             yield
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
@@ -482,9 +471,7 @@ class Accelerator:
             inner = compiled
         if not keep_fp32_wrapper:
             for candidate in (model, inner):
-                original = candidate.__dict__.pop("_convoy_original_forward", None)
-                if original is not None:
-                    candidate.__dict__.pop("forward", None)
+                restore_forward(candidate)
         return inner
 
     # --- collectives -----------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from typing import Any, Callable, ClassVar, Mapping
 import torch
 
 from convoy.errors import StrategyError
+from convoy.train.precision import Precision, precision_for
 from convoy.train.settings import TrainSettings
 from convoy.train.strategies.options import StrategyOptions
 
@@ -65,9 +66,12 @@ class Strategy(abc.ABC):
     #: the typed record those options are parsed into (``convoy.train.strategies.options``), read as ``self.config``
     options_type: ClassVar[type[StrategyOptions]] = StrategyOptions
 
-    def __init__(self, context: TrainSettings) -> None:
+    def __init__(self, context: TrainSettings, precision: Precision | None = None) -> None:
         self.context = context  # the job's settings: rank, world size, device, degrees, the user's options dict
         self.config = self.options_type.parse(context.options)  # those options, parsed once (options_type)
+        # mixed precision (convoy.train.precision): the Accelerator's, else one for the settings' mode
+        self.precision = precision if precision is not None else precision_for(
+            context.mixed_precision, device_type=context.device_type)
 
     # --- environment -------------------------------------------------------------------------------
     @property
@@ -286,6 +290,8 @@ def check_strategy_options(name: str, options: Mapping[str, Any]) -> None:
                             f"valid keys: {', '.join(valid) or 'none'}")
 
 
-def create_strategy(name: str, context: TrainSettings) -> Strategy:
-    """Build the strategy registered under ``name`` for this job."""
-    return strategy_class(name)(context)
+def create_strategy(name: str, context: TrainSettings, precision: Precision | None = None) -> Strategy:
+    """Build the strategy registered under ``name`` for this job, holding ``precision`` (the Accelerator's; None:
+    one for ``context.mixed_precision``)."""
+    cls = strategy_class(name)
+    return cls(context) if precision is None else cls(context, precision)

@@ -22,6 +22,7 @@ import torch
 from convoy.config.schema import dp_engine_beside, show
 from convoy.errors import StrategyError
 from convoy.train import collectives
+from convoy.train.precision import Precision
 from convoy.train.process_group import start_process_group
 from convoy.train.settings import TrainSettings
 from convoy.train.strategies.auto import choose_strategy, device_memory_bytes, planner_hook
@@ -87,8 +88,10 @@ def named_layout(settings: TrainSettings) -> tuple[str, dict[str, Any]]:
     return "parallel", {**options, "dp_engine": engine}
 
 
-def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[..., Any] | None) -> Strategy:
-    """The strategy ``settings`` ask for, set up; ``"auto"`` picks one for ``model`` (None: by world size)."""
+def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[..., Any] | None,
+                   precision: Precision | None = None) -> Strategy:
+    """The strategy ``settings`` ask for, set up, holding ``precision`` (the Accelerator's; None: one for the
+    settings' mode); ``"auto"`` picks one for ``model`` (None: by world size)."""
     name, options = named_layout(settings)
     dims = settings.parallel_dims
     if name == "auto":
@@ -114,7 +117,7 @@ def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[...
             settings = replace(settings, recompute=layout.recompute)
         if settings.world_size > 1 and settings.rank == 0:
             print(f"convoy: strategy=auto chose {layout.describe()}: {layout.reason}", flush=True)
-    strategy = create_strategy(name, replace(settings, strategy=name, parallel_dims=dims, options=options))
+    strategy = create_strategy(name, replace(settings, strategy=name, parallel_dims=dims, options=options), precision)
     start_job(settings, one_process_group=strategy.needs_process_group)
     strategy.setup_environment()
     return strategy

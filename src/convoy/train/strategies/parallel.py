@@ -59,8 +59,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import inspect
+import math
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -69,16 +69,18 @@ from torch.nn.parallel import DistributedDataParallel
 
 from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.plan.dims import ParallelDims
+from convoy.train.parallel.causal_lm import is_causal_lm
 from convoy.train.parallel.mesh import ParallelMesh, build_mesh
 from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule, SingleStage, find_layers
-from convoy.train.parallel.causal_lm import is_causal_lm
 from convoy.train.parallel.recompute import apply_recompute, recompute_units
 from convoy.train.parallel.styles import plain_shards, strided_like
-from convoy.train.parallel.tensor import apply_tensor_parallel, check_beside_fsdp, resolve_tp_plan, tracing_stand_ins
+from convoy.train.parallel.tensor import (apply_tensor_parallel, check_beside_fsdp, resolve_tp_plan,
+                                          tracing_stand_ins)
 from convoy.train.parallel.ties import find_ties, share_in_state
+from convoy.train.precision import Precision
 from convoy.train.settings import TrainSettings
 from convoy.train.strategies.base import ParameterOrigins, Strategy, SupportsNoSync
-from convoy.train.strategies.fsdp import mixed_precision_policy, no_gradient_sync, offload_policy, shard_model
+from convoy.train.strategies.fsdp import no_gradient_sync, offload_policy, shard_model
 from convoy.train.strategies.options import ParallelOptions
 from convoy.train.strategies.replicated import replicate_model
 
@@ -117,8 +119,8 @@ class ParallelStrategy(Strategy, SupportsNoSync):
     options_type = ParallelOptions
     config: ParallelOptions
 
-    def __init__(self, context: TrainSettings) -> None:
-        super().__init__(context)
+    def __init__(self, context: TrainSettings, precision: Precision | None = None) -> None:
+        super().__init__(context, precision)
         unknown = sorted(set(context.options) - set(self.options))
         if unknown:
             raise StrategyError(f"strategy={self.name!r}: unknown option {unknown[0]!r}; options are "
@@ -131,7 +133,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         if self.shards_only and engine not in _SHARDED:
             raise StrategyError(f"strategy={self.name!r} shards each replica with FSDP2: dp_engine={engine!r} is "
                                 f"not one it runs; use 'fsdp' or 'zero2', or strategy 'parallel' for {engine!r}")
-        if dims.pp_enabled and context.mixed_precision.scales_loss:
+        if dims.pp_enabled and self.precision.scales_loss:
             # the schedule runs backward itself, so the gradient scaler never scales the loss: training would
             # silently divide every gradient by the scale
             raise NotSupportedYetError("mixed_precision='fp16' with pp is not supported yet (its loss scaling "
@@ -264,7 +266,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             # as zero3 does (and torchtitan with tp): 16-bit gathered weights under mixed precision, so autocast
             # keeps no bf16 copy of every fp32 weight until the backward; zero2 keeps them from forward to backward
             resharded = {"reshard_after_forward": False} if self.dp_engine == "zero2" else {}
-            mp = mixed_precision_policy(self.context.mixed_precision)
+            mp = self.precision.fsdp_policy()
             return shard_model(module, self.config.auto_wrap, named=self._named(), mesh=self.mesh.dp_shard_mesh,
                                mp_policy=mp, offload_policy=offload_policy(self.config), **resharded)
         if self._realised == "fsdp-kept":  # zero1 beside tp: fp32 weights under autocast, as ZeRO-1 keeps them
