@@ -148,8 +148,9 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
 def _launched_options(strategy: str, dims: ParallelDims | None, launched: ConvoyEnv,
                       env: Mapping[str, str]) -> dict[str, Any]:
     """The strategy options the launcher's settings stand for (``--cpu-offload``: ``cpu_offload``,
-    ``--pp-schedule``/``--pp-stages-per-rank``: ``pp_schedule``/``pp_stages_per_rank`` where there is a pipeline); ``strategy_options`` given to the Accelerator
-    win over them. A strategy with nothing to offload is one line naming where ``cpu_offload`` came from."""
+    ``--pp-schedule``/``--pp-stages-per-rank``: ``pp_schedule``/``pp_stages_per_rank`` where there is a pipeline);
+    ``strategy_options`` given to the Accelerator win over them. A strategy with nothing to offload is one line
+    naming where ``cpu_offload`` came from."""
     out: dict[str, Any] = {}
     if launched.cpu_offload:
         variable = KEYS["cpu_offload"].env_var

@@ -142,7 +142,8 @@ def test_degrees_of_data_parallelism_alone_keep_the_named_strategy():
     ("ddp", "dp_replicate=2,dp_shard=2", StrategyError, "shards the weights of each replica, which only FSDP2 "
                                                         "does; use strategy 'hsdp'"),
     ("zero1", "dp_replicate=2,dp_shard=2", StrategyError, "strategy='zero1' keeps whole weights in each replica"),
-    ("single", "pp=2", StrategyError, "runs the whole model in one process, not split by pp=2; use strategy 'parallel'"),
+    ("single", "pp=2", StrategyError,
+     "runs the whole model in one process, not split by pp=2; use strategy 'parallel'"),
     ("dp", "tp=2", StrategyError, "strategy='dp' runs the whole model in one process"),
 ])
 def test_a_strategy_that_cannot_run_beside_the_degrees_is_one_line(strategy, parallelism, error, text):

@@ -9,11 +9,11 @@ Options (``Accelerator(strategy_options={...})``): ``auto_wrap`` (module classes
 one; default: every block held in an ``nn.ModuleList``), ``cpu_offload`` (bool; uses
 ``CPUOffloadPolicy(pin_memory=False)`` on machines without an accelerator, where pinning fails).
 
-Mixed precision maps onto ``MixedPrecisionPolicy`` (``Strategy.precision.fsdp_policy()``): ``bf16``/``fp16`` compute
-in that dtype and reduce gradients in fp32. A model FSDP2 cannot shard (``fsdp_limit``: a scalar parameter, as in Accelerate's
-``RegressionModel``; a non-contiguous one; trainable parameters of two dtypes in one shard unit) is refused at
-``prepare`` in one line; outputs FSDP2 cannot see into (a ``SimpleNamespace``, a dataclass) are opened for its
-hooks (``convoy.train.strategies.fsdp_outputs``). Legacy FSDP is avoided on purpose: on CPU it trains wrong
+Mixed precision maps onto ``MixedPrecisionPolicy`` (``Strategy.precision.fsdp_policy()``): ``bf16``/``fp16``
+compute in that dtype and reduce gradients in fp32. A model FSDP2 cannot shard (``fsdp_limit``: a scalar parameter,
+as in Accelerate's ``RegressionModel``; a non-contiguous one; trainable parameters of two dtypes in one shard unit)
+is refused at ``prepare`` in one line; outputs FSDP2 cannot see into (a ``SimpleNamespace``, a dataclass) are opened
+for its hooks (``convoy.train.strategies.fsdp_outputs``). Legacy FSDP is avoided on purpose: on CPU it trains wrong
 numbers with SHARD_GRAD_OP + ``use_orig_params`` + auto-wrap, and HYBRID_SHARD diverges (see docs/training.md).
 """
 
