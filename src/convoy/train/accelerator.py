@@ -37,8 +37,8 @@ from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_han
 from convoy.train.plan_report import PlanReport, PlanWatch
 from convoy.train.plugins import plugin_arguments
 from convoy.train.precision import Precision, precision_for, restore_forward
-from convoy.train.process_group import stop_process_group
 from convoy.train.prepared import LoopState
+from convoy.train.process_group import stop_process_group
 from convoy.train.process_state import AcceleratorState, DistributedType, GradientState, distributed_type_for
 from convoy.train.settings import TrainSettings, resolve_settings
 from convoy.train.state_hooks import StateHooks

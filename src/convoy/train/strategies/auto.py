@@ -50,9 +50,9 @@ from typing import Any, Callable, Collection, Mapping
 
 import torch
 
+from convoy.config.schema import DP_ENGINES
 from convoy.errors import NotSupportedYetError, PlanError, StrategyError
 from convoy.plan.api import recommend_for_module
-from convoy.config.schema import DP_ENGINES
 from convoy.plan.calibration import Calibration, time_model
 from convoy.plan.candidates import Candidate, TrainerFacts
 from convoy.plan.dims import ParallelDims
