@@ -39,3 +39,13 @@ def test_divisibility_checks():
         dims.check_divides(num_heads=6)
     with pytest.raises(StrategyError, match="more stages than the model's 1 layers"):
         dims.check_divides(num_layers=1)
+
+
+@pytest.mark.parametrize("degrees", [{}, {"dp_replicate": 2}, {"dp_shard": 4}, {"dp_replicate": 2, "dp_shard": 2},
+                                     {"tp": 2}, {"pp": 2}, {"dp_shard": 2, "tp": 2, "pp": 2}])
+def test_each_enabled_property_says_whether_that_axis_is_split(degrees):
+    dims = ParallelDims(**degrees)
+    enabled = {axis: getattr(dims, f"{axis}_enabled") for axis in ("dp", "dp_replicate", "dp_shard", "tp", "pp")}
+    assert enabled == {axis: getattr(dims, axis) > 1 for axis in enabled}
+    assert dims.hsdp_enabled == (dims.dp_replicate > 1 and dims.dp_shard > 1)
+    assert dims.is_trivial == (not dims.tp_enabled and not dims.pp_enabled)

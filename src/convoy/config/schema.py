@@ -111,8 +111,8 @@ def dp_engine_beside(strategy: str, dims: Any, *, said: str | None = None) -> st
     """
     from convoy.errors import StrategyError
 
-    hsdp = dims is not None and dims.dp_replicate > 1 and dims.dp_shard > 1
-    if dims is None or strategy in _TAKE_DEGREES or (dims.tp == 1 and dims.pp == 1 and not hsdp):
+    hsdp = dims is not None and dims.hsdp_enabled
+    if dims is None or strategy in _TAKE_DEGREES or (dims.is_trivial and not hsdp):
         return None
     named = said or f"strategy={strategy!r}"
     split = ", ".join(f"{axis}={getattr(dims, axis)}" for axis in ("tp", "pp") if getattr(dims, axis) > 1)

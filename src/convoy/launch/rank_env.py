@@ -283,7 +283,7 @@ def check_launch_settings(settings: ConvoyEnv, *, said: Callable[[str, object], 
         from convoy.plan.dims import ParallelDims
 
         dims = ParallelDims.parse(settings.parallelism) if settings.parallelism else None
-        if dims is None or dims.pp == 1:
+        if dims is None or not dims.pp_enabled:
             named = (said or (lambda name, value: as_flag({}, name, value)))(name, value)
             raise ConfigError(f"{named} schedules a pipeline, and the job has none (pp=1); give --pp with it, or "
                               f"leave it out")

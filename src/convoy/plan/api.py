@@ -187,7 +187,7 @@ class _Costing:
                 uneven.add(cand.layout.dims.dp)
                 continue
             own = replace(run, precision=self.precision_for(cand)) if self.precision_for is not None else run
-            if cand.layout.dims.pp > 1:  # the pipeline schedule it runs with (convoy.plan.schedules): in its layout
+            if cand.layout.dims.pp_enabled:  # the pipeline schedule it runs with (convoy.plan.schedules): in its layout
                 cand = replace(cand, layout=choose_schedule(model, own, cand.layout, hw, global_batch=gb,
                                                             rates=self.rates))
             mem = _memory(model, own, cand.layout)
@@ -248,7 +248,7 @@ def _allowed(cand: Candidate, allowed: Collection[str]) -> bool:
     d = cand.layout.dims
     ok = (cand.strategy in allowed or (cand.strategy == "zero3" and "fsdp" in allowed)
           or cand.strategy == "parallel")
-    return ok and (d.tp == 1 or "tp" in allowed) and (d.pp == 1 or "pp" in allowed) and (
+    return ok and (not d.tp_enabled or "tp" in allowed) and (not d.pp_enabled or "pp" in allowed) and (
         not cand.layout.offload or "offload" in allowed)
 
 

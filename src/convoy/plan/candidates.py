@@ -51,11 +51,11 @@ class TrainerFacts:
     def takes(self, candidate: "Candidate") -> bool:
         """True when the trainer runs ``candidate`` for this model and loop."""
         d = candidate.layout.dims
-        if self.tp_degrees is not None and d.tp > 1 and d.tp not in self.tp_degrees:
+        if self.tp_degrees is not None and d.tp_enabled and d.tp not in self.tp_degrees:
             return False
-        if self.pp_degrees is not None and d.pp > 1 and d.pp not in self.pp_degrees:
+        if self.pp_degrees is not None and d.pp_enabled and d.pp not in self.pp_degrees:
             return False
-        if self.pipeline_only and d.pp == 1:
+        if self.pipeline_only and not d.pp_enabled:
             return False
         return self.fsdp or not uses_fsdp2(candidate)
 
@@ -64,7 +64,7 @@ def uses_fsdp2(candidate: "Candidate") -> bool:
     """True when the trainer runs ``candidate`` on FSDP2: the sharded strategies, offload, and any data
     parallelism beside tp (``fully_shard``, or FSDP2's ``replicate`` for ddp)."""
     d = candidate.layout.dims
-    return candidate.strategy in FSDP2_STRATEGIES or candidate.layout.offload or (d.tp > 1 and d.dp > 1)
+    return candidate.strategy in FSDP2_STRATEGIES or candidate.layout.offload or (d.tp_enabled and d.dp_enabled)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,10 +92,10 @@ def _divisors(n: int) -> list[int]:
 
 
 def _name(strategy: str, dims: ParallelDims, offload: bool) -> str:
-    parts = [strategy] if dims.dp > 1 or (dims.tp == 1 and dims.pp == 1) else []
-    if dims.tp > 1:
+    parts = [strategy] if dims.dp_enabled or dims.is_trivial else []
+    if dims.tp_enabled:
         parts.append(f"tp{dims.tp}")
-    if dims.pp > 1:
+    if dims.pp_enabled:
         parts.append(f"pp{dims.pp}")
     if offload:
         parts.append("offload")

@@ -30,15 +30,15 @@ def planned_schedule(candidate: Candidate) -> tuple[str, int] | None:
     """The pipeline schedule the planner costs for ``candidate`` and the stages each process holds (None without a
     pipeline): the layout's (``convoy.plan.timing.choose_schedule``), which the trainer runs as asked."""
     layout = candidate.layout
-    return (layout.pp_schedule, layout.pp_stages_per_rank) if layout.dims.pp > 1 else None
+    return (layout.pp_schedule, layout.pp_stages_per_rank) if layout.dims.pp_enabled else None
 
 
 def _degrees(candidate: Candidate) -> list[tuple[str, int]]:
     """The degrees as the launcher's flags name them (without the dp of a layout that has none)."""
     d = candidate.layout.dims
-    if d.dp_replicate > 1 and d.dp_shard > 1:
+    if d.hsdp_enabled:
         out = [("dp-replicate", d.dp_replicate), ("dp-shard", d.dp_shard)]
-    elif d.dp > 1 and not d.is_trivial:
+    elif d.dp_enabled and not d.is_trivial:
         out = [("dp", d.dp)]
     else:
         out = []

@@ -61,6 +61,36 @@ class ParallelDims:
         return self.dp * self.tp * self.pp
 
     @property
+    def dp_enabled(self) -> bool:
+        """True when more than one process reads different data (dp > 1)."""
+        return self.dp > 1
+
+    @property
+    def dp_replicate_enabled(self) -> bool:
+        """True when the model is kept as more than one plain replica (dp_replicate > 1)."""
+        return self.dp_replicate > 1
+
+    @property
+    def dp_shard_enabled(self) -> bool:
+        """True when parameters, gradients and optimizer state are sharded over more than one rank (dp_shard > 1)."""
+        return self.dp_shard > 1
+
+    @property
+    def hsdp_enabled(self) -> bool:
+        """True for HSDP: sharded groups that are themselves replicated (dp_replicate > 1 and dp_shard > 1)."""
+        return self.dp_replicate_enabled and self.dp_shard_enabled
+
+    @property
+    def tp_enabled(self) -> bool:
+        """True when each layer's matrices are split over more than one rank (tp > 1)."""
+        return self.tp > 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        """True when the layers are cut into more than one stage (pp > 1)."""
+        return self.pp > 1
+
+    @property
     def is_trivial(self) -> bool:
         """True when there is no model parallelism (tp = pp = 1)."""
         return self.tp == 1 and self.pp == 1
@@ -92,7 +122,7 @@ class ParallelDims:
                                 f"choose pp <= {num_layers}")
 
     def describe(self) -> str:
-        parts = [f"dp={self.dp}"] if self.dp_replicate == 1 or self.dp_shard == 1 else [
+        parts = [f"dp={self.dp}"] if not self.hsdp_enabled else [
             f"dp_replicate={self.dp_replicate}", f"dp_shard={self.dp_shard}"]
         return ",".join(parts + [f"tp={self.tp}", f"pp={self.pp}"])
 

@@ -184,12 +184,12 @@ def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout) -> MemoryBrea
     # FSDP2 per pipeline stage (stage 2 with pp, convoy's dp x pp with dp_engine fsdp/zero2): the schedule turns
     # gradient sync off until the last micro-batch, so a stage accumulates its whole gradients and reduce-scatters
     # them once, at the end of the step
-    pipeline_fsdp = stage == 2 and dims.pp > 1
+    pipeline_fsdp = stage == 2 and dims.pp_enabled
     grads = psi * (recipe.grad_bytes + recipe.accum_bytes) / (dp if stage >= 2 and not pipeline_fsdp else 1) \
         if train else 0.0
     optimizer = psi * opt_bytes / (dp if stage >= 1 else 1) if train else 0.0
     master = psi * master_bytes / (dp if stage >= 1 else 1)
-    if stage == 3 and dims.dp_replicate > 1:  # HSDP: every state is sharded within the shard group only
+    if stage == 3 and dims.dp_replicate_enabled:  # HSDP: every state is sharded within the shard group only
         grads, optimizer, master = (x * dp / shard for x in (grads, optimizer, master))
     host = 0.0
     if layout.offload:

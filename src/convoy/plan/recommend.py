@@ -195,7 +195,7 @@ def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, 
                        f"{format_bytes(smallest.memory.total, binary=True)} per {noun}.")
         return Recommendation(row=None, case=case, reasons=tuple(reasons), noun=noun)
     # the guide's case 1 is data parallelism: a model that fits one device is not split when a replica fits
-    whole = [r for r in fitting if r.candidate.layout.dims.tp == 1 and r.candidate.layout.dims.pp == 1]
+    whole = [r for r in fitting if r.candidate.layout.dims.is_trivial]
     split_faster = False
     if case == "case 1" and whole:
         quickest = min(fitting, key=lambda r: r.time.seconds)
@@ -251,7 +251,7 @@ def tie_rank(candidate: Candidate, case: str) -> tuple[int, ...]:
     ranks go to the faster."""
     d = candidate.layout.dims
     order = _DP_ORDER["case 1" if case == "case 1" else "other"]
-    return (int(candidate.layout.offload), int(d.pp > 1), int(d.tp > 1), order.index(candidate.strategy))
+    return (int(candidate.layout.offload), int(d.pp_enabled), int(d.tp_enabled), order.index(candidate.strategy))
 
 
 def tie_reason(best: Candidate, other: Candidate, case: str) -> str:

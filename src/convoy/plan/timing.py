@@ -305,7 +305,7 @@ def framework_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rat
         n = layout.shard_degree
         gathers = 2 if layout.zero_stage == 3 else 1
         moved = layout.microbatches * psi * (gathers * (2 * w + (_SHARD_BYTES + 2 * w) / n) + w + g)
-    elif dims.dp > 1:
+    elif dims.dp_enabled:
         moved = psi * 4 * g
     else:
         return 0.0
@@ -321,7 +321,7 @@ def _data_parallel_collectives(model: ModelSpec, run: RunSpec, layout: Layout, h
     one reduce-scatter, DeepSpeed's ZeRO-3 the same per parameter tensor; HSDP, hierarchically, an all-reduce of
     each unit's gradient shard across the replicas (one rank per replica group on each node)."""
     dims = layout.dims
-    if not run.training or dims.dp <= 1:
+    if not run.training or not dims.dp_enabled:
         return 0.0, 0.0, 0.0
     m = layout.microbatches
     per_node = max(1, min(dims.dp, hw.gpus_per_node // dims.tp))
@@ -357,14 +357,14 @@ def _data_parallel_collectives(model: ModelSpec, run: RunSpec, layout: Layout, h
     grad_ratio = grads / weights if weights else 0.0
     # FSDP2 per pipeline stage reduce-scatters once per step, after the last micro-batch (gradient sync is off
     # before it), and keeps the weights gathered from a micro-batch's forward to its backward
-    reduces = 1 if dims.pp > 1 else m
+    reduces = 1 if dims.pp_enabled else m
     if n > 1:
         shard = _group(hw, max(1, min(n, hw.gpus_per_node // dims.tp)), n)
         for piece, count in sizes.items():
             dp_comm += count * (m * gathers * _collective("all_gather", piece, shard, hw)
                                 + reduces * _collective("reduce_scatter", piece * grad_ratio, shard, hw))
         comm = (n - 1) / n * (m * gathers * weights + reduces * grads)
-    if dims.dp_replicate > 1:  # HSDP: all-reduce each unit's gradient shard across replicas once per step
+    if dims.dp_replicate_enabled:  # HSDP: all-reduce each unit's gradient shard across replicas once per step
         replicas = _group(hw, 1, dims.dp_replicate)
         for piece, count in sizes.items():
             dp_comm += count * _collective("all_reduce", piece * grad_ratio / n, replicas, hw)
@@ -428,7 +428,7 @@ def _bubble(busy: float, layout: Layout) -> float:
     """Seconds a pipeline stage idles per step beside its ``busy`` seconds, for the layout's schedule."""
     dims = layout.dims
     return busy * pipeline_bubble(dims.pp, layout.microbatches, schedule=layout.pp_schedule,
-                                  stages_per_rank=layout.pp_stages_per_rank) if dims.pp > 1 else 0.0
+                                  stages_per_rank=layout.pp_stages_per_rank) if dims.pp_enabled else 0.0
 
 
 def _data_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, busy: float, engine: str
@@ -451,7 +451,7 @@ def _tensor_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardwar
     """(seconds of tensor-parallel all-reduces, all exposed; bytes each GPU sends) per step: 4 per block and
     micro-batch (Megatron's two in the forward, two in the backward), 2 more under full recomputation."""
     dims = layout.dims
-    if not (dims.tp > 1 and model.has_shape):
+    if not (dims.tp_enabled and model.has_shape):
         return 0.0, 0.0
     m = layout.microbatches
     layers = math.ceil(model.num_layers / dims.pp)  # type: ignore[operator]
@@ -465,7 +465,7 @@ def _tensor_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardwar
 def _pipeline(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> tuple[float, float]:
     """(seconds of the pipeline's sends, all exposed; bytes each GPU sends) per step."""
     dims = layout.dims
-    if not (dims.pp > 1 and model.hidden):
+    if not (dims.pp_enabled and model.hidden):
         return 0.0, 0.0
     act = run.seq_len * run.micro_batch * model.hidden * run.recipe.activation_bytes / dims.tp
     crosses = dims.tp * dims.dp * dims.pp > hw.gpus_per_node
@@ -498,7 +498,7 @@ def choose_schedule(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware
     from convoy.plan.memory import memory_per_gpu
     from convoy.plan.schedules import DEFAULT_SCHEDULE, schedule_options
 
-    if layout.dims.pp == 1 or (layout.pp_schedule, layout.pp_stages_per_rank) != (DEFAULT_SCHEDULE, 1):
+    if not layout.dims.pp_enabled or (layout.pp_schedule, layout.pp_stages_per_rank) != (DEFAULT_SCHEDULE, 1):
         return layout
     options = [replace(layout, pp_schedule=name, pp_stages_per_rank=v)
                for name, v in schedule_options(pp=layout.dims.pp, microbatches=layout.microbatches,

@@ -7,7 +7,7 @@ Importing this package imports torch.
 """
 
 from convoy.train.accelerator import Accelerator, DataLoaderConfiguration, ProjectConfiguration
-from convoy.train.strategies.base import Strategy, StrategyContext, SupportsNoSync, register_strategy
+from convoy.train.strategies.base import Strategy, SupportsNoSync, register_strategy
 
-__all__ = ["Accelerator", "DataLoaderConfiguration", "ProjectConfiguration", "Strategy", "StrategyContext",
-           "SupportsNoSync", "register_strategy"]
+__all__ = ["Accelerator", "DataLoaderConfiguration", "ProjectConfiguration", "Strategy", "SupportsNoSync",
+           "register_strategy"]

@@ -38,12 +38,13 @@ from convoy.train.data.loop import LoopPosition
 from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
 from convoy.train.plan_report import PlanReport, PlanWatch
 from convoy.train.plugins import plugin_arguments
+from convoy.train.precision import Precision, precision_for, restore_forward
 from convoy.train.process_group import stop_process_group
 from convoy.train.process_view import AcceleratorState, DistributedType, GradientState, distributed_type_for
-from convoy.train.settings import resolve_settings
+from convoy.train.settings import TrainSettings, resolve_settings
 from convoy.train.strategies.base import Strategy, SupportsNoSync
 from convoy.train.strategies.build import build_strategy, declared_distributed_type, named_layout, start_job
-from convoy.train.wrappers import PreparedOptimizer, PreparedScheduler, autocast_forward
+from convoy.train.wrappers import PreparedOptimizer, PreparedScheduler
 
 __all__ = ["Accelerator", "ProjectConfiguration", "DataLoaderConfiguration"]
 
@@ -89,6 +90,14 @@ class ProjectConfiguration:
                 object.__setattr__(self, name, int(getattr(self, name)))
 
 
+def _dataloader_config(config: Any, *, split_batches: bool | None, even_batches: bool | None
+                       ) -> DataLoaderConfiguration:
+    """``dataloader_config`` (default: ``DataLoaderConfiguration()``) with the constructor's old ``split_batches``
+    and ``even_batches`` arguments, which win where given, as in Accelerate."""
+    config = config or DataLoaderConfiguration()
+    return dataclasses.replace(
+        config, split_batches=bool(config.split_batches if split_batches is None else split_batches),
+        even_batches=bool(config.even_batches if even_batches is None else even_batches))
 
 
 class Accelerator:
@@ -104,48 +113,81 @@ class Accelerator:
                  parallelism: Any = None, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
                  kwargs_handlers: list[Any] | None = None, recompute: str | None = None, fsdp_plugin: Any = None,
                  deepspeed_plugin: Any = None, parallelism_config: Any = None, **unsupported: Any) -> None:
+        # Resolved in named steps, each reading what the ones before it settled.
+        # 1. flags: the plain arguments and the kwargs handlers, checked before anything reads them
         refuse_arguments(unsupported)
         check_plain_arguments({"device_placement": device_placement, "split_batches": split_batches, "cpu": cpu,
                                "step_scheduler_with_optimizer": step_scheduler_with_optimizer,
                                "even_batches": even_batches}, project_dir=project_dir, rng_types=rng_types)
         if gradient_accumulation_plugin is not None and gradient_accumulation_steps is not None:
             raise ConfigError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both")
-        plugin = gradient_accumulation_plugin
-        handlers = collect_handlers(kwargs_handlers)
-        if collective_timeout is None and handlers.timeout_s is not None:
-            collective_timeout = handlers.timeout_s
-        held = AcceleratorState._held_mixed_precision()  # set by an earlier Accelerator of this process: kept
-        # Accelerate's plugins, read as the arguments they stand for (convoy.train.plugins)
+        self._handlers = collect_handlers(kwargs_handlers)
+        # 2. plugins: Accelerate's plugin objects, read as the arguments they stand for
         plugins = plugin_arguments(
             fsdp_plugin=fsdp_plugin, deepspeed_plugin=deepspeed_plugin, parallelism_config=parallelism_config,
             explicit={"mixed_precision": mixed_precision, "strategy": strategy, "parallelism": parallelism,
-                      "recompute": recompute, "gradient_accumulation_steps": plugin.num_steps if plugin is not None
-                      else gradient_accumulation_steps}, strategy_options=strategy_options)
-        strategy_options = plugins.options
+                      "recompute": recompute, "gradient_accumulation_steps": gradient_accumulation_plugin.num_steps
+                      if gradient_accumulation_plugin is not None else gradient_accumulation_steps},
+            strategy_options=strategy_options)
+        # 3. settings: argument > launcher's environment > settings file > default
+        self.settings = self._resolve_settings(plugins, cpu=cpu, collective_timeout=collective_timeout,
+                                               mixed_precision=mixed_precision)
+        self._set_accumulation(gradient_accumulation_plugin)
+        # 4. strategy: its name and options checked now, the strategy itself built at the first prepare()
+        self._check_strategy(plugins.options, dataloader_config=dataloader_config, project_config=project_config)
+        # 5. precision: one object, handed to the strategy when it is built
+        self._precision = self._make_precision()
+        self.scaler = self._precision.scaler  # the fp16 GradScaler (Accelerate's attribute), else None
+        # 6. data: how prepared loaders shard and place batches
+        self.dataloader_config = _dataloader_config(dataloader_config, split_batches=split_batches,
+                                                    even_batches=even_batches)
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        # 7. project: where checkpoints and trackers write
+        self._set_project(project_config, project_dir=project_dir, log_with=log_with)
+        # 8. the loop's state and the objects prepare() will hold
+        self._set_loop(planner)
+        # 9. the job: this process's device and process group, and the process state Accelerate's names read
+        start_job(self.settings)
+        self.state = AcceleratorState._from_settings(self.settings, declared_distributed_type(self.settings))
+        GradientState._register(self)
+
+    def _resolve_settings(self, plugins: Any, *, cpu: bool, collective_timeout: float | None,
+                          mixed_precision: str | None) -> TrainSettings:
+        """The settings record: the arguments (with the plugins' put in) over the launcher's environment; the
+        mixed precision an earlier Accelerator of this process set is kept, and another one refused."""
         explicit = dict(plugins.explicit)
         if explicit["mixed_precision"] is None:
-            explicit["mixed_precision"] = held
-        self.settings = resolve_settings(explicit={
-            **explicit, "collective_timeout": collective_timeout, "backend": handlers.backend}, cpu=cpu,
-            options=strategy_options, defaults=handlers.ddp, strategy_family=plugins.family)
-        AcceleratorState._check_mixed_precision(self.settings.mixed_precision,
+            explicit["mixed_precision"] = AcceleratorState._held_mixed_precision()
+        if collective_timeout is None:
+            collective_timeout = self._handlers.timeout_s
+        settings = resolve_settings(explicit={
+            **explicit, "collective_timeout": collective_timeout, "backend": self._handlers.backend}, cpu=cpu,
+            options=plugins.options, defaults=self._handlers.ddp, strategy_family=plugins.family)
+        AcceleratorState._check_mixed_precision(settings.mixed_precision,
                                                 where=f"Accelerator(mixed_precision={show(mixed_precision)})")
+        return settings
+
+    def _set_accumulation(self, plugin: GradientAccumulationPlugin | None) -> None:
         self.gradient_accumulation_plugin = plugin or GradientAccumulationPlugin(
             num_steps=self.settings.gradient_accumulation_steps)
         self._accumulation_steps = self.gradient_accumulation_plugin.num_steps
-        self._handlers = handlers
-        # fail early: a data-parallel strategy beside tp/pp degrees runs as strategy "parallel" (named_layout),
-        # whose options (loss_fn, pp_schedule, ...) the script's are checked against
+
+    def _check_strategy(self, options: Any, *, dataloader_config: Any, project_config: Any) -> None:
+        """Fail early: a data-parallel strategy beside tp/pp degrees runs as strategy "parallel" (``named_layout``),
+        whose options (loss_fn, pp_schedule, ...) the script's are checked against."""
         built, _ = named_layout(self.settings)
-        check_arguments(strategy=built, strategy_options=strategy_options or {}, dataloader_config=dataloader_config,
+        check_arguments(strategy=built, strategy_options=options or {}, dataloader_config=dataloader_config,
                         project_config=project_config)
-        config = dataloader_config or DataLoaderConfiguration()
-        self.dataloader_config = dataclasses.replace(  # the constructor's old arguments win, as in Accelerate
-            config, split_batches=bool(config.split_batches if split_batches is None else split_batches),
-            even_batches=bool(config.even_batches if even_batches is None else even_batches))
-        self.device_placement = device_placement
-        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        project = project_config or ProjectConfiguration()
+
+    def _make_precision(self) -> Precision:
+        """The run's mixed precision (``convoy.train.precision``), with the ``AutocastKwargs``/``GradScalerKwargs``
+        given."""
+        return precision_for(self.settings.mixed_precision, device_type=self.settings.device_type,
+                             autocast_kwargs=self._handlers.autocast, scaler_kwargs=self._handlers.scaler)
+
+    def _set_project(self, config: ProjectConfiguration | None, *, project_dir: Any, log_with: Any) -> None:
+        project = config or ProjectConfiguration()
         if project_dir is not None:
             project = dataclasses.replace(project, project_dir=str(project_dir))
         if project.logging_dir is None and project.project_dir is not None:
@@ -154,6 +196,8 @@ class Accelerator:
         self._trackers = tracking.TrackerHub(tracking.resolve_log_with(log_with, project.logging_dir),
                                              project.logging_dir)
         self.save_iteration = project.iteration
+
+    def _set_loop(self, planner: Callable[..., Any] | None) -> None:
         self._planner = planner
         self._loop = LoopPosition()
         self._plan_watch = self._new_plan_watch()
@@ -167,10 +211,6 @@ class Accelerator:
         self._custom: list[Any] = []
         self._state_hooks = StateHooks()
         self._trigger = Trigger()
-        self.scaler = self._make_scaler()
-        start_job(self.settings)
-        self.state = AcceleratorState._from_settings(self.settings, declared_distributed_type(self.settings))
-        GradientState._register(self)
 
     # --- properties ------------------------------------------------------------------------------------
     @property
@@ -265,7 +305,7 @@ class Accelerator:
     def _ensure_strategy(self, model: Any) -> Strategy:
         if self._strategy is not None:
             return self._strategy
-        strategy = build_strategy(self.settings, model=model, planner=self._planner)
+        strategy = build_strategy(self.settings, model=model, planner=self._planner, precision=self._precision)
         self._strategy = strategy
         self.state.distributed_type = distributed_type_for(  # the strategy auto chose names the set-up
             world_size=self.num_processes, device_type=self.settings.device_type,
@@ -273,12 +313,6 @@ class Accelerator:
         for loader in self._dataloaders:  # prepared before auto chose: shard over its data-parallel groups
             loader.reshard(num_shards=strategy.data_parallel_size, shard=strategy.data_parallel_rank)
         return strategy
-
-    def _make_scaler(self) -> Any:
-        if not self.settings.mixed_precision.scales_loss:
-            return None
-
-        return torch.amp.GradScaler(self.settings.device_type, **self._handlers.scaler)
 
     # --- prepare ---------------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
@@ -318,9 +352,7 @@ class Accelerator:
     def prepare_model(self, model: "torch.nn.Module", device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> "torch.nn.Module":
         strategy = self._ensure_strategy(model)
-        prepared = strategy.setup_module(model)
-        if self.settings.mixed_precision.compute_dtype is not None:
-            autocast_forward(prepared, self.autocast)
+        prepared = self._precision.convert_module(strategy.setup_module(model))
         self._models.append(prepared)
         self._plan_watch.watch_model(model, prepared, self.device)
         return prepared
@@ -333,7 +365,7 @@ class Accelerator:
         inner = strategy.setup_optimizer(optimizer, None)
         first_now = next((p for g in inner.param_groups for p in g["params"]), None)
         owner = next((m for m in self._models if any(p is first_now for p in m.parameters())), None)
-        prepared = PreparedOptimizer(inner, state=self._loop, scaler=self.scaler)
+        prepared = PreparedOptimizer(inner, state=self._loop, precision=self._precision)
         self._plan_watch.watch_optimizer(inner)
         self._optimizers.append(prepared)
         self._optimizer_models.append(owner)
@@ -389,9 +421,7 @@ class Accelerator:
         """``loss.backward()``, divided by the accumulation steps and scaled for fp16."""
         if self.gradient_accumulation_steps > 1:
             loss = loss / self.gradient_accumulation_steps
-        if self.scaler is not None:
-            loss = self.scaler.scale(loss)
-        self.strategy.backward(loss, **kwargs)
+        self.strategy.backward(self._precision.scale_loss(loss), **kwargs)
 
     @contextlib.contextmanager
     def no_sync(self, model: "torch.nn.Module") -> Iterator[None]:
@@ -441,14 +471,7 @@ class Accelerator:
     def autocast(self, autocast_handler: Any = None) -> Iterator[None]:
         """Compute in the mixed-precision dtype inside (no-op for ``mixed_precision="no"``); an
         ``AutocastKwargs`` (here or in ``kwargs_handlers``) sets ``enabled``/``cache_enabled``."""
-
-        name = self.settings.mixed_precision.compute_dtype
-        dtype = getattr(torch, name) if name else None
-        options = autocast_handler.to_kwargs() if autocast_handler is not None else self._handlers.autocast
-        if dtype is None:
-            yield
-            return
-        with torch.autocast(device_type=self.settings.device_type, dtype=dtype, **options):
+        with self._precision.forward_context(autocast_handler.to_kwargs() if autocast_handler is not None else None):
             yield
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
@@ -482,9 +505,7 @@ class Accelerator:
             inner = compiled
         if not keep_fp32_wrapper:
             for candidate in (model, inner):
-                original = candidate.__dict__.pop("_convoy_original_forward", None)
-                if original is not None:
-                    candidate.__dict__.pop("forward", None)
+                restore_forward(candidate)
         return inner
 
     # --- collectives -----------------------------------------------------------------------------------

@@ -62,12 +62,14 @@ def check_arguments(*, strategy: str, strategy_options: Any, dataloader_config: 
     union over convoy's strategies for ``"auto"``), a ``dataloader_config`` with ``split_batches`` and
     ``even_batches``, a ``project_config`` with ``project_dir`` and ``iteration``."""
     from convoy.train.strategies.base import check_strategy_options
+    from convoy.train.strategies.options import DDPOptions
 
     check_strategy_options(strategy, dict(strategy_options or {}))
-    if any(key in (strategy_options or {}) for key in ("comm_hook", "comm_wrapper", "comm_state_option")):
+    ddp = DDPOptions.parse(strategy_options or {})
+    if (ddp.comm_hook, ddp.comm_wrapper, ddp.comm_state_option) != (None, None, None):
         from convoy.train.strategies.ddp import comm_hook
 
-        comm_hook(strategy_options)  # its values too, now rather than at prepare()
+        comm_hook(ddp)  # its values too, now rather than at prepare()
     if dataloader_config is not None and not all(hasattr(dataloader_config, a)
                                                  for a in ("split_batches", "even_batches")):
         raise ConfigError(f"dataloader_config={show(dataloader_config)}: give a DataLoaderConfiguration("

@@ -128,8 +128,10 @@ class DistributedDataParallelKwargs(KwargsHandler):
             _refuse(self, "comm_state_option", "a dict of PowerSGDState's arguments, e.g. "
                                                "{'matrix_approximation_rank': 2}")
         from convoy.train.strategies.ddp import comm_hook  # the hook's names, as strategy_options= checks them
+        from convoy.train.strategies.options import DDPOptions
 
-        comm_hook({name: getattr(self, name) for name in ("comm_hook", "comm_wrapper", "comm_state_option")})
+        comm_hook(DDPOptions(comm_hook=self.comm_hook, comm_wrapper=self.comm_wrapper,
+                             comm_state_option=self.comm_state_option))
 
 
 @dataclass
@@ -270,8 +272,9 @@ def collect_handlers(handlers: Iterable[Any] | None) -> Handlers:
         raise ConfigError(f"DistributedDataParallelKwargs({unknown[0]}=...) is not supported by convoy's DDP; "
                           f"set only {', '.join(sorted(DDPStrategy.options))}")
     from convoy.train.strategies.ddp import comm_hook  # checked here, at construction, not at prepare()
+    from convoy.train.strategies.options import DDPOptions
 
-    comm_hook(ddp)
+    comm_hook(DDPOptions.parse(ddp))
     group = seen[InitProcessGroupKwargs].to_kwargs() if InitProcessGroupKwargs in seen else {}
     if group.get("init_method") is not None:
         raise ConfigError("InitProcessGroupKwargs(init_method=...) is not supported; convoy launch (or torchrun) "

@@ -68,6 +68,7 @@ from convoy.plan.units import format_bytes, format_seconds
 from convoy.train.logging import get_logger
 from convoy.train.parallel.recompute import checkpoints_itself
 from convoy.train.strategies.auto import device_memory_bytes, trainer_precision
+from convoy.train.strategies.options import ParallelOptions
 
 __all__ = ["PlanReport", "PlanWatch", "WARMUP_STEPS", "MEASURED_STEPS", "trainer_layout"]
 
@@ -167,8 +168,8 @@ def trainer_layout(strategy: Any, *, accumulation: int) -> tuple[Candidate, int]
     The trainer's realisation of each candidate is ``convoy.train.strategies.auto.runs_in_trainer``'s, read back:
     dp x tp is FSDP2 (zero3), dp x pp is DDP, ZeRO-1 or FSDP2 per stage (zero2 with pp); the pipeline's schedule
     and stages per rank are the layout's."""
-    context = strategy.context
-    world, options = context.world_size, dict(context.options)
+    world = strategy.context.world_size
+    options = ParallelOptions.parse(strategy.context.options)  # the pipeline's and cpu_offload, where given
     name = strategy.name
     chunks = 1
     schedule: dict[str, Any] = {}
@@ -178,28 +179,26 @@ def trainer_layout(strategy: Any, *, accumulation: int) -> tuple[Candidate, int]
             ParallelDims(dp_shard=world) if stage == 3 else ParallelDims(dp_replicate=world))
     elif name in ("parallel", "tp", "pp"):
         d, engine = strategy.dims, strategy.dp_engine
-        if d.dp == 1:
+        if not d.dp_enabled:
             stage = 0
-        elif d.pp > 1:  # FSDP2 per stage (fsdp, zero2) is the planner's zero2 with pp
+        elif d.pp_enabled:  # FSDP2 per stage (fsdp, zero2) is the planner's zero2 with pp
             stage = {"ddp": 0, "zero1": 1}.get(engine, 2)
         else:
             stage = {"fsdp": 3, "zero2": 2, "zero1": 1}.get(engine, 0)
-        sharded = stage == 3 or (stage == 2 and d.pp > 1)
+        sharded = stage == 3 or (stage == 2 and d.pp_enabled)
         dims = d if sharded else ParallelDims(dp_replicate=d.dp, tp=d.tp, pp=d.pp)
-        if d.pp > 1:
-            from convoy.train.parallel.pipeline import PipelineConfig
-
-            config = PipelineConfig.from_options(options)
+        if d.pp_enabled:
+            config = options.pipeline()
             chunks = config.microbatches or d.pp * config.local_stages()
             schedule = {"pp_schedule": config.schedule, "pp_stages_per_rank": config.local_stages()}
     else:
         raise NotSupportedYetError(f"strategy {name!r} is not one the planner lays out; it plans single, ddp, "
                                    "zero1-3, fsdp and parallel")
-    hsdp = stage == 3 and dims.dp_replicate > 1 and dims.dp_shard > 1
-    base = "hsdp" if hsdp else {0: "ddp" if dims.dp > 1 else "single", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]
-    offload = bool(options.get("cpu_offload"))
-    parts = [base] if dims.dp > 1 or (dims.tp == 1 and dims.pp == 1) else []
-    parts += [f"tp{dims.tp}"] * (dims.tp > 1) + [f"pp{dims.pp}"] * (dims.pp > 1) + ["offload"] * offload
+    hsdp = stage == 3 and dims.hsdp_enabled
+    base = "hsdp" if hsdp else {0: "ddp" if dims.dp_enabled else "single", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]
+    offload = bool(options.cpu_offload)
+    parts = [base] if dims.dp_enabled or dims.is_trivial else []
+    parts += [f"tp{dims.tp}"] * dims.tp_enabled + [f"pp{dims.pp}"] * dims.pp_enabled + ["offload"] * offload
     layout = Layout(dims=dims, zero_stage=stage, offload=offload, microbatches=accumulation * chunks, **schedule)
     return Candidate(name="+".join(parts), strategy=base, layout=layout), chunks
 
@@ -449,7 +448,7 @@ class PlanWatch:
                       tp_modules=_tp_modules(self._model) * layout.microbatches)
         dims = layout.dims
         bubble = pipeline_bubble(dims.pp, chunks, schedule=layout.pp_schedule,
-                                 stages_per_rank=layout.pp_stages_per_rank) if dims.pp > 1 else 0.0
+                                 stages_per_rank=layout.pp_stages_per_rank) if dims.pp_enabled else 0.0
         step = cpu_step(ops, rates, bubble=bubble)
         logger.debug("plan report: %s at %s: %s", ops, rates, step)
         return step.seconds, "cpu-ops", rates.describe()

@@ -156,7 +156,7 @@ def _launched_options(strategy: str, dims: ParallelDims | None, launched: Convoy
         variable = KEYS["cpu_offload"].env_var
         check_offload(strategy, dims, said=f"{variable}={env[variable]}" if variable in env else "cpu_offload = true")
         out["cpu_offload"] = True
-    pipeline = strategy == "pp" or (dims is not None and dims.pp > 1)
+    pipeline = strategy == "pp" or (dims is not None and dims.pp_enabled)
     for name in ("pp_schedule", "pp_stages_per_rank"):
         if getattr(launched, name) is not None and pipeline:
             out[name] = getattr(launched, name)

@@ -4,7 +4,8 @@
     scheduler = accelerator.prepare(scheduler)   # PreparedScheduler: steps only when the optimizer stepped
 
 - ``PreparedOptimizer.step()`` does nothing on the micro-steps of ``accumulate`` that do not synchronise;
-  with fp16 it steps through the gradient scaler and records ``step_was_skipped`` (inf/nan gradients).
+  it steps through the run's precision (``convoy.train.precision``: with fp16, the gradient scaler) and records
+  ``step_was_skipped`` (inf/nan gradients).
 - ``PreparedScheduler.step()`` does nothing when the optimizer did not step; with
   ``step_scheduler_with_optimizer=True`` and ``split_batches=False`` it advances ``num_processes`` times
   per step, so that a schedule written in single-process steps ends at the same sample count.
@@ -12,27 +13,31 @@
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from convoy.train import collectives
 from convoy.train.data.loop import LoopPosition
+from convoy.train.precision import Precision
 
-__all__ = ["PreparedOptimizer", "PreparedScheduler", "autocast_forward"]
+__all__ = ["PreparedOptimizer", "PreparedScheduler"]
 
 
 class PreparedOptimizer(torch.optim.Optimizer):
     """Wraps the (strategy's) optimizer; an ``isinstance(x, torch.optim.Optimizer)`` for schedulers."""
 
-    def __init__(self, optimizer: "torch.optim.Optimizer", *, state: LoopPosition, scaler: Any = None) -> None:
+    def __init__(self, optimizer: "torch.optim.Optimizer", *, state: LoopPosition, precision: Precision) -> None:
         # torch.optim.Optimizer.__init__ is deliberately not called: everything delegates to ``optimizer``.
         self.optimizer = optimizer
         self.loop_state = state
-        self.scaler = scaler
+        self.precision = precision
         self.step_was_skipped = False
         self.unscaled = False
+
+    @property
+    def scaler(self) -> Any:
+        """The fp16 gradient scaler steps go through (Accelerate's ``AcceleratedOptimizer.scaler``), or None."""
+        return self.precision.scaler
 
     # attributes schedulers and users read
     @property
@@ -70,22 +75,15 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
     def unscale_gradients(self) -> None:
         """Divide the gradients by the fp16 loss scale (once per step)."""
-        if self.scaler is not None and not self.unscaled:
-            self.scaler.unscale_(self.optimizer)
+        if not self.unscaled:
+            self.precision.unscale_gradients(self.optimizer)
             self.unscaled = True
 
     def step(self, closure: Any = None) -> Any:
         if not self.loop_state.sync_gradients:
             return None
         self.unscaled = False
-        if self.scaler is None:
-            self.step_was_skipped = False
-            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
-        scale_before = self.scaler.get_scale()
-        result = self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)
-        self.scaler.update()
-        # GradScaler lowers the scale exactly when it skipped the step for inf/nan gradients
-        self.step_was_skipped = self.scaler.get_scale() < scale_before
+        result, self.step_was_skipped = self.precision.optimizer_step(self.optimizer, closure)
         return result
 
     def train(self) -> None:  # schedule-free optimizers
@@ -147,18 +145,3 @@ class PreparedScheduler:
             raise AttributeError(name)
         return getattr(self.scheduler, name)
 
-
-def autocast_forward(model: Any, autocast: Callable[[], Any]) -> None:
-    """Run ``model.forward`` under autocast and hand back fp32 outputs (Accelerate's behaviour)."""
-
-    original = model.forward
-
-    @functools.wraps(original)
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        with autocast():
-            out = original(*args, **kwargs)
-        return collectives.map_tensors(
-            lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t, out)
-
-    model.__dict__["_convoy_original_forward"] = original
-    model.forward = forward

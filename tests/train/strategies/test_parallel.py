@@ -6,12 +6,12 @@ import pytest
 
 from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.plan.dims import ParallelDims
-from convoy.train.strategies.base import StrategyContext, available_strategies, create_strategy
-from convoy.train.settings import resolve_settings
+from convoy.train.settings import TrainSettings, resolve_settings
+from convoy.train.strategies.base import available_strategies, create_strategy
 
 
-def _ctx(world: int, dims: ParallelDims | None = None, **options) -> StrategyContext:
-    return StrategyContext(world_size=world, local_world_size=world, parallel_dims=dims, options=options)
+def _ctx(world: int, dims: ParallelDims | None = None, **options) -> TrainSettings:
+    return TrainSettings(world_size=world, local_world_size=world, parallel_dims=dims, options=options)
 
 
 def test_registered_names():
@@ -54,9 +54,9 @@ def test_ddp_and_zero1_beside_tp_run_with_engines_that_take_dtensor_weights():
 
 
 def test_hsdp_shards_inside_a_machine_and_replicates_across_machines_by_default():
-    two_nodes = StrategyContext(world_size=16, local_world_size=8, parallel_dims=None)
+    two_nodes = TrainSettings(world_size=16, local_world_size=8, parallel_dims=None)
     assert create_strategy("hsdp", two_nodes).dims == ParallelDims(dp_replicate=2, dp_shard=8)
-    with_tp = StrategyContext(world_size=16, local_world_size=8, parallel_dims=ParallelDims(dp_replicate=8, tp=2))
+    with_tp = TrainSettings(world_size=16, local_world_size=8, parallel_dims=ParallelDims(dp_replicate=8, tp=2))
     assert create_strategy("hsdp", with_tp).dims == ParallelDims(dp_replicate=2, dp_shard=4, tp=2)
     given = _ctx(4, ParallelDims(dp_replicate=2, dp_shard=2))
     assert create_strategy("hsdp", given).distributed_type == "HSDP"
@@ -75,10 +75,10 @@ def test_layouts_that_cannot_work_are_named(dims, options, error, text):
 
 
 def test_fp16_loss_scaling_cannot_reach_a_pipeline_and_is_refused():
-    ctx = StrategyContext(world_size=2, local_world_size=2, parallel_dims=ParallelDims(pp=2), mixed_precision="fp16")
+    ctx = TrainSettings(world_size=2, local_world_size=2, parallel_dims=ParallelDims(pp=2), mixed_precision="fp16")
     with pytest.raises(NotSupportedYetError, match="fp16.*pp.*bf16"):
         create_strategy("parallel", ctx)
-    bf16 = StrategyContext(world_size=2, local_world_size=2, parallel_dims=ParallelDims(pp=2), mixed_precision="bf16")
+    bf16 = TrainSettings(world_size=2, local_world_size=2, parallel_dims=ParallelDims(pp=2), mixed_precision="bf16")
     assert create_strategy("parallel", bf16).dims.pp == 2
 
 
@@ -123,7 +123,7 @@ def test_a_data_parallel_strategy_beside_degrees_builds_them_with_its_engine(str
     """It built the named strategy over every rank and dropped the degrees without a word."""
     name, options = _named(strategy, parallelism)
     assert (name, options["dp_engine"]) == ("parallel", engine)
-    built = create_strategy(name, StrategyContext(world_size=4, local_world_size=4,
+    built = create_strategy(name, TrainSettings(world_size=4, local_world_size=4,
                                                   parallel_dims=ParallelDims.parse(parallelism, world_size=4),
                                                   options=options))
     assert built.dp_engine == engine and built.dims.world_size == 4
@@ -142,7 +142,8 @@ def test_degrees_of_data_parallelism_alone_keep_the_named_strategy():
     ("ddp", "dp_replicate=2,dp_shard=2", StrategyError, "shards the weights of each replica, which only FSDP2 "
                                                         "does; use strategy 'hsdp'"),
     ("zero1", "dp_replicate=2,dp_shard=2", StrategyError, "strategy='zero1' keeps whole weights in each replica"),
-    ("single", "pp=2", StrategyError, "runs the whole model in one process, not split by pp=2; use strategy 'parallel'"),
+    ("single", "pp=2", StrategyError,
+     "runs the whole model in one process, not split by pp=2; use strategy 'parallel'"),
     ("dp", "tp=2", StrategyError, "strategy='dp' runs the whole model in one process"),
 ])
 def test_a_strategy_that_cannot_run_beside_the_degrees_is_one_line(strategy, parallelism, error, text):
@@ -159,7 +160,7 @@ def test_the_named_strategys_options_must_be_read_by_the_layout_it_runs_as():
     assert _named("zero1", "pp=2", loss_fn=len)[1]["loss_fn"] is len
     with pytest.raises(StrategyError, match="'bucket_cap_mb' is not read when strategy='ddp' runs beside pp=2"):
         _named("ddp", "pp=2", bucket_cap_mb=5)
-    settings = StrategyContext(world_size=4, local_world_size=4, strategy="zero1",
+    settings = TrainSettings(world_size=4, local_world_size=4, strategy="zero1",
                                parallel_dims=ParallelDims(dp_replicate=2, pp=2), options={"dp_engine": "fsdp"})
     with pytest.raises(StrategyError, match="runs with dp_engine='zero1', not 'fsdp'"):
         named_layout(settings)

@@ -105,11 +105,11 @@ def case_key(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> st
     shape = f"{model.num_layers}x{model.hidden} a{model.heads}/{model.kv_heads or model.heads} f{model.ffn} " \
             f"v{model.vocab}" if model.has_shape else "no shape"
     d = layout.dims
-    split = f" (replicate {d.dp_replicate} x shard {d.dp_shard})" if layout.zero_stage == 3 and d.dp_replicate > 1 \
+    split = f" (replicate {d.dp_replicate} x shard {d.dp_shard})" if layout.zero_stage == 3 and d.dp_replicate_enabled \
         else ""
     stage = f"zero{layout.zero_stage}" if layout.zero_stage else "replicated"
     where = f"{stage} dp{d.dp}{split} tp{d.tp} pp{d.pp} m{layout.microbatches}" + (" offload" if layout.offload else "")
-    if d.pp > 1 and (layout.pp_schedule, layout.pp_stages_per_rank) != ("1f1b", 1):
+    if d.pp_enabled and (layout.pp_schedule, layout.pp_stages_per_rank) != ("1f1b", 1):
         where += f" {layout.pp_schedule} v{layout.pp_stages_per_rank}"
     how = f"{run.precision} {run.optimizer} recompute {run.recompute}" + (
         f"/{run.recompute_every}" if run.recompute == "full" and run.recompute_every > 1 else "") + f" {run.attention}"

@@ -41,26 +41,26 @@ class ParallelMesh:
     @property
     def tp(self) -> "DeviceMesh | None":
         """Tensor-parallel sub-mesh, or None when tp == 1."""
-        return self._sub("tp") if self.dims.tp > 1 else None
+        return self._sub("tp") if self.dims.tp_enabled else None
 
     @property
     def pp(self) -> "DeviceMesh | None":
         """Pipeline sub-mesh, or None when pp == 1."""
-        return self._sub("pp") if self.dims.pp > 1 else None
+        return self._sub("pp") if self.dims.pp_enabled else None
 
     @property
     def dp(self) -> "DeviceMesh | None":
         """The whole data-parallel sub-mesh (replicas x shards, flattened), or None when dp == 1."""
-        if self.dims.dp == 1:
+        if not self.dims.dp_enabled:
             return None
-        if self.dims.dp_replicate > 1 and self.dims.dp_shard > 1:
+        if self.dims.hsdp_enabled:
             return self.mesh["dp"]  # the flattened dimension build_mesh adds (not among mesh_dim_names)
-        return self._sub("dp_shard") if self.dims.dp_shard > 1 else self._sub("dp_replicate")
+        return self._sub("dp_shard") if self.dims.dp_shard_enabled else self._sub("dp_replicate")
 
     @property
     def dp_shard_mesh(self) -> "DeviceMesh | None":
         """The mesh FSDP shards over: ("dp_replicate", "dp_shard") for HSDP, else the dp mesh."""
-        if self.dims.dp_replicate > 1 and self.dims.dp_shard > 1:
+        if self.dims.hsdp_enabled:
             return self.mesh["dp_replicate", "dp_shard"]
         return self.dp
 
@@ -105,9 +105,9 @@ def build_mesh(dims: ParallelDims, *, device_type: str | None = None) -> Paralle
     shape = dims.mesh_shape()
     mesh = init_device_mesh(device_type or default_device_type(), tuple(size for _, size in shape),
                             mesh_dim_names=tuple(name for name, _ in shape))
-    if dims.dp_replicate > 1 and dims.dp_shard > 1:
+    if dims.hsdp_enabled:
         mesh["dp_replicate", "dp_shard"]._flatten("dp")  # private but the documented torchtitan idiom
-    if dims.dp_shard > 1 and dims.tp > 1:
+    if dims.dp_shard_enabled and dims.tp_enabled:
         # a gradient norm partial over both (clip_grad_norm_) is then one all-reduce, not two in sequence; without
         # it DTensor warns on every rank "flatten mesh dimensions ["dp_shard", "tp"]" (tensor/_redistribute.py)
         mesh["dp_shard", "tp"]._flatten("dp_shard_tp")

@@ -2,7 +2,6 @@
 
 from convoy.train.strategies.base import (
     Strategy,
-    StrategyContext,
     SupportsNoSync,
     available_strategies,
     create_strategy,
@@ -12,7 +11,6 @@ from convoy.train.strategies.base import (
 
 __all__ = [
     "Strategy",
-    "StrategyContext",
     "SupportsNoSync",
     "available_strategies",
     "create_strategy",

@@ -61,6 +61,7 @@ from convoy.plan.recommend import NOT_SPLIT, Recommendation
 from convoy.plan.run import RunSpec
 from convoy.plan.speed.rates import rates_for
 from convoy.plan.speed.records import Calibration, time_model
+from convoy.train.strategies.options import ParallelOptions
 
 __all__ = ["AutoLayout", "TRAINER_STRATEGIES", "TRAINER_KNOBS", "choose_strategy", "planner_hook", "auto_strategy",
            "ConvoyPlanner", "TrainerPrecision",
@@ -118,7 +119,7 @@ def dp_engine_for(strategy: str, dims: ParallelDims) -> str | None:
     """The trainer's ``dp_engine`` (of strategy "parallel") for a candidate's strategy name at ``dims``: the one
     ``convoy launch --strategy NAME`` runs beside these degrees (``convoy.config.schema.DP_ENGINES``; hsdp: FSDP2
     on the 2-D dp mesh); None when dp = 1. A name it does not know (a custom planner's) replicates with DDP."""
-    if dims.dp == 1:
+    if not dims.dp_enabled:
         return None
     return {"hsdp": "fsdp", **DP_ENGINES}.get(strategy, "ddp")
 
@@ -131,9 +132,9 @@ def shards_with_fsdp(strategy: str, dims: ParallelDims) -> bool:
     """True when the trainer runs ``strategy`` at ``dims`` on FSDP2: zero2, zero3/fsdp and hsdp over data
     parallelism alone (on any number of processes), and strategy "parallel" with dp > 1 whose engine is FSDP2's,
     or beside tp, whose DTensor weights every engine keeps with FSDP2 (``convoy.train.strategies.parallel``)."""
-    if dims.is_trivial and not (dims.dp_replicate > 1 and dims.dp_shard > 1):
+    if dims.is_trivial and not dims.hsdp_enabled:
         return strategy in _FSDP_STRATEGIES
-    return dims.dp > 1 and (dims.tp > 1 or dp_engine_for(strategy, dims) in ("fsdp", "zero2"))
+    return dims.dp_enabled and (dims.tp_enabled or dp_engine_for(strategy, dims) in ("fsdp", "zero2"))
 
 
 def layout_shards_with_fsdp(layout: AutoLayout) -> bool:
@@ -143,22 +144,23 @@ def layout_shards_with_fsdp(layout: AutoLayout) -> bool:
     if layout.dims is None:
         return layout.name in _FSDP_STRATEGIES
     d = layout.dims
-    engine = layout.dp_engine or ("zero1" if d.pp > 1 and d.tp == 1 else "fsdp")  # ParallelStrategy's default
-    return d.dp > 1 and (d.tp > 1 or engine in ("fsdp", "zero2"))
+    # ParallelStrategy's default engine
+    engine = layout.dp_engine or ("zero1" if d.pp_enabled and not d.tp_enabled else "fsdp")
+    return d.dp_enabled and (d.tp_enabled or engine in ("fsdp", "zero2"))
 
 
 def _left_out(fsdp_limit: str) -> str:
     return f"FSDP2 layouts (zero2, zero3) were left out: it cannot shard this model ({fsdp_limit})."
 
 
-def model_fsdp_limit(model: Any, options: Mapping[str, Any]) -> str | None:
+def model_fsdp_limit(model: Any, options: Mapping[str, Any] | ParallelOptions) -> str | None:
     """Why FSDP2 cannot wrap ``model`` as the trainer would shard it (``fsdp_limit``); None when it can or
     ``model`` is no module (a config, a parameter count)."""
     if not isinstance(model, torch.nn.Module):
         return None
     from convoy.train.strategies.fsdp import fsdp_limit
 
-    return fsdp_limit(model, options.get("auto_wrap"))
+    return fsdp_limit(model, ParallelOptions.parse(options).auto_wrap)
 
 
 def training_bytes(num_parameters: int) -> int:
@@ -199,7 +201,7 @@ def model_head_counts(model: Any) -> dict[str, int]:
     return found
 
 
-def tp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tuple[int, ...]:
+def tp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any] | ParallelOptions) -> tuple[int, ...]:
     """The tp degrees above 1 (dividing ``world_size``) that ``model`` can be split by; () when none."""
     if model is None or world_size < 2:
         return ()
@@ -208,9 +210,9 @@ def tp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tu
         return ()
     from convoy.train.parallel.tensor import check_tp_plan, resolve_tp_plan
 
+    config = ParallelOptions.parse(options)
     try:
-        plan = resolve_tp_plan(model, options.get("tp_plan"),
-                               sequence_parallel=bool(options.get("sequence_parallel", False)))
+        plan = resolve_tp_plan(model, config.tp_plan, sequence_parallel=config.sequence_parallel)
     except (StrategyError, NotSupportedYetError):
         return ()
     styles = {style for _, style in plan.styles}
@@ -228,14 +230,15 @@ def tp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tu
     return tuple(out)
 
 
-def pp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any]) -> tuple[int, ...]:
+def pp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any] | ParallelOptions) -> tuple[int, ...]:
     """The pp degrees above 1 ``model`` can be cut into, when ``options`` has ``loss_fn``; () otherwise."""
-    if model is None or world_size < 2 or options.get("loss_fn") is None:
+    given = ParallelOptions.parse(options)
+    if model is None or world_size < 2 or given.loss_fn is None:
         return ()
-    from convoy.train.parallel.pipeline import PipelineConfig, stage_boundaries
+    from convoy.train.parallel.pipeline import stage_boundaries
     from convoy.train.parallel.ties import find_ties, stages_on_one_process
 
-    config = PipelineConfig.from_options(dict(options))  # bad pipeline options are the user's error: raise
+    config = given.pipeline()  # bad pipeline options are the user's error: raise
     ties = find_ties(model)
     order = [name for name, _ in model.named_modules()]
     out = []
@@ -315,12 +318,12 @@ def _as_layout(rec: Recommendation, *, pipeline: bool, timed: str, left_out: str
     not_split = [r for r in rec.reasons if r.startswith(NOT_SPLIT.split("{")[0])]  # case 1: tp/pp left out
     timed = ((f" Step times: {timed}." if timed else "") + (f" {left_out}" if left_out else "")
              + "".join(f" {r}" for r in not_split))
-    hsdp = dims.dp_replicate > 1 and dims.dp_shard > 1
+    hsdp = dims.hsdp_enabled
     turned = rec.recompute if "recompute" in rec.knob else None  # the knob the planner turned, if any
     if dims.is_trivial and not hsdp:
         return AutoLayout(name=rec.strategy or "single", reason=reason + timed, cpu_offload=rec.cpu_offload,
                           recompute=turned)
-    if pipeline and dims.pp > 1:
+    if pipeline and dims.pp_enabled:
         reason += (" strategy_options has loss_fn (a loop that trains with model(x, target=y)), so only "
                    "pipeline layouts were compared.")
     if not rec.knob:
@@ -341,7 +344,7 @@ def trainer_precision(mixed_precision: str, candidate: Candidate) -> str:
     (``"bf16-fsdp"``); the others keep fp32 weights (``"bf16-autocast"``): single, ddp, zero1, and pipeline
     stages (FSDP2 per stage gathers fp32: the stages' traced dtypes stay those of the model)."""
     d = candidate.layout.dims
-    gathers_16bit = candidate.strategy in _GATHER_16BIT and d.dp > 1 and d.pp == 1
+    gathers_16bit = candidate.strategy in _GATHER_16BIT and d.dp_enabled and not d.pp_enabled
     return f"{mixed_precision}-fsdp" if gathers_16bit else f"{mixed_precision}-autocast"
 
 
@@ -471,22 +474,22 @@ def choose_strategy(*, world_size: int, num_parameters: int, device_bytes: int, 
     planner keeps tp inside one and costs collectives that cross them on the network); given to the planner when
     above 1.
     """
-    options = options or {}
-    limit = model_fsdp_limit(model, options)
+    config = ParallelOptions.parse(options or {})  # what auto reads of the options: the tp, pp and FSDP2 ones
+    limit = model_fsdp_limit(model, config)
     if not split:
         model = None
     if planner is not None:
-        tps = tp_degrees(model, world_size=world_size, options=options)
-        pps = pp_degrees(model, world_size=world_size, options=options)
+        tps = tp_degrees(model, world_size=world_size, options=config)
+        pps = pp_degrees(model, world_size=world_size, options=config)
         split = bool(tps or pps)
         heads = _config_heads(model) if split else None
         answer = _ask(planner, num_parameters=num_parameters, world_size=world_size, device_bytes=device_bytes,
                       model=model if split else None, tp_degrees=tps, pp_degrees=pps,
-                      pipeline=options.get("loss_fn") is not None, heads=heads, nodes=nodes, fsdp_limit=limit)
+                      pipeline=config.loss_fn is not None, heads=heads, nodes=nodes, fsdp_limit=limit)
         if answer is not None and limit and layout_shards_with_fsdp(answer):
             answer = None  # a planner that did not take fsdp_limit: the rule below answers instead
-        pipeline_loop = options.get("loss_fn") is not None
-        if pipeline_loop and (not pps or (answer is not None and (answer.dims is None or answer.dims.pp == 1))):
+        pipeline_loop = config.loss_fn is not None
+        if pipeline_loop and (not pps or (answer is not None and (answer.dims is None or not answer.dims.pp_enabled))):
             # the loop's model(x, target=y) runs unsplit too (strategy "parallel" at pp=1)
             return _whole_model_per_process(world_size, answer, pipeline_fits=bool(pps))
         if answer is not None:
@@ -536,7 +539,7 @@ def _most_split_pipeline(world_size: int, pps: tuple[int, ...]) -> AutoLayout:
     the planner's estimate (which guesses the sequence length and micro-batch): the most split one is used."""
     pp = max(pps)
     dims = ParallelDims(dp_replicate=world_size // pp, pp=pp)
-    return AutoLayout(name="parallel", dims=dims, dp_engine="zero1" if dims.dp > 1 else None, reason=(
+    return AutoLayout(name="parallel", dims=dims, dp_engine="zero1" if dims.dp_enabled else None, reason=(
         f"strategy_options has loss_fn (a loop that trains with model(x, target=y)), so only pipeline layouts "
         f"are compared, and none fits by the planner's estimate (sequence 2048, micro-batch 1); the most split "
         f"one, pp={pp}, is used. Give parallelism= to choose the degrees yourself."))

@@ -1,13 +1,13 @@
 """The strategy interface: how a model, its optimizer and its checkpoints are spread over processes.
 
-    from convoy.train.strategies.base import Strategy, StrategyContext, register_strategy, create_strategy
+    from convoy.train.strategies.base import Strategy, register_strategy, create_strategy
 
     @register_strategy("tp")
     class TensorParallelStrategy(Strategy):
         def setup_module(self, module): ...          # wrap / parallelize, return the module to train
         ...
 
-    strategy = create_strategy("tp", context)        # what the Accelerator does with strategy="tp"
+    strategy = create_strategy("tp", settings)       # what the Accelerator does with strategy="tp"
 
 The ``Accelerator`` is a thin facade: every distributed decision (wrapping, gradient sync, clipping,
 state dicts, sharded checkpoints, which ranks form a data-parallel group) is a method here, and the facade
@@ -28,10 +28,11 @@ from typing import Any, Callable, ClassVar, Mapping
 import torch
 
 from convoy.errors import StrategyError
+from convoy.train.precision import Precision, precision_for
 from convoy.train.settings import TrainSettings
+from convoy.train.strategies.options import StrategyOptions
 
 __all__ = [
-    "StrategyContext",
     "Strategy",
     "SupportsNoSync",
     "ParameterOrigins",
@@ -41,11 +42,6 @@ __all__ = [
     "available_strategies",
     "check_strategy_options",
 ]
-
-
-#: The settings a strategy reads as ``self.context``: the job's one ``TrainSettings`` record (this name is kept
-#: for strategies written against it).
-StrategyContext = TrainSettings
 
 
 class Strategy(abc.ABC):
@@ -67,9 +63,15 @@ class Strategy(abc.ABC):
     #: the ``strategy_options`` keys this strategy reads; ``None`` (a strategy that does not say) takes any.
     #: ``Accelerator(...)`` refuses other keys at construction (``check_strategy_options``).
     options: ClassVar[tuple[str, ...] | None] = None
+    #: the typed record those options are parsed into (``convoy.train.strategies.options``), read as ``self.config``
+    options_type: ClassVar[type[StrategyOptions]] = StrategyOptions
 
-    def __init__(self, context: TrainSettings) -> None:
-        self.context = context
+    def __init__(self, context: TrainSettings, precision: Precision | None = None) -> None:
+        self.context = context  # the job's settings: rank, world size, device, degrees, the user's options dict
+        self.config = self.options_type.parse(context.options)  # those options, parsed once (options_type)
+        # mixed precision (convoy.train.precision): the Accelerator's, else one for the settings' mode
+        self.precision = precision if precision is not None else precision_for(
+            context.mixed_precision, device_type=context.device_type)
 
     # --- environment -------------------------------------------------------------------------------
     @property
@@ -288,6 +290,8 @@ def check_strategy_options(name: str, options: Mapping[str, Any]) -> None:
                             f"valid keys: {', '.join(valid) or 'none'}")
 
 
-def create_strategy(name: str, context: TrainSettings) -> Strategy:
-    """Build the strategy registered under ``name`` for this job."""
-    return strategy_class(name)(context)
+def create_strategy(name: str, context: TrainSettings, precision: Precision | None = None) -> Strategy:
+    """Build the strategy registered under ``name`` for this job, holding ``precision`` (the Accelerator's; None:
+    one for ``context.mixed_precision``)."""
+    cls = strategy_class(name)
+    return cls(context) if precision is None else cls(context, precision)

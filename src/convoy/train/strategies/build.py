@@ -22,10 +22,12 @@ import torch
 from convoy.config.schema import dp_engine_beside, show
 from convoy.errors import StrategyError
 from convoy.train import collectives
+from convoy.train.precision import Precision
 from convoy.train.process_group import start_process_group
 from convoy.train.settings import TrainSettings
 from convoy.train.strategies.auto import choose_strategy, device_memory_bytes, planner_hook
 from convoy.train.strategies.base import Strategy, create_strategy, strategy_class
+from convoy.train.strategies.options import ParallelOptions
 
 __all__ = ["start_job", "build_strategy", "declared_distributed_type", "named_layout"]
 
@@ -66,7 +68,7 @@ def named_layout(settings: TrainSettings) -> tuple[str, dict[str, Any]]:
     ``"auto"`` builds them too. ``StrategyError`` for an option of the named strategy that layout does not read
     (DDP's ``bucket_cap_mb`` beside pp), at construction rather than at ``prepare``."""
     name, dims, options = settings.strategy, settings.parallel_dims, dict(settings.options)
-    hsdp = dims is not None and dims.dp_replicate > 1 and dims.dp_shard > 1
+    hsdp = dims is not None and dims.hsdp_enabled
     if name == "auto" and dims is not None and (not dims.is_trivial or hsdp):
         return "parallel", options  # tp/pp (or HSDP) requested: strategy "parallel" builds that layout
     engine = dp_engine_beside(name, dims)
@@ -75,9 +77,10 @@ def named_layout(settings: TrainSettings) -> tuple[str, dict[str, Any]]:
     reads = strategy_class("parallel").options or ()
     unread = sorted(str(key) for key in options if key not in reads)
     split = ", ".join(f"{a}={getattr(dims, a)}" for a in ("tp", "pp") if getattr(dims, a) > 1) or "HSDP"
-    if options.get("dp_engine", engine) != engine:
+    given = ParallelOptions.parse(options).dp_engine
+    if given is not None and given != engine:
         raise StrategyError(f"strategy={name!r} beside {split} runs with dp_engine={engine!r}, not "
-                            f"{show(options['dp_engine'])}; drop dp_engine, or give strategy 'parallel' with it")
+                            f"{show(given)}; drop dp_engine, or give strategy 'parallel' with it")
     if unread:
         raise StrategyError(f"strategy_options: {unread[0][:40]!r} is not read when strategy={name!r} runs beside "
                             f"{split} (strategy 'parallel' with dp_engine={engine!r}); its options are "
@@ -85,8 +88,10 @@ def named_layout(settings: TrainSettings) -> tuple[str, dict[str, Any]]:
     return "parallel", {**options, "dp_engine": engine}
 
 
-def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[..., Any] | None) -> Strategy:
-    """The strategy ``settings`` ask for, set up; ``"auto"`` picks one for ``model`` (None: by world size)."""
+def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[..., Any] | None,
+                   precision: Precision | None = None) -> Strategy:
+    """The strategy ``settings`` ask for, set up, holding ``precision`` (the Accelerator's; None: one for the
+    settings' mode); ``"auto"`` picks one for ``model`` (None: by world size)."""
     name, options = named_layout(settings)
     dims = settings.parallel_dims
     if name == "auto":
@@ -112,7 +117,7 @@ def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[...
             settings = replace(settings, recompute=layout.recompute)
         if settings.world_size > 1 and settings.rank == 0:
             print(f"convoy: strategy=auto chose {layout.describe()}: {layout.reason}", flush=True)
-    strategy = create_strategy(name, replace(settings, strategy=name, parallel_dims=dims, options=options))
+    strategy = create_strategy(name, replace(settings, strategy=name, parallel_dims=dims, options=options), precision)
     start_job(settings, one_process_group=strategy.needs_process_group)
     strategy.setup_environment()
     return strategy

@@ -27,15 +27,13 @@ from convoy.errors import ConfigError
 from convoy.train.optimizer_names import named_optimizer_state, numbered_optimizer_state, param_names
 from convoy.train.parallel.recompute import apply_recompute
 from convoy.train.strategies.base import Strategy, SupportsNoSync
+from convoy.train.strategies.options import DDPOptions
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["DDPStrategy", "Zero1Strategy"]
 
-_DDP_OPTIONS = ("find_unused_parameters", "broadcast_buffers", "bucket_cap_mb", "static_graph",
-                "gradient_as_bucket_view")
-_HOOK_OPTIONS = ("comm_hook", "comm_wrapper", "comm_state_option")
 _HOOKS = {"fp16": ("default_hooks", "fp16_compress_hook"), "bf16": ("default_hooks", "bf16_compress_hook"),
           "power_sgd": ("powerSGD_hook", "powerSGD_hook"),
           "batched_power_sgd": ("powerSGD_hook", "batched_powerSGD_hook")}
@@ -49,13 +47,13 @@ def _hook_name(value: Any, key: str, names: Any) -> str:
     return name
 
 
-def comm_hook(options: Any) -> tuple[Any, Any] | None:
+def comm_hook(options: DDPOptions) -> tuple[Any, Any] | None:
     """The hook ``options`` ask for (``comm_hook``, ``comm_wrapper``, ``comm_state_option``): (hook, a fresh
     state), or None. ``ConfigError`` for names PyTorch has no hook for, and for PowerSGD's arguments without a
     PowerSGD hook (Accelerate ignores them there)."""
-    hook = _hook_name(options.get("comm_hook", "no"), "comm_hook", tuple(_HOOKS))
-    wrapper = _hook_name(options.get("comm_wrapper", "no"), "comm_wrapper", tuple(_WRAPPERS))
-    state_option = options.get("comm_state_option") or {}
+    hook = _hook_name(options.comm_hook, "comm_hook", tuple(_HOOKS))
+    wrapper = _hook_name(options.comm_wrapper, "comm_wrapper", tuple(_WRAPPERS))
+    state_option = options.comm_state_option or {}
     powersgd = hook in ("power_sgd", "batched_power_sgd")
     if state_option and not powersgd:
         raise ConfigError("comm_state_option holds PowerSGDState's arguments; give comm_hook='power_sgd' or "
@@ -86,17 +84,18 @@ class DDPStrategy(Strategy, SupportsNoSync):
     """``torch.nn.parallel.DistributedDataParallel`` around each model."""
 
     needs_process_group = True
-    options = _DDP_OPTIONS + _HOOK_OPTIONS
+    options = DDPOptions.keys()
+    options_type = DDPOptions
+    config: DDPOptions
 
     def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
         module = module.to(self.root_device)
         if not any(p.requires_grad for p in module.parameters()):
             return module  # nothing to synchronise (a frozen teacher, an EMA copy): DDP would refuse it
         apply_recompute(module, self.context.recompute)  # inside DDP's wrapper: its hooks see the whole backward
-        kwargs: dict[str, Any] = {k: self.context.options[k] for k in _DDP_OPTIONS if k in self.context.options}
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
-        hook = comm_hook(self.context.options)  # before wrapping: a bad option stops nothing half-built
-        ddp = DistributedDataParallel(module, device_ids=device_ids, **kwargs)
+        hook = comm_hook(self.config)  # before wrapping: a bad option stops nothing half-built
+        ddp = DistributedDataParallel(module, device_ids=device_ids, **self.config.ddp_kwargs())
         if hook is not None:
             try:
                 ddp.register_comm_hook(hook[1], hook[0])

@@ -14,6 +14,7 @@ import torch
 from convoy.errors import StrategyError
 from convoy.train.parallel.recompute import refuse_recompute
 from convoy.train.strategies.base import Strategy
+from convoy.train.strategies.options import StrategyOptions
 
 __all__ = ["DataParallelStrategy"]
 
@@ -22,7 +23,7 @@ class DataParallelStrategy(Strategy):
     """``torch.nn.DataParallel`` over every visible GPU of this one process."""
 
     distributed_type = "MULTI_GPU"
-    options = ()
+    options = StrategyOptions.keys()
 
     def setup_environment(self) -> None:
         if self.context.world_size > 1:

@@ -9,26 +9,29 @@ Options (``Accelerator(strategy_options={...})``): ``auto_wrap`` (module classes
 one; default: every block held in an ``nn.ModuleList``), ``cpu_offload`` (bool; uses
 ``CPUOffloadPolicy(pin_memory=False)`` on machines without an accelerator, where pinning fails).
 
-Mixed precision maps onto ``MixedPrecisionPolicy``: ``bf16``/``fp16`` compute in that dtype and reduce
-gradients in fp32. A model FSDP2 cannot shard (``fsdp_limit``: a scalar parameter, as in Accelerate's
-``RegressionModel``; a non-contiguous one; trainable parameters of two dtypes in one shard unit) is refused at
-``prepare`` in one line; outputs FSDP2 cannot see into (a ``SimpleNamespace``, a dataclass) are opened for its
-hooks (``convoy.train.strategies.fsdp_outputs``). Legacy FSDP is avoided on purpose: on CPU it trains wrong
+Mixed precision maps onto ``MixedPrecisionPolicy`` (``Strategy.precision.fsdp_policy()``): ``bf16``/``fp16``
+compute in that dtype and reduce gradients in fp32. A model FSDP2 cannot shard (``fsdp_limit``: a scalar parameter,
+as in Accelerate's ``RegressionModel``; a non-contiguous one; trainable parameters of two dtypes in one shard unit)
+is refused at ``prepare`` in one line; outputs FSDP2 cannot see into (a ``SimpleNamespace``, a dataclass) are opened
+for its hooks (``convoy.train.strategies.fsdp_outputs``). Legacy FSDP is avoided on purpose: on CPU it trains wrong
 numbers with SHARD_GRAD_OP + ``use_orig_params`` + auto-wrap, and HYBRID_SHARD diverges (see docs/training.md).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar, Iterator, Mapping
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.train.parallel.recompute import apply_recompute
+from convoy.train.precision import Precision
+from convoy.train.settings import TrainSettings
 from convoy.train.strategies.base import ParameterOrigins, Strategy, SupportsNoSync
 from convoy.train.strategies.fsdp_outputs import fully_shard_exposed
+from convoy.train.strategies.options import ShardOptions, StrategyOptions
 
 __all__ = ["Zero2Strategy", "Zero3Strategy", "FSDPStrategy", "fsdp_limit", "shard_model"]
 
@@ -37,10 +40,12 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
     distributed_type = "FSDP"
     needs_process_group = True
     reshard_after_forward: ClassVar[bool] = True
-    options = ("auto_wrap", "cpu_offload")
+    options = ShardOptions.keys()
+    options_type = ShardOptions
+    config: ShardOptions
 
-    def __init__(self, context: Any) -> None:
-        super().__init__(context)
+    def __init__(self, context: TrainSettings, precision: Precision | None = None) -> None:
+        super().__init__(context, precision)
         self._mesh: Any = None
         # id(original parameter) -> (prepared module, parameter name), to re-point optimizers built
         # before prepare(): fully_shard replaces every Parameter with a sharded one.
@@ -54,12 +59,12 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
         self.setup_environment()
         module = module.to(self.root_device)
         names = {id(p): n for n, p in module.named_parameters()}
-        mp = mixed_precision_policy(self.context.mixed_precision)
-        offload = offload_policy(self.context.options)
+        mp = self.precision.fsdp_policy()
+        offload = offload_policy(self.config)
         # checkpointed before sharding (torchtitan's order): the blocks are FSDP's units, whose hooks gather the
         # weights outside the recomputed region, and again for the backward before the block is recomputed
-        apply_recompute(module, self.context.recompute, classes=self.context.options.get("auto_wrap"))
-        shard_model(module, self.context.options.get("auto_wrap"), named=f"strategy={self.name!r}", mesh=self._mesh,
+        apply_recompute(module, self.context.recompute, classes=self.config.auto_wrap)
+        shard_model(module, self.config.auto_wrap, named=f"strategy={self.name!r}", mesh=self._mesh,
                     reshard_after_forward=self.reshard_after_forward, mp_policy=mp, offload_policy=offload)
         self._origins.record(module, names)
         return module
@@ -90,22 +95,12 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
         return {k: v.detach().cpu() for k, v in full.items()}
 
 
-def mixed_precision_policy(mixed_precision: Any) -> Any:
-    """FSDP2's ``MixedPrecisionPolicy`` for the run's ``MixedPrecision``: weights gathered in its 16-bit dtype,
-    gradients reduced in fp32; fp32 throughout for ``"no"``. The trainer's autocast still runs on top."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    name = mixed_precision.compute_dtype
-    dtype = getattr(torch, name) if name else None
-    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
-
-
-def offload_policy(options: Any) -> Any:
-    """FSDP2's offload policy for ``strategy_options``: ``CPUOffloadPolicy`` with ``cpu_offload`` (pinned memory
+def offload_policy(options: Mapping[str, Any] | StrategyOptions) -> Any:
+    """FSDP2's offload policy for the strategy options: ``CPUOffloadPolicy`` with ``cpu_offload`` (pinned memory
     only where an accelerator is, as pinning fails without one), else none."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
-    if options.get("cpu_offload"):
+    if ShardOptions.parse(options).cpu_offload:
         return CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     return OffloadPolicy()
 

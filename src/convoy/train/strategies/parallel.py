@@ -59,8 +59,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import inspect
+import math
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -69,16 +69,19 @@ from torch.nn.parallel import DistributedDataParallel
 
 from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.plan.dims import ParallelDims
+from convoy.train.parallel.causal_lm import is_causal_lm
 from convoy.train.parallel.mesh import ParallelMesh, build_mesh
 from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule, SingleStage, find_layers
-from convoy.train.parallel.causal_lm import is_causal_lm
 from convoy.train.parallel.recompute import apply_recompute, recompute_units
 from convoy.train.parallel.styles import plain_shards, strided_like
-from convoy.train.parallel.tensor import apply_tensor_parallel, check_beside_fsdp, resolve_tp_plan, tracing_stand_ins
+from convoy.train.parallel.tensor import (apply_tensor_parallel, check_beside_fsdp, resolve_tp_plan,
+                                          tracing_stand_ins)
 from convoy.train.parallel.ties import find_ties, share_in_state
+from convoy.train.precision import Precision
 from convoy.train.settings import TrainSettings
 from convoy.train.strategies.base import ParameterOrigins, Strategy, SupportsNoSync
-from convoy.train.strategies.fsdp import mixed_precision_policy, no_gradient_sync, offload_policy, shard_model
+from convoy.train.strategies.fsdp import no_gradient_sync, offload_policy, shard_model
+from convoy.train.strategies.options import ParallelOptions
 from convoy.train.strategies.replicated import replicate_model
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -106,43 +109,43 @@ def realisation(engine: str, tp: int) -> str:
     if tp > 1:
         return "replicate" if engine == "ddp" else "fsdp-kept"
     return engine
-_OPTIONS = ("tp_plan", "sequence_parallel", "loss_fn", "dp_engine", "auto_wrap", "pp_schedule",
-            "pp_microbatches", "pp_stages_per_rank", "pp_split_at", "pp_layers")
 
 
 class ParallelStrategy(Strategy, SupportsNoSync):
     """dp x tp x pp from ``context.parallel_dims`` (pure data parallel over the world when absent)."""
 
     needs_process_group = True
-    options = (*_OPTIONS, "find_unused_parameters", "cpu_offload")
+    options = ParallelOptions.keys()
+    options_type = ParallelOptions
+    config: ParallelOptions
 
-    def __init__(self, context: TrainSettings) -> None:
-        super().__init__(context)
+    def __init__(self, context: TrainSettings, precision: Precision | None = None) -> None:
+        super().__init__(context, precision)
         unknown = sorted(set(context.options) - set(self.options))
         if unknown:
             raise StrategyError(f"strategy={self.name!r}: unknown option {unknown[0]!r}; options are "
-                                f"{', '.join(_OPTIONS)}")
+                                f"{', '.join(self.options)}")
         dims = self.default_dims(context)
         dims.check_world_size(context.world_size)
-        engine = context.options.get("dp_engine", self.default_engine(dims))
+        engine = self.default_engine(dims) if self.config.dp_engine is None else self.config.dp_engine
         if engine not in _DP_ENGINES:
             raise StrategyError(f"dp_engine={engine!r} is unknown; choose one of {', '.join(_DP_ENGINES)}")
         if self.shards_only and engine not in _SHARDED:
             raise StrategyError(f"strategy={self.name!r} shards each replica with FSDP2: dp_engine={engine!r} is "
                                 f"not one it runs; use 'fsdp' or 'zero2', or strategy 'parallel' for {engine!r}")
-        if dims.pp > 1 and context.mixed_precision.scales_loss:
+        if dims.pp_enabled and self.precision.scales_loss:
             # the schedule runs backward itself, so the gradient scaler never scales the loss: training would
             # silently divide every gradient by the scale
             raise NotSupportedYetError("mixed_precision='fp16' with pp is not supported yet (its loss scaling "
                                        "cannot reach the pipeline's backward); use 'bf16'")
-        if dims.dp_replicate > 1 and dims.dp_shard > 1 and engine not in _SHARDED:
+        if dims.hsdp_enabled and engine not in _SHARDED:
             raise StrategyError(f"dp_replicate x dp_shard (HSDP) needs dp_engine='fsdp', not {engine!r}")
-        if dims.dp_replicate == 1 or dims.dp_shard == 1:  # one dp axis: name it by how it is realised
+        if not dims.hsdp_enabled:  # one dp axis: name it by how it is realised
             rep, shard = (1, dims.dp) if realisation(engine, dims.tp) in _FULLY_SHARD else (dims.dp, 1)
             dims = ParallelDims(dp_replicate=rep, dp_shard=shard, tp=dims.tp, pp=dims.pp)
         self.dims = dims
         self.dp_engine = engine
-        self._realised = realisation(engine, dims.tp) if dims.dp > 1 else "none"
+        self._realised = realisation(engine, dims.tp) if dims.dp_enabled else "none"
         self._pm: ParallelMesh | None = None
         # id(parameter before prepare) -> (prepared module, parameter name): parallelize_module and
         # fully_shard replace parameters, and an optimizer built before prepare() must follow them.
@@ -162,14 +165,14 @@ class ParallelStrategy(Strategy, SupportsNoSync):
     @staticmethod
     def default_engine(dims: ParallelDims) -> str:
         """ZeRO-1 with pp, as the multi-GPU guide recommends; else FSDP2 (with tp, the least memory)."""
-        return "zero1" if dims.pp > 1 and dims.tp == 1 else "fsdp"
+        return "zero1" if dims.pp_enabled and not dims.tp_enabled else "fsdp"
 
     @property
     def distributed_type(self) -> str:  # type: ignore[override]
-        hsdp = self.dims.dp_replicate > 1 and self.dims.dp_shard > 1
+        hsdp = self.dims.hsdp_enabled
         engines = {"fsdp": "HSDP" if hsdp else "FSDP", "zero2": "HSDP" if hsdp else "FSDP", "ddp": "DDP",
                    "zero1": "ZERO1"}
-        dp = engines[self.dp_engine] if self.dims.dp > 1 else ""
+        dp = engines[self.dp_engine] if self.dims.dp_enabled else ""
         axes = [dp] + [name.upper() for name in ("tp", "pp") if getattr(self.dims, name) > 1]
         return "+".join(a for a in axes if a) or "NO"
 
@@ -198,16 +201,15 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         module = module.to(self.root_device)
         names = {id(p): n for n, p in module.named_parameters()}
         stand_ins = None
-        if self.dims.tp > 1:
-            plan = resolve_tp_plan(module, self.context.options.get("tp_plan"),
-                                   sequence_parallel=bool(self.context.options.get("sequence_parallel", False)))
-            if self.dims.dp > 1 and self.dp_engine in _SHARDED:
+        if self.dims.tp_enabled:
+            plan = resolve_tp_plan(module, self.config.tp_plan, sequence_parallel=self.config.sequence_parallel)
+            if self.dims.dp_enabled and self.dp_engine in _SHARDED:
                 check_beside_fsdp(module, plan)
             apply_tensor_parallel(module, pm.tp, plan)
-            if self.dims.pp > 1:  # the pipeline traces plain stand-ins of the split modules (see tensor.py)
+            if self.dims.pp_enabled:  # the pipeline traces plain stand-ins of the split modules (see tensor.py)
                 stand_ins = functools.partial(tracing_stand_ins, module, plan)
-        if self.dims.pp > 1:
-            _check_pipeline_loss(module, self.context.options.get("loss_fn"))
+        if self.dims.pp_enabled:
+            _check_pipeline_loss(module, self.config.loss_fn)
             # with tp, parallelize_module replaced the split parameters (DTensors, which the stages share):
             # an optimizer built before prepare() must follow them
             self._origins.record(module, names)
@@ -216,14 +218,14 @@ class ParallelStrategy(Strategy, SupportsNoSync):
                 wrap = functools.partial(self._shard_stage, module)
             elif self._realised == "replicate":
                 wrap = functools.partial(self._replicate_stage, module)
-            elif self.dims.dp > 1:
+            elif self.dims.dp_enabled:
                 wrap = self._wrap_stage
             wrap = self._recomputed_stages(module, wrap)
-            config = PipelineConfig.from_options(dict(self.context.options))
-            if self.dims.tp > 1 and self.context.options.get("sequence_parallel"):
+            config = self.config.pipeline()
+            if self.dims.tp_enabled and self.config.sequence_parallel:
                 _check_block_boundaries(module, config)
             pipe = PipelineModule(module, config=config,
-                                  loss_fn=self.context.options.get("loss_fn"), group=pm.pp.get_group(),
+                                  loss_fn=self.config.loss_fn, group=pm.pp.get_group(),
                                   device=self.root_device, wrap_stage=wrap, trace_stand_ins=stand_ins,
                                   loss_scale=1.0 / self.context.gradient_accumulation_steps)
             # stages are built (and, with fsdp, sharded) on the first call: optimizers follow them then
@@ -232,11 +234,11 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             self._own_backward = True
             return pipe
         # torchtitan's order: tensor parallelism, then activation checkpointing, then data parallelism
-        apply_recompute(module, self.context.recompute, classes=self.context.options.get("auto_wrap"))
-        if self.dims.dp > 1:
+        apply_recompute(module, self.context.recompute, classes=self.config.auto_wrap)
+        if self.dims.dp_enabled:
             module = self._data_parallel(module)
         self._origins.record(self.unwrap(module), names)  # names are the model's, not a DDP wrapper's
-        loss_fn = self.context.options.get("loss_fn")
+        loss_fn = self.config.loss_fn
         if loss_fn is not None:  # a pipeline loop (model(x, target=y)) at pp = 1: nothing to split
             self._own_backward = True
             return SingleStage(module, loss_fn=loss_fn, loss_scale=1.0 / self.context.gradient_accumulation_steps)
@@ -247,7 +249,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         stages of a traced pipeline keep the model's module names but not its lists, so the blocks are named on the
         whole model first (a model without any is refused here, before tracing)."""
         mode = self.context.recompute
-        blocks = [name for name, _ in recompute_units(model, self.context.options.get("auto_wrap"))]
+        blocks = [name for name, _ in recompute_units(model, self.config.auto_wrap)]
         if mode == "none":
             return wrap
         if not blocks:
@@ -264,16 +266,14 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             # as zero3 does (and torchtitan with tp): 16-bit gathered weights under mixed precision, so autocast
             # keeps no bf16 copy of every fp32 weight until the backward; zero2 keeps them from forward to backward
             resharded = {"reshard_after_forward": False} if self.dp_engine == "zero2" else {}
-            mp = mixed_precision_policy(self.context.mixed_precision)
-            return shard_model(module, self.context.options.get("auto_wrap"), named=self._named(),
-                               mesh=self.mesh.dp_shard_mesh, mp_policy=mp,
-                               offload_policy=offload_policy(self.context.options), **resharded)
+            mp = self.precision.fsdp_policy()
+            return shard_model(module, self.config.auto_wrap, named=self._named(), mesh=self.mesh.dp_shard_mesh,
+                               mp_policy=mp, offload_policy=offload_policy(self.config), **resharded)
         if self._realised == "fsdp-kept":  # zero1 beside tp: fp32 weights under autocast, as ZeRO-1 keeps them
-            return shard_model(module, self.context.options.get("auto_wrap"), named=self._named(),
-                               mesh=self.mesh.dp_shard_mesh, reshard_after_forward=False)
+            return shard_model(module, self.config.auto_wrap, named=self._named(), mesh=self.mesh.dp_shard_mesh,
+                               reshard_after_forward=False)
         if self._realised == "replicate":
-            return replicate_model(module, self.context.options.get("auto_wrap"), named=self._named(),
-                                   mesh=self.mesh.dp)
+            return replicate_model(module, self.config.auto_wrap, named=self._named(), mesh=self.mesh.dp)
         return self._wrap_stage(module)
 
     def _named(self) -> str:
@@ -305,8 +305,8 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         # all-gather. The schedule only sends it on or feeds it to the loss, never in place: the warning,
         # printed by every rank, says nothing to the user here.
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPGraphModule\) returned a view")
-        shard_model(stage, self.context.options.get("auto_wrap"), named=self._named(), mesh=self.mesh.dp_shard_mesh,
-                    reshard_after_forward=False, offload_policy=offload_policy(self.context.options))
+        shard_model(stage, self.config.auto_wrap, named=self._named(), mesh=self.mesh.dp_shard_mesh,
+                    reshard_after_forward=False, offload_policy=offload_policy(self.config))
         for name, param in stage.named_parameters():
             parent, _, leaf = name.rpartition(".")
             model.get_submodule(parent).register_parameter(leaf, param)
@@ -317,7 +317,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         (ddp beside tp and pp); ``model`` then holds the stage's new parameters, as with ``_shard_stage``."""
         self._origins.record(stage, {id(p): n for n, p in stage.named_parameters()})
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPGraphModule\) returned a view")
-        replicate_model(stage, self.context.options.get("auto_wrap"), named=self._named(), mesh=self.mesh.dp)
+        replicate_model(stage, self.config.auto_wrap, named=self._named(), mesh=self.mesh.dp)
         for name, param in stage.named_parameters():
             parent, _, leaf = name.rpartition(".")
             model.get_submodule(parent).register_parameter(leaf, param)
@@ -328,7 +328,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
 
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         return DistributedDataParallel(module, device_ids=device_ids, process_group=self.mesh.dp.get_group(),
-                                       find_unused_parameters=bool(self.context.options.get("find_unused_parameters")))
+                                       find_unused_parameters=self.config.find_unused_parameters)
 
     def setup_optimizer(self, optimizer: "torch.optim.Optimizer", module: Any = None) -> "torch.optim.Optimizer":
         self._origins.repoint(optimizer)
@@ -377,7 +377,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
                         ) -> "torch.Tensor":
         from convoy.train.parallel.norms import clip_grad_norm_
 
-        pp_group = self.mesh.pp.get_group() if self.dims.pp > 1 else None
+        pp_group = self.mesh.pp.get_group() if self.dims.pp_enabled else None
         skip: set[int] = set()
         for pipe in self._pipelines:  # a weight tied across stages: its gradient summed first, counted once
             pipe.sync_tied_gradients()
@@ -495,7 +495,7 @@ class HybridShardStrategy(ParallelStrategy):
     @classmethod
     def default_dims(cls, context: TrainSettings) -> ParallelDims:
         dims = context.parallel_dims or ParallelDims(dp_replicate=context.world_size)
-        if dims.dp_replicate > 1 and dims.dp_shard > 1:
+        if dims.hsdp_enabled:
             return dims
         model = dims.tp * dims.pp
         per_node = context.local_world_size // model if context.local_world_size % model == 0 else 1

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from convoy.train.parallel.recompute import apply_recompute
 from convoy.train.strategies.base import Strategy
+from convoy.train.strategies.options import StrategyOptions
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -20,7 +21,7 @@ class SingleStrategy(Strategy):
     """The model on ``root_device``; every method is the plain PyTorch one."""
 
     distributed_type = "NO"
-    options = ()
+    options = StrategyOptions.keys()
 
     def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
         # Module.to moves parameters in place (same Parameter objects), so an optimizer built earlier
