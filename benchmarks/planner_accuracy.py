@@ -111,14 +111,13 @@ def _fully_shard(model, blocks, device) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from convoy.config.schema import MixedPrecision
-    from convoy.train.strategies.fsdp import mixed_precision_policy
+    from convoy.train.precision import precision_for
 
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
                                 world_size=1)
     mesh = init_device_mesh(device.type, (1,))
-    mp = mixed_precision_policy(MixedPrecision.BF16)  # zero3's own policy
+    mp = precision_for("bf16", device_type=device.type).fsdp_policy()  # zero3's own policy
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
