@@ -283,9 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         print("planner_accuracy: needs a CUDA GPU (torch.cuda.is_available() is False); "
               "--cpu runs the tiny CPU variant", file=sys.stderr)
         return 2
-    from planner_models import CONFIGS
-
     from convoy.plan.hardware import lookup_gpu, parse_hardware
+    from planner_models import CONFIGS
 
     configs = CPU_CONFIGS if args.cpu else CONFIGS
     cases = CPU_CASES if args.cpu else CASES

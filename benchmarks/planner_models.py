@@ -20,7 +20,8 @@ inserts are exactly the casts CUDA autocast makes, so CPU MemTracker runs see wh
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn as nn

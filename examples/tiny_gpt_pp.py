@@ -20,9 +20,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny_gpt_tp import TinyGPT, lm_loss, make_batch  # noqa: E402  (the model is shared with the TP example)
-
 from convoy import Accelerator  # noqa: E402
+from tiny_gpt_tp import TinyGPT, lm_loss, make_batch  # noqa: E402  (the model is shared with the TP example)
 
 
 def main() -> None:

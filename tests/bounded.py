@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import datetime
 import tracemalloc
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hypothesis import HealthCheck, settings
 

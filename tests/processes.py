@@ -17,9 +17,10 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 __all__ = ["start", "finish", "run", "side_by_side", "descendants", "stop_tree", "live_children"]
 

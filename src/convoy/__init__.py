@@ -12,6 +12,7 @@ torch, and torch loads only when a torch-facing name (``Accelerator``, ``launch`
 from __future__ import annotations
 
 import importlib
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
     from typing import Any

@@ -3,6 +3,7 @@ contention, flag snapshots, and that none of them imports torch."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -15,8 +16,6 @@ import pytest
 
 from convoy.cli.main import COMMANDS, _command_parser, main
 from convoy.devices.inventory import load_inventory
-
-import importlib
 
 
 def _convoy(*argv, env=None, timeout=30, **kw):

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from convoy.devices.inventory import Device, Inventory, inventory_from_dict, load_inventory
-from tests.conftest import INVENTORIES
 from convoy.errors import InventoryError
+from tests.conftest import INVENTORIES
 
 SHAPES = sorted(p.stem for p in INVENTORIES.glob("*.json"))
 

@@ -9,8 +9,7 @@ import pytest
 
 from convoy.devices.inventory import load_inventory
 from convoy.devices.selection import select_devices
-from convoy.devices.visibility import (ensure_runtime_not_started, fastest_order, visibility_env,
-                                       visible_devices)
+from convoy.devices.visibility import ensure_runtime_not_started, fastest_order, visibility_env, visible_devices
 from convoy.errors import DeviceSpecError, VisibilityError
 
 

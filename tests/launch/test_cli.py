@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests import processes
-from tests.distributed import cpu_env
-
 from convoy.cli import launch as cli
 from convoy.cli.main import _command_parser, main
+from tests import processes
+from tests.distributed import cpu_env
 
 SHOW_ENV = str(Path(__file__).parent / "scripts" / "show_env.py")
 

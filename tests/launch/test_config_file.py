@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import processes
-
 from convoy.cli.main import main
+from tests import processes
 
 FILES = Path(__file__).resolve().parents[1] / "config" / "accelerate"
 READABLE = ("fsdp1_questionnaire.yaml", "fsdp_template.yaml", "fsdp2_offload.yaml", "fsdp_integer_strategy.yaml",

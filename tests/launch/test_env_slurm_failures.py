@@ -10,8 +10,16 @@ import pytest
 from convoy.errors import ConfigError, LaunchError, RankFailedError
 from convoy.launch.failures import RankFailure, TracebackHold, describe_exit, failure_error, read_error_file
 from convoy.launch.ports import DEFAULT_TORCHRUN_PORT, free_port
-from convoy.launch.rank_env import (CONVOY_VARIABLES, RANK_VARIABLES, ConvoyEnv, check_launch_settings, convoy_env,
-                                    rank_env, read_convoy_env, read_rank_env)
+from convoy.launch.rank_env import (
+    CONVOY_VARIABLES,
+    RANK_VARIABLES,
+    ConvoyEnv,
+    check_launch_settings,
+    convoy_env,
+    rank_env,
+    read_convoy_env,
+    read_rank_env,
+)
 from convoy.launch.slurm import expand_hostlist, slurm_allocation
 
 

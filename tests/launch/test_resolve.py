@@ -113,8 +113,9 @@ def test_the_elastic_agent_gets_the_flags_torchrun_would_give_it():
     pytest.importorskip("torch.distributed.launcher.api")
     import dataclasses
 
-    from convoy.launch.elastic import launch_config
     from torch.distributed.launcher.api import LaunchConfig
+
+    from convoy.launch.elastic import launch_config
 
     workers = WorkerOptions(event_log_handler="console", signals_to_handle="SIGTERM,SIGUSR1",
                             duplicate_stdout_filters="apple,,pear,plum", duplicate_stderr_filters="oops")

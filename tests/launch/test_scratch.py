@@ -5,7 +5,6 @@ are never truncated nor reached through a link. (kill -9 of real launchers: test
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from convoy.errors import LaunchError
-from convoy.launch.loopback import HOLD_DIR_VARIABLE, close_when_done
+from convoy.launch.loopback import HOLD_DIR_VARIABLE
 from convoy.launch.scratch import OWNER_LOCK, Scratch, check_temp_dir, sweep_stale
 from tests.conftest import INVENTORIES
 

@@ -8,10 +8,9 @@ import sys
 
 import pytest
 
-from tests import processes
-
 from convoy.cli.main import main
 from convoy.launch.selfcheck import CHECKS, Check, SelfCheckReport, format_selfcheck, run_selfcheck
+from tests import processes
 
 
 def _env():

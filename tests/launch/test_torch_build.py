@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from convoy.launch.torch_build import torch_build, unusable_note
+from convoy.launch.torch_build import torch_build
 from tests.conftest import INVENTORIES
 from tests.distributed import cpu_env
 

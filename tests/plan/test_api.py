@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-import convoy
 from convoy.errors import PlanError
 from convoy.plan.api import format_plan, plan, recommend_for_module
 from convoy.plan.recommend import tie_rank, tie_reason

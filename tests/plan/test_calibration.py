@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from convoy.devices.inventory import load_inventory
-from convoy.errors import ConvoyWarning, PlanError
+from convoy.errors import ConvoyWarning
 from convoy.plan.activations import block_bytes, head_saved_bytes
 from convoy.plan.api import plan, plan_for
 from convoy.plan.hardware import parse_hardware

@@ -202,9 +202,9 @@ def test_strategy_auto_builds_what_convoy_plan_recommends_for_the_same_case(worl
     plan's launch arguments (degrees, engine, offload)."""
     from convoy.plan.candidates import TrainerFacts
     from convoy.plan.hardware import GpuSpec, Hardware
+    from convoy.train.settings import resolve_settings
     from convoy.train.strategies.auto import TRAINER_KNOBS, auto_strategy
     from convoy.train.strategies.base import create_strategy
-    from convoy.train.settings import resolve_settings
 
     config = json.loads((CONFIGS / "llama2_7b.json").read_text())
     tps = tuple(t for t in (2, 4, 8) if (world // nodes) % t == 0)

@@ -67,10 +67,10 @@ def test_the_first_stage_holds_the_activations_of_its_schedule():
 
 
 def test_the_planner_runs_a_deep_pipeline_interleaved_when_that_fits_and_is_faster():
+    from pathlib import Path
+
     from convoy.plan.api import plan
     from convoy.plan.timing import choose_schedule, step_time
-
-    from pathlib import Path
 
     config = Path(__file__).parent / "configs" / "llama2_70b.json"
     p = plan(str(config), hardware="8xH100-80GB", nodes=4, recompute="full")

@@ -13,7 +13,6 @@ import torch
 from tests.distributed import cpu_env
 from tests.processes import finish, start
 
-
 FILES = Path(__file__).resolve().parents[1] / "config" / "accelerate"
 SCRIPT = Path(__file__).parent / "scripts" / "accelerate_config_run.py"
 FLAGS = ("--strategy", "zero3", "--gradient-accumulation-steps", "2")

@@ -11,8 +11,17 @@ import pytest
 import torch
 
 import convoy
-from convoy import (Accelerator, AcceleratorState, AutocastKwargs, DistributedDataParallelKwargs, DistributedType,
-                    GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs, PartialState)
+from convoy import (
+    Accelerator,
+    AcceleratorState,
+    AutocastKwargs,
+    DistributedDataParallelKwargs,
+    DistributedType,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    PartialState,
+)
 from convoy.errors import ConfigError, NotSupportedYetError
 from convoy.train.process_group import stop_process_group
 from tests.distributed import cpu_env, run_script

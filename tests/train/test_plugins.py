@@ -27,7 +27,9 @@ def _fresh_state():
 
 def test_importable_where_accelerate_puts_them():
     from convoy.parallelism_config import ParallelismConfig as from_module
-    from convoy.utils import DeepSpeedPlugin as ds, FullyShardedDataParallelPlugin as fsdp, ParallelismConfig as pc
+    from convoy.utils import DeepSpeedPlugin as ds
+    from convoy.utils import FullyShardedDataParallelPlugin as fsdp
+    from convoy.utils import ParallelismConfig as pc
 
     assert (fsdp, ds, pc, from_module) == (FullyShardedDataParallelPlugin, DeepSpeedPlugin, ParallelismConfig,
                                            ParallelismConfig)

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from convoy import Accelerator
-from convoy.train.precision import (AutocastPrecision, Precision, ScaledPrecision, precision_for,
-                                    restore_forward)
+from convoy.train.precision import AutocastPrecision, Precision, ScaledPrecision, precision_for, restore_forward
 
 
 @pytest.mark.parametrize("mode, kind, dtype", [("no", Precision, None), ("bf16", AutocastPrecision, torch.bfloat16),

@@ -15,7 +15,8 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from convoy.config import SCHEMA, effective_settings, read_settings_file, user_config_path, write_settings_file
 from convoy.config.schema import Key

@@ -10,9 +10,10 @@ Calls ``convoy.devices.discovery.discover``; never imports torch and never start
 from __future__ import annotations
 
 import argparse
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
-    from typing import Sequence
+    from collections.abc import Sequence
 
 DESCRIPTION = "List this machine's accelerators (or an inventory file's): memory, load, links, and who uses them."
 EPILOG = """examples:

@@ -16,8 +16,14 @@ import argparse
 import os
 import re
 
-from convoy.config.schema import (DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS, PP_SCHEDULES, RECOMPUTE_MODES,
-                                  is_host)
+from convoy.config.schema import (
+    DEFAULT_COLLECTIVE_TIMEOUT,
+    KEYS,
+    MIXED_PRECISIONS,
+    PP_SCHEDULES,
+    RECOMPUTE_MODES,
+    is_host,
+)
 from convoy.errors import ConfigError
 from convoy.launch.rank_env import LAUNCHED_OPTIONS
 from convoy.launch.resolve import DEFAULT_SIGNALS, EVENT_LOG_HANDLERS, START_METHODS
@@ -274,11 +280,12 @@ def _accelerate_file(args: argparse.Namespace, given: dict, env: dict) -> tuple[
 
 def build_request(args: argparse.Namespace):
     """The ``LaunchRequest`` and ``DeviceFilters`` for parsed flags (``ConfigError`` for conflicts)."""
-    from convoy.launch.rank_env import ConvoyEnv
-    from convoy.launch.job import DeviceFilters
-    from convoy.launch.resolve import LaunchRequest, WorkerOptions, node_range
-    from convoy.config.settings import fill_unset_with_origins, said as settings_said, torchrun_variable
+    from convoy.config.settings import fill_unset_with_origins, torchrun_variable
+    from convoy.config.settings import said as settings_said
     from convoy.devices.amounts import parse_duration
+    from convoy.launch.job import DeviceFilters
+    from convoy.launch.rank_env import ConvoyEnv
+    from convoy.launch.resolve import LaunchRequest, WorkerOptions, node_range
 
     # flags not given: torchrun's PET_<OPTION>, then CONVOY_<KEY>, ./convoy.toml, the user file (convoy config);
     # ``parallelism`` has no flag of its own (--dp/--tp/--pp spell it) but comes from the same places. Where

@@ -18,9 +18,10 @@ import contextlib
 import importlib
 import os
 import sys
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
-    from typing import Sequence
+    from collections.abc import Sequence
 
 # name -> (module, one-line summary). Order is the order of ``convoy --help``.
 COMMANDS: dict[str, tuple[str, str]] = {

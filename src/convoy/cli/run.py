@@ -23,9 +23,10 @@ import errno
 import os
 import signal
 import sys
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
-    from typing import Sequence
+    from collections.abc import Sequence
 
 from convoy.cli.select import NO_LEASE_WAIT, add_filter_arguments, command_env, selection_kwargs
 from convoy.errors import ConfigError

@@ -15,6 +15,7 @@ import json
 import os
 import shlex
 import sys
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
     from typing import Any

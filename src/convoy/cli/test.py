@@ -10,8 +10,8 @@ Library: ``convoy.launch.selfcheck.run_selfcheck()``. Exits 0 when every check p
 from __future__ import annotations
 
 import argparse
-import re
 import json
+import re
 from dataclasses import asdict
 
 from convoy.launch.selfcheck import CHECKS, format_selfcheck, run_selfcheck

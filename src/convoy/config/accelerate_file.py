@@ -20,11 +20,18 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
-from convoy.config.accelerate_mapping import (Mapped, Translation, block_fields, deepspeed_translation,
-                                              fsdp_translation, parallelism_translation)
+from convoy.config.accelerate_mapping import (
+    Mapped,
+    Translation,
+    block_fields,
+    deepspeed_translation,
+    fsdp_translation,
+    parallelism_translation,
+)
 from convoy.config.schema import show
 from convoy.errors import ConfigError, NotSupportedYetError
 

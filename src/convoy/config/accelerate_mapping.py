@@ -16,10 +16,11 @@ for what is accepted without effect. What changes training and has no convoy mea
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
-from convoy.config.schema import KEYS, show
+from convoy.config.schema import show
 from convoy.errors import ConfigError, NotSupportedYetError
 
 __all__ = ["Row", "ROWS", "Mapped", "Translation", "fsdp_translation", "deepspeed_translation",
@@ -146,7 +147,7 @@ class Translation:
         found = self.get(name)
         return None if found is None else found.origin
 
-    def __add__(self, other: "Translation") -> "Translation":
+    def __add__(self, other: Translation) -> Translation:
         return Translation(values=self.values + other.values, notes=self.notes + other.notes,
                            family=self.family or other.family)
 

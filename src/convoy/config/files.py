@@ -16,9 +16,10 @@ import json
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from convoy.config.schema import KEYS, SCHEMA, closest_key, show
 from convoy.errors import ConfigError

@@ -18,8 +18,9 @@ import importlib.metadata
 import os
 import platform
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 __all__ = ["Report", "collect_report", "format_report", "VISIBILITY_VARIABLES", "visibility_origins"]
 

@@ -22,8 +22,9 @@ import difflib
 import enum
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from convoy.errors import ConfigError
 from convoy.plan.run import RECOMPUTE  # torch-free: the planner's modes are the trainer's

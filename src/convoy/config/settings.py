@@ -25,10 +25,11 @@ they are written for this one job on this one node by whatever started it, as a 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-import re
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 from convoy.config.files import project_config_path, read_settings_file, user_config_path
 from convoy.config.schema import KEYS, SCHEMA, key_for, show

@@ -14,6 +14,7 @@ Modules: ``spec`` (request grammar), ``vendors`` (each vendor's device type, lin
 from __future__ import annotations
 
 import importlib
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
     from typing import Any

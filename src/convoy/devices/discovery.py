@@ -19,7 +19,7 @@ from convoy.devices.inventory import Device, Inventory, load_inventory
 
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:  # the backends (subprocess, shutil, ...) load only when the hardware is asked
-    from typing import Mapping, Sequence
+    from collections.abc import Mapping, Sequence
 
     from convoy.devices.backends.base import Backend
 

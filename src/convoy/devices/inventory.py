@@ -29,9 +29,11 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
-    from typing import Any, Mapping
+    from collections.abc import Mapping
+    from typing import Any
 
 from convoy.devices.vendors import DEVICE_VENDORS
 from convoy.errors import InventoryError

@@ -34,9 +34,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
-    from typing import Any, Callable, Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Any
 
 from convoy.devices.amounts import parse_duration
 from convoy.devices.inventory import Device
@@ -125,7 +127,7 @@ class Lease:
             finally:
                 os.close(fd)
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -19,9 +19,11 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
-    from typing import Any, Iterable, Mapping, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
+    from typing import Any
 
 from convoy.devices.amounts import MemoryAmount, parse_memory, parse_percent
 from convoy.devices.inventory import Device, Inventory, as_inventory

@@ -30,6 +30,7 @@ import bisect
 import math
 import operator
 import re
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
     from typing import Any

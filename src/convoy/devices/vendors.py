@@ -16,9 +16,10 @@ discovery backend: it sits below the inventory (which checks a file's ``vendor``
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
-    from typing import Mapping
+    from collections.abc import Mapping
 
 __all__ = ["Vendor", "VENDORS", "DEVICE_VENDORS", "vendor_facts", "process_group_backend"]
 

@@ -31,9 +31,10 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, replace
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
-    from typing import Mapping, Sequence
+    from collections.abc import Mapping, Sequence
 
 from convoy.devices.inventory import Device, Inventory
 from convoy.errors import DeviceSpecError, VisibilityError

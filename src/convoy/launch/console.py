@@ -28,8 +28,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, TextIO
 
 __all__ = ["guarded_consoles", "RankLines", "BAR_EVERY_S", "own_prefix_stripped", "pieces", "tail_rank_file"]
 

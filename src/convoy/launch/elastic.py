@@ -35,9 +35,9 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from convoy.errors import LaunchError, Terminated
 from convoy.launch.failures import RankFailure, describe_exit, failure_error
@@ -53,10 +53,8 @@ __all__ = ["run_elastic", "launch_config"]
 
 def launch_config(plan: LaunchPlan, *, endpoint: str | None = None, local_addr: str | None = None):
     """The ``LaunchConfig`` torchrun would build for the same flags (``endpoint``: instead of the plan's)."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig
-
-    from torch.distributed.elastic.multiprocessing import Std
 
     redirects = stream_map(plan.workers.redirects, plan.nproc_per_node)
     # Output reaches the console through torch's tee (log file, then tailed with the "[rankN]: " prefix);
@@ -105,8 +103,9 @@ def _agent_options(config_type, workers) -> dict:
             if value is not None:
                 out[name] = value
         elif value != default:
-            from convoy.errors import NotSupportedYetError
             import torch
+
+            from convoy.errors import NotSupportedYetError
 
             raise NotSupportedYetError(f"{flag}: the elastic agent of torch {torch.__version__} has no such setting; "
                                        "leave it out for a job the elastic engine runs, or update torch")

@@ -33,7 +33,8 @@ import socket
 import sys
 import time
 import traceback
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from convoy.config.schema import KEYS, is_whole, show
 from convoy.errors import ConfigError, LaunchError, RankFailedError

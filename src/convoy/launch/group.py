@@ -21,9 +21,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
-    from typing import Callable, Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["Ended", "STOP_SIGNALS", "PASSED_SIGNALS", "run_group"]
 

@@ -24,7 +24,7 @@ import os
 import signal
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["JOB_ID_VARIABLE", "JobGuard", "job_guard", "job_processes", "sweep"]
 
@@ -135,7 +135,7 @@ class JobGuard:
         self._pid = self._proc = None
 
 
-    def __enter__(self) -> "JobGuard":
+    def __enter__(self) -> JobGuard:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -19,8 +19,8 @@ the failing rank never joined the collective it waited in, and the report names 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 __all__ = ["SUFFIX", "install", "missing_note", "read_count"]
 

@@ -14,15 +14,13 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
 
 from convoy.errors import ConfigError
-
-from convoy.launch.resolve import (CPU_NOTE_STARTS, LaunchPlan, LaunchRequest, asked_nproc, describe_plan,
-                                   resolve_launch)
+from convoy.launch.resolve import CPU_NOTE_STARTS, LaunchPlan, LaunchRequest, asked_nproc, describe_plan, resolve_launch
 
 __all__ = ["DeviceFilters", "check_program", "launch_job", "lease_plan", "plan_job", "prepare_log_dir"]
 

@@ -43,8 +43,9 @@ import select
 import socket
 import sys
 import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 __all__ = ["LOOPBACK_VARIABLE", "LISTEN_FD_VARIABLE", "RELEASE_FD_VARIABLE", "STORE_LINGER", "is_loopback",
            "listen_socket", "loopback_env", "prepare_worker", "agent_store", "after_torch_import", "serving",

@@ -18,7 +18,8 @@ More processes than visible accelerators is one ``ConfigError`` before anything 
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from convoy.errors import ConfigError, NotSupportedYetError
 

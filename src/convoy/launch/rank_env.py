@@ -28,11 +28,20 @@ what a rank would refuse.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Mapping
+from typing import Any
 
-from convoy.config.schema import (BUILTIN_STRATEGIES, DEFAULT_COLLECTIVE_TIMEOUT, KEYS, MIXED_PRECISIONS,
-                                  check_offload, dp_engine_beside, parse_whole, show)
+from convoy.config.schema import (
+    BUILTIN_STRATEGIES,
+    DEFAULT_COLLECTIVE_TIMEOUT,
+    KEYS,
+    MIXED_PRECISIONS,
+    check_offload,
+    dp_engine_beside,
+    parse_whole,
+    show,
+)
 from convoy.errors import ConfigError
 
 __all__ = [

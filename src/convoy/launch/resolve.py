@@ -17,14 +17,14 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from convoy.config.schema import ACCELERATOR_WORDS, KEYS, is_host
 from convoy.config.settings import Source, said
-from convoy.devices.vendors import vendor_facts
 from convoy.devices.inventory import Device
 from convoy.devices.selection import CPU_RUN_NOTES, Selection
+from convoy.devices.vendors import vendor_facts
 from convoy.errors import ConfigError, LaunchError
 from convoy.launch.rank_env import DEFAULT_SIGNALS, ConvoyEnv, check_launch_settings, convoy_env, rank_env
 from convoy.launch.slurm import slurm_allocation

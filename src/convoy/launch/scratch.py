@@ -62,7 +62,7 @@ class Scratch:
     _lock: int = -1
 
     @classmethod
-    def create(cls, prefix: str, directory: str | Path | None = None) -> "Scratch":
+    def create(cls, prefix: str, directory: str | Path | None = None) -> Scratch:
         """A new ``<directory>/<prefix>XXXX`` (0700; default: in the temporary directory), its owner lock held,
         after sweeping stale ones there."""
         base = check_temp_dir(None if directory is None else str(directory))

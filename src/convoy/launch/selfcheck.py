@@ -24,9 +24,10 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from convoy.devices.vendors import process_group_backend
 from convoy.launch.rank_env import read_rank_env

@@ -13,8 +13,8 @@ by the device layer, which composes with a mask already present. Pure functions 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from convoy.errors import LaunchError
 

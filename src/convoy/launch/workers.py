@@ -27,15 +27,23 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Mapping
+from typing import IO
 
 from convoy.errors import LaunchError, Terminated
 from convoy.launch.console import RankLines, own_prefix_stripped, pieces
 from convoy.launch.failures import RankFailure, TracebackHold, failure_error, read_error_file
 from convoy.launch.hang_report import missing_note
-from convoy.launch.loopback import (DONE_FD_VARIABLE, LISTEN_FD_VARIABLE, RELEASE_FD_VARIABLE, STORE_VARIABLES,
-                                    is_loopback, listen_socket, loopback_env)
+from convoy.launch.loopback import (
+    DONE_FD_VARIABLE,
+    LISTEN_FD_VARIABLE,
+    RELEASE_FD_VARIABLE,
+    STORE_VARIABLES,
+    is_loopback,
+    listen_socket,
+    loopback_env,
+)
 from convoy.launch.ports import free_port
 from convoy.launch.rank_env import rank_env
 from convoy.launch.resolve import STOP_SIGNALS, LaunchPlan, forwarded_signals, shown_ranks, stream_map
@@ -54,7 +62,7 @@ class _Rank:
     """One worker: its process, its output pumps and its held traceback."""
 
     def __init__(self, local_rank: int, rank: int, proc: subprocess.Popen, *, show: tuple[bool, bool],
-                 log: IO[str] | None, lock: threading.Lock, error_file: str, wake: "_Wake"):
+                 log: IO[str] | None, lock: threading.Lock, error_file: str, wake: _Wake):
         self.local_rank, self.rank, self.proc = local_rank, rank, proc
         self.hold = TracebackHold()
         self.shown_traceback = False
@@ -274,7 +282,7 @@ def _store_socket(plan: LaunchPlan):
                           "pick another --master-port, or leave it out for a free one") from None
 
 
-def _worker_command(command: tuple[str, ...], rank: int, listener, release: "_Release | None",
+def _worker_command(command: tuple[str, ...], rank: int, listener, release: _Release | None,
                     env: dict[str, str]):
     """A Python program starts through ``convoy.launch.record`` (error file, collective timeout and counts,
     ``convoy.launch.hang_report``); rank 0 also gets the store's loopback socket and the release pipe's read end,
@@ -316,8 +324,8 @@ class _Release:
             self.write_end = -1
 
 
-def _monitor(ranks: list[_Rank], start: float, stop: "_StopSignal", grace: float,
-             wake: "_Wake", *, passed_on_grace: float = FORWARDED_GRACE) -> RankFailure | None:
+def _monitor(ranks: list[_Rank], start: float, stop: _StopSignal, grace: float,
+             wake: _Wake, *, passed_on_grace: float = FORWARDED_GRACE) -> RankFailure | None:
     failure: RankFailure | None = None
     deadline: float | None = None
     saving = False

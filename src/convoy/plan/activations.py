@@ -41,7 +41,7 @@ class Saved:
     """Kept whole on every tensor-parallel rank (a row-parallel matmul's partial sums), not divided by tp."""
 
 
-def regime(run: "RunSpec") -> str:
+def regime(run: RunSpec) -> str:
     """``"fp32"``, ``"autocast"``, ``"autocast16"`` or ``"pure16"`` for the run's precision recipe."""
     recipe = run.recipe
     if recipe.autocast:
@@ -49,26 +49,26 @@ def regime(run: "RunSpec") -> str:
     return "fp32" if recipe.activation_bytes == 4 else "pure16"
 
 
-def _bytes(run: "RunSpec") -> tuple[int, int, bool]:
+def _bytes(run: RunSpec) -> tuple[int, int, bool]:
     """(residual-stream bytes, matmul-activation bytes, fp32 ops of CUDA autocast's list?)."""
     mode = regime(run)
     return (2 if mode in ("pure16", "autocast16") else 4), run.recipe.activation_bytes, mode.startswith("autocast")
 
 
-def _layer_norm_input(run: "RunSpec") -> int:
+def _layer_norm_input(run: RunSpec) -> int:
     """Bytes per element a ``layer_norm`` saves of its input: the residual stream, or under ``autocast16`` the
     fp32 copy autocast makes of the 16-bit stream."""
     res, _, fp32_ops = _bytes(run)
     return 4 if fp32_ops else res
 
 
-def _casts_matmul_inputs(run: "RunSpec") -> bool:
+def _casts_matmul_inputs(run: RunSpec) -> bool:
     """A matmul fed by an fp32 tensor saves its own 16-bit cast (fp32 weights under autocast: Llama's RMSNorm
     then returns fp32, and each of q/k/v casts it anew)."""
     return regime(run) == "autocast"
 
 
-def _dropout(model: "ModelSpec", run: "RunSpec") -> bool:
+def _dropout(model: ModelSpec, run: RunSpec) -> bool:
     return run.dropout or model.dropout > 0
 
 
@@ -197,12 +197,12 @@ def _kv_frac(model) -> float:
     return (model.kv_heads or model.heads) / model.heads
 
 
-def block_saved(model: "ModelSpec", run: "RunSpec") -> tuple[Saved, ...]:
+def block_saved(model: ModelSpec, run: RunSpec) -> tuple[Saved, ...]:
     """The tensors one block keeps for backward (no recomputation), per token."""
     return tuple(_BUILDERS[model.family if model.family in _BUILDERS else "generic"](model, run))
 
 
-def block_selective(model: "ModelSpec", run: "RunSpec", *, tp: int = 1) -> tuple[Saved, ...]:
+def block_selective(model: ModelSpec, run: RunSpec, *, tp: int = 1) -> tuple[Saved, ...]:
     """The tensors one block keeps under ``recompute="selective"``, per token: the trainer's save list
     (``convoy.train.parallel.recompute.SELECTIVE_SAVES``). The block's input (the checkpoint keeps it), every
     block GEMM's output (``gemm_shapes``; a row-parallel one's partial sums whole on each tp rank), the attention
@@ -229,7 +229,7 @@ def block_selective(model: "ModelSpec", run: "RunSpec", *, tp: int = 1) -> tuple
     return tuple(out)
 
 
-def block_bytes(model: "ModelSpec", run: "RunSpec", *, tp: int = 1, stored_only: bool = True) -> float:
+def block_bytes(model: ModelSpec, run: RunSpec, *, tp: int = 1, stored_only: bool = True) -> float:
     """Bytes one block keeps for backward at ``run``'s s x b, divided by ``tp`` (tensor + sequence parallel).
 
     ``recompute="full"``: only the block's input (the residual stream); ``"selective"``: ``block_selective``;
@@ -244,7 +244,7 @@ def block_bytes(model: "ModelSpec", run: "RunSpec", *, tp: int = 1, stored_only:
     return sum(x.bytes_per_token * (1 if x.whole else 1 / tp) for x in saved) * s * b
 
 
-def weight_cast_bytes(model: "ModelSpec", run: "RunSpec", *, layers: int, tp: int = 1, head: bool = True) -> float:
+def weight_cast_bytes(model: ModelSpec, run: RunSpec, *, layers: int, tp: int = 1, head: bool = True) -> float:
     """The 16-bit weight copies autocast makes (one per weight, cached for the autocast region and saved by
     every matmul's backward): 2 bytes per block parameter, plus the output head. 0 outside autocast."""
     if regime(run) != "autocast" or model.layer_params is None:
@@ -253,7 +253,7 @@ def weight_cast_bytes(model: "ModelSpec", run: "RunSpec", *, layers: int, tp: in
     return run.recipe.activation_bytes * (layers * model.layer_params + head_params) / tp
 
 
-def head_saved_bytes(model: "ModelSpec", run: "RunSpec", *, tp: int = 1) -> float:
+def head_saved_bytes(model: ModelSpec, run: RunSpec, *, tp: int = 1) -> float:
     """The final norm's and the output head's saved inputs, plus the loss's fp32 log-softmax (s·b·V·4)."""
     s, b, h = run.seq_len, run.micro_batch, model.hidden
     res, lo, _ = _bytes(run)

@@ -19,9 +19,10 @@ import functools
 import json
 import math
 import re
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Collection, Mapping
+from typing import Any
 
 from convoy.errors import PlanError
 from convoy.plan.candidates import STRATEGY_NAMES, Candidate, TrainerFacts, enumerate_candidates

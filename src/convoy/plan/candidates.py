@@ -16,8 +16,8 @@ can do with this model and loop: ``strategy="auto"`` passes them, ``convoy plan`
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
-from typing import Collection, Iterator
 
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import Hardware
@@ -48,7 +48,7 @@ class TrainerFacts:
     """False when FSDP2 cannot wrap the model (a scalar parameter, two dtypes in a unit): no layout that runs on
     it (zero2, zero3, hsdp, offload, and data parallelism beside tp, whose DTensor weights FSDP2 holds)."""
 
-    def takes(self, candidate: "Candidate") -> bool:
+    def takes(self, candidate: Candidate) -> bool:
         """True when the trainer runs ``candidate`` for this model and loop."""
         d = candidate.layout.dims
         if self.tp_degrees is not None and d.tp_enabled and d.tp not in self.tp_degrees:
@@ -60,7 +60,7 @@ class TrainerFacts:
         return self.fsdp or not uses_fsdp2(candidate)
 
 
-def uses_fsdp2(candidate: "Candidate") -> bool:
+def uses_fsdp2(candidate: Candidate) -> bool:
     """True when the trainer runs ``candidate`` on FSDP2: the sharded strategies, offload, and any data
     parallelism beside tp (``fully_shard``, or FSDP2's ``replicate`` for ddp)."""
     d = candidate.layout.dims

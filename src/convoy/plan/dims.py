@@ -13,8 +13,9 @@ with them, and the training layer builds its ``DeviceMesh`` from ``mesh_shape()`
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from convoy.errors import StrategyError
 
@@ -128,7 +129,7 @@ class ParallelDims:
 
     @classmethod
     def from_mapping(cls, degrees: Mapping[str, int], *, world_size: int | None = None,
-                     shard_dp: bool = False) -> "ParallelDims":
+                     shard_dp: bool = False) -> ParallelDims:
         """Build from ``{"dp": 2, "tp": 2, "pp": 1}``; a missing ``dp`` is inferred from ``world_size``.
 
         ``dp`` maps to ``dp_shard`` when ``shard_dp`` (FSDP over the dp dimension), else to ``dp_replicate``.
@@ -164,7 +165,7 @@ class ParallelDims:
         return dims
 
     @classmethod
-    def parse(cls, text: str, *, world_size: int | None = None, shard_dp: bool = False) -> "ParallelDims":
+    def parse(cls, text: str, *, world_size: int | None = None, shard_dp: bool = False) -> ParallelDims:
         """Parse ``"dp=2,tp=2,pp=1"`` (the ``CONVOY_PARALLELISM`` / ``--dp --tp --pp`` form)."""
         if not isinstance(text, str):
             raise StrategyError(f"parallelism={_show(text)}: give degrees as a string like 'dp=2,tp=2'")

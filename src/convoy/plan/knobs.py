@@ -14,8 +14,8 @@ more stages are layouts of the plan itself (every pp the model and loop allow), 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import replace
-from typing import Callable, Collection
 
 from convoy.plan.recommend import TIE, Recommendation, Row, tie_rank
 from convoy.plan.run import RECOMPUTE

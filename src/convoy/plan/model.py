@@ -19,10 +19,11 @@ import importlib.util
 import json
 import math
 import sys
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from convoy.errors import NotSupportedYetError, PlanError
 

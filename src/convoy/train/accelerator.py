@@ -20,8 +20,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -214,7 +215,7 @@ class Accelerator:
 
     # --- properties ------------------------------------------------------------------------------------
     @property
-    def device(self) -> "torch.device":
+    def device(self) -> torch.device:
         if self.settings.device_type == "cpu":
             return torch.device("cpu")
         return torch.device(self.settings.device_type, self.settings.local_rank)
@@ -349,15 +350,15 @@ class Accelerator:
             return "scheduler"
         return "other"
 
-    def prepare_model(self, model: "torch.nn.Module", device_placement: bool | None = None,
-                      evaluation_mode: bool = False) -> "torch.nn.Module":
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
+                      evaluation_mode: bool = False) -> torch.nn.Module:
         strategy = self._ensure_strategy(model)
         prepared = self._precision.convert_module(strategy.setup_module(model))
         self._models.append(prepared)
         self._plan_watch.watch_model(model, prepared, self.device)
         return prepared
 
-    def prepare_optimizer(self, optimizer: "torch.optim.Optimizer", device_placement: bool | None = None
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
                           ) -> PreparedOptimizer:
         if isinstance(optimizer, PreparedOptimizer):
             return optimizer
@@ -417,14 +418,14 @@ class Accelerator:
         return self.strategy, self.gradient_accumulation_steps
 
     # --- the step --------------------------------------------------------------------------------------
-    def backward(self, loss: "torch.Tensor", **kwargs: Any) -> None:
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()``, divided by the accumulation steps and scaled for fp16."""
         if self.gradient_accumulation_steps > 1:
             loss = loss / self.gradient_accumulation_steps
         self.strategy.backward(self._precision.scale_loss(loss), **kwargs)
 
     @contextlib.contextmanager
-    def no_sync(self, model: "torch.nn.Module") -> Iterator[None]:
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
         """Inside, backward accumulates gradients locally without synchronising them."""
         strategy = self.strategy
         if isinstance(strategy, SupportsNoSync):
@@ -434,7 +435,7 @@ class Accelerator:
             yield
 
     @contextlib.contextmanager
-    def accumulate(self, *models: "torch.nn.Module") -> Iterator[None]:
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
         """One micro-step: gradients are synchronised (and the optimizer steps) every
         ``gradient_accumulation_steps`` micro-steps and at the end of the dataloader."""
         plugin = self.gradient_accumulation_plugin
@@ -450,7 +451,7 @@ class Accelerator:
             yield
 
     @contextlib.contextmanager
-    def trigger_sync_in_backward(self, model: "torch.nn.Module") -> Iterator[None]:
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
         """The next backward inside synchronises gradients, also after forwards run under ``no_sync``."""
         strategy = self.strategy
         if isinstance(strategy, SupportsNoSync):
@@ -479,7 +480,7 @@ class Accelerator:
             if isinstance(opt, PreparedOptimizer) and self._loop.sync_gradients:
                 opt.unscale_gradients()
 
-    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> "torch.Tensor":
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip the global gradient norm (across processes and shards); returns the norm before clipping."""
         parameters = list(parameters)
         self.unscale_gradients()
@@ -492,8 +493,8 @@ class Accelerator:
         self.unscale_gradients()
         self.strategy.clip_grad_value_(parameters, clip_value)
 
-    def unwrap_model(self, model: "torch.nn.Module", keep_fp32_wrapper: bool = True,
-                     keep_torch_compile: bool = True) -> "torch.nn.Module":
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True,
+                     keep_torch_compile: bool = True) -> torch.nn.Module:
         """The model without the strategy's wrapper; ``keep_torch_compile=False`` also takes off
         ``torch.compile``'s (the module it compiled)."""
         compiled = model if hasattr(model, "_orig_mod") else None  # torch.compile(prepared model)
@@ -701,14 +702,14 @@ class Accelerator:
         """``hook(models, input_dir)`` runs at the start of each ``load_state``; returns a handle."""
         return self._state_hooks.register(self._state_hooks.load, hook)
 
-    def save_model(self, model: "torch.nn.Module", save_directory: str | os.PathLike[str],
+    def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike[str],
                    max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
         """Unwrapped, consolidated weights in safetensors (transformers' file layout). Collective."""
         self._arrive("save_model")
         checkpoint.save_model(self._checkpoint_items(), model, save_directory, max_shard_size=max_shard_size,
                               safe_serialization=safe_serialization)
 
-    def get_state_dict(self, model: "torch.nn.Module", unwrap: bool = True) -> dict[str, Any]:
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         return self.strategy.full_model_state_dict(model)
 
     def save_state(self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True,

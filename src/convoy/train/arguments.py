@@ -10,7 +10,8 @@ Above ``settings.py`` and the strategies: ``check_arguments`` asks the strategy 
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from convoy.config.schema import show
 from convoy.errors import ConfigError

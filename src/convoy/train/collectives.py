@@ -9,7 +9,8 @@ Every function is a no-op copy when no process group is running (one process).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -24,7 +25,7 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def map_tensors(fn: Callable[["torch.Tensor"], Any], data: Any) -> Any:
+def map_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
     """Apply ``fn`` to every tensor in ``data``, keeping the container structure."""
 
     if isinstance(data, torch.Tensor):
@@ -69,7 +70,7 @@ def split(inputs: Any, n: int, index: int, pad: bool) -> Any:
     return part
 
 
-def _gather_one(tensor: "torch.Tensor") -> "torch.Tensor":
+def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.ndim == 0:
         tensor = tensor.reshape(1)
     tensor = tensor.contiguous()
@@ -113,7 +114,7 @@ def truncate(data: Any, length: int) -> Any:
 def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
     """Pad each tensor along ``dim`` to the largest size any process has there."""
 
-    def pad(tensor: "torch.Tensor") -> "torch.Tensor":
+    def pad(tensor: torch.Tensor) -> torch.Tensor:
         # one all-gather of (ndim, size along dim): ranks whose tensors differ in ndim get one clear error
         mine = torch.tensor([tensor.ndim, tensor.shape[dim] if dim < tensor.ndim else -1], dtype=torch.long,
                             device=tensor.device)  # nccl needs CUDA tensors
@@ -156,7 +157,7 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
     if reduction not in REDUCTIONS:
         raise ConfigError(f"reduction={reduction!r} is not supported; choose one of {', '.join(REDUCTIONS)}")
 
-    def one(tensor: "torch.Tensor") -> "torch.Tensor":
+    def one(tensor: torch.Tensor) -> torch.Tensor:
         out = tensor.clone()
         if reduction != "none" and is_distributed():
             dist.all_reduce(out, op=ops[reduction])
@@ -173,7 +174,7 @@ def broadcast(data: Any, src: int = 0) -> Any:
     if not is_distributed():
         return data
 
-    def one(tensor: "torch.Tensor") -> "torch.Tensor":
+    def one(tensor: torch.Tensor) -> torch.Tensor:
         dist.broadcast(tensor, src=src)
         return tensor
 

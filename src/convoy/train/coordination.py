@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.distributed.algorithms import Join

@@ -34,7 +34,8 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_store

@@ -20,8 +20,9 @@ import datetime
 import enum
 import math
 import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, NoReturn
+from typing import Any, NoReturn
 
 from convoy.config.schema import show
 from convoy.errors import ConfigError

@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from convoy.config.schema import KEYS
 from convoy.errors import ConfigError

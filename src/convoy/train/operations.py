@@ -47,7 +47,7 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         torch.use_deterministic_algorithms(True)
 
 
-def synchronize_rng_states(rng_types: list[str], generator: "torch.Generator | None" = None) -> None:
+def synchronize_rng_states(rng_types: list[str], generator: torch.Generator | None = None) -> None:
     """Give every process rank 0's random state for each of ``rng_types`` ("torch", "cuda", "generator")."""
 
     if not collectives.is_distributed():
@@ -103,7 +103,7 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     return collectives.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
 
-def send_to_device(tensor: Any, device: "torch.device | str", non_blocking: bool = False,
+def send_to_device(tensor: Any, device: torch.device | str, non_blocking: bool = False,
                    skip_keys: list[str] | str | None = None) -> Any:
     """Move every tensor (and anything with ``.to``) in a nested structure to ``device``."""
 
@@ -123,7 +123,7 @@ def send_to_device(tensor: Any, device: "torch.device | str", non_blocking: bool
     return tensor
 
 
-def copy_tensor_to_devices(tensor: "torch.Tensor | None" = None) -> "torch.Tensor":
+def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
     """Process 0's ``tensor`` on every process (the others pass ``None``), on each one's device."""
 
     from convoy.train.process_view import PartialState

@@ -44,8 +44,9 @@ import logging
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -108,7 +109,7 @@ class PlanReport:
     missing: str = ""
     """Why a value is None, or the measurement was not kept ("" when nothing is missing)."""
 
-    def lacking(self, why: str) -> "PlanReport":
+    def lacking(self, why: str) -> PlanReport:
         """This report with ``why`` added to what it lacks."""
         return replace(self, missing=f"{self.missing}; {why}" if self.missing else why)
 
@@ -488,7 +489,7 @@ class _ForwardWrap:
     """A forward pre-hook for an object that is no ``nn.Module`` (a pipeline): its ``forward`` attribute wraps the
     class's, until ``remove()``."""
 
-    def __init__(self, target: Any, hook: "_InputHook") -> None:
+    def __init__(self, target: Any, hook: _InputHook) -> None:
         self.target = target
         inner = type(target).forward
 
@@ -514,7 +515,7 @@ class _InputHook:
         if self.watch is not None:
             self.watch._on_forward(args, kwargs)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> "_InputHook":
+    def __deepcopy__(self, memo: dict[int, Any]) -> _InputHook:
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:

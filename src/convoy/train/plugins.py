@@ -18,12 +18,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from convoy.config.accelerate_mapping import (Translation, deepspeed_translation, fsdp_translation,
-                                              parallelism_translation, plugin_cite)
+from convoy.config.accelerate_mapping import (
+    Translation,
+    deepspeed_translation,
+    fsdp_translation,
+    parallelism_translation,
+    plugin_cite,
+)
 from convoy.config.schema import KEYS, show
 from convoy.errors import ConfigError
 from convoy.launch.rank_env import read_rank_env

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, ClassVar, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import torch
 
@@ -54,7 +55,7 @@ class Precision:
         """The ``torch.amp.GradScaler`` of fp16 (``accelerator.scaler``, saved with each checkpoint); else None."""
         return None
 
-    def convert_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
+    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """The prepared model, its forward run in this precision (returned; changed in place)."""
         return module
 
@@ -73,14 +74,14 @@ class Precision:
 
         return MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None)
 
-    def scale_loss(self, loss: "torch.Tensor") -> "torch.Tensor":
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss to call backward on."""
         return loss
 
-    def unscale_gradients(self, optimizer: "torch.optim.Optimizer") -> None:
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide ``optimizer``'s gradients by the loss scale (before clipping); call once per step."""
 
-    def optimizer_step(self, optimizer: "torch.optim.Optimizer", closure: Callable[[], Any] | None = None
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None
                        ) -> tuple[Any, bool]:
         """Step ``optimizer``; returns its result and whether the step was skipped (inf/nan fp16 gradients)."""
         return (optimizer.step(closure) if closure is not None else optimizer.step()), False
@@ -95,7 +96,7 @@ class AutocastPrecision(Precision):
 
     mode = MixedPrecision.BF16
 
-    def convert_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
+    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         original = module.forward
 
         @functools.wraps(original)
@@ -141,13 +142,13 @@ class ScaledPrecision(AutocastPrecision):
     def scaler(self) -> Any:
         return self._scaler
 
-    def scale_loss(self, loss: "torch.Tensor") -> "torch.Tensor":
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return self._scaler.scale(loss)
 
-    def unscale_gradients(self, optimizer: "torch.optim.Optimizer") -> None:
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         self._scaler.unscale_(optimizer)
 
-    def optimizer_step(self, optimizer: "torch.optim.Optimizer", closure: Callable[[], Any] | None = None
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None
                        ) -> tuple[Any, bool]:
         scale_before = self._scaler.get_scale()
         result = self._scaler.step(optimizer, closure) if closure is not None else self._scaler.step(optimizer)

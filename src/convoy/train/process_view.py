@@ -21,7 +21,8 @@ import contextlib
 import enum
 import functools
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -100,7 +101,7 @@ class PartialState:
             start_job(settings)
             self._fill(settings)
 
-    def _fill(self, settings: "TrainSettings", strategy_kind: str = "") -> None:
+    def _fill(self, settings: TrainSettings, strategy_kind: str = "") -> None:
         self.num_processes = settings.world_size
         self.process_index = settings.rank
         self.local_process_index = settings.local_rank
@@ -151,7 +152,7 @@ class PartialState:
         return self.process_index == self.num_processes - 1
 
     @property
-    def default_device(self) -> "torch.device":
+    def default_device(self) -> torch.device:
         return self.device
 
     # --- together ------------------------------------------------------------------------------------
@@ -259,7 +260,7 @@ class AcceleratorState(PartialState):
                               f"or call AcceleratorState._reset_state() first")
 
     @classmethod
-    def _from_settings(cls, settings: "TrainSettings", strategy_kind: str = "") -> "AcceleratorState":
+    def _from_settings(cls, settings: TrainSettings, strategy_kind: str = "") -> AcceleratorState:
         """The state of an Accelerator whose settings are resolved and whose process group is up."""
         state = cls.__new__(cls)
         state.__dict__ = cls._shared_state

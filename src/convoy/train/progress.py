@@ -12,7 +12,8 @@ that wants them silent on non-zero ranks sets that variable in those ranks' envi
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from convoy.train.logging import is_main_process
 

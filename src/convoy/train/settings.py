@@ -18,13 +18,21 @@ each believe they are alone.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
-from convoy.config.schema import (KEYS, MIXED_PRECISIONS, RECOMPUTE_MODES, MixedPrecision, check_offload,
-                                  dp_engine_beside, show)
+from convoy.config.schema import (
+    KEYS,
+    MIXED_PRECISIONS,
+    RECOMPUTE_MODES,
+    MixedPrecision,
+    check_offload,
+    dp_engine_beside,
+    show,
+)
 from convoy.errors import ConfigError
 from convoy.launch.rank_env import SETTING_NAMES, ConvoyEnv, RankEnv, read_convoy_env, read_debug_mode, read_rank_env
 from convoy.plan.dims import ParallelDims

@@ -19,7 +19,8 @@ import importlib.util
 import json
 import os
 import time
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from convoy.errors import ConfigError
 

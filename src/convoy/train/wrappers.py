@@ -26,7 +26,7 @@ __all__ = ["PreparedOptimizer", "PreparedScheduler"]
 class PreparedOptimizer(torch.optim.Optimizer):
     """Wraps the (strategy's) optimizer; an ``isinstance(x, torch.optim.Optimizer)`` for schedulers."""
 
-    def __init__(self, optimizer: "torch.optim.Optimizer", *, state: LoopPosition, precision: Precision) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, *, state: LoopPosition, precision: Precision) -> None:
         # torch.optim.Optimizer.__init__ is deliberately not called: everything delegates to ``optimizer``.
         self.optimizer = optimizer
         self.loop_state = state

@@ -14,10 +14,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root, f
 
 import torch
 import torch.distributed as dist
+from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, batch, lm_loss
 
 from convoy.train.accelerator import Accelerator
 from convoy.train.parallel.pipeline import PipelineModule
-from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, batch, lm_loss
 
 STEPS, BATCH, CLIP = 3, 8, 0.5
 

@@ -18,7 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root, f
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-
 from tests.train.parallel.hf_tiny import tiny, token_batch  # noqa: E402
 
 DEVICE = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")

@@ -26,12 +26,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[3]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "src")]
 
-from planner_models import build, causal_lm_loss  # noqa: E402
-
 from convoy.plan.activations import block_bytes, weight_cast_bytes  # noqa: E402
 from convoy.plan.memory import Layout, memory_per_gpu  # noqa: E402
 from convoy.plan.model import from_hf_config  # noqa: E402
 from convoy.plan.run import PRECISIONS, RunSpec  # noqa: E402
+from planner_models import build, causal_lm_loss  # noqa: E402
 
 TINY = {
     "gpt2": {"model_type": "gpt2", "n_embd": 96, "n_layer": 3, "n_head": 6, "vocab_size": 640, "n_positions": 256,
@@ -214,9 +213,10 @@ def full_size(name: str, seq: int, batch: int) -> dict:
     """One bf16-autocast SDPA step of a benchmark model at full size under FakeTensorMode (no memory is
     allocated) with MemTracker: categories at the peak, and the planner's. Dropout is set to 0: CPU SDPA
     with dropout falls back to the math kernel, which a GPU's flash kernel does not."""
-    from planner_models import CONFIGS
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
+
+    from planner_models import CONFIGS
 
     config = {**CONFIGS[name], **({k: 0.0 for k in ("attn_pdrop", "resid_pdrop", "embd_pdrop")}
                                   if CONFIGS[name]["model_type"] == "gpt2" else {})}

@@ -22,12 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root, f
 
 import torch
 import torch.distributed as dist
+from tests.distributed import exit_without_teardown
+from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, assert_matches_reference, batch, lm_loss, reference_run
 
 from convoy.plan.dims import ParallelDims
 from convoy.train.accelerator import Accelerator
-from tests.distributed import exit_without_teardown
-from tests.train.parallel.tiny_gpt import (TinyConfig, TinyGPT, assert_matches_reference, batch, lm_loss,
-                                          reference_run)
 
 STEPS, BATCH, CLIP = 3, 8, 0.5
 

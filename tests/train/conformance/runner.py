@@ -24,8 +24,9 @@ import os
 import sys
 import traceback
 import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 # Accelerate's test fixtures: data sets, models and assertion helpers, not the library under test.
 FIXTURES = {"RegressionDataset", "RegressionModel", "assert_exception", "are_the_same_tensors", "torch_device",

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -115,7 +115,7 @@ def _installed(module: str) -> bool:
         return False
 
 
-@lru_cache(maxsize=None)
+@cache
 def _results(script: str) -> tuple[dict[str, dict[int, str]], str]:
     """label -> {rank: "PASS" or the failure}, and the launch's output (one launch per script)."""
     with tempfile.TemporaryDirectory() as scratch:  # test_script.py writes a file into its working directory

@@ -287,8 +287,8 @@ def test_dispatched_batches_are_sliced_from_one_reader():
     import torch
     from torch.utils.data import DataLoader, IterableDataset
 
-    from convoy.train.data.loop import LoopPosition
     from convoy.train.data.dispatch import DispatchedDataLoader
+    from convoy.train.data.loop import LoopPosition
 
     class Stream(IterableDataset):
         def __iter__(self):

@@ -3,9 +3,7 @@ checkpoint resumes at tp=1 through the Accelerator."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 
 import pytest

@@ -6,8 +6,14 @@ import pytest
 from torch import nn
 
 from convoy.errors import NotSupportedYetError, StrategyError
-from convoy.train.parallel.tensor import (STYLES, apply_tensor_parallel, check_tp_plan, model_num_heads,
-                                           resolve_tp_plan, tracing_stand_ins)
+from convoy.train.parallel.tensor import (
+    STYLES,
+    apply_tensor_parallel,
+    check_tp_plan,
+    model_num_heads,
+    resolve_tp_plan,
+    tracing_stand_ins,
+)
 from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT
 
 

@@ -11,8 +11,16 @@ from torch import nn
 
 from convoy.errors import StrategyError
 from convoy.train.parallel.tensor import check_tp_plan, resolve_tp_plan
-from convoy.train.parallel.ties import (Tie, TiedCopies, declared_ties, find_ties, reconcile_tp_styles,
-                                        share_in_state, stages_on_one_process, tp_layout)
+from convoy.train.parallel.ties import (
+    Tie,
+    TiedCopies,
+    declared_ties,
+    find_ties,
+    reconcile_tp_styles,
+    share_in_state,
+    stages_on_one_process,
+    tp_layout,
+)
 from convoy.train.strategies.auto import choose_strategy, planner_hook, pp_degrees, tp_degrees
 from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, lm_loss
 

@@ -30,9 +30,8 @@ SCRIPT = Path(__file__).parent / "scripts" / "hf_layouts.py"
 
 
 def test_every_style_of_the_installed_transformers_is_run_or_refused_by_name():
-    from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES
-
     import transformers.distributed.expert_parallel  # noqa: F401 -- registers the expert styles
+    from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES
 
     for style in ALL_PARALLEL_STYLES.valid_keys():
         try:

@@ -17,11 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root, f
 
 import torch
 import torch.nn.functional as F
+from tests.distributed import exit_without_teardown
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from convoy import Accelerator, FullyShardedDataParallelPlugin
-from tests.distributed import exit_without_teardown
 
 
 class Block(nn.Module):

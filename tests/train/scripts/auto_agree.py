@@ -14,9 +14,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root, for tests.*
 
 import torch
+from tests.distributed import exit_without_teardown
 
 from convoy.train.accelerator import Accelerator
-from tests.distributed import exit_without_teardown
 
 SEEN = []
 

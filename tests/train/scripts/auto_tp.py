@@ -14,12 +14,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root, for tests.*
 
 import torch
-
-from convoy.train.strategies.auto import auto_strategy
-from convoy.train.accelerator import Accelerator
 from tests.distributed import exit_without_teardown
-from tests.train.parallel.tiny_gpt import (TinyConfig, TinyGPT, assert_matches_reference, batch, lm_loss,
-                                          reference_run)
+from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, assert_matches_reference, batch, lm_loss, reference_run
+
+from convoy.train.accelerator import Accelerator
+from convoy.train.strategies.auto import auto_strategy
 
 STEPS, BATCH, CLIP = 3, 8, 0.5
 DEVICE_BYTES = 607 * 2**20

@@ -5,7 +5,8 @@ device_ids=[local rank], which needs a GPU per process; here the reference is pl
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from convoy import Accelerator, DDPCommunicationHookType as Hook, DistributedDataParallelKwargs
+from convoy import Accelerator, DistributedDataParallelKwargs
+from convoy import DDPCommunicationHookType as Hook
 from convoy.errors import ConfigError
 
 

@@ -22,11 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root, f
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from tests.distributed import exit_without_teardown
 from torch import nn
 
 from convoy.errors import StrategyError
 from convoy.train.accelerator import Accelerator
-from tests.distributed import exit_without_teardown
 
 STEPS, BATCH = 3, 8
 

@@ -4,7 +4,6 @@ import convoy
 
 
 def train(x):
-    import torch.distributed as dist
     acc = convoy.Accelerator()
     out = (acc.process_index, acc.num_processes, str(acc.distributed_type), x)
     acc.end_training()

@@ -18,10 +18,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root, for tests.*
 
 import torch
+from tests.distributed import exit_without_teardown
 from torch.utils.data import DataLoader, TensorDataset
 
 from convoy import Accelerator
-from tests.distributed import exit_without_teardown
 
 B = 4  # per-process batch
 STEPS = 3

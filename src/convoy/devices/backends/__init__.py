@@ -14,6 +14,7 @@ TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` sta
 
 if TYPE_CHECKING:
     from typing import Any
+
     from convoy.devices.backends.base import Backend
 
 __all__ = ["Backend", "BACKENDS"]

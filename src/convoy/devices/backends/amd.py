@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
-    from typing import Mapping, Sequence
+    from collections.abc import Mapping, Sequence
 
 from convoy.devices.backends.base import SYSFS_PCI, Backend
 from convoy.devices.inventory import Device

@@ -16,9 +16,11 @@ import shutil
 import subprocess
 from abc import ABC, abstractmethod
 from pathlib import Path
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
-    from typing import Any, Sequence
+    from collections.abc import Sequence
+    from typing import Any
 
 from convoy.devices.inventory import Device
 

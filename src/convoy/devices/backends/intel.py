@@ -9,6 +9,7 @@ Without ``xpu-smi`` no Intel device is reported (integrated graphics are not tra
 from __future__ import annotations
 
 import shutil
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
     from typing import Any

@@ -11,6 +11,7 @@ other one on it.
 from __future__ import annotations
 
 import os
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
     from typing import Any

@@ -18,8 +18,9 @@ the record's ``cpu_ops``), the collectives' and transfers' round trips by the jo
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["StepOps", "CpuRates", "CpuStep", "cpu_step", "rates_key", "FSDP_UNIT_OPS", "TP_MODULE_OPS"]
 
@@ -100,7 +101,7 @@ class CpuRates:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "CpuRates | None":
+    def from_dict(cls, d: Mapping[str, Any]) -> CpuRates | None:
         """A cached entry, or None when it is not one (a damaged or older entry is measured again)."""
         names = {f.name for f in fields(cls)}
         try:

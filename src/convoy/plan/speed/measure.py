@@ -15,8 +15,9 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from convoy.errors import PlanError
 from convoy.plan.hardware import lookup_gpu

@@ -23,7 +23,8 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from convoy.errors import PlanError
 from convoy.plan.speed.cpu_step import CpuRates, StepOps, rates_key
@@ -145,7 +146,7 @@ class OpCounter:
             raise PlanError("no operators counted yet: start() and stop() the counter around a step")
         return self._result
 
-    def __enter__(self) -> "OpCounter":
+    def __enter__(self) -> OpCounter:
         self.start()
         return self
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from convoy.errors import ConvoyWarning, PlanError
 from convoy.plan.hardware import Hardware, lookup_gpu
@@ -72,7 +73,7 @@ class Observation:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], *, where: str = "") -> "Observation | None":
+    def from_dict(cls, d: Mapping[str, Any], *, where: str = "") -> Observation | None:
         """The observation ``d`` holds, or None when it is damaged (``problem``)."""
         return None if cls.problem(d) is not None else cls(
             measured_s=float(d["measured_s"]), planned_s=float(d["planned_s"]), planned_bytes=int(d["planned_bytes"]),

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Iterator, Mapping
 from importlib import resources
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from convoy.errors import ConvoyWarning
 from convoy.plan.hardware import GPUS, GpuSpec

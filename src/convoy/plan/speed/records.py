@@ -19,9 +19,10 @@ import math
 import os
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from convoy.errors import ConvoyWarning, PlanError
 from convoy.plan.speed.cache_file import read_cache, write_cache
@@ -93,7 +94,7 @@ class Calibration:
         """False for a record that holds only observations (a job ran here, nothing was calibrated)."""
         return bool(self.gemm_flops or self.attention_seconds or self.memory_bytes_per_s)
 
-    def merged(self, other: "Calibration") -> "Calibration":
+    def merged(self, other: Calibration) -> Calibration:
         """This record with ``other``'s shapes and rates added (``other`` wins where both measured)."""
         return replace(self, gemm_flops={**self.gemm_flops, **other.gemm_flops},
                        attention_seconds={**self.attention_seconds, **other.attention_seconds},
@@ -113,7 +114,7 @@ class Calibration:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Calibration":
+    def from_dict(cls, d: Mapping[str, Any]) -> Calibration:
         names = set(cls.__dataclass_fields__)
         fields = {k: v for k, v in d.items() if k in names}
         if "observed" in fields:  # an edited or damaged map loses its bad entries, never the record's rates
@@ -137,7 +138,7 @@ class Calibration:
         return f"{self.device_name} (torch {self.torch_version}, measured {when}): {mid}{bw}{peer}"
 
 
-def time_model(record: "Calibration") -> str:
+def time_model(record: Calibration) -> str:
     """The sentence every output (``convoy plan``, ``strategy="auto"``) uses for step times measured on this
     machine (``convoy.plan.speed.rates.Rates.describe`` says it for the other sources)."""
     return f"rates measured on this machine ({record.describe()})"

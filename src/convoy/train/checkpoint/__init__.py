@@ -22,9 +22,17 @@ below this package and the strategies, which both use it.
 Nothing here imports the Accelerator: it hands its objects over in the record and takes the result back.
 """
 
-from convoy.train.checkpoint.directories import (MARKER, begin_checkpoint, commit_checkpoint, is_complete,
-                                                 latest_checkpoint, next_checkpoint_dir, prune_checkpoints,
-                                                 read_meta, recover_checkpoint)
+from convoy.train.checkpoint.directories import (
+                                                 MARKER,
+                                                 begin_checkpoint,
+                                                 commit_checkpoint,
+                                                 is_complete,
+                                                 latest_checkpoint,
+                                                 next_checkpoint_dir,
+                                                 prune_checkpoints,
+                                                 read_meta,
+                                                 recover_checkpoint,
+)
 from convoy.train.checkpoint.files import dcp_load, load_file, numpy_rng_globals, save_file
 from convoy.train.checkpoint.items import CheckpointItems, CheckpointResult
 from convoy.train.checkpoint.state import checkpoint_root, load_state, save_model, save_state

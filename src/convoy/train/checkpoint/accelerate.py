@@ -31,8 +31,8 @@ from convoy.errors import CheckpointError, NotSupportedYetError
 from convoy.train.checkpoint import directories
 from convoy.train.checkpoint.files import damaged_file, load_file, load_safetensors
 from convoy.train.checkpoint.items import CheckpointItems, CheckpointResult
-from convoy.train.optimizer_names import named_optimizer_state, param_names
 from convoy.train.checkpoint.rng import restore_rng
+from convoy.train.optimizer_names import named_optimizer_state, param_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from convoy.train.strategies.base import Strategy
@@ -98,7 +98,7 @@ def _fill(template: Any, full: Any, where: str) -> Any:
     return full
 
 
-def _model_into(strategy: "Strategy", i: int, model: Any, state: dict[str, Any]) -> None:
+def _model_into(strategy: Strategy, i: int, model: Any, state: dict[str, Any]) -> None:
     template = strategy.checkpoint_state(model, None)[0]
     missing = [k for k in template if k not in state]
     for key in missing:  # tied weights are saved once: take the partner that shares the memory
@@ -126,7 +126,7 @@ def _optimizer_state(path: Path) -> dict[str, Any]:
     return state
 
 
-def _optimizer_into(strategy: "Strategy", j: int, optimizer: Any, model: Any, state: dict[str, Any]) -> None:
+def _optimizer_into(strategy: Strategy, j: int, optimizer: Any, model: Any, state: dict[str, Any]) -> None:
     """Accelerate's optimizer state is ``optimizer.state_dict()``: parameters numbered in the groups' order.
     convoy's strategies take it keyed by parameter name, which the prepared optimizer's groups give."""
     names = param_names(strategy.unwrap(model), optimizer)
@@ -139,7 +139,7 @@ def _optimizer_into(strategy: "Strategy", j: int, optimizer: Any, model: Any, st
     strategy.load_checkpoint_state(model, optimizer, {}, _fill(template, by_name, f"optimizer {j}"))
 
 
-def _load_model(strategy: "Strategy", i: int, model: Any, state: dict[str, Any],
+def _load_model(strategy: Strategy, i: int, model: Any, state: dict[str, Any],
                 optimizers: list[tuple[int, Any, Path]]) -> None:
     _model_into(strategy, i, model, state)
     for j, optimizer, path in optimizers:

@@ -13,7 +13,8 @@ convoy saves every prepared model itself (one distributed checkpoint): removing 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torch.utils.hooks import RemovableHandle
 
@@ -27,7 +28,7 @@ class StateHooks:
         self.save: OrderedDict[int, Callable[..., Any]] = OrderedDict()
         self.load: OrderedDict[int, Callable[..., Any]] = OrderedDict()
 
-    def register(self, table: "OrderedDict[int, Callable[..., Any]]", hook: Callable[..., Any]) -> Any:
+    def register(self, table: OrderedDict[int, Callable[..., Any]], hook: Callable[..., Any]) -> Any:
         handle = RemovableHandle(table)
         table[handle.id] = hook
         return handle

@@ -11,9 +11,10 @@ load changes in the caller's own counters comes back in the ``CheckpointResult``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from convoy.errors import CheckpointError, ConfigError
 
@@ -29,7 +30,7 @@ __all__ = ["CheckpointItems", "CheckpointResult"]
 class CheckpointItems:
     """Everything one process's ``save_state``/``load_state``/``save_model`` reads and restores."""
 
-    get_strategy: Callable[[], "Strategy"]
+    get_strategy: Callable[[], Strategy]
     """Returns the strategy that states the models and optimizers (``checkpoint_state``,
     ``load_checkpoint_state``, ``after_build``). Called only once the directory is settled:
     ``strategy="auto"`` picks its strategy at the first ``prepare``, and a refused save or load must not
@@ -47,9 +48,9 @@ class CheckpointItems:
     """The prepared data loaders (their position in the epoch)."""
     custom: tuple[Any, ...] = ()
     """The objects given to ``register_for_checkpointing``."""
-    trackers: "TrackerHub"
+    trackers: TrackerHub
     """The experiment trackers; their ``state_dict`` holds the next ``log()`` step."""
-    hooks: "StateHooks"
+    hooks: StateHooks
     """The save and load pre-hooks (``register_save_state_pre_hook``)."""
     step: int = 0
     """The loop's micro-step count (``Accelerator.step``), stored in ``state.pt``."""

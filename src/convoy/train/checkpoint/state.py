@@ -22,8 +22,9 @@ from __future__ import annotations
 import functools
 import os
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -201,7 +202,7 @@ def load_state(items: CheckpointItems, input_dir: str | os.PathLike[str] | None)
     return CheckpointResult(path=path, save_iteration=int(meta.get("iteration", 0)) + 1 if numbered else None)
 
 
-def _collect_checkpoint(strategy: "Strategy", models: Sequence[Any], optimizers: Sequence[tuple[Any, Any]]
+def _collect_checkpoint(strategy: Strategy, models: Sequence[Any], optimizers: Sequence[tuple[Any, Any]]
                        ) -> dict[str, Any]:
     """The DCP state dict: ``model_<i>`` and ``optimizer_<j>``; ``optimizers`` pairs (optimizer, its model),
     each model a prepared one (``CheckpointItems.require_owned_optimizers``)."""
@@ -213,7 +214,7 @@ def _collect_checkpoint(strategy: "Strategy", models: Sequence[Any], optimizers:
     return state
 
 
-def _load_checkpoint(strategy: "Strategy", models: Sequence[Any], optimizers: Sequence[tuple[Any, Any]],
+def _load_checkpoint(strategy: Strategy, models: Sequence[Any], optimizers: Sequence[tuple[Any, Any]],
                     checkpoint_id: str, *, no_dist: bool) -> None:
     """Read ``model_<i>``/``optimizer_<j>`` from a DCP checkpoint into the prepared objects, each model with its
     optimizers. A model the strategy builds later (a pipeline is split on its first call) is read then: every
@@ -223,7 +224,7 @@ def _load_checkpoint(strategy: "Strategy", models: Sequence[Any], optimizers: Se
         strategy.after_build(model, functools.partial(_load_model, strategy, i, model, own, checkpoint_id, no_dist))
 
 
-def _load_model(strategy: "Strategy", i: int, model: Any, optimizers: dict[int, Any], checkpoint_id: str,
+def _load_model(strategy: Strategy, i: int, model: Any, optimizers: dict[int, Any], checkpoint_id: str,
                 no_dist: bool) -> None:
     state = {f"model_{i}": strategy.checkpoint_state(model, None)[0]}
     state.update({f"optimizer_{j}": strategy.checkpoint_state(model, opt)[1] for j, opt in optimizers.items()})

@@ -14,8 +14,14 @@
 """
 
 from convoy.train.data.prepared import PreparedDataLoader, SeedableRandomSampler
-from convoy.train.data.sharding import (DataLoaderConfiguration, SkipFirstBatches, is_prepared, prepare_data_loader,
-                                        shard_data_loader, skip_first_batches)
+from convoy.train.data.sharding import (
+                                        DataLoaderConfiguration,
+                                        SkipFirstBatches,
+                                        is_prepared,
+                                        prepare_data_loader,
+                                        shard_data_loader,
+                                        skip_first_batches,
+)
 from convoy.train.data.streams import IterableDatasetShard, shard_iterable
 
 __all__ = ["DataLoaderConfiguration", "SeedableRandomSampler", "IterableDatasetShard", "shard_iterable",

@@ -11,7 +11,8 @@ keeps rows ``[r * b, (r + 1) * b)``. A short last batch is completed with the fi
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -108,7 +109,7 @@ class DispatchedDataLoader(DataLoader):
                 target.set_epoch(epoch)
                 break
 
-    def skipping(self, num_batches: int) -> "DispatchedDataLoader":
+    def skipping(self, num_batches: int) -> DispatchedDataLoader:
         return DispatchedDataLoader(self.base, num_shards=self.num_shards, shard=self.shard,
                                     split_batches=self.split_batches, device=self.device, state=self.state,
                                     non_blocking=self.non_blocking, broadcast=self._broadcast, reader=self._reader,

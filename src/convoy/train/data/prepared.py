@@ -11,8 +11,9 @@ torchdata variant (``torchdata_loader.py``) and the dispatched one (``dispatch.p
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
@@ -110,7 +111,7 @@ class _RankBatchSampler:
     """The inner DataLoader's (batch) sampler: this rank's batches of the current epoch. Carries Accelerate's
     ``BatchSamplerShard`` attributes (``batch_sampler``, ``even_batches``, ``split_batches``, ...)."""
 
-    def __init__(self, owner: "PreparedDataLoader", batch_sampler: Any, *, unbatched: bool) -> None:
+    def __init__(self, owner: PreparedDataLoader, batch_sampler: Any, *, unbatched: bool) -> None:
         self.owner, self.batch_sampler, self.unbatched = owner, batch_sampler, unbatched
 
     @property
@@ -225,7 +226,7 @@ class PreparedDataLoader(DataLoader):
         else:
             super().__init__(loader.dataset, batch_sampler=rank_sampler, **kwargs)
 
-    def skipping(self, num_batches: int) -> "PreparedDataLoader":
+    def skipping(self, num_batches: int) -> PreparedDataLoader:
         """A loader over the same data and position whose iterations leave out their first ``num_batches``."""
         return type(self)(self.base, num_shards=self.num_shards, shard=self.shard,
                           split_batches=self.split_batches, even_batches=self.even_batches,

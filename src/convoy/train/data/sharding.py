@@ -25,8 +25,9 @@ Rules (Accelerate's meanings, ``DataLoaderConfiguration``):
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -10,7 +10,8 @@ these for ``prepare()``.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from torch.utils.data import IterableDataset
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn

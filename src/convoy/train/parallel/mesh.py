@@ -31,25 +31,25 @@ class ParallelMesh:
 
     dims: ParallelDims
     """The degrees; their product is the world size."""
-    mesh: "DeviceMesh"
+    mesh: DeviceMesh
     """The whole mesh, with the named dimensions of ``dims.mesh_shape()``."""
 
-    def _sub(self, name: str) -> "DeviceMesh | None":
+    def _sub(self, name: str) -> DeviceMesh | None:
         names = self.mesh.mesh_dim_names or ()
         return self.mesh[name] if name in names else None
 
     @property
-    def tp(self) -> "DeviceMesh | None":
+    def tp(self) -> DeviceMesh | None:
         """Tensor-parallel sub-mesh, or None when tp == 1."""
         return self._sub("tp") if self.dims.tp_enabled else None
 
     @property
-    def pp(self) -> "DeviceMesh | None":
+    def pp(self) -> DeviceMesh | None:
         """Pipeline sub-mesh, or None when pp == 1."""
         return self._sub("pp") if self.dims.pp_enabled else None
 
     @property
-    def dp(self) -> "DeviceMesh | None":
+    def dp(self) -> DeviceMesh | None:
         """The whole data-parallel sub-mesh (replicas x shards, flattened), or None when dp == 1."""
         if not self.dims.dp_enabled:
             return None
@@ -58,13 +58,13 @@ class ParallelMesh:
         return self._sub("dp_shard") if self.dims.dp_shard_enabled else self._sub("dp_replicate")
 
     @property
-    def dp_shard_mesh(self) -> "DeviceMesh | None":
+    def dp_shard_mesh(self) -> DeviceMesh | None:
         """The mesh FSDP shards over: ("dp_replicate", "dp_shard") for HSDP, else the dp mesh."""
         if self.dims.hsdp_enabled:
             return self.mesh["dp_replicate", "dp_shard"]
         return self.dp
 
-    def _rank_in(self, sub: "DeviceMesh | None") -> int:
+    def _rank_in(self, sub: DeviceMesh | None) -> int:
         return 0 if sub is None else sub.get_local_rank()
 
     @property

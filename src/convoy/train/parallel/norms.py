@@ -15,7 +15,8 @@ still scaled), so that it counts once.
 from __future__ import annotations
 
 import math
-from typing import Any, Collection, Iterable
+from collections.abc import Collection, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,8 +24,8 @@ import torch.distributed as dist
 __all__ = ["total_grad_norm", "clip_grad_norm_"]
 
 
-def total_grad_norm(parameters: Iterable["torch.Tensor"], *, norm_type: float = 2.0, pp_group: Any = None,
-                    skip: Collection[int] = ()) -> "torch.Tensor":
+def total_grad_norm(parameters: Iterable[torch.Tensor], *, norm_type: float = 2.0, pp_group: Any = None,
+                    skip: Collection[int] = ()) -> torch.Tensor:
     """The norm of every gradient of the model, over all its shards and stages (same on every rank); parameters
     whose ``id`` is in ``skip`` are not counted."""
     from torch.distributed.tensor import DTensor
@@ -51,14 +52,14 @@ def total_grad_norm(parameters: Iterable["torch.Tensor"], *, norm_type: float = 
     return total
 
 
-def _device_of(parameters: list["torch.Tensor"]) -> "torch.device":
+def _device_of(parameters: list[torch.Tensor]) -> torch.device:
     if parameters:
         return parameters[0].device
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def clip_grad_norm_(parameters: Iterable["torch.Tensor"], max_norm: float, *, norm_type: float = 2.0,
-                    pp_group: Any = None, skip: Collection[int] = ()) -> "torch.Tensor":
+def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, *, norm_type: float = 2.0,
+                    pp_group: Any = None, skip: Collection[int] = ()) -> torch.Tensor:
     """Scale gradients so that their total norm is at most ``max_norm``; return the norm before (``skip``: ids of
     parameters scaled but not counted, see the module docstring)."""
     params = [p for p in parameters if p.grad is not None]

@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -43,8 +44,14 @@ from torch import nn
 from torch.utils._pytree import tree_map_only
 
 from convoy.errors import ConvoyError, NotSupportedYetError, StrategyError
-from convoy.train.parallel.causal_lm import (PipelineOutput, cache_off, causal_lm_loss, count_targets, is_causal_lm,
-                                             trace_failure)
+from convoy.train.parallel.causal_lm import (
+    PipelineOutput,
+    cache_off,
+    causal_lm_loss,
+    count_targets,
+    is_causal_lm,
+    trace_failure,
+)
 from convoy.train.parallel.ties import TiedCopies, find_ties
 
 __all__ = ["SCHEDULES", "PipelineConfig", "PipelineModule", "SingleStage", "stage_boundaries", "find_layers"]
@@ -93,7 +100,7 @@ class PipelineConfig:
         return 2 if SCHEDULES[self.schedule][1] else 1
 
     @classmethod
-    def from_options(cls, options: dict[str, Any]) -> "PipelineConfig":
+    def from_options(cls, options: dict[str, Any]) -> PipelineConfig:
         """Build from ``strategy_options`` keys ``pp_schedule``, ``pp_microbatches``, ``pp_stages_per_rank``,
         ``pp_split_at``, ``pp_layers``."""
         keys = {"pp_schedule": "schedule", "pp_microbatches": "microbatches", "pp_stages_per_rank": "stages_per_rank",
@@ -104,7 +111,7 @@ class PipelineConfig:
         return cls(**kwargs)
 
 
-def find_layers(model: "nn.Module", name: str | None = None) -> tuple[str, int]:
+def find_layers(model: nn.Module, name: str | None = None) -> tuple[str, int]:
     """(name, length) of the ``nn.ModuleList`` to cut: ``name`` if given, else the longest one."""
 
     lists = [(n, len(m)) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m)]
@@ -120,7 +127,7 @@ def find_layers(model: "nn.Module", name: str | None = None) -> tuple[str, int]:
     return max(lists, key=lambda entry: entry[1])
 
 
-def stage_boundaries(model: "nn.Module", num_stages: int, *, split_at: Sequence[str] | None = None,
+def stage_boundaries(model: nn.Module, num_stages: int, *, split_at: Sequence[str] | None = None,
                      layers: str | None = None) -> tuple[str, ...]:
     """Module names where stages 1..num_stages-1 begin; ``StrategyError`` when the cut is impossible."""
     if num_stages < 1:
@@ -158,10 +165,10 @@ class PipelineModule:
     module's ``__call__`` must not hide. ``parameters()`` are this process's stages' parameters.
     """
 
-    def __init__(self, model: "nn.Module", *, config: PipelineConfig, loss_fn: Callable[..., "torch.Tensor"] | None,
-                 group: Any, device: "torch.device | None" = None,
-                 wrap_stage: Callable[["nn.Module"], "nn.Module"] | None = None,
-                 trace_stand_ins: Callable[[], Mapping[str, "nn.Module"]] | None = None,
+    def __init__(self, model: nn.Module, *, config: PipelineConfig, loss_fn: Callable[..., torch.Tensor] | None,
+                 group: Any, device: torch.device | None = None,
+                 wrap_stage: Callable[[nn.Module], nn.Module] | None = None,
+                 trace_stand_ins: Callable[[], Mapping[str, nn.Module]] | None = None,
                  loss_scale: float = 1.0) -> None:
         self.model = model
         self.config = config
@@ -171,7 +178,7 @@ class PipelineModule:
         self._lm_loss = causal_lm_loss(model) if self.causal_lm and loss_fn is None else None
         self._num_targets = 0  # this call's valid targets (last stage), what the micro-batch losses divide by
         self.loss_scale = loss_scale  # 1 / gradient accumulation steps: each call adds loss_scale x its gradient
-        self._losses: list["torch.Tensor"] = []  # this call's micro-batch losses, unscaled (last stage)
+        self._losses: list[torch.Tensor] = []  # this call's micro-batch losses, unscaled (last stage)
         self.group = group
         self.device = device or torch.device("cpu")
         self.pp_size = dist.get_world_size(group)
@@ -184,9 +191,9 @@ class PipelineModule:
         self._wrap_stage = wrap_stage
         self._trace_stand_ins = trace_stand_ins
         self._stages: list[Any] = []
-        self._stage_modules: list["nn.Module"] = []
+        self._stage_modules: list[nn.Module] = []
         self._schedule: Any = None
-        self._on_build: list[Callable[["PipelineModule"], None]] = []
+        self._on_build: list[Callable[[PipelineModule], None]] = []
         # weights shared between modules, found before any split (ties.py): a copy on each stage using one,
         # gradients summed over those stages before the optimizer steps
         self.ties = find_ties(model)
@@ -207,7 +214,7 @@ class PipelineModule:
     def is_last(self) -> bool:
         return self.num_stages - 1 in self.stage_indices
 
-    def on_build(self, callback: Callable[["PipelineModule"], None]) -> None:
+    def on_build(self, callback: Callable[[PipelineModule], None]) -> None:
         """Run ``callback(self)`` once the stages exist (now, if they already do)."""
         if self.built:
             callback(self)
@@ -282,7 +289,7 @@ class PipelineModule:
         cls = getattr(pp, cls_name)
         stages = self._stages if multi else self._stages[0]
 
-        def scaled(output: Any, target: Any) -> "torch.Tensor":
+        def scaled(output: Any, target: Any) -> torch.Tensor:
             # each micro-batch's loss is divided here rather than by the schedule's scale_grads, which divides
             # every gradient present at the end of a step, also those accumulated by earlier calls
             if self._lm_loss is not None:  # already this micro-batch's share of the batch's mean
@@ -379,7 +386,7 @@ class PipelineModule:
                                 f"{type(self.model).__name__}.forward; pass tensors the forward takes")
         return tuple(out)
 
-    def _mean_loss(self, losses: list) -> "torch.Tensor":
+    def _mean_loss(self, losses: list) -> torch.Tensor:
         if self.is_last and self._lm_loss is not None:  # each micro-batch's loss is its share: they add up
             loss = torch.stack([l.detach().float() for l in losses]).sum().to(self.device)
         elif self.is_last:
@@ -402,7 +409,7 @@ class PipelineModule:
             self._schedule._loss_fn = loss_fn
 
     # --- tied weights ---------------------------------------------------------------------------------------
-    def _tie_stages(self, pipe: Any) -> "TiedCopies | None":
+    def _tie_stages(self, pipe: Any) -> TiedCopies | None:
         """Each tie held by several stages: the model's own tensor on each (torch's splitter gave each a copy),
         equal on every process (the first holding stage's value), and the process groups joining those stages'
         processes, made here on every process."""
@@ -475,7 +482,7 @@ class PipelineModule:
                 self.model.get_submodule(parent).register_parameter(leaf, copies[0])
 
     # --- the nn.Module surface a training loop touches ----------------------------------------------------
-    def stage_modules(self) -> list["nn.Module"]:
+    def stage_modules(self) -> list[nn.Module]:
         """This process's stage modules (unwrapped), in stage order."""
         return list(self._stage_modules)
 
@@ -491,7 +498,7 @@ class PipelineModule:
         for _, p in self.named_parameters():
             yield p
 
-    def state_dict(self) -> dict[str, "torch.Tensor"]:
+    def state_dict(self) -> dict[str, torch.Tensor]:
         """This process's stages' entries, under the original model's names: what the model's own state dict
         holds (a traced stage keeps the model's non-persistent buffers, such as rotary tables, as its own)."""
         transient = _transient_buffers(self.model)
@@ -510,14 +517,14 @@ class PipelineModule:
                 raise StrategyError(f"pipeline stage state is missing {missing[0]!r} ({len(missing)} entries)")
             module.load_state_dict({k: state[k] for k in own}, strict=False)
 
-    def train(self, mode: bool = True) -> "PipelineModule":
+    def train(self, mode: bool = True) -> PipelineModule:
         self.training = mode
         self.model.train(mode)
         for module in self._stage_modules:
             module.train(mode)
         return self
 
-    def eval(self) -> "PipelineModule":
+    def eval(self) -> PipelineModule:
         return self.train(False)
 
 
@@ -529,7 +536,7 @@ class SingleStage:
     ``module`` is the model or its data-parallel wrapper; ``loss_scale`` is 1 / gradient accumulation steps.
     """
 
-    def __init__(self, module: "nn.Module", *, loss_fn: Callable[..., "torch.Tensor"], loss_scale: float = 1.0
+    def __init__(self, module: nn.Module, *, loss_fn: Callable[..., torch.Tensor], loss_scale: float = 1.0
                  ) -> None:
         self.module = module
         self.loss_fn = loss_fn
@@ -561,22 +568,22 @@ class SingleStage:
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return self.module.state_dict(*args, **kwargs)
 
-    def train(self, mode: bool = True) -> "SingleStage":
+    def train(self, mode: bool = True) -> SingleStage:
         self.training = mode
         self.module.train(mode)
         return self
 
-    def eval(self) -> "SingleStage":
+    def eval(self) -> SingleStage:
         return self.train(False)
 
 
-def _transient_buffers(model: "nn.Module") -> set[str]:
+def _transient_buffers(model: nn.Module) -> set[str]:
     """Names of ``model``'s non-persistent buffers (not in its state dict)."""
     return {f"{name}.{buffer}" if name else buffer for name, module in model.named_modules()
             for buffer in module._non_persistent_buffers_set}
 
 
-def _restore_modules(submod: "nn.Module", originals: Mapping[str, "nn.Module"]) -> None:
+def _restore_modules(submod: nn.Module, originals: Mapping[str, nn.Module]) -> None:
     """Put the model's own (tensor-parallel) modules back where a stage traced their stand-ins: the traced
     graph calls each module by name, so the stage then runs the real module with its DTensor hooks."""
     present = {name for name, _ in submod.named_modules()}
@@ -599,7 +606,7 @@ def _pipeline_subgroup(group: Any, pp_size: int, ranks: tuple[int, ...]) -> Any:
     return found
 
 
-def _convoy_cause(exc: BaseException) -> "ConvoyError | None":
+def _convoy_cause(exc: BaseException) -> ConvoyError | None:
     """The first convoy error in ``exc``'s chain of causes (torch.export wraps errors raised while tracing)."""
     seen: set[int] = set()
     current: BaseException | None = exc

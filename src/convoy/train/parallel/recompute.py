@@ -27,7 +27,8 @@ recomputed (the RNG state is kept), so training is bit for bit what it is withou
 from __future__ import annotations
 
 import functools
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import nn

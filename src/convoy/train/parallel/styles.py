@@ -20,7 +20,8 @@ Mixture-of-experts styles (``moe_tp_experts``, ``grouped_gemm``, ``ep_dispatch_e
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -154,7 +155,7 @@ def split_dim(module: nn.Module, style: str) -> tuple[int, int, str] | None:
 # --- activations between ranks -------------------------------------------------------------------------
 
 
-def _group(mesh: "DeviceMesh") -> Any:
+def _group(mesh: DeviceMesh) -> Any:
     return mesh.get_group()
 
 
@@ -279,7 +280,7 @@ def _style_classes() -> tuple[type, ...]:
             self.style = style
             self.parts = packed_parts(style)
 
-        def _apply(self, module: nn.Module, device_mesh: "DeviceMesh") -> nn.Module:
+        def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
             colwise = self.style in _COLWISE
             weight_placement = _weight_placement(module, self.style)
             for name, param in list(module.named_parameters(recurse=False)):
@@ -320,7 +321,7 @@ def _style_classes() -> tuple[type, ...]:
         """Whole module fed this rank's share of an activation (e.g. per-head q/k norms after a colwise
         projection): each use of its parameters sums their gradient over tp, so every rank steps the same."""
 
-        def _apply(self, module: nn.Module, device_mesh: "DeviceMesh") -> nn.Module:
+        def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
             group = _group(device_mesh)
             original = module.forward
 
@@ -345,7 +346,7 @@ def _style_classes() -> tuple[type, ...]:
             super().__init__()
             self.rotary = rotary
 
-        def _apply(self, module: nn.Module, device_mesh: "DeviceMesh") -> nn.Module:
+        def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
             group = _group(device_mesh)
             rotary = self.rotary
 
@@ -365,7 +366,7 @@ def _style_classes() -> tuple[type, ...]:
         """A module whose own parameters other entries split (attention sinks, one per head): its forward runs
         on their local shards (its split projections give it this rank's heads)."""
 
-        def _apply(self, module: nn.Module, device_mesh: "DeviceMesh") -> nn.Module:
+        def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
             original = module.forward
 
             def forward(*args: Any, **kwargs: Any) -> Any:

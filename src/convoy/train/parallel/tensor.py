@@ -31,16 +31,24 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from convoy.errors import NotSupportedYetError, StrategyError
+from convoy.train.parallel.styles import (
+    STYLES,
+    canonical_style,
+    is_conv1d,
+    packed_parts,
+    parameter_dim,
+    split_dim,
+    style_object,
+)
 from convoy.train.parallel.ties import find_ties, module_kinds, reconcile_tp_styles, retie
-from convoy.train.parallel.styles import (STYLES, canonical_style, is_conv1d, packed_parts, parameter_dim, split_dim,
-                                          style_object)
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -93,14 +101,14 @@ def _pattern(text: str) -> re.Pattern[str]:
     return re.compile("".join("[^.]+" if part == "*" else re.escape(part) for part in re.split(r"(\*)", text)))
 
 
-def _prefixed(model: "nn.Module", base: Mapping[str, str]) -> dict[str, str]:
+def _prefixed(model: nn.Module, base: Mapping[str, str]) -> dict[str, str]:
     """Base-model patterns under the model's ``base_model_prefix`` (when the model holds its base model there)."""
     prefix = getattr(model, "base_model_prefix", "") or ""
     has_prefix = bool(prefix) and any(name == prefix for name, _ in model.named_children())
     return {f"{prefix}.{pattern}" if has_prefix else pattern: style for pattern, style in base.items()}
 
 
-def _declared_plan(model: "nn.Module") -> dict[str, str]:
+def _declared_plan(model: nn.Module) -> dict[str, str]:
     """The Hugging Face-style plan a model declares, with base-model entries prefixed."""
     config = getattr(model, "config", None)
     declared = _prefixed(model, dict(getattr(config, "base_model_tp_plan", None) or {}))
@@ -108,7 +116,7 @@ def _declared_plan(model: "nn.Module") -> dict[str, str]:
     return declared
 
 
-def builtin_plan(model: "nn.Module") -> dict[str, str]:
+def builtin_plan(model: nn.Module) -> dict[str, str]:
     """convoy's plan for a model that declares none but whose layout convoy knows (by ``config.model_type``:
     GPT-2), with base-model entries prefixed; empty for the others."""
     found = _BUILTIN_PLANS.get(getattr(getattr(model, "config", None), "model_type", None))
@@ -118,7 +126,7 @@ def builtin_plan(model: "nn.Module") -> dict[str, str]:
     return {**_prefixed(model, base), **head}
 
 
-def _default_plan(model: "nn.Module", sequence_parallel: bool) -> tuple[dict[str, str], list[str]]:
+def _default_plan(model: nn.Module, sequence_parallel: bool) -> tuple[dict[str, str], list[str]]:
     plan: dict[str, str] = {}
     notes: list[str] = []
     embeddings, heads = [], []
@@ -138,7 +146,7 @@ def _default_plan(model: "nn.Module", sequence_parallel: bool) -> tuple[dict[str
     return plan, notes
 
 
-def resolve_tp_plan(model: "nn.Module", plan: Mapping[str, str] | None = None, *,
+def resolve_tp_plan(model: nn.Module, plan: Mapping[str, str] | None = None, *,
                     sequence_parallel: bool = False) -> TPPlan:
     """Resolve patterns to the model's module names; raise ``StrategyError`` for a pattern that matches none
     (in a plan given here), and one line for a style that cannot run, naming the entry and the plan's origin."""
@@ -201,7 +209,7 @@ def resolve_tp_plan(model: "nn.Module", plan: Mapping[str, str] | None = None, *
                   parameters=tuple(sorted(split_parameters.items())))
 
 
-def _leave_tied_whole(model: "nn.Module", resolved: dict[str, str]) -> list[str]:
+def _leave_tied_whole(model: nn.Module, resolved: dict[str, str]) -> list[str]:
     """Drop from ``resolved`` the modules whose weight another module shares (an embedding tied to the LM head):
     splitting one would untie them. Returns a note per pair."""
     holders: dict[int, list[str]] = {}
@@ -218,7 +226,7 @@ def _leave_tied_whole(model: "nn.Module", resolved: dict[str, str]) -> list[str]
     return notes
 
 
-def check_beside_fsdp(model: "nn.Module", plan: TPPlan) -> None:
+def check_beside_fsdp(model: nn.Module, plan: TPPlan) -> None:
     """``NotSupportedYetError`` for a packed weight split along dim 0, the dimension FSDP2 shards too: the two
     strided layouts do not compose (an ``nn.Linear``'s packed_colwise, a ``Conv1D``'s packed_rowwise)."""
     for name, style in plan.styles:
@@ -230,7 +238,7 @@ def check_beside_fsdp(model: "nn.Module", plan: TPPlan) -> None:
                                        f"strategy_options['tp_plan']")
 
 
-def model_num_heads(model: "nn.Module") -> int | None:
+def model_num_heads(model: nn.Module) -> int | None:
     """The attention head count from a Hugging Face-style config, when the model has one."""
     config = getattr(model, "config", None)
     for attr in ("num_attention_heads", "n_head", "n_heads", "num_heads"):
@@ -240,7 +248,7 @@ def model_num_heads(model: "nn.Module") -> int | None:
     return None
 
 
-def check_tp_plan(model: "nn.Module", plan: TPPlan, tp: int) -> None:
+def check_tp_plan(model: nn.Module, plan: TPPlan, tp: int) -> None:
     """Raise ``StrategyError`` unless tp divides every split dimension and the heads."""
 
     heads = model_num_heads(model)
@@ -280,7 +288,7 @@ def check_tp_plan(model: "nn.Module", plan: TPPlan, tp: int) -> None:
                                 f"missing {missing[0]!r}")
 
 
-def _split_head_counts(model: "nn.Module", plan: TPPlan) -> list[tuple[str, str, int]]:
+def _split_head_counts(model: nn.Module, plan: TPPlan) -> list[tuple[str, str, int]]:
     """(module, attribute, count) of the head counts on modules whose projections ``plan`` splits colwise (and
     the per-part widths beside a packed q/k/v projection)."""
     found = []
@@ -294,18 +302,17 @@ def _split_head_counts(model: "nn.Module", plan: TPPlan) -> list[tuple[str, str,
     return found
 
 
-def _localize_head_counts(model: "nn.Module", plan: TPPlan, tp: int) -> None:
+def _localize_head_counts(model: nn.Module, plan: TPPlan, tp: int) -> None:
     """Divide head-count attributes of modules whose projections were split colwise (their local heads);
     ``check_tp_plan`` has checked that tp divides each."""
     for parent, attr, value in _split_head_counts(model, plan):
         setattr(model.get_submodule(parent), attr, value // tp)
 
 
-def apply_tensor_parallel(model: "nn.Module", tp_mesh: "DeviceMesh", plan: TPPlan) -> "nn.Module":
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: TPPlan) -> nn.Module:
     """Split ``model`` in place over ``tp_mesh`` (1-D) following ``plan``; returns ``model``."""
-    from torch.distributed.tensor.parallel import parallelize_module
-
     from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import parallelize_module
 
     tp = tp_mesh.size()
     check_tp_plan(model, plan, tp)
@@ -324,7 +331,7 @@ def apply_tensor_parallel(model: "nn.Module", tp_mesh: "DeviceMesh", plan: TPPla
     return model
 
 
-def tracing_stand_ins(model: "nn.Module", plan: TPPlan) -> dict[str, "nn.Module"]:
+def tracing_stand_ins(model: nn.Module, plan: TPPlan) -> dict[str, nn.Module]:
     """Plain modules shaped like what each split module of ``model`` computes on this rank, for tracing.
 
     ``torch.export`` (and so pipeline splitting) cannot trace DTensor parameters. A tensor-parallel model is
@@ -381,7 +388,7 @@ def tracing_stand_ins(model: "nn.Module", plan: TPPlan) -> dict[str, "nn.Module"
 _LOCAL_SHAPED = ("colwise", "rowwise", "packed_colwise", "packed_qkv", "packed_rowwise")
 
 
-def _unhooked(module: "nn.Module") -> "nn.Module":
+def _unhooked(module: nn.Module) -> nn.Module:
     """A shallow copy of ``module`` (same parameters) without the forward or hooks a style put on it."""
     copy = nn.Module.__new__(type(module))
     copy.__dict__ = {k: v for k, v in module.__dict__.items() if k != "forward"}
@@ -390,7 +397,7 @@ def _unhooked(module: "nn.Module") -> "nn.Module":
     return copy
 
 
-def _tp_size(model: "nn.Module", plan: TPPlan) -> int:
+def _tp_size(model: nn.Module, plan: TPPlan) -> int:
     """The tp degree, read from the mesh of the first split parameter (1 before the model is split)."""
     from torch.distributed.tensor import DTensor
 
@@ -401,7 +408,7 @@ def _tp_size(model: "nn.Module", plan: TPPlan) -> int:
     return 1
 
 
-def _sequence_shard(y: "torch.Tensor", tp: int) -> "torch.Tensor":
+def _sequence_shard(y: torch.Tensor, tp: int) -> torch.Tensor:
     """This rank's share of dim 1 (its size is what matters for tracing, not which slice)."""
     if y.dim() < 2 or y.shape[1] % tp:
         raise StrategyError(f"sequence_parallel with tp={tp} splits activations along dim 1 (the sequence), "

@@ -23,8 +23,9 @@ the model must keep every name on the same values and sum the gradients of every
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from convoy.errors import StrategyError
 from convoy.train.parallel.styles import ALIASES
@@ -72,7 +73,7 @@ def declared_ties(model: Any) -> tuple[tuple[str, str], ...]:
     return ()
 
 
-def find_ties(model: "nn.Module") -> tuple[Tie, ...]:
+def find_ties(model: nn.Module) -> tuple[Tie, ...]:
     """Every tensor that ``model`` reaches under more than one parameter name, in model order."""
     groups: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
@@ -95,7 +96,7 @@ _LAYOUTS: dict[tuple[str, str], dict[str, str]] = {
 }
 
 
-def module_kinds(model: "nn.Module") -> dict[str, str]:
+def module_kinds(model: nn.Module) -> dict[str, str]:
     """Module name -> ``"embedding"``, ``"linear"`` or ``"other"`` (what ``tp_layout`` reads)."""
     from torch import nn
 
@@ -168,7 +169,7 @@ def _refusal(tie: Tie, mods: list[str], styles: list[str | None], rows: list[str
             f"so they would train as two weights; give them the same split: {fix}")
 
 
-def retie(model: "nn.Module", ties: Sequence[Tie]) -> None:
+def retie(model: nn.Module, ties: Sequence[Tie]) -> None:
     """Point every name of each tie at the parameter its first name holds now (``parallelize_module`` gave each
     module a parameter of its own; ``reconcile_tp_styles`` made their layouts equal)."""
     for tie in ties:
@@ -181,10 +182,10 @@ def retie(model: "nn.Module", ties: Sequence[Tie]) -> None:
                 module.register_parameter(leaf, shared)
 
 
-def _check_same_layout(tie: Tie, a: "torch.Tensor", b: "torch.Tensor") -> None:
+def _check_same_layout(tie: Tie, a: torch.Tensor, b: torch.Tensor) -> None:
     from torch.distributed.tensor import DTensor
 
-    def layout(t: "torch.Tensor") -> tuple:
+    def layout(t: torch.Tensor) -> tuple:
         return (tuple(t.placements), t.device_mesh) if isinstance(t, DTensor) else ("plain",)
 
     # reconcile_tp_styles made them alike: a difference is convoy's bug, not the user's
@@ -232,7 +233,7 @@ class TiedCopies:
     """
 
     def __init__(self, ties: Sequence[Tie], *, stage_names: Sequence[Iterable[str]], pp_size: int, pp_rank: int,
-                 local: Mapping[int, "nn.Module"], originals: Sequence[Any], group_for: Any = None) -> None:
+                 local: Mapping[int, nn.Module], originals: Sequence[Any], group_for: Any = None) -> None:
         self.ties = tuple(ties)
         self.pp_size = pp_size
         self.pp_rank = pp_rank
@@ -318,7 +319,7 @@ class TiedCopies:
         return skip
 
 
-def _tie_in(module: "nn.Module", tie: Tie, *, use: Any = None) -> Any:
+def _tie_in(module: nn.Module, tie: Tie, *, use: Any = None) -> Any:
     """The parameter ``module`` (a stage) holds for ``tie`` (None when it holds none of its names); with ``use``,
     every name of the tie the stage has is pointed at ``use`` first."""
     present = []
@@ -338,13 +339,13 @@ def _tie_in(module: "nn.Module", tie: Tie, *, use: Any = None) -> Any:
     return use
 
 
-def _local(t: "torch.Tensor") -> "torch.Tensor":
+def _local(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _grad_as_param(param: Any) -> "torch.Tensor":
+def _grad_as_param(param: Any) -> torch.Tensor:
     """This process's part of ``param.grad``, laid out as ``param`` is (a DTensor's gradient can come back in
     another placement: a vocabulary-split embedding's as a whole ``Replicate()``)."""
     from torch.distributed.tensor import DTensor
@@ -363,7 +364,7 @@ def _same_layout(grad: Any, param: Any) -> bool:
     return not isinstance(grad, DTensor) or tuple(grad.placements) == tuple(param.placements)
 
 
-def _like_grad(param: "torch.Tensor", local: "torch.Tensor") -> "torch.Tensor":
+def _like_grad(param: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     if isinstance(param, DTensor):

@@ -45,8 +45,9 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Mapping
+from typing import Any
 
 import torch
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 import abc
 import contextlib
 import importlib
-from typing import Any, Callable, ClassVar, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import torch
 
@@ -75,7 +76,7 @@ class Strategy(abc.ABC):
 
     # --- environment -------------------------------------------------------------------------------
     @property
-    def root_device(self) -> "torch.device":
+    def root_device(self) -> torch.device:
         """The device this process computes on."""
 
         if self.context.device_type == "cpu":
@@ -101,11 +102,11 @@ class Strategy(abc.ABC):
 
     # --- module and optimizer ----------------------------------------------------------------------
     @abc.abstractmethod
-    def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
+    def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """Move ``module`` to the device and wrap/shard it; return the module to call in the loop."""
 
-    def setup_optimizer(self, optimizer: "torch.optim.Optimizer", module: "torch.nn.Module | None" = None
-                        ) -> "torch.optim.Optimizer":
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, module: torch.nn.Module | None = None
+                        ) -> torch.optim.Optimizer:
         """Return the optimizer to step. ``module`` is the prepared model the optimizer belongs to, if known.
 
         The default re-points the optimizer's parameter lists at the prepared model's parameters when
@@ -113,16 +114,16 @@ class Strategy(abc.ABC):
         """
         return optimizer
 
-    def unwrap(self, module: "torch.nn.Module") -> "torch.nn.Module":
+    def unwrap(self, module: torch.nn.Module) -> torch.nn.Module:
         """The user's module inside whatever wrapper ``setup_module`` added."""
         return module
 
     # --- a training step ---------------------------------------------------------------------------
-    def backward(self, loss: "torch.Tensor", **kwargs: Any) -> None:
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         loss.backward(**kwargs)
 
-    def clip_grad_norm_(self, module: "torch.nn.Module | None", parameters: Any, max_norm: float,
-                        norm_type: float = 2.0) -> "torch.Tensor":
+    def clip_grad_norm_(self, module: torch.nn.Module | None, parameters: Any, max_norm: float,
+                        norm_type: float = 2.0) -> torch.Tensor:
         """Clip the global gradient norm (over every rank's shard); return the norm before clipping."""
 
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
@@ -131,12 +132,12 @@ class Strategy(abc.ABC):
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
     # --- state -------------------------------------------------------------------------------------
-    def full_model_state_dict(self, module: "torch.nn.Module") -> dict[str, "torch.Tensor"]:
+    def full_model_state_dict(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
         """Consolidated, unwrapped, CPU state dict (for ``save_model``). Collective: every rank calls it;
         rank 0 gets the full tensors, other ranks may get an empty dict."""
         return {k: v.detach().cpu() for k, v in self.unwrap(module).state_dict().items()}
 
-    def checkpoint_state(self, module: "torch.nn.Module", optimizer: "torch.optim.Optimizer | None"
+    def checkpoint_state(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None
                          ) -> tuple[dict[str, Any], dict[str, Any]]:
         """(model, optimizer) state dicts keyed by parameter name, possibly sharded (DTensors), ready for
         ``torch.distributed.checkpoint``. Loadable by any strategy at any world size."""
@@ -146,7 +147,7 @@ class Strategy(abc.ABC):
             return get_model_state_dict(module), {}
         return get_state_dict(module, (optimizer,))
 
-    def load_checkpoint_state(self, module: "torch.nn.Module", optimizer: "torch.optim.Optimizer | None",
+    def load_checkpoint_state(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                               model_state: dict[str, Any], optimizer_state: dict[str, Any]) -> None:
         """Apply state dicts produced by ``checkpoint_state`` (after ``torch.distributed.checkpoint.load``).
         An empty ``model_state`` or ``optimizer_state`` means: leave that part alone."""
@@ -204,10 +205,10 @@ class SupportsNoSync(abc.ABC):
     """Optional ability: skip the gradient all-reduce for a backward (gradient accumulation)."""
 
     @abc.abstractmethod
-    def no_sync(self, module: "torch.nn.Module") -> contextlib.AbstractContextManager[None]:
+    def no_sync(self, module: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """Inside, backward accumulates local gradients without communicating."""
 
-    def trigger_sync(self, module: "torch.nn.Module") -> contextlib.AbstractContextManager[None]:
+    def trigger_sync(self, module: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """Inside, the next backward synchronises gradients even after forwards run under ``no_sync``.
         The default suits engines that decide at backward time (FSDP2's ``set_requires_gradient_sync``)."""
         return contextlib.nullcontext()
@@ -284,7 +285,7 @@ def check_strategy_options(name: str, options: Mapping[str, Any]) -> None:
         if declared is None:
             return
         valid = sorted(declared)
-    unknown = sorted((str(k) for k in options if k not in valid))
+    unknown = sorted(str(k) for k in options if k not in valid)
     if unknown:
         raise StrategyError(f"strategy_options: {unknown[0][:40]!r} is not an option of strategy={name!r}; "
                             f"valid keys: {', '.join(valid) or 'none'}")

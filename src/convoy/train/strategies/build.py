@@ -14,8 +14,9 @@ strategy ``"parallel"`` with that ``dp_engine`` (``named_layout``), never as a p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -88,7 +88,7 @@ class DDPStrategy(Strategy, SupportsNoSync):
     options_type = DDPOptions
     config: DDPOptions
 
-    def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
+    def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         module = module.to(self.root_device)
         if not any(p.requires_grad for p in module.parameters()):
             return module  # nothing to synchronise (a frozen teacher, an EMA copy): DDP would refuse it
@@ -105,14 +105,14 @@ class DDPStrategy(Strategy, SupportsNoSync):
                                   ) from None
         return ddp
 
-    def unwrap(self, module: "torch.nn.Module") -> "torch.nn.Module":
+    def unwrap(self, module: torch.nn.Module) -> torch.nn.Module:
         return module.module if isinstance(module, DistributedDataParallel) else module
 
-    def no_sync(self, module: "torch.nn.Module") -> contextlib.AbstractContextManager[None]:
+    def no_sync(self, module: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         return module.no_sync() if isinstance(module, DistributedDataParallel) else contextlib.nullcontext()
 
     @contextlib.contextmanager
-    def trigger_sync(self, module: "torch.nn.Module") -> Any:
+    def trigger_sync(self, module: torch.nn.Module) -> Any:
         """DDP decides at forward time whether the next backward all-reduces; a forward run under
         ``no_sync`` is made to all-reduce by re-arming the reducer (what DDP's own forward does)."""
 
@@ -131,8 +131,8 @@ class DDPStrategy(Strategy, SupportsNoSync):
 class Zero1Strategy(DDPStrategy):
     """DDP for gradients, ``ZeroRedundancyOptimizer`` so that each rank keeps 1/N of the optimizer state."""
 
-    def setup_optimizer(self, optimizer: "torch.optim.Optimizer", module: "torch.nn.Module | None" = None
-                        ) -> "torch.optim.Optimizer":
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, module: torch.nn.Module | None = None
+                        ) -> torch.optim.Optimizer:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         if isinstance(optimizer, ZeroRedundancyOptimizer):
@@ -147,7 +147,7 @@ class Zero1Strategy(DDPStrategy):
 
     # ZeroRedundancyOptimizer's state lives partitioned on its ranks; checkpoints store it consolidated,
     # keyed by parameter name like every other strategy's, so that any strategy at any size can load it.
-    def checkpoint_state(self, module: "torch.nn.Module", optimizer: "torch.optim.Optimizer | None"
+    def checkpoint_state(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None
                          ) -> tuple[dict[str, Any], dict[str, Any]]:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -157,7 +157,7 @@ class Zero1Strategy(DDPStrategy):
             return super().checkpoint_state(module, optimizer)
         return msd, gathered_zero_state(optimizer, param_names(self.unwrap(module), optimizer))
 
-    def load_checkpoint_state(self, module: "torch.nn.Module", optimizer: "torch.optim.Optimizer | None",
+    def load_checkpoint_state(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                               model_state: dict[str, Any], optimizer_state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
         from torch.distributed.optim import ZeroRedundancyOptimizer

@@ -37,8 +37,8 @@ class DataParallelStrategy(Strategy):
             raise StrategyError("strategy='dp' (torch.nn.DataParallel) needs CUDA GPUs; on the CPU use "
                                 "strategy='single', or several processes with strategy='ddp'")
 
-    def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
+    def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         return torch.nn.DataParallel(module.to(self.root_device))
 
-    def unwrap(self, module: "torch.nn.Module") -> "torch.nn.Module":
+    def unwrap(self, module: torch.nn.Module) -> torch.nn.Module:
         return module.module if isinstance(module, torch.nn.DataParallel) else module

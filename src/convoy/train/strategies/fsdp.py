@@ -20,7 +20,8 @@ numbers with SHARD_GRAD_OP + ``use_orig_params`` + auto-wrap, and HYBRID_SHARD d
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ClassVar, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -55,7 +56,7 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
         if self._mesh is None:
             self._mesh = init_device_mesh(self.root_device.type, (self.context.world_size,))
 
-    def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
+    def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         self.setup_environment()
         module = module.to(self.root_device)
         names = {id(p): n for n, p in module.named_parameters()}
@@ -69,25 +70,25 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
         self._origins.record(module, names)
         return module
 
-    def setup_optimizer(self, optimizer: "torch.optim.Optimizer", module: "torch.nn.Module | None" = None
-                        ) -> "torch.optim.Optimizer":
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, module: torch.nn.Module | None = None
+                        ) -> torch.optim.Optimizer:
         if any(self._origins.knows(p) for p in optimizer.state):
             raise NotSupportedYetError(f"strategy={self.name!r}: the optimizer already has state (it has "
                                        "stepped); pass it through prepare() before its first step")
         self._origins.repoint(optimizer)
         return optimizer
 
-    def no_sync(self, module: "torch.nn.Module") -> contextlib.AbstractContextManager[None]:
+    def no_sync(self, module: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         return no_gradient_sync(module)
 
-    def clip_grad_norm_(self, module: "torch.nn.Module | None", parameters: Any, max_norm: float,
-                        norm_type: float = 2.0) -> "torch.Tensor":
+    def clip_grad_norm_(self, module: torch.nn.Module | None, parameters: Any, max_norm: float,
+                        norm_type: float = 2.0) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
 
         norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
-    def full_model_state_dict(self, module: "torch.nn.Module") -> dict[str, "torch.Tensor"]:
+    def full_model_state_dict(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         # cpu_offload=True is avoided: it crashed (SIGSEGV) with legacy FSDP on CPU; copying after is safe.
@@ -106,7 +107,7 @@ def offload_policy(options: Mapping[str, Any] | StrategyOptions) -> Any:
 
 
 @contextlib.contextmanager
-def no_gradient_sync(module: "torch.nn.Module") -> Iterator[None]:
+def no_gradient_sync(module: torch.nn.Module) -> Iterator[None]:
     """Inside, an FSDP2 module's backward keeps its gradients local (no reduce-scatter); a no-op for others."""
     if not hasattr(module, "set_requires_gradient_sync"):
         yield
@@ -118,7 +119,7 @@ def no_gradient_sync(module: "torch.nn.Module") -> Iterator[None]:
         module.set_requires_gradient_sync(True)
 
 
-def shard_units(module: "torch.nn.Module", classes: Any) -> list["torch.nn.Module"]:
+def shard_units(module: torch.nn.Module, classes: Any) -> list[torch.nn.Module]:
     """Sub-modules sharded one by one (innermost first), so only one block is gathered at a time: those of
     ``classes`` (``strategy_options["auto_wrap"]``: module classes, or class names as Accelerate's
     ``transformer_cls_names_to_wrap``), else every child of a ``ModuleList``. A name no module of the model has is
@@ -138,7 +139,7 @@ def shard_units(module: "torch.nn.Module", classes: Any) -> list["torch.nn.Modul
     return list(reversed(found))
 
 
-def fsdp_limit(module: "torch.nn.Module", classes: Any = None) -> str | None:
+def fsdp_limit(module: torch.nn.Module, classes: Any = None) -> str | None:
     """Why FSDP2's ``fully_shard`` cannot shard ``module`` as convoy shards it (the units of ``shard_units``, then
     the root), in a few words naming the parameter; None when it can. The checks ``fully_shard`` makes, at
     wrapping (``_verify_managed_param``: a 0-dim parameter, as it splits along the first dimension; ``FSDPParam``:
@@ -149,7 +150,7 @@ def fsdp_limit(module: "torch.nn.Module", classes: Any = None) -> str | None:
     for unit in [*shard_units(module, classes), module]:
         for param in unit.parameters():
             owner.setdefault(id(param), names.get(id(unit), "") or "the model")
-    dtypes: dict[str, tuple[str, "torch.dtype"]] = {}
+    dtypes: dict[str, tuple[str, torch.dtype]] = {}
     for name, param in module.named_parameters():
         if param.dim() == 0:
             return f"parameter {name!r} is a scalar (0-dim), and fully_shard splits along the first dimension"
@@ -164,7 +165,7 @@ def fsdp_limit(module: "torch.nn.Module", classes: Any = None) -> str | None:
     return None
 
 
-def shard_model(module: "torch.nn.Module", classes: Any, *, named: str, **kwargs: Any) -> "torch.nn.Module":
+def shard_model(module: torch.nn.Module, classes: Any, *, named: str, **kwargs: Any) -> torch.nn.Module:
     """``fully_shard`` the units of ``module`` (``shard_units(module, classes)``) and then ``module`` with
     ``kwargs``, their outputs opened for FSDP2's hooks (``fully_shard_exposed``); a model FSDP2 cannot shard
     (``fsdp_limit``) is one ``StrategyError`` naming ``named`` (the strategy asked for) and what runs it instead."""

@@ -74,8 +74,7 @@ from convoy.train.parallel.mesh import ParallelMesh, build_mesh
 from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule, SingleStage, find_layers
 from convoy.train.parallel.recompute import apply_recompute, recompute_units
 from convoy.train.parallel.styles import plain_shards, strided_like
-from convoy.train.parallel.tensor import (apply_tensor_parallel, check_beside_fsdp, resolve_tp_plan,
-                                          tracing_stand_ins)
+from convoy.train.parallel.tensor import apply_tensor_parallel, check_beside_fsdp, resolve_tp_plan, tracing_stand_ins
 from convoy.train.parallel.ties import find_ties, share_in_state
 from convoy.train.precision import Precision
 from convoy.train.settings import TrainSettings
@@ -196,7 +195,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         return self.dims.dp
 
     # --- module and optimizer -------------------------------------------------------------------------
-    def setup_module(self, module: "torch.nn.Module") -> Any:
+    def setup_module(self, module: torch.nn.Module) -> Any:
         pm = self.mesh
         module = module.to(self.root_device)
         names = {id(p): n for n, p in module.named_parameters()}
@@ -244,7 +243,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             return SingleStage(module, loss_fn=loss_fn, loss_scale=1.0 / self.context.gradient_accumulation_steps)
         return module
 
-    def _recomputed_stages(self, model: "torch.nn.Module", wrap: Any) -> Any:
+    def _recomputed_stages(self, model: torch.nn.Module, wrap: Any) -> Any:
         """``wrap`` (the stages' data parallelism, or None) preceded by recomputation of each stage's blocks: the
         stages of a traced pipeline keep the model's module names but not its lists, so the blocks are named on the
         whole model first (a model without any is refused here, before tracing)."""
@@ -255,13 +254,13 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         if not blocks:
             apply_recompute(model, mode)  # refuses a model that trains and has no blocks
 
-        def prepare_stage(stage: "torch.nn.Module") -> "torch.nn.Module":
+        def prepare_stage(stage: torch.nn.Module) -> torch.nn.Module:
             apply_recompute(stage, mode, names=blocks)
             return wrap(stage) if wrap is not None else stage
 
         return prepare_stage
 
-    def _data_parallel(self, module: "torch.nn.Module") -> "torch.nn.Module":
+    def _data_parallel(self, module: torch.nn.Module) -> torch.nn.Module:
         if self.dp_engine in _SHARDED:
             # as zero3 does (and torchtitan with tp): 16-bit gathered weights under mixed precision, so autocast
             # keeps no bf16 copy of every fp32 weight until the backward; zero2 keeps them from forward to backward
@@ -295,7 +294,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             for group in optimizer.param_groups:
                 group["params"] = [p for p in group["params"] if id(p) in mine]
 
-    def _shard_stage(self, model: "torch.nn.Module", stage: "torch.nn.Module") -> "torch.nn.Module":
+    def _shard_stage(self, model: torch.nn.Module, stage: torch.nn.Module) -> torch.nn.Module:
         """FSDP2 over the dp mesh for one pipeline stage of ``model``. Parameters stay gathered between the
         micro-batches' forward and backward (``reshard_after_forward=False``, as torchtitan does with pp); the
         schedule itself turns gradient reduction off until the last micro-batch. ``model`` then holds the
@@ -312,7 +311,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             model.get_submodule(parent).register_parameter(leaf, param)
         return stage
 
-    def _replicate_stage(self, model: "torch.nn.Module", stage: "torch.nn.Module") -> "torch.nn.Module":
+    def _replicate_stage(self, model: torch.nn.Module, stage: torch.nn.Module) -> torch.nn.Module:
         """``replicate_model`` over the dp mesh for one pipeline stage of ``model`` whose weights are DTensors
         (ddp beside tp and pp); ``model`` then holds the stage's new parameters, as with ``_shard_stage``."""
         self._origins.record(stage, {id(p): n for n, p in stage.named_parameters()})
@@ -323,14 +322,14 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             model.get_submodule(parent).register_parameter(leaf, param)
         return stage
 
-    def _wrap_stage(self, module: "torch.nn.Module") -> "torch.nn.Module":
+    def _wrap_stage(self, module: torch.nn.Module) -> torch.nn.Module:
         """DDP over the dp group (used for whole models and for pipeline stages)."""
 
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         return DistributedDataParallel(module, device_ids=device_ids, process_group=self.mesh.dp.get_group(),
                                        find_unused_parameters=self.config.find_unused_parameters)
 
-    def setup_optimizer(self, optimizer: "torch.optim.Optimizer", module: Any = None) -> "torch.optim.Optimizer":
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, module: Any = None) -> torch.optim.Optimizer:
         self._origins.repoint(optimizer)
         if self._realised != "zero1":
             self._optimizers.append(optimizer)  # ZeRO-1 stages keep their parameters; nothing to re-point
@@ -348,7 +347,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             pipe.on_build(functools.partial(PipelineModule.hook_optimizer, optimizer=optimizer))
         return optimizer
 
-    def unwrap(self, module: Any) -> "torch.nn.Module":
+    def unwrap(self, module: Any) -> torch.nn.Module:
         if isinstance(module, PipelineModule):
             return module.model  # parameters of other stages in it are never trained here
         if isinstance(module, SingleStage):
@@ -356,7 +355,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         return module.module if isinstance(module, DistributedDataParallel) else module
 
     # --- a step ---------------------------------------------------------------------------------------
-    def backward(self, loss: "torch.Tensor", **kwargs: Any) -> None:
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         if self._own_backward and not loss.requires_grad:
             return  # a pipeline (or SingleStage) ran backward with the forward; its loss comes back detached
         loss.backward(**kwargs)
@@ -374,7 +373,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         return no_gradient_sync(module)  # FSDP2 modules; a no-op for the others
 
     def clip_grad_norm_(self, module: Any, parameters: Any, max_norm: float, norm_type: float = 2.0
-                        ) -> "torch.Tensor":
+                        ) -> torch.Tensor:
         from convoy.train.parallel.norms import clip_grad_norm_
 
         pp_group = self.mesh.pp.get_group() if self.dims.pp_enabled else None
@@ -385,7 +384,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         return clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type, pp_group=pp_group, skip=skip)
 
     # --- state ----------------------------------------------------------------------------------------
-    def full_model_state_dict(self, module: Any) -> dict[str, "torch.Tensor"]:
+    def full_model_state_dict(self, module: Any) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         if isinstance(module, PipelineModule):
@@ -507,7 +506,7 @@ class HybridShardStrategy(ParallelStrategy):
         return "fsdp"
 
 
-def _check_block_boundaries(model: "torch.nn.Module", config: PipelineConfig) -> None:
+def _check_block_boundaries(model: torch.nn.Module, config: PipelineConfig) -> None:
     """With sequence parallelism only the activations between blocks are plain sequence shards; anywhere else
     they are DTensors, which pipeline stages cannot send. Stages must begin at entries of the layer list."""
     if config.split_at is None:
@@ -521,7 +520,7 @@ def _check_block_boundaries(model: "torch.nn.Module", config: PipelineConfig) ->
                                 "shards, elsewhere they are DTensors, which stages cannot send")
 
 
-def _check_pipeline_loss(model: "torch.nn.Module", loss_fn: Any) -> None:
+def _check_pipeline_loss(model: torch.nn.Module, loss_fn: Any) -> None:
     """At prepare, not at the first step: a pipeline trains with a loss, the model's own for a transformers
     causal LM, else ``loss_fn``."""
     if loss_fn is None and not is_causal_lm(model):

@@ -24,7 +24,7 @@ from convoy.train.strategies.fsdp_outputs import close_output, open_output
 __all__ = ["replicate_model"]
 
 
-def replicate_model(module: "torch.nn.Module", classes: Any, *, named: str, mesh: Any) -> "torch.nn.Module":
+def replicate_model(module: torch.nn.Module, classes: Any, *, named: str, mesh: Any) -> torch.nn.Module:
     """Replicate ``module`` over the 1-D ``mesh`` with FSDP2's ``replicate``, unit by unit (``shard_units``:
     ``classes``, else every child of a ``ModuleList``), then the root; their outputs opened for its hooks as
     ``fully_shard_exposed`` does. ``named``: the layout, for the message when this torch lacks ``replicate``."""

@@ -23,7 +23,7 @@ class SingleStrategy(Strategy):
     distributed_type = "NO"
     options = StrategyOptions.keys()
 
-    def setup_module(self, module: "torch.nn.Module") -> "torch.nn.Module":
+    def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         # Module.to moves parameters in place (same Parameter objects), so an optimizer built earlier
         # still points at them; recomputation hooks the blocks in place too
         module = module.to(self.root_device)

@@ -14,12 +14,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repo root, f
 
 import torch
 import torch.distributed as dist
+from tests.distributed import exit_without_teardown
+from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, batch, lm_loss
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from convoy.train.accelerator import Accelerator
-from tests.distributed import exit_without_teardown
-from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, batch, lm_loss
 
 STEPS, BATCH = 3, 8
 

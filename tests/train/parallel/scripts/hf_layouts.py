@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repo root, f
 
 import torch
 import torch.distributed as dist
+from tests.distributed import exit_without_teardown
+from tests.train.parallel.hf_tiny import tiny, token_batch
 
 from convoy.train.accelerator import Accelerator
-from tests.distributed import exit_without_teardown
-from tests.train.parallel.hf_tiny import BATCH, tiny, token_batch
 
 STEPS, LR = 2, 1e-2
 # AdamW turns float-order differences in tiny gradients into visible ones (it divides by their root mean square):

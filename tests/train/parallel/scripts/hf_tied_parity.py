@@ -17,10 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repo root, f
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from tests.distributed import exit_without_teardown
 
 from convoy.train.accelerator import Accelerator
 from convoy.train.parallel.pipeline import PipelineModule
-from tests.distributed import exit_without_teardown
 
 STEPS, BATCH, SEQ, VOCAB = 3, 4, 8, 64
 

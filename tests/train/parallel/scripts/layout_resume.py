@@ -19,8 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 import torch.distributed as dist
-from layout_parity import CLIP, BATCH, prepare, report, run_steps  # noqa: E402
-
+from layout_parity import BATCH, CLIP, prepare, report, run_steps  # noqa: E402
 from tests.distributed import exit_without_teardown  # noqa: E402
 from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, assert_matches_reference, reference_run  # noqa: E402
 

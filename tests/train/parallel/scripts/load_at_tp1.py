@@ -7,10 +7,10 @@ REPO = Path(__file__).resolve().parents[4]
 sys.path[:0] = [str(REPO), str(REPO / "examples")]  # the repo root, for tests.*, and examples/
 
 import torch  # noqa: E402
-from tiny_gpt_tp import TinyGPT, lm_loss, make_batch  # noqa: E402
+from tests.distributed import exit_without_teardown  # noqa: E402
 
 from convoy import Accelerator  # noqa: E402
-from tests.distributed import exit_without_teardown  # noqa: E402
+from tiny_gpt_tp import TinyGPT, lm_loss, make_batch  # noqa: E402
 
 
 def main() -> None:

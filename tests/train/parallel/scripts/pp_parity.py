@@ -9,10 +9,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repo root, f
 
 import torch
 import torch.distributed as dist
-
-from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule
 from tests.distributed import exit_without_teardown
 from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, batch, lm_loss
+
+from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule
 
 STEPS, BATCH = 3, 8
 

@@ -20,10 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repo root, f
 
 import torch
 import torch.distributed as dist
-
-from convoy.train.accelerator import Accelerator
 from tests.distributed import exit_without_teardown
 from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, batch, lm_loss, reference_run
+
+from convoy.train.accelerator import Accelerator
 
 STEPS, BATCH = 3, 8
 MODES = ("none", "selective", "full")

@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # layout_parity beside
 import torch
 import torch.distributed as dist
 from layout_parity import BATCH, CLIP, STEPS, check_eval, prepare, report, run_steps
-
-from convoy.train.parallel.pipeline import PipelineModule
 from tests.distributed import exit_without_teardown
 from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, assert_matches_reference, reference_run
+
+from convoy.train.parallel.pipeline import PipelineModule
 
 TIED = ("embed_tokens.weight", "lm_head.weight")
 

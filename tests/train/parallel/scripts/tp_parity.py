@@ -10,14 +10,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repo root, f
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from tests.distributed import exit_without_teardown
+from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, batch, lm_loss
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
 from convoy.plan.dims import ParallelDims
 from convoy.train.parallel.mesh import build_mesh
 from convoy.train.parallel.tensor import apply_tensor_parallel, resolve_tp_plan
-from tests.distributed import exit_without_teardown
-from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, batch, lm_loss
 
 STEPS, MORE, BATCH = 3, 2, 4
 
