@@ -12,7 +12,8 @@ of its GPT-2, Llama (GQA) and GPT-NeoX blocks) under ``torch.autocast(bfloat16)`
 AdamW, in a plain loop
 (``zero_grad(set_to_none=True)``), planned as ``bf16-autocast``; the ``-fsdp`` cases shard it first with FSDP2 over
 one process, each block and the root, with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` (what
-convoy's zero3 runs under ``mixed_precision="bf16"``), planned as ``bf16-fsdp`` at ZeRO stage 3. Measured: ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``
+convoy's zero3 runs under ``mixed_precision="bf16"``), planned as ``bf16-fsdp`` at ZeRO stage 3. Measured:
+``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``
 over one step after the first (optimizer state exists), and the median step time of the rest. Full
 recomputation is what transformers users turn on (``gradient_checkpointing_enable``, which also turns the KV
 cache off). Planned: ``convoy.plan.memory.memory_per_gpu`` (allocated; reserved = allocated x (1 +
@@ -191,7 +192,7 @@ def measure(case: Case, config: dict, *, device: str, steps: int, hf: bool, memt
         sync()
         times.append(time.perf_counter() - t0)
     out["seconds"] = statistics.median(times)
-    del model, opt
+    model = opt = None  # freed before the next case (one_step is not called again)
     if not cpu:
         torch.cuda.empty_cache()
     return out

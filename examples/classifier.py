@@ -1,6 +1,6 @@
 """A small classifier on synthetic data, trained with convoy.Accelerator.
 
-    convoy launch examples/classifier.py --epochs 2          # one process per device (2 on a CPU box: --nproc-per-node 2)
+    convoy launch examples/classifier.py --epochs 2    # one process per device (2 on a CPU box: --nproc-per-node 2)
     python examples/classifier.py --epochs 2                 # one process
 
 The code is Accelerate's quick-tour loop; only the import line names convoy.

@@ -109,7 +109,8 @@ def main() -> None:
         accelerator.save_state(args.save)
         with torch.no_grad():  # the loss the next step would see, to compare after loading elsewhere
             x, y = make_batch(args.steps, args.batch_size, strategy.data_parallel_rank, strategy.data_parallel_size)
-            accelerator.print(f"saved {args.save} (loadable at any tp degree); next loss {lm_loss(model(x), y).item():.6f}")
+            next_loss = lm_loss(model(x), y).item()
+            accelerator.print(f"saved {args.save} (loadable at any tp degree); next loss {next_loss:.6f}")
     accelerator.end_training()
 
 

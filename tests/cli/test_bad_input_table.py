@@ -105,7 +105,8 @@ CASES = [
     # a strategy the ranks would build without the degrees (or cannot run beside them): refused in the parent
     ({}, "launch --nproc-per-node 4 --strategy ddp --dp-replicate 2 --dp-shard 2 {d}/train.py", 2,
      "--strategy 'ddp' keeps whole weights in each replica"),
-    ({"CONVOY_STRATEGY": "single"}, "launch --nproc-per-node 2 --pp 2 {d}/train.py", 2, "CONVOY_STRATEGY='single' runs"),
+    ({"CONVOY_STRATEGY": "single"}, "launch --nproc-per-node 2 --pp 2 {d}/train.py", 2,
+     "CONVOY_STRATEGY='single' runs"),
     ({}, "launch --collective-timeout inf {d}/train.py", 2, "seconds > 0"),
     ({}, "launch --mixed-precision fp8 {d}/train.py", 2, "fp8"),
     ({"CONVOY_MIXED_PRECISION": "fp8"}, "launch {d}/train.py", 2, "fp8"),

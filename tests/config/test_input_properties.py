@@ -22,7 +22,8 @@ from tests.bounded import BOUNDED, outcome
 _CHARS = st.sampled_from(list("0123456789-,:=. +eEinfa") + ["²", "٣", "\n", "ｆ"])
 _WORDS = st.lists(st.sampled_from(["dp", "tp", "pp", "=", ",", "2", "auto", "bf16", ":", "٣", "-1", "0"]),
                   max_size=6).map("".join)
-_TEXT = st.one_of(st.text(_CHARS, max_size=16), _WORDS, st.text(max_size=10), st.integers(1, 5000).map(lambda n: "9" * n),
+_TEXT = st.one_of(st.text(_CHARS, max_size=16), _WORDS, st.text(max_size=10),
+                  st.integers(1, 5000).map(lambda n: "9" * n),
                   st.sampled_from(["inf", "nan", "-1", "0", "1e400", "fp8", "dp=²", "dp=2,tp=2", "1:2", "٣"]))
 _VALUES = st.one_of(_TEXT, st.integers(-10**30, 10**30), st.floats(), st.booleans(), st.none(),
                     st.lists(st.integers(-2, 10**13), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(),

@@ -24,7 +24,8 @@ from convoy.errors import InventoryError
 
 class FakeBackend(Backend):
     def __init__(self, vendor, devices=(), error=None, available=True):
-        self.vendor, self.source, self._devices, self._error, self._available = vendor, vendor, devices, error, available
+        self.vendor, self.source, self._devices = vendor, vendor, devices
+        self._error, self._available = error, available
 
     def available(self):
         return self._available
@@ -70,7 +71,6 @@ def _fake_pynvml(n_gpus=4, switch=True, mig_on=(2,)):
     Pci = namedtuple("Pci", "busId")
     Util = namedtuple("Util", "gpu memory")
     Proc = namedtuple("Proc", "pid usedGpuMemory")
-    Attrs = namedtuple("Attrs", "multiprocessorCount")
     buses = [f"00000000:{0x10 * (i + 1):02X}:00.0" for i in range(n_gpus)]
     calls = {"init": 0, "shutdown": 0}
 

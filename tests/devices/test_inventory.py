@@ -145,7 +145,8 @@ def test_memory_up_to_the_total_and_an_unreported_total_are_accepted():
     assert inventory_from_dict({"devices": [full]}).devices[0].memory_free_mib == 0
     # a total of 0 is one not reported (the key left out; NVML without an answer for a MIG slice)
     unknown = {"index": 0, "uuid": "u", "name": "n", "memory_used_mib": 5,
-               "mig_devices": [{"uuid": "MIG-u", "memory_total_mib": 0, "processes": [{"pid": 1, "used_memory_mib": 9}]}]}
+               "mig_devices": [{"uuid": "MIG-u", "memory_total_mib": 0,
+                                "processes": [{"pid": 1, "used_memory_mib": 9}]}]}
     assert inventory_from_dict({"devices": [unknown]}).devices[0].memory_used_mib == 5
 
 
@@ -169,4 +170,4 @@ def test_package_names_resolve_lazily():
     assert devices.select_devices.__module__ == "convoy.devices.selection"
     assert set(dir(devices)) >= {"parse_devices", "lease_devices", "visibility_env", "Selection"}
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        devices.nope
+        _ = devices.nope

@@ -66,7 +66,8 @@ def test_a_planted_symlink_is_refused_and_its_target_untouched(inv, tmp_path):
     with pytest.raises(LeaseError) as info:
         lease_devices([inv.devices[0]], lock_dir=lock_dir)
     message = str(info.value)
-    assert "\n" not in message and "is a symbolic link" in message and str(_lock_path(lock_dir, inv.devices[0])) in message
+    assert "\n" not in message and "is a symbolic link" in message
+    assert str(_lock_path(lock_dir, inv.devices[0])) in message
     held = lease_holders(inv.devices, lock_dir=lock_dir)
     assert set(held) == {inv.devices[0].uuid} and "symbolic link" in held[inv.devices[0].uuid]
     assert secret.read_text() == "root only" and stat.S_IMODE(secret.stat().st_mode) == 0o600
@@ -97,7 +98,9 @@ def test_another_users_lock_file_excludes_and_is_never_changed(inv, shared_dir):
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child: nobody holds GPU 2 until told to stop
         os.close(read)
-        os.setgroups([]); os.setgid(OTHER_UID); os.setuid(OTHER_UID)
+        os.setgroups([])
+        os.setgid(OTHER_UID)
+        os.setuid(OTHER_UID)
         lease = lease_devices([inv.devices[2]], lock_dir=shared_dir)
         os.write(write, b"held")
         os.read(release_r, 1)

@@ -15,7 +15,8 @@ ENV = cpu_env()  # CPU processes on every machine: --devices 0 below
 @pytest.mark.slow
 def test_a_direct_launch_never_imports_torch_in_the_launcher():
     """The launcher starts the workers at once instead of first spending seconds on ``import torch``."""
-    code = ("import sys; from convoy.cli.main import main; rc = main(['launch', '--devices', '0', '--nproc-per-node', '3', "
+    code = ("import sys; from convoy.cli.main import main; "
+            "rc = main(['launch', '--devices', '0', '--nproc-per-node', '3', "
             "'--no-python', 'sh', '-c', 'echo rank=$RANK of $WORLD_SIZE']); "
             "print('torch loaded:', 'torch' in sys.modules, 'rc:', rc)")
     proc = processes.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)

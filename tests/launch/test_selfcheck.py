@@ -21,8 +21,8 @@ def _env():
 
 @pytest.mark.slow
 def test_selfcheck_passes_on_two_cpu_processes():
-    proc = processes.run([sys.executable, "-m", "convoy", "test", "--devices", "0", "--json", "--size-mib", "4", "--timeout",
-                           "20"],
+    proc = processes.run([sys.executable, "-m", "convoy", "test", "--devices", "0", "--json", "--size-mib", "4",
+                          "--timeout", "20"],
                           capture_output=True, text=True, env=_env(), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)

@@ -64,7 +64,8 @@ def test_cache_round_trip_and_what_invalidates_it(tmp_path):
     assert load_calibration(**{**ident, "torch_version": "2.12.0"}, path=path) is None  # another torch
     assert load_calibration(**{**ident, "device_uuid": "GPU-5678"}, path=path) is None  # another board
     data = json.loads(path.read_text())
-    assert list(data) == [calibration_key(rec.device_name, "GPU-1234", "2.11.0+cu130")] == ["GPU-1234|torch 2.11.0+cu130"]
+    key = calibration_key(rec.device_name, "GPU-1234", "2.11.0+cu130")
+    assert list(data) == [key] == ["GPU-1234|torch 2.11.0+cu130"]
     data[rec.key]["format"] = FORMAT - 1  # an older format is measured again, not misread
     path.write_text(json.dumps(data))
     assert load_calibration(**ident, path=path) is None
@@ -249,7 +250,8 @@ def test_several_tp_degrees_measure_their_shapes_and_the_device_once(tmp_path, m
     monkeypatch.setattr(cal, "measure", counted)
     rec = cal.calibrate(tiny, run, device="cpu", tp=(1, 2, 2), path=tmp_path / "c.json")
     assert calls == [(1, True), (2, False)]  # each degree's shapes, the device's bandwidth and launch once
-    assert {gemm_key(m, k, n, "fp32") for t in (1, 2) for m, k, n, _ in gemm_shapes(tiny, run, tp=t)} == set(rec.gemm_flops)
+    shapes = [shape for t in (1, 2) for shape in gemm_shapes(tiny, run, tp=t)]
+    assert {gemm_key(m, k, n, "fp32") for m, k, n, _ in shapes} == set(rec.gemm_flops)
     assert rec.memory_bytes_per_s > 0 and len(rec.attention_seconds) == 2
     assert cal.calibrate(tiny, run, device="cpu", tp=(2, 1), path=tmp_path / "c.json") == rec and len(calls) == 2
     for bad in ((3,), (0,), ()):  # 3 does not divide the 4 heads

@@ -52,7 +52,7 @@ def test_the_counter_sees_every_operator_of_forward_backward_and_the_optimizer_a
 def test_a_counter_not_stopped_has_no_count_and_stops_once():
     counter = OpCounter()
     with pytest.raises(PlanError, match="no operators counted yet"):
-        counter.ops
+        _ = counter.ops
     counter.start()
     assert counter.counting
     torch.ones(2).add_(1)

@@ -213,7 +213,8 @@ def test_strategy_auto_builds_what_convoy_plan_recommends_for_the_same_case(worl
     gpu = GpuSpec(name="device", memory_bytes=gib * 2**30, bf16_tflops=100.0, fp16_tflops=100.0, fp32_tflops=25.0,
                   nvlink_gbs=None, pcie_gbs=16, source="generic device (no table row)")
     hw = Hardware(gpu=gpu, gpus_per_node=world // nodes, nodes=nodes, intra="pcie")
-    p = plan_for(resolve_model(config), RunSpec(precision=precision), hw, facts=TrainerFacts(tp_degrees=tps, pp_degrees=()),
+    p = plan_for(resolve_model(config), RunSpec(precision=precision), hw,
+                 facts=TrainerFacts(tp_degrees=tps, pp_degrees=()),
                  knobs=TRAINER_KNOBS)
     rec = p.recommendation
     assert (layout is None) == (rec.row is None), (layout, rec.reasons)

@@ -26,7 +26,8 @@ def test_the_documented_table_is_what_the_planner_gives():
 def test_the_table_covers_the_layouts_users_choose_between():
     rows = published.RESULTS
     assert len(rows) >= 6
-    kinds = {("fsdp" if r.zero_stage == 3 else "dp") + ("+tp" if r.dims.tp > 1 else "") + ("+pp" if r.dims.pp > 1 else "")
+    kinds = {("fsdp" if r.zero_stage == 3 else "dp") + ("+tp" if r.dims.tp > 1 else "")
+             + ("+pp" if r.dims.pp > 1 else "")
              for r in rows}
     assert {"fsdp", "dp", "dp+tp", "dp+tp+pp"} <= kinds, kinds
     assert any(r.memory_gib for r in rows) and {r.gpu for r in rows} >= {"A100-80GB", "H100-80GB"}

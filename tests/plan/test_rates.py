@@ -159,7 +159,8 @@ def test_a_calibration_missing_a_shape_uses_the_model_fitted_to_it():
     gemms = {f"{m}x{k}x{n}:bf16": 2 * 2 * m * k * n / model.gemm_seconds(m, k, n, "bf16")
              for m, k, n, _ in gemm_shapes(gpt2, run)}
     fast = MeasuredRates(record=replace(record, gemm_flops=gemms, attention_seconds={}), fallback=model)
-    assert fast.gemm_seconds(1234, 4096, 4096, "bf16") == pytest.approx(model.gemm_seconds(1234, 4096, 4096, "bf16") / 2)
+    half = model.gemm_seconds(1234, 4096, 4096, "bf16") / 2
+    assert fast.gemm_seconds(1234, 4096, 4096, "bf16") == pytest.approx(half)
     assert fast.attention_seconds(*attention_shape(gpt2, run), "bf16") == \
         model.attention_seconds(*attention_shape(gpt2, run), "bf16")  # no attention measured: the model's own
 

@@ -58,7 +58,8 @@ def test_tensor_parallel_gemms_round_up_and_cover_the_model():
     tp ranks together do at least the whole model's GEMMs (rounding down made them do less)."""
     gpt2 = from_numbers(124e6, layers=12, hidden=768, heads=12, vocab=50257)
     run = RunSpec(seq_len=1024)
-    # 48 heads of 4096 (a config with head_dim 128 x 48 = 6144 projected back to 4096, as Gemma does): 3 does not divide 4096
+    # 48 heads of 4096 (a config with head_dim 128 x 48 = 6144 projected back to 4096, as Gemma does):
+    # 3 does not divide 4096
     odd = ModelSpec(name="48 heads", num_params=7 * 10**9, num_layers=32, hidden=4096, heads=48, vocab=32000, ffn=16384)
     for model, tp in ((gpt2, 2), (gpt2, 4), (odd, 3)):
         whole = sum(k * n * c for _, k, n, c in gemm_shapes(model, run))

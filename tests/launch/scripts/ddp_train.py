@@ -28,7 +28,8 @@ weights = model.module.weight.detach().clone()
 gathered = [torch.zeros_like(weights) for _ in range(world)]
 dist.all_gather(gathered, weights)
 assert all(torch.equal(g, weights) for g in gathered), "ranks diverged"
-print(f"trained rank={rank} world={world} local={os.environ['LOCAL_RANK']} port={os.environ['MASTER_PORT']} loss={loss.item():.6f}")
+print(f"trained rank={rank} world={world} local={os.environ['LOCAL_RANK']} port={os.environ['MASTER_PORT']} "
+      f"loss={loss.item():.6f}")
 dist.destroy_process_group()
 # gloo can abort at interpreter shutdown after all work is done (pytorch/pytorch#179291): end here.
 sys.stdout.flush()

@@ -255,7 +255,8 @@ def main() -> None:
             print(f"| {name} | {seq} x {batch} | {cells} |", flush=True)
         return
     print("## saved for backward, one block (s=48, b=2), bytes\n")
-    print("| family | recipe | attention | saved (autograd) | of which CPU-only | planned | planned / (saved - CPU-only) "
+    print("| family | recipe | attention | saved (autograd) | of which CPU-only | planned "
+          "| planned / (saved - CPU-only) "
           "| weight casts | planned |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for case in TINY:

@@ -56,7 +56,8 @@ class Missing:
         self._name = name
 
     def _fail(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"convoy has no {self._name!r} (the conformance harness found no convoy.{self._name})")
+        raise NotImplementedError(f"convoy has no {self._name!r} "
+                                  f"(the conformance harness found no convoy.{self._name})")
 
     __call__ = _fail
 

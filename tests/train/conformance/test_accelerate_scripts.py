@@ -193,13 +193,13 @@ def test_rewrite_takes_the_library_from_convoy_and_only_fixtures_from_accelerate
 
 
 def test_accelerate_itself_refuses_to_run_in_the_child():
-    code = ("import sys; sys.path.insert(0, %r)\n"
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
             "from tests.train.conformance.runner import poison_accelerate\n"
             "poison_accelerate()\n"
             "import accelerate, accelerate.utils.operations as ops\n"
             "for call in (accelerate.Accelerator, accelerate.PartialState, ops.gather):\n"
             "    try: call()\n"
-            "    except AssertionError as e: print('REFUSED', e)\n") % str(REPO)
+            "    except AssertionError as e: print('REFUSED', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.count("REFUSED") == 3, out.stdout + out.stderr
     assert "the library under test is convoy" in out.stdout

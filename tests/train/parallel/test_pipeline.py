@@ -59,7 +59,8 @@ def test_config_validation_and_stages_per_rank():
 
 
 def test_config_from_strategy_options():
-    cfg = PipelineConfig.from_options({"pp_schedule": "gpipe", "pp_microbatches": 8, "pp_split_at": "layers.1, layers.3",
+    cfg = PipelineConfig.from_options({"pp_schedule": "gpipe", "pp_microbatches": 8,
+                                       "pp_split_at": "layers.1, layers.3",
                                        "other": 1})
     assert (cfg.schedule, cfg.microbatches, cfg.split_at) == ("gpipe", 8, ("layers.1", "layers.3"))
 

@@ -27,7 +27,8 @@ def grads(model, rank):
 
 
 for hook, wrapper, option in [(Hook.NO, Hook.NO, {}), (Hook.FP16, Hook.NO, {}), (Hook.POWER_SGD, Hook.NO, {}),
-                              (Hook.POWER_SGD, Hook.FP16, {}), (Hook.POWER_SGD, Hook.NO, {"matrix_approximation_rank": 2}),
+                              (Hook.POWER_SGD, Hook.FP16, {}),
+                              (Hook.POWER_SGD, Hook.NO, {"matrix_approximation_rank": 2}),
                               (Hook.BATCHED_POWER_SGD, Hook.NO, {}), (Hook.BATCHED_POWER_SGD, Hook.FP16, {}),
                               ("bf16", "no", {})]:
     label = f"{getattr(hook, 'value', hook)}+{getattr(wrapper, 'value', wrapper)}{'+rank2' if option else ''}"
@@ -51,7 +52,7 @@ accelerator = Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(
     comm_hook=Hook.POWER_SGD, comm_state_option={"start_powerSGD_iter": 2, "matrix_approximation_rank": 1})])
 model = accelerator.prepare(MockModel())
 ranks = []
-for step in range(3):
+for _ in range(3):
     model.zero_grad()
     ranks.append(int(torch.linalg.matrix_rank(grads(model, accelerator.local_process_index))))
 print(f"POWERSGD rank={accelerator.local_process_index} gradient ranks={ranks}", flush=True)

@@ -25,7 +25,7 @@ def main() -> None:
     logger = get_logger("hang_worker")
     watch = CollectiveWatch(timeout=float(sys.argv[1]))
 
-    for step in range(3):  # in step: every guarded collective passes
+    for _ in range(3):  # in step: every guarded collective passes
         t = torch.tensor([float(rank + 1)])
         with watch.guard("all_reduce"):
             dist.all_reduce(t)

@@ -22,7 +22,7 @@ model, optimizer, training_dataloader, scheduler, eval_dataloader = accelerator.
     model, optimizer, training_dataloader, scheduler, eval_dataloader
 )
 
-for epoch in range(2):
+for _epoch in range(2):
     for batch in training_dataloader:
         optimizer.zero_grad()
         inputs, targets = batch

@@ -39,8 +39,10 @@ try:
     accelerator.gather_for_metrics(mine)
 except CollectiveTimeoutError as err:
     print(f"SKIPPED rank {rank} after {time.monotonic() - started:.1f}s: {err}", flush=True)
-    sys.stdout.flush(); sys.stderr.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(3)
 print(f"NO TIMEOUT rank {rank}", flush=True)
-sys.stdout.flush(); sys.stderr.flush()
+sys.stdout.flush()
+sys.stderr.flush()
 os._exit(0)
