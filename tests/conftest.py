@@ -7,8 +7,9 @@ The suite gives the same result on a CPU box, a 1-GPU box and an 8-GPU box, what
   ``os.environ`` for the whole session (``SCRUBBED``, every ``CONVOY_*``, ``TORCHELASTIC_*``, ``SLURM_*``,
   ``ACCELERATE_*``, torchrun's ``PET_*``), leases go to a temporary ``CONVOY_LEASE_DIR``, and
   ``HOME``/``XDG_CONFIG_HOME`` point at a temporary directory so the user's settings file is not read (nor their
-  calibration cache written: without ``XDG_CACHE_HOME`` it is under that ``HOME``), and the session works in an empty temporary directory, so a
-  project settings file (``./convoy.toml``) where pytest was started is not read either;
+  calibration cache written: without ``XDG_CACHE_HOME`` it is under that ``HOME``), and the session works in an
+  empty temporary directory, so a project settings file (``./convoy.toml``) where pytest was started is not read
+  either;
 * after each test, a test that leaves a lease held, a process running (stopped, then reported), a watched
   variable or the working directory changed fails, and the process's ``AcceleratorState`` is reset (it is
   process-wide, as Accelerate's);
