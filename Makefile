@@ -1,7 +1,8 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   creates .venv, installs convoy, and runs its main job on whatever this machine has
-#   make test   creates .venv if needed, installs convoy, and runs the test suite, then the tests that start
-#               ranks again as a one-GPU machine would show them to convoy (docs/gpu.md)
+#   make test   creates .venv if needed, installs convoy, checks the code (make lint: ruff, then mypy), and runs
+#               the test suite, then the tests that start ranks again as a one-GPU machine would show them to
+#               convoy (docs/gpu.md)
 #   make test-gpu   on a GPU machine: the gpu-marked tests, then the rest of the suite (8 workers in parallel
 #                   when pytest-xdist is installed), with the system python3 (its CUDA torch; nothing is
 #                   installed but convoy itself, editable, without dependencies)
@@ -18,7 +19,7 @@ NO_GPU       = $(shell [ "$$(uname -s)" = Linux ] && ! nvidia-smi -L >/dev/null 
 TORCH       ?= torch==2.13.0$(if $(NO_GPU),+cpu)
 TORCH_INDEX ?= $(if $(NO_GPU),https://download.pytorch.org/whl/cpu)
 
-.PHONY: demo test test-simulated-gpu test-gpu venv bench clean
+.PHONY: demo test lint test-simulated-gpu test-gpu venv bench clean
 
 $(BIN)/convoy: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,8 +35,14 @@ demo: venv
 	$(BIN)/convoy launch examples/classifier.py --epochs 2
 
 test: venv
+	@$(MAKE) --no-print-directory lint
 	$(BIN)/python -m pytest -q
 	@$(MAKE) --no-print-directory test-simulated-gpu
+
+# Style and mistakes (ruff), then types (mypy over src/convoy); both configured in pyproject.toml
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # The tests that start ranks through convoy (tests/launch_sites.py lists them), with convoy seeing one H100
 # (an inventory file) and CUDA_VISIBLE_DEVICES exported (the suite scrubs it): what fails only on a GPU box.
