@@ -19,7 +19,7 @@ import inspect
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -57,14 +57,15 @@ def count_targets(labels: torch.Tensor) -> int:
 def causal_lm_loss(model: nn.Module) -> Callable[..., torch.Tensor]:
     """``loss(output, labels, num_items=n)``: ``model``'s own causal-LM loss of a micro-batch's logits (the output
     itself, or its ``.logits``/first entry), summed and divided by ``n``, the valid targets of the whole batch."""
-    config = model.config
+    config: Any = model.config  # a transformers PretrainedConfig
     vocab_size = getattr(config, "vocab_size", None) or config.get_text_config().vocab_size
     from transformers.loss.loss_utils import LOSS_MAPPING
 
+    loss_function: Callable[..., Any]
     if hasattr(model, "_loss_function") or getattr(model, "loss_type", None) in LOSS_MAPPING:
-        loss_function = model.loss_function
+        loss_function = cast(Callable[..., Any], model.loss_function)  # transformers' method, not a submodule
     else:  # transformers would warn on every rank, then use ForCausalLM's loss (GPT2LMHeadModel): use it ourselves
-        loss_function = LOSS_MAPPING["ForCausalLM"]
+        loss_function = cast(Callable[..., Any], LOSS_MAPPING["ForCausalLM"])  # typed as the losses' join
 
     def loss(output: Any, labels: torch.Tensor, *, num_items: int) -> torch.Tensor:
         logits = _logits(output)

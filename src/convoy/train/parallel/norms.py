@@ -67,5 +67,6 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, *, norm
     coef = min(1.0, float(max_norm) / (float(total) + 1e-6))
     if coef < 1.0:
         for p in params:
+            assert p.grad is not None  # params holds those with a gradient
             p.grad.mul_(coef)
     return total

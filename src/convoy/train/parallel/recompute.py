@@ -57,7 +57,7 @@ SELECTIVE_SAVES = (
 @functools.cache
 def selective_saves() -> frozenset:
     """The ``OpOverload``\\ s of ``SELECTIVE_SAVES`` this torch has (every overload of each)."""
-    found = set()
+    found: set[Any] = set()  # OpOverloads
     for name in SELECTIVE_SAVES:
         namespace, _, op = name.partition(".")
         packet = getattr(getattr(torch.ops, namespace), op, None)
@@ -95,12 +95,13 @@ def recompute_units(module: nn.Module, classes: Iterable[type] | None = None) ->
     """(name, block) for each block of ``module``, in model order: instances of ``classes`` if given, else the
     entries of every ``nn.ModuleList`` (FSDP's units, ``convoy.train.strategies.fsdp.shard_units``), the
     outermost only (a block's own list of experts is recomputed with it)."""
-    wanted = tuple(classes) if classes else None
+    wanted: tuple[type[Any], ...] | None = tuple(classes) if classes else None
     found: list[tuple[str, nn.Module]] = []
     inside: set[int] = set()
     for name, child in module.named_modules():
         if id(child) in inside or child is module:
             continue
+        take: list[tuple[str, nn.Module]]
         if wanted is not None:
             take = [(name, child)] if isinstance(child, wanted) else []
         elif isinstance(child, nn.ModuleList):
@@ -167,9 +168,11 @@ def _transformers_layers(model: nn.Module, mode: str) -> int:
     if mode == "selective":
         kwargs["context_fn"] = _selective_contexts
     if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name; the old one warns there
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        model.activation_checkpointing_enable(  # type: ignore[operator]  # transformers' method, not a submodule
+            activation_checkpointing_kwargs=kwargs)
     else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        model.gradient_checkpointing_enable(  # type: ignore[operator]  # transformers' method, not a submodule
+            gradient_checkpointing_kwargs=kwargs)
     on = [m for m in model.modules() if m is not model and getattr(m, "gradient_checkpointing", False) is True]
     return sum(1 for m in on if not any(getattr(c, "gradient_checkpointing", False) is True  # the layers, not the
                                         for c in m.modules() if c is not m))               # base model above them

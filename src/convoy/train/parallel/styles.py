@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import torch
 import torch.distributed as dist
@@ -149,7 +149,8 @@ def split_dim(module: nn.Module, style: str) -> tuple[int, int, str] | None:
     else:
         raise StrategyError(f"style {style!r} splits Linear, Conv1D and Embedding modules, not a "
                             f"{type(module).__name__}")
-    return dim, module.weight.shape[dim], "output features" if colwise else "input features"
+    weight = cast(torch.Tensor, module.weight)  # a Linear's or Conv1D's (is_conv1d checked it is a tensor)
+    return dim, weight.shape[dim], "output features" if colwise else "input features"
 
 
 # --- activations between ranks -------------------------------------------------------------------------
@@ -163,12 +164,12 @@ class _CopyToTP(torch.autograd.Function):
     """Identity forward; backward sums the gradient over tp (a replicated input feeding split work)."""
 
     @staticmethod
-    def forward(ctx, x, group):  # type: ignore[override]
+    def forward(ctx, x, group):
         ctx.group = group
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         grad = grad.contiguous()
         dist.all_reduce(grad, group=ctx.group)
         return grad, None
@@ -178,13 +179,13 @@ class _ReduceFromTP(torch.autograd.Function):
     """Forward sums partial outputs over tp; backward passes the (replicated) gradient on."""
 
     @staticmethod
-    def forward(ctx, x, group):  # type: ignore[override]
+    def forward(ctx, x, group):
         x = x.contiguous().clone()
         dist.all_reduce(x, group=group)
         return x
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         return grad, None
 
 
@@ -193,12 +194,12 @@ class _GatherFromTP(torch.autograd.Function):
     rank's share of the gradient."""
 
     @staticmethod
-    def forward(ctx, x, group, parts):  # type: ignore[override]
+    def forward(ctx, x, group, parts):
         ctx.group, ctx.parts = group, parts
         return _gather(x, group, parts)
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         return _share(grad, ctx.group, ctx.parts), None, None
 
 
@@ -221,15 +222,19 @@ class _ShareFromTP(torch.autograd.Function):
     """Forward keeps this rank's share of a replicated last dimension; backward gathers the gradient."""
 
     @staticmethod
-    def forward(ctx, x, group, parts):  # type: ignore[override]
+    def forward(ctx, x, group, parts):
         ctx.group, ctx.parts = group, parts
         return _share(x, group, parts)
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         return _gather(grad, ctx.group, ctx.parts), None, None
 
 
+@overload
+def _local(t: torch.Tensor) -> torch.Tensor: ...
+@overload
+def _local(t: None) -> None: ...
 def _local(t: torch.Tensor | None) -> torch.Tensor | None:
     from torch.distributed.tensor import DTensor
 
@@ -298,7 +303,7 @@ def _style_classes() -> tuple[type, ...]:
 
             def forward(x: torch.Tensor) -> torch.Tensor:
                 x = _plain_input(x, style)
-                weight, bias = _local(module.weight), _local(getattr(module, "bias", None))
+                weight, bias = _local(cast(torch.Tensor, module.weight)), _local(getattr(module, "bias", None))
                 if colwise:
                     x = _CopyToTP.apply(x, group)
                 elif style == "rowwise_rep":
@@ -314,7 +319,7 @@ def _style_classes() -> tuple[type, ...]:
                     y = _GatherFromTP.apply(y, group, parts)
                 return y
 
-            module.forward = forward  # type: ignore[method-assign]
+            module.forward = forward
             return module
 
     class GradientSumStyle(ParallelStyle):
@@ -330,12 +335,12 @@ def _style_classes() -> tuple[type, ...]:
                 try:
                     for name, param in saved.items():
                         if param is not None and param.requires_grad and torch.is_grad_enabled():
-                            module._parameters[name] = _CopyToTP.apply(param, group)  # type: ignore[assignment]
+                            module._parameters[name] = _CopyToTP.apply(param, group)
                     return original(*args, **kwargs)
                 finally:
                     module._parameters.update(saved)
 
-            module.forward = forward  # type: ignore[method-assign]
+            module.forward = forward
             return module
 
     class OutputSumStyle(ParallelStyle):
@@ -379,7 +384,7 @@ def _style_classes() -> tuple[type, ...]:
                 finally:
                     module._parameters.update(saved)
 
-            module.forward = forward  # type: ignore[method-assign]
+            module.forward = forward
             return module
 
     return LocalShardStyle, GradientSumStyle, OutputSumStyle, LocalParamsStyle

@@ -33,7 +33,7 @@ import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -119,7 +119,7 @@ def _declared_plan(model: nn.Module) -> dict[str, str]:
 def builtin_plan(model: nn.Module) -> dict[str, str]:
     """convoy's plan for a model that declares none but whose layout convoy knows (by ``config.model_type``:
     GPT-2), with base-model entries prefixed; empty for the others."""
-    found = _BUILTIN_PLANS.get(getattr(getattr(model, "config", None), "model_type", None))
+    found = _BUILTIN_PLANS.get(getattr(getattr(model, "config", None), "model_type", ""))  # "": none of them
     if found is None:
         return {}
     base, head = found
@@ -362,7 +362,7 @@ def tracing_stand_ins(model: nn.Module, plan: TPPlan) -> dict[str, nn.Module]:
         if split_dim(module, style) is None:  # whole modules with a hook (gradient or output sums): untraceable
             stand_ins[name] = _unhooked(module)
             continue
-        weight = module.weight
+        weight = cast(torch.Tensor, module.weight)  # split_dim found a Linear, Conv1D or Embedding
         conv1d = is_conv1d(module)
         local = style in _LOCAL_SHAPED and (isinstance(module, nn.Linear) or conv1d)
         shape = weight.to_local().shape if local and isinstance(weight, DTensor) else weight.shape

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from convoy.errors import StrategyError
 from convoy.train.parallel.styles import ALIASES
@@ -178,7 +178,8 @@ def retie(model: nn.Module, ties: Sequence[Tie]) -> None:
             parent, _, leaf = name.rpartition(".")
             module = model.get_submodule(parent)
             if module._parameters.get(leaf) is not shared:
-                _check_same_layout(tie, shared, module._parameters[leaf])
+                # a tie's names are parameters (find_ties): one is there under each
+                _check_same_layout(tie, shared, cast("nn.Parameter", module._parameters[leaf]))
                 module.register_parameter(leaf, shared)
 
 

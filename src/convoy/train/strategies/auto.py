@@ -449,6 +449,7 @@ def _ask(planner: Planner, *, num_parameters: int, world_size: int, device_bytes
               "model": model, "tp_degrees": tp_degrees, "pp_degrees": pp_degrees, "pipeline": pipeline,
               **({"heads": heads} if heads else {}), **({"nodes": nodes} if nodes > 1 else {}),
               **({"fsdp_limit": fsdp_limit} if fsdp_limit else {})}
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(planner).parameters
     except (TypeError, ValueError):  # pragma: no cover - builtins without a signature

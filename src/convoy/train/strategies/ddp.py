@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -181,7 +181,7 @@ def gathered_zero_state(optimizer: Any, names: list[str]) -> dict[str, Any]:
     optimizer.consolidate_state_dict(to=0)  # rank 0 of the group
     box = [optimizer.state_dict() if dist.get_rank(group) == 0 else None]
     dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-    return named_optimizer_state(box[0], names)
+    return named_optimizer_state(cast(dict[str, Any], box[0]), names)  # every rank's now
 
 
 def load_zero_state(optimizer: Any, state: dict[str, Any], names: list[str]) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -93,7 +93,7 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
 
         # cpu_offload=True is avoided: it crashed (SIGSEGV) with legacy FSDP on CPU; copying after is safe.
         full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
-        return {k: v.detach().cpu() for k, v in full.items()}
+        return {k: v.detach().cpu() for k, v in cast(dict[str, torch.Tensor], full).items()}  # a model's: tensors
 
 
 def offload_policy(options: Mapping[str, Any] | StrategyOptions) -> Any:
@@ -112,11 +112,11 @@ def no_gradient_sync(module: torch.nn.Module) -> Iterator[None]:
     if not hasattr(module, "set_requires_gradient_sync"):
         yield
         return
-    module.set_requires_gradient_sync(False)
+    module.set_requires_gradient_sync(False)  # type: ignore[operator]  # FSDPModule's method, not a submodule
     try:
         yield
     finally:
-        module.set_requires_gradient_sync(True)
+        module.set_requires_gradient_sync(True)  # type: ignore[operator]  # FSDPModule's method, not a submodule
 
 
 def shard_units(module: torch.nn.Module, classes: Any) -> list[torch.nn.Module]:
@@ -157,11 +157,11 @@ def fsdp_limit(module: torch.nn.Module, classes: Any = None) -> str | None:
         if not param.is_contiguous():
             return f"parameter {name!r} is not contiguous (stride {tuple(param.stride())}), which fully_shard refuses"
         if param.requires_grad:
-            unit = owner.get(id(param), "the model")
-            first, dtype = dtypes.setdefault(unit, (name, param.dtype))
+            unit_name = owner.get(id(param), "the model")
+            first, dtype = dtypes.setdefault(unit_name, (name, param.dtype))
             if dtype != param.dtype:
                 return (f"trainable parameters {first!r} ({dtype}) and {name!r} ({param.dtype}) are sharded "
-                        f"together (in {unit}), and FSDP2 takes one dtype per unit")
+                        f"together (in {unit_name}), and FSDP2 takes one dtype per unit")
     return None
 
 

@@ -62,7 +62,8 @@ import functools
 import inspect
 import math
 import warnings
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -85,6 +86,7 @@ from convoy.train.strategies.replicated import replicate_model
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["ParallelStrategy", "TensorParallelStrategy", "PipelineParallelStrategy", "HybridShardStrategy",
            "realisation"]
@@ -204,7 +206,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             plan = resolve_tp_plan(module, self.config.tp_plan, sequence_parallel=self.config.sequence_parallel)
             if self.dims.dp_enabled and self.dp_engine in _SHARDED:
                 check_beside_fsdp(module, plan)
-            apply_tensor_parallel(module, pm.tp, plan)
+            apply_tensor_parallel(module, _enabled(pm.tp), plan)
             if self.dims.pp_enabled:  # the pipeline traces plain stand-ins of the split modules (see tensor.py)
                 stand_ins = functools.partial(tracing_stand_ins, module, plan)
         if self.dims.pp_enabled:
@@ -212,7 +214,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             # with tp, parallelize_module replaced the split parameters (DTensors, which the stages share):
             # an optimizer built before prepare() must follow them
             self._origins.record(module, names)
-            wrap = None
+            wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None
             if self._realised in _FULLY_SHARD:
                 wrap = functools.partial(self._shard_stage, module)
             elif self._realised == "replicate":
@@ -224,7 +226,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             if self.dims.tp_enabled and self.config.sequence_parallel:
                 _check_block_boundaries(module, config)
             pipe = PipelineModule(module, config=config,
-                                  loss_fn=self.config.loss_fn, group=pm.pp.get_group(),
+                                  loss_fn=self.config.loss_fn, group=_enabled(pm.pp).get_group(),
                                   device=self.root_device, wrap_stage=wrap, trace_stand_ins=stand_ins,
                                   loss_scale=1.0 / self.context.gradient_accumulation_steps)
             # stages are built (and, with fsdp, sharded) on the first call: optimizers follow them then
@@ -326,7 +328,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         """DDP over the dp group (used for whole models and for pipeline stages)."""
 
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
-        return DistributedDataParallel(module, device_ids=device_ids, process_group=self.mesh.dp.get_group(),
+        return DistributedDataParallel(module, device_ids=device_ids, process_group=_enabled(self.mesh.dp).get_group(),
                                        find_unused_parameters=self.config.find_unused_parameters)
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, module: Any = None) -> torch.optim.Optimizer:
@@ -342,7 +344,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
                 accepted = inspect.signature(type(optimizer).__init__).parameters
                 defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
                 optimizer = ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer),
-                                                    process_group=self.mesh.dp.get_group(), **defaults)
+                                                    process_group=_enabled(self.mesh.dp).get_group(), **defaults)
         for pipe in self._pipelines:  # weights tied across stages: their gradients summed once, before each step
             pipe.on_build(functools.partial(PipelineModule.hook_optimizer, optimizer=optimizer))
         return optimizer
@@ -376,7 +378,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
                         ) -> torch.Tensor:
         from convoy.train.parallel.norms import clip_grad_norm_
 
-        pp_group = self.mesh.pp.get_group() if self.dims.pp_enabled else None
+        pp_group = _enabled(self.mesh.pp).get_group() if self.dims.pp_enabled else None
         skip: set[int] = set()
         for pipe in self._pipelines:  # a weight tied across stages: its gradient summed first, counted once
             pipe.sync_tied_gradients()
@@ -390,10 +392,11 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         if isinstance(module, PipelineModule):
             local = {k: _full(v).detach().cpu() for k, v in module.state_dict().items()}
             parts: list[Any] = [None] * self.dims.pp
-            dist.all_gather_object(parts, local, group=self.mesh.pp.get_group())
+            dist.all_gather_object(parts, local, group=_enabled(self.mesh.pp).get_group())
             # a tied weight's copies (one per stage using it) are equal: one tensor under each of its names
             return share_in_state({k: v for part in parts for k, v in part.items()}, module.ties)
-        full = get_model_state_dict(self.unwrap(module), options=StateDictOptions(full_state_dict=True))
+        full = cast("dict[str, torch.Tensor]",  # a model's state: tensors
+                    get_model_state_dict(self.unwrap(module), options=StateDictOptions(full_state_dict=True)))
         return share_in_state({k: v.detach().cpu() for k, v in full.items()}, find_ties(self.unwrap(module)))
 
     def checkpoint_state(self, module: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -432,7 +435,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             return msd, {}
         if isinstance(optimizer, ZeroRedundancyOptimizer):
             return msd, self._zero_state(pipe.model, optimizer, keep=set(msd))
-        osd = get_optimizer_state_dict(pipe.model, optimizer)
+        osd: dict[str, Any] = get_optimizer_state_dict(pipe.model, optimizer)
         groups = [dict(group, params=list(names)) for group, names in
                   zip(osd["param_groups"], self._group_names.get(id(optimizer), []))] or osd["param_groups"]
         return msd, {**osd, "param_groups": groups}
@@ -529,6 +532,12 @@ def _check_pipeline_loss(model: torch.nn.Module, loss_fn: Any) -> None:
                             f"target=labels); transformers causal LMs need none (model(input_ids=..., labels=...))")
     if loss_fn is not None and not callable(loss_fn):
         raise StrategyError(f"strategy_options['loss_fn'] = {loss_fn!r} is not callable; pass fn(output, target)")
+
+
+def _enabled(mesh: DeviceMesh | None) -> DeviceMesh:
+    """The sub-mesh of a degree above 1, which ``build_mesh`` always names (``ParallelMesh`` gives None for 1)."""
+    assert mesh is not None
+    return mesh
 
 
 def _full(t: Any) -> Any:
