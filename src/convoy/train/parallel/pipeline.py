@@ -388,9 +388,9 @@ class PipelineModule:
 
     def _mean_loss(self, losses: list) -> torch.Tensor:
         if self.is_last and self._lm_loss is not None:  # each micro-batch's loss is its share: they add up
-            loss = torch.stack([l.detach().float() for l in losses]).sum().to(self.device)
+            loss = torch.stack([part.detach().float() for part in losses]).sum().to(self.device)
         elif self.is_last:
-            loss = torch.stack([l.detach().float() for l in losses]).mean().to(self.device)
+            loss = torch.stack([part.detach().float() for part in losses]).mean().to(self.device)
         else:
             loss = torch.zeros((), dtype=torch.float32, device=self.device)
         last_rank = dist.get_global_rank(self.group, (self.num_stages - 1) % self.pp_size)
