@@ -77,7 +77,7 @@ def render_table(inventory, env) -> str:
     rank_of = {d.uuid: r for r, d in enumerate(view.devices)}
     held = lease_holders([u for u in view.devices])
     link = islands([d for d in inventory.devices if d.vendor == vendor])
-    rows = [("IDX", "NAME", "MEMORY USED/TOTAL", "UTIL", "PROCS", "LINK", "STATE", "AS")]
+    rows: list[tuple[str, ...]] = [("IDX", "NAME", "MEMORY USED/TOTAL", "UTIL", "PROCS", "LINK", "STATE", "AS")]
     for device in inventory.devices:
         units = [u for u in view.devices if u.mig_parent_uuid == device.uuid] or [device]
         rows.append(_row(device, link.get(device.index, "-") if device.vendor == vendor else "-",

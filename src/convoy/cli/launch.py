@@ -182,6 +182,7 @@ def _torchrun_options(args: argparse.Namespace) -> dict:
     # given: a value other than the parser's None/False (``--node-rank 0`` is given: 0 == False, but not False)
     given = {name for name, value in vars(args).items() if name in KEYS or (value is not None and value is not False)}
     found = {}
+    value: bool | str | float
     for name, (raw, source) in torchrun_env(skip=given).items():
         where = f"environment {source.location}"
         if name in TORCHRUN_SWITCHES:

@@ -20,7 +20,7 @@ import platform
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["Report", "collect_report", "format_report", "VISIBILITY_VARIABLES", "visibility_origins"]
 
@@ -164,7 +164,7 @@ def collect_report(*, env: Mapping[str, str] | None = None, cwd: str | None = No
     env = dict(os.environ if env is None else env)
     sections: dict[str, Any] = {
         "convoy": _guard(lambda: {"version": importlib.import_module("convoy").__version__,
-                                  "location": os.path.dirname(importlib.import_module("convoy").__file__)}),
+                                  "location": os.path.dirname(cast(str, importlib.import_module("convoy").__file__))}),
         "system": _guard(_system),
         "packages": _guard(_packages),
         "torch": _guard(_torch) if include_torch else {"skipped": "--no-torch"},

@@ -182,7 +182,8 @@ def is_whole(value: Any, minimum: int = 0) -> bool:
     argument of the Python API takes (``parse_whole`` reads one from a flag, a variable or a file)."""
     import numbers
 
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
+    # typeshed's numbers.Integral declares no comparison with int; every Integral has one
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum  # type: ignore[operator]
 
 
 def parse_whole(value: Any, where: str, minimum: int = 0) -> int:

@@ -107,7 +107,7 @@ def parse_percent(value: str | int | float) -> float:
     try:
         if isinstance(text, str) and not re.fullmatch(r"[0-9]+(\.[0-9]*)?|\.[0-9]+", text):
             raise ValueError(text)
-        number = float(text)  # type: ignore[arg-type]
+        number = float(text)
     except (TypeError, ValueError, OverflowError):
         raise DeviceSpecError(f"cannot read percentage {_short(value)}; write e.g. '10%' or 10") from None
     if not 0 <= number <= 100:

@@ -207,7 +207,7 @@ class Inventory:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
 
-def load_inventory(path: str | Path) -> Inventory:
+def load_inventory(path: str | os.PathLike[str]) -> Inventory:
     """Read an inventory file. Raises :class:`InventoryError` naming the file and what is wrong."""
     path = Path(path)
     name, shown = path.name, str(path) if str(path).isprintable() else repr(str(path))

@@ -234,10 +234,10 @@ def _describe_holder(path: Path) -> str:
         return "another job" if err.errno == errno.ENOENT else _describe_unopenable(path, err)
     owner = -1
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return f"an unusable lock file: {str(path)!r} is not a regular file (owned by {_owner(info.st_uid)})"
-        owner = info.st_uid
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            return f"an unusable lock file: {str(path)!r} is not a regular file (owned by {_owner(status.st_uid)})"
+        owner = status.st_uid
         info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
         info = info if isinstance(info, dict) else {}
     except (OSError, ValueError):
@@ -316,10 +316,10 @@ def lease_devices(devices: Sequence[Device], *, wait: float | str | None = None,
             holders = {d: _describe_holder(_lock_path(lock_dir, d)) for d in busy}
             say(f"convoy: waiting up to {_waited(wait)} for {_held_by(holders)}")
         time.sleep(_POLL_S)
-    holders = "; ".join(f"{d.label} is leased by {_describe_holder(_lock_path(lock_dir, d))}" for d in busy)
+    leased_by = "; ".join(f"{d.label} is leased by {_describe_holder(_lock_path(lock_dir, d))}" for d in busy)
     waited = f" after waiting {wait:g}s" if wait else ""
     free = _free_hint(spec, len(devices))
-    raise LeaseError(f"cannot lease {len(busy)} of the requested devices{waited}: {holders}; {free}"
+    raise LeaseError(f"cannot lease {len(busy)} of the requested devices{waited}: {leased_by}; {free}"
                      f"{'wait longer' if wait else 'wait for them'} (--wait 10m), ask for other devices, or share "
                      f"them (--no-lease)")
 

@@ -238,6 +238,7 @@ def _excluded(exclude: Any, units: Sequence[Device]) -> set[int]:
                                       f"{describe_available(len(units))}")
             out.add(position)
             continue
+        assert text is not None  # item is a str here: an int was taken above
         hits = [p for p, d in enumerate(units) if text and (d.uuid.startswith(text) or d.mig_parent_uuid == text)]
         if not hits:
             raise DeviceSpecError(f"exclude: {text[:40]!r} matches no visible device's index or UUID; "

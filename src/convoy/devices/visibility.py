@@ -239,7 +239,7 @@ def _nvidia_view(gpus: list[Device], env: Mapping[str, str], notes: list[str]) -
         notes.append(f"{name}={value!r} uses indices without CUDA_DEVICE_ORDER=PCI_BUS_ID, so CUDA reads them "
                      f"in FASTEST_FIRST order ({order}), not nvidia-smi order")
     all_slices = {u.uuid: u for gpu in gpus for u in _mig_units(gpu) if u.is_mig_slice}
-    units: list[Device] = []
+    units = []
     for token in tokens:
         if token.startswith("MIG-"):
             hits = [u for uuid, u in all_slices.items() if uuid == token or uuid.startswith(token)]

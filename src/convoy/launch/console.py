@@ -194,8 +194,8 @@ def guarded_consoles(*, kept: str | None = None) -> Iterator[None]:
     """``sys.stdout`` and ``sys.stderr`` guarded (see the module docstring) inside the block; ``kept`` names
     where the ranks' output still goes when the console's reader has left (``"--log-dir"``), or None."""
     out, err = sys.stdout, sys.stderr
-    sys.stdout = _Guarded(out, "stdout", other=err, kept=kept)  # type: ignore[assignment]
-    sys.stderr = _Guarded(err, "stderr", other=out, kept=kept)  # type: ignore[assignment]
+    sys.stdout = _Guarded(out, "stdout", other=err, kept=kept)
+    sys.stderr = _Guarded(err, "stderr", other=out, kept=kept)
     try:
         yield
     finally:

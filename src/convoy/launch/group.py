@@ -25,6 +25,8 @@ from dataclasses import dataclass
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
+    from types import FrameType
+    from typing import Any
 
 __all__ = ["Ended", "STOP_SIGNALS", "PASSED_SIGNALS", "run_group"]
 
@@ -92,7 +94,7 @@ class _Job:
         self.grace = grace
         self.proc: subprocess.Popen | None = None
         self._pending: list[int] = []
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
         self._armed = False
 
     @property

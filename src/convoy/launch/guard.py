@@ -97,6 +97,7 @@ class JobGuard:
 
         self.token = uuid.uuid4().hex
         self._proc = None
+        self._pid: int | None  # None once closed
         read, self._write = os.pipe()  # both non-inheritable: no exec'd worker gets the write end
         try:
             if threading.active_count() == 1 and threading.current_thread() is threading.main_thread():

@@ -300,8 +300,8 @@ def check_launch_settings(settings: ConvoyEnv, *, said: Callable[[str, object], 
         if settings.strategy is not None and settings.strategy not in LAUNCHED_OPTIONS[key]:
             from convoy.config.settings import said as as_flag
 
-            name = said or (lambda n, v: as_flag({}, n, v))
-            raise ConfigError(f"{name(key, value)} is not read by {name('strategy', settings.strategy)}; it is an "
+            say_as = said or (lambda n, v: as_flag({}, n, v))
+            raise ConfigError(f"{say_as(key, value)} is not read by {say_as('strategy', settings.strategy)}; it is an "
                               f"option of {', '.join(LAUNCHED_OPTIONS[key])}")
 
 

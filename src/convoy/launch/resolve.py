@@ -471,6 +471,7 @@ def shown_ranks(text: str, nproc: int | None, *, named: str | None = None) -> se
         raise ConfigError(f"{named}: give local ranks like 0 or 0,2")
     ranks = {int(item) for item in items if nproc is None or int(item) < nproc}
     if not ranks:
+        assert nproc is not None  # without nproc every listed rank is kept, and one is listed
         raise ConfigError(f"{named} shows no rank: this node runs {nproc} "
                           f"process{'es' if nproc != 1 else ''} (local ranks 0..{nproc - 1})")
     return ranks
@@ -556,6 +557,7 @@ def split_endpoint(endpoint: str, *, default_port: int) -> tuple[str, int]:
 def _static_endpoint(request: LaunchRequest) -> tuple[str, int]:
     """A static rendezvous's ``--rdzv-endpoint`` as (address, port), torchrun's reading (29500 without a port);
     ``ConfigError`` when ``--master-addr``/``--master-port`` name another place (torchrun took the endpoint)."""
+    assert request.rdzv_endpoint is not None  # the caller checked that one is given
     address, number = split_endpoint(request.rdzv_endpoint, default_port=29500)
     if (request.master_addr and request.master_addr.strip("[]") != address) or \
             (request.master_port and request.master_port != number):

@@ -253,8 +253,10 @@ class _Worker:
         hint = _HINTS[f"collective_{self.backend}"] if self.backend in ("gloo", "nccl") else ""
         try:
             for name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "send_recv"):
-                if not self.run_check(name, lambda n=name: ops.COLLECTIVES[n](self.rank, self.world, self.device),
-                                      hint):
+                def check(n: str = name) -> str:  # the default binds this iteration's name
+                    return ops.COLLECTIVES[n](self.rank, self.world, self.device)
+
+                if not self.run_check(name, check, hint):
                     return 1
             if not self.run_check("ddp_steps", lambda: ops.ddp_steps(self.rank, self.world, self.device,
                                                                        self.args.steps), _HINTS["ddp_steps"]):

@@ -27,9 +27,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO
+from types import FrameType
+from typing import IO, Any
 
 from convoy.errors import LaunchError, Terminated
 from convoy.launch.console import RankLines, own_prefix_stripped, pieces
@@ -236,6 +237,7 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
             finally:
                 if listener is not None and rank == 0:
                     listener.close()  # rank 0 has it now (or binds the port itself)
+                    assert release is not None  # made with the listener
                     release.close_read_end()
             mode = redirects.get(local, 0)
             visible = local in shown
@@ -256,6 +258,7 @@ def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 
     finally:
         if listener is not None:
             listener.close()
+            assert release is not None  # made with the listener
             release.close()
         stop.uninstall()
         for worker in ranks:
@@ -352,6 +355,7 @@ def _monitor(ranks: list[_Rank], start: float, stop: _StopSignal, grace: float,
             for worker in alive:
                 worker.signal_group(stop.passed_on or signal.SIGTERM)
         elif saving and stop.passed_on is None:  # then a stop (Ctrl-C, SIGTERM) while they save: stop them now
+            assert deadline is not None  # set when saving began
             saving, deadline = False, min(deadline, now + grace)
             for worker in alive:
                 worker.signal_group(signal.SIGTERM)
@@ -419,7 +423,7 @@ class _StopSignal:
     def __init__(self, wake: _Wake | None = None, *, forward: tuple[str, ...] = ()) -> None:
         self.signum: int | None = None
         self._wake = wake
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
         self._forward = {getattr(signal, name) for name in forward} - {getattr(signal, n) for n in STOP_SIGNALS}
 
     @property

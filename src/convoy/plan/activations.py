@@ -16,7 +16,7 @@ the per-family totals and how they were checked: docs/planner.md, "Memory per GP
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:  # memory.py imports this module
     from convoy.plan.model import ModelSpec
@@ -239,7 +239,7 @@ def block_bytes(model: ModelSpec, run: RunSpec, *, tp: int = 1, stored_only: boo
     recompute = run.recompute if stored_only else "none"
     if recompute == "full":
         res, _, _ = _bytes(run)
-        return res * s * b * model.hidden / tp
+        return res * s * b * cast(int, model.hidden) / tp  # callers pass a model with a shape
     saved = block_selective(model, run, tp=tp) if recompute == "selective" else block_saved(model, run)
     return sum(x.bytes_per_token * (1 if x.whole else 1 / tp) for x in saved) * s * b
 
@@ -255,7 +255,7 @@ def weight_cast_bytes(model: ModelSpec, run: RunSpec, *, layers: int, tp: int = 
 
 def head_saved_bytes(model: ModelSpec, run: RunSpec, *, tp: int = 1) -> float:
     """The final norm's and the output head's saved inputs, plus the loss's fp32 log-softmax (s·b·V·4)."""
-    s, b, h = run.seq_len, run.micro_batch, model.hidden
+    s, b, h = run.seq_len, run.micro_batch, cast(int, model.hidden)  # callers pass a model with a shape
     res, lo, _ = _bytes(run)
     norm = (4 + res) * h if model.family == "llama" else _layer_norm_input(run) * h
     extra = 0.0 if model.family == "generic" else (norm + lo * h) * s * b  # generic: Korthikanti's 4sbV only

@@ -347,9 +347,9 @@ def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory
         if efficiency > 1:
             raise PlanError(f"efficiency={_show(efficiency)} is a fraction of the peak; give a number in (0, 1], "
                             "or leave it out for the device's rates")
-    for key, value in (("inter_gbps", inter_gbps), ("intra_gbs", intra_gbs),
-                       ("gpu_memory_gib", gpu_memory_gib), ("peak_tflops", peak_tflops)):
-        _positive_number(key, value)
+    for key, amount in (("inter_gbps", inter_gbps), ("intra_gbs", intra_gbs),
+                        ("gpu_memory_gib", gpu_memory_gib), ("peak_tflops", peak_tflops)):
+        _positive_number(key, amount)
     for key, value in (("offload", offload), ("calibrate", calibrate)):
         if not isinstance(value, bool):  # offload='no' is truthy: it planned with offload on
             raise PlanError(f"{key}={_show(value)} is a {type(value).__name__}; give True or False")
@@ -500,7 +500,7 @@ def format_plan(p: Plan) -> str:
              ""]
     head = ("candidate", "dp", "tp", "pp", "params", "grads", "optim", "master", "activ", "buffers", "temp",
             "total", "fits", "step", "comm/GPU", "MFU")
-    table = [head]
+    table: list[tuple[str, ...]] = [head]
     for r in sorted(p.rows, key=lambda r: (not r.fits, r.time.seconds)):
         d, mem = r.candidate.layout.dims, r.memory
         gib = [format_bytes(x, binary=True) for x in (mem.params, mem.grads, mem.optimizer, mem.master,

@@ -283,6 +283,7 @@ def check_params_fit_shape(spec: ModelSpec, *, given: Mapping[str, Any], base: s
     bounds = shape_param_range(spec)
     if bounds is None:
         return
+    assert spec.hidden is not None  # shape_param_range gives bounds only with a hidden size
     low, high = bounds[0] / SHAPE_SLACK, None if bounds[1] is None else bounds[1] * SHAPE_HEADROOM
     n = spec.num_params
     if low <= n and (high is None or n <= high):

@@ -171,7 +171,7 @@ def guide_case(model: ModelSpec, run: RunSpec, hw: Hardware, single: MemoryBreak
         # Bare parameter counts say nothing about layer sizes; assume a layered model (the common case)
         # rather than claim that one layer cannot fit.
         return "case 2"
-    layer = model.largest_unit_params * per_param
+    layer: float = model.largest_unit_params * per_param
     if model.has_shape:
         layer += layer_activation_bytes(model, run)
     return "case 3" if layer > limit else "case 2"

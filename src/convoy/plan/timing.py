@@ -110,7 +110,7 @@ class StepTime:
         """Model FLOPs utilisation: model FLOPs per second over the GPUs' peak (PaLM's definition)."""
         return self.model_flops / (self.seconds * self.world_size * self.peak_flops)
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, float | str]:
         return {"seconds": self.seconds, "compute": self.compute, "bubble": self.bubble, "optimizer": self.optimizer,
                 "overhead": self.overhead,
                 "dp_comm": self.dp_comm,
@@ -132,7 +132,7 @@ def model_flops_per_token(model: ModelSpec, seq_len: int, *, training: bool = Tr
         one = RunSpec(seq_len=seq_len)  # one sequence: every GEMM's m is seq_len tokens
         gemms = sum(2 * k * n * count for _, k, n, count in gemm_shapes(model, one))
         _, heads, _, _, head_dim = attention_shape(model, one)
-        attention = 2 * 2 * model.num_layers * heads * head_dim * seq_len  # type: ignore[operator]  # QK^T, AV
+        attention: float = 2 * 2 * model.num_layers * heads * head_dim * seq_len  # type: ignore[operator]  # QK^T, AV
         forward = gemms + attention
     else:
         attention = 0.0
@@ -193,16 +193,17 @@ def parameter_tensors(model: ModelSpec, *, tp: int = 1, pp: int = 1) -> tuple[li
     if not model.has_shape:
         return [], [float(model.num_params)]
     h, layers = model.hidden, model.num_layers
+    assert h is not None and layers is not None  # has_shape
     one = RunSpec(seq_len=1)
     block: list[float] = []
     for _, k, n, count in gemm_shapes(model, one, tp=tp):
         if count > 1:
-            per_block = count // layers  # type: ignore[operator]
+            per_block = count // layers
             block += [float(k * n)] * per_block
             if model.family != "llama":
                 block += [float(n)] * per_block
-    block += [float(h)] * (2 if model.family == "llama" else 4)  # type: ignore[list-item]
-    root = [float((model.vocab or 0) * h / tp)] * (1 if model.family == "gpt2" else 2) + [float(h)]  # type: ignore
+    block += [float(h)] * (2 if model.family == "llama" else 4)
+    root = [float((model.vocab or 0) * h / tp)] * (1 if model.family == "gpt2" else 2) + [float(h)]
     return block, root
 
 
@@ -229,7 +230,8 @@ def kernel_launches(model: ModelSpec, run: RunSpec, layout: Layout) -> int:
     attention, about three per tensor a block saves for backward, and a dozen for the head and the loss."""
     if not model.has_shape:
         return 0
-    layers = math.ceil(model.num_layers / layout.dims.pp)  # type: ignore[operator]
+    assert model.num_layers is not None  # has_shape
+    layers = math.ceil(model.num_layers / layout.dims.pp)
     per_block = sum(count for _, _, _, count in gemm_shapes(model, run) if count > 1) // model.num_layers
     return layers * (3 * per_block + 2 + 3 * len(block_saved(model, run))) + 12
 

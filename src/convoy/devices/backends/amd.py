@@ -73,7 +73,7 @@ def _children(path: Path) -> list[Path]:
 
 def devices_from_sysfs(root: Path, *, kfd_root: Path | None = None) -> list[Device]:
     """The amdgpu devices under the PCI sysfs ``root``, in PCI-bus order; with ``kfd_root``, their xGMI peers."""
-    devices = []
+    devices: list[Device] = []
     for bus_id, path in _amd_pci(root):
         total = _int(path / "mem_info_vram_total")
         if total is None:

@@ -97,16 +97,16 @@ def measure(model: ModelSpec, run: RunSpec, *, device: str = "cuda", tp: int = 1
     attn: dict[str, float] = {}
     if attention and model.has_shape:
         bsz, heads, kv, seq, hd = attention_shape(model, run, tp=tp)
-        q = torch.randn(bsz, heads, seq, hd, device=dev, dtype=dtype, requires_grad=True)
-        k = torch.randn(bsz, kv, seq, hd, device=dev, dtype=dtype, requires_grad=True)
-        v = torch.randn(bsz, kv, seq, hd, device=dev, dtype=dtype, requires_grad=True)
+        query = torch.randn(bsz, heads, seq, hd, device=dev, dtype=dtype, requires_grad=True)
+        keys = torch.randn(bsz, kv, seq, hd, device=dev, dtype=dtype, requires_grad=True)
+        values = torch.randn(bsz, kv, seq, hd, device=dev, dtype=dtype, requires_grad=True)
 
         def fwd_bwd() -> None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
+            out = F.scaled_dot_product_attention(query, keys, values, is_causal=True, enable_gqa=kv != heads)
             out.backward(torch.ones_like(out))
 
         attn[attention_key(bsz, heads, kv, seq, hd, dtype_name)] = timed(fwd_bwd, 2, reps)
-        del q, k, v
+        del query, keys, values
     bandwidth = launch = pointwise = 0.0
     peer_rate = None
     if device_wide:

@@ -24,7 +24,7 @@ import functools
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from convoy.errors import PlanError
 from convoy.plan.speed.cpu_step import CpuRates, StepOps, rates_key
@@ -227,7 +227,7 @@ def _dtensor_seconds(mesh: Any, op: float, reps: int) -> tuple[float, float]:
 
     params = [torch.nn.Parameter(dtensor(4 * (i + 1), 8 + i)) for i in range(8)]
     for p in params:
-        p.grad = dtensor(*p.to_local().shape)
+        p.grad = dtensor(*cast(DTensor, p).to_local().shape)  # a Parameter made from a DTensor is one
     per: list[float] = []
     for foreach in (False, True):  # one operator per parameter (FSDP2's default), then _foreach_ over the lists
         optimizer = torch.optim.AdamW(params, lr=1e-3, foreach=foreach)

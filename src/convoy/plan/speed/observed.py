@@ -128,14 +128,18 @@ def _short(value: Any) -> str:
 def observed_in(record: Calibration | None, *, path: Path | None = None) -> dict[str, Observation]:
     """The sound observations of ``record`` by case; a damaged one is left out, with one warning naming the file
     (``path``, default: the cache), the entry and the case."""
-    out = {}
-    for key, value in (record.observed if record is not None else {}).items():
+    out: dict[str, Observation] = {}
+    if record is None:
+        return out
+    for key, value in record.observed.items():
         where = f"calibration cache {str(path or cache_path())!r}, entry {record.key!r}, case {key!r}"
         problem = Observation.problem(value)
         if problem is not None:
             warnings.warn(f"{where}: {problem}: ignored", ConvoyWarning, stacklevel=2)
             continue
-        out[key] = Observation.from_dict(value, where=where)
+        observation = Observation.from_dict(value, where=where)
+        assert observation is not None  # from_dict gives None only where problem() found one
+        out[key] = observation
     return out
 
 

@@ -50,16 +50,30 @@ _ALIGN = 8
 class Rates(Protocol):
     """What a device achieves: the time model's only view of the hardware's speed."""
 
-    kind: str
-    """``"calibrated"``, ``"profile"``, ``"modeled"`` or ``"datasheet"``: where the rates come from."""
-    memory_bytes_per_s: float
-    """Bandwidth of large device-memory copies (the optimizer step, FSDP's copies, DDP's buckets)."""
-    pointwise_seconds_per_byte: float
-    """Forward + backward of memory-bound work per byte it saves for backward (0: charged by the bytes rule)."""
-    launch_seconds: float
-    """Seconds per small kernel launch (the floor of a step made of many small kernels)."""
-    peer_bytes_per_s: float | None
-    """Measured copy bandwidth to another GPU of the node; None: the link's datasheet figure."""
+    @property
+    def kind(self) -> str:
+        """``"calibrated"``, ``"profile"``, ``"modeled"`` or ``"datasheet"``: where the rates come from."""
+        ...
+
+    @property
+    def memory_bytes_per_s(self) -> float:
+        """Bandwidth of large device-memory copies (the optimizer step, FSDP's copies, DDP's buckets)."""
+        ...
+
+    @property
+    def pointwise_seconds_per_byte(self) -> float:
+        """Forward + backward of memory-bound work per byte it saves for backward (0: charged by the bytes rule)."""
+        ...
+
+    @property
+    def launch_seconds(self) -> float:
+        """Seconds per small kernel launch (the floor of a step made of many small kernels)."""
+        ...
+
+    @property
+    def peer_bytes_per_s(self) -> float | None:
+        """Measured copy bandwidth to another GPU of the node; None: the link's datasheet figure."""
+        ...
 
     def gemm_seconds(self, m: int, k: int, n: int, dtype: str) -> float: ...
 
