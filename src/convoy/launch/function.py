@@ -367,9 +367,8 @@ def _raise_first(procs, pipes, reports, bad) -> Any:
             code = exc.code if isinstance(exc.code, int) else 1
             exc = RankFailedError(f"rank {rank} on host {host} called sys.exit({exc.code!r}); stopped the other "
                                   f"{len(procs) - 1} rank(s)", rank=rank, host=host, exitcode=code, traceback=text)
-        elif isinstance(exc, BaseException):
-            # FIXME: add_note is Python 3.11+; on 3.10 (requires-python) this raises AttributeError
-            exc.add_note(f"{header}. Its traceback:\n{text.rstrip()}")  # type: ignore[attr-defined]
+        elif isinstance(exc, BaseException) and hasattr(exc, "add_note"):  # Python 3.11+: the rank's own error
+            exc.add_note(f"{header}. Its traceback:\n{text.rstrip()}")
         else:
             exc = RankFailedError(f"{header}:\n{text.rstrip()}", rank=rank, host=host, exitcode=1, traceback=text)
         setattr(exc, _FAILED_RANK, rank)
