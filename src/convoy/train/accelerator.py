@@ -22,7 +22,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -172,7 +172,8 @@ class Accelerator:
     def _set_accumulation(self, plugin: GradientAccumulationPlugin | None) -> None:
         self.gradient_accumulation_plugin = plugin or GradientAccumulationPlugin(
             num_steps=self.settings.gradient_accumulation_steps)
-        self._accumulation_steps = self.gradient_accumulation_plugin.num_steps
+        # a whole number >= 1: GradientAccumulationPlugin refuses None
+        self._accumulation_steps = cast(int, self.gradient_accumulation_plugin.num_steps)
 
     def _check_strategy(self, options: Any, *, dataloader_config: Any, project_config: Any) -> None:
         """Fail early: a data-parallel strategy beside tp/pp degrees runs as strategy "parallel" (``named_layout``),
@@ -497,7 +498,7 @@ class Accelerator:
                      keep_torch_compile: bool = True) -> torch.nn.Module:
         """The model without the strategy's wrapper; ``keep_torch_compile=False`` also takes off
         ``torch.compile``'s (the module it compiled)."""
-        compiled = model if hasattr(model, "_orig_mod") else None  # torch.compile(prepared model)
+        compiled: Any = model if hasattr(model, "_orig_mod") else None  # torch.compile(prepared model)
         inner = self.strategy.unwrap(compiled._orig_mod if compiled is not None else model)
         if not keep_torch_compile:
             inner = getattr(inner, "_orig_mod", inner)  # also a model compiled before prepare
@@ -640,11 +641,12 @@ class Accelerator:
         self.step = 0
         self._plan_watch.close()
         self._plan_watch = self._new_plan_watch()
-        objects = [None] * len(objects)
+        nones: list[Any] = [None] * len(objects)
+        del objects  # this frame's references go before the collection
         gc.collect()
         if self.settings.device_type == "cuda":
             torch.cuda.empty_cache()
-        return objects
+        return nones
 
     clear = free_memory
 

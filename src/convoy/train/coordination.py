@@ -35,7 +35,7 @@ def _is_iterable_style(loader: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _even_batches(loaders: list[Any], even_batches: bool | None) -> Iterator[None]:
+def _even_batches(loaders: Sequence[Any], even_batches: bool | None) -> Iterator[None]:
     """Inside, every prepared map-style loader pads (or not) its last round as ``even_batches`` says."""
     if even_batches is None:
         yield

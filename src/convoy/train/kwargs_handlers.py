@@ -66,7 +66,8 @@ def _check_number(handler: Any, name: str, want: str, *, whole: bool = False, ab
     if whole and isinstance(value, float) and value.is_integer():  # 4.0 (a computed count) is 4
         value = int(value)
     if (isinstance(value, bool) or not isinstance(value, numbers.Integral if whole else numbers.Real)
-            or not math.isfinite(value) or (above is not None and not value > above)
+            # numbers.Real declares no __gt__ in typeshed; real numbers do compare
+            or not math.isfinite(value) or (above is not None and not value > above)  # type: ignore[operator]
             or (below is not None and not value < below)):
         _refuse(handler, name, want)
     object.__setattr__(handler, name, int(value) if isinstance(value, numbers.Integral) else float(value))

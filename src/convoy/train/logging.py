@@ -73,8 +73,9 @@ def is_main_process(env: Mapping[str, str] | None = None) -> bool:
 class RankLoggerAdapter(logging.LoggerAdapter):
     """A logger whose calls take ``main_process_only=True`` and ``in_order=False`` keywords."""
 
-    def log(self, level: int, msg: Any, *args: Any, main_process_only: bool = True, in_order: bool = False,
-            **kwargs: Any) -> None:
+    # typeshed's log takes any **kwargs as object; these two are bools (Accelerate's MultiProcessAdapter)
+    def log(self, level: int, msg: Any, *args: Any, main_process_only: bool = True,  # type: ignore[override]
+            in_order: bool = False, **kwargs: Any) -> None:
         if not self.isEnabledFor(level):
             return
         rank = process_rank()

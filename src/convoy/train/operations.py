@@ -15,7 +15,7 @@ naming them; ``pad_across_processes`` always checks the number of dimensions.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -129,7 +129,7 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
     from convoy.train.process_view import PartialState
 
     if not collectives.is_distributed():
-        return tensor
+        return cast(torch.Tensor, tensor)  # a lone process is process 0, which passes the tensor
     meta = collectives.broadcast_object((tuple(tensor.shape), tensor.dtype) if tensor is not None else None)
     out = tensor if tensor is not None else torch.empty(meta[0], dtype=meta[1], device=PartialState().device)
     return collectives.broadcast(out, src=0)

@@ -316,7 +316,7 @@ class PlanWatch:
         return {"report": self.report(), "main": self._main}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(lambda: (None, 1), main_process=state["main"])
+        type(self).__init__(self, lambda: (None, 1), main_process=state["main"])
         self._report = state["report"]
 
     def close(self) -> None:
@@ -419,6 +419,7 @@ class PlanWatch:
         if not self._main:
             return report
         key = case_key(spec, run, layout, hw)
+        assert measured.measured_seconds is not None  # _finish measured it: the median of the timed steps
         seen = Observation(measured_s=measured.measured_seconds, planned_s=planned, planned_bytes=mem.allocated,
                            measured_bytes=measured.measured_peak_bytes, rates=kind, steps=measured.steps,
                            at=time.time())

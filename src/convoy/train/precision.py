@@ -106,7 +106,7 @@ class AutocastPrecision(Precision):
             return self.convert_output(out)
 
         module.__dict__[_ORIGINAL_FORWARD] = original
-        module.forward = forward  # type: ignore[method-assign]
+        module.forward = forward
         return module
 
     def forward_context(self, autocast_kwargs: Mapping[str, Any] | None = None

@@ -19,8 +19,8 @@ import importlib.util
 import json
 import os
 import time
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, cast
 
 from convoy.errors import ConfigError
 
@@ -148,6 +148,7 @@ class WandBTracker(GeneralTracker):
     """Weights & Biases: ``wandb.init(project=run_name, **kwargs)``."""
 
     name = "wandb"
+    run: Any  # the wandb run, once started
 
     def __init__(self, run_name: str, **kwargs: Any) -> None:
         super().__init__()
@@ -177,6 +178,7 @@ class MLflowTracker(GeneralTracker):
 
     name = "mlflow"
     requires_logging_directory = False
+    active_run: Any  # the MLflow run, once started
 
     def __init__(self, run_name: str, logging_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> None:
         super().__init__()
@@ -216,6 +218,7 @@ class AimTracker(GeneralTracker):
 
     name = "aim"
     requires_logging_directory = True
+    writer: Any  # the aim Run, once started
 
     def __init__(self, run_name: str, logging_dir: str | os.PathLike[str] = ".", **kwargs: Any) -> None:
         super().__init__()
@@ -246,6 +249,7 @@ class CometMLTracker(GeneralTracker):
     """Comet: ``comet_ml.start(project_name=run_name, **kwargs)``."""
 
     name = "comet_ml"
+    writer: Any  # the Comet experiment, once started
 
     def __init__(self, run_name: str, **kwargs: Any) -> None:
         super().__init__()
@@ -335,8 +339,9 @@ class TrackerHub:
                 if cls.main_process_only and not is_main_process:
                     continue
                 kwargs = init_kwargs.get(item, {})
-                tracker = cls(project_name, self.logging_dir, **kwargs) if cls.requires_logging_directory \
-                    else cls(project_name, **kwargs)
+                make = cast(Callable[..., GeneralTracker], cls)  # the backends take (run_name[, logging_dir])
+                tracker = make(project_name, self.logging_dir, **kwargs) if cls.requires_logging_directory \
+                    else make(project_name, **kwargs)
             if getattr(tracker, "main_process_only", True) and not is_main_process:
                 continue
             if hasattr(tracker, "start"):

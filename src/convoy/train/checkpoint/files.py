@@ -189,9 +189,10 @@ def _dcp_reader(checkpoint_id: str):
                 raise damaged_file(path, f"it holds a {type(metadata).__name__}, not DCP's Metadata")
             _check_shards(Path(checkpoint_id), metadata)
 
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
+            storage_meta = getattr(metadata, "storage_meta", None)
+            if storage_meta is None:
+                storage_meta = metadata.storage_meta = StorageMeta()
+            storage_meta.load_id = self.load_id
             return metadata
 
     return SafeFileSystemReader(checkpoint_id)

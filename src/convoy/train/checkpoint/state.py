@@ -76,7 +76,7 @@ def _on_main(items: CheckpointItems, fn: Callable[[], Any]) -> Any:
     """``fn()`` on the main process, its value on every rank; an error there raised on every rank (not only on
     rank 0, with the others waiting in the next collective until the timeout): convoy's own errors as they
     are, anything else as a ``CheckpointError`` naming it."""
-    outcome = None
+    outcome: tuple[Any, ...] | None = None
     if items.is_main_process:
         try:
             outcome = ("ok", fn())

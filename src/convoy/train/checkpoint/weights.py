@@ -11,6 +11,7 @@ of their names, so ``model.load_state_dict(load_file(...))`` and transformers' `
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -85,7 +86,7 @@ def _remove_earlier_save(directory: Path, stem: str, ext: str) -> None:
             path.unlink()
 
 
-def write_model(state: dict[str, torch.Tensor], directory: str | Path, *, max_shard_size: int | str,
+def write_model(state: dict[str, torch.Tensor], directory: str | os.PathLike[str], *, max_shard_size: int | str,
                 safe_serialization: bool) -> list[Path]:
     """Write weights as one file or several shards plus an index; returns the files written."""
     directory = Path(directory)

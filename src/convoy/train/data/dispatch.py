@@ -144,7 +144,7 @@ class DispatchedDataLoader(DataLoader):
                 batch = join_batches(batches)
         return self._broadcast(batch)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a generator: for-loops need only an iterator
         from convoy.train.operations import send_to_device
 
         self._epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1

@@ -11,9 +11,9 @@ torchdata variant (``torchdata_loader.py``) and the dispatched one (``dispatch.p
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence, Sized
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
@@ -180,6 +180,8 @@ class PreparedDataLoader(DataLoader):
     """A ``torch.utils.data.DataLoader`` that reads this process's shard of ``loader``; iterate it like the
     original. ``broadcast`` sends rank 0's value to every rank (identity on one process)."""
 
+    _source: Any  # the original (batch) sampler; None over an IterableDataset
+
     def __init__(self, loader: DataLoader, *, num_shards: int, shard: int, split_batches: bool = False,
                  even_batches: bool = True, device: torch.device | None = None, state: LoopPosition | None = None,
                  non_blocking: bool = False, broadcast: Callable[[Any], Any] = _identity,
@@ -245,7 +247,8 @@ class PreparedDataLoader(DataLoader):
                               "(accelerator.prepare(model, optimizer, dataloader))")
         self.num_shards, self.shard = num_shards, shard
         if self._iterable:
-            self.dataset.num_processes, self.dataset.process_index = num_shards, shard
+            shard_ds = cast(IterableDatasetShard, self.dataset)
+            shard_ds.num_processes, shard_ds.process_index = num_shards, shard
 
     # --- epochs and positions ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -274,7 +277,7 @@ class PreparedDataLoader(DataLoader):
 
     @property
     def total_dataset_length(self) -> int:
-        return len(self.base.dataset)
+        return len(cast(Sized, self.base.dataset))  # a dataset without a length: a TypeError, as before
 
     def get_sampler(self) -> Any:
         """The sampler that orders the samples (inside the batch sampler when there is one)."""
@@ -344,7 +347,7 @@ class PreparedDataLoader(DataLoader):
     # --- iteration ---------------------------------------------------------------------------------
     def _full_len(self) -> int:
         if self._iterable:
-            total = len(self.base.dataset)
+            total = len(cast(Sized, self.base.dataset))  # a dataset without a length: a TypeError, as before
             rounds = total // self.global_batch_size if self.base.drop_last else -(-total // self.global_batch_size)
             return rounds
         n = len(self._source)
@@ -355,7 +358,7 @@ class PreparedDataLoader(DataLoader):
     def __len__(self) -> int:
         return max(0, self._full_len() - self._skip_batches)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a generator: for-loops need only an iterator
         cursor = self._cursor
         cursor.epoch = cursor.next_epoch
         cursor.next_epoch += 1
@@ -364,13 +367,13 @@ class PreparedDataLoader(DataLoader):
         cursor.start = 0 if self._iterable else start  # read by _RankBatchSampler when the inner loader starts
         cursor.yielded, cursor.running = start, True
         if self._iterable:
-            self.dataset.even_batches = self._evens()
+            cast(IterableDatasetShard, self.dataset).even_batches = self._evens()
         self.state.enter(self)
         if cursor.resumed and self.generator is None:
             # the interrupted run drew this epoch's worker seed from the global RNG before its checkpoint, whose
             # RNG state load_state restored: drawing it again would shift every later draw (dropout, shuffles)
             rng = torch.get_rng_state()
-            inner = super().__iter__()
+            inner: Iterator[Any] = super().__iter__()
             torch.set_rng_state(rng)
         else:
             inner = super().__iter__()
@@ -392,7 +395,7 @@ class PreparedDataLoader(DataLoader):
             last = upcoming is _END
             cursor.yielded = position + 1
             if self._iterable:
-                remainder = self.dataset.padded_real if last else None
+                remainder = cast(IterableDatasetShard, self.dataset).padded_real if last else None
             else:
                 remainder = cursor.plan[position][1] if position < len(cursor.plan) else None
             self.state.at(self, last=last, remainder=remainder)

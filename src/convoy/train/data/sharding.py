@@ -93,7 +93,7 @@ def _seedable_source(loader: DataLoader, data_seed: int | None) -> Any:
     """The loader's (batch) sampler with a new ``SeedableRandomSampler`` in place of its ``RandomSampler``, as
     Accelerate's ``use_seedable_sampler=True`` makes it; None when there is nothing to replace. A plain
     ``BatchSampler`` is copied; a custom one gets the new sampler in its ``sampler`` attribute."""
-    source = loader.sampler if loader.batch_sampler is None else loader.batch_sampler
+    source: Any = loader.sampler if loader.batch_sampler is None else loader.batch_sampler  # a custom one: any type
     inner = source if isinstance(source, RandomSampler) else getattr(source, "sampler", None)
     if not isinstance(inner, RandomSampler):
         return None

@@ -48,7 +48,7 @@ if StatefulDataLoader is not None:
     __all__.append("StatefulPreparedDataLoader")
 
 
-def stateful_loader_class() -> type:
+def stateful_loader_class() -> type[PreparedDataLoader]:
     """The prepared-loader class of ``use_stateful_dataloader=True``."""
     require_torchdata()
     return StatefulPreparedDataLoader
