@@ -73,7 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dev = parser.add_argument_group("devices")
     dev.add_argument("--devices", "--gpu_ids", "--gpu-ids", default=None, metavar="SPEC",
                      help="devices to use: '0,2', '2' (first two), 'all', 'auto' (default; CPU when none)")
-    dev.add_argument("--free", action="store_true", default=None, help="only devices no process is using and no other job has leased")
+    dev.add_argument("--free", action="store_true", default=None,
+                     help="only devices no process is using and no other job has leased")
     dev.add_argument("--min-free-memory", default=None, metavar="MEM", help="e.g. 20GiB")
     dev.add_argument("--max-utilization", type=_whole, default=None, metavar="PCT")
     dev.add_argument("--exclude", default="", metavar="IDX,...",
@@ -365,7 +366,8 @@ def build_request(args: argparse.Namespace):
                     for t in (part.strip() for part in args.exclude.split(",")) if t)
     filters = DeviceFilters(free=bool(args.free), min_free_memory=args.min_free_memory,
                             max_utilization=args.max_utilization, exclude=exclude, order=args.order,
-                            lease_wait=None if args.wait is None else parse_duration(args.wait), lease=not args.no_lease)
+                            lease_wait=None if args.wait is None else parse_duration(args.wait),
+                            lease=not args.no_lease)
     return request, filters
 
 

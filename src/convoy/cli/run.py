@@ -24,12 +24,12 @@ import os
 import signal
 import sys
 
+from convoy.cli.select import NO_LEASE_WAIT, add_filter_arguments, command_env, selection_kwargs
+from convoy.errors import ConfigError
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
     from collections.abc import Sequence
-
-from convoy.cli.select import NO_LEASE_WAIT, add_filter_arguments, command_env, selection_kwargs
-from convoy.errors import ConfigError
 
 DESCRIPTION = "Reserve devices, make exactly those visible, and run any command (any framework) on them."
 EPILOG = """examples:

@@ -30,13 +30,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from convoy.devices.vendors import DEVICE_VENDORS
+from convoy.errors import InventoryError
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
-
-from convoy.devices.vendors import DEVICE_VENDORS
-from convoy.errors import InventoryError
 
 __all__ = ["Process", "MigDevice", "Device", "Inventory", "load_inventory", "inventory_from_dict", "as_inventory"]
 

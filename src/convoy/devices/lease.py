@@ -35,14 +35,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from convoy.devices.amounts import parse_duration
+from convoy.devices.inventory import Device
+from convoy.errors import LeaseError, SelectionError
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
     from typing import Any
-
-from convoy.devices.amounts import parse_duration
-from convoy.devices.inventory import Device
-from convoy.errors import LeaseError, SelectionError
 
 __all__ = ["Lease", "lease_devices", "lease_holders", "visible_holders", "select_and_lease", "default_lock_dir",
            "LEASE_DIR_VARIABLE"]

@@ -20,17 +20,17 @@ import os
 import re
 from dataclasses import dataclass, field
 
-TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
-if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
-    from typing import Any
-
 from convoy.devices.amounts import MemoryAmount, parse_memory, parse_percent
 from convoy.devices.inventory import Device, Inventory, as_inventory
 from convoy.devices.spec import describe_available, is_count, parse_devices
 from convoy.devices.vendors import vendor_facts
 from convoy.devices.visibility import HIDE_ALL, visibility_env, visible_devices
 from convoy.errors import DeviceSpecError, SelectionError
+
+TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+    from typing import Any
 
 __all__ = ["Selection", "select_devices", "ORDERS"]
 

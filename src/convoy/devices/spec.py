@@ -31,11 +31,11 @@ import math
 import operator
 import re
 
+from convoy.errors import DeviceSpecError
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
     from typing import Any
-
-from convoy.errors import DeviceSpecError
 
 __all__ = ["parse_devices", "check_devices", "describe_available", "is_count"]
 

@@ -32,12 +32,12 @@ import re
 import sys
 from dataclasses import dataclass, replace
 
+from convoy.devices.inventory import Device, Inventory
+from convoy.errors import DeviceSpecError, VisibilityError
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
-
-from convoy.devices.inventory import Device, Inventory
-from convoy.errors import DeviceSpecError, VisibilityError
 
 __all__ = [
     "VisibleView",

@@ -70,7 +70,8 @@ def launch(
     Returns rank 0's return value. Raises the first failing rank's exception (``RankFailedError`` when the
     rank died without one). ``devices``/``nproc_per_node`` mean what they mean for ``convoy launch``.
     The selected accelerators are leased for the call, as ``convoy launch`` leases them (``lease=False`` is
-    ``--no-lease``; ``wait`` is ``--wait``: seconds (or ``"5m"``) to wait for another job's lease, else ``LeaseError`` at once).
+    ``--no-lease``; ``wait`` is ``--wait``: seconds (or ``"5m"``) to wait for another job's lease, else
+    ``LeaseError`` at once).
     """
     from convoy.launch.job import DeviceFilters, lease_plan, plan_job
 

@@ -3,14 +3,14 @@
     with job_guard(keep_fds=lease.fds) as guard:          # in the launcher (torch-free)
         run_direct(plan, base_env={**base_env, **guard.env})
 
-Every process of the job carries ``CONVOY_JOB_ID=<token>`` in its environment (the workers, and whatever
-they start, inherit it; a job started inside a job carries both ids, ``outer:inner``). A small guard process, in its own session so that a signal to the launcher's
-process group does not reach it, holds the read end of a pipe whose write end only the launcher has, and
-a copy of the lease's lock descriptors. When the launcher dies in any way, even by SIGKILL, the pipe reads
-end-of-file; the guard then SIGKILLs every process whose environment carries the token (read from
-``/proc/<pid>/environ``), until none is left, and only then exits, which releases the lease. On a normal
-end the launcher does the same sweep itself and then ends the guard. The guard is a fork of the launcher
-(a fresh ``python -S`` when the launcher runs threads, as a notebook may).
+Every process of the job carries ``CONVOY_JOB_ID=<token>`` in its environment (the workers, and whatever they start,
+inherit it; a job started inside a job carries both ids, ``outer:inner``). A small guard process, in its own session
+so that a signal to the launcher's process group does not reach it, holds the read end of a pipe whose write end
+only the launcher has, and a copy of the lease's lock descriptors. When the launcher dies in any way, even by
+SIGKILL, the pipe reads end-of-file; the guard then SIGKILLs every process whose environment carries the token (read
+from ``/proc/<pid>/environ``), until none is left, and only then exits, which releases the lease. On a normal end
+the launcher does the same sweep itself and then ends the guard. The guard is a fork of the launcher (a fresh
+``python -S`` when the launcher runs threads, as a notebook may).
 
 This catches what ``PR_SET_PDEATHSIG`` (the direct engine sets it on each worker) does not: a worker's own
 children, workers that torch's elastic agent starts, and processes that left the worker's process group.

@@ -343,7 +343,8 @@ def read_convoy_env(env: Mapping[str, str], *, skip: Collection[str] = ()) -> Co
         try:
             parsed = json.loads(raw)
         except ValueError:
-            raise ConfigError(f"{where}: {show(raw)} is not a JSON object such as {{\"auto_wrap\": [\"Block\"]}}") from None
+            raise ConfigError(f"{where}: {show(raw)} is not a JSON object such as "
+                              f"{{\"auto_wrap\": [\"Block\"]}}") from None
         values["strategy_options"] = launched_options(parsed, where=where)
     return ConvoyEnv(**values)
 

@@ -82,13 +82,13 @@ def _draw_memory(mem, rows, y, gpu) -> None:
     fitting = [r.memory.total / GiB for r in rows if r.fits]
     right = max([limit * _AXIS_PAST_LIMIT, *(t * 1.05 for t in fitting)])
     left = [0.0] * len(rows)
-    for part, color, index in zip(PARTS, _COLORS, range(3)):
+    for _part, color, index in zip(PARTS, _COLORS, range(3)):
         widths = [segments(r.memory)[index] for r in rows]
-        shown = [max(0.0, min(w, right - l)) for w, l in zip(widths, left)]  # cut at the axis end
-        for yi, l, w, row in zip(y, left, shown, rows):
-            mem.barh(yi, w, left=l, color=color, alpha=1.0 if row.fits else 0.35,
+        shown = [max(0.0, min(w, right - start)) for w, start in zip(widths, left)]  # cut at the axis end
+        for yi, start, w, row in zip(y, left, shown, rows):
+            mem.barh(yi, w, left=start, color=color, alpha=1.0 if row.fits else 0.35,
                      hatch=None if row.fits else "//", edgecolor="white" if row.fits else color, linewidth=0.5)
-        left = [l + w for l, w in zip(left, widths)]
+        left = [start + w for start, w in zip(left, widths)]
     for yi, row in zip(y, rows):
         total = row.memory.total / GiB
         if total > right:

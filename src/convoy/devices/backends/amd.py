@@ -23,12 +23,12 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from convoy.devices.backends.base import SYSFS_PCI, Backend
+from convoy.devices.inventory import Device
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
-
-from convoy.devices.backends.base import SYSFS_PCI, Backend
-from convoy.devices.inventory import Device
 
 __all__ = ["AmdBackend", "devices_from_sysfs", "xgmi_peers", "SYSFS_KFD", "IOLINK_TYPE_XGMI"]
 

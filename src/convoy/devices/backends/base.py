@@ -17,12 +17,12 @@ import subprocess
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from convoy.devices.inventory import Device
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
-
-from convoy.devices.inventory import Device
 
 __all__ = ["Backend", "run_tool", "run_json_tool", "SYSFS_PCI"]
 

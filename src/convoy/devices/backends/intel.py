@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import shutil
 
+from convoy.devices.backends.base import Backend, run_json_tool
+from convoy.devices.inventory import Device
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
     from typing import Any
-
-from convoy.devices.backends.base import Backend, run_json_tool
-from convoy.devices.inventory import Device
 
 __all__ = ["IntelBackend", "devices_from_xpu_smi"]
 

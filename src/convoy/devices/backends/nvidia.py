@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import os
 
+from convoy.devices.backends.base import Backend
+from convoy.devices.inventory import Device, MigDevice, Process
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
     from typing import Any
-
-from convoy.devices.backends.base import Backend
-from convoy.devices.inventory import Device, MigDevice, Process
 
 __all__ = ["NvidiaBackend"]
 

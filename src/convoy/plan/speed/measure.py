@@ -12,6 +12,7 @@ path and for plans of CPU runs). What it records: ``convoy.plan.speed.records``.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 import warnings
@@ -92,7 +93,7 @@ def measure(model: ModelSpec, run: RunSpec, *, device: str = "cuda", tp: int = 1
             if key in flops:
                 continue
             a, b = torch.randn(m, k, device=dev, dtype=dtype), torch.randn(k, n, device=dev, dtype=dtype)
-            flops[key] = 2 * m * k * n / timed(lambda: torch.mm(a, b), 2, reps)
+            flops[key] = 2 * m * k * n / timed(functools.partial(torch.mm, a, b), 2, reps)
             del a, b
     attn: dict[str, float] = {}
     if attention and model.has_shape:
