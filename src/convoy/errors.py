@@ -52,6 +52,7 @@ __all__ = [
     "NotSupportedYetError",
     "ConvoyWarning",
     "Terminated",
+    "shown",
 ]
 
 
@@ -170,3 +171,16 @@ class Terminated(BaseException):
         super().__init__(f"terminated ({name})")
         self.signum = int(signum)
         self.name = name
+
+
+def shown(value: object, *, huge: str | None = None) -> str:
+    """``repr(value)`` for a one-line error message: at most 40 characters, never failing. ``huge``: what an int
+    past 64 bits reads as instead (else its digits, cut); an int past Python's 4300-digit printing limit reads as
+    ``<a int too long to print>``."""
+    if huge is not None and isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return huge
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"<a {type(value).__name__} too long to print>"
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,7 +1,7 @@
 import pytest
 
-from convoy.errors import StrategyError
-from convoy.plan.dims import ParallelDims
+from convoy.errors import StrategyError, shown
+from convoy.plan.dims import ParallelDims, divisors
 
 
 def test_parse_infers_dp_from_world_size():
@@ -49,3 +49,15 @@ def test_each_enabled_property_says_whether_that_axis_is_split(degrees):
     assert enabled == {axis: getattr(dims, axis) > 1 for axis in enabled}
     assert dims.hsdp_enabled == (dims.dp_replicate > 1 and dims.dp_shard > 1)
     assert dims.is_trivial == (not dims.tp_enabled and not dims.pp_enabled)
+
+
+def test_divisors_are_every_divisor_in_order_for_any_world_size():
+    for n in (1, 2, 12, 16, 36, 97, 1000):
+        assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+    assert divisors(2**20)[-1] == 2**20 and len(divisors(2**20)) == 21
+
+
+def test_a_value_in_an_error_message_is_one_short_line_whatever_it_is():
+    assert shown("x" * 100) == repr("x" * 100)[:37] + "..." and shown(3) == "3"
+    assert shown(10**5000) == "<a int too long to print>"
+    assert shown(2**70, huge="<a number too large>") == "<a number too large>" and shown(2**70).startswith("1180")

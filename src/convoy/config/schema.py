@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from convoy.errors import ConfigError
+from convoy.errors import ConfigError, shown
 from convoy.plan.run import RECOMPUTE  # torch-free: the planner's modes are the trainer's
 
 __all__ = ["Key", "SCHEMA", "KEYS", "key_for", "closest_key", "ENV_PREFIX", "MixedPrecision", "MIXED_PRECISIONS",
@@ -146,13 +146,8 @@ def check_offload(strategy: str, dims: Any, *, said: str) -> None:
                             f"none; use strategy 'zero3', 'zero2' or 'hsdp'")
 
 
-def show(value: Any) -> str:
-    """``repr(value)`` for an error message: at most 40 characters, and never failing (a 5000-digit int)."""
-    try:
-        text = repr(value)
-    except ValueError:  # int past Python's 4300-digit printing limit
-        return f"<a {type(value).__name__} too long to print>"
-    return text if len(text) <= 40 else text[:37] + "..."
+#: ``repr(value)`` for an error message: at most 40 characters, and never failing (a 5000-digit int)
+show = shown
 
 
 def _bad(where: str, value: Any, expected: str) -> ConfigError:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from convoy.devices.vendors import DEVICE_VENDORS
-from convoy.errors import InventoryError
+from convoy.errors import InventoryError, shown
 
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
@@ -304,7 +304,7 @@ def _device(item: Any, position: int, source: str) -> Device:
             raise InventoryError(f"{where} has no {key!r}; required keys are index, uuid, name")
     compute_mode = item.get("compute_mode") or "default"
     if compute_mode not in COMPUTE_MODES:
-        raise InventoryError(f"{where}: compute_mode {_short(compute_mode)} is not one of {', '.join(COMPUTE_MODES)}")
+        raise InventoryError(f"{where}: compute_mode {shown(compute_mode)} is not one of {', '.join(COMPUTE_MODES)}")
     cc = item.get("compute_capability")
     device = Device(
         index=_count(item["index"], f"{where}: index", most=MAX_DEVICE_INDEX),
@@ -324,7 +324,7 @@ def _device(item: Any, position: int, source: str) -> Device:
         mig_devices=tuple(_mig(m, f"{where}: mig_devices") for m in _list(item.get("mig_devices"), where)),
         extra={k: v for k, v in item.items() if k not in _KNOWN},
     )
-    _check_memory(device, f"inventory ({source}): {device.vendor} device {device.index} ({_short(device.name)})")
+    _check_memory(device, f"inventory ({source}): {device.vendor} device {device.index} ({shown(device.name)})")
     return device
 
 
@@ -337,7 +337,7 @@ def _check_memory(device: Device, where: str) -> None:
                              f"cannot have (leave mig_devices out)")
     _check_use(where, "memory_total_mib", device.memory_total_mib, device.memory_used_mib, device.processes)
     for m in device.mig_devices:
-        _check_use(f"{where}: MIG slice {_short(m.uuid)}", "memory_total_mib", m.memory_total_mib,
+        _check_use(f"{where}: MIG slice {shown(m.uuid)}", "memory_total_mib", m.memory_total_mib,
                    m.memory_used_mib, m.processes)
     sliced = sum(m.memory_total_mib for m in device.mig_devices)
     if device.memory_total_mib and sliced > device.memory_total_mib:
@@ -372,7 +372,7 @@ def _vendor(value: Any, where: str) -> str:
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     if isinstance(value, str) and value.lower() == "cpu":
         hint = " (a CPU-only machine is an empty list: {\"devices\": []})"
-    raise InventoryError(f"{where} {_short(value)} is not a vendor convoy knows{hint}; use one of "
+    raise InventoryError(f"{where} {shown(value)} is not a vendor convoy knows{hint}; use one of "
                          f"{', '.join(DEVICE_VENDORS)}, or leave it out for nvidia")
 
 
@@ -411,9 +411,9 @@ def _count(value: Any, where: str, *, most: int = 2**40) -> int:
     """An integer >= 0 (indices, pids, MiB, clocks): what the drivers report; negative ones are corrupt, and so
     is one past ``most`` (2^40 MiB is an exbibyte; an index of 10^23 became CUDA_VISIBLE_DEVICES=10^23)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InventoryError(f"{where} must be an integer >= 0, got {_short(value)}")
+        raise InventoryError(f"{where} must be an integer >= 0, got {shown(value)}")
     if value > most:
-        raise InventoryError(f"{where} {_short(value)} is larger than any machine reports (at most {most})")
+        raise InventoryError(f"{where} {shown(value)} is larger than any machine reports (at most {most})")
     return value
 
 
@@ -425,19 +425,12 @@ def _percent(value: Any, where: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
-        raise InventoryError(f"{where} must be a percentage from 0 to 100 or null, got {_short(value)}")
+        raise InventoryError(f"{where} must be a percentage from 0 to 100 or null, got {shown(value)}")
     return value
 
 
 def _str(value: Any, where: str) -> str:
     if not isinstance(value, str):
-        raise InventoryError(f"{where} must be a string, got {_short(value)}")
+        raise InventoryError(f"{where} must be a string, got {shown(value)}")
     return value
 
-
-def _short(value: Any) -> str:
-    try:
-        text = repr(value)
-    except ValueError:  # an int past Python's 4300-digit printing limit
-        return f"<a {type(value).__name__} too long to print>"
-    return text if len(text) <= 40 else text[:37] + "..."

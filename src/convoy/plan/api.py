@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from convoy.errors import PlanError
+from convoy.errors import PlanError, shown
 from convoy.plan.candidates import STRATEGY_NAMES, Candidate, TrainerFacts, enumerate_candidates
 from convoy.plan.commands import accelerator_call, launch_args, launch_command
 from convoy.plan.hardware import GpuSpec, Hardware, hardware_from_inventory, lookup_gpu, parse_hardware
@@ -221,11 +221,8 @@ class _Costing:
 _memory = functools.lru_cache(maxsize=2048)(memory_per_gpu)
 
 
-def _show(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return "<a number too large>"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+#: a value in an error message (``convoy.errors.shown``)
+_show = functools.partial(shown, huge="<a number too large>")
 
 
 def _positive_number(key: str, value: Any) -> None:

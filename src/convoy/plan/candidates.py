@@ -19,7 +19,7 @@ import math
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
-from convoy.plan.dims import ParallelDims
+from convoy.plan.dims import ParallelDims, divisors
 from convoy.plan.hardware import Hardware
 from convoy.plan.memory import Layout
 from convoy.plan.model import ModelSpec
@@ -85,12 +85,6 @@ class Candidate:
 
 
 
-def _divisors(n: int) -> list[int]:
-    """Divisors of ``n`` in increasing order, in O(sqrt n) steps (the world size can be large)."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return small + [n // d for d in reversed(small) if d * d != n]
-
-
 def _name(strategy: str, dims: ParallelDims, offload: bool) -> str:
     parts = [strategy] if dims.dp_enabled or dims.is_trivial else []
     if dims.tp_enabled:
@@ -135,9 +129,9 @@ def _every_candidate(model: ModelSpec, hw: Hardware, *, global_batch: int, micro
     tps = [1]
     if model.heads:
         # a tp group is t neighbouring ranks: it stays inside one node only when t divides the node's GPUs
-        tps = [t for t in _divisors(model.heads) if hw.gpus_per_node % t == 0 and world % t == 0]
+        tps = [t for t in divisors(model.heads) if hw.gpus_per_node % t == 0 and world % t == 0]
     for tp in tps:
-        for pp in _divisors(world // tp):
+        for pp in divisors(world // tp):
             if pp > 1 and (model.num_layers is None or pp > model.num_layers):
                 continue
             dp = world // (tp * pp)

@@ -12,25 +12,23 @@ with them, and the training layer builds its ``DeviceMesh`` from ``mesh_shape()`
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from convoy.errors import StrategyError
+from convoy.errors import StrategyError, shown
 
-__all__ = ["ParallelDims"]
+__all__ = ["ParallelDims", "divisors"]
 
 _KEYS = ("dp", "dp_replicate", "dp_shard", "tp", "pp")
 #: a degree is a plain ASCII number of at most 9 digits (no job has a billion ranks); "dp=²" is refused.
 _DEGREE = re.compile(r"[0-9]{1,9}")
 
 
-def _show(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return "<a number too large to be a degree>"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+#: a value in an error message (``convoy.errors.shown``)
+_show = functools.partial(shown, huge="<a number too large to be a degree>")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,7 +115,7 @@ class ParallelDims:
         """Raise ``StrategyError`` unless tp divides the attention heads and pp divides the layers."""
         if num_heads is not None and num_heads % self.tp:
             raise StrategyError(f"tp={self.tp} does not divide the model's {num_heads} attention heads; "
-                                f"choose a tp in {_divisors(num_heads)}")
+                                f"choose a tp in {divisors(num_heads)}")
         if num_layers is not None and num_layers < self.pp:
             raise StrategyError(f"pp={self.pp} is more stages than the model's {num_layers} layers; "
                                 f"choose pp <= {num_layers}")
@@ -178,5 +176,7 @@ class ParallelDims:
         return cls.from_mapping(degrees, world_size=world_size, shard_dp=shard_dp)
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def divisors(n: int) -> list[int]:
+    """Divisors of ``n`` in increasing order, in O(sqrt n) steps (the world size can be large)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]

@@ -14,6 +14,7 @@ else refused with ``NotSupportedYetError``. Every value is checked (whole number
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import json
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from convoy.errors import NotSupportedYetError, PlanError
+from convoy.errors import NotSupportedYetError, PlanError, shown
 
 __all__ = ["derive_shape", "ModelSpec", "from_hf_config", "from_factory", "from_numbers", "resolve_model",
            "MAX_PARAMS", "MAX_DIM", "shape_param_range", "check_params_fit_shape", "check_heads_divide_hidden",
@@ -127,11 +128,8 @@ def param_count(params: Any) -> int:
     return int(round(params))
 
 
-def _show(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return "<a number too large>"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+#: a value in an error message (``convoy.errors.shown``)
+_show = functools.partial(shown, huge="<a number too large>")
 
 
 def from_numbers(params: float, *, layers: int | None = None, hidden: int | None = None, heads: int | None = None,

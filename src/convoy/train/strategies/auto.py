@@ -55,7 +55,7 @@ from convoy.config.schema import DP_ENGINES
 from convoy.errors import NotSupportedYetError, PlanError, StrategyError
 from convoy.plan.api import recommend_for_module
 from convoy.plan.candidates import Candidate, TrainerFacts
-from convoy.plan.dims import ParallelDims
+from convoy.plan.dims import ParallelDims, divisors
 from convoy.plan.hardware import CPU, lookup_gpu
 from convoy.plan.model import ModelSpec, resolve_model
 from convoy.plan.recommend import NOT_SPLIT, Recommendation
@@ -184,10 +184,6 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def _divisors_above_one(n: int) -> list[int]:
-    return [d for d in range(2, n + 1) if n % d == 0]
-
-
 def model_head_counts(model: Any) -> dict[str, int]:
     """Every head count the model states: its config's and its modules' (``name.attr`` -> count)."""
     from convoy.train.parallel.tensor import HEAD_ATTRS
@@ -220,7 +216,7 @@ def tp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any] | Para
     if not any(s.startswith("colwise") for s in styles) or not any(s.startswith("rowwise") for s in styles):
         return ()  # a lone split (e.g. nn.MultiheadAttention's out_proj beside its packed in_proj) is no tp plan
     out = []
-    for tp in _divisors_above_one(world_size):
+    for tp in divisors(world_size)[1:]:
         if any(count % tp for count in heads.values()):
             continue
         try:
@@ -243,7 +239,7 @@ def pp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any] | Para
     ties = find_ties(model)
     order = [name for name, _ in model.named_modules()]
     out = []
-    for pp in _divisors_above_one(world_size):
+    for pp in divisors(world_size)[1:]:
         try:
             cut = stage_boundaries(model, pp * config.local_stages(), split_at=config.split_at, layers=config.layers)
         except StrategyError:
