@@ -70,7 +70,21 @@ def _seconds(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    dev = parser.add_argument_group("devices")
+    """``convoy launch``'s flags: devices, torchrun's, the training settings, then the program."""
+    _add_device_flags(parser.add_argument_group("devices"))
+    tr = parser.add_argument_group("torchrun's flags (same names and meanings)")
+    _add_node_flags(tr)
+    _add_restart_flags(tr)
+    _add_program_flags(tr)
+    _add_output_flags(tr)
+    _add_agent_flags(tr)
+    _add_unsupported_flags(tr)
+    _add_training_flags(parser.add_argument_group("training settings (CONVOY_* variables for the ranks' Accelerator)"))
+    _add_program_arguments(parser)
+
+
+def _add_device_flags(dev) -> None:
+    """Which devices: the request, its filters and order, and the lease."""
     dev.add_argument("--devices", "--gpu_ids", "--gpu-ids", default=None, metavar="SPEC",
                      help="devices to use: '0,2', '2' (first two), 'all', 'auto' (default; CPU when none)")
     dev.add_argument("--free", action="store_true", default=None,
@@ -87,7 +101,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="wait up to T (30s, 5m, 1h, inf) for devices leased by another job")
     dev.add_argument("--no-lease", action="store_true", help="do not hold a lease on the devices")
 
-    tr = parser.add_argument_group("torchrun's flags (same names and meanings)")
+
+def _add_node_flags(tr) -> None:
+    """torchrun's processes, nodes and rendezvous (with Accelerate's spellings)."""
     tr.add_argument("--nproc-per-node", "--nproc_per_node", default=None, metavar="N",
                     help="processes per node: a number, auto, cpu or gpu (default: one per selected device)")
     tr.add_argument("--num_processes", "--num-processes", dest="num_processes", type=_whole, default=None,
@@ -102,6 +118,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--rdzv-id", "--rdzv_id", default=None)
     tr.add_argument("--rdzv-conf", "--rdzv_conf", default=None)
     tr.add_argument("--standalone", action="store_true")
+
+
+def _add_restart_flags(tr) -> None:
+    """torchrun's restarts, monitoring, start method and role."""
     tr.add_argument("--max-restarts", "--max_restarts", type=_whole, default=None,
                     help="restart the whole worker group up to N times after a failure (default 0)")
     tr.add_argument("--monitor-interval", "--monitor_interval", type=_seconds, default=None,
@@ -109,13 +129,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--start-method", "--start_method", default=None, choices=START_METHODS,
                     help="how the elastic agent starts its workers (default spawn)")
     tr.add_argument("--role", default=None, help="the workers' role name (default 'default')")
+
+
+def _add_program_flags(tr) -> None:
+    """torchrun's ways to run the program: a script, a module or a command."""
     tr.add_argument("-m", "--module", action="store_true", help="run the program as a Python module")
     tr.add_argument("--no-python", "--no_python", action="store_true", help="run the program as a command")
     tr.add_argument("--run-path", "--run_path", action="store_true", help="accepted; scripts run by path anyway")
+
+
+def _add_output_flags(tr) -> None:
+    """torchrun's logs, redirects and the local ranks whose output is shown."""
     tr.add_argument("--log-dir", "--log_dir", default=None, help="one log file per rank here")
     tr.add_argument("-r", "--redirects", default=None, help="streams to keep off the console: 0-3 or RANK:0-3,..")
     tr.add_argument("-t", "--tee", default=None, help="streams to also write to --log-dir (always on there)")
     tr.add_argument("--local-ranks-filter", "--local_ranks_filter", default=None)
+
+
+def _add_agent_flags(tr) -> None:
+    """torchrun's local address, event log, signals, shutdown time and duplicated output."""
     tr.add_argument("--local-addr", "--local_addr", default=None,
                     help="this node's address for the other nodes (several nodes; one node meets on loopback)")
     tr.add_argument("--event-log-handler", "--event_log_handler", default=None, choices=EVENT_LOG_HANDLERS,
@@ -129,11 +161,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="stdout lines with one of these words also go to filtered_stdout.log (elastic engine)")
     tr.add_argument("--duplicate-stderr-filters", "--duplicate_stderr_filters", default=None, metavar="WORDS",
                     help="as --duplicate-stdout-filters, for stderr")
+
+
+def _add_unsupported_flags(tr) -> None:
+    """torchrun's flags convoy refuses (hidden: build_request names them)."""
     tr.add_argument("--logs-specs", "--logs_specs", default=None, help=argparse.SUPPRESS)
     tr.add_argument("--numa-binding", "--numa_binding", default=None, help=argparse.SUPPRESS)
     tr.add_argument("--virtual-local-rank", "--virtual_local_rank", action="store_true", help=argparse.SUPPRESS)
 
-    cv = parser.add_argument_group("training settings (CONVOY_* variables for the ranks' Accelerator)")
+
+def _add_training_flags(cv) -> None:
+    """The ranks' training settings: an Accelerate config file, precision, strategy and parallel degrees."""
     cv.add_argument("--config_file", "--config-file", default=None, metavar="FILE",
                     help="an Accelerate config file (what `accelerate config` wrote): its settings, below the flags")
     cv.add_argument("--mixed-precision", "--mixed_precision", default=None, choices=MIXED_PRECISIONS)
@@ -159,6 +197,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help=f"fail a collective not every rank reached after this long (default "
                          f"{DEFAULT_COLLECTIVE_TIMEOUT:g}; finite)")
 
+
+def _add_program_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine, --dry-run, and the program with its own arguments."""
     parser.add_argument("--engine", default="auto", choices=["auto", "direct", "elastic"],
                         help="direct: one node, no restarts, workers started without torch's agent; "
                              "elastic: torch's agent (default for several nodes or restarts)")
@@ -282,12 +323,21 @@ def _accelerate_file(args: argparse.Namespace, given: dict, env: dict) -> tuple[
 
 def build_request(args: argparse.Namespace):
     """The ``LaunchRequest`` and ``DeviceFilters`` for parsed flags (``ConfigError`` for conflicts)."""
+    args, origins, options, file_notes = _filled_args(args)
+    _check_unsupported(args, origins)
+    _check_lease_flags(args)
+    _parse_rdzv_flags(args, origins)
+    _check_master_addr(args, origins)
+    nproc = _nproc_per_node(args, origins)
+    settings = _settings(args, options)
+    workers = _worker_options(args, origins)
+    request = _launch_request(args, nproc, workers, settings, origins, file_notes)
+    return request, _device_filters(args)
+
+
+def _filled_args(args: argparse.Namespace) -> tuple[argparse.Namespace, dict, dict, tuple[str, ...]]:
+    """The flags with what no flag gave filled in: (args, origins, the file's strategy options, the file's notes)."""
     from convoy.config.settings import fill_unset_with_origins, torchrun_variable
-    from convoy.config.settings import said as settings_said
-    from convoy.devices.amounts import parse_duration
-    from convoy.launch.job import DeviceFilters
-    from convoy.launch.rank_env import ConvoyEnv
-    from convoy.launch.resolve import LaunchRequest, WorkerOptions, node_range
 
     # flags not given: torchrun's PET_<OPTION>, then CONVOY_<KEY>, ./convoy.toml, the user file (convoy config);
     # ``parallelism`` has no flag of its own (--dp/--tp/--pp spell it) but comes from the same places. Where
@@ -307,44 +357,76 @@ def build_request(args: argparse.Namespace):
     for name, (value, source) in _torchrun_options(args).items():
         setattr(args, name, value)
         origins[name] = source
+    return args, origins, options, file_notes
 
-    def said(name: str, value: object) -> str:  # as LaunchRequest.said, before there is a request
-        return settings_said(origins, name, value)
 
+def _said(origins: dict, name: str, value: object) -> str:
+    """As ``LaunchRequest.said``, before there is a request."""
+    from convoy.config.settings import said
+
+    return said(origins, name, value)
+
+
+def _check_unsupported(args: argparse.Namespace, origins: dict) -> None:
+    """Refuse torchrun's options that convoy launch does not carry out yet."""
     for name, default in _UNSUPPORTED.items():
         if getattr(args, name) != default:
             from convoy.errors import NotSupportedYetError
 
-            raise NotSupportedYetError(f"{said(name, getattr(args, name))} is not supported by convoy launch yet; "
-                                       "use torchrun for it")
+            raise NotSupportedYetError(f"{_said(origins, name, getattr(args, name))} is not supported by convoy "
+                                       "launch yet; use torchrun for it")
+
+
+def _check_lease_flags(args: argparse.Namespace) -> None:
+    """Refuse ``--wait`` with ``--no-lease``."""
     if args.wait is not None and args.no_lease:
         from convoy.cli.select import NO_LEASE_WAIT
 
         raise ConfigError(NO_LEASE_WAIT)
-    for name in ("rdzv_backend", "rdzv_endpoint"):  # as CONVOY_RDZV_* and convoy.toml are read
+
+
+def _parse_rdzv_flags(args: argparse.Namespace, origins: dict) -> None:
+    """``--rdzv-backend``/``--rdzv-endpoint`` read as CONVOY_RDZV_* and convoy.toml are."""
+    for name in ("rdzv_backend", "rdzv_endpoint"):
         if getattr(args, name) is not None and name not in origins:
             setattr(args, name, KEYS[name].parse(getattr(args, name), where="--" + name.replace("_", "-")))
+
+
+def _check_master_addr(args: argparse.Namespace, origins: dict) -> None:
+    """Refuse a ``--master-addr`` that is not a host name or an IP address."""
     if args.master_addr is not None and not is_host(args.master_addr):
-        raise ConfigError(f"{said('master_addr', repr(args.master_addr[:60]))}: give a host name or an IP address "
-                          "(or leave it out for a job on one machine)")
+        raise ConfigError(f"{_said(origins, 'master_addr', repr(args.master_addr[:60]))}: give a host name or an IP "
+                          "address (or leave it out for a job on one machine)")
+
+
+def _nproc_per_node(args: argparse.Namespace, origins: dict) -> str | None:
+    """The per-node count: ``--nproc-per-node``, or Accelerate's total ``--num_processes`` over the machines."""
+    from convoy.launch.resolve import node_range
 
     nproc = args.nproc_per_node
     if args.num_processes is not None:
         _, machines = node_range(args.nnodes)  # the launch plan's own reading of --nnodes
-        total = said("num_processes", args.num_processes).replace("--num-processes", "--num_processes")
+        total = _said(origins, "num_processes", args.num_processes).replace("--num-processes", "--num_processes")
         if args.num_processes % machines:
-            nodes = said("nnodes", args.nnodes) if "nnodes" in origins else f"--num_machines {machines}"
+            nodes = _said(origins, "nnodes", args.nnodes) if "nnodes" in origins else f"--num_machines {machines}"
             raise ConfigError(f"{total} is not divisible by {nodes}")
         per_node = str(args.num_processes // machines)
         if nproc is not None and nproc != per_node:
             raise ConfigError(f"{total} means {per_node} per node but "
-                              f"{said('nproc_per_node', nproc)} says otherwise; give one of them")
+                              f"{_said(origins, 'nproc_per_node', nproc)} says otherwise; give one of them")
         nproc = per_node
         origins.pop("nproc_per_node", None)  # from --num_processes now
         if "num_processes" in origins:  # the file's total over its machines
             origins["nproc_per_node"] = origins.pop("num_processes")
+    return nproc
+
+
+def _settings(args: argparse.Namespace, options: dict):
+    """The ranks' training settings (``ConvoyEnv``), the parallel degrees from --dp/--tp/--pp where given."""
+    from convoy.launch.rank_env import ConvoyEnv
+
     dims = {k: getattr(args, k) for k in ("dp", "dp_replicate", "dp_shard", "tp", "pp") if getattr(args, k) is not None}
-    settings = ConvoyEnv(
+    return ConvoyEnv(
         mixed_precision=args.mixed_precision, strategy=args.strategy,
         parallelism=",".join(f"{k}={v}" for k, v in dims.items()) or args.parallelism,
         cpu_offload=args.cpu_offload, pp_schedule=args.pp_schedule,
@@ -352,9 +434,22 @@ def build_request(args: argparse.Namespace):
         gradient_accumulation_steps=args.gradient_accumulation_steps, collective_timeout=args.collective_timeout,
         recompute=args.recompute, strategy_options=options or None,
     )
+
+
+def _worker_options(args: argparse.Namespace, origins: dict):
+    """The ``WorkerOptions`` given (the others: torchrun's defaults), with where each came from."""
+    from convoy.launch.resolve import WorkerOptions
+
     options = {name: getattr(args, name) for name in _WORKER_OPTIONS if getattr(args, name) is not None}
-    workers = WorkerOptions(**options, origins={k: v for k, v in origins.items() if k in _WORKER_OPTIONS})
-    request = LaunchRequest(
+    return WorkerOptions(**options, origins={k: v for k, v in origins.items() if k in _WORKER_OPTIONS})
+
+
+def _launch_request(args: argparse.Namespace, nproc: str | None, workers, settings, origins: dict,
+                    file_notes: tuple[str, ...]):
+    """The ``LaunchRequest`` of the program and the resolved flags."""
+    from convoy.launch.resolve import LaunchRequest
+
+    return LaunchRequest(
         program=(args.training_script, *args.training_script_args), module=args.module, no_python=args.no_python,
         devices=args.devices, nproc_per_node=nproc, nnodes=args.nnodes, node_rank=args.node_rank,
         master_addr=args.master_addr, master_port=args.master_port, rdzv_backend=args.rdzv_backend,
@@ -362,13 +457,19 @@ def build_request(args: argparse.Namespace):
         standalone=args.standalone, workers=workers, engine=args.engine, settings=settings, origins=origins,
         notes=file_notes,
     )
+
+
+def _device_filters(args: argparse.Namespace):
+    """The ``DeviceFilters`` of the device flags."""
+    from convoy.devices.amounts import parse_duration
+    from convoy.launch.job import DeviceFilters
+
     exclude = tuple(int(t) if re.fullmatch(r"[0-9]{1,9}", t) else t  # indices or UUIDs; select_devices checks
                     for t in (part.strip() for part in args.exclude.split(",")) if t)
-    filters = DeviceFilters(free=bool(args.free), min_free_memory=args.min_free_memory,
-                            max_utilization=args.max_utilization, exclude=exclude, order=args.order,
-                            lease_wait=None if args.wait is None else parse_duration(args.wait),
-                            lease=not args.no_lease)
-    return request, filters
+    return DeviceFilters(free=bool(args.free), min_free_memory=args.min_free_memory,
+                         max_utilization=args.max_utilization, exclude=exclude, order=args.order,
+                         lease_wait=None if args.wait is None else parse_duration(args.wait),
+                         lease=not args.no_lease)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -97,7 +97,29 @@ def select_devices(
         DeviceSpecError: malformed request or filter, or indices that do not exist (exit 2 in the CLI).
         SelectionError: too few devices pass the filters; the message names each rejected device and why.
     """
-    env = os.environ if env is None else env
+    env = _checked_env(os.environ if env is None else env)
+    _check_free(free)
+    inventory = _inventory_of(inventory, env)
+    _check_order(order)
+    need_mem, max_util = _thresholds(min_free_memory, max_utilization)
+    view = visible_devices(inventory, env, inventory.vendor)
+    units = list(view.devices)
+    lines = _opening_lines(inventory, view, units)
+    indices = _request_indices(spec, units, view, inventory)
+    reasons = _rejections(units, exclude, free=free, need_mem=need_mem, max_util=max_util, held=held or {})
+    prefix = vendor_facts(inventory.vendor).device_type  # explanations say "GPU 2 -> cuda:0"
+    if is_count(spec) or _is_auto(spec):
+        chosen, request = _fill_count(spec, indices, units, reasons, view, order, lines)
+    else:
+        chosen, request = _take_named(spec, indices, units, reasons, view, order, lines, prefix)
+    devices = [units[p] for p in chosen]
+    _check_mig(devices, spec)
+    lines += _decision_lines(chosen, units, reasons, request, prefix, view)
+    return _selection(devices, units, lines, inventory, env)
+
+
+def _checked_env(env: Any) -> Mapping[str, str]:
+    """``env`` itself, once it is known to be a mapping of strings to strings (``DeviceSpecError`` otherwise)."""
     from collections.abc import Mapping as _Mapping
 
     if not isinstance(env, _Mapping):
@@ -107,78 +129,125 @@ def select_devices(
             bad, what = (value, "value") if isinstance(key, str) else (key, "name")
             raise DeviceSpecError(f"env[{key!r:.40}]={value!r:.40}: the {what} is a {type(bad).__name__}; "
                                   f"environment variable names and values are strings (os.environ)")
-    if not isinstance(free, bool):  # free='no' is truthy and silently skipped every busy device
+    return env
+
+
+def _check_free(free: Any) -> None:
+    """Refuse a ``free`` that is not a bool (``free='no'`` is truthy and silently skipped every busy device)."""
+    if not isinstance(free, bool):
         raise DeviceSpecError(f"free={free!r:.40} is a {type(free).__name__}; give True or False")
-    inventory = as_inventory(inventory)
-    if inventory is None:
+
+
+def _inventory_of(inventory: Any, env: Mapping[str, str]) -> Inventory:
+    """The given inventory (or inventory file's), else this machine's, discovered under ``env``."""
+    found = as_inventory(inventory)
+    if found is None:
         from convoy.devices.discovery import discover
 
-        inventory = discover(env)
+        found = discover(env)
+    return found
+
+
+def _check_order(order: str | None) -> None:
+    """Refuse an ``order`` that is not one of ``ORDERS``."""
     if order is not None and order not in ORDERS:
         raise DeviceSpecError(f"order {order!r} is not one of {', '.join(ORDERS)}")
+
+
+def _thresholds(min_free_memory: Any, max_utilization: Any) -> tuple[MemoryAmount | None, float | None]:
+    """The memory and utilisation filters, parsed (``None`` where not given)."""
     need_mem = None if min_free_memory is None else parse_memory(min_free_memory)
     max_util = None if max_utilization is None else parse_percent(max_utilization)
+    return need_mem, max_util
 
-    vendor = inventory.vendor
-    view = visible_devices(inventory, env, vendor)
-    units = list(view.devices)
-    lines = [_inventory_line(inventory, vendor)]
+
+def _opening_lines(inventory: Inventory, view, units: Sequence[Device]) -> list[str]:
+    """The explanation's first lines: the inventory, the visibility masks already set, and the view's notes."""
+    lines = [_inventory_line(inventory, inventory.vendor)]
     lines += [f"{name}={value!r} was already set: requests count within the {len(units)} device(s) it "
               f"leaves visible" for name, value in view.masks]
     lines += list(view.notes)
-    auto = isinstance(spec, str) and spec.strip().lower() == "auto"
+    return lines
+
+
+def _is_auto(spec: Any) -> bool:
+    """Whether ``spec`` is ``"auto"`` (any case, spaces around)."""
+    return isinstance(spec, str) and spec.strip().lower() == "auto"
+
+
+def _request_indices(spec: Any, units: Sequence[Device], view, inventory: Inventory) -> list[int]:
+    """``spec`` parsed against the visible devices; an error says what a pre-set mask leaves visible."""
     try:
-        indices = parse_devices(spec, len(units))
+        return parse_devices(spec, len(units))
     except DeviceSpecError as err:
         raise DeviceSpecError(f"{err}{_mask_hint(view, inventory)}") from None
 
+
+def _rejections(units: Sequence[Device], exclude: Any, *, free: bool, need_mem: MemoryAmount | None,
+                max_util: float | None, held: Mapping[str, str]) -> dict[int, str]:
+    """Visible position -> why that device cannot be taken, for each device a filter rejects."""
     excluded = _excluded(exclude, units)
     reasons: dict[int, str] = {}
     for position, device in enumerate(units):
         reason = _rejection(device, position, free=free, need_mem=need_mem, max_util=max_util,
-                            excluded=excluded, held=held or {})
+                            excluded=excluded, held=held)
         if reason:
             reasons[position] = reason
-    prefix = vendor_facts(vendor).device_type  # explanations say "GPU 2 -> cuda:0"
+    return reasons
 
-    if is_count(spec) or auto:
-        wants_all = auto or _means_all(spec)
-        eligible = [p for p in range(len(units)) if p not in reasons]
-        count = len(eligible) if wants_all else len(indices)
-        if count == 0 and not units:
-            lines.append(NO_ACCELERATOR_NOTE)
-        if len(eligible) < count or (wants_all and units and not eligible):
-            raise SelectionError(_shortage(spec, count, units, reasons, view))
-        chosen, why = _pick(eligible, count, units, order or "index")
-        if why:
-            lines.append(why)
-        request = f"request {spec!r}" + (f", {count} of {len(units)}" if not wants_all else "")
-    else:
-        bad = [(p, reasons[p]) for p in indices if p in reasons]
-        if bad:
-            position, reason = bad[0]
-            raise SelectionError(f"devices={spec!r}: {_name(units[position], position, prefix, view)} "
-                                 f"cannot be used: {reason}")
-        chosen = list(indices)
-        if order is not None:
-            chosen, why = _pick(chosen, len(chosen), units, order)
-            lines.append(why or f"ordered by {order}")
-        request = f"request {spec!r}, order kept" if order is None else f"request {spec!r}"
 
-    devices = [units[p] for p in chosen]
-    _check_mig(devices, spec)
-    for rank, (position, device) in enumerate(zip(chosen, devices)):
-        lines.append(f"took {_name(device, position, prefix, view)} -> {prefix}:{rank} ({request})")
-    for position, device in enumerate(units):
-        if position in chosen:
-            continue
-        lines.append(f"left {_name(device, position, prefix, view)}: {reasons.get(position, 'not needed')}")
+def _fill_count(spec: Any, indices: list[int], units: Sequence[Device], reasons: Mapping[int, str], view,
+                order: str | None, lines: list[str]) -> tuple[list[int], str]:
+    """A count (or ``"all"``/``"auto"``) filled from the passing devices in ``order``: (positions, the request
+    as the explanation names it); its notes go to ``lines``."""
+    wants_all = _is_auto(spec) or _means_all(spec)
+    eligible = [p for p in range(len(units)) if p not in reasons]
+    count = len(eligible) if wants_all else len(indices)
+    if count == 0 and not units:
+        lines.append(NO_ACCELERATOR_NOTE)
+    if len(eligible) < count or (wants_all and units and not eligible):
+        raise SelectionError(_shortage(spec, count, units, reasons, view))
+    chosen, why = _pick(eligible, count, units, order or "index")
+    if why:
+        lines.append(why)
+    return chosen, f"request {spec!r}" + (f", {count} of {len(units)}" if not wants_all else "")
+
+
+def _take_named(spec: Any, indices: list[int], units: Sequence[Device], reasons: Mapping[int, str], view,
+                order: str | None, lines: list[str], prefix: str) -> tuple[list[int], str]:
+    """An index list's devices, each of which must pass, in the user's order unless ``order`` is given:
+    (positions, the request as the explanation names it); its notes go to ``lines``."""
+    bad = [(p, reasons[p]) for p in indices if p in reasons]
+    if bad:
+        position, reason = bad[0]
+        raise SelectionError(f"devices={spec!r}: {_name(units[position], position, prefix, view)} "
+                             f"cannot be used: {reason}")
+    chosen = list(indices)
+    if order is not None:
+        chosen, why = _pick(chosen, len(chosen), units, order)
+        lines.append(why or f"ordered by {order}")
+    return chosen, f"request {spec!r}, order kept" if order is None else f"request {spec!r}"
+
+
+def _decision_lines(chosen: list[int], units: Sequence[Device], reasons: Mapping[int, str], request: str,
+                    prefix: str, view) -> list[str]:
+    """One line per visible device: which rank each chosen one becomes, and why each other one was left."""
+    lines = [f"took {_name(units[position], position, prefix, view)} -> {prefix}:{rank} ({request})"
+             for rank, position in enumerate(chosen)]
+    lines += [f"left {_name(device, position, prefix, view)}: {reasons.get(position, 'not needed')}"
+              for position, device in enumerate(units) if position not in chosen]
+    return lines
+
+
+def _selection(devices: list[Device], units: Sequence[Device], lines: list[str], inventory: Inventory,
+               env: Mapping[str, str]) -> Selection:
+    """The ``Selection``: the chosen devices made visible, or an empty one that hides every accelerator."""
     if not devices:
-        if units:  # (none to hide: the line above said so)
+        if units:  # (none to hide: the explanation already said so)
             lines.append(EMPTY_SELECTION_NOTE)
         return Selection((), "cpu", dict(HIDE_ALL), tuple(lines))
-    child_env = visibility_env(devices, vendor=vendor, base_env=env, inventory=inventory)
-    return Selection(tuple(devices), vendor, child_env, tuple(lines))
+    child_env = visibility_env(devices, vendor=inventory.vendor, base_env=env, inventory=inventory)
+    return Selection(tuple(devices), inventory.vendor, child_env, tuple(lines))
 
 
 def _means_all(spec: Any) -> bool:

@@ -264,20 +264,80 @@ class LaunchPlan:
 
 def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping[str, str]) -> LaunchPlan:
     """The plan for ``request`` on the devices ``selection`` chose, under ``env``."""
-    # a CPU run is said once, by the launch's own note (_cpu_note), not three more times by the selection's
-    notes: list[str] = [*(n for n in selection.explanation if selection.devices or n not in CPU_RUN_NOTES),
-                        *request.notes]
+    notes = _opening_notes(request, selection)
     nproc, devices = _processes(request, selection, notes)
-    workers = request.workers
-    shown_ranks(workers.local_ranks_filter, nproc,  # a filter that shows no rank is refused
-                named=workers.said("local_ranks_filter", repr(workers.local_ranks_filter[:40])))
+    _check_ranks_filter(request.workers, nproc)
     notes.extend(_unrun_ranks_note(request.workers, nproc))
+    nodes = _nodes(request, env, notes)
+    _check_node_rank(request, nodes)
+    _check_standalone(request, nodes.max_nodes)
+    notes.extend(_unused_local_addr_note(request.workers, nodes.max_nodes))
+    backend = (request.rdzv_backend or "static").lower()
+    engine = _engine(request, backend, nodes.min_nodes, nodes.max_nodes)
+    backend, master_addr, master_port, endpoint = _rendezvous(request, engine, backend, nodes, env, notes)
+    extra = _rdzv_configs(request, backend, nodes.node_rank)
+    _check_parallelism(request, nodes, nproc)
+    command = _command(request)
+    worker_env = _worker_env(request, selection, env, nproc)
+    return LaunchPlan(
+        command=command,
+        engine=engine,
+        nproc_per_node=nproc,
+        min_nodes=nodes.min_nodes,
+        max_nodes=nodes.max_nodes,
+        node_rank=nodes.node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
+        rdzv_configs=tuple(sorted(extra.items())),
+        run_id=nodes.run_id or "none",
+        vendor=selection.vendor,
+        devices=tuple(devices),
+        env=worker_env,
+        workers=request.workers,
+        given_by=tuple(_given_elsewhere(request, from_file=False)),
+        from_file=tuple(_given_elsewhere(request, from_file=True)),
+        explanation=tuple(notes),
+    )
+
+
+def _opening_notes(request: LaunchRequest, selection: Selection) -> list[str]:
+    """The selection's explanation, less its CPU-run lines, then the request's own notes."""
+    # a CPU run is said once, by the launch's own note (_cpu_note), not three more times by the selection's
+    return [*(n for n in selection.explanation if selection.devices or n not in CPU_RUN_NOTES), *request.notes]
+
+
+def _check_ranks_filter(workers: WorkerOptions, nproc: int) -> None:
+    """Refuse a ``--local-ranks-filter`` that shows none of this node's ``nproc`` ranks."""
+    shown_ranks(workers.local_ranks_filter, nproc,
+                named=workers.said("local_ranks_filter", repr(workers.local_ranks_filter[:40])))
+
+
+@dataclass(frozen=True)
+class _Nodes:
+    """The job's nodes as the request and a Slurm allocation give them, before the rendezvous is planned."""
+
+    min_nodes: int
+    max_nodes: int
+    node_rank: int
+    master_addr: str | None
+    master_port: int | None
+    run_id: str | None
+    slurm: bool
+    """Whether a Slurm allocation of several nodes gave them."""
+
+
+def _nodes(request: LaunchRequest, env: Mapping[str, str], notes: list[str]) -> _Nodes:
+    """The node counts, this node's rank, the main node and the run id: the request's, else a multi-node Slurm
+    allocation's (said in ``notes``)."""
     min_nodes, max_nodes = node_range(request.nnodes)
     node_rank = request.node_rank if request.node_rank is not None else 0
     master_addr, master_port = request.master_addr, request.master_port
     run_id = request.rdzv_id
     alloc = slurm_allocation(env) if request.nnodes is None else None
-    if alloc is not None and alloc.nnodes > 1:
+    slurm = alloc is not None and alloc.nnodes > 1
+    if alloc is not None and slurm:
         if alloc.tasks_per_node and alloc.tasks_per_node > 1:
             raise LaunchError(f"srun started {alloc.tasks_per_node} tasks on this node, but convoy launch "
                               "starts the ranks itself; run it with srun --ntasks-per-node=1")
@@ -287,86 +347,113 @@ def resolve_launch(request: LaunchRequest, selection: Selection, *, env: Mapping
         master_port = master_port or alloc.master_port
         run_id = run_id or alloc.job_id
         notes.append(f"Slurm job {alloc.job_id}: node {node_rank} of {alloc.nnodes}, main node {master_addr}")
-    if not 0 <= node_rank < max_nodes:
-        raise ConfigError(_node_rank_outside(request, node_rank, max_nodes, slurm=alloc is not None and
-                                             alloc.nnodes > 1))
+    return _Nodes(min_nodes, max_nodes, node_rank, master_addr, master_port, run_id, slurm)
+
+
+def _check_node_rank(request: LaunchRequest, nodes: _Nodes) -> None:
+    """Refuse a node rank outside the job's nodes."""
+    if not 0 <= nodes.node_rank < nodes.max_nodes:
+        raise ConfigError(_node_rank_outside(request, nodes.node_rank, nodes.max_nodes, slurm=nodes.slurm))
+
+
+def _check_standalone(request: LaunchRequest, max_nodes: int) -> None:
+    """Refuse ``--standalone`` with several nodes or with a rendezvous endpoint."""
     if request.standalone and max_nodes > 1:
         raise ConfigError(f"{request.said('standalone', True)} means one node, but "
                           f"{request.said('nnodes', request.nnodes)}; drop one of them")
     if request.standalone and request.rdzv_endpoint:  # torchrun replaces the endpoint without a word
         raise ConfigError(f"{request.said('standalone', True)} runs the rendezvous on this machine, but "
                           f"{request.said('rdzv_endpoint', request.rdzv_endpoint)} names one; drop one of them")
+
+
+def _unused_local_addr_note(workers: WorkerOptions, max_nodes: int) -> list[str]:
+    """A note that ``--local-addr`` is not used by a one-node job."""
     if workers.local_addr and max_nodes == 1:
-        notes.append(f"{workers.said('local_addr', workers.local_addr)} is not used: the ranks of a one-node job "
-                     "meet on loopback")
-    backend = (request.rdzv_backend or "static").lower()
-    engine = _engine(request, backend, min_nodes, max_nodes)
+        return [f"{workers.said('local_addr', workers.local_addr)} is not used: the ranks of a one-node job "
+                "meet on loopback"]
+    return []
+
+
+def _rendezvous(request: LaunchRequest, engine: str, backend: str, nodes: _Nodes, env: Mapping[str, str],
+                notes: list[str]) -> tuple[str, str, int, str]:
+    """Where the ranks meet, by engine and backend: (backend, master address, master port, endpoint)."""
     if engine == "direct":
-        master_addr, master_port = master_addr or "127.0.0.1", master_port or 0
-        endpoint = f"{master_addr}:{master_port or 'free port'}"
-    elif request.standalone or (max_nodes == 1 and backend == "static" and not request.master_port):
-        # one node on torch's agent, on a free loopback port: with restarts torchrun --standalone's c10d store
-        # (each attempt's workers then get a fresh store), without torch's static rendezvous, which skips what
-        # c10d pays to meet other nodes (convoy.launch.elastic)
-        backend = "c10d" if request.workers.max_restarts else "static"
-        master_addr, master_port = "127.0.0.1", 0
-        endpoint = request.rdzv_endpoint or "127.0.0.1:0"
-    elif backend == "static":
-        if request.rdzv_endpoint:  # torchrun's static rendezvous is at the endpoint when one is given
-            master_addr, master_port = _static_endpoint(request)
-        elif max_nodes > 1 and not master_addr:  # torchrun would plan 127.0.0.1, which no other node reaches
-            raise ConfigError(_no_meeting_place(request, max_nodes, env))
-        master_addr, master_port = master_addr or "127.0.0.1", master_port or 29500
-        endpoint = f"{master_addr}:{master_port}"
-    else:
-        if not request.rdzv_endpoint:
-            raise ConfigError(f"{request.said('rdzv_backend', request.rdzv_backend)} needs --rdzv-endpoint HOST:PORT "
-                              f"(or PET_RDZV_ENDPOINT, CONVOY_RDZV_ENDPOINT, or rdzv_endpoint in convoy.toml), the "
-                              f"same on every node")
-        if request.master_addr or request.master_port:  # torchrun ignores them here too, with a warning
-            unused = " and ".join(request.said(name, value) for name, value in (
-                ("master_addr", request.master_addr), ("master_port", request.master_port)) if value)
-            notes.append(f"{unused} {'are' if ' and ' in unused else 'is'} not used by a {backend} rendezvous: the "
-                         f"rendezvous at {request.rdzv_endpoint} tells every rank where rank 0 is")
-        endpoint, master_addr, master_port = request.rdzv_endpoint, "", 0
+        return _direct_rendezvous(backend, nodes)
+    if request.standalone or (nodes.max_nodes == 1 and backend == "static" and not request.master_port):
+        return _local_agent_rendezvous(request)
+    if backend == "static":
+        return _static_rendezvous(request, backend, nodes, env)
+    return _dynamic_rendezvous(request, backend, notes)
+
+
+def _direct_rendezvous(backend: str, nodes: _Nodes) -> tuple[str, str, int, str]:
+    """The direct engine's: the main node's address (loopback by default), a free port unless one is given."""
+    master_addr, master_port = nodes.master_addr or "127.0.0.1", nodes.master_port or 0
+    return backend, master_addr, master_port, f"{master_addr}:{master_port or 'free port'}"
+
+
+def _local_agent_rendezvous(request: LaunchRequest) -> tuple[str, str, int, str]:
+    """One node on torch's agent, on a free loopback port: c10d with restarts, else static."""
+    # with restarts torchrun --standalone's c10d store (each attempt's workers then get a fresh store), without
+    # torch's static rendezvous, which skips what c10d pays to meet other nodes (convoy.launch.elastic)
+    backend = "c10d" if request.workers.max_restarts else "static"
+    return backend, "127.0.0.1", 0, request.rdzv_endpoint or "127.0.0.1:0"
+
+
+def _static_rendezvous(request: LaunchRequest, backend: str, nodes: _Nodes,
+                       env: Mapping[str, str]) -> tuple[str, str, int, str]:
+    """A static rendezvous at the endpoint or the main node (port 29500 by default); several nodes need one."""
+    master_addr, master_port = nodes.master_addr, nodes.master_port
+    if request.rdzv_endpoint:  # torchrun's static rendezvous is at the endpoint when one is given
+        master_addr, master_port = _static_endpoint(request)
+    elif nodes.max_nodes > 1 and not master_addr:  # torchrun would plan 127.0.0.1, which no other node reaches
+        raise ConfigError(_no_meeting_place(request, nodes.max_nodes, env))
+    master_addr, master_port = master_addr or "127.0.0.1", master_port or 29500
+    return backend, master_addr, master_port, f"{master_addr}:{master_port}"
+
+
+def _dynamic_rendezvous(request: LaunchRequest, backend: str, notes: list[str]) -> tuple[str, str, int, str]:
+    """A c10d/etcd rendezvous at ``--rdzv-endpoint`` (required); ``--master-addr``/``--master-port`` are unused."""
+    if not request.rdzv_endpoint:
+        raise ConfigError(f"{request.said('rdzv_backend', request.rdzv_backend)} needs --rdzv-endpoint HOST:PORT "
+                          f"(or PET_RDZV_ENDPOINT, CONVOY_RDZV_ENDPOINT, or rdzv_endpoint in convoy.toml), the "
+                          f"same on every node")
+    if request.master_addr or request.master_port:  # torchrun ignores them here too, with a warning
+        unused = " and ".join(request.said(name, value) for name, value in (
+            ("master_addr", request.master_addr), ("master_port", request.master_port)) if value)
+        notes.append(f"{unused} {'are' if ' and ' in unused else 'is'} not used by a {backend} rendezvous: the "
+                     f"rendezvous at {request.rdzv_endpoint} tells every rank where rank 0 is")
+    return backend, "", 0, request.rdzv_endpoint
+
+
+def _rdzv_configs(request: LaunchRequest, backend: str, node_rank: int) -> dict[str, str]:
+    """``--rdzv-conf``'s pairs, with this node's rank for a static rendezvous."""
     extra = dict(_rdzv_conf(request.rdzv_conf, named=request.said("rdzv_conf", repr(request.rdzv_conf))))
     if backend == "static":
         extra["rank"] = str(node_rank)
-    if request.settings.parallelism and min_nodes == max_nodes:
+    return extra
+
+
+def _check_parallelism(request: LaunchRequest, nodes: _Nodes, nproc: int) -> None:
+    """Refuse parallel degrees that do not fit a fixed world size, naming where they came from."""
+    if request.settings.parallelism and nodes.min_nodes == nodes.max_nodes:
         from convoy.errors import StrategyError
         from convoy.plan.dims import ParallelDims
 
         try:
-            ParallelDims.parse(request.settings.parallelism, world_size=min_nodes * nproc)
+            ParallelDims.parse(request.settings.parallelism, world_size=nodes.min_nodes * nproc)
         except StrategyError as err:
             if "parallelism" not in request.origins:  # --dp/--tp/--pp: the message names the degrees
                 raise
             raise StrategyError(f"{request.said('parallelism', request.settings.parallelism)}: {err}") from None
-    command = _command(request)
+
+
+def _worker_env(request: LaunchRequest, selection: Selection, env: Mapping[str, str], nproc: int) -> dict[str, str]:
+    """The variables every worker gets: the selection's visibility, CONVOY_*, and torchrun's OMP_NUM_THREADS."""
     worker_env = {**selection.env, **convoy_env(request.settings)}
     if "OMP_NUM_THREADS" not in env and nproc > 1:
         worker_env["OMP_NUM_THREADS"] = "1"  # torchrun's default, so N ranks do not oversubscribe the cores
-    return LaunchPlan(
-        command=command,
-        engine=engine,
-        nproc_per_node=nproc,
-        min_nodes=min_nodes,
-        max_nodes=max_nodes,
-        node_rank=node_rank,
-        master_addr=master_addr,
-        master_port=master_port,
-        rdzv_backend=backend,
-        rdzv_endpoint=endpoint,
-        rdzv_configs=tuple(sorted(extra.items())),
-        run_id=run_id or "none",
-        vendor=selection.vendor,
-        devices=tuple(devices),
-        env=worker_env,
-        workers=request.workers,
-        given_by=tuple(_given_elsewhere(request, from_file=False)),
-        from_file=tuple(_given_elsewhere(request, from_file=True)),
-        explanation=tuple(notes),
-    )
+    return worker_env
 
 
 def _given_elsewhere(request: LaunchRequest, *, from_file: bool) -> list[str]:

@@ -192,85 +192,156 @@ def _die_with_parent_hook():
 
 def run_direct(plan: LaunchPlan, *, base_env: Mapping[str, str], grace: float = 3.0) -> int:
     """Run ``plan``'s workers on this node; 0 on success, else raise ``RankFailedError`` (first failure)."""
-    if plan.engine != "direct" or plan.world_size is None:
-        raise LaunchError("run_direct runs single-node plans without restarts; use convoy.launch.elastic")
+    _check_direct(plan)
     listener = _store_socket(plan)
     release = _Release() if listener is not None else None
-    port = listener.getsockname()[1] if listener is not None else plan.master_port or free_port(plan.master_addr)
+    port = _store_port(plan, listener)
     scratch_dir = Scratch.create("convoy-launch-")  # (a launcher killed before left one: swept there)
-    scratch = scratch_dir.path
-    redirects = stream_map(plan.workers.redirects, plan.nproc_per_node)
-    shown = shown_ranks(plan.workers.local_ranks_filter, plan.nproc_per_node)
-    shown = set(range(plan.nproc_per_node)) if shown is None else shown
+    redirects, shown = _output_choices(plan)
     logs: list[IO[str]] = []
     ranks: list[_Rank] = []
-    lock = threading.Lock()
-    wake = _Wake()
-    start = time.monotonic()
+    lock, wake, start = threading.Lock(), _Wake(), time.monotonic()
     stop = _StopSignal(wake, forward=forwarded_signals(plan.workers.signals_to_handle))
-    passed_on_grace = FORWARDED_GRACE  # a rank told by SIGUSR1 to save gets torch's agent's time for it
-    if plan.workers.shutdown_timeout is not None:
-        grace = passed_on_grace = float(plan.workers.shutdown_timeout)
+    grace, passed_on_grace = _graces(plan, grace)
     pre_exec = _die_with_parent_hook()
     stop.install()  # before the first worker: a stop that comes while they start still stops them all
     try:
-        for local in range(plan.nproc_per_node):
-            rank = plan.rank_of(local)
-            error_file = str(scratch / f"rank{rank}_error.json")
-            env = {**base_env, **plan.env, **rank_env(
-                rank=rank, local_rank=local, world_size=plan.world_size, local_world_size=plan.nproc_per_node,
-                master_addr=plan.master_addr, master_port=port, run_id=plan.run_id, group_rank=plan.node_rank,
-                group_world_size=plan.max_nodes, error_file=error_file, role=plan.workers.role,
-                signals_to_handle=plan.workers.signals_to_handle)}
-            if listener is not None:
-                env.update(loopback_env(base_env))
-            command, pass_fds = _worker_command(plan.command, rank, listener, release, env)
-            log = _open_log(plan.workers.log_dir, rank)
-            if log is not None:
-                logs.append(log)
-            try:
-                proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        stdin=subprocess.DEVNULL, bufsize=0,
-                                        start_new_session=True, preexec_fn=pre_exec, pass_fds=pass_fds)
-            except OSError as err:
-                raise LaunchError(f"cannot start {plan.command[0]!r} for rank {rank}: {err.strerror}") from None
-            finally:
-                if listener is not None and rank == 0:
-                    listener.close()  # rank 0 has it now (or binds the port itself)
-                    assert release is not None  # made with the listener
-                    release.close_read_end()
-            mode = redirects.get(local, 0)
-            visible = local in shown
-            ranks.append(_Rank(local, rank, proc, show=(visible and not mode & 1, visible and not mode & 2),
-                               log=log, lock=lock, error_file=error_file, wake=wake))
-        if release is not None:
-            release.close()  # the ranks hold the pipe now: its end of file is theirs to give
-        for worker in ranks:  # threads start once every rank runs: rank N's start does not wait on them
-            worker.start()
+        _start_ranks(plan, ranks, logs, base_env=base_env, port=port, scratch=scratch_dir.path, listener=listener,
+                     release=release, pre_exec=pre_exec, redirects=redirects, shown=shown, lock=lock, wake=wake)
+        _hand_over_release(release)
+        _start_pumps(ranks)
         failure = _monitor(ranks, start, stop, grace, wake, passed_on_grace=passed_on_grace)
-        if failure is not None:
-            raise failure_error(failure, stopped=plan.nproc_per_node - 1)
-        if stop.signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        if stop.signum is not None:  # a scheduler's SIGTERM, SIGHUP, or a passed-on --signals-to-handle signal
-            raise Terminated(stop.signum)
-        return 0
+        return _outcome(plan, failure, stop)
     finally:
-        if listener is not None:
-            listener.close()
-            assert release is not None  # made with the listener
-            release.close()
+        _close_store(listener, release)
         stop.uninstall()
-        for worker in ranks:
-            if worker.proc.poll() is None:
-                worker.signal_group(signal.SIGKILL)
-            worker.proc.wait()
-            worker.signal_group(signal.SIGKILL)  # grandchildren left in the worker's group
-            worker.join(timeout=2)
+        _reap(ranks)
         for log in logs:
             log.close()
         wake.close()
         scratch_dir.remove()
+
+
+def _check_direct(plan: LaunchPlan) -> None:
+    """Refuse a plan of several nodes or with restarts (the elastic engine's)."""
+    if plan.engine != "direct" or plan.world_size is None:
+        raise LaunchError("run_direct runs single-node plans without restarts; use convoy.launch.elastic")
+
+
+def _store_port(plan: LaunchPlan, listener) -> int:
+    """The rendezvous store's port: the listener's, else the plan's, else a free one."""
+    return listener.getsockname()[1] if listener is not None else plan.master_port or free_port(plan.master_addr)
+
+
+def _output_choices(plan: LaunchPlan) -> tuple[dict[int, int], set[int]]:
+    """(local rank -> ``--redirects`` mode, the local ranks whose output is shown)."""
+    redirects = stream_map(plan.workers.redirects, plan.nproc_per_node)
+    shown = shown_ranks(plan.workers.local_ranks_filter, plan.nproc_per_node)
+    return redirects, set(range(plan.nproc_per_node)) if shown is None else shown
+
+
+def _graces(plan: LaunchPlan, grace: float) -> tuple[float, float]:
+    """Seconds before SIGKILL after a stop or failure, and after a passed-on signal (``--shutdown-timeout``)."""
+    passed_on_grace = FORWARDED_GRACE  # a rank told by SIGUSR1 to save gets torch's agent's time for it
+    if plan.workers.shutdown_timeout is not None:
+        grace = passed_on_grace = float(plan.workers.shutdown_timeout)
+    return grace, passed_on_grace
+
+
+def _start_ranks(plan: LaunchPlan, ranks: list[_Rank], logs: list[IO[str]], *, base_env: Mapping[str, str],
+                 port: int, scratch: Path, listener, release: _Release | None, pre_exec,
+                 redirects: dict[int, int], shown: set[int], lock: threading.Lock, wake: _Wake) -> None:
+    """Start each local rank's process, adding it to ``ranks`` and its log file to ``logs`` as it starts."""
+    for local in range(plan.nproc_per_node):
+        rank = plan.rank_of(local)
+        error_file = str(scratch / f"rank{rank}_error.json")
+        env = _worker_env(plan, rank, local, base_env=base_env, port=port, error_file=error_file,
+                          loopback=listener is not None)
+        command, pass_fds = _worker_command(plan.command, rank, listener, release, env)
+        log = _open_log(plan.workers.log_dir, rank)
+        if log is not None:
+            logs.append(log)
+        proc = _spawn(plan, rank, command, env, pass_fds, pre_exec, listener, release)
+        ranks.append(_Rank(local, rank, proc, show=_shows(local, redirects, shown), log=log, lock=lock,
+                           error_file=error_file, wake=wake))
+
+
+def _worker_env(plan: LaunchPlan, rank: int, local: int, *, base_env: Mapping[str, str], port: int,
+                error_file: str, loopback: bool) -> dict[str, str]:
+    """One rank's environment: this one's, the plan's, torchrun's rank variables, and the loopback store's."""
+    assert plan.world_size is not None  # a single-node plan (_check_direct)
+    env = {**base_env, **plan.env, **rank_env(
+        rank=rank, local_rank=local, world_size=plan.world_size, local_world_size=plan.nproc_per_node,
+        master_addr=plan.master_addr, master_port=port, run_id=plan.run_id, group_rank=plan.node_rank,
+        group_world_size=plan.max_nodes, error_file=error_file, role=plan.workers.role,
+        signals_to_handle=plan.workers.signals_to_handle)}
+    if loopback:
+        env.update(loopback_env(base_env))
+    return env
+
+
+def _spawn(plan: LaunchPlan, rank: int, command, env: dict[str, str], pass_fds, pre_exec, listener,
+           release: _Release | None) -> subprocess.Popen:
+    """One rank's process, leading its own session; once rank 0 starts, the store's socket is its alone."""
+    try:
+        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, bufsize=0,
+                                start_new_session=True, preexec_fn=pre_exec, pass_fds=pass_fds)
+    except OSError as err:
+        raise LaunchError(f"cannot start {plan.command[0]!r} for rank {rank}: {err.strerror}") from None
+    finally:
+        if listener is not None and rank == 0:
+            listener.close()  # rank 0 has it now (or binds the port itself)
+            assert release is not None  # made with the listener
+            release.close_read_end()
+
+
+def _shows(local: int, redirects: dict[int, int], shown: set[int]) -> tuple[bool, bool]:
+    """Whether a local rank's stdout and stderr reach the console (``--local-ranks-filter``, ``--redirects``)."""
+    mode = redirects.get(local, 0)
+    visible = local in shown
+    return visible and not mode & 1, visible and not mode & 2
+
+
+def _hand_over_release(release: _Release | None) -> None:
+    """Close this process's copies of the release pipe once every rank has started."""
+    if release is not None:
+        release.close()  # the ranks hold the pipe now: its end of file is theirs to give
+
+
+def _start_pumps(ranks: list[_Rank]) -> None:
+    """Start each rank's output pumps and exit waiter."""
+    for worker in ranks:  # threads start once every rank runs: rank N's start does not wait on them
+        worker.start()
+
+
+def _outcome(plan: LaunchPlan, failure: RankFailure | None, stop: _StopSignal) -> int:
+    """0, or the first failure, a Ctrl-C or a stop signal raised."""
+    if failure is not None:
+        raise failure_error(failure, stopped=plan.nproc_per_node - 1)
+    if stop.signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    if stop.signum is not None:  # a scheduler's SIGTERM, SIGHUP, or a passed-on --signals-to-handle signal
+        raise Terminated(stop.signum)
+    return 0
+
+
+def _close_store(listener, release: _Release | None) -> None:
+    """Close the store's listening socket and the release pipe, where there are any."""
+    if listener is not None:
+        listener.close()
+        assert release is not None  # made with the listener
+        release.close()
+
+
+def _reap(ranks: list[_Rank]) -> None:
+    """Leave no process behind: kill each rank's group if it still runs, wait for it, join its threads."""
+    for worker in ranks:
+        if worker.proc.poll() is None:
+            worker.signal_group(signal.SIGKILL)
+        worker.proc.wait()
+        worker.signal_group(signal.SIGKILL)  # grandchildren left in the worker's group
+        worker.join(timeout=2)
 
 
 def _store_socket(plan: LaunchPlan):
