@@ -317,6 +317,10 @@ def test_on_a_terminal_the_command_reads_the_keyboard_and_ctrl_c_stops_it(box):
     shown, status = _on_a_terminal([*argv, "sh", "-c", 'echo ready; read x; echo "got $x"'], box, send=b"hello\n",
                                    after=b"ready")
     assert "got hello" in shown and os.waitstatus_to_exitcode(status) == 0, shown
-    shown, status = _on_a_terminal([*argv, "sh", "-c", "echo ready; sleep 300"], box, send=b"\x03", after=b"ready")
+    # CMD takes Ctrl-C's default action from the moment it says ready: `sh -c "echo ready; sleep 300"` did not (a
+    # ^C typed between its echo and its fork of sleep reached only sh, which then waited for sleep, 300 s)
+    stays = ("import signal, time; signal.signal(signal.SIGINT, signal.SIG_DFL); print('ready', flush=True); "
+             "time.sleep(300)")
+    shown, status = _on_a_terminal([*argv, sys.executable, "-c", stays], box, send=b"\x03", after=b"ready")
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT, shown
     assert leases(box) == []
