@@ -10,9 +10,10 @@ so the default suite gives the same result there; GPU runs are the ``gpu``-marke
 Every distributed test goes through here, so the launcher under test is chosen in one place: ``convoy
 launch`` once it exists (``CONVOY_TEST_LAUNCHER=torchrun`` switches to torchrun for comparison).
 
-The scripts themselves end with ``exit_without_teardown()`` (they put the repo root on ``sys.path`` first, as
-they do for every ``tests.*`` import; this module imports nothing but the standard library and
-``tests.processes``, so a rank may import it):
+``convoy launch`` ends each rank without the interpreter's teardown, where gloo can abort a finished process
+(``convoy.launch.worker_exit``); torchrun does not, so the scripts end with ``exit_without_teardown()`` (they put
+the repo root on ``sys.path`` first, as they do for every ``tests.*`` import; this module imports nothing but the
+standard library and ``tests.processes``, so a rank may import it):
 
     if __name__ == "__main__":
         main()

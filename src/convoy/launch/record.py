@@ -7,8 +7,9 @@ The elastic engine starts workers through this so that an unmodified script (no 
 its traceback in ``TORCHELASTIC_ERROR_FILE``, where the agent reads the failing rank's root cause; rank 0 of a
 single-node job also starts the rendezvous store on loopback here, and keeps serving it after the program
 succeeded until the other ranks' programs have finished, which they say here (``convoy.launch.loopback``).
-Torch-free:
-it writes the same JSON as ``torch.distributed.elastic.multiprocessing.errors.ErrorHandler``.
+The worker then ends with the program's status, without the interpreter's teardown where gloo can abort a
+finished process (``convoy.launch.worker_exit``). Torch-free: it writes the same JSON as
+``torch.distributed.elastic.multiprocessing.errors.ErrorHandler``.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ def write_error_file(exc: BaseException, path: str) -> None:
 def main(argv: list[str]) -> None:
     if not argv:
         sys.exit("usage: python -m convoy.launch.record SCRIPT [ARGS] | -m MODULE [ARGS]")
-    from convoy.launch import hang_report
+    from convoy.launch import hang_report, worker_exit
     from convoy.launch.loopback import STORE_VARIABLES, close_when_done, prepare_worker
 
+    worker_exit.end_without_teardown()  # first: its exit handler runs after every other one
     env = dict(os.environ)
     for name in STORE_VARIABLES:  # this rank's own: a program it starts must not take them for its own
         os.environ.pop(name, None)
@@ -56,6 +58,7 @@ def main(argv: list[str]) -> None:
     except SystemExit as done:
         if done.code in (None, 0):
             _keep_serving_the_store(env)
+        worker_exit.program_ended(worker_exit.exit_status(done.code))
         raise
     except BaseException as exc:
         exc.__traceback__ = _user_frames(exc.__traceback__)
@@ -64,8 +67,10 @@ def main(argv: list[str]) -> None:
             write_error_file(exc, path)
         traceback.print_exception(exc, file=sys.stderr)  # as Python would, without this wrapper's frames
         sys.stderr.flush()
+        worker_exit.program_ended(1)
         sys.exit(1)
     _keep_serving_the_store(env)
+    worker_exit.program_ended(0)
 
 
 def _keep_serving_the_store(env: dict[str, str]) -> None:

@@ -1,11 +1,11 @@
-"""Rank 0 serves the store; rank 1's interpreter tears itself down slowly, after its program has finished.
+"""Rank 0 serves the store; rank 1 holds an object that only the interpreter's teardown would free.
 
     slow_teardown.py OUT_DIR [--rank1-fails]
 
-Rank 0 leaves a mark at its exit, after it stopped serving the store. An object that only the interpreter's
-teardown frees waits in rank 1 for that mark (at most 15 s) and writes to OUT_DIR/rank1 whether it came: it
-comes when rank 0 is released once rank 1's program has finished, and never when rank 0 waits for rank 1's
-process to end. With --rank1-fails rank 1's program raises after the barrier instead (the mark still comes).
+Rank 0 leaves a mark at its exit, after it stopped serving the store. The object in rank 1 would wait for that
+mark (at most 15 s) and write to OUT_DIR/rank1 whether it came; a worker that ``convoy launch`` started ends
+without that teardown, so it never does. With --rank1-fails rank 1's program raises after the barrier instead
+(the mark still comes).
 """
 import datetime
 import os

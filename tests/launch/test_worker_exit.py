@@ -1,0 +1,66 @@
+"""A launched Python worker ends with its program's status, after its threads and exit handlers, with its files
+written, and without the interpreter's teardown, where gloo aborted finished ranks (pytorch/pytorch#179291).
+
+One process through ``convoy.launch.record`` (what ``convoy launch`` runs each rank's program with) for the
+endings; a two-rank ``convoy launch`` for the abort itself.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from convoy.launch.worker_exit import exit_status
+from tests.distributed import cpu_env, run_script
+from tests.processes import finish, start
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+@pytest.mark.parametrize(("code", "status"), [(None, 0), (0, 0), (3, 3), (True, 1), ("a message", 1), (2**40, None)])
+def test_the_status_is_the_one_python_exits_with_for_a_system_exit(code, status):
+    assert exit_status(code) == status
+
+
+def run_worker(tmp_path: Path, *args: str) -> tuple[int, str, str]:
+    """``ends_plainly.py`` as one worker: its exit status, its output, and what its never-closed file holds."""
+    out_file = tmp_path / "written.txt"
+    proc = start([sys.executable, "-u", "-m", "convoy.launch.record", str(SCRIPTS / "ends_plainly.py"),
+                  str(out_file), *args], env=cpu_env())
+    output = finish(proc, timeout=60)
+    return proc.returncode, output, out_file.read_text() if out_file.exists() else ""
+
+
+@pytest.mark.parametrize(("then", "status", "printed"), [
+    ("return", 0, None),
+    ("exit3", 3, None),
+    ("message", 1, "stopped with a message"),
+    ("raise", 1, "RuntimeError: failed after the work"),
+])
+def test_a_program_using_torch_distributed_ends_with_its_status_after_everything_but_the_teardown(
+        tmp_path, then, status, printed):
+    code, output, written = run_worker(tmp_path, "--then", then)
+    assert code == status, output
+    assert written == "written, never flushed\n", output  # the teardown would have flushed it
+    assert "the program's thread finished" in output, output  # joined, as Python joins it
+    assert "the program's exit handler ran" in output, output
+    assert printed is None or output.count(printed) == 1, output
+    assert "TEARDOWN" not in output, output
+
+
+def test_a_program_without_torch_distributed_keeps_the_interpreters_teardown(tmp_path):
+    code, output, written = run_worker(tmp_path, "--no-torch")
+    assert code == 0, output
+    assert written == "written, never flushed\n"
+    assert "TEARDOWN" in output, output
+
+
+@pytest.mark.slow
+def test_ranks_that_end_while_gloo_still_runs_their_collectives_do_not_abort():
+    """Through the interpreter's teardown this job aborted in 6 of 6 runs (SIGABRT in a finished rank)."""
+    result = run_script(SCRIPTS / "busy_at_exit.py", nproc=2, timeout=120)
+    assert result.returncode == 0, result.output
+    assert "terminate called" not in result.output, result.output
+    assert result.output.count("the program's exit handler ran") == 2, result.output
