@@ -12,9 +12,11 @@ import signal
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from convoy.launch.elastic import _first_cause
 from convoy.launch.ports import free_port
 from tests.conftest import INVENTORIES, held_leases
 from tests.distributed import cpu_env
@@ -53,6 +55,27 @@ def test_a_restart_says_which_rank_died_and_the_knock_on_failure_is_not_blamed()
         "1 rank(s) (it printed no traceback)"), lines[-1]
     assert "Connection closed by peer" in out  # rank 0's own traceback is still shown, as rank 0's
     assert not any(re.match(r"[WEI]\d{4} ", line) for line in lines), out  # torch's agent's log lines
+
+
+def _failure(exitcode: int, timestamp: int, traceback: str | None = None) -> SimpleNamespace:
+    """What ``_first_cause`` reads of torch's ``ProcessFailure``: an error file's dict, else a sentence."""
+    message = {"message": traceback, "extraInfo": {"py_callstack": traceback}} if traceback else "Signal 9 (SIGKILL)"
+    return SimpleNamespace(exitcode=exitcode, timestamp=timestamp, message=message)
+
+
+@pytest.mark.parametrize("killed_at", [100, 101], ids=["same second", "next second"])
+def test_the_killed_rank_is_the_cause_even_when_the_agent_saw_it_a_second_after_its_peer_failed(killed_at):
+    """The killed rank's timestamp is when the agent saw it; the rank it took down wrote its error file at once, and
+    once that file came a second earlier, the knock-on failure was blamed."""
+    lost = "Traceback ...\nRuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer"
+    failures = {0: _failure(1, 100, lost), 1: _failure(-9, killed_at), 2: _failure(-15, 99)}
+    assert _first_cause(failures)[0] == 1
+
+
+def test_of_two_real_failures_the_earlier_is_the_cause_and_sigterm_is_never_the_cause():
+    failures = {0: _failure(1, 101, "ValueError: b"), 1: _failure(1, 100, "ValueError: a"), 2: _failure(-15, 99)}
+    assert _first_cause(failures)[0] == 1
+    assert _first_cause({3: _failure(-15, 100), 2: _failure(-15, 100)})[0] == 2
 
 
 def test_elastic_engine_reports_the_real_failing_rank():

@@ -11,19 +11,15 @@ notes item 9), and Python workers start through ``convoy.launch.record`` so unmo
 traceback in the error file.
 
 On one node the agent meets no one. Without restarts convoy plans torch's static rendezvous there
-(``convoy.launch.resolve``), not c10d as ``torchrun --standalone`` does: c10d pays to meet other nodes, a
-random 0-0.3 s delay before its first round (``dynamic_rendezvous.py``, to spread many nodes' joins), a state
-machine synchronised through the store, a heartbeat thread, and two ``inspect.stack()`` walks per event it
-records (``get_method_name``), whether or not events are logged. The static rendezvous gives the agent the
-same store, started here on loopback, and its workers use it (``TORCHELASTIC_USE_AGENT_STORE=True``): it
-lives as long as the agent, so no rank loses it while it still needs it; the agent's monitor, failure
-reports and signal handling are the same. With restarts the c10d rendezvous stays, since torch's workers
-reuse a shared store's keys across attempts (notes item 9): each attempt's rank 0 serves a fresh store, until
-the other ranks' programs are done (``_store_holds``).
+(``convoy.launch.resolve``), not c10d as ``torchrun --standalone`` does (c10d's random join delay, state machine,
+heartbeat and per-event stack walks cost time and serve several nodes only): the agent's store, started here on
+loopback, is the workers' (``TORCHELASTIC_USE_AGENT_STORE=True``) and lives as long as the agent. With restarts
+the c10d rendezvous stays, and each attempt's rank 0 serves a fresh store until the other ranks' programs are
+done (``_store_holds``).
 
 The objects torch's import made are frozen out of the garbage collector's reach (``_gc_paused``), so this
-process's exit no longer walks them (~0.4 s on 2 cores). Imports torch (the agent needs it); the direct
-engine does not.
+process's exit does not walk them (~0.4 s on 2 cores). Imports torch (the agent needs it); the direct engine
+does not.
 """
 
 from __future__ import annotations
@@ -260,11 +256,13 @@ def _rendezvous_store(plan: LaunchPlan, host: str | None) -> Iterator[str | None
 
 def _first_cause(failures: Mapping[int, ProcessFailure]) -> tuple[int, ProcessFailure]:
     """(global rank, ProcessFailure) of the failure that caused the others. The agent SIGTERMs the rest after the
-    first one (-15: consequences). Within a second (the failures' timestamps are whole seconds), a rank whose
-    traceback says a peer closed its connection lost that peer: the peer is the cause (a rank killed by SIGKILL,
-    with no traceback, was blamed less than the rank whose 'Connection reset by peer' it caused)."""
-    return min(failures.items(), key=lambda kv: (kv[1].exitcode == -15, kv[1].timestamp,
-                                                 _lost_a_peer(_traceback_of(kv[1])), kv[0]))
+    failures it saw in one poll (-15: consequences). Of those it saw, a rank whose traceback says a peer closed its
+    connection lost that peer, which is the cause: a rank killed by SIGKILL has no traceback, and its timestamp is
+    when the agent saw it, which can be a second after the error file of the rank it took down. Then the earliest,
+    then the lowest rank."""
+    seen = {rank: pf for rank, pf in failures.items() if pf.exitcode != -15} or dict(failures)
+    causes = {rank: pf for rank, pf in seen.items() if not _lost_a_peer(_traceback_of(pf))} or seen
+    return min(causes.items(), key=lambda kv: (kv[1].timestamp, kv[0]))
 
 
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
