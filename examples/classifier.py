@@ -9,8 +9,6 @@ The code is Accelerate's quick-tour loop; only the import line names convoy.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -63,8 +61,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # On CPU (gloo) a finished process can abort while Python shuts down (pytorch/pytorch#179291;
-    # docs/launching.md, Known issues): all work is done and saved here, so end the process now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)

@@ -10,8 +10,6 @@ falls within a few dozen steps on a CPU.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
 from torch import nn
@@ -95,8 +93,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # On CPU (gloo) a finished process can abort while Python shuts down (pytorch/pytorch#179291;
-    # docs/launching.md, Known issues): all work is done and saved here, so end the process now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)

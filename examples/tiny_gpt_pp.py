@@ -13,7 +13,6 @@ backward of every micro-batch, stage by stage, and returns the mean loss on ever
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -56,8 +55,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # On CPU (gloo) a finished process can abort while Python shuts down (pytorch/pytorch#179291;
-    # docs/launching.md, Known issues): all work is done and saved here, so end the process now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)

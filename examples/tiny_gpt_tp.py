@@ -12,8 +12,6 @@ mod the vocabulary), so the loss falls to near zero within the run.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -116,8 +114,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # On CPU (gloo) a finished process can abort while Python shuts down (pytorch/pytorch#179291;
-    # docs/launching.md, Known issues): all work is done and saved here, so end the process now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
