@@ -6,30 +6,18 @@
     close_when_done(env)                                  # in the others: rank 0 may go once they are done
     keep_serving(others_done(env))                        # rank 0, its program done
 
-torch's ``TCPStore`` server binds every interface (``::`` and ``0.0.0.0``) whatever ``host_name`` says; its one
-knob for the address is ``master_listen_fd``: a socket the caller has bound and passes in. The process group
-that ``init_process_group("env://")`` makes on rank 0, and the c10d rendezvous of torch's elastic agent,
-create their server with ``multi_tenant=True``, and torch then reuses a server already running in the same
-process on that port. So convoy starts that server first, on a loopback socket: in rank 0 right after it
-imports torch (``prepare_worker``), and in the launcher for the elastic agent's rendezvous (``agent_store``).
-Gloo's own listeners follow ``GLOO_SOCKET_IFNAME=lo`` (set unless the user set it).
+torch's ``TCPStore`` server binds every interface whatever ``host_name`` says; its one knob for the address is
+``master_listen_fd``, a socket the caller bound. torch reuses a ``multi_tenant`` server already running in the
+process on that port, so convoy starts it first on a loopback socket: in rank 0 right after it imports torch
+(``prepare_worker``), in the launcher for the elastic agent's rendezvous (``agent_store``). Gloo's listeners
+follow ``GLOO_SOCKET_IFNAME=lo`` (set unless the user set it).
 
-Rank 0 serving the store must not take it away while other ranks still reach it: a program whose rank 0 is
-done right after making its process group left the others with "Connection reset by peer". So rank 0, once
-its program has succeeded, keeps serving (``keep_serving``) until every other rank's program has finished,
-the launcher is gone, or ``STORE_LINGER`` seconds have passed; the bound keeps a rank that waits in a
-collective rank 0 never joins from waiting out the whole collective timeout. The direct engine says when
-with one pipe: rank 0 holds its read end, every other rank a copy of its write end, which that rank closes
-once its program has finished (``close_when_done``: at exit, after the program's threads and every other
-exit handler, before the interpreter tears itself down) and which the OS closes if the rank dies first; the
-read end's end of file is the last one closed. Rank 0 therefore shuts down while the others do, not after
-them (an interpreter that imported torch takes about 0.4 s to tear itself down). Under torch's elastic agent,
-which passes no descriptors, a restarting one-node job's rank 0 serves each attempt's store: there each other
-rank holds a shared ``flock`` on a file of its own in ``HOLD_DIR_VARIABLE``'s directory instead
-(``<attempt>.<rank>``, locked before it takes that name), let go at the same moment or by the OS, and rank 0
-waits until it can lock each one exclusively. Those files are opened without following a link and never
-truncated, in a directory that must be this user's and writable by nobody else (``convoy.launch.scratch`` makes
-it, in a temporary directory other users cannot swap it in).
+Rank 0, once its program has succeeded, keeps serving (``keep_serving``) until every other rank's program has
+finished, the launcher is gone, or ``STORE_LINGER`` seconds have passed, so no rank loses the store mid-call.
+Each other rank says it is done by closing its copy of a pipe's write end at exit (``close_when_done``), or, under
+torch's elastic agent, which passes no descriptors, by letting go of a shared ``flock`` on a file of its own in
+``HOLD_DIR_VARIABLE``'s directory (private to this user: ``convoy.launch.scratch``); the OS does either when the
+rank dies first.
 
 Multi-node jobs (a ``--master-addr``/``--rdzv-endpoint`` that is not a loopback address) are left as torch
 makes them. A script that starts its own ``TCPStore`` server on ``MASTER_PORT`` without ``multi_tenant=True``

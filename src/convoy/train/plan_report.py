@@ -8,34 +8,17 @@ what ``convoy.plan`` predicts for the very layout it runs; and the measurement k
     # step 71.0 ms, planned 76.6 ms (plan 8 % slow); peak 12.7 GiB, planned 12.3 GiB (plan 3 % low) -- zero3 on
     # 2xH100-80GB (nvlink), steps 3-7          (at debug instead when no plan applies, with the reason)
 
-Measuring. A step post-hook on the first prepared optimizer (``torch.optim.Optimizer.register_step_post_hook``)
-counts optimizer steps: a counter and nothing else on the steps it does not measure. Steps 1 and 2 are warm-up
-(lazy initialisation, the optimizer's state, the allocator growing). At the end of step 2 the device is
-synchronised, CUDA's peak-memory counter reset (``torch.cuda.reset_peak_memory_stats``: a script that reads
-``max_memory_allocated()`` afterwards sees the peak since then) and the clock read; at the end of each of steps 3
-to 7 the device is synchronised and the clock read again: the step time is the median of those five intervals
-(data loading included, as a user's loop sees it), the peak ``torch.cuda.max_memory_allocated`` at the end of
-step 7, this process's device (rank 0's on the main process: the first pipeline stage, the one the plan's memory
-is for). The CPU has no allocator peak: there, time only. Then the hooks are removed. On the CPU, warm-up step 2
-also counts the operators it runs (``convoy.plan.speed.measure_cpu.OpCounter``) and, at its end, every rank measures the
-collectives' round trip between the job's processes (``round_trip_seconds``; every rank's hook fires at the same
-optimizer step).
+Measured: the median of optimizer steps 3 to 7 (a step post-hook on the first prepared optimizer; steps 1 and 2
+warm up; data loading included) and CUDA's peak allocated memory since step 2, on this process's device (rank 0's
+on the main process: the first pipeline stage). The CPU has no allocator peak: time only; there step 2 also counts
+the operators it runs and every rank times the collectives' round trip. The hooks are removed afterwards.
 
-Planning. The model as ``convoy.plan`` reads it (a transformers model's ``config``, else the module itself), the
-sequence length and micro-batch of the largest forward input seen (``input_ids`` or the first tensor:
-``(batch, seq, ...)``), the precision recipe the trainer runs the strategy in (``trainer_precision``), the optimizer
-(Adam, AdamW, SGD; others as AdamW), gradient checkpointing when the model says it is on, the layout of the
-strategy (its ZeRO stage, degrees, accumulation steps and pipeline micro-batches, offload), on this device's table
-row x the job's processes per node and nodes, at the rates a plan uses here (a calibration of this device and
-torch version when cached, else the shipped profile, else the shape-aware model; ``convoy.plan.speed.rates``). On
-CPU processes the step is the counted operators at this CPU's rates (``convoy.plan.speed.cpu_step``: cost per
-operator, matmul rate and bandwidth measured once and cached, the round trip above), plus the pipeline's idle share
-for its schedule. Any failure leaves the report without the plan, saying why (and a debug log line): training never
-stops for it.
-
-Keeping. The main process writes the observation into the calibration cache entry of its device
-(``convoy.plan.speed.observed``): a later plan of the same case on this machine (``convoy plan``) takes the measured
-step time.
+Planned: the model as ``convoy.plan`` reads it, the largest forward input's micro-batch and sequence, the trainer's
+precision recipe, optimizer, recompute and the strategy's layout, on this device's table row at the rates a plan
+uses here (``convoy.plan.speed.rates``); CPU processes at this CPU's measured rates
+(``convoy.plan.speed.cpu_step``). A failure leaves the report without the plan, saying why: training never stops
+for it. The main process keeps the observation in its device's calibration cache (``convoy.plan.speed.observed``),
+which a later ``convoy plan`` of the same case on this machine takes as its step time.
 """
 
 from __future__ import annotations

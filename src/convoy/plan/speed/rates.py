@@ -262,7 +262,7 @@ def _fit_to(record: Calibration, model: ModeledRates) -> ModeledRates:
 @dataclass(frozen=True)
 class FlatRates:
     """The datasheet model: GEMMs and attention at ``efficiency`` x the peak, memory-bound work at the board's
-    bandwidth, no launch overhead (``efficiency=``; the planner's only model before profiles)."""
+    bandwidth, no launch overhead (``efficiency=``)."""
 
     gpu: GpuSpec
     efficiency: float

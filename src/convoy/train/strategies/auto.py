@@ -1,44 +1,24 @@
 """``strategy="auto"``: the planner's layout (data parallel, or tp/pp where the model and the loop allow), else a rule.
 
-The trainer's side of the planner: what the trainer can do with this model and loop (the tp and pp degrees it can
-split the model by, whether the loop is a pipeline's, whether FSDP2 can wrap it), handed to the planner as its
-``TrainerFacts``, so that ``convoy plan`` with the same facts gives the same answer (one function decides:
-``convoy.plan.api.plan_for``); how strategy ``"parallel"`` realises the candidates' data parallelism
-(``dp_engine_for``); and the answer as an ``AutoLayout`` the strategy builder (``convoy.train.strategies.build``)
-turns into a strategy, with CPU offload applied when the planner turned that knob (nothing else fit).
-
     layout = choose_strategy(world_size=4, num_parameters=7e9, device_bytes=80 * 2**30)
     layout.name, layout.reason   # ("zero3", "the model needs ~104.3 GiB for fp32 weights, gradients and Adam ...")
     layout = choose_strategy(world_size=2, num_parameters=n, device_bytes=b, planner=planner_hook(None),
                              model=model, options={})
     layout.name, layout.dims     # ("parallel", ParallelDims(tp=2)) when the planner's winner splits the model
 
-``planner`` is the hook for ``convoy.plan``: a callable ``planner(num_parameters=, world_size=, device_bytes=,
-model=, tp_degrees=, pp_degrees=, pipeline=[, heads=, nodes=]) -> AutoLayout | (name, reason) | None`` (``heads``:
-the model config's attention heads, given when known; ``nodes``: the machines of a multi-node job, given when
-above 1). convoy's own planner (``planner_hook``) is called with every keyword; a planner of the user's gets
-the keywords its signature names (all of them when it takes ``**kwargs``). When it answers, its answer wins, and
-the rule below is the fallback. What the planner may split is decided here, where the model can be inspected:
+The trainer's side of the planner. Here, where the model can be inspected, is decided what the planner may
+split: tp degrees that divide the world size and for which the model has a tensor-parallel plan that keeps its
+tied weights whole or split alike, with known, divisible attention heads; pp degrees only for a loop that trains
+with ``loss = model(x, target=y)`` (``options["loss_fn"]``), at cuts that put tied weights on different
+processes; no FSDP2 layout for a model ``fully_shard`` cannot wrap (``fsdp_limit``). The planner
+(``convoy.plan.api.plan_for``, the function behind ``convoy plan`` too) compares the candidates; a model that
+fits one process is never split. Its answer is an ``AutoLayout`` that ``convoy.train.strategies.build`` turns into
+a strategy, with recompute and CPU offload applied when the planner turned those knobs.
 
-- tp degrees: those dividing the world size for which the model has a tensor-parallel plan
-  (``resolve_tp_plan``; a model without projection names has none) that ``check_tp_plan`` accepts, and
-  whose attention head counts are known and divisible. A model whose heads are unknown gets no tp.
-- pp degrees: only when ``options`` has ``loss_fn``, the signal of a loop that trains with
-  ``loss = model(x, target=y)``; then only pipeline layouts are compared, and only cuts whose tied weights
-  (``convoy.train.parallel.ties``) land on stages of different processes.
-- a model that fits one process (the guide's case 1) is never split (the planner's own rule, ``recommend``): its
-  data-parallel answer is taken, also for a pipeline loop (strategy "parallel" runs ``model(x, target=y)`` at
-  pp = 1), and the line says so.
-- tied weights: tp degrees come from a plan that splits a tied embedding and head alike or leaves them whole
-  (``resolve_tp_plan``; a user's ``tp_plan`` splitting them apart has none).
-- FSDP2: never for a model ``fully_shard`` cannot wrap (``convoy.train.strategies.fsdp.fsdp_limit``: a scalar
-  parameter, as in Accelerate's ``RegressionModel``, a non-contiguous one, two dtypes in one shard unit); the
-  layouts it would shard (zero2, zero3, and tp or pp beside dp through FSDP2) are left out, and the reason says so.
-
-On a GPU the Accelerator's rank 0 plans for its own device (``planner_hook(..., device="cuda:0")``): when the
-model's shape is read (tp or pp may be proposed), step times use the GPU's table row and the rates measured on
-it at the model's shapes (``convoy.plan.speed.measure``: once per device and torch version, then from the cache);
-without a GPU, or for a bare parameter count, the datasheet model of a generic device ranks the layouts.
+``planner`` may be the user's: a callable taking the facts as keywords (those its signature names) and returning
+an ``AutoLayout``, a ``(name, reason)`` pair, or None (``choose_strategy``'s own rule then answers). On a GPU,
+rank 0 plans for its own device (``planner_hook(..., device="cuda:0")``), with the rates measured on it at the
+model's shapes (``convoy.plan.speed.measure``, cached); without one, the CPU processes are planned as such.
 """
 
 from __future__ import annotations
@@ -257,19 +237,17 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
     """The ``planner`` hook of ``choose_strategy``: the ``AutoLayout`` to build, or None when
     no layout the trainer runs fits (the caller's own rule then answers).
 
-    Without ``tp_degrees``/``pp_degrees`` (the degrees the training layer checked ``model`` can take) only the
-    data-parallel strategies are compared, for a model known by its parameter count alone. With them the
-    planner reads ``model``'s shape (blocks, hidden size, heads; ``heads=`` etc. in ``kwargs`` override) and
-    compares tp and pp layouts too; ``pipeline`` (the loop trains with ``model(x, target=y)``, which only a
-    pipeline runs) compares pipeline layouts only. ``mixed_precision`` (the Accelerator's ``"bf16"``/``"fp16"``)
-    costs each candidate in the recipe the trainer runs it in (``trainer_precision``) instead of ``precision``.
-    ``device`` (``"cuda:0"``: the device this process trains on): the plan uses that GPU's table row (links, peak
-    FLOPs, and its shipped profile, ``convoy.plan.speed.rates``) and, when the model's shape is read, rates measured on
-    it at the model's shapes (``convoy.plan.speed.measure``, cached per device and torch version, so measured once),
-    and says so. ``device_type="cpu"``: the job runs as CPU processes, planned as such (``convoy.plan.hardware.CPU``:
-    gloo's latencies, a share of this machine's memory), and the reasons speak of them.
-    ``fsdp_limit`` (why FSDP2 cannot wrap the model, ``convoy.train.strategies.fsdp.fsdp_limit``): the layouts
-    the trainer shards with FSDP2 are left out, and the reason says why.
+    - ``tp_degrees``, ``pp_degrees``: the degrees the trainer checked ``model`` can take. Without them only the
+      data-parallel strategies are compared, for the parameter count alone; with them the planner reads
+      ``model``'s shape (``heads=`` and the other shape keys in ``kwargs`` override it) and compares tp and pp.
+    - ``pipeline``: the loop trains with ``model(x, target=y)``, so only pipeline layouts are compared.
+    - ``mixed_precision`` (``"bf16"``/``"fp16"``): each candidate is costed in the recipe the trainer runs it in
+      (``trainer_precision``) instead of ``precision``.
+    - ``device`` (``"cuda:0"``): that GPU's table row and, for a model with a shape, rates measured on it
+      (``convoy.plan.speed.measure``, cached per device and torch version). ``device_type="cpu"``: CPU processes,
+      planned as such (``convoy.plan.hardware.CPU``).
+    - ``fsdp_limit`` (why FSDP2 cannot wrap the model): the layouts it would shard are left out, and the reason
+      says why.
     """
     tp_degrees = tuple(t for t in tp_degrees if t > 1)
     pp_degrees = tuple(p for p in pp_degrees if p > 1)

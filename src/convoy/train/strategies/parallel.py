@@ -8,51 +8,18 @@
                               strategy_options={"loss_fn": F.cross_entropy, "pp_schedule": "1f1b"})
     convoy launch --nproc-per-node 4 --dp 2 --tp 2 train.py           # the same through CONVOY_PARALLELISM
 
-How each axis is realised:
+The axes are applied in torchtitan's order: tp first (``parallelize_module`` with the resolved plan), then pp
+(``PipelineModule`` traces the model and runs its schedule over the pp sub-mesh; the step is
+``loss = model(inputs, target=labels)``, so ``accelerator.backward`` is a no-op), recompute on each block (of
+each stage once built), then the dp engine over the dp mesh: FSDP2 (``"fsdp"``, ``"zero2"``, HSDP on a 2-D
+mesh), DDP or ZeRO-1 (``"ddp"``, ``"zero1"``; beside tp, where the weights are DTensors, FSDP2's ``replicate``
+and a ``fully_shard`` that keeps the gathered weights: ``realisation``). docs/parallelism.md has the options and
+what each strategy name becomes.
 
-- tp: ``resolve_tp_plan`` (option ``tp_plan``: a mapping of module patterns to styles; otherwise the
-  model's declared plan or convoy's default; option ``sequence_parallel``) applied with DTensor's
-  ``parallelize_module``.
-- pp: ``PipelineModule`` (options ``pp_schedule``, ``pp_microbatches``, ``pp_stages_per_rank``,
-  ``pp_split_at``, ``pp_layers``, and the required ``loss_fn(output, target)``). The training step is
-  ``loss = model(inputs, target=labels)`` (forward and backward together); ``accelerator.backward(loss)``
-  then has nothing left to do and is a no-op.
-- dp: option ``dp_engine`` = ``"fsdp"`` (FSDP2 ``fully_shard`` over the dp mesh: of the whole model, or of
-  each pipeline stage with ``reshard_after_forward=False``), ``"zero2"`` (the same, keeping the gathered weights
-  from forward to backward for the whole model too), ``"ddp"``, or ``"zero1"`` (DDP + ``ZeroRedundancyOptimizer``
-  over the dp group). Beside tp the weights are DTensors, which DDP and ``ZeroRedundancyOptimizer`` do not take:
-  ``"ddp"`` then keeps whole replicas with FSDP2's ``replicate`` (``replicated.py``) and ``"zero1"`` runs as
-  ``fully_shard`` keeping the gathered weights through the step (``realisation``). Default: ``"zero1"`` for
-  dp x pp, as the multi-GPU guide recommends, else ``"fsdp"``. ``dp_replicate`` x ``dp_shard`` both > 1 is HSDP
-  (``fully_shard`` on the 2-D dp mesh; strategy ``"hsdp"``, which by default shards inside each machine and
-  replicates across machines). A data-parallel strategy asked for beside tp/pp degrees
-  (``Accelerator(strategy="zero3", parallelism={"tp": 2})``, ``convoy launch --strategy zero3 --tp 2``) is this
-  strategy with that ``dp_engine`` (``convoy.config.schema.dp_engine_beside``); ``cpu_offload`` offloads the
-  FSDP2 engines' shards as zero3 does. Under mixed precision FSDP2 over the
-  whole model gathers 16-bit weights and reduces in fp32 (``MixedPrecisionPolicy``, as zero3 and torchtitan do);
-  pipeline stages gather fp32 (their traced dtypes are the model's) and run under autocast.
-
-- recompute (``Accelerator(recompute=...)``, ``convoy.train.parallel.recompute``): each block checkpointed after tp
-  and before the dp engine wraps it (torchtitan's order); in a pipeline, each stage's blocks once it is built.
-- tp x pp: the TP plan is applied to the whole model on the tp sub-mesh first; the pipeline then traces it
-  with plain stand-ins of the split modules (``tracing_stand_ins``: this rank's local shapes) and puts
-  the real tensor-parallel modules back into each stage, whose schedule runs over the pp sub-mesh's group.
-- dp x tp x pp: as tp x pp, then each stage is sharded with FSDP2 over the dp mesh (torchtitan's 3D layout).
-
-Tied weights (a head sharing its embedding's weight, ``convoy.train.parallel.ties``): tp splits them alike or
-leaves them whole; pp sums the shared gradient over the stages holding it before each optimizer step (an
-optimizer step pre-hook) and before ``clip_grad_norm_``, which counts it once; ``full_model_state_dict`` names
-one tensor under each of the tie's names.
-
-Checkpoints of every layout (``save_state``) are ``torch.distributed.checkpoint`` directories keyed by the
-model's parameter names, loadable at any other layout; a pipeline loads on its first call (when its stages
-are built). ZeRO-1 state is gathered over the dp group first.
-
-Gradient accumulation with pp (``accumulate``/``no_sync``): the pipeline scales each micro-batch's loss by
-1 / (micro-batches x accumulation steps) and gradients add up in the stages across calls; the dp reduction
-is not skipped on the accumulating calls (correct, as it is linear, but not saved).
-
-Not supported yet (``NotSupportedYetError``): fp16 with pp.
+What a caller must know: tied weights keep one value under every layout (``convoy.train.parallel.ties``);
+checkpoints are ``torch.distributed.checkpoint`` directories loadable at any other layout, a pipeline's loaded
+on its first call; with pp, gradient accumulation scales each micro-batch's loss and the dp reduction still runs
+on the accumulating calls. fp16 with pp raises ``NotSupportedYetError``.
 """
 
 from __future__ import annotations
