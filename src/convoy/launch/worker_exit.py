@@ -26,20 +26,17 @@ import sys
 __all__ = ["end_without_teardown", "exit_status", "program_ended"]
 
 _status: int | None = None  # the program's exit status, once it is known
-_registered = False
 
 
 def end_without_teardown() -> None:
     """Register the handler that ends the process, so that it runs after every other exit handler.
 
-    Exit handlers run last-registered first, so this must be called before the program starts. When a
-    handler is already registered it would run after this one and never run; the teardown is then kept.
+    Exit handlers run last-registered first, so this must be called before the program starts. Does nothing
+    when a handler is registered already: an earlier call's (then in place), or another, which would run after
+    this one and never run (the interpreter's teardown is then kept).
     """
-    global _registered
-    if _registered or atexit._ncallbacks() > 0:
-        return
-    atexit.register(_leave)
-    _registered = True
+    if atexit._ncallbacks() == 0:
+        atexit.register(_leave)
 
 
 def program_ended(status: int | None) -> None:
