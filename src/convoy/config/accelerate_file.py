@@ -32,8 +32,7 @@ from convoy.config.accelerate_mapping import (
     fsdp_translation,
     parallelism_translation,
 )
-from convoy.config.schema import show
-from convoy.errors import ConfigError, NotSupportedYetError
+from convoy.errors import ConfigError, NotSupportedYetError, shown
 
 __all__ = ["read_accelerate_config", "read_deepspeed_json", "accelerate_default_config", "TOP_LEVEL_KEYS",
            "MULTI_DEVICE_TYPES"]
@@ -156,7 +155,7 @@ def read_accelerate_config(path: str | os.PathLike[str], *, cwd: str | os.PathLi
 
     unknown = [str(k) for k in data if k not in TOP_LEVEL_KEYS]
     if unknown:  # Accelerate refuses them too ("had unknown keys")
-        raise ConfigError(f"{file.name}: {show(unknown[0])} is not a key of Accelerate's config file; known keys: "
+        raise ConfigError(f"{file.name}: {shown(unknown[0])} is not a key of Accelerate's config file; known keys: "
                           f"{', '.join(TOP_LEVEL_KEYS[:-2])}")
     _refuse_top_level(data, cite)
     if "distributed_type" not in data:

@@ -20,8 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from convoy.config.schema import show
-from convoy.errors import ConfigError, NotSupportedYetError
+from convoy.errors import ConfigError, NotSupportedYetError, shown
 
 __all__ = ["Row", "ROWS", "Mapped", "Translation", "fsdp_translation", "deepspeed_translation",
            "parallelism_translation", "plugin_cite", "block_fields", "FSDP_FAMILY", "DEEPSPEED_FAMILY",
@@ -154,7 +153,7 @@ class Translation:
 
 def plugin_cite(plugin: str) -> Callable[[str, Any], str]:
     """How a plugin's field is named in messages: ``FullyShardedDataParallelPlugin(cpu_offload=True)``."""
-    return lambda name, value: f"{plugin}({name}={show(_enum_name(value) if _is_enum(value) else value)})"
+    return lambda name, value: f"{plugin}({name}={shown(_enum_name(value) if _is_enum(value) else value)})"
 
 
 def block_fields(block: str, items: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -168,7 +167,7 @@ def block_fields(block: str, items: Mapping[str, Any]) -> tuple[dict[str, Any], 
         name = f"fsdp_{key}" if block == "fsdp_config" and not str(key).startswith("fsdp") else str(key)
         row = rows.get(name)
         if row is None:
-            raise ConfigError(f"{block}.{show(key)} is not a key Accelerate writes; known keys: "
+            raise ConfigError(f"{block}.{shown(key)} is not a key Accelerate writes; known keys: "
                               f"{', '.join(rows)}")
         target = row.field if row.field != "-" else row.key
         if target in ("sp_handler", "cp_handler"):

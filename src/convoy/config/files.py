@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from convoy.config.schema import KEYS, SCHEMA, closest_key, show
-from convoy.errors import ConfigError
+from convoy.config.schema import KEYS, SCHEMA, closest_key
+from convoy.errors import ConfigError, shown
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -77,7 +77,7 @@ def _line_of(lines: list[str], key: str) -> int:
 
 
 def _where(path: Path, line: int, key: str) -> str:
-    return f"{shown_path(path)}, line {line}, key {show(key)}" if line else f"{shown_path(path)}, key {show(key)}"
+    return f"{shown_path(path)}, line {line}, key {shown(key)}" if line else f"{shown_path(path)}, key {shown(key)}"
 
 
 def shown_path(path: str | os.PathLike[str]) -> str:
@@ -169,7 +169,7 @@ def write_settings_file(path: str | os.PathLike[str], values: Mapping[str, Any])
             continue
         value = KEYS[name].parse(raw, where=f"setting '{name}'")
         if isinstance(value, str) and not _is_utf8(value):  # e.g. a byte 0xff from the shell ('\udcff')
-            raise ConfigError(f"setting '{name}': {show(raw)} is not UTF-8 text, which a settings file (TOML) "
+            raise ConfigError(f"setting '{name}': {shown(raw)} is not UTF-8 text, which a settings file (TOML) "
                               f"holds; give the value in UTF-8")
         merged[name] = value
     body = ["# convoy settings (see 'convoy config keys'); precedence:",
@@ -185,8 +185,8 @@ def write_settings_file(path: str | os.PathLike[str], values: Mapping[str, Any])
     back = {name: fv.value for name, fv in _settings_from_text(text, path).items()}
     if back != merged:
         changed = next(name for name in merged if back.get(name) != merged[name])
-        raise ConfigError(f"setting '{changed}': {show(merged[changed])} would read back from {shown_path(path)} "
-                          f"as {show(back.get(changed))}; give it as 'convoy config keys' describes")
+        raise ConfigError(f"setting '{changed}': {shown(merged[changed])} would read back from {shown_path(path)} "
+                          f"as {shown(back.get(changed))}; give it as 'convoy config keys' describes")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ from convoy.plan.run import RECOMPUTE  # torch-free: the planner's modes are the
 
 __all__ = ["Key", "SCHEMA", "KEYS", "key_for", "closest_key", "ENV_PREFIX", "MixedPrecision", "MIXED_PRECISIONS",
            "RECOMPUTE_MODES", "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "DP_ENGINES", "dp_engine_beside",
-           "PP_SCHEDULES", "OFFLOADING", "check_offload", "show", "parse_whole",
+           "PP_SCHEDULES", "OFFLOADING", "check_offload", "parse_whole",
            "is_whole", "is_host"]
 
 ENV_PREFIX = "CONVOY_"
@@ -146,12 +146,8 @@ def check_offload(strategy: str, dims: Any, *, said: str) -> None:
                             f"none; use strategy 'zero3', 'zero2' or 'hsdp'")
 
 
-#: ``repr(value)`` for an error message: at most 40 characters, and never failing (a 5000-digit int)
-show = shown
-
-
 def _bad(where: str, value: Any, expected: str) -> ConfigError:
-    return ConfigError(f"{where}: {show(value)} is not valid; expected {expected}")
+    return ConfigError(f"{where}: {shown(value)} is not valid; expected {expected}")
 
 
 def _to_str(value: Any, where: str, expected: str) -> str:
@@ -238,7 +234,7 @@ def _parse_devices(value: Any, where: str) -> str:
         check_devices(text)  # as the flag reads it: '1 2' is no request (removing the space made it a count of 12)
     except DeviceSpecError as err:
         reason = str(err).partition(": ")[2] or str(err)
-        raise ConfigError(f"{where}: {show(value)} is not valid: {reason}") from None
+        raise ConfigError(f"{where}: {shown(value)} is not valid: {reason}") from None
     return ",".join(part.strip() for part in text.split(","))
 
 
@@ -297,10 +293,10 @@ def _refuse_quoted(key: Key, raw: str, where: str) -> None:
     text = raw.strip()
     if key.type == "bool" and text.lower() in _TRUE | _FALSE:
         word = "true" if text.lower() in _TRUE else "false"
-        raise ConfigError(f"{where}: {show(raw)} is a string, not a bool; write {word} without quotes")
+        raise ConfigError(f"{where}: {shown(raw)} is a string, not a bool; write {word} without quotes")
     numeric = key.type.startswith(("int", "seconds")) or key.name == "nproc_per_node"
     if numeric and _SECONDS.fullmatch(text):
-        raise ConfigError(f"{where}: {show(raw)} is a string, not a number; write {text} without quotes")
+        raise ConfigError(f"{where}: {shown(raw)} is a string, not a number; write {text} without quotes")
 
 
 def _choice(*choices: str) -> Callable[[Any, str], str]:
@@ -309,7 +305,7 @@ def _choice(*choices: str) -> Callable[[Any, str], str]:
         if text not in choices:
             close = difflib.get_close_matches(text, choices, n=1) if text else []
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{where}: {show(value)} is not valid; expected one of {', '.join(choices)}{hint}")
+            raise ConfigError(f"{where}: {shown(value)} is not valid; expected one of {', '.join(choices)}{hint}")
         return text
 
     return convert

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from convoy.config.files import project_config_path, read_settings_file, user_config_path
-from convoy.config.schema import KEYS, SCHEMA, key_for, show
-from convoy.errors import ConfigError
+from convoy.config.schema import KEYS, SCHEMA, key_for
+from convoy.errors import ConfigError, shown
 
 __all__ = ["Source", "Settings", "effective_settings", "file_settings_env", "fill_unset", "fill_unset_with_origins",
            "said", "SOURCE_KINDS", "TORCHRUN_OPTIONS", "TORCHRUN_SWITCHES", "torchrun_variable", "torchrun_env",
@@ -87,7 +87,7 @@ def read_switch(raw: str, *, where: str) -> bool:
     on (``bool(int(text))``); ``ConfigError`` naming ``where`` otherwise (torchrun stops with a ValueError
     traceback on 'true')."""
     if not isinstance(raw, str) or not _SWITCH.fullmatch(raw):
-        raise ConfigError(f"{where}: {show(raw)} is not valid; expected 1 (on) or 0 (off), as torchrun reads it")
+        raise ConfigError(f"{where}: {shown(raw)} is not valid; expected 1 (on) or 0 (off), as torchrun reads it")
     return int(raw) != 0
 
 

@@ -210,7 +210,7 @@ class Inventory:
 def load_inventory(path: str | os.PathLike[str]) -> Inventory:
     """Read an inventory file. Raises :class:`InventoryError` naming the file and what is wrong."""
     path = Path(path)
-    name, shown = path.name, str(path) if str(path).isprintable() else repr(str(path))
+    name, printable = path.name, str(path) if str(path).isprintable() else repr(str(path))
     try:
         text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
@@ -223,7 +223,7 @@ def load_inventory(path: str | os.PathLike[str]) -> Inventory:
                              f"write it with 'convoy devices --json'") from None
     except ValueError:  # a NUL character in the path (possible from Python, never from a shell)
         raise InventoryError(f"inventory file {str(path)!r}: a path cannot hold a NUL character") from None
-    return inventory_from_dict(parse_json(text, f"inventory file {str(path)!r}"), source=f"file:{shown}")
+    return inventory_from_dict(parse_json(text, f"inventory file {str(path)!r}"), source=f"file:{printable}")
 
 
 def parse_json(text: str, what: str) -> Any:

@@ -36,8 +36,8 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from convoy.config.schema import KEYS, is_whole, show
-from convoy.errors import ConfigError, LaunchError, RankFailedError
+from convoy.config.schema import KEYS, is_whole
+from convoy.errors import ConfigError, LaunchError, RankFailedError, shown
 from convoy.launch import hang_report
 from convoy.launch.failures import describe_exit
 from convoy.launch.loopback import is_loopback, keep_serving, loopback_env, prepare_worker, serving
@@ -78,7 +78,7 @@ def launch(
     _check_call(fn, args, kwargs)
     wait = _check_lease_options(env, lease, wait)
     if not is_whole(max_restarts):
-        raise ConfigError(f"convoy.launch(max_restarts={show(max_restarts)}): give a whole number >= 0")
+        raise ConfigError(f"convoy.launch(max_restarts={shown(max_restarts)}): give a whole number >= 0")
     for name, value in (("nproc_per_node", nproc_per_node), ("mixed_precision", mixed_precision),
                         ("collective_timeout", collective_timeout)):
         if value is not None:  # named as this call's keywords, not as convoy launch's flags
@@ -128,26 +128,26 @@ def _restartable(err: BaseException) -> bool:
 def _check_call(fn: Any, args: Any, kwargs: Any) -> None:
     """What each rank will call, checked before a device is leased or a process started."""
     if not callable(fn):
-        raise ConfigError(f"convoy.launch({show(fn)}): give the function each process runs, e.g. "
+        raise ConfigError(f"convoy.launch({shown(fn)}): give the function each process runs, e.g. "
                           "convoy.launch(train, args=(lr,))")
     if isinstance(args, (str, bytes)) or not isinstance(args, (tuple, list)):
-        raise ConfigError(f"convoy.launch(args={show(args)}): give a tuple of positional arguments, e.g. args=(lr,)")
+        raise ConfigError(f"convoy.launch(args={shown(args)}): give a tuple of positional arguments, e.g. args=(lr,)")
     if kwargs is not None and not isinstance(kwargs, Mapping):
-        raise ConfigError(f"convoy.launch(kwargs={show(kwargs)}): give a dict of keyword arguments")
+        raise ConfigError(f"convoy.launch(kwargs={shown(kwargs)}): give a dict of keyword arguments")
 
 
 def _check_lease_options(env: Any, lease: Any, wait: Any) -> float | None:
     """``env``, ``lease`` and ``wait`` as ``convoy.launch`` documents them; returns ``wait`` in seconds."""
     if env is not None and (not isinstance(env, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
-        raise ConfigError(f"convoy.launch(env={show(env)}): give a mapping of variable names to strings, "
+        raise ConfigError(f"convoy.launch(env={shown(env)}): give a mapping of variable names to strings, "
                           "e.g. {**os.environ, 'NCCL_DEBUG': 'INFO'}")
     if not isinstance(lease, bool):
-        raise ConfigError(f"convoy.launch(lease={show(lease)}): give True (hold a lease on the devices) or False")
+        raise ConfigError(f"convoy.launch(lease={shown(lease)}): give True (hold a lease on the devices) or False")
     if wait is None:
         return None
     if not lease:
-        raise ConfigError(f"convoy.launch(wait={show(wait)}, lease=False): wait is for devices another job "
+        raise ConfigError(f"convoy.launch(wait={shown(wait)}, lease=False): wait is for devices another job "
                           "leased, and only a leasing call waits; drop wait= or lease=False")
     from convoy.devices.amounts import parse_duration
     from convoy.errors import DeviceSpecError

@@ -40,9 +40,8 @@ from convoy.config.schema import (
     check_offload,
     dp_engine_beside,
     parse_whole,
-    show,
 )
-from convoy.errors import ConfigError
+from convoy.errors import ConfigError, shown
 
 __all__ = [
     "DEFAULT_SIGNALS",
@@ -242,14 +241,14 @@ def launched_options(options: Any, *, where: str) -> dict[str, Any]:
     """``options`` checked as ``LAUNCHED_OPTIONS`` (``auto_wrap``: module class names), the names as a tuple;
     ``ConfigError`` naming ``where`` otherwise."""
     if not isinstance(options, Mapping) or any(key not in LAUNCHED_OPTIONS for key in options):
-        raise ConfigError(f"{where}: {show(options)} is not valid; expected an object with keys from "
+        raise ConfigError(f"{where}: {shown(options)} is not valid; expected an object with keys from "
                           f"{', '.join(LAUNCHED_OPTIONS)}")
     checked: dict[str, Any] = {}
     for key, value in options.items():
         if key == "auto_wrap":
             if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value or \
                     not all(isinstance(v, str) and v.strip() for v in value):
-                raise ConfigError(f"{where}: auto_wrap={show(value)}: give module class names like "
+                raise ConfigError(f"{where}: auto_wrap={shown(value)}: give module class names like "
                                   f"['LlamaDecoderLayer']")
             value = tuple(v.strip() for v in value)
         checked[key] = value
@@ -343,7 +342,7 @@ def read_convoy_env(env: Mapping[str, str], *, skip: Collection[str] = ()) -> Co
         try:
             parsed = json.loads(raw)
         except ValueError:
-            raise ConfigError(f"{where}: {show(raw)} is not a JSON object such as "
+            raise ConfigError(f"{where}: {shown(raw)} is not a JSON object such as "
                               f"{{\"auto_wrap\": [\"Block\"]}}") from None
         values["strategy_options"] = launched_options(parsed, where=where)
     return ConvoyEnv(**values)

@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from convoy.config.schema import is_whole, show
-from convoy.errors import ConfigError
+from convoy.config.schema import is_whole
+from convoy.errors import ConfigError, shown
 from convoy.train import checkpoint, collectives, data, operations, tracking
 from convoy.train.arguments import check_arguments, check_plain_arguments, is_flag
 from convoy.train.checkpoint.hooks import StateHooks
@@ -72,19 +72,19 @@ class ProjectConfiguration:
         for name in ("project_dir", "logging_dir"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, (str, os.PathLike)):
-                raise ConfigError(f"ProjectConfiguration({name}={show(value)}): give a directory path (a str or "
+                raise ConfigError(f"ProjectConfiguration({name}={shown(value)}): give a directory path (a str or "
                                   "Path), or None")
         if not is_flag(self.automatic_checkpoint_naming):
             raise ConfigError(f"ProjectConfiguration(automatic_checkpoint_naming="
-                              f"{show(self.automatic_checkpoint_naming)}): give True or False")
+                              f"{shown(self.automatic_checkpoint_naming)}): give True or False")
         # 0 has two readings in Hugging Face's libraries: Accelerate's save_state then keeps only the newest
         # checkpoint, the Trainer's save_total_limit keeps them all. Either reading would surprise someone, and one
         # deletes their checkpoints: refused, as negative numbers are.
         if self.total_limit is not None and not is_whole(self.total_limit, 1):
-            raise ConfigError(f"ProjectConfiguration(total_limit={show(self.total_limit)}): give how many of the "
+            raise ConfigError(f"ProjectConfiguration(total_limit={shown(self.total_limit)}): give how many of the "
                               "newest checkpoints to keep, a whole number >= 1, or None to keep them all")
         if not is_whole(self.iteration):
-            raise ConfigError(f"ProjectConfiguration(iteration={show(self.iteration)}): give the number of the "
+            raise ConfigError(f"ProjectConfiguration(iteration={shown(self.iteration)}): give the number of the "
                               "next automatic checkpoint, a whole number >= 0")
         for name in ("total_limit", "iteration"):  # numpy's ints are taken, and kept as Python's
             if getattr(self, name) is not None:
@@ -166,7 +166,7 @@ class Accelerator:
             **explicit, "collective_timeout": collective_timeout, "backend": self._handlers.backend}, cpu=cpu,
             options=plugins.options, defaults=self._handlers.ddp, strategy_family=plugins.family)
         AcceleratorState._check_mixed_precision(settings.mixed_precision,
-                                                where=f"Accelerator(mixed_precision={show(mixed_precision)})")
+                                                where=f"Accelerator(mixed_precision={shown(mixed_precision)})")
         return settings
 
     def _set_accumulation(self, plugin: GradientAccumulationPlugin | None) -> None:

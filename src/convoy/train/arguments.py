@@ -13,8 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from convoy.config.schema import show
-from convoy.errors import ConfigError
+from convoy.errors import ConfigError, shown
 
 __all__ = ["RNG_TYPES", "OPTIONAL_FLAGS", "is_flag", "check_plain_arguments", "check_arguments"]
 
@@ -42,9 +41,9 @@ def check_plain_arguments(flags: Mapping[str, Any], *, project_dir: Any, rng_typ
         if value is None and name in OPTIONAL_FLAGS:
             continue
         if not is_flag(value):
-            raise ConfigError(f"Accelerator({name}={show(value)}): give True or False")
+            raise ConfigError(f"Accelerator({name}={shown(value)}): give True or False")
     if project_dir is not None and not isinstance(project_dir, (str, os.PathLike)):
-        raise ConfigError(f"Accelerator(project_dir={show(project_dir)}): give a directory path (a str or Path)")
+        raise ConfigError(f"Accelerator(project_dir={shown(project_dir)}): give a directory path (a str or Path)")
     if rng_types is not None:
         names = [rng_types] if isinstance(rng_types, str) else rng_types
         try:
@@ -52,7 +51,7 @@ def check_plain_arguments(flags: Mapping[str, Any], *, project_dir: Any, rng_typ
         except TypeError:
             bad = [rng_types]
         if bad:
-            raise ConfigError(f"Accelerator(rng_types=...): {show(bad[0])} is not a random number generator; "
+            raise ConfigError(f"Accelerator(rng_types=...): {shown(bad[0])} is not a random number generator; "
                               f"give names from {', '.join(RNG_TYPES)}")
 
 
@@ -73,10 +72,10 @@ def check_arguments(*, strategy: str, strategy_options: Any, dataloader_config: 
         comm_hook(ddp)  # its values too, now rather than at prepare()
     if dataloader_config is not None and not all(hasattr(dataloader_config, a)
                                                  for a in ("split_batches", "even_batches")):
-        raise ConfigError(f"dataloader_config={show(dataloader_config)}: give a DataLoaderConfiguration("
+        raise ConfigError(f"dataloader_config={shown(dataloader_config)}: give a DataLoaderConfiguration("
                           f"split_batches=..., even_batches=...) (convoy.train.DataLoaderConfiguration)")
     if project_config is not None and not all(hasattr(project_config, a) for a in
                                               ("project_dir", "iteration", "total_limit",
                                                "automatic_checkpoint_naming")):
-        raise ConfigError(f"project_config={show(project_config)}: give a ProjectConfiguration(project_dir=...) "
+        raise ConfigError(f"project_config={shown(project_config)}: give a ProjectConfiguration(project_dir=...) "
                           f"(convoy.train.ProjectConfiguration)")

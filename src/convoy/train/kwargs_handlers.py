@@ -24,8 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from convoy.config.schema import show
-from convoy.errors import ConfigError
+from convoy.errors import ConfigError, shown
 from convoy.train.arguments import is_flag
 
 __all__ = ["KwargsHandler", "DDPCommunicationHookType", "DistributedDataParallelKwargs", "InitProcessGroupKwargs",
@@ -44,7 +43,7 @@ class KwargsHandler:
 
 
 def _refuse(handler: Any, name: str, want: str) -> NoReturn:
-    raise ConfigError(f"{type(handler).__name__}({name}={show(getattr(handler, name))}): give {want}")
+    raise ConfigError(f"{type(handler).__name__}({name}={shown(getattr(handler, name))}): give {want}")
 
 
 def _check_flags(handler: Any, *names: str, optional: bool = False) -> None:

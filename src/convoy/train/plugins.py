@@ -30,8 +30,8 @@ from convoy.config.accelerate_mapping import (
     parallelism_translation,
     plugin_cite,
 )
-from convoy.config.schema import KEYS, show
-from convoy.errors import ConfigError
+from convoy.config.schema import KEYS
+from convoy.errors import ConfigError, shown
 from convoy.launch.rank_env import read_rank_env
 
 __all__ = ["FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "ParallelismConfig", "PluginArguments",
@@ -118,11 +118,11 @@ class DeepSpeedPlugin:
         if isinstance(config, (str, os.PathLike)) and str(config) != "none":
             from convoy.config.accelerate_file import read_deepspeed_json
 
-            return read_deepspeed_json(config, where=f"DeepSpeedPlugin(hf_ds_config={show(str(config))})",
+            return read_deepspeed_json(config, where=f"DeepSpeedPlugin(hf_ds_config={shown(str(config))})",
                                        folders=(Path.cwd(),))[1]
         if config == "none":
             return None
-        raise ConfigError(f"DeepSpeedPlugin(hf_ds_config={show(config)}): give a DeepSpeed config dict or the path "
+        raise ConfigError(f"DeepSpeedPlugin(hf_ds_config={shown(config)}): give a DeepSpeed config dict or the path "
                           f"of its JSON file")
 
     def translate(self) -> Translation:
@@ -131,7 +131,7 @@ class DeepSpeedPlugin:
         cite = plugin_cite(type(self).__name__)
         return deepspeed_translation(_fields(self, {"is_train_batch_min": True}), cite=cite, json_config=json_config,
                                      json_cite=lambda key, value: f"DeepSpeedPlugin(hf_ds_config)['{key}'] = "
-                                                                  f"{show(value)}")
+                                                                  f"{shown(value)}")
 
 
 @dataclass
@@ -216,13 +216,13 @@ def plugin_arguments(*, fsdp_plugin: Any, deepspeed_plugin: Any, parallelism_con
                               ("parallelism_config", parallelism_config, ParallelismConfig)):
         if value is not None and not isinstance(value, kind):
             hint = " (one plugin: convoy runs one engine)" if isinstance(value, Mapping) else ""
-            raise ConfigError(f"Accelerator({name}={show(value)}): give a convoy.{kind.__name__}(...){hint}")
+            raise ConfigError(f"Accelerator({name}={shown(value)}): give a convoy.{kind.__name__}(...){hint}")
     if fsdp_plugin is not None and deepspeed_plugin is not None:
         raise ConfigError("Accelerator(fsdp_plugin=..., deepspeed_plugin=...): give one of them")
     if fsdp_plugin is None and deepspeed_plugin is None and parallelism_config is None:
         return PluginArguments(explicit=dict(explicit), options=strategy_options)
     if strategy_options is not None and not isinstance(strategy_options, Mapping):
-        raise ConfigError(f"strategy_options={show(strategy_options)}: give a dict such as {{'cpu_offload': True}}")
+        raise ConfigError(f"strategy_options={shown(strategy_options)}: give a dict such as {{'cpu_offload': True}}")
     ranks = read_rank_env(os.environ if env is None else env)
     nodes = ranks.world_size // ranks.local_world_size if ranks.world_size % ranks.local_world_size == 0 else 1
     translated = Translation()
@@ -241,19 +241,19 @@ def plugin_arguments(*, fsdp_plugin: Any, deepspeed_plugin: Any, parallelism_con
     for mapped in translated.values:
         if mapped.name in _STRATEGY_OPTIONS:
             if mapped.name in options and options[mapped.name] != mapped.value:
-                raise ConfigError(f"strategy_options {mapped.name}={show(options[mapped.name])} and {mapped.origin}: "
+                raise ConfigError(f"strategy_options {mapped.name}={shown(options[mapped.name])} and {mapped.origin}: "
                                   f"give one of them")
             options[mapped.name] = mapped.value
             continue
         given = merged.get(mapped.name)
         if given is not None and not _same(mapped.name, given, mapped.value):
-            raise ConfigError(f"Accelerator({mapped.name}={show(given)}) and {mapped.origin}: give one of them")
+            raise ConfigError(f"Accelerator({mapped.name}={shown(given)}) and {mapped.origin}: give one of them")
         merged[mapped.name] = mapped.value
     plugin = fsdp_plugin if fsdp_plugin is not None else deepspeed_plugin
     chosen = merged.get("strategy")
     if plugin is not None and translated.get("strategy") is None and chosen is not None and \
             chosen not in translated.family:
-        raise ConfigError(f"Accelerator(strategy={show(chosen)}) and {type(plugin).__name__}(...): the plugin runs "
+        raise ConfigError(f"Accelerator(strategy={shown(chosen)}) and {type(plugin).__name__}(...): the plugin runs "
                           f"as {', '.join(translated.family)}; give one of them")
     family = translated.family if chosen is None else ()
     return PluginArguments(explicit=merged, options=options if options or strategy_options is not None else None,

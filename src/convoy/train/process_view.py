@@ -27,9 +27,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from convoy.config.schema import show
 from convoy.devices.vendors import process_group_backend
-from convoy.errors import ConfigError
+from convoy.errors import ConfigError, shown
 
 if TYPE_CHECKING:  # pragma: no cover
     from convoy.train.settings import TrainSettings
@@ -235,7 +234,7 @@ class AcceleratorState(PartialState):
         if mixed_precision is not None:
             from convoy.config.schema import KEYS
 
-            where = f"AcceleratorState(mixed_precision={show(mixed_precision)})"
+            where = f"AcceleratorState(mixed_precision={shown(mixed_precision)})"
             mixed_precision = KEYS["mixed_precision"].parse(mixed_precision, where=where)
             self._check_mixed_precision(mixed_precision, where=where)
         super().__init__(cpu=cpu, **kwargs)

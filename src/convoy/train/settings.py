@@ -31,9 +31,8 @@ from convoy.config.schema import (
     MixedPrecision,
     check_offload,
     dp_engine_beside,
-    show,
 )
-from convoy.errors import ConfigError
+from convoy.errors import ConfigError, shown
 from convoy.launch.rank_env import SETTING_NAMES, ConvoyEnv, RankEnv, read_convoy_env, read_debug_mode, read_rank_env
 from convoy.plan.dims import ParallelDims
 
@@ -71,7 +70,7 @@ class TrainSettings(RankEnv):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.mixed_precision not in MIXED_PRECISIONS:
-            raise ConfigError(f"mixed_precision={show(self.mixed_precision)} is not supported; "
+            raise ConfigError(f"mixed_precision={shown(self.mixed_precision)} is not supported; "
                               f"choose one of {', '.join(MIXED_PRECISIONS)}")
         object.__setattr__(self, "mixed_precision", MixedPrecision(self.mixed_precision))
         if isinstance(self.gradient_accumulation_steps, bool) or not isinstance(
@@ -80,7 +79,7 @@ class TrainSettings(RankEnv):
         if not 0 < self.collective_timeout_s < float("inf"):
             raise ConfigError(f"collective timeout {self.collective_timeout_s} s must be positive")
         if self.recompute not in RECOMPUTE_MODES:
-            raise ConfigError(f"recompute={show(self.recompute)} is not supported; "
+            raise ConfigError(f"recompute={shown(self.recompute)} is not supported; "
                               f"choose one of {', '.join(RECOMPUTE_MODES)}")
 
     @property
@@ -92,7 +91,7 @@ def _setting(name: str, given: Mapping[str, Any], launched: ConvoyEnv) -> Any:
     """The constructor argument ``name`` (checked by the schema key the launcher uses), else what the launcher
     set, else the schema's default."""
     if name in given:
-        return KEYS[name].parse(given[name], where=f"Accelerator({name}={show(given[name])})", typed=True)
+        return KEYS[name].parse(given[name], where=f"Accelerator({name}={shown(given[name])})", typed=True)
     value = getattr(launched, name)
     return KEYS[name].default if value is None else value
 
@@ -106,7 +105,7 @@ def _parallel_dims(dims: Any, world_size: int) -> ParallelDims | None:
         return ParallelDims.parse(dims, world_size=world_size)
     if isinstance(dims, Mapping):  # Accelerator(parallelism={"dp": 2, "tp": 2})
         return ParallelDims.from_mapping(dims, world_size=world_size)
-    raise ConfigError(f"parallelism={show(dims)}: give a mapping like {{'dp': 2, 'tp': 2}}, a string like "
+    raise ConfigError(f"parallelism={shown(dims)}: give a mapping like {{'dp': 2, 'tp': 2}}, a string like "
                       f"'dp=2,tp=2' or a ParallelDims")
 
 
@@ -121,7 +120,7 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
     asks torch whether CUDA is there; nothing else. ``strategy_family``: the strategies an engine's plugin runs as
     (``convoy.train.plugins``): a strategy from the launcher outside them becomes the first."""
     if options is not None and not isinstance(options, Mapping):
-        raise ConfigError(f"strategy_options={show(options)}: give a dict such as "
+        raise ConfigError(f"strategy_options={shown(options)}: give a dict such as "
                           f"{{'find_unused_parameters': True}}")
     from convoy.config.settings import file_settings_env
 

@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from convoy.config.schema import is_whole, show
-from convoy.errors import ConfigError, NotSupportedYetError
+from convoy.config.schema import is_whole
+from convoy.errors import ConfigError, NotSupportedYetError, shown
 from convoy.train.data.loop import LoopPosition
 from convoy.train.data.prepared import PreparedDataLoader, SeedableRandomSampler, _identity
 
@@ -180,7 +180,7 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     """Accelerate's free ``skip_first_batches``: a loader whose iterations leave out the first ``num_batches``
     (a whole number >= 0; ``ConfigError`` otherwise: -1 read as a slice kept only the last batch)."""
     if not is_whole(num_batches):
-        raise ConfigError(f"skip_first_batches(num_batches={show(num_batches)}): give how many batches to skip, a "
+        raise ConfigError(f"skip_first_batches(num_batches={shown(num_batches)}): give how many batches to skip, a "
                           "whole number >= 0")
     num_batches = int(num_batches)
     if hasattr(dataloader, "skipping"):  # PreparedDataLoader, DispatchedDataLoader

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from convoy.config.schema import dp_engine_beside, show
-from convoy.errors import StrategyError
+from convoy.config.schema import dp_engine_beside
+from convoy.errors import StrategyError, shown
 from convoy.train import collectives
 from convoy.train.precision import Precision
 from convoy.train.process_group import start_process_group
@@ -81,7 +81,7 @@ def named_layout(settings: TrainSettings) -> tuple[str, dict[str, Any]]:
     given = ParallelOptions.parse(options).dp_engine
     if given is not None and given != engine:
         raise StrategyError(f"strategy={name!r} beside {split} runs with dp_engine={engine!r}, not "
-                            f"{show(given)}; drop dp_engine, or give strategy 'parallel' with it")
+                            f"{shown(given)}; drop dp_engine, or give strategy 'parallel' with it")
     if unread:
         raise StrategyError(f"strategy_options: {unread[0][:40]!r} is not read when strategy={name!r} runs beside "
                             f"{split} (strategy 'parallel' with dp_engine={engine!r}); its options are "
