@@ -10,6 +10,12 @@ succeeded until the other ranks' programs have finished, which they say here (``
 The worker then ends with the program's status, without the interpreter's teardown where gloo can abort a
 finished process (``convoy.launch.worker_exit``). Torch-free: it writes the same JSON as
 ``torch.distributed.elastic.multiprocessing.errors.ErrorHandler``.
+
+A failing rank's report is written whole even when the agent stops it meanwhile: once one rank has failed, the
+agent SIGTERMs the others, and one that was itself failing (a peer gone) could die with its traceback half
+printed and its error file empty, which torch's agent cannot parse (it gave up the whole job, restarts left).
+The error file appears at once, complete (written aside, then renamed), and a SIGTERM that comes while the
+report is written takes effect after it.
 """
 
 from __future__ import annotations
@@ -17,21 +23,30 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import signal
 import sys
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 __all__ = ["main", "write_error_file"]
 
 
 def write_error_file(exc: BaseException, path: str) -> None:
+    """``exc`` as torchelastic's error file at ``path``, which exists only once it is complete."""
     data = {"message": {"message": f"{type(exc).__name__}: {exc}", "extraInfo": {
         "py_callstack": "".join(traceback.format_exception(exc)), "timestamp": str(int(time.time()))}}}
+    aside = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}")
     try:
-        with open(path, "w") as handle:
+        with open(aside, "w") as handle:
             json.dump(data, handle)
+        os.replace(aside, path)
     except OSError:
         pass
+    finally:
+        if os.path.exists(aside):
+            os.unlink(aside)
 
 
 def main(argv: list[str]) -> None:
@@ -61,12 +76,13 @@ def main(argv: list[str]) -> None:
         worker_exit.program_ended(worker_exit.exit_status(done.code))
         raise
     except BaseException as exc:
-        exc.__traceback__ = _user_frames(exc.__traceback__)
-        path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-        if path:
-            write_error_file(exc, path)
-        traceback.print_exception(exc, file=sys.stderr)  # as Python would, without this wrapper's frames
-        sys.stderr.flush()
+        with _sigterm_deferred():
+            exc.__traceback__ = _user_frames(exc.__traceback__)
+            traceback.print_exception(exc, file=sys.stderr)  # as Python would, without this wrapper's frames
+            sys.stderr.flush()
+            path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+            if path:
+                write_error_file(exc, path)
         worker_exit.program_ended(1)
         sys.exit(1)
     _keep_serving_the_store(env)
@@ -80,6 +96,23 @@ def _keep_serving_the_store(env: dict[str, str]) -> None:
     done = others_done(env)
     if done is not None and serving():
         keep_serving(done)
+
+
+@contextmanager
+def _sigterm_deferred() -> Iterator[None]:
+    """A SIGTERM that comes inside the block takes effect (as its handler before would have it) at the end."""
+    came: list[int] = []
+    try:
+        before = signal.signal(signal.SIGTERM, lambda signum, frame: came.append(signum))
+    except ValueError:  # not the main thread: nothing to defer with
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
+        if came:
+            signal.raise_signal(signal.SIGTERM)
 
 
 def _user_frames(tb):
