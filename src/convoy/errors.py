@@ -173,14 +173,14 @@ class Terminated(BaseException):
         self.name = name
 
 
-def shown(value: object, *, huge: str | None = None) -> str:
-    """``repr(value)`` for a one-line error message: at most 40 characters, never failing. ``huge``: what an int
-    past 64 bits reads as instead (else its digits, cut); an int past Python's 4300-digit printing limit reads as
-    ``<a int too long to print>``."""
+def shown(value: object, *, limit: int = 40, huge: str | None = None) -> str:
+    """``repr(value)`` for a one-line error message: at most ``limit`` characters (cut ones end in ``...``), never
+    failing. ``huge``: what an int past 64 bits reads as instead (else its digits, cut); an int past Python's
+    4300-digit printing limit reads as ``<a int too long to print>``."""
     if huge is not None and isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
         return huge
     try:
         text = repr(value)
     except ValueError:
         return f"<a {type(value).__name__} too long to print>"
-    return text if len(text) <= 40 else text[:37] + "..."
+    return text if len(text) <= limit else text[:limit - 3] + "..."

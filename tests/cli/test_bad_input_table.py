@@ -57,6 +57,7 @@ CASES = [
     ({"CUDA_VISIBLE_DEVICES": "--1"}, "select 1", 2, "not a whole number"),
     ({"CUDA_VISIBLE_DEVICES": "0,0,1"}, "select all", 2, "twice"),
     ({}, f"select 1 --min-free-memory {NINES}", 2, "not a finite number"),
+    ({}, f"launch --max-restarts {NINES} --dry-run train.py", 2, f"'{NINES[:36]}... is too large"),  # cut, and says so
     ({"CONVOY_INVENTORY": "{d}/bad_utf8.json"}, "select 1", 2, "not UTF-8"),
     ({"CONVOY_INVENTORY": "{d}/deep.json"}, "select 1", 2, "too deeply"),
     ({"CONVOY_INVENTORY": "{d}/neg_index.json"}, "select all", 2, "index must be an integer >= 0"),

@@ -59,5 +59,6 @@ def test_divisors_are_every_divisor_in_order_for_any_world_size():
 
 def test_a_value_in_an_error_message_is_one_short_line_whatever_it_is():
     assert shown("x" * 100) == repr("x" * 100)[:37] + "..." and shown(3) == "3"
+    assert shown("x" * 100, limit=80) == repr("x" * 100)[:77] + "..." and shown("x" * 78, limit=80) == repr("x" * 78)
     assert shown(10**5000) == "<a int too long to print>"
     assert shown(2**70, huge="<a number too large>") == "<a number too large>" and shown(2**70).startswith("1180")

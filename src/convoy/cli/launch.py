@@ -24,7 +24,7 @@ from convoy.config.schema import (
     RECOMPUTE_MODES,
     is_host,
 )
-from convoy.errors import ConfigError
+from convoy.errors import ConfigError, shown
 from convoy.launch.rank_env import LAUNCHED_OPTIONS
 from convoy.launch.resolve import DEFAULT_SIGNALS, EVENT_LOG_HANDLERS, START_METHODS
 
@@ -58,14 +58,14 @@ def _whole(text: str) -> int:
     """argparse type of every whole-number flag: ASCII digits only (``int()`` would read '٣'), at most 9."""
     if not re.fullmatch(r"\s*-?[0-9]{1,9}\s*", text):
         too_long = re.fullmatch(r"\s*-?[0-9]+\s*", text)
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is " + ("too large (at most 9 digits)" if too_long
+        raise argparse.ArgumentTypeError(f"{shown(text)} is " + ("too large (at most 9 digits)" if too_long
                                                                   else "not a whole number"))
     return int(text)
 
 
 def _seconds(text: str) -> float:
     if not re.fullmatch(r"\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)\s*", text) or not 0 < float(text) < 10**9:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds > 0")
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a number of seconds > 0")
     return float(text)
 
 
@@ -230,7 +230,7 @@ def _torchrun_options(args: argparse.Namespace) -> dict:
         if name in TORCHRUN_SWITCHES:
             value = read_switch(raw, where=where)
         elif name in _CHOICES and raw.strip().lower() not in _CHOICES[name]:
-            raise ConfigError(f"{where}: {raw[:40]!r} is not valid; expected one of {', '.join(_CHOICES[name])}")
+            raise ConfigError(f"{where}: {shown(raw)} is not valid; expected one of {', '.join(_CHOICES[name])}")
         elif name in _CHOICES:
             value = raw.strip().lower()
         else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import re
 
+from convoy.errors import shown
 from convoy.plan.run import PRECISIONS
 
 DESCRIPTION = "Estimate per-GPU memory and step time of every parallelism layout, and recommend one."
@@ -31,7 +32,7 @@ Numbers and their sources: docs/planner.md."""
 def _positive_int(text: str) -> int:
     if not re.fullmatch(r"\s*-?[0-9]{1,10}\s*", text):  # ASCII digits: int() would read '٣'
         too_long = re.fullmatch(r"\s*-?[0-9]+\s*", text)
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is " + ("too large (at most 10 digits)" if too_long
+        raise argparse.ArgumentTypeError(f"{shown(text)} is " + ("too large (at most 10 digits)" if too_long
                                                                   else "not a whole number"))
     value = int(text)
     if value < 1:
@@ -47,7 +48,7 @@ def _positive_float(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 7.5e9)") from None
     if not 0 < value < float("inf"):  # also refuses nan, inf and 400 nines (a float's inf)
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} must be > 0 and finite")
+        raise argparse.ArgumentTypeError(f"{shown(text)} must be > 0 and finite")
     return value
 
 

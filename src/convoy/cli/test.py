@@ -14,6 +14,7 @@ import json
 import re
 from dataclasses import asdict
 
+from convoy.errors import shown
 from convoy.launch.selfcheck import CHECKS, format_selfcheck, run_selfcheck
 
 DESCRIPTION = ("Launch a short self-check on the selected devices: rendezvous, each collective the strategies use, "
@@ -33,7 +34,7 @@ def _positive(kind):
         # ASCII digits only (int()/float() would read '٣'), finite, and below a day's worth or a billion
         number = r"\s*-?[0-9]{1,9}\s*" if kind is int else r"\s*-?([0-9]{1,9}(\.[0-9]*)?|\.[0-9]+)\s*"
         if not re.fullmatch(number, text):
-            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number")
+            raise argparse.ArgumentTypeError(f"{shown(text)} is not a number")
         value = kind(text)
         if value <= 0:
             raise argparse.ArgumentTypeError(f"{text!r} must be > 0")

@@ -25,7 +25,7 @@ from convoy.devices.inventory import Device, Inventory, as_inventory
 from convoy.devices.spec import describe_available, is_count, parse_devices
 from convoy.devices.vendors import vendor_facts
 from convoy.devices.visibility import HIDE_ALL, visibility_env, visible_devices
-from convoy.errors import DeviceSpecError, SelectionError
+from convoy.errors import DeviceSpecError, SelectionError, shown
 
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
@@ -297,7 +297,7 @@ def _excluded(exclude: Any, units: Sequence[Device]) -> set[int]:
     out: set[int] = set()
     for item in _exclude_items(exclude):
         if isinstance(item, bool) or not isinstance(item, (int, str)):
-            raise DeviceSpecError(f"exclude: {type(item).__name__} {str(item)[:40]!r} is not a device; give "
+            raise DeviceSpecError(f"exclude: {type(item).__name__} {shown(str(item))} is not a device; give "
                                   f"indices or UUIDs")
         text = str(item).strip() if isinstance(item, str) else None
         if isinstance(item, int) or _INDEX.fullmatch(text or ""):
@@ -310,7 +310,7 @@ def _excluded(exclude: Any, units: Sequence[Device]) -> set[int]:
         assert text is not None  # item is a str here: an int was taken above
         hits = [p for p, d in enumerate(units) if text and (d.uuid.startswith(text) or d.mig_parent_uuid == text)]
         if not hits:
-            raise DeviceSpecError(f"exclude: {text[:40]!r} matches no visible device's index or UUID; "
+            raise DeviceSpecError(f"exclude: {shown(text)} matches no visible device's index or UUID; "
                                   f"{describe_available(len(units))}")
         out.update(hits)
     return out

@@ -19,7 +19,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from convoy.errors import ConfigError
+from convoy.errors import ConfigError, shown
 from convoy.launch.resolve import CPU_NOTE_STARTS, LaunchPlan, LaunchRequest, asked_nproc, describe_plan, resolve_launch
 
 __all__ = ["DeviceFilters", "check_program", "launch_job", "lease_plan", "plan_job", "prepare_log_dir"]
@@ -160,14 +160,16 @@ def check_program(request: LaunchRequest) -> None:
         return
     if request.no_python:
         if not target or shutil.which(target) is None:
-            raise ConfigError(f"--no-python: {target[:80]!r} is neither a command on PATH nor an executable file")
+            raise ConfigError(f"--no-python: {shown(target, limit=80)} is neither a command on PATH nor an "
+                              "executable file")
         return
     path = Path(target)
     if not target.strip() or not path.exists():
-        raise ConfigError(f"{target[:80]!r}: no such file; give the path of the Python script to run, "
+        raise ConfigError(f"{shown(target, limit=80)}: no such file; give the path of the Python script to run, "
                           "or -m MODULE")
     if path.is_dir() and not (path / "__main__.py").is_file():
-        raise ConfigError(f"{target[:80]}: is a directory without __main__.py; give the Python script to run")
+        raise ConfigError(f"{shown(target, limit=80)}: is a directory without __main__.py; give the Python script "
+                          "to run")
 
 
 def _check_listen_address(host: str) -> None:
@@ -178,16 +180,16 @@ def _check_listen_address(host: str) -> None:
     try:
         free_port(host)
     except OSError as err:  # socket.gaierror included
-        raise ConfigError(f"--master-addr {host[:60]!r}: cannot listen there on this machine ({err.strerror or err}); "
-                          "give an address of this machine (rank 0 runs here), or leave it out for a job on one "
-                          "machine") from None
+        raise ConfigError(f"--master-addr {shown(host, limit=60)}: cannot listen there on this machine "
+                          f"({err.strerror or err}); give an address of this machine (rank 0 runs here), or leave "
+                          "it out for a job on one machine") from None
 
 
 def prepare_log_dir(log_dir: str, *, create: bool = True) -> Path:
     """Check (and with ``create`` make) ``--log-dir`` in the parent, so that a bad one is one ``ConfigError``
     line before any rank starts rather than a failure in every rank."""
     if "\0" in str(log_dir):
-        raise ConfigError(f"--log-dir {str(log_dir)[:40]!r}: a path cannot hold a NUL character")
+        raise ConfigError(f"--log-dir {shown(str(log_dir))}: a path cannot hold a NUL character")
     path = Path(log_dir).expanduser()
     if path.exists() and not path.is_dir():
         raise ConfigError(f"--log-dir {log_dir}: is a file, not a directory; give a directory for the rank logs")

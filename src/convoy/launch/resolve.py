@@ -25,7 +25,7 @@ from convoy.config.settings import Source, said
 from convoy.devices.inventory import Device
 from convoy.devices.selection import CPU_RUN_NOTES, Selection
 from convoy.devices.vendors import vendor_facts
-from convoy.errors import ConfigError, LaunchError
+from convoy.errors import ConfigError, LaunchError, shown
 from convoy.launch.rank_env import DEFAULT_SIGNALS, ConvoyEnv, check_launch_settings, convoy_env, rank_env
 from convoy.launch.slurm import slurm_allocation
 
@@ -52,7 +52,7 @@ def forwarded_signals(text: str, *, where: str = "--signals-to-handle") -> tuple
     names = tuple(name.strip().upper() for name in text.split(",") if name.strip())
     for name in names:
         if name in ("SIGKILL", "SIGSTOP") or not isinstance(getattr(signal, name, None), signal.Signals):
-            raise ConfigError(f"{where}: {name[:20]!r} is not a signal the launcher can catch; give "
+            raise ConfigError(f"{where}: {shown(name, limit=20)} is not a signal the launcher can catch; give "
                               f"names such as {DEFAULT_SIGNALS},SIGUSR1")
     return names
 
@@ -533,13 +533,13 @@ def stream_map(text: str, nproc: int | None, *, flag: str = "--redirects", named
     (every rank) or ``"0:1,1:2"`` (1 stdout, 2 stderr, 3 both; ranks this node does not run are left out, as
     torchrun leaves them; None: the grammar only). ``ConfigError`` for anything else, naming the value as
     ``named`` says (default: ``flag`` and the value; ``PET_TEE='7'`` for torchrun's variable)."""
-    shown = text
+    given = text
     text = (text or "0").strip()
     if re.fullmatch(r"[0-3]", text):
         return {rank: int(text) for rank in range(nproc or 0)}
     pairs = [item.strip() for item in text.split(",")]
     if not all(re.fullmatch(r"[0-9]{1,6}\s*:\s*[0-3]", pair) for pair in pairs):
-        raise ConfigError(f"{named or f'{flag} {shown[:40]!r}'}: give one of {_STREAMS} for every rank, or "
+        raise ConfigError(f"{named or f'{flag} {shown(given)}'}: give one of {_STREAMS} for every rank, or "
                           "LOCAL_RANK:VALUE pairs like '0:3,1:1'")
     mapping = {int(k): int(v) for k, _, v in (pair.partition(":") for pair in pairs)}
     return {k: v for k, v in mapping.items() if nproc is None or k < nproc}
@@ -552,7 +552,7 @@ def shown_ranks(text: str, nproc: int | None, *, named: str | None = None) -> se
     ``named`` says; default: the flag and the value)."""
     if not (text or "").strip():
         return None
-    named = named or f"--local-ranks-filter {text[:40]!r}"
+    named = named or f"--local-ranks-filter {shown(text)}"
     items = [item.strip() for item in text.split(",")]
     if not all(re.fullmatch(r"[0-9]{1,6}", item) for item in items):
         raise ConfigError(f"{named}: give local ranks like 0 or 0,2")

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from convoy.errors import LaunchError
+from convoy.errors import LaunchError, shown
 
 __all__ = ["SlurmAllocation", "slurm_allocation", "expand_hostlist", "slurm_port"]
 
@@ -76,11 +76,11 @@ def _expand_one(item: str, whole: str) -> list[str]:
     for part in ranges.split(","):
         low, sep, high = part.partition("-")
         if not re.fullmatch(r"[0-9]{1,9}", low) or (sep and not re.fullmatch(r"[0-9]{1,9}", high)):
-            raise LaunchError(f"SLURM_JOB_NODELIST={whole[:60]!r}: cannot read the range {part[:40]!r}")
+            raise LaunchError(f"SLURM_JOB_NODELIST={shown(whole, limit=60)}: cannot read the range {shown(part)}")
         parts.append((int(low), int(high if sep else low), len(low)))
         count += max(0, parts[-1][1] - parts[-1][0] + 1)
         if count * len(tails) > _MAX_HOSTS:  # counted before anything is expanded
-            raise LaunchError(f"SLURM_JOB_NODELIST={whole[:60]!r} names more than {_MAX_HOSTS} hosts")
+            raise LaunchError(f"SLURM_JOB_NODELIST={shown(whole, limit=60)} names more than {_MAX_HOSTS} hosts")
     return [f"{prefix}{number:0{width}d}{tail}" for low, high, width in parts for number in range(low, high + 1)
             for tail in tails]
 
@@ -105,5 +105,5 @@ def slurm_allocation(env: Mapping[str, str]) -> SlurmAllocation | None:
 def _int(env: Mapping[str, str], key: str, default: str) -> int:
     raw = env.get(key, default)
     if not re.fullmatch(r"\s*[0-9]{1,9}\s*", raw):  # ASCII: int() would read '٣'
-        raise LaunchError(f"{key}={raw[:40]!r} is not a whole number; is this a Slurm allocation?")
+        raise LaunchError(f"{key}={shown(raw)} is not a whole number; is this a Slurm allocation?")
     return int(raw)

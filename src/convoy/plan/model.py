@@ -587,7 +587,7 @@ def resolve_model(model: Any = None, *, params: float | None = None, **shape: An
     elif isinstance(model, (str, Path)):
         text = str(model)
         if "\0" in text:
-            raise PlanError(f"model {text[:40]!r}: a path or factory name cannot hold a NUL character")
+            raise PlanError(f"model {shown(text)}: a path or factory name cannot hold a NUL character")
         is_path = text.endswith(".json") or Path(text).is_dir() or Path(text).exists()
         spec = from_hf_config(text) if is_path or ":" not in text else from_factory(text)
     elif "torch" in sys.modules and isinstance(model, sys.modules["torch"].nn.Module):

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from convoy.errors import StrategyError
+from convoy.errors import StrategyError, shown
 from convoy.train.precision import Precision, precision_for
 from convoy.train.settings import TrainSettings
 from convoy.train.strategies.options import StrategyOptions
@@ -287,7 +287,7 @@ def check_strategy_options(name: str, options: Mapping[str, Any]) -> None:
         valid = sorted(declared)
     unknown = sorted(str(k) for k in options if k not in valid)
     if unknown:
-        raise StrategyError(f"strategy_options: {unknown[0][:40]!r} is not an option of strategy={name!r}; "
+        raise StrategyError(f"strategy_options: {shown(unknown[0])} is not an option of strategy={name!r}; "
                             f"valid keys: {', '.join(valid) or 'none'}")
 
 

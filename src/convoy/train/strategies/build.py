@@ -83,7 +83,7 @@ def named_layout(settings: TrainSettings) -> tuple[str, dict[str, Any]]:
         raise StrategyError(f"strategy={name!r} beside {split} runs with dp_engine={engine!r}, not "
                             f"{shown(given)}; drop dp_engine, or give strategy 'parallel' with it")
     if unread:
-        raise StrategyError(f"strategy_options: {unread[0][:40]!r} is not read when strategy={name!r} runs beside "
+        raise StrategyError(f"strategy_options: {shown(unread[0])} is not read when strategy={name!r} runs beside "
                             f"{split} (strategy 'parallel' with dp_engine={engine!r}); its options are "
                             f"{', '.join(sorted(reads))}")
     return "parallel", {**options, "dp_engine": engine}

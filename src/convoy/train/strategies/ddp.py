@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from convoy.errors import ConfigError
+from convoy.errors import ConfigError, shown
 from convoy.train.optimizer_names import named_optimizer_state, numbered_optimizer_state, param_names
 from convoy.train.parallel.recompute import apply_recompute
 from convoy.train.strategies.base import Strategy, SupportsNoSync
@@ -43,7 +43,7 @@ _WRAPPERS = {"fp16": "fp16_compress_wrapper", "bf16": "bf16_compress_wrapper"}
 def _hook_name(value: Any, key: str, names: Any) -> str:
     name = "no" if value is None else str(getattr(value, "value", value)).lower()
     if name not in ("no", *names):
-        raise ConfigError(f"{key}={name[:40]!r} is not a {key}; give one of no, {', '.join(names)}")
+        raise ConfigError(f"{key}={shown(name)} is not a {key}; give one of no, {', '.join(names)}")
     return name
 
 
