@@ -57,6 +57,20 @@ def test_a_restart_says_which_rank_died_and_the_knock_on_failure_is_not_blamed()
     assert not any(re.match(r"[WEI]\d{4} ", line) for line in lines), out  # torch's agent's log lines
 
 
+def test_an_error_file_cut_short_is_one_line_that_says_so():
+    """A rank stopped while torch's own ``@record`` wrote its error file leaves it empty; torch's agent cannot parse
+    it and gives up the job. That was 'the elastic agent failed before the workers ran: Expecting value ...'."""
+    job = launch("--engine", "elastic", "--nproc-per-node", "1", "--no-python", sys.executable, "-c",
+                 "import os; open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w').close(); os._exit(1)")
+    out = finish(job, timeout=120)
+    assert job.returncode == 1, out
+    lines = out.splitlines()
+    assert lines[1:] == ["convoy: torch's agent stopped the job: a failed rank's error file (TORCHELASTIC_ERROR_FILE) "
+                     "is not JSON (Expecting value: line 1 column 1 (char 0)), as torch's @record leaves it when "
+                     "the rank is stopped while writing it"], out
+
+
+
 def _failure(exitcode: int, timestamp: int, traceback: str | None = None) -> SimpleNamespace:
     """What ``_first_cause`` reads of torch's ``ProcessFailure``: an error file's dict, else a sentence."""
     message = {"message": traceback, "extraInfo": {"py_callstack": traceback}} if traceback else "Signal 9 (SIGKILL)"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import os
 import signal
 import socket
@@ -187,9 +188,10 @@ def run_elastic(plan: LaunchPlan, *, base_env: Mapping[str, str]) -> int:
         extra.update({k: v for k, v in loopback_env(base_env).items() if os.environ.get(k) != v})
     entrypoint, args = _worker_command(plan)
     start = time.monotonic()
+    watch = _AgentWatch()
     try:
         with _store_holds(plan, host) as holds, _environment({**extra, **holds}), \
-                _rendezvous_store(plan, host) as endpoint, _told_agent(plan):
+                _rendezvous_store(plan, host) as endpoint, _told_agent(plan, watch):
             config = launch_config(plan, endpoint=endpoint, local_addr=host)
             elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as err:
@@ -198,9 +200,21 @@ def run_elastic(plan: LaunchPlan, *, base_env: Mapping[str, str]) -> int:
         if err.sigval == signal.SIGINT:
             raise KeyboardInterrupt from None
         raise Terminated(err.sigval) from None
+    except json.JSONDecodeError as err:  # torch's agent reading a failed rank's error file
+        raise LaunchError(f"torch's agent stopped the job: a failed rank's error file (TORCHELASTIC_ERROR_FILE) is "
+                          f"not JSON ({err}), as torch's @record leaves it when the rank is stopped while writing "
+                          "it") from None
     except (RuntimeError, ValueError) as err:  # rendezvous errors, closed stores, ...
-        raise LaunchError(f"the elastic agent failed before the workers ran: {err}") from None
+        when = "while the workers ran" if watch.workers_started else "before the workers ran"
+        raise LaunchError(f"the elastic agent failed {when}: {err}") from None
     return 0
+
+
+@dataclasses.dataclass
+class _AgentWatch:
+    """What convoy saw of torch's agent: whether it had started watching workers (a failure is then theirs)."""
+
+    workers_started: bool = False
 
 
 def _local_error_files(rank: int, pf, nproc: int) -> dict[int, str]:
@@ -290,16 +304,16 @@ def _death(pf) -> str:
 
 
 @contextmanager
-def _told_agent(plan: LaunchPlan) -> Iterator[None]:
+def _told_agent(plan: LaunchPlan, watch: _AgentWatch) -> Iterator[None]:
     """torch's agent, while the job runs: its restarts said in one convoy line each, its own INFO/WARNING lines
     (which repeat what convoy says, or say what goes well) and its 'failed (exitcode ...)' lines left out
-    (``LOGLEVEL`` set, as torchrun reads it, shows them all)."""
+    (``LOGLEVEL`` set, as torchrun reads it, shows them all); ``watch`` told once it watches workers."""
     import logging
 
     from torch.distributed.launcher import api as launcher
 
     agent_class = launcher.LocalElasticAgent
-    launcher.LocalElasticAgent = _restart_telling(agent_class, plan)  # type: ignore[misc]  # restored below
+    launcher.LocalElasticAgent = _restart_telling(agent_class, plan, watch)  # type: ignore[misc]  # restored below
     quiet = _AgentNoise() if not os.environ.get("LOGLEVEL") else None
     loggers = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
                if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher"))]
@@ -316,16 +330,18 @@ def _told_agent(plan: LaunchPlan) -> Iterator[None]:
 
 
 class _AgentNoise:
-    """A logging filter: torch's agent's records at ERROR and above, except its per-failure line."""
+    """A logging filter: torch's agent's records at ERROR and above, except its per-failure line and its traceback
+    of an error file it could not parse (convoy says that in one line)."""
 
     @staticmethod
     def filter(record) -> bool:
         import logging
 
-        return record.levelno >= logging.ERROR and not str(record.msg).startswith("failed (exitcode")
+        return record.levelno >= logging.ERROR and not str(record.msg).startswith(
+            ("failed (exitcode", "Failed to parse reply file"))
 
 
-def _restart_telling(agent_class, plan: LaunchPlan):
+def _restart_telling(agent_class, plan: LaunchPlan, watch: _AgentWatch):
     """``agent_class`` (torch's ``LocalElasticAgent``) that says on convoy's stderr which rank failed each time it
     restarts the worker group: ``convoy: rank 1 died (SIGKILL); restarting, attempt 1 of 3``."""
 
@@ -333,6 +349,7 @@ def _restart_telling(agent_class, plan: LaunchPlan):
         _last_failures: dict = {}
 
         def _monitor_workers(self, worker_group):
+            watch.workers_started = True
             result = super()._monitor_workers(worker_group)
             if result.failures:
                 self._last_failures = dict(result.failures)
