@@ -20,6 +20,7 @@ from convoy.launch.elastic import _first_cause
 from convoy.launch.ports import free_port
 from tests.conftest import INVENTORIES, held_leases
 from tests.distributed import cpu_env
+from tests.launch.listening import listening
 from tests.processes import finish, start, stop_tree
 
 pytestmark = pytest.mark.slow
@@ -171,6 +172,55 @@ def test_two_nodes_on_a_one_gpu_host_refuse_the_second_at_once(tmp_path):
         stop_tree(first.pid)
         first.communicate()
     assert not held_leases(tmp_path)
+
+
+@pytest.mark.parametrize("node, how, code, line", [
+    (0, "group", 130, "convoy: interrupted"),
+    (0, "launcher", 143, "convoy: terminated (SIGTERM)"),
+    (1, "launcher", 143, "convoy: terminated (SIGTERM)"),
+], ids=["node 0, ctrl-c", "node 0, sigterm", "node 1, sigterm"])
+def test_a_stop_while_torch_waits_for_the_other_nodes_ends_the_launch_at_once(tmp_path, node, how, code, line):
+    """torch meets the other nodes in TCPStore's constructor (C++): node 0 waits until every node has connected,
+    another node for node 0's answer, up to 600 s, and no Python handler runs meanwhile: Ctrl-C and SIGTERM did
+    nothing (pytorch/pytorch#63802). Now the launch ends within seconds with the line and code of that stop, no
+    C++ stack from the interrupted call, and its GPU lease released."""
+    env = cpu_env({"CONVOY_INVENTORY": str(INVENTORIES / "1xh100.json"), "CONVOY_LEASE_DIR": str(tmp_path)})
+    env.pop("CUDA_VISIBLE_DEVICES")
+    port = free_port()  # node 1: node 0 never listens there, and torch's constructor retries (sleeps) until it does
+    job = launch("--devices", "auto", "--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1",
+                 "--master-port", str(port), "--no-python", "true", env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not _waiting(job.pid, node, port) and time.monotonic() < deadline:
+            assert job.poll() is None, job.communicate()[0]
+            time.sleep(0.05)
+        assert job.poll() is None and held_leases(tmp_path), f"node {node} is not waiting with GPU 0 leased"
+        time.sleep(1 if node == 0 else 3)  # in the constructor (a stop before it gets the same line and code)
+        began = time.monotonic()
+        if how == "group":  # a terminal's Ctrl-C reaches the whole foreground group
+            os.killpg(job.pid, signal.SIGINT)
+        else:
+            job.send_signal(signal.SIGTERM)
+        out = finish(job, timeout=30)
+    finally:
+        stop_tree(job.pid)
+    assert time.monotonic() - began < 15, out
+    assert job.returncode == code, out
+    assert out.strip().splitlines()[-1] == line, out
+    assert "Exception raised from" not in out and "frame #" not in out, out
+    deadline = time.monotonic() + 10  # the job's guard releases the lease once no process of the job is left
+    while held_leases(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not held_leases(tmp_path)
+
+
+def _waiting(pid: int, node: int, port: int) -> bool:
+    """Node 0 listens on the port once inside torch's constructor; node 1 sleeps there between its tries (the
+    launcher's main thread sleeps nowhere else once torch is loaded), as /proc says where the kernel shows it."""
+    if node == 0:
+        return port in [listens for _, _, listens in listening([pid])]
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/wchan") as wchan:
+        return "libtorch_cpu" in maps.read() and wchan.read() in ("hrtimer_nanosleep", "0", "")
 
 
 def test_importing_the_agent_pauses_the_collector_and_leaves_it_as_it_was():

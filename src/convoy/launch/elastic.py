@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from convoy.errors import LaunchError, Terminated
+from convoy.launch.blocked_stop import StopGate, stoppable_while_blocked
 from convoy.launch.failures import RankFailure, describe_exit, failure_error
 from convoy.launch.hang_report import missing_note
 from convoy.launch.loopback import HOLD_DIR_VARIABLE, agent_store, is_loopback, loopback_env
@@ -193,7 +194,8 @@ def run_elastic(plan: LaunchPlan, *, base_env: Mapping[str, str]) -> int:
         with _store_holds(plan, host) as holds, _environment({**extra, **holds}), \
                 _rendezvous_store(plan, host) as endpoint, _told_agent(plan, watch):
             config = launch_config(plan, endpoint=endpoint, local_addr=host)
-            elastic_launch(config, entrypoint)(*args)
+            with stoppable_while_blocked(watch.gate):  # torch waits for the other nodes in C++ (no handler runs)
+                elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as err:
         raise _root_cause(err, plan, elapsed=time.monotonic() - start) from None
     except SignalException as err:  # the agent stopped the workers on a signal to this process (was a traceback)
@@ -212,9 +214,11 @@ def run_elastic(plan: LaunchPlan, *, base_env: Mapping[str, str]) -> int:
 
 @dataclasses.dataclass
 class _AgentWatch:
-    """What convoy saw of torch's agent: whether it had started watching workers (a failure is then theirs)."""
+    """What convoy knows of torch's agent: whether it has started workers (a failure is then theirs), and the gate
+    it shuts then (a stop signal is no longer the launcher's to end at once: ``convoy.launch.blocked_stop``)."""
 
     workers_started: bool = False
+    gate: StopGate = dataclasses.field(default_factory=StopGate)
 
 
 def _local_error_files(rank: int, pf, nproc: int) -> dict[int, str]:
@@ -348,8 +352,12 @@ def _restart_telling(agent_class, plan: LaunchPlan, watch: _AgentWatch):
     class RestartTellingAgent(agent_class):
         _last_failures: dict = {}
 
-        def _monitor_workers(self, worker_group):
+        def _start_workers(self, worker_group):
+            watch.gate.shut()
             watch.workers_started = True
+            return super()._start_workers(worker_group)
+
+        def _monitor_workers(self, worker_group):
             result = super()._monitor_workers(worker_group)
             if result.failures:
                 self._last_failures = dict(result.failures)

@@ -1,0 +1,55 @@
+"""A stop signal while the launcher's main thread is inside a call that runs no Python handler (torch meeting the
+other nodes in TCPStore's constructor): the launch still ends, with convoy's line and code, unless the main thread
+acts on it itself or workers have started (``convoy.launch.blocked_stop``). The real case, a node waiting for the
+others under ``convoy launch``, is in test_elastic.py."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.processes import finish, start, stop_tree
+
+SCRIPT = str(Path(__file__).parent / "scripts" / "blocked.py")
+
+
+def stopped(how: str, signum: int) -> tuple[int, str, float]:
+    """Run blocked.py ``how``, send ``signum`` once it waits: (exit status, output, seconds it took to end)."""
+    proc = start([sys.executable, "-u", SCRIPT, how])
+    try:
+        assert proc.stdout.readline() == "waiting\n"
+        time.sleep(0.2)
+        began = time.monotonic()
+        proc.send_signal(signum)
+        try:
+            out = finish(proc, timeout=10)
+        except Exception:
+            out = "(still running 10 s after the signal)"
+        return proc.returncode, out, time.monotonic() - began
+    finally:
+        stop_tree(proc.pid)
+
+
+@pytest.mark.parametrize("signum, code, line", [(signal.SIGTERM, 143, "convoy: terminated (SIGTERM)"),
+                                                (signal.SIGINT, 130, "convoy: interrupted"),
+                                                (signal.SIGHUP, 129, "convoy: terminated (SIGHUP)")])
+def test_a_stop_the_blocked_main_thread_cannot_act_on_ends_the_process_with_its_line_and_code(signum, code, line):
+    status, out, took = stopped("c-call", signum)
+    assert (status, out.strip()) == (code, line), out
+    assert took < 8, took  # the 2 s grace, not the call's end
+
+
+def test_a_main_thread_that_acts_on_the_stop_itself_is_left_to_clean_up():
+    """(Python ends a program that leaves a KeyboardInterrupt uncaught by SIGINT: status -2.)"""
+    status, out, _ = stopped("python-loop", signal.SIGINT)
+    assert status == -signal.SIGINT and "cleaned up after KeyboardInterrupt" in out and "convoy:" not in out, out
+
+
+def test_once_the_gate_is_shut_a_stop_is_the_main_threads_own_again():
+    """As when torch's agent has started workers: its own handlers stop them; nothing here ends the process."""
+    status, out, _ = stopped("after-shut", signal.SIGINT)
+    assert status == -signal.SIGINT and "cleaned up after KeyboardInterrupt" in out and "convoy:" not in out, out
