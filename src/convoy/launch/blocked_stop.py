@@ -5,8 +5,8 @@
         ...                                # the agent calls gate.shut() as it starts the first workers
 
 torch's elastic agent meets the other nodes in ``TCPStore``'s constructor: node 0 waits there until every node
-has connected, another node until node 0 listens, up to the rendezvous timeout (600 s by default). Python runs
-a signal handler only between bytecodes, so Ctrl-C and a scheduler's SIGTERM did nothing for up to ten minutes.
+has connected, another node until node 0 answers, for up to torch's timeouts (600 and 900 s). Python runs a
+signal handler only between bytecodes, so Ctrl-C and a scheduler's SIGTERM did nothing for 10-15 minutes.
 
 While the block runs, the main thread blocks the stops (SIGINT, SIGTERM, SIGHUP), so torch's C++ is not
 interrupted mid-call (its retry loop printed a C++ stack for the interrupted system call). A helper thread
