@@ -5,7 +5,9 @@ others under ``convoy launch``, is in test_elastic.py."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,3 +55,17 @@ def test_once_the_gate_is_shut_a_stop_is_the_main_threads_own_again():
     """As when torch's agent has started workers: its own handlers stop them; nothing here ends the process."""
     status, out, _ = stopped("after-shut", signal.SIGINT)
     assert status == -signal.SIGINT and "cleaned up after KeyboardInterrupt" in out and "convoy:" not in out, out
+
+
+def test_a_main_thread_blocked_writing_its_output_does_not_keep_the_process_from_ending():
+    """Blocked in a write to a full pipe, the main thread holds stdout: flushing it from the helper waited forever."""
+    buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}  # as a launcher's
+    proc = start([sys.executable, SCRIPT, "full-stdout"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=buffered)
+    try:
+        assert proc.stderr.readline() == "waiting\n"
+        time.sleep(0.5)  # stdout's pipe (never read) is full by now
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+        assert proc.returncode == 143 and proc.stderr.read() == "convoy: terminated (SIGTERM)\n"
+    finally:
+        stop_tree(proc.pid)

@@ -125,10 +125,18 @@ def _end(signum: int) -> None:
         line, code = "interrupted", 130
     else:
         line, code = str(Terminated(signum)), 128 + signum
+    # what the launcher printed is flushed, unless the blocked main thread holds a stream (a write to a full
+    # pipe): then the flush would wait for it forever, so it gets a moment in a thread of its own
+    flusher = threading.Thread(target=_flush_streams, name="convoy-stop-flush", daemon=True)
+    flusher.start()
+    flusher.join(timeout=0.5)
+    os.write(2, f"convoy: {line}\n".encode())
+    os._exit(code)
+
+
+def _flush_streams() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    os.write(2, f"convoy: {line}\n".encode())
-    os._exit(code)
