@@ -5,8 +5,8 @@
 ``c-call`` reads a pipe nobody writes (a C call that runs no Python handler until it returns); ``python-loop``
 sleeps in short steps, running handlers between them; ``after-shut`` shuts the gate first, as torch's agent
 does when it starts workers, then reads the pipe; ``full-stdout`` writes to a stdout nobody reads (blocked
-in the write, holding the stream) and says "waiting" on stderr. It prints "waiting" once inside, and "cleaned up" when the
-block ends by an exception. SIGTERM and SIGHUP raise ``Terminated`` here, as in ``convoy launch``.
+in the write, holding the stream) and says "waiting" on stderr. It prints "waiting" once inside, and "cleaned
+up" when the block ends by an exception. SIGTERM and SIGHUP raise ``Terminated`` here, as in ``convoy launch``.
 """
 import os
 import signal
