@@ -5,7 +5,6 @@ others under ``convoy launch``, is in test_elastic.py."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.distributed import cpu_env
 from tests.processes import finish, start, stop_tree
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "blocked.py")
@@ -59,7 +59,7 @@ def test_once_the_gate_is_shut_a_stop_is_the_main_threads_own_again():
 
 def test_a_main_thread_blocked_writing_its_output_does_not_keep_the_process_from_ending():
     """Blocked in a write to a full pipe, the main thread holds stdout: flushing it from the helper waited forever."""
-    buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}  # as a launcher's
+    buffered = {name: value for name, value in cpu_env().items() if name != "PYTHONUNBUFFERED"}  # as a launcher's
     proc = start([sys.executable, SCRIPT, "full-stdout"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=buffered)
     try:
         assert proc.stderr.readline() == "waiting\n"
