@@ -29,7 +29,8 @@ Warnings: ``ConvoyWarning(UserWarning)``, for input convoy sets aside and goes o
 may not trust, a measurement no device could make); the CLI prints each as one ``convoy: warning: ...`` line.
 
 Outside the tree, as ``KeyboardInterrupt`` is: ``Terminated(BaseException)``, a job stopped by a signal other
-than Ctrl-C (a scheduler's SIGTERM); the CLI exits 128 + the signal's number with a line that says so.
+than Ctrl-C (a scheduler's SIGTERM); the CLI exits 128 + the signal's number with a line that says so
+(``stop_report``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ __all__ = [
     "NotSupportedYetError",
     "ConvoyWarning",
     "Terminated",
+    "stop_report",
     "shown",
 ]
 
@@ -171,6 +173,16 @@ class Terminated(BaseException):
         super().__init__(f"terminated ({name})")
         self.signum = int(signum)
         self.name = name
+
+
+def stop_report(signum: int) -> tuple[str, int]:
+    """What ``convoy`` says when a signal stops it, and the code it exits with: ``("interrupted", 130)`` for
+    Ctrl-C, ``("terminated (SIGTERM)", 143)`` and 128 + the number for another."""
+    import signal
+
+    if signum == signal.SIGINT:
+        return "interrupted", 130
+    return str(Terminated(signum)), 128 + int(signum)
 
 
 def shown(value: object, *, limit: int = 40, huge: str | None = None) -> str:

@@ -127,7 +127,9 @@ def _one_value_each(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def _run(module, args: argparse.Namespace, *, debug: bool) -> int:
-    from convoy.errors import ConvoyError, Terminated
+    import signal
+
+    from convoy.errors import ConvoyError, Terminated, stop_report
 
     try:
         with _terminated_on_signal(getattr(module, "STOPPED_BY_SIGTERM", False)), _warnings_as_lines():
@@ -137,12 +139,10 @@ def _run(module, args: argparse.Namespace, *, debug: bool) -> int:
             raise
         print(f"convoy: {err}", file=sys.stderr)
         return err.exit_code
-    except KeyboardInterrupt:
-        print("convoy: interrupted", file=sys.stderr)
-        return 130
-    except Terminated as stop:  # a scheduler's SIGTERM (preemption) is not a Ctrl-C: 128 + its number
-        print(f"convoy: {stop}", file=sys.stderr)
-        return 128 + stop.signum
+    except (KeyboardInterrupt, Terminated) as stop:  # a scheduler's SIGTERM (preemption) is not a Ctrl-C's 130
+        line, code = stop_report(stop.signum if isinstance(stop, Terminated) else signal.SIGINT)
+        print(f"convoy: {line}", file=sys.stderr)
+        return code
     except BrokenPipeError:  # `convoy launch --dry-run | head`: the reader left; no traceback, as for `cat`
         if debug:
             raise

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from convoy.errors import Terminated
+from convoy.errors import stop_report
 
 __all__ = ["GRACE_SECONDS", "StopGate", "stoppable_while_blocked"]
 
@@ -121,10 +121,7 @@ def _watch(reader: socket.socket, gate: StopGate, grace: float) -> None:
 
 def _end(signum: int) -> None:
     """Say what ``convoy`` says for this stop and exit with its code, now."""
-    if signum == signal.SIGINT:
-        line, code = "interrupted", 130
-    else:
-        line, code = str(Terminated(signum)), 128 + signum
+    line, code = stop_report(signum)
     # what the launcher printed is flushed, unless the blocked main thread holds a stream (a write to a full
     # pipe): then the flush would wait for it forever, so it gets a moment in a thread of its own
     flusher = threading.Thread(target=_flush_streams, name="convoy-stop-flush", daemon=True)
