@@ -7,7 +7,8 @@ Modules: ``resolve`` (flags + Selection + Slurm env -> frozen LaunchPlan), ``ran
 contract), ``workers`` (the direct single-node engine, torch-free), ``elastic`` (torch's agent for several
 nodes and restarts), ``failures`` (first failing rank and its traceback), ``slurm``, ``ports``, ``job``
 (what the command calls), ``function`` (``convoy.launch(fn)``), ``record`` (each Python worker's program: error
-files for unmodified scripts), ``worker_exit`` (how that worker ends: its status, without the teardown).
+files for unmodified scripts), ``worker_exit`` (how that worker ends: its status, its objects finalized, without
+the C-level teardown).
 
 ``convoy.launch`` is both this package and the function: once a submodule is imported, Python binds the
 package to the name ``convoy.launch``, so the package itself is made callable and forwards to

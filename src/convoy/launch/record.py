@@ -7,9 +7,9 @@ The elastic engine starts workers through this so that an unmodified script (no 
 its traceback in ``TORCHELASTIC_ERROR_FILE``, where the agent reads the failing rank's root cause; rank 0 of a
 single-node job also starts the rendezvous store on loopback here, and keeps serving it after the program
 succeeded until the other ranks' programs have finished, which they say here (``convoy.launch.loopback``).
-The worker then ends with the program's status, without the interpreter's teardown where gloo can abort a
-finished process (``convoy.launch.worker_exit``). Torch-free: it writes the same JSON as
-``torch.distributed.elastic.multiprocessing.errors.ErrorHandler``.
+The worker then ends with the program's status once its objects are finalized, without the interpreter's
+C-level teardown, where gloo can abort a finished process (``convoy.launch.worker_exit``). Torch-free: it
+writes the same JSON as ``torch.distributed.elastic.multiprocessing.errors.ErrorHandler``.
 
 A failing rank's report is written whole even when the agent stops it meanwhile: once one rank has failed, the
 agent SIGTERMs the others, and one that was itself failing (a peer gone) could die with its traceback half

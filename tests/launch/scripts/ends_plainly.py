@@ -3,7 +3,7 @@
     python -m convoy.launch.record ends_plainly.py OUT_FILE [--then exit3|message|raise] [--no-torch]
 
 It writes to OUT_FILE and never closes it, starts a thread that outlives the program, registers an exit handler,
-and leaves an object that only the interpreter's teardown frees (it prints TEARDOWN). ``--then`` ends it with
+and leaves an object that only the end of the program's modules frees (it prints TEARDOWN). ``--then`` ends it with
 ``sys.exit(3)``, ``sys.exit("...")`` or an uncaught exception instead of returning; ``--no-torch`` never
 imports ``torch.distributed``.
 """
@@ -22,7 +22,7 @@ class FreedByTheTeardown:
         print("TEARDOWN", flush=True)
 
 
-holder = types.ModuleType("freed_by_the_teardown")  # a module's globals are freed by the teardown, not before
+holder = types.ModuleType("freed_by_the_teardown")  # a module's globals are freed at the end, not before
 holder.keep = FreedByTheTeardown()
 sys.modules[holder.__name__] = holder
 OUT = open(sys.argv[1], "w")  # never closed

@@ -2,10 +2,10 @@
 
     slow_teardown.py OUT_DIR [--rank1-fails]
 
-Rank 0 leaves a mark at its exit, after it stopped serving the store. The object in rank 1 would wait for that
-mark (at most 15 s) and write to OUT_DIR/rank1 whether it came; a worker that ``convoy launch`` started ends
-without that teardown, so it never does. With --rank1-fails rank 1's program raises after the barrier instead
-(the mark still comes).
+Rank 0 leaves a mark at its exit, after it stopped serving the store. The object in rank 1 waits for that
+mark when it is finalized (at most 15 s) and writes to OUT_DIR/rank1 whether it came; a worker that ``convoy
+launch`` started lets rank 0 go before it finalizes its objects, so the mark comes. With --rank1-fails rank 1's
+program raises after the barrier instead (the mark still comes).
 """
 import datetime
 import os
