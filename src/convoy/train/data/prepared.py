@@ -49,8 +49,10 @@ class SeedableRandomSampler(RandomSampler):
 
 def shard_batches(batches: Sequence[list[int]], *, batch_size: int, num_shards: int, shard: int,
                   split_batches: bool, even_batches: bool) -> list[tuple[list[int], int | None]]:
-    """This shard's index batches for one epoch, each with the real sample count of its global step when
-    that step was padded (else ``None``). Pure; ``batches`` is the whole epoch of the original sampler."""
+    """This shard's index batches for one epoch, each with the real sample count of its global step when that
+    step is the epoch's short last one, padded or not (else ``None``): what ``gather_for_metrics`` keeps of it,
+    Accelerate's ``len(dataset) % total_batch_size``, on one process too. Pure; ``batches`` is the whole epoch of
+    the original sampler."""
     flat = [i for b in batches for i in b]
     filler = itertools.cycle(flat) if flat else iter(())
     out: list[tuple[list[int], int | None]] = []
@@ -66,7 +68,7 @@ def shard_batches(batches: Sequence[list[int]], *, batch_size: int, num_shards: 
                     size = -(-real // num_shards)
                     chunk = batch[shard * size:(shard + 1) * size]
                     if chunk:
-                        out.append((chunk, None))
+                        out.append((chunk, real))
                     continue
                 batch = batch + [next(filler) for _ in range(batch_size - real)]
             out.append((batch[shard * part:(shard + 1) * part], real if real < batch_size else None))
@@ -81,7 +83,7 @@ def shard_batches(batches: Sequence[list[int]], *, batch_size: int, num_shards: 
             while len(round_) < num_shards:
                 round_.append([next(filler) for _ in range(batch_size)])
         if shard < len(round_):
-            out.append((round_[shard], real if last and padded and even_batches else None))
+            out.append((round_[shard], real if last and padded else None))
     return out
 
 
