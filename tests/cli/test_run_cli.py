@@ -260,20 +260,86 @@ def test_processes_the_command_leaves_running_are_stopped_before_the_lease_ends(
         done.stderr
 
 
-def test_a_process_that_leaves_the_commands_group_keeps_the_devices_leased(box):
-    """convoy closes its copy of the lease without unlocking it (an unlock frees the lock for every copy): a
-    process of the command that escaped its group (setsid) holds the devices until it ends."""
-    done = convoy("run", "--devices", "2,", "--", "sh", "-c", "setsid sleep 300 </dev/null >/dev/null 2>&1 & "
-                  "echo $!", env=box)
+def test_a_process_that_leaves_the_commands_group_is_stopped_before_the_lease_ends(box):
+    """A process of the command that escaped its group (setsid) was left running with the devices, held only by
+    its copy of the lease: it is the command's still (a descendant) and is stopped like the rest."""
+    done = convoy("run", "--devices", "2,", "--shutdown-timeout", "5", "--", "sh", "-c",
+                  "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!", env=box)
     escaped = int(done.stdout)
-    try:
-        assert done.returncode == 0 and _alive(escaped) and len(leases(box)) == 1, done.stderr
-    finally:
-        os.kill(escaped, signal.SIGKILL)
+    assert done.returncode == 0 and not _alive(escaped) and leases(box) == [], done.stderr
+    assert "but 1 process it started" in done.stderr, done.stderr
+
+
+#: processes that leave the command's group, session and descriptors: a grandchild in a session of its own that
+#: ignores SIGTERM, its descriptors closed (as torchrun starts its workers), and a double-forked daemon
+ESCAPES = """
+import os, signal, subprocess, sys, time
+hold = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(300)"]
+worker = subprocess.Popen(hold, start_new_session=True, close_fds=True, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+worker.stdout.readline()  # SIGTERM is ignored from here on
+read, write = os.pipe()
+if os.fork() == 0:  # the daemon: fork, new session, fork again, the middle one leaves
+    os.setsid()
+    if os.fork() == 0:
+        os.write(write, str(os.getpid()).encode())
+        os.closerange(0, 1024)
+        time.sleep(300)
+    os._exit(0)
+daemon = int(os.read(read, 32))
+print(f"running worker={worker.pid} daemon={daemon}", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_sigterm_reaches_every_descendant_and_the_lease_waits_for_the_last(box):
+    job = start([sys.executable, "-m", "convoy", "run", "--devices", "1,", "--shutdown-timeout", "3", "--",
+                 sys.executable, "-c", ESCAPES], env=box)
+    line = job.stdout.readline()
+    assert line.startswith("running"), line + finish(job, timeout=10)
+    worker, daemon = (int(part.partition("=")[2]) for part in line.split()[1:])
+    job.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 10
-    while leases(box) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert leases(box) == []
+    while _alive(daemon) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _alive(daemon), "the daemon did not get the SIGTERM"
+    assert _alive(worker) and job.poll() is None and len(leases(box)) == 1  # it ignores SIGTERM: held
+    out = finish(job, timeout=30)  # SIGKILL to every descendant after 3 s
+    assert job.returncode == 143, out
+    assert not _alive(worker) and leases(box) == []
+
+
+WORKER_SLOW_TO_STOP = """
+import signal, sys, time
+import torch.distributed as dist
+signal.signal(signal.SIGTERM, lambda *_: None)  # a worker slow to stop: it carries on after SIGTERM
+print("worker running", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_as_the_command_keeps_the_lease_until_its_worker_is_gone(box, tmp_path):
+    """torchrun starts its workers through subprocess (descriptors closed, so no copy of the lock) and they can
+    sit outside the command's group: convoy exited at the shutdown timeout and freed GPU 0 while the worker still
+    ran on it. Now the worker is stopped with the rest and the lease ends after it."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER_SLOW_TO_STOP)
+    job = start([sys.executable, "-m", "convoy", "run", "--devices", "0,", "--shutdown-timeout", "3", "--",
+                 sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                 str(script)], env={**box, "OMP_NUM_THREADS": "1"})
+    output = ""
+    deadline = time.monotonic() + 120
+    while "worker running" not in output and time.monotonic() < deadline:
+        output += job.stdout.readline()
+    assert "worker running" in output, output + finish(job, timeout=10)
+    workers = [int(pid) for pid in subprocess.run(["pgrep", "-f", str(script)], capture_output=True,
+                                                   text=True).stdout.split() if int(pid) != job.pid]
+    job.send_signal(signal.SIGTERM)
+    finish(job, timeout=60)
+    assert job.returncode in (143, 137), job.returncode
+    assert workers and not any(_alive(pid) for pid in workers) and leases(box) == []
 
 
 def _on_a_terminal(argv: list[str], env: dict, *, send: bytes, after: bytes, timeout: float = 30) -> tuple[str, int]:

@@ -9,9 +9,10 @@ Resolves the request with ``select_devices`` and leases the devices it chose for
 ``convoy launch`` does: a device another job has leased is refused at once, naming the holder, or waited for
 with ``--wait``; ``--free`` moves a count past leased devices (``select_and_lease``); ``--no-lease`` shares
 them. CMD runs in a process group of its own (``convoy.launch.group``): SIGTERM/SIGHUP/SIGINT/SIGQUIT/SIGUSR1/
-SIGUSR2 to convoy reach every process of that group, a stop signal is followed by SIGKILL after
-``--shutdown-timeout`` seconds, and what CMD leaves running when it ends is stopped the same way. convoy exits
-with CMD's exit code (128+N when a signal N killed it: 143 for a scheduler's SIGTERM) once the group is gone.
+SIGUSR2 to convoy reach every process of that group and every other descendant of CMD (one that left the group or
+its session too), a stop signal is followed by SIGKILL after ``--shutdown-timeout`` seconds, and what CMD leaves
+running when it ends is stopped the same way. convoy exits with CMD's exit code (128+N when a signal N killed
+it: 143 for a scheduler's SIGTERM) once every one is gone.
 The lease is held by convoy and by CMD (it inherits the lock, and so do its children), and convoy only closes
 its own copy: it ends when the last of them is gone, SIGKILL included. Torch-free.
 """
@@ -41,8 +42,9 @@ EPILOG = """examples:
 leases: the devices are leased for the life of CMD and every process it starts (as convoy launch leases them),
 so another convoy run or launch cannot take them, and --free skips them; one that another job holds is refused at
 once (exit 1, naming the holder) unless --wait T waits for it. --no-lease shares the devices: no lease is taken.
-signals: SIGTERM, SIGHUP, SIGINT, SIGQUIT, SIGUSR1 and SIGUSR2 to convoy reach CMD's whole process group; after a
-stop signal, SIGKILL follows --shutdown-timeout seconds later. Processes CMD leaves running when it ends are
+signals: SIGTERM, SIGHUP, SIGINT, SIGQUIT, SIGUSR1 and SIGUSR2 to convoy reach CMD's whole process group and every
+process it started (those that left its group too); after a stop signal, SIGKILL follows --shutdown-timeout
+seconds later. Processes CMD leaves running when it ends are
 stopped (SIGTERM, then SIGKILL) before the lease ends.
 exit code: CMD's own; 128+N if signal N killed it (SIGTERM to convoy reaches CMD: 143 if it ends CMD);
 1 if no devices could be had; 2 for bad flags; 127 if CMD is not found; 126 if it cannot be run (no
@@ -112,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                            grace=args.shutdown_timeout)
     finally:
         if lease is not None:
-            lease.close()  # not unlocked: a process of CMD that left its group keeps its copy, and the lease
+            lease.close()  # not unlocked: a process of CMD out of convoy's reach keeps its copy, and the lease
     if isinstance(ended, int):
         return ended
     if ended.foreground and ended.signum == signal.SIGINT:

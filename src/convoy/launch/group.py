@@ -3,14 +3,16 @@
     ended = run_group(["./wrapper.sh"], env=env, pass_fds=lease.fds, grace=30.0)
     ended.code                        # CMD's exit code, 128+N when signal N ended it
 
-CMD leads a new process group, so what it starts without leaving the group (a script's children, ``sh -c "a &
-b & wait"``) gets every signal passed on (SIGTERM, SIGHUP, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2). A stop signal
-(the first four) is followed by SIGKILL to the group after ``grace`` seconds, as the launcher does. When CMD has
-ended, what is left of its group gets SIGTERM, then SIGKILL after ``grace``, and ``run_group`` returns only once
-the group is gone: a lease held around it ends after the command's last process. On a terminal CMD's group is
-made the foreground one (Ctrl-C and Ctrl-Z reach it, it reads the keyboard), and the terminal is taken back
-when it ends. On Linux this process is a child subreaper while CMD runs, so the group's orphans are reaped here.
-Torch-free.
+CMD leads a new process group. Its processes are its group and, on Linux, every descendant wherever it moved:
+this process is a child subreaper while CMD runs (``PR_SET_CHILD_SUBREAPER``), so an orphan (a double-forked
+daemon, torchrun's worker whose agent died) is re-parented here rather than to init, and the tree read from
+``/proc`` at each step holds a process that left the group or its session (``setsid``) or closed every
+descriptor. Each gets every signal passed on (SIGTERM, SIGHUP, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2). A stop signal
+(the first four) is followed by SIGKILL to all of them after ``grace`` seconds, as the launcher does. When CMD
+has ended, what is left gets SIGTERM, then SIGKILL after ``grace``, and ``run_group`` returns only once every
+one is gone: a lease held around it ends after the command's last process. Elsewhere (no ``/proc``) the group
+is all there is. On a terminal CMD's group is made the foreground one (Ctrl-C and Ctrl-Z reach it, it reads the
+keyboard), and the terminal is taken back when it ends. Torch-free.
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ class _Job:
         if self.proc is None:
             self._pending.append(signum)
             return
-        _signal_group(self.proc.pid, signum)
+        _signal_job(self.proc.pid, signum)
         if signal.Signals(signum).name in STOP_SIGNALS:
             self.arm()
 
@@ -136,17 +138,17 @@ class _Job:
 
     def _kill(self, _signum: int, _frame) -> None:
         if self.pgid is not None:
-            _signal_group(self.pgid, signal.SIGKILL)
+            _signal_job(self.pgid, signal.SIGKILL)
 
     def stop_rest(self, say: Callable[[str], None]) -> int:
         """CMD has ended: stop what is left of its group (SIGTERM, SIGKILL after the grace), wait until it is gone;
         returns how many processes were left."""
         pgid = self.pgid
         assert pgid is not None
-        _reap(pgid)
+        _reap()
         if not _alive(pgid):
             return 0
-        left = _members(pgid)
+        left = _job_members(pgid)
         if not self._armed:  # (after a stop signal they have had it, and SIGKILL is on its way)
             pids = ", ".join(map(str, left[:5])) + (", ..." if len(left) > 5 else "")
             which = f"{len(left)} process{'es' if len(left) > 1 else ''} it started (pid {pids})" if left else \
@@ -154,11 +156,11 @@ class _Job:
             verb = "runs" if len(left) == 1 else "run"
             say(f"convoy: the command has ended, but {which} still {verb}; stopping them (SIGTERM, SIGKILL after "
                 f"{self.grace:g}s) before the devices are released")
-            _signal_group(pgid, signal.SIGTERM)
-            _signal_group(pgid, signal.SIGCONT)  # a stopped one could not act on the SIGTERM
+            _signal_job(pgid, signal.SIGTERM)
+            _signal_job(pgid, signal.SIGCONT)  # a stopped one could not act on the SIGTERM
             self.arm()
         while _alive(pgid):
-            _reap(pgid)
+            _reap()
             time.sleep(_POLL_S)
         return len(left) if left else 1
 
@@ -188,21 +190,36 @@ def _signal_group(pgid: int, signum: int) -> None:
         pass
 
 
+def _signal_job(pgid: int, signum: int) -> None:
+    """``signum`` to CMD's group and to every descendant that left it."""
+    _signal_group(pgid, signum)
+    for pid in _job_members(pgid):
+        try:
+            os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def _alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # a member that changed its user: still there
+    if not os.path.isdir("/proc/self"):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # a member that changed its user: still there
+            return True
         return True
-    return bool(_members(pgid)) if os.path.isdir("/proc/self") else True  # zombies do not count
+    return bool(_job_members(pgid))  # zombies do not count
 
 
-def _members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of group ``pgid``, from ``/proc``; [] where there is no ``/proc``."""
+def _job_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of CMD: of group ``pgid`` or descended from this process, from ``/proc``;
+    [] where there is no ``/proc``."""
     if not os.path.isdir("/proc/self"):
         return []
-    found = []
+    parents: dict[int, int] = {}
+    live: set[int] = set()
+    group: set[int] = set()
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -212,16 +229,32 @@ def _members(pgid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-        if len(fields) > 2 and fields[0] != b"Z" and int(fields[2]) == pgid:
-            found.append(int(name))
-    return found
+        if len(fields) > 2:
+            pid = int(name)
+            parents[pid] = int(fields[1])
+            if fields[0] != b"Z":
+                live.add(pid)
+                if int(fields[2]) == pgid:
+                    group.add(pid)
+    me = os.getpid()
+
+    def descends(pid: int) -> bool:
+        seen = set()
+        while pid in parents and pid not in seen:
+            seen.add(pid)
+            pid = parents[pid]
+            if pid == me:
+                return True
+        return False
+
+    return sorted(group | {pid for pid in live if descends(pid)})
 
 
-def _reap(pgid: int) -> None:
-    """Reap this process's dead children of group ``pgid`` (orphans come here while this is a subreaper)."""
+def _reap() -> None:
+    """Reap this process's dead children: CMD's group, and the orphans re-parented here (a subreaper)."""
     while True:
         try:
-            pid, _ = os.waitpid(-pgid, os.WNOHANG)
+            pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
