@@ -155,7 +155,8 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
 def _launched_options(strategy: str, dims: ParallelDims | None, launched: ConvoyEnv,
                       env: Mapping[str, str]) -> dict[str, Any]:
     """The strategy options the launcher's settings stand for (``--cpu-offload``: ``cpu_offload``,
-    ``--pp-schedule``/``--pp-stages-per-rank``: ``pp_schedule``/``pp_stages_per_rank`` where there is a pipeline);
+    ``--pp-schedule``/``--pp-stages-per-rank``/``--pp-microbatches``: the options of those names where there is a
+    pipeline);
     ``strategy_options`` given to the Accelerator win over them. A strategy with nothing to offload is one line
     naming where ``cpu_offload`` came from."""
     out: dict[str, Any] = {}
@@ -164,7 +165,7 @@ def _launched_options(strategy: str, dims: ParallelDims | None, launched: Convoy
         check_offload(strategy, dims, said=f"{variable}={env[variable]}" if variable in env else "cpu_offload = true")
         out["cpu_offload"] = True
     pipeline = strategy == "pp" or (dims is not None and dims.pp_enabled)
-    for name in ("pp_schedule", "pp_stages_per_rank"):
+    for name in ("pp_schedule", "pp_stages_per_rank", "pp_microbatches"):
         if getattr(launched, name) is not None and pipeline:
             out[name] = getattr(launched, name)
     return out
