@@ -406,7 +406,8 @@ def resolve_hardware(hardware: str | Hardware | None = None, *, inventory: Any =
     if not getattr(inventory, "devices", ()):
         raise PlanError("no accelerator detected on this machine; describe the target with --hardware, "
                         "e.g. --hardware 8xH100-80GB (or --inventory box.json)")
-    hw = hardware_from_inventory(inventory, nodes=nodes, intra=intra, inter_gbps=inter_gbps)
+    hw = hardware_from_inventory(inventory, nodes=nodes, intra=intra, inter_gbps=inter_gbps, peak_tflops=peak_tflops,
+                                 memory_gib=gpu_memory_gib)
     if gpu_memory_gib is not None or peak_tflops is not None or intra_gbs is not None:
         from convoy.plan.hardware import override_gpu
 
