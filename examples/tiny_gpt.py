@@ -1,7 +1,12 @@
-"""A tiny GPT trained with strategy="zero3" (FSDP2: parameters, gradients and optimizer state sharded).
+"""A tiny GPT trained with the strategy the launcher names, e.g. zero3 (FSDP2: parameters, gradients and optimizer
+state sharded).
 
-    convoy launch --nproc-per-node 2 examples/tiny_gpt.py --steps 30
-    python examples/tiny_gpt.py --steps 30            # one process: a one-rank mesh, same code
+    convoy launch --nproc-per-node 2 --strategy zero3 examples/tiny_gpt.py --steps 30
+    python examples/tiny_gpt.py --steps 30 --strategy zero3    # one process: a one-rank mesh, same code
+
+The script passes no setting of its own to ``Accelerator()``: the launcher's ``--strategy``,
+``--mixed-precision``, ``--gradient-accumulation-steps`` (what ``convoy plan`` prints) are what it runs; its
+``--strategy`` overrides the launcher's, and the Accelerator says so.
 
 It learns a synthetic language (each token predicts the next: t -> (3 t + 1) mod vocab), so the loss visibly
 falls within a few dozen steps on a CPU.
@@ -62,7 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--strategy", default="zero3")
+    parser.add_argument("--strategy", default=None, help="default: the launcher's --strategy, else auto")
     args = parser.parse_args()
 
     accelerator = Accelerator(strategy=args.strategy)
@@ -76,12 +81,14 @@ def main() -> None:
     step = 0
     while step < args.steps:
         for x, y in loader:
-            logits = model(x)
-            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-            accelerator.backward(loss)
-            accelerator.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad()
+            with accelerator.accumulate(model):  # --gradient-accumulation-steps batches per optimizer step
+                logits = model(x)
+                loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad()
             if step % 10 == 0 or step == args.steps - 1:
                 mean = accelerator.reduce(loss.detach(), "mean")
                 accelerator.print(f"step {step:3d} loss {mean.item():.3f}")

@@ -220,8 +220,10 @@ DOCS_CONSOLE: dict[tuple[str, str], str] = {
     ("choosing-a-strategy.md", "convoy plan llama70b.json --hardware 8xH100-80GB --nodes 4 --inter-gbps 3200 "
                                "--recompute full"): "8xh100_nvswitch.json",
     ("choosing-a-strategy.md", "convoy launch --strategy zero2 train.py"): "SKIP starts a job (README's tour runs one)",
-    ("choosing-a-strategy.md", "convoy launch --nnodes 4 --nproc-per-node 8 --strategy zero1 --dp 2 --tp 4 --pp 4 "
-                               "--pp-schedule 1f1b --rdzv-endpoint node0:29500 train.py"):
+    ("choosing-a-strategy.md", "convoy launch --nnodes 4 --nproc-per-node 8 --strategy zero1 --dp 4 --tp 2 --pp 4 "
+                               "--pp-microbatches 8 --mixed-precision bf16 --recompute full --pp-schedule "
+                               "interleaved_1f1b --pp-stages-per-rank 4 --rdzv-backend c10d --rdzv-endpoint "
+                               "node0:29500 train.py"):
         "SKIP waits for 3 other machines (tests/plan/test_plan_runs.py dry-runs it)",
     ("choosing-a-strategy.md", "convoy config --strategy zero2"): WRITES,
     ("configuration.md", "convoy config"): "SKIP asks questions on a terminal",

@@ -123,3 +123,29 @@ def test_the_hardware_line_names_a_link_only_between_gpus():
     assert parse_hardware("1xH100-80GB").describe() == "1xH100-80GB"  # it said "(nvlink)"
     assert parse_hardware("8xH100-80GB").describe() == "8xH100-80GB (nvlink)"
     assert parse_hardware("8xL40S", nodes=2).describe() == "8xL40S (pcie) x 2 nodes (400 Gbit/s between nodes)"
+
+
+def test_a_board_the_table_lacks_plans_with_the_users_memory_and_peak(inventory_path, capsys):
+    """The issue's case: `convoy devices` and the error said "give --gpu-memory-gib and --peak-tflops" for an MI210,
+    and giving them still exited 2 "unknown accelerator". Now --hardware with both, or an inventory (its memory)
+    with --peak-tflops, plans; a figure missing is named."""
+    from convoy.cli.main import main
+    from convoy.devices.inventory import load_inventory
+
+    hw = parse_hardware("4xMI210", memory_gib=64, peak_tflops=181)
+    assert (hw.gpu.name, hw.gpu.memory_bytes, hw.gpu.bf16_tflops, hw.intra) == ("MI210", 64 * 2**30, 181, "pcie")
+    assert "no table row; memory and peak given by the user" in hw.gpu.source
+    with pytest.raises(PlanError, match=r"unknown accelerator 'MI210'.*\(or give --gpu-memory-gib for it\)"):
+        parse_hardware("4xMI210", peak_tflops=181)
+    inventory = load_inventory(inventory_path("amd_4gpu_xgmi_pairs"))
+    from_inventory = hardware_from_inventory(inventory, peak_tflops=181)
+    assert (from_inventory.gpu.name, from_inventory.gpus_per_node) == ("AMD Instinct MI210", 4)
+    assert from_inventory.gpu.memory_bytes == min(d.memory_total_mib for d in inventory.devices) * MiB
+    with pytest.raises(PlanError, match=r"\(or give --peak-tflops for it\)"):
+        hardware_from_inventory(inventory)
+    assert main(["plan", "--params", "7e9", "--hardware", "4xMI210", "--gpu-memory-gib", "64", "--peak-tflops",
+                 "181"]) == 0
+    assert "run it:  convoy launch --nnodes 1 --nproc-per-node 4 " in capsys.readouterr().out
+    assert main(["plan", "--params", "7e9", "--inventory", str(inventory_path("intel_max1550")), "--peak-tflops",
+                 "419"]) == 0
+    assert "hardware  " in capsys.readouterr().out

@@ -58,15 +58,47 @@ def _plans():
 
 
 def _launched(args: tuple[str, ...], script: Path) -> tuple[int, str]:
-    """``convoy launch --dry-run ARGS script`` in this process: its exit code and what it printed."""
+    """``convoy launch --dry-run ARGS script`` in this process: its exit code and what it printed (several nodes
+    meet as the plan's line says: c10d at the first node)."""
     from convoy.cli.main import main
 
     nodes = int(args[args.index("--nnodes") + 1])
-    meet = ["--rdzv-endpoint", "node0:29500"] if nodes > 1 else []
+    meet = ["--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29500"] if nodes > 1 else []
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         code = main(["launch", "--dry-run", *args, *meet, str(script)])
     return code, out.getvalue()
+
+
+def _every_rank_env(printed: str) -> dict[str, str]:
+    """The variables ``convoy launch --dry-run`` prints under "environment (every rank):"."""
+    lines = printed.split("environment (every rank):\n", 1)[1].split("environment (per rank", 1)[0].splitlines()
+    return dict(line.strip().split("=", 1) for line in lines if line.startswith("  "))
+
+
+def _planned_env(row, p) -> dict[str, str]:
+    """What a worker must find for ``row`` of plan ``p``: every planned quantity as its ``CONVOY_*`` variable,
+    worked out from the plan's own record (not from the arguments), and the accumulation tied to the global
+    batch."""
+    from convoy.plan.commands import mixed_precision_for
+
+    layout, dims = row.candidate.layout, row.candidate.layout.dims
+    steps = layout.microbatches
+    assert steps * p.run.micro_batch * dims.dp == p.global_batch, (row.name, steps, p.global_batch)
+    want = {"CONVOY_STRATEGY": row.candidate.strategy,
+            "CONVOY_MIXED_PRECISION": {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[p.run.recipe.compute]}
+    assert want["CONVOY_MIXED_PRECISION"] == mixed_precision_for(row.precision)
+    if dims.pp_enabled:
+        want |= {"CONVOY_PP_MICROBATCHES": str(steps), "CONVOY_PP_SCHEDULE": layout.pp_schedule}
+        if layout.pp_stages_per_rank > 1:
+            want["CONVOY_PP_STAGES_PER_RANK"] = str(layout.pp_stages_per_rank)
+    elif steps > 1:
+        want["CONVOY_GRADIENT_ACCUMULATION_STEPS"] = str(steps)
+    if layout.offload:
+        want["CONVOY_CPU_OFFLOAD"] = "True"
+    if row.recompute != "none":
+        want["CONVOY_RECOMPUTE"] = row.recompute
+    return want
 
 
 def _rank_settings(args: tuple[str, ...], monkeypatch) -> dict[str, str]:
@@ -96,14 +128,18 @@ def _built(env: dict[str, str], *, explicit=None, options=None):
 
 
 def test_every_recommendation_and_fitting_row_is_accepted_by_the_launcher_and_the_accelerator(tmp_path, monkeypatch):
+    """Each distinct line is dry-run, and every quantity the plan costed reaches the workers' environment:
+    precision, accumulation (the global batch over dp x micro-batch), degrees, schedule, recompute, offload and
+    nodes. Before, the line carried no precision and no accumulation: a bf16 plan ran fp32, one micro-batch a step."""
+    from convoy.plan.dims import ParallelDims
     from tests.train.parallel.tiny_gpt import lm_loss
 
     monkeypatch.setenv("CONVOY_INVENTORY", str(INVENTORY))
     script = tmp_path / "train.py"
     script.write_text("")
-    offered: dict[tuple[str, ...], str] = {}  # launch_args -> a case that offered them
+    offered: dict[tuple[str, ...], tuple[str, object, object]] = {}  # launch_args -> a case, its row and plan
     calls: dict[str, tuple[str, ...]] = {}  # Accelerator(...) -> the launch_args of the same row
-    recommended, knobs = 0, set()
+    recommended, knobs, accumulated = 0, set(), set()
     for name, p in _plans():
         rec = p.recommendation
         where = f"{name} on {p.hardware.describe()} at seq {p.run.seq_len}"
@@ -114,13 +150,27 @@ def test_every_recommendation_and_fitting_row_is_accepted_by_the_launcher_and_th
             rows.append(rec.row)
             calls[rec.accelerator] = rec.launch_args
             assert rec.command.split()[2:-1][:len(rec.launch_args)] == list(rec.launch_args), rec.command
+            meet = rec.command.split()[2 + len(rec.launch_args):-1]
+            assert meet == (["--rdzv-backend", "c10d", "--rdzv-endpoint", "HOST:29500"] if p.hardware.nodes > 1
+                            else []), rec.command
         for row in rows:
-            offered.setdefault(row.launch_args, f"{row.name} for {where}")
+            offered.setdefault(row.launch_args, (f"{row.name} for {where}", row, p))
     assert recommended > 100 and {"", "offload", "recompute"} <= knobs, (recommended, knobs)
-    for args, case in sorted(offered.items()):
+    for args, (case, row, p) in sorted(offered.items(), key=lambda item: item[0]):
         code, printed = _launched(args, script)
         assert code == 0, (case, args, printed)
-        assert f"world size {int(args[1]) * int(args[3])}" in printed, (case, printed)
+        assert f"nodes:      {p.hardware.nodes} " in printed, (case, printed)
+        assert f"world size {p.hardware.world_size}" in printed, (case, printed)
+        got, want = _every_rank_env(printed), _planned_env(row, p)
+        assert {k: got.get(k) for k in want} == want, (case, args)
+        launched = ParallelDims.parse(got.get("CONVOY_PARALLELISM", f"dp={p.hardware.world_size}"),
+                                      world_size=p.hardware.world_size)
+        planned = row.candidate.layout.dims
+        degrees = ("dp_replicate", "dp_shard") if planned.hsdp_enabled else ("dp",)
+        assert [getattr(launched, a) for a in (*degrees, "tp", "pp")] == \
+            [getattr(planned, a) for a in (*degrees, "tp", "pp")], (case, got)
+        accumulated.add("pp" if row.candidate.layout.dims.pp_enabled else int(want.get(
+            "CONVOY_GRADIENT_ACCUMULATION_STEPS", 1)) > 1)
         env = _rank_settings(args, monkeypatch)
         pp = "--pp" in args
         strategy = _built(env, options={"loss_fn": lm_loss} if pp else None)
@@ -128,13 +178,37 @@ def test_every_recommendation_and_fitting_row_is_accepted_by_the_launcher_and_th
         dims = getattr(strategy, "dims", None)
         if dims is not None:
             assert dims.world_size == int(args[1]) * int(args[3]), (case, dims)
+    assert accumulated == {"pp", True, False}, accumulated  # the grid plans each kind of step
     for call, args in calls.items():
         given = eval(call, {"Accelerator": lambda **kw: kw, "loss_fn": lm_loss})  # noqa: S307 - our own output
         nodes, per_node = int(args[1]), int(args[3])
         env = {"WORLD_SIZE": str(nodes * per_node), "LOCAL_WORLD_SIZE": str(per_node), "RANK": "0", "LOCAL_RANK": "0"}
         explicit = {k: v for k, v in given.items() if k != "strategy_options"}
-        _built(env, explicit=explicit, options=given.get("strategy_options"))
+        built = _built(env, explicit=explicit, options=given.get("strategy_options"))
+        if built != "auto":  # the call says what the line says
+            launched = _built(_rank_settings(args, monkeypatch), options={"loss_fn": lm_loss})
+            for field in ("mixed_precision", "gradient_accumulation_steps", "recompute"):
+                assert getattr(built.context, field) == getattr(launched.context, field), (call, args, field)
+            for key in ("pp_microbatches", "pp_schedule", "pp_stages_per_rank", "cpu_offload"):
+                assert built.context.options.get(key) == launched.context.options.get(key), (call, args, key)
     print(f"{len(offered)} distinct launch_args, {len(calls)} Accelerator calls")
+
+
+def test_the_printed_line_says_the_precision_and_the_accumulation_the_plan_costed(capsys):
+    """The issue's case: 7B on 8 x H100 at a global batch of 64 is costed in bf16 with 8 micro-batches per rank;
+    fp32 prints another line (before, both printed the same line, without either)."""
+    from convoy.cli.main import main
+
+    lines = {}
+    for precision in ("bf16", "fp32"):
+        assert main(["plan", "--params", "7e9", "--hardware", "8xH100-80GB", "--global-batch", "64",
+                     "--precision", precision, "--json"]) == 0
+        rec = json.loads(capsys.readouterr().out)["recommendation"]
+        lines[precision] = rec["command"]
+        dp = int(rec["launch_args"][rec["launch_args"].index("--dp") + 1]) if "--dp" in rec["launch_args"] else 8
+        assert f"--gradient-accumulation-steps {64 // dp}" in rec["command"], rec["command"]
+        assert f"gradient_accumulation_steps={64 // dp}" in rec["accelerator"], rec["accelerator"]
+    assert "--mixed-precision bf16" in lines["bf16"] and "--mixed-precision no" in lines["fp32"], lines
 
 
 def test_the_json_recommendation_carries_the_arguments_the_issue_found_refused(capsys):
@@ -230,3 +304,31 @@ def test_strategy_auto_builds_what_convoy_plan_recommends_for_the_same_case(worl
     assert getattr(from_auto, "dp_engine", None) == getattr(from_plan, "dp_engine", None), (layout, rec.launch_args)
     assert from_auto.context.options.get("cpu_offload") == from_plan.context.options.get("cpu_offload")
     assert from_auto.distributed_type == from_plan.distributed_type, (layout, rec.launch_args)
+
+
+@pytest.mark.slow
+def test_the_multi_node_line_runs_as_printed_on_each_node():
+    """The plan's line for 2 nodes, run as printed on each (the first node's address for HOST, CPU processes),
+    forms one job of 2 ranks on 2 nodes in the planned precision and accumulation. Before, the line had a static
+    rendezvous and no --node-rank: both nodes were node 0, the second exited on EADDRINUSE and the first hung."""
+    import shlex
+    import sys
+
+    from convoy.launch.ports import free_port
+    from tests.distributed import cpu_env
+    from tests.processes import finish, start
+    from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT
+
+    p = plan_for(resolve_model(TinyGPT(TinyConfig())), RunSpec(seq_len=8, micro_batch=1, precision="bf16"),
+                 parse_hardware("1xH100-80GB", nodes=2), global_batch=8, explain_breaks=False)
+    line = p.recommendation.command.replace("HOST:", "127.0.0.1:").replace(":29500", f":{free_port()}")
+    argv = shlex.split(line)[2:-1]
+    assert argv[:2] == ["--nnodes", "2"] and "--node-rank" not in argv, line
+    nodes = [start([sys.executable, "-m", "convoy", "launch", "--devices", "0", *argv,
+                    str(SCRIPTS / "show_settings.py")], env=cpu_env()) for _ in range(2)]
+    outs = [finish(node, timeout=120) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outs
+    said = "\n".join(outs)
+    for rank in (0, 1):
+        assert (f"node {rank} rank {rank} of 2: mixed_precision=bf16 gradient_accumulation_steps=4 "
+                f"strategy={p.recommendation.strategy}") in said, said

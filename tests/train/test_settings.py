@@ -110,3 +110,26 @@ def test_recompute_is_read_argument_first_then_variable_then_files_then_default(
     for value in ("none", "selective", "full"):  # whatever the launcher passes on, the trainer takes
         env = launch_env.convoy_env(launch_env.ConvoyEnv(recompute=value))
         assert env == {"CONVOY_RECOMPUTE": value} and resolve_settings(env=env, cpu=True).recompute == value
+
+
+def test_a_script_argument_that_differs_from_the_launcher_is_named_with_the_launchers_flag():
+    """Launcher and script: the script's argument wins (``resolve_settings``), and ``overridden`` names each
+    difference in one line; the same value in another spelling, or a setting the launcher left unset, is none."""
+    from convoy.train.settings import overridden
+
+    env = {"WORLD_SIZE": "4", "CONVOY_STRATEGY": "ddp", "CONVOY_MIXED_PRECISION": "bf16",
+           "CONVOY_PARALLELISM": "dp=2,pp=2", "CONVOY_PP_SCHEDULE": "interleaved_1f1b",
+           "CONVOY_GRADIENT_ACCUMULATION_STEPS": "4"}
+    line = overridden(explicit={"strategy": "zero3", "mixed_precision": "BF16", "parallelism": {"dp": 2, "pp": 2},
+                                "gradient_accumulation_steps": 2, "recompute": "full"},
+                      options={"loss_fn": print, "pp_schedule": "1f1b"}, env=env)
+    assert line == ("the script's Accelerator(...) arguments win over what convoy launch was told: strategy='zero3' "
+                    "(the launcher's --strategy: 'ddp'), gradient_accumulation_steps=2 (the launcher's "
+                    "--gradient-accumulation-steps: 4), pp_schedule='1f1b' (the launcher's --pp-schedule: "
+                    "'interleaved_1f1b'); leave them out of the script to run the launcher's")
+    assert resolve_settings(explicit={"strategy": "zero3"}, env={"CONVOY_STRATEGY": "ddp"}, cpu=True).strategy == \
+        "zero3"
+    assert overridden(explicit={"strategy": "ddp", "parallelism": "dp=2,pp=2"}, options=None, env=env) is None
+    assert overridden(explicit={"strategy": "zero3"}, options=None, env={}) is None
+    assert overridden(explicit={"strategy": None}, options={"pp_schedule": "1f1b"},
+                      env={"CONVOY_PP_SCHEDULE": "1f1b"}) is None

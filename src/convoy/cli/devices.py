@@ -96,7 +96,8 @@ def render_table(inventory, env) -> str:
 
 def planner_rows(devices: Sequence) -> list[str]:
     """One line per board name: the planner's table row it matched (``convoy.plan.hardware``), what that row assumes
-    of the board, or that no row matched (then ``convoy plan`` needs --gpu-memory-gib and --peak-tflops)."""
+    of the board, or that no row matched (then ``convoy plan`` on this machine needs --peak-tflops; the memory is
+    the inventory's)."""
     from convoy.errors import PlanError
     from convoy.plan.hardware import lookup_gpu
 
@@ -105,8 +106,8 @@ def planner_rows(devices: Sequence) -> list[str]:
         try:
             lines.append(f"planner: {name} is the {lookup_gpu(name).describe()} row")
         except PlanError:
-            lines.append(f"planner: {name} has no row in the board table; convoy plan needs --gpu-memory-gib and "
-                         "--peak-tflops for it")
+            lines.append(f"planner: {name} has no row in the board table; convoy plan here needs --peak-tflops for "
+                         "it (with --hardware, --gpu-memory-gib too)")
     return lines
 
 

@@ -189,6 +189,8 @@ def _add_training_flags(cv) -> None:
                     help="the pipeline schedule with --pp (default 1f1b)")
     cv.add_argument("--pp-stages-per-rank", "--pp_stages_per_rank", type=_whole, default=None,
                     help="stages each process holds under interleaved_1f1b or looped_bfs (default 2)")
+    cv.add_argument("--pp-microbatches", "--pp_microbatches", type=_whole, default=None,
+                    help="micro-batches a pipeline cuts each batch into (default: one per stage)")
     cv.add_argument("--gradient-accumulation-steps", "--gradient_accumulation_steps", type=_whole, default=None)
     cv.add_argument("--recompute", default=None, metavar="MODE",
                     help=f"activation recomputation: {', '.join(RECOMPUTE_MODES)} (default none): 'selective' keeps "
@@ -430,7 +432,7 @@ def _settings(args: argparse.Namespace, options: dict):
         mixed_precision=args.mixed_precision, strategy=args.strategy,
         parallelism=",".join(f"{k}={v}" for k, v in dims.items()) or args.parallelism,
         cpu_offload=args.cpu_offload, pp_schedule=args.pp_schedule,
-        pp_stages_per_rank=args.pp_stages_per_rank,
+        pp_stages_per_rank=args.pp_stages_per_rank, pp_microbatches=args.pp_microbatches,
         gradient_accumulation_steps=args.gradient_accumulation_steps, collective_timeout=args.collective_timeout,
         recompute=args.recompute, strategy_options=options or None,
     )

@@ -390,6 +390,8 @@ SCHEMA: tuple[Key, ...] = (
         choices=PP_SCHEDULES, doc="The pipeline schedule when pp > 1 (unset: 1f1b)."),
     Key(name="pp_stages_per_rank", type="int >= 1", default=None, convert=lambda v, w: parse_whole(v, w, 1),
         doc="Pipeline stages each process holds under interleaved_1f1b or looped_bfs (unset: 2)."),
+    Key(name="pp_microbatches", type="int >= 1", default=None, convert=lambda v, w: parse_whole(v, w, 1),
+        doc="Micro-batches a pipeline cuts each batch into (unset: one per stage); the plan's count."),
     Key(name="gradient_accumulation_steps", type="int >= 1", default=1, ask=True,
         convert=lambda v, w: parse_whole(v, w, 1),
         doc="Micro-batches whose gradients are summed before each optimizer step."),

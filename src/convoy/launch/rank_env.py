@@ -73,7 +73,7 @@ RANK_VARIABLES = (
 )
 #: the settings the launcher hands to every rank, each as its schema key's ``CONVOY_<KEY>`` variable
 SETTING_NAMES = ("mixed_precision", "strategy", "parallelism", "cpu_offload", "pp_schedule", "pp_stages_per_rank",
-                 "gradient_accumulation_steps", "collective_timeout", "recompute")
+                 "pp_microbatches", "gradient_accumulation_steps", "collective_timeout", "recompute")
 STRATEGY_OPTIONS_VARIABLE = "CONVOY_STRATEGY_OPTIONS"
 CONVOY_VARIABLES = tuple(KEYS[name].env_var for name in SETTING_NAMES)
 #: the strategy options a launcher hands to the ranks (an Accelerate config file's), and the strategies that read
@@ -215,6 +215,8 @@ class ConvoyEnv:
     """The pipeline schedule when pp > 1 (``strategy_options["pp_schedule"]``)."""
     pp_stages_per_rank: int | None = None
     """Stages per process of an interleaved schedule (``strategy_options["pp_stages_per_rank"]``)."""
+    pp_microbatches: int | None = None
+    """Micro-batches a pipeline cuts each batch into (``strategy_options["pp_microbatches"]``)."""
     gradient_accumulation_steps: int | None = None
     """Micro-batches per optimizer step."""
     collective_timeout: float | None = None
@@ -283,7 +285,7 @@ def check_launch_settings(settings: ConvoyEnv, *, said: Callable[[str, object], 
         named = (said or (lambda name, value: as_flag({}, name, value)))("cpu_offload", True)
         dims = ParallelDims.parse(settings.parallelism) if settings.parallelism else None
         check_offload(settings.strategy or KEYS["strategy"].default, dims, said=named)
-    for name in ("pp_schedule", "pp_stages_per_rank"):
+    for name in ("pp_schedule", "pp_stages_per_rank", "pp_microbatches"):
         value = getattr(settings, name)
         if value is None or settings.strategy in ("pp", "auto"):
             continue

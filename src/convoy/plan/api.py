@@ -151,8 +151,9 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
                                        f"{format_bytes(full.memory.total, binary=True)} per GPU and takes "
                                        f"{format_seconds(full.time.seconds)} per step.",))
     if rec.row is not None:
-        rec = replace(rec, command=launch_command(rec.row.candidate, hw, recompute=rec.recompute),
-                      accelerator=accelerator_call(rec.row.candidate, recompute=rec.recompute))
+        how = {"precision": rec.row.precision, "recompute": rec.recompute}
+        rec = replace(rec, command=launch_command(rec.row.candidate, hw, **how),
+                      accelerator=accelerator_call(rec.row.candidate, **how))
     return Plan(model=model, run=run, hardware=hw, global_batch=gb, efficiency=efficiency, rows=tuple(rows),
                 single_gpu=single, recommendation=rec, calibration=calibration, time_model=rates.kind,
                 time_note=_time_note(rates, time_note) + _corrected_note(applied), observations=applied)
@@ -201,7 +202,7 @@ class _Costing:
                 applied[cand.name] = seen
             rows.append(Row(candidate=cand, memory=mem, time=t, fits=mem.total <= hw.gpu.memory_bytes,
                             precision=own.precision, recompute=run.recompute,
-                            launch_args=launch_args(cand, hw, recompute=run.recompute)))
+                            launch_args=launch_args(cand, hw, precision=own.precision, recompute=run.recompute)))
         if not rows and uneven:
             raise PlanError(f"global batch {gb} cannot be split evenly: every layout on {hw.describe()} has a "
                             f"data-parallel degree ({', '.join(map(str, sorted(uneven)))}) x micro-batch "
@@ -405,7 +406,8 @@ def resolve_hardware(hardware: str | Hardware | None = None, *, inventory: Any =
     if not getattr(inventory, "devices", ()):
         raise PlanError("no accelerator detected on this machine; describe the target with --hardware, "
                         "e.g. --hardware 8xH100-80GB (or --inventory box.json)")
-    hw = hardware_from_inventory(inventory, nodes=nodes, intra=intra, inter_gbps=inter_gbps)
+    hw = hardware_from_inventory(inventory, nodes=nodes, intra=intra, inter_gbps=inter_gbps, peak_tflops=peak_tflops,
+                                 memory_gib=gpu_memory_gib)
     if gpu_memory_gib is not None or peak_tflops is not None or intra_gbs is not None:
         from convoy.plan.hardware import override_gpu
 

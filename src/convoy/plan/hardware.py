@@ -23,7 +23,7 @@ from convoy.errors import PlanError
 from convoy.plan.architectures import power_limited_mhz
 from convoy.plan.units import GB, MiB
 
-__all__ = ["GpuSpec", "Hardware", "GPUS", "CPU", "lookup_gpu", "parse_hardware", "hardware_from_inventory"]
+__all__ = ["GpuSpec", "Hardware", "GPUS", "CPU", "lookup_gpu", "board_for", "parse_hardware", "hardware_from_inventory"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,6 +232,32 @@ CPU = GpuSpec(name="cpu", memory_bytes=16 * 2**30, bf16_tflops=1.0, fp16_tflops=
 _SPEC = re.compile(r"^\s*(?:(\d+)\s*[xX*]\s*)?(.+?)\s*$")
 
 
+#: a board without a table row, planned from the user's memory and peak: its links as a PCIe Gen4 x16 card's
+_UNLISTED_PCIE_GBS = 32.0
+
+
+def board_for(name: str, *, memory_gib: float | None = None, peak_tflops: float | None = None) -> GpuSpec:
+    """The table row for ``name`` (``lookup_gpu``), else, for a board the table lacks, one made of the user's
+    figures: ``memory_gib`` (or an inventory's memory) and ``peak_tflops`` (every dtype's peak), its links a PCIe
+    Gen4 x16 card's (``--intra-gbs`` for others) and its memory bandwidth unknown, as its ``source`` says. Without
+    both figures, the table's ``PlanError`` naming what to give."""
+    try:
+        return lookup_gpu(name)
+    except PlanError as err:
+        if memory_gib is None or peak_tflops is None:
+            missing = " and ".join(flag for flag, value in (("--gpu-memory-gib", memory_gib),
+                                                           ("--peak-tflops", peak_tflops)) if value is None)
+            raise PlanError(str(err).replace("(or give --gpu-memory-gib and --peak-tflops)",
+                                             f"(or give {missing} for it)")) from None
+    if memory_gib <= 0 or peak_tflops <= 0:
+        raise PlanError(f"{name.strip()}: GPU memory and peak TFLOPs must be > 0, got {memory_gib:g} GiB and "
+                        f"{peak_tflops:g}")
+    return GpuSpec(name=name.strip(), memory_bytes=int(memory_gib * 2**30), bf16_tflops=peak_tflops,
+                   fp16_tflops=peak_tflops, fp32_tflops=peak_tflops, nvlink_gbs=None, pcie_gbs=_UNLISTED_PCIE_GBS,
+                   source=f"{name.strip()}: no table row; memory and peak given by the user, links assumed PCIe "
+                          f"Gen4 x16 ({_UNLISTED_PCIE_GBS:g} GB/s), memory bandwidth unknown")
+
+
 def lookup_gpu(name: str) -> GpuSpec:
     """The table row for ``name``: a short name (``H100-80GB``, any case) or a device name from NVML."""
     key = name.strip().lower()
@@ -317,8 +343,8 @@ def parse_hardware(text: str, *, nodes: int = 1, intra: str | None = None, intra
     count = int(match.group(1) or 1)
     if count < 1:
         raise PlanError(f"hardware {text!r}: the GPU count must be >= 1")
-    gpu = lookup_gpu(match.group(2))
-    gpu = override_gpu(gpu, memory_gib=memory_gib, peak_tflops=peak_tflops)
+    gpu = override_gpu(board_for(match.group(2), memory_gib=memory_gib, peak_tflops=peak_tflops),
+                       memory_gib=memory_gib, peak_tflops=peak_tflops)
     if intra is None:
         intra = "nvlink" if gpu.nvlink_gbs is not None else "pcie"
     return Hardware(gpu=gpu, gpus_per_node=count, nodes=nodes, intra=intra, intra_gbs=intra_gbs,
@@ -341,11 +367,12 @@ def override_gpu(gpu: GpuSpec, *, memory_gib: float | None = None, peak_tflops: 
 
 
 def hardware_from_inventory(inventory: Any, *, nodes: int = 1, intra: str | None = None,
-                            inter_gbps: float = 400.0) -> Hardware:
+                            inter_gbps: float = 400.0, peak_tflops: float | None = None,
+                            memory_gib: float | None = None) -> Hardware:
     """A ``Hardware`` from a ``convoy.devices`` inventory (or selection): its devices' name, memory, NVLink.
 
-    Boards missing from the table still plan: their memory comes from the inventory and their peak FLOPs
-    must then be given (``PlanError`` says so).
+    Boards missing from the table still plan: their memory comes from the inventory (or ``memory_gib``) and their
+    peak FLOPs must then be given (``peak_tflops``; ``PlanError`` says so).
     """
     devices = tuple(getattr(inventory, "devices", ()) or ())
     if not devices:
@@ -355,8 +382,9 @@ def hardware_from_inventory(inventory: Any, *, nodes: int = 1, intra: str | None
     if len(names) > 1:
         raise PlanError(f"the inventory mixes accelerators ({', '.join(sorted(names))}); the planner assumes "
                         "identical GPUs: select one kind (convoy select) or give --hardware")
-    gpu = lookup_gpu(devices[0].name)
     memory_mib = min(int(d.memory_total_mib) for d in devices)
+    gpu = board_for(devices[0].name, memory_gib=memory_gib if memory_gib is not None else
+                    memory_mib / 1024 if memory_mib > 0 else None, peak_tflops=peak_tflops)
     if memory_mib > 0:
         gpu = replace(gpu, memory_bytes=memory_mib * MiB)
     if intra is None:

@@ -37,12 +37,13 @@ from convoy.train.coordination import Trigger, join_uneven_inputs
 from convoy.train.data import DataLoaderConfiguration, PreparedDataLoader
 from convoy.train.data.loop import LoopPosition
 from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
+from convoy.train.logging import get_logger
 from convoy.train.plan_report import PlanReport, PlanWatch
 from convoy.train.plugins import plugin_arguments
 from convoy.train.precision import Precision, precision_for, restore_forward
 from convoy.train.process_group import stop_process_group
 from convoy.train.process_view import AcceleratorState, DistributedType, GradientState, distributed_type_for
-from convoy.train.settings import TrainSettings, resolve_settings
+from convoy.train.settings import TrainSettings, overridden, resolve_settings
 from convoy.train.strategies.base import Strategy, SupportsNoSync
 from convoy.train.strategies.build import build_strategy, declared_distributed_type, named_layout, start_job
 from convoy.train.wrappers import PreparedOptimizer, PreparedScheduler
@@ -167,6 +168,11 @@ class Accelerator:
             options=plugins.options, defaults=self._handlers.ddp, strategy_family=plugins.family)
         AcceleratorState._check_mixed_precision(settings.mixed_precision,
                                                 where=f"Accelerator(mixed_precision={shown(mixed_precision)})")
+        # the script's arguments win over the launcher's settings (Accelerate's rule); a difference is said once
+        differ = overridden(explicit={**plugins.explicit, "collective_timeout": collective_timeout},
+                            options=plugins.options, env=os.environ)
+        if differ:
+            get_logger(__name__).warning("convoy: %s", differ)
         return settings
 
     def _set_accumulation(self, plugin: GradientAccumulationPlugin | None) -> None:

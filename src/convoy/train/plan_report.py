@@ -4,9 +4,9 @@ what ``convoy.plan`` predicts for the very layout it runs; and the measurement k
     report = accelerator.plan_report()      # a PlanReport; complete once optimizer step 7 is done
     report.measured_seconds, report.planned_seconds, report.time_ratio           # ratio: planned / measured
     report.measured_peak_bytes, report.planned_peak_bytes, report.memory_ratio
-    report.describe()   # logged once, on the main process, at info, with "convoy: " before it:
-    # step 71.0 ms, planned 76.6 ms (plan 8 % slow); peak 12.7 GiB, planned 12.3 GiB (plan 3 % low) -- zero3 on
-    # 2xH100-80GB (nvlink), steps 3-7          (at debug instead when no plan applies, with the reason)
+    report.describe()   # logged once, on the main process, at info, with "convoy: " before it, on a line of its own:
+    # step 71.0 ms, planned 76.6 ms (ran 7 % faster than planned); peak 12.7 GiB, planned 12.3 GiB (3 % more than
+    # planned) -- zero3 on 2xH100-80GB (nvlink), steps 3-7     (at debug instead when no plan applies, with the reason)
 
 Measured: the median of optimizer steps 3 to 7 (a step post-hook on the first prepared optimizer; steps 1 and 2
 warm up; data loading included) and CUDA's peak allocated memory since step 2, on this process's device (rank 0's
@@ -19,6 +19,10 @@ uses here (``convoy.plan.speed.rates``); CPU processes at this CPU's measured ra
 (``convoy.plan.speed.cpu_step``). A failure leaves the report without the plan, saying why: training never stops
 for it. The main process keeps the observation in its device's calibration cache (``convoy.plan.speed.observed``),
 which a later ``convoy plan`` of the same case on this machine takes as its step time.
+
+On CPU processes ``convoy plan`` has no hardware to print a plan for: the line says where its plan comes from. A
+machine busy with other work (the 1-minute load average above the cores, on CPU processes) moves 5 steps of a few
+milliseconds by several times: the line says the steps were measured under load, and how much.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from convoy.plan.timing import step_time
 from convoy.plan.units import format_bytes, format_seconds
 from convoy.train.logging import get_logger
 from convoy.train.parallel.recompute import checkpoints_itself
+from convoy.train.progress import above_progress_bars
 from convoy.train.strategies.auto import device_memory_bytes, trainer_precision
 from convoy.train.strategies.options import ParallelOptions
 
@@ -89,6 +94,10 @@ class PlanReport:
     """Where the plan's rates came from (``"the H100-80GB profile"``)."""
     case: str = ""
     """The ``convoy.plan.speed.observed.case_key`` the measurement was kept under ("" when it was not)."""
+    planned_from: str = ""
+    """Where the plan comes from when ``convoy plan`` cannot print it (CPU processes); "" for a board's plan."""
+    busy: str = ""
+    """How busy the machine was while the steps were measured, when it was ("load 5.3 on 2 cores"); "" else."""
     missing: str = ""
     """Why a value is None, or the measurement was not kept ("" when nothing is missing)."""
 
@@ -110,21 +119,25 @@ class PlanReport:
         return self.planned_peak_bytes / self.measured_peak_bytes
 
     def describe(self) -> str:
-        """The one line the Accelerator logs: ``step 5.0 ms, planned 4.1 ms (plan 18 % fast); peak 1.2 GiB,
-        planned 1.1 GiB (plan 8 % low) -- zero3 on 2xH100-80GB, steps 3-7``."""
+        """The one line the Accelerator logs: ``step 5.0 ms, planned 4.1 ms (ran 22 % slower than planned); peak
+        1.2 GiB, planned 1.1 GiB (9 % more than planned) -- zero3 on 2xH100-80GB, steps 3-7``."""
         if self.measured_seconds is None:
             return f"no step time measured yet: {self.missing}"
         first = WARMUP_STEPS + 1
         steps = f"steps {first}-{first + self.steps - 1}"
+        if self.busy:
+            steps += f", measured while the machine was busy ({self.busy})"
         step = f"step {format_seconds(self.measured_seconds)}"
         if self.planned_seconds is None:
             return f"{step} ({steps}); no plan: {self.missing}"
         line = f"{step}, planned {format_seconds(self.planned_seconds)} " \
-               f"(plan {_off(self.time_ratio, 'fast', 'slow')})"
+               f"(ran {_versus(self.measured_seconds, self.planned_seconds, 'slower', 'faster')})"
         if self.measured_peak_bytes is not None and self.planned_peak_bytes is not None:
             peak, planned = (format_bytes(b, binary=True) for b in (self.measured_peak_bytes, self.planned_peak_bytes))
-            line += f"; peak {peak}, planned {planned} (plan {_off(self.memory_ratio, 'low', 'high')})"
-        return f"{line} -- {self.layout} on {self.hardware}, {steps}"
+            line += f"; peak {peak}, planned {planned} " \
+                    f"({_versus(self.measured_peak_bytes, self.planned_peak_bytes, 'more', 'less')})"
+        line += f" -- {self.layout} on {self.hardware}, {steps}"
+        return f"{line}; planned {self.planned_from}" if self.planned_from else line
 
     @property
     def logged(self) -> bool:
@@ -132,17 +145,31 @@ class PlanReport:
         return self.measured_seconds is not None and self.planned_seconds is not None
 
 
-def _off(ratio: float | None, under: str, over: str) -> str:
-    """How far the plan is from the measurement, in a user's words: ``18 % fast``, ``2.5x slow``, ``right``."""
-    if ratio is None:
+def _versus(measured: float, planned: float, more: str, less: str) -> str:
+    """The measurement against the plan in a user's words, relative to the plan: ``22 % slower than planned``,
+    ``2.5x faster than planned``, ``as planned``; never in scientific notation (``190x``, ``1,200x``)."""
+    if not planned or not measured:
         return "?"
+    ratio = measured / planned
     if 0.995 <= ratio <= 1.005:
-        return "right"
-    if 0.5 <= ratio < 1:
-        return f"{(1 - ratio) * 100:.0f} % {under}"
-    if 1 < ratio <= 2:
-        return f"{(ratio - 1) * 100:.0f} % {over}"
-    return f"{1 / ratio:.2g}x {under}" if ratio < 1 else f"{ratio:.2g}x {over}"
+        return "as planned"
+    word, times = (more, ratio) if ratio > 1 else (less, 1 / ratio)
+    if 0.5 <= ratio <= 2:
+        return f"{abs(ratio - 1) * 100:.0f} % {word} than planned"
+    return f"{times:.1f}x {word} than planned" if times < 10 else f"{times:,.0f}x {word} than planned"
+
+
+def _busy(processes: int) -> str:
+    """``"load 5.3 on 2 cores"`` when the 1-minute load average is above the cores this process may run on and the
+    job's own ``processes`` together, else "" (and "" where the system has no load average)."""
+    import os
+
+    try:
+        load = os.getloadavg()[0]
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    except OSError:
+        return ""
+    return f"load {load:.1f} on {cores} core{'s' if cores > 1 else ''}" if load > max(cores, processes) else ""
 
 
 def trainer_layout(strategy: Any, *, accumulation: int) -> tuple[Candidate, int]:
@@ -364,7 +391,8 @@ class PlanWatch:
             logger.debug("plan report: %s", why)
         self._report = report
         if self._main:
-            logger.log(logging.INFO if report.logged else logging.DEBUG, "convoy: %s", report.describe())
+            with above_progress_bars():  # its own line, not glued to a bar the loop is drawing
+                logger.log(logging.INFO if report.logged else logging.DEBUG, "convoy: %s", report.describe())
 
     def _planned(self, measured: PlanReport) -> PlanReport:
         if self._model is None:
@@ -396,9 +424,13 @@ class PlanWatch:
                           global_batch=layout.dims.dp * run.micro_batch * layout.microbatches)
             planned, kind, source = t.seconds, rates.kind, _rates_source(rates.kind, hw.gpu.name)
         n = hw.gpus_per_node * hw.nodes
-        gpus = f"{n} CPU process{'es' if n > 1 else ''}" if hw.gpu.kind == "cpu" else hw.describe()
+        cpu = hw.gpu.kind == "cpu"
+        gpus = f"{n} CPU process{'es' if n > 1 else ''}" if cpu else hw.describe()
         report = replace(measured, layout=candidate.name, hardware=gpus, planned_seconds=planned,
-                         planned_peak_bytes=mem.allocated, time_model=source)
+                         planned_peak_bytes=mem.allocated, time_model=source,
+                         planned_from="from step 2's operators at this CPU's measured rates (convoy plan plans "
+                                      "GPUs, not CPU processes)" if cpu else "",
+                         busy=_busy(context.local_world_size) if cpu else "")
         if not self._main:
             return report
         key = case_key(spec, run, layout, hw)

@@ -5,6 +5,9 @@
         ...
     disable_progress_bars()        # e.g. in CI logs; enable_progress_bars() turns them back on
 
+A line written while a bar is drawn would be glued to it (the bar ends in a carriage return, not a newline):
+``with above_progress_bars(): ...`` clears the bars, lets the line be written, and draws them again.
+
 The switch is process-wide state with a documented reset: ``enable_progress_bars()`` restores the default.
 Other libraries' bars (transformers, datasets) read ``TQDM_DISABLE=1`` when tqdm is imported, so a launcher
 that wants them silent on non-zero ranks sets that variable in those ranks' environment.
@@ -12,12 +15,15 @@ that wants them silent on non-zero ranks sets that variable in those ranks' envi
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import sys
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from convoy.train.logging import is_main_process
 
-__all__ = ["progress_bar", "disable_progress_bars", "enable_progress_bars", "progress_bars_enabled"]
+__all__ = ["progress_bar", "disable_progress_bars", "enable_progress_bars", "progress_bars_enabled",
+           "above_progress_bars"]
 
 _enabled = True
 
@@ -46,3 +52,15 @@ def progress_bar(iterable: Iterable[Any] | None = None, *, main_process_only: bo
     off = not _enabled or (main_process_only and not is_main_process())
     kwargs["disable"] = bool(kwargs.get("disable")) or off
     return tqdm(iterable, **kwargs)
+
+
+@contextlib.contextmanager
+def above_progress_bars() -> Iterator[None]:
+    """Write a line of its own while tqdm bars are drawn: tqdm's ``external_write_mode`` clears them first and
+    draws them again after (nothing to do when tqdm was never imported: no bar can be drawn)."""
+    tqdm_module = sys.modules.get("tqdm")
+    if tqdm_module is None:
+        yield
+        return
+    with tqdm_module.tqdm.external_write_mode(file=sys.stderr):
+        yield

@@ -36,7 +36,7 @@ from convoy.errors import ConfigError, shown
 from convoy.launch.rank_env import SETTING_NAMES, ConvoyEnv, RankEnv, read_convoy_env, read_debug_mode, read_rank_env
 from convoy.plan.dims import ParallelDims
 
-__all__ = ["TrainSettings", "resolve_settings"]
+__all__ = ["TrainSettings", "resolve_settings", "overridden"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,10 +152,55 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
     )
 
 
+#: the strategy options a launcher flag stands for (``--cpu-offload``, ``--pp-schedule``, ...): a script's
+#: ``strategy_options`` of these names say the same thing
+_LAUNCHED_AS_OPTIONS = ("cpu_offload", "pp_schedule", "pp_stages_per_rank", "pp_microbatches")
+
+
+def overridden(*, explicit: Mapping[str, Any] | None, options: Mapping[str, Any] | None,
+               env: Mapping[str, str]) -> str | None:
+    """One line naming each setting the script's ``Accelerator(...)`` gives otherwise than the launcher's
+    variables in ``env`` (``CONVOY_*``, Accelerate's ``ACCELERATE_*``), and that the script's win; None when they
+    agree (or the launcher said nothing). Settings files are defaults, not the launcher: not compared.
+
+    The rule is Accelerate's (``AcceleratorState`` reads ``ACCELERATE_MIXED_PRECISION`` only when the argument is
+    None): an argument the script passes is what it asks for, so it wins; the line makes the difference seen."""
+    given = {k: v for k, v in (explicit or {}).items() if v is not None and k in SETTING_NAMES}
+    given |= {k: v for k, v in (options or {}).items() if k in _LAUNCHED_AS_OPTIONS and v is not None}
+    if not given:
+        return None
+    launched = read_convoy_env(env)
+    differ = []
+    for name, value in given.items():
+        said = getattr(launched, name)
+        if said is None:
+            continue
+        if name == "parallelism":
+            world = read_rank_env(env).world_size
+            same = _parallel_dims(value, world) == _parallel_dims(said, world)
+        elif name in _LAUNCHED_AS_OPTIONS:
+            same = bool(value) == bool(said) if name == "cpu_offload" else value == said
+        else:
+            same = KEYS[name].parse(value, where=f"Accelerator({name}={shown(value)})", typed=True) == said
+        if not same:
+            flag = "--dp/--tp/--pp" if name == "parallelism" else KEYS[name].flag
+            differ.append(f"{name}={shown(value)} (the launcher's {flag}: {shown(_plain(said))})")
+    if not differ:
+        return None
+    return ("the script's Accelerator(...) arguments win over what convoy launch was told: " + ", ".join(differ) +
+            "; leave them out of the script to run the launcher's")
+
+
+def _plain(value: Any) -> Any:
+    """A launched value as the user typed it (``MixedPrecision.BF16`` -> ``"bf16"``)."""
+    return value.value if hasattr(value, "value") else value
+
+
 def _launched_options(strategy: str, dims: ParallelDims | None, launched: ConvoyEnv,
                       env: Mapping[str, str]) -> dict[str, Any]:
     """The strategy options the launcher's settings stand for (``--cpu-offload``: ``cpu_offload``,
-    ``--pp-schedule``/``--pp-stages-per-rank``: ``pp_schedule``/``pp_stages_per_rank`` where there is a pipeline);
+    ``--pp-schedule``/``--pp-stages-per-rank``/``--pp-microbatches``: the options of those names where there is a
+    pipeline);
     ``strategy_options`` given to the Accelerator win over them. A strategy with nothing to offload is one line
     naming where ``cpu_offload`` came from."""
     out: dict[str, Any] = {}
@@ -164,7 +209,7 @@ def _launched_options(strategy: str, dims: ParallelDims | None, launched: Convoy
         check_offload(strategy, dims, said=f"{variable}={env[variable]}" if variable in env else "cpu_offload = true")
         out["cpu_offload"] = True
     pipeline = strategy == "pp" or (dims is not None and dims.pp_enabled)
-    for name in ("pp_schedule", "pp_stages_per_rank"):
+    for name in ("pp_schedule", "pp_stages_per_rank", "pp_microbatches"):
         if getattr(launched, name) is not None and pipeline:
             out[name] = getattr(launched, name)
     return out

@@ -18,19 +18,23 @@ pytestmark = pytest.mark.slow
 WARNING = re.compile(r"\w*Warning: |\bW\d{4} \d")
 
 
-@pytest.mark.parametrize("script, args, nproc, layout", [
-    ("tiny_gpt_pp.py", ["--steps", "11", "--schedule", "gpipe", "--microbatches", "2"], 2, "dp=1,tp=1,pp=2 (PP)"),
-    # zero3 (FSDP2) with the docs' command line (docs/training.md)
-    ("tiny_gpt.py", ["--steps", "11"], 2, "strategy=zero3 on 2 process(es)"),
+@pytest.mark.parametrize("script, args, launched, nproc, layout", [
+    # the launcher's --pp 2 --pp-schedule gpipe --pp-microbatches 2, as their variables
+    ("tiny_gpt_pp.py", ["--steps", "11"], {"CONVOY_PARALLELISM": "pp=2", "CONVOY_PP_SCHEDULE": "gpipe",
+                                           "CONVOY_PP_MICROBATCHES": "2"}, 2, "dp=1,tp=1,pp=2 (PP), schedule gpipe"),
+    # zero3 (FSDP2) with the docs' command line (docs/training.md: --strategy zero3)
+    ("tiny_gpt.py", ["--steps", "11"], {"CONVOY_STRATEGY": "zero3"}, 2, "strategy=zero3 on 2 process(es)"),
     # the same pipeline script on one process: nothing to split, the loop runs unchanged (pp=1)
-    ("tiny_gpt_pp.py", ["--steps", "11"], 1, "dp=1,tp=1,pp=1 (NO)"),
+    ("tiny_gpt_pp.py", ["--steps", "11"], {}, 1, "dp=1,tp=1,pp=1 (NO)"),
 ])
-def test_example_trains(script, args, nproc, layout):
-    """... and prints no warning: FSDP2's "returned a view tensor" (tiny_gpt.py's biased output layer) and the
-    pytree FutureWarning of torch's pipeline tracing (tiny_gpt_pp.py) were printed on every rank."""
-    result = run_script(REPO / "examples" / script, nproc=nproc, args=args)
+def test_example_trains(script, args, launched, nproc, layout):
+    """... with the launcher's settings, and prints no warning: FSDP2's "returned a view tensor" (tiny_gpt.py's biased
+    output layer) and the pytree FutureWarning of torch's pipeline tracing (tiny_gpt_pp.py) were printed on every
+    rank; the examples pass no strategy or schedule of their own, so nothing overrides the launcher."""
+    result = run_script(REPO / "examples" / script, nproc=nproc, args=args, env=launched)
     assert result.returncode == 0, result.output
     assert layout in result.output, result.output
+    assert "win over what convoy launch was told" not in result.output, result.output
     assert not WARNING.search(result.output), result.output
     losses = [float(v) for v in re.findall(r"step +\d+ +loss ([0-9.]+)", result.output)]
     assert len(losses) == 2 and losses[-1] < 0.5 * losses[0], result.output
@@ -52,3 +56,16 @@ def test_tp2_example_trains_and_its_checkpoint_resumes_in_one_plain_process(tmp_
     assert loaded.returncode == 0, loaded.stderr
     resumed = re.search(r"next loss ([0-9.]+)", loaded.stdout)
     assert resumed and abs(float(resumed.group(1)) - float(saved.group(1))) < 1e-5, (saved, loaded.stdout)
+
+
+def test_a_script_argument_that_differs_from_the_launcher_wins_and_is_said_once():
+    """The issue's case: the launcher was told ddp (the plan's line), the script asks for zero3. The script's
+    argument wins, as in Accelerate, and one line on rank 0 says so (before, nothing did)."""
+    result = run_script(REPO / "examples" / "tiny_gpt.py", nproc=2, args=["--steps", "1", "--strategy", "zero3"],
+                        env={"CONVOY_STRATEGY": "ddp", "CONVOY_MIXED_PRECISION": "no"})
+    assert result.returncode == 0, result.output
+    said = [line for line in result.output.splitlines() if "win over what convoy launch was told" in line]
+    assert said == ["[rank0]: convoy: the script's Accelerator(...) arguments win over what convoy launch was told: "
+                    "strategy='zero3' (the launcher's --strategy: 'ddp'); leave them out of the script to run the "
+                    "launcher's"], result.output
+    assert "strategy=zero3 on 2 process(es)" in result.output, result.output
