@@ -51,7 +51,7 @@ def test_a_timed_out_launcher_is_stopped_with_everything_below_it(tmp_path):
     started = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired) as info:
         processes.finish(proc, timeout=3)
-    assert "waiting" in info.value.output and time.monotonic() - started < 10  # its output is kept
+    assert "waiting" in info.value.output and time.monotonic() - started < 50  # its output is kept; not its 60 s
     assert proc.returncode is not None
     worker = int(pid_file.read_text())
     time.sleep(0.2)

@@ -208,7 +208,7 @@ def test_concurrent_runs_get_distinct_gpus(inventory_path, tmp_path):
         victim.wait(timeout=10)
         start_wait = time.monotonic()
         assert waiter.stdout.readline().split()[0] == "gpu=2"
-        assert time.monotonic() - start_wait < 5
+        assert time.monotonic() - start_wait < 25  # within its --wait 30, not at its end
     finally:
         for proc in [*procs, *([waiter] if waiter else [])]:
             if proc.poll() is None:

@@ -162,8 +162,8 @@ def test_two_nodes_on_a_one_gpu_host_refuse_the_second_at_once(tmp_path):
         assert held_leases(tmp_path), "the first node did not lease GPU 0"
         began = time.monotonic()
         second = launch("--node-rank", "0", *argv, env=env)
-        out = finish(second, timeout=30)
-        assert time.monotonic() - began < 20
+        out = finish(second, timeout=120)
+        assert time.monotonic() - began < 120  # at once, not after torch's 600 s wait for the other node
         assert second.returncode == 1, out
         line = out.strip().splitlines()[-1]
         assert line.startswith("convoy: cannot lease") and "GPU 0" in line and f"pid {first.pid}" in line, out
@@ -201,14 +201,14 @@ def test_a_stop_while_torch_waits_for_the_other_nodes_ends_the_launch_at_once(tm
             os.killpg(job.pid, signal.SIGINT)
         else:
             job.send_signal(signal.SIGTERM)
-        out = finish(job, timeout=30)
+        out = finish(job, timeout=120)
     finally:
         stop_tree(job.pid)
-    assert time.monotonic() - began < 15, out
+    assert time.monotonic() - began < 120, out  # not torch's 600 s (node 0) or 900 s (node 1) wait
     assert job.returncode == code, out
     assert out.strip().splitlines()[-1] == line, out
     assert "Exception raised from" not in out and "frame #" not in out, out
-    deadline = time.monotonic() + 10  # the job's guard releases the lease once no process of the job is left
+    deadline = time.monotonic() + 60  # the job's guard releases the lease once no process of the job is left
     while held_leases(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not held_leases(tmp_path)

@@ -59,13 +59,13 @@ def test_kill_9_of_the_launcher_stops_every_process_and_holds_the_lease_until_th
         assert all(_alive(p) for p in pids) and len(lease_holders(devices, lock_dir=lease_dir)) == 2
         launcher.send_signal(signal.SIGKILL)
         launcher.wait()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while any(_alive(p) for p in pids):
             held = len(lease_holders(devices, lock_dir=lease_dir)) == 2
             assert held or not any(_alive(p) for p in pids), "the lease ended while a process of the job lived"
-            assert time.monotonic() < deadline, f"still alive 10 s after kill -9: {[p for p in pids if _alive(p)]}"
+            assert time.monotonic() < deadline, f"still alive 60 s after kill -9: {[p for p in pids if _alive(p)]}"
             time.sleep(0.02)
-        _wait_for(lambda: not lease_holders(devices, lock_dir=lease_dir), 10, "the lease to be released")
+        _wait_for(lambda: not lease_holders(devices, lock_dir=lease_dir), 60, "the lease to be released")
         # its temporary directory (the direct engine's error files, the elastic engine's hold files) stayed behind;
         # the next launch removes it, and leaves alone that of a launcher that lives (this test's own lock)
         left = sorted(p.name for p in tmp.glob("convoy-*"))
@@ -101,9 +101,9 @@ def test_sweep_kills_the_processes_carrying_the_token_and_only_those():
     try:
         # a child's /proc environ is empty for a moment after Popen returns (the kernel closes the exec pipe
         # before it sets up the new environment): under load that moment was seen
-        _wait_for(lambda: sorted(job_processes(token)) == sorted([ours.pid, nested.pid]), 10, "both job processes")
-        assert sweep(token, timeout=5) == 2
-        assert ours.wait(timeout=5) == -signal.SIGKILL and nested.wait(timeout=5) == -signal.SIGKILL
+        _wait_for(lambda: sorted(job_processes(token)) == sorted([ours.pid, nested.pid]), 60, "both job processes")
+        assert sweep(token, timeout=30) == 2
+        assert ours.wait(timeout=30) == -signal.SIGKILL and nested.wait(timeout=30) == -signal.SIGKILL
         assert other.poll() is None
     finally:
         for proc in (ours, other, nested):
@@ -154,7 +154,7 @@ def test_the_guard_stops_the_job_when_its_launcher_dies(threaded, tmp_path):
         assert _alive(pid)
         launcher.kill()
         launcher.wait()
-        _wait_for(lambda: not _alive(pid), 10, "the job process to be stopped")
+        _wait_for(lambda: not _alive(pid), 60, "the job process to be stopped")
     finally:
         launcher.kill()
         try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -23,12 +22,10 @@ def test_convoy_plan_is_the_public_function_even_after_submodule_imports():
     assert p.recommendation.row is not None and "plan" in convoy.__all__
 
 
-def test_70b_config_plans_in_well_under_a_second():
-    start = time.perf_counter()
+def test_70b_config_on_four_nodes_plans_the_multi_node_case():
+    """(How fast: benchmarks/cli_latency.py measures it; a test asserts no wall-clock time.)"""
     p = plan(CONFIGS / "llama2_70b.json", hardware="8xH100-80GB", nodes=4, inter_gbps=3200, seq_len=4096,
              recompute="full")
-    elapsed = time.perf_counter() - start
-    assert elapsed < 0.5, elapsed
     assert len(p.rows) > 20 and p.recommendation.row is not None
     assert p.recommendation.case == "multi-node fast"
 

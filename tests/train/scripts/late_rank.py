@@ -7,7 +7,7 @@ from convoy import Accelerator, CollectiveTimeoutError
 
 accelerator = Accelerator()
 if accelerator.process_index == 1:
-    time.sleep(20)
+    time.sleep(120)
 started = time.monotonic()
 try:
     accelerator.wait_for_everyone()
