@@ -16,6 +16,7 @@ from convoy.devices.inventory import load_inventory
 from convoy.devices.lease import lease_holders
 from convoy.launch.guard import job_processes, sweep
 from tests import processes
+from tests.conftest import INVENTORIES, held_leases
 from tests.distributed import REPO, cpu_env
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "spawn_child.py")
@@ -185,3 +186,22 @@ def test_a_forked_rank_does_not_keep_the_guards_pipe_open():
         os.waitpid(pid, 0)
         os.fstat(guard._write)  # still open here, in the launcher
     assert seen == b"closed"
+
+
+def test_a_launched_jobs_process_that_clears_its_environment_is_stopped_before_the_lease_ends(tmp_path):
+    """The sweep found the job's processes by the token in their environment: one started with ``env -i`` in a
+    session of its own outlived the launch and its lease. The launcher is a subreaper while the job runs, so that
+    orphan comes back to it and is stopped with the rest."""
+    pid_file = tmp_path / "escaped.pid"
+    env = {**cpu_env(), "CONVOY_INVENTORY": str(INVENTORIES / "1xh100.json"), "CONVOY_LEASE_DIR": str(tmp_path)}
+    env.pop("CUDA_VISIBLE_DEVICES")
+    done = subprocess.run([sys.executable, "-m", "convoy", "launch", "--devices", "auto", "--no-python", "sh", "-c",
+                           f"env -i setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {pid_file}"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    escaped = int(pid_file.read_text())
+    try:
+        assert done.returncode == 0, done.stderr
+        assert not _alive(escaped) and not held_leases(tmp_path), done.stderr
+    finally:
+        if _alive(escaped):
+            os.kill(escaped, signal.SIGKILL)

@@ -24,6 +24,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from convoy.launch.guard import descendants, set_subreaper
+
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -37,7 +39,6 @@ STOP_SIGNALS = ("SIGTERM", "SIGHUP", "SIGINT", "SIGQUIT")
 PASSED_SIGNALS = (*STOP_SIGNALS, "SIGUSR1", "SIGUSR2")
 """Every signal passed on to CMD's group as it came."""
 _POLL_S = 0.05
-_PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def run_group(command: Sequence[str], *, env: Mapping[str, str], pass_fds: Seque
     tty = _foreground_tty()
     job = _Job(grace)
     job.install()
-    subreaper = _set_subreaper(True)
+    subreaper = set_subreaper(True)
     try:
         job.proc = subprocess.Popen(list(command), env=dict(env), pass_fds=tuple(pass_fds),
                                     preexec_fn=_own_group(tty))
@@ -86,7 +87,7 @@ def run_group(command: Sequence[str], *, env: Mapping[str, str], pass_fds: Seque
     finally:
         job.uninstall()
         if subreaper:
-            _set_subreaper(False)
+            set_subreaper(False)
 
 
 class _Job:
@@ -215,11 +216,14 @@ def _alive(pgid: int) -> bool:
 def _job_members(pgid: int) -> list[int]:
     """Live (not zombie) processes of CMD: of group ``pgid`` or descended from this process, from ``/proc``;
     [] where there is no ``/proc``."""
+    return sorted(set(_members(pgid)) | set(descendants()))
+
+
+def _members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of group ``pgid``, from ``/proc``; [] where there is no ``/proc``."""
     if not os.path.isdir("/proc/self"):
         return []
-    parents: dict[int, int] = {}
-    live: set[int] = set()
-    group: set[int] = set()
+    found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -229,25 +233,9 @@ def _job_members(pgid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-        if len(fields) > 2:
-            pid = int(name)
-            parents[pid] = int(fields[1])
-            if fields[0] != b"Z":
-                live.add(pid)
-                if int(fields[2]) == pgid:
-                    group.add(pid)
-    me = os.getpid()
-
-    def descends(pid: int) -> bool:
-        seen = set()
-        while pid in parents and pid not in seen:
-            seen.add(pid)
-            pid = parents[pid]
-            if pid == me:
-                return True
-        return False
-
-    return sorted(group | {pid for pid in live if descends(pid)})
+        if len(fields) > 2 and fields[0] != b"Z" and int(fields[2]) == pgid:
+            found.append(int(name))
+    return found
 
 
 def _reap() -> None:
@@ -259,18 +247,6 @@ def _reap() -> None:
             return
         if pid == 0:
             return
-
-
-def _set_subreaper(on: bool) -> bool:
-    """Linux: orphans of CMD's group are re-parented here (and reaped) rather than to init; True if set."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def _foreground_tty() -> int | None:

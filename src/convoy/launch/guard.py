@@ -13,9 +13,11 @@ the launcher does the same sweep itself and then ends the guard. The guard is a 
 ``python -S`` when the launcher runs threads, as a notebook may).
 
 This catches what ``PR_SET_PDEATHSIG`` (the direct engine sets it on each worker) does not: a worker's own
-children, workers that torch's elastic agent starts, and processes that left the worker's process group.
-A process that clears its environment (``env -i``) escapes it. Linux only (``/proc``); elsewhere the guard
-is not started and the engines' own clean-up is all there is.
+children, workers that torch's elastic agent starts, and processes that left the worker's process group. While
+the job runs the launcher is also a child subreaper (``PR_SET_CHILD_SUBREAPER``): an orphan of the job comes back
+to it rather than to init, so the launcher's own sweep also stops every descendant, one that cleared its
+environment (``env -i``) included; only after the launcher's own death does such a one escape. Linux only
+(``/proc``); elsewhere the guard is not started and the engines' own clean-up is all there is.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-__all__ = ["JOB_ID_VARIABLE", "JobGuard", "job_guard", "job_processes", "sweep"]
+__all__ = ["JOB_ID_VARIABLE", "JobGuard", "descendants", "job_guard", "job_processes", "set_subreaper", "sweep"]
 
 JOB_ID_VARIABLE = "CONVOY_JOB_ID"
 
@@ -51,12 +53,65 @@ def job_processes(token: str, *, exclude: Sequence[int] = ()) -> list[int]:
     return found
 
 
-def sweep(token: str, *, exclude: Sequence[int] = (), timeout: float = 30.0) -> int:
-    """SIGKILL every process of the job until none is left (or ``timeout``); returns how many were killed."""
+def descendants(root: int | None = None) -> list[int]:
+    """Pids of live (not zombie) processes descended from ``root`` (default: this process), from ``/proc``; []
+    where there is none. With this process a child subreaper, that is every process it started, wherever each
+    moved (another group or session) and whatever it closed."""
+    if not os.path.isdir("/proc/self"):
+        return []
+    root = os.getpid() if root is None else root
+    parents: dict[int, int] = {}
+    live: set[int] = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
+        if len(fields) > 1:
+            parents[int(name)] = int(fields[1])
+            if fields[0] != b"Z":
+                live.add(int(name))
+
+    def descends(pid: int) -> bool:
+        seen: set[int] = set()
+        while pid in parents and pid not in seen:
+            seen.add(pid)
+            pid = parents[pid]
+            if pid == root:
+                return True
+        return False
+
+    return sorted(pid for pid in live if descends(pid))
+
+
+def set_subreaper(on: bool) -> bool:
+    """Linux: orphans of this process's descendants are re-parented here rather than to init; True if set."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def sweep(token: str, *, exclude: Sequence[int] = (), timeout: float = 30.0, descended: bool = False) -> int:
+    """SIGKILL every process of the job until none is left (or ``timeout``); returns how many were killed.
+    ``descended``: this process's descendants are the job's too (the launcher, a subreaper while it runs)."""
     killed: set[int] = set()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pids = job_processes(token, exclude=exclude)
+        pids = set(job_processes(token, exclude=exclude))
+        if descended:
+            pids.update(pid for pid in descendants() if pid not in exclude)
         if not pids:
             break
         for pid in pids:
@@ -66,6 +121,11 @@ def sweep(token: str, *, exclude: Sequence[int] = (), timeout: float = 30.0) -> 
             except (ProcessLookupError, PermissionError):
                 pass
         time.sleep(0.02)
+    for pid in killed if descended else ():  # orphans re-parented here: their zombies are this process's to reap
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
     return len(killed)
 
 
@@ -97,6 +157,8 @@ class JobGuard:
 
         self.token = uuid.uuid4().hex
         self._proc = None
+        self._subreaper = False
+        self._before = descendants()  # a program's own processes from before the job are not the job's
         self._pid: int | None  # None once closed
         read, self._write = os.pipe()  # both non-inheritable: no exec'd worker gets the write end
         try:
@@ -108,6 +170,7 @@ class JobGuard:
         finally:
             os.close(read)
         _WRITE_ENDS.add(self._write)  # after the guard's own fork: forks from here on close it (above)
+        self._subreaper = set_subreaper(True)  # the job's orphans come back here (a notebook's too, until close)
 
     @property
     def env(self) -> dict[str, str]:
@@ -119,7 +182,9 @@ class JobGuard:
         """The job is over: stop what is left of it here, then end the guard (which releases its fds)."""
         if self._pid is None:
             return
-        sweep(self.token, exclude=(self._pid,))
+        sweep(self.token, exclude=(self._pid, *self._before), descended=self._subreaper)
+        if self._subreaper:
+            set_subreaper(False)
         _WRITE_ENDS.discard(self._write)
         os.close(self._write)
         # Nothing is left for it to do: end it now rather than wait for it (a spawned one may still be
