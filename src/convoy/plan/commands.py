@@ -10,9 +10,10 @@
 One vocabulary from plan to run: the strategy is the candidate's (``Accelerator(strategy=...)`` and
 ``convoy launch --strategy`` take the same names), the degrees are ``--dp`` (or HSDP's ``--dp-replicate`` and
 ``--dp-shard``), ``--tp`` and ``--pp``, offload is ``--cpu-offload`` (``strategy_options={"cpu_offload": True}``),
-activation recomputation ``--recompute`` (``Accelerator(recompute=...)``), and a pipeline runs the schedule the
-planner costs (``--pp-schedule``). Each flag is the launcher's own spelling; ``tests/plan/test_plan_runs.py``
-launches them. Torch-free.
+activation recomputation ``--recompute`` (``Accelerator(recompute=...)``), a pipeline runs the schedule the
+planner costs (``--pp-schedule``), and compile and float8 are ``--compile`` (``compile=``) and
+``--mixed-precision fp8 --fp8-recipe`` (``mixed_precision="fp8", fp8_recipe=``). Each flag is the launcher's own
+spelling; ``tests/plan/test_plan_runs.py`` launches them. Torch-free.
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ def _degrees(candidate: Candidate) -> list[tuple[str, int]]:
     return out + [(axis, getattr(d, axis)) for axis in ("tp", "pp") if getattr(d, axis) > 1]
 
 
-def launch_args(candidate: Candidate, hw: Hardware, *, recompute: str = "none") -> tuple[str, ...]:
+def launch_args(candidate: Candidate, hw: Hardware, *, recompute: str = "none", compile: str = "none",
+                fp8: str = "none") -> tuple[str, ...]:
     """The ``convoy launch`` arguments (before the script) that run ``candidate`` on ``hw``: the machines and
-    processes, the strategy, the degrees, offload, recomputation and the pipeline schedule."""
+    processes, the strategy, the degrees, offload, recomputation, the pipeline schedule, and compile and float8
+    (``--compile blocks``, ``--mixed-precision fp8 --fp8-recipe tensorwise``)."""
     args = ["--nnodes", str(hw.nodes), "--nproc-per-node", str(hw.gpus_per_node), "--strategy", candidate.strategy]
     for flag, value in _degrees(candidate):
         args += [f"--{flag}", str(value)]
@@ -60,18 +63,28 @@ def launch_args(candidate: Candidate, hw: Hardware, *, recompute: str = "none") 
         args += ["--pp-schedule", schedule[0]]
         if schedule[1] > 1:
             args += ["--pp-stages-per-rank", str(schedule[1])]
-    return tuple(args)
+    return tuple(args) + _speedup_args(compile, fp8)
 
 
-def launch_command(candidate: Candidate, hw: Hardware, *, recompute: str = "none", script: str = "train.py") -> str:
+def _speedup_args(compile: str, fp8: str) -> tuple[str, ...]:
+    """``--compile`` and ``--mixed-precision fp8 --fp8-recipe`` for what the plan chose (none for eager bf16)."""
+    args: tuple[str, ...] = ("--compile", compile) if compile != "none" else ()
+    return args + (("--mixed-precision", "fp8", "--fp8-recipe", fp8) if fp8 != "none" else ())
+
+
+def launch_command(candidate: Candidate, hw: Hardware, *, recompute: str = "none", script: str = "train.py",
+                   compile: str = "none", fp8: str = "none") -> str:
     """``launch_args`` as one command line to copy: on several nodes, run on each with the first node's address
     (``HOST:29500``)."""
     meet = ["--rdzv-endpoint", FIRST_NODE] if hw.nodes > 1 else []
-    return " ".join(["convoy", "launch", *launch_args(candidate, hw, recompute=recompute), *meet, script])
+    args = launch_args(candidate, hw, recompute=recompute, compile=compile, fp8=fp8)
+    return " ".join(["convoy", "launch", *args, *meet, script])
 
 
-def accelerator_call(candidate: Candidate, *, recompute: str = "none") -> str:
-    """The ``Accelerator(...)`` call that builds the same layout in a script started with as many processes."""
+def accelerator_call(candidate: Candidate, *, recompute: str = "none", compile: str = "none", fp8: str = "none"
+                     ) -> str:
+    """The ``Accelerator(...)`` call that builds the same layout in a script started with as many processes
+    (``compile="blocks"``, ``mixed_precision="fp8", fp8_recipe="tensorwise"`` where the plan chose them)."""
     parts = [f'strategy="{candidate.strategy}"']
     degrees = _degrees(candidate)
     if degrees:
@@ -79,6 +92,10 @@ def accelerator_call(candidate: Candidate, *, recompute: str = "none") -> str:
         parts.append(f"parallelism={{{inner}}}")
     if recompute != "none":
         parts.append(f'recompute="{recompute}"')
+    if compile != "none":
+        parts.append(f'compile="{compile}"')
+    if fp8 != "none":
+        parts.append(f'mixed_precision="fp8", fp8_recipe="{fp8}"')
     options = []
     if candidate.layout.offload:
         options.append('"cpu_offload": True')
