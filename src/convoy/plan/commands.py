@@ -21,7 +21,7 @@ from __future__ import annotations
 from convoy.plan.candidates import Candidate
 from convoy.plan.hardware import Hardware
 
-__all__ = ["launch_args", "launch_command", "accelerator_call", "planned_schedule"]
+__all__ = ["launch_args", "launch_command", "accelerator_call", "planned_schedule", "with_speedups"]
 
 #: the placeholder the printed command puts where the first node's address goes (several nodes)
 FIRST_NODE = "HOST:29500"
@@ -70,6 +70,21 @@ def _speedup_args(compile: str, fp8: str) -> tuple[str, ...]:
     """``--compile`` and ``--mixed-precision fp8 --fp8-recipe`` for what the plan chose (none for eager bf16)."""
     args: tuple[str, ...] = ("--compile", compile) if compile != "none" else ()
     return args + (("--mixed-precision", "fp8", "--fp8-recipe", fp8) if fp8 != "none" else ())
+
+
+def with_speedups(args: tuple[str, ...], *, compile: str, fp8: str) -> tuple[str, ...]:
+    """``launch_args`` ``args`` with their compile and float8 flags replaced by ``compile`` and ``fp8``'s."""
+    out: list[str] = []
+    skip = 0
+    for arg in args:
+        if skip:
+            skip -= 1
+            continue
+        if arg in ("--compile", "--mixed-precision", "--fp8-recipe"):
+            skip = 1
+            continue
+        out.append(arg)
+    return tuple(out) + _speedup_args(compile, fp8)
 
 
 def launch_command(candidate: Candidate, hw: Hardware, *, recompute: str = "none", script: str = "train.py",
