@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+from convoy.plan.speedups import compiled_saved_fraction
+
 if TYPE_CHECKING:  # memory.py imports this module
     from convoy.plan.model import ModelSpec
     from convoy.plan.run import RunSpec
@@ -236,11 +238,10 @@ def block_bytes(model: ModelSpec, run: RunSpec, *, tp: int = 1, stored_only: boo
     ``stored_only=False``: the full set (what a block holds while it is recomputed). Compiled (``run.compile``),
     a block keeps ``convoy.plan.speedups.compiled_saved_fraction`` of that.
     """
-    from convoy.plan.speedups import compiled_saved_fraction
-
     s, b = run.seq_len, run.micro_batch
     recompute = run.recompute if stored_only else "none"
-    compiled = compiled_saved_fraction(run, recompute)  # what a compiled block keeps of the eager block's
+    # what a compiled block keeps of the eager block's
+    compiled = compiled_saved_fraction(run, recompute) if run.compile != "none" else 1.0
     if recompute == "full":
         res, _, _ = _bytes(run)
         return compiled * res * s * b * cast(int, model.hidden) / tp  # callers pass a model with a shape

@@ -491,7 +491,8 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
                          nodes: int = 1, allowed: Collection[str] | None = STRATEGY_NAMES,
                          facts: TrainerFacts = TrainerFacts(), knobs: Collection[str] = KNOBS, recompute: str = "none",
                          calibration: Calibration | None = None,
-                         precision_for: Callable[[Candidate], str] | None = None, **shape: Any) -> Recommendation:
+                         precision_for: Callable[[Candidate], str] | None = None, compile: str = "none",
+                         fp8: str = "none", **shape: Any) -> Recommendation:
     """The layout to use for ``module`` (an ``nn.Module``, a config, or a ``ModelSpec``) on ``world_size``
     devices of ``device_memory_bytes`` each: the planner's recommendation among the ``allowed`` candidates,
     ``plan_for``'s for the same case.
@@ -504,7 +505,9 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
     candidate's precision recipe where it differs from ``precision`` (see ``plan_for``). ``calibration``: rates
     measured on this device (``convoy.plan.speed.measure.calibrate(spec, run)``); None keeps the datasheet time
     model. ``recompute``: the activation recomputation the run asks for (the knob turns it further only from
-    ``"none"``). Raises ``PlanError`` when no allowed layout fits.
+    ``"none"``). ``compile``, ``fp8``: how the run compiles and which float8 recipe it trains with; every layout is
+    costed so (``convoy plan --compile --fp8``), nothing is chosen for it. Raises ``PlanError`` when no allowed
+    layout fits, or for float8 on a board without float8 tensor cores.
     """
     if world_size < 1 or device_memory_bytes <= 0:
         raise PlanError(f"recommend_for_module needs world_size >= 1 and device memory > 0, got "
@@ -522,7 +525,7 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
                   intra="nvlink" if spec.nvlink_gbs is not None else "pcie")
     model = resolve_model(module, **shape)
     run = RunSpec(seq_len=seq_len, micro_batch=micro_batch, precision=precision, optimizer=optimizer,
-                  recompute=recompute)
+                  recompute=recompute, compile=compile, fp8=fp8)
 
     offload = allowed is None or "offload" in allowed
     result = plan_for(model, run, hw, offload=offload, allowed=allowed, explain_breaks=False, facts=facts,

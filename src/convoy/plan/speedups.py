@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # timing and memory import this module
+if TYPE_CHECKING:  # activations (below memory, which the layouts come from) imports this module
     from convoy.plan.hardware import GpuSpec
-    from convoy.plan.memory import Layout
     from convoy.plan.model import ModelSpec
     from convoy.plan.run import RunSpec
-    from convoy.plan.speed.rates import Rates
+
+#: a ``convoy.plan.memory.Layout`` (memory imports activations, which imports this module)
+Layout = Any
+#: a ``convoy.plan.speed.rates.Rates`` (likewise)
+Rates = Any
 
 __all__ = ["Factor", "FACTORS", "FP8_ALIGN", "compiled_saved_fraction", "converted", "converted_block_params",
            "fp8_gemm_factor", "fp8_cast_seconds", "fp8_all_gather", "gathered_fraction", "compile_seconds", "check_fp8",
