@@ -24,6 +24,7 @@ from convoy.plan.memory import Layout, memory_per_gpu
 from convoy.plan.model import from_hf_config
 from convoy.plan.run import RunSpec
 from convoy.plan.shapes import gemm_shapes
+from convoy.plan.speed.observed import case_key
 from convoy.plan.speed.rates import rates_for
 from convoy.plan.speedups import FACTORS, converted, converted_block_params, fp8_cast_seconds, fp8_gemm_factor
 from convoy.plan.timing import compute_seconds, step_time
@@ -256,6 +257,13 @@ def test_recommend_for_module_costs_the_layout_with_the_runs_compile_and_fp8():
                                precision="bf16", compile="blocks", fp8="tensorwise", seq_len=2048)
     assert rec.row is not None and (rec.row.compile, rec.row.fp8) == ("blocks", "tensorwise")
     assert (rec.compile, rec.fp8) == ("blocks", "tensorwise")  # as asked, not chosen
+
+
+def test_a_compiled_or_float8_run_is_a_case_of_its_own_and_eager_keys_stay():
+    eager = case_key(LLAMA, RUN, FSDP8, H100)
+    assert "compile" not in eager and "fp8" not in eager  # what jobs measured before keeps matching
+    compiled = case_key(LLAMA, replace(RUN, compile="blocks", fp8="tensorwise"), FSDP8, H100)
+    assert compiled != eager and "compile blocks fp8 tensorwise" in compiled
 
 
 # -- torchtitan's published gains ------------------------------------------------------------------------------
