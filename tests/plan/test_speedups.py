@@ -80,6 +80,9 @@ def test_fp8_column_per_board_with_its_source():
         with pytest.raises(PlanError, match="no float8 tensor cores"):
             lookup_gpu(name).peak_flops("fp8")
     assert CPU.fp8_tflops is None
+    # a peak given by the user keeps the table's fp8 : bf16 ratio (and none where the board has none)
+    assert parse_hardware("8xH100-80GB", peak_tflops=500).gpu.fp8_tflops == pytest.approx(500 * 1978.9 / 989.4)
+    assert parse_hardware("8xA100-80GB", peak_tflops=500).gpu.fp8_tflops is None
 
 
 def test_fp8_on_an_a100_is_refused_in_one_line(capsys):

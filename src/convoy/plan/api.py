@@ -519,8 +519,10 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
         name="device", memory_bytes=device_memory_bytes, bf16_tflops=100.0, fp16_tflops=100.0, fp32_tflops=25.0,
         nvlink_gbs=None, pcie_gbs=16, source="generic device (no table row)")
     spec = replace(spec, memory_bytes=int(device_memory_bytes))
-    if peak_tflops:
-        spec = replace(spec, bf16_tflops=peak_tflops, fp16_tflops=peak_tflops, fp32_tflops=peak_tflops)
+    if peak_tflops:  # the fp8 peak keeps the table's ratio to bf16
+        fp8_peak = spec.fp8_tflops * peak_tflops / spec.bf16_tflops if spec.fp8_tflops and spec.bf16_tflops else None
+        spec = replace(spec, bf16_tflops=peak_tflops, fp16_tflops=peak_tflops, fp32_tflops=peak_tflops,
+                       fp8_tflops=fp8_peak)
     hw = Hardware(gpu=spec, gpus_per_node=per_node, nodes=nodes,
                   intra="nvlink" if spec.nvlink_gbs is not None else "pcie")
     model = resolve_model(module, **shape)

@@ -361,9 +361,11 @@ def override_gpu(gpu: GpuSpec, *, memory_gib: float | None = None, peak_tflops: 
     if peak_tflops is not None:
         if peak_tflops <= 0:
             raise PlanError(f"peak TFLOPs must be > 0, got {peak_tflops}")
-        # the user's peak is what the board runs at: no power-limited clock lowers it
+        # the user's peak is what the board runs at: no power-limited clock lowers it; its fp8 peak keeps the
+        # table's ratio to bf16
+        fp8 = gpu.fp8_tflops * peak_tflops / gpu.bf16_tflops if gpu.fp8_tflops and gpu.bf16_tflops else None
         gpu = replace(gpu, bf16_tflops=peak_tflops, fp16_tflops=peak_tflops, fp32_tflops=peak_tflops, power_w=None,
-                      source=gpu.source + "; peak given by the user")
+                      fp8_tflops=fp8, source=gpu.source + "; peak given by the user")
     return gpu
 
 
