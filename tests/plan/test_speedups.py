@@ -285,3 +285,15 @@ def test_torchtitan_table_1_and_3_gains_within_10_percent():
     for before, after, _what, published, planned in pairs:
         assert math.isclose(planned, published, rel_tol=0.10), (before, after, published, planned)
         assert planned > 1.05  # each step is a gain, as published
+
+
+def test_strategy_auto_costs_the_runs_compile_and_prices_fp8_only_where_it_runs():
+    pytest.importorskip("torch")
+    from convoy.train.strategies.auto import _priced_fp8, planner_hook
+
+    assert _priced_fp8("tensorwise", CPU) == "none"  # emulated float8 is not priced
+    assert _priced_fp8("tensorwise", "H100-80GB") == "tensorwise"
+    assert _priced_fp8("tensorwise", "A100-80GB") == "none"
+    hook = planner_hook("bf16", device_type="cpu", compile="blocks", fp8="tensorwise")
+    layout = hook(num_parameters=10_000_000, world_size=2, device_bytes=16 * 2**30)
+    assert layout is not None and layout.name in ("ddp", "single", "zero1", "zero2", "zero3")
