@@ -192,6 +192,13 @@ def _compare(hw, run=RUN, asked=None):
     return compare(LLAMA, run, FSDP8, hw, global_batch=16, rates=rates, asked=asked or {})
 
 
+def test_a_model_known_by_its_count_alone_is_planned_compiled_and_in_float8():
+    p = plan(params=1.3e9, hardware="8xH100-80GB", nodes=2)  # no shape: no memory-bound term, every matmul float8
+    eager, compiled, fp8 = p.recommendation.variants
+    assert compiled.time.seconds == pytest.approx(eager.time.seconds)
+    assert fp8.time.seconds < compiled.time.seconds and p.recommendation.fp8 == "tensorwise"
+
+
 def test_recommends_compile_and_fp8_when_faster_on_a_board_that_has_it():
     options = _compare(H100)
     assert [v.name for v in options] == ["eager", "compile", "compile+fp8 tensorwise"]

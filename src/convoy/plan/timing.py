@@ -404,7 +404,8 @@ def _data_parallel_collectives(model: ModelSpec, run: RunSpec, layout: Layout, h
             gathered += count * piece * part
         comm = (n - 1) / n * (m * gathers * gathered + reduces * grads)
         if fp8_all_gather(run, layout):  # precompute_float8_dynamic_scale_for_fsdp: one all-reduce of the amaxes
-            amaxes = 4 * layers * len([s for s in gemm_shapes(model, run, tp=dims.tp) if s[3] > 1])
+            linears = len([s for s in gemm_shapes(model, run, tp=dims.tp) if s[3] > 1]) if model.has_shape else 0
+            amaxes = 4 * max(1, layers * linears)
             after_step += _collective("all_reduce", amaxes, shard, hw)
     if dims.dp_replicate_enabled:  # HSDP: all-reduce each unit's gradient shard across replicas once per step
         replicas = _group(hw, 1, dims.dp_replicate)
