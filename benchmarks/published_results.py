@@ -8,9 +8,10 @@ Each row is one published run, with its source, hardware, model, layout, batch a
 states them (``Published``); the planner plans exactly that layout (``planned``: ``convoy.plan.memory`` and
 ``convoy.plan.timing`` on the shipped profile or the shape-aware model, no GPU needed). Published step times are
 derived from what each source prints (tokens/s per GPU, or achieved FLOP/s with the source's own FLOP formula),
-with the arithmetic in ``derivation``. Sources whose runs used fp8 or torch.compile are left out: the planner
-plans 16-bit eager PyTorch. ``tests/plan/test_published_results.py`` keeps docs/planner-accuracy.md's table
-equal to this script's output.
+with the arithmetic in ``derivation``. Runs with torch.compile and float8 are planned with the planner's compile and
+float8 pricing (``convoy.plan.speedups``): torchtitan's tables 1 and 3 give eager, compiled and compiled + float8
+runs of one layout, and ``speedups()`` sets the planned gains beside the published ones.
+``tests/plan/test_published_results.py`` keeps docs/planner-accuracy.md's table equal to this script's output.
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ class Published:
     """Whose data-parallel collective schedule the run followed (``convoy.plan.timing.ENGINES``)."""
     pp_stages_per_rank: int = 1
     """Virtual pipeline stages per GPU: above 1 the run used Megatron's interleaved 1F1B schedule."""
+    compile: str = "none"
+    """``torch.compile`` as the run applied it (``blocks``: torchtitan's per-block compile)."""
+    fp8: str = "none"
+    """The float8 recipe the run trained with (``tensorwise``: torchao's, with float8 FSDP all-gather)."""
     step_seconds: float
     derivation: str
     """How ``step_seconds`` follows from what the source prints."""
@@ -68,6 +73,12 @@ class Published:
     """Peak memory per GPU as published (GiB), where it is."""
     deviation: str = ""
     """What the plan does not model about this run (shown under the table); required where it is > 25 % off."""
+
+    @property
+    def how(self) -> str:
+        """``bf16-fsdp``, ``bf16-fsdp + compile``, ``bf16-fsdp + compile + fp8 tensorwise``."""
+        return self.precision + (" + compile" if self.compile != "none" else "") + (
+            f" + fp8 {self.fp8}" if self.fp8 != "none" else "")
 
     @property
     def layout_name(self) -> str:
@@ -128,12 +139,23 @@ _FOUNDRY = "mosaicml/llm-foundry scripts/train/benchmarking/README.md"
 _MEGATRON = "Narayanan et al. 2021 (arXiv:2104.04473), table 1"
 _SELENE = "DGX A100 80GB, NVSwitch, 8 x 200 Gbit/s HDR InfiniBand per node"
 
+_T1 = Published(key="T1", source=f"{_TORCHTITAN_H100}, table 1", model=LLAMA3_8B,
+               hardware="8 x H100 96GB HBM2e (500 W), NVLink", gpu="H100-96GB-500W", gpus_per_node=8, nodes=1,
+               inter_gbps=3200, dims=ParallelDims(dp_shard=8), zero_stage=3, seq=8192, micro_batch=2,
+               global_batch=16, recompute="selective", precision="bf16-fsdp", step_seconds=16 * 8192 / (5762 * 8),
+               derivation="16 x 8192 tokens / (5,762 tokens/s/GPU x 8)", memory_gib=82.4)
+_T2 = Published(key="T2", source=f"{_TORCHTITAN_H100}, table 3", model=LLAMA3_8B,
+               hardware="128 x H100 96GB HBM2e (500 W), NVLink, 400 Gbit/s RDMA per GPU", gpu="H100-96GB-500W",
+               gpus_per_node=8, nodes=16, inter_gbps=3200, dims=ParallelDims(dp_shard=128), zero_stage=3, seq=8192,
+               micro_batch=2, global_batch=256, recompute="selective", precision="bf16-fsdp",
+               step_seconds=2 * 8192 / 5605, derivation="2 x 8192 tokens per GPU / 5,605 tokens/s/GPU",
+               memory_gib=67.0)
+
 _ROWS: tuple[Published, ...] = (
-    Published(key="T1", source=f"{_TORCHTITAN_H100}, table 1", model=LLAMA3_8B,
-              hardware="8 x H100 96GB HBM2e (500 W), NVLink", gpu="H100-96GB-500W", gpus_per_node=8, nodes=1,
-              inter_gbps=3200, dims=ParallelDims(dp_shard=8), zero_stage=3, seq=8192, micro_batch=2,
-              global_batch=16, recompute="selective", precision="bf16-fsdp", step_seconds=16 * 8192 / (5762 * 8),
-              derivation="16 x 8192 tokens / (5,762 tokens/s/GPU x 8)", memory_gib=82.4),
+    _T1,
+    *(replace(_T1, key=f"T1{suffix}", compile="blocks", fp8=fp8, step_seconds=16 * 8192 / (tps * 8),
+              derivation=f"16 x 8192 tokens / ({tps:,} tokens/s/GPU x 8)", memory_gib=gib)
+      for suffix, fp8, tps, gib in (("c", "none", 6667, 77.0), ("f", "tensorwise", 8532, 76.8))),
     Published(key="T3", source="pytorch/torchtitan docs/performance.md (Llama 3, 64 A100)", model=LLAMA3_8B,
               hardware="64 x A100 80GB (links not stated)", gpu="A100-80GB", gpus_per_node=8, nodes=8,
               inter_gbps=1600, dims=ParallelDims(dp_shard=64), zero_stage=3, seq=8192, micro_batch=1,
@@ -207,11 +229,10 @@ _ROWS: tuple[Published, ...] = (
               engine="deepspeed", zero_stage=1, seq=2048, micro_batch=2, global_batch=2048, recompute="full",
               precision="bf16", attention="eager", step_seconds=104.70,
               derivation="logged: elapsed time per iteration 104.70 s"),
-    Published(key="T2", source=f"{_TORCHTITAN_H100}, table 3", model=LLAMA3_8B,
-              hardware="128 x H100 96GB HBM2e (500 W), NVLink, 400 Gbit/s RDMA per GPU", gpu="H100-96GB-500W",
-              gpus_per_node=8, nodes=16, inter_gbps=3200, dims=ParallelDims(dp_shard=128), zero_stage=3, seq=8192,
-              micro_batch=2, global_batch=256, recompute="selective", precision="bf16-fsdp",
-              step_seconds=2 * 8192 / 5605, derivation="2 x 8192 tokens per GPU / 5,605 tokens/s/GPU", memory_gib=67.0),
+    _T2,
+    *(replace(_T2, key=f"T2{suffix}", compile="blocks", fp8=fp8, step_seconds=2 * 8192 / tps,
+              derivation=f"2 x 8192 tokens per GPU / {tps:,} tokens/s/GPU", memory_gib=gib)
+      for suffix, fp8, tps, gib in (("c", "none", 6514, 62.0), ("f", "tensorwise", 8380, 61.8))),
     Published(key="F4", source=f"{_FOUNDRY}, A100 80GB table", model=MPT_13B,
               hardware="8 x A100 80GB (links not stated)", gpu="A100-80GB", gpus_per_node=8, nodes=1,
               inter_gbps=1600, dims=ParallelDims(dp_shard=8), zero_stage=3, seq=2048, micro_batch=2,
@@ -281,6 +302,11 @@ DEVIATIONS = {
           "45.9 GiB) than the published 82.4 GiB (torchtitan prints max_memory_reserved). The board is planned as the "
           "500 W HBM2e H100 it is (1,636 MHz by the f^3 law, 2.4 TB/s), not the SXM5 profile (0.76x before)",
     "T2": f"time and memory as T1: {_PER_OP_SAC}",
+    **{key: f"time and memory as {key[:2]}: {_PER_OP_SAC}. Compiled, the plan keeps the per-op save list as it is "
+            "(convoy.plan.speedups: compile_saved_selective = 1), so the 5.4 GiB (5.0 at 128 GPUs) the published "
+            "run saved by compiling, outside the blocks' saved tensors, is not in the plan; the float8 row keeps "
+            "the high-precision activations torchao's Float8Linear saves, as published (77.0 -> 76.8 GiB)"
+       for key in ("T1c", "T1f", "T2c", "T2f")},
     "T3": f"time: {_PER_OP_SAC}",
     "I1": "HSDP over 16 nodes of 400 Gbit/s: the plan hides 1.27 s of collectives (NCCL's model) behind 1.84 s of "
           "compute; what that overlap costs the compute (NCCL's kernels hold SMs and memory bandwidth while they run) "
@@ -308,7 +334,8 @@ DEVIATIONS = {
            "into a list of per-rank tensors is one candidate, not measured here) is missing. The same model at the "
            "same scale with DP x TP x PP (row P1) is planned within 10 %",
 }
-_ORDER = ("T1", "T2", "T3", "T3b", "F1", "F2", "F3", "F4", "F5", "F6", "F7", "F8", "F9", "I1", "M1", "M1b", "M1c",
+_ORDER = ("T1", "T1c", "T1f", "T2", "T2c", "T2f",
+          "T3", "T3b", "F1", "F2", "F3", "F4", "F5", "F6", "F7", "F8", "F9", "I1", "M1", "M1b", "M1c",
           "M2", "M3", "M3b", "M4", "M5", "M6", "M7", "P1b", "P1", "S1", "Z1", "Z1b")
 RESULTS: tuple[Published, ...] = tuple(
     replace(row, deviation=DEVIATIONS.get(row.key, row.deviation))
@@ -322,7 +349,7 @@ def hardware(row: Published) -> Hardware:
 def planned(row: Published) -> tuple[float, float]:
     """(step seconds, peak GiB per GPU) the planner gives for ``row``'s layout on its hardware."""
     run = RunSpec(seq_len=row.seq, micro_batch=row.micro_batch, precision=row.precision, recompute=row.recompute,
-                  attention=row.attention)
+                  attention=row.attention, compile=row.compile, fp8=row.fp8)
     m = row.global_batch // (row.micro_batch * row.dims.dp)
     schedule = "interleaved_1f1b" if row.pp_stages_per_rank > 1 else "1f1b"
     layout = Layout(dims=row.dims, zero_stage=row.zero_stage, microbatches=m, pp_schedule=schedule,
@@ -352,7 +379,7 @@ def table() -> str:
             f"not published / {gib:.1f} GiB"
         lines.append(f"| {row.key} | {row.source} | {row.hardware} | {row.model.name} | {row.layout_name} | "
                      f"{row.global_batch} x {row.seq} (micro-batch {row.micro_batch}), {row.recompute}, "
-                     f"{row.precision} | {row.step_seconds:.2f} s | {seconds:.2f} s "
+                     f"{row.how} | {row.step_seconds:.2f} s | {seconds:.2f} s "
                      f"({seconds / row.step_seconds:.2f}x) | {memory} |")
     return "\n".join(lines)
 
@@ -367,9 +394,35 @@ def summary() -> str:
     ratios = [planned(row)[0] / row.step_seconds for row in RESULTS]
     ten = sum(abs(r - 1) <= 0.10 for r in ratios)
     quarter = sum(abs(r - 1) <= TARGET for r in ratios)
-    return (f"Of the {len(RESULTS)} 16-bit runs, {quarter} are planned within 25 % of their published step time and "
+    return (f"Of the {len(RESULTS)} runs, {quarter} are planned within 25 % of their published step time and "
             f"{ten} within 10 % (ratios {min(ratios):.2f}-{max(ratios):.2f}x, median "
             f"{sorted(ratios)[len(ratios) // 2]:.2f}x).")
+
+
+#: the runs of one layout eager, compiled, compiled + float8: (eager, compiled, float8) keys
+SPEEDUP_SERIES = (("T1", "T1c", "T1f"), ("T2", "T2c", "T2f"))
+
+
+def speedup_pairs() -> list[tuple[str, str, str, float, float]]:
+    """(before, after, what, published gain, planned gain): tokens/s of each run over the one before it, for
+    ``SPEEDUP_SERIES`` (compile over eager, float8 over compile)."""
+    by_key = {row.key: row for row in RESULTS}
+    out = []
+    for keys in SPEEDUP_SERIES:
+        rows = [by_key[k] for k in keys]
+        for (before, after), what in zip(zip(rows, rows[1:]), ("+ torch.compile", "+ float8 tensorwise")):
+            out.append((before.key, after.key, what, before.step_seconds / after.step_seconds,
+                        planned(before)[0] / planned(after)[0]))
+    return out
+
+
+def speedups() -> str:
+    """The markdown table of the published and planned gains of compile and float8 (docs/planner-accuracy.md)."""
+    lines = ["| runs | step | published gain | planned gain | planned / published |", "|---|---|---|---|---|"]
+    for before, key, what, published, plan in speedup_pairs():
+        lines.append(f"| {before} -> {key} | {what} | {published - 1:+.1%} | {plan - 1:+.1%} | "
+                     f"{plan / published:.3f} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -378,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print(table())
     print("\nWhat the planner does not model, row by row:\n" + deviations() + "\n\n" + summary())
+    print("\nCompile and float8, tokens/s of each run over the one before it:\n\n" + speedups())
     if args.check:
         off = [row.key for row in RESULTS if not (within(row) and memory_within(row)) and not row.deviation]
         if off:

@@ -15,7 +15,7 @@ import argparse
 import re
 
 from convoy.errors import shown
-from convoy.plan.run import PRECISIONS
+from convoy.plan.run import COMPILE, FP8_RECIPES, PRECISIONS
 
 DESCRIPTION = "Estimate per-GPU memory and step time of every parallelism layout, and recommend one."
 EPILOG = """examples:
@@ -23,6 +23,7 @@ EPILOG = """examples:
   convoy plan --params 7.5e9 --hardware 8xA100-80GB --nodes 8 --json
   convoy plan config.json --hardware 8xH100-80GB --nodes 4 --inter-gbps 3200 --recompute full
   convoy plan mypkg.models:build --inventory box.json --plot plan.png
+  convoy plan config.json --hardware 8xH100-80GB --compile blocks --fp8 tensorwise
 
 MODEL is a Hugging Face config.json (or its directory), or MODULE:FUNCTION returning an nn.Module.
 Hardware: --hardware, else --inventory, else this machine's accelerators (CONVOY_INVENTORY is honoured).
@@ -77,8 +78,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--seq-len", type=_positive_int, default=2048, help="tokens per sequence (default 2048)")
     r.add_argument("--micro-batch", type=_positive_int, default=1, help="sequences per GPU per forward (default 1)")
     r.add_argument("--global-batch", type=_positive_int, help="sequences per step (default micro-batch x GPUs)")
-    r.add_argument("--precision", choices=tuple(PRECISIONS), default="bf16",
-                   help="precision recipe (default bf16; each is described in docs/planner.md)")
+    r.add_argument("--precision", choices=(*PRECISIONS, "fp8"), default="bf16",
+                   help="precision recipe (default bf16; each is described in docs/planner.md); fp8: bf16 with "
+                        "torchao float8 tensorwise (see --fp8)")
+    r.add_argument("--compile", choices=COMPILE, default=None,
+                   help="torch.compile: none, blocks (each block, as torchtitan) or model (default: the plan shows "
+                        "eager, compile and compile+fp8 and recommends the fastest)")
+    r.add_argument("--fp8", choices=FP8_RECIPES, default=None,
+                   help="torchao float8 recipe (default: chosen where the board has float8 tensor cores and it is "
+                        "faster; none keeps 16-bit GEMMs)")
     r.add_argument("--optimizer", choices=("adamw", "adam", "sgd", "sgd-momentum", "none"), default="adamw",
                    help="optimizer; 'none' plans inference (default adamw)")
     r.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
@@ -122,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
                   recompute=args.recompute, attention=args.attention, dropout=args.dropout,
                   efficiency=args.efficiency, offload=not args.no_offload, allowed=allowed,
                   params=args.params, layers=args.layers, hidden=args.hidden, heads=args.heads,
-                  kv_heads=args.kv_heads, ffn=args.ffn, vocab=args.vocab, calibrate=args.calibrate)
+                  kv_heads=args.kv_heads, ffn=args.ffn, vocab=args.vocab, calibrate=args.calibrate,
+                  compile=args.compile, fp8=args.fp8)
     if args.plot:
         from convoy.plan.plot import plot_plan
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+from convoy.plan.speedups import compiled_saved_fraction
+
 if TYPE_CHECKING:  # memory.py imports this module
     from convoy.plan.model import ModelSpec
     from convoy.plan.run import RunSpec
@@ -233,15 +235,18 @@ def block_bytes(model: ModelSpec, run: RunSpec, *, tp: int = 1, stored_only: boo
     """Bytes one block keeps for backward at ``run``'s s x b, divided by ``tp`` (tensor + sequence parallel).
 
     ``recompute="full"``: only the block's input (the residual stream); ``"selective"``: ``block_selective``;
-    ``stored_only=False``: the full set (what a block holds while it is recomputed).
+    ``stored_only=False``: the full set (what a block holds while it is recomputed). Compiled (``run.compile``),
+    a block keeps ``convoy.plan.speedups.compiled_saved_fraction`` of that.
     """
     s, b = run.seq_len, run.micro_batch
     recompute = run.recompute if stored_only else "none"
+    # what a compiled block keeps of the eager block's
+    compiled = compiled_saved_fraction(run, recompute) if run.compile != "none" else 1.0
     if recompute == "full":
         res, _, _ = _bytes(run)
-        return res * s * b * cast(int, model.hidden) / tp  # callers pass a model with a shape
+        return compiled * res * s * b * cast(int, model.hidden) / tp  # callers pass a model with a shape
     saved = block_selective(model, run, tp=tp) if recompute == "selective" else block_saved(model, run)
-    return sum(x.bytes_per_token * (1 if x.whole else 1 / tp) for x in saved) * s * b
+    return compiled * sum(x.bytes_per_token * (1 if x.whole else 1 / tp) for x in saved) * s * b
 
 
 def weight_cast_bytes(model: ModelSpec, run: RunSpec, *, layers: int, tp: int = 1, head: bool = True) -> float:

@@ -32,12 +32,14 @@ from convoy.plan.knobs import KNOBS, turn_knobs
 from convoy.plan.memory import FRAGMENTATION, Layout, MemoryBreakdown, memory_per_gpu
 from convoy.plan.model import ModelSpec, resolve_model
 from convoy.plan.recommend import Recommendation, Row, guide_case, recommend
-from convoy.plan.run import RunSpec
+from convoy.plan.run import COMPILE, FP8_RECIPES, RunSpec
 from convoy.plan.speed.observed import Observation, case_key, impossible, observations_here
 from convoy.plan.speed.rates import Rates, rates_for
 from convoy.plan.speed.records import Calibration
 from convoy.plan.timing import choose_schedule, step_time
 from convoy.plan.units import format_bytes, format_seconds
+from convoy.plan.variants import AXES, compare
+from convoy.plan.variants import choose as choose_variant
 
 __all__ = ["Plan", "plan", "plan_for", "recommend_for_module", "MAX_GPUS_PER_NODE", "MAX_GPUS"]
 
@@ -109,7 +111,8 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
              allowed: Collection[str] | None = None, explain_breaks: bool = True,
              facts: TrainerFacts = TrainerFacts(), calibration: Calibration | None = None,
              time_note: str = "", precision_for: Callable[[Candidate], str] | None = None,
-             observed: Mapping[str, Observation] | None = None, knobs: Collection[str] = KNOBS) -> Plan:
+             observed: Mapping[str, Observation] | None = None, knobs: Collection[str] = KNOBS,
+             choose: Collection[str] = (), variants: bool = True) -> Plan:
     """The plan for already-resolved inputs (``plan`` resolves names, files and the inventory first).
 
     ``facts``: what the trainer can run of this model and loop (``TrainerFacts``; ``Accelerator(strategy="auto")``
@@ -118,7 +121,9 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
     them (a trainer whose sharded strategies gather 16-bit weights while its replicated ones autocast).
     ``observed``: what jobs measured on this machine, by ``case_key`` (``observations_here``): a candidate whose
     case is there takes the measured step time. ``knobs``: what may be turned when nothing fits as asked
-    (``"recompute"``, ``"offload"``; ``convoy.plan.knobs``)."""
+    (``"recompute"``, ``"offload"``; ``convoy.plan.knobs``). ``choose``: what the plan picks for the chosen layout
+    among ``convoy.plan.variants.AXES`` (``"compile"``, ``"fp8"``); the others stay as ``run`` has them.
+    ``variants``: price the chosen layout eager, compiled and compiled + float8 side by side."""
     if efficiency is not None and not 0 < efficiency <= 1:
         raise PlanError(f"efficiency must be in (0, 1], got {efficiency}")
     _check_scale(hw)
@@ -145,18 +150,36 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
         full = plan_for(model, replace(run, recompute="full"), hw, global_batch=gb, efficiency=efficiency,
                         offload=offload, allowed=allowed, explain_breaks=False, facts=facts,
                         calibration=calibration, precision_for=precision_for,
-                        knobs=("offload",) if offload else ()).recommendation.row
+                        knobs=("offload",) if offload else (), variants=False).recommendation.row
         if full is not None:
             rec = replace(rec, breaks=(f"With recompute='full' (checkpoint every block) {full.name} fits at "
                                        f"{format_bytes(full.memory.total, binary=True)} per GPU and takes "
                                        f"{format_seconds(full.time.seconds)} per step.",))
+    if rec.row is not None and variants:
+        rec = _with_variants(rec, model, run, hw, gb, rates, choose)
     if rec.row is not None:
-        how = {"precision": rec.row.precision, "recompute": rec.recompute}
+        how = {"precision": rec.row.precision, "recompute": rec.recompute, "compile": rec.compile, "fp8": rec.fp8}
         rec = replace(rec, command=launch_command(rec.row.candidate, hw, **how),
                       accelerator=accelerator_call(rec.row.candidate, **how))
     return Plan(model=model, run=run, hardware=hw, global_batch=gb, efficiency=efficiency, rows=tuple(rows),
                 single_gpu=single, recommendation=rec, calibration=calibration, time_model=rates.kind,
                 time_note=_time_note(rates, time_note) + _corrected_note(applied), observations=applied)
+
+
+def _with_variants(rec: Recommendation, model: ModelSpec, run: RunSpec, hw: Hardware, gb: int, rates: Rates,
+                   choose: Collection[str]) -> Recommendation:
+    """``rec`` with its layout priced eager, compiled and compiled + float8 (``convoy.plan.variants``), and the
+    fastest of them that fits chosen for the axes in ``choose`` (the others as ``run`` has them)."""
+    row = rec.row
+    assert row is not None
+    own = replace(run, precision=row.precision or run.precision, recompute=row.recompute)
+    asked = {axis: getattr(run, axis) for axis in AXES if axis not in choose}
+    options = compare(model, own, row.candidate.layout, hw, global_batch=gb, rates=rates, asked=asked)
+    best, why = choose_variant(options, hw=hw, asked=asked)
+    if best is None:  # as the rows were costed
+        return replace(rec, variants=options, compile=run.compile, fp8=run.fp8)
+    return replace(rec, variants=options, compile=best.compile, fp8=best.fp8,
+                   reasons=(*rec.reasons, why) if why else rec.reasons)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,8 +224,9 @@ class _Costing:
                 t = replace(t, correction=seen.measured_s / t.seconds)
                 applied[cand.name] = seen
             rows.append(Row(candidate=cand, memory=mem, time=t, fits=mem.total <= hw.gpu.memory_bytes,
-                            precision=own.precision, recompute=run.recompute,
-                            launch_args=launch_args(cand, hw, precision=own.precision, recompute=run.recompute)))
+                            precision=own.precision, recompute=run.recompute, compile=run.compile, fp8=run.fp8,
+                            launch_args=launch_args(cand, hw, precision=own.precision, recompute=run.recompute,
+                                                    compile=run.compile, fp8=run.fp8)))
         if not rows and uneven:
             raise PlanError(f"global batch {gb} cannot be split evenly: every layout on {hw.describe()} has a "
                             f"data-parallel degree ({', '.join(map(str, sorted(uneven)))}) x micro-batch "
@@ -260,7 +284,7 @@ def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowe
     def again(run_: RunSpec, hw_: Hardware) -> Plan:
         return plan_for(model, run_, hw_, global_batch=gb, efficiency=efficiency, offload=offload, allowed=allowed,
                         explain_breaks=False, facts=facts, calibration=calibration, precision_for=precision_for,
-                        knobs=knobs)
+                        knobs=knobs, variants=False)
 
     out = []
     longer = replace(run, seq_len=run.seq_len * 2)
@@ -323,7 +347,8 @@ def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory
          seq_len: int = 2048, micro_batch: int = 1, global_batch: int | None = None, precision: str = "bf16",
          optimizer: str = "adamw", recompute: str = "none", attention: str = "flash", dropout: bool = False,
          efficiency: float | None = None, offload: bool = True, allowed: Collection[str] | None = None,
-         params: float | None = None, calibrate: bool = False, **shape: Any) -> Plan:
+         params: float | None = None, calibrate: bool = False, compile: str | None = None, fp8: str | None = None,
+         **shape: Any) -> Plan:
     """Plan ``model`` (config.json path or dict, ``module:function``, ``nn.Module``, ``ModelSpec``, or ``params=``
     with ``layers=``/``hidden=``/``heads=``/``vocab=``/``ffn=``) on ``hardware``.
 
@@ -331,6 +356,10 @@ def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory
     ``Inventory``); else this machine's detected inventory (``convoy.devices.discovery.discover()``).
     ``calibrate``: measure the planned GPU here (when one is visible; cached per device and torch version,
     ``convoy.plan.speed.records``) and time every candidate with the measured rates.
+    ``compile`` (``"none"``, ``"blocks"``, ``"model"``) and ``fp8`` (``"none"``, ``"tensorwise"``, ``"rowwise"``,
+    ``"rowwise_with_gw_hp"``): run the layout so; None (the default) lets the plan choose the fastest of eager,
+    compile and compile + float8 tensorwise (float8 only on a board with float8 tensor cores).
+    ``precision="fp8"`` is bf16 with ``fp8="tensorwise"`` (or the ``fp8`` recipe given).
     """
     for key, value in (("seq_len", seq_len), ("micro_batch", micro_batch), ("global_batch", global_batch),
                        ("nodes", nodes)):
@@ -353,6 +382,7 @@ def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory
             raise PlanError(f"{key}={_show(value)} is a {type(value).__name__}; give True or False")
     if allowed is not None and (isinstance(allowed, (str, bytes)) or not all(isinstance(a, str) for a in allowed)):
         raise PlanError(f"allowed={_show(allowed)}: give a collection of strategy names such as ['ddp', 'fsdp']")
+    precision, compile, fp8 = _speedup_settings(precision, compile, fp8)
     spec = resolve_model(model, params=params, **shape)
     here = None  # this machine's devices, when probed: for the hardware, a calibration and what jobs measured
     if hardware is None and inventory is None:
@@ -362,7 +392,9 @@ def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory
     hw = resolve_hardware(hardware, inventory=inventory, nodes=nodes, intra=intra, intra_gbs=intra_gbs,
                           inter_gbps=inter_gbps, gpu_memory_gib=gpu_memory_gib, peak_tflops=peak_tflops)
     run = RunSpec(seq_len=seq_len, micro_batch=micro_batch, global_batch=global_batch, precision=precision,
-                  optimizer=optimizer, recompute=recompute, attention=attention, dropout=dropout)
+                  optimizer=optimizer, recompute=recompute, attention=attention, dropout=dropout,
+                  compile=compile or "none", fp8=fp8 or "none")
+    chosen = tuple(axis for axis, value in (("compile", compile), ("fp8", fp8)) if value is None)
     calibration, note = None, ""
     if calibrate:
         from convoy.plan.speed.measure import resolve_calibration
@@ -374,7 +406,21 @@ def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory
     # datasheet model alone
     observed = observations_here(hw, inventory=here) if efficiency is None else {}
     return plan_for(spec, run, hw, efficiency=efficiency, offload=offload, allowed=allowed, calibration=calibration,
-                    time_note=note, observed=observed)
+                    time_note=note, observed=observed, choose=chosen)
+
+
+def _speedup_settings(precision: str, compile: str | None, fp8: str | None) -> tuple[str, str | None, str | None]:
+    """(precision, compile, fp8) as ``RunSpec`` takes them: ``precision="fp8"`` is bf16 with float8 (tensorwise
+    unless ``fp8`` names a recipe); ``PlanError`` for a value that is none of the choices."""
+    if compile is not None and compile not in COMPILE:
+        raise PlanError(f"compile={_show(compile)} is not one of: {', '.join(COMPILE)}")
+    if fp8 is not None and fp8 not in FP8_RECIPES:
+        raise PlanError(f"fp8={_show(fp8)} is not one of: {', '.join(FP8_RECIPES)}")
+    if precision == "fp8":
+        if fp8 == "none":
+            raise PlanError("precision='fp8' with fp8='none': give a float8 recipe, or another precision")
+        return "bf16", compile, fp8 or "tensorwise"
+    return precision, compile, fp8
 
 
 def resolve_hardware(hardware: str | Hardware | None = None, *, inventory: Any = None, nodes: int = 1,
@@ -446,7 +492,8 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
                          nodes: int = 1, allowed: Collection[str] | None = STRATEGY_NAMES,
                          facts: TrainerFacts = TrainerFacts(), knobs: Collection[str] = KNOBS, recompute: str = "none",
                          calibration: Calibration | None = None,
-                         precision_for: Callable[[Candidate], str] | None = None, **shape: Any) -> Recommendation:
+                         precision_for: Callable[[Candidate], str] | None = None, compile: str = "none",
+                         fp8: str = "none", **shape: Any) -> Recommendation:
     """The layout to use for ``module`` (an ``nn.Module``, a config, or a ``ModelSpec``) on ``world_size``
     devices of ``device_memory_bytes`` each: the planner's recommendation among the ``allowed`` candidates,
     ``plan_for``'s for the same case.
@@ -459,7 +506,9 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
     candidate's precision recipe where it differs from ``precision`` (see ``plan_for``). ``calibration``: rates
     measured on this device (``convoy.plan.speed.measure.calibrate(spec, run)``); None keeps the datasheet time
     model. ``recompute``: the activation recomputation the run asks for (the knob turns it further only from
-    ``"none"``). Raises ``PlanError`` when no allowed layout fits.
+    ``"none"``). ``compile``, ``fp8``: how the run compiles and which float8 recipe it trains with; every layout is
+    costed so (``convoy plan --compile --fp8``), nothing is chosen for it. Raises ``PlanError`` when no allowed
+    layout fits, or for float8 on a board without float8 tensor cores.
     """
     if world_size < 1 or device_memory_bytes <= 0:
         raise PlanError(f"recommend_for_module needs world_size >= 1 and device memory > 0, got "
@@ -471,13 +520,15 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
         name="device", memory_bytes=device_memory_bytes, bf16_tflops=100.0, fp16_tflops=100.0, fp32_tflops=25.0,
         nvlink_gbs=None, pcie_gbs=16, source="generic device (no table row)")
     spec = replace(spec, memory_bytes=int(device_memory_bytes))
-    if peak_tflops:
-        spec = replace(spec, bf16_tflops=peak_tflops, fp16_tflops=peak_tflops, fp32_tflops=peak_tflops)
+    if peak_tflops:  # the fp8 peak keeps the table's ratio to bf16
+        fp8_peak = spec.fp8_tflops * peak_tflops / spec.bf16_tflops if spec.fp8_tflops and spec.bf16_tflops else None
+        spec = replace(spec, bf16_tflops=peak_tflops, fp16_tflops=peak_tflops, fp32_tflops=peak_tflops,
+                       fp8_tflops=fp8_peak)
     hw = Hardware(gpu=spec, gpus_per_node=per_node, nodes=nodes,
                   intra="nvlink" if spec.nvlink_gbs is not None else "pcie")
     model = resolve_model(module, **shape)
     run = RunSpec(seq_len=seq_len, micro_batch=micro_batch, precision=precision, optimizer=optimizer,
-                  recompute=recompute)
+                  recompute=recompute, compile=compile, fp8=fp8)
 
     offload = allowed is None or "offload" in allowed
     result = plan_for(model, run, hw, offload=offload, allowed=allowed, explain_breaks=False, facts=facts,
@@ -486,6 +537,27 @@ def recommend_for_module(module: Any, *, world_size: int, device_memory_bytes: i
     if rec.row is None:
         raise PlanError(" ".join(rec.reasons))
     return rec
+
+
+def _variant_lines(rec: Recommendation) -> list[str]:
+    """The chosen layout eager, compiled and compiled + float8 side by side: step, memory, tokens/s per GPU."""
+    table = [("", "step", "memory", "tokens/s/GPU", "first step")]
+    for v in rec.variants:
+        mark = "*" if (v.compile, v.fp8) == (rec.compile, rec.fp8) else " "
+        if v.time is None or v.memory is None:
+            table.append((f"{mark} {v.name}", "-", "-", "-", v.why_not))
+            continue
+        first = f"+{format_seconds(v.compile_seconds)} compile (estimate)" if v.compile_seconds else ""
+        table.append((f"{mark} {v.name}", format_seconds(v.time.seconds),
+                      format_bytes(v.memory.total, binary=True) + ("" if v.fits else " (does not fit)"),
+                      f"{v.time.tokens_per_s_per_gpu:,.0f}", first))
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    name = rec.row.name if rec.row else ""
+    out = [f"compile and float8 for {name} (* = recommended; factors and sources: docs/planner.md):"]
+    for row in table:
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:4], widths[1:])] + [row[4]]
+        out.append(("    " + "  ".join(cells)).rstrip())
+    return out
 
 
 def format_plan(p: Plan) -> str:
@@ -520,6 +592,8 @@ def format_plan(p: Plan) -> str:
     if rec.row:
         lines.append(f"  run it:  {rec.command}")
         lines.append(f"  or:      {rec.accelerator}")
+    if rec.row and rec.variants:
+        lines += _variant_lines(rec)
     lines += [f"  - {s}" for s in rec.reasons]
     if rec.breaks:
         lines.append("what would change it:")

@@ -13,10 +13,11 @@ One vocabulary from plan to run: the strategy is the candidate's (``Accelerator(
 ``--dp-shard``), ``--tp`` and ``--pp``, the precision the plan costed ``--mixed-precision`` (``mixed_precision_for``),
 the micro-batches of a step ``--gradient-accumulation-steps`` (or, in a pipeline, ``--pp-microbatches``: the
 schedule runs them in one call), offload ``--cpu-offload`` (``strategy_options={"cpu_offload": True}``),
-activation recomputation ``--recompute`` (``Accelerator(recompute=...)``), and a pipeline runs the schedule the
-planner costs (``--pp-schedule``). On several nodes the same line runs on each: c10d's rendezvous at the first
-node gives every node its rank. Each flag is the launcher's own spelling; ``tests/plan/test_plan_runs.py``
-launches them. Torch-free.
+activation recomputation ``--recompute`` (``Accelerator(recompute=...)``), a pipeline runs the schedule the
+planner costs (``--pp-schedule``), and compile and float8 are ``--compile`` (``compile=``) and
+``--mixed-precision fp8 --fp8-recipe`` (``mixed_precision="fp8", fp8_recipe=``). On several nodes the same line
+runs on each: c10d's rendezvous at the first node gives every node its rank. Each flag is the launcher's own
+spelling; ``tests/plan/test_plan_runs.py`` launches them. Torch-free.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from convoy.plan.hardware import Hardware
 from convoy.plan.run import PRECISIONS
 
 __all__ = ["launch_args", "launch_command", "accelerator_call", "planned_schedule", "mixed_precision_for",
-           "accumulation_steps"]
+           "accumulation_steps", "with_speedups"]
 
 #: the placeholder the printed command puts where the first node's address goes (several nodes)
 FIRST_NODE = "HOST:29500"
@@ -43,10 +44,11 @@ def planned_schedule(candidate: Candidate) -> tuple[str, int] | None:
 _MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
 
-def mixed_precision_for(precision: str) -> str:
+def mixed_precision_for(precision: str, fp8: str = "none") -> str:
     """The ``mixed_precision`` (``--mixed-precision``) that runs a plan costed in ``precision`` (a
-    ``convoy.plan.run.PRECISIONS`` name): ``"bf16"`` for every bf16 recipe, ``"fp16"``, ``"no"`` for fp32."""
-    return _MIXED_PRECISION[PRECISIONS[precision].compute]
+    ``convoy.plan.run.PRECISIONS`` name): ``"bf16"`` for every bf16 recipe, ``"fp16"``, ``"no"`` for fp32;
+    ``"fp8"`` with a float8 recipe (``fp8``, the bf16 recipe's float8 linears)."""
+    return "fp8" if fp8 != "none" else _MIXED_PRECISION[PRECISIONS[precision].compute]
 
 
 def accumulation_steps(candidate: Candidate) -> int:
@@ -68,10 +70,12 @@ def _degrees(candidate: Candidate) -> list[tuple[str, int]]:
     return out + [(axis, getattr(d, axis)) for axis in ("tp", "pp") if getattr(d, axis) > 1]
 
 
-def launch_args(candidate: Candidate, hw: Hardware, *, precision: str, recompute: str = "none") -> tuple[str, ...]:
+def launch_args(candidate: Candidate, hw: Hardware, *, precision: str, recompute: str = "none",
+                compile: str = "none", fp8: str = "none") -> tuple[str, ...]:
     """The ``convoy launch`` arguments (before the script) that run ``candidate`` on ``hw`` as planned in
     ``precision``: the machines and processes, the strategy, the degrees, the micro-batches of a step, the
-    precision, offload, recomputation and the pipeline schedule."""
+    precision, offload, recomputation, the pipeline schedule, and compile and float8 (``--compile blocks``,
+    ``--mixed-precision fp8 --fp8-recipe tensorwise``)."""
     args = ["--nnodes", str(hw.nodes), "--nproc-per-node", str(hw.gpus_per_node), "--strategy", candidate.strategy]
     for flag, value in _degrees(candidate):
         args += [f"--{flag}", str(value)]
@@ -80,7 +84,7 @@ def launch_args(candidate: Candidate, hw: Hardware, *, precision: str, recompute
         args += ["--pp-microbatches", str(steps)]
     elif steps > 1:
         args += ["--gradient-accumulation-steps", str(steps)]
-    args += ["--mixed-precision", mixed_precision_for(precision)]
+    args += ["--mixed-precision", mixed_precision_for(precision, fp8), *_recipe_args(fp8)]
     if candidate.layout.offload:
         args.append("--cpu-offload")
     if recompute != "none":
@@ -90,32 +94,64 @@ def launch_args(candidate: Candidate, hw: Hardware, *, precision: str, recompute
         args += ["--pp-schedule", schedule[0]]
         if schedule[1] > 1:
             args += ["--pp-stages-per-rank", str(schedule[1])]
-    return tuple(args)
+    return tuple(args) + _speedup_args(compile)
+
+
+def _speedup_args(compile: str) -> tuple[str, ...]:
+    """``--compile`` for what the plan chose (none for eager)."""
+    return ("--compile", compile) if compile != "none" else ()
+
+
+def _recipe_args(fp8: str) -> tuple[str, ...]:
+    """``--fp8-recipe`` after ``--mixed-precision fp8`` (none without float8)."""
+    return ("--fp8-recipe", fp8) if fp8 != "none" else ()
+
+
+def with_speedups(args: tuple[str, ...], *, compile: str, fp8: str) -> tuple[str, ...]:
+    """``launch_args`` ``args`` with their compile and float8 choice replaced by ``compile`` and ``fp8``'s: the
+    ``--mixed-precision`` value becomes ``fp8`` with a recipe, and bf16 (the float8 recipe's own) without one."""
+    out: list[str] = []
+    items = iter(args)
+    for arg in items:
+        if arg in ("--compile", "--fp8-recipe"):
+            next(items, None)
+            continue
+        out.append(arg)
+        if arg == "--mixed-precision":
+            value = next(items, "bf16")
+            out += ["fp8" if fp8 != "none" else "bf16" if value == "fp8" else value, *_recipe_args(fp8)]
+    return tuple(out) + _speedup_args(compile)
 
 
 def launch_command(candidate: Candidate, hw: Hardware, *, precision: str, recompute: str = "none",
-                   script: str = "train.py") -> str:
+                   script: str = "train.py", compile: str = "none", fp8: str = "none") -> str:
     """``launch_args`` as one command line to copy. On several nodes the same line runs on each node: torch's c10d
     rendezvous at the first node's address (``HOST:29500``) numbers the nodes as they arrive (a static one would
     need each node's ``--node-rank``)."""
     meet = ["--rdzv-backend", "c10d", "--rdzv-endpoint", FIRST_NODE] if hw.nodes > 1 else []
-    return " ".join(["convoy", "launch", *launch_args(candidate, hw, precision=precision, recompute=recompute),
-                     *meet, script])
+    args = launch_args(candidate, hw, precision=precision, recompute=recompute, compile=compile, fp8=fp8)
+    return " ".join(["convoy", "launch", *args, *meet, script])
 
 
-def accelerator_call(candidate: Candidate, *, precision: str, recompute: str = "none") -> str:
-    """The ``Accelerator(...)`` call that builds the same layout in a script started with as many processes."""
+def accelerator_call(candidate: Candidate, *, precision: str, recompute: str = "none", compile: str = "none",
+                     fp8: str = "none") -> str:
+    """The ``Accelerator(...)`` call that builds the same layout in a script started with as many processes
+    (``compile="blocks"``, ``mixed_precision="fp8", fp8_recipe="tensorwise"`` where the plan chose them)."""
     parts = [f'strategy="{candidate.strategy}"']
     degrees = _degrees(candidate)
     if degrees:
         inner = ", ".join(f'"{flag.replace("-", "_")}": {value}' for flag, value in degrees)
         parts.append(f"parallelism={{{inner}}}")
-    parts.append(f'mixed_precision="{mixed_precision_for(precision)}"')
+    parts.append(f'mixed_precision="{mixed_precision_for(precision, fp8)}"')
+    if fp8 != "none":
+        parts.append(f'fp8_recipe="{fp8}"')
     steps = accumulation_steps(candidate)
     if steps > 1 and not candidate.layout.dims.pp_enabled:
         parts.append(f"gradient_accumulation_steps={steps}")
     if recompute != "none":
         parts.append(f'recompute="{recompute}"')
+    if compile != "none":
+        parts.append(f'compile="{compile}"')
     options = []
     if candidate.layout.offload:
         options.append('"cpu_offload": True')

@@ -65,6 +65,11 @@ class GpuSpec:
     lowers it where the board's power limit does."""
     power_w: float | None = None
     """Board power limit (TDP), W."""
+    fp8_tflops: float | None = None
+    """Dense float8 (e4m3/e5m2) tensor-core peak, the datasheet's figure without sparsity; None: the board has no
+    float8 tensor cores (A100, V100, T4, A10, MI250X), or torchao's ``Float8Linear`` does not run on it (Gaudi)."""
+    fp8_source: str = ""
+    """Where ``fp8_tflops`` comes from (the datasheet and its column)."""
 
     @property
     def noun(self) -> str:
@@ -89,7 +94,12 @@ class GpuSpec:
         return f"{self.name} ({', '.join(facts)})" if facts else self.name
 
     def peak_flops(self, dtype: str) -> float:
-        """Peak FLOP/s for ``"bf16"``, ``"fp16"`` or ``"fp32"`` compute."""
+        """Peak FLOP/s for ``"bf16"``, ``"fp16"``, ``"fp32"`` or ``"fp8"`` compute."""
+        if dtype == "fp8":
+            if self.fp8_tflops is None:
+                raise PlanError(f"{self.name} has no float8 tensor cores; plan fp8 for a board that has them "
+                                f"(H100, H200, B200, L40S, L4, MI300X), or leave fp8 out")
+            return self.fp8_tflops * 1e12
         if dtype == "bf16":
             if self.bf16_tflops is None:
                 raise PlanError(f"{self.name} has no bf16 support; use precision fp16 or fp32")
@@ -107,10 +117,11 @@ _UNIT_NAMES = {"cdna2": "CUs", "cdna3": "CUs", "gaudi2": "MMEs", "gaudi3": "MMEs
 
 
 def _gpu(name, mib, bf16, fp16, fp32, nvlink, pcie, source, aliases=(), *, hbm, arch=None, units=None, boost=None,
-         clock=None, power=None) -> GpuSpec:
+         clock=None, power=None, fp8=None, fp8_source="") -> GpuSpec:
     return GpuSpec(name=name, memory_bytes=mib * MiB, bf16_tflops=bf16, fp16_tflops=fp16, fp32_tflops=fp32,
                    nvlink_gbs=nvlink, pcie_gbs=pcie, memory_gbs=hbm, source=source, aliases=aliases, arch=arch,
-                   units=units, boost_mhz=boost, clock_mhz=clock, power_w=power)
+                   units=units, boost_mhz=boost, clock_mhz=clock, power_w=power, fp8_tflops=fp8,
+                   fp8_source=fp8_source)
 
 
 _H100_WP = "NVIDIA H100 Tensor Core GPU Architecture whitepaper (SMs, clocks)"
@@ -128,29 +139,40 @@ GPUS: dict[str, GpuSpec] = {g.name.lower(): g for g in (
          "NVIDIA H100 Tensor Core GPU datasheet (SXM5, 700 W): https://resources.nvidia.com/en-us-tensor-core/nvidia-"
          f"tensor-core-gpu-datasheet; {_H100_WP}: 132 SMs, 1980 MHz boost; peak at 1830 MHz (4096 FLOPs/SM/clock)",
          ("h100 80gb hbm3", "h100-sxm", "h100-sxm5", "h100 sxm"), hbm=3350, arch="hopper", units=132, boost=1980,
-         clock=1830, power=700),
+         clock=1830, power=700,
+         fp8=1978.9, fp8_source="NVIDIA H100 datasheet, SXM column: FP8 Tensor Core 3,958 TFLOPS with sparsity, "
+         "1,978.9 dense"),
     _gpu("H100-96GB-500W", 91553, round(132 * 4096 * _H100_500W_MHZ / 1e6, 1),
          round(132 * 4096 * _H100_500W_MHZ / 1e6, 1), round(66.9 * _H100_500W_MHZ / 1830, 1), 450, 64,
          "H100 SXM with 96 GB HBM2e at 2.4 TB/s and a 500 W limit, as pytorch/torchtitan benchmarks/"
          "llama3_h100_202412_torchtitan.md describes its boards (no datasheet: 'between SXM and NVL'); peak = the "
          "SXM5's 132 SMs at the 1636 MHz the f^3 power law gives 500 W; memory: 96 GB", (), hbm=2400,
-         arch="hopper", units=132, boost=1980, clock=round(_H100_500W_MHZ), power=500),
+         arch="hopper", units=132, boost=1980, clock=round(_H100_500W_MHZ), power=500,
+         fp8=round(2 * 132 * 4096 * _H100_500W_MHZ / 1e6, 1), fp8_source="twice its bf16 peak, as on every Hopper "
+         "datasheet (H100 SXM: 1,978.9 fp8 / 989.4 bf16), at the same 1636 MHz"),
     _gpu("H100-PCIE", 81559, 756.5, 756.5, 51.2, None, 64,
          "NVIDIA H100 datasheet (PCIe column, 350 W; the optional NVLink bridge pairs only two boards); "
          f"{_H100_WP}: 114 SMs, 1755 MHz boost; peak at 1620 MHz", ("h100 pcie",), hbm=2000, arch="hopper",
-         units=114, boost=1755, clock=1620, power=350),
+         units=114, boost=1755, clock=1620, power=350,
+         fp8=1513, fp8_source="NVIDIA H100 datasheet, PCIe column: FP8 Tensor Core 3,026 TFLOPS with sparsity, 1,513 "
+         "dense"),
     _gpu("H100-NVL", 95330, 835.5, 835.5, 60, None, 64,
          "NVIDIA H100 datasheet (H100 NVL column, dense, 350-400 W; its NVLink bridge pairs only two boards); memory: "
          "NVML's 99,961,274,368 bytes, to the MiB; 132 SMs, 1785 MHz boost; peak at 1545 MHz", ("h100 nvl",),
-         hbm=3900, arch="hopper", units=132, boost=1785, clock=1545, power=400),
+         hbm=3900, arch="hopper", units=132, boost=1785, clock=1545, power=400,
+         fp8=1670.5, fp8_source="NVIDIA H100 datasheet, H100 NVL column: FP8 Tensor Core 3,341 TFLOPS with sparsity, "
+         "1,670.5 dense"),
     _gpu("H200-141GB", 143771, 989.4, 989.4, 66.9, 450, 64,
          "NVIDIA H200 datasheet (SXM, up to 700 W): https://www.nvidia.com/en-us/data-center/h200/; the H100 SXM5's "
-         "132 SMs and clocks", ("h200",), hbm=4800, arch="hopper", units=132, boost=1980, clock=1830, power=700),
+         "132 SMs and clocks", ("h200",), hbm=4800, arch="hopper", units=132, boost=1980, clock=1830, power=700,
+         fp8=1978.9, fp8_source="NVIDIA H200 datasheet, SXM column: FP8 Tensor Core 3,958 TFLOPS with sparsity, "
+         "1,978.9 dense"),
     _gpu("B200", 171661, 2250, 2250, 80, 900, 64,
          "NVIDIA HGX B200 datasheet (per GPU: 4.5 PFLOPs fp16 with sparsity, 2.25 dense; 180 GB HBM3e at 8 TB/s; "
          "NVLink 5 at 1.8 TB/s total; 1000 W): https://www.nvidia.com/en-us/data-center/hgx/; 148 SMs; peak at "
          "1855 MHz (twice Hopper's 4096 FLOPs/SM/clock); memory: 180 GB, as printed", ("nvidia b200",), hbm=8000,
-         arch="blackwell", units=148, clock=1855, power=1000),
+         arch="blackwell", units=148, clock=1855, power=1000,
+         fp8=4500, fp8_source="NVIDIA HGX B200 datasheet: FP8 Tensor Core 9 PFLOPS per GPU with sparsity, 4.5 dense"),
     # the PCIe boards come before the SXM rows, whose shorter aliases ("a100 80gb") their names also contain
     _gpu("A100-PCIE-80GB", 81920, 312, 312, 19.5, None, 32,
          f"NVIDIA A100 datasheet (PCIe column, 300 W; the optional NVLink bridge pairs only two boards); {_A100_WP}",
@@ -178,11 +200,13 @@ GPUS: dict[str, GpuSpec] = {g.name.lower(): g for g in (
     _gpu("L40S", 46068, 362.05, 362.05, 91.6, None, 32,
          "NVIDIA L40S datasheet (dense, without sparsity; 350 W): https://www.nvidia.com/en-us/data-center/l40s/; "
          f"{_ADA_WP}: 142 SMs, 2520 MHz boost; peak at 2490 MHz", ("l40s",), hbm=864, arch="ada", units=142,
-         boost=2520, clock=2490, power=350),
+         boost=2520, clock=2490, power=350,
+         fp8=733, fp8_source="NVIDIA L40S datasheet: FP8 Tensor Core 733 TFLOPS dense (1,466 with sparsity)"),
     _gpu("L4", 23034, 121, 121, 30.3, None, 32,
          "NVIDIA L4 datasheet (dense, without sparsity; 72 W): https://www.nvidia.com/en-us/data-center/l4/; "
          f"{_ADA_WP}: 58 SMs, 2040 MHz boost", ("nvidia l4",), hbm=300, arch="ada", units=58, boost=2040,
-         clock=2040, power=72),
+         clock=2040, power=72,
+         fp8=242.5, fp8_source="NVIDIA L4 datasheet: FP8 Tensor Core 485 TFLOPS with sparsity, 242.5 dense"),
     # before A10, whose alias "nvidia a10" the A10G's NVML name also contains
     _gpu("A10G", 23028, 70, 70, 35, None, 32,
          "AWS's variant of the A10 (G5 instances); neither NVIDIA nor AWS publish a datasheet: tensor and fp32 "
@@ -197,11 +221,14 @@ GPUS: dict[str, GpuSpec] = {g.name.lower(): g for g in (
     _gpu("RTX4090", 24564, 165.2, 165.2, 82.6, None, 32,
          f"{_ADA_WP}, RTX 4090 (fp16/bf16 with fp32 accumulate, dense, at half the L40S's rate per SM; 450 W): "
          "128 SMs, 2520 MHz boost", ("rtx 4090",), hbm=1008, arch="ada", units=128, boost=2520, clock=2520,
-         power=450),
+         power=450,
+         fp8=330.3, fp8_source="NVIDIA Ada GPU Architecture whitepaper, RTX 4090: peak FP8 Tensor TFLOPS with FP32 "
+         "accumulate 330.3 dense (660.6 with sparsity)"),
     _gpu("MI300X", 196592, 1307.4, 1307.4, 163.4, 448, 64,
          "AMD Instinct MI300X datasheet (750 W; 7 Infinity Fabric links x 64 GB/s each way; 304 CUs at 2100 MHz): "
          "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html", ("mi300x",), hbm=5300,
-         arch="cdna3", units=304, boost=2100, clock=2100, power=750),
+         arch="cdna3", units=304, boost=2100, clock=2100, power=750,
+         fp8=2614.9, fp8_source="AMD Instinct MI300X datasheet: peak FP8 2,614.9 TFLOPS dense (5,229.8 with sparsity)"),
     _gpu("MI250X", 65536, 191.5, 191.5, 23.95, 100, 32,
          "AMD Instinct MI250X datasheet, per GCD (each of its two dies is a device of its own: half of 383 TFLOPs "
          "bf16, 47.9 fp32, 128 GB HBM2e at 3.2768 TB/s and 560 W; 110 of its 220 CUs at 1700 MHz): "
@@ -360,9 +387,11 @@ def override_gpu(gpu: GpuSpec, *, memory_gib: float | None = None, peak_tflops: 
     if peak_tflops is not None:
         if peak_tflops <= 0:
             raise PlanError(f"peak TFLOPs must be > 0, got {peak_tflops}")
-        # the user's peak is what the board runs at: no power-limited clock lowers it
+        # the user's peak is what the board runs at: no power-limited clock lowers it; its fp8 peak keeps the
+        # table's ratio to bf16
+        fp8 = gpu.fp8_tflops * peak_tflops / gpu.bf16_tflops if gpu.fp8_tflops and gpu.bf16_tflops else None
         gpu = replace(gpu, bf16_tflops=peak_tflops, fp16_tflops=peak_tflops, fp32_tflops=peak_tflops, power_w=None,
-                      source=gpu.source + "; peak given by the user")
+                      fp8_tflops=fp8, source=gpu.source + "; peak given by the user")
     return gpu
 
 

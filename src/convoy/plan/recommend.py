@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from convoy.plan.candidates import Candidate
+from convoy.plan.commands import with_speedups
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import Hardware
 from convoy.plan.memory import MemoryBreakdown, layer_activation_bytes
@@ -26,6 +27,7 @@ from convoy.plan.model import ModelSpec
 from convoy.plan.run import OPTIMIZER_STATE_BYTES, RunSpec
 from convoy.plan.timing import StepTime
 from convoy.plan.units import format_bytes, format_seconds
+from convoy.plan.variants import Variant
 
 __all__ = ["Row", "Recommendation", "recommend", "guide_case", "tie_rank", "tie_reason", "TIE",
            "FAST_INTER_GBPS_PER_GPU", "NOT_SPLIT"]
@@ -60,6 +62,10 @@ class Row:
     """The activation recomputation this row was costed with (the run's, or a knob ``plan_for`` turned)."""
     launch_args: tuple[str, ...] = ()
     """The ``convoy launch`` arguments that run this row (``convoy.plan.commands.launch_args``)."""
+    compile: str = "none"
+    """The ``torch.compile`` setting this row was costed with (``RunSpec.compile``)."""
+    fp8: str = "none"
+    """The float8 recipe this row was costed with (``RunSpec.fp8``)."""
 
     @property
     def name(self) -> str:
@@ -72,8 +78,8 @@ class Row:
                 "tp": d.tp, "pp": d.pp, "microbatches": self.candidate.layout.microbatches, "fits": self.fits,
                 "pp_schedule": self.candidate.layout.pp_schedule,
                 "pp_stages_per_rank": self.candidate.layout.pp_stages_per_rank,
-                "precision": self.precision, "recompute": self.recompute, "launch_args": list(self.launch_args),
-                "model_states_bytes": self.memory.model_states,
+                "precision": self.precision, "recompute": self.recompute, "compile": self.compile, "fp8": self.fp8,
+                "launch_args": list(self.launch_args), "model_states_bytes": self.memory.model_states,
                 "memory": self.memory.as_dict(), "time": self.time.as_dict()}
 
 
@@ -94,6 +100,12 @@ class Recommendation:
     """The ``convoy launch`` command line that runs the choice (``convoy.plan.commands.launch_command``)."""
     accelerator: str = ""
     """The equivalent ``Accelerator(...)`` call (``convoy.plan.commands.accelerator_call``)."""
+    compile: str = "none"
+    """The ``torch.compile`` setting to run the choice with (``convoy.plan.variants.choose``)."""
+    fp8: str = "none"
+    """The float8 recipe to run the choice with (``"none"``: 16-bit GEMMs)."""
+    variants: tuple[Variant, ...] = ()
+    """The choice priced eager, compiled and compiled + float8, side by side (``convoy.plan.variants``)."""
 
     @property
     def candidate(self) -> Candidate | None:
@@ -120,8 +132,8 @@ class Recommendation:
 
     @property
     def launch_args(self) -> tuple[str, ...]:
-        """The ``convoy launch`` arguments that run the choice (() when nothing fits)."""
-        return self.row.launch_args if self.row else ()
+        """The ``convoy launch`` arguments that run the choice, with its compile and float8 (() when nothing fits)."""
+        return with_speedups(self.row.launch_args, compile=self.compile, fp8=self.fp8) if self.row else ()
 
     noun: str = "GPU"
     """What one device is (``GpuSpec.noun``): ``"GPU"``, or ``"CPU process"``."""
@@ -129,7 +141,11 @@ class Recommendation:
     def as_dict(self) -> dict:
         return {"candidate": self.row.name if self.row else None, "strategy": self.strategy,
                 "parallelism": self.dims.describe() if self.dims else None, "cpu_offload": self.cpu_offload,
-                "recompute": self.recompute, "knob": self.knob, "launch_args": list(self.launch_args),
+                "recompute": self.recompute, "compile": self.compile, "fp8": self.fp8,
+                "compile_seconds": next((v.compile_seconds for v in self.variants
+                                         if (v.compile, v.fp8) == (self.compile, self.fp8)), 0.0),
+                "variants": [v.as_dict() for v in self.variants],
+                "knob": self.knob, "launch_args": list(self.launch_args),
                 "command": self.command, "accelerator": self.accelerator,
                 "case": self.case, "advice": advice(self.case, self.noun), "reasons": list(self.reasons),
                 "breaks": list(self.breaks)}

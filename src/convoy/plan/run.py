@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from convoy.errors import PlanError
 
-__all__ = ["Precision", "PRECISIONS", "OPTIMIZER_STATE_BYTES", "RECOMPUTE", "ATTENTION", "RunSpec"]
+__all__ = ["Precision", "PRECISIONS", "OPTIMIZER_STATE_BYTES", "RECOMPUTE", "ATTENTION", "COMPILE", "FP8_RECIPES",
+           "RunSpec"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +74,10 @@ OPTIMIZER_STATE_BYTES: dict[str, int] = {"adamw": 8, "adam": 8, "sgd-momentum": 
 
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
+#: ``Accelerator(compile=...)``: eager, each repeated block compiled in place (torchtitan's recipe), the whole model
+COMPILE = ("none", "blocks", "model")
+#: torchao float8 recipes (``Accelerator(mixed_precision="fp8", fp8_recipe=...)``), ``"none"`` for 16-bit GEMMs
+FP8_RECIPES = ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,6 +104,12 @@ class RunSpec:
     recompute_every: int = 1
     """With ``recompute="full"``: checkpoint every k-th block only (1 = every block, torchtitan's
     per-layer selective AC uses k = 2)."""
+    compile: str = "none"
+    """``torch.compile`` as the trainer applies it (``COMPILE``): fused memory-bound work and fewer saved tensors
+    (``convoy.plan.speedups``)."""
+    fp8: str = "none"
+    """torchao float8 training recipe (``FP8_RECIPES``) on top of the 16-bit ``precision``: the block linears'
+    GEMMs at the board's fp8 rate (``convoy.plan.speedups``)."""
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -109,6 +120,13 @@ class RunSpec:
             raise PlanError(f"recompute {self.recompute!r} is not one of: {', '.join(RECOMPUTE)}")
         if self.attention not in ATTENTION:
             raise PlanError(f"attention {self.attention!r} is not one of: {', '.join(ATTENTION)}")
+        if self.compile not in COMPILE:
+            raise PlanError(f"compile {self.compile!r} is not one of: {', '.join(COMPILE)}")
+        if self.fp8 not in FP8_RECIPES:
+            raise PlanError(f"fp8 recipe {self.fp8!r} is not one of: {', '.join(FP8_RECIPES)}")
+        if self.fp8 != "none" and self.recipe.compute != "bf16":
+            raise PlanError(f"fp8 trains on top of bf16 (its high-precision copies are bf16); precision "
+                            f"{self.precision!r} computes in {self.recipe.compute}: use a bf16 recipe with fp8")
         for name in ("seq_len", "micro_batch", "recompute_every"):
             if getattr(self, name) < 1:
                 raise PlanError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -28,6 +28,16 @@ from convoy.plan.shapes import attention_shape, gemm_shapes
 from convoy.plan.speed.collectives import Group, collective_seconds
 from convoy.plan.speed.rates import Rates, rates_for
 from convoy.plan.speed.records import Calibration
+from convoy.plan.speedups import (
+    FACTORS,
+    check_fp8,
+    compiled_block_launches,
+    converted,
+    fp8_all_gather,
+    fp8_cast_seconds,
+    fp8_gemm_factor,
+    gathered_fraction,
+)
 
 __all__ = ["StepTime", "step_time", "model_flops_per_token", "ring_all_reduce_seconds", "ring_gather_seconds",
            "CPU_ADAM_PARAMS_PER_S", "gemm_shapes", "attention_shape", "compute_seconds",
@@ -227,18 +237,25 @@ def mfu_peak(gpu: GpuSpec, dtype: str, rates: Rates | None = None) -> float:
 
 def kernel_launches(model: ModelSpec, run: RunSpec, layout: Layout) -> int:
     """Kernels one micro-batch launches on the busiest GPU (forward and backward): three per GEMM, two per
-    attention, about three per tensor a block saves for backward, and a dozen for the head and the loss."""
+    attention, about three per tensor a block saves for backward (compiled: the fused kernels,
+    ``convoy.plan.speedups.compiled_block_launches``), and a dozen for the head and the loss."""
     if not model.has_shape:
         return 0
     assert model.num_layers is not None  # has_shape
     layers = math.ceil(model.num_layers / layout.dims.pp)
     per_block = sum(count for _, _, _, count in gemm_shapes(model, run) if count > 1) // model.num_layers
+    if run.compile != "none":
+        return layers * compiled_block_launches(per_block) + 12
     return layers * (3 * per_block + 2 + 3 * len(block_saved(model, run))) + 12
 
 
-def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates) -> float:
+def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates, *, gpu: GpuSpec | None = None
+                    ) -> float:
     """Seconds of one GPU's forward and backward passes for one optimizer step (its micro-batches; no bubble,
-    no communication, no optimizer step) at ``rates``, never less than its kernel launches."""
+    no communication, no optimizer step) at ``rates``, never less than its kernel launches. Compiled
+    (``run.compile``), the memory-bound work takes ``compile_memory_bound`` of its eager time; with float8
+    (``run.fp8``, priced on ``gpu``'s peaks) the converted GEMMs run at the fp8 rate, plus their casts
+    (``convoy.plan.speedups``)."""
     dims, dtype = layout.dims, run.recipe.compute
     tp, pp, m = dims.tp, dims.pp, layout.microbatches
     total = model.num_layers or 1
@@ -250,10 +267,21 @@ def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates
     again = math.ceil(total / run.recompute_every) / total if run.training and run.recompute == "full" else 0.0
     selective = run.training and run.recompute == "selective"
     pointwise_again = 1.0 if selective else again
+    if run.fp8 != "none":
+        if gpu is None:
+            raise ValueError("compute_seconds prices float8 on a board's peaks: pass gpu=")
+        fp8 = fp8_gemm_factor(gpu)
+        # the forward (and its recomputation) and the input gradient in float8; the weight gradient too, but in
+        # 16 bits under rowwise_with_gw_hp
+        fp8_backward = (1 + fp8) if run.fp8 == "rowwise_with_gw_hp" else 2 * fp8
     gemm = 0.0
     for mm, k, n, count in gemm_shapes(model, run, tp=tp):
         block = count > 1  # the head (count 1) is on one stage: count it on the busiest
-        passes = (3 + (again if block else 0.0)) if run.training else 1
+        forward = 1 + (again if block else 0.0)
+        if run.fp8 != "none" and converted(k, n, count):
+            passes = forward * fp8 + (fp8_backward if run.training else 0.0)
+        else:
+            passes = (forward + 2) if run.training else 1
         gemm += passes * count * (share if block else 1.0) * rates.gemm_seconds(mm, k, n, dtype)
     b, a, kv, s, d = attention_shape(model, run, tp=tp)
     attn_fwd_bwd = rates.attention_seconds(b, a, kv, s, d, dtype)
@@ -262,7 +290,8 @@ def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates
     # selective with eager attention recomputes the s x s scores: QK^T, half of the attention's forward
     attn_again = 0.5 if selective and run.attention == "eager" else again
     attn = layers * attn_fwd_bwd * ((1 + attn_again / 3) if run.training else 1 / 3)
-    blocks = layers * block_bytes(model, replace(run, recompute="none"), tp=tp)
+    eager = replace(run, recompute="none", compile="none")  # the eager block's traffic; compile scales it below
+    blocks = layers * block_bytes(model, eager, tp=tp)
     saved = blocks + head_saved_bytes(model, run, tp=tp)
     if rates.pointwise_seconds_per_byte:  # memory-bound forward + backward (launches included) per saved byte
         fwd_bwd = rates.pointwise_seconds_per_byte  # the forward is a third of it, as for the GEMMs
@@ -270,9 +299,13 @@ def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates
     else:  # each saved byte written and read in the forward, its gradient written and read in the backward
         memory_bound = (4 * saved + 2 * pointwise_again * blocks if run.training else 2 * saved) / (
             rates.memory_bytes_per_s or float("inf"))
+    if run.compile != "none":
+        memory_bound *= FACTORS["compile_memory_bound"].value
+    memory_bound += fp8_cast_seconds(model, run, layout, rates)
     launches = kernel_launches(model, run, layout) * (1 + again / 3 if run.training else 1 / 3)
     if selective:  # the forward kernel of each tensor a block saves without recomputation, again
-        launches += layers * len(block_saved(model, run))
+        launches += layers * (compiled_block_launches(0) // 3 if run.compile != "none"
+                              else len(block_saved(model, run)))
     return m * max(gemm + attn + memory_bound, launches * rates.launch_seconds)
 
 
@@ -345,30 +378,38 @@ def _data_parallel_collectives(model: ModelSpec, run: RunSpec, layout: Layout, h
     block, root = parameter_tensors(model, tp=dims.tp, pp=dims.pp)
     layers = math.ceil((model.num_layers or 0) / dims.pp)
     scale = weights / max(1.0, layers * sum(block) + sum(root)) if model.has_shape else 1.0
-    sizes: Counter[float] = Counter()  # collectives by size (many share one): each size is priced once
+    # collectives by (size, fraction of it the all-gather moves: float8 all-gather sends the converted linears'
+    # weights in 1 byte); many share one, each is priced once
+    sizes: Counter[tuple[float, float]] = Counter()
     if not model.has_shape:
-        sizes[weights] = 1
+        sizes[(weights, 1.0)] = 1
     elif engine == "deepspeed" and layout.zero_stage == 3:  # one collective per parameter tensor
         for x in block:
-            sizes[x * scale] += layers
+            sizes[(x * scale, 1.0)] += layers
         for x in root:
-            sizes[x * scale] += 1
+            sizes[(x * scale, 1.0)] += 1
     else:  # FSDP2: one unit per block and the root
-        sizes[sum(block) * scale] += layers
-        sizes[sum(root) * scale] += 1
+        sizes[(sum(block) * scale, gathered_fraction(model, run, layout, sum(block), scale))] += layers
+        sizes[(sum(root) * scale, 1.0)] += 1
     grad_ratio = grads / weights if weights else 0.0
     # FSDP2 per pipeline stage reduce-scatters once per step, after the last micro-batch (gradient sync is off
     # before it), and keeps the weights gathered from a micro-batch's forward to its backward
     reduces = 1 if dims.pp_enabled else m
     if n > 1:
         shard = _group(hw, max(1, min(n, hw.gpus_per_node // dims.tp)), n)
-        for piece, count in sizes.items():
-            dp_comm += count * (m * gathers * _collective("all_gather", piece, shard, hw)
+        gathered = 0.0
+        for (piece, part), count in sizes.items():
+            dp_comm += count * (m * gathers * _collective("all_gather", piece * part, shard, hw)
                                 + reduces * _collective("reduce_scatter", piece * grad_ratio, shard, hw))
-        comm = (n - 1) / n * (m * gathers * weights + reduces * grads)
+            gathered += count * piece * part
+        comm = (n - 1) / n * (m * gathers * gathered + reduces * grads)
+        if fp8_all_gather(run, layout):  # precompute_float8_dynamic_scale_for_fsdp: one all-reduce of the amaxes
+            linears = len([s for s in gemm_shapes(model, run, tp=dims.tp) if s[3] > 1]) if model.has_shape else 0
+            amaxes = 4 * max(1, layers * linears)
+            after_step += _collective("all_reduce", amaxes, shard, hw)
     if dims.dp_replicate_enabled:  # HSDP: all-reduce each unit's gradient shard across replicas once per step
         replicas = _group(hw, 1, dims.dp_replicate)
-        for piece, count in sizes.items():
+        for (piece, _), count in sizes.items():
             dp_comm += count * _collective("all_reduce", piece * grad_ratio / n, replicas, hw)
         comm += 2 * (dims.dp_replicate - 1) / dims.dp_replicate * grads / n
     return dp_comm, comm, after_step
@@ -390,7 +431,8 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
     hw = _with_measured_link(hw, rates)
     tokens = global_batch * run.seq_len
     model_flops = model_flops_per_token(model, run.seq_len, training=run.training) * tokens
-    compute, optimizer = _passes(model, run, layout, rates, model_flops=model_flops)
+    check_fp8(hw.gpu, run)
+    compute, optimizer = _passes(model, run, layout, rates, model_flops=model_flops, gpu=hw.gpu)
     overhead = framework_seconds(model, run, layout, rates)
     bubble = _bubble(compute, layout)
     compute += bubble
@@ -412,18 +454,23 @@ def _with_measured_link(hw: Hardware, rates: Rates) -> Hardware:
     return hw
 
 
-def _passes(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates, *, model_flops: float
-            ) -> tuple[float, float]:
+def _passes(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates, *, model_flops: float,
+            gpu: GpuSpec | None = None) -> tuple[float, float]:
     """(seconds of one GPU's forward and backward passes, of its optimizer step) per step: kernel by kernel for a
     model with a shape, else its ``model_flops`` (plus a forward under full recomputation) at the bulk matmul
     rate."""
     if model.has_shape:
-        return compute_seconds(model, run, layout, rates), optimizer_seconds(model, run, layout, rates)
+        return (compute_seconds(model, run, layout, rates, gpu=gpu),
+                optimizer_seconds(model, run, layout, rates))
     hw_flops = model_flops
     if run.training and run.recompute == "full":
         hw_flops = model_flops * 4 / 3  # one more forward
-    # selective recomputation runs no matmul again (its save list keeps every matmul's output): no more FLOPs
-    return hw_flops / layout.dims.world_size / rates.bulk_flops(run.recipe.compute), 0.0
+    # selective recomputation runs no matmul again (its save list keeps every matmul's output): no more FLOPs.
+    # Without a shape nothing memory-bound is modeled (compile changes nothing here) and float8 takes every matmul
+    seconds = hw_flops / layout.dims.world_size / rates.bulk_flops(run.recipe.compute)
+    if run.fp8 != "none" and gpu is not None:
+        seconds *= fp8_gemm_factor(gpu)
+    return seconds, 0.0
 
 
 def _bubble(busy: float, layout: Layout) -> float:

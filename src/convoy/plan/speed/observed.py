@@ -99,8 +99,8 @@ class Observation:
 def case_key(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> str:
     """The one string that names a case: the same model (parameter count and shape, not its name: a config path
     and the module built from it are one model), layout (ZeRO stage, degrees, micro-batches per step, offload),
-    sequence length and micro-batch, precision recipe, optimizer, recomputation and attention, on as many GPUs of
-    the same table row per node and as many nodes, e.g.
+    sequence length and micro-batch, precision recipe, optimizer, recomputation, attention, and compile and float8
+    where they are on, on as many GPUs of the same table row per node and as many nodes, e.g.
     ``"124439808 params 12x768 a12/12 f3072 v50257 | zero3 dp2 (shard 2) tp1 pp1 m1 | s1024 b8 | bf16-fsdp adamw
     recompute none flash | 2 H100-80GB per node x 1"``."""
     shape = f"{model.num_layers}x{model.hidden} a{model.heads}/{model.kv_heads or model.heads} f{model.ffn} " \
@@ -114,6 +114,9 @@ def case_key(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> st
         where += f" {layout.pp_schedule} v{layout.pp_stages_per_rank}"
     how = f"{run.precision} {run.optimizer} recompute {run.recompute}" + (
         f"/{run.recompute_every}" if run.recompute == "full" and run.recompute_every > 1 else "") + f" {run.attention}"
+    # compiled and float8 runs are cases of their own (an eager run's key is as it was)
+    how += (f" compile {run.compile}" if run.compile != "none" else "") + (f" fp8 {run.fp8}" if run.fp8 != "none"
+                                                                          else "")
     return " | ".join((f"{model.num_params} params {shape}", where, f"s{run.seq_len} b{run.micro_batch}", how,
                        f"{hw.gpus_per_node} {hw.gpu.name} per node x {hw.nodes}"))
 

@@ -36,7 +36,7 @@ from convoy.errors import NotSupportedYetError, PlanError, StrategyError
 from convoy.plan.api import recommend_for_module
 from convoy.plan.candidates import Candidate, TrainerFacts
 from convoy.plan.dims import ParallelDims, divisors
-from convoy.plan.hardware import CPU, lookup_gpu
+from convoy.plan.hardware import CPU, GpuSpec, lookup_gpu
 from convoy.plan.model import ModelSpec, resolve_model
 from convoy.plan.recommend import NOT_SPLIT, Recommendation
 from convoy.plan.run import RunSpec
@@ -233,7 +233,8 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
                   model: Any = None, tp_degrees: Collection[int] = (), pp_degrees: Collection[int] = (),
                   pipeline: bool = False, mixed_precision: str | None = None, device: str | None = None,
                   device_type: str | None = None, fsdp_limit: str | None = None, heads: int | None = None,
-                  nodes: int = 1, recompute: str = "none", **kwargs: Any) -> AutoLayout | None:
+                  nodes: int = 1, recompute: str = "none", compile: str = "none", fp8: str = "none",
+                  **kwargs: Any) -> AutoLayout | None:
     """The ``planner`` hook of ``choose_strategy``: the ``AutoLayout`` to build, or None when
     no layout the trainer runs fits (the caller's own rule then answers).
 
@@ -248,6 +249,9 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
       planned as such (``convoy.plan.hardware.CPU``).
     - ``fsdp_limit`` (why FSDP2 cannot wrap the model): the layouts it would shard are left out, and the reason
       says why.
+    - ``compile``, ``fp8``: the run's ``torch.compile`` setting and float8 recipe; every layout is costed with them,
+      as ``convoy plan --compile --fp8`` costs it (float8 only on a board with float8 tensor cores: elsewhere it
+      runs emulated, which the planner does not price). The layout is chosen with them; they are not chosen here.
     """
     tp_degrees = tuple(t for t in tp_degrees if t > 1)
     pp_degrees = tuple(p for p in pp_degrees if p > 1)
@@ -276,11 +280,20 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
             kwargs = {**kwargs, "gpu": CPU}
         rec = recommend_for_module(spec, world_size=world_size, device_memory_bytes=device_bytes,
                                    precision=precision, allowed=None, facts=facts, knobs=TRAINER_KNOBS, nodes=nodes,
-                                   recompute=recompute, **kwargs)
+                                   recompute=recompute, compile=compile, fp8=_priced_fp8(fp8, kwargs.get("gpu")),
+                                   **kwargs)
     except PlanError:
         return None
     return _as_layout(rec, pipeline=pipeline, timed=timed, left_out=_left_out(fsdp_limit) if fsdp_limit and
                       world_size > 1 else "")
+
+
+def _priced_fp8(fp8: str, gpu: Any) -> str:
+    """``fp8`` where the planned board has float8 tensor cores, else ``"none"`` (emulated float8 is not priced)."""
+    if fp8 == "none" or gpu is None:
+        return "none"
+    spec = gpu if isinstance(gpu, GpuSpec) else lookup_gpu(str(gpu))
+    return fp8 if spec.fp8_tflops is not None else "none"
 
 
 def _as_layout(rec: Recommendation, *, pipeline: bool, timed: str, left_out: str) -> AutoLayout:
@@ -381,6 +394,10 @@ class ConvoyPlanner:
     device_type: str | None = None
     recompute: str = "none"
     """The run's activation recomputation (``Accelerator(recompute=...)``), planned as asked."""
+    compile: str = "none"
+    """The run's ``torch.compile`` setting (``Accelerator(compile=...)``), planned as asked."""
+    fp8: str = "none"
+    """The run's float8 recipe (``Accelerator(mixed_precision="fp8", fp8_recipe=...)``), planned as asked."""
 
     def __call__(self, *, num_parameters: int, world_size: int, device_bytes: int, model: Any = None,
                  tp_degrees: Collection[int] = (), pp_degrees: Collection[int] = (), pipeline: bool = False,
@@ -388,17 +405,19 @@ class ConvoyPlanner:
         return auto_strategy(num_parameters=num_parameters, world_size=world_size, device_bytes=device_bytes,
                              model=model, tp_degrees=tp_degrees, pp_degrees=pp_degrees, pipeline=pipeline,
                              mixed_precision=self.mixed_precision, device=self.device, device_type=self.device_type,
-                             fsdp_limit=fsdp_limit, heads=heads, nodes=nodes, recompute=self.recompute)
+                             fsdp_limit=fsdp_limit, heads=heads, nodes=nodes, recompute=self.recompute,
+                             compile=self.compile, fp8=self.fp8)
 
 
 def planner_hook(mixed_precision: str | None, *, device: str | None = None,
-                 device_type: str | None = None, recompute: str = "none") -> ConvoyPlanner:
+                 device_type: str | None = None, recompute: str = "none", compile: str = "none",
+                 fp8: str = "none") -> ConvoyPlanner:
     """convoy's planner as the ``planner`` of ``choose_strategy``, for this run's precision (the Accelerator's
     ``mixed_precision``: each candidate is costed in the recipe the trainer runs it in, ``trainer_precision``)
     on ``device`` (its table row and measured rates, see ``auto_strategy``; None: a generic device, or with
-    ``device_type="cpu"`` CPU processes), with the run's ``recompute``."""
+    ``device_type="cpu"`` CPU processes), with the run's ``recompute``, ``compile`` and float8 recipe ``fp8``."""
     return ConvoyPlanner(mixed_precision=str(mixed_precision) if mixed_precision else None, device=device,
-                         device_type=device_type, recompute=recompute)
+                         device_type=device_type, recompute=recompute, compile=compile, fp8=fp8)
 
 
 def _table_row(device: str) -> str | None:
