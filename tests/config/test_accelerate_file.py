@@ -18,6 +18,7 @@ READ = {
     "fsdp1_questionnaire.yaml": {"strategy": "zero2", "auto_wrap": ("Block",), "num_processes": 2, "nnodes": "1",
                                  "rdzv_backend": "static", "mixed_precision": "no"},
     "fsdp_template.yaml": {"strategy": "zero3", "num_processes": 2, "mixed_precision": "bf16"},
+    "fsdp2_fp8_ao.yaml": {"strategy": "zero3", "num_processes": 2, "mixed_precision": "fp8"},
     "fsdp2_offload.yaml": {"strategy": "zero3", "cpu_offload": True, "auto_wrap": ("Block",), "num_processes": 2,
                            "nnodes": "1", "rdzv_backend": "static", "mixed_precision": "no"},
     "fsdp_integer_strategy.yaml": {"strategy": "zero2", "num_processes": 2},
@@ -43,7 +44,7 @@ READ = {
 }
 #: each file convoy refuses -> the error and the key its one line names
 REFUSED = {
-    "fp8.yaml": (NotSupportedYetError, "fp8.yaml: fp8_config = {...}: fp8 training is not in convoy"),
+    "fp8.yaml": (NotSupportedYetError, "fp8.yaml: fp8_config.backend = TE: Transformer Engine fp8 is not in convoy"),
     "megatron.yaml": (NotSupportedYetError, "megatron.yaml: megatron_lm_config = {...}: Megatron-LM"),
     "tpu.yaml": (NotSupportedYetError, "tpu.yaml: distributed_type = XLA: TPUs"),
     "context_parallel.yaml": (NotSupportedYetError, "parallelism_config.parallelism_config_cp_size = 2: context "
