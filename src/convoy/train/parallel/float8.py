@@ -207,7 +207,20 @@ def apply_float8(model: nn.Module, float8: Float8Training | None, *, fsdp: bool 
     if not wanted:
         return []
     ao.convert_to_float8_training(model, module_filter_fn=keep, config=float8_config(float8, fsdp=fsdp))
-    return [name for name, m in model.named_modules() if is_float8_linear(m)]
+    converted = [(name, m) for name, m in model.named_modules() if is_float8_linear(m)]
+    for _, module in converted:
+        module.register_forward_pre_hook(_cpu_autocast_input)
+    return [name for name, _ in converted]
+
+
+def _cpu_autocast_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """A ``Float8Linear``'s input in the CPU's autocast dtype: torchao casts it under CUDA's autocast only
+    (``float8_linear.py``: "hardcode to GPU's autocast dtype"), and ``rowwise_with_gw_hp``'s bf16 weight-gradient GEMM
+    then meets an fp32 input on the CPU."""
+    if args and isinstance(args[0], torch.Tensor) and args[0].device.type == "cpu" and \
+            torch.is_autocast_enabled("cpu") and args[0].is_floating_point():
+        return (args[0].to(torch.get_autocast_dtype("cpu")), *args[1:])
+    return None
 
 
 def needs_precompute(model: nn.Module) -> bool:
