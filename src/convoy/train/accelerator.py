@@ -124,6 +124,7 @@ class Accelerator:
         if gradient_accumulation_plugin is not None and gradient_accumulation_steps is not None:
             raise ConfigError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both")
         self._handlers = collect_handlers(kwargs_handlers)
+        self._fp8_arguments = {"fp8_recipe": fp8_recipe, "fp8_emulate": fp8_emulate}
         # 2. plugins: Accelerate's plugin objects, read as the arguments they stand for
         plugins = plugin_arguments(
             fsdp_plugin=fsdp_plugin, deepspeed_plugin=deepspeed_plugin, parallelism_config=parallelism_config,
@@ -189,9 +190,13 @@ class Accelerator:
         ``AORecipeKwargs`` given; fp8 on a board without float8 tensor cores is refused here unless emulated."""
         from convoy.train.parallel.float8 import float8_for
 
-        if self._handlers.ao is not None and self.settings.mixed_precision != "fp8":
-            raise ConfigError("kwargs_handlers: AORecipeKwargs configures fp8; give mixed_precision='fp8' with it "
-                              f"(this run's is {self.settings.mixed_precision.value!r})")
+        if self.settings.mixed_precision != "fp8":
+            given = "kwargs_handlers: AORecipeKwargs" if self._handlers.ao is not None else next(
+                (f"Accelerator({name}={value!r})" for name, value in self._fp8_arguments.items() if value is not None),
+                None)
+            if given is not None:
+                raise ConfigError(f"{given} configures fp8; give mixed_precision='fp8' with it (this run's is "
+                                  f"{self.settings.mixed_precision.value!r})")
         return precision_for(self.settings.mixed_precision, device_type=self.settings.device_type,
                              autocast_kwargs=self._handlers.autocast, scaler_kwargs=self._handlers.scaler,
                              float8=float8_for(self.settings, self._handlers.ao))

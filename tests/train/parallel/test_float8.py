@@ -128,6 +128,17 @@ def test_a_tiny_model_trains_like_bf16_through_the_accelerator(recipe):
     assert max(diffs) < 1e-3 and fp8 != bf16, (fp8, bf16)
 
 
+def test_recompute_of_float8_blocks_trains_bit_for_bit_as_without():
+    """float8 comes first, recompute after (torchtitan's order): the recomputed forward casts again, to the same
+    float8 values."""
+    _, _, plain = _train("fp8", steps=3, fp8_emulate=True)
+    for mode in ("selective", "full"):
+        AcceleratorState._reset_state()
+        _, model, got = _train("fp8", steps=3, fp8_emulate=True, recompute=mode)
+        assert got == plain, (mode, got, plain)
+        assert type(model.layers[0].mlp.up_proj).__name__ == "Float8Linear"
+
+
 def test_bf16_runs_have_no_fp8_handler():
     acc = Accelerator(cpu=True, mixed_precision="bf16")
     assert (acc.fp8_recipe_handler, acc.fp8_backend) == (None, "NO")
@@ -221,6 +232,10 @@ def test_an_ao_handler_without_fp8_is_refused():
     with pytest.raises(ConfigError) as info:
         Accelerator(cpu=True, mixed_precision="bf16", kwargs_handlers=[AORecipeKwargs()])
     assert "AORecipeKwargs configures fp8; give mixed_precision='fp8'" in _one_line(info)
+    with pytest.raises(ConfigError) as info:
+        Accelerator(cpu=True, mixed_precision="bf16", fp8_recipe="rowwise")
+    assert _one_line(info) == ("Accelerator(fp8_recipe='rowwise') configures fp8; give mixed_precision='fp8' with it "
+                               "(this run's is 'bf16')")
     with pytest.raises(ConfigError, match="AORecipeKwargs\\(config='rowwise'\\): give a torchao"):
         AORecipeKwargs(config="rowwise")
 
