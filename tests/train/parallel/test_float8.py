@@ -260,3 +260,20 @@ def test_float8_tensor_parallel_is_refused_before_the_model_is_touched():
     with pytest.raises(NotSupportedYetError, match="tensor parallel \\(tp > 1\\) runs on GPUs only"):
         strategy._convert_layers(model)
     assert type(model.layers[0].mlp.up_proj) is nn.Linear
+
+
+@pytest.mark.parametrize("recipe, float8_styles", [("tensorwise", True), ("rowwise", False)])
+def test_tensor_parallel_gives_tensorwise_float8_linears_torchaos_float8_styles(recipe, float8_styles):
+    """On GPUs (NCCL), a tensorwise ``Float8Linear`` is split with ``Float8ColwiseParallel``/``Float8RowwiseParallel``
+    (its activations cross the tp group in float8); rowwise ones keep torch's styles (bf16 traffic), as torchtitan."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
+
+    from convoy.train.parallel.styles import style_object
+
+    model = nn.Sequential(nn.Linear(32, 64), nn.Linear(64, 32), nn.Linear(32, 16))
+    apply_float8(model, Float8Training(recipe=recipe))
+    colwise, rowwise = style_object("colwise", model[0], False), style_object("rowwise", model[1], False)
+    assert isinstance(colwise, Float8ColwiseParallel) is float8_styles and isinstance(colwise, ColwiseParallel)
+    assert isinstance(rowwise, Float8RowwiseParallel) is float8_styles and isinstance(rowwise, RowwiseParallel)
+    assert not isinstance(style_object("colwise_rep", model[2], False), Float8ColwiseParallel)  # the head: plain
