@@ -113,6 +113,8 @@ CASES = [
     ({"CONVOY_MIXED_PRECISION": "fp4"}, "launch {d}/train.py", 2, "fp4"),
     ({}, "launch --fp8-recipe blockwise {d}/train.py", 2, "blockwise"),
     ({"CONVOY_FP8_RECIPE": "blockwise"}, "launch {d}/train.py", 2, "CONVOY_FP8_RECIPE"),
+    ({}, "launch --mixed-precision bf16 --fp8-recipe rowwise {d}/train.py", 2,
+     "--fp8-recipe rowwise configures fp8, but --mixed-precision bf16 is asked for"),
     ({}, "launch --gradient-accumulation-steps ٣ {d}/train.py", 2, "whole number"),
     ({}, "launch --nproc-per-node ² {d}/train.py", 2, "--nproc-per-node"),
     ({"CONVOY_NPROC_PER_NODE": "999999"}, "launch {d}/train.py", 2, "CONVOY_NPROC_PER_NODE=999999 would be 999999 CPU"),

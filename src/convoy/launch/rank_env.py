@@ -300,6 +300,17 @@ def check_launch_settings(settings: ConvoyEnv, *, said: Callable[[str, object], 
             named = (said or (lambda name, value: as_flag({}, name, value)))(name, value)
             raise ConfigError(f"{named} schedules a pipeline, and the job has none (pp=1); give --pp with it, or "
                               f"leave it out")
+    for name in ("fp8_recipe", "fp8_emulate"):
+        value = getattr(settings, name)
+        if value and settings.mixed_precision not in (None, "fp8"):
+            from convoy.config.settings import said as as_flag
+
+            say_as = said or (lambda n, v: as_flag({}, n, v))
+            if not say_as(name, value).startswith("--"):
+                continue  # a standing preference (CONVOY_FP8_RECIPE, a settings file) for the fp8 jobs: kept
+            raise ConfigError(f"{say_as(name, value)} configures fp8, but "
+                              f"{say_as('mixed_precision', settings.mixed_precision)} is asked for; give "
+                              f"--mixed-precision fp8 with it, or leave it out")
     for key, value in (settings.strategy_options or {}).items():
         if settings.strategy is not None and settings.strategy not in LAUNCHED_OPTIONS[key]:
             from convoy.config.settings import said as as_flag
