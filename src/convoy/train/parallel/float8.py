@@ -91,17 +91,20 @@ class Float8Training:
 
 
 def import_torchao() -> Any:
-    """``torchao.float8``; ``NotSupportedYetError`` with the install line when torchao is missing. torchao's
-    warnings about its CUDA kernels that a CPU build cannot load are kept out of the log."""
-    quiet = logging.getLogger("torchao")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
+    """``torchao.float8``; ``NotSupportedYetError`` with the install line when torchao is missing. What its import
+    logs about itself (CUDA kernels a CPU build cannot load; torch 2.13's deprecation of its pytree registration of
+    an enum) is kept out of the log."""
+    quiet = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.ERROR)
     try:
         import torchao.float8 as float8
     except ImportError:
         raise NotSupportedYetError(MISSING_TORCHAO) from None
     finally:
-        quiet.setLevel(level)
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
     return float8
 
 
