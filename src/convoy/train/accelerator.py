@@ -752,7 +752,9 @@ class Accelerator:
         """Restore the newest complete checkpoint under ``project_dir`` (or ``input_dir``); returns it.
         Collective: every process calls it."""
         self._arrive("load_state")
-        return self._took_back(checkpoint.load_state(self._checkpoint_items(), input_dir))
+        loaded = self._took_back(checkpoint.load_state(self._checkpoint_items(), input_dir))
+        self._precision.after_load()  # fp8: scales of the loaded weights
+        return loaded
 
     def _checkpoint_items(self) -> checkpoint.CheckpointItems:
         """What ``save_state``/``load_state``/``save_model`` read and restore: this Accelerator's objects."""

@@ -74,6 +74,10 @@ class Precision:
         """The prepared model, its forward run in this precision (returned; changed in place)."""
         return module
 
+    def after_load(self) -> None:
+        """Bring what this precision derives from the weights up to date once a checkpoint replaced them
+        (``load_state``); collective where it communicates. fp8: the float8 weights' precomputed scales."""
+
     def forward_context(self, autocast_kwargs: Mapping[str, Any] | None = None
                         ) -> contextlib.AbstractContextManager[None]:
         """Compute in this precision inside (``autocast_kwargs`` override the ones given at construction)."""
@@ -210,6 +214,12 @@ class Float8Precision(AutocastPrecision):
             if any(id(p) in stepped for p in module.parameters()):
                 precompute_scales(module)
         return result
+
+    def after_load(self) -> None:
+        from convoy.train.parallel.float8 import precompute_scales
+
+        for module in self._scaled:  # else the next all-gather casts the loaded weights with the old weights' scales
+            precompute_scales(module)
 
 
 def precision_for(mode: MixedPrecision | str, *, device_type: str = "cpu",

@@ -5,7 +5,7 @@ checkpoint that holds the high-precision weights under the bf16 model's names an
     convoy launch --devices 0 --nproc-per-node 2 tests/train/parallel/scripts/fsdp_float8.py CHECKPOINT_DIR
 
 Every rank prints ``gathers float8 with precomputed scales OK``, ``losses within fp8 tolerance of bf16 OK`` and
-``checkpoint round trip OK``.
+``checkpoint round trip OK`` (save_state/load_state, and save_model's safetensors in the bf16 model's names).
 """
 
 import copy
@@ -79,16 +79,26 @@ def main() -> None:
 
     saved = acc.save_state(out)
     state = acc.get_state_dict(model)
+    acc.save_model(model, out / "model")
     if rank == 0:
+        from safetensors.torch import load_file
+
         assert list(state) == list(start.state_dict()), sorted(set(state) ^ set(start.state_dict()))
-        assert all(v.dtype == torch.float32 for v in state.values())
+        assert all(type(v) is torch.Tensor and v.dtype == torch.float32 for v in state.values())
+        files = sorted((out / "model").glob("*.safetensors"))
+        written = {k: v for f in files for k, v in load_file(f).items()}
+        assert set(written) == set(state) and all(torch.equal(written[k], state[k]) for k in state)
     before = {n: p.full_tensor().clone() for n, p in model.named_parameters()}
-    with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
+    x, y = batch(CFG, size=BATCH, step=STEPS)
+    acc.backward(lm_loss(model(x.chunk(2)[rank]), y.chunk(2)[rank]))
+    opt.step()  # one step past the checkpoint: the weights, and the scales precomputed from them, move on
+    opt.zero_grad()
     acc.load_state(saved)
     for name, param in model.named_parameters():
         assert torch.equal(param.full_tensor(), before[name]), name
+    # the scales follow the loaded weights (a stale scale would cast them with the later step's amax)
+    scale, full = q_proj.weight._local_tensor._precomputed_scale, q_proj.weight.full_tensor()
+    assert torch.allclose(scale, 448.0 / full.abs().max().double().clamp(min=1e-12).float(), rtol=1e-5), scale
     print(f"rank {rank}: checkpoint round trip OK", flush=True)
 
 
