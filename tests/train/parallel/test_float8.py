@@ -81,6 +81,10 @@ def test_the_head_and_dims_that_are_not_multiples_of_16_stay_high_precision():
     keep = float8_filter(tied)
     assert not keep(tied.lm_head, "lm_head") and not keep(tied.extra, "extra")
     assert keep(tied.layers[0].mlp.up_proj, "layers.0.mlp.up_proj")
+    untied = TinyGPT(TinyConfig(vocab=64, dim=32, heads=4, layers=1, hidden=64))
+    untied.value_head = nn.Linear(32, 16)  # after lm_head: the last linear; lm_head is still the output head
+    keep = float8_filter(untied)
+    assert not keep(untied.lm_head, "lm_head") and not keep(untied.value_head, "value_head")
 
 
 def test_a_users_filter_narrows_the_choice_with_accelerates_semantics():

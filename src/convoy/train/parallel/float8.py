@@ -12,9 +12,10 @@ checkpointing, compile, FSDP2. torchao does the work (``convert_to_float8_traini
 .from_recipe_name``); this module picks the layers and the config:
 
 - which layers: every ``nn.Linear`` whose in and out features are multiples of 16 (``torch._scaled_mm``'s
-  requirement), except the output head (the model's last ``nn.Linear``, and any whose weight is tied to an
-  embedding); a user's filter (Accelerate's ``module_filter_func(module, fqn) -> bool``, True: convert) narrows
-  that further. Accelerate's own default also skips the *first* linear; torchtitan converts it, as convoy does.
+  requirement), except the output head (the model's last ``nn.Linear``, ``lm_head`` / ``get_output_embeddings()``,
+  and any whose weight is tied to an embedding); a user's filter (Accelerate's ``module_filter_func(module, fqn) ->
+  bool``, True: convert) narrows that further. Accelerate's own default also skips the *first* linear; torchtitan
+  converts it, as convoy does.
 - the recipe: ``tensorwise`` (the default; under FSDP2 the weights are all-gathered in float8,
   ``enable_fsdp_float8_all_gather``, and their scales computed in one all-reduce after each optimizer step,
   ``precompute_float8_dynamic_scale_for_fsdp``), ``rowwise`` and ``rowwise_with_gw_hp`` (all-gathered in bf16).
@@ -168,10 +169,14 @@ def float8_for(settings: Any, handler: Any = None, *, check_board: bool = True) 
 
 
 def _head_names(model: nn.Module) -> set[str]:
-    """The output head: the model's last ``nn.Linear``, and every linear whose weight an embedding shares."""
+    """The output head: the model's last ``nn.Linear``, one called ``lm_head`` or that transformers'
+    ``get_output_embeddings()`` returns, and every linear whose weight an embedding shares."""
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     embedded = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    heads = {name for name, m in linears if id(m.weight) in embedded}
+    output = getattr(model, "get_output_embeddings", None)
+    declared = output() if callable(output) else None
+    heads = {name for name, m in linears
+             if id(m.weight) in embedded or name.rpartition(".")[2] == "lm_head" or m is declared}
     if linears:
         heads.add(linears[-1][0])
     return heads
