@@ -63,6 +63,7 @@ _LAZY: dict[str, str] = {
     "InitProcessGroupKwargs": "convoy.train.kwargs_handlers",
     "GradScalerKwargs": "convoy.train.kwargs_handlers",
     "AutocastKwargs": "convoy.train.kwargs_handlers",
+    "AORecipeKwargs": "convoy.train.kwargs_handlers",
     "FullyShardedDataParallelPlugin": "convoy.train.plugins",
     "DeepSpeedPlugin": "convoy.train.plugins",
     "ParallelismConfig": "convoy.train.plugins",

@@ -109,8 +109,12 @@ CASES = [
     ({"CONVOY_STRATEGY": "single"}, "launch --nproc-per-node 2 --pp 2 {d}/train.py", 2,
      "CONVOY_STRATEGY='single' runs"),
     ({}, "launch --collective-timeout inf {d}/train.py", 2, "seconds > 0"),
-    ({}, "launch --mixed-precision fp8 {d}/train.py", 2, "fp8"),
-    ({"CONVOY_MIXED_PRECISION": "fp8"}, "launch {d}/train.py", 2, "fp8"),
+    ({}, "launch --mixed-precision fp4 {d}/train.py", 2, "fp4"),
+    ({"CONVOY_MIXED_PRECISION": "fp4"}, "launch {d}/train.py", 2, "fp4"),
+    ({}, "launch --fp8-recipe blockwise {d}/train.py", 2, "blockwise"),
+    ({"CONVOY_FP8_RECIPE": "blockwise"}, "launch {d}/train.py", 2, "CONVOY_FP8_RECIPE"),
+    ({}, "launch --mixed-precision bf16 --fp8-recipe rowwise {d}/train.py", 2,
+     "--fp8-recipe rowwise configures fp8, but --mixed-precision bf16 is asked for"),
     ({}, "launch --gradient-accumulation-steps ٣ {d}/train.py", 2, "whole number"),
     ({}, "launch --nproc-per-node ² {d}/train.py", 2, "--nproc-per-node"),
     ({"CONVOY_NPROC_PER_NODE": "999999"}, "launch {d}/train.py", 2, "CONVOY_NPROC_PER_NODE=999999 would be 999999 CPU"),
@@ -150,7 +154,7 @@ def test_bad_input_is_one_convoy_line(env, line, code, word, files, monkeypatch,
 @pytest.mark.parametrize("argv", [
     ["select", "0-99999999999"],
     ["plan", "--params", "7e9", "--hardware", "99999999999999xH100-80GB"],
-    ["launch", "--mixed-precision", "fp8", "--dry-run", "train.py"],
+    ["launch", "--mixed-precision", "fp4", "--dry-run", "train.py"],
 ])
 def test_no_traceback_end_to_end(argv, tmp_path):
     # the real console entry point, in a fresh process: one line, exit 2, whatever the size asked for

@@ -66,7 +66,7 @@ def test_questions_write_the_answers(isolated, capsys, monkeypatch):
     monkeypatch.setattr("builtins.input", lambda prompt: next(answers))
     assert main(["config", "--interactive"]) == 0
     out = capsys.readouterr().out
-    assert "expected one of no, fp16, bf16 (did you mean 'bf16'?)" in out
+    assert "expected one of no, fp16, bf16, fp8 (did you mean 'bf16'?)" in out
     assert _values(isolated) == {"devices": "0,1", "free": False, "strategy": "zero2", "mixed_precision": "bf16",
                                  "gradient_accumulation_steps": 1, "nnodes": "2", "rdzv_endpoint": "node0:29500",
                                  "max_restarts": 1}

@@ -18,6 +18,7 @@ READ = {
     "fsdp1_questionnaire.yaml": {"strategy": "zero2", "auto_wrap": ("Block",), "num_processes": 2, "nnodes": "1",
                                  "rdzv_backend": "static", "mixed_precision": "no"},
     "fsdp_template.yaml": {"strategy": "zero3", "num_processes": 2, "mixed_precision": "bf16"},
+    "fsdp2_fp8_ao.yaml": {"strategy": "zero3", "num_processes": 2, "mixed_precision": "fp8"},
     "fsdp2_offload.yaml": {"strategy": "zero3", "cpu_offload": True, "auto_wrap": ("Block",), "num_processes": 2,
                            "nnodes": "1", "rdzv_backend": "static", "mixed_precision": "no"},
     "fsdp_integer_strategy.yaml": {"strategy": "zero2", "num_processes": 2},
@@ -43,7 +44,7 @@ READ = {
 }
 #: each file convoy refuses -> the error and the key its one line names
 REFUSED = {
-    "fp8.yaml": (NotSupportedYetError, "fp8.yaml: fp8_config = {...}: fp8 training is not in convoy"),
+    "fp8.yaml": (NotSupportedYetError, "fp8.yaml: fp8_config.backend = TE: Transformer Engine fp8 is not in convoy"),
     "megatron.yaml": (NotSupportedYetError, "megatron.yaml: megatron_lm_config = {...}: Megatron-LM"),
     "tpu.yaml": (NotSupportedYetError, "tpu.yaml: distributed_type = XLA: TPUs"),
     "context_parallel.yaml": (NotSupportedYetError, "parallelism_config.parallelism_config_cp_size = 2: context "
@@ -194,3 +195,35 @@ def test_accelerates_default_file_is_found_where_accelerate_looks(tmp_path):
     assert accelerate_default_config({"XDG_CACHE_HOME": str(tmp_path)}) == \
         tmp_path / "huggingface" / "accelerate" / "default_config.yaml"
     assert accelerate_default_config({"HOME": str(tmp_path)}).name == "default_config.yaml"
+
+
+@pytest.mark.parametrize("fp8_config, error, fragment", [
+    ("{backend: MSAMP, optimization_level: O2}", NotSupportedYetError,
+     "f.yaml: fp8_config.backend = MSAMP: MS-AMP fp8 is not in convoy; convoy's fp8 is torchao's: give backend AO"),
+    ("{backend: AO, enable_fsdp_float8_all_gather: false}", NotSupportedYetError,
+     "fp8_config.enable_fsdp_float8_all_gather = false: set it in the script (AORecipeKwargs("),
+    ("{backend: AO, margin: 0}", ConfigError, "fp8_config.margin = 0: a Transformer Engine / MS-AMP key"),
+    ("{backend: AO, bogus: 1}", ConfigError, "fp8_config.bogus = 1: not a key of Accelerate's fp8_config"),
+    ("{backend: XLA}", ConfigError, "fp8_config.backend = XLA: give AO (torchao), TE or MSAMP"),
+])
+def test_fp8_config_keys_convoy_cannot_take_are_one_line(tmp_path, fp8_config, error, fragment):
+    path = tmp_path / "f.yaml"
+    path.write_text(f"distributed_type: MULTI_CPU\nnum_processes: 2\nmixed_precision: fp8\nfp8_config: {fp8_config}\n")
+    with pytest.raises(error) as info:
+        read_accelerate_config(path)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_fp8_config_maps_onto_mixed_precision_fp8_and_is_noted_when_unused(tmp_path):
+    path = tmp_path / "f.yaml"
+    path.write_text("distributed_type: MULTI_CPU\nnum_processes: 2\nmixed_precision: fp8\nfp8_config: {backend: AO}\n")
+    translated = read_accelerate_config(path)
+    assert translated.value("mixed_precision") == "fp8" and not translated.notes
+    path.write_text("distributed_type: MULTI_CPU\nnum_processes: 2\nmixed_precision: bf16\nfp8_config: {backend: TE}\n")
+    translated = read_accelerate_config(path)
+    assert translated.value("mixed_precision") == "bf16"
+    assert translated.notes == ("f.yaml: fp8_config = {...} is not used with mixed_precision bf16, as in accelerate "
+                                "launch",)
+    notes = read_accelerate_config(FILES / "fsdp2_fp8_ao.yaml").notes
+    assert any("fp8_config.pad_inner_dim = true: convoy converts only linears whose dimensions are multiples of 16"
+               in note for note in notes), notes

@@ -32,7 +32,8 @@ def _read(tmp_path, text):
     ('gradient_accumulation_steps = 2.5\n', r"expected a whole number >= 1"),
     ('max_restarts = -1\n', r"key 'max_restarts': -1 is not valid; expected a whole number >= 0"),
     ('free = "sometimes"\n', r"key 'free': 'sometimes' is not valid; expected true or false"),
-    ('mixed_precision = "fp8"\n', r"key 'mixed_precision': 'fp8' is not valid; expected one of no, fp16, bf16"),
+    ('mixed_precision = "fp4"\n', r"key 'mixed_precision': 'fp4' is not valid; expected one of no, fp16, bf16, fp8"),
+    ('fp8_recipe = "blockwise"\n', r"key 'fp8_recipe': 'blockwise' is not valid; expected one of tensorwise, rowwise"),
     ('collective_timeout = 0\n', r"key 'collective_timeout': 0 is not valid; expected a number of seconds > 0"),
     ('collective_timeout = true\n', r"expected a number of seconds > 0"),
     ('collective_timeout = 1e-300\n', r"expected a number of seconds > 0 \(at least 0.001\)"),  # a timedelta of 0

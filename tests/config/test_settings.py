@@ -85,7 +85,7 @@ def test_env_values_are_converted_by_type(home):
 @pytest.mark.parametrize(("var", "value", "message"), [
     ("CONVOY_GRADIENT_ACCUMULATION_STEPS", "0", r"environment CONVOY_GRADIENT_ACCUMULATION_STEPS: '0' is not valid; "
                                                 r"expected a whole number >= 1"),
-    ("CONVOY_MIXED_PRECISION", "bf61", r"expected one of no, fp16, bf16 \(did you mean 'bf16'\?\)"),
+    ("CONVOY_MIXED_PRECISION", "bf61", r"expected one of no, fp16, bf16, fp8 \(did you mean 'bf16'\?\)"),
     ("CONVOY_COLLECTIVE_TIMEOUT", "soon", r"expected a number of seconds > 0"),
     ("CONVOY_COLLECTIVE_TIMEOUT", "-1", r"expected a number of seconds > 0"),
     ("CONVOY_FREE", "maybe", r"expected true or false"),

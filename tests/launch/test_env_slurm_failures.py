@@ -53,15 +53,15 @@ def test_a_ranks_variables_that_cannot_be_are_one_line():
 def test_convoy_env_round_trips_and_rejects_bad_values():
     settings = ConvoyEnv(mixed_precision="fp16", strategy="zero1", parallelism="dp=2,pp=2", cpu_offload=False,
                          pp_schedule="interleaved_1f1b", pp_stages_per_rank=4, pp_microbatches=8,
-                         gradient_accumulation_steps=2,
-                         collective_timeout=12.5, recompute="selective")
+                         gradient_accumulation_steps=2, collective_timeout=12.5, recompute="selective",
+                         fp8_recipe="rowwise", fp8_emulate=True)
     env = convoy_env(settings)
     assert set(env) == set(CONVOY_VARIABLES) and env["CONVOY_COLLECTIVE_TIMEOUT"] == "12.5"
     assert read_convoy_env(env) == settings
     assert read_convoy_env({}) == ConvoyEnv() and convoy_env(ConvoyEnv()) == {}
-    # the launcher checks with the trainer's own list and parser (convoy.config.schema): fp8 is not offered
-    for bad in ("fp12", "fp8"):
-        with pytest.raises(ConfigError, match=f"'{bad}' is not valid; expected one of no, fp16, bf16"):
+    # the launcher checks with the trainer's own list and parser (convoy.config.schema): fp4 is not offered
+    for bad in ("fp12", "fp4"):
+        with pytest.raises(ConfigError, match=f"'{bad}' is not valid; expected one of no, fp16, bf16, fp8"):
             ConvoyEnv(mixed_precision=bad)
     with pytest.raises(ConfigError, match="CONVOY_GRADIENT_ACCUMULATION_STEPS: 'x' is not valid; expected a whole"):
         read_convoy_env({"CONVOY_GRADIENT_ACCUMULATION_STEPS": "x"})

@@ -18,7 +18,8 @@ from convoy.train.strategies import Strategy, available_strategies, register_str
 
 PUBLIC = [
     "accumulate", "autocast", "backward", "broadcast", "check_trigger", "clear", "clip_grad_norm_",
-    "clip_grad_value_", "device", "distributed_type", "end_training", "even_batches", "free_memory", "gather",
+    "clip_grad_value_", "device", "distributed_type", "end_training", "even_batches", "fp8_backend",
+    "fp8_recipe_handler", "free_memory", "gather",
     "gather_for_metrics", "get_state_dict", "get_tracker", "gradient_accumulation_steps", "gradient_state",
     "init_trackers", "is_last_process", "is_local_main_process", "is_main_process", "join_uneven_inputs",
     "load_state", "local_main_process_first", "local_process_index", "log", "logging_dir", "main_process_first",
@@ -48,8 +49,8 @@ def test_explicit_argument_beats_environment():
 
 
 def test_bad_settings_are_one_clear_error():
-    with pytest.raises(ConfigError, match="mixed_precision='fp8'"):
-        Accelerator(mixed_precision="fp8")
+    with pytest.raises(ConfigError, match="mixed_precision='fp4'"):
+        Accelerator(mixed_precision="fp4")
     with pytest.raises(StrategyError, match="choose one of"):
         Accelerator(strategy="zero4")
 

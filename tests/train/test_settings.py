@@ -45,7 +45,9 @@ def test_launcher_and_trainer_share_one_list_and_one_default():
     ({"strategy_options": {"bogus": 1}}, StrategyError, "valid keys: "),
     ({"strategy": "ddp", "strategy_options": {"auto_wrap": set()}}, StrategyError, "find_unused_parameters"),
     ({"strategy_options": "find_unused_parameters"}, ConfigError, "give a dict"),
-    ({"mixed_precision": "fp8"}, ConfigError, "expected one of no, fp16, bf16"),
+    ({"mixed_precision": "fp4"}, ConfigError, "expected one of no, fp16, bf16, fp8"),
+    ({"fp8_recipe": "blockwise"}, ConfigError, "Accelerator(fp8_recipe='blockwise'): 'blockwise' is not valid; "
+                                               "expected one of tensorwise, rowwise, rowwise_with_gw_hp"),
     ({"recompute": "half"}, ConfigError, "Accelerator(recompute='half'): 'half' is not valid; expected one of none, "
                                          "selective, full"),
     ({"recompute": True}, ConfigError, "expected one of none, selective, full"),
@@ -60,9 +62,9 @@ def test_bad_arguments_are_one_error_at_construction(kwargs, error, fragment):
 @pytest.mark.parametrize("variable, value", [
     ("CONVOY_GRADIENT_ACCUMULATION_STEPS", "٣"), ("CONVOY_COLLECTIVE_TIMEOUT", "inf"),
     ("CONVOY_COLLECTIVE_TIMEOUT", "٣"), ("CONVOY_PARALLELISM", "dp=²"), ("WORLD_SIZE", "٣"),
-    ("ACCELERATE_MIXED_PRECISION", "fp8"), ("CONVOY_STRATEGY", "no such name"),
+    ("ACCELERATE_MIXED_PRECISION", "fp4"), ("CONVOY_STRATEGY", "no such name"),
     ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "0"), ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "four"),
-    ("CONVOY_RECOMPUTE", "yes"),
+    ("CONVOY_RECOMPUTE", "yes"), ("CONVOY_FP8_RECIPE", "blockwise"), ("CONVOY_FP8_EMULATE", "maybe"),
 ])
 def test_bad_variables_are_one_error(variable, value):
     with pytest.raises(ConvoyError) as info:

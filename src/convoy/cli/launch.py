@@ -18,6 +18,7 @@ import re
 
 from convoy.config.schema import (
     DEFAULT_COLLECTIVE_TIMEOUT,
+    FP8_RECIPES,
     KEYS,
     MIXED_PRECISIONS,
     PP_SCHEDULES,
@@ -195,6 +196,10 @@ def _add_training_flags(cv) -> None:
     cv.add_argument("--recompute", default=None, metavar="MODE",
                     help=f"activation recomputation: {', '.join(RECOMPUTE_MODES)} (default none): 'selective' keeps "
                          "each block's matmul and attention outputs, 'full' only its input")
+    cv.add_argument("--fp8-recipe", "--fp8_recipe", default=None, choices=FP8_RECIPES,
+                    help="with --mixed-precision fp8: how float8 scales (default tensorwise)")
+    cv.add_argument("--fp8-emulate", "--fp8_emulate", action="store_const", const=True, default=None,
+                    help="with --mixed-precision fp8: run on a board without float8 tensor cores, emulated (tests)")
     cv.add_argument("--collective-timeout", default=None, metavar="SECONDS",
                     help=f"fail a collective not every rank reached after this long (default "
                          f"{DEFAULT_COLLECTIVE_TIMEOUT:g}; finite)")
@@ -434,7 +439,8 @@ def _settings(args: argparse.Namespace, options: dict):
         cpu_offload=args.cpu_offload, pp_schedule=args.pp_schedule,
         pp_stages_per_rank=args.pp_stages_per_rank, pp_microbatches=args.pp_microbatches,
         gradient_accumulation_steps=args.gradient_accumulation_steps, collective_timeout=args.collective_timeout,
-        recompute=args.recompute, strategy_options=options or None,
+        recompute=args.recompute, fp8_recipe=args.fp8_recipe, fp8_emulate=args.fp8_emulate,
+        strategy_options=options or None,
     )
 
 

@@ -55,8 +55,7 @@ _INERT_AT = {"downcast_bf16": ("no", False, None), "tpu_use_cluster": (False, No
              "tpu_name": (None,), "tpu_zone": (None,), "command_file": (None,), "commands": (None, []),
              "tpu_vm": (None, [], [""]), "tpu_env": (None, [], [""])}
 #: blocks that change training, refused unless empty
-_REFUSED_BLOCKS = {"fp8_config": "fp8 training is not in convoy",
-                   "megatron_lm_config": "Megatron-LM is not in convoy; use convoy's parallelism (tp, pp)",
+_REFUSED_BLOCKS = {"megatron_lm_config": "Megatron-LM is not in convoy; use convoy's parallelism (tp, pp)",
                    "mpirun_config": "convoy launch starts the processes itself; run it on each machine"}
 
 
@@ -203,6 +202,7 @@ def read_accelerate_config(path: str | os.PathLike[str], *, cwd: str | os.PathLi
     if blocks["parallelism_config"]:
         values = _parallelism(blocks["parallelism_config"], values, fsdp=fsdp, cite=cite, where_kind=where_kind)
     values += _top_level(data, cite, kind=kind, machines=machines, total=total)
+    notes += _fp8(data, cite)
     if data.get("debug") is True:
         notes.append(f"{cite('debug', True)}: set ACCELERATE_DEBUG_MODE=1 for convoy's shape checks before each "
                      f"collective")
@@ -233,9 +233,6 @@ def _refuse_top_level(data: Mapping[str, Any], cite: Callable[[str, Any], str]) 
     for name, fine in _INERT_AT.items():
         if name in data and data[name] not in fine:
             raise NotSupportedYetError(f"{cite(name, data[name])}: TPU pods are not in convoy; remove the key")
-    mixed = data.get("mixed_precision")
-    if isinstance(mixed, str) and mixed.strip().lower() == "fp8":
-        raise NotSupportedYetError(f"{cite('mixed_precision', mixed)}: fp8 training is not in convoy; give bf16")
     dynamo = data.get("dynamo_config") or {}
     backend = dynamo.get("dynamo_backend", "NO") if isinstance(dynamo, Mapping) else dynamo
     backend = data.get("dynamo_backend", backend)
@@ -243,6 +240,48 @@ def _refuse_top_level(data: Mapping[str, Any], cite: Callable[[str, Any], str]) 
         key = "dynamo_backend" if "dynamo_backend" in data else "dynamo_config.dynamo_backend"
         raise NotSupportedYetError(f"{cite(key, backend)}: convoy does not compile the model; call "
                                    f"torch.compile(model) in the script before prepare() and drop the key")
+
+
+#: ``fp8_config`` keys of Transformer Engine and MS-AMP (``accelerate config`` writes them for those backends only)
+_OTHER_FP8_KEYS = ("use_autocast_during_eval", "margin", "interval", "fp8_format", "amax_history_length",
+                   "amax_history_len", "amax_compute_algorithm", "override_linear_precision", "optimization_level")
+_FP8_KEYS = ("backend", "enable_fsdp_float8_all_gather", "pad_inner_dim", *_OTHER_FP8_KEYS)
+
+
+def _fp8(data: Mapping[str, Any], cite: Callable[[str, Any], str]) -> list[str]:
+    """``fp8_config`` beside ``mixed_precision: fp8``, which ``_top_level`` maps as it is: backend AO (torchao, convoy's
+    fp8) is read, Transformer Engine and MS-AMP are one line each; notes for what changes nothing."""
+    block = data.get("fp8_config") or {}
+    if not isinstance(block, Mapping):
+        raise ConfigError(f"{cite('fp8_config', block)}: give a mapping of keys")
+    mixed = str(data.get("mixed_precision") or "no").strip().lower()
+    if not block:
+        return []
+    if mixed != "fp8":
+        return [f"{cite('fp8_config', block)} is not used with mixed_precision {mixed}, as in accelerate launch"]
+    backend = str(block.get("backend") or "AO").strip().upper()
+    if backend in ("TE", "MSAMP"):
+        name = "Transformer Engine" if backend == "TE" else "MS-AMP"
+        raise NotSupportedYetError(f"{cite('fp8_config.backend', block['backend'])}: {name} fp8 is not in convoy; "
+                                   f"convoy's fp8 is torchao's: give backend AO (or leave fp8_config out)")
+    if backend != "AO":
+        raise ConfigError(f"{cite('fp8_config.backend', block['backend'])}: give AO (torchao), TE or MSAMP")
+    unknown = [str(k) for k in block if k not in _FP8_KEYS]
+    if unknown:
+        raise ConfigError(f"{cite('fp8_config.' + unknown[0], block[unknown[0]])}: not a key of Accelerate's "
+                          f"fp8_config; known keys: {', '.join(_FP8_KEYS)}")
+    given = [k for k in _OTHER_FP8_KEYS if k in block]
+    if given:
+        raise ConfigError(f"{cite('fp8_config.' + given[0], block[given[0]])}: a Transformer Engine / MS-AMP key, "
+                          f"not read with backend AO; remove it")
+    if block.get("enable_fsdp_float8_all_gather", True) is not True:
+        raise NotSupportedYetError(f"{cite('fp8_config.enable_fsdp_float8_all_gather', False)}: set it in the script "
+                                   f"(AORecipeKwargs(enable_fsdp_float8_all_gather=False)); the launcher does not "
+                                   f"carry it")
+    if "pad_inner_dim" in block:
+        return [f"{cite('fp8_config.pad_inner_dim', block['pad_inner_dim'])}: convoy converts only linears whose "
+                f"dimensions are multiples of 16, which need no padding"]
+    return []
 
 
 def _deepspeed(block: Mapping[str, Any], data: Mapping[str, Any], file: Path, cite: Callable[[str, Any], str],

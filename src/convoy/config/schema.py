@@ -30,8 +30,8 @@ from convoy.errors import ConfigError, shown
 from convoy.plan.run import RECOMPUTE  # torch-free: the planner's modes are the trainer's
 
 __all__ = ["Key", "SCHEMA", "KEYS", "key_for", "closest_key", "ENV_PREFIX", "MixedPrecision", "MIXED_PRECISIONS",
-           "RECOMPUTE_MODES", "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "DP_ENGINES", "dp_engine_beside",
-           "PP_SCHEDULES", "OFFLOADING", "check_offload", "parse_whole",
+           "FP8_RECIPES", "RECOMPUTE_MODES", "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "DP_ENGINES",
+           "dp_engine_beside", "PP_SCHEDULES", "OFFLOADING", "check_offload", "parse_whole",
            "is_whole", "is_host"]
 
 ENV_PREFIX = "CONVOY_"
@@ -50,6 +50,7 @@ class MixedPrecision(str, enum.Enum):
     NO = "no"
     FP16 = "fp16"
     BF16 = "bf16"
+    FP8 = "fp8"
 
     def __str__(self) -> str:
         return self.value
@@ -59,8 +60,10 @@ class MixedPrecision(str, enum.Enum):
 
     @property
     def compute_dtype(self) -> str | None:
-        """The ``torch`` dtype name autocast computes in (``"bfloat16"``); None: fp32, no autocast."""
-        return {"fp16": "float16", "bf16": "bfloat16"}.get(self.value)
+        """The ``torch`` dtype name autocast computes in (``"bfloat16"``); None: fp32, no autocast. fp8 computes its
+        converted linears' GEMMs in float8 (torchao's ``Float8Linear``) and the rest under bf16 autocast, as
+        torchtitan and Accelerate do."""
+        return {"fp16": "float16", "bf16": "bfloat16", "fp8": "bfloat16"}.get(self.value)
 
     @property
     def scales_loss(self) -> bool:
@@ -70,6 +73,9 @@ class MixedPrecision(str, enum.Enum):
 
 #: the mixed-precision modes the trainer implements, as the strings flags, variables and files use.
 MIXED_PRECISIONS = tuple(mode.value for mode in MixedPrecision)
+#: float8 training's scaling recipes (torchao's ``Float8LinearConfig.from_recipe_name``): one scale per tensor, the
+#: default, with FSDP2 gathering weights in float8; one per row; one per row with the weight gradient's GEMM in bf16
+FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 #: activation recomputation as the trainer runs it and the planner plans it: "none", "selective" (per-op: the outputs
 #: of matmuls and attention kept, the rest of each block recomputed) or "full" (each block's input kept only)
 RECOMPUTE_MODES = RECOMPUTE
@@ -376,7 +382,14 @@ SCHEMA: tuple[Key, ...] = (
         doc="How the model is spread over processes: " + ", ".join(BUILTIN_STRATEGIES) + "."),
     Key(name="mixed_precision", type="one of " + ", ".join(MIXED_PRECISIONS), default="no", ask=True,
         convert=_choice(*MIXED_PRECISIONS), choices=MIXED_PRECISIONS,
-        doc="Lower-precision compute: 'no' (fp32), 'fp16' (with loss scaling) or 'bf16'."),
+        doc="Lower-precision compute: 'no' (fp32), 'fp16' (with loss scaling), 'bf16', or 'fp8' (torchao's float8 "
+            "linears under bf16 autocast; pip install 'convoy[fp8]')."),
+    Key(name="fp8_recipe", type="one of " + ", ".join(FP8_RECIPES), default=None, convert=_choice(*FP8_RECIPES),
+        choices=FP8_RECIPES,
+        doc="How mixed_precision 'fp8' scales (unset: tensorwise, with FSDP2 gathering weights in float8)."),
+    Key(name="fp8_emulate", type="bool", default=False, convert=_parse_bool,
+        doc="Run mixed_precision 'fp8' on a board without float8 tensor cores (CPU, A100) in torchao's emulation: "
+            "for tests, not for speed."),
     Key(name="recompute", type="one of " + ", ".join(RECOMPUTE_MODES), default="none",
         convert=_choice(*RECOMPUTE_MODES), choices=RECOMPUTE_MODES,
         doc="Activation recomputation: 'none'; 'selective' keeps each block's matmul and attention outputs and "

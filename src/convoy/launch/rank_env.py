@@ -14,7 +14,8 @@ worker bootstrap read):
   ``ROLE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_*``), with the values torch's elastic agent
   gives them, so an unmodified torchrun script runs as it is;
 * convoy's own (``CONVOY_MIXED_PRECISION``, ``CONVOY_STRATEGY``, ``CONVOY_PARALLELISM``,
-  ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``, ``CONVOY_RECOMPUTE``, ...) set from launch
+  ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``, ``CONVOY_RECOMPUTE``, ``CONVOY_FP8_RECIPE``,
+  ...) set from launch
   flags and read by the ``Accelerator``; an explicit constructor argument always wins over them.
   ``CONVOY_STRATEGY_OPTIONS`` (JSON) carries the strategy options an Accelerate config file sets (``auto_wrap``:
   ``convoy launch --config_file``); a key of ``Accelerator(strategy_options=...)`` wins. Accelerate's launcher says
@@ -73,7 +74,8 @@ RANK_VARIABLES = (
 )
 #: the settings the launcher hands to every rank, each as its schema key's ``CONVOY_<KEY>`` variable
 SETTING_NAMES = ("mixed_precision", "strategy", "parallelism", "cpu_offload", "pp_schedule", "pp_stages_per_rank",
-                 "pp_microbatches", "gradient_accumulation_steps", "collective_timeout", "recompute")
+                 "pp_microbatches", "gradient_accumulation_steps", "collective_timeout", "recompute", "fp8_recipe",
+                 "fp8_emulate")
 STRATEGY_OPTIONS_VARIABLE = "CONVOY_STRATEGY_OPTIONS"
 CONVOY_VARIABLES = tuple(KEYS[name].env_var for name in SETTING_NAMES)
 #: the strategy options a launcher hands to the ranks (an Accelerate config file's), and the strategies that read
@@ -204,7 +206,7 @@ class ConvoyEnv:
     """What the launcher asked the training layer for; ``None`` = not set (the Accelerator's default)."""
 
     mixed_precision: str | None = None
-    """One of ``convoy.config.schema.MIXED_PRECISIONS`` ("no", "fp16", "bf16"), the trainer's list."""
+    """One of ``convoy.config.schema.MIXED_PRECISIONS`` ("no", "fp16", "bf16", "fp8"), the trainer's list."""
     strategy: str | None = None
     """One of ``convoy.config.schema.BUILTIN_STRATEGIES`` ("auto", "ddp", "fsdp", ...)."""
     parallelism: str | None = None
@@ -223,6 +225,10 @@ class ConvoyEnv:
     """Seconds before a collective that not every rank reached fails (convoy's default: 300)."""
     recompute: str | None = None
     """Activation recomputation, one of ``convoy.config.schema.RECOMPUTE_MODES`` ("none", "selective", "full")."""
+    fp8_recipe: str | None = None
+    """fp8's scaling, one of ``convoy.config.schema.FP8_RECIPES`` ("tensorwise", "rowwise", "rowwise_with_gw_hp")."""
+    fp8_emulate: bool | None = None
+    """fp8 on a board without float8 tensor cores, in torchao's emulation (tests)."""
     strategy_options: Mapping[str, Any] | None = None
     """Strategy options of ``LAUNCHED_OPTIONS`` (``{"auto_wrap": ("LlamaDecoderLayer",)}``)."""
 
@@ -297,6 +303,17 @@ def check_launch_settings(settings: ConvoyEnv, *, said: Callable[[str, object], 
             named = (said or (lambda name, value: as_flag({}, name, value)))(name, value)
             raise ConfigError(f"{named} schedules a pipeline, and the job has none (pp=1); give --pp with it, or "
                               f"leave it out")
+    for name in ("fp8_recipe", "fp8_emulate"):
+        value = getattr(settings, name)
+        if value and settings.mixed_precision not in (None, "fp8"):
+            from convoy.config.settings import said as as_flag
+
+            say_as = said or (lambda n, v: as_flag({}, n, v))
+            if not say_as(name, value).startswith("--"):
+                continue  # a standing preference (CONVOY_FP8_RECIPE, a settings file) for the fp8 jobs: kept
+            raise ConfigError(f"{say_as(name, value)} configures fp8, but "
+                              f"{say_as('mixed_precision', settings.mixed_precision)} is asked for; give "
+                              f"--mixed-precision fp8 with it, or leave it out")
     for key, value in (settings.strategy_options or {}).items():
         if settings.strategy is not None and settings.strategy not in LAUNCHED_OPTIONS[key]:
             from convoy.config.settings import said as as_flag

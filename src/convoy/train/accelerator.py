@@ -114,7 +114,8 @@ class Accelerator:
                  collective_timeout: float | None = None, planner: Callable[..., Any] | None = None,
                  parallelism: Any = None, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
                  kwargs_handlers: list[Any] | None = None, recompute: str | None = None, fsdp_plugin: Any = None,
-                 deepspeed_plugin: Any = None, parallelism_config: Any = None, **unsupported: Any) -> None:
+                 deepspeed_plugin: Any = None, parallelism_config: Any = None, fp8_recipe: str | None = None,
+                 fp8_emulate: bool | None = None, **unsupported: Any) -> None:
         # Resolved in named steps, each reading what the ones before it settled.
         # 1. flags: the plain arguments and the kwargs handlers, checked before anything reads them
         refuse_arguments(unsupported)
@@ -124,12 +125,14 @@ class Accelerator:
         if gradient_accumulation_plugin is not None and gradient_accumulation_steps is not None:
             raise ConfigError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both")
         self._handlers = collect_handlers(kwargs_handlers)
+        self._fp8_arguments = {"fp8_recipe": fp8_recipe, "fp8_emulate": fp8_emulate}
         # 2. plugins: Accelerate's plugin objects, read as the arguments they stand for
         plugins = plugin_arguments(
             fsdp_plugin=fsdp_plugin, deepspeed_plugin=deepspeed_plugin, parallelism_config=parallelism_config,
             explicit={"mixed_precision": mixed_precision, "strategy": strategy, "parallelism": parallelism,
                       "recompute": recompute, "gradient_accumulation_steps": gradient_accumulation_plugin.num_steps
-                      if gradient_accumulation_plugin is not None else gradient_accumulation_steps},
+                      if gradient_accumulation_plugin is not None else gradient_accumulation_steps,
+                      "fp8_recipe": fp8_recipe, "fp8_emulate": fp8_emulate},
             strategy_options=strategy_options)
         # 3. settings: argument > launcher's environment > settings file > default
         self.settings = self._resolve_settings(plugins, cpu=cpu, collective_timeout=collective_timeout,
@@ -189,10 +192,20 @@ class Accelerator:
                         project_config=project_config)
 
     def _make_precision(self) -> Precision:
-        """The run's mixed precision (``convoy.train.precision``), with the ``AutocastKwargs``/``GradScalerKwargs``
-        given."""
+        """The run's mixed precision (``convoy.train.precision``), with the ``AutocastKwargs``/``GradScalerKwargs``/
+        ``AORecipeKwargs`` given; fp8 on a board without float8 tensor cores is refused here unless emulated."""
+        from convoy.train.parallel.float8 import float8_for
+
+        if self.settings.mixed_precision != "fp8":
+            given = "kwargs_handlers: AORecipeKwargs" if self._handlers.ao is not None else next(
+                (f"Accelerator({name}={value!r})" for name, value in self._fp8_arguments.items() if value is not None),
+                None)
+            if given is not None:
+                raise ConfigError(f"{given} configures fp8; give mixed_precision='fp8' with it (this run's is "
+                                  f"{self.settings.mixed_precision.value!r})")
         return precision_for(self.settings.mixed_precision, device_type=self.settings.device_type,
-                             autocast_kwargs=self._handlers.autocast, scaler_kwargs=self._handlers.scaler)
+                             autocast_kwargs=self._handlers.autocast, scaler_kwargs=self._handlers.scaler,
+                             float8=float8_for(self.settings, self._handlers.ao))
 
     def _set_project(self, config: ProjectConfiguration | None, *, project_dir: Any, log_with: Any) -> None:
         project = config or ProjectConfiguration()
@@ -281,6 +294,21 @@ class Accelerator:
     @property
     def mixed_precision(self) -> str:
         return self.settings.mixed_precision.value
+
+    @property
+    def fp8_recipe_handler(self) -> Any:
+        """Accelerate's attribute: the fp8 recipe handler (``AORecipeKwargs``, the one given or the recipe's
+        defaults) under ``mixed_precision="fp8"``; None otherwise."""
+        if self.settings.mixed_precision != "fp8":
+            return None
+        from convoy.train.kwargs_handlers import AORecipeKwargs
+
+        return self._handlers.ao or AORecipeKwargs()
+
+    @property
+    def fp8_backend(self) -> str:
+        """Accelerate's ``FP8BackendType`` value: ``"AO"`` (torchao) under fp8, else ``"NO"``."""
+        return "AO" if self.settings.mixed_precision == "fp8" else "NO"
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -730,7 +758,9 @@ class Accelerator:
         """Restore the newest complete checkpoint under ``project_dir`` (or ``input_dir``); returns it.
         Collective: every process calls it."""
         self._arrive("load_state")
-        return self._took_back(checkpoint.load_state(self._checkpoint_items(), input_dir))
+        loaded = self._took_back(checkpoint.load_state(self._checkpoint_items(), input_dir))
+        self._precision.after_load()  # fp8: scales of the loaded weights
+        return loaded
 
     def _checkpoint_items(self) -> checkpoint.CheckpointItems:
         """What ``save_state``/``load_state``/``save_model`` read and restore: this Accelerator's objects."""

@@ -10,7 +10,9 @@ bools, 0 and 1, and keep a ``bool``, which torch's own checks require. As in Acc
 changed from their defaults are applied:
 ``DistributedDataParallelKwargs`` -> the DDP wrapper's options, ``InitProcessGroupKwargs`` -> the process
 group's backend and timeout, ``GradScalerKwargs`` -> ``torch.amp.GradScaler(...)``, ``AutocastKwargs`` ->
-``torch.autocast(enabled=, cache_enabled=)``.
+``torch.autocast(enabled=, cache_enabled=)``, ``AORecipeKwargs`` -> ``mixed_precision="fp8"``'s torchao config and
+layer filter (``convoy.train.parallel.float8``). Transformer Engine's and MS-AMP's fp8 recipes (``TERecipeKwargs``,
+``MSAMPRecipeKwargs``, ``FP8RecipeKwargs``) are refused in one line: convoy's fp8 is torchao's.
 """
 
 from __future__ import annotations
@@ -28,9 +30,8 @@ from convoy.errors import ConfigError, shown
 from convoy.train.arguments import is_flag
 
 __all__ = ["KwargsHandler", "DDPCommunicationHookType", "DistributedDataParallelKwargs", "InitProcessGroupKwargs",
-           "GradScalerKwargs",
-           "AutocastKwargs", "GradientAccumulationPlugin", "Handlers", "collect_handlers", "REFUSED_ARGUMENTS",
-           "refuse_arguments"]
+           "GradScalerKwargs", "AutocastKwargs", "AORecipeKwargs", "GradientAccumulationPlugin", "Handlers",
+           "collect_handlers", "REFUSED_ARGUMENTS", "refuse_arguments", "refuse_other_fp8"]
 
 
 class KwargsHandler:
@@ -199,6 +200,55 @@ class AutocastKwargs(KwargsHandler):
         _check_flags(self, "cache_enabled", optional=True)
 
 
+@dataclass
+class AORecipeKwargs(KwargsHandler):
+    """torchao's float8 recipe for ``mixed_precision="fp8"`` (Accelerate's fields): a whole
+    ``torchao.float8.Float8LinearConfig`` (``config``; None: ``fp8_recipe``'s), and which linears convert
+    (``module_filter_func(module, fqn) -> bool``, True: convert; convoy skips the output head and dims that are not
+    multiples of 16 first). ``enable_fsdp_float8_all_gather`` / ``pad_inner_dim``: None keeps convoy's choice (float8
+    all-gather under FSDP2 with tensorwise scaling; no padding)."""
+
+    config: Any = None
+    module_filter_func: Any = None
+    pad_inner_dim: bool | None = None
+    enable_fsdp_float8_all_gather: bool | None = None
+
+    def __post_init__(self) -> None:
+        _check_flags(self, "pad_inner_dim", "enable_fsdp_float8_all_gather", optional=True)
+        if self.module_filter_func is not None and not callable(self.module_filter_func):
+            _refuse(self, "module_filter_func", "a function (module, fqn) -> bool, True for the linears to convert")
+        if self.config is not None and type(self.config).__name__ != "Float8LinearConfig":
+            _refuse(self, "config", "a torchao.float8.Float8LinearConfig (e.g. Float8LinearConfig.from_recipe_name("
+                                    "'rowwise')), or None")
+
+    def to_kwargs(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
+#: Accelerate's fp8 recipe handlers of other backends, refused by class name (a script imports them from accelerate)
+_OTHER_FP8 = {"TERecipeKwargs": "Transformer Engine", "FP8RecipeKwargs": "Transformer Engine / MS-AMP",
+              "MSAMPRecipeKwargs": "MS-AMP"}
+
+
+def refuse_other_fp8(handler: Any) -> None:
+    """``NotSupportedYetError`` for Accelerate's Transformer Engine / MS-AMP fp8 recipe handlers."""
+    name = type(handler).__name__
+    if name in _OTHER_FP8:
+        from convoy.errors import NotSupportedYetError
+
+        raise NotSupportedYetError(f"kwargs_handlers: {name} ({_OTHER_FP8[name]} fp8) is not supported by convoy; its "
+                                   f"fp8 is torchao's: pass AORecipeKwargs(...) or fp8_recipe='tensorwise'")
+
+
+def _ao_handler(handler: Any) -> AORecipeKwargs | None:
+    """convoy's ``AORecipeKwargs`` for one of Accelerate's (same fields), else None."""
+    if type(handler).__name__ != "AORecipeKwargs" or isinstance(handler, AORecipeKwargs):
+        return None
+    # Accelerate's fills config from its own defaults (pad_inner_dim and float8 all-gather on): taken as given
+    return AORecipeKwargs(config=getattr(handler, "config", None),
+                          module_filter_func=getattr(handler, "module_filter_func", None))
+
+
 @dataclass(frozen=True)
 class GradientAccumulationPlugin:
     """How ``accumulate`` works (Accelerate's names)."""
@@ -250,18 +300,22 @@ class Handlers:
     timeout_s: float | None = None
     scaler: dict[str, Any] = dataclasses.field(default_factory=dict)
     autocast: dict[str, Any] = dataclasses.field(default_factory=dict)
+    ao: AORecipeKwargs | None = None
+    """The ``AORecipeKwargs`` given (``Accelerator.fp8_recipe_handler``), else None."""
 
 
 def collect_handlers(handlers: Iterable[Any] | None) -> Handlers:
     """Sort ``kwargs_handlers`` by kind; one of each kind at most, as Accelerate allows."""
     seen: dict[type, Any] = {}
     for handler in handlers or ():
+        refuse_other_fp8(handler)
+        handler = _ao_handler(handler) or handler
         kind = next((k for k in (DistributedDataParallelKwargs, InitProcessGroupKwargs, GradScalerKwargs,
-                                 AutocastKwargs) if isinstance(handler, k)), None)
+                                 AutocastKwargs, AORecipeKwargs) if isinstance(handler, k)), None)
         if kind is None:
             raise ConfigError(f"kwargs_handlers: {handler!r} is not supported; pass DistributedDataParallelKwargs, "
-                              "InitProcessGroupKwargs, GradScalerKwargs or AutocastKwargs (FSDP/DeepSpeed options "
-                              "go in Accelerator(strategy_options={...}))")
+                              "InitProcessGroupKwargs, GradScalerKwargs, AutocastKwargs or AORecipeKwargs (FSDP/"
+                              "DeepSpeed options go in Accelerator(strategy_options={...}))")
         if kind in seen:
             raise ConfigError(f"kwargs_handlers: you can only pass one {kind.__name__}")
         seen[kind] = handler
@@ -284,4 +338,5 @@ def collect_handlers(handlers: Iterable[Any] | None) -> Handlers:
     return Handlers(ddp=ddp, backend=group.get("backend"),
                     timeout_s=timeout.total_seconds() if timeout is not None else None,
                     scaler=seen[GradScalerKwargs].to_kwargs() if GradScalerKwargs in seen else {},
-                    autocast=seen[AutocastKwargs].to_kwargs() if AutocastKwargs in seen else {})
+                    autocast=seen[AutocastKwargs].to_kwargs() if AutocastKwargs in seen else {},
+                    ao=seen.get(AORecipeKwargs))

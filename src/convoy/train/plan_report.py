@@ -404,7 +404,8 @@ class PlanWatch:
         context = strategy.context
         device = self._device if self._device is not None else torch.device("cpu")
         candidate, chunks = trainer_layout(strategy, accumulation=accumulation)
-        mixed = str(context.mixed_precision)
+        # fp8: planned as the bf16 recipe around its float8 GEMMs, which the planner does not price yet
+        mixed = "bf16" if context.mixed_precision == "fp8" else str(context.mixed_precision)
         precision = trainer_precision(mixed, candidate) if mixed in ("bf16", "fp16") else "fp32"
         # the trainer's recomputation (Accelerator(recompute=...)), or a transformers model's own checkpointing
         recompute = context.recompute if context.recompute != "none" else (

@@ -8,8 +8,11 @@
     result, skipped = precision.optimizer_step(optimizer)
 
 One class per mode: ``Precision`` (``"no"``: fp32, every method a no-op), ``AutocastPrecision`` (``"bf16"``:
-``torch.autocast``, and FSDP2 gathering 16-bit weights and reducing in fp32) and ``ScaledPrecision`` (``"fp16"``: the
-same with the loss scaled against fp16's narrow range). A strategy asks the object and never the mode's name.
+``torch.autocast``, and FSDP2 gathering 16-bit weights and reducing in fp32), ``ScaledPrecision`` (``"fp16"``: the
+same with the loss scaled against fp16's narrow range) and ``Float8Precision`` (``"fp8"``: bf16's, with the big
+linears swapped for torchao's ``Float8Linear`` by ``convert_layers``, the strategy's first step, and the float8
+weights' scales computed after each optimizer step under FSDP2). A strategy asks the object and never the mode's
+name.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import torch
 from convoy.config.schema import MixedPrecision
 from convoy.train import collectives
 
-__all__ = ["Precision", "AutocastPrecision", "ScaledPrecision", "precision_for", "restore_forward"]
+__all__ = ["Precision", "AutocastPrecision", "ScaledPrecision", "Float8Precision", "precision_for",
+           "restore_forward"]
 
 #: where ``convert_module`` keeps the model's own ``forward`` (``restore_forward`` puts it back)
 _ORIGINAL_FORWARD = "_convoy_original_forward"
@@ -55,9 +59,24 @@ class Precision:
         """The ``torch.amp.GradScaler`` of fp16 (``accelerator.scaler``, saved with each checkpoint); else None."""
         return None
 
+    @property
+    def float8(self) -> Any:
+        """What fp8 converts (``convoy.train.parallel.float8.Float8Training``); None in every other mode."""
+        return None
+
+    def convert_layers(self, module: torch.nn.Module, *, fsdp: bool = False) -> list[str]:
+        """The strategy's first step on ``module``, before tensor parallel, recompute, compile and sharding: swap
+        layers for this precision's (fp8: ``Float8Linear``), in place; the names swapped. ``fsdp``: FSDP2 will
+        shard ``module``."""
+        return []
+
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """The prepared model, its forward run in this precision (returned; changed in place)."""
         return module
+
+    def after_load(self) -> None:
+        """Bring what this precision derives from the weights up to date once a checkpoint replaced them
+        (``load_state``); collective where it communicates. fp8: the float8 weights' precomputed scales."""
 
     def forward_context(self, autocast_kwargs: Mapping[str, Any] | None = None
                         ) -> contextlib.AbstractContextManager[None]:
@@ -157,12 +176,60 @@ class ScaledPrecision(AutocastPrecision):
         return result, self._scaler.get_scale() < scale_before
 
 
+class Float8Precision(AutocastPrecision):
+    """``mixed_precision="fp8"``: bf16's autocast and FSDP2 policy around torchao's ``Float8Linear`` GEMMs
+    (``convoy.train.parallel.float8``), as torchtitan and Accelerate run them. With tensorwise scaling under FSDP2 the
+    weights are gathered in float8 and their scales computed in one all-reduce after each optimizer step."""
+
+    mode = MixedPrecision.FP8
+
+    def __init__(self, *, device_type: str = "cpu", autocast_kwargs: Mapping[str, Any] | None = None,
+                 float8: Any = None) -> None:
+        from convoy.train.parallel.float8 import Float8Training, import_torchao
+
+        super().__init__(device_type=device_type, autocast_kwargs=autocast_kwargs)
+        import_torchao()  # the install line now, not at the first prepare()
+        self._float8 = float8 if float8 is not None else Float8Training()
+        self._scaled: list[torch.nn.Module] = []  # models whose float8 weights FSDP2 gathers: scales after a step
+
+    @property
+    def float8(self) -> Any:
+        return self._float8
+
+    def convert_layers(self, module: torch.nn.Module, *, fsdp: bool = False) -> list[str]:
+        from convoy.train.parallel.float8 import apply_float8, needs_precompute
+
+        converted = apply_float8(module, self._float8, fsdp=fsdp)
+        if converted and needs_precompute(module):
+            self._scaled.append(module)
+        return converted
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None
+                       ) -> tuple[Any, bool]:
+        from convoy.train.parallel.float8 import precompute_scales
+
+        result = super().optimizer_step(optimizer, closure)
+        stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for module in self._scaled:  # the models this optimizer steps (FSDP2 shards in place: the same objects)
+            if any(id(p) in stepped for p in module.parameters()):
+                precompute_scales(module)
+        return result
+
+    def after_load(self) -> None:
+        from convoy.train.parallel.float8 import precompute_scales
+
+        for module in self._scaled:  # else the next all-gather casts the loaded weights with the old weights' scales
+            precompute_scales(module)
+
+
 def precision_for(mode: MixedPrecision | str, *, device_type: str = "cpu",
                   autocast_kwargs: Mapping[str, Any] | None = None,
-                  scaler_kwargs: Mapping[str, Any] | None = None) -> Precision:
-    """The precision object of ``mode`` (``"no"``, ``"bf16"``, ``"fp16"``) for a forward on ``device_type``;
-    ``scaler_kwargs`` are read by fp16 only."""
+                  scaler_kwargs: Mapping[str, Any] | None = None, float8: Any = None) -> Precision:
+    """The precision object of ``mode`` (``"no"``, ``"bf16"``, ``"fp16"``, ``"fp8"``) for a forward on
+    ``device_type``; ``scaler_kwargs`` are read by fp16 only, ``float8`` (a ``Float8Training``) by fp8 only."""
     mode = MixedPrecision(mode)
+    if mode is MixedPrecision.FP8:
+        return Float8Precision(device_type=device_type, autocast_kwargs=autocast_kwargs, float8=float8)
     if mode is MixedPrecision.FP16:
         return ScaledPrecision(device_type=device_type, autocast_kwargs=autocast_kwargs, scaler_kwargs=scaler_kwargs)
     if mode is MixedPrecision.BF16:

@@ -4,15 +4,15 @@
     settings.mixed_precision, settings.strategy   # argument > CONVOY_* variable > settings file > default
     strategy = create_strategy(settings.strategy, settings)   # a strategy reads the same record (``self.context``)
 
-One record, ``TrainSettings``, travels from the ``Accelerator`` to its strategy: the strategy builder only
-replaces what ``strategy="auto"`` chose (the name, the degrees, the options). The launcher's variables are read
-by ``convoy.launch.rank_env`` (``RANK``, ``WORLD_SIZE``, ... and ``CONVOY_MIXED_PRECISION``, ``CONVOY_STRATEGY``,
-``CONVOY_PARALLELISM``, ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``,
-``CONVOY_RECOMPUTE``; Accelerate's ``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` and
-``ACCELERATE_DEBUG_MODE``), every value by its key in ``convoy.config.schema``, so a value the launcher refuses is
-refused here with the same line. When ``RANK``/``WORLD_SIZE`` say the job has several processes, a process group is
-started even on a CPU-only machine (``convoy.train.process_group``): convoy never trains N independent copies that
-each believe they are alone.
+One record, ``TrainSettings``, travels from the ``Accelerator`` to its strategy: the strategy builder only replaces
+what ``strategy="auto"`` chose (the name, the degrees, the options). The launcher's variables are read by
+``convoy.launch.rank_env`` (``RANK``, ``WORLD_SIZE``, ... and ``CONVOY_MIXED_PRECISION``, ``CONVOY_STRATEGY``,
+``CONVOY_PARALLELISM``, ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``, ``CONVOY_RECOMPUTE``,
+``CONVOY_FP8_RECIPE``, ``CONVOY_FP8_EMULATE``; Accelerate's ``ACCELERATE_MIXED_PRECISION``,
+``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` and ``ACCELERATE_DEBUG_MODE``), every value by its key in
+``convoy.config.schema``, so a value the launcher refuses is refused here with the same line. When
+``RANK``/``WORLD_SIZE`` say the job has several processes, a process group is started even on a CPU-only machine
+(``convoy.train.process_group``): convoy never trains N independent copies that each believe they are alone.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from convoy.config.schema import (
+    FP8_RECIPES,
     KEYS,
     MIXED_PRECISIONS,
     RECOMPUTE_MODES,
@@ -58,6 +59,11 @@ class TrainSettings(RankEnv):
     recompute: str = KEYS["recompute"].default
     """Activation recomputation of the model's blocks: ``"none"``, ``"selective"`` or ``"full"``
     (``convoy.train.parallel.recompute``); each strategy applies it where it prepares the model."""
+    fp8_recipe: str = "tensorwise"
+    """How ``mixed_precision="fp8"`` scales: ``"tensorwise"``, ``"rowwise"`` or ``"rowwise_with_gw_hp"``
+    (``convoy.train.parallel.float8``); read only under fp8."""
+    fp8_emulate: bool = False
+    """Run fp8 on a board without float8 tensor cores, in torchao's emulation (tests); refused there otherwise."""
     parallel_dims: ParallelDims | None = None
     """Parallel degrees (``parallelism=``, ``CONVOY_PARALLELISM``); ``None`` = pure data parallel over the world."""
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -78,6 +84,9 @@ class TrainSettings(RankEnv):
             raise ConfigError(f"gradient_accumulation_steps={self.gradient_accumulation_steps} must be >= 1")
         if not 0 < self.collective_timeout_s < float("inf"):
             raise ConfigError(f"collective timeout {self.collective_timeout_s} s must be positive")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise ConfigError(f"fp8_recipe={shown(self.fp8_recipe)} is not supported; "
+                              f"choose one of {', '.join(FP8_RECIPES)}")
         if self.recompute not in RECOMPUTE_MODES:
             raise ConfigError(f"recompute={shown(self.recompute)} is not supported; "
                               f"choose one of {', '.join(RECOMPUTE_MODES)}")
@@ -147,6 +156,8 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
         gradient_accumulation_steps=_setting("gradient_accumulation_steps", given, launched),
         collective_timeout_s=_setting("collective_timeout", given, launched),
         recompute=_setting("recompute", given, launched),
+        fp8_recipe=_setting("fp8_recipe", given, launched) or FP8_RECIPES[0],
+        fp8_emulate=bool(_setting("fp8_emulate", given, launched)),
         parallel_dims=dims, options=options,
         backend=given.get("backend"), debug=read_debug_mode(env),
     )

@@ -423,14 +423,18 @@ def style_object(style: str, module: nn.Module, sequence_parallel: bool) -> Any:
             raise NotSupportedYetError(f"tp style {style!r} on a {type(module).__name__} with sequence_parallel "
                                        f"is not supported yet; turn sequence_parallel off")
         return local_shard(style)
+    from convoy.train.parallel.float8 import float8_tp_styles
+
+    # a tensorwise Float8Linear (mixed_precision="fp8") takes torchao's styles: its activations cross in float8
+    colwise, rowwise = float8_tp_styles(module) or (ColwiseParallel, RowwiseParallel)
     if style == "colwise":
-        return ColwiseParallel(input_layouts=seq)
+        return colwise(input_layouts=seq)
     if style == "colwise_rep":
-        return ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+        return colwise(input_layouts=seq, output_layouts=Replicate())
     if style == "rowwise":
-        return RowwiseParallel(output_layouts=seq)
+        return rowwise(output_layouts=seq)
     if style == "rowwise_rep":
-        return RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+        return rowwise(input_layouts=Replicate(), output_layouts=seq)
     raise AssertionError(f"unhandled style {style}")  # canonical_style admits only the styles above
 
 

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import torch
 
 from convoy.errors import StrategyError, shown
+from convoy.train.parallel.float8 import float8_for
 from convoy.train.precision import Precision, precision_for
 from convoy.train.settings import TrainSettings
 from convoy.train.strategies.options import StrategyOptions
@@ -72,7 +73,8 @@ class Strategy(abc.ABC):
         self.config = self.options_type.parse(context.options)  # those options, parsed once (options_type)
         # mixed precision (convoy.train.precision): the Accelerator's, else one for the settings' mode
         self.precision = precision if precision is not None else precision_for(
-            context.mixed_precision, device_type=context.device_type)
+            context.mixed_precision, device_type=context.device_type,
+            float8=float8_for(context, check_board=False))
 
     # --- environment -------------------------------------------------------------------------------
     @property

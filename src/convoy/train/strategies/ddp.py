@@ -92,6 +92,7 @@ class DDPStrategy(Strategy, SupportsNoSync):
         module = module.to(self.root_device)
         if not any(p.requires_grad for p in module.parameters()):
             return module  # nothing to synchronise (a frozen teacher, an EMA copy): DDP would refuse it
+        self.precision.convert_layers(module)  # fp8's Float8Linear swap first (torchtitan's order)
         apply_recompute(module, self.context.recompute)  # inside DDP's wrapper: its hooks see the whole backward
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         hook = comm_hook(self.config)  # before wrapping: a bad option stops nothing half-built

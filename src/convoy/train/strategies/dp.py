@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from convoy.errors import StrategyError
+from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.train.parallel.recompute import refuse_recompute
 from convoy.train.strategies.base import Strategy
 from convoy.train.strategies.options import StrategyOptions
@@ -33,6 +33,9 @@ class DataParallelStrategy(Strategy):
         # per block, which the threads would share
         refuse_recompute(self.context.recompute, "dp", "torch.nn.DataParallel's replicas would share each block's "
                                                        "checkpoint state; use strategy='ddp'")
+        if self.precision.float8 is not None:
+            raise NotSupportedYetError("strategy='dp' with mixed_precision='fp8' is not supported yet; use "
+                                       "strategy='ddp' (one process per GPU)")
         if self.context.device_type != "cuda":
             raise StrategyError("strategy='dp' (torch.nn.DataParallel) needs CUDA GPUs; on the CPU use "
                                 "strategy='single', or several processes with strategy='ddp'")

@@ -60,6 +60,8 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
         self.setup_environment()
         module = module.to(self.root_device)
         names = {id(p): n for n, p in module.named_parameters()}
+        # fp8's Float8Linear swap first (torchtitan's order): tensorwise weights are then all-gathered in float8
+        self.precision.convert_layers(module, fsdp=True)
         mp = self.precision.fsdp_policy()
         offload = offload_policy(self.config)
         # checkpointed before sharding (torchtitan's order): the blocks are FSDP's units, whose hooks gather the

@@ -38,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.plan.dims import ParallelDims
 from convoy.train.parallel.causal_lm import is_causal_lm
+from convoy.train.parallel.float8 import refuse_float8_tp
 from convoy.train.parallel.mesh import ParallelMesh, build_mesh
 from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule, SingleStage, find_layers
 from convoy.train.parallel.recompute import apply_recompute, recompute_units
@@ -169,6 +170,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         module = module.to(self.root_device)
         names = {id(p): n for n, p in module.named_parameters()}
         stand_ins = None
+        self._convert_layers(module)
         if self.dims.tp_enabled:
             plan = resolve_tp_plan(module, self.config.tp_plan, sequence_parallel=self.config.sequence_parallel)
             if self.dims.dp_enabled and self.dp_engine in _SHARDED:
@@ -211,6 +213,17 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             self._own_backward = True
             return SingleStage(module, loss_fn=loss_fn, loss_scale=1.0 / self.context.gradient_accumulation_steps)
         return module
+
+    def _convert_layers(self, module: torch.nn.Module) -> None:
+        """The precision's layer swap (fp8: ``Float8Linear``), the first step (torchtitan's order: float8, tensor
+        parallel, recompute, compile, FSDP2); float8 beside a pipeline, or tensor parallel on gloo, is refused."""
+        float8 = self.precision.float8
+        if float8 is not None and self.dims.pp_enabled:
+            raise NotSupportedYetError("mixed_precision='fp8' with pipeline parallelism (pp > 1) is not supported "
+                                       "yet; use pp=1, or bf16")
+        if self.dims.tp_enabled:
+            refuse_float8_tp(float8, backend=self.context.backend, device_type=self.root_device.type)
+        self.precision.convert_layers(module, fsdp=self.dims.dp_enabled and self.dp_engine in _SHARDED)
 
     def _recomputed_stages(self, model: torch.nn.Module, wrap: Any) -> Any:
         """``wrap`` (the stages' data parallelism, or None) preceded by recomputation of each stage's blocks: the

@@ -27,5 +27,6 @@ class SingleStrategy(Strategy):
         # Module.to moves parameters in place (same Parameter objects), so an optimizer built earlier
         # still points at them; recomputation hooks the blocks in place too
         module = module.to(self.root_device)
+        self.precision.convert_layers(module)  # fp8's Float8Linear swap first (torchtitan's order)
         apply_recompute(module, self.context.recompute)
         return module
