@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -339,9 +338,10 @@ def main() -> None:
             ratio = f"{cell.tokens_per_s / raw.tokens_per_s:6.2f}" if side == "convoy" and isinstance(raw, Cell) \
                 else "     -"
             print(f"{row:24} {side:7} {cell.tokens_per_s:13,.0f} {mfu} {cell.peak_gib:9.1f} {ratio} {plan:>10}")
-    last = [c.losses[-1] for c in results.values() if isinstance(c, Cell)]
-    if last:
-        print(f"last losses: {', '.join(f'{x:.4f}' for x in last)} (median {statistics.median(last):.4f})")
+    print("losses per step (the same recipe trains the same model):")
+    for (row, side), cell in results.items():
+        if isinstance(cell, Cell):
+            print(f"  {row:24} {side:7} {' '.join(f'{x:.5f}' for x in cell.losses)}")
 
 
 if __name__ == "__main__":
