@@ -1,8 +1,8 @@
 """float8 training (``mixed_precision="fp8"``, torchao's ``Float8Linear``) on the CPU: each recipe's numerics against
 bf16 with fp8's tolerances, in torchao's emulation and with the real ``torch._scaled_mm`` (which torch 2.13 runs on
 the CPU); which linears convert; a tiny model trained through the Accelerator; zero3 with float8 all-gather on two
-gloo ranks; checkpoints; and every refusal as one line. Speed needs a GPU with float8 tensor cores
-(docs/performance.md).
+gloo ranks; a pp=2 pipeline against its bf16 run; checkpoints; and every refusal as one line. Speed needs a GPU
+with float8 tensor cores (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -187,6 +187,14 @@ def test_zero3_gathers_float8_weights_on_two_ranks_and_saves_high_precision(tmp_
     assert result.returncode == 0, result.output
     for line in ("gathers float8 with precomputed scales OK", "losses within fp8 tolerance of bf16 OK",
                  "checkpoint round trip OK"):
+        assert sum(line in out for out in result.output.splitlines()) == 2, result.output
+
+
+@pytest.mark.slow
+def test_a_pipeline_runs_float8_stages_within_fp8_tolerance_of_its_bf16_run():
+    result = run_script(Path(__file__).parent / "scripts" / "pp_float8.py", nproc=2, timeout=240)
+    assert result.returncode == 0, result.output
+    for line in ("float8 stages OK", "losses within fp8 tolerance of the bf16 pipeline OK"):
         assert sum(line in out for out in result.output.splitlines()) == 2, result.output
 
 
