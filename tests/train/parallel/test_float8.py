@@ -281,6 +281,18 @@ def test_float8_tensor_parallel_is_refused_before_the_model_is_touched():
     assert type(model.layers[0].mlp.up_proj) is nn.Linear
 
 
+def test_fp8_with_data_parallel_threads_is_refused_with_the_reason():
+    from convoy.train.settings import resolve_settings
+    from convoy.train.strategies.dp import DataParallelStrategy
+
+    settings = resolve_settings(explicit={"mixed_precision": "fp8", "fp8_emulate": True, "strategy": "dp"}, env={},
+                                cpu=True)
+    with pytest.raises(NotSupportedYetError) as info:
+        DataParallelStrategy(settings).setup_environment()
+    assert "replica in a thread where autocast computes in fp16, not bf16" in _one_line(info)
+    assert "use strategy='ddp'" in str(info.value)
+
+
 @pytest.mark.parametrize("recipe, float8_styles", [("tensorwise", True), ("rowwise", False)])
 def test_tensor_parallel_gives_tensorwise_float8_linears_torchaos_float8_styles(recipe, float8_styles):
     """On GPUs (NCCL), a tensorwise ``Float8Linear`` is split with ``Float8ColwiseParallel``/``Float8RowwiseParallel``
