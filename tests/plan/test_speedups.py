@@ -212,6 +212,17 @@ def test_recommends_compile_and_fp8_when_faster_on_a_board_that_has_it():
     assert (best.compile, best.fp8) == ("blocks", "none")
 
 
+def test_a_pipeline_layout_is_priced_and_recommended_in_float8():
+    """The trainer runs float8 beside pp > 1 (FSDP2 per stage gathering float8): the planner prices it, not refuses."""
+    pipeline = Layout(dims=ParallelDims(dp_shard=4, pp=2), zero_stage=3, microbatches=4)
+    options = compare(LLAMA, RUN, pipeline, H100, global_batch=16, rates=rates_for(H100.gpu))
+    fp8 = options[2]
+    assert (fp8.name, fp8.why_not) == ("compile+fp8 tensorwise", "") and fp8.time is not None
+    assert fp8.time.seconds < options[1].time.seconds
+    best, _ = choose_variant(options, hw=H100, asked={})
+    assert (best.compile, best.fp8) == ("blocks", "tensorwise")
+
+
 def test_turns_nothing_on_that_is_not_faster_or_not_asked():
     options = _compare(H100)
     slower = tuple(replace(v, time=replace(v.time, correction=3.0)) if v.compile != "none" else v for v in options)

@@ -1,8 +1,8 @@
 """float8 training (``mixed_precision="fp8"``, torchao's ``Float8Linear``) on the CPU: each recipe's numerics against
 bf16 with fp8's tolerances, in torchao's emulation and with the real ``torch._scaled_mm`` (which torch 2.13 runs on
 the CPU); which linears convert; a tiny model trained through the Accelerator; zero3 with float8 all-gather on two
-gloo ranks; checkpoints; and every refusal as one line. Speed needs a GPU with float8 tensor cores
-(docs/performance.md).
+gloo ranks; a pp=2 pipeline against its bf16 run; checkpoints; and every refusal as one line. Speed needs a GPU
+with float8 tensor cores (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -190,6 +190,21 @@ def test_zero3_gathers_float8_weights_on_two_ranks_and_saves_high_precision(tmp_
         assert sum(line in out for out in result.output.splitlines()) == 2, result.output
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("layout, nproc", [("pp", 2), ("fsdp", 4)], ids=["pp2", "dp2_fsdp_x_pp2"])
+def test_a_pipeline_runs_float8_stages_within_fp8_tolerance_of_its_bf16_run(layout, nproc):
+    """pp=2: the model's Float8Linear on each stage, the head high precision, losses within 1e-3 of bf16; with FSDP2
+    per stage (dp=2 x pp=2) the stages' weights are gathered in float8 with scales precomputed after each step."""
+    result = run_script(Path(__file__).parent / "scripts" / "pp_float8.py", nproc=nproc,
+                        args=["fsdp"] if layout == "fsdp" else [], timeout=300)
+    assert result.returncode == 0, result.output
+    lines = ["float8 stages OK", "losses within fp8 tolerance of the bf16 pipeline OK"]
+    if layout == "fsdp":
+        lines.append("gathers float8 with precomputed scales per stage OK")
+    for line in lines:
+        assert sum(line in out for out in result.output.splitlines()) == nproc, result.output
+
+
 # --- refusals: one line each ---------------------------------------------------------------------------------------
 
 
@@ -264,6 +279,18 @@ def test_float8_tensor_parallel_is_refused_before_the_model_is_touched():
     with pytest.raises(NotSupportedYetError, match="tensor parallel \\(tp > 1\\) runs on GPUs only"):
         strategy._convert_layers(model)
     assert type(model.layers[0].mlp.up_proj) is nn.Linear
+
+
+def test_fp8_with_data_parallel_threads_is_refused_with_the_reason():
+    from convoy.train.settings import resolve_settings
+    from convoy.train.strategies.dp import DataParallelStrategy
+
+    settings = resolve_settings(explicit={"mixed_precision": "fp8", "fp8_emulate": True, "strategy": "dp"}, env={},
+                                cpu=True)
+    with pytest.raises(NotSupportedYetError) as info:
+        DataParallelStrategy(settings).setup_environment()
+    assert "replica in a thread where autocast computes in fp16, not bf16" in _one_line(info)
+    assert "use strategy='ddp'" in str(info.value)
 
 
 @pytest.mark.parametrize("recipe, float8_styles", [("tensorwise", True), ("rowwise", False)])

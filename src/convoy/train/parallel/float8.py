@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -43,7 +43,8 @@ from convoy.errors import ConfigError, NotSupportedYetError, shown
 
 __all__ = ["Float8Training", "float8_for", "apply_float8", "float8_filter", "float8_config", "precompute_scales",
            "needs_precompute", "has_float8_tensor_cores", "check_float8_board", "import_torchao",
-           "float8_tp_styles", "refuse_float8_tp", "is_float8_linear", "FP8_MULTIPLE", "MISSING_TORCHAO"]
+           "float8_tp_styles", "refuse_float8_tp", "is_float8_linear", "tracing_stand_ins", "FP8_MULTIPLE",
+           "MISSING_TORCHAO"]
 
 #: ``torch._scaled_mm`` needs both GEMM dimensions divisible by 16
 FP8_MULTIPLE = 16
@@ -229,6 +230,24 @@ def _cpu_autocast_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, 
             torch.is_autocast_enabled("cpu") and args[0].is_floating_point():
         return (args[0].to(torch.get_autocast_dtype("cpu")), *args[1:])
     return None
+
+
+def tracing_stand_ins(model: nn.Module, others: Callable[[], Mapping[str, nn.Module]] | None = None
+                      ) -> dict[str, nn.Module]:
+    """Plain ``nn.Linear`` stand-ins, by name, for each of ``model``'s ``Float8Linear`` while a pipeline traces it
+    (``PipelineModule(trace_stand_ins=)``): each stage then calls the real ``Float8Linear`` by name, with its float8
+    weight (what FSDP2's float8 all-gather needs) rather than a graph torch.export made of it. ``others``' stand-ins
+    (tensor parallel's) win where both name a module. Weights are left uninitialised: only shapes are traced."""
+    stand_ins: dict[str, nn.Module] = {}
+    for name, module in model.named_modules():
+        if is_float8_linear(module):
+            linear = cast(nn.Linear, module)
+            weight = linear.weight
+            stand_ins[name] = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                                        device=weight.device, dtype=weight.dtype)
+    if others is not None:
+        stand_ins.update(others())
+    return stand_ins
 
 
 def needs_precompute(model: nn.Module) -> bool:

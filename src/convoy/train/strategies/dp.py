@@ -34,8 +34,12 @@ class DataParallelStrategy(Strategy):
         refuse_recompute(self.context.recompute, "dp", "torch.nn.DataParallel's replicas would share each block's "
                                                        "checkpoint state; use strategy='ddp'")
         if self.precision.float8 is not None:
-            raise NotSupportedYetError("strategy='dp' with mixed_precision='fp8' is not supported yet; use "
-                                       "strategy='ddp' (one process per GPU)")
+            # parallel_apply re-enters autocast in each replica's thread with ``enabled`` alone, and the autocast
+            # dtype is per thread: the replicas would compute fp16, which float8 training has no loss scaling for
+            raise NotSupportedYetError("strategy='dp' with mixed_precision='fp8' is not supported yet: "
+                                       "torch.nn.DataParallel runs each GPU's replica in a thread where autocast "
+                                       "computes in fp16, not bf16, and fp8 has no loss scaling; use strategy='ddp' "
+                                       "(one process per GPU)")
         if self.context.device_type != "cuda":
             raise StrategyError("strategy='dp' (torch.nn.DataParallel) needs CUDA GPUs; on the CPU use "
                                 "strategy='single', or several processes with strategy='ddp'")

@@ -39,6 +39,7 @@ from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.plan.dims import ParallelDims
 from convoy.train.parallel.causal_lm import is_causal_lm
 from convoy.train.parallel.float8 import refuse_float8_tp
+from convoy.train.parallel.float8 import tracing_stand_ins as float8_stand_ins
 from convoy.train.parallel.mesh import ParallelMesh, build_mesh
 from convoy.train.parallel.pipeline import PipelineConfig, PipelineModule, SingleStage, find_layers
 from convoy.train.parallel.recompute import apply_recompute, recompute_units
@@ -178,6 +179,8 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             apply_tensor_parallel(module, _enabled(pm.tp), plan)
             if self.dims.pp_enabled:  # the pipeline traces plain stand-ins of the split modules (see tensor.py)
                 stand_ins = functools.partial(tracing_stand_ins, module, plan)
+        if self.dims.pp_enabled and self.precision.float8 is not None:  # stages call the real Float8Linear
+            stand_ins = functools.partial(float8_stand_ins, module, stand_ins)
         if self.dims.pp_enabled:
             _check_pipeline_loss(module, self.config.loss_fn)
             # with tp, parallelize_module replaced the split parameters (DTensors, which the stages share):
@@ -216,11 +219,9 @@ class ParallelStrategy(Strategy, SupportsNoSync):
 
     def _convert_layers(self, module: torch.nn.Module) -> None:
         """The precision's layer swap (fp8: ``Float8Linear``), the first step (torchtitan's order: float8, tensor
-        parallel, recompute, compile, FSDP2); float8 beside a pipeline, or tensor parallel on gloo, is refused."""
+        parallel, recompute, compile, FSDP2), on the whole model, so a pipeline's last stage keeps the model's head;
+        float8 with tensor parallel on gloo is refused."""
         float8 = self.precision.float8
-        if float8 is not None and self.dims.pp_enabled:
-            raise NotSupportedYetError("mixed_precision='fp8' with pipeline parallelism (pp > 1) is not supported "
-                                       "yet; use pp=1, or bf16")
         if self.dims.tp_enabled:
             refuse_float8_tp(float8, backend=self.context.backend, device_type=self.root_device.type)
         self.precision.convert_layers(module, fsdp=self.dims.dp_enabled and self.dp_engine in _SHARDED)
