@@ -254,8 +254,10 @@ def test_the_plan_prints_the_choice_in_its_launch_line_and_accelerator_call():
     p8 = plan(LLAMA, hardware="8xH100-80GB", precision="fp8", compile="none")
     assert (p8.run.precision, p8.run.fp8, p8.recommendation.compile) == ("bf16", "tensorwise", "none")
     cand = Candidate(name="zero3", strategy="zero3", layout=FSDP8)
-    assert launch_args(cand, H100, fp8="rowwise")[-4:] == ("--mixed-precision", "fp8", "--fp8-recipe", "rowwise")
-    assert accelerator_call(cand, compile="model") == 'Accelerator(strategy="zero3", compile="model")'
+    rowwise = launch_args(cand, H100, precision="bf16", fp8="rowwise")
+    assert rowwise[rowwise.index("--mixed-precision"):][:4] == ("--mixed-precision", "fp8", "--fp8-recipe", "rowwise")
+    assert accelerator_call(cand, precision="bf16", compile="model") == \
+        'Accelerator(strategy="zero3", mixed_precision="bf16", compile="model")'
 
 
 def test_cli_flags_and_json_fields(capsys):
