@@ -1,0 +1,48 @@
+"""Context parallel on CPU/gloo: the ring equals full SDPA (forward and backward, both rotations, head-tail
+balanced or not, grouped K/V heads), and the tiny GPT trained under cp=2, dp=2 x cp=2 and zero3 x cp=2 through the
+Accelerator equals one process; what the ring cannot compute is refused in one line.
+
+Each test is one launch running several checks; the scripts print one ``OK`` line per check and rank.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.distributed import run_script
+
+SCRIPTS = Path(__file__).parent / "scripts"
+pytestmark = pytest.mark.slow
+
+
+def _ok(output: str, words: str) -> int:
+    return sum(line.endswith(" OK") and words in line for line in output.splitlines())
+
+
+def test_ring_attention_equals_full_attention_forward_and_backward():
+    result = run_script(SCRIPTS / "ring_attention.py", nproc=2, timeout=120)
+    assert result.returncode == 0, result.output
+    for rotate in ("allgather", "alltoall"):
+        for balanced in (True, False):
+            assert _ok(result.output, f"ring {rotate} balanced={balanced} causal=True kv_heads=4") == 2, result.output
+    assert _ok(result.output, "causal=False") == 2 and _ok(result.output, "kv_heads=2") == 2, result.output
+
+
+def test_cp2_trains_as_one_process_with_either_rotation_and_refuses_what_the_ring_cannot_compute():
+    result = run_script(SCRIPTS / "cp_parity.py", nproc=2, args=["cp=2", "cp=2:alltoall"], timeout=180)
+    assert result.returncode == 0, result.output
+    assert _ok(result.output, "cp=2 (FSDP+CP)") == 2 and _ok(result.output, "cp=2:alltoall (FSDP+CP)") == 2, \
+        result.output
+    for refusal in ("refuses MaskedAttention", "refuses EagerAttention", "refuses labels=",
+                    "refuses an uneven sequence"):
+        assert _ok(result.output, refusal) == 2, (refusal, result.output)
+
+
+def test_dp2_x_cp2_and_zero3_x_cp2_train_as_one_process():
+    result = run_script(SCRIPTS / "cp_parity.py", nproc=4, args=["dp=2,cp=2", "strategy=zero3,cp=2:alltoall"],
+                        timeout=240)
+    assert result.returncode == 0, result.output
+    assert _ok(result.output, "dp=2,cp=2 (FSDP+CP)") == 4, result.output
+    assert _ok(result.output, "strategy=zero3,cp=2:alltoall (FSDP+CP)") == 4, result.output
