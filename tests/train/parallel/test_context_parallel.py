@@ -46,3 +46,16 @@ def test_dp2_x_cp2_and_zero3_x_cp2_train_as_one_process():
     assert result.returncode == 0, result.output
     assert _ok(result.output, "dp=2,cp=2 (FSDP+CP)") == 4, result.output
     assert _ok(result.output, "strategy=zero3,cp=2:alltoall (FSDP+CP)") == 4, result.output
+
+
+def test_transformers_llama_and_qwen2_train_under_cp2_with_their_own_loss_and_refuse_what_the_ring_cannot_compute():
+    """labels shifted before the split, positions split with the ids: the models' own ``.loss`` equals one process;
+    labels= alone, no position_ids, packed documents, padding, eager attention and a sliding window are refused."""
+    pytest.importorskip("transformers")
+    result = run_script(SCRIPTS / "hf_cp_parity.py", nproc=2, args=["llama", "qwen2"], timeout=240)
+    assert result.returncode == 0, result.output
+    for family in ("llama", "qwen2"):
+        assert _ok(result.output, f"{family} cp=2") == 2, result.output
+        for refusal in ("labels=", "without position_ids", "packed documents", "padding", "eager attention"):
+            assert _ok(result.output, f"refuses {family} {refusal}") == 2, (family, refusal, result.output)
+    assert _ok(result.output, "refuses granite_swa sliding window") == 2, result.output

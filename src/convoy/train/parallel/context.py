@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -202,18 +204,88 @@ def _attention_under_cp(site: _CallSite, group: Any, rotate: str, balanced: bool
     return sdpa
 
 
-def _refuse_shifting_labels(buffers: Sequence[torch.Tensor], module: nn.Module, args: Any,
-                            kwargs: dict[str, Any]) -> None:
-    """A model given ``labels=`` shifts them inside (transformers' causal LMs: ``labels[..., 1:]``), which after
-    the split pairs each rank's tokens with the wrong targets at every chunk edge: refused, with the rule."""
+def _is_transformers_model(module: nn.Module) -> bool:
+    transformers = sys.modules.get("transformers")
+    return transformers is not None and isinstance(module, transformers.PreTrainedModel)
+
+
+@dataclass(frozen=True)
+class _BufferFacts:
+    """What the refusals read of each buffer before the split, so that every rank of the ring (which holds
+    the same samples) refuses alike: a refusal on one rank alone would leave the others waiting in the ring."""
+
+    all_set: tuple[bool, ...]
+    """No zero anywhere (an attention mask without padding)."""
+    plain_positions: tuple[bool, ...]
+    """``0 .. seq-1`` along the sequence in every row (position ids of one document per row)."""
+
+    @classmethod
+    def of(cls, buffers: Sequence[torch.Tensor], seq_dims: Sequence[int], seq: int) -> _BufferFacts:
+        def plain(buffer: torch.Tensor, dim: int) -> bool:
+            if buffer.is_floating_point() or buffer.dtype == torch.bool or dim % buffer.dim() != buffer.dim() - 1:
+                return False
+            return torch.equal(buffer, torch.arange(seq, device=buffer.device).to(buffer.dtype).expand_as(buffer))
+
+        return cls(all_set=tuple(bool(b.ne(0).all()) for b in buffers),
+                   plain_positions=tuple(plain(b, d) for b, d in zip(buffers, seq_dims)))
+
+
+def _index(buffers: Sequence[torch.Tensor], value: Any) -> int | None:
+    return next((i for i, b in enumerate(buffers) if value is b), None)
+
+
+def _check_call(buffers: Sequence[torch.Tensor], facts: _BufferFacts, module: nn.Module, args: Any,
+                kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
+    """What a prepared model's call under cp must give, refused in one line when it is missing; for a transformers
+    model whose positions are one plain sequence, the all-ones ``attention_mask`` that tells it so.
+
+    - ``labels=``: a causal LM shifts them inside, after the split, pairing each chunk's last token with the
+      wrong target; ``shift_labels`` (shifted before the split) must be given with them.
+    - a transformers model: ``position_ids`` among the buffers (else it numbers each rank's part from 0). Under the
+      head-tail split they jump, which transformers reads as packed documents and masks as such; when they are
+      this rank's part of ``0 .. seq-1`` (one document per row), the all-ones mask says so and SDPA runs causal.
+      Positions that restart inside a row (really packed documents) are refused: the ring cannot keep them apart.
+    """
+    name = type(module).__name__
     labels = kwargs.get("labels")
     if isinstance(labels, torch.Tensor) and any(labels is b for b in buffers) and "shift_labels" not in kwargs:
         raise NotSupportedYetError(
-            f"context parallel: {type(module).__name__}(labels=...) shifts the labels after they were split along "
-            f"the sequence, so each chunk's last token gets the wrong target; shift them before the split: "
-            f"shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:], put shift_labels in buffers and pass "
-            f"shift_labels=shift_labels (and no labels) to the model")
-    return None
+            f"context parallel: {name}(labels=...) shifts the labels after they were split along the sequence, so "
+            f"each chunk's last token gets the wrong target; shift them before the split: shift_labels = "
+            f"F.pad(labels, (0, 1), value=-100)[..., 1:], put shift_labels in buffers and pass labels=shift_labels, "
+            f"shift_labels=shift_labels")
+    if not _is_transformers_model(module):
+        return None
+    implementation = getattr(module.config, "_attn_implementation", None)
+    if implementation != "sdpa":
+        raise NotSupportedYetError(
+            f"context parallel: {name} runs attn_implementation={implementation!r}; the ring replaces SDPA only, so "
+            f"load it with attn_implementation='sdpa'")
+    position_ids = kwargs.get("position_ids")
+    where = _index(buffers, position_ids)
+    if not isinstance(position_ids, torch.Tensor) or where is None:
+        raise NotSupportedYetError(
+            f"context parallel: {name} was called without position_ids among the split buffers, so it would number "
+            f"each rank's part of the sequence from 0; pass position_ids=torch.arange(seq).expand(batch, seq) and "
+            f"put it in buffers")
+    if not facts.plain_positions[where]:
+        raise NotSupportedYetError(
+            f"context parallel: {name}'s position_ids restart inside a sequence (packed documents); the ring attends "
+            f"over the whole sequence, so documents would see each other; packing is not supported yet under cp")
+    mask = kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor):
+        index = _index(buffers, mask)
+        if index is None or not facts.all_set[index]:
+            raise NotSupportedYetError(
+                f"context parallel: {name}'s attention_mask " + ("masks padding" if index is not None else
+                                                                 "is not among the split buffers")
+                + "; the ring runs only causal attention over whole sequences, so padding is not supported yet "
+                  "under cp (pack without padding, or leave attention_mask out)")
+    if mask is None:
+        ids = kwargs.get("input_ids")
+        shape = ids.shape[:2] if isinstance(ids, torch.Tensor) else position_ids.shape
+        kwargs["attention_mask"] = torch.ones(shape, dtype=torch.long, device=position_ids.device)
+    return args, kwargs
 
 
 def _check_buffers(buffers: Sequence[torch.Tensor], seq_dims: Sequence[int], no_restore: Iterable[torch.Tensor],
@@ -274,13 +346,14 @@ def context_parallel(mesh: Any, *, buffers: Sequence[torch.Tensor], buffer_seq_d
     no_restore = list(no_restore_buffers or ())
     seq = _check_buffers(buffers, buffer_seq_dims, no_restore, mesh.size(), balanced)
     originals = [None if any(buffer is b for b in no_restore) else buffer.clone() for buffer in buffers]
+    facts = _BufferFacts.of(buffers, buffer_seq_dims, seq)  # read whole, so every cp rank decides alike
     for buffer, part in zip(buffers, _shard(mesh, buffers, buffer_seq_dims, seq, balanced)):
         part = part.clone()
         buffer.resize_(part.shape)
         buffer.copy_(part)
     site = _CallSite(models)
-    refuse = functools.partial(_refuse_shifting_labels, buffers)
-    hooks = [model.register_forward_pre_hook(refuse, with_kwargs=True) for model in site.roots.values()]
+    check = functools.partial(_check_call, buffers, facts)
+    hooks = [model.register_forward_pre_hook(check, with_kwargs=True) for model in site.roots.values()]
     sdpa = _attention_under_cp(site, mesh.get_group(), rotate, balanced)
     sdpa._convoy_cp = True
     original_sdpa = F.scaled_dot_product_attention
