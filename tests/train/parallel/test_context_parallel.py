@@ -1,6 +1,7 @@
 """Context parallel on CPU/gloo: the ring equals full SDPA (forward and backward, both rotations, head-tail
-balanced or not, grouped K/V heads), and the tiny GPT trained under cp=2, dp=2 x cp=2 and zero3 x cp=2 through the
-Accelerator equals one process; what the ring cannot compute is refused in one line.
+balanced or not, grouped K/V heads), and the tiny GPT trained under cp=2, dp=2 x cp=2, zero3 x cp=2 and cp=2 x tp=2
+through the Accelerator equals one process (and resumes at dp=2 from a cp=2 checkpoint); transformers Llama and
+Qwen2 with their own loss too; what the ring cannot compute is refused in one line.
 
 Each test is one launch running several checks; the scripts print one ``OK`` line per check and rank.
 """
@@ -30,9 +31,12 @@ def test_ring_attention_equals_full_attention_forward_and_backward():
     assert _ok(result.output, "causal=False") == 2 and _ok(result.output, "kv_heads=2") == 2, result.output
 
 
-def test_cp2_trains_as_one_process_with_either_rotation_and_refuses_what_the_ring_cannot_compute():
-    result = run_script(SCRIPTS / "cp_parity.py", nproc=2, args=["cp=2", "cp=2:alltoall"], timeout=180)
+def test_cp2_trains_as_one_process_with_either_rotation_resumes_at_dp2_and_refuses_what_the_ring_cannot_compute(
+        tmp_path):
+    result = run_script(SCRIPTS / "cp_parity.py", nproc=2, timeout=240,
+                        args=[f"--resume={tmp_path / 'ckpt'}", "cp=2", "dp=2", "cp=2", "cp=2:alltoall"])
     assert result.returncode == 0, result.output
+    assert _ok(result.output, "resume cp=2 -> dp=2") == 2, result.output
     assert _ok(result.output, "cp=2 (FSDP+CP)") == 2 and _ok(result.output, "cp=2:alltoall (FSDP+CP)") == 2, \
         result.output
     for refusal in ("refuses MaskedAttention", "refuses EagerAttention", "refuses labels=",
@@ -40,10 +44,11 @@ def test_cp2_trains_as_one_process_with_either_rotation_and_refuses_what_the_rin
         assert _ok(result.output, refusal) == 2, (refusal, result.output)
 
 
-def test_dp2_x_cp2_and_zero3_x_cp2_train_as_one_process():
-    result = run_script(SCRIPTS / "cp_parity.py", nproc=4, args=["dp=2,cp=2", "strategy=zero3,cp=2:alltoall"],
-                        timeout=240)
+def test_dp2_x_cp2_zero3_x_cp2_and_cp2_x_tp2_train_as_one_process():
+    result = run_script(SCRIPTS / "cp_parity.py", nproc=4,
+                        args=["dp=2,cp=2", "strategy=zero3,cp=2:alltoall", "cp=2,tp=2"], timeout=300)
     assert result.returncode == 0, result.output
+    assert _ok(result.output, "cp=2,tp=2 (FSDP+CP+TP)") == 4, result.output
     assert _ok(result.output, "dp=2,cp=2 (FSDP+CP)") == 4, result.output
     assert _ok(result.output, "strategy=zero3,cp=2:alltoall (FSDP+CP)") == 4, result.output
 

@@ -137,6 +137,8 @@ def build_mesh(dims: ParallelDims, *, device_type: str | None = None) -> Paralle
         # it DTensor warns on every rank "flatten mesh dimensions ["dp_shard", "tp"]" (tensor/_redistribute.py)
         mesh["dp_shard", "tp"]._flatten("dp_shard_tp")
     if dims.cp_enabled:
+        if dims.tp_enabled:  # as dp_shard_tp: the gradient norm is partial over the FSDP ranks and tp at once
+            mesh[tuple(n for n in ("dp_shard", "cp", "tp") if n in (mesh.mesh_dim_names or ()))]._flatten("dp_cp_tp")
         if dims.dp_shard_enabled:
             mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
         if dims.dp_enabled:

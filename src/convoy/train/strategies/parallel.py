@@ -109,7 +109,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         if dims.hsdp_enabled and engine not in _SHARDED:
             raise StrategyError(f"dp_replicate x dp_shard (HSDP) needs dp_engine='fsdp', not {engine!r}")
         if dims.cp_enabled:
-            _check_context_parallel(dims, engine)
+            _check_context_parallel(dims, engine, sequence_parallel=self.config.sequence_parallel)
         if not dims.hsdp_enabled:  # one dp axis: name it by how it is realised
             rep, shard = (1, dims.dp) if realisation(engine, dims.tp) in _FULLY_SHARD else (dims.dp, 1)
             dims = ParallelDims(dp_replicate=rep, dp_shard=shard, tp=dims.tp, pp=dims.pp, cp=dims.cp)
@@ -506,17 +506,19 @@ def _check_pipeline_loss(model: torch.nn.Module, loss_fn: Any) -> None:
         raise StrategyError(f"strategy_options['loss_fn'] = {loss_fn!r} is not callable; pass fn(output, target)")
 
 
-def _check_context_parallel(dims: ParallelDims, engine: str) -> None:
+def _check_context_parallel(dims: ParallelDims, engine: str, *, sequence_parallel: bool) -> None:
     """cp runs beside FSDP2 (the weights sharded over dp_shard x cp, the gradients averaged over dp x cp), as
     torchtitan and Accelerate run it; what it is not yet tested beside is refused."""
     if engine not in _SHARDED:
         raise NotSupportedYetError(f"cp={dims.cp} beside dp_engine={engine!r} is not supported yet: context "
                                    f"parallelism runs with FSDP2 over dp_shard x cp; use strategy 'zero3' (or "
                                    f"'fsdp', 'zero2', 'parallel')")
-    for axis in ("tp", "pp"):
-        if getattr(dims, axis) > 1:
-            raise NotSupportedYetError(f"cp={dims.cp} beside {axis}={getattr(dims, axis)} is not supported yet; "
-                                       f"give cp with data parallelism only (dp x cp)")
+    if dims.pp_enabled:
+        raise NotSupportedYetError(f"cp={dims.cp} beside pp={dims.pp} is not supported yet; give cp with data and "
+                                   f"tensor parallelism (dp x cp x tp)")
+    if sequence_parallel and dims.tp_enabled:
+        raise NotSupportedYetError(f"cp={dims.cp} with sequence_parallel is not supported yet (both split the "
+                                   f"sequence); leave sequence_parallel off, cp already splits the activations")
 
 
 def _enabled(mesh: DeviceMesh | None) -> DeviceMesh:

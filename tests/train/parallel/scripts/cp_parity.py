@@ -24,7 +24,7 @@ from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, assert_matches_re
 from convoy.errors import ConfigError, NotSupportedYetError
 from convoy.train.accelerator import Accelerator
 
-STEPS, BATCH, CLIP = 3, 4, 0.5
+STEPS, SAVED, BATCH, CLIP = 3, 2, 4, 0.5
 
 
 def prepare(layout, start):
@@ -33,31 +33,32 @@ def prepare(layout, start):
     named = [part.split("=")[1] for part in parts if part.startswith("strategy=")]
     dims = {k: int(v) for k, v in (part.split("=") for part in parts if not part.startswith("strategy="))}
     options = {"cp_comm_strategy": rotate} if rotate else None
-    acc = Accelerator(parallelism=dims, strategy=named[0] if named else None, strategy_options=options,
+    acc = Accelerator(parallelism=dims, strategy=named[0] if named else "parallel", strategy_options=options,
                       collective_timeout=60)
-    assert acc.strategy.config.cp_comm_strategy == (rotate or "allgather"), acc.strategy.config
+    assert getattr(acc.strategy.config, "cp_comm_strategy", "allgather") == (rotate or "allgather")
     model = copy.deepcopy(start)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, opt = acc.prepare(model, opt)
     return acc, model, opt, dims
 
 
-def run_steps(acc, model, opt, cfg):
+def run_steps(acc, model, opt, cfg, steps=range(STEPS)):
     dp_rank, dp = acc.data_parallel_rank, acc.strategy.data_parallel_size
+    cp = acc.parallelism_config.cp_size if acc.parallelism_config else 1
     losses, norms = [], []
-    for step in range(STEPS):
+    for step in steps:
         x, y = batch(cfg, size=BATCH, step=step)
         x, y = x.chunk(dp)[dp_rank].clone(), y.chunk(dp)[dp_rank].clone()
         with acc.maybe_context_parallel(buffers=[x, y], buffer_seq_dims=[1, 1], no_restore_buffers={x, y}):
-            assert x.shape[1] == cfg.seq // acc.parallelism_config.cp_size, x.shape
+            assert x.shape[1] == cfg.seq // cp, x.shape
             loss = lm_loss(model(x), y)
             acc.backward(loss)
         norms.append(float(acc.clip_grad_norm_(model.parameters(), CLIP)))
         opt.step()
         opt.zero_grad()
         mean = loss.detach().clone()  # each rank's loss is over its own tokens, as many on every rank
-        dist.all_reduce(mean, group=acc.torch_device_mesh["dp_cp" if dp > 1 else "cp"].get_group())
-        losses.append(mean.item() / (dp * acc.parallelism_config.cp_size))
+        dist.all_reduce(mean)
+        losses.append(mean.item() / dist.get_world_size())  # the tp ranks' losses are equal
     return losses, norms
 
 
@@ -65,14 +66,16 @@ def check_names(acc, dims):
     pc = acc.parallelism_config
     cp = dims["cp"]
     assert pc.cp_enabled and pc.cp_size == cp and "cp" in pc.dp_cp_dim_names, pc
-    assert acc.non_data_parallel_size == cp, acc.non_data_parallel_size
+    tp = dims.get("tp", 1)
+    assert acc.non_data_parallel_size == cp * tp, acc.non_data_parallel_size
     mesh = acc.torch_device_mesh
     assert acc.context_parallel_rank == mesh.get_local_rank("cp")
-    assert acc.tensor_parallel_rank == 0 and acc.pipeline_parallel_rank == 0
-    # the cp ranks of one data shard read the same samples
+    assert acc.tensor_parallel_rank == (mesh.get_local_rank("tp") if tp > 1 else 0) and acc.pipeline_parallel_rank == 0
+    # the cp (and tp) ranks of one data shard read the same samples
     ranks = [None] * dist.get_world_size()
-    dist.all_gather_object(ranks, (acc.data_parallel_rank, acc.context_parallel_rank))
-    assert sorted(ranks) == sorted((d, c) for d in range(acc.strategy.data_parallel_size) for c in range(cp)), ranks
+    dist.all_gather_object(ranks, (acc.data_parallel_rank, acc.context_parallel_rank, acc.tensor_parallel_rank))
+    assert sorted(ranks) == sorted((d, c, t) for d in range(acc.strategy.data_parallel_size) for c in range(cp)
+                                   for t in range(tp)), ranks
 
 
 class MaskedAttention(torch.nn.Module):
@@ -135,12 +138,31 @@ def check_refusals(acc, cp):
         print(f"rank {dist.get_rank()} refuses an uneven sequence OK", flush=True)
 
 
+def resume(ckpt, layouts, cfg, start, reference):
+    """A checkpoint saved under one cp degree resumes under another (DCP reshards the FSDP shards)."""
+    ref, ref_losses, ref_norms = reference
+    acc, model, opt, _ = prepare(layouts[0], start)
+    run_steps(acc, model, opt, cfg, range(SAVED))
+    acc.save_state(ckpt)
+    torch.manual_seed(1)
+    acc, model, opt, _ = prepare(layouts[1], TinyGPT(cfg))  # a different start: only the checkpoint can agree
+    acc.load_state(ckpt)
+    losses, norms = run_steps(acc, model, opt, cfg, range(SAVED, STEPS))
+    diffs = assert_matches_reference(layouts[1], acc.strategy.full_model_state_dict(model), ref, losses,
+                                     ref_losses[SAVED:], norms, ref_norms[SAVED:], clip=CLIP)
+    print(f"rank {dist.get_rank()} resume {layouts[0]} -> {layouts[1]}: {diffs} OK", flush=True)
+
+
 def main():
     cfg = TinyConfig(seq=16)
     torch.manual_seed(0)
     start = TinyGPT(cfg)
     ref, ref_losses, ref_norms = reference_run(start, cfg, steps=STEPS, size=BATCH, clip=CLIP)
-    for i, layout in enumerate(sys.argv[1:]):
+    layouts = sys.argv[1:]
+    if layouts[0].startswith("--resume="):  # save at the first layout after SAVED steps, resume at the second
+        resume(layouts[0].removeprefix("--resume="), layouts[1:3], cfg, start, (ref, ref_losses, ref_norms))
+        layouts = layouts[3:]
+    for i, layout in enumerate(layouts):
         acc, model, opt, dims = prepare(layout, start)
         check_names(acc, dims)
         losses, norms = run_steps(acc, model, opt, cfg)
