@@ -42,7 +42,7 @@ def _degrees(candidate: Candidate) -> list[tuple[str, int]]:
         out = [("dp", d.dp)]
     else:
         out = []
-    return out + [(axis, getattr(d, axis)) for axis in ("tp", "pp") if getattr(d, axis) > 1]
+    return out + [(axis, getattr(d, axis)) for axis in ("cp", "tp", "pp") if getattr(d, axis) > 1]
 
 
 def launch_args(candidate: Candidate, hw: Hardware, *, recompute: str = "none") -> tuple[str, ...]:
