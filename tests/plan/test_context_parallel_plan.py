@@ -70,3 +70,20 @@ def _rates():
     from convoy.plan.speed.rates import rates_for
 
     return rates_for(HW.gpu)
+
+
+def test_the_printed_cp_line_is_accepted_by_the_launcher(monkeypatch, capsys, tmp_path):
+    from pathlib import Path
+
+    from convoy.cli.main import main
+
+    inventory = Path(__file__).parents[1] / "inventories" / "8xh100_nvswitch.json"
+    monkeypatch.setenv("CONVOY_INVENTORY", str(inventory))
+    monkeypatch.delenv("CONVOY_PARALLELISM", raising=False)
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    rec = plan_for(MODEL, RunSpec(seq_len=131072), HW, global_batch=8, allowed=("zero3", "tp", "cp")).recommendation
+    code = main(["launch", *rec.row.launch_args, "--dry-run", str(script)])  # type: ignore[union-attr]
+    out, err = capsys.readouterr()
+    degrees = dict(rec.row.candidate.layout.dims.mesh_shape())  # type: ignore[union-attr]
+    assert code == 0 and f"cp={degrees['cp']}" in out, (out, err)
