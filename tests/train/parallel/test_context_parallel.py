@@ -32,12 +32,15 @@ def test_ring_attention_equals_full_attention_forward_and_backward():
 
 
 @pytest.mark.slow
-def test_cp2_trains_as_one_process_with_either_rotation_resumes_at_dp2_and_refuses_what_the_ring_cannot_compute(
+def test_cp2_trains_as_one_process_with_either_rotation_and_recompute_resumes_at_dp2_and_refuses_what_it_cannot(
         tmp_path):
     result = run_script(SCRIPTS / "cp_parity.py", nproc=2, timeout=240,
-                        args=[f"--resume={tmp_path / 'ckpt'}", "cp=2", "dp=2", "cp=2", "cp=2:alltoall"])
+                        args=[f"--resume={tmp_path / 'ckpt'}", "cp=2", "dp=2", "cp=2", "cp=2:alltoall",
+                              "cp=2::full", "cp=2:alltoall:selective"])
     assert result.returncode == 0, result.output
     assert _ok(result.output, "resume cp=2 -> dp=2") == 2, result.output
+    assert _ok(result.output, "cp=2::full (FSDP+CP)") == 2, result.output  # recomputation replays the ring
+    assert _ok(result.output, "cp=2:alltoall:selective (FSDP+CP)") == 2, result.output
     assert _ok(result.output, "cp=2 (FSDP+CP)") == 2 and _ok(result.output, "cp=2:alltoall (FSDP+CP)") == 2, \
         result.output
     for refusal in ("refuses MaskedAttention", "refuses EagerAttention", "refuses labels=",

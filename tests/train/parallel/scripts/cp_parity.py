@@ -4,8 +4,8 @@ steps (clipped) with ``maybe_context_parallel`` around forward and backward, the
     convoy launch --nproc-per-node 2 tests/train/parallel/scripts/cp_parity.py cp=2 cp=2:alltoall
     convoy launch --nproc-per-node 4 tests/train/parallel/scripts/cp_parity.py dp=2,cp=2 strategy=zero3,cp=2
 
-Each argument is ``degrees[:rotation]`` (``strategy=NAME`` among the degrees names the data-parallel strategy
-beside cp); every rank prints one ``<layout> (<distributed type>) ... OK`` line per layout, and one
+Each argument is ``degrees[:rotation[:recompute]]`` (``strategy=NAME`` among the degrees names the data-parallel
+strategy beside cp); every rank prints one ``<layout> (<distributed type>) ... OK`` line per layout, and one
 ``refuses ... OK`` line per refusal.
 """
 
@@ -28,13 +28,13 @@ STEPS, SAVED, BATCH, CLIP = 3, 2, 4, 0.5
 
 
 def prepare(layout, start):
-    degrees, rotate = (layout.split(":") + [None])[:2]
+    degrees, rotate, recompute = (layout.split(":") + [None, None])[:3]
     parts = degrees.split(",")
     named = [part.split("=")[1] for part in parts if part.startswith("strategy=")]
     dims = {k: int(v) for k, v in (part.split("=") for part in parts if not part.startswith("strategy="))}
     options = {"cp_comm_strategy": rotate} if rotate else None
     acc = Accelerator(parallelism=dims, strategy=named[0] if named else "parallel", strategy_options=options,
-                      collective_timeout=60)
+                      collective_timeout=60, recompute=recompute or None)
     assert getattr(acc.strategy.config, "cp_comm_strategy", "allgather") == (rotate or "allgather")
     model = copy.deepcopy(start)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
