@@ -106,3 +106,20 @@ def test_ring_rotation_and_buffers_are_checked_before_anything_is_split():
     with pytest.raises(ConfigError, match="buffers\\[0\\] is Parameter"):
         _check_buffers([torch.nn.Parameter(q)], [2], (), 2, True)
     assert _check_buffers([q], [2], (), 2, True) == 4
+
+
+@pytest.mark.slow
+def test_accelerates_cp_config_file_trains_with_a_bare_accelerator():
+    """``convoy launch --config_file`` with Accelerate's parallelism_config_cp_size (FSDP2, dp_shard 2 x cp 2):
+    the script's ``Accelerator()`` runs that layout, equal to one process."""
+    import sys
+
+    from tests.distributed import cpu_env
+    from tests.processes import finish, start
+
+    config = Path(__file__).parents[2] / "config" / "accelerate" / "context_parallel.yaml"
+    proc = start([sys.executable, "-m", "convoy", "launch", "--devices", "0", "--config_file", str(config),
+                  str(SCRIPTS / "cp_parity.py"), "launcher"], env=cpu_env())
+    output = finish(proc, timeout=240)
+    assert proc.returncode == 0, output[-4000:]
+    assert _ok(output, "launcher (FSDP+CP)") == 4, output[-4000:]

@@ -4,8 +4,9 @@ steps (clipped) with ``maybe_context_parallel`` around forward and backward, the
     convoy launch --nproc-per-node 2 tests/train/parallel/scripts/cp_parity.py cp=2 cp=2:alltoall
     convoy launch --nproc-per-node 4 tests/train/parallel/scripts/cp_parity.py dp=2,cp=2 strategy=zero3,cp=2
 
-Each argument is ``degrees[:rotation[:recompute]]`` (``strategy=NAME`` among the degrees names the data-parallel
-strategy beside cp); every rank prints one ``<layout> (<distributed type>) ... OK`` line per layout, and one
+Each argument is ``launcher`` (a bare ``Accelerator()``: what ``convoy launch`` says, e.g. from
+``--config_file tests/config/accelerate/context_parallel.yaml``) or ``degrees[:rotation[:recompute]]``
+(``strategy=NAME`` among the degrees names the data-parallel strategy beside cp); every rank prints one ``<layout> (<distributed type>) ... OK`` line per layout, and one
 ``refuses ... OK`` line per refusal.
 """
 
@@ -28,6 +29,14 @@ STEPS, SAVED, BATCH, CLIP = 3, 2, 4, 0.5
 
 
 def prepare(layout, start):
+    if layout == "launcher":  # the degrees and options from convoy launch (an Accelerate config file's): Accelerator()
+        acc = Accelerator(collective_timeout=60)
+        pc = acc.parallelism_config
+        dims = {"dp": pc.data_parallel_size, "cp": pc.cp_size}
+        model = copy.deepcopy(start)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        model, opt = acc.prepare(model, opt)
+        return acc, model, opt, dims
     degrees, rotate, recompute = (layout.split(":") + [None, None])[:3]
     parts = degrees.split(",")
     named = [part.split("=")[1] for part in parts if part.startswith("strategy=")]
