@@ -6,8 +6,8 @@ steps (clipped) with ``maybe_context_parallel`` around forward and backward, the
 
 Each argument is ``launcher`` (a bare ``Accelerator()``: what ``convoy launch`` says, e.g. from
 ``--config_file tests/config/accelerate/context_parallel.yaml``) or ``degrees[:rotation[:recompute]]``
-(``strategy=NAME`` among the degrees names the data-parallel strategy beside cp); every rank prints one ``<layout> (<distributed type>) ... OK`` line per layout, and one
-``refuses ... OK`` line per refusal.
+(``strategy=NAME`` among the degrees names the data-parallel strategy beside cp); every rank prints one
+``<layout> (<distributed type>) ... OK`` line per layout, and one ``refuses ... OK`` line per refusal.
 """
 
 import copy
