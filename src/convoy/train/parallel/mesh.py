@@ -59,9 +59,7 @@ class ParallelMesh:
     @property
     def dp_cp(self) -> DeviceMesh | None:
         """The ranks the loss and gradients are averaged over (dp x cp, flattened), or None when both are 1."""
-        if not self.dims.cp_enabled:
-            return self.dp
-        return self.mesh["dp_cp"] if self.dims.dp_enabled else self.cp
+        return self.mesh["dp_cp"] if self.dims.cp_enabled else self.dp
 
     @property
     def dp(self) -> DeviceMesh | None:
@@ -77,10 +75,9 @@ class ParallelMesh:
         """The mesh FSDP shards over: ("dp_replicate", "dp_shard") for HSDP, else the dp mesh; with cp, dp_shard x
         cp flattened in place of dp_shard (each cp rank holds its own shard of the weights)."""
         if self.dims.cp_enabled:
-            shard = self.mesh["dp_shard_cp"] if self.dims.dp_shard_enabled else self.cp
             if self.dims.dp_replicate_enabled:
                 return self.mesh["dp_replicate", "dp_shard_cp" if self.dims.dp_shard_enabled else "cp"]
-            return shard
+            return self.mesh["dp_shard_cp"] if self.dims.dp_shard_enabled else self.cp
         if self.dims.hsdp_enabled:
             return self.mesh["dp_replicate", "dp_shard"]
         return self.dp
@@ -136,12 +133,10 @@ def build_mesh(dims: ParallelDims, *, device_type: str | None = None) -> Paralle
         # a gradient norm partial over both (clip_grad_norm_) is then one all-reduce, not two in sequence; without
         # it DTensor warns on every rank "flatten mesh dimensions ["dp_shard", "tp"]" (tensor/_redistribute.py)
         mesh["dp_shard", "tp"]._flatten("dp_shard_tp")
-    if dims.cp_enabled:
+    if dims.cp_enabled:  # Accelerate's names exist whatever the other degrees (a one-dimension flatten is an alias)
+        present = mesh.mesh_dim_names or ()
         if dims.tp_enabled:  # as dp_shard_tp: the gradient norm is partial over the FSDP ranks and tp at once
-            mesh[tuple(n for n in ("dp_shard", "cp", "tp") if n in (mesh.mesh_dim_names or ()))]._flatten("dp_cp_tp")
-        if dims.dp_shard_enabled:
-            mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
-        if dims.dp_enabled:
-            names = tuple(n for n in ("dp_replicate", "dp_shard", "cp") if n in (mesh.mesh_dim_names or ()))
-            mesh[names]._flatten("dp_cp")
+            mesh[tuple(n for n in ("dp_shard", "cp", "tp") if n in present)]._flatten("dp_cp_tp")
+        mesh[tuple(n for n in ("dp_shard", "cp") if n in present)]._flatten("dp_shard_cp")
+        mesh[tuple(n for n in ("dp_replicate", "dp_shard", "cp") if n in present)]._flatten("dp_cp")
     return ParallelMesh(dims=dims, mesh=mesh)

@@ -79,6 +79,9 @@ def check_names(acc, dims):
     assert acc.non_data_parallel_size == cp * tp, acc.non_data_parallel_size
     mesh = acc.torch_device_mesh
     assert acc.context_parallel_rank == mesh.get_local_rank("cp")
+    # Accelerate's flattened names, whatever the other degrees: FSDP's mesh and the loss-averaging one
+    dp = acc.strategy.data_parallel_size
+    assert mesh["dp_shard_cp"].size() == cp * dp and mesh["dp_cp"].size() == cp * dp, (mesh, dp)
     assert acc.tensor_parallel_rank == (mesh.get_local_rank("tp") if tp > 1 else 0) and acc.pipeline_parallel_rank == 0
     # the cp (and tp) ranks of one data shard read the same samples
     ranks = [None] * dist.get_world_size()
