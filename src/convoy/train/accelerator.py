@@ -420,9 +420,16 @@ class Accelerator:
         return self.strategy, self.gradient_accumulation_steps
 
     # --- the parallel layout (Accelerate 1.10+'s ND-parallel names) -----------------------------------------
+    def _settled_strategy(self) -> Strategy | None:
+        """The strategy, built now if the settings decide it; None while ``"auto"`` without degrees waits for the
+        model that ``prepare`` brings (asking these names first must not make it choose without the model)."""
+        if self._strategy is None and self.settings.strategy == "auto" and self.settings.parallel_dims is None:
+            return None
+        return self.strategy
+
     def _layout(self) -> ParallelMesh | None:
         """The built mesh of a layout strategy (dp x cp x tp x pp), else None (a plain data-parallel strategy)."""
-        mesh = getattr(self.strategy, "mesh", None)
+        mesh = getattr(self._settled_strategy(), "mesh", None)
         return mesh if isinstance(mesh, ParallelMesh) else None
 
     @property
@@ -447,7 +454,8 @@ class Accelerator:
     def data_parallel_rank(self) -> int:
         """Which data shard this process reads (over dp_replicate x dp_shard; cp, tp and pp ranks of one group
         read the same samples). Accelerate's counts dp_replicate only; its ``data_parallel_shard_rank`` is below."""
-        return self.strategy.data_parallel_rank
+        strategy = self._settled_strategy()
+        return self.process_index if strategy is None else strategy.data_parallel_rank
 
     @property
     def data_parallel_shard_rank(self) -> int:
@@ -474,7 +482,8 @@ class Accelerator:
     @property
     def non_data_parallel_size(self) -> int:
         """Processes that share each sample (cp x tp x pp): tokens per device is tokens per sample over this."""
-        return self.num_processes // self.strategy.data_parallel_size
+        strategy = self._settled_strategy()
+        return 1 if strategy is None else self.num_processes // strategy.data_parallel_size
 
     @contextlib.contextmanager
     def maybe_context_parallel(self, buffers: list[torch.Tensor] | None = None,

@@ -80,6 +80,7 @@ def test_at_cp1_maybe_context_parallel_is_a_no_op_and_the_nd_names_answer_for_on
     from convoy import Accelerator
 
     acc = Accelerator(cpu=True)
+    assert acc.parallelism_config is None and acc._strategy is None  # "auto" still waits for the model
     ids = torch.arange(10).reshape(1, 10)
     sdpa = F.scaled_dot_product_attention
     with acc.maybe_context_parallel(buffers=[ids], buffer_seq_dims=[1]):
