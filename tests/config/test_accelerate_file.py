@@ -26,6 +26,8 @@ READ = {
     "fsdp_hybrid_two_machines.yaml": {"strategy": "zero3", "parallelism": "dp_replicate=2,dp_shard=4",
                                       "num_processes": 8, "nnodes": "2", "node_rank": 1, "rdzv_backend": "static",
                                       "master_addr": "10.1.2.3", "master_port": 29501, "mixed_precision": "bf16"},
+    "context_parallel.yaml": {"strategy": "zero3", "parallelism": "dp_replicate=1,dp_shard=2,cp=2,tp=1",
+                              "cp_comm_strategy": "allgather", "num_processes": 4},
     "fsdp2_parallelism.yaml": {"strategy": "zero3", "parallelism": "dp_replicate=1,dp_shard=2,tp=2",
                                "num_processes": 4, "nnodes": "1", "mixed_precision": "bf16"},
     "deepspeed_inline.yaml": {"strategy": "zero2", "cpu_offload": True, "gradient_accumulation_steps": 4,
@@ -47,8 +49,6 @@ REFUSED = {
     "fp8.yaml": (NotSupportedYetError, "fp8.yaml: fp8_config.backend = TE: Transformer Engine fp8 is not in convoy"),
     "megatron.yaml": (NotSupportedYetError, "megatron.yaml: megatron_lm_config = {...}: Megatron-LM"),
     "tpu.yaml": (NotSupportedYetError, "tpu.yaml: distributed_type = XLA: TPUs"),
-    "context_parallel.yaml": (NotSupportedYetError, "parallelism_config.parallelism_config_cp_size = 2: context "
-                                                    "parallelism is not in convoy yet"),
     "dynamo.yaml": (NotSupportedYetError, "dynamo_config.dynamo_backend = INDUCTOR: convoy does not compile"),
     "deepspeed_nvme.yaml": (NotSupportedYetError, "deepspeed_config.offload_optimizer_device = nvme"),
     "deepspeed_clipping.yaml": (NotSupportedYetError, "deepspeed_config.gradient_clipping = 1.0: convoy does not "

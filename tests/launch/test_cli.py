@@ -210,6 +210,16 @@ def test_parallelism_from_a_settings_file_reaches_the_workers_and_flags_win(tmp_
     monkeypatch.setenv("CONVOY_PARALLELISM", "pp=4")  # the variable is above the file
     r, _ = request("--nproc-per-node", "4")
     assert r.settings.parallelism == "pp=4"
+    r, _ = request("--nproc-per-node", "4", "--dp", "2", "--cp", "2")  # context parallel: a degree like the others
+    assert r.settings.parallelism == "dp=2,cp=2"
+
+
+def test_cp_that_does_not_divide_the_processes_is_one_line(capsys):
+    from convoy.cli.main import main
+
+    code = main(["launch", "--devices", "0", "--nproc-per-node", "4", "--cp", "3", "--dry-run", "train.py"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "cp=3" in err, err
 
 
 def test_recompute_reaches_the_ranks_and_a_bad_value_is_one_line_naming_its_source(tmp_path, monkeypatch, capsys):

@@ -107,8 +107,6 @@ def test_flags_and_torchruns_variables_win_over_the_file_and_the_file_over_convo
 @pytest.mark.parametrize("name, code, words", [
     ("fp8.yaml", 2, "fp8.yaml: fp8_config.backend = TE: Transformer Engine fp8 is not in convoy"),
     ("megatron.yaml", 2, "megatron.yaml: megatron_lm_config = {...}: Megatron-LM is not in convoy"),
-    ("context_parallel.yaml", 2, "context_parallel.yaml: parallelism_config.parallelism_config_cp_size = 2: context "
-                                 "parallelism is not in convoy yet; give 1"),
     ("deepspeed_optimizer_file.yaml", 2, "zero2_optimizer.json: optimizer = {...}: DeepSpeed builds this optimizer"),
     ("tpu.yaml", 2, "tpu.yaml: distributed_type = XLA: TPUs (torch_xla) are not in convoy"),
 ])

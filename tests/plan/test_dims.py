@@ -62,3 +62,18 @@ def test_a_value_in_an_error_message_is_one_short_line_whatever_it_is():
     assert shown("x" * 100, limit=80) == repr("x" * 100)[:77] + "..." and shown("x" * 78, limit=80) == repr("x" * 78)
     assert shown(10**5000) == "<a int too long to print>"
     assert shown(2**70, huge="<a number too large>") == "<a number too large>" and shown(2**70).startswith("1180")
+
+
+def test_cp_is_a_degree_between_dp_shard_and_tp():
+    """Context parallel: a degree like the others, in the mesh inside dp_shard and outside tp (torchtitan's and
+    Accelerate's order), dp inferred from what cp x tp x pp leave."""
+    dims = ParallelDims.parse("cp=2,tp=2", world_size=16, shard_dp=True)
+    assert (dims.dp, dims.cp, dims.tp, dims.world_size, dims.dp_cp) == (4, 2, 2, 16, 8)
+    assert dims.mesh_shape() == (("dp_shard", 4), ("cp", 2), ("tp", 2))
+    assert dims.cp_enabled and not dims.is_trivial and dims.describe() == "dp=4,cp=2,tp=2,pp=1"
+    assert ParallelDims.parse("cp=4", world_size=4).mesh_shape() == (("cp", 4),)
+    assert ParallelDims.parse("dp=2,tp=2").describe() == "dp=2,tp=2,pp=1"  # cp=1 is not named
+    with pytest.raises(StrategyError, match="cp=3 x tp=1 x pp=1 does not divide the world size 8"):
+        ParallelDims.parse("cp=3", world_size=8)
+    with pytest.raises(StrategyError, match="parallelism cp=0: each degree must be a whole number >= 1"):
+        ParallelDims.parse("cp=0")

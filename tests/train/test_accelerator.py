@@ -18,20 +18,23 @@ from convoy.train.strategies import Strategy, available_strategies, register_str
 
 PUBLIC = [
     "accumulate", "autocast", "backward", "broadcast", "check_trigger", "clear", "clip_grad_norm_",
-    "clip_grad_value_", "device", "distributed_type", "end_training", "even_batches", "fp8_backend",
-    "fp8_recipe_handler", "free_memory", "gather",
+    "clip_grad_value_", "context_parallel_rank", "data_parallel_rank", "data_parallel_shard_rank", "device",
+    "distributed_type", "end_training", "even_batches", "fp8_backend", "fp8_recipe_handler", "free_memory", "gather",
     "gather_for_metrics", "get_state_dict", "get_tracker", "gradient_accumulation_steps", "gradient_state",
     "init_trackers", "is_last_process", "is_local_main_process", "is_main_process", "join_uneven_inputs",
     "load_state", "local_main_process_first", "local_process_index", "log", "logging_dir", "main_process_first",
-    "mixed_precision", "no_sync", "num_processes", "on_last_process", "on_local_main_process", "on_local_process",
+    "maybe_context_parallel", "mixed_precision", "no_sync", "non_data_parallel_size", "num_processes",
+    "on_last_process", "on_local_main_process", "on_local_process",
     "on_main_process", "on_process", "optimizer_step_was_skipped", "pad_across_processes",
+    "parallelism_config", "pipeline_parallel_rank",
     "plan_report",  # convoy's own, not an Accelerate name: the plan beside what the first steps measured
     "prepare",
     "prepare_data_loader", "prepare_model", "prepare_optimizer", "prepare_scheduler", "print", "process_index",
     "project_dir", "reduce", "register_for_checkpointing", "register_load_state_pre_hook",
     "register_save_state_pre_hook", "save", "save_model", "save_state", "set_trigger", "skip_first_batches",
-    "split_batches", "split_between_processes", "strategy", "sync_gradients", "trackers",
-    "trigger_sync_in_backward", "unscale_gradients", "unwrap_model", "use_distributed", "wait_for_everyone",
+    "split_batches", "split_between_processes", "strategy", "sync_gradients", "tensor_parallel_rank",
+    "torch_device_mesh", "trackers", "trigger_sync_in_backward", "unscale_gradients", "unwrap_model",
+    "use_distributed", "wait_for_everyone",
 ]
 
 

@@ -13,6 +13,7 @@ from convoy import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin,
 from convoy.errors import ConfigError, NotSupportedYetError
 from convoy.train.plugins import plugin_arguments
 from convoy.train.process_group import stop_process_group
+from convoy.utils import TorchContextParallelConfig
 
 ZERO3_JSON = Path(__file__).resolve().parents[1] / "config" / "accelerate" / "zero3.json"
 
@@ -36,7 +37,8 @@ def test_importable_where_accelerate_puts_them():
 
 
 @pytest.mark.parametrize("ours, name", [(FullyShardedDataParallelPlugin, "FullyShardedDataParallelPlugin"),
-                                        (DeepSpeedPlugin, "DeepSpeedPlugin"), (ParallelismConfig, "ParallelismConfig")])
+                                        (DeepSpeedPlugin, "DeepSpeedPlugin"), (ParallelismConfig, "ParallelismConfig"),
+                                        (TorchContextParallelConfig, "TorchContextParallelConfig")])
 def test_constructor_arguments_are_accelerates(ours, name):
     accelerate = pytest.importorskip("accelerate")
     theirs = getattr(accelerate.utils, name)
@@ -119,7 +121,10 @@ def test_a_deepspeed_plugin_reads_its_json_as_the_config_file_does(monkeypatch, 
      "strategy_options cpu_offload=False and FullyShardedDataParallelPlugin(cpu_offload=True)"),
     (lambda: FullyShardedDataParallelPlugin(fsdp_version=3), "Plugin(fsdp_version=3): give 1 or 2"),
     (lambda: FullyShardedDataParallelPlugin(ignored_modules=["head"]), "ignored_modules=['head']): not supported yet"),
-    (lambda: ParallelismConfig(cp_size=2), "ParallelismConfig(cp_size=2): context parallelism is not in convoy yet"),
+    (lambda: ParallelismConfig(sp_size=2), "ParallelismConfig(sp_size=2): sequence parallelism (Ulysses) is not in "
+                                           "convoy yet"),
+    (lambda: TorchContextParallelConfig(cp_comm_strategy="ring"), "TorchContextParallelConfig(cp_comm_strategy='ring')"
+                                                                  ": choose 'allgather' or 'alltoall'"),
 ])
 def test_conflicts_and_what_convoy_does_not_run_are_one_line(make, words):
     with pytest.raises((ConfigError, NotSupportedYetError)) as caught:
@@ -141,6 +146,24 @@ def test_hybrid_shard_splits_over_the_machines_and_parallelism_config_gives_degr
         plugin_arguments(fsdp_plugin=None, deepspeed_plugin=None, parallelism_config=ParallelismConfig(tp_size=2),
                          explicit={"parallelism": {"tp": 2}}, strategy_options=None, env=env)
     assert ParallelismConfig(dp_shard_size=4, tp_size=2).total_size == 8
+
+
+def test_parallelism_config_cp_size_is_the_cp_degree_and_its_comm_strategy_an_option():
+    """Accelerate's nd_parallel.py spelling: cp_size with cp_handler=TorchContextParallelConfig(cp_comm_strategy=...);
+    its dimension names as Accelerate gives them."""
+    env = {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8", "RANK": "0", "LOCAL_RANK": "0"}
+    config = ParallelismConfig(dp_shard_size=2, cp_size=4,
+                               cp_handler=TorchContextParallelConfig(cp_comm_strategy="alltoall"))
+    got = plugin_arguments(fsdp_plugin=None, deepspeed_plugin=None, parallelism_config=config, explicit={},
+                           strategy_options=None, env=env)
+    assert got.explicit["parallelism"] == "dp_replicate=1,dp_shard=2,cp=4,tp=1"
+    assert got.options == {"cp_comm_strategy": "alltoall"}
+    assert (config.cp_enabled, config.total_size, config.non_data_parallel_size) == (True, 8, 4)
+    assert config.dp_cp_dim_names == ["dp_shard", "cp"] and config.dp_shard_cp_dim_names == ["dp_shard", "cp"]
+    assert config.fsdp_dim_names == ["dp_shard_cp"] and config.non_dp_dim_names == ["cp"]
+    plain = plugin_arguments(fsdp_plugin=None, deepspeed_plugin=None, parallelism_config=ParallelismConfig(cp_size=2),
+                             explicit={}, strategy_options=None, env=env)
+    assert plain.explicit["parallelism"] == "dp_replicate=1,dp_shard=1,cp=2,tp=1" and plain.options is None
 
 
 def test_auto_wrap_takes_class_names_as_accelerates_transformer_cls_names_to_wrap():

@@ -182,6 +182,8 @@ def _add_training_flags(cv) -> None:
                     help="HSDP: replicas (across nodes), with --dp-shard")
     cv.add_argument("--dp-shard", "--dp_shard", type=_whole, default=None,
                     help="HSDP: ranks each replica is sharded over (inside a node), with --dp-replicate")
+    cv.add_argument("--cp", type=_whole, default=None,
+                    help="context parallel: each sequence split over this many ranks (ring attention)")
     cv.add_argument("--tp", type=_whole, default=None)
     cv.add_argument("--pp", type=_whole, default=None)
     cv.add_argument("--cpu-offload", "--cpu_offload", action="store_const", const=True, default=None,
@@ -309,7 +311,7 @@ def _accelerate_file(args: argparse.Namespace, given: dict, env: dict) -> tuple[
         pet = torchrun_variable("nproc_per_node" if name == "num_processes" else name)
         return not (env.get(pet) or "").strip()
 
-    dims_given = any(getattr(args, axis) is not None for axis in ("dp", "dp_replicate", "dp_shard", "tp", "pp"))
+    dims_given = any(getattr(args, axis) is not None for axis in ("dp", "dp_replicate", "dp_shard", "cp", "tp", "pp"))
     for mapped in translated.values:
         source = Source("accelerate config", mapped.origin)
         name = mapped.name
@@ -429,10 +431,11 @@ def _nproc_per_node(args: argparse.Namespace, origins: dict) -> str | None:
 
 
 def _settings(args: argparse.Namespace, options: dict):
-    """The ranks' training settings (``ConvoyEnv``), the parallel degrees from --dp/--tp/--pp where given."""
+    """The ranks' training settings (``ConvoyEnv``), the parallel degrees from --dp/--cp/--tp/--pp where given."""
     from convoy.launch.rank_env import ConvoyEnv
 
-    dims = {k: getattr(args, k) for k in ("dp", "dp_replicate", "dp_shard", "tp", "pp") if getattr(args, k) is not None}
+    dims = {k: getattr(args, k) for k in ("dp", "dp_replicate", "dp_shard", "cp", "tp", "pp")
+            if getattr(args, k) is not None}
     return ConvoyEnv(
         mixed_precision=args.mixed_precision, strategy=args.strategy,
         parallelism=",".join(f"{k}={v}" for k, v in dims.items()) or args.parallelism,

@@ -101,7 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--calibrate", action="store_true",
                    help="measure the planned GPU on this machine (cached) and time with the measured rates")
     r.add_argument("--strategies", metavar="LIST",
-                   help="only these, comma-separated: single,ddp,zero1,zero2,zero3,hsdp,tp,pp,offload")
+                   help="only these, comma-separated: single,ddp,zero1,zero2,zero3,hsdp,tp,pp,cp,offload (cp: layouts "
+                        "that split each sequence, for a loop with maybe_context_parallel)")
     o = parser.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the plan as JSON")
     o.add_argument("--plot", metavar="OUT.png", help="draw each candidate's per-GPU memory beside its step time, what "
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     allowed = None
     if args.strategies:
         allowed = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
-        known = {"single", "ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "parallel", "tp", "pp", "offload"}
+        known = {"single", "ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "parallel", "tp", "pp", "cp", "offload"}
         bad = [s for s in allowed if s not in known]
         if bad:
             raise PlanError(f"--strategies: unknown {bad[0]!r}; use some of {', '.join(sorted(known))}")

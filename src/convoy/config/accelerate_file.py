@@ -322,10 +322,11 @@ def _parallelism(block: Mapping[str, Any], values: list[Mapped], *, fsdp: bool, 
     found = degrees.get("parallelism")
     if found is None:
         return values
-    if "dp_shard=1," in found.value and "tp=1" in found.value:
+    if "dp_shard=1," in found.value and "tp=1" in found.value and ",cp=" not in found.value:
         raise ConfigError(f"{found.origin}: FSDP has no dimension to shard across with dp_shard_size 1 (Accelerate "
                           f"refuses it too); give dp_shard_size > 1")
-    return [m for m in values if m.name != "parallelism"] + [found]
+    # with cp: the ring's rotation, a strategy option the launcher hands to the ranks
+    return [m for m in values if m.name != "parallelism"] + list(degrees.values)
 
 
 def _top_level(data: Mapping[str, Any], cite: Callable[[str, Any], str], *, kind: str, machines: int,

@@ -101,8 +101,8 @@ ROWS: tuple[Row, ...] = (*_rows("fsdp_config", """
     parallelism_config_dp_replicate_size | dp_replicate_size               | parallelism
     parallelism_config_dp_shard_size    | dp_shard_size                     | parallelism
     parallelism_config_tp_size          | tp_size                           | parallelism
-    parallelism_config_cp_size          | cp_size                           | refused above 1
-    parallelism_config_cp_comm_strategy | cp_handler                        | -
+    parallelism_config_cp_size          | cp_size                           | parallelism
+    parallelism_config_cp_comm_strategy | cp_comm_strategy                  | cp_comm_strategy
     parallelism_config_cp_backend       | cp_backend                        | -
     parallelism_config_sp_size          | sp_size                           | refused above 1
     parallelism_config_sp_backend       | sp_backend                        | -
@@ -485,19 +485,26 @@ def deepspeed_translation(fields: Mapping[str, Any], *, cite: Callable[[str, Any
 # --- ParallelismConfig ----------------------------------------------------------------------------------------------
 
 def parallelism_translation(fields: Mapping[str, Any], *, cite: Callable[[str, Any], str]) -> Translation:
-    """``ParallelismConfig``'s sizes as convoy's degrees (``parallelism = dp_replicate=2,dp_shard=2,tp=2``); context
-    and sequence parallelism above 1 are ``NotSupportedYetError``."""
+    """``ParallelismConfig``'s sizes as convoy's degrees (``parallelism = dp_replicate=2,dp_shard=2,cp=2,tp=2``) and
+    ``cp_comm_strategy`` as the strategy option of that name; sequence parallelism above 1 is
+    ``NotSupportedYetError``."""
     sizes = {}
     for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size"):
         value = fields.get(name)
         sizes[name] = 1 if value is None else _whole(value, cite(name, value), 1)
-    for name, what in (("cp_size", "context parallelism"), ("sp_size", "sequence parallelism (Ulysses)")):
-        if sizes[name] > 1:
-            raise NotSupportedYetError(f"{cite(name, fields[name])}: {what} is not in convoy yet; give 1")
-    given = [name for name in ("dp_replicate_size", "dp_shard_size", "tp_size") if sizes[name] > 1]
+    if sizes["sp_size"] > 1:
+        raise NotSupportedYetError(f"{cite('sp_size', fields['sp_size'])}: sequence parallelism (Ulysses) is not in "
+                                   f"convoy yet; give 1 (cp_size splits the sequence with ring attention)")
+    values = []
+    strategy = fields.get("cp_comm_strategy")
+    if strategy is not None and sizes["cp_size"] > 1:
+        if strategy not in ("allgather", "alltoall"):
+            raise ConfigError(f"{cite('cp_comm_strategy', strategy)}: choose 'allgather' or 'alltoall'")
+        values.append(Mapped("cp_comm_strategy", strategy, cite("cp_comm_strategy", strategy)))
+    given = [name for name in ("dp_replicate_size", "dp_shard_size", "cp_size", "tp_size") if sizes[name] > 1]
     if not given:
-        return Translation()
+        return Translation(values=tuple(values))
     where = ", ".join(cite(name, fields[name]) for name in given)
-    degrees = f"dp_replicate={sizes['dp_replicate_size']},dp_shard={sizes['dp_shard_size']},tp={sizes['tp_size']}"
-    return Translation(values=(Mapped("parallelism", degrees, where),))
-
+    degrees = f"dp_replicate={sizes['dp_replicate_size']},dp_shard={sizes['dp_shard_size']}"
+    degrees += f",cp={sizes['cp_size']}" * (sizes["cp_size"] > 1) + f",tp={sizes['tp_size']}"
+    return Translation(values=(Mapped("parallelism", degrees, where), *values))

@@ -122,7 +122,7 @@ def dp_engine_beside(strategy: str, dims: Any, *, said: str | None = None) -> st
     if dims is None or strategy in _TAKE_DEGREES or (dims.is_trivial and not hsdp):
         return None
     named = said or f"strategy={strategy!r}"
-    split = ", ".join(f"{axis}={getattr(dims, axis)}" for axis in ("tp", "pp") if getattr(dims, axis) > 1)
+    split = ", ".join(f"{axis}={getattr(dims, axis)}" for axis in ("cp", "tp", "pp") if getattr(dims, axis) > 1)
     split = split or f"dp_replicate={dims.dp_replicate} x dp_shard={dims.dp_shard} (HSDP)"
     if strategy in ("single", "dp"):
         raise StrategyError(f"{named} runs the whole model in one process, not split by {split}; use strategy "

@@ -80,7 +80,9 @@ STRATEGY_OPTIONS_VARIABLE = "CONVOY_STRATEGY_OPTIONS"
 CONVOY_VARIABLES = tuple(KEYS[name].env_var for name in SETTING_NAMES)
 #: the strategy options a launcher hands to the ranks (an Accelerate config file's), and the strategies that read
 #: each (``"parallel"`` with its FSDP2 dp engine): FSDP2's ``CPUOffloadPolicy``, the module classes sharded one by one
-LAUNCHED_OPTIONS = {"auto_wrap": ("zero2", "zero3", "fsdp", "hsdp", "parallel")}
+LAUNCHED_OPTIONS = {"auto_wrap": ("zero2", "zero3", "fsdp", "hsdp", "parallel"),
+                    # with cp: how the ring passes K/V blocks (an Accelerate file's parallelism_config_cp_comm_strategy)
+                    "cp_comm_strategy": ("zero2", "zero3", "fsdp", "hsdp", "parallel")}
 #: Accelerate's launcher's variable for a setting, read when convoy's own is not set (Accelerate's
 #: ``Accelerator.__init__`` reads both; there ACCELERATE_GRADIENT_ACCUMULATION_STEPS beats even the argument, here
 #: an explicit argument wins, as for every variable)
@@ -259,6 +261,8 @@ def launched_options(options: Any, *, where: str) -> dict[str, Any]:
                 raise ConfigError(f"{where}: auto_wrap={shown(value)}: give module class names like "
                                   f"['LlamaDecoderLayer']")
             value = tuple(v.strip() for v in value)
+        if key == "cp_comm_strategy" and value not in ("allgather", "alltoall"):
+            raise ConfigError(f"{where}: cp_comm_strategy={shown(value)}: give 'allgather' or 'alltoall'")
         checked[key] = value
     return checked
 

@@ -126,6 +126,8 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
     ``variants``: price the chosen layout eager, compiled and compiled + float8 side by side."""
     if efficiency is not None and not 0 < efficiency <= 1:
         raise PlanError(f"efficiency must be in (0, 1], got {efficiency}")
+    if allowed is not None and "cp" in allowed:  # the loop splits sequences: cp layouts are candidates too
+        facts = replace(facts, context_parallel=True)
     _check_scale(hw)
     rates = rates_for(hw.gpu, calibration=calibration, efficiency=efficiency)
     gb = global_batch or run.global_batch or run.micro_batch * hw.world_size
@@ -234,7 +236,7 @@ class _Costing:
                             f"{min(uneven) * run.micro_batch}")
         if not rows:
             allowed = sorted(self.allowed or ())
-            only = set(allowed) <= {"tp", "pp", "offload"}  # what goes beside a data-parallel strategy, alone
+            only = set(allowed) <= {"tp", "pp", "cp", "offload"}  # what goes beside a data-parallel strategy, alone
             hint = (": tp, pp and offload go beside a data-parallel strategy; list one with them, e.g. --strategies "
                     f"zero3,{','.join(allowed)}") if allowed and only else ""
             raise PlanError(f"no candidate layout is allowed ({', '.join(allowed)}) on {hw.describe()}{hint}")
@@ -272,7 +274,7 @@ def _allowed(cand: Candidate, allowed: Collection[str]) -> bool:
     ok = (cand.strategy in allowed or (cand.strategy == "zero3" and "fsdp" in allowed)
           or cand.strategy == "parallel")
     return ok and (not d.tp_enabled or "tp" in allowed) and (not d.pp_enabled or "pp" in allowed) and (
-        not cand.layout.offload or "offload" in allowed)
+        not cand.layout.offload or "offload" in allowed) and (not d.cp_enabled or "cp" in allowed)
 
 
 def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowed, facts,

@@ -44,6 +44,9 @@ class TrainerFacts:
     """The pipeline degrees above 1 the model can be cut into; None: any up to its layers."""
     pipeline_only: bool = False
     """The loop trains with ``model(x, target=y)``, which only a pipeline runs: pipeline layouts only."""
+    context_parallel: bool = False
+    """The loop splits each sequence (``accelerator.maybe_context_parallel``): layouts with cp > 1 too. Off by
+    default, as the loop must ask for it (``convoy plan --strategies ...,cp``); ``strategy="auto"`` never picks it."""
     fsdp: bool = True
     """False when FSDP2 cannot wrap the model (a scalar parameter, two dtypes in a unit): no layout that runs on
     it (zero2, zero3, hsdp, offload, and data parallelism beside tp, whose DTensor weights FSDP2 holds)."""
@@ -86,7 +89,9 @@ class Candidate:
 
 
 def _name(strategy: str, dims: ParallelDims, offload: bool) -> str:
-    parts = [strategy] if dims.dp_enabled or dims.is_trivial else []
+    parts = [strategy] if dims.dp_enabled or dims.is_trivial or dims.cp_enabled else []
+    if dims.cp_enabled:
+        parts.append(f"cp{dims.cp}")
     if dims.tp_enabled:
         parts.append(f"tp{dims.tp}")
     if dims.pp_enabled:
@@ -105,6 +110,25 @@ def enumerate_candidates(model: ModelSpec, hw: Hardware, *, global_batch: int, m
     they never beat ``single`` there."""
     yield from (c for c in _every_candidate(model, hw, global_batch=global_batch, micro_batch=micro_batch,
                                             offload=offload, alone=alone) if facts.takes(c))
+    if facts.context_parallel and hw.world_size > 1:
+        yield from (c for c in _context_parallel_candidates(model, hw, global_batch=global_batch,
+                                                             micro_batch=micro_batch) if facts.takes(c))
+
+
+def _context_parallel_candidates(model: ModelSpec, hw: Hardware, *, global_batch: int, micro_batch: int
+                                 ) -> Iterator[Candidate]:
+    """zero3 over dp_shard x cp (as the trainer runs cp: FSDP2 over both), with each tp a node takes; the cp group
+    is the next-innermost dimension, so it stays inside a node when cp x tp divides the node's GPUs."""
+    world = hw.world_size
+    tps = [1]
+    if model.heads:
+        tps = [t for t in divisors(model.heads) if hw.gpus_per_node % t == 0 and world % t == 0]
+    for tp in tps:
+        for cp in divisors(world // tp)[1:]:
+            dims = ParallelDims(dp_shard=world // (tp * cp), cp=cp, tp=tp)
+            m = max(1, math.ceil(global_batch / (micro_batch * dims.dp)))
+            yield Candidate(name=_name("zero3", dims, False), strategy="zero3",
+                            layout=Layout(dims=dims, zero_stage=3, microbatches=m))
 
 
 def _every_candidate(model: ModelSpec, hw: Hardware, *, global_batch: int, micro_batch: int,

@@ -67,7 +67,7 @@ def _degrees(candidate: Candidate) -> list[tuple[str, int]]:
         out = [("dp", d.dp)]
     else:
         out = []
-    return out + [(axis, getattr(d, axis)) for axis in ("tp", "pp") if getattr(d, axis) > 1]
+    return out + [(axis, getattr(d, axis)) for axis in ("cp", "tp", "pp") if getattr(d, axis) > 1]
 
 
 def launch_args(candidate: Candidate, hw: Hardware, *, precision: str, recompute: str = "none",

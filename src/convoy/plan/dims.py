@@ -1,4 +1,4 @@
-"""Parallel degrees of a job: how the world of processes is split into dp x tp x pp.
+"""Parallel degrees of a job: how the world of processes is split into dp x cp x tp x pp.
 
     dims = ParallelDims.parse("dp=2,tp=2", world_size=4)
     dims.tp, dims.dp, dims.mesh_shape()       # 2, 2, (("dp", 2), ("tp", 2))
@@ -7,7 +7,9 @@
 Plain data and arithmetic, no torch: the planner enumerates these, the launcher validates ``--dp/--tp/--pp``
 with them, and the training layer builds its ``DeviceMesh`` from ``mesh_shape()`` in one function elsewhere.
 ``dp`` is data parallel as a whole; it splits into ``dp_replicate`` (plain replicas, DDP-style) times
-``dp_shard`` (ZeRO-3/FSDP sharding). HSDP is ``dp_replicate > 1`` and ``dp_shard > 1``.
+``dp_shard`` (ZeRO-3/FSDP sharding). HSDP is ``dp_replicate > 1`` and ``dp_shard > 1``. ``cp`` (context
+parallel) splits each sequence over its ranks: they read the same samples (data is sharded over dp only) and
+FSDP shards the weights over ``dp_shard x cp``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from convoy.errors import StrategyError, shown
 
 __all__ = ["ParallelDims", "divisors"]
 
-_KEYS = ("dp", "dp_replicate", "dp_shard", "tp", "pp")
+_KEYS = ("dp", "dp_replicate", "dp_shard", "cp", "tp", "pp")
 #: a degree is a plain ASCII number of at most 9 digits (no job has a billion ranks); "dp=²" is refused.
 _DEGREE = re.compile(r"[0-9]{1,9}")
 
@@ -43,9 +45,11 @@ class ParallelDims:
     """Tensor-parallel degree: each layer's matrices are split over this many ranks."""
     pp: int = 1
     """Pipeline-parallel degree: the layers are cut into this many stages."""
+    cp: int = 1
+    """Context-parallel degree: each sequence is split over this many ranks (ring attention between them)."""
 
     def __post_init__(self) -> None:
-        for name in ("dp_replicate", "dp_shard", "tp", "pp"):
+        for name in ("dp_replicate", "dp_shard", "tp", "pp", "cp"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise StrategyError(f"parallelism {name}={_show(value)}: each degree must be a whole number >= 1")
@@ -57,7 +61,7 @@ class ParallelDims:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     @property
     def dp_enabled(self) -> bool:
@@ -90,17 +94,28 @@ class ParallelDims:
         return self.pp > 1
 
     @property
+    def cp_enabled(self) -> bool:
+        """True when each sequence is split over more than one rank (cp > 1)."""
+        return self.cp > 1
+
+    @property
+    def dp_cp(self) -> int:
+        """The ranks a gradient and the loss are averaged over (dp x cp): FSDP shards over dp_shard x cp."""
+        return self.dp * self.cp
+
+    @property
     def is_trivial(self) -> bool:
-        """True when there is no model parallelism (tp = pp = 1)."""
-        return self.tp == 1 and self.pp == 1
+        """True when there is no model or sequence parallelism (tp = pp = cp = 1)."""
+        return self.tp == 1 and self.pp == 1 and self.cp == 1
 
     def mesh_shape(self) -> tuple[tuple[str, int], ...]:
-        """Named mesh dimensions, outermost first (pp, dp_replicate, dp_shard, tp), degree-1 ones dropped.
+        """Named mesh dimensions, outermost first (pp, dp_replicate, dp_shard, cp, tp), degree-1 ones dropped.
 
-        tp is innermost so that its ranks are neighbours (same node, fastest links). Never empty: a world of
-        one process has the single dimension ("dp_shard", 1).
+        tp is innermost so that its ranks are neighbours (same node, fastest links), cp next (its ring moves K/V
+        blocks every layer). Never empty: a world of one process has the single dimension ("dp_shard", 1).
         """
-        dims = (("pp", self.pp), ("dp_replicate", self.dp_replicate), ("dp_shard", self.dp_shard), ("tp", self.tp))
+        dims = (("pp", self.pp), ("dp_replicate", self.dp_replicate), ("dp_shard", self.dp_shard), ("cp", self.cp),
+                ("tp", self.tp))
         kept = tuple((name, size) for name, size in dims if size > 1)
         return kept or (("dp_shard", 1),)
 
@@ -123,12 +138,12 @@ class ParallelDims:
     def describe(self) -> str:
         parts = [f"dp={self.dp}"] if not self.hsdp_enabled else [
             f"dp_replicate={self.dp_replicate}", f"dp_shard={self.dp_shard}"]
-        return ",".join(parts + [f"tp={self.tp}", f"pp={self.pp}"])
+        return ",".join(parts + [f"cp={self.cp}"] * self.cp_enabled + [f"tp={self.tp}", f"pp={self.pp}"])
 
     @classmethod
     def from_mapping(cls, degrees: Mapping[str, int], *, world_size: int | None = None,
                      shard_dp: bool = False) -> ParallelDims:
-        """Build from ``{"dp": 2, "tp": 2, "pp": 1}``; a missing ``dp`` is inferred from ``world_size``.
+        """Build from ``{"dp": 2, "cp": 2, "tp": 2}``; a missing ``dp`` is inferred from ``world_size``.
 
         ``dp`` maps to ``dp_shard`` when ``shard_dp`` (FSDP over the dp dimension), else to ``dp_replicate``.
         """
@@ -142,29 +157,30 @@ class ParallelDims:
         for key, value in values.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise StrategyError(f"parallelism {key}={_show(value)}: each degree must be a whole number >= 1")
-        tp, pp = values.get("tp", 1), values.get("pp", 1)
+        tp, pp, cp = values.get("tp", 1), values.get("pp", 1), values.get("cp", 1)
         if "dp" in values and ("dp_replicate" in values or "dp_shard" in values):
             raise StrategyError("give either dp or dp_replicate/dp_shard, not both")
         if "dp" not in values and "dp_replicate" not in values and "dp_shard" not in values:
             if world_size is None:
                 values["dp"] = 1
-            elif world_size % (tp * pp):
-                raise StrategyError(f"tp={tp} x pp={pp} does not divide the world size {world_size}")
+            elif world_size % (tp * pp * cp):
+                split = f"cp={cp} x " * (cp > 1)
+                raise StrategyError(f"{split}tp={tp} x pp={pp} does not divide the world size {world_size}")
             else:
-                values["dp"] = world_size // (tp * pp)
+                values["dp"] = world_size // (tp * pp * cp)
         if "dp" in values:
             dp = values["dp"]
             rep, shard = (1, dp) if shard_dp else (dp, 1)
         else:
             rep, shard = values.get("dp_replicate", 1), values.get("dp_shard", 1)
-        dims = cls(dp_replicate=rep, dp_shard=shard, tp=tp, pp=pp)
+        dims = cls(dp_replicate=rep, dp_shard=shard, tp=tp, pp=pp, cp=cp)
         if world_size is not None:
             dims.check_world_size(world_size)
         return dims
 
     @classmethod
     def parse(cls, text: str, *, world_size: int | None = None, shard_dp: bool = False) -> ParallelDims:
-        """Parse ``"dp=2,tp=2,pp=1"`` (the ``CONVOY_PARALLELISM`` / ``--dp --tp --pp`` form)."""
+        """Parse ``"dp=2,cp=2,tp=2,pp=1"`` (the ``CONVOY_PARALLELISM`` / ``--dp --cp --tp --pp`` form)."""
         if not isinstance(text, str):
             raise StrategyError(f"parallelism={_show(text)}: give degrees as a string like 'dp=2,tp=2'")
         degrees: dict[str, int] = {}

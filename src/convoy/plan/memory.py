@@ -68,8 +68,9 @@ class Layout:
 
     @property
     def shard_degree(self) -> int:
-        """Ranks a ZeRO stage shards over: dp_shard for stage 3 (HSDP replicates across it), else all of dp."""
-        return self.dims.dp_shard if self.zero_stage == 3 else self.dims.dp
+        """Ranks a ZeRO stage shards over: dp_shard for stage 3 (HSDP replicates across it), else all of dp; times
+        cp (FSDP2 shards over dp_shard x cp: the cp ranks hold different shards of the same weights)."""
+        return (self.dims.dp_shard if self.zero_stage == 3 else self.dims.dp) * self.dims.cp
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,11 +165,18 @@ def _stage_params(model: ModelSpec, pp: int) -> int:
     return blocks + max(min(embed, outside), outside - min(embed, outside))
 
 
+def local_run(run: RunSpec, dims: ParallelDims) -> RunSpec:
+    """``run`` as one rank of a cp group sees it: its ``seq_len / cp`` tokens of each sequence (the activations,
+    logits, GEMMs and tensor-parallel traffic scale with it; attention over the whole sequence does not)."""
+    return replace(run, seq_len=max(1, run.seq_len // dims.cp)) if dims.cp_enabled else run
+
+
 def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout) -> MemoryBreakdown:
     """Per-GPU bytes of ``model`` trained as ``run`` under ``layout``."""
     dims, recipe = layout.dims, run.recipe
     psi = _stage_params(model, dims.pp) / dims.tp  # parameters this GPU's model-parallel shard owns
-    dp, shard = dims.dp, layout.shard_degree
+    dp, shard = dims.dp_cp, layout.shard_degree  # the gradients and optimizer state are sharded over dp x cp
+    run = local_run(run, dims)  # activations and logits: this rank's part of each sequence
     stage = layout.zero_stage
     train = run.training
     opt_bytes = OPTIMIZER_STATE_BYTES[run.optimizer]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from convoy.plan.activations import block_bytes, block_saved, head_saved_bytes
 from convoy.plan.hardware import GpuSpec, Hardware
-from convoy.plan.memory import Layout, _stage_params
+from convoy.plan.memory import Layout, _stage_params, local_run
 from convoy.plan.model import ModelSpec
 from convoy.plan.run import OPTIMIZER_STATE_BYTES, RunSpec
 from convoy.plan.schedules import pipeline_bubble, transfers
@@ -83,7 +83,7 @@ class StepTime:
     dp_comm: float
     """Data-parallel collectives (all-reduce / reduce-scatter / all-gather), before overlap."""
     tp_comm: float
-    """Tensor-parallel collectives (exposed)."""
+    """Tensor-parallel collectives (exposed), and the context-parallel ring's exposed transfers."""
     pp_comm: float
     """Pipeline send/recv of activations (exposed)."""
     offload: float
@@ -258,6 +258,7 @@ def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates
     (``convoy.plan.speedups``)."""
     dims, dtype = layout.dims, run.recipe.compute
     tp, pp, m = dims.tp, dims.pp, layout.microbatches
+    whole, run = run, local_run(run, dims)  # with cp: this rank's seq/cp tokens, its queries against every key
     total = model.num_layers or 1
     layers = math.ceil(total / pp)
     share = layers / total
@@ -283,8 +284,8 @@ def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates
         else:
             passes = (forward + 2) if run.training else 1
         gemm += passes * count * (share if block else 1.0) * rates.gemm_seconds(mm, k, n, dtype)
-    b, a, kv, s, d = attention_shape(model, run, tp=tp)
-    attn_fwd_bwd = rates.attention_seconds(b, a, kv, s, d, dtype)
+    b, a, kv, s, d = attention_shape(model, whole, tp=tp)
+    attn_fwd_bwd = rates.attention_seconds(b, a, kv, s, d, dtype) / dims.cp  # load balanced: 1/cp of the work
     if run.attention == "eager":
         attn_fwd_bwd *= 2  # the s x s scores go through memory (a stated factor, not measured)
     # selective with eager attention recomputes the s x s scores: QK^T, half of the attention's forward
@@ -356,7 +357,7 @@ def _data_parallel_collectives(model: ModelSpec, run: RunSpec, layout: Layout, h
     one reduce-scatter, DeepSpeed's ZeRO-3 the same per parameter tensor; HSDP, hierarchically, an all-reduce of
     each unit's gradient shard across the replicas (one rank per replica group on each node)."""
     dims = layout.dims
-    if not run.training or not dims.dp_enabled:
+    if not run.training or not (dims.dp_enabled or dims.cp_enabled):
         return 0.0, 0.0, 0.0
     m = layout.microbatches
     per_node = max(1, min(dims.dp, hw.gpus_per_node // dims.tp))
@@ -437,8 +438,11 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
     bubble = _bubble(compute, layout)
     compute += bubble
     dp_comm, exposed_dp, dp_bytes = _data_parallel(model, run, layout, hw, busy=compute - bubble, engine=engine)
-    tp_comm, tp_bytes = _tensor_parallel(model, run, layout, hw)
-    pp_comm, pp_bytes = _pipeline(model, run, layout, hw)
+    tp_comm, tp_bytes = _tensor_parallel(model, local_run(run, layout.dims), layout, hw)
+    pp_comm, pp_bytes = _pipeline(model, local_run(run, layout.dims), layout, hw)
+    cp_comm, cp_bytes = context_parallel_seconds(model, run, layout, hw, rates)
+    tp_comm += cp_comm  # exposed ring traffic: on the critical path like tp's (StepTime.tp_comm says so)
+    tp_bytes += cp_bytes
     offload = _offload(model, run, layout, hw)
     return StepTime(compute=compute, bubble=bubble, optimizer=optimizer, overhead=overhead, dp_comm=dp_comm,
                     tp_comm=tp_comm, pp_comm=pp_comm, offload=offload, exposed_dp=exposed_dp,
@@ -509,6 +513,29 @@ def _tensor_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardwar
     tp_group = _group(hw, min(dims.tp, hw.gpus_per_node), dims.tp)
     seconds = m * layers * per_layer * _collective("all_reduce", act, tp_group, hw)
     return seconds, m * layers * per_layer * 2 * (dims.tp - 1) / dims.tp * act
+
+
+def context_parallel_seconds(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, rates: Rates
+                             ) -> tuple[float, float]:
+    """(exposed seconds of the cp ring, bytes each GPU sends) per step. Each layer's forward passes every K/V block
+    around the ring, ``2 (cp-1)/cp x b x s x h_kv x d`` activation bytes, the backward twice that (K/V again, and
+    their gradients back); each of the cp - 1 transfers overlaps the attention of the block before it, so only a
+    transfer longer than one block's attention (short blocks, slow links: the group crossing nodes) is exposed."""
+    dims = layout.dims
+    if not (dims.cp_enabled and model.has_shape):
+        return 0.0, 0.0
+    cp, m = dims.cp, layout.microbatches
+    layers = math.ceil(model.num_layers / dims.pp)  # type: ignore[operator]
+    b, a, kv, s, d = attention_shape(model, run, tp=dims.tp)
+    block = 2 * b * (s / cp) * kv * d * run.recipe.activation_bytes  # one rank's K and V
+    passes = 3 if run.training else 1  # the backward sends twice the forward's bytes
+    ranks_per_node = max(1, min(cp, hw.gpus_per_node // dims.tp))
+    group = _group(hw, ranks_per_node, cp)
+    transfer = block / group.bus_bytes_per_s + collective_latency(hw, across_nodes=group.nodes > 1)
+    attention = rates.attention_seconds(b, a, kv, s, d, run.recipe.compute) / (cp * cp)  # one block, fwd + bwd
+    exposed_per_block = max(0.0, passes * transfer - attention)
+    seconds = m * layers * (cp - 1) * exposed_per_block
+    return seconds, m * layers * passes * (cp - 1) * block
 
 
 def _pipeline(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> tuple[float, float]:

@@ -38,8 +38,9 @@ from convoy.train.data import DataLoaderConfiguration, PreparedDataLoader
 from convoy.train.data.loop import LoopPosition
 from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
 from convoy.train.logging import get_logger
+from convoy.train.parallel.mesh import ParallelMesh
 from convoy.train.plan_report import PlanReport, PlanWatch
-from convoy.train.plugins import plugin_arguments
+from convoy.train.plugins import ParallelismConfig, plugin_arguments
 from convoy.train.precision import Precision, precision_for, restore_forward
 from convoy.train.process_group import stop_process_group
 from convoy.train.process_view import AcceleratorState, DistributedType, GradientState, distributed_type_for
@@ -451,6 +452,92 @@ class Accelerator:
     def _plan_job(self) -> tuple[Strategy, int]:
         """What the report plans: the strategy that runs, and the micro-steps per optimizer step."""
         return self.strategy, self.gradient_accumulation_steps
+
+    # --- the parallel layout (Accelerate 1.10+'s ND-parallel names) -----------------------------------------
+    def _settled_strategy(self) -> Strategy | None:
+        """The strategy, built now if the settings decide it; None while ``"auto"`` without degrees waits for the
+        model that ``prepare`` brings (asking these names first must not make it choose without the model)."""
+        if self._strategy is None and self.settings.strategy == "auto" and self.settings.parallel_dims is None:
+            return None
+        return self.strategy
+
+    def _layout(self) -> ParallelMesh | None:
+        """The built mesh of a layout strategy (dp x cp x tp x pp), else None (a plain data-parallel strategy)."""
+        mesh = getattr(self._settled_strategy(), "mesh", None)
+        return mesh if isinstance(mesh, ParallelMesh) else None
+
+    @property
+    def parallelism_config(self) -> ParallelismConfig | None:
+        """The degrees this job runs, as Accelerate's ``ParallelismConfig`` (None for a plain data-parallel
+        strategy, which builds no mesh)."""
+        pm = self._layout()
+        if pm is None:
+            return None
+        d = pm.dims
+        return ParallelismConfig(dp_replicate_size=d.dp_replicate, dp_shard_size=d.dp_shard, tp_size=d.tp,
+                                 cp_size=d.cp)
+
+    @property
+    def torch_device_mesh(self) -> Any:
+        """The job's ``DeviceMesh`` (dimensions ``pp, dp_replicate, dp_shard, cp, tp`` above 1; flattened ``dp``,
+        ``dp_shard_cp``, ``dp_cp`` where they exist), or None for a plain data-parallel strategy."""
+        pm = self._layout()
+        return None if pm is None else pm.mesh
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """Which data shard this process reads (over dp_replicate x dp_shard; cp, tp and pp ranks of one group
+        read the same samples). Accelerate's counts dp_replicate only; its ``data_parallel_shard_rank`` is below."""
+        strategy = self._settled_strategy()
+        return self.process_index if strategy is None else strategy.data_parallel_rank
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        """This process's rank in the dp_shard dimension (0 where it is 1)."""
+        pm = self._layout()
+        return 0 if pm is None or not pm.dims.dp_shard_enabled else pm.mesh.get_local_rank("dp_shard")
+
+    @property
+    def context_parallel_rank(self) -> int:
+        """This process's rank in the cp ring (which part of each sequence it holds; 0 at cp = 1)."""
+        pm = self._layout()
+        return 0 if pm is None else pm.cp_rank
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        pm = self._layout()
+        return 0 if pm is None else pm.tp_rank
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        pm = self._layout()
+        return 0 if pm is None else pm.pp_rank
+
+    @property
+    def non_data_parallel_size(self) -> int:
+        """Processes that share each sample (cp x tp x pp): tokens per device is tokens per sample over this."""
+        strategy = self._settled_strategy()
+        return 1 if strategy is None else self.num_processes // strategy.data_parallel_size
+
+    @contextlib.contextmanager
+    def maybe_context_parallel(self, buffers: list[torch.Tensor] | None = None,
+                               buffer_seq_dims: list[int] | None = None,
+                               no_restore_buffers: set[torch.Tensor] | None = None) -> Iterator[None]:
+        """Inside, ``buffers`` (inputs, already-shifted labels, positions) are this rank's part of each sequence
+        (head-tail balanced) and ``F.scaled_dot_product_attention`` is ring attention over the cp ranks; restored
+        on exit (but ``no_restore_buffers``). A no-op at cp = 1. Open one per step, around forward and backward.
+        Labels must be shifted before the split: give ``shift_labels`` (``labels[..., 1:]`` padded with -100) to
+        the loss, not ``labels=`` to a model that shifts inside (``convoy.train.parallel.context``)."""
+        pm = self._layout()
+        if pm is None or pm.cp is None:
+            yield
+            return
+        from convoy.train.parallel.context import context_parallel
+
+        rotate = getattr(getattr(self.strategy, "config", None), "cp_comm_strategy", "allgather")
+        with context_parallel(pm.cp, buffers=buffers or [], buffer_seq_dims=buffer_seq_dims or [],
+                              no_restore_buffers=no_restore_buffers, rotate=rotate, models=self._models):
+            yield
 
     # --- the step --------------------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:

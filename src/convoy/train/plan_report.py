@@ -208,8 +208,9 @@ def trainer_layout(strategy: Any, *, accumulation: int) -> tuple[Candidate, int]
     hsdp = stage == 3 and dims.hsdp_enabled
     base = "hsdp" if hsdp else {0: "ddp" if dims.dp_enabled else "single", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]
     offload = bool(options.cpu_offload)
-    parts = [base] if dims.dp_enabled or dims.is_trivial else []
-    parts += [f"tp{dims.tp}"] * dims.tp_enabled + [f"pp{dims.pp}"] * dims.pp_enabled + ["offload"] * offload
+    parts = [base] if dims.dp_enabled or dims.is_trivial or dims.cp_enabled else []
+    parts += [f"cp{dims.cp}"] * dims.cp_enabled + [f"tp{dims.tp}"] * dims.tp_enabled
+    parts += [f"pp{dims.pp}"] * dims.pp_enabled + ["offload"] * offload
     layout = Layout(dims=dims, zero_stage=stage, offload=offload, microbatches=accumulation * chunks, **schedule)
     return Candidate(name="+".join(parts), strategy=base, layout=layout), chunks
 

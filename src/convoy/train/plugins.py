@@ -135,10 +135,24 @@ class DeepSpeedPlugin:
 
 
 @dataclass
+class TorchContextParallelConfig:
+    """Accelerate's context-parallel handler (``ParallelismConfig(cp_handler=...)``): how the ring passes K/V
+    blocks, ``"allgather"`` (default) or ``"alltoall"``; never read from the environment here."""
+
+    cp_comm_strategy: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cp_comm_strategy not in (None, "allgather", "alltoall"):
+            raise ConfigError(f"TorchContextParallelConfig(cp_comm_strategy={shown(self.cp_comm_strategy)}): "
+                              f"choose 'allgather' or 'alltoall'")
+
+
+@dataclass
 class ParallelismConfig:
-    """Accelerate 1.10+'s degrees: ``dp_replicate_size`` x ``dp_shard_size`` x ``tp_size`` as convoy's
-    ``parallelism`` (dp_replicate, dp_shard, tp); context and sequence parallelism (``cp_size``, ``sp_size`` > 1)
-    are not in convoy yet."""
+    """Accelerate 1.10+'s degrees: ``dp_replicate_size`` x ``dp_shard_size`` x ``cp_size`` x ``tp_size`` as convoy's
+    ``parallelism`` (dp_replicate, dp_shard, cp, tp); ``cp_handler=TorchContextParallelConfig(cp_comm_strategy=...)``
+    as strategy option ``cp_comm_strategy``. Sequence parallelism (Ulysses,
+    ``sp_size`` > 1) is not in convoy yet."""
 
     dp_replicate_size: int | None = None
     dp_shard_size: int | None = None
@@ -155,7 +169,11 @@ class ParallelismConfig:
         self.translate()
 
     def translate(self) -> Translation:
-        return parallelism_translation(_fields(self), cite=plugin_cite(type(self).__name__))
+        fields = _fields(self)
+        if self.cp_handler is not None:  # TorchContextParallelConfig (convoy's or Accelerate's): its one field
+            fields.pop("cp_handler")
+            fields["cp_comm_strategy"] = getattr(self.cp_handler, "cp_comm_strategy", None) or "allgather"
+        return parallelism_translation(fields, cite=plugin_cite(type(self).__name__))
 
     def _size(self, name: str) -> int:
         value = getattr(self, name)
@@ -171,6 +189,15 @@ class ParallelismConfig:
         return product
 
     @property
+    def data_parallel_size(self) -> int:
+        return self._size("dp_replicate_size") * self._size("dp_shard_size")
+
+    @property
+    def non_data_parallel_size(self) -> int:
+        """Processes that share each sample (tp x cp x sp)."""
+        return self._size("tp_size") * self._size("cp_size") * self._size("sp_size")
+
+    @property
     def dp_replicate_enabled(self) -> bool:
         return self._size("dp_replicate_size") > 1
 
@@ -181,6 +208,42 @@ class ParallelismConfig:
     @property
     def tp_enabled(self) -> bool:
         return self._size("tp_size") > 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        return self._size("cp_size") > 1
+
+    @property
+    def sp_enabled(self) -> bool:
+        return self._size("sp_size") > 1
+
+    def _names(self, *names: str) -> list[str]:
+        return [name for name in names if getattr(self, f"{name}_enabled")]
+
+    @property
+    def dp_dim_names(self) -> list[str]:
+        """The enabled dimensions data is split over."""
+        return self._names("dp_replicate", "dp_shard")
+
+    @property
+    def non_dp_dim_names(self) -> list[str]:
+        """The enabled dimensions whose ranks read the same batch."""
+        return self._names("tp", "cp", "sp")
+
+    @property
+    def dp_shard_cp_dim_names(self) -> list[str]:
+        """The enabled dimensions flattened into the mesh FSDP shards the model over."""
+        return self._names("dp_shard", "cp")
+
+    @property
+    def dp_cp_dim_names(self) -> list[str]:
+        """The enabled dimensions the loss is averaged over."""
+        return self._names("dp_replicate", "dp_shard", "cp")
+
+    @property
+    def fsdp_dim_names(self) -> list[str]:
+        """The dimensions FSDP runs over (replication included)."""
+        return self._names("dp_replicate") + ["dp_shard_cp"]
 
 
 @dataclass(frozen=True)
@@ -201,7 +264,7 @@ def _same(name: str, mine: Any, theirs: Any) -> bool:
 
 
 #: what a plugin sets that the strategy reads as its options, not as a setting of the Accelerator's arguments
-_STRATEGY_OPTIONS = ("cpu_offload", "auto_wrap")
+_STRATEGY_OPTIONS = ("cpu_offload", "auto_wrap", "cp_comm_strategy")
 
 
 def plugin_arguments(*, fsdp_plugin: Any, deepspeed_plugin: Any, parallelism_config: Any,

@@ -5,10 +5,13 @@
     pm = build_mesh(ParallelDims.parse("dp=2,tp=2", world_size=4))   # after init_process_group
     pm.tp, pm.dp, pm.pp          # the sub-meshes (None where the degree is 1)
     pm.dp_rank, pm.dp_size       # which data shard this process reads, and how many there are
+    pm.cp, pm.cp_rank            # the context-parallel sub-mesh (a ring over the sequence) and this rank in it
 
-Dimension order comes from ``ParallelDims.mesh_shape()`` (pp outermost, tp innermost so tensor-parallel
-ranks are neighbours). When dp is both replicated and sharded, a flattened ``"dp"`` dimension is added so
-that data loading and loss averaging see one data-parallel group.
+Dimension order comes from ``ParallelDims.mesh_shape()`` (pp outermost, then dp_replicate, dp_shard, cp, tp
+innermost so tensor-parallel ranks are neighbours). When dp is both replicated and sharded, a flattened ``"dp"``
+dimension is added so that data loading sees one data-parallel group; with cp, ``"dp_shard_cp"`` (what FSDP
+shards over: the cp ranks read the same samples but hold different shards) and ``"dp_cp"`` (what the loss is
+averaged over) are flattened too, as torchtitan and Accelerate name them.
 """
 
 from __future__ import annotations
@@ -49,6 +52,16 @@ class ParallelMesh:
         return self._sub("pp") if self.dims.pp_enabled else None
 
     @property
+    def cp(self) -> DeviceMesh | None:
+        """Context-parallel sub-mesh (the ring each sequence is split over), or None when cp == 1."""
+        return self._sub("cp") if self.dims.cp_enabled else None
+
+    @property
+    def dp_cp(self) -> DeviceMesh | None:
+        """The ranks the loss and gradients are averaged over (dp x cp, flattened), or None when both are 1."""
+        return self.mesh["dp_cp"] if self.dims.cp_enabled else self.dp
+
+    @property
     def dp(self) -> DeviceMesh | None:
         """The whole data-parallel sub-mesh (replicas x shards, flattened), or None when dp == 1."""
         if not self.dims.dp_enabled:
@@ -59,7 +72,12 @@ class ParallelMesh:
 
     @property
     def dp_shard_mesh(self) -> DeviceMesh | None:
-        """The mesh FSDP shards over: ("dp_replicate", "dp_shard") for HSDP, else the dp mesh."""
+        """The mesh FSDP shards over: ("dp_replicate", "dp_shard") for HSDP, else the dp mesh; with cp, dp_shard x
+        cp flattened in place of dp_shard (each cp rank holds its own shard of the weights)."""
+        if self.dims.cp_enabled:
+            if self.dims.dp_replicate_enabled:
+                return self.mesh["dp_replicate", "dp_shard_cp" if self.dims.dp_shard_enabled else "cp"]
+            return self.mesh["dp_shard_cp"] if self.dims.dp_shard_enabled else self.cp
         if self.dims.hsdp_enabled:
             return self.mesh["dp_replicate", "dp_shard"]
         return self.dp
@@ -74,6 +92,10 @@ class ParallelMesh:
     @property
     def dp_size(self) -> int:
         return self.dims.dp
+
+    @property
+    def cp_rank(self) -> int:
+        return self._rank_in(self.cp)
 
     @property
     def tp_rank(self) -> int:
@@ -111,4 +133,10 @@ def build_mesh(dims: ParallelDims, *, device_type: str | None = None) -> Paralle
         # a gradient norm partial over both (clip_grad_norm_) is then one all-reduce, not two in sequence; without
         # it DTensor warns on every rank "flatten mesh dimensions ["dp_shard", "tp"]" (tensor/_redistribute.py)
         mesh["dp_shard", "tp"]._flatten("dp_shard_tp")
+    if dims.cp_enabled:  # Accelerate's names exist whatever the other degrees (a one-dimension flatten is an alias)
+        present = mesh.mesh_dim_names or ()
+        if dims.tp_enabled:  # as dp_shard_tp: the gradient norm is partial over the FSDP ranks and tp at once
+            mesh[tuple(n for n in ("dp_shard", "cp", "tp") if n in present)]._flatten("dp_cp_tp")
+        mesh[tuple(n for n in ("dp_shard", "cp") if n in present)]._flatten("dp_shard_cp")
+        mesh[tuple(n for n in ("dp_replicate", "dp_shard", "cp") if n in present)]._flatten("dp_cp")
     return ParallelMesh(dims=dims, mesh=mesh)

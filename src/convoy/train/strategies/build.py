@@ -77,7 +77,7 @@ def named_layout(settings: TrainSettings) -> tuple[str, dict[str, Any]]:
         return name, options
     reads = strategy_class("parallel").options or ()
     unread = sorted(str(key) for key in options if key not in reads)
-    split = ", ".join(f"{a}={getattr(dims, a)}" for a in ("tp", "pp") if getattr(dims, a) > 1) or "HSDP"
+    split = ", ".join(f"{a}={getattr(dims, a)}" for a in ("cp", "tp", "pp") if getattr(dims, a) > 1) or "HSDP"
     given = ParallelOptions.parse(options).dp_engine
     if given is not None and given != engine:
         raise StrategyError(f"strategy={name!r} beside {split} runs with dp_engine={engine!r}, not "

@@ -125,8 +125,15 @@ class ParallelOptions(StrategyOptions):
     """DDP's ``find_unused_parameters`` where the dp engine is DDP."""
     cpu_offload: bool = False
     """As ``ShardOptions.cpu_offload``, for the FSDP2 engines."""
+    cp_comm_strategy: str = "allgather"
+    """With cp > 1: how the ring passes K/V blocks, ``"allgather"`` (default) or ``"alltoall"`` (Accelerate's
+    ``TorchContextParallelConfig.cp_comm_strategy``, torch's ``set_rotate_method``)."""
 
     def __post_init__(self) -> None:
+        if self.cp_comm_strategy not in ("allgather", "alltoall"):
+            from convoy.errors import StrategyError
+
+            raise StrategyError(f"cp_comm_strategy={self.cp_comm_strategy!r}: choose 'allgather' or 'alltoall'")
         # read as yes/no wherever they are used
         object.__setattr__(self, "sequence_parallel", bool(self.sequence_parallel))
         object.__setattr__(self, "find_unused_parameters", bool(self.find_unused_parameters))

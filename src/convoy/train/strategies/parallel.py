@@ -110,12 +110,15 @@ class ParallelStrategy(Strategy, SupportsNoSync):
                                        "cannot reach the pipeline's backward); use 'bf16'")
         if dims.hsdp_enabled and engine not in _SHARDED:
             raise StrategyError(f"dp_replicate x dp_shard (HSDP) needs dp_engine='fsdp', not {engine!r}")
+        if dims.cp_enabled:
+            _check_context_parallel(dims, engine, sequence_parallel=self.config.sequence_parallel)
         if not dims.hsdp_enabled:  # one dp axis: name it by how it is realised
             rep, shard = (1, dims.dp) if realisation(engine, dims.tp) in _FULLY_SHARD else (dims.dp, 1)
-            dims = ParallelDims(dp_replicate=rep, dp_shard=shard, tp=dims.tp, pp=dims.pp)
+            dims = ParallelDims(dp_replicate=rep, dp_shard=shard, tp=dims.tp, pp=dims.pp, cp=dims.cp)
         self.dims = dims
         self.dp_engine = engine
-        self._realised = realisation(engine, dims.tp) if dims.dp_enabled else "none"
+        # cp ranks hold different shards of the weights (FSDP2 over dp_shard x cp) even when dp = 1
+        self._realised = realisation(engine, dims.tp) if dims.dp_enabled or dims.cp_enabled else "none"
         self._pm: ParallelMesh | None = None
         # id(parameter before prepare) -> (prepared module, parameter name): parallelize_module and
         # fully_shard replace parameters, and an optimizer built before prepare() must follow them.
@@ -143,7 +146,8 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         engines = {"fsdp": "HSDP" if hsdp else "FSDP", "zero2": "HSDP" if hsdp else "FSDP", "ddp": "DDP",
                    "zero1": "ZERO1"}
         dp = engines[self.dp_engine] if self.dims.dp_enabled else ""
-        axes = [dp] + [name.upper() for name in ("tp", "pp") if getattr(self.dims, name) > 1]
+        dp = dp or (engines[self.dp_engine] if self.dims.cp_enabled else "")
+        axes = [dp] + [name.upper() for name in ("cp", "tp", "pp") if getattr(self.dims, name) > 1]
         return "+".join(a for a in axes if a) or "NO"
 
     # --- environment ----------------------------------------------------------------------------------
@@ -208,7 +212,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             return pipe
         # torchtitan's order: tensor parallelism, then activation checkpointing, then data parallelism
         apply_recompute(module, self.context.recompute, classes=self.config.auto_wrap)
-        if self.dims.dp_enabled:
+        if self.dims.dp_enabled or self.dims.cp_enabled:
             module = self._data_parallel(module)
         self._origins.record(self.unwrap(module), names)  # names are the model's, not a DDP wrapper's
         loss_fn = self.config.loss_fn
@@ -260,7 +264,8 @@ class ParallelStrategy(Strategy, SupportsNoSync):
 
     def _named(self) -> str:
         """The layout, as a message names it: ``dp_engine='fsdp' beside tp=2``."""
-        split = ", ".join(f"{axis}={getattr(self.dims, axis)}" for axis in ("tp", "pp") if getattr(self.dims, axis) > 1)
+        split = ", ".join(f"{axis}={getattr(self.dims, axis)}" for axis in ("cp", "tp", "pp")
+                          if getattr(self.dims, axis) > 1)
         return f"dp_engine={self.dp_engine!r}" + (f" beside {split}" if split else "")
 
     def _follow_stages(self, pipe: PipelineModule) -> None:
@@ -480,10 +485,10 @@ class HybridShardStrategy(ParallelStrategy):
         dims = context.parallel_dims or ParallelDims(dp_replicate=context.world_size)
         if dims.hsdp_enabled:
             return dims
-        model = dims.tp * dims.pp
+        model = dims.tp * dims.pp * dims.cp
         per_node = context.local_world_size // model if context.local_world_size % model == 0 else 1
         shard = math.gcd(dims.dp, max(1, per_node))
-        return ParallelDims(dp_replicate=dims.dp // shard, dp_shard=shard, tp=dims.tp, pp=dims.pp)
+        return ParallelDims(dp_replicate=dims.dp // shard, dp_shard=shard, tp=dims.tp, pp=dims.pp, cp=dims.cp)
 
     @staticmethod
     def default_engine(dims: ParallelDims) -> str:
@@ -513,6 +518,21 @@ def _check_pipeline_loss(model: torch.nn.Module, loss_fn: Any) -> None:
                             f"target=labels); transformers causal LMs need none (model(input_ids=..., labels=...))")
     if loss_fn is not None and not callable(loss_fn):
         raise StrategyError(f"strategy_options['loss_fn'] = {loss_fn!r} is not callable; pass fn(output, target)")
+
+
+def _check_context_parallel(dims: ParallelDims, engine: str, *, sequence_parallel: bool) -> None:
+    """cp runs beside FSDP2 (the weights sharded over dp_shard x cp, the gradients averaged over dp x cp), as
+    torchtitan and Accelerate run it; what it is not yet tested beside is refused."""
+    if engine not in _SHARDED:
+        raise NotSupportedYetError(f"cp={dims.cp} beside dp_engine={engine!r} is not supported yet: context "
+                                   f"parallelism runs with FSDP2 over dp_shard x cp; use strategy 'zero3' (or "
+                                   f"'fsdp', 'zero2', 'parallel')")
+    if dims.pp_enabled:
+        raise NotSupportedYetError(f"cp={dims.cp} beside pp={dims.pp} is not supported yet; give cp with data and "
+                                   f"tensor parallelism (dp x cp x tp)")
+    if sequence_parallel and dims.tp_enabled:
+        raise NotSupportedYetError(f"cp={dims.cp} with sequence_parallel is not supported yet (both split the "
+                                   f"sequence); leave sequence_parallel off, cp already splits the activations")
 
 
 def _enabled(mesh: DeviceMesh | None) -> DeviceMesh:

@@ -1,0 +1,89 @@
+"""The planner's context-parallel layouts: activations per GPU divided by cp, the weights sharded over dp x cp, the
+ring's K/V traffic overlapped with the block attention, cp candidates only for a loop that splits sequences, and
+the launch line carrying --cp."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from convoy.plan.api import plan_for
+from convoy.plan.candidates import TrainerFacts, enumerate_candidates
+from convoy.plan.dims import ParallelDims
+from convoy.plan.hardware import parse_hardware
+from convoy.plan.memory import Layout, memory_per_gpu
+from convoy.plan.model import from_numbers
+from convoy.plan.run import RunSpec
+from convoy.plan.timing import context_parallel_seconds, step_time
+
+MODEL = from_numbers(8e9, layers=32, hidden=4096, heads=32, kv_heads=8, vocab=128256)
+HW = parse_hardware("8xH100-80GB")
+
+
+def _layout(**degrees: int) -> Layout:
+    return Layout(dims=ParallelDims(**degrees), zero_stage=3)
+
+
+def test_cp_divides_the_activations_and_shards_the_weights_over_dp_x_cp():
+    run = RunSpec(seq_len=65536)
+    plain = memory_per_gpu(MODEL, run, _layout(dp_shard=8))
+    split = memory_per_gpu(MODEL, run, _layout(dp_shard=4, cp=2))
+    assert split.activations < 0.51 * plain.activations  # half the tokens' activations
+    assert split.temporary < 0.51 * plain.temporary  # the logits of this rank's tokens only
+    # FSDP2 over dp_shard x cp: the same 8-way shards of weights, gradients and optimizer state
+    assert (split.params, split.grads, split.optimizer) == (plain.params, plain.grads, plain.optimizer)
+
+
+def test_the_ring_is_hidden_behind_long_blocks_and_exposed_when_the_group_crosses_nodes():
+    run = RunSpec(seq_len=131072)
+    seconds, sent = context_parallel_seconds(MODEL, run, _layout(dp_shard=4, cp=2), HW, _rates())
+    assert sent > 0 and seconds == 0.0  # 64k-token blocks: their attention outlasts the NVLink transfer
+    slow = parse_hardware("8xH100-80GB", nodes=2, inter_gbps=1.0)
+    seconds, _ = context_parallel_seconds(MODEL, RunSpec(seq_len=8192), _layout(dp_shard=1, cp=16), slow, _rates())
+    assert seconds > 0  # short blocks over a slow network: exposed
+
+
+def test_same_tokens_same_flops_cp_costs_about_what_data_parallel_costs_at_a_sequence_both_fit():
+    run = RunSpec(seq_len=8192)
+    dp8 = step_time(MODEL, run, _layout(dp_shard=8), HW, global_batch=8)
+    cp2 = step_time(MODEL, run, replace(_layout(dp_shard=4, cp=2), microbatches=2), HW, global_batch=8)
+    assert 0.9 < cp2.seconds / dp8.seconds < 1.2, (cp2.seconds, dp8.seconds)
+
+
+def test_cp_candidates_come_only_for_a_loop_that_splits_sequences():
+    names = {c.name for c in enumerate_candidates(MODEL, HW, global_batch=8, micro_batch=1)}
+    assert not any("cp" in n for n in names)
+    facts = TrainerFacts(context_parallel=True)
+    names = {c.name for c in enumerate_candidates(MODEL, HW, global_batch=8, micro_batch=1, facts=facts)}
+    assert {"zero3+cp2", "zero3+cp8", "zero3+cp2+tp2"} <= names
+
+
+def test_plan_recommends_cp_for_a_sequence_nothing_else_fits_and_the_line_carries_cp():
+    run = RunSpec(seq_len=131072)
+    plan = plan_for(MODEL, run, HW, global_batch=8, allowed=("zero3", "tp", "cp"))
+    rec = plan.recommendation
+    assert "cp" in rec.row.name, rec.row.name  # type: ignore[union-attr]
+    assert "--cp" in rec.row.launch_args, rec.row.launch_args  # type: ignore[union-attr]
+    assert plan_for(MODEL, run, HW, global_batch=8, allowed=("zero3", "tp")).recommendation.row.name.count("cp") == 0
+
+
+def _rates():
+    from convoy.plan.speed.rates import rates_for
+
+    return rates_for(HW.gpu)
+
+
+def test_the_printed_cp_line_is_accepted_by_the_launcher(monkeypatch, capsys, tmp_path):
+    from pathlib import Path
+
+    from convoy.cli.main import main
+
+    inventory = Path(__file__).parents[1] / "inventories" / "8xh100_nvswitch.json"
+    monkeypatch.setenv("CONVOY_INVENTORY", str(inventory))
+    monkeypatch.delenv("CONVOY_PARALLELISM", raising=False)
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    rec = plan_for(MODEL, RunSpec(seq_len=131072), HW, global_batch=8, allowed=("zero3", "tp", "cp")).recommendation
+    code = main(["launch", *rec.row.launch_args, "--dry-run", str(script)])  # type: ignore[union-attr]
+    out, err = capsys.readouterr()
+    degrees = dict(rec.row.candidate.layout.dims.mesh_shape())  # type: ignore[union-attr]
+    assert code == 0 and f"cp={degrees['cp']}" in out, (out, err)
