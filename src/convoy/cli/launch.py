@@ -17,6 +17,8 @@ import os
 import re
 
 from convoy.config.schema import (
+    COMPILE_MODES,
+    COMPILE_SCOPES,
     DEFAULT_COLLECTIVE_TIMEOUT,
     KEYS,
     MIXED_PRECISIONS,
@@ -193,6 +195,15 @@ def _add_training_flags(cv) -> None:
     cv.add_argument("--recompute", default=None, metavar="MODE",
                     help=f"activation recomputation: {', '.join(RECOMPUTE_MODES)} (default none): 'selective' keeps "
                          "each block's matmul and attention outputs, 'full' only its input")
+    cv.add_argument("--compile", default=None, metavar="SCOPE",
+                    help=f"torch.compile: {', '.join(COMPILE_SCOPES)} (default none): 'blocks' compiles each repeated "
+                         "block in place (fullgraph), 'model' the whole model")
+    cv.add_argument("--compile-backend", "--compile_backend", default=None, metavar="NAME",
+                    help="the torch.compile backend with --compile (default inductor)")
+    cv.add_argument("--compile-mode", "--compile_mode", default=None, metavar="MODE",
+                    help=f"torch.compile's mode with --compile: {', '.join(COMPILE_MODES)}")
+    cv.add_argument("--compile-dynamic", "--compile_dynamic", default=None, metavar="BOOL",
+                    help="torch.compile(dynamic=...) with --compile: true compiles for changing shapes up front")
     cv.add_argument("--collective-timeout", default=None, metavar="SECONDS",
                     help=f"fail a collective not every rank reached after this long (default "
                          f"{DEFAULT_COLLECTIVE_TIMEOUT:g}; finite)")
@@ -432,7 +443,8 @@ def _settings(args: argparse.Namespace, options: dict):
         cpu_offload=args.cpu_offload, pp_schedule=args.pp_schedule,
         pp_stages_per_rank=args.pp_stages_per_rank,
         gradient_accumulation_steps=args.gradient_accumulation_steps, collective_timeout=args.collective_timeout,
-        recompute=args.recompute, strategy_options=options or None,
+        recompute=args.recompute, compile=args.compile, compile_backend=args.compile_backend,
+        compile_mode=args.compile_mode, compile_dynamic=args.compile_dynamic, strategy_options=options or None,
     )
 
 

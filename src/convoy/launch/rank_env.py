@@ -14,7 +14,8 @@ worker bootstrap read):
   ``ROLE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_*``), with the values torch's elastic agent
   gives them, so an unmodified torchrun script runs as it is;
 * convoy's own (``CONVOY_MIXED_PRECISION``, ``CONVOY_STRATEGY``, ``CONVOY_PARALLELISM``,
-  ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``, ``CONVOY_RECOMPUTE``, ...) set from launch
+  ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``, ``CONVOY_RECOMPUTE``, ``CONVOY_COMPILE``,
+  ...) set from launch
   flags and read by the ``Accelerator``; an explicit constructor argument always wins over them.
   ``CONVOY_STRATEGY_OPTIONS`` (JSON) carries the strategy options an Accelerate config file sets (``auto_wrap``:
   ``convoy launch --config_file``); a key of ``Accelerator(strategy_options=...)`` wins. Accelerate's launcher says
@@ -73,7 +74,8 @@ RANK_VARIABLES = (
 )
 #: the settings the launcher hands to every rank, each as its schema key's ``CONVOY_<KEY>`` variable
 SETTING_NAMES = ("mixed_precision", "strategy", "parallelism", "cpu_offload", "pp_schedule", "pp_stages_per_rank",
-                 "gradient_accumulation_steps", "collective_timeout", "recompute")
+                 "gradient_accumulation_steps", "collective_timeout", "recompute", "compile", "compile_backend",
+                 "compile_mode", "compile_dynamic")
 STRATEGY_OPTIONS_VARIABLE = "CONVOY_STRATEGY_OPTIONS"
 CONVOY_VARIABLES = tuple(KEYS[name].env_var for name in SETTING_NAMES)
 #: the strategy options a launcher hands to the ranks (an Accelerate config file's), and the strategies that read
@@ -221,6 +223,14 @@ class ConvoyEnv:
     """Seconds before a collective that not every rank reached fails (convoy's default: 300)."""
     recompute: str | None = None
     """Activation recomputation, one of ``convoy.config.schema.RECOMPUTE_MODES`` ("none", "selective", "full")."""
+    compile: str | None = None
+    """torch.compile, one of ``convoy.config.schema.COMPILE_SCOPES`` ("none", "blocks", "model")."""
+    compile_backend: str | None = None
+    """The torch.compile backend ("inductor", "aot_eager", ...)."""
+    compile_mode: str | None = None
+    """torch.compile's mode, one of ``convoy.config.schema.COMPILE_MODES``."""
+    compile_dynamic: bool | None = None
+    """torch.compile's ``dynamic``."""
     strategy_options: Mapping[str, Any] | None = None
     """Strategy options of ``LAUNCHED_OPTIONS`` (``{"auto_wrap": ("LlamaDecoderLayer",)}``)."""
 

@@ -8,7 +8,8 @@ One record, ``TrainSettings``, travels from the ``Accelerator`` to its strategy:
 replaces what ``strategy="auto"`` chose (the name, the degrees, the options). The launcher's variables are read
 by ``convoy.launch.rank_env`` (``RANK``, ``WORLD_SIZE``, ... and ``CONVOY_MIXED_PRECISION``, ``CONVOY_STRATEGY``,
 ``CONVOY_PARALLELISM``, ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``,
-``CONVOY_RECOMPUTE``; Accelerate's ``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` and
+``CONVOY_RECOMPUTE``, ``CONVOY_COMPILE``; Accelerate's
+``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` and
 ``ACCELERATE_DEBUG_MODE``), every value by its key in ``convoy.config.schema``, so a value the launcher refuses is
 refused here with the same line. When ``RANK``/``WORLD_SIZE`` say the job has several processes, a process group is
 started even on a CPU-only machine (``convoy.train.process_group``): convoy never trains N independent copies that
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from convoy.config.schema import (
+    COMPILE_SCOPES,
     KEYS,
     MIXED_PRECISIONS,
     RECOMPUTE_MODES,
@@ -36,7 +38,10 @@ from convoy.errors import ConfigError, shown
 from convoy.launch.rank_env import SETTING_NAMES, ConvoyEnv, RankEnv, read_convoy_env, read_debug_mode, read_rank_env
 from convoy.plan.dims import ParallelDims
 
-__all__ = ["TrainSettings", "resolve_settings"]
+__all__ = ["TrainSettings", "resolve_settings", "COMPILE_SETTINGS"]
+
+#: the settings of ``torch.compile`` (``Accelerator(compile=..., compile_backend=...)``, ``CONVOY_COMPILE``, ...)
+COMPILE_SETTINGS = ("compile", "compile_backend", "compile_mode", "compile_dynamic")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +63,15 @@ class TrainSettings(RankEnv):
     recompute: str = KEYS["recompute"].default
     """Activation recomputation of the model's blocks: ``"none"``, ``"selective"`` or ``"full"``
     (``convoy.train.parallel.recompute``); each strategy applies it where it prepares the model."""
+    compile: str = KEYS["compile"].default
+    """torch.compile: ``"none"``, ``"blocks"`` (each block in place) or ``"model"``
+    (``convoy.train.parallel.compile``); each strategy applies it right after recomputation."""
+    compile_backend: str = KEYS["compile_backend"].default
+    """The torch.compile backend (``"inductor"``)."""
+    compile_mode: str | None = KEYS["compile_mode"].default
+    """torch.compile's ``mode`` (None: torch's default)."""
+    compile_dynamic: bool | None = KEYS["compile_dynamic"].default
+    """torch.compile's ``dynamic`` (None: torch's automatic dynamic shapes)."""
     parallel_dims: ParallelDims | None = None
     """Parallel degrees (``parallelism=``, ``CONVOY_PARALLELISM``); ``None`` = pure data parallel over the world."""
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -78,6 +92,9 @@ class TrainSettings(RankEnv):
             raise ConfigError(f"gradient_accumulation_steps={self.gradient_accumulation_steps} must be >= 1")
         if not 0 < self.collective_timeout_s < float("inf"):
             raise ConfigError(f"collective timeout {self.collective_timeout_s} s must be positive")
+        if self.compile not in COMPILE_SCOPES:
+            raise ConfigError(f"compile={shown(self.compile)} is not supported; "
+                              f"choose one of {', '.join(COMPILE_SCOPES)}")
         if self.recompute not in RECOMPUTE_MODES:
             raise ConfigError(f"recompute={shown(self.recompute)} is not supported; "
                               f"choose one of {', '.join(RECOMPUTE_MODES)}")
@@ -147,6 +164,7 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
         gradient_accumulation_steps=_setting("gradient_accumulation_steps", given, launched),
         collective_timeout_s=_setting("collective_timeout", given, launched),
         recompute=_setting("recompute", given, launched),
+        **{name: _setting(name, given, launched) for name in COMPILE_SETTINGS},
         parallel_dims=dims, options=options,
         backend=given.get("backend"), debug=read_debug_mode(env),
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from convoy.errors import StrategyError
+from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.train.parallel.recompute import refuse_recompute
 from convoy.train.strategies.base import Strategy
 from convoy.train.strategies.options import StrategyOptions
@@ -33,6 +33,10 @@ class DataParallelStrategy(Strategy):
         # per block, which the threads would share
         refuse_recompute(self.context.recompute, "dp", "torch.nn.DataParallel's replicas would share each block's "
                                                        "checkpoint state; use strategy='ddp'")
+        if self.context.compile != "none":
+            raise NotSupportedYetError(f"compile={self.context.compile!r} with strategy='dp' is not supported yet "
+                                       "(torch.nn.DataParallel copies the module into its threads every step); use "
+                                       "strategy='ddp'")
         if self.context.device_type != "cuda":
             raise StrategyError("strategy='dp' (torch.nn.DataParallel) needs CUDA GPUs; on the CPU use "
                                 "strategy='single', or several processes with strategy='ddp'")

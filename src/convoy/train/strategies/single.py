@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from convoy.train.parallel.compile import apply_compile, compile_config
 from convoy.train.parallel.recompute import apply_recompute
 from convoy.train.strategies.base import Strategy
 from convoy.train.strategies.options import StrategyOptions
@@ -28,4 +29,5 @@ class SingleStrategy(Strategy):
         # still points at them; recomputation hooks the blocks in place too
         module = module.to(self.root_device)
         apply_recompute(module, self.context.recompute)
+        apply_compile(module, compile_config(self.context))
         return module
