@@ -20,9 +20,9 @@ per-TransformerBlock compile after AC wrapping and before FSDP"; ``distributed/c
   hooks, which dynamo leaves to eager).
 
 Refused: tensor parallelism (with or without sequence parallelism), whose compiled backward fails in DTensor's
-``Redistribute.backward`` on torch 2.13 (pytorch/pytorch#139681). ``CompileWatch`` counts the graphs and graph breaks for the plan line ("compiled: 4 graphs,
-0 breaks") and names, once, a recompile after the first optimizer step (a shape that changes: a ragged last batch,
-another sequence length), with the fix.
+``Redistribute.backward`` on torch 2.13 (pytorch/pytorch#139681). ``CompileWatch`` counts the graphs and graph
+breaks for the plan line ("compiled: 4 graphs, 0 breaks") and names, once, a recompile after the first optimizer step
+(a shape that changes: a ragged last batch, another sequence length), with the fix.
 """
 
 from __future__ import annotations
