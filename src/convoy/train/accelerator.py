@@ -375,9 +375,9 @@ class Accelerator:
         first_now = next((p for g in inner.param_groups for p in g["params"]), None)
         owner = next((m for m in self._models if any(p is first_now for p in m.parameters())), None)
         prepared = PreparedOptimizer(inner, state=self._loop, precision=self._precision)
-        self._plan_watch.watch_optimizer(inner)
-        if self._compile_watch is not None and not self._optimizers:
+        if self._compile_watch is not None and not self._optimizers:  # before the plan's hook, which removes itself
             inner.register_step_post_hook(self._compile_watch.step)
+        self._plan_watch.watch_optimizer(inner)
         self._optimizers.append(prepared)
         self._optimizer_models.append(owner)
         return prepared

@@ -27,7 +27,6 @@ breaks for the plan line ("compiled: 4 graphs, 0 breaks") and names, once, a rec
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,11 +35,12 @@ from torch import nn
 
 from convoy.config.schema import COMPILE_MODES, COMPILE_SCOPES
 from convoy.errors import ConfigError, NotSupportedYetError, shown
+from convoy.train.logging import get_logger
 from convoy.train.parallel.recompute import recompute_units
 
 __all__ = ["CompileConfig", "CompileWatch", "apply_compile", "compile_config", "refuse_tensor_parallel"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,11 +134,19 @@ class CompileWatch:
     recompile after the first optimizer step, named once (a warning) with its reason and the fix.
 
     ``summary()``: ``"compiled: 4 graphs, 0 breaks"`` (torch._dynamo's counters, process-wide: the difference since
-    this watch began). ``step()`` after each optimizer step; ``close()`` stops watching."""
+    this watch began). ``step()`` after each optimizer step; ``close()`` stops watching. dynamo's compiles are
+    process-wide, so one watch listens at a time: a new one (the next ``Accelerator`` that compiles) closes the one
+    before it, whose run is over."""
+
+    _active: CompileWatch | None = None
 
     def __init__(self) -> None:
         from torch._dynamo import callback
         from torch._dynamo.utils import counters
+
+        if CompileWatch._active is not None:
+            CompileWatch._active.close()
+        CompileWatch._active = self
 
         self._graphs0 = counters["stats"]["unique_graphs"]
         self._breaks0 = sum(counters["graph_break"].values())
@@ -165,16 +173,18 @@ class CompileWatch:
         if self._callback is not None:
             callback.callback_handler.remove_start_callback(self._callback)
             self._callback = None  # type: ignore[assignment]
+        if CompileWatch._active is self:
+            CompileWatch._active = None
 
     def _on_compile(self, *_: Any) -> None:
         if self._steps < 1 or self.recompiled:
             return
         self.recompiled = (
-            f"convoy: torch.compile compiled again after optimizer step {self._steps} ({_guard_failure()}): an input "
+            f"torch.compile compiled again after optimizer step {self._steps} ({_guard_failure()}): an input "
             "shape changed (a ragged last batch, another sequence length), and each new shape costs a compile and "
             "may run slower; keep shapes fixed (DataLoader(drop_last=True), pad to one length) or compile for "
             "changing shapes (compile_dynamic=True)")
-        logger.warning(self.recompiled)
+        logger.warning("convoy: %s", self.recompiled)
 
 
 def _guard_failure() -> str:

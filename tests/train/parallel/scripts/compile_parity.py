@@ -1,13 +1,13 @@
 """torch.compile under a layout: the same training compiled per block as in eager mode.
 
-    convoy launch --nproc-per-node 2 tests/train/parallel/scripts/compile_parity.py ddp@none zero3@selective tp=2@full
+    convoy launch --nproc-per-node 2 tests/train/parallel/scripts/compile_parity.py ddp@none zero3@selective pp=2@full
 
-Each argument is one layout, a strategy name (``ddp``, ``zero3``, ...) or degrees (``tp=2``, ``pp=2``), then
-``@MODE``, its recompute mode. Each layout trains ``STEPS`` AdamW steps of the tiny GPT through the Accelerator
-eagerly and with ``compile="blocks"``; every rank prints one ``<layout> recompute=<mode> compiled ... OK`` line when
+Each argument is one layout, a strategy name (``ddp``, ``zero3``, ...; ``zero2:offload`` with ``cpu_offload``) or
+degrees (``pp=2``), then ``@MODE``, its recompute mode. Each layout trains ``STEPS`` AdamW steps of the tiny GPT
+through the Accelerator eagerly and with ``compile="blocks"``; every rank prints one ``<layout> recompute=<mode> compiled ... OK`` line when
 the losses (where this rank sees them) equal eager's to 1e-6 and the parameters to 1e-5 (fp32). The arguments
 ``tp=2+sp`` and ``tp=2`` instead check that tensor parallelism (with sequence parallelism, and without) is refused in
-one line naming the torch issue, and print ``tp=2+sp refused OK``.
+one line naming the torch issue, and print ``<argument> refused OK``.
 """
 
 import copy
@@ -28,8 +28,12 @@ STEPS, BATCH = 3, 8
 
 
 def accelerator(layout: str, mode: str, compiled: str, **options) -> Accelerator:
+    layout, _, offload = layout.partition(":")
+    if offload:  # zero2:offload: FSDP2's shards in host memory
+        options["cpu_offload"] = True
     if "=" not in layout:
-        return Accelerator(strategy=layout, recompute=mode, compile=compiled, collective_timeout=120)
+        return Accelerator(strategy=layout, recompute=mode, compile=compiled, collective_timeout=120,
+                           strategy_options=options or None)
     dims = {k: int(v) for k, v in (part.split("=") for part in layout.split(","))}
     if dims.get("pp", 1) > 1:
         options.update(loss_fn=lm_loss, pp_microbatches=2)
