@@ -4,10 +4,10 @@
 
 Each argument is one layout, a strategy name (``ddp``, ``zero3``, ...; ``zero2:offload`` with ``cpu_offload``) or
 degrees (``pp=2``), then ``@MODE``, its recompute mode. Each layout trains ``STEPS`` AdamW steps of the tiny GPT
-through the Accelerator eagerly and with ``compile="blocks"``; every rank prints one ``<layout> recompute=<mode> compiled ... OK`` line when
-the losses (where this rank sees them) equal eager's to 1e-6 and the parameters to 1e-5 (fp32). The arguments
-``tp=2+sp`` and ``tp=2`` instead check that tensor parallelism (with sequence parallelism, and without) is refused in
-one line naming the torch issue, and print ``<argument> refused OK``.
+through the Accelerator eagerly and with ``compile="blocks"``; every rank prints one ``<layout> recompute=<mode>
+compiled ... OK`` line when the losses (where this rank sees them) equal eager's to 1e-6 and the parameters to
+1e-5 (fp32). The arguments ``tp=2+sp`` and ``tp=2`` instead check that tensor parallelism (with sequence
+parallelism, and without) is refused in one line naming the torch issue, and print ``<argument> refused OK``.
 """
 
 import copy
