@@ -113,7 +113,7 @@ def test_dynamo_keys_are_compile_settings_with_the_key_that_set_them(tmp_path):
     assert read_accelerate_config(off).get("compile") is None
     legacy = _write(tmp_path, "distributed_type: MULTI_GPU\nnum_processes: 2\ndynamo_backend: AOT_EAGER\n", "b.yaml")
     assert read_accelerate_config(legacy).value("compile_backend") == "aot_eager"
-    bad = _write(tmp_path, "distributed_type: NO\ndynamo_config:\n  dynamo_backend: INDUCTOR\n  dynamo_mode: fast\n",
+    bad = _write(tmp_path, "distributed_type: 'NO'\ndynamo_config:\n  dynamo_backend: INDUCTOR\n  dynamo_mode: fast\n",
                  "c.yaml")
     with pytest.raises(ConfigError) as caught:
         read_accelerate_config(bad)
