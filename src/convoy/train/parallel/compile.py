@@ -179,20 +179,22 @@ class CompileWatch:
     def _on_compile(self, *_: Any) -> None:
         if self._steps < 1 or self.recompiled:
             return
+        why = _guard_failure()
         self.recompiled = (
-            f"torch.compile compiled again after optimizer step {self._steps} ({_guard_failure()}): an input "
-            "shape changed (a ragged last batch, another sequence length), and each new shape costs a compile and "
-            "may run slower; keep shapes fixed (DataLoader(drop_last=True), pad to one length) or compile for "
-            "changing shapes (compile_dynamic=True)")
+            f"torch.compile compiled again after optimizer step {self._steps}{f' ({why})' if why else ''}: most "
+            "often an input shape changed (a ragged last batch, another sequence length), and each new shape costs "
+            "a compile and may run slower; keep shapes fixed (DataLoader(drop_last=True), pad to one length) or "
+            "compile for changing shapes (compile_dynamic=True)")
         logger.warning("convoy: %s", self.recompiled)
 
 
 def _guard_failure() -> str:
-    """The latest reason dynamo gave for recompiling, short; "a guard failed" when it kept none."""
+    """The latest reason dynamo kept for recompiling (``torch._dynamo.utils.guard_failures``, filled where its
+    recompile logging asks for it), short; "" when it kept none."""
     from torch._dynamo.utils import guard_failures
 
-    reasons = [str(r) for failures in guard_failures.values() for r in failures]
+    reasons = [str(r).strip() for failures in guard_failures.values() for r in failures if str(r).strip()]
     if not reasons:
-        return "a guard failed"
-    text = reasons[-1].strip().splitlines()[0] if reasons[-1].strip() else "a guard failed"
+        return ""
+    text = reasons[-1].splitlines()[0]
     return text if len(text) <= 120 else text[:117] + "..."
