@@ -67,6 +67,7 @@ _LAZY: dict[str, str] = {
     "FullyShardedDataParallelPlugin": "convoy.train.plugins",
     "DeepSpeedPlugin": "convoy.train.plugins",
     "ParallelismConfig": "convoy.train.plugins",
+    "TorchDynamoPlugin": "convoy.train.plugins",
     "set_seed": "convoy.train.operations",
     "synchronize_rng_states": "convoy.train.operations",
     "gather": "convoy.train.operations",

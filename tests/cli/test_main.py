@@ -54,6 +54,7 @@ def test_public_surface_snapshot():
         "PartialState", "AcceleratorState", "GradientState", "DistributedType", "GradientAccumulationPlugin",
         "DistributedDataParallelKwargs", "DDPCommunicationHookType", "InitProcessGroupKwargs", "GradScalerKwargs",
         "AutocastKwargs", "AORecipeKwargs", "FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "ParallelismConfig",
+        "TorchDynamoPlugin",
         "set_seed", "synchronize_rng_states", "gather", "gather_object", "broadcast", "broadcast_object_list",
         "reduce", "pad_across_processes", "send_to_device", "copy_tensor_to_devices",
         "DistributedOperationException", "prepare_data_loader", "skip_first_batches", "SeedableRandomSampler",

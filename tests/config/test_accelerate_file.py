@@ -41,6 +41,11 @@ READ = {
                              "rdzv_backend": "c10d", "rdzv_endpoint": "head:29400"},
     "multi_cpu.yaml": {"strategy": "ddp", "num_processes": 2, "nnodes": "1", "rdzv_backend": "static",
                        "devices": "0", "mixed_precision": "no"},
+    # torch dynamo: compiled (the whole model, or each block with regional compilation), the backend passed through
+    "dynamo.yaml": {"strategy": "ddp", "num_processes": 2, "compile": "model", "compile_backend": "inductor"},
+    "dynamo_regional.yaml": {"strategy": "zero3", "num_processes": 2, "nnodes": "1", "rdzv_backend": "static",
+                             "mixed_precision": "bf16", "compile": "blocks", "compile_backend": "inductor",
+                             "compile_mode": "max-autotune", "compile_dynamic": False},
     "default_config.yaml": {"num_processes": 1, "nnodes": "1", "rdzv_backend": "static", "devices": "0",
                             "mixed_precision": "no"},
 }
@@ -49,7 +54,6 @@ REFUSED = {
     "fp8.yaml": (NotSupportedYetError, "fp8.yaml: fp8_config.backend = TE: Transformer Engine fp8 is not in convoy"),
     "megatron.yaml": (NotSupportedYetError, "megatron.yaml: megatron_lm_config = {...}: Megatron-LM"),
     "tpu.yaml": (NotSupportedYetError, "tpu.yaml: distributed_type = XLA: TPUs"),
-    "dynamo.yaml": (NotSupportedYetError, "dynamo_config.dynamo_backend = INDUCTOR: convoy does not compile"),
     "deepspeed_nvme.yaml": (NotSupportedYetError, "deepspeed_config.offload_optimizer_device = nvme"),
     "deepspeed_clipping.yaml": (NotSupportedYetError, "deepspeed_config.gradient_clipping = 1.0: convoy does not "
                                                       "clip on its own yet; call accelerator.clip_grad_norm_"),
@@ -99,6 +103,22 @@ def test_what_convoy_cannot_run_is_one_line_naming_the_key(name):
     with pytest.raises(kind) as caught:
         read_accelerate_config(FILES / name)
     assert words in str(caught.value) and "\n" not in str(caught.value), caught.value
+
+
+def test_dynamo_keys_are_compile_settings_with_the_key_that_set_them(tmp_path):
+    regional = read_accelerate_config(FILES / "dynamo_regional.yaml")
+    assert regional.origin("compile") == "dynamo_regional.yaml: dynamo_config.dynamo_use_regional_compilation = true"
+    assert regional.origin("compile_mode") == "dynamo_regional.yaml: dynamo_config.dynamo_mode = max-autotune"
+    assert any("fullgraph=True" in note for note in regional.notes)
+    off = _write(tmp_path, "distributed_type: MULTI_GPU\nnum_processes: 2\ndynamo_config:\n  dynamo_backend: 'NO'\n")
+    assert read_accelerate_config(off).get("compile") is None
+    legacy = _write(tmp_path, "distributed_type: MULTI_GPU\nnum_processes: 2\ndynamo_backend: AOT_EAGER\n", "b.yaml")
+    assert read_accelerate_config(legacy).value("compile_backend") == "aot_eager"
+    bad = _write(tmp_path, "distributed_type: 'NO'\ndynamo_config:\n  dynamo_backend: INDUCTOR\n  dynamo_mode: fast\n",
+                 "c.yaml")
+    with pytest.raises(ConfigError) as caught:
+        read_accelerate_config(bad)
+    assert "c.yaml: dynamo_config.dynamo_mode = fast" in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_activation_checkpointing_is_full_recompute():

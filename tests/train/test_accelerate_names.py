@@ -134,8 +134,8 @@ def test_refused_arguments_say_what_to_use():
         Accelerator(megatron_lm_plugin=object())
     with pytest.raises(ConfigError, match=r"fsdp_plugin=.*give a convoy.FullyShardedDataParallelPlugin"):
         Accelerator(fsdp_plugin=object())
-    with pytest.raises(NotSupportedYetError, match="torch.compile"):
-        Accelerator(dynamo_backend="inductor")
+    with pytest.raises(ConfigError, match="give one of them"):
+        Accelerator(dynamo_backend="inductor", dynamo_plugin=convoy.TorchDynamoPlugin(backend="inductor"))
     with pytest.raises(ConfigError, match="init_method"):
         Accelerator(kwargs_handlers=[InitProcessGroupKwargs(init_method="tcp://x:1")])
     with pytest.raises(ConfigError, match="strategy_options"):

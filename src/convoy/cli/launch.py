@@ -17,6 +17,8 @@ import os
 import re
 
 from convoy.config.schema import (
+    COMPILE_MODES,
+    COMPILE_SCOPES,
     DEFAULT_COLLECTIVE_TIMEOUT,
     FP8_RECIPES,
     KEYS,
@@ -202,6 +204,15 @@ def _add_training_flags(cv) -> None:
                     help="with --mixed-precision fp8: how float8 scales (default tensorwise)")
     cv.add_argument("--fp8-emulate", "--fp8_emulate", action="store_const", const=True, default=None,
                     help="with --mixed-precision fp8: run on a board without float8 tensor cores, emulated (tests)")
+    cv.add_argument("--compile", default=None, metavar="SCOPE",
+                    help=f"torch.compile: {', '.join(COMPILE_SCOPES)} (default none): 'blocks' compiles each repeated "
+                         "block in place (fullgraph), 'model' the whole model")
+    cv.add_argument("--compile-backend", "--compile_backend", default=None, metavar="NAME",
+                    help="the torch.compile backend with --compile (default inductor)")
+    cv.add_argument("--compile-mode", "--compile_mode", default=None, metavar="MODE",
+                    help=f"torch.compile's mode with --compile: {', '.join(COMPILE_MODES)}")
+    cv.add_argument("--compile-dynamic", "--compile_dynamic", default=None, metavar="BOOL",
+                    help="torch.compile(dynamic=...) with --compile: true compiles for changing shapes up front")
     cv.add_argument("--collective-timeout", default=None, metavar="SECONDS",
                     help=f"fail a collective not every rank reached after this long (default "
                          f"{DEFAULT_COLLECTIVE_TIMEOUT:g}; finite)")
@@ -443,7 +454,8 @@ def _settings(args: argparse.Namespace, options: dict):
         pp_stages_per_rank=args.pp_stages_per_rank, pp_microbatches=args.pp_microbatches,
         gradient_accumulation_steps=args.gradient_accumulation_steps, collective_timeout=args.collective_timeout,
         recompute=args.recompute, fp8_recipe=args.fp8_recipe, fp8_emulate=args.fp8_emulate,
-        strategy_options=options or None,
+        compile=args.compile, compile_backend=args.compile_backend, compile_mode=args.compile_mode,
+        compile_dynamic=args.compile_dynamic, strategy_options=options or None,
     )
 
 

@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from convoy.config.accelerate_mapping import (
+    DYNAMO_KEYS,
     Mapped,
     Translation,
     block_fields,
     deepspeed_translation,
+    dynamo_translation,
     fsdp_translation,
     parallelism_translation,
 )
@@ -203,6 +205,9 @@ def read_accelerate_config(path: str | os.PathLike[str], *, cwd: str | os.PathLi
         values = _parallelism(blocks["parallelism_config"], values, fsdp=fsdp, cite=cite, where_kind=where_kind)
     values += _top_level(data, cite, kind=kind, machines=machines, total=total)
     notes += _fp8(data, cite)
+    compiled = _dynamo(data, cite)
+    values += compiled.values
+    notes += compiled.notes
     if data.get("debug") is True:
         notes.append(f"{cite('debug', True)}: set ACCELERATE_DEBUG_MODE=1 for convoy's shape checks before each "
                      f"collective")
@@ -233,13 +238,22 @@ def _refuse_top_level(data: Mapping[str, Any], cite: Callable[[str, Any], str]) 
     for name, fine in _INERT_AT.items():
         if name in data and data[name] not in fine:
             raise NotSupportedYetError(f"{cite(name, data[name])}: TPU pods are not in convoy; remove the key")
-    dynamo = data.get("dynamo_config") or {}
-    backend = dynamo.get("dynamo_backend", "NO") if isinstance(dynamo, Mapping) else dynamo
-    backend = data.get("dynamo_backend", backend)
-    if str(backend).strip().upper() not in ("NO", "NONE"):
-        key = "dynamo_backend" if "dynamo_backend" in data else "dynamo_config.dynamo_backend"
-        raise NotSupportedYetError(f"{cite(key, backend)}: convoy does not compile the model; call "
-                                   f"torch.compile(model) in the script before prepare() and drop the key")
+
+
+def _dynamo(data: Mapping[str, Any], cite: Callable[[str, Any], str]) -> Translation:
+    """The ``dynamo_config`` block (and the older top-level ``dynamo_backend``) as convoy's compile settings."""
+    block = data.get("dynamo_config") or {}
+    if not isinstance(block, Mapping):
+        raise ConfigError(f"{cite('dynamo_config', block)}: give a mapping of keys")
+    fields = {field: block[key] for field, key in DYNAMO_KEYS.items() if key in block}
+    keys = {field: f"dynamo_config.{key}" for field, key in DYNAMO_KEYS.items()}
+    unknown = [str(k) for k in block if k not in DYNAMO_KEYS.values()]
+    if unknown:  # Accelerate's config writes these keys only
+        raise ConfigError(f"{cite('dynamo_config.' + unknown[0], block[unknown[0]])}: not a key of Accelerate's "
+                          f"dynamo_config; known: {', '.join(DYNAMO_KEYS.values())}")
+    if "dynamo_backend" in data:
+        fields["backend"], keys["backend"] = data["dynamo_backend"], "dynamo_backend"
+    return dynamo_translation(fields, cite=lambda f, v: cite(keys.get(f, f), v))
 
 
 #: ``fp8_config`` keys of Transformer Engine and MS-AMP (``accelerate config`` writes them for those backends only)

@@ -20,11 +20,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from convoy.config.schema import KEYS
 from convoy.errors import ConfigError, NotSupportedYetError, shown
 
 __all__ = ["Row", "ROWS", "Mapped", "Translation", "fsdp_translation", "deepspeed_translation",
            "parallelism_translation", "plugin_cite", "block_fields", "FSDP_FAMILY", "DEEPSPEED_FAMILY",
-           "ZERO_STRATEGIES"]
+           "ZERO_STRATEGIES", "DYNAMO_KEYS", "dynamo_translation"]
 
 #: the strategies a plugin given without its sharding field keeps when the launcher set one (its default first;
 #: not ddp, which a plain multi-GPU launch sets too)
@@ -508,3 +509,47 @@ def parallelism_translation(fields: Mapping[str, Any], *, cite: Callable[[str, A
     degrees = f"dp_replicate={sizes['dp_replicate_size']},dp_shard={sizes['dp_shard_size']}"
     degrees += f",cp={sizes['cp_size']}" * (sizes["cp_size"] > 1) + f",tp={sizes['tp_size']}"
     return Translation(values=(Mapped("parallelism", degrees, where), *values))
+
+
+#: ``TorchDynamoPlugin``'s fields and the ``dynamo_config`` keys of Accelerate's config file that say the same
+DYNAMO_KEYS = {"backend": "dynamo_backend", "mode": "dynamo_mode", "fullgraph": "dynamo_use_fullgraph",
+               "dynamic": "dynamo_use_dynamic", "use_regional_compilation": "dynamo_use_regional_compilation"}
+
+
+def dynamo_translation(fields: Mapping[str, Any], *, cite: Callable[[str, Any], str]) -> Translation:
+    """``TorchDynamoPlugin``'s fields (None or absent: not given; a YAML ``dynamo_config`` block renamed with
+    ``DYNAMO_KEYS``) in convoy's settings: a backend other than ``no`` compiles (``compile`` ``model``, or
+    ``blocks`` with ``use_regional_compilation``, each repeated block in place, as Accelerate's regional compilation
+    does), the backend and mode pass through to ``torch.compile`` (``compile_backend``, ``compile_mode``),
+    ``dynamic`` is ``compile_dynamic``. ``cite(field, value)``: how a message names a field."""
+    given = {k: v for k, v in fields.items() if v is not None}
+    unknown = [k for k in given if k not in (*DYNAMO_KEYS, "options", "disable")]
+    if unknown:
+        raise ConfigError(f"{cite(unknown[0], given[unknown[0]])}: not a TorchDynamoPlugin field; known: "
+                          f"{', '.join(DYNAMO_KEYS)}, options, disable")
+    backend = str(_enum_name(given["backend"]) if _is_enum(given.get("backend")) else given.get("backend", "no"))
+    off = backend.strip().lower() in ("no", "none", "") or (
+        "disable" in given and _flag(given["disable"], cite("disable", given["disable"])))
+    if given.get("options"):
+        raise NotSupportedYetError(f"{cite('options', given['options'])}: torch.compile options are not passed "
+                                   f"through yet; set them with torch._inductor.config in the script")
+    if off:
+        return Translation()
+    regional = "use_regional_compilation" in given and _flag(
+        given["use_regional_compilation"], cite("use_regional_compilation", given["use_regional_compilation"]))
+    where = cite("use_regional_compilation", True) if regional else cite("backend", backend)
+    values = [Mapped("compile", "blocks" if regional else "model", where),
+              Mapped("compile_backend", KEYS["compile_backend"].parse(backend, where=cite("backend", backend)),
+                     cite("backend", backend))]
+    notes: list[str] = []
+    if "mode" in given:
+        mode = str(given["mode"])
+        values.append(Mapped("compile_mode", KEYS["compile_mode"].parse(mode, where=cite("mode", mode)),
+                             cite("mode", mode)))
+    if "dynamic" in given:
+        values.append(Mapped("compile_dynamic", _flag(given["dynamic"], cite("dynamic", given["dynamic"])),
+                             cite("dynamic", given["dynamic"])))
+    if "fullgraph" in given:
+        notes.append(f"{cite('fullgraph', given['fullgraph'])}: convoy compiles each block with fullgraph=True and "
+                     f"a whole model with graph breaks allowed, whatever this says")
+    return Translation(values=tuple(values), notes=tuple(notes))

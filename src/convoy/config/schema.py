@@ -30,8 +30,9 @@ from convoy.errors import ConfigError, shown
 from convoy.plan.run import RECOMPUTE  # torch-free: the planner's modes are the trainer's
 
 __all__ = ["Key", "SCHEMA", "KEYS", "key_for", "closest_key", "ENV_PREFIX", "MixedPrecision", "MIXED_PRECISIONS",
-           "FP8_RECIPES", "RECOMPUTE_MODES", "DEFAULT_COLLECTIVE_TIMEOUT", "BUILTIN_STRATEGIES", "DP_ENGINES",
-           "dp_engine_beside", "PP_SCHEDULES", "OFFLOADING", "check_offload", "parse_whole",
+           "FP8_RECIPES", "RECOMPUTE_MODES", "COMPILE_SCOPES", "COMPILE_MODES", "DEFAULT_COLLECTIVE_TIMEOUT",
+           "BUILTIN_STRATEGIES", "DP_ENGINES", "dp_engine_beside", "PP_SCHEDULES", "OFFLOADING", "check_offload",
+           "parse_whole",
            "is_whole", "is_host"]
 
 ENV_PREFIX = "CONVOY_"
@@ -79,6 +80,11 @@ FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 #: activation recomputation as the trainer runs it and the planner plans it: "none", "selective" (per-op: the outputs
 #: of matmuls and attention kept, the rest of each block recomputed) or "full" (each block's input kept only)
 RECOMPUTE_MODES = RECOMPUTE
+#: what torch.compile compiles (``convoy.train.parallel.compile``): nothing, each repeated block in place
+#: (``fullgraph=True``, torchtitan's recipe), or the whole model
+COMPILE_SCOPES = ("none", "blocks", "model")
+#: ``torch.compile(mode=...)``, passed through as torch spells them
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 #: the levels of Python's logging, as CONVOY_LOG_LEVEL and ``get_logger(log_level=)`` take them
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 #: seconds a collective may wait for the other ranks (torch's own default is 30 minutes).
@@ -369,6 +375,14 @@ def _endpoint(value: Any, where: str) -> str:
     return text
 
 
+def _backend(value: Any, where: str) -> str:
+    """A torch.compile backend name, lower case as torch spells them (Accelerate writes ``INDUCTOR``)."""
+    text = _to_str(value, where, "a torch.compile backend name like 'inductor' or 'aot_eager'")
+    if not _NAME.match(text):
+        raise _bad(where, value, "a torch.compile backend name like 'inductor' or 'aot_eager'")
+    return text.lower()
+
+
 def _text(value: Any, where: str) -> str:
     return _to_str(value, where, "a string")
 
@@ -394,6 +408,18 @@ SCHEMA: tuple[Key, ...] = (
         convert=_choice(*RECOMPUTE_MODES), choices=RECOMPUTE_MODES,
         doc="Activation recomputation: 'none'; 'selective' keeps each block's matmul and attention outputs and "
             "recomputes the rest in the backward; 'full' keeps each block's input only and recomputes the block."),
+    Key(name="compile", type="one of " + ", ".join(COMPILE_SCOPES), default="none",
+        convert=_choice(*COMPILE_SCOPES), choices=COMPILE_SCOPES,
+        doc="torch.compile: 'none'; 'blocks' compiles each repeated block in place (fullgraph, after tensor "
+            "parallelism and recompute, before data parallelism); 'model' compiles the whole model."),
+    Key(name="compile_backend", type="name", default="inductor", convert=_backend,
+        doc="The torch.compile backend with compile (inductor; others, such as aot_eager, pass through)."),
+    Key(name="compile_mode", type="one of " + ", ".join(COMPILE_MODES), default=None,
+        convert=_choice(*COMPILE_MODES), choices=COMPILE_MODES,
+        doc="The torch.compile mode with compile (unset: torch's default)."),
+    Key(name="compile_dynamic", type="bool", default=None, convert=_parse_bool,
+        doc="torch.compile(dynamic=...) with compile: true compiles for changing shapes up front (unset: torch "
+            "recompiles once a shape changes)."),
     Key(name="parallelism", type="degrees", default=None, convert=_parse_parallelism,
         doc="Parallel degrees like 'dp=2,tp=2,pp=1' (unset: all data parallel)."),
     Key(name="cpu_offload", type="bool", default=False, convert=_parse_bool,

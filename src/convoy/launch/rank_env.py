@@ -15,6 +15,7 @@ worker bootstrap read):
   gives them, so an unmodified torchrun script runs as it is;
 * convoy's own (``CONVOY_MIXED_PRECISION``, ``CONVOY_STRATEGY``, ``CONVOY_PARALLELISM``,
   ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``, ``CONVOY_RECOMPUTE``, ``CONVOY_FP8_RECIPE``,
+  ``CONVOY_COMPILE``,
   ...) set from launch
   flags and read by the ``Accelerator``; an explicit constructor argument always wins over them.
   ``CONVOY_STRATEGY_OPTIONS`` (JSON) carries the strategy options an Accelerate config file sets (``auto_wrap``:
@@ -75,7 +76,7 @@ RANK_VARIABLES = (
 #: the settings the launcher hands to every rank, each as its schema key's ``CONVOY_<KEY>`` variable
 SETTING_NAMES = ("mixed_precision", "strategy", "parallelism", "cpu_offload", "pp_schedule", "pp_stages_per_rank",
                  "pp_microbatches", "gradient_accumulation_steps", "collective_timeout", "recompute", "fp8_recipe",
-                 "fp8_emulate")
+                 "fp8_emulate", "compile", "compile_backend", "compile_mode", "compile_dynamic")
 STRATEGY_OPTIONS_VARIABLE = "CONVOY_STRATEGY_OPTIONS"
 CONVOY_VARIABLES = tuple(KEYS[name].env_var for name in SETTING_NAMES)
 #: the strategy options a launcher hands to the ranks (an Accelerate config file's), and the strategies that read
@@ -231,6 +232,14 @@ class ConvoyEnv:
     """fp8's scaling, one of ``convoy.config.schema.FP8_RECIPES`` ("tensorwise", "rowwise", "rowwise_with_gw_hp")."""
     fp8_emulate: bool | None = None
     """fp8 on a board without float8 tensor cores, in torchao's emulation (tests)."""
+    compile: str | None = None
+    """torch.compile, one of ``convoy.config.schema.COMPILE_SCOPES`` ("none", "blocks", "model")."""
+    compile_backend: str | None = None
+    """The torch.compile backend ("inductor", "aot_eager", ...)."""
+    compile_mode: str | None = None
+    """torch.compile's mode, one of ``convoy.config.schema.COMPILE_MODES``."""
+    compile_dynamic: bool | None = None
+    """torch.compile's ``dynamic``."""
     strategy_options: Mapping[str, Any] | None = None
     """Strategy options of ``LAUNCHED_OPTIONS`` (``{"auto_wrap": ("LlamaDecoderLayer",)}``)."""
 

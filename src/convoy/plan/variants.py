@@ -84,10 +84,11 @@ def _combinations(asked: Mapping[str, str]) -> list[tuple[str, str]]:
 
 def trainer_refuses(layout: Layout, *, compile: str, fp8: str) -> str | None:
     """Why convoy's trainer would refuse ``layout`` run with ``compile`` and ``fp8`` (None: it runs it), so that
-    the plan never prints a line that does not run. None for every layout the planner proposes today: float8 runs
-    beside pipelines too (each stage's linears converted, the last stage's head kept high precision), and float8
-    tensor parallel's refusal on gloo is a CPU job's, which has no float8 tensor cores to plan for
-    (``step_time``'s ``PlanError``)."""
+    the plan never prints a line that does not run (``convoy.train.parallel.compile``'s refusals)."""
+    if compile != "none" and layout.dims.tp_enabled:
+        return "compile with tensor parallelism is not supported yet (pytorch/pytorch#139681)"
+    if compile != "none" and layout.dims.cp_enabled:
+        return "compile with context parallelism is not supported yet"
     return None
 
 

@@ -38,9 +38,10 @@ from convoy.train.data import DataLoaderConfiguration, PreparedDataLoader
 from convoy.train.data.loop import LoopPosition
 from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
 from convoy.train.logging import get_logger
+from convoy.train.parallel.compile import CompileWatch
 from convoy.train.parallel.mesh import ParallelMesh
 from convoy.train.plan_report import PlanReport, PlanWatch
-from convoy.train.plugins import ParallelismConfig, plugin_arguments
+from convoy.train.plugins import ParallelismConfig, dynamo_arguments, plugin_arguments
 from convoy.train.precision import Precision, precision_for, restore_forward
 from convoy.train.process_group import stop_process_group
 from convoy.train.process_view import AcceleratorState, DistributedType, GradientState, distributed_type_for
@@ -116,7 +117,8 @@ class Accelerator:
                  parallelism: Any = None, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
                  kwargs_handlers: list[Any] | None = None, recompute: str | None = None, fsdp_plugin: Any = None,
                  deepspeed_plugin: Any = None, parallelism_config: Any = None, fp8_recipe: str | None = None,
-                 fp8_emulate: bool | None = None, **unsupported: Any) -> None:
+                 fp8_emulate: bool | None = None, compile: str | None = None, dynamo_plugin: Any = None,
+                 dynamo_backend: Any = None, **unsupported: Any) -> None:
         # Resolved in named steps, each reading what the ones before it settled.
         # 1. flags: the plain arguments and the kwargs handlers, checked before anything reads them
         refuse_arguments(unsupported)
@@ -130,10 +132,13 @@ class Accelerator:
         # 2. plugins: Accelerate's plugin objects, read as the arguments they stand for
         plugins = plugin_arguments(
             fsdp_plugin=fsdp_plugin, deepspeed_plugin=deepspeed_plugin, parallelism_config=parallelism_config,
-            explicit={"mixed_precision": mixed_precision, "strategy": strategy, "parallelism": parallelism,
-                      "recompute": recompute, "gradient_accumulation_steps": gradient_accumulation_plugin.num_steps
-                      if gradient_accumulation_plugin is not None else gradient_accumulation_steps,
-                      "fp8_recipe": fp8_recipe, "fp8_emulate": fp8_emulate},
+            explicit=dynamo_arguments(
+                {"mixed_precision": mixed_precision, "strategy": strategy, "parallelism": parallelism,
+                 "recompute": recompute, "compile": compile,
+                 "gradient_accumulation_steps": gradient_accumulation_plugin.num_steps
+                 if gradient_accumulation_plugin is not None else gradient_accumulation_steps,
+                 "fp8_recipe": fp8_recipe, "fp8_emulate": fp8_emulate},
+                dynamo_plugin=dynamo_plugin, dynamo_backend=dynamo_backend),
             strategy_options=strategy_options)
         # 3. settings: argument > launcher's environment > settings file > default
         self.settings = self._resolve_settings(plugins, cpu=cpu, collective_timeout=collective_timeout,
@@ -222,6 +227,8 @@ class Accelerator:
     def _set_loop(self, planner: Callable[..., Any] | None) -> None:
         self._planner = planner
         self._loop = LoopPosition()
+        # what torch.compile does in this run: graphs and breaks for the plan line, a recompile after the first step
+        self._compile_watch = CompileWatch() if self.settings.compile != "none" else None
         self._plan_watch = self._new_plan_watch()
         self.step = 0  # micro-steps seen by accumulate()
         self._strategy: Strategy | None = None
@@ -403,6 +410,8 @@ class Accelerator:
         first_now = next((p for g in inner.param_groups for p in g["params"]), None)
         owner = next((m for m in self._models if any(p is first_now for p in m.parameters())), None)
         prepared = PreparedOptimizer(inner, state=self._loop, precision=self._precision)
+        if self._compile_watch is not None and not self._optimizers:  # before the plan's hook, which removes itself
+            inner.register_step_post_hook(self._compile_watch.step)
         self._plan_watch.watch_optimizer(inner)
         self._optimizers.append(prepared)
         self._optimizer_models.append(owner)
@@ -447,7 +456,9 @@ class Accelerator:
         return self._plan_watch.report()
 
     def _new_plan_watch(self) -> PlanWatch:
-        return PlanWatch(self._plan_job, main_process=self.is_main_process)
+        watch = self._compile_watch
+        return PlanWatch(self._plan_job, main_process=self.is_main_process,
+                         compiled=watch.summary if watch is not None else None)
 
     def _plan_job(self) -> tuple[Strategy, int]:
         """What the report plans: the strategy that runs, and the micro-steps per optimizer step."""

@@ -272,8 +272,6 @@ REFUSED_ARGUMENTS = {
     "deepspeed_plugins": "one deepspeed_plugin=DeepSpeedPlugin(...), or strategy='zero1'/'zero2'/'zero3'",
     "megatron_lm_plugin": "parallelism={'tp': ..., 'pp': ...}",
     "torch_tp_plugin": "parallelism={'tp': ...}",
-    "dynamo_backend": "torch.compile(model) before prepare()",
-    "dynamo_plugin": "torch.compile(model) before prepare()",
     "dispatch_batches": "DataLoaderConfiguration(...) (convoy shards on every process)",
 }
 

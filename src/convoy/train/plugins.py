@@ -26,6 +26,7 @@ from typing import Any
 from convoy.config.accelerate_mapping import (
     Translation,
     deepspeed_translation,
+    dynamo_translation,
     fsdp_translation,
     parallelism_translation,
     plugin_cite,
@@ -34,8 +35,8 @@ from convoy.config.schema import KEYS
 from convoy.errors import ConfigError, shown
 from convoy.launch.rank_env import read_rank_env
 
-__all__ = ["FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "ParallelismConfig", "PluginArguments",
-           "plugin_arguments"]
+__all__ = ["FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "ParallelismConfig", "TorchDynamoPlugin",
+           "PluginArguments", "plugin_arguments", "dynamo_arguments"]
 
 
 def _fields(plugin: Any, skip: Mapping[str, Any] = {}) -> dict[str, Any]:
@@ -246,6 +247,28 @@ class ParallelismConfig:
         return self._names("dp_replicate") + ["dp_shard_cp"]
 
 
+@dataclass
+class TorchDynamoPlugin:
+    """Accelerate's compile plugin: a ``backend`` other than ``"no"`` compiles the model (``compile="model"``), each
+    repeated block in place with ``use_regional_compilation=True`` (``compile="blocks"``); ``backend``, ``mode``
+    and ``dynamic`` pass through to ``torch.compile`` (``compile_backend``, ``compile_mode``, ``compile_dynamic``);
+    ``convoy.train.parallel.compile`` applies it as one step of the layout."""
+
+    backend: Any = None
+    mode: str | None = None
+    fullgraph: bool | None = None
+    dynamic: bool | None = None
+    options: Any = None
+    disable: bool | None = None
+    use_regional_compilation: bool | None = None
+
+    def __post_init__(self) -> None:
+        self.translate()
+
+    def translate(self) -> Translation:
+        return dynamo_translation(_fields(self), cite=plugin_cite(type(self).__name__))
+
+
 @dataclass(frozen=True)
 class PluginArguments:
     """The ``Accelerator``'s settings once its plugins are read: the explicit arguments (``strategy``,
@@ -321,3 +344,24 @@ def plugin_arguments(*, fsdp_plugin: Any, deepspeed_plugin: Any, parallelism_con
     family = translated.family if chosen is None else ()
     return PluginArguments(explicit=merged, options=options if options or strategy_options is not None else None,
                            family=family)
+
+
+def dynamo_arguments(explicit: Mapping[str, Any], *, dynamo_plugin: Any, dynamo_backend: Any) -> dict[str, Any]:
+    """``explicit`` with what Accelerate's ``Accelerator(dynamo_plugin=...)`` or ``Accelerator(dynamo_backend=...)``
+    asks for put in (``compile``, ``compile_backend``, ...); one ``ConfigError`` where both are given, or where
+    ``compile=`` disagrees with the plugin."""
+    if dynamo_plugin is not None and dynamo_backend is not None:
+        raise ConfigError("Accelerator(dynamo_plugin=..., dynamo_backend=...): give one of them")
+    if dynamo_plugin is not None and not isinstance(dynamo_plugin, TorchDynamoPlugin):
+        raise ConfigError(f"Accelerator(dynamo_plugin={shown(dynamo_plugin)}): give a convoy.TorchDynamoPlugin(...)")
+    merged = dict(explicit)
+    if dynamo_plugin is None and dynamo_backend is None:
+        return merged
+    translated = dynamo_plugin.translate() if dynamo_plugin is not None else dynamo_translation(
+        {"backend": dynamo_backend}, cite=lambda name, value: f"Accelerator(dynamo_backend={shown(value)})")
+    for mapped in translated.values:
+        given = merged.get(mapped.name)
+        if given is not None and not _same(mapped.name, given, mapped.value):
+            raise ConfigError(f"Accelerator({mapped.name}={shown(given)}) and {mapped.origin}: give one of them")
+        merged[mapped.name] = mapped.value
+    return merged

@@ -8,7 +8,7 @@ One record, ``TrainSettings``, travels from the ``Accelerator`` to its strategy:
 what ``strategy="auto"`` chose (the name, the degrees, the options). The launcher's variables are read by
 ``convoy.launch.rank_env`` (``RANK``, ``WORLD_SIZE``, ... and ``CONVOY_MIXED_PRECISION``, ``CONVOY_STRATEGY``,
 ``CONVOY_PARALLELISM``, ``CONVOY_GRADIENT_ACCUMULATION_STEPS``, ``CONVOY_COLLECTIVE_TIMEOUT``, ``CONVOY_RECOMPUTE``,
-``CONVOY_FP8_RECIPE``, ``CONVOY_FP8_EMULATE``; Accelerate's ``ACCELERATE_MIXED_PRECISION``,
+``CONVOY_FP8_RECIPE``, ``CONVOY_FP8_EMULATE``, ``CONVOY_COMPILE``; Accelerate's ``ACCELERATE_MIXED_PRECISION``,
 ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` and ``ACCELERATE_DEBUG_MODE``), every value by its key in
 ``convoy.config.schema``, so a value the launcher refuses is refused here with the same line. When
 ``RANK``/``WORLD_SIZE`` say the job has several processes, a process group is started even on a CPU-only machine
@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from convoy.config.schema import (
+    COMPILE_SCOPES,
     FP8_RECIPES,
     KEYS,
     MIXED_PRECISIONS,
@@ -37,7 +38,10 @@ from convoy.errors import ConfigError, shown
 from convoy.launch.rank_env import SETTING_NAMES, ConvoyEnv, RankEnv, read_convoy_env, read_debug_mode, read_rank_env
 from convoy.plan.dims import ParallelDims
 
-__all__ = ["TrainSettings", "resolve_settings", "overridden"]
+__all__ = ["TrainSettings", "resolve_settings", "overridden", "COMPILE_SETTINGS"]
+
+#: the settings of ``torch.compile`` (``Accelerator(compile=..., compile_backend=...)``, ``CONVOY_COMPILE``, ...)
+COMPILE_SETTINGS = ("compile", "compile_backend", "compile_mode", "compile_dynamic")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +68,15 @@ class TrainSettings(RankEnv):
     (``convoy.train.parallel.float8``); read only under fp8."""
     fp8_emulate: bool = False
     """Run fp8 on a board without float8 tensor cores, in torchao's emulation (tests); refused there otherwise."""
+    compile: str = KEYS["compile"].default
+    """torch.compile: ``"none"``, ``"blocks"`` (each block in place) or ``"model"``
+    (``convoy.train.parallel.compile``); each strategy applies it right after recomputation."""
+    compile_backend: str = KEYS["compile_backend"].default
+    """The torch.compile backend (``"inductor"``)."""
+    compile_mode: str | None = KEYS["compile_mode"].default
+    """torch.compile's ``mode`` (None: torch's default)."""
+    compile_dynamic: bool | None = KEYS["compile_dynamic"].default
+    """torch.compile's ``dynamic`` (None: torch's automatic dynamic shapes)."""
     parallel_dims: ParallelDims | None = None
     """Parallel degrees (``parallelism=``, ``CONVOY_PARALLELISM``); ``None`` = pure data parallel over the world."""
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -87,6 +100,9 @@ class TrainSettings(RankEnv):
         if self.fp8_recipe not in FP8_RECIPES:
             raise ConfigError(f"fp8_recipe={shown(self.fp8_recipe)} is not supported; "
                               f"choose one of {', '.join(FP8_RECIPES)}")
+        if self.compile not in COMPILE_SCOPES:
+            raise ConfigError(f"compile={shown(self.compile)} is not supported; "
+                              f"choose one of {', '.join(COMPILE_SCOPES)}")
         if self.recompute not in RECOMPUTE_MODES:
             raise ConfigError(f"recompute={shown(self.recompute)} is not supported; "
                               f"choose one of {', '.join(RECOMPUTE_MODES)}")
@@ -158,6 +174,7 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
         recompute=_setting("recompute", given, launched),
         fp8_recipe=_setting("fp8_recipe", given, launched) or FP8_RECIPES[0],
         fp8_emulate=bool(_setting("fp8_emulate", given, launched)),
+        **{name: _setting(name, given, launched) for name in COMPILE_SETTINGS},
         parallel_dims=dims, options=options,
         backend=given.get("backend"), debug=read_debug_mode(env),
     )

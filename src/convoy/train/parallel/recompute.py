@@ -9,8 +9,13 @@ What ``Accelerator(recompute=...)``, ``convoy launch --recompute`` and ``CONVOY_
 calls ``apply_recompute`` where it prepares the model: after tensor parallelism, before FSDP2 or DDP (torchtitan's
 order: tp, activation checkpointing, data parallelism), and on each pipeline stage once it is built.
 
-* ``"full"``: PyTorch's non-reentrant checkpointing of every block (``torch.distributed._composable.checkpoint``,
-  which hooks the block in place, so parameter names, state dicts and tp plans are unchanged).
+* ``"full"``: PyTorch's non-reentrant checkpointing of every block: its forward runs inside
+  ``torch.utils.checkpoint.checkpoint``, the call torchtitan's and Accelerate's ``checkpoint_wrapper`` makes, so a
+  recomputed block compiles with ``fullgraph=True`` (``convoy.train.parallel.compile``; the composable in-place
+  ``checkpoint`` this replaced could not be compiled: its hooks hold a context manager dynamo cannot rebuild). The
+  call is put on the block itself (its ``forward``), not around it as ``checkpoint_wrapper`` does, so parameter
+  names, state dicts (convoy's and Accelerate's keys), optimizers built before ``prepare()`` and tp plans are
+  unchanged.
 * ``"selective"``: the same with per-op selective checkpointing (``create_selective_checkpoint_contexts``): the
   outputs of the ops in ``SELECTIVE_SAVES`` are kept (matrix multiplies, attention kernels and the collectives
   that end a tensor-parallel matmul), the rest (norms, activations, rotary, dropout, casts, and eager attention's
@@ -35,8 +40,8 @@ from torch import nn
 
 from convoy.errors import NotSupportedYetError, StrategyError
 
-__all__ = ["MODES", "SELECTIVE_SAVES", "apply_recompute", "recompute_units", "selective_saves", "checkpoints_itself",
-           "refuse_recompute"]
+__all__ = ["MODES", "SELECTIVE_SAVES", "apply_recompute", "checkpoint_block", "recompute_units", "selective_saves",
+           "checkpoints_itself", "refuse_recompute"]
 
 #: the modes, as the settings key ``recompute`` takes them (``convoy.config.schema.RECOMPUTE_MODES``)
 MODES = ("none", "selective", "full")
@@ -141,14 +146,35 @@ def apply_recompute(module: nn.Module, mode: str, *, classes: Iterable[type] | N
         raise StrategyError(f"recompute={mode!r}: {type(module).__name__} has no blocks to checkpoint (convoy "
                             "checkpoints the entries of its nn.ModuleLists, as FSDP shards them); hold the blocks in "
                             "an nn.ModuleList, or use recompute='none'")
-    from torch.distributed._composable import checkpoint
-
     for _, block in blocks:
-        if mode == "selective":
-            checkpoint(block, context_fn=_selective_contexts)
-        else:
-            checkpoint(block)
+        checkpoint_block(block, mode)
     return len(blocks)
+
+
+def checkpoint_block(block: nn.Module, mode: str) -> None:
+    """Run ``block``'s forward inside ``torch.utils.checkpoint.checkpoint`` (non-reentrant; per-op selective for
+    ``"selective"``), in place: what ``checkpoint_wrapper(block, context_fn=...)`` runs, without the wrapper module
+    that would rename every parameter (``layers.0._checkpoint_wrapped_module.attn.weight``)."""
+    if isinstance(block.__dict__.get("forward"), _Checkpointed):
+        return  # checkpointed already (a pipeline stage that holds the model's block)
+    context_fn = _selective_contexts if mode == "selective" else None
+    block.forward = _Checkpointed(block.forward, context_fn)
+
+
+class _Checkpointed:
+    """A block's forward run through ``torch.utils.checkpoint.checkpoint``; torch.compile traces it (as the
+    ``tag_activation_checkpoint`` higher-order op) into the block's graph."""
+
+    def __init__(self, forward: Any, context_fn: Any) -> None:
+        self.forward = forward
+        self.context_fn = context_fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.utils.checkpoint import checkpoint
+
+        if self.context_fn is None:
+            return checkpoint(self.forward, *args, use_reentrant=False, **kwargs)
+        return checkpoint(self.forward, *args, use_reentrant=False, context_fn=self.context_fn, **kwargs)
 
 
 def checkpoints_itself(module: nn.Module) -> bool:

@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from convoy.errors import ConfigError, shown
 from convoy.train.optimizer_names import named_optimizer_state, numbered_optimizer_state, param_names
+from convoy.train.parallel.compile import apply_compile, compile_config
 from convoy.train.parallel.recompute import apply_recompute
 from convoy.train.strategies.base import Strategy, SupportsNoSync
 from convoy.train.strategies.options import DDPOptions
@@ -94,6 +95,7 @@ class DDPStrategy(Strategy, SupportsNoSync):
             return module  # nothing to synchronise (a frozen teacher, an EMA copy): DDP would refuse it
         self.precision.convert_layers(module)  # fp8's Float8Linear swap first (torchtitan's order)
         apply_recompute(module, self.context.recompute)  # inside DDP's wrapper: its hooks see the whole backward
+        apply_compile(module, compile_config(self.context))  # in place, inside DDP's wrapper too
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         hook = comm_hook(self.config)  # before wrapping: a bad option stops nothing half-built
         ddp = DistributedDataParallel(module, device_ids=device_ids, **self.config.ddp_kwargs())

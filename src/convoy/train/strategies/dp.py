@@ -40,6 +40,10 @@ class DataParallelStrategy(Strategy):
                                        "torch.nn.DataParallel runs each GPU's replica in a thread where autocast "
                                        "computes in fp16, not bf16, and fp8 has no loss scaling; use strategy='ddp' "
                                        "(one process per GPU)")
+        if self.context.compile != "none":
+            raise NotSupportedYetError(f"compile={self.context.compile!r} with strategy='dp' is not supported yet "
+                                       "(torch.nn.DataParallel copies the module into its threads every step); use "
+                                       "strategy='ddp'")
         if self.context.device_type != "cuda":
             raise StrategyError("strategy='dp' (torch.nn.DataParallel) needs CUDA GPUs; on the CPU use "
                                 "strategy='single', or several processes with strategy='ddp'")

@@ -27,6 +27,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from convoy.errors import NotSupportedYetError, StrategyError
+from convoy.train.parallel.compile import apply_compile, compile_config
 from convoy.train.parallel.recompute import apply_recompute
 from convoy.train.precision import Precision
 from convoy.train.settings import TrainSettings
@@ -67,6 +68,7 @@ class _FullyShardStrategy(Strategy, SupportsNoSync):
         # checkpointed before sharding (torchtitan's order): the blocks are FSDP's units, whose hooks gather the
         # weights outside the recomputed region, and again for the backward before the block is recomputed
         apply_recompute(module, self.context.recompute, classes=self.config.auto_wrap)
+        apply_compile(module, compile_config(self.context), classes=self.config.auto_wrap)  # before sharding, too
         shard_model(module, self.config.auto_wrap, named=f"strategy={self.name!r}", mesh=self._mesh,
                     reshard_after_forward=self.reshard_after_forward, mp_policy=mp, offload_policy=offload)
         self._origins.record(module, names)

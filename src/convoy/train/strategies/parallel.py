@@ -38,6 +38,12 @@ from torch.nn.parallel import DistributedDataParallel
 from convoy.errors import NotSupportedYetError, StrategyError
 from convoy.plan.dims import ParallelDims
 from convoy.train.parallel.causal_lm import is_causal_lm
+from convoy.train.parallel.compile import (
+    apply_compile,
+    compile_config,
+    refuse_context_parallel,
+    refuse_tensor_parallel,
+)
 from convoy.train.parallel.float8 import refuse_float8_tp
 from convoy.train.parallel.float8 import tracing_stand_ins as float8_stand_ins
 from convoy.train.parallel.mesh import ParallelMesh, build_mesh
@@ -176,7 +182,10 @@ class ParallelStrategy(Strategy, SupportsNoSync):
         names = {id(p): n for n, p in module.named_parameters()}
         stand_ins = None
         self._convert_layers(module)
+        if self.dims.cp_enabled:
+            refuse_context_parallel(compile_config(self.context))
         if self.dims.tp_enabled:
+            refuse_tensor_parallel(compile_config(self.context), self.config.sequence_parallel)
             plan = resolve_tp_plan(module, self.config.tp_plan, sequence_parallel=self.config.sequence_parallel)
             if self.dims.dp_enabled and self.dp_engine in _SHARDED:
                 check_beside_fsdp(module, plan)
@@ -197,7 +206,7 @@ class ParallelStrategy(Strategy, SupportsNoSync):
                 wrap = functools.partial(self._replicate_stage, module)
             elif self.dims.dp_enabled:
                 wrap = self._wrap_stage
-            wrap = self._recomputed_stages(module, wrap)
+            wrap = self._prepared_stages(module, wrap)
             config = self.config.pipeline()
             if self.dims.tp_enabled and self.config.sequence_parallel:
                 _check_block_boundaries(module, config)
@@ -210,8 +219,9 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             self._pipelines.append(pipe)
             self._own_backward = True
             return pipe
-        # torchtitan's order: tensor parallelism, then activation checkpointing, then data parallelism
+        # torchtitan's order: tensor parallelism, then activation checkpointing, then compile, then data parallelism
         apply_recompute(module, self.context.recompute, classes=self.config.auto_wrap)
+        apply_compile(module, compile_config(self.context), classes=self.config.auto_wrap)
         if self.dims.dp_enabled or self.dims.cp_enabled:
             module = self._data_parallel(module)
         self._origins.record(self.unwrap(module), names)  # names are the model's, not a DDP wrapper's
@@ -230,19 +240,20 @@ class ParallelStrategy(Strategy, SupportsNoSync):
             refuse_float8_tp(float8, backend=self.context.backend, device_type=self.root_device.type)
         self.precision.convert_layers(module, fsdp=self.dims.dp_enabled and self.dp_engine in _SHARDED)
 
-    def _recomputed_stages(self, model: torch.nn.Module, wrap: Any) -> Any:
-        """``wrap`` (the stages' data parallelism, or None) preceded by recomputation of each stage's blocks: the
-        stages of a traced pipeline keep the model's module names but not its lists, so the blocks are named on the
-        whole model first (a model without any is refused here, before tracing)."""
-        mode = self.context.recompute
+    def _prepared_stages(self, model: torch.nn.Module, wrap: Any) -> Any:
+        """``wrap`` (the stages' data parallelism, or None) preceded by recomputation, then compilation, of each
+        stage's blocks: the stages of a traced pipeline keep the model's module names but not its lists, so the
+        blocks are named on the whole model first (a model without any is refused here, before tracing)."""
+        mode, compiled = self.context.recompute, compile_config(self.context)
         blocks = [name for name, _ in recompute_units(model, self.config.auto_wrap)]
-        if mode == "none":
+        if mode == "none" and not compiled.enabled:
             return wrap
-        if not blocks:
+        if not blocks and mode != "none":
             apply_recompute(model, mode)  # refuses a model that trains and has no blocks
 
         def prepare_stage(stage: torch.nn.Module) -> torch.nn.Module:
             apply_recompute(stage, mode, names=blocks)
+            apply_compile(stage, compiled, names=blocks)
             return wrap(stage) if wrap is not None else stage
 
         return prepare_stage

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from convoy.train.parallel.compile import apply_compile, compile_config
 from convoy.train.parallel.recompute import apply_recompute
 from convoy.train.strategies.base import Strategy
 from convoy.train.strategies.options import StrategyOptions
@@ -29,4 +30,5 @@ class SingleStrategy(Strategy):
         module = module.to(self.root_device)
         self.precision.convert_layers(module)  # fp8's Float8Linear swap first (torchtitan's order)
         apply_recompute(module, self.context.recompute)
+        apply_compile(module, compile_config(self.context))
         return module
