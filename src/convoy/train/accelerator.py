@@ -30,18 +30,35 @@ from torch.utils.data import DataLoader
 
 from convoy.config.schema import is_whole
 from convoy.errors import ConfigError, shown
-from convoy.train import checkpoint, collectives, data, operations, tracking
+from convoy.train import checkpoint, collectives, data, operations, profiling, tracking
 from convoy.train.arguments import check_arguments, check_plain_arguments, is_flag
 from convoy.train.checkpoint.hooks import StateHooks
 from convoy.train.coordination import Trigger, join_uneven_inputs
 from convoy.train.data import DataLoaderConfiguration, PreparedDataLoader
 from convoy.train.data.loop import LoopPosition
-from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
+from convoy.train.kwargs_handlers import (
+    AutocastKwargs,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    collect_handlers,
+    handler_of,
+    refuse_arguments,
+)
+from convoy.train.placeholders import refuse_placeholders
 from convoy.train.plan_report import PlanReport, PlanWatch
 from convoy.train.plugins import plugin_arguments
 from convoy.train.precision import Precision, precision_for, restore_forward
 from convoy.train.process_group import stop_process_group
-from convoy.train.process_view import AcceleratorState, DistributedType, GradientState, distributed_type_for
+from convoy.train.process_view import (
+    AcceleratorState,
+    DistributedType,
+    GradientState,
+    distributed_type_for,
+    process_device,
+)
+from convoy.train.profiling import ProfileKwargs
 from convoy.train.settings import TrainSettings, resolve_settings
 from convoy.train.strategies.base import Strategy, SupportsNoSync
 from convoy.train.strategies.build import build_strategy, declared_distributed_type, named_layout, start_job
@@ -152,6 +169,14 @@ class Accelerator:
         start_job(self.settings)
         self.state = AcceleratorState._from_settings(self.settings, declared_distributed_type(self.settings))
         GradientState._register(self)
+        # the handlers as given (Accelerate's attributes; each None when not given)
+        self.profile_handler = self._handlers.profile
+        self.ddp_handler, self.init_handler, self.scaler_handler, self.autocast_handler = (
+            handler_of(kwargs_handlers, kind) for kind in (DistributedDataParallelKwargs, InitProcessGroupKwargs,
+                                                           GradScalerKwargs, AutocastKwargs))
+        self.rng_types = list(rng_types) if isinstance(rng_types, (list, tuple)) else \
+            [rng_types] if rng_types is not None else ["generator"]  # Accelerate's default
+        self.log_with = list(self._trackers.requested)  # the trackers that will run (names, tracker objects)
 
     def _resolve_settings(self, plugins: Any, *, cpu: bool, collective_timeout: float | None,
                           mixed_precision: str | None) -> TrainSettings:
@@ -217,9 +242,8 @@ class Accelerator:
     # --- properties ------------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
-        if self.settings.device_type == "cpu":
-            return torch.device("cpu")
-        return torch.device(self.settings.device_type, self.settings.local_rank)
+        return process_device(device_type=self.settings.device_type, local_rank=self.settings.local_rank,
+                              world_size=self.settings.world_size)
 
     @property
     def num_processes(self) -> int:
@@ -320,6 +344,7 @@ class Accelerator:
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
         """Prepare models, optimizers, dataloaders and schedulers (any order); returned in the same order."""
         self.state.device  # noqa: B018 - after AcceleratorState._reset_state() this raises Accelerate's error
+        refuse_placeholders(args)  # DummyOptim/DummyScheduler: one line saying what to make instead
         out: list[Any] = list(args)
         kinds = [self._kind(obj) for obj in args]
         for i, obj in enumerate(args):
@@ -745,6 +770,69 @@ class Accelerator:
         if result.step is not None:
             self.step = result.step
         return str(result.path)
+
+    # --- Accelerate's other attributes: the same meaning (docs/migrating.md) -------------------------------
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """None: convoy runs ZeRO on PyTorch's engines, with no DeepSpeed engine (``state.deepspeed_plugin``)."""
+        return self.state.deepspeed_plugin
+
+    @property
+    def is_fsdp2(self) -> bool:
+        return bool(self.state.is_fsdp2)
+
+    @property
+    def multi_device(self) -> bool:
+        """Several processes, each on its own accelerator (not CPU processes, not FSDP), as Accelerate says."""
+        return self.use_distributed and self.distributed_type.name.startswith("MULTI_") and \
+            self.distributed_type != DistributedType.MULTI_CPU
+
+    @property
+    def native_amp(self) -> bool:
+        """Mixed precision runs under ``torch.autocast`` (fp16 or bf16)."""
+        return self.mixed_precision in ("fp16", "bf16")
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def non_blocking(self) -> bool:
+        return self.dataloader_config.non_blocking
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        return self.dataloader_config.use_stateful_dataloader
+
+    @property
+    def has_lomo_optimizer(self) -> bool:
+        return False  # a LOMO optimizer is refused at lomo_backward
+
+    def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
+        from convoy.errors import NotSupportedYetError
+
+        raise NotSupportedYetError("lomo_backward: LOMO's fused backward-and-update is not supported yet; use "
+                                   "accelerator.backward(loss) with a torch optimizer")
+
+    @staticmethod
+    def verify_device_map(model: torch.nn.Module) -> bool:
+        """True when ``model`` (or a submodule) was spread over several devices by a ``device_map``
+        (transformers' ``hf_device_map``): such a model is not prepared for training, as in Accelerate."""
+        return any(len(getattr(m, "hf_device_map", {})) > 1 for m in model.modules())
+
+    # --- profiling (convoy.train.profiling) --------------------------------------------------------------
+    @contextlib.contextmanager
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
+        """``torch.profiler`` around the block (yields the profiler): ``profile_handler``, else the
+        ``ProfileKwargs`` in ``kwargs_handlers``, else the defaults. With ``output_trace_dir``, each process writes
+        ``profile_<process_index>.json`` there, and the processes then wait for each other."""
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        with profiling.profile(handler, process_index=self.process_index, barrier=self.wait_for_everyone) as prof:
+            yield prof
 
     def __repr__(self) -> str:
         return (f"Accelerator(strategy={self.settings.strategy!r}, num_processes={self.num_processes}, "
