@@ -1,7 +1,7 @@
 """A training script in the shape of Accelerate's ``examples/by_feature/*.py`` (written here): a tiny text
 classifier on synthetic token ids, one feature per run, and only the import lines differ between the libraries.
 
-    python example_features.py accelerate|convoy FEATURE[,FEATURE...] [OUT_DIR]   # one process: both libraries
+    python example_features.py accelerate|convoy FEATURE[,feature...] [OUT_DIR]   # one process: both libraries
     convoy launch --devices 0 --nproc-per-node 2 example_features.py convoy FEATURE[,...] [OUT_DIR]
 
 FEATURE: ``memory`` (find_executable_batch_size: the first sizes fail in the CPU allocator or with CUDA's
@@ -74,12 +74,12 @@ def train(accelerator, batch_size, epochs=2, wrap_step=None, local_sgd=None):
     return model, losses
 
 
-def run(FEATURE):
+def run(feature):
     profile_handler = ProfileKwargs(activities=["cpu"], record_shapes=True, output_trace_dir=OUT)
-    accelerator = Accelerator(kwargs_handlers=[profile_handler] if FEATURE == "profiler" else None)
-    result = {"feature": FEATURE, "distributed_type": str(accelerator.distributed_type), "device": str(accelerator.device),
-              "state": str(accelerator.state)}
-    if FEATURE == "memory":
+    accelerator = Accelerator(kwargs_handlers=[profile_handler] if feature == "profiler" else None)
+    result = {"feature": feature, "distributed_type": str(accelerator.distributed_type),
+              "device": str(accelerator.device), "state": str(accelerator.state)}
+    if feature == "memory":
         tried = []
 
         @find_executable_batch_size(starting_batch_size=128)
@@ -94,11 +94,11 @@ def run(FEATURE):
 
         result["losses"] = inner_training_loop()
         result["tried"] = tried
-    elif FEATURE == "profiler":
+    elif feature == "profiler":
         with accelerator.profile() as prof:
             _, result["losses"] = train(accelerator, 8, epochs=1)
         result["recorded_linear"] = any("linear" in e.key for e in prof.key_averages())
-    elif FEATURE == "local_sgd":
+    elif feature == "local_sgd":
         sgd = {}
 
         def local(model):
@@ -113,7 +113,7 @@ def run(FEATURE):
         every = accelerator.gather(flat[None])
         result["replicas_equal"] = bool((every == every[0]).all())
         result["local_steps"] = sgd["it"].num_steps
-    elif FEATURE == "logging":
+    elif feature == "logging":
         logger.info("MAIN ONLY %d", 1)
         logger.info("EVERY PROCESS", main_process_only=False)
         logger.info("IN ORDER", main_process_only=False, in_order=True)
