@@ -70,7 +70,7 @@ def accelerate_surface():
     """Accelerate's Accelerator, AcceleratorState and PartialState names, from one instance on this process."""
     made = accelerate.Accelerator(cpu=True)
     surface = {"Accelerator": _public(made), "AcceleratorState": _public(made.state),
-               "PartialState": _public(accelerate.PartialState())}
+               "PartialState": _public(accelerate.PartialState()), "GradientState": _public(made.gradient_state)}
     accelerate.state.AcceleratorState._reset_state(True)
     return surface
 
@@ -96,6 +96,7 @@ def test_every_accelerator_attribute_exists_or_is_a_documented_refusal(accelerat
 def test_every_state_attribute_exists_or_is_a_documented_refusal(accelerate_surface, ours):
     assert _lacking(accelerate_surface["AcceleratorState"], ours.state, LANDING) == []
     assert _lacking(accelerate_surface["PartialState"], PartialState(), LANDING) == []
+    assert _lacking(accelerate_surface["GradientState"], ours.gradient_state) == []
 
 
 def test_every_top_level_name_exists():

@@ -372,6 +372,27 @@ class GradientState:
         return {"num_steps": plugin.num_steps, "adjust_scheduler": plugin.adjust_scheduler,
                 "sync_with_dataloader": plugin.sync_with_dataloader, "sync_each_batch": plugin.sync_each_batch}
 
+    @property
+    def adjust_scheduler(self) -> bool:
+        return bool(self._accelerator.gradient_accumulation_plugin.adjust_scheduler)
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        return bool(self._accelerator.gradient_accumulation_plugin.sync_with_dataloader)
+
+    @property
+    def dataloader_references(self) -> list[Any]:
+        """Accelerate's stack of the loaders being iterated: ``[None]``, then each, innermost last."""
+        return [None, *self._loop.dataloaders]
+
+    @property
+    def initialized(self) -> bool:
+        return True  # a GradientState always describes a live Accelerator here
+
+    @property
+    def is_xla_gradients_synced(self) -> bool:
+        return False  # convoy runs no XLA job
+
     def __getattr__(self, name: str) -> Any:
         if name in ("adjust_scheduler", "sync_with_dataloader", "sync_each_batch"):
             return getattr(self._accelerator.gradient_accumulation_plugin, name)
