@@ -60,7 +60,8 @@ def test_two_cpu_processes_run_each_feature(tmp_path):
     assert results["memory"]["tried"][-1] == 15 and len(results["memory"]["losses"]) == 6
     # one trace per process, where Accelerate writes them
     assert sorted(p.name for p in tmp_path.iterdir()) == ["profile_0.json", "profile_1.json"]
-    # local steps, then averaged: the replicas agree at the end
+    # local steps (the replicas apart after each odd step), then averaged: the replicas agree at the end
     assert results["local_sgd"]["replicas_equal"] and results["local_sgd"]["local_steps"] == 8
+    assert results["local_sgd"]["apart_between"] == [True] * 4
     assert run.output.count("MAIN ONLY 1") == 1
     assert run.output.count("EVERY PROCESS") == 2 and run.output.count("IN ORDER") == 2

@@ -71,7 +71,9 @@ class LocalSGD:
     def _sync_and_avg_model_params(self) -> None:
         import torch
 
-        self.accelerator.wait_for_everyone()
-        with torch.no_grad():
+        from convoy.train.operations import reduce
+
+        self.accelerator.wait_for_everyone()  # watched: a missing process is named, not waited for
+        with torch.no_grad():  # the free reduce: one all-reduce per parameter, no watch each
             for param in self.model.parameters():
-                param.copy_(self.accelerator.reduce(param.detach(), reduction="mean"))
+                param.copy_(reduce(param.detach(), reduction="mean"))

@@ -120,7 +120,8 @@ class RankLoggerAdapter(logging.LoggerAdapter):
         self.log(logging.ERROR, msg, *args, exc_info=exc_info, **kwargs)
 
     def warning_once(self, msg: Any, *args: Any, **kwargs: Any) -> None:
-        """``warning``, once per distinct message and arguments in this process (Accelerate's)."""
+        """``warning``, once per distinct message and arguments of this logger (Accelerate's, whose cache is per
+        adapter too)."""
         key = (msg, args, tuple(sorted(kwargs.items())))
         if key not in self._warned:
             self._warned.add(key)

@@ -101,17 +101,23 @@ def run(feature):
     elif feature == "local_sgd":
         sgd = {}
 
+        def replicas_equal(model):
+            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            every = accelerator.gather(flat[None])
+            return bool((every == every[0]).all())
+
         def local(model):
             if "it" not in sgd:
                 sgd["it"] = LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=2, enabled=True)
                 sgd["it"].__enter__()
+            elif sgd["it"].num_steps % 2 == 1:  # one local step since the last averaging
+                sgd.setdefault("apart_between", []).append(not replicas_equal(model))
             return sgd["it"]
 
         model, result["losses"] = train(accelerator, 8, local_sgd=local)
         sgd["it"].__exit__(None, None, None)
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-        every = accelerator.gather(flat[None])
-        result["replicas_equal"] = bool((every == every[0]).all())
+        result["replicas_equal"] = replicas_equal(model)
+        result["apart_between"] = sgd.get("apart_between", [])
         result["local_steps"] = sgd["it"].num_steps
     elif feature == "logging":
         logger.info("MAIN ONLY %d", 1)
