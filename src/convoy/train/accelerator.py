@@ -151,6 +151,7 @@ class Accelerator:
         self.settings = self._resolve_settings(plugins, cpu=cpu, collective_timeout=collective_timeout,
                                                mixed_precision=mixed_precision)
         self._set_accumulation(gradient_accumulation_plugin)
+        self._gradient_clipping = plugins.gradient_clipping  # a DeepSpeed config's, clipped at each optimizer step
         # 4. strategy: its name and options checked now, the strategy itself built at the first prepare()
         self._check_strategy(plugins.options, dataloader_config=dataloader_config, project_config=project_config)
         # 5. precision: one object, handed to the strategy when it is built
@@ -393,6 +394,9 @@ class Accelerator:
         first_now = next((p for g in inner.param_groups for p in g["params"]), None)
         owner = next((m for m in self._models if any(p is first_now for p in m.parameters())), None)
         prepared = PreparedOptimizer(inner, state=self._loop, precision=self._precision)
+        if self._gradient_clipping is not None:  # as DeepSpeed's engine: the global norm, before each real step
+            params, norm = [p for g in inner.param_groups for p in g["params"]], self._gradient_clipping
+            prepared.before_step = lambda: self.clip_grad_norm_(params, norm)
         self._plan_watch.watch_optimizer(inner)
         self._optimizers.append(prepared)
         self._optimizer_models.append(owner)
