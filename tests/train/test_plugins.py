@@ -189,5 +189,5 @@ def test_deepspeed_gradient_clipping_clips_at_each_optimizer_step(how):
     by_hand, norms = _three_steps(Accelerator(), clip=0.05)
     assert min(norms) > 0.05  # the clipping changed every step
     assert all(torch.equal(a, b) for a, b in zip(clipped, by_hand))
-    with pytest.raises(ConfigError, match=r"\['gradient_clipping'\] = -1: give the largest gradient norm, a number >= 0"):
+    with pytest.raises(ConfigError, match=r"\['gradient_clipping'\] = -1: give the largest gradient norm, a number"):
         Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={"gradient_clipping": -1}))
