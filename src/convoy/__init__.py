@@ -82,6 +82,21 @@ _LAZY: dict[str, str] = {
     "prepare_data_loader": "convoy.train.data",
     "skip_first_batches": "convoy.train.data",
     "SeedableRandomSampler": "convoy.train.data",
+    "ProfileKwargs": "convoy.train.profiling",
+    "find_executable_batch_size": "convoy.train.memory",
+    "is_rich_available": "convoy.train.availability",
+    # Accelerate's top-level names with no convoy meaning: importable, one line saying what to use when used
+    "init_empty_weights": "convoy.train.placeholders",
+    "init_on_device": "convoy.train.placeholders",
+    "cpu_offload": "convoy.train.placeholders",
+    "cpu_offload_with_hook": "convoy.train.placeholders",
+    "disk_offload": "convoy.train.placeholders",
+    "dispatch_model": "convoy.train.placeholders",
+    "load_checkpoint_and_dispatch": "convoy.train.placeholders",
+    "infer_auto_device_map": "convoy.train.placeholders",
+    "load_checkpoint_in_model": "convoy.train.placeholders",
+    "prepare_pippy": "convoy.train.placeholders",
+    "debug_launcher": "convoy.train.placeholders",
     # plan
     "plan": "convoy.plan.api",
 }

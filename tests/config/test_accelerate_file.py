@@ -55,8 +55,10 @@ REFUSED = {
     "megatron.yaml": (NotSupportedYetError, "megatron.yaml: megatron_lm_config = {...}: Megatron-LM"),
     "tpu.yaml": (NotSupportedYetError, "tpu.yaml: distributed_type = XLA: TPUs"),
     "deepspeed_nvme.yaml": (NotSupportedYetError, "deepspeed_config.offload_optimizer_device = nvme"),
-    "deepspeed_clipping.yaml": (NotSupportedYetError, "deepspeed_config.gradient_clipping = 1.0: convoy does not "
-                                                      "clip on its own yet; call accelerator.clip_grad_norm_"),
+    "deepspeed_clipping.yaml": (NotSupportedYetError, "deepspeed_config.gradient_clipping = 1.0: convoy launch does "
+                                                      "not carry gradient clipping to the script yet; give "
+                                                      "Accelerator(deepspeed_plugin=DeepSpeedPlugin(gradient_clipping="
+                                                      "1.0))"),
     "deepspeed_optimizer_file.yaml": (NotSupportedYetError, "zero2_optimizer.json: optimizer = {...}: DeepSpeed "
                                                             "builds this optimizer"),
 }

@@ -40,7 +40,9 @@ def test_distributed_type_is_accelerates_str_enum():
     accelerator = Accelerator()
     assert accelerator.distributed_type is DistributedType.NO and accelerator.distributed_type == "NO"
     assert accelerator.state.distributed_type == DistributedType.NO
-    assert DistributedType("MULTI_CPU") == "MULTI_CPU" and str(DistributedType.FSDP) == "FSDP"
+    assert DistributedType("MULTI_CPU") == "MULTI_CPU" and DistributedType.FSDP.value == "FSDP"
+    # printed as Accelerate's: str(), format() and a log line show the class name
+    assert str(DistributedType.FSDP) == f"{DistributedType.FSDP}" == "DistributedType.FSDP"
 
 
 def test_states_share_one_view_and_reset_breaks_the_accelerator_as_in_accelerate():
@@ -305,7 +307,7 @@ def test_notebook_launcher_runs_the_function_on_two_cpu_processes():
     # CPU processes where no accelerator is visible: the notebook's process hides them (on a GPU box too)
     out = processes.run([sys.executable, str(SCRIPTS / "notebook_launch.py")], capture_output=True, text=True,
                         env=cpu_env(), timeout=120)
-    assert "RESULT (0, 2, 'MULTI_CPU', 7)" in out.stdout, out.stdout + out.stderr[-3000:]
+    assert "RESULT (0, 2, 'DistributedType.MULTI_CPU', 7)" in out.stdout, out.stdout + out.stderr[-3000:]
 
 
 def test_notebook_launcher_with_more_processes_than_gpus_is_one_error_saying_what_to_do(inventory_path, monkeypatch):

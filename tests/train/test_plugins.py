@@ -181,3 +181,36 @@ def test_auto_wrap_takes_class_names_as_accelerates_transformer_cls_names_to_wra
     assert [type(m).__name__ for m in shard_units(model, ("Block",))] == ["Block", "Block"]
     with pytest.raises(StrategyError, match="auto_wrap: the model has no module of class 'LlamaDecoderLayer'"):
         shard_units(model, ("LlamaDecoderLayer",))
+
+
+def _three_steps(accelerator, clip=None):
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    norms = []
+    for step in range(3):
+        x = torch.full((8, 4), float(step + 1))
+        accelerator.backward(model(x).pow(2).mean() * 100)
+        if clip is not None:
+            norms.append(float(accelerator.clip_grad_norm_(model.parameters(), clip)))
+        optimizer.step()
+        optimizer.zero_grad()
+    return [p.detach().clone() for p in model.parameters()], norms
+
+
+@pytest.mark.parametrize("how", [{"gradient_clipping": 0.05}, {"hf_ds_config": {"gradient_clipping": 0.05}}])
+def test_deepspeed_gradient_clipping_clips_at_each_optimizer_step(how):
+    """As DeepSpeed's engine: the global gradient norm is clipped before each step, with no call in the script."""
+    import torch
+
+    clipped, _ = _three_steps(Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=0, **how)))
+    stop_process_group()
+    PartialState._reset_state()
+    by_hand, norms = _three_steps(Accelerator(), clip=0.05)
+    assert min(norms) > 0.05  # the clipping changed every step
+    assert all(torch.equal(a, b) for a, b in zip(clipped, by_hand))
+    with pytest.raises(ConfigError, match=r"\['gradient_clipping'\] = -1: give the largest gradient norm, a number"):
+        Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={"gradient_clipping": -1}))

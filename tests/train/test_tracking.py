@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -81,16 +82,20 @@ def _project(root: Path):
     return ProjectConfiguration(project_dir=str(root), logging_dir=str(root / "logs"))
 
 
-def test_log_with_refuses_what_cannot_work(tmp_path):
+def test_log_with_refuses_what_cannot_work(tmp_path, caplog):
     with pytest.raises(ConfigError, match="needs a directory"):
         Accelerator(log_with="jsonl")
     with pytest.raises(ConfigError, match="not a tracker"):
         Accelerator(log_with="tensorbored", project_dir=tmp_path)
     missing = [n for n, pkg in [("wandb", "wandb"), ("mlflow", "mlflow"), ("comet_ml", "comet-ml")]
                if importlib.util.find_spec(n) is None]
-    for name in missing:
-        with pytest.raises(ConfigError, match="pip install"):
-            Accelerator(log_with=name, project_dir=tmp_path)
+    for name in missing:  # as Accelerate: the run goes on without that tracker, with a warning saying so
+        with caplog.at_level(logging.WARNING, logger="convoy.train.tracking"):
+            acc = Accelerator(log_with=[name, "jsonl"], project_dir=tmp_path)
+        assert f"log_with={name!r} needs the" in caplog.text and "the run goes on without" in caplog.text
+        acc.init_trackers("without")
+        assert [t.name for t in acc.trackers] == ["jsonl"]
+        acc.end_training()
     acc = Accelerator(log_with="all", project_dir=tmp_path)
     acc.init_trackers("everything")
     names = [t.name for t in acc.trackers]

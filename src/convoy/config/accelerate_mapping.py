@@ -90,7 +90,7 @@ ROWS: tuple[Row, ...] = (*_rows("fsdp_config", """
     offload_optimizer_nvme_path         | offload_optimizer_nvme_path       | -
     offload_param_nvme_path             | offload_param_nvme_path           | -
     gradient_accumulation_steps         | gradient_accumulation_steps       | gradient_accumulation_steps
-    gradient_clipping                   | gradient_clipping                 | refused
+    gradient_clipping                   | gradient_clipping                 | clipped (plugin); refused (file)
     zero3_init_flag                     | zero3_init_flag                   | -
     zero3_save_16bit_model              | zero3_save_16bit_model            | -
     deepspeed_moe_layer_cls_names       | transformer_moe_cls_names         | refused
@@ -461,12 +461,12 @@ def deepspeed_translation(fields: Mapping[str, Any], *, cite: Callable[[str, Any
     if "gradient_accumulation_steps" in given:
         steps, where = given["gradient_accumulation_steps"]
         values.append(Mapped("gradient_accumulation_steps", _whole(steps, where, 1), where))
-    if "gradient_clipping" in given:
+    if "gradient_clipping" in given:  # DeepSpeed's engine clips the global norm at each optimizer step
         value, where = given["gradient_clipping"]
-        if value not in (0, 0.0):
-            raise NotSupportedYetError(f"{where}: convoy does not clip on its own yet; call "
-                                       f"accelerator.clip_grad_norm_(model.parameters(), {value}) before "
-                                       f"optimizer.step() and drop the key")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ConfigError(f"{where}: give the largest gradient norm, a number >= 0 (0: no clipping)")
+        if value > 0:
+            values.append(Mapped("gradient_clipping", float(value), where))
     if "mixed_precision" in given:
         value, where = given["mixed_precision"]
         values.append(Mapped("mixed_precision", value, where))

@@ -30,21 +30,38 @@ from torch.utils.data import DataLoader
 
 from convoy.config.schema import is_whole
 from convoy.errors import ConfigError, shown
-from convoy.train import checkpoint, collectives, data, operations, tracking
+from convoy.train import checkpoint, collectives, data, operations, profiling, tracking
 from convoy.train.arguments import check_arguments, check_plain_arguments, is_flag
 from convoy.train.checkpoint.hooks import StateHooks
 from convoy.train.coordination import Trigger, join_uneven_inputs
 from convoy.train.data import DataLoaderConfiguration, PreparedDataLoader
 from convoy.train.data.loop import LoopPosition
-from convoy.train.kwargs_handlers import GradientAccumulationPlugin, collect_handlers, refuse_arguments
+from convoy.train.kwargs_handlers import (
+    AutocastKwargs,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    collect_handlers,
+    handler_of,
+    refuse_arguments,
+)
 from convoy.train.logging import get_logger
 from convoy.train.parallel.compile import CompileWatch
 from convoy.train.parallel.mesh import ParallelMesh
+from convoy.train.placeholders import refuse_placeholders
 from convoy.train.plan_report import PlanReport, PlanWatch
 from convoy.train.plugins import ParallelismConfig, dynamo_arguments, plugin_arguments
 from convoy.train.precision import Precision, precision_for, restore_forward
 from convoy.train.process_group import stop_process_group
-from convoy.train.process_view import AcceleratorState, DistributedType, GradientState, distributed_type_for
+from convoy.train.process_view import (
+    AcceleratorState,
+    DistributedType,
+    GradientState,
+    distributed_type_for,
+    process_device,
+)
+from convoy.train.profiling import ProfileKwargs
 from convoy.train.settings import TrainSettings, overridden, resolve_settings
 from convoy.train.strategies.base import Strategy, SupportsNoSync
 from convoy.train.strategies.build import build_strategy, declared_distributed_type, named_layout, start_job
@@ -144,6 +161,7 @@ class Accelerator:
         self.settings = self._resolve_settings(plugins, cpu=cpu, collective_timeout=collective_timeout,
                                                mixed_precision=mixed_precision)
         self._set_accumulation(gradient_accumulation_plugin)
+        self._gradient_clipping = plugins.gradient_clipping  # a DeepSpeed config's, clipped at each optimizer step
         # 4. strategy: its name and options checked now, the strategy itself built at the first prepare()
         self._check_strategy(plugins.options, dataloader_config=dataloader_config, project_config=project_config)
         # 5. precision: one object, handed to the strategy when it is built
@@ -162,6 +180,14 @@ class Accelerator:
         start_job(self.settings)
         self.state = AcceleratorState._from_settings(self.settings, declared_distributed_type(self.settings))
         GradientState._register(self)
+        # the handlers as given (Accelerate's attributes; each None when not given)
+        self.profile_handler = self._handlers.profile
+        self.ddp_handler, self.init_handler, self.scaler_handler, self.autocast_handler = (
+            handler_of(kwargs_handlers, kind) for kind in (DistributedDataParallelKwargs, InitProcessGroupKwargs,
+                                                           GradScalerKwargs, AutocastKwargs))
+        self.rng_types = list(rng_types) if isinstance(rng_types, (list, tuple)) else \
+            [rng_types] if rng_types is not None else ["generator"]  # Accelerate's default
+        self.log_with = list(self._trackers.requested)  # the trackers that will run (names, tracker objects)
 
     def _resolve_settings(self, plugins: Any, *, cpu: bool, collective_timeout: float | None,
                           mixed_precision: str | None) -> TrainSettings:
@@ -244,9 +270,8 @@ class Accelerator:
     # --- properties ------------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
-        if self.settings.device_type == "cpu":
-            return torch.device("cpu")
-        return torch.device(self.settings.device_type, self.settings.local_rank)
+        return process_device(device_type=self.settings.device_type, local_rank=self.settings.local_rank,
+                              world_size=self.settings.world_size)
 
     @property
     def num_processes(self) -> int:
@@ -319,6 +344,28 @@ class Accelerator:
         return "AO" if self.settings.mixed_precision == "fp8" else "NO"
 
     @property
+    def ao_recipe_handler(self) -> Any:
+        """Accelerate's attribute: torchao's recipe handler, convoy's only fp8 backend (``fp8_recipe_handler``)."""
+        return self.fp8_recipe_handler
+
+    te_recipe_handler = None
+    """Accelerate's Transformer Engine recipe handler: always None (convoy's fp8 is torchao's)."""
+    msamp_recipe_handler = None
+    """Accelerate's MS-AMP recipe handler: always None (convoy's fp8 is torchao's)."""
+    delayed_fp8_autocast = False
+    """Accelerate's Transformer Engine-only flag: always False here."""
+
+    @property
+    def has_fp8_handler(self) -> bool:
+        """Accelerate's attribute: an fp8 recipe handler is in use."""
+        return self.fp8_recipe_handler is not None
+
+    @property
+    def fp8_enabled(self) -> bool:
+        """Accelerate's attribute: the run trains in fp8."""
+        return self.settings.mixed_precision == "fp8"
+
+    @property
     def gradient_accumulation_steps(self) -> int:
         return self._accumulation_steps
 
@@ -362,6 +409,7 @@ class Accelerator:
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
         """Prepare models, optimizers, dataloaders and schedulers (any order); returned in the same order."""
         self.state.device  # noqa: B018 - after AcceleratorState._reset_state() this raises Accelerate's error
+        refuse_placeholders(args)  # DummyOptim/DummyScheduler: one line saying what to make instead
         out: list[Any] = list(args)
         kinds = [self._kind(obj) for obj in args]
         for i, obj in enumerate(args):
@@ -412,6 +460,9 @@ class Accelerator:
         prepared = PreparedOptimizer(inner, state=self._loop, precision=self._precision)
         if self._compile_watch is not None and not self._optimizers:  # before the plan's hook, which removes itself
             inner.register_step_post_hook(self._compile_watch.step)
+        if self._gradient_clipping is not None:  # as DeepSpeed's engine: the global norm, before each real step
+            params, norm = [p for g in inner.param_groups for p in g["params"]], self._gradient_clipping
+            prepared.before_step = lambda: self.clip_grad_norm_(params, norm)
         self._plan_watch.watch_optimizer(inner)
         self._optimizers.append(prepared)
         self._optimizer_models.append(owner)
@@ -487,6 +538,18 @@ class Accelerator:
         d = pm.dims
         return ParallelismConfig(dp_replicate_size=d.dp_replicate, dp_shard_size=d.dp_shard, tp_size=d.tp,
                                  cp_size=d.cp)
+
+    @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        """Accelerate's attribute (its ``is_fsdp2``): the layout is built from torch's composable APIs (FSDP2, a
+        device mesh)."""
+        return bool(self.is_fsdp2)
+
+    @property
+    def should_save_model(self) -> bool:
+        """Accelerate's attribute: whether this process takes part in saving the model; every process does (the
+        save gathers from all of them), as in Accelerate 1.15."""
+        return True
 
     @property
     def torch_device_mesh(self) -> Any:
@@ -879,6 +942,69 @@ class Accelerator:
         if result.step is not None:
             self.step = result.step
         return str(result.path)
+
+    # --- Accelerate's other attributes: the same meaning (docs/migrating.md) -------------------------------
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """None: convoy runs ZeRO on PyTorch's engines, with no DeepSpeed engine (``state.deepspeed_plugin``)."""
+        return self.state.deepspeed_plugin
+
+    @property
+    def is_fsdp2(self) -> bool:
+        return bool(self.state.is_fsdp2)
+
+    @property
+    def multi_device(self) -> bool:
+        """Several processes, each on its own accelerator (not CPU processes, not FSDP), as Accelerate says."""
+        return self.use_distributed and self.distributed_type.name.startswith("MULTI_") and \
+            self.distributed_type != DistributedType.MULTI_CPU
+
+    @property
+    def native_amp(self) -> bool:
+        """Mixed precision runs under ``torch.autocast`` (fp16 or bf16)."""
+        return self.mixed_precision in ("fp16", "bf16")
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def non_blocking(self) -> bool:
+        return self.dataloader_config.non_blocking
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        return self.dataloader_config.use_stateful_dataloader
+
+    @property
+    def has_lomo_optimizer(self) -> bool:
+        return False  # a LOMO optimizer is refused at lomo_backward
+
+    def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
+        from convoy.errors import NotSupportedYetError
+
+        raise NotSupportedYetError("lomo_backward: LOMO's fused backward-and-update is not supported yet; use "
+                                   "accelerator.backward(loss) with a torch optimizer")
+
+    @staticmethod
+    def verify_device_map(model: torch.nn.Module) -> bool:
+        """True when ``model`` (or a submodule) was spread over several devices by a ``device_map``
+        (transformers' ``hf_device_map``): such a model is not prepared for training, as in Accelerate."""
+        return any(len(getattr(m, "hf_device_map", {})) > 1 for m in model.modules())
+
+    # --- profiling (convoy.train.profiling) --------------------------------------------------------------
+    @contextlib.contextmanager
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
+        """``torch.profiler`` around the block (yields the profiler): ``profile_handler``, else the
+        ``ProfileKwargs`` in ``kwargs_handlers``, else the defaults. With ``output_trace_dir``, each process writes
+        ``profile_<process_index>.json`` there, and the processes then wait for each other."""
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        with profiling.profile(handler, process_index=self.process_index, barrier=self.wait_for_everyone) as prof:
+            yield prof
 
     def __repr__(self) -> str:
         return (f"Accelerator(strategy={self.settings.strategy!r}, num_processes={self.num_processes}, "

@@ -11,8 +11,9 @@ changed from their defaults are applied:
 ``DistributedDataParallelKwargs`` -> the DDP wrapper's options, ``InitProcessGroupKwargs`` -> the process
 group's backend and timeout, ``GradScalerKwargs`` -> ``torch.amp.GradScaler(...)``, ``AutocastKwargs`` ->
 ``torch.autocast(enabled=, cache_enabled=)``, ``AORecipeKwargs`` -> ``mixed_precision="fp8"``'s torchao config and
-layer filter (``convoy.train.parallel.float8``). Transformer Engine's and MS-AMP's fp8 recipes (``TERecipeKwargs``,
-``MSAMPRecipeKwargs``, ``FP8RecipeKwargs``) are refused in one line: convoy's fp8 is torchao's.
+layer filter (``convoy.train.parallel.float8``), ``ProfileKwargs`` -> ``Accelerator.profile()``'s
+``torch.profiler.profile`` (``convoy.train.profiling``). Transformer Engine's and MS-AMP's fp8 recipes
+(``TERecipeKwargs``, ``MSAMPRecipeKwargs``, ``FP8RecipeKwargs``) are refused in one line: convoy's fp8 is torchao's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import datetime
 import enum
 import math
 import numbers
-from collections.abc import Iterable
+import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -30,8 +32,8 @@ from convoy.errors import ConfigError, shown
 from convoy.train.arguments import is_flag
 
 __all__ = ["KwargsHandler", "DDPCommunicationHookType", "DistributedDataParallelKwargs", "InitProcessGroupKwargs",
-           "GradScalerKwargs", "AutocastKwargs", "AORecipeKwargs", "GradientAccumulationPlugin", "Handlers",
-           "collect_handlers", "REFUSED_ARGUMENTS", "refuse_arguments", "refuse_other_fp8"]
+           "GradScalerKwargs", "AutocastKwargs", "AORecipeKwargs", "ProfileKwargs", "GradientAccumulationPlugin",
+           "Handlers", "collect_handlers", "handler_of", "REFUSED_ARGUMENTS", "refuse_arguments", "refuse_other_fp8"]
 
 
 class KwargsHandler:
@@ -247,6 +249,66 @@ def _ao_handler(handler: Any) -> AORecipeKwargs | None:
     # Accelerate's fills config from its own defaults (pad_inner_dim and float8 all-gather on): taken as given
     return AORecipeKwargs(config=getattr(handler, "config", None),
                           module_filter_func=getattr(handler, "module_filter_func", None))
+_SCHEDULE_KEYS = ("wait", "warmup", "active", "repeat", "skip_first")
+
+
+@dataclass
+class ProfileKwargs(KwargsHandler):
+    """Options of ``torch.profiler.profile`` (Accelerate's fields and defaults)."""
+
+    activities: list[str] | None = None
+    """What to record: ``"cpu"``, ``"cuda"``, ``"xpu"``, ``"hpu"``, ``"mtia"``; None: torch's default (every
+    available one)."""
+    schedule_option: dict[str, int] | None = None
+    """``torch.profiler.schedule``'s arguments (``wait``, ``warmup``, ``active``, ``repeat``, ``skip_first``)."""
+    on_trace_ready: Callable[..., Any] | None = None
+    """Called with the profiler each time the schedule finishes a recording."""
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    output_trace_dir: str | None = None
+    """Where each process writes its Chrome trace (``profile_<process index>.json``); None: no file."""
+
+    def __post_init__(self) -> None:
+        if self.activities is not None and (isinstance(self.activities, str) or not all(
+                isinstance(a, str) for a in self.activities)):
+            raise ConfigError(f"ProfileKwargs(activities={shown(self.activities)}): give a list of names, e.g. "
+                              "['cpu', 'cuda'], or None")
+        if self.schedule_option is not None:
+            unknown = sorted(set(self.schedule_option) - set(_SCHEDULE_KEYS))
+            if not isinstance(self.schedule_option, dict) or unknown:
+                raise ConfigError(f"ProfileKwargs(schedule_option={shown(self.schedule_option)}): give a dict with "
+                                  f"keys among {', '.join(_SCHEDULE_KEYS)}")
+        if self.output_trace_dir is not None and not isinstance(self.output_trace_dir, (str, os.PathLike)):
+            raise ConfigError(f"ProfileKwargs(output_trace_dir={shown(self.output_trace_dir)}): give a directory "
+                              "path, or None")
+
+    def _activity(self, name: str) -> Any:
+        import torch
+
+        kinds = {"cpu": torch.profiler.ProfilerActivity.CPU, "cuda": torch.profiler.ProfilerActivity.CUDA}
+        if hasattr(torch, "hpu") and torch.hpu.is_available():
+            kinds["hpu"] = torch.profiler.ProfilerActivity.HPU
+        if torch.xpu.is_available():
+            kinds["xpu"] = torch.profiler.ProfilerActivity.XPU
+        if torch.mtia.is_available():
+            kinds["mtia"] = torch.profiler.ProfilerActivity.MTIA
+        if name not in kinds:
+            raise ConfigError(f"ProfileKwargs(activities=[{name!r}]): this machine can record {', '.join(kinds)}")
+        return kinds[name]
+
+    def build(self) -> Any:
+        """The ``torch.profiler.profile`` these options describe (not started)."""
+        import torch
+
+        return torch.profiler.profile(
+            activities=None if self.activities is None else [self._activity(a) for a in self.activities],
+            schedule=None if self.schedule_option is None else torch.profiler.schedule(**self.schedule_option),
+            on_trace_ready=self.on_trace_ready, record_shapes=self.record_shapes,
+            profile_memory=self.profile_memory, with_stack=self.with_stack, with_flops=self.with_flops,
+            with_modules=self.with_modules)
 
 
 @dataclass(frozen=True)
@@ -300,6 +362,8 @@ class Handlers:
     autocast: dict[str, Any] = dataclasses.field(default_factory=dict)
     ao: AORecipeKwargs | None = None
     """The ``AORecipeKwargs`` given (``Accelerator.fp8_recipe_handler``), else None."""
+    profile: Any = None
+    """The ``ProfileKwargs`` given (``Accelerator.profile()``'s default), else None."""
 
 
 def collect_handlers(handlers: Iterable[Any] | None) -> Handlers:
@@ -309,11 +373,11 @@ def collect_handlers(handlers: Iterable[Any] | None) -> Handlers:
         refuse_other_fp8(handler)
         handler = _ao_handler(handler) or handler
         kind = next((k for k in (DistributedDataParallelKwargs, InitProcessGroupKwargs, GradScalerKwargs,
-                                 AutocastKwargs, AORecipeKwargs) if isinstance(handler, k)), None)
+                                 AutocastKwargs, AORecipeKwargs, ProfileKwargs) if isinstance(handler, k)), None)
         if kind is None:
             raise ConfigError(f"kwargs_handlers: {handler!r} is not supported; pass DistributedDataParallelKwargs, "
-                              "InitProcessGroupKwargs, GradScalerKwargs, AutocastKwargs or AORecipeKwargs (FSDP/"
-                              "DeepSpeed options go in Accelerator(strategy_options={...}))")
+                              "InitProcessGroupKwargs, GradScalerKwargs, AutocastKwargs, AORecipeKwargs or "
+                              "ProfileKwargs (FSDP/DeepSpeed options go in Accelerator(strategy_options={...}))")
         if kind in seen:
             raise ConfigError(f"kwargs_handlers: you can only pass one {kind.__name__}")
         seen[kind] = handler
@@ -337,4 +401,10 @@ def collect_handlers(handlers: Iterable[Any] | None) -> Handlers:
                     timeout_s=timeout.total_seconds() if timeout is not None else None,
                     scaler=seen[GradScalerKwargs].to_kwargs() if GradScalerKwargs in seen else {},
                     autocast=seen[AutocastKwargs].to_kwargs() if AutocastKwargs in seen else {},
-                    ao=seen.get(AORecipeKwargs))
+                    ao=seen.get(AORecipeKwargs), profile=seen.get(ProfileKwargs))
+
+
+def handler_of(handlers: Iterable[Any] | None, kind: type) -> Any:
+    """The handler of ``kind`` in ``kwargs_handlers`` (Accelerate's ``ddp_handler``, ``init_handler``, ...), else
+    None."""
+    return next((h for h in handlers or () if isinstance(h, kind)), None)

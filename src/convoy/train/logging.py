@@ -30,7 +30,8 @@ from convoy.config.schema import KEYS
 from convoy.errors import ConfigError
 from convoy.launch.rank_env import RankEnv, read_log_level, read_rank_env
 
-__all__ = ["get_logger", "RankLoggerAdapter", "process_rank", "world_size", "is_main_process"]
+__all__ = ["get_logger", "RankLoggerAdapter", "MultiProcessAdapter", "process_rank", "local_process_rank", "world_size",
+           "is_main_process"]
 
 
 def _group() -> Any | None:
@@ -46,6 +47,11 @@ def process_rank(env: Mapping[str, str] | None = None) -> int:
     if dist is not None:
         return dist.get_rank()
     return _rank_env(env).rank
+
+
+def local_process_rank(env: Mapping[str, str] | None = None) -> int:
+    """This process's rank on its machine (``LOCAL_RANK``, what the launcher sets), else 0."""
+    return _rank_env(env).local_rank
 
 
 def world_size(env: Mapping[str, str] | None = None) -> int:
@@ -112,6 +118,22 @@ class RankLoggerAdapter(logging.LoggerAdapter):
 
     def exception(self, msg: Any, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:
         self.log(logging.ERROR, msg, *args, exc_info=exc_info, **kwargs)
+
+    def warning_once(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        """``warning``, once per distinct message and arguments of this logger (Accelerate's, whose cache is per
+        adapter too)."""
+        key = (msg, args, tuple(sorted(kwargs.items())))
+        if key not in self._warned:
+            self._warned.add(key)
+            self.warning(msg, *args, **kwargs)
+
+    @property
+    def _warned(self) -> set[Any]:
+        return self.__dict__.setdefault("_warned_once", set())
+
+
+MultiProcessAdapter = RankLoggerAdapter
+"""Accelerate's name of the adapter ``get_logger`` returns."""
 
 
 def get_logger(name: str, log_level: str | int | None = None) -> RankLoggerAdapter:

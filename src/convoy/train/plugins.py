@@ -278,6 +278,8 @@ class PluginArguments:
     explicit: Mapping[str, Any]
     options: Mapping[str, Any] | None
     family: tuple[str, ...] = ()
+    gradient_clipping: float | None = None
+    """The DeepSpeed config's ``gradient_clipping``: the global gradient norm clipped to at each optimizer step."""
 
 
 def _same(name: str, mine: Any, theirs: Any) -> bool:
@@ -324,7 +326,10 @@ def plugin_arguments(*, fsdp_plugin: Any, deepspeed_plugin: Any, parallelism_con
         translated = translated + degrees
     merged = dict(explicit)
     options = dict(strategy_options or {})
+    clipping = translated.value("gradient_clipping")
     for mapped in translated.values:
+        if mapped.name == "gradient_clipping":
+            continue
         if mapped.name in _STRATEGY_OPTIONS:
             if mapped.name in options and options[mapped.name] != mapped.value:
                 raise ConfigError(f"strategy_options {mapped.name}={shown(options[mapped.name])} and {mapped.origin}: "
@@ -343,7 +348,7 @@ def plugin_arguments(*, fsdp_plugin: Any, deepspeed_plugin: Any, parallelism_con
                           f"as {', '.join(translated.family)}; give one of them")
     family = translated.family if chosen is None else ()
     return PluginArguments(explicit=merged, options=options if options or strategy_options is not None else None,
-                           family=family)
+                           family=family, gradient_clipping=clipping)
 
 
 def dynamo_arguments(explicit: Mapping[str, Any], *, dynamo_plugin: Any, dynamo_backend: Any) -> dict[str, Any]:

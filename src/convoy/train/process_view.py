@@ -54,8 +54,21 @@ class DistributedType(str, enum.Enum):
     XLA = "XLA"
     MEGATRON_LM = "MEGATRON_LM"
 
+    # str() and format() give "DistributedType.MULTI_CPU", as Accelerate's (Python's own for a str enum), so
+    # logs and printed comparisons match; == "MULTI_CPU" and .value still give the bare name.
     def __str__(self) -> str:
-        return self.value
+        return f"DistributedType.{self.name}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+def process_device(*, device_type: str, local_rank: int, world_size: int) -> torch.device:
+    """This process's device as Accelerate names it: ``cuda:<local rank>`` (or another vendor's); on the CPU
+    ``cpu`` for one process and ``cpu:0`` for several (Accelerate indexes the CPU device of a distributed job)."""
+    if device_type == "cpu":
+        return torch.device("cpu", 0) if world_size > 1 else torch.device("cpu")
+    return torch.device(device_type, local_rank)
 
 
 def distributed_type_for(*, world_size: int, device_type: str, strategy_kind: str = "") -> DistributedType:
@@ -104,8 +117,8 @@ class PartialState:
         self.num_processes = settings.world_size
         self.process_index = settings.rank
         self.local_process_index = settings.local_rank
-        self.device = torch.device("cpu") if settings.device_type == "cpu" else \
-            torch.device(settings.device_type, settings.local_rank)
+        self.device = process_device(device_type=settings.device_type, local_rank=settings.local_rank,
+                                     world_size=settings.world_size)
         self.distributed_type = distributed_type_for(world_size=settings.world_size,
                                                      device_type=settings.device_type, strategy_kind=strategy_kind)
         self.backend = settings.backend or process_group_backend(settings.device_type)  # as asked
@@ -129,9 +142,16 @@ class PartialState:
         raise AttributeError(f"`{type(self).__name__}` object has no attribute `{name}`. {_RESET_HINT}")
 
     def __repr__(self) -> str:
-        return (f"Distributed environment: {self.distributed_type}\nNum processes: {self.num_processes}\n"
+        backend = f"  Backend: {self.backend}" if self.num_processes > 1 and self.backend else ""  # as Accelerate
+        return (f"Distributed environment: {self.distributed_type}{backend}\nNum processes: {self.num_processes}\n"
                 f"Process index: {self.process_index}\nLocal process index: {self.local_process_index}\n"
                 f"Device: {self.device}\n")
+
+    def set_device(self) -> None:
+        """Make ``self.device`` the current device of its kind (convoy's launch already did; kept for scripts that
+        call it, as Accelerate's)."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
 
     # --- who am I ------------------------------------------------------------------------------------
     @property
@@ -270,6 +290,28 @@ class AcceleratorState(PartialState):
     def __repr__(self) -> str:
         return super().__repr__() + f"\nMixed precision type: {self.mixed_precision}\n"
 
+    # Accelerate's plugin slots for engines convoy does not run (it runs ZeRO on PyTorch's own FSDP2/DDP, compiles
+    # with the script's torch.compile): None, as Accelerate has them when that engine is off. A script's
+    # `deepspeed_plugin is None` branch (make a torch optimizer) is then the one taken.
+    deepspeed_plugin: Any = None
+    deepspeed_plugins: Any = None
+    dynamo_plugin: Any = None
+    torch_tp_plugin: Any = None
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """True when FSDP shards the model: convoy's FSDP is always FSDP2 (``fully_shard``)."""
+        return self.distributed_type == DistributedType.FSDP
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        from convoy.errors import NotSupportedYetError
+
+        raise NotSupportedYetError(f"get_deepspeed_plugin({name!r}): convoy runs no DeepSpeed engine, so there are no "
+                                   "DeepSpeed plugins to pick from; one deepspeed_plugin= is read as a strategy")
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        self.get_deepspeed_plugin(str(name))
+
 
 class GradientState:
     """Where the training loop is, as Accelerate names it: ``sync_gradients``, ``end_of_dataloader``,
@@ -329,6 +371,27 @@ class GradientState:
         plugin = self._accelerator.gradient_accumulation_plugin
         return {"num_steps": plugin.num_steps, "adjust_scheduler": plugin.adjust_scheduler,
                 "sync_with_dataloader": plugin.sync_with_dataloader, "sync_each_batch": plugin.sync_each_batch}
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        return bool(self._accelerator.gradient_accumulation_plugin.adjust_scheduler)
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        return bool(self._accelerator.gradient_accumulation_plugin.sync_with_dataloader)
+
+    @property
+    def dataloader_references(self) -> list[Any]:
+        """Accelerate's stack of the loaders being iterated: ``[None]``, then each, innermost last."""
+        return [None, *self._loop.dataloaders]
+
+    @property
+    def initialized(self) -> bool:
+        return True  # a GradientState always describes a live Accelerator here
+
+    @property
+    def is_xla_gradients_synced(self) -> bool:
+        return False  # convoy runs no XLA job
 
     def __getattr__(self, name: str) -> Any:
         if name in ("adjust_scheduler", "sync_with_dataloader", "sync_each_batch"):

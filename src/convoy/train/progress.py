@@ -22,7 +22,7 @@ from typing import Any
 
 from convoy.train.logging import is_main_process
 
-__all__ = ["progress_bar", "disable_progress_bars", "enable_progress_bars", "progress_bars_enabled",
+__all__ = ["progress_bar", "tqdm", "disable_progress_bars", "enable_progress_bars", "progress_bars_enabled",
            "above_progress_bars"]
 
 _enabled = True
@@ -64,3 +64,19 @@ def above_progress_bars() -> Iterator[None]:
         return
     with tqdm_module.tqdm.external_write_mode(file=sys.stderr):
         yield
+def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
+    """Accelerate's ``accelerate.utils.tqdm``: ``tqdm.auto.tqdm(*args, **kwargs)``, disabled on every process but
+    the local main one (``main_process_only=False``: shown on each). A bool as the first argument is refused, as
+    Accelerate refuses it (its old ``tqdm(main_process_only, ...)`` order)."""
+    from tqdm.auto import tqdm as _tqdm
+
+    from convoy.errors import ConfigError
+    from convoy.train.logging import local_process_rank
+
+    if args and isinstance(args[0], bool):
+        raise ConfigError("tqdm(True/False, ...): pass main_process_only= as a keyword; the first argument is the "
+                          "iterable")
+    disable = kwargs.pop("disable", False)
+    if main_process_only and not disable:
+        disable = local_process_rank() != 0
+    return _tqdm(*args, **kwargs, disable=disable)

@@ -15,6 +15,7 @@ A ``log`` without ``step`` gets the next number after the last one logged; the n
 
 from __future__ import annotations
 
+import enum
 import importlib.util
 import json
 import os
@@ -24,8 +25,31 @@ from typing import Any, cast
 
 from convoy.errors import ConfigError
 
-__all__ = ["GeneralTracker", "TensorBoardTracker", "JSONLTracker", "WandBTracker", "MLflowTracker", "AimTracker",
-           "CometMLTracker", "TRACKERS", "resolve_log_with", "TrackerHub"]
+__all__ = ["LoggerType", "GeneralTracker", "TensorBoardTracker", "JSONLTracker", "WandBTracker", "MLflowTracker",
+           "AimTracker", "CometMLTracker", "TRACKERS", "resolve_log_with", "TrackerHub"]
+
+
+class LoggerType(str, enum.Enum):
+    """Accelerate's tracker names for ``log_with=`` (``LoggerType.TENSORBOARD`` == ``"tensorboard"``). Those convoy
+    has no tracker for (clearml, dvclive, swanlab, trackio) are refused by ``log_with`` with the ones it has."""
+
+    ALL = "all"
+    AIM = "aim"
+    TENSORBOARD = "tensorboard"
+    WANDB = "wandb"
+    TRACKIO = "trackio"
+    COMETML = "comet_ml"
+    MLFLOW = "mlflow"
+    CLEARML = "clearml"
+    DVCLIVE = "dvclive"
+    SWANLAB = "swanlab"
+
+    def __str__(self) -> str:  # Accelerate's BaseEnum prints the value
+        return self.value
+
+    @classmethod
+    def list(cls) -> list[str]:
+        return [member.value for member in cls]
 
 
 class GeneralTracker:
@@ -291,8 +315,9 @@ def _installed(module: str | None) -> bool:
 
 def resolve_log_with(log_with: Any, logging_dir: str | None) -> list[Any]:
     """``log_with`` (a name, ``"all"``, a tracker object, or a list of those; Accelerate's ``LoggerType`` values
-    too) as a list of tracker names and objects; a ``ConfigError`` for an unknown name, a tracker whose package
-    is missing, or one that needs ``logging_dir`` without it."""
+    too) as a list of tracker names and objects; a ``ConfigError`` for an unknown name or one that needs
+    ``logging_dir`` without it. A tracker whose package is missing is left out with a warning, as Accelerate
+    leaves it out."""
     if log_with is None:
         return []
     items: Sequence[Any] = log_with if isinstance(log_with, (list, tuple)) else [log_with]
@@ -309,9 +334,13 @@ def resolve_log_with(log_with: Any, logging_dir: str | None) -> list[Any]:
             raise ConfigError(f"log_with={name!r} is not a tracker convoy knows; use one of "
                               f"{', '.join(sorted(TRACKERS))}, 'all', or a GeneralTracker object")
         _, module, package = TRACKERS[name]
-        if not _installed(module):
-            raise ConfigError(f"log_with={name!r} needs the {package} package, which is not installed; "
-                              f"pip install {package}, or log with 'jsonl'")
+        if not _installed(module):  # as Accelerate: the run goes on without it (Accelerate says so at debug level)
+            from convoy.train.logging import get_logger
+
+            get_logger(__name__).warning(f"log_with={name!r} needs the {package} package, which is not installed; "
+                                         f"the run goes on without that tracker (pip install {package}, or log "
+                                         "with 'jsonl')")
+            continue
         if name not in out:
             out.append(name)
     for name in out:

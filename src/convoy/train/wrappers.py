@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,6 +34,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.precision = precision
         self.step_was_skipped = False
         self.unscaled = False
+        self.before_step: Callable[[], Any] | None = None
+        """Called before each real step (the Accelerator's gradient clipping from a DeepSpeed config)."""
 
     @property
     def scaler(self) -> Any:
@@ -82,6 +85,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> Any:
         if not self.loop_state.sync_gradients:
             return None
+        if self.before_step is not None:  # e.g. the DeepSpeed config's gradient_clipping
+            self.before_step()
         self.unscaled = False
         result, self.step_was_skipped = self.precision.optimizer_step(self.optimizer, closure)
         return result
