@@ -23,6 +23,7 @@ from typing import Any
 
 from convoy.config.schema import KEYS, SCHEMA, closest_key
 from convoy.errors import ConfigError, shown
+from convoy.reading import SETTINGS, parse_toml, read_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -90,16 +91,10 @@ def read_settings_file(path: str | os.PathLike[str]) -> dict[str, FileValue]:
     """Read and check a settings file; ``ConfigError`` (file, line, key) for anything wrong in it."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, SETTINGS)  # bounded: a FIFO, a device, a directory or 50 MiB is one line
     except FileNotFoundError:
         raise ConfigError(f"{shown_path(path)}: settings file not found; create it with "
                           f"'convoy config --path {shown_path(path)}'") from None
-    except OSError as err:
-        raise ConfigError(f"{shown_path(path)}: cannot read settings file: {err.strerror or err}") from None
-    except UnicodeDecodeError as err:  # before ValueError, which it refines
-        raise ConfigError(f"{shown_path(path)}: settings file is not UTF-8 text (byte {err.start})") from None
-    except ValueError:  # a NUL character in the path (possible from Python, never from a shell)
-        raise ConfigError(f"{shown_path(path)}: a settings file path cannot hold a NUL character") from None
     return _settings_from_text(text, path)
 
 
@@ -107,10 +102,9 @@ def _settings_from_text(text: str, path: Path) -> dict[str, FileValue]:
     """A settings file's text, checked as ``read_settings_file`` checks it (``write_settings_file`` checks what
     it is about to write the same way)."""
     try:
-        data = tomllib.loads(text)
-    except RecursionError:
-        raise ConfigError(f"{shown_path(path)}: not valid TOML: arrays or tables nested too deeply for a settings "
-                          f"file") from None
+        data = parse_toml(text, path, SETTINGS)  # nesting bounded (convoy.reading)
+    except ConfigError:
+        raise
     except ValueError as err:  # TOMLDecodeError is one; int() of a literal past 4300 digits is another
         message = str(err) if isinstance(err, tomllib.TOMLDecodeError) else str(err).split(";")[0]
         found = re.search(r"\(at line (\d+), column (\d+)\)", message)
