@@ -133,7 +133,13 @@ def read_bytes(path: str | os.PathLike[str], kind: FileKind) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise
-    except OSError as err:
+    except OSError as err:  # a socket cannot be opened (ENXIO): say what it is
+        try:
+            other = _what_it_is(os.stat(path).st_mode)
+        except OSError:
+            other = None
+        if other is not None:
+            raise kind.error(f"{where} is {other}, not a file; give the path of a regular file") from None
         raise kind.error(f"{where} cannot be read ({err.strerror or err})") from None
     except ValueError:  # a NUL character in the path (possible from Python, never from a shell)
         raise kind.error(f"{where}: a path cannot hold a NUL character") from None
