@@ -468,7 +468,7 @@ def deepspeed_translation(fields: Mapping[str, Any], *, cite: Callable[[str, Any
         value, where = given["gradient_clipping"]
         if value not in (0, 0.0):
             raise NotSupportedYetError(f"{where}: convoy does not clip on its own yet; call "
-                                       f"accelerator.clip_grad_norm_(model.parameters(), {value}) before "
+                                       f"accelerator.clip_grad_norm_(model.parameters(), {shown(value)}) before "
                                        f"optimizer.step() and drop the key")
     if "mixed_precision" in given:
         value, where = given["mixed_precision"]
