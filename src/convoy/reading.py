@@ -202,8 +202,8 @@ def parse_json(text: str, path: str | os.PathLike[str], kind: FileKind) -> Any:
     except json.JSONDecodeError as err:
         raise kind.error(f"{where} is not valid JSON (line {err.lineno} column {err.colno}: {err.msg})") from None
     except RecursionError:
-        raise kind.error(f"{where} nests lists or mappings too deeply (more than {MAX_DEPTH} deep) to be a "
-                         f"{kind.name}") from None
+        raise kind.error(f"{where} nests lists or mappings too deeply (more than {MAX_DEPTH} deep) to be "
+                         f"{_a(kind.name)}") from None
     except ValueError as err:  # an integer past 4300 digits; NaN/Infinity (_no_constant)
         raise kind.error(f"{where} is not valid JSON ({str(err).split(';')[0]})") from None
     return _checked_depth(data, path, kind)
