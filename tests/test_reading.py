@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from convoy.errors import ConfigError, InventoryError
 from convoy.reading import (
@@ -19,6 +21,7 @@ from convoy.reading import (
     parse_yaml,
     read_text,
 )
+from tests.bounded import BOUNDED, outcome
 
 
 def test_a_file_past_its_kinds_limit_is_refused_with_the_limit(tmp_path):
@@ -62,3 +65,17 @@ def test_a_bad_value_is_shown_cut():
 
 def test_every_kind_names_its_limit_in_whole_mebibytes():
     assert all(kind.limit % 2**20 == 0 and kind.limit <= 64 * 2**20 for kind in KINDS)
+
+
+_YAML_PIECES = st.sampled_from(["a", ":", " ", "\n", "  ", "-", "[", "]", "{", "}", ",", "&x", "*x", "!!python/name:os",
+                                "'", '"', "#", "9" * 5000, "1e400", ".nan", "~", "? ", "|", ">", "%YAML 1.1", "---"])
+
+
+@BOUNDED
+@given(pieces=st.lists(_YAML_PIECES, max_size=40), raw=st.binary(max_size=32))
+def test_any_text_is_a_value_or_one_line(pieces, raw):
+    """Whatever the bytes, each parser gives a value or one ConvoyError line, in bounded time and memory."""
+    text = "".join(pieces)
+    for parse in (parse_yaml, parse_json, parse_toml):
+        outcome(parse, text, "f", ACCELERATE)
+        outcome(parse, raw.decode("utf-8", "replace"), "f", ACCELERATE)

@@ -215,8 +215,9 @@ def load_json(path: str | os.PathLike[str], kind: FileKind) -> Any:
 
 
 def parse_toml(text: str, path: str | os.PathLike[str], kind: FileKind) -> dict[str, Any]:
-    """``text`` as TOML (``tomllib``'s errors are left to the caller, which places them by line); nesting deeper
-    than ``MAX_DEPTH`` is ``kind.error``."""
+    """``text`` as TOML: ``kind.error`` naming the line and column of invalid TOML, or nesting deeper than
+    ``MAX_DEPTH``."""
+    import re
     import sys
 
     if sys.version_info >= (3, 11):
@@ -228,6 +229,12 @@ def parse_toml(text: str, path: str | os.PathLike[str], kind: FileKind) -> dict[
     except RecursionError:
         raise kind.error(f"{kind.name} {shown_path(path)} nests arrays or tables too deeply (more than {MAX_DEPTH} "
                          f"deep) to be {_a(kind.name)}") from None
+    except ValueError as err:  # TOMLDecodeError is one; int() of a literal past 4300 digits is another
+        message = str(err) if isinstance(err, tomllib.TOMLDecodeError) else str(err).split(";")[0]
+        found = re.search(r"\(at line (\d+), column (\d+)\)", message)
+        reason = message[: found.start()].strip() if found else message
+        at = f"line {found.group(1)}, column {found.group(2)}: " if found else ""
+        raise kind.error(f"{kind.name} {shown_path(path)}, {at}not valid TOML: {_cut(reason)}") from None
     return _checked_depth(data, path, kind)
 
 
@@ -265,8 +272,9 @@ def parse_yaml(text: str, path: str | os.PathLike[str], kind: FileKind) -> Any:
             finally:
                 self.depth -= 1
 
-    loader = BoundedLoader(text)
+    loader = None
     try:
+        loader = BoundedLoader(text)  # the reader checks every character here (a NUL is a ReaderError)
         return loader.get_single_data()
     except Refused as err:
         raise kind.error(f"{where}, {err}") from None
@@ -277,4 +285,5 @@ def parse_yaml(text: str, path: str | os.PathLike[str], kind: FileKind) -> Any:
     except ValueError as err:  # e.g. an integer past 4300 digits
         raise kind.error(f"{where} is not valid YAML ({_cut(str(err).split(';')[0])})") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()

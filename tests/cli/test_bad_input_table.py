@@ -62,6 +62,7 @@ def _input_file_holes(d):
     (d / "deep_block.yaml").write_text("".join("  " * i + f"k{i}:\n" for i in range(1000)))
     (d / "deep_config.json").write_text('{"distributed_type": ' + "[" * 1000 + "]" * 1000 + "}")
     (d / "deep.toml").write_text("strategy = " + "[" * 1000 + "]" * 1000 + "\n")
+    (d / "nul.yaml").write_bytes(b"distributed_type: NO\x00\n")  # PyYAML's reader refuses it in its constructor
     (d / "use_cpu_maybe.yaml").write_text("distributed_type: MULTI_CPU\nuse_cpu: maybe\n")
     (d / "wrap_nested.yaml").write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_auto_wrap_policy: "
                                         "TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: [[a], {b: c}]\n")
@@ -174,6 +175,7 @@ FILE_CASES += [({"CONVOY_CONFIG": "{d}/folder"}, "config show", 2, "is a directo
                ({}, "launch --config_file {d}/deep.json {d}/train.py", 2, "too deeply"),
                ({"CONVOY_CONFIG": "{d}/deep.toml"}, "config show", 2, "too deeply"),
                ({}, "plan {d}/deep.json --hardware 8xH100-80GB", 2, "too deeply"),
+               ({}, "launch --config_file {d}/nul.yaml {d}/train.py", 2, "is not valid YAML (unacceptable character"),
                ({}, "launch --config_file {d}/use_cpu_maybe.yaml {d}/train.py", 2, "use_cpu = maybe: give true or "
                                                                                  "false"),
                ({}, "launch --config_file {d}/wrap_nested.yaml {d}/train.py", 2, "give class names"),

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +23,6 @@ from typing import Any
 from convoy.config.schema import KEYS, SCHEMA, closest_key
 from convoy.errors import ConfigError, shown
 from convoy.reading import SETTINGS, parse_toml, read_text
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 __all__ = [
     "PROJECT_FILE",
@@ -101,16 +95,7 @@ def read_settings_file(path: str | os.PathLike[str]) -> dict[str, FileValue]:
 def _settings_from_text(text: str, path: Path) -> dict[str, FileValue]:
     """A settings file's text, checked as ``read_settings_file`` checks it (``write_settings_file`` checks what
     it is about to write the same way)."""
-    try:
-        data = parse_toml(text, path, SETTINGS)  # nesting bounded (convoy.reading)
-    except ConfigError:
-        raise
-    except ValueError as err:  # TOMLDecodeError is one; int() of a literal past 4300 digits is another
-        message = str(err) if isinstance(err, tomllib.TOMLDecodeError) else str(err).split(";")[0]
-        found = re.search(r"\(at line (\d+), column (\d+)\)", message)
-        reason = message[: found.start()].strip() if found else message
-        at = f"line {found.group(1)}, column {found.group(2)}: " if found else ""
-        raise ConfigError(f"{shown_path(path)}, {at}not valid TOML: {reason}") from None
+    data = parse_toml(text, path, SETTINGS)  # bounded, and placed by line (convoy.reading)
     lines = text.splitlines()
     values: dict[str, FileValue] = {}
     for name, raw in data.items():
