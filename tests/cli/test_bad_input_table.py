@@ -4,6 +4,7 @@ stderr line starting ``convoy:`` and no traceback, and none starts a rank or a c
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -39,7 +40,36 @@ def files(tmp_path_factory):
     (d / "no_shebang.sh").write_text("echo hi\n")
     (d / "no_shebang.sh").chmod(0o755)
     (d / "train.py").write_text("raise SystemExit('a rank started')\n")
+    _input_file_holes(d)
     return d
+
+
+#: a YAML "billion laughs": 370 bytes whose aliases expand to 9**9 strings
+LAUGHS = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+    f"{b}: &{b} [{','.join(['*' + a] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi"))
+
+
+def _input_file_holes(d):
+    """Issue 41's files that hung or crashed a reader: a FIFO, a huge file (sparse), deep nesting, aliases, values
+    of the wrong type."""
+    os.mkfifo(d / "fifo")
+    (d / "folder").mkdir()
+    with open(d / "huge", "wb") as f:  # 70 MiB of nothing on disk: larger than any kind's limit
+        f.truncate(70 * 2**20)
+    (d / "huge.yaml").symlink_to(d / "huge")
+    (d / "laughs.yaml").write_text(LAUGHS)
+    (d / "deep.yaml").write_text("distributed_type: " + "[" * 1000 + "]" * 1000 + "\n")
+    (d / "deep_block.yaml").write_text("".join("  " * i + f"k{i}:\n" for i in range(1000)))
+    (d / "deep_config.json").write_text('{"distributed_type": ' + "[" * 1000 + "]" * 1000 + "}")
+    (d / "deep.toml").write_text("strategy = " + "[" * 1000 + "]" * 1000 + "\n")
+    (d / "nul.yaml").write_bytes(b"distributed_type: NO\x00\n")  # PyYAML's reader refuses it in its constructor
+    (d / "use_cpu_maybe.yaml").write_text("distributed_type: MULTI_CPU\nuse_cpu: maybe\n")
+    (d / "wrap_nested.yaml").write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_auto_wrap_policy: "
+                                        "TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: [[a], {b: c}]\n")
+    for name, target in (("fifo", d / "fifo"), ("zero", "/dev/zero"), ("deep", d / "deep.json"),
+                         ("huge", d / "huge")):
+        (d / f"ds_{name}.yaml").write_text(f"distributed_type: DEEPSPEED\ndeepspeed_config:\n  "
+                                           f"deepspeed_config_file: {target}\n")
 
 
 # (environment, argv with {d} for the files folder, exit code, a word the one line must hold)
@@ -128,7 +158,40 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("env, line, code, word", CASES, ids=[c[1][:50] for c in CASES])
+# every reader, each hole (issue 41): one line, exit 2, and an end (a FIFO waited for a writer forever)
+READERS = {"--config_file": ({}, "launch --config_file {f} {d}/train.py"),
+           "CONVOY_CONFIG": ({"CONVOY_CONFIG": "{f}"}, "config show"),
+           "CONVOY_INVENTORY": ({"CONVOY_INVENTORY": "{f}"}, "select 1"),
+           "--inventory": ({}, "select 1 --inventory {f}"),
+           "plan MODEL": ({}, "plan {f} --hardware 8xH100-80GB")}
+HOLES = {"{d}/fifo": "is a FIFO (named pipe), not a file", "/dev/zero": "is a character device, not a file",
+         "/dev/urandom": "is a character device, not a file", "{d}/huge": "is 70.0 MiB; a"}
+FILE_CASES = [({k: v.replace("{f}", hole) for k, v in env.items()}, line.replace("{f}", hole), 2, word)
+              for env, line in READERS.values() for hole, word in HOLES.items()]
+FILE_CASES += [({"CONVOY_CONFIG": "{d}/folder"}, "config show", 2, "is a directory, not a file"),
+               ({}, "launch --config_file {d}/folder {d}/train.py", 2, "is a directory, not a file"),
+               ({}, "select 1 --inventory {d}/folder", 2, "is a directory, not a file"),
+               ({}, "launch --config_file {d}/huge.yaml {d}/train.py", 2, "may be at most 1 MiB"),
+               ({}, "launch --config_file {d}/laughs.yaml {d}/train.py", 2, "alias 'a' refused"),
+               ({}, "launch --config_file {d}/deep.yaml {d}/train.py", 2, "more than 64 deep"),
+               ({}, "launch --config_file {d}/deep_block.yaml {d}/train.py", 2, "more than 64 deep"),
+               ({}, "launch --config_file {d}/deep_config.json {d}/train.py", 2, "too deeply"),
+               ({}, "launch --config_file {d}/deep.json {d}/train.py", 2, "too deeply"),
+               ({"CONVOY_CONFIG": "{d}/deep.toml"}, "config show", 2, "too deeply"),
+               ({}, "plan {d}/deep.json --hardware 8xH100-80GB", 2, "too deeply"),
+               ({}, "launch --config_file {d}/nul.yaml {d}/train.py", 2, "is not valid YAML (unacceptable character"),
+               ({}, "launch --config_file {d}/use_cpu_maybe.yaml {d}/train.py", 2, "use_cpu = maybe: give true or "
+                                                                                 "false"),
+               ({}, "launch --config_file {d}/wrap_nested.yaml {d}/train.py", 2, "give class names"),
+               ({}, "launch --config_file {d}/ds_fifo.yaml {d}/train.py", 2, "is a FIFO"),
+               ({}, "launch --config_file {d}/ds_zero.yaml {d}/train.py", 2, "is a character device"),
+               ({}, "launch --config_file {d}/ds_deep.yaml {d}/train.py", 2, "too deeply"),
+               ({}, "launch --config_file {d}/ds_huge.yaml {d}/train.py", 2, "may be at most 1 MiB")]
+CASES += FILE_CASES
+
+
+@pytest.mark.timeout(60)  # a hole that hangs is a failure, not a stalled suite
+@pytest.mark.parametrize("env, line, code, word", CASES, ids=[" ".join([*c[0].values(), c[1]])[:60] for c in CASES])
 def test_bad_input_is_one_convoy_line(env, line, code, word, files, monkeypatch, capfd, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
@@ -162,3 +225,15 @@ def test_no_traceback_end_to_end(argv, tmp_path):
                           env={"PATH": "/usr/bin:/bin", "CONVOY_INVENTORY": H100, "HOME": str(tmp_path)}, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("convoy: ")
+
+
+def test_a_fifo_or_an_alias_bomb_is_one_line_end_to_end(files, tmp_path):
+    # the console entry point in a fresh process: the FIFO once waited forever for a writer, the 370-byte YAML ran
+    # past 55 s expanding its aliases
+    for config in ("fifo", "laughs.yaml"):
+        proc = subprocess.run([sys.executable, "-m", "convoy", "launch", "--config_file", str(files / config),
+                               "--dry-run", "train.py"], capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                              env={"PATH": "/usr/bin:/bin", "CONVOY_INVENTORY": str(files / "cpu.json"),
+                                   "HOME": str(tmp_path)})
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and str(files / config) in proc.stderr

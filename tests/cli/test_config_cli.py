@@ -121,6 +121,22 @@ def test_malformed_file_stops_show_with_file_line_and_key(isolated, capsys):
         f"convoy: {isolated}, line 2, key 'mixed_precison': unknown key (did you mean 'mixed_precision'?)")
 
 
+def test_show_warns_of_a_strategy_launch_would_refuse_and_shows_the_rest(isolated, capsys):
+    """strategy = "bogus" was shown without a word; convoy launch refused it later. show goes on (exit 0, every value
+    in view) with one warning naming the file and line."""
+    isolated.parent.mkdir(parents=True)
+    isolated.write_text('mixed_precision = "bf16"\nstrategy = "bogus"\n')
+    assert main(["config", "show"]) == 0
+    out, err = capsys.readouterr()
+    assert '"bogus"' in out and '"bf16"' in out
+    assert err.strip().splitlines() == [f"convoy: warning: strategy = 'bogus' ({isolated}, line 2) is not one of "
+                                        f"convoy's strategies (auto, single, dp, ddp, zero1, zero2, zero3, fsdp, hsdp, "
+                                        f"parallel, tp, pp): convoy launch refuses it (a strategy your script "
+                                        f"registers itself is chosen in the script, Accelerator(strategy=...))"]
+    isolated.write_text('strategy = "zero3"\n')
+    assert main(["config", "show"]) == 0 and capsys.readouterr().err == ""
+
+
 def test_unknown_action_and_flag_exit_2(tmp_path):
     for argv in (["config", "shw"], ["config", "--stratgy", "ddp"]):
         proc = subprocess.run([sys.executable, "-m", "convoy", *argv], capture_output=True, text=True,

@@ -79,7 +79,7 @@ def test_single_index_list_stays_an_index_list(tmp_path):
 def test_unreadable_file(tmp_path):
     path = tmp_path / "convoy.toml"
     path.write_bytes(b"strategy = '\xff\xfe'\n")
-    with pytest.raises(ConfigError, match="settings file is not UTF-8 text"):
+    with pytest.raises(ConfigError, match=r"settings file .*convoy.toml is not UTF-8 text"):
         read_settings_file(path)
 
 

@@ -63,6 +63,22 @@ def test_the_next_launch_sweeps_what_killed_launchers_left_and_nothing_else(tmp_
     assert not live.path.exists()
 
 
+def test_an_elastic_launch_that_makes_no_directory_sweeps_too(tmp_path):
+    """A kill -9'd elastic launcher's convoy-store-* stayed until a launch that made one of its own (restarts on
+    one node) came; a launch without restarts makes none, and swept nothing."""
+    where = _private(tmp_path)
+    (stale,) = _killed_owner(where, "convoy-store-")
+    script = tmp_path / "ok.py"
+    script.write_text("print('ran')\n")
+    env = {**os.environ, "TMPDIR": str(where), "CONVOY_INVENTORY": str(INVENTORIES / "1xh100.json"),
+           "CONVOY_LEASE_DIR": str(tmp_path / "leases")}
+    done = subprocess.run([sys.executable, "-m", "convoy", "launch", "--engine", "elastic", "--devices", "0",
+                           "--nproc-per-node", "1", "--max-restarts", "0", "--no-lease", str(script)],
+                          capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0 and "ran" in done.stdout, done.stderr
+    assert not stale.exists()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs a second user (chown): run as root")
 def test_another_users_directory_is_never_swept(tmp_path):
     import pwd

@@ -39,7 +39,7 @@ root_only = pytest.mark.skipif(os.geteuid() != 0, reason="a second user needs ro
 
 def _seen(measured_s: float, **kw) -> dict:
     return {**Observation(measured_s=measured_s, planned_s=0.3, planned_bytes=10**9, measured_bytes=2 * 10**9,
-                          rates="profile", steps=5, at=1.8e9).as_dict(), **kw}
+                          rates="profile", steps=5, at=1.7e9).as_dict(), **kw}
 
 
 def _zero3() -> str:
@@ -110,6 +110,7 @@ def test_a_damaged_shipped_profile_is_one_warning_and_the_others_stand(monkeypat
 @pytest.mark.parametrize("value, says", [
     (1e-30, "measured_s = 1e-30 s is faster than any H100-80GB runs this case"),
     (1e30, "measured_s = 1e+30 s is longer than a day"),
+    (3600.0, "measured_s = 3.6e+03 s is "),  # an hour for GPT-2 (planned 0.066 s) flipped the recommendation
 ])
 def test_an_observation_no_gpu_could_make_is_refused_naming_the_file_and_the_case(value, says, tmp_path, modeled):
     """measured_s 1e-30 made `convoy plan` recommend a layout at '0 us per step, 2,047,999,...,744 tokens/s per
@@ -123,6 +124,8 @@ def test_an_observation_no_gpu_could_make_is_refused_naming_the_file_and_the_cas
     assert lines[0].startswith(f"convoy: warning: calibration cache {str(path)!r}, entry {Calibration(**H100).key!r}, "
                                f"case {_zero3()!r}: {says}"), lines
     assert lines[0].endswith("ignored, the plan keeps its modeled time")
+    if value == 3600.0:
+        assert "outside the 0.1x-10x band an observation is used in" in lines[0]
     _write(path, {_zero3(): _seen(0.25)})  # a measurement a GPU can make is taken, as before
     assert _zero3_seconds(_convoy_plan(tmp_path).stdout) == pytest.approx(0.25)
 
@@ -131,7 +134,8 @@ def test_observations_that_are_not_numbers_are_each_one_warning(tmp_path):
     """0, -1, NaN, strings and wrong shapes were dropped without a word."""
     path = tmp_path / "calibration.json"
     bad = {"zero": _seen(0), "negative": _seen(-1.0), "nan": _seen(float("nan")), "string": _seen("fast"),
-           "list": [1, 2], "bytes": _seen(0.3, measured_bytes="2 GB")}
+           "list": [1, 2], "bytes": _seen(0.3, measured_bytes="2 GB"), "future": _seen(0.3, at=1e300),
+           "rates": _seen(0.3, rates=["profile"])}
     _write(path, {"good": _seen(0.3), **bad})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -143,6 +147,24 @@ def test_observations_that_are_not_numbers_are_each_one_warning(tmp_path):
                for line in said), said
     assert any("case 'nan': measured_s = nan is not a finite number > 0: ignored" in line for line in said), said
     assert any("case 'bytes': measured_bytes = '2 GB' is not a finite number > 0" in line for line in said), said
+    assert any("case 'future': at = 1e+300 is a date in the future: ignored" in line for line in said), said
+
+
+@pytest.mark.parametrize("field, value", [("device_name", 7), ("device_uuid", ["GPU-x"]), ("torch_version", None),
+                                          ("measured_at", 1e300)])
+def test_an_entry_whose_fields_have_the_wrong_type_is_one_warning_and_the_plan_goes_on(field, value, tmp_path,
+                                                                                       modeled):
+    """A device_name or device_uuid that was not a string gave a 38-line AttributeError on every `convoy plan`."""
+    path = tmp_path / "convoy" / "calibration.json"
+    _write(path, {_zero3(): _seen(0.25)})
+    data = json.loads(path.read_text())
+    data[Calibration(**H100).key][field] = value
+    path.write_text(json.dumps(data))
+    done = _convoy_plan(tmp_path)
+    assert done.returncode == 0 and _zero3_seconds(done.stdout) == modeled, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"convoy: warning: calibration cache {str(path)!r}"), lines
+    assert f"{field} = " in lines[0] and lines[0].endswith(": ignored"), lines
 
 
 @pytest.mark.parametrize("field, value, says", [

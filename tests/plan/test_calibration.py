@@ -79,7 +79,7 @@ def test_saving_merges_new_shapes_into_the_entry(tmp_path):
     path = tmp_path / "c.json"
     save_calibration(_record(), path=path)
     extra = _record(gemm_flops={"1x2x3:bf16": 1e12}, attention_seconds={}, memory_bytes_per_s=2.5e12,
-                    measured_at=1.8e9)
+                    measured_at=1.7e9)
     save_calibration(extra, path=path)
     got = load_calibration(device_name=extra.device_name, device_uuid="GPU-1234", torch_version="2.11.0+cu130",
                            path=path)

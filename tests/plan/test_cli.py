@@ -113,6 +113,33 @@ def test_plot(capsys, tmp_path):
         assert rc == 0 and out.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+def test_plot_without_a_suffix_writes_png_and_says_where(capsys, tmp_path):
+    rc = main(["plan", "--params", "7e9", "--hardware", "8xH100-80GB", "--plot", str(tmp_path / "plan")])
+    assert rc == 0 and (tmp_path / "plan.png").read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "plan").exists()
+    assert f"written to {tmp_path / 'plan.png'}\n" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+@pytest.mark.parametrize("where, says", [("/proc/x.png", "--plot /proc/x.png: cannot write there"),
+                                         ("{d}/x.xyz", "matplotlib does not write '.xyz' files; end the name in one "
+                                                       "of .avif, .eps"),
+                                         ("{d}/no/such/dir/x.png", "cannot write there (No such file or directory)"),
+                                         ("{d}", "is a directory")])
+def test_a_plot_path_that_cannot_be_written_is_refused_before_planning(where, says, capsys, tmp_path, monkeypatch):
+    """Both were tracebacks after the whole plan had run."""
+    import convoy.plan.api
+
+    monkeypatch.setattr(convoy.plan.api, "plan", lambda *a, **k: pytest.fail("planned before the path was checked"))
+    target = where.format(d=tmp_path / "plan.png") if where == "{d}" else where.format(d=tmp_path)
+    if where == "{d}":
+        (tmp_path / "plan.png").mkdir()
+    assert main(["plan", "--params", "7e9", "--hardware", "8xH100-80GB", "--plot", target]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("convoy: ") and says in err[0], err
+    assert list(tmp_path.iterdir()) in ([], [tmp_path / "plan.png"])  # nothing left behind
+
+
 def test_the_documented_case_3_table_is_what_convoy_plan_prints(capsys):
     """docs/choosing-a-strategy.md shows rows of `convoy plan` for a 70B Llama on 4 nodes of 8 H100s (middle columns
     elided): each row shown is the command's own, so the guide stays true when the model changes."""

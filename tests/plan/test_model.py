@@ -48,7 +48,7 @@ def test_config_errors_are_clear(tmp_path):
         from_hf_config(tmp_path / "nope.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(PlanError, match="not readable JSON"):
+    with pytest.raises(PlanError, match="not valid JSON"):
         from_hf_config(bad)
     with pytest.raises(NotSupportedYetError, match="mixture-of-experts"):
         from_hf_config(CONFIGS / "mixtral.json")

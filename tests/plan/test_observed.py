@@ -27,7 +27,7 @@ HW = parse_hardware("2xH100-80GB")
 H100_UUID = "GPU-47eaa099-2cb6-416d-86dc-283cf0480ff9"  # the first device of tests/inventories/8xh100_nvswitch.json
 
 
-def _seen(measured_s: float, planned_s: float = 1.0, at: float = 1.8e9) -> Observation:
+def _seen(measured_s: float, planned_s: float = 1.0, at: float = 1.7e9) -> Observation:
     return Observation(measured_s=measured_s, planned_s=planned_s, planned_bytes=10**9, measured_bytes=2 * 10**9,
                        rates="profile", steps=5, at=at)
 

@@ -15,12 +15,13 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any, TextIO
 
 from convoy.config import SCHEMA, effective_settings, read_settings_file, user_config_path, write_settings_file
 from convoy.config.schema import Key
-from convoy.errors import ConfigError
+from convoy.errors import ConfigError, ConvoyWarning
 
 DESCRIPTION = "Write convoy's settings file (questions or flags), or show the effective settings and their sources."
 EPILOG = """examples:
@@ -66,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
             env["CONVOY_CONFIG"] = args.path
         flags = {name: value for name, value in _given(args).items() if value != ""}
         settings = effective_settings(flags=flags, env=env)
+        for line in settings.launch_refuses():  # shown, with a warning: the other values stay in view
+            warnings.warn(line, ConvoyWarning, stacklevel=1)
         if args.json:
             print(json.dumps({"files": [str(p) for p in settings.files], "settings": settings.as_dict()}, indent=2))
             return 0

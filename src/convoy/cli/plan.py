@@ -124,6 +124,11 @@ def run(args: argparse.Namespace) -> int:
             raise PlanError(f"--strategies: unknown {bad[0]!r}; use some of {', '.join(sorted(known))}")
     if args.efficiency is not None and args.efficiency > 1:
         raise PlanError(f"--efficiency {args.efficiency} is a fraction of peak; give a number in (0, 1], e.g. 0.45")
+    out = None
+    if args.plot:  # checked before planning: a plan of minutes is not lost to a typo in the file name
+        from convoy.plan.plot import plot_path
+
+        out = plot_path(args.plot)
     result = plan(args.model, hardware=args.hardware, inventory=args.inventory, nodes=args.nodes, intra=args.intra,
                   intra_gbs=args.intra_gbs, inter_gbps=args.inter_gbps, gpu_memory_gib=args.gpu_memory_gib,
                   peak_tflops=args.peak_tflops, seq_len=args.seq_len, micro_batch=args.micro_batch,
@@ -133,11 +138,11 @@ def run(args: argparse.Namespace) -> int:
                   params=args.params, layers=args.layers, hidden=args.hidden, heads=args.heads,
                   kv_heads=args.kv_heads, ffn=args.ffn, vocab=args.vocab, calibrate=args.calibrate,
                   compile=args.compile, fp8=args.fp8)
-    if args.plot:
+    if out is not None:
         from convoy.plan.plot import plot_plan
 
-        plot_plan(result, args.plot)
+        plot_plan(result, out)
     print(result.to_json() if args.json else format_plan(result))
-    if args.plot and not args.json:
-        print(f"plot of memory and step time written to {args.plot}")
+    if out is not None and not args.json:
+        print(f"plot of memory and step time written to {out}")
     return 0

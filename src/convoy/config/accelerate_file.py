@@ -18,7 +18,6 @@ without a convoy meaning are one line naming the key.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -35,6 +34,7 @@ from convoy.config.accelerate_mapping import (
     parallelism_translation,
 )
 from convoy.errors import ConfigError, NotSupportedYetError, shown
+from convoy.reading import ACCELERATE, DEEPSPEED, load_json, parse_json, parse_yaml, read_text, shown_path
 
 __all__ = ["read_accelerate_config", "read_deepspeed_json", "accelerate_default_config", "TOP_LEVEL_KEYS",
            "MULTI_DEVICE_TYPES"]
@@ -84,26 +84,15 @@ def _yaml_text(value: Any) -> str:
 
 
 def _load(path: Path) -> Mapping[str, Any]:
+    """The file's mapping, read bounded (``convoy.reading``: a regular file, 1 MiB, nesting, no YAML aliases)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, ACCELERATE)
     except FileNotFoundError:
-        raise ConfigError(f"--config_file {path}: no such file; give the YAML file `accelerate config` wrote") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"--config_file {path}: cannot be read ({err})") from None
-    if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except ValueError as err:
-            raise ConfigError(f"--config_file {path}: not valid JSON ({err})") from None
-    else:
-        import yaml  # a declared dependency, imported only here: `convoy --help` stays fast
-
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"--config_file {path}: not valid YAML ({' '.join(str(err).split())[:160]})") from None
+        raise ConfigError(f"--config_file {shown_path(path)}: no such file; give the YAML file `accelerate config` "
+                          f"wrote") from None
+    data = parse_json(text, path, ACCELERATE) if path.suffix == ".json" else parse_yaml(text, path, ACCELERATE)
     if not isinstance(data, Mapping):
-        raise ConfigError(f"--config_file {path}: holds {type(data).__name__}, not the mapping of keys "
+        raise ConfigError(f"--config_file {shown_path(path)}: holds {type(data).__name__}, not the mapping of keys "
                           f"`accelerate config` writes")
     return data
 
@@ -113,15 +102,17 @@ def read_deepspeed_json(name: Any, *, where: str, folders: tuple[Path, ...]) -> 
     ``folders`` in turn (a relative path): the file and its object; ``ConfigError`` naming ``where`` otherwise."""
     if not isinstance(name, (str, os.PathLike)) or not str(name).strip():
         raise ConfigError(f"{where}: give the path of a DeepSpeed JSON file")
-    found = next((p for p in (folder / name for folder in folders) if p.is_file()), None)
+    found = next((p for p in (folder / name for folder in folders) if os.path.lexists(p)), None)
     if found is None:
         raise ConfigError(f"{where}: no such file (looked in {', '.join(str(f) for f in folders)})")
     try:
-        data = json.loads(found.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise ConfigError(f"{where}: {found} is not a DeepSpeed JSON file ({err})") from None
+        data = load_json(found, DEEPSPEED)  # bounded (convoy.reading): a FIFO or /dev/zero is one line
+    except FileNotFoundError:  # a dangling link
+        raise ConfigError(f"{where}: no such file ({shown_path(found)} is a broken link)") from None
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{where}: {found} holds {type(data).__name__}, not a DeepSpeed config object")
+        raise ConfigError(f"{where}: {shown_path(found)} holds {type(data).__name__}, not a DeepSpeed config object")
     return found, data
 
 
@@ -158,6 +149,7 @@ def read_accelerate_config(path: str | os.PathLike[str], *, cwd: str | os.PathLi
     if unknown:  # Accelerate refuses them too ("had unknown keys")
         raise ConfigError(f"{file.name}: {shown(unknown[0])} is not a key of Accelerate's config file; known keys: "
                           f"{', '.join(TOP_LEVEL_KEYS[:-2])}")
+    _check_booleans(data, cite)
     _refuse_top_level(data, cite)
     if "distributed_type" not in data:
         raise ConfigError(f"{file.name}: no distributed_type; give one (NO, MULTI_GPU, MULTI_CPU, FSDP, DEEPSPEED, "
@@ -231,6 +223,17 @@ def _blocks(data: Mapping[str, Any], cite: Callable[[str, Any], str]) -> dict[st
             raise ConfigError(f"{cite(name, block)}: give a mapping of keys")
         blocks[name] = block
     return blocks
+
+
+#: top-level keys Accelerate reads as true or false (``ClusterConfig``'s bool fields)
+_BOOLEANS = ("use_cpu", "debug", "same_network", "enable_cpu_affinity", "fp16", "tpu_use_cluster", "tpu_use_sudo")
+
+
+def _check_booleans(data: Mapping[str, Any], cite: Callable[[str, Any], str]) -> None:
+    """A yes/no key holds true or false (or nothing): ``use_cpu: maybe`` is refused, never read as false."""
+    for name in _BOOLEANS:
+        if data.get(name) is not None and not isinstance(data[name], bool):
+            raise ConfigError(f"{cite(name, data[name])}: give true or false")
 
 
 def _refuse_top_level(data: Mapping[str, Any], cite: Callable[[str, Any], str]) -> None:

@@ -235,7 +235,11 @@ def _auto_wrap(fields: Mapping[str, Any], cite: Callable[[str, Any], str]) -> tu
                     f"(strategy_options auto_wrap= names the classes); wrapping changes memory, not the numbers"]
     kind = str(policy).strip().upper()
     if kind == "TRANSFORMER_BASED_WRAP" and names:
-        listed = [n.strip() for n in names.split(",")] if isinstance(names, str) else [str(n) for n in names]
+        if not isinstance(names, str) and not (isinstance(names, (list, tuple)) and all(isinstance(n, str)
+                                                                                        for n in names)):
+            raise ConfigError(f"{cite('transformer_cls_names_to_wrap', names)}: give class names, a list of strings "
+                              f"such as [LlamaDecoderLayer] or one comma-separated string")
+        listed = [n.strip() for n in names.split(",")] if isinstance(names, str) else [n for n in names]
         return [Mapped("auto_wrap", tuple(n for n in listed if n), cite("transformer_cls_names_to_wrap", names))], []
     if kind == "TRANSFORMER_BASED_WRAP":
         return [], [f"{cite('auto_wrap_policy', policy)}: each block of the model's ModuleLists is sharded on its "

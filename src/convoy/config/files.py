@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +22,7 @@ from typing import Any
 
 from convoy.config.schema import KEYS, SCHEMA, closest_key
 from convoy.errors import ConfigError, shown
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from convoy.reading import SETTINGS, parse_toml, read_text
 
 __all__ = [
     "PROJECT_FILE",
@@ -90,33 +85,17 @@ def read_settings_file(path: str | os.PathLike[str]) -> dict[str, FileValue]:
     """Read and check a settings file; ``ConfigError`` (file, line, key) for anything wrong in it."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, SETTINGS)  # bounded: a FIFO, a device, a directory or 50 MiB is one line
     except FileNotFoundError:
         raise ConfigError(f"{shown_path(path)}: settings file not found; create it with "
                           f"'convoy config --path {shown_path(path)}'") from None
-    except OSError as err:
-        raise ConfigError(f"{shown_path(path)}: cannot read settings file: {err.strerror or err}") from None
-    except UnicodeDecodeError as err:  # before ValueError, which it refines
-        raise ConfigError(f"{shown_path(path)}: settings file is not UTF-8 text (byte {err.start})") from None
-    except ValueError:  # a NUL character in the path (possible from Python, never from a shell)
-        raise ConfigError(f"{shown_path(path)}: a settings file path cannot hold a NUL character") from None
     return _settings_from_text(text, path)
 
 
 def _settings_from_text(text: str, path: Path) -> dict[str, FileValue]:
     """A settings file's text, checked as ``read_settings_file`` checks it (``write_settings_file`` checks what
     it is about to write the same way)."""
-    try:
-        data = tomllib.loads(text)
-    except RecursionError:
-        raise ConfigError(f"{shown_path(path)}: not valid TOML: arrays or tables nested too deeply for a settings "
-                          f"file") from None
-    except ValueError as err:  # TOMLDecodeError is one; int() of a literal past 4300 digits is another
-        message = str(err) if isinstance(err, tomllib.TOMLDecodeError) else str(err).split(";")[0]
-        found = re.search(r"\(at line (\d+), column (\d+)\)", message)
-        reason = message[: found.start()].strip() if found else message
-        at = f"line {found.group(1)}, column {found.group(2)}: " if found else ""
-        raise ConfigError(f"{shown_path(path)}, {at}not valid TOML: {reason}") from None
+    data = parse_toml(text, path, SETTINGS)  # bounded, and placed by line (convoy.reading)
     lines = text.splitlines()
     values: dict[str, FileValue] = {}
     for name, raw in data.items():

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from convoy.config.files import project_config_path, read_settings_file, user_config_path
-from convoy.config.schema import KEYS, SCHEMA, key_for
+from convoy.config.schema import BUILTIN_STRATEGIES, KEYS, SCHEMA, key_for
 from convoy.errors import ConfigError, shown
 
 __all__ = ["Source", "Settings", "effective_settings", "file_settings_env", "fill_unset", "fill_unset_with_origins",
@@ -156,6 +156,16 @@ class Settings:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.values)
+
+    def launch_refuses(self) -> list[str]:
+        """What ``convoy launch`` would refuse in these values though each is well formed, one line each naming where
+        it was set (``convoy config show`` warns with them): a strategy that is not one of convoy's own."""
+        strategy = self.values.get("strategy")
+        if strategy is None or strategy in BUILTIN_STRATEGIES:
+            return []
+        return [f"{self.sources['strategy'].said('strategy', shown(strategy))} is not one of convoy's strategies "
+                f"({', '.join(BUILTIN_STRATEGIES)}): convoy launch refuses it (a strategy your script registers "
+                f"itself is chosen in the script, Accelerator(strategy=...))"]
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
         """``{key: {"value": ..., "source": "...", "doc": "..."}}`` in schema order (for ``--json``)."""

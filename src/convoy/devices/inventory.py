@@ -32,6 +32,7 @@ from pathlib import Path
 
 from convoy.devices.vendors import DEVICE_VENDORS
 from convoy.errors import InventoryError, shown
+from convoy.reading import INVENTORY, load_json
 
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
@@ -208,42 +209,16 @@ class Inventory:
 
 
 def load_inventory(path: str | os.PathLike[str]) -> Inventory:
-    """Read an inventory file. Raises :class:`InventoryError` naming the file and what is wrong."""
+    """Read an inventory file, bounded (``convoy.reading``: a regular file of at most 16 MiB, nesting bounded).
+    Raises :class:`InventoryError` naming the file and what is wrong."""
     path = Path(path)
     name, printable = path.name, str(path) if str(path).isprintable() else repr(str(path))
     try:
-        text = path.read_bytes().decode("utf-8")
+        data = load_json(path, INVENTORY)
     except FileNotFoundError:
         raise InventoryError(f"inventory file {str(path)!r} does not exist; write one with "
                              f"'convoy devices --json > {name if name.isprintable() else 'box.json'}'") from None
-    except OSError as err:
-        raise InventoryError(f"inventory file {str(path)!r} cannot be read: {err.strerror}") from None
-    except UnicodeDecodeError as err:  # before ValueError, which it refines
-        raise InventoryError(f"inventory file {str(path)!r} is not UTF-8 text (byte {err.start}); "
-                             f"write it with 'convoy devices --json'") from None
-    except ValueError:  # a NUL character in the path (possible from Python, never from a shell)
-        raise InventoryError(f"inventory file {str(path)!r}: a path cannot hold a NUL character") from None
-    return inventory_from_dict(parse_json(text, f"inventory file {str(path)!r}"), source=f"file:{printable}")
-
-
-def parse_json(text: str, what: str) -> Any:
-    """``json.loads(text)`` for a file convoy reads, with every way it can fail as one ``InventoryError``:
-    invalid JSON, nesting deeper than the decoder's recursion limit, integers longer than Python reads (4300
-    digits), NaN/Infinity."""
-    try:
-        return json.loads(text, parse_constant=_no_constant)
-    except json.JSONDecodeError as err:
-        raise InventoryError(f"{what} is not valid JSON (line {err.lineno}: {err.msg}); "
-                             f"expected {{\"devices\": [...]}}") from None
-    except RecursionError:
-        raise InventoryError(f"{what} nests JSON too deeply to be an inventory; "
-                             f"expected {{\"devices\": [...]}}") from None
-    except ValueError as err:  # an integer past 4300 digits; NaN/Infinity (_no_constant)
-        raise InventoryError(f"{what} is not valid JSON ({str(err).split(';')[0]})") from None
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
+    return inventory_from_dict(data, source=f"file:{printable}")
 
 
 def as_inventory(value: Any) -> Inventory | None:

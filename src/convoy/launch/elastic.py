@@ -245,10 +245,12 @@ def _store_holds(plan: LaunchPlan, host: str | None) -> Iterator[dict[str, str]]
     """One node with restarts, where each attempt's rank 0 serves the workers' store: a directory in which the
     other ranks hold a lock while their program runs, so that rank 0 keeps serving until then
     (``convoy.launch.loopback``; the agent passes no descriptors, so the direct engine's pipe cannot be used)."""
+    from convoy.launch.scratch import Scratch, sweep_stale
+
     if host is None or plan.workers.max_restarts == 0 or plan.rdzv_backend != "c10d":
+        sweep_stale()  # what a killed launcher left, swept by every elastic launch, not only one that makes its own
         yield {}  # (static: the agent's store is the workers', for every attempt)
         return
-    from convoy.launch.scratch import Scratch
 
     scratch = Scratch.create("convoy-store-")  # (a launcher killed before left one: swept there)
     try:

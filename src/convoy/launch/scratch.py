@@ -8,8 +8,9 @@ The direct engine keeps its ranks' error files in ``convoy-launch-*``, the elast
 ranks' hold files in ``convoy-store-*`` (``convoy.launch.loopback``). Each holds ``owner.lock``, which its
 launcher keeps locked (``flock``) for its whole life; the lock is taken before the file gets that name, so it is
 never found unlocked while its launcher lives. A launcher killed by SIGKILL leaves its directory behind: the next
-launch removes every such directory of this user whose lock is free (``sweep_stale``), and leaves alone those
-of live launchers, other users', links, and directories without a lock file (an older convoy's). The lock
+launch (direct, or elastic whether or not it makes one) removes every such directory of this user whose lock is
+free (``sweep_stale``), and leaves alone those of live launchers, other users', links, and directories without a
+lock file (an older convoy's). The lock
 follows the open file, not a pid, so a reused pid or another pid namespace sharing ``/tmp`` cannot fool it.
 
 The temporary directory (``$TMPDIR``, else ``/tmp``) must not let other users rename what is in it: one that is

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
-import json
 import math
 import sys
 from collections.abc import Iterator, Mapping
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from convoy.errors import NotSupportedYetError, PlanError, shown
+from convoy.reading import MODEL_CONFIG, load_json
 
 __all__ = ["derive_shape", "ModelSpec", "from_hf_config", "from_factory", "from_numbers", "resolve_model",
            "MAX_PARAMS", "MAX_DIM", "shape_param_range", "check_params_fit_shape", "check_heads_divide_hidden",
@@ -314,19 +314,10 @@ def from_hf_config(path: str | Path | Mapping[str, Any]) -> ModelSpec:
         if p.is_dir():
             p = p / "config.json"
         try:
-            config = json.loads(p.read_bytes().decode("utf-8"))
+            config = load_json(p, MODEL_CONFIG)  # bounded (convoy.reading): a FIFO or /dev/zero is one line
         except FileNotFoundError:
             raise PlanError(f"model config {str(p)!r} does not exist; give a config.json path, "
                             "a module:function factory, or --params") from None
-        except OSError as err:
-            raise PlanError(f"model config {str(p)!r} cannot be read ({err.strerror or err})") from None
-        except UnicodeDecodeError as err:
-            raise PlanError(f"model config {str(p)!r} is not UTF-8 text (byte {err.start}); "
-                            f"give a config.json") from None
-        except RecursionError:
-            raise PlanError(f"model config {str(p)!r} nests JSON too deeply to be a config.json") from None
-        except ValueError as err:  # JSONDecodeError, or an integer past 4300 digits
-            raise PlanError(f"model config {str(p)!r} is not readable JSON ({str(err).split(';')[0]})") from None
         if not isinstance(config, dict):
             raise PlanError(f"model config {str(p)!r} is not a JSON object")
         name = str(p)

@@ -1,7 +1,8 @@
 """Each candidate's per-GPU memory beside its step time, what fits marked (``convoy plan --plot``).
 
     from convoy.plan.plot import plot_plan
-    plot_plan(p, "plan.png")            # needs matplotlib (pip install 'convoy[plot]'); NotSupportedYetError without
+    out = plot_path("plan")             # plan.png: the path checked before planning (suffix, writable)
+    plot_plan(p, out)                   # needs matplotlib (pip install 'convoy[plot]'); NotSupportedYetError without
 
 One row per candidate, the ones that fit first (fastest on top), then the rest. Left, memory per GPU in three
 parts that add up to the plan's total: what stays all step (weights, optimizer state, master weights, buffers),
@@ -16,12 +17,14 @@ only, when a plot is asked for.
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
-from convoy.errors import NotSupportedYetError
+from convoy.errors import NotSupportedYetError, PlanError, shown
 from convoy.plan.units import GiB
+from convoy.reading import shown_path
 
-__all__ = ["plot_plan", "PARTS", "segments"]
+__all__ = ["plot_plan", "plot_path", "PARTS", "segments"]
 
 PARTS = ("kept all step", "step's peak above it", "reserve")
 """The memory bar's parts, bottom to top (``segments``)."""
@@ -41,8 +44,42 @@ def _ordered(rows):
     return fit + rest
 
 
+def plot_path(path: str | Path) -> Path:
+    """Where ``plot_plan`` will write, checked before any planning: ``path`` with ``.png`` added when it has no
+    suffix; ``PlanError`` (one line) for a suffix matplotlib does not write (naming those it does) or a place no
+    file can be written (a missing or read-only directory, ``/proc``); ``NotSupportedYetError`` without
+    matplotlib."""
+    _pyplot()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    out = Path(path)
+    if not out.name or out.name in (".", ".."):
+        raise PlanError(f"--plot {shown_path(path)}: give a file name such as plan.png")
+    suffix = out.suffix.lower().lstrip(".")
+    if not suffix:
+        out = out.with_name(out.name + ".png")
+    elif suffix not in FigureCanvasBase.get_supported_filetypes():
+        kinds = ", ".join("." + k for k in sorted(FigureCanvasBase.get_supported_filetypes()))
+        raise PlanError(f"--plot {shown_path(path)}: matplotlib does not write {shown('.' + suffix)} files; end the "
+                        f"name in one of {kinds}")
+    if out.is_dir():
+        raise PlanError(f"--plot {shown_path(out)} is a directory; give a file name such as "
+                        f"{shown_path(out / 'plan.png')}")
+    existed = os.path.lexists(out)
+    try:  # the one true test of writability (root passes every access() check, /proc refuses files)
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+        os.close(fd)
+    except OSError as err:
+        raise PlanError(f"--plot {shown_path(out)}: cannot write there ({err.strerror or err}); give a path in a "
+                        f"writable directory") from None
+    if not existed:
+        os.unlink(out)
+    return out
+
+
 def plot_plan(plan, path: str | Path) -> Path:
-    """Draw ``plan``'s candidates (memory beside step time) to ``path`` (PNG, SVG or PDF by its suffix)."""
+    """Draw ``plan``'s candidates (memory beside step time) to ``path`` (its suffix picks the format: PNG, SVG,
+    PDF, ...; ``plot_path`` checks it first)."""
     plt = _pyplot()
     rows = _ordered(plan.rows)
     y = list(range(len(rows)))[::-1]  # the first row on top
@@ -58,8 +95,12 @@ def plot_plan(plan, path: str | Path) -> Path:
                  + (f": * {rec.name} recommended" if rec is not None else ": no layout fits"), fontsize="medium")
     fig.tight_layout(rect=(0, 0.04, 1, 1))  # the legend below
     out = Path(path)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(out, dpi=120)
+    except OSError as err:  # a disk that filled up after plot_path's check
+        raise PlanError(f"--plot {shown_path(out)}: cannot write the plot ({err.strerror or err})") from None
+    finally:
+        plt.close(fig)
     return out
 
 

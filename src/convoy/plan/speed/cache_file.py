@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from convoy.errors import ConvoyWarning, PlanError
+from convoy.reading import CALIBRATION_CACHE, depth_problem, read_fd
 
 __all__ = ["MAX_BYTES", "read_cache", "write_cache", "parse_json_object"]
 
-MAX_BYTES = 64 * 1024 * 1024
+MAX_BYTES = CALIBRATION_CACHE.limit
 """A cache larger than this is not convoy's (one entry is a few kilobytes)."""
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # NONBLOCK: a planted FIFO cannot stall
@@ -123,19 +124,16 @@ def _read_file(path: Path, dir_fd: int) -> dict[str, Any]:
         return {}
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            _warn(f"calibration cache {str(path)!r} is not a regular file: not read")
-            return {}
         reason = _stat_unsafe("the file", repr(str(path)), info)
-        if reason is not None:
+        if reason is not None and stat.S_ISREG(info.st_mode):
             _warn(f"calibration cache {str(path)!r}: {_refusal(reason)}")
             return {}
-        if info.st_size > MAX_BYTES:
-            _warn(f"calibration cache {str(path)!r} is {info.st_size:,} bytes, more than any cache convoy writes: "
-                  "not read; remove it")
+        try:
+            raw = read_fd(fd, path, CALIBRATION_CACHE)  # a regular file of at most MAX_BYTES (convoy.reading)
+        except (PlanError, OSError) as err:
+            _warn(f"{err if isinstance(err, PlanError) else f'calibration cache {str(path)!r} cannot be read'}: "
+                  "not read; remove it (it is measured again)")
             return {}
-        with os.fdopen(os.dup(fd), "rb") as handle:
-            raw = handle.read(MAX_BYTES + 1)
     finally:
         os.close(fd)
     return parse_json_object(raw, f"calibration cache {str(path)!r}", fix="remove it (it is measured again)")
@@ -154,6 +152,12 @@ def parse_json_object(raw: bytes, what: str, *, fix: str) -> dict[str, Any]:
         _warn(f"{what} is not JSON ({err.msg} at line {err.lineno} column {err.colno}): not read; {fix}")
         return {}
     except RecursionError:
+        _warn(f"{what} is nested too deep to be read: not read; {fix}")
+        return {}
+    except ValueError as err:  # an integer past 4300 digits
+        _warn(f"{what} is not JSON ({str(err).split(';')[0]}): not read; {fix}")
+        return {}
+    if depth_problem(data, CALIBRATION_CACHE) is not None:
         _warn(f"{what} is nested too deep to be read: not read; {fix}")
         return {}
     if not isinstance(data, dict):

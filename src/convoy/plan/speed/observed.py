@@ -16,6 +16,7 @@ the measured step time (``StepTime.correction``) and says so; the measured peak 
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -30,10 +31,17 @@ from convoy.plan.run import RunSpec
 from convoy.plan.speed.records import LAUNCH_FLOOR_S, Calibration, cache_path, cached_records
 
 __all__ = ["Observation", "case_key", "observed_in", "observations_for", "observations_here", "impossible",
-           "LONGEST_STEP_S"]
+           "LONGEST_STEP_S", "BAND", "FUTURE_SLACK_S"]
 
 LONGEST_STEP_S = 86400.0
 """A step measured longer than this (a day) is no measurement of a job's first steps."""
+BAND = (0.1, 10.0)
+"""On a GPU, an observation is used only within this multiple of the model's time for its case: one further off is
+another job's (a loaded machine, a slow filesystem, a pause in the debugger) rather than the layout's, and would flip
+the recommendation on its own; it is kept aside with one warning naming it. On the CPU (one nominal row for every
+processor, about 1 TFLOP/s) the model is no yardstick, and what was measured there is the best figure there is."""
+FUTURE_SLACK_S = 86400.0
+"""An observation dated more than this ahead of the clock (``at``) is no measurement made yet."""
 _MARGIN = 1.1  # as the calibration's bounds: a datasheet's rounded figure may be beaten a little, never more
 
 
@@ -93,6 +101,10 @@ class Observation:
                 return f"{key} = {_short(value)} is not a finite number > 0"
             if isinstance(value, int) and value.bit_length() > 64:
                 return f"{key} = {_short(value)} is not a finite number > 0"
+        if d.get("rates") is not None and not isinstance(d["rates"], str):
+            return f"rates = {_short(d['rates'])} is not a string"
+        if d.get("at") is not None and d["at"] > time.time() + FUTURE_SLACK_S:
+            return f"at = {_short(d['at'])} is a date in the future"
         return None
 
 
@@ -149,8 +161,8 @@ def observed_in(record: Calibration | None, *, path: Path | None = None) -> dict
 def impossible(seen: Observation, step: Any, hw: Hardware) -> str | None:
     """Why no GPU of ``hw`` could have measured ``seen`` for the case ``step`` (its modeled ``StepTime``) times,
     after one warning naming where it was read; None when it could. Faster than the case's model FLOPs at the
-    board's peak (an MFU above 100 %) or than ``LAUNCH_FLOOR_S``, longer than ``LONGEST_STEP_S``, or a peak above
-    the board's memory."""
+    board's peak (an MFU above 100 %) or than ``LAUNCH_FLOOR_S``, longer than ``LONGEST_STEP_S``, a peak above
+    the board's memory, or (on a GPU) a time outside ``BAND`` around the model's."""
     floor = max(step.model_flops / (step.world_size * step.peak_flops * _MARGIN), LAUNCH_FLOOR_S)
     why = None
     if seen.measured_s < floor:
@@ -160,6 +172,10 @@ def impossible(seen: Observation, step: Any, hw: Hardware) -> str | None:
         why = f"measured_s = {seen.measured_s:.3g} s is longer than a day: no measurement of a job's first steps"
     elif seen.measured_bytes is not None and seen.measured_bytes > hw.gpu.memory_bytes * _MARGIN:
         why = f"measured_bytes = {seen.measured_bytes:,} is more than a {hw.gpu.name} holds"
+    elif hw.gpu.name != "cpu" and not BAND[0] <= seen.measured_s / step.seconds <= BAND[1]:
+        why = (f"measured_s = {seen.measured_s:.3g} s is {seen.measured_s / step.seconds:.3g}x the modeled "
+               f"{step.seconds:.3g} s, outside the {BAND[0]:g}x-{BAND[1]:g}x band an observation is used in "
+               f"(another job's time, not the layout's?)")
     if why is not None:
         warnings.warn(f"{seen.where or 'an observation'}: {why}: ignored, the plan keeps its modeled time",
                       ConvoyWarning, stacklevel=2)

@@ -257,6 +257,11 @@ def rates_problem(record: Calibration) -> str | None:
     be beyond it: a matmul above the datasheet's peak (times a small margin), a copy above its memory bandwidth, a
     peer copy above its fastest link, an attention faster than its FLOPs at peak, a kernel below
     ``LAUNCH_FLOOR_S``."""
+    for name in ("device_name", "device_uuid", "torch_version", "device_type"):  # before anything reads them
+        if not isinstance(getattr(record, name), str):
+            return f"{name} = {_short(getattr(record, name))} is not a string"
+    if not record.device_name.strip():
+        return "device_name is empty"
     for name in ("gemm_flops", "attention_seconds"):
         values = getattr(record, name)
         if not isinstance(values, Mapping):
@@ -267,6 +272,8 @@ def rates_problem(record: Calibration) -> str | None:
     for name in ("memory_bytes_per_s", "launch_seconds", "pointwise_seconds_per_byte", "measured_at"):
         if not _rate(getattr(record, name), positive=False):
             return f"{name} = {_short(getattr(record, name))} is not a finite number >= 0"
+    if record.measured_at > time.time() + 86400:  # a day of clock skew; 1e300 is no date
+        return f"measured_at = {_short(record.measured_at)} is a date in the future"
     if record.peer_bytes_per_s is not None and not _rate(record.peer_bytes_per_s, positive=True):
         return f"peer_bytes_per_s = {_short(record.peer_bytes_per_s)} is not a finite number > 0"
     if record.launch_seconds and record.launch_seconds < LAUNCH_FLOOR_S:

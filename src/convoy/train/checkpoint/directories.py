@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from convoy.errors import CheckpointError
+from convoy.reading import CHECKPOINT_RECORD, load_json
 
 __all__ = ["MARKER", "begin_checkpoint", "abandon_checkpoint", "commit_checkpoint", "is_complete",
            "latest_checkpoint", "next_checkpoint_dir", "prune_checkpoints", "read_meta", "recover_checkpoint"]
@@ -119,10 +120,10 @@ def read_meta(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not a complete convoy checkpoint (no {MARKER}); "
                               "pass a directory written by save_state()")
     try:
-        meta = json.loads((path / MARKER).read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise CheckpointError(f"{path / MARKER} cannot be read ({type(err).__name__}: {err}); the checkpoint is "
-                              "damaged: load an earlier one") from None
+        meta = load_json(path / MARKER, CHECKPOINT_RECORD)  # bounded (convoy.reading)
+    except (OSError, CheckpointError) as err:
+        raise CheckpointError(f"{err if isinstance(err, CheckpointError) else f'{path / MARKER} cannot be read'}; "
+                              "the checkpoint is damaged: load an earlier one") from None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path / MARKER} is not a convoy checkpoint's record; load an earlier checkpoint")
     return meta
@@ -197,12 +198,17 @@ def _staged_copies(final_dir: Path) -> list[tuple[float, Path]]:
         if not child.name.startswith(prefixes) or not is_complete(child):
             continue
         try:
-            meta = json.loads((child / MARKER).read_text())
-        except (OSError, ValueError):
+            meta = load_json(child / MARKER, CHECKPOINT_RECORD)
+        except (OSError, CheckpointError):
+            continue
+        if not isinstance(meta, dict):
             continue
         if meta.get("name", final_dir.name) != final_dir.name:  # e.g. ".staging-old-x-..." of a save to "old-x"
             continue
-        found.append((float(meta.get("saved_at", 0.0)), child))
+        saved = meta.get("saved_at", 0.0)
+        if isinstance(saved, bool) or not isinstance(saved, (int, float)):
+            continue
+        found.append((float(saved), child))
     return sorted(found, reverse=True)
 
 
