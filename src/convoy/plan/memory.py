@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from convoy.errors import PlanError
 from convoy.plan.activations import block_bytes, head_saved_bytes, weight_cast_bytes
 from convoy.plan.dims import ParallelDims
+from convoy.plan.memo import remembered
 from convoy.plan.model import ModelSpec
 from convoy.plan.run import OPTIMIZER_STATE_BYTES, RECOMPUTE, RunSpec
 from convoy.plan.schedules import check_schedule
@@ -164,6 +165,7 @@ def _stage_params(model: ModelSpec, pp: int) -> int:
     return blocks + max(min(embed, outside), outside - min(embed, outside))
 
 
+@remembered
 def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout) -> MemoryBreakdown:
     """Per-GPU bytes of ``model`` trained as ``run`` under ``layout``."""
     dims, recipe = layout.dims, run.recipe

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from convoy.plan.activations import block_bytes, block_saved, head_saved_bytes
 from convoy.plan.hardware import GpuSpec, Hardware
+from convoy.plan.memo import remembered
 from convoy.plan.memory import Layout, _stage_params
 from convoy.plan.model import ModelSpec
 from convoy.plan.run import OPTIMIZER_STATE_BYTES, RunSpec
@@ -239,10 +240,14 @@ def kernel_launches(model: ModelSpec, run: RunSpec, layout: Layout) -> int:
     """Kernels one micro-batch launches on the busiest GPU (forward and backward): three per GEMM, two per
     attention, about three per tensor a block saves for backward (compiled: the fused kernels,
     ``convoy.plan.speedups.compiled_block_launches``), and a dozen for the head and the loss."""
+    return _kernel_launches(model, run, layout.dims.pp)
+
+
+def _kernel_launches(model: ModelSpec, run: RunSpec, pp: int) -> int:
     if not model.has_shape:
         return 0
     assert model.num_layers is not None  # has_shape
-    layers = math.ceil(model.num_layers / layout.dims.pp)
+    layers = math.ceil(model.num_layers / pp)
     per_block = sum(count for _, _, _, count in gemm_shapes(model, run) if count > 1) // model.num_layers
     if run.compile != "none":
         return layers * compiled_block_launches(per_block) + 12
@@ -256,8 +261,18 @@ def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates
     (``run.compile``), the memory-bound work takes ``compile_memory_bound`` of its eager time; with float8
     (``run.fp8``, priced on ``gpu``'s peaks) the converted GEMMs run at the fp8 rate, plus their casts
     (``convoy.plan.speedups``)."""
-    dims, dtype = layout.dims, run.recipe.compute
-    tp, pp, m = dims.tp, dims.pp, layout.microbatches
+    gemm, attn, memory_bound, launches = _micro_batch(model, run, layout.dims.tp, layout.dims.pp, rates, gpu)
+    memory_bound += fp8_cast_seconds(model, run, layout, rates)
+    return layout.microbatches * max(gemm + attn + memory_bound, launches * rates.launch_seconds)
+
+
+@remembered
+def _micro_batch(model: ModelSpec, run: RunSpec, tp: int, pp: int, rates: Rates, gpu: GpuSpec | None
+                 ) -> tuple[float, float, float, float]:
+    """(GEMM, attention and memory-bound seconds before float8's casts, kernel launches) of one micro-batch's
+    forward and backward on the busiest stage: ``compute_seconds``' parts that the layout's tp and pp decide, the
+    same for every layout, schedule, link and network a plan compares, so remembered (pure; frozen arguments)."""
+    dtype = run.recipe.compute
     total = model.num_layers or 1
     layers = math.ceil(total / pp)
     share = layers / total
@@ -301,12 +316,11 @@ def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates
             rates.memory_bytes_per_s or float("inf"))
     if run.compile != "none":
         memory_bound *= FACTORS["compile_memory_bound"].value
-    memory_bound += fp8_cast_seconds(model, run, layout, rates)
-    launches = kernel_launches(model, run, layout) * (1 + again / 3 if run.training else 1 / 3)
+    launches = _kernel_launches(model, run, pp) * (1 + again / 3 if run.training else 1 / 3)
     if selective:  # the forward kernel of each tensor a block saves without recomputation, again
         launches += layers * (compiled_block_launches(0) // 3 if run.compile != "none"
                               else len(block_saved(model, run)))
-    return m * max(gemm + attn + memory_bound, launches * rates.launch_seconds)
+    return gemm, attn, memory_bound, launches
 
 
 def optimizer_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates) -> float:
@@ -415,6 +429,7 @@ def _data_parallel_collectives(model: ModelSpec, run: RunSpec, layout: Layout, h
     return dp_comm, comm, after_step
 
 
+@remembered
 def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, global_batch: int,
               efficiency: float | None = None, calibration: Calibration | None = None,
               rates: Rates | None = None, engine: str = "torch") -> StepTime:
