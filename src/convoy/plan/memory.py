@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from convoy.errors import PlanError
 from convoy.plan.activations import block_bytes, head_saved_bytes, weight_cast_bytes
 from convoy.plan.dims import ParallelDims
-from convoy.plan.memo import remembered
+from convoy.plan.memo import hashed_once, remembered
 from convoy.plan.model import ModelSpec
 from convoy.plan.run import OPTIMIZER_STATE_BYTES, RECOMPUTE, RunSpec
 from convoy.plan.schedules import check_schedule
@@ -45,6 +45,7 @@ FRAGMENTATION = 0.035
 RESERVED_OVER_ALLOCATED = 1.096
 
 
+@hashed_once
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """How a candidate places the model on the GPUs."""

@@ -569,9 +569,9 @@ def choose_schedule(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware
                                                layers=model.num_layers)]
     if len(options) == 1:
         return layout
-    costed = [(memory_per_gpu(model, run, o).total, step_time(model, run, o, hw, global_batch=global_batch,
-                                                              rates=rates).seconds, o) for o in options]
-    fitting = [c for c in costed if c[0] <= hw.gpu.memory_bytes]
+    # only the schedules that fit are timed: when none does, the least memory decides
+    needs = [(memory_per_gpu(model, run, o).total, o) for o in options]
+    fitting = [o for total, o in needs if total <= hw.gpu.memory_bytes]
     if fitting:
-        return min(fitting, key=lambda c: c[1])[2]
-    return min(costed, key=lambda c: c[0])[2]
+        return min(fitting, key=lambda o: step_time(model, run, o, hw, global_batch=global_batch, rates=rates).seconds)
+    return min(needs, key=lambda c: c[0])[1]

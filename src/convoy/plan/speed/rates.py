@@ -23,6 +23,7 @@ from typing import Protocol
 
 from convoy.plan.architectures import Architecture, architecture_of
 from convoy.plan.hardware import GpuSpec
+from convoy.plan.memo import hashed_once
 from convoy.plan.speed.profiles import profile_for
 from convoy.plan.speed.records import Calibration, attention_key, gemm_key, time_model
 from convoy.plan.units import GB
@@ -97,6 +98,7 @@ def _aligned(*dims: int) -> bool:
     return all(d % _ALIGN == 0 for d in dims)
 
 
+@hashed_once
 @dataclass(frozen=True)
 class ModeledRates:
     """The shape-aware model on ``gpu``'s compute units, power-limited clock, peak and bandwidth, with its
@@ -173,6 +175,7 @@ class ModeledRates:
                 f"{GEMM_FLOOR_S * 1e6:.1f} us each; no measured profile for this GPU")
 
 
+@hashed_once
 @dataclass(frozen=True)
 class MeasuredRates:
     """A measured record (a calibration, or a shipped profile): its rates where it has the shape, the
