@@ -17,7 +17,6 @@ and its accuracy against the H100 profile: docs/planner.md, "Where the rates com
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -222,7 +221,7 @@ class MeasuredRates:
 
     def bulk_flops(self, dtype: str) -> float:
         rates = self._measured(dtype)
-        return statistics.median(rates) if rates else self._scaled.bulk_flops(dtype)
+        return _median(rates) if rates else self._scaled.bulk_flops(dtype)
 
     def _measured(self, dtype: str) -> list[float]:
         return [rate for key, rate in self.record.gemm_flops.items() if key.rpartition(":")[2] == dtype]
@@ -233,6 +232,12 @@ class MeasuredRates:
                     f"shapes from the shape-aware model fitted to it); on the {self.fallback.gpu.name} itself, "
                     "--calibrate measures that board")
         return time_model(self.record)
+
+
+def _median(values: list[float]) -> float:
+    import statistics  # imported when a record is used: it costs a plan's start (fractions, decimal, random)
+
+    return statistics.median(values)
 
 
 def _fit_to(record: Calibration, model: ModeledRates) -> ModeledRates:
@@ -258,8 +263,8 @@ def _fit_to(record: Calibration, model: ModeledRates) -> ModeledRates:
 
     g = ratios(record.gemm_flops.items(), gemm)
     a = ratios(record.attention_seconds.items(), attention)
-    return ModeledRates(gpu=model.gpu, gemm_scale=statistics.median(g) if g else 1.0,
-                        attention_scale=statistics.median(a) if a else 1.0, kind=model.kind)
+    return ModeledRates(gpu=model.gpu, gemm_scale=_median(g) if g else 1.0,
+                        attention_scale=_median(a) if a else 1.0, kind=model.kind)
 
 
 @dataclass(frozen=True)
