@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+from convoy.plan.memo import remembered
 from convoy.plan.speedups import compiled_saved_fraction
 
 if TYPE_CHECKING:  # memory.py imports this module
@@ -199,11 +200,13 @@ def _kv_frac(model) -> float:
     return (model.kv_heads or model.heads) / model.heads
 
 
+@remembered
 def block_saved(model: ModelSpec, run: RunSpec) -> tuple[Saved, ...]:
     """The tensors one block keeps for backward (no recomputation), per token."""
     return tuple(_BUILDERS[model.family if model.family in _BUILDERS else "generic"](model, run))
 
 
+@remembered
 def block_selective(model: ModelSpec, run: RunSpec, *, tp: int = 1) -> tuple[Saved, ...]:
     """The tensors one block keeps under ``recompute="selective"``, per token: the trainer's save list
     (``convoy.train.parallel.recompute.SELECTIVE_SAVES``). The block's input (the checkpoint keeps it), every
@@ -231,6 +234,7 @@ def block_selective(model: ModelSpec, run: RunSpec, *, tp: int = 1) -> tuple[Sav
     return tuple(out)
 
 
+@remembered
 def block_bytes(model: ModelSpec, run: RunSpec, *, tp: int = 1, stored_only: bool = True) -> float:
     """Bytes one block keeps for backward at ``run``'s s x b, divided by ``tp`` (tensor + sequence parallel).
 

@@ -197,10 +197,18 @@ class _Costing:
     facts: TrainerFacts
     precision_for: Callable[[Candidate], str] | None
     observed: Mapping[str, Observation]
+    _costed: dict[RunSpec, tuple[list[Row], dict[str, Observation]]] = field(default_factory=dict, repr=False)
+    """``rows`` per run already asked for (``turn_knobs`` asks again for the run the plan was costed at)."""
 
     def rows(self, run: RunSpec) -> tuple[list[Row], dict[str, Observation]]:
         """One ``Row`` per candidate the trainer runs and ``allowed`` keeps, costed at ``run``, and the
-        measurements applied (candidate name -> observation)."""
+        measurements applied (candidate name -> observation); the same lists again for the same run (read them,
+        do not change them)."""
+        if run not in self._costed:
+            self._costed[run] = self._rows(run)
+        return self._costed[run]
+
+    def _rows(self, run: RunSpec) -> tuple[list[Row], dict[str, Observation]]:
         model, hw, gb = self.model, self.hw, self.gb
         rows: list[Row] = []
         applied: dict[str, Observation] = {}

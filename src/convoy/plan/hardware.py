@@ -21,11 +21,13 @@ from typing import Any
 
 from convoy.errors import PlanError
 from convoy.plan.architectures import power_limited_mhz
+from convoy.plan.memo import hashed_once
 from convoy.plan.units import GB, MiB
 
 __all__ = ["GpuSpec", "Hardware", "GPUS", "CPU", "lookup_gpu", "board_for", "parse_hardware", "hardware_from_inventory"]
 
 
+@hashed_once
 @dataclass(frozen=True, kw_only=True)
 class GpuSpec:
     """One accelerator model's published numbers."""
@@ -300,6 +302,7 @@ def lookup_gpu(name: str) -> GpuSpec:
     raise PlanError(f"unknown accelerator {name!r}; {hint} (or give --gpu-memory-gib and --peak-tflops)")
 
 
+@hashed_once
 @dataclass(frozen=True, kw_only=True)
 class Hardware:
     """The machine shape a plan is for: which GPU, how many per node, how many nodes, and their links."""

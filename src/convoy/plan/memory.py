@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from convoy.errors import PlanError
 from convoy.plan.activations import block_bytes, head_saved_bytes, weight_cast_bytes
 from convoy.plan.dims import ParallelDims
+from convoy.plan.memo import hashed_once, remembered
 from convoy.plan.model import ModelSpec
 from convoy.plan.run import OPTIMIZER_STATE_BYTES, RECOMPUTE, RunSpec
 from convoy.plan.schedules import check_schedule
@@ -44,6 +45,7 @@ FRAGMENTATION = 0.035
 RESERVED_OVER_ALLOCATED = 1.096
 
 
+@hashed_once
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """How a candidate places the model on the GPUs."""
@@ -171,6 +173,7 @@ def local_run(run: RunSpec, dims: ParallelDims) -> RunSpec:
     return replace(run, seq_len=max(1, run.seq_len // dims.cp)) if dims.cp_enabled else run
 
 
+@remembered
 def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout) -> MemoryBreakdown:
     """Per-GPU bytes of ``model`` trained as ``run`` under ``layout``."""
     dims, recipe = layout.dims, run.recipe

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from convoy.errors import NotSupportedYetError, PlanError, shown
+from convoy.plan.memo import hashed_once
 from convoy.reading import MODEL_CONFIG, load_json
 
 __all__ = ["derive_shape", "ModelSpec", "from_hf_config", "from_factory", "from_numbers", "resolve_model",
@@ -46,6 +47,7 @@ SHAPE_SLACK = 2.0
 SHAPE_HEADROOM = 64.0
 
 
+@hashed_once
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """A model as the planner sees it. Shape fields are None when unknown (then activations cannot be estimated)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from convoy.errors import PlanError
+from convoy.plan.memo import hashed_once
 
 __all__ = ["Precision", "PRECISIONS", "OPTIMIZER_STATE_BYTES", "RECOMPUTE", "ATTENTION", "COMPILE", "FP8_RECIPES",
            "RunSpec"]
@@ -80,6 +81,7 @@ COMPILE = ("none", "blocks", "model")
 FP8_RECIPES = ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp")
 
 
+@hashed_once
 @dataclass(frozen=True, kw_only=True)
 class RunSpec:
     """What one training step processes and how."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from convoy.plan.activations import block_bytes, block_saved, head_saved_bytes
 from convoy.plan.hardware import GpuSpec, Hardware
+from convoy.plan.memo import remembered
 from convoy.plan.memory import Layout, _stage_params, local_run
 from convoy.plan.model import ModelSpec
 from convoy.plan.run import OPTIMIZER_STATE_BYTES, RunSpec
@@ -239,10 +240,14 @@ def kernel_launches(model: ModelSpec, run: RunSpec, layout: Layout) -> int:
     """Kernels one micro-batch launches on the busiest GPU (forward and backward): three per GEMM, two per
     attention, about three per tensor a block saves for backward (compiled: the fused kernels,
     ``convoy.plan.speedups.compiled_block_launches``), and a dozen for the head and the loss."""
+    return _kernel_launches(model, run, layout.dims.pp)
+
+
+def _kernel_launches(model: ModelSpec, run: RunSpec, pp: int) -> int:
     if not model.has_shape:
         return 0
     assert model.num_layers is not None  # has_shape
-    layers = math.ceil(model.num_layers / layout.dims.pp)
+    layers = math.ceil(model.num_layers / pp)
     per_block = sum(count for _, _, _, count in gemm_shapes(model, run) if count > 1) // model.num_layers
     if run.compile != "none":
         return layers * compiled_block_launches(per_block) + 12
@@ -256,9 +261,21 @@ def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates
     (``run.compile``), the memory-bound work takes ``compile_memory_bound`` of its eager time; with float8
     (``run.fp8``, priced on ``gpu``'s peaks) the converted GEMMs run at the fp8 rate, plus their casts
     (``convoy.plan.speedups``)."""
-    dims, dtype = layout.dims, run.recipe.compute
-    tp, pp, m = dims.tp, dims.pp, layout.microbatches
-    whole, run = run, local_run(run, dims)  # with cp: this rank's seq/cp tokens, its queries against every key
+    dims = layout.dims
+    gemm, attn, memory_bound, launches = _micro_batch(model, run, dims.tp, dims.pp, dims.cp, rates, gpu)
+    memory_bound += fp8_cast_seconds(model, local_run(run, dims), layout, rates)
+    return layout.microbatches * max(gemm + attn + memory_bound, launches * rates.launch_seconds)
+
+
+@remembered
+def _micro_batch(model: ModelSpec, run: RunSpec, tp: int, pp: int, cp: int, rates: Rates, gpu: GpuSpec | None
+                 ) -> tuple[float, float, float, float]:
+    """(GEMM, attention and memory-bound seconds before float8's casts, kernel launches) of one micro-batch's
+    forward and backward on the busiest stage: ``compute_seconds``' parts that the layout's tp, pp and cp decide, the
+    same for every layout, schedule, link and network a plan compares, so remembered (pure; frozen arguments)."""
+    dtype = run.recipe.compute
+    # with cp: this rank's seq/cp tokens (memory.local_run), its queries against every key
+    whole, run = run, (replace(run, seq_len=max(1, run.seq_len // cp)) if cp > 1 else run)
     total = model.num_layers or 1
     layers = math.ceil(total / pp)
     share = layers / total
@@ -285,7 +302,7 @@ def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates
             passes = (forward + 2) if run.training else 1
         gemm += passes * count * (share if block else 1.0) * rates.gemm_seconds(mm, k, n, dtype)
     b, a, kv, s, d = attention_shape(model, whole, tp=tp)
-    attn_fwd_bwd = rates.attention_seconds(b, a, kv, s, d, dtype) / dims.cp  # load balanced: 1/cp of the work
+    attn_fwd_bwd = rates.attention_seconds(b, a, kv, s, d, dtype) / cp  # load balanced: 1/cp of the work
     if run.attention == "eager":
         attn_fwd_bwd *= 2  # the s x s scores go through memory (a stated factor, not measured)
     # selective with eager attention recomputes the s x s scores: QK^T, half of the attention's forward
@@ -302,12 +319,11 @@ def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates
             rates.memory_bytes_per_s or float("inf"))
     if run.compile != "none":
         memory_bound *= FACTORS["compile_memory_bound"].value
-    memory_bound += fp8_cast_seconds(model, run, layout, rates)
-    launches = kernel_launches(model, run, layout) * (1 + again / 3 if run.training else 1 / 3)
+    launches = _kernel_launches(model, run, pp) * (1 + again / 3 if run.training else 1 / 3)
     if selective:  # the forward kernel of each tensor a block saves without recomputation, again
         launches += layers * (compiled_block_launches(0) // 3 if run.compile != "none"
                               else len(block_saved(model, run)))
-    return m * max(gemm + attn + memory_bound, launches * rates.launch_seconds)
+    return gemm, attn, memory_bound, launches
 
 
 def optimizer_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates) -> float:
@@ -416,6 +432,7 @@ def _data_parallel_collectives(model: ModelSpec, run: RunSpec, layout: Layout, h
     return dp_comm, comm, after_step
 
 
+@remembered
 def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, global_batch: int,
               efficiency: float | None = None, calibration: Calibration | None = None,
               rates: Rates | None = None, engine: str = "torch") -> StepTime:
@@ -581,9 +598,9 @@ def choose_schedule(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware
                                                layers=model.num_layers)]
     if len(options) == 1:
         return layout
-    costed = [(memory_per_gpu(model, run, o).total, step_time(model, run, o, hw, global_batch=global_batch,
-                                                              rates=rates).seconds, o) for o in options]
-    fitting = [c for c in costed if c[0] <= hw.gpu.memory_bytes]
+    # only the schedules that fit are timed: when none does, the least memory decides
+    needs = [(memory_per_gpu(model, run, o).total, o) for o in options]
+    fitting = [o for total, o in needs if total <= hw.gpu.memory_bytes]
     if fitting:
-        return min(fitting, key=lambda c: c[1])[2]
-    return min(costed, key=lambda c: c[0])[2]
+        return min(fitting, key=lambda o: step_time(model, run, o, hw, global_batch=global_batch, rates=rates).seconds)
+    return min(needs, key=lambda c: c[0])[1]

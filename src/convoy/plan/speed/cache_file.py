@@ -18,7 +18,6 @@ import json
 import os
 import pwd
 import stat
-import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -185,6 +184,8 @@ def write_cache(path: Path, data: dict[str, Any]) -> None:
             raise PlanError(f"not writing {where}: {reason}, where another user could read or replace it; make it "
                             "yours and writable by you alone (chmod go-w), or set XDG_CACHE_HOME to a directory of "
                             "your own")
+        import uuid  # only a write needs it
+
         tmp = f"{path.name}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,

@@ -17,12 +17,12 @@ and its accuracy against the H100 profile: docs/planner.md, "Where the rates com
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from convoy.plan.architectures import Architecture, architecture_of
 from convoy.plan.hardware import GpuSpec
+from convoy.plan.memo import hashed_once
 from convoy.plan.speed.profiles import profile_for
 from convoy.plan.speed.records import Calibration, attention_key, gemm_key, time_model
 from convoy.plan.units import GB
@@ -97,6 +97,7 @@ def _aligned(*dims: int) -> bool:
     return all(d % _ALIGN == 0 for d in dims)
 
 
+@hashed_once
 @dataclass(frozen=True)
 class ModeledRates:
     """The shape-aware model on ``gpu``'s compute units, power-limited clock, peak and bandwidth, with its
@@ -173,6 +174,7 @@ class ModeledRates:
                 f"{GEMM_FLOOR_S * 1e6:.1f} us each; no measured profile for this GPU")
 
 
+@hashed_once
 @dataclass(frozen=True)
 class MeasuredRates:
     """A measured record (a calibration, or a shipped profile): its rates where it has the shape, the
@@ -219,7 +221,7 @@ class MeasuredRates:
 
     def bulk_flops(self, dtype: str) -> float:
         rates = self._measured(dtype)
-        return statistics.median(rates) if rates else self._scaled.bulk_flops(dtype)
+        return _median(rates) if rates else self._scaled.bulk_flops(dtype)
 
     def _measured(self, dtype: str) -> list[float]:
         return [rate for key, rate in self.record.gemm_flops.items() if key.rpartition(":")[2] == dtype]
@@ -230,6 +232,14 @@ class MeasuredRates:
                     f"shapes from the shape-aware model fitted to it); on the {self.fallback.gpu.name} itself, "
                     "--calibrate measures that board")
         return time_model(self.record)
+
+
+def _median(values: list[float]) -> float:
+    """``statistics.median`` (the same arithmetic), without importing it: with fractions, decimal and random it
+    costs a plan's start more than the plan's own median does."""
+    data = sorted(values)
+    half = len(data) // 2
+    return data[half] if len(data) % 2 else (data[half - 1] + data[half]) / 2
 
 
 def _fit_to(record: Calibration, model: ModeledRates) -> ModeledRates:
@@ -255,8 +265,8 @@ def _fit_to(record: Calibration, model: ModeledRates) -> ModeledRates:
 
     g = ratios(record.gemm_flops.items(), gemm)
     a = ratios(record.attention_seconds.items(), attention)
-    return ModeledRates(gpu=model.gpu, gemm_scale=statistics.median(g) if g else 1.0,
-                        attention_scale=statistics.median(a) if a else 1.0, kind=model.kind)
+    return ModeledRates(gpu=model.gpu, gemm_scale=_median(g) if g else 1.0,
+                        attention_scale=_median(a) if a else 1.0, kind=model.kind)
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,11 @@ class Calibration:
     ``convoy.plan.speed.measure_cpu.cpu_rates``)."""
     format: int = FORMAT
 
+    def __hash__(self) -> int:
+        # a record is a key of the planner's memoized step times (through ``MeasuredRates``); its rates are
+        # mappings, so the hash takes the fields that name it (records that compare equal share them)
+        return hash((self.device_name, self.device_uuid, self.torch_version, self.device_type, self.measured_at))
+
     @property
     def key(self) -> str:
         return calibration_key(self.device_name, self.device_uuid, self.torch_version)
