@@ -80,7 +80,7 @@ TOUR: dict[str, Run | str] = {
         ("nodes:      2 (this is node 0); 8 processes per node; world size 16", "MASTER_ADDR=host"), dry_run=True),
     # 8 CPU processes; 2 training steps instead of 30 keep it to about 20 s on 2 cores
     "convoy launch --nproc-per-node 8 --dp 2 --tp 2 --pp 2 examples/tiny_gpt_pp.py": Run(
-        ("layout dp=2,tp=2,pp=2 (FSDP+TP+PP)", "re:step +1 +loss"), then=" --steps 2", cpu=True, launches=True),
+        ("layout zero2+tp2+pp2 (dp=2,tp=2,pp=2)", "re:step +1 +loss"), then=" --steps 2", cpu=True, launches=True),
     "convoy plan path/to/config.json --hardware 8xH100-80GB": Run(
         ("6,738,415,616 parameters", "hardware  8xH100-80GB (nvlink)", "recommended:",
          "re:run it:  convoy launch --nnodes 1 --nproc-per-node 8 --strategy \\w+", "or:      Accelerator(strategy=")),

@@ -21,11 +21,12 @@ WARNING = re.compile(r"\w*Warning: |\bW\d{4} \d")
 @pytest.mark.parametrize("script, args, launched, nproc, layout", [
     # the launcher's --pp 2 --pp-schedule gpipe --pp-microbatches 2, as their variables
     ("tiny_gpt_pp.py", ["--steps", "11"], {"CONVOY_PARALLELISM": "pp=2", "CONVOY_PP_SCHEDULE": "gpipe",
-                                           "CONVOY_PP_MICROBATCHES": "2"}, 2, "dp=1,tp=1,pp=2 (PP), schedule gpipe"),
+                                           "CONVOY_PP_MICROBATCHES": "2"}, 2,
+     "layout pp2 (dp=1,tp=1,pp=2), schedule gpipe"),
     # zero3 (FSDP2) with the docs' command line (docs/training.md: --strategy zero3)
     ("tiny_gpt.py", ["--steps", "11"], {"CONVOY_STRATEGY": "zero3"}, 2, "strategy=zero3 on 2 process(es)"),
     # the same pipeline script on one process: nothing to split, the loop runs unchanged (pp=1)
-    ("tiny_gpt_pp.py", ["--steps", "11"], {}, 1, "dp=1,tp=1,pp=1 (NO)"),
+    ("tiny_gpt_pp.py", ["--steps", "11"], {}, 1, "layout single (dp=1,tp=1,pp=1)"),
 ])
 def test_example_trains(script, args, launched, nproc, layout):
     """... with the launcher's settings, and prints no warning: FSDP2's "returned a view tensor" (tiny_gpt.py's biased
@@ -44,7 +45,7 @@ def test_tp2_example_trains_and_its_checkpoint_resumes_in_one_plain_process(tmp_
     ckpt = tmp_path / "ckpt"
     result = run_script(REPO / "examples" / "tiny_gpt_tp.py", nproc=2, args=["--steps", "11", "--save", str(ckpt)])
     assert result.returncode == 0, result.output
-    assert "dp=1,tp=2,pp=1 (TP)" in result.output, result.output
+    assert "layout tp2 (dp=1,tp=2,pp=1)" in result.output, result.output
     losses = [float(v) for v in re.findall(r"step +\d+ +loss ([0-9.]+)", result.output)]
     assert len(losses) == 2 and losses[-1] < 0.5 * losses[0], result.output
     saved = re.search(r"next loss ([0-9.]+)", result.output)
