@@ -60,7 +60,7 @@ def test_conflicting_counts_exit_2_with_one_line(capsys):
 def test_no_program_says_to_give_one(capsys):
     for argv in ([], ["--dry-run", "--nproc-per-node", "2"]):
         with pytest.raises(SystemExit) as done:  # argparse's usage error: exit 2, one line
-            main(["launch", *argv])
+            main(["launch", "--devices", "0", *argv])  # starts nothing: no program
         err = capsys.readouterr().err
         assert done.value.code == 2 and err.count("\n") == 1, err
         assert "give the program to run after convoy's flags" in err, err
