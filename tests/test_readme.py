@@ -365,3 +365,14 @@ if __name__ == "__main__":  # python -m tests.test_readme --regenerate
         sys.exit("usage: python -m tests.test_readme --regenerate")
     with tempfile.TemporaryDirectory() as tmp:
         print("rewrote:", ", ".join(regenerate(*_newcomer_dir(Path(tmp)))) or "nothing")
+
+
+def test_configuration_md_lists_every_settings_key_in_order():
+    """docs/configuration.md's "Keys:" paragraph names every key ``convoy config keys`` has, in its order (it lacked
+    pp_stages_per_rank once)."""
+    from convoy.config.schema import KEYS
+
+    text = (REPO / "docs" / "configuration.md").read_text()
+    paragraph = text[text.index("\nKeys: "):].split("\n\n")[0]
+    named = list(dict.fromkeys(k for k in re.findall(r"`([a-z_]+)`", paragraph) if k in KEYS))  # first mentions
+    assert named == list(KEYS), named
