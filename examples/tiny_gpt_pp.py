@@ -2,8 +2,8 @@
 
     convoy launch --nproc-per-node 2 --pp 2 examples/tiny_gpt_pp.py                 # pp=2, 1F1B
     convoy launch --nproc-per-node 2 --pp 2 --pp-schedule interleaved_1f1b examples/tiny_gpt_pp.py
-    convoy launch --nproc-per-node 4 --dp 2 --pp 2 examples/tiny_gpt_pp.py           # DP x PP, ZeRO-1 over dp
-    convoy launch --nproc-per-node 8 --dp 2 --tp 2 --pp 2 examples/tiny_gpt_pp.py    # 3D: FSDP2 x TP x PP
+    convoy launch --nproc-per-node 4 --dp 2 --pp 2 examples/tiny_gpt_pp.py           # zero1+pp2
+    convoy launch --nproc-per-node 8 --dp 2 --tp 2 --pp 2 examples/tiny_gpt_pp.py    # 3D: zero2+tp2+pp2
 
 The layout, the schedule and the micro-batches are the launcher's (``--pp``, ``--pp-schedule``,
 ``--pp-microbatches``: what ``convoy plan`` prints), which the script's ``Accelerator`` takes as it passes none of
@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from convoy import Accelerator  # noqa: E402
+from convoy.train.plan_report import trainer_layout  # noqa: E402  (the layout's name in convoy plan's table)
 from tiny_gpt_tp import TinyGPT, lm_loss, make_batch  # noqa: E402  (the model is shared with the TP example)
 
 
@@ -45,8 +46,8 @@ def main() -> None:
     strategy = accelerator.strategy
     dims = getattr(strategy, "dims", None)
     schedule = strategy.context.options.get("pp_schedule") or "1f1b"
-    accelerator.print(f"layout {dims.describe() if dims else strategy.name} ({strategy.distributed_type}), "
-                      f"schedule {schedule}")
+    layout, _ = trainer_layout(strategy, accumulation=accelerator.gradient_accumulation_steps)
+    accelerator.print(f"layout {layout.name} ({dims.describe() if dims else strategy.name}), schedule {schedule}")
     for step in range(args.steps):
         x, y = make_batch(step, args.batch_size, strategy.data_parallel_rank, strategy.data_parallel_size)
         loss = model(x, target=y)

@@ -1,7 +1,7 @@
 """A tiny GPT trained with tensor parallelism (DTensor ``parallelize_module``) through ``convoy.Accelerator``.
 
     convoy launch --nproc-per-node 2 examples/tiny_gpt_tp.py            # tp=2 on 2 CPU processes (gloo)
-    convoy launch --nproc-per-node 4 --dp 2 --tp 2 examples/tiny_gpt_tp.py   # 2D: FSDP2 over dp, TP inside
+    convoy launch --nproc-per-node 4 --dp 2 --tp 2 examples/tiny_gpt_tp.py   # 2D: zero3+tp2 (FSDP2 over dp)
     convoy launch --nproc-per-node 2 examples/tiny_gpt_tp.py --sequence-parallel --save runs/tp
 
 The model uses Hugging Face / Llama module names (q_proj, o_proj, gate_proj, ...), so convoy's default
@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from convoy import Accelerator
+from convoy.train.plan_report import trainer_layout
 
 VOCAB, DIM, HEADS, LAYERS, SEQ = 64, 64, 4, 4, 16
 
@@ -93,7 +94,8 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model, optimizer = accelerator.prepare(model, optimizer)
     strategy = accelerator.strategy
-    accelerator.print(f"layout {strategy.dims.describe()} ({strategy.distributed_type})")
+    layout, _ = trainer_layout(strategy, accumulation=accelerator.gradient_accumulation_steps)  # convoy plan's name
+    accelerator.print(f"layout {layout.name} ({strategy.dims.describe()})")
     for step in range(args.steps):
         x, y = make_batch(step, args.batch_size, strategy.data_parallel_rank, strategy.data_parallel_size)
         loss = lm_loss(model(x), y)

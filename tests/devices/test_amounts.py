@@ -35,3 +35,12 @@ def test_percent_and_duration():
     for bad, fn in (("150%", parse_percent), ("x", parse_percent), ("5 min", parse_duration), (-1, parse_duration)):
         with pytest.raises(DeviceSpecError):
             fn(bad)
+
+
+def test_a_number_that_is_not_finite_is_answered_with_examples_of_its_own_kind():
+    with pytest.raises(DeviceSpecError) as memory:
+        parse_memory(float("nan"))
+    assert "'20GiB' or '80%'" in str(memory.value) and "30s" not in str(memory.value)  # a duration is no amount
+    with pytest.raises(DeviceSpecError) as duration:
+        parse_duration(float("nan"))
+    assert "'30s'" in str(duration.value) and "GiB" not in str(duration.value)

@@ -57,6 +57,16 @@ def test_conflicting_counts_exit_2_with_one_line(capsys):
         assert err.count("\n") == 1 and why in err, err
 
 
+def test_no_program_says_to_give_one(capsys):
+    for argv in ([], ["--dry-run", "--nproc-per-node", "2"]):
+        with pytest.raises(SystemExit) as done:  # argparse's usage error: exit 2, one line
+            main(["launch", "--devices", "0", *argv])  # starts nothing: no program
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and err.count("\n") == 1, err
+        assert "give the program to run after convoy's flags" in err, err
+        assert "ARGS" not in err, err  # the program's arguments are optional, not required
+
+
 def test_a_malformed_count_is_named_before_devices_are_selected(inventory_path, capsys, monkeypatch):
     # every device excluded and a typo in --nproc-per-node / --nnodes: the typo is the line (exit 2), not the
     # empty selection (exit 1) -- found by the launch-flags property test

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ from convoy.launch.rank_env import (
     read_rank_env,
 )
 from convoy.launch.slurm import expand_hostlist, slurm_allocation
+from tests.distributed import run_script
 
 
 def test_rank_env_has_torchruns_variables():
@@ -132,8 +134,32 @@ def test_failure_error_prints_the_traceback_once_with_rank_host_and_cause():
     assert lines[0] == "rank 1 (local rank 1) on host h failed with signal SIGKILL after 2.0 s; stopped the " \
                        "other 3 rank(s)"
     assert lines[1:] == [f"[rank1]: {line.rstrip()}" for line in TB]
-    shown = RankFailure(rank=1, local_rank=1, host="h", returncode=1, traceback="x", traceback_shown=True)
+    shown = RankFailure(rank=1, local_rank=1, host="h", returncode=1, traceback="".join(TB), traceback_shown=True)
     assert str(failure_error(shown, stopped=1)).endswith("(its traceback is above)")
+    one = RankFailure(rank=1, local_rank=1, host="h", returncode=1, traceback="StrategyError: x\n",
+                      traceback_shown=True)
+    assert str(failure_error(one, stopped=1)).endswith("(its error is above)")
+
+
+def test_traceback_hold_holds_a_convoy_errors_one_line_for_the_report():
+    hold = TracebackHold()
+    assert hold.feed("ValueError: not convoy's\n") == ["ValueError: not convoy's\n"]  # a line a program printed
+    assert hold.feed("StrategyError: pp needs a loss function\n") == [] and hold.holding
+    assert hold.take() == "StrategyError: pp needs a loss function\n"
+
+
+def test_a_workers_convoy_error_is_one_line_not_a_traceback():
+    """A ConvoyError raised in a rank (a pipeline without loss_fn, a CollectiveWatch timeout) is its one line, as
+    the CLI prints one; CONVOY_DEBUG=1 shows the traceback."""
+    script = Path(__file__).parent / "scripts" / "convoy_error.py"
+    result = run_script(script, nproc=2, timeout=120)
+    assert result.returncode == 1, result.output
+    lines = [line for line in result.output.splitlines() if "pp needs a loss function" in line]
+    assert lines and all(line.endswith("StrategyError: pp needs a loss function for Sequential: pass "
+                                       "strategy_options={'loss_fn': fn}") for line in lines), result.output
+    assert len(lines) <= 2 and "Traceback" not in result.output, result.output
+    debug = run_script(script, nproc=1, env={"CONVOY_DEBUG": "1"}, timeout=120)
+    assert "Traceback (most recent call last)" in debug.output, debug.output
 
 
 def test_read_error_file(tmp_path):

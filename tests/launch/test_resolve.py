@@ -7,7 +7,7 @@ import pytest
 from convoy.cli.main import main
 from convoy.devices.inventory import Inventory, load_inventory
 from convoy.devices.selection import select_devices
-from convoy.errors import ConfigError, LaunchError, StrategyError
+from convoy.errors import ConfigError, StrategyError
 from convoy.launch.rank_env import ConvoyEnv
 from convoy.launch.resolve import LaunchRequest, WorkerOptions, describe_plan, resolve_launch
 
@@ -161,6 +161,9 @@ def test_rendezvous_flags_are_read_as_torchrun_reads_them_or_refused_when_they_d
     assert same.rdzv_endpoint == "h:29501"
     with pytest.raises(ConfigError, match="--rdzv-endpoint h:29501 and --master-addr x name different places"):
         resolve_launch(req(**two, rdzv_backend="static", rdzv_endpoint="h:29501", master_addr="x"), CPU, env={})
+    with pytest.raises(ConfigError, match="--rdzv-endpoint 127.0.0.1:29400 and --master-addr 10.0.0.1 name different"):
+        resolve_launch(req(rdzv_endpoint="127.0.0.1:29400", master_addr="10.0.0.1"), CPU, env={})  # one node too
+    resolve_launch(req(rdzv_endpoint="127.0.0.1:29400", master_addr="127.0.0.1"), CPU, env={})  # the same place
     with pytest.raises(ConfigError, match="--standalone runs the rendezvous on this machine, but --rdzv-endpoint "
                                           "h:1 names one"):
         resolve_launch(req(standalone=True, rdzv_endpoint="h:1"), CPU, env={})
@@ -250,8 +253,13 @@ def test_slurm_allocation_gives_nodes_rank_and_main_address():
     assert resolve_launch(req(nproc_per_node="1"), CPU, env={**SLURM, "SLURM_NODEID": "0"}).master_port == \
         plan.master_port  # every node derives the same port
     assert resolve_launch(req(nnodes="1"), CPU, env=SLURM).engine == "direct"  # explicit flags win
-    with pytest.raises(LaunchError, match="srun --ntasks-per-node=1"):
+    with pytest.raises(ConfigError, match="srun --ntasks-per-node=1") as refused:
         resolve_launch(req(), CPU, env={**SLURM, "SLURM_STEP_TASKS_PER_NODE": "4(x2)"})
+    assert refused.value.exit_code == 2  # the command is wrong here, however often it is retried
+    one_node = {**SLURM, "SLURM_JOB_NODELIST": "gpu07", "SLURM_NNODES": "1", "SLURM_NODEID": "0"}
+    with pytest.raises(ConfigError, match="srun started 2 tasks on this node"):
+        resolve_launch(req(), CPU, env={**one_node, "SLURM_NTASKS_PER_NODE": "2"})
+    assert resolve_launch(req(), CPU, env={**one_node, "SLURM_NTASKS_PER_NODE": "1"}).min_nodes == 1
 
 
 def test_describe_plan_shows_ranks_devices_env_and_rendezvous(inventory_path):

@@ -65,7 +65,7 @@ def test_a_pytorchjob_pods_variables_make_the_launch(pet, capsys):
                                                                                         29555)
     assert main(["launch", "--dry-run", SCRIPT]) == 0
     out = capsys.readouterr().out
-    assert "nodes:      2 (this is node 1); 1 processes per node; world size 2" in out, out
+    assert "nodes:      2 (this is node 1); 1 process per node; world size 2" in out, out
     assert "rendezvous: static at 127.0.0.1:29555" in out and "  rank 1 (local 0): cpu" in out, out
     given = next(line for line in out.splitlines() if line.startswith("given by:"))
     for said in ("PET_NNODES=2", "PET_NPROC_PER_NODE=1", "PET_NODE_RANK=1", "PET_MASTER_ADDR=127.0.0.1",

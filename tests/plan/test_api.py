@@ -60,7 +60,7 @@ def test_nothing_fits_as_asked_turns_recompute_then_offload_and_says_which():
     assert not any(r.fits for r in p.rows if not r.candidate.layout.offload)
     assert rec.row.fits and rec.recompute == "selective" and rec.cpu_offload and rec.knob == "recompute+offload"
     said = " ".join(rec.reasons)
-    assert "No layout fits as asked" in said and "Turning recompute='selective'" in said and "CPU offload" in said
+    assert "No layout fits as asked" in said and "Turning on recompute='selective'" in said and "CPU offload" in said
     assert "--cpu-offload --recompute selective" in " ".join(rec.launch_args)  # then compile and float8, if chosen
     assert "with recompute='selective'" in format_plan(p).split("recommended: ")[1].splitlines()[0]
     # 7B at 16384 tokens on 2 A100-80GB: recompute alone is enough, and faster than offloading

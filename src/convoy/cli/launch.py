@@ -267,6 +267,9 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Nam
     --start 3`` is not read as an abbreviation of ``--start-method``, which torchrun itself gets wrong)."""
     end = _program_position(parser, argv)
     if end is None:
+        if not {"-h", "--help"} & set(argv):  # argparse would say 'PROGRAM, ARGS are required'
+            parser.error("give the program to run after convoy's flags: convoy launch [flags] train.py [its "
+                         "arguments], or -m MODULE")
         return parser.parse_args(argv)
     args = parser.parse_args(argv[:end + 1])
     args.training_script_args = list(argv[end + 1:])

@@ -94,8 +94,9 @@ def _finite(number: float | int, what: str, shown: object = None) -> float:
     except OverflowError:
         result = math.inf
     if not math.isfinite(result):
+        example = "'30s', '5m' or 'inf'" if what == "duration" else "'20GiB' or '80%'"
         raise DeviceSpecError(f"{what} {_short(number if shown is None else shown)} is not a finite number; "
-                              f"write e.g. '20GiB', '80%', '30s'")
+                              f"write e.g. {example}")
     return result
 
 

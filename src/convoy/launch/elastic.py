@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, cast
 
 from convoy.errors import LaunchError, Terminated
 from convoy.launch.blocked_stop import StopGate, stoppable_while_blocked
-from convoy.launch.failures import RankFailure, describe_exit, failure_error
+from convoy.launch.failures import PEER_GONE, RankFailure, describe_exit, failure_error
 from convoy.launch.hang_report import missing_note
 from convoy.launch.loopback import HOLD_DIR_VARIABLE, agent_store, is_loopback, loopback_env
 from convoy.launch.resolve import DEFAULT_SIGNALS, LaunchPlan, shown_ranks, split_endpoint, stream_map
@@ -285,13 +285,10 @@ def _first_cause(failures: Mapping[int, ProcessFailure]) -> tuple[int, ProcessFa
     return min(causes.items(), key=lambda kv: (kv[1].timestamp, kv[0]))
 
 
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
-
-
 def _lost_a_peer(text: str | None) -> bool:
     if not text:
         return False
-    return any(words in text for words in _PEER_GONE)
+    return any(words in text for words in PEER_GONE)
 
 
 def _traceback_of(pf) -> str | None:

@@ -19,9 +19,11 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from convoy import errors
 from convoy.errors import RankFailedError
 
-__all__ = ["RankFailure", "TracebackHold", "describe_exit", "read_error_file", "failure_error"]
+__all__ = ["PEER_GONE", "peer_gone_line", "RankFailure", "TracebackHold", "describe_exit", "read_error_file",
+           "failure_error"]
 
 _CHAIN = (
     "Traceback (most recent call last):",
@@ -29,6 +31,25 @@ _CHAIN = (
     "The above exception was the direct cause",
     "Exception Group Traceback",
 )
+
+
+#: what a collective says when another rank's process ended (gloo, NCCL's socket): this rank lost a peer
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
+
+
+def peer_gone_line(exc: BaseException) -> str | None:
+    """A collective's error after another rank ended, as one line (gloo's runs 300 characters, and its traceback
+    a dozen lines, printed before the launcher names the rank that ended); ``None`` for any other error."""
+    text = str(exc)
+    words = next((w for w in PEER_GONE if w in text), None)
+    if words is None:
+        return None
+    where = text[:text.index(words) + len(words)].rsplit("] ", 1)[-1]  # without gloo's source location
+    return f"{type(exc).__name__}: {where} (another rank ended; the launcher names it)"
+
+
+#: what a worker prints instead of a traceback for a ``ConvoyError`` (``convoy.launch.record``): "StrategyError: ..."
+_ONE_LINE_ERRORS = frozenset(name for name in errors.__all__ if name.endswith("Error"))
 
 
 def describe_exit(returncode: int) -> str:
@@ -74,7 +95,8 @@ def failure_error(failure: RankFailure, *, stopped: int) -> RankFailedError:
         body = "".join(f"[rank{failure.rank}]: {line}\n" for line in failure.traceback.rstrip("\n").split("\n"))
         message = f"{header}\n{body.rstrip()}"
     elif failure.traceback:
-        message = f"{header} (its traceback is above)"
+        one_line = "\n" not in failure.traceback.strip()
+        message = f"{header} (its {'error' if one_line else 'traceback'} is above)"
     else:
         message = f"{header} (it printed no traceback)"
     return RankFailedError(message, rank=failure.rank, host=failure.host, exitcode=failure.returncode,
@@ -111,6 +133,9 @@ class TracebackHold:
         if not self.held:
             if line.startswith(_CHAIN[0]) or line.startswith(_CHAIN[3]):
                 self.held, self._ended = [line], False
+                return []
+            if line.partition(": ")[0] in _ONE_LINE_ERRORS:  # a convoy error a worker printed as its one line
+                self.held, self._ended = [line], True
                 return []
             return [line]
         if line.startswith((" ", "\t")) or not line.strip():

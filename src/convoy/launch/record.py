@@ -53,6 +53,7 @@ def main(argv: list[str]) -> None:
     if not argv:
         sys.exit("usage: python -m convoy.launch.record SCRIPT [ARGS] | -m MODULE [ARGS]")
     from convoy.launch import hang_report, worker_exit
+    from convoy.launch.failures import peer_gone_line
     from convoy.launch.loopback import STORE_VARIABLES, close_when_done, prepare_worker
 
     worker_exit.end_without_teardown()  # first: its exit handler runs after every other one
@@ -78,7 +79,13 @@ def main(argv: list[str]) -> None:
     except BaseException as exc:
         with _sigterm_deferred():
             exc.__traceback__ = _user_frames(exc.__traceback__)
-            traceback.print_exception(exc, file=sys.stderr)  # as Python would, without this wrapper's frames
+            lost = None if _debug() else peer_gone_line(exc)
+            if _one_line(exc):  # convoy's own error says what was wrong and what is right: its line, once
+                print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            elif lost:  # a collective that lost its peer: what matters is the rank that ended, said by the launcher
+                print(lost, file=sys.stderr)
+            else:
+                traceback.print_exception(exc, file=sys.stderr)  # as Python would, without this wrapper's frames
             sys.stderr.flush()
             path = os.environ.get("TORCHELASTIC_ERROR_FILE")
             if path:
@@ -113,6 +120,18 @@ def _sigterm_deferred() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
         if came:
             signal.raise_signal(signal.SIGTERM)
+
+
+def _one_line(exc: BaseException) -> bool:
+    """A ``ConvoyError`` of one line is printed as that line, as the CLI prints one (``CONVOY_DEBUG=1``: the
+    traceback); the error file keeps the traceback either way."""
+    from convoy.errors import ConvoyError
+
+    return isinstance(exc, ConvoyError) and "\n" not in str(exc) and not _debug()
+
+
+def _debug() -> bool:
+    return os.environ.get("CONVOY_DEBUG", "") not in ("", "0")
 
 
 def _user_frames(tb):

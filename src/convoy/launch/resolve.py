@@ -25,7 +25,7 @@ from convoy.config.settings import Source, said
 from convoy.devices.inventory import Device
 from convoy.devices.selection import CPU_RUN_NOTES, Selection
 from convoy.devices.vendors import vendor_facts
-from convoy.errors import ConfigError, LaunchError, shown
+from convoy.errors import ConfigError, shown
 from convoy.launch.rank_env import DEFAULT_SIGNALS, ConvoyEnv, check_launch_settings, convoy_env, rank_env
 from convoy.launch.slurm import slurm_allocation
 
@@ -337,10 +337,10 @@ def _nodes(request: LaunchRequest, env: Mapping[str, str], notes: list[str]) -> 
     run_id = request.rdzv_id
     alloc = slurm_allocation(env) if request.nnodes is None else None
     slurm = alloc is not None and alloc.nnodes > 1
+    if alloc is not None and alloc.tasks_per_node and alloc.tasks_per_node > 1:  # on one node as on several
+        raise ConfigError(f"srun started {alloc.tasks_per_node} tasks on this node, but convoy launch starts the "
+                          "ranks itself; run it with srun --ntasks-per-node=1")
     if alloc is not None and slurm:
-        if alloc.tasks_per_node and alloc.tasks_per_node > 1:
-            raise LaunchError(f"srun started {alloc.tasks_per_node} tasks on this node, but convoy launch "
-                              "starts the ranks itself; run it with srun --ntasks-per-node=1")
         min_nodes = max_nodes = alloc.nnodes
         node_rank = request.node_rank if request.node_rank is not None else alloc.node_rank
         master_addr = master_addr or alloc.master_addr
@@ -380,6 +380,8 @@ def _rendezvous(request: LaunchRequest, engine: str, backend: str, nodes: _Nodes
     if engine == "direct":
         return _direct_rendezvous(backend, nodes)
     if request.standalone or (nodes.max_nodes == 1 and backend == "static" and not request.master_port):
+        if request.rdzv_endpoint and backend == "static":
+            _static_endpoint(request)  # refuses a --master-addr naming another place, on one node too
         return _local_agent_rendezvous(request)
     if backend == "static":
         return _static_rendezvous(request, backend, nodes, env)
@@ -707,7 +709,8 @@ def describe_plan(plan: LaunchPlan, *, base_env: Mapping[str, str] | None = None
         f"command:    {' '.join(plan.command)}",
         f"engine:     {plan.engine}" + ("  (torch elastic agent)" if plan.engine == "elastic" else
                                          "  (workers started directly, torchrun's environment)"),
-        f"nodes:      {nodes} (this is node {plan.node_rank}); {plan.nproc_per_node} processes per node; "
+        f"nodes:      {nodes} (this is node {plan.node_rank}); {plan.nproc_per_node} "
+        f"process{'' if plan.nproc_per_node == 1 else 'es'} per node; "
         f"world size {world}",
         f"devices:    {plan.vendor}, backend {plan.backend}" if not _torch_cannot(plan) else
         f"devices:    {plan.vendor}, not used by this Python's torch: CPU processes, backend gloo",

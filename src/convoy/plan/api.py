@@ -37,7 +37,7 @@ from convoy.plan.speed.observed import Observation, case_key, impossible, observ
 from convoy.plan.speed.rates import Rates, rates_for
 from convoy.plan.speed.records import Calibration
 from convoy.plan.timing import choose_schedule, step_time
-from convoy.plan.units import format_bytes, format_seconds
+from convoy.plan.units import GiB, format_bytes, format_seconds
 from convoy.plan.variants import AXES, compare
 from convoy.plan.variants import choose as choose_variant
 
@@ -89,7 +89,8 @@ class Plan:
         m, hw = self.model, self.hardware
         return {
             "model": {"name": m.name, "params": m.num_params, "layers": m.num_layers, "hidden": m.hidden,
-                      "heads": m.heads, "kv_heads": m.kv_heads, "ffn": m.ffn, "vocab": m.vocab, "source": m.source},
+                      "heads": m.heads, "kv_heads": m.kv_heads, "ffn": m.ffn, "vocab": m.vocab,
+                      "max_positions": m.max_positions, "source": m.source},
             "run": {**self.run.__dict__, "global_batch": self.global_batch, "efficiency": self.efficiency},
             "hardware": {"gpu": hw.gpu.name, "memory_bytes": hw.gpu.memory_bytes, "gpus_per_node": hw.gpus_per_node,
                          "nodes": hw.nodes, "intra": hw.intra, "intra_bytes_per_s": hw.intra_bandwidth,
@@ -393,14 +394,15 @@ def plan(model: Any = None, *, hardware: str | Hardware | None = None, inventory
     if allowed is not None and (isinstance(allowed, (str, bytes)) or not all(isinstance(a, str) for a in allowed)):
         raise PlanError(f"allowed={_show(allowed)}: give a collection of strategy names such as ['ddp', 'fsdp']")
     precision, compile, fp8 = _speedup_settings(precision, compile, fp8)
-    spec = resolve_model(model, params=params, **shape)
     here = None  # this machine's devices, when probed: for the hardware, a calibration and what jobs measured
     if hardware is None and inventory is None:
         from convoy.devices.discovery import discover
 
         inventory = here = discover()
+    # the hardware first: "no accelerator detected" is said before a model is built (seconds for a factory)
     hw = resolve_hardware(hardware, inventory=inventory, nodes=nodes, intra=intra, intra_gbs=intra_gbs,
                           inter_gbps=inter_gbps, gpu_memory_gib=gpu_memory_gib, peak_tflops=peak_tflops)
+    spec = resolve_model(model, params=params, **shape)
     run = RunSpec(seq_len=seq_len, micro_batch=micro_batch, global_batch=global_batch, precision=precision,
                   optimizer=optimizer, recompute=recompute, attention=attention, dropout=dropout,
                   compile=compile or "none", fp8=fp8 or "none")
@@ -568,6 +570,39 @@ def _variant_lines(rec: Recommendation) -> list[str]:
         cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:4], widths[1:])] + [row[4]]
         out.append(("    " + "  ".join(cells)).rstrip())
     return out
+def _longer_than_the_model(p: Plan) -> list[str]:
+    """A line when the planned sequence is longer than the model takes (GPT-2's 1,024 positions)."""
+    most = p.model.max_positions
+    if most is None or p.run.seq_len <= most:
+        return []
+    return [f"note      seq {p.run.seq_len} is longer than the {most:,} positions this model takes: it cannot run "
+            f"it as planned; give --seq-len {most} (or less)"]
+
+
+def _table(p: Plan) -> list[str]:
+    """The candidates, fitting and fastest first, memory per GPU in GiB (one unit, so the table stays near 110
+    columns), the recommended row marked."""
+    head = ("candidate", "dp", "tp", "pp", "params", "grads", "optim", "master", "activ", "buffers", "temp",
+            "total", "fits", "step", "comm", "MFU", "")
+    rec = p.recommendation  # a row of this table unless its recompute was turned (then the table has none)
+    chosen = rec.row.name if rec.row is not None and "recompute" not in rec.knob else None
+    table: list[tuple[str, ...]] = [head]
+    for r in sorted(p.rows, key=lambda r: (not r.fits, r.time.seconds)):
+        d, mem = r.candidate.layout.dims, r.memory
+        gib = [f"{x / GiB:.1f}" if x else "0" for x in (mem.params, mem.grads, mem.optimizer, mem.master,
+                                                        mem.activations, mem.buffers, mem.temporary, mem.total,
+                                                        r.time.comm_bytes)]
+        table.append((r.name, str(d.dp), str(d.tp), str(d.pp), *gib[:8], "yes" if r.fits else "NO",
+                      format_seconds(r.time.seconds) + ("*" if r.name in p.observations else ""), gib[8],
+                      f"{r.time.mfu:.0%}", "<- recommended" if r.name == chosen else ""))
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    start = [sum(widths[:i]) + i for i in range(len(head))]  # each column's first character, one space apart
+    memory, comm = "memory per GPU, GiB", "GiB/GPU"
+    lines = [" " * start[4] + memory + " " * (start[14] + widths[14] - len(comm) - start[4] - len(memory)) + comm]
+    for row in table:
+        lines.append(" ".join(c.ljust(w) if i in (0, len(head) - 1) else c.rjust(w)
+                              for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+    return lines
 
 
 def format_plan(p: Plan) -> str:
@@ -578,21 +613,8 @@ def format_plan(p: Plan) -> str:
              f"hardware  {hw.describe()}, {format_bytes(hw.gpu.memory_bytes, binary=True)} per GPU{network}",
              f"run       seq {p.run.seq_len} x micro-batch {p.run.micro_batch}, global batch {p.global_batch}, "
              f"{p.run.precision} {p.run.optimizer}, recompute {p.run.recompute}, attention {p.run.attention}",
-             ""]
-    head = ("candidate", "dp", "tp", "pp", "params", "grads", "optim", "master", "activ", "buffers", "temp",
-            "total", "fits", "step", "comm/GPU", "MFU")
-    table: list[tuple[str, ...]] = [head]
-    for r in sorted(p.rows, key=lambda r: (not r.fits, r.time.seconds)):
-        d, mem = r.candidate.layout.dims, r.memory
-        gib = [format_bytes(x, binary=True) for x in (mem.params, mem.grads, mem.optimizer, mem.master,
-                                                       mem.activations, mem.buffers, mem.temporary, mem.total)]
-        table.append((r.name, str(d.dp), str(d.tp), str(d.pp), *gib, "yes" if r.fits else "NO",
-                      format_seconds(r.time.seconds) + ("*" if r.name in p.observations else ""),
-                      format_bytes(r.time.comm_bytes, binary=True),
-                      f"{r.time.mfu:.0%}"))
-    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
-    for row in table:
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+             *_longer_than_the_model(p), ""]
+    lines += _table(p)
     rec = p.recommendation
     lines.append("")
     lines.append(f"time: {p.time_note}")

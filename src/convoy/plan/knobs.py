@@ -63,7 +63,8 @@ def turn_knobs(rec: Recommendation, rows_at: Callable[[str], list[Row]], *, aske
     knob, level, offload = configs[index]
     turned = " and ".join(([_SAYS[level]] if level != asked else []) + ([_OFFLOAD] if offload else []))
     reasons = [*rec.reasons,
-               f"Turning {turned}: {best.name} fits at {format_bytes(best.memory.total, binary=True)} per {noun} and "
+               f"Turning on {turned}: {best.name} fits at {format_bytes(best.memory.total, binary=True)} per {noun} "
+               f"and "
                f"takes about {format_seconds(best.time.seconds)} per step, the fastest configuration that fits."]
     others = [f for f in found if configs[f[0]][0] != knob]
     if others:

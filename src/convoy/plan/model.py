@@ -27,6 +27,7 @@ from typing import Any
 
 from convoy.errors import NotSupportedYetError, PlanError, shown
 from convoy.plan.memo import hashed_once
+from convoy.plan.units import format_count
 from convoy.reading import MODEL_CONFIG, load_json
 
 __all__ = ["derive_shape", "ModelSpec", "from_hf_config", "from_factory", "from_numbers", "resolve_model",
@@ -80,6 +81,9 @@ class ModelSpec:
     """The config's largest dropout probability (masks cost memory when > 0 in training)."""
     parallel_residual: bool = False
     """GPT-NeoX's attention and MLP reading the same input (one norm input kept instead of two)."""
+    max_positions: int | None = None
+    """The longest sequence the model takes (config.json's ``n_positions``/``max_position_embeddings``, a
+    module's position embedding); None when unknown."""
     source: str = ""
     """How these numbers were obtained."""
 
@@ -88,7 +92,7 @@ class ModelSpec:
         if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_PARAMS:
             raise PlanError(f"model {self.name!r}: parameter count must be a whole number from 1 to {MAX_PARAMS:.0e}, "
                             f"got {_show(n)}")
-        for field in ("num_layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "layer_params"):
+        for field in ("num_layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "layer_params", "max_positions"):
             value = getattr(self, field)
             limit = MAX_PARAMS if field == "layer_params" else MAX_DIM
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit):
@@ -147,7 +151,8 @@ def from_numbers(params: float, *, layers: int | None = None, hidden: int | None
     if layers:
         outside = (vocab or 0) * (hidden or 0)
         layer_params = max(1, (n - outside) // layers)
-    spec = ModelSpec(name=name or f"{n:.3g} params", num_params=n, num_layers=layers, hidden=hidden, heads=heads,
+    spec = ModelSpec(name=name or f"{format_count(n)} params", num_params=n, num_layers=layers, hidden=hidden,
+                     heads=heads,
                      kv_heads=kv_heads, ffn=ffn or (4 * hidden if hidden else None), vocab=vocab,
                      layer_params=layer_params, source="numbers given by the user")
     given = {"params": params, "layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
@@ -210,7 +215,8 @@ def derive_shape(params: float, *, layers: int | None = None, hidden: int | None
     ffn = ffn or _swiglu(hidden)
     derived = f"layers {layers}, hidden {hidden}, heads {heads}, ffn {ffn}"
     outside = embed * hidden
-    spec = ModelSpec(name=name or f"{n:.3g} params", num_params=n, num_layers=layers, hidden=hidden, heads=heads,
+    spec = ModelSpec(name=name or f"{format_count(n)} params", num_params=n, num_layers=layers, hidden=hidden,
+                     heads=heads,
                      kv_heads=kv_heads, ffn=ffn, vocab=v or None, layer_params=max(1, (n - outside) // layers),
                      gated_mlp=True, family="llama",
                      source=f"shape derived from the parameter count ({derived}{f', vocab {v}' if v else ''}: "
@@ -393,6 +399,7 @@ def _llama_family(c: _Config, name: str) -> ModelSpec:
     total = layers * layer + vocab * h * (1 if tied else 2) + h
     return ModelSpec(name=name, num_params=total, num_layers=layers, hidden=h, heads=heads, kv_heads=kv, ffn=f,
                      vocab=vocab, layer_params=layer, gated_mlp=True, family="llama",
+                     max_positions=c.size("max_position_embeddings", None, null_is_default=True),
                      activation=str(c.get("hidden_act", "silu")), dropout=_config_dropout(c),
                      source=f"config.json, closed form for {c['model_type']} (Llama-style blocks)")
 
@@ -403,9 +410,11 @@ def _gpt2(c: _Config, name: str) -> ModelSpec:
         raise PlanError(f"{name}: n_embd {h} is not a multiple of n_head {heads}")
     f = c.size("n_inner", 4 * h, null_is_default=True)
     layer = (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 4 * h  # attn, proj, mlp, 2 LayerNorms
-    total = layers * layer + vocab * h + c.size("n_positions", 1024) * h + 2 * h  # tied head, final LayerNorm
+    positions = c.size("n_positions", 1024)
+    total = layers * layer + vocab * h + positions * h + 2 * h  # tied head, final LayerNorm
     return ModelSpec(name=name, num_params=total, num_layers=layers, hidden=h, heads=heads, ffn=f, vocab=vocab,
-                     layer_params=layer, family="gpt2", activation=str(c.get("activation_function", "gelu_new")),
+                     layer_params=layer, family="gpt2", max_positions=positions,
+                     activation=str(c.get("activation_function", "gelu_new")),
                      dropout=_config_dropout(c, default=0.1), source="config.json, closed form for gpt2")
 
 
@@ -421,6 +430,7 @@ def _gpt_neox(c: _Config, name: str) -> ModelSpec:
     total = layers * layer + vocab * h * (1 if tied else 2) + 2 * h
     return ModelSpec(name=name, num_params=total, num_layers=layers, hidden=h, heads=heads, ffn=f, vocab=vocab,
                      layer_params=layer, family="gpt_neox", activation=str(c.get("hidden_act", "gelu")),
+                     max_positions=c.size("max_position_embeddings", None, null_is_default=True),
                      dropout=_config_dropout(c), parallel_residual=bool(c.get("use_parallel_residual", True)),
                      source="config.json, closed form for gpt_neox")
 
@@ -555,9 +565,13 @@ def describe_module(module: Any, *, name: str) -> ModelSpec:
         if heads:
             break
     hidden = emb.embedding_dim if emb is not None else None
+    # a learned position embedding (GPT-2's wpe, a 'pos' table) bounds the sequence; rotary models have none
+    positions = [m.num_embeddings for n, m in module.named_modules() if isinstance(m, torch.nn.Embedding)
+                 and m is not emb and any(k in n.rsplit(".", 1)[-1].lower() for k in ("pos", "wpe"))]
     return ModelSpec(name=name, num_params=int(total), num_layers=len(blocks) or None, hidden=hidden, heads=heads,
                      ffn=4 * hidden if hidden else None, vocab=emb.num_embeddings if emb is not None else None,
-                     layer_params=layer_params, source="module built on the meta device (exact parameter count)")
+                     layer_params=layer_params, max_positions=min(positions) if positions else None,
+                     source="module built on the meta device (exact parameter count)")
 
 
 def resolve_model(model: Any = None, *, params: float | None = None, **shape: Any) -> ModelSpec:

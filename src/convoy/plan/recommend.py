@@ -226,7 +226,9 @@ def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, 
                    f"{format_seconds(t.seconds)} per step ({t.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, "
                    f"{t.mfu:.0%} MFU).")
     if best is not fastest:
-        reasons.append(f"{fastest.name} is {(1 - fastest.time.seconds / t.seconds):.0%} faster on paper, within the "
+        gain = 1 - fastest.time.seconds / t.seconds
+        by = f"{gain:.0%}" if gain >= 0.005 else "less than 1%"  # never '0% faster'
+        reasons.append(f"{fastest.name} is {by} faster on paper, within the "
                        f"{TIE:.0%} noise of this model, so {best.name} wins: "
                        f"{tie_reason(best.candidate, fastest.candidate, case)}.")
     others = sorted((r for r in fitting if r is not best), key=lambda r: r.time.seconds)

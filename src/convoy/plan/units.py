@@ -10,7 +10,7 @@ The ZeRO paper and GPU datasheets count memory in decimal gigabytes (1e9 bytes);
 
 from __future__ import annotations
 
-__all__ = ["KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "format_bytes", "format_seconds"]
+__all__ = ["KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "format_bytes", "format_count", "format_seconds"]
 
 KB, MB, GB, TB = 10**3, 10**6, 10**9, 10**12
 KiB, MiB, GiB = 2**10, 2**20, 2**30
@@ -27,6 +27,14 @@ def format_bytes(n: float, *, binary: bool = False) -> str:
         if abs(n) >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n:.0f} B"
+
+
+def format_count(n: float) -> str:
+    """A count as people say it, three digits at most: '70B', '6.74B', '125M', '82.3K', '512' (never '7e+10')."""
+    for size, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.3g}"
 
 
 def format_seconds(t: float) -> str:

@@ -51,6 +51,9 @@ def progress_bar(iterable: Iterable[Any] | None = None, *, main_process_only: bo
 
     off = not _enabled or (main_process_only and not is_main_process())
     kwargs["disable"] = bool(kwargs.get("disable")) or off
+    resumed = getattr(iterable, "resumes_at", 0)  # a loader load_state put mid-epoch: the bar starts there
+    if isinstance(resumed, int) and resumed > 0 and "initial" not in kwargs:
+        kwargs["initial"] = resumed
     return tqdm(iterable, **kwargs)
 
 

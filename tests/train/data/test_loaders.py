@@ -346,3 +346,32 @@ def test_one_process_reads_the_short_last_batch_unpadded_as_accelerate(iterable)
     assert [b.tolist() for b in alone] == [[0, 1, 2], [3, 4, 5], [6]] and alone.remainder is None
     pair = _shards(lambda: DataLoader(data, batch_size=3), n=2)  # two processes still even out the last round
     assert [[b.tolist() for b in s] for s in pair] == [[[0, 1, 2], [6, 0, 1]], [[3, 4, 5], [2, 3, 4]]]
+
+
+def test_a_progress_bar_over_a_loader_resumed_mid_epoch_ends_at_its_length(tmp_path):
+    """load_state put the loader 10 batches into a 40-batch epoch: the bar starts at 10 and ends at 40/40 (it ended
+    at 30/40), and the next epoch's bar starts at 0."""
+    import io
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    from convoy import Accelerator
+    from convoy.train.progress import progress_bar
+
+    def run():
+        acc = Accelerator()
+        return acc, acc.prepare(DataLoader(torch.arange(40), batch_size=1))
+
+    acc, loader = run()
+    for step, _ in enumerate(loader):
+        if step == 9:
+            acc.save_state(tmp_path / "ckpt")
+            break
+    acc, resumed = run()
+    acc.load_state(tmp_path / "ckpt")
+    bar = progress_bar(resumed, main_process_only=False, disable=False, file=io.StringIO())
+    seen = [int(batch) for batch in bar]
+    assert seen == list(range(10, 40)) and (bar.n, bar.total) == (40, 40)
+    again = progress_bar(resumed, main_process_only=False, file=io.StringIO())
+    assert len(list(again)) == 40 and (again.n, again.total) == (40, 40)

@@ -86,11 +86,11 @@ def test_mixed_precision_costs_each_candidate_as_the_trainer_runs_it():
     # nothing fits as asked: auto turns the planner's knobs, recomputation first, then offload, and applies them
     recomputed = auto(model, world_size=4, device_gib=31.5)
     assert recomputed.recompute == "selective" and not recomputed.cpu_offload, recomputed
-    assert "No layout fits as asked" in recomputed.reason and "Turning recompute='selective'" in recomputed.reason
+    assert "No layout fits as asked" in recomputed.reason and "Turning on recompute='selective'" in recomputed.reason
     assert recomputed.describe().endswith("with recompute='selective'")
     offloaded = auto(model, world_size=4, device_gib=20)
     assert offloaded.cpu_offload and offloaded.name in ("zero2", "zero3"), offloaded
-    assert "No layout fits as asked" in offloaded.reason and "Turning CPU offload" in offloaded.reason
+    assert "No layout fits as asked" in offloaded.reason and "Turning on CPU offload" in offloaded.reason
     layout = auto(model, world_size=4, device_gib=32)
     assert layout.name == "zero3" and "case 2" in layout.reason  # the planner's answer: only zero3 fits
     layout = auto(model, world_size=4, device_gib=34)
@@ -607,4 +607,4 @@ def test_the_recompute_the_planner_turned_is_applied_by_the_strategy_built():
     asked = ConvoyPlanner(mixed_precision="bf16", recompute="full")(
         num_parameters=count(meta_gpt()), world_size=4, device_bytes=int(28 * GIB), model=meta_gpt(),
         tp_degrees=(2, 4))
-    assert asked.recompute is None and "Turning recompute" not in asked.reason, asked
+    assert asked.recompute is None and "Turning on recompute" not in asked.reason, asked

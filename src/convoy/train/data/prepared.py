@@ -360,6 +360,12 @@ class PreparedDataLoader(DataLoader):
     def __len__(self) -> int:
         return max(0, self._full_len() - self._skip_batches)
 
+    @property
+    def resumes_at(self) -> int:
+        """The batch the next epoch's iteration starts at when ``load_state`` restored a position mid-epoch (its
+        length still counts the whole epoch), else 0: where a progress bar starts (``convoy.train.progress``)."""
+        return 0 if self._skip_batches or self._cursor.running else self._cursor.skip
+
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a generator: for-loops need only an iterator
         cursor = self._cursor
         cursor.epoch = cursor.next_epoch
