@@ -87,3 +87,16 @@ def test_the_printed_cp_line_is_accepted_by_the_launcher(monkeypatch, capsys, tm
     out, err = capsys.readouterr()
     degrees = dict(rec.row.candidate.layout.dims.mesh_shape())  # type: ignore[union-attr]
     assert code == 0 and f"cp={degrees['cp']}" in out, (out, err)
+
+
+def test_a_sequence_that_fits_only_with_knobs_says_what_context_parallelism_would_choose():
+    """The issue's case: 8B on 8 H100s at 131,072 tokens fits only with full recompute; the plan (cp layouts off
+    by default, the loop must ask for them) says that cp would be chosen and how to plan it."""
+    from convoy.plan.api import plan
+
+    p = plan(params=8e9, hardware="8xH100-80GB", seq_len=131072)
+    assert p.recommendation.knob and not p.recommendation.row.candidate.layout.dims.cp_enabled
+    said = [b for b in p.recommendation.breaks if "context parallelism" in b]
+    assert len(said) == 1 and "cp=" in said[0] and "--strategies ...,cp" in said[0], p.recommendation.breaks
+    short = plan(params=8e9, hardware="8xH100-80GB", seq_len=4096)
+    assert not any("context parallelism" in b for b in short.recommendation.breaks)

@@ -323,7 +323,27 @@ def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowe
             out.append(f"Without NVLink (PCIe only) {name} stays the choice{slower}.")
     if hw.nodes > 1:
         out += _network_breaks(rec, hw, lambda gbps: again(run, replace(hw, inter_gbps=gbps)))
+    if rec.knob and run.training and hw.world_size > 1 and not facts.context_parallel and allowed is None:
+        out += _context_parallel_break(rec, plan_for(
+            model, run, hw, global_batch=gb, efficiency=efficiency, offload=offload, allowed=None, explain_breaks=False,
+            facts=replace(facts, context_parallel=True), calibration=calibration, precision_for=precision_for,
+            knobs=knobs, variants=False))
     return tuple(out)
+
+
+def _context_parallel_break(rec: Recommendation, alt: Plan) -> list[str]:
+    """Nothing fitted as asked: what splitting each sequence (context parallel, a layout the loop must ask for)
+    would be chosen instead, when it would."""
+    pick = alt.recommendation.row
+    if pick is None or not pick.candidate.layout.dims.cp_enabled:
+        return []
+    if rec.row is None:
+        return []
+    fits = " fits as asked (no knob turned) and" if not alt.recommendation.knob else ""
+    return [f"At sequence length {alt.run.seq_len} context parallelism{fits} would be chosen: "
+            f"{_with_knobs(alt.recommendation)} (cp={pick.candidate.layout.dims.cp}), "
+            f"{format_seconds(pick.time.seconds)} per step against {format_seconds(rec.row.time.seconds)}; plan it "
+            f"with --strategies ...,cp (the loop splits each sequence in accelerator.maybe_context_parallel)."]
 
 
 #: the network speeds a multi-node plan is compared at: one 400 Gbit/s NIC per node (the default) and a DGX
