@@ -88,3 +88,33 @@ def test_on_a_terminal_a_bar_redraws_in_place():
     redraws = re.findall(r"\[rank0\]: train: +\d+%", bar)
     assert len(redraws) >= 3, repr(bar)  # redrawn in place: carriage returns between its states, no line end
     assert bar.count("\r") >= len(redraws) - 1 and "[rank0]: train: 100%" in text, repr(text)
+
+
+def test_a_line_printed_after_a_bar_comes_after_it():
+    """`accelerator.print("done")` (stdout) right after a bar closed (stderr): with the launcher's stdout and stderr
+    one file (a terminal, `2>&1`), each rank's output reaches it in the order the rank wrote it (two pipes read
+    side by side put a "done" before its bar's last line in 8 runs of 10 of this script)."""
+    rounds = 20
+    job = _launch("--nproc-per-node", "2", str(Path(SCRIPT).with_name("bar_then_print.py")), str(rounds))
+    out = finish(job, timeout=120)
+    assert job.returncode == 0, out
+    lines = out.splitlines()
+    for rank in (0, 1):
+        for k in range(rounds):
+            done = lines.index(f"[rank{rank}]: done {rank} {k}")
+            bar = [i for i, line in enumerate(lines) if line.startswith(f"[rank{rank}]: bar {k}: ")]
+            assert bar and max(bar) < done, out  # the bar's last line (its 100 %), then the printed line
+            assert lines[max(bar)].startswith(f"[rank{rank}]: bar {k}: 100%"), out
+
+
+def test_apart_stdout_and_stderr_stay_apart(tmp_path):
+    """`convoy launch train.py > out.txt 2> err.txt`: the bar in err.txt, the rank's printed line in out.txt."""
+    with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
+        job = start([sys.executable, "-m", "convoy", "launch", "--devices", "0", "--nproc-per-node", "2", SCRIPT,
+                     "3"], env=cpu_env(), stdout=out, stderr=err)
+        finish(job, timeout=120)
+    assert job.returncode == 0
+    printed, errors = (tmp_path / "out.txt").read_text(), (tmp_path / "err.txt").read_text()
+    for rank in (0, 1):
+        assert f"[rank{rank}]: done {rank}" in printed.splitlines() and "train:" not in printed, printed
+        assert f"[rank{rank}]: train: 100%" in errors and "done" not in errors, errors

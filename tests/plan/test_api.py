@@ -197,3 +197,28 @@ def test_a_node_of_more_than_16_gpus_is_refused_with_the_nodes_spelling():
     with pytest.raises(PlanError, match=r"32xH100-80GB is 32 GPUs in one node .*; for 4 nodes of 8 write "
                                         r"--hardware 8xH100-80GB --nodes 4"):
         plan(params=7e9, hardware="32xH100-80GB")
+
+
+def test_a_gain_under_one_percent_reads_less_than_1_percent_never_0_percent():
+    """"zero2 is 0% faster" read as no gain at all: a gain under half a percent is "less than 1%"."""
+    from dataclasses import replace
+
+    from convoy.plan.recommend import recommend
+
+    p = plan(CONFIGS / "gpt2.json", hardware="8xA100-80GB", seq_len=1024, micro_batch=8)
+    best = p.recommendation.row
+    assert best is not None and best.candidate.strategy == "ddp"
+    other = next(r for r in p.rows if r.fits and r.candidate.strategy == "zero2" and r.candidate.layout.dims.is_trivial
+                 and not r.candidate.layout.offload)
+
+    def at(row, ratio):  # the row with its step ``ratio`` times ddp's (its compute absorbs the difference)
+        return replace(row, time=replace(row.time, compute=row.time.compute + best.time.seconds * ratio
+                                         - row.time.seconds))
+
+    def reasons(row):
+        rec = recommend([best, row], model=p.model, run=p.run, hw=p.hardware, single=p.single_gpu)
+        assert rec.row is best  # within the tie, ddp is simpler
+        return " ".join(rec.reasons)
+
+    assert f"{other.name} is less than 1% faster on paper" in reasons(at(other, 0.997))
+    assert f"{other.name} is 2% faster on paper" in reasons(at(other, 0.98))

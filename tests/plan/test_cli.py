@@ -72,6 +72,8 @@ def test_hardware_flags_reach_the_plan(capsys):
 @pytest.mark.parametrize("argv,word", [
     (["plan"], "no model given"),
     (["plan", "--params", "1e9", "--hardware", "8xB999"], "unknown accelerator 'B999'"),
+    # the CPU plan a run's step line compares with is counted from the run: said where, not "unknown accelerator"
+    (["plan", "--params", "1e9", "--hardware", "2xCPU"], "a run on CPU prints its own plan in its step line"),
     (["plan", str(CONFIGS / "nope.json"), "--hardware", "8xH100-80GB"], "does not exist"),
     (["plan", "--params", "1e9", "--hardware", "8xH100-80GB", "--strategies", "ddp,magic"], "unknown 'magic'"),
     (["plan", "--params", "1e9", "--hardware", "8xH100-80GB", "--efficiency", "45"], "fraction of peak"),

@@ -72,12 +72,13 @@ class _Rank:
         self.error_file = error_file
         self._lock, self._log, self._wake = lock, log, wake
         self._prefix = f"[rank{rank}]: "
-        self._lines = {False: RankLines(self._prefix, tty=_isatty(sys.stdout)),
-                       True: RankLines(self._prefix, tty=_isatty(sys.stderr))}
-        self.threads = [
-            threading.Thread(target=self._pump, args=(proc.stdout, sys.stdout, show[0], False), daemon=True),
-            threading.Thread(target=self._pump, args=(proc.stderr, sys.stderr, show[1], True), daemon=True),
-        ]
+        out = (sys.stdout, RankLines(self._prefix, tty=_isatty(sys.stdout)))
+        merged = proc.stderr is None  # one pipe for both (_one_console): its lines in the order the rank wrote them
+        self._consoles = {False: out, True: out if merged else
+                          (sys.stderr, RankLines(self._prefix, tty=_isatty(sys.stderr)))}
+        pumps = [(proc.stdout, show[0], True)] if merged else \
+            [(proc.stdout, show[0], False), (proc.stderr, show[1], True)]
+        self.threads = [threading.Thread(target=self._pump, args=pump, daemon=True) for pump in pumps]
         self._waiter = threading.Thread(target=self._wait, daemon=True)
 
     def start(self) -> None:
@@ -94,10 +95,11 @@ class _Rank:
         self.proc.wait()
         self._wake.set()
 
-    def _pump(self, raw, console, show: bool, is_err: bool) -> None:
-        # carriage returns kept: a progress bar's redraw is a piece of its own (convoy.launch.console.RankLines)
+    def _pump(self, raw, show: bool, is_err: bool) -> None:
+        # carriage returns kept: a progress bar's redraw is a piece of its own (convoy.launch.console.RankLines);
+        # is_err: the rank's stderr, or its one pipe for both: tracebacks held (TracebackHold)
         stream = io.TextIOWrapper(raw, errors="replace", newline="")
-        lines = self._lines[is_err]
+        console, lines = self._consoles[is_err]
         for piece in pieces(stream):
             if RankLines.is_redraw(piece):
                 with self._lock:
@@ -114,13 +116,13 @@ class _Rank:
                 if not show:
                     continue
                 if not is_err:
-                    self._write(console, [line])
+                    self._write(False, [line])
                     continue
                 was_holding = self.hold.holding
                 out = self.hold.feed(line)
                 if self.hold.holding and not was_holding:
                     self.held_since = time.monotonic()
-                self._write(console, out)
+                self._write(True, out)
         if is_err:
             self.eof_at = time.monotonic()
         with self._lock:
@@ -128,8 +130,8 @@ class _Rank:
                 self._emit(console, lines.close())
         stream.close()
 
-    def _write(self, console, lines: list[str]) -> None:
-        stream = self._lines[console is sys.stderr]
+    def _write(self, is_err: bool, lines: list[str]) -> None:
+        console, stream = self._consoles[is_err]
         self._emit(console, "".join(stream.feed(line) for line in lines))
 
     @staticmethod
@@ -142,12 +144,12 @@ class _Rank:
         """Print a held traceback inline when the process lives on after it (it was caught and printed)."""
         with self._lock:
             if self.hold.holding and self.proc.poll() is None and now - self.held_since > _STALE_TRACEBACK:
-                self._write(sys.stderr, self.hold.release())
+                self._write(True, self.hold.release())
                 self.shown_traceback = True
 
     def release_inline(self) -> None:
         with self._lock:
-            self._write(sys.stderr, self.hold.release())
+            self._write(True, self.hold.release())
 
     def traceback(self) -> tuple[str | None, bool]:
         """(traceback, already shown inline)."""
@@ -163,6 +165,18 @@ class _Rank:
             os.killpg(self.proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _one_console() -> bool:
+    """Whether this process's stdout and stderr are one file (a terminal, ``2>&1``): then each rank writes both
+    into one pipe, read in the order it wrote them (two pipes read side by side lose that order: a line printed
+    right after a progress bar closed on stderr came before the bar's last line). Apart (``> out 2> err``),
+    each rank's streams stay apart."""
+    try:
+        out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):  # not files (a test's capture)
+        return False
+    return (out.st_dev, out.st_ino) == (err.st_dev, err.st_ino)
 
 
 def _isatty(stream) -> bool:
@@ -261,8 +275,10 @@ def _start_ranks(plan: LaunchPlan, ranks: list[_Rank], logs: list[IO[str]], *, b
         log = _open_log(plan.workers.log_dir, rank)
         if log is not None:
             logs.append(log)
-        proc = _spawn(plan, rank, command, env, pass_fds, pre_exec, listener, release)
-        ranks.append(_Rank(local, rank, proc, show=_shows(local, redirects, shown), log=log, lock=lock,
+        show = _shows(local, redirects, shown)
+        proc = _spawn(plan, rank, command, env, pass_fds, pre_exec, listener, release,
+                      merged=show[0] == show[1] and _one_console())
+        ranks.append(_Rank(local, rank, proc, show=show, log=log, lock=lock,
                            error_file=error_file, wake=wake))
 
 
@@ -281,10 +297,12 @@ def _worker_env(plan: LaunchPlan, rank: int, local: int, *, base_env: Mapping[st
 
 
 def _spawn(plan: LaunchPlan, rank: int, command, env: dict[str, str], pass_fds, pre_exec, listener,
-           release: _Release | None) -> subprocess.Popen:
-    """One rank's process, leading its own session; once rank 0 starts, the store's socket is its alone."""
+           release: _Release | None, *, merged: bool = False) -> subprocess.Popen:
+    """One rank's process, leading its own session; once rank 0 starts, the store's socket is its alone.
+    ``merged``: its stderr goes into its stdout's pipe (``_one_console``)."""
     try:
-        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT if merged else subprocess.PIPE,
                                 stdin=subprocess.DEVNULL, bufsize=0,
                                 start_new_session=True, preexec_fn=pre_exec, pass_fds=pass_fds)
     except OSError as err:
@@ -414,7 +432,7 @@ def _monitor(ranks: list[_Rank], start: float, stop: _StopSignal, grace: float,
             if failed:
                 first = min(failed, key=lambda w: (w.eof_at is None, w.eof_at or 0.0, w.rank))
                 if first.eof_at is None:
-                    first.threads[1].join(timeout=1)  # let its stderr drain so the traceback is complete
+                    first.threads[-1].join(timeout=1)  # let its stderr drain so the traceback is complete
                 text, shown = first.traceback()
                 note = missing_note({w.rank: w.error_file for w in ranks}, failed_rank=first.rank)
                 failure = RankFailure(rank=first.rank, local_rank=first.local_rank, host=socket.gethostname(),

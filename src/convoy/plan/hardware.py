@@ -373,6 +373,10 @@ def parse_hardware(text: str, *, nodes: int = 1, intra: str | None = None, intra
     count = int(match.group(1) or 1)
     if count < 1:
         raise PlanError(f"hardware {text!r}: the GPU count must be >= 1")
+    if match.group(2).lower() in ("cpu", "cpus"):
+        raise PlanError(f"hardware {text!r}: convoy plan plans accelerators, not CPU processes; a run on CPU prints "
+                        "its own plan in its step line ('planned ...': step 2's operators, counted as they ran, at "
+                        "this CPU's measured rates)")
     gpu = override_gpu(board_for(match.group(2), memory_gib=memory_gib, peak_tflops=peak_tflops),
                        memory_gib=memory_gib, peak_tflops=peak_tflops)
     if intra is None:

@@ -227,8 +227,7 @@ def recommend(rows: list[Row], *, model: ModelSpec, run: RunSpec, hw: Hardware, 
                    f"{t.mfu:.0%} MFU).")
     if best is not fastest:
         gain = 1 - fastest.time.seconds / t.seconds
-        by = f"{gain:.0%}" if gain >= 0.005 else "less than 1%"  # never '0% faster'
-        reasons.append(f"{fastest.name} is {by} faster on paper, within the "
+        reasons.append(f"{fastest.name} is {_percent(gain)} faster on paper, within the "
                        f"{TIE:.0%} noise of this model, so {best.name} wins: "
                        f"{tie_reason(best.candidate, fastest.candidate, case)}.")
     others = sorted((r for r in fitting if r is not best), key=lambda r: r.time.seconds)
@@ -261,6 +260,11 @@ NOT_SPLIT = ("The model fits one {noun}, so tensor and pipeline parallelism (com
 #: ZeRO-1"); a layout without data parallelism (parallel, single) ranks with DDP: nothing sharded
 _DP_ORDER = {"case 1": ("single", "parallel", "ddp", "zero1", "zero2", "zero3", "hsdp"),
              "other": ("zero1", "single", "parallel", "ddp", "zero2", "zero3", "hsdp")}
+
+
+def _percent(fraction: float) -> str:
+    """``"3%"``; under half a percent ``"less than 1%"``: never "0% faster"."""
+    return f"{fraction:.0%}" if fraction >= 0.005 else "less than 1%"
 
 
 def tie_rank(candidate: Candidate, case: str) -> tuple[int, ...]:
