@@ -192,9 +192,13 @@ def _signal_group(pgid: int, signum: int) -> None:
 
 
 def _signal_job(pgid: int, signum: int) -> None:
-    """``signum`` to CMD's group and to every descendant that left it."""
+    """``signum`` to CMD's group and to every descendant that left it (once each: a second SIGTERM to a process
+    exiting on its first finds the interpreter's default handler back, and kills it)."""
     _signal_group(pgid, signum)
-    for pid in _job_members(pgid):
+    group = set(_members(pgid))
+    for pid in descendants():
+        if pid in group:
+            continue
         try:
             os.kill(pid, signum)
         except (ProcessLookupError, PermissionError):
