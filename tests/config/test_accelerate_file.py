@@ -59,8 +59,8 @@ REFUSED = {
                                                       "not carry gradient clipping to the script yet; give "
                                                       "Accelerator(deepspeed_plugin=DeepSpeedPlugin(gradient_clipping="
                                                       "1.0))"),
-    "deepspeed_optimizer_file.yaml": (NotSupportedYetError, "zero2_optimizer.json: optimizer = {...}: DeepSpeed "
-                                                            "builds this optimizer"),
+    "deepspeed_optimizer_file.yaml": (NotSupportedYetError, "zero2_optimizer.json: optimizer = {...}: convoy "
+                                                            "launch does not carry DeepSpeed's optimizer"),
 }
 RECOMPUTE = "fsdp_recompute.yaml"
 
