@@ -185,13 +185,6 @@ def read_accelerate_config(path: str | os.PathLike[str], *, cwd: str | os.PathLi
             values.append(Mapped("strategy", "zero3", f"{where_kind} (FULL_SHARD, Accelerate's default)"))
     elif kind == "DEEPSPEED":
         translated = _deepspeed(blocks["deepspeed_config"], data, file, cite, Path(cwd or os.getcwd()))
-        clipping = translated.get("gradient_clipping")
-        if clipping is not None:  # applied by an Accelerator(deepspeed_plugin=...) only, not carried by the launcher
-            raise NotSupportedYetError(
-                f"{clipping.origin}: convoy launch does not carry gradient clipping to the script yet; give "
-                f"Accelerator(deepspeed_plugin=DeepSpeedPlugin(gradient_clipping={clipping.value})) in the script, "
-                f"or call accelerator.clip_grad_norm_(model.parameters(), {clipping.value}) before optimizer.step(), "
-                f"and drop the key")
         if translated.get("strategy") is None:
             values.append(Mapped("strategy", "zero2", f"{where_kind} (ZeRO stage 2, Accelerate's default)"))
     for block, used in (("fsdp_config", fsdp), ("deepspeed_config", kind == "DEEPSPEED")):

@@ -90,7 +90,7 @@ ROWS: tuple[Row, ...] = (*_rows("fsdp_config", """
     offload_optimizer_nvme_path         | offload_optimizer_nvme_path       | -
     offload_param_nvme_path             | offload_param_nvme_path           | -
     gradient_accumulation_steps         | gradient_accumulation_steps       | gradient_accumulation_steps
-    gradient_clipping                   | gradient_clipping                 | clipped (plugin); refused (file)
+    gradient_clipping                   | gradient_clipping                 | gradient_clipping
     zero3_init_flag                     | zero3_init_flag                   | -
     zero3_save_16bit_model              | zero3_save_16bit_model            | -
     deepspeed_moe_layer_cls_names       | transformer_moe_cls_names         | refused

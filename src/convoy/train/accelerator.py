@@ -161,7 +161,8 @@ class Accelerator:
         self.settings = self._resolve_settings(plugins, cpu=cpu, collective_timeout=collective_timeout,
                                                mixed_precision=mixed_precision)
         self._set_accumulation(gradient_accumulation_plugin)
-        self._gradient_clipping = plugins.gradient_clipping  # a DeepSpeed config's, clipped at each optimizer step
+        # a DeepSpeed config's (the script's plugin, else the launcher's file), clipped at each optimizer step
+        self._gradient_clipping = plugins.gradient_clipping or self.settings.gradient_clipping
         self._ds_config = deepspeed_plugin.ds_config() if deepspeed_plugin is not None else None  # its sections
         # 4. strategy: its name and options checked now, the strategy itself built at the first prepare()
         self._check_strategy(plugins.options, dataloader_config=dataloader_config, project_config=project_config)
