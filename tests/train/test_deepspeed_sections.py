@@ -68,3 +68,11 @@ def test_a_placeholder_without_its_section_is_one_line():
         _prepare({"zero_optimization": {"stage": 0}})
     with pytest.raises(ConfigError, match="optimizer.params.foo: convoy builds AdamW"):
         _prepare({"optimizer": {"type": "AdamW", "params": {"foo": 1}}, "scheduler": {"type": "WarmupLR"}})
+
+
+def test_a_section_and_the_scripts_own_optimizer_are_one_line_as_in_accelerate():
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}))
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ConfigError, match="config's 'optimizer' section and the script's own optimizer: give one"):
+        accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))

@@ -148,6 +148,11 @@ def build_placeholders(args: tuple[Any, ...], ds_config: Mapping[str, Any] | Non
     """``prepare``'s arguments with each ``DummyOptim`` / ``DummyScheduler`` replaced by what the DeepSpeed config
     describes; one ``ConfigError`` where a placeholder has no section to build from, or a section no placeholder."""
     config = ds_config or {}
+    for section, kind, dummy in (("optimizer", torch.optim.Optimizer, "DummyOptim"),
+                                 ("scheduler", torch.optim.lr_scheduler.LRScheduler, "DummyScheduler")):
+        if section in config and any(isinstance(obj, kind) for obj in args):  # Accelerate refuses both as well
+            raise ConfigError(f"prepare(): the DeepSpeed config's '{section}' section and the script's own {section}: "
+                              f"give one of them ({dummy} in the script builds the section's)")
     built: dict[int, torch.optim.Optimizer] = {}
     out = list(args)
     placeholders = [obj for obj in args if isinstance(obj, (DummyOptim, DummyScheduler))]
