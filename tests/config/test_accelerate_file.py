@@ -46,6 +46,9 @@ READ = {
     "dynamo_regional.yaml": {"strategy": "zero3", "num_processes": 2, "nnodes": "1", "rdzv_backend": "static",
                              "mixed_precision": "bf16", "compile": "blocks", "compile_backend": "inductor",
                              "compile_mode": "max-autotune", "compile_dynamic": False},
+    # DeepSpeed's gradient_clipping: carried to the ranks (CONVOY_GRADIENT_CLIPPING), clipped at each optimizer step
+    "deepspeed_clipping.yaml": {"strategy": "zero1", "num_processes": 2, "gradient_accumulation_steps": 1,
+                                "gradient_clipping": 0.05},
     "default_config.yaml": {"num_processes": 1, "nnodes": "1", "rdzv_backend": "static", "devices": "0",
                             "mixed_precision": "no"},
 }
@@ -55,12 +58,8 @@ REFUSED = {
     "megatron.yaml": (NotSupportedYetError, "megatron.yaml: megatron_lm_config = {...}: Megatron-LM"),
     "tpu.yaml": (NotSupportedYetError, "tpu.yaml: distributed_type = XLA: TPUs"),
     "deepspeed_nvme.yaml": (NotSupportedYetError, "deepspeed_config.offload_optimizer_device = nvme"),
-    "deepspeed_clipping.yaml": (NotSupportedYetError, "deepspeed_config.gradient_clipping = 1.0: convoy launch does "
-                                                      "not carry gradient clipping to the script yet; give "
-                                                      "Accelerator(deepspeed_plugin=DeepSpeedPlugin(gradient_clipping="
-                                                      "1.0))"),
-    "deepspeed_optimizer_file.yaml": (NotSupportedYetError, "zero2_optimizer.json: optimizer = {...}: DeepSpeed "
-                                                            "builds this optimizer"),
+    "deepspeed_optimizer_file.yaml": (NotSupportedYetError, "zero2_optimizer.json: optimizer = {...}: convoy "
+                                                            "launch does not carry DeepSpeed's optimizer"),
 }
 RECOMPUTE = "fsdp_recompute.yaml"
 

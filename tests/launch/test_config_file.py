@@ -74,6 +74,19 @@ def test_an_fsdp_file_is_the_plan_with_each_keys_origin(box, capsys):
     assert "note: fsdp_hybrid_two_machines.yaml: fsdp_config.fsdp_auto_wrap_policy = TRANSFORMER_BASED_WRAP" in out
 
 
+def test_a_deepspeed_files_gradient_clipping_reaches_the_ranks(box, capsys, monkeypatch):
+    code, out, err = dry_run(capsys, "--config_file", str(FILES / "deepspeed_clipping.yaml"), box)
+    assert code == 0, err
+    assert "gradient_clipping = 0.05 (deepspeed_clipping.yaml: deepspeed_config.gradient_clipping = 0.05)" in \
+        config_lines(out) and "  CONVOY_GRADIENT_CLIPPING=0.05\n" in out
+    monkeypatch.setenv("CONVOY_GRADIENT_CLIPPING", "2")  # a standing preference: the file named on the line wins
+    code, out, err = dry_run(capsys, "--config_file", str(FILES / "deepspeed_clipping.yaml"), box)
+    assert code == 0 and "  CONVOY_GRADIENT_CLIPPING=0.05\n" in out, out
+    monkeypatch.setenv("CONVOY_GRADIENT_CLIPPING", "-1")
+    code, out, err = dry_run(capsys, box)
+    assert code == 2 and err.count("\n") == 1 and "CONVOY_GRADIENT_CLIPPING: '-1' is not valid" in err, err
+
+
 def test_strategy_options_reach_the_ranks(box, capsys):
     code, out, err = dry_run(capsys, "--config_file", str(FILES / "fsdp2_offload.yaml"), box)
     assert code == 0, err
@@ -107,7 +120,7 @@ def test_flags_and_torchruns_variables_win_over_the_file_and_the_file_over_convo
 @pytest.mark.parametrize("name, code, words", [
     ("fp8.yaml", 2, "fp8.yaml: fp8_config.backend = TE: Transformer Engine fp8 is not in convoy"),
     ("megatron.yaml", 2, "megatron.yaml: megatron_lm_config = {...}: Megatron-LM is not in convoy"),
-    ("deepspeed_optimizer_file.yaml", 2, "zero2_optimizer.json: optimizer = {...}: DeepSpeed builds this optimizer"),
+    ("deepspeed_optimizer_file.yaml", 2, "zero2_optimizer.json: optimizer = {...}: convoy launch does not carry"),
     ("tpu.yaml", 2, "tpu.yaml: distributed_type = XLA: TPUs (torch_xla) are not in convoy"),
 ])
 def test_refused_files_exit_with_one_line_naming_the_key(box, capsys, name, code, words):

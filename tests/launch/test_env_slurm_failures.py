@@ -57,7 +57,7 @@ def test_convoy_env_round_trips_and_rejects_bad_values():
                          pp_schedule="interleaved_1f1b", pp_stages_per_rank=4, pp_microbatches=8,
                          gradient_accumulation_steps=2, collective_timeout=12.5, recompute="selective",
                          fp8_recipe="rowwise", fp8_emulate=True, compile="blocks", compile_backend="aot_eager",
-                         compile_mode="max-autotune", compile_dynamic=False)
+                         compile_mode="max-autotune", compile_dynamic=False, gradient_clipping=0.5)
     env = convoy_env(settings)
     assert set(env) == set(CONVOY_VARIABLES) and env["CONVOY_COLLECTIVE_TIMEOUT"] == "12.5"
     assert read_convoy_env(env) == settings

@@ -58,6 +58,17 @@ def test_a_deepspeed_file_with_a_zero3_json_trains_as_the_flags(tmp_path, by_fla
     assert_same_parameters(run, by_flags)
 
 
+def test_a_deepspeed_files_gradient_clipping_reaches_the_ranks(tmp_path):
+    """deepspeed_clipping.yaml's gradient_clipping 0.05 (ZeRO-1), carried as CONVOY_GRADIENT_CLIPPING: the parameters
+    of DeepSpeedPlugin(zero_stage=1, gradient_clipping=0.05) in the script, not those of plain ZeRO-1."""
+    run = launch(tmp_path, "clip-file", "--config_file", str(FILES / "deepspeed_clipping.yaml"))
+    by_plugin = launch(tmp_path, "clip-plugin", "--nproc-per-node", "2", plugin="zero1-clip")
+    plain = launch(tmp_path, "plain", "--nproc-per-node", "2", "--strategy", "zero1")
+    assert run["strategy"] == by_plugin["strategy"] == plain["strategy"] == "zero1"
+    assert_same_parameters(run, by_plugin)
+    assert not all(torch.equal(plain["params"][k], v) for k, v in run["params"].items())  # clipping changed them
+
+
 @pytest.mark.parametrize("plugin", ["fsdp2", "fsdp2-recompute"])
 def test_an_fsdp_plugin_trains_as_the_flags(tmp_path, by_flags, plugin):
     run = launch(tmp_path, plugin, "--nproc-per-node", "2", "--gradient-accumulation-steps", "2", plugin=plugin)

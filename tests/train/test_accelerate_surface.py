@@ -14,7 +14,7 @@ import torch
 
 import convoy
 from convoy import Accelerator, PartialState
-from convoy.errors import NotSupportedYetError
+from convoy.errors import ConfigError, NotSupportedYetError
 from convoy.train.process_group import stop_process_group
 
 accelerate = pytest.importorskip("accelerate")
@@ -129,7 +129,7 @@ def test_refused_names_are_importable_and_say_what_to_do_in_one_line():
         assert str(err.value) == f"{name} is not supported by convoy: {why}" and "\n" not in str(err.value)
 
 
-def test_placeholders_are_made_as_in_accelerate_and_refused_by_prepare(ours):
+def test_placeholders_are_made_as_in_accelerate_and_need_a_deepspeed_section(ours):
     from convoy.utils import DummyOptim, DummyScheduler
 
     model = torch.nn.Linear(2, 2)
@@ -138,9 +138,10 @@ def test_placeholders_are_made_as_in_accelerate_and_refused_by_prepare(ours):
     assert (optimizer.lr, optimizer.weight_decay, optimizer.kwargs) == (3e-4, 0.1, {"betas": (0.9, 0.95)})
     assert (scheduler.total_num_steps, scheduler.warmup_num_steps) == (10, 2)
     assert ours.state.deepspeed_plugin is None and ours.deepspeed_plugin is None  # the script's torch branch
-    with pytest.raises(NotSupportedYetError, match=r"prepare\(DummyOptim\) is not supported yet.*AdamW"):
+    # built from a DeepSpeedPlugin's sections (tests/train/test_deepspeed_sections.py); without one, one line
+    with pytest.raises(ConfigError, match=r"prepare\(DummyOptim\): the DeepSpeed config has no 'optimizer' section"):
         ours.prepare(model, optimizer)
-    with pytest.raises(NotSupportedYetError, match=r"prepare\(DummyScheduler\)"):
+    with pytest.raises(ConfigError, match=r"prepare\(DummyScheduler\): give its DummyOptim"):
         ours.prepare(scheduler)
 
 

@@ -366,7 +366,8 @@ def _filled_args(args: argparse.Namespace) -> tuple[argparse.Namespace, dict, di
     # ``parallelism`` has no flag of its own (--dp/--tp/--pp spell it) but comes from the same places. Where
     # each filled value came from travels with the request, so that a later check names that variable or file,
     # not the flag
-    given = {"parallelism": None, **{name: value for name, value in vars(args).items() if name in KEYS}}
+    given = {"parallelism": None, "gradient_clipping": None,  # no flags of their own (clipping: an Accelerate file's)
+             **{name: value for name, value in vars(args).items() if name in KEYS}}
     env = dict(os.environ)
     from_file, options, file_notes = _accelerate_file(args, given, env)
     if args.num_processes is not None:  # a flag for the per-node count: its PET_ variable is not read (a flag wins)
@@ -459,6 +460,7 @@ def _settings(args: argparse.Namespace, options: dict):
         recompute=args.recompute, fp8_recipe=args.fp8_recipe, fp8_emulate=args.fp8_emulate,
         compile=args.compile, compile_backend=args.compile_backend, compile_mode=args.compile_mode,
         compile_dynamic=args.compile_dynamic, strategy_options=options or None,
+        gradient_clipping=getattr(args, "gradient_clipping", None),
     )
 
 

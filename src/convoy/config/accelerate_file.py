@@ -185,13 +185,6 @@ def read_accelerate_config(path: str | os.PathLike[str], *, cwd: str | os.PathLi
             values.append(Mapped("strategy", "zero3", f"{where_kind} (FULL_SHARD, Accelerate's default)"))
     elif kind == "DEEPSPEED":
         translated = _deepspeed(blocks["deepspeed_config"], data, file, cite, Path(cwd or os.getcwd()))
-        clipping = translated.get("gradient_clipping")
-        if clipping is not None:  # applied by an Accelerator(deepspeed_plugin=...) only, not carried by the launcher
-            raise NotSupportedYetError(
-                f"{clipping.origin}: convoy launch does not carry gradient clipping to the script yet; give "
-                f"Accelerator(deepspeed_plugin=DeepSpeedPlugin(gradient_clipping={clipping.value})) in the script, "
-                f"or call accelerator.clip_grad_norm_(model.parameters(), {clipping.value}) before optimizer.step(), "
-                f"and drop the key")
         if translated.get("strategy") is None:
             values.append(Mapped("strategy", "zero2", f"{where_kind} (ZeRO stage 2, Accelerate's default)"))
     for block, used in (("fsdp_config", fsdp), ("deepspeed_config", kind == "DEEPSPEED")):
@@ -328,6 +321,14 @@ def _deepspeed(block: Mapping[str, Any], data: Mapping[str, Any], file: Path, ci
 
         def json_cite(key: str, value: Any) -> str:
             return f"{found.name}: {key} = {_yaml_text(value)}"
+
+        section = next((key for key in ("optimizer", "scheduler") if key in json_config), None)
+        if section is not None:  # built for DummyOptim/DummyScheduler by a DeepSpeedPlugin in the script only
+            raise NotSupportedYetError(
+                f"{json_cite(section, json_config[section])}: convoy launch does not carry DeepSpeed's optimizer and "
+                f"scheduler sections to the script yet; give Accelerator(deepspeed_plugin=DeepSpeedPlugin("
+                f"hf_ds_config={str(json_file)!r})) in the script (DummyOptim/DummyScheduler are built from it), or "
+                f"make them in the script and drop the sections")
 
     return deepspeed_translation(fields, cite=lambda f, v: cite(f"deepspeed_config.{keys.get(f, f)}", v),
                                  json_config=json_config, json_cite=json_cite)

@@ -25,7 +25,7 @@ from convoy.errors import ConfigError, NotSupportedYetError, shown
 
 __all__ = ["Row", "ROWS", "Mapped", "Translation", "fsdp_translation", "deepspeed_translation",
            "parallelism_translation", "plugin_cite", "block_fields", "FSDP_FAMILY", "DEEPSPEED_FAMILY",
-           "ZERO_STRATEGIES", "DYNAMO_KEYS", "dynamo_translation"]
+           "ZERO_STRATEGIES", "DYNAMO_KEYS", "dynamo_translation", "DS_OPTIMIZERS", "DS_SCHEDULERS"]
 
 #: the strategies a plugin given without its sharding field keeps when the launcher set one (its default first;
 #: not ddp, which a plain multi-GPU launch sets too)
@@ -90,7 +90,7 @@ ROWS: tuple[Row, ...] = (*_rows("fsdp_config", """
     offload_optimizer_nvme_path         | offload_optimizer_nvme_path       | -
     offload_param_nvme_path             | offload_param_nvme_path           | -
     gradient_accumulation_steps         | gradient_accumulation_steps       | gradient_accumulation_steps
-    gradient_clipping                   | gradient_clipping                 | clipped (plugin); refused (file)
+    gradient_clipping                   | gradient_clipping                 | gradient_clipping
     zero3_init_flag                     | zero3_init_flag                   | -
     zero3_save_16bit_model              | zero3_save_16bit_model            | -
     deepspeed_moe_layer_cls_names       | transformer_moe_cls_names         | refused
@@ -352,10 +352,6 @@ _DS_INERT = ("steps_per_print", "wall_clock_breakdown", "dump_state", "zero_allo
              "data_types", "monitor_config", "timers", "graph_harvesting", "use_data_before_expert_parallelism")
 #: DeepSpeed's own engine features convoy does not run, and what to do instead
 _DS_REFUSED = {
-    "optimizer": "DeepSpeed builds this optimizer; convoy steps the one your script makes: create "
-                 "torch.optim.AdamW(model.parameters(), ...) instead of Accelerate's DummyOptim and drop the section",
-    "scheduler": "DeepSpeed builds this scheduler; create a torch.optim.lr_scheduler in the script instead of "
-                 "Accelerate's DummyScheduler and drop the section",
     "amp": "apex AMP is not in convoy; use mixed_precision bf16 or fp16", "fp8": "fp8 training is not in convoy",
     "msamp": "MS-AMP fp8 is not in convoy", "compression_training": "DeepSpeed's compression is not in convoy",
     "sparse_attention": "DeepSpeed's sparse attention is not in convoy",
@@ -366,6 +362,10 @@ _DS_REFUSED = {
     "sequence_parallel_size": "sequence parallelism is not in convoy", "tensor_parallel": "use parallelism tp",
     "moe": "DeepSpeed's MoE is not in convoy",
 }
+#: the ``optimizer`` / ``scheduler`` section types convoy builds for ``DummyOptim`` / ``DummyScheduler``
+#: (``convoy.train.deepspeed_sections``)
+DS_OPTIMIZERS = ("AdamW", "Adam")
+DS_SCHEDULERS = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
 #: zero_optimization keys that change training (ZeRO++ quantized or hierarchical copies, MiCS), and when they do
 _ZERO_PLUS = {"zero_quantized_weights": lambda v: v is True, "zero_quantized_gradients": lambda v: v is True,
               "zero_quantized_nontrainable_weights": lambda v: v is True,
@@ -379,11 +379,26 @@ def _ds_block(json_config: Mapping[str, Any], name: str, cite: Callable[[str, An
     return block
 
 
+def _ds_section(key: str, value: Any, cite: Callable[[str, Any], str]) -> None:
+    """An ``optimizer`` / ``scheduler`` section of a type convoy builds (``DummyOptim`` / ``DummyScheduler``)."""
+    kinds = DS_OPTIMIZERS if key == "optimizer" else DS_SCHEDULERS
+    if not isinstance(value, Mapping) or not isinstance(value.get("params", {}), Mapping):
+        raise ConfigError(f"{cite(key, value)}: give an object with 'type' and 'params'")
+    if value.get("type") not in kinds:
+        raise NotSupportedYetError(f"{cite(key + '.type', value.get('type'))}: convoy builds {' and '.join(kinds)} "
+                                   f"{'optimizers' if key == 'optimizer' else 'schedules'}; make the "
+                                   f"{key} in the script instead of Accelerate's "
+                                   f"{'DummyOptim' if key == 'optimizer' else 'DummyScheduler'} and drop the section")
+
+
 def _ds_json(json_config: Mapping[str, Any], cite: Callable[[str, Any], str]) -> dict[str, Any]:
     """The DeepSpeed JSON's keys as the plugin's fields (``zero_optimization.stage`` -> ``zero_stage``), "auto"
     values left out (they are filled from the plugin's fields, the Accelerator or the loader, as in Accelerate),
     and the precision it asks for as ``mixed_precision``; ``ConfigError`` for what convoy does not run."""
     for key, value in json_config.items():
+        if key in ("optimizer", "scheduler"):
+            _ds_section(key, value, cite)
+            continue
         if key in _DS_REFUSED:
             raise NotSupportedYetError(f"{cite(key, value)}: {_DS_REFUSED[key]}")
         if key not in _DS_INERT and key not in ("zero_optimization", "fp16", "bf16", "gradient_accumulation_steps",

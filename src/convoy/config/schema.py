@@ -222,6 +222,21 @@ def _parse_seconds(value: Any, where: str) -> float:
     return float(number)
 
 
+def _parse_norm(value: Any, where: str) -> float | None:
+    """A DeepSpeed-style ``gradient_clipping``: the largest global gradient norm, a number > 0; 0 is no clipping."""
+    expected = "the largest global gradient norm, a number >= 0 (0: no clipping)"
+    if isinstance(value, bool):
+        raise _bad(where, value, expected)
+    number = value
+    if isinstance(value, str):
+        if not _SECONDS.fullmatch(value):  # ASCII only: float() would read 'inf'
+            raise _bad(where, value, expected)
+        number = float(value)
+    if not isinstance(number, (int, float)) or not math.isfinite(number) or number < 0:
+        raise _bad(where, value, expected)
+    return float(number) or None
+
+
 def _parse_devices(value: Any, where: str) -> str:
     """A device request in ``convoy.parse_devices``'s grammar, normalised to its string form.
 
@@ -434,6 +449,9 @@ SCHEMA: tuple[Key, ...] = (
     Key(name="gradient_accumulation_steps", type="int >= 1", default=1, ask=True,
         convert=lambda v, w: parse_whole(v, w, 1),
         doc="Micro-batches whose gradients are summed before each optimizer step."),
+    Key(name="gradient_clipping", type="number >= 0", default=None, convert=_parse_norm,
+        doc="The global gradient norm clipped to before each optimizer step, as DeepSpeed's gradient_clipping "
+            "(unset or 0: no clipping)."),
     Key(name="collective_timeout", type="seconds > 0", default=DEFAULT_COLLECTIVE_TIMEOUT, convert=_parse_seconds,
         doc="Seconds a collective may wait for the other ranks before the job ends with their names."),
     Key(name="nnodes", type="count or MIN:MAX", default="1", ask=True, convert=_nnodes,

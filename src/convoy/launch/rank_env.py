@@ -76,7 +76,7 @@ RANK_VARIABLES = (
 #: the settings the launcher hands to every rank, each as its schema key's ``CONVOY_<KEY>`` variable
 SETTING_NAMES = ("mixed_precision", "strategy", "parallelism", "cpu_offload", "pp_schedule", "pp_stages_per_rank",
                  "pp_microbatches", "gradient_accumulation_steps", "collective_timeout", "recompute", "fp8_recipe",
-                 "fp8_emulate", "compile", "compile_backend", "compile_mode", "compile_dynamic")
+                 "fp8_emulate", "compile", "compile_backend", "compile_mode", "compile_dynamic", "gradient_clipping")
 STRATEGY_OPTIONS_VARIABLE = "CONVOY_STRATEGY_OPTIONS"
 CONVOY_VARIABLES = tuple(KEYS[name].env_var for name in SETTING_NAMES)
 #: the strategy options a launcher hands to the ranks (an Accelerate config file's), and the strategies that read
@@ -224,6 +224,9 @@ class ConvoyEnv:
     """Micro-batches a pipeline cuts each batch into (``strategy_options["pp_microbatches"]``)."""
     gradient_accumulation_steps: int | None = None
     """Micro-batches per optimizer step."""
+    gradient_clipping: float | None = None
+    """The global gradient norm clipped to before each optimizer step (an Accelerate file's DeepSpeed
+    ``gradient_clipping``)."""
     collective_timeout: float | None = None
     """Seconds before a collective that not every rank reached fails (convoy's default: 300)."""
     recompute: str | None = None

@@ -36,6 +36,7 @@ from convoy.train.checkpoint.hooks import StateHooks
 from convoy.train.coordination import Trigger, join_uneven_inputs
 from convoy.train.data import DataLoaderConfiguration, PreparedDataLoader
 from convoy.train.data.loop import LoopPosition
+from convoy.train.deepspeed_sections import build_placeholders, steps_once
 from convoy.train.kwargs_handlers import (
     AutocastKwargs,
     DistributedDataParallelKwargs,
@@ -49,7 +50,6 @@ from convoy.train.kwargs_handlers import (
 from convoy.train.logging import get_logger
 from convoy.train.parallel.compile import CompileWatch
 from convoy.train.parallel.mesh import ParallelMesh
-from convoy.train.placeholders import refuse_placeholders
 from convoy.train.plan_report import PlanReport, PlanWatch
 from convoy.train.plugins import ParallelismConfig, dynamo_arguments, plugin_arguments
 from convoy.train.precision import Precision, precision_for, restore_forward
@@ -161,7 +161,9 @@ class Accelerator:
         self.settings = self._resolve_settings(plugins, cpu=cpu, collective_timeout=collective_timeout,
                                                mixed_precision=mixed_precision)
         self._set_accumulation(gradient_accumulation_plugin)
-        self._gradient_clipping = plugins.gradient_clipping  # a DeepSpeed config's, clipped at each optimizer step
+        # a DeepSpeed config's (the script's plugin, else the launcher's file), clipped at each optimizer step
+        self._gradient_clipping = plugins.gradient_clipping or self.settings.gradient_clipping
+        self._ds_config = deepspeed_plugin.ds_config() if deepspeed_plugin is not None else None  # its sections
         # 4. strategy: its name and options checked now, the strategy itself built at the first prepare()
         self._check_strategy(plugins.options, dataloader_config=dataloader_config, project_config=project_config)
         # 5. precision: one object, handed to the strategy when it is built
@@ -409,7 +411,8 @@ class Accelerator:
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
         """Prepare models, optimizers, dataloaders and schedulers (any order); returned in the same order."""
         self.state.device  # noqa: B018 - after AcceleratorState._reset_state() this raises Accelerate's error
-        refuse_placeholders(args)  # DummyOptim/DummyScheduler: one line saying what to make instead
+        args = build_placeholders(args, self._ds_config, processes=self.num_processes,  # DummyOptim/DummyScheduler
+                                  split_batches=self.split_batches)
         out: list[Any] = list(args)
         kinds = [self._kind(obj) for obj in args]
         for i, obj in enumerate(args):
@@ -495,7 +498,8 @@ class Accelerator:
             scheduler.optimizer = prepared_opt  # the strategy replaced the optimizer (zero1): follow it
         prepared = PreparedScheduler(scheduler, [prepared_opt] if prepared_opt else list(self._optimizers),
                                      state=self._loop, step_with_optimizer=self.step_scheduler_with_optimizer,
-                                     split_batches=self.split_batches, num_processes=self.num_processes)
+                                     split_batches=self.split_batches,
+                                     num_processes=1 if steps_once(scheduler) else self.num_processes)
         self._schedulers.append(prepared)
         return prepared
 

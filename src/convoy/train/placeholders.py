@@ -3,10 +3,12 @@ and one ``NotSupportedYetError`` line naming what to do instead when used.
 
     from convoy.utils import DummyOptim, DummyScheduler     # the DeepSpeed-config placeholders
     optimizer = DummyOptim(model.parameters(), lr=1e-3)      # made as in Accelerate ...
-    accelerator.prepare(model, optimizer)                    # ... refused here: make a torch optimizer instead
+    accelerator.prepare(model, optimizer)                    # ... built from the DeepSpeed config's section
 
-Accelerate's ``deepspeed_with_config_support.py`` picks ``DummyOptim`` only when
-``accelerator.state.deepspeed_plugin`` has an ``optimizer`` section; convoy's state has no such plugin (its
+``prepare`` replaces a ``DummyOptim`` / ``DummyScheduler`` with the torch optimizer and schedule the
+``DeepSpeedPlugin(hf_ds_config=...)``'s ``optimizer`` / ``scheduler`` sections describe
+(``convoy.train.deepspeed_sections``). Accelerate's ``deepspeed_with_config_support.py`` picks ``DummyOptim`` only
+when ``accelerator.state.deepspeed_plugin`` has an ``optimizer`` section; convoy's state has no such plugin (its
 ZeRO runs on PyTorch's engines), so that script takes its ``torch.optim.AdamW`` branch and runs.
 """
 
@@ -18,7 +20,7 @@ from typing import Any, NoReturn
 from convoy.errors import NotSupportedYetError
 
 __all__ = [
-    "DummyOptim", "DummyScheduler", "refuse_placeholders", "REFUSED", "MegatronLMPlugin",
+    "DummyOptim", "DummyScheduler", "REFUSED", "MegatronLMPlugin",
     "MegatronLMDummyScheduler", "MegatronLMDummyDataLoader", "GPTTrainStep",
     "avg_losses_across_data_parallel_group", "DeepSpeedSequenceParallelConfig",
     "BnbQuantizationConfig", "load_and_quantize_model", "merge_fsdp_weights", "write_basic_config",
@@ -30,7 +32,7 @@ __all__ = [
 
 class DummyOptim:
     """Accelerate's stand-in for the optimizer a DeepSpeed JSON's ``optimizer`` section describes. Made as in
-    Accelerate; ``accelerator.prepare`` refuses it."""
+    Accelerate; ``accelerator.prepare`` builds the section's optimizer (AdamW, Adam) from it."""
 
     def __init__(self, params: Any, lr: float = 0.001, weight_decay: float = 0, **kwargs: Any) -> None:
         self.params = params
@@ -41,7 +43,7 @@ class DummyOptim:
 
 class DummyScheduler:
     """Accelerate's stand-in for the scheduler a DeepSpeed JSON's ``scheduler`` section describes. Made as in
-    Accelerate; ``accelerator.prepare`` refuses it."""
+    Accelerate; ``accelerator.prepare`` builds the section's schedule (WarmupLR, WarmupDecayLR, WarmupCosineLR)."""
 
     def __init__(self, optimizer: Any, total_num_steps: int | None = None, warmup_num_steps: int = 0,
                  lr_scheduler_callable: Callable[..., Any] | None = None, **kwargs: Any) -> None:
@@ -50,21 +52,6 @@ class DummyScheduler:
         self.warmup_num_steps = warmup_num_steps
         self.lr_scheduler_callable = lr_scheduler_callable
         self.kwargs = kwargs
-
-
-def refuse_placeholders(objects: tuple[Any, ...]) -> None:
-    """One line for a ``DummyOptim``/``DummyScheduler`` handed to ``prepare``."""
-    for obj in objects:
-        if isinstance(obj, DummyOptim):
-            raise NotSupportedYetError(
-                "prepare(DummyOptim) is not supported yet: convoy does not build the optimizer of a DeepSpeed "
-                "config's 'optimizer' section; make it in the script, e.g. torch.optim.AdamW(model.parameters(), "
-                "lr=...), and drop the section")
-        if isinstance(obj, DummyScheduler):
-            raise NotSupportedYetError(
-                "prepare(DummyScheduler) is not supported yet: convoy does not build the scheduler of a DeepSpeed "
-                "config's 'scheduler' section; make a torch.optim.lr_scheduler (or transformers' "
-                "get_scheduler) in the script, and drop the section")
 
 
 REFUSED: dict[str, str] = {
@@ -142,4 +129,4 @@ infer_auto_device_map = _refused("infer_auto_device_map")
 load_checkpoint_in_model = _refused("load_checkpoint_in_model")
 prepare_pippy = _refused("prepare_pippy")
 debug_launcher = _refused("debug_launcher")
-assert sorted(REFUSED) == sorted(__all__[4:])  # one entry per name above
+assert sorted(REFUSED) == sorted(__all__[3:])  # one entry per name above

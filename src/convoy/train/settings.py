@@ -57,6 +57,8 @@ class TrainSettings(RankEnv):
     strategy: str = KEYS["strategy"].default
     """Strategy name (``"auto"``, ``"ddp"``, ``"zero3"``, ...); after building, the one ``"auto"`` chose."""
     gradient_accumulation_steps: int = KEYS["gradient_accumulation_steps"].default
+    gradient_clipping: float | None = None
+    """The launcher's global gradient norm clipped to before each optimizer step (``CONVOY_GRADIENT_CLIPPING``)."""
     """Backward passes per optimizer step; a strategy that runs backward itself (a pipeline) scales by it."""
     collective_timeout_s: float = KEYS["collective_timeout"].default
     """Timeout of every collective (convoy's default is 300 s, not torch's 30 min)."""
@@ -171,6 +173,7 @@ def resolve_settings(*, explicit: Mapping[str, Any] | None = None, env: Mapping[
         strategy=strategy,
         gradient_accumulation_steps=_setting("gradient_accumulation_steps", given, launched),
         collective_timeout_s=_setting("collective_timeout", given, launched),
+        gradient_clipping=_setting("gradient_clipping", given, launched),
         recompute=_setting("recompute", given, launched),
         fp8_recipe=_setting("fp8_recipe", given, launched) or FP8_RECIPES[0],
         fp8_emulate=bool(_setting("fp8_emulate", given, launched)),

@@ -97,6 +97,28 @@ def test_blocks_are_the_outermost_entries_of_the_model_lists():
         "layers.0.experts.0", "layers.0.experts.1", "layers.1.experts.0", "layers.1.experts.1", "head"]
 
 
+def test_blocks_of_a_sequential_are_its_repeated_entries():
+    def block() -> nn.Module:
+        return nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.Linear(4, 4))  # its own repeated Linears stay inside
+
+    assert [name for name, _ in recompute_units(nn.Sequential(nn.Embedding(8, 4), block(), block(), nn.Linear(4, 2)))
+            ] == ["1", "2"]
+    model = nn.Module()
+    model.body, model.head = nn.Sequential(block(), nn.ReLU(), block()), nn.Linear(4, 2)
+    assert [name for name, _ in recompute_units(model)] == ["body.0", "body.2"]
+    # FullyShardedDataParallelPlugin(activation_checkpointing=True) and recompute="full" on a Sequential of blocks:
+    # the same gradients as without recomputation
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(4, 4), block(), block(), nn.Linear(4, 1))
+    grads = []
+    for mode in ("none", "full"):
+        model = Accelerator(cpu=True, recompute=mode).prepare(copy.deepcopy(plain))
+        model(torch.ones(3, 4)).sum().backward()
+        grads.append([p.grad for p in model.parameters()])
+    assert type(model[1].__dict__.get("forward")).__name__ == "_Checkpointed"
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
 def test_what_cannot_recompute_is_one_line():
     with pytest.raises(StrategyError) as info:  # nothing to checkpoint: recomputing the whole forward saves nothing
         Accelerator(cpu=True, recompute="full").prepare(nn.Sequential(nn.Linear(4, 4), nn.ReLU()))

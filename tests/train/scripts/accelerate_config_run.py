@@ -21,7 +21,7 @@ from tests.distributed import exit_without_teardown
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from convoy import Accelerator, FullyShardedDataParallelPlugin
+from convoy import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin
 
 
 class Block(nn.Module):
@@ -50,13 +50,15 @@ class Net(nn.Module):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--plugin", default="none", choices=["none", "fsdp2", "fsdp2-recompute"])
+    parser.add_argument("--plugin", default="none", choices=["none", "fsdp2", "fsdp2-recompute", "zero1-clip"])
     args = parser.parse_args()
-    plugin = None
-    if args.plugin != "none":
+    plugin = deepspeed = None
+    if args.plugin == "zero1-clip":  # as tests/config/accelerate/deepspeed_clipping.yaml says it
+        deepspeed = DeepSpeedPlugin(zero_stage=1, gradient_clipping=0.05)
+    elif args.plugin != "none":
         plugin = FullyShardedDataParallelPlugin(fsdp_version=2,
                                                 activation_checkpointing=args.plugin == "fsdp2-recompute")
-    accelerator = Accelerator(fsdp_plugin=plugin)
+    accelerator = Accelerator(fsdp_plugin=plugin, deepspeed_plugin=deepspeed)
     torch.manual_seed(0)
     model = Net()
     generator = torch.Generator().manual_seed(1)

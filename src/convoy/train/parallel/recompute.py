@@ -32,6 +32,7 @@ recomputed (the RNG state is kept), so training is bit for bit what it is withou
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -99,8 +100,33 @@ def _selective_contexts() -> tuple[Any, Any]:
 def recompute_units(module: nn.Module, classes: Iterable[type] | None = None) -> list[tuple[str, nn.Module]]:
     """(name, block) for each block of ``module``, in model order: instances of ``classes`` if given, else the
     entries of every ``nn.ModuleList`` (FSDP's units, ``convoy.train.strategies.fsdp.shard_units``), the
-    outermost only (a block's own list of experts is recomputed with it)."""
+    outermost only (a block's own list of experts is recomputed with it). A model without such a list whose blocks
+    are entries of an ``nn.Sequential`` (the model itself, else the outermost ones): the entries of a type that
+    repeats and holds parameters (``Sequential(Embedding, Block, Block, Linear)``: the two ``Block``)."""
     wanted: tuple[type[Any], ...] | None = tuple(classes) if classes else None
+    found = _units(module, wanted)
+    if wanted is None and not found:
+        found = _sequential_units(module)
+    return found
+
+
+def _sequential_units(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    found: list[tuple[str, nn.Module]] = []
+    inside: set[int] = set()
+    for name, child in module.named_modules():
+        if id(child) in inside or not isinstance(child, nn.Sequential):
+            continue
+        entries = [(key, entry) for key, entry in child.named_children()
+                   if any(True for _ in entry.parameters())]
+        counts = Counter(type(entry) for _, entry in entries)
+        take = [(f"{name}.{key}" if name else key, entry) for key, entry in entries if counts[type(entry)] > 1]
+        if take:
+            inside.update(id(m) for m in child.modules())
+            found.extend(take)
+    return found
+
+
+def _units(module: nn.Module, wanted: tuple[type[Any], ...] | None) -> list[tuple[str, nn.Module]]:
     found: list[tuple[str, nn.Module]] = []
     inside: set[int] = set()
     for name, child in module.named_modules():
@@ -144,8 +170,9 @@ def apply_recompute(module: nn.Module, mode: str, *, classes: Iterable[type] | N
         blocks = recompute_units(module, classes)
     if not blocks and names is None:
         raise StrategyError(f"recompute={mode!r}: {type(module).__name__} has no blocks to checkpoint (convoy "
-                            "checkpoints the entries of its nn.ModuleLists, as FSDP shards them); hold the blocks in "
-                            "an nn.ModuleList, or use recompute='none'")
+                            "checkpoints the entries of its nn.ModuleLists, as FSDP shards them, or the repeated "
+                            "entries of an nn.Sequential); hold the blocks in an nn.ModuleList, or use "
+                            "recompute='none'")
     for _, block in blocks:
         checkpoint_block(block, mode)
     return len(blocks)

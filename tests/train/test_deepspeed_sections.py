@@ -1,0 +1,78 @@
+"""A DeepSpeed config's ``optimizer`` / ``scheduler`` sections built for Accelerate's ``DummyOptim`` /
+``DummyScheduler``: the same losses as a hand-built torch AdamW on the same schedule, on 1 and 2 CPU processes
+(tests/train/scripts/deepspeed_sections.py), and one line for what convoy does not build."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from convoy import Accelerator, DeepSpeedPlugin, PartialState
+from convoy.errors import ConfigError, NotSupportedYetError
+from convoy.train.process_group import stop_process_group
+from convoy.utils import DummyOptim, DummyScheduler
+from tests.distributed import run_script
+from tests.train.test_scripts import SCRIPTS
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state():
+    PartialState._reset_state()
+    yield
+    PartialState._reset_state()
+    stop_process_group()
+
+
+@pytest.mark.parametrize("nproc, kind", [(1, "WarmupDecayLR"), (2, "WarmupCosineLR")])
+def test_placeholders_train_as_the_hand_built_optimizer_and_schedule(nproc, kind):
+    result = run_script(SCRIPTS / "deepspeed_sections.py", nproc=nproc, args=[kind])
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.output.count(f"DS SECTIONS OK {kind}") == nproc, result.output[-3000:]
+
+
+def _prepare(ds: dict, **optim: float):
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds))
+    model = torch.nn.Linear(2, 1)
+    optimizer = DummyOptim(model.parameters(), **optim)
+    return accelerator.prepare(model, optimizer, DummyScheduler(optimizer, total_num_steps=10, warmup_num_steps=4))
+
+
+def test_auto_values_are_filled_as_accelerate_and_the_json_wins():
+    ds = {"optimizer": {"type": "Adam", "params": {"lr": "auto", "weight_decay": 0.5, "adam_w_mode": False}},
+          "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto", "warmup_max_lr": "auto"}}}
+    _, optimizer, scheduler = _prepare(ds, lr=0.2, weight_decay=0.1)
+    inner = optimizer.optimizer
+    assert type(inner) is torch.optim.Adam and inner.defaults["weight_decay"] == 0.5, inner  # adam_w_mode false
+    lrs = []
+    for _ in range(6):
+        lrs.append(inner.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    # warmup over DummyScheduler's 4 steps to DummyOptim's lr (log warmup: 0 at the first two steps)
+    assert lrs[:2] == [0.0, 0.0] and 0 < lrs[2] < lrs[3] < 0.2 and lrs[5] == pytest.approx(0.2), lrs
+
+
+@pytest.mark.parametrize("ds, error, words", [
+    ({"optimizer": {"type": "SGD", "params": {}}}, NotSupportedYetError, "convoy builds AdamW and Adam optimizers"),
+    ({"scheduler": {"type": "OneCycle", "params": {}}}, NotSupportedYetError, "WarmupCosineLR schedules"),
+    ({"optimizer": "AdamW"}, ConfigError, "give an object with 'type' and 'params'"),
+])
+def test_a_section_convoy_does_not_build_is_one_line(ds, error, words):
+    with pytest.raises(error, match=words) as caught:
+        DeepSpeedPlugin(hf_ds_config=ds)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_placeholder_without_its_section_is_one_line():
+    with pytest.raises(ConfigError, match="has no 'optimizer' section"):
+        _prepare({"zero_optimization": {"stage": 0}})
+    with pytest.raises(ConfigError, match="optimizer.params.foo: convoy builds AdamW"):
+        _prepare({"optimizer": {"type": "AdamW", "params": {"foo": 1}}, "scheduler": {"type": "WarmupLR"}})
+
+
+def test_a_section_and_the_scripts_own_optimizer_are_one_line_as_in_accelerate():
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}))
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ConfigError, match="config's 'optimizer' section and the script's own optimizer: give one"):
+        accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
