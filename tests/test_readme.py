@@ -374,5 +374,5 @@ def test_configuration_md_lists_every_settings_key_in_order():
 
     text = (REPO / "docs" / "configuration.md").read_text()
     paragraph = text[text.index("\nKeys: "):].split("\n\n")[0]
-    named = list(dict.fromkeys(k for k in re.findall(r"`([a-z_]+)`", paragraph) if k in KEYS))  # first mentions
+    named = list(dict.fromkeys(k for k in re.findall(r"`([a-z0-9_]+)`", paragraph) if k in KEYS))  # first mentions
     assert named == list(KEYS), named
