@@ -177,8 +177,9 @@ def raw_step(shape: dict, layers: int, device: torch.device, compile_: str, fp8:
 
 def convoy_step(shape: dict, layers: int, device: torch.device, compile_: str, fp8: str | None,
                 emulate: bool) -> Callable[[torch.Tensor], float]:
-    from convoy import Accelerator
+    from convoy import Accelerator, AcceleratorState
 
+    AcceleratorState._reset_state()  # each cell's precision is its own (the process group stays up)
     options = {"mixed_precision": "fp8", "fp8_recipe": fp8, **({"fp8_emulate": True} if emulate else {})} \
         if fp8 is not None else {"mixed_precision": "bf16"}
     accelerator = Accelerator(strategy="zero3", compile=compile_, recompute="selective", **options)

@@ -276,6 +276,19 @@ def _input_shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, in
     return int(first.shape[0]), int(positions)
 
 
+_STARTED: list[OpCounter] = []  # the operator counters started in this process (their dispatch mode is thread-wide)
+
+
+def _stop_earlier_counters() -> None:
+    """A new watch (a new Accelerator: the next test, a notebook's cell run again) leaves the counting mode an
+    earlier one left on: a loop that ended one step after the counter started kept it on for the rest of the
+    process, where dynamo then compiled nothing ("found no compiled frames")."""
+    while _STARTED:
+        counter = _STARTED.pop()
+        if counter.counting:
+            counter.stop()
+
+
 class PlanWatch:
     """Measures the first steps and, once they are done, compares them with the plan (see the module docstring).
     ``job()`` gives the built strategy and the accumulation steps when the report is made."""
@@ -296,6 +309,7 @@ class PlanWatch:
         self._report: PlanReport | None = None
         self._counter: OpCounter | None = None
         self._round_trip = (0.0, 0.0, math.inf)
+        _stop_earlier_counters()
 
     def watch_model(self, model: Any, prepared: Any, device: torch.device) -> None:
         """Plan ``model`` (the module given to ``prepare``; read when the report is made) and watch the inputs
@@ -360,6 +374,7 @@ class PlanWatch:
         try:
             if self._counter is not None and self._steps == WARMUP_STEPS - 1:
                 self._counter.start()  # the operators of the last warm-up step: what the CPU plan costs
+                _STARTED.append(self._counter)
             if self._steps < WARMUP_STEPS:
                 return
             if self._counter is not None and self._counter.counting:

@@ -16,6 +16,13 @@ pytestmark = pytest.mark.slow
 
 #: a Python warning ("UserWarning: ...", "FutureWarning: ...") or a line of torch's C++/Python logger ("W1125 ...")
 WARNING = re.compile(r"\w*Warning: |\bW\d{4} \d")
+#: what importing torchao logs (torch's pytree deprecation of its enums), which transformers does by itself when
+#: torchao is installed (the fp8 extra): not convoy's, whose own torchao import silences it
+TORCHAO_IMPORT = re.compile(r"torch/utils/_pytree\.py:\d+\] <enum '\w+'> is an Enum subclass")
+
+
+def warnings_in(output: str) -> list[str]:
+    return [line for line in output.splitlines() if WARNING.search(line) and not TORCHAO_IMPORT.search(line)]
 
 
 @pytest.mark.parametrize("script, args, launched, nproc, layout", [
@@ -36,7 +43,7 @@ def test_example_trains(script, args, launched, nproc, layout):
     assert result.returncode == 0, result.output
     assert layout in result.output, result.output
     assert "win over what convoy launch was told" not in result.output, result.output
-    assert not WARNING.search(result.output), result.output
+    assert warnings_in(result.output) == [], result.output
     losses = [float(v) for v in re.findall(r"step +\d+ +loss ([0-9.]+)", result.output)]
     assert len(losses) == 2 and losses[-1] < 0.5 * losses[0], result.output
 
@@ -87,4 +94,4 @@ def test_the_train_py_of_the_plans_line_trains_a_planned_factory_or_config_with_
     result = run_script(REPO / "examples" / "train.py", nproc=1, env={"CONVOY_STRATEGY": "zero2"},
                         args=["--model", str(config), "--seq-len", "16", "--steps", "2"])
     assert result.returncode == 0 and "strategy=zero2, 1 process(es)" in result.output, result.output
-    assert not WARNING.search(result.output), result.output
+    assert warnings_in(result.output) == [], result.output
