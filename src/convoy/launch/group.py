@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from convoy.launch.guard import descendants, set_subreaper
+from convoy.launch.guard import descendants, process_table, set_subreaper
 
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
@@ -225,21 +225,7 @@ def _job_members(pgid: int) -> list[int]:
 
 def _members(pgid: int) -> list[int]:
     """Live (not zombie) processes of group ``pgid``, from ``/proc``; [] where there is no ``/proc``."""
-    if not os.path.isdir("/proc/self"):
-        return []
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-        if len(fields) > 2 and fields[0] != b"Z" and int(fields[2]) == pgid:
-            found.append(int(name))
-    return found
+    return [pid for pid, (state, _, group) in process_table().items() if state != b"Z" and group == pgid]
 
 
 def _reap() -> None:

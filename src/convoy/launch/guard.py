@@ -28,7 +28,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-__all__ = ["JOB_ID_VARIABLE", "JobGuard", "descendants", "job_guard", "job_processes", "set_subreaper", "sweep"]
+__all__ = ["JOB_ID_VARIABLE", "JobGuard", "descendants", "job_guard", "job_processes", "process_table", "set_subreaper",
+           "sweep"]
 
 JOB_ID_VARIABLE = "CONVOY_JOB_ID"
 
@@ -53,15 +54,11 @@ def job_processes(token: str, *, exclude: Sequence[int] = ()) -> list[int]:
     return found
 
 
-def descendants(root: int | None = None) -> list[int]:
-    """Pids of live (not zombie) processes descended from ``root`` (default: this process), from ``/proc``; []
-    where there is none. With this process a child subreaper, that is every process it started, wherever each
-    moved (another group or session) and whatever it closed."""
+def process_table() -> dict[int, tuple[bytes, int, int]]:
+    """Every process as ``/proc`` shows it: pid -> (state, parent pid, process group); {} without ``/proc``."""
     if not os.path.isdir("/proc/self"):
-        return []
-    root = os.getpid() if root is None else root
-    parents: dict[int, int] = {}
-    live: set[int] = set()
+        return {}
+    table = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -71,21 +68,28 @@ def descendants(root: int | None = None) -> list[int]:
         except OSError:  # gone meanwhile
             continue
         fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-        if len(fields) > 1:
-            parents[int(name)] = int(fields[1])
-            if fields[0] != b"Z":
-                live.add(int(name))
+        if len(fields) > 2:
+            table[int(name)] = (fields[0], int(fields[1]), int(fields[2]))
+    return table
+
+
+def descendants(root: int | None = None) -> list[int]:
+    """Pids of live (not zombie) processes descended from ``root`` (default: this process), from ``/proc``; []
+    where there is none. With this process a child subreaper, that is every process it started, wherever each
+    moved (another group or session) and whatever it closed."""
+    root = os.getpid() if root is None else root
+    table = process_table()
 
     def descends(pid: int) -> bool:
         seen: set[int] = set()
-        while pid in parents and pid not in seen:
+        while pid in table and pid not in seen:
             seen.add(pid)
-            pid = parents[pid]
+            pid = table[pid][1]
             if pid == root:
                 return True
         return False
 
-    return sorted(pid for pid in live if descends(pid))
+    return sorted(pid for pid, (state, _, _) in table.items() if state != b"Z" and descends(pid))
 
 
 def set_subreaper(on: bool) -> bool:
