@@ -52,3 +52,51 @@ def test_each_run_is_planned_within_25_percent_or_says_why_not(row):
     assert close or row.deviation, f"{row.key}: planned {seconds:.2f} s / {gib:.1f} GiB for {row.step_seconds:.2f} s"
     if row.deviation:
         assert len(row.deviation) > 80  # an explanation, not a label
+
+
+def _held_out(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+heldout = _held_out("published_heldout")
+
+
+def _printed_mfu(row, printed) -> float:
+    """MFU by the source's own FLOP formula from the row's model and the throughput the source prints."""
+    m, s = row.model, row.seq
+    if printed.mfu_formula == "llm-foundry":  # 3 x (2 N s + 4 l h s^2) per sequence (the README's MFU section)
+        flops = (3 * 2 * m.num_params * s + 3 * 4 * m.num_layers * m.hidden * s * s) * printed.tokens_per_s / s
+    else:
+        assert printed.mfu_formula == "6N+12lhs", printed.mfu_formula
+        flops = (6 * m.num_params + 12 * m.num_layers * m.hidden * s) * printed.tokens_per_s
+    return flops / (row.gpus_per_node * row.nodes * printed.peak_tflops * 1e12)
+
+
+def test_held_out_rows_are_new_and_named():
+    rows = heldout.ROWS
+    assert 14 <= len(rows) and len({r.key for r in rows}) == len(rows)
+    assert not {r.key for r in rows} & {r.key for r in published.RESULTS}
+    assert set(heldout.PRINTED) == {r.key for r in rows}
+    for row in rows:
+        assert row.stack in {"convoy", "torchtitan", "fsdp1"} and row.software, row.key
+        assert row.global_batch % (row.micro_batch * row.dims.dp) == 0, row.key  # whole micro-batches per step
+
+
+@pytest.mark.parametrize("row", heldout.ROWS, ids=lambda r: r.key)
+def test_each_held_out_row_agrees_with_what_its_source_prints(row):
+    """The published step time follows from the printed throughput, and the model from the printed size or MFU."""
+    printed = heldout.PRINTED[row.key]
+    assert row.step_seconds == pytest.approx(row.global_batch * row.seq / printed.tokens_per_s, rel=1e-9)
+    gpus = row.gpus_per_node * row.nodes
+    per_gpu = printed.tokens_per_s / gpus
+    assert f"{printed.tokens_per_s:,.0f}" in row.derivation or f"{per_gpu:,.10g}" in row.derivation, row.derivation
+    assert row.dims.dp * row.dims.tp * row.dims.pp == gpus
+    assert printed.params or printed.mfu  # something of the source's checks the model
+    if printed.params:
+        assert abs(row.model.num_params / printed.params - 1) <= 0.03, printed.params_where
+    if printed.mfu:
+        assert _printed_mfu(row, printed) == pytest.approx(printed.mfu, rel=0.03)
