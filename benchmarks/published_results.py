@@ -3,6 +3,8 @@
     python benchmarks/published_results.py            # the markdown table of docs/planner-accuracy.md section 8
     python benchmarks/published_results.py --check    # exit 1 when a row without an explained deviation is
                                                       # more than 25 % off
+    python benchmarks/published_results.py --held-out # the held-out runs (docs/planner-accuracy.md section 8b):
+                                                      # benchmarks/published_heldout*.py, read only here
 
 Each row is one published run, with its source, hardware, model, layout, batch and recompute as the source
 states them (``Published``); the planner plans exactly that layout (``planned``: ``convoy.plan.memory`` and
@@ -17,6 +19,7 @@ runs of one layout, and ``speedups()`` sets the planned gains beside the publish
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -429,10 +432,61 @@ def speedups() -> str:
     return "\n".join(lines)
 
 
+#: the held-out tables: read only under ``--held-out`` (the development loop and ``--check`` never import them)
+HELD_OUT_MODULES = ("published_heldout", "published_heldout_megatron")
+
+
+def held_out_rows() -> tuple[Published, ...]:
+    """The ``ROWS`` of the held-out modules (benchmarks/published_heldout*.py), in their order."""
+    import importlib.util
+
+    sys.modules.setdefault("published_results", sys.modules[__name__])  # they import Published from here
+    rows: list[Published] = []
+    for name in HELD_OUT_MODULES:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules.setdefault(name, module)
+        spec.loader.exec_module(module)
+        rows += module.ROWS
+    return tuple(rows)
+
+
+def held_out_report(rows: tuple[Published, ...]) -> str:
+    """docs/planner-accuracy.md section 8b: the held-out table, the rows more than 10 % off, and the count."""
+    lines = ["| | source | hardware | model | layout | batch x seq, recompute, precision | stack | published step | "
+             "planned step (ratio) | published / planned memory |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    ratios: dict[str, float] = {}
+    for row in rows:
+        seconds, gib = planned(row)
+        ratios[row.key] = seconds / row.step_seconds
+        memory = f"{row.memory_gib:.1f} / {gib:.1f} GiB ({gib / row.memory_gib:.2f}x)" if row.memory_gib else \
+            f"not published / {gib:.1f} GiB"
+        layout = row.layout_name + (" (HSDP)" if row.dims.dp_replicate > 1 and row.dims.dp_shard > 1 else "")
+        lines.append(f"| {row.key} | {row.source} | {row.hardware} | {row.model.name} | {layout} | "
+                     f"{row.global_batch} x {row.seq} (micro-batch {row.micro_batch}), {row.recompute}, {row.how} | "
+                     f"{row.stack} | {row.step_seconds:.2f} s | {seconds:.2f} s ({ratios[row.key]:.2f}x) | "
+                     f"{memory} |")
+    off = [f"{key} ({r:.2f}x)" for key, r in ratios.items() if abs(r - 1) > 0.10]
+    values = sorted(ratios.values())
+    count = (f"{sum(abs(r - 1) <= TARGET for r in values)} of {len(values)} within 25 %, "
+             f"{sum(abs(r - 1) <= 0.10 for r in values)} within 10 % (ratios {values[0]:.2f}-{values[-1]:.2f}x, "
+             f"median {statistics.median(values):.2f}x)." if values else "No held-out rows.")
+    software = "\n".join(f"- {row.key}: {row.software}." for row in rows if row.software)
+    return ("\n".join(lines) + "\n\nWhat each source states the run used:\n\n" + software
+            + "\n\nMore than 10 % off (no explanation required): " + (", ".join(off) or "none") + ".\n\n" + count)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when an unexplained row is off by > 25 %")
+    parser.add_argument("--held-out", action="store_true",
+                        help="plan the held-out rows (benchmarks/published_heldout*.py) instead: docs section 8b")
     args = parser.parse_args(argv)
+    if args.held_out:
+        print(held_out_report(held_out_rows()))
+        return 0
     print(table())
     print("\nWhat the planner does not model, row by row:\n" + deviations() + "\n\n" + summary())
     print("\nCompile and float8, tokens/s of each run over the one before it:\n\n" + speedups())

@@ -5,6 +5,7 @@ misses by more than 25 % carries its explanation."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -100,3 +101,19 @@ def test_each_held_out_row_agrees_with_what_its_source_prints(row):
         assert abs(row.model.num_params / printed.params - 1) <= 0.03, printed.params_where
     if printed.mfu:
         assert _printed_mfu(row, printed) == pytest.approx(printed.mfu, rel=0.03)
+
+
+def test_the_documented_held_out_section_is_what_the_planner_gives():
+    doc = (REPO / "docs" / "planner-accuracy.md").read_text()
+    section = doc[doc.index("## 8b. Held-out runs"):doc.index("## 9. ")]
+    assert published.held_out_report(published.held_out_rows()) in section, \
+        "rerun: python benchmarks/published_results.py --held-out, and paste its output into section 8b"
+
+
+def test_the_development_table_does_not_read_the_held_out_rows():
+    """Only --held-out imports benchmarks/published_heldout*.py: the development loop never sees them."""
+    code = ("import runpy, sys; sys.argv = ['published_results.py', '--check']\n"
+            "try:\n    runpy.run_path('benchmarks/published_results.py', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "assert not [m for m in sys.modules if m.startswith('published_heldout')], 'held-out rows imported'")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True)
