@@ -244,3 +244,15 @@ _PAIRS += [
 
 ROWS: tuple[Published, ...] = tuple(row for row, _ in _PAIRS)
 PRINTED: dict[str, Printed] = {row.key: printed for row, printed in _PAIRS}
+
+
+#: per row, the planner inputs its source does not state and what the row takes (added by the lead after the
+#: baseline was seen, from the rows' own hardware and software texts: no row's inputs changed)
+NOT_STATED: dict[str, str] = {
+    **{key: "inter-node network (3,200 Gbit/s per node taken, as section 8 does for H100s)"
+       for key in ("HF1", "HF2", "HF3")},
+    **{key: "inter-node network (1,600 Gbit/s per node taken, as section 8 does for A100s)"
+       for key in ("HT1", "HT2", "HT3", "HT4")},
+    **{key: "pipeline micro-batches and stages per rank (torchtitan 9dec370's defaults taken: 8 micro-batches, "
+            "2 stages per rank when interleaved)" for key in ("HT6", "HT7")},
+}
