@@ -142,9 +142,10 @@ _TORCHTITAN_H100 = ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan
 _FOUNDRY = "mosaicml/llm-foundry scripts/train/benchmarking/README.md"
 _MEGATRON = "Narayanan et al. 2021 (arXiv:2104.04473), table 1"
 _SELENE = "DGX A100 80GB, NVSwitch, 8 x 200 Gbit/s HDR InfiniBand per node"
-_MEGATRON_SOFTWARE = "Megatron-LM (2021), PyTorch 1.8, CUDA 11.1"
-_TORCHTITAN_SOFTWARE = "torchtitan (Dec 2024), PyTorch 2.6 nightly, FSDP2, per-op selective AC"
-_FOUNDRY_SOFTWARE = "llm-foundry / Composer, PyTorch 2.x FSDP1 (FULL_SHARD, limit_all_gathers), FlashAttention"
+_MEGATRON_SOFTWARE = "Megatron-LM (2021; its README: NGC PyTorch 20.12, PyTorch 1.8, CUDA 11.1, NCCL 2.8.3)"
+_TORCHTITAN_SOFTWARE = "torchtitan (Dec 2024), torch main of 2024-12-23 (1963fc8), FSDP2, per-op selective AC"
+_FOUNDRY_SOFTWARE = ("llm-foundry / Composer, PyTorch FSDP1 (FULL_SHARD, limit_all_gathers in its yamls), flash "
+                     "attention")
 
 _T1 = Published(key="T1", source=f"{_TORCHTITAN_H100}, table 1", model=LLAMA3_8B,
                hardware="8 x H100 96GB HBM2e (500 W), NVLink", gpu="H100-96GB-500W", gpus_per_node=8, nodes=1,
@@ -401,14 +402,15 @@ def memory_within(row: Published) -> bool:
 
 def table() -> str:
     """The markdown table of docs/planner-accuracy.md section 8."""
-    lines = ["| | source | hardware | model | layout | batch x seq, recompute, precision | published step | "
+    lines = ["| | source | hardware | stack | model | layout | batch x seq, recompute, precision | published step | "
              "planned step (ratio) | published / planned memory |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in RESULTS:
         seconds, gib = planned(row)
         memory = f"{row.memory_gib:.1f} / {gib:.1f} GiB ({gib / row.memory_gib:.2f}x)" if row.memory_gib else \
             f"not published / {gib:.1f} GiB"
-        lines.append(f"| {row.key} | {row.source} | {row.hardware} | {row.model.name} | {row.layout_name} | "
+        lines.append(f"| {row.key} | {row.source} | {row.hardware} | {row.stack}: {row.software} | "
+                     f"{row.model.name} | {row.layout_name} | "
                      f"{row.global_batch} x {row.seq} (micro-batch {row.micro_batch}), {row.recompute}, "
                      f"{row.how} | {row.step_seconds:.2f} s | {seconds:.2f} s "
                      f"({seconds / row.step_seconds:.2f}x) | {memory} |")

@@ -56,14 +56,16 @@ _FUSED_SOFTMAX = ("Megatron's FusedScaleMaskSoftmax (megatron/model/fused_softma
 _FSDP1_DOCS = ("PyTorch FSDP1 docs (torch.distributed.fsdp.FullyShardedDataParallel, limit_all_gathers): the CPU "
                "thread is held so that only two consecutive units' memory is in use, the one computing and the one "
                "whose all-gather is prefetched; the root unit's all-gather starts the forward and its "
-               "reduce-scatter ends the backward, with nothing left to overlap them")
+               "reduce-scatter ends the backward, with nothing left to overlap them (the root stays gathered from "
+               "forward to backward: _runtime_utils._post_forward_reshard)")
 _TORCHTITAN_SAC = ("torchtitan torchtitan/distributed/activation_checkpoint.py (Dec 2024: "
                    "models/llama3/parallelize_llama.py _save_list): per op, the outputs of mm, SDPA and the tp "
                    "reduce_scatter are saved except every second mm, counted per block's forward; the rest is "
                    "recomputed")
-_TORCHTITAN_MEMORY = ("torchtitan torchtitan/components/metrics.py: the logged 'memory' is "
-                      "max_memory_reserved (DeviceMemoryMonitor.get_peak_stats, max_reserved_gib); read as allocated "
-                      "x convoy's measured reserved/allocated ratio (convoy.plan.memory.RESERVED_OVER_ALLOCATED)")
+_TORCHTITAN_MEMORY = ("torchtitan torchtitan/metrics.py (Dec 2024; components/metrics.py later): the logged memory "
+                      "is max_memory_reserved (DeviceMemoryMonitor.get_peak_stats: reserved_bytes.all.peak, "
+                      "max_reserved_gib); read as allocated x convoy's measured reserved/allocated ratio "
+                      "(convoy.plan.memory.RESERVED_OVER_ALLOCATED, 18 H100 runs)")
 
 
 @dataclass(frozen=True, kw_only=True)
