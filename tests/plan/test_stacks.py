@@ -73,10 +73,10 @@ def test_a_stack_with_slower_gemms_plans_a_slower_step_and_nothing_else():
     assert (slower.dp_comm, slower.tp_comm) == (base.dp_comm, base.tp_comm)
     assert memory_per_gpu(model, run, layout, stack=slow) == memory_per_gpu(model, run, layout)
     # per architecture where it differs: on Hopper this stack is convoy's
-    hopper_only = replace(slow, gemm_fraction=1.0, gemm_by_architecture=(("ampere", 0.8),))
-    assert step_time(model, run, layout, hw, global_batch=batch, stack=hopper_only).compute == slower.compute
+    ampere_only = replace(slow, gemm_fraction=1.0, gemm_by_architecture=(("ampere", 0.8),))
+    assert step_time(model, run, layout, hw, global_batch=batch, stack=ampere_only).compute == slower.compute
     h100 = replace(hw, gpu=lookup_gpu("H100-80GB"))
-    assert step_time(model, run, layout, h100, global_batch=batch, stack=hopper_only).compute == step_time(
+    assert step_time(model, run, layout, h100, global_batch=batch, stack=ampere_only).compute == step_time(
         model, run, layout, h100, global_batch=batch).compute
 
 

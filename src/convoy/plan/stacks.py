@@ -34,8 +34,9 @@ ATTENTIONS = ("flash", "fused-softmax", "eager")
 #: whose data-parallel collective schedule ``convoy.plan.timing`` prices: ``"torch"`` (convoy's engines: DDP's buckets
 #: along the last backward, ZeroRedundancyOptimizer's broadcasts, FSDP2 per unit overlapped along the whole step),
 #: ``"megatron"`` (Megatron-LM's own DDP of 2021: one all-reduce of the gradient buffer after the whole backward),
-#: ``"deepspeed"`` (ZeRO-1: gradients reduced after the pipeline's last micro-batch, updated shards all-gathered;
-#: ZeRO-3 of 2021: one collective per parameter tensor), ``"fsdp1"`` (FSDP1 with ``limit_all_gathers``)
+#: ``"deepspeed"`` (ZeRO-1: gradients reduced after the pipeline engine's last micro-batch, updated shards
+#: all-gathered; without a pipeline, reduced along the backward as DDP's are, as its ``overlap_comm`` runs them; ZeRO-3
+#: of 2021: one collective per parameter tensor), ``"fsdp1"`` (FSDP1 with ``limit_all_gathers``)
 DP_SCHEDULES = ("torch", "megatron", "deepspeed", "fsdp1")
 #: what a stack prints as a GPU's memory: ``"planned"`` (the plan's own total: allocated, the CUDA context and the
 #: fragmentation allowance), ``"reserved"`` (``torch.cuda.max_memory_reserved``), ``"allocated"``
