@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from convoy.errors import PlanError
 
-if TYPE_CHECKING:  # run.py and memory.py sit below this module's callers; only types are needed here
+if TYPE_CHECKING:  # memory.py imports this module: its names are read inside the functions that need them
     from convoy.plan.memory import MemoryBreakdown
     from convoy.plan.run import RunSpec
 
@@ -107,12 +107,6 @@ class Stack:
                                 f"{', '.join(str(a) for a in allowed)}")
         if not 0 < self.gemm_fraction <= 2 or any(not 0 < f <= 2 for _, f in self.gemm_by_architecture):
             raise PlanError(f"stack {self.name!r}: a GEMM fraction must be in (0, 2]")
-
-    @property
-    def plans_as_convoy(self) -> bool:
-        """True for a stack whose step times and memory are convoy's own (what it reports may differ)."""
-        return (self.gemm_fraction == 1.0 and not self.gemm_by_architecture and self.attention is None
-                and self.dp_schedule == "torch" and self.save_list == "convoy")
 
     def gemm_fraction_on(self, architecture: str) -> float:
         """The fraction of convoy's GEMM model this stack reaches on ``architecture``."""
