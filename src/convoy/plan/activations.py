@@ -244,8 +244,9 @@ def block_selective(model: ModelSpec, run: RunSpec, *, tp: int = 1, save_list: s
 def matmuls_kept(model: ModelSpec, run: RunSpec, save_list: str = "convoy") -> tuple[tuple[int, int], ...]:
     """(outputs kept, matmuls) per block for each GEMM of ``convoy.plan.shapes.gemm_shapes`` in its order (the block's
     call order: q, k, v, o, gate, up, down), under ``recompute="selective"`` with ``save_list``: convoy's keeps every
-    matmul's output; torchtitan's every other one, counting the block's matmuls from 1 and keeping the odd ones (its policy
-    recomputes ``mm`` when the count is even: Llama's k, o and up projections). The head is not in a block: (0, 1)."""
+    matmul's output; torchtitan's every other one, counting the block's matmuls from 1 and keeping the odd ones (its
+    policy recomputes ``mm`` when the count is even: Llama's k, o and up projections). The head is not in a block:
+    (0, 1)."""
     from convoy.plan.shapes import gemm_shapes
 
     L = cast(int, model.num_layers)  # callers pass a model with a shape
