@@ -147,3 +147,13 @@ def test_a_stack_is_a_hashable_record_the_planner_can_remember():
     assert len({hash(s) for s in STACKS.values()}) == len(STACKS)
     with pytest.raises(ConvoyError, match="dp_schedule"):
         Stack(name="x", software="x", dp_schedule="horovod")
+
+
+def test_deepspeeds_pipeline_engine_reduces_after_its_last_micro_batch():
+    """ZeRO-1 under DeepSpeed's pipeline engine: the gradient reduce waits for the flush and the updated shards are
+    all-gathered after the step; convoy's DDP hides its all-reduce behind the last backward."""
+    model, run, layout, hw, batch = CASES[2]
+    convoy = step_time(model, run, layout, hw, global_batch=batch)
+    deepspeed = step_time(model, run, layout, hw, global_batch=batch, stack="megatron-deepspeed")
+    assert deepspeed.exposed_dp == pytest.approx(deepspeed.dp_comm)
+    assert convoy.exposed_dp < convoy.dp_comm
