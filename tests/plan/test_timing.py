@@ -192,13 +192,13 @@ def test_zero3_over_many_ranks_pays_for_its_ring_and_its_collective_count():
     big = Hardware(gpu=lookup_gpu("A100-80GB"), gpus_per_node=8, nodes=192, inter_gbps=1600)
     layout = Layout(dims=ParallelDims(dp_shard=1536), zero_stage=3)
     unit = step_time(gpt3, run, layout, big, global_batch=1536)
-    parameter = step_time(gpt3, run, layout, big, global_batch=1536, engine="deepspeed")
+    parameter = step_time(gpt3, run, layout, big, global_batch=1536, stack="deepspeed-zero3-2021")
     blocks, root = parameter_tensors(gpt3)
     assert len(blocks) == 12 and len(root) == 3  # 4 GEMM weights and biases, 2 LayerNorms; embedding, head, norm
     assert parameter.dp_comm > unit.dp_comm + 3 * 96 * 8 * 1e-3  # >= 1 ms per small tensor's collective
     small = Hardware(gpu=lookup_gpu("A100-80GB"), gpus_per_node=8)
     tiny = Layout(dims=ParallelDims(dp_shard=8), zero_stage=3)
-    assert step_time(gpt3, run, tiny, small, global_batch=8, engine="deepspeed").dp_comm == pytest.approx(
+    assert step_time(gpt3, run, tiny, small, global_batch=8, stack="deepspeed-zero3-2021").dp_comm == pytest.approx(
         step_time(gpt3, run, tiny, small, global_batch=8).dp_comm, rel=0.05)
-    with pytest.raises(ValueError, match="engine"):
-        step_time(gpt3, run, layout, big, global_batch=1536, engine="megatron")
+    with pytest.raises(ValueError, match="stack 'megatron' is not one of"):
+        step_time(gpt3, run, layout, big, global_batch=1536, stack="megatron")

@@ -26,9 +26,12 @@ if TYPE_CHECKING:  # memory.py imports this module
     from convoy.plan.run import RunSpec
 
 __all__ = ["Saved", "FAMILIES", "block_saved", "block_selective", "block_bytes", "weight_cast_bytes",
-           "head_saved_bytes", "regime"]
+           "head_saved_bytes", "regime", "matmuls_kept", "SAVE_LISTS"]
 
 FAMILIES = ("generic", "gpt2", "llama", "gpt_neox")
+#: whose per-op list ``recompute="selective"`` keeps (``block_selective``): convoy's trainer's (every matmul's
+#: output), torchtitan's (every other matmul's output; a software stack's, ``convoy.plan.stacks``)
+SAVE_LISTS = ("convoy", "torchtitan")
 LN_STATS = 8  # LayerNorm's fp32 mean and rstd per token
 RMS_STATS = 4  # RMSNorm's fp32 rsqrt per token
 
@@ -207,24 +210,27 @@ def block_saved(model: ModelSpec, run: RunSpec) -> tuple[Saved, ...]:
 
 
 @remembered
-def block_selective(model: ModelSpec, run: RunSpec, *, tp: int = 1) -> tuple[Saved, ...]:
+def block_selective(model: ModelSpec, run: RunSpec, *, tp: int = 1, save_list: str = "convoy") -> tuple[Saved, ...]:
     """The tensors one block keeps under ``recompute="selective"``, per token: the trainer's save list
-    (``convoy.train.parallel.recompute.SELECTIVE_SAVES``). The block's input (the checkpoint keeps it), every
-    block GEMM's output (``gemm_shapes``; a row-parallel one's partial sums whole on each tp rank), the attention
-    kernel's outputs (fused: its output and fp32 logsumexp; eager: the AV product, the s x s scores being
+    (``convoy.train.parallel.recompute.SELECTIVE_SAVES``), or another stack's (``save_list``, ``SAVE_LISTS``:
+    torchtitan's keeps every other matmul's output, ``matmuls_kept``). The block's input (the checkpoint keeps it),
+    every kept block GEMM's output (``gemm_shapes``; a row-parallel one's partial sums whole on each tp rank), the
+    attention kernel's outputs (fused: its output and fp32 logsumexp; eager: the AV product, the s x s scores being
     recomputed), and with ``tp`` > 1 the reduced output of each row-parallel matmul."""
     from convoy.plan.shapes import gemm_shapes
 
     assert model.num_layers is not None and model.heads is not None and model.hidden is not None
     res, lo, _ = _bytes(run)
-    h, a, L = model.hidden, model.heads, model.num_layers
+    h, a = model.hidden, model.heads
     out = [Saved("block input (kept by the checkpoint)", res * h)]
     # the same GEMMs in the same order at tp=2: those whose k is split are row-parallel (out- and down-projection)
-    for (_, k, n, count), (_, k2, _, _) in zip(gemm_shapes(model, run), gemm_shapes(model, run, tp=2)):
-        if count == 1:  # the output head, outside the blocks
+    kept_counts = matmuls_kept(model, run, save_list)
+    for (_, k, n, count), (_, k2, _, _), (kept, _) in zip(gemm_shapes(model, run), gemm_shapes(model, run, tp=2),
+                                                           kept_counts):
+        if count == 1 or not kept:  # the output head, outside the blocks; a matmul the save list recomputes
             continue
-        per = f" (x{count // L})" if count > L else ""
-        out.append(Saved(f"matmul output {k} -> {n}{per}", lo * n * count / L, whole=tp > 1 and k2 != k))
+        per = f" (x{kept})" if kept > 1 else ""
+        out.append(Saved(f"matmul output {k} -> {n}{per}", lo * n * kept, whole=tp > 1 and k2 != k))
     if run.attention == "flash":
         out += [Saved("attention output", lo * h), Saved("logsumexp", 4 * a)]
     else:  # the s x s scores are recomputed from the kept q and k, as Korthikanti et al. recompute the core
@@ -235,10 +241,37 @@ def block_selective(model: ModelSpec, run: RunSpec, *, tp: int = 1) -> tuple[Sav
 
 
 @remembered
-def block_bytes(model: ModelSpec, run: RunSpec, *, tp: int = 1, stored_only: bool = True) -> float:
+def matmuls_kept(model: ModelSpec, run: RunSpec, save_list: str = "convoy") -> tuple[tuple[int, int], ...]:
+    """(outputs kept, matmuls) per block for each GEMM of ``convoy.plan.shapes.gemm_shapes`` in its order (the block's
+    call order: q, k, v, o, gate, up, down), under ``recompute="selective"`` with ``save_list``: convoy's keeps every
+    matmul's output; torchtitan's every other one, counting the block's matmuls from 1 and keeping the odd ones (its
+    policy recomputes ``mm`` when the count is even: Llama's k, o and up projections). The head is not in a block:
+    (0, 1)."""
+    from convoy.plan.shapes import gemm_shapes
+
+    L = cast(int, model.num_layers)  # callers pass a model with a shape
+    out, index = [], 0
+    for _, _, _, count in gemm_shapes(model, run):
+        if count == 1:
+            out.append((0, 1))
+            continue
+        per = count // L
+        if save_list == "torchtitan":
+            kept = sum(1 for i in range(index + 1, index + per + 1) if i % 2 == 1)
+        else:
+            kept = per
+        index += per
+        out.append((kept, per))
+    return tuple(out)
+
+
+@remembered
+def block_bytes(model: ModelSpec, run: RunSpec, *, tp: int = 1, stored_only: bool = True, save_list: str = "convoy"
+                ) -> float:
     """Bytes one block keeps for backward at ``run``'s s x b, divided by ``tp`` (tensor + sequence parallel).
 
-    ``recompute="full"``: only the block's input (the residual stream); ``"selective"``: ``block_selective``;
+    ``recompute="full"``: only the block's input (the residual stream); ``"selective"``: ``block_selective`` with
+    ``save_list``;
     ``stored_only=False``: the full set (what a block holds while it is recomputed). Compiled (``run.compile``),
     a block keeps ``convoy.plan.speedups.compiled_saved_fraction`` of that.
     """
@@ -249,7 +282,8 @@ def block_bytes(model: ModelSpec, run: RunSpec, *, tp: int = 1, stored_only: boo
     if recompute == "full":
         res, _, _ = _bytes(run)
         return compiled * res * s * b * cast(int, model.hidden) / tp  # callers pass a model with a shape
-    saved = block_selective(model, run, tp=tp) if recompute == "selective" else block_saved(model, run)
+    saved = block_selective(model, run, tp=tp, save_list=save_list) if recompute == "selective" else \
+        block_saved(model, run)
     return compiled * sum(x.bytes_per_token * (1 if x.whole else 1 / tp) for x in saved) * s * b
 
 

@@ -25,6 +25,7 @@ from convoy.plan.model import ModelSpec
 from convoy.plan.run import OPTIMIZER_STATE_BYTES, RECOMPUTE, RunSpec
 from convoy.plan.schedules import check_schedule
 from convoy.plan.schedules import in_flight as schedule_in_flight
+from convoy.plan.stacks import Stack, stack_named
 from convoy.plan.units import MiB
 
 __all__ = ["Layout", "MemoryBreakdown", "memory_per_gpu", "korthikanti_layer_bytes", "layer_activation_bytes",
@@ -143,7 +144,8 @@ def korthikanti_layer_bytes(*, s: int, b: int, h: int, a: int, t: int = 1, seque
     return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
 
 
-def layer_activation_bytes(model: ModelSpec, run: RunSpec, *, tp: int = 1, stored_only: bool = True) -> float:
+def layer_activation_bytes(model: ModelSpec, run: RunSpec, *, tp: int = 1, stored_only: bool = True,
+                           save_list: str = "convoy") -> float:
     """Activation bytes one block keeps for backward: ``convoy.plan.activations.block_bytes``, tensor by tensor.
 
     For the ``generic`` family with GELU of 4h, eager attention, dropout and 16-bit activations it equals
@@ -152,7 +154,7 @@ def layer_activation_bytes(model: ModelSpec, run: RunSpec, *, tp: int = 1, store
     ``stored_only=False`` gives what a block holds while it is recomputed (its full no-recompute set).
     """
     assert model.hidden is not None and model.heads is not None
-    return block_bytes(model, run, tp=tp, stored_only=stored_only)
+    return block_bytes(model, run, tp=tp, stored_only=stored_only, save_list=save_list)
 
 
 def _stage_params(model: ModelSpec, pp: int) -> int:
@@ -174,8 +176,13 @@ def local_run(run: RunSpec, dims: ParallelDims) -> RunSpec:
 
 
 @remembered
-def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout) -> MemoryBreakdown:
-    """Per-GPU bytes of ``model`` trained as ``run`` under ``layout``."""
+def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout, *, stack: str | Stack = "convoy"
+                   ) -> MemoryBreakdown:
+    """Per-GPU bytes of ``model`` trained as ``run`` under ``layout``, on the software ``stack``
+    (``convoy.plan.stacks``: its attention and selective save list; convoy's own by default). What a stack prints as
+    its memory: ``Stack.reported_bytes``."""
+    stack = stack_named(stack)
+    run = stack.applied(run)
     dims, recipe = layout.dims, run.recipe
     psi = _stage_params(model, dims.pp) / dims.tp  # parameters this GPU's model-parallel shard owns
     dp, shard = dims.dp_cp, layout.shard_degree  # the gradients and optimizer state are sharded over dp x cp
@@ -219,7 +226,7 @@ def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout) -> MemoryBrea
         buffers += 2 * unit * recipe.weight_bytes  # the gathered unit and the prefetched next one
     if layout.offload:  # the shards of the units in flight, copied up from the host before their all-gather
         buffers += 2 * unit * recipe.weight_bytes / max(1, shard if stage >= 3 else dp)
-    activations, recomputing = _activations(model, run, layout)
+    activations, recomputing = _activations(model, run, layout, save_list=stack.save_list)
     # cross-entropy's backward makes two fp32 s x b x V tensors (grad of log-softmax, grad of the logits);
     # measured with MemTracker on CPU (docs/planner-accuracy.md); with full recomputation the first block,
     # recomputed at the end of the backward, is alive next to the gradients (``late``)
@@ -231,7 +238,7 @@ def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout) -> MemoryBrea
     return replace(mem, reserve=round(CUDA_CONTEXT_BYTES + FRAGMENTATION * mem.allocated))
 
 
-def _activations(model: ModelSpec, run: RunSpec, layout: Layout) -> tuple[float, float]:
+def _activations(model: ModelSpec, run: RunSpec, layout: Layout, *, save_list: str) -> tuple[float, float]:
     """Activation bytes on the first pipeline stage (or the only one) when the backward starts -- the blocks'
     saved tensors, autocast's weight copies, the final norm / head inputs and the loss's fp32 log-softmax -- and,
     with full recomputation, the working set of the block being recomputed (which the backward reaches after
@@ -258,7 +265,7 @@ def _activations(model: ModelSpec, run: RunSpec, layout: Layout) -> tuple[float,
         casts = weight_cast_bytes(model, run, layers=layers - checkpointed, tp=tp, head=False)
         recomputing = full + weight_cast_bytes(model, run, layers=1, tp=tp, head=False)
     elif run.recompute == "selective":  # the trainer's per-op save list (activations.block_selective)
-        kept = layers * in_flight * layer_activation_bytes(model, run, tp=tp)
+        kept = layers * in_flight * layer_activation_bytes(model, run, tp=tp, save_list=save_list)
         casts = 0.0  # autocast's weight copies are recomputed with the rest of each block
         recomputing = full + weight_cast_bytes(model, run, layers=1, tp=tp, head=False)
     else:
@@ -266,5 +273,6 @@ def _activations(model: ModelSpec, run: RunSpec, layout: Layout) -> tuple[float,
         casts = weight_cast_bytes(model, run, layers=layers, tp=tp, head=False)
     if pp == 1:
         return kept + casts + head, recomputing
-    last = math.ceil(model.num_layers / pp) * layer_activation_bytes(model, run, tp=tp) + casts + head
+    last = math.ceil(model.num_layers / pp) * layer_activation_bytes(model, run, tp=tp, save_list=save_list) + \
+        casts + head
     return max(kept + casts, last), recomputing

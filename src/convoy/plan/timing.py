@@ -17,8 +17,10 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, replace
+from typing import cast
 
-from convoy.plan.activations import block_bytes, block_saved, head_saved_bytes
+from convoy.plan.activations import block_bytes, block_saved, head_saved_bytes, matmuls_kept
+from convoy.plan.architectures import architecture_of
 from convoy.plan.hardware import GpuSpec, Hardware
 from convoy.plan.memo import remembered
 from convoy.plan.memory import Layout, _stage_params, local_run
@@ -27,7 +29,7 @@ from convoy.plan.run import OPTIMIZER_STATE_BYTES, RunSpec
 from convoy.plan.schedules import pipeline_bubble, transfers
 from convoy.plan.shapes import attention_shape, gemm_shapes
 from convoy.plan.speed.collectives import Group, collective_seconds
-from convoy.plan.speed.rates import Rates, rates_for
+from convoy.plan.speed.rates import Rates, StackGemms, rates_for
 from convoy.plan.speed.records import Calibration
 from convoy.plan.speedups import (
     FACTORS,
@@ -39,11 +41,12 @@ from convoy.plan.speedups import (
     fp8_gemm_factor,
     gathered_fraction,
 )
+from convoy.plan.stacks import Stack, stack_named
 
 __all__ = ["StepTime", "step_time", "model_flops_per_token", "ring_all_reduce_seconds", "ring_gather_seconds",
            "CPU_ADAM_PARAMS_PER_S", "gemm_shapes", "attention_shape", "compute_seconds",
            "optimizer_seconds", "mfu_peak", "COLLECTIVE_LATENCY_S", "DDP_BUCKET_BYTES",
-           "framework_seconds", "kernel_launches", "choose_schedule", "ENGINES", "parameter_tensors",
+           "framework_seconds", "kernel_launches", "choose_schedule", "parameter_tensors",
            "NCCL_LINK_FRACTION"]
 
 #: parameters per second a CPU Adam step updates per process, for offloaded optimizers (DeepSpeed's
@@ -60,11 +63,6 @@ DDP_BUCKET_BYTES = 25 * 2**20
 #: each way of an A100's 25 (20.6 of a Hopper's 25, 40.1 of a Blackwell's 50), a PCIe Gen3 x16 at 12 of 16, a NIC
 #: at 12 GB/s per 100 Gbit/s (12.5)
 NCCL_LINK_FRACTION = {"nvlink": 0.8, "pcie": 0.75, "net": 0.96}
-#: the data-parallel engines whose collective schedules ``step_time`` prices: ``"torch"`` (convoy's: FSDP2 gathers
-#: and reduce-scatters one unit, a block or the root, per collective; ZeroRedundancyOptimizer broadcasts each rank's
-#: shard after the step) and ``"deepspeed"`` (ZeRO-3 as DeepSpeed ran it in 2021: one collective per parameter
-#: tensor; ZeRO-1 all-gathers the updated shards), for the published runs of other projects
-ENGINES = ("torch", "deepspeed")
 #: bytes of an FSDP2 shard per parameter (fp32: the optimizer steps it, whatever the gathered dtype)
 _SHARD_BYTES = 4
 
@@ -254,22 +252,22 @@ def _kernel_launches(model: ModelSpec, run: RunSpec, pp: int) -> int:
     return layers * (3 * per_block + 2 + 3 * len(block_saved(model, run))) + 12
 
 
-def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates, *, gpu: GpuSpec | None = None
-                    ) -> float:
+def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates, *, gpu: GpuSpec | None = None,
+                    save_list: str = "convoy") -> float:
     """Seconds of one GPU's forward and backward passes for one optimizer step (its micro-batches; no bubble,
     no communication, no optimizer step) at ``rates``, never less than its kernel launches. Compiled
     (``run.compile``), the memory-bound work takes ``compile_memory_bound`` of its eager time; with float8
     (``run.fp8``, priced on ``gpu``'s peaks) the converted GEMMs run at the fp8 rate, plus their casts
     (``convoy.plan.speedups``)."""
     dims = layout.dims
-    gemm, attn, memory_bound, launches = _micro_batch(model, run, dims.tp, dims.pp, dims.cp, rates, gpu)
+    gemm, attn, memory_bound, launches = _micro_batch(model, run, dims.tp, dims.pp, dims.cp, rates, gpu, save_list)
     memory_bound += fp8_cast_seconds(model, local_run(run, dims), layout, rates)
     return layout.microbatches * max(gemm + attn + memory_bound, launches * rates.launch_seconds)
 
 
 @remembered
-def _micro_batch(model: ModelSpec, run: RunSpec, tp: int, pp: int, cp: int, rates: Rates, gpu: GpuSpec | None
-                 ) -> tuple[float, float, float, float]:
+def _micro_batch(model: ModelSpec, run: RunSpec, tp: int, pp: int, cp: int, rates: Rates, gpu: GpuSpec | None,
+                 save_list: str = "convoy") -> tuple[float, float, float, float]:
     """(GEMM, attention and memory-bound seconds before float8's casts, kernel launches) of one micro-batch's
     forward and backward on the busiest stage: ``compute_seconds``' parts that the layout's tp, pp and cp decide, the
     same for every layout, schedule, link and network a plan compares, so remembered (pure; frozen arguments)."""
@@ -293,9 +291,16 @@ def _micro_batch(model: ModelSpec, run: RunSpec, tp: int, pp: int, cp: int, rate
         # 16 bits under rowwise_with_gw_hp
         fp8_backward = (1 + fp8) if run.fp8 == "rowwise_with_gw_hp" else 2 * fp8
     gemm = 0.0
-    for mm, k, n, count in gemm_shapes(model, run, tp=tp):
+    shapes = gemm_shapes(model, run, tp=tp)
+    # a save list that keeps only some matmuls' outputs (torchtitan's) runs the others' forward again
+    recomputed = [0.0] * len(shapes)
+    if selective and save_list != "convoy":
+        recomputed = [(per - saved) / per for saved, per in matmuls_kept(model, run, save_list)]
+    for (mm, k, n, count), extra in zip(shapes, recomputed):
         block = count > 1  # the head (count 1) is on one stage: count it on the busiest
         forward = 1 + (again if block else 0.0)
+        if block and extra:
+            forward += extra
         if run.fp8 != "none" and converted(k, n, count):
             passes = forward * fp8 + (fp8_backward if run.training else 0.0)
         else:
@@ -365,7 +370,7 @@ def framework_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rat
 
 
 def _data_parallel_collectives(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, grads: float,
-                                weights: float, engine: str) -> tuple[float, float, float]:
+                                weights: float, schedule: str) -> tuple[float, float, float]:
     """(seconds of data-parallel collectives before overlap, bytes each GPU sends, seconds after the optimizer step
     that nothing hides) per step, each collective priced by NCCL's model (``convoy.plan.speed.collectives``) at its
     own size: DDP one all-reduce per 25 MiB bucket; ZeRO-1 then the updated shards (torch: one broadcast per rank;
@@ -384,7 +389,7 @@ def _data_parallel_collectives(model: ModelSpec, run: RunSpec, layout: Layout, h
         dp_comm = buckets * _collective("all_reduce", grads / buckets, group, hw)
         comm = 2 * (dims.dp - 1) / dims.dp * grads
         if layout.zero_stage == 1:  # the updated shards, before the next forward can start
-            if engine == "deepspeed":
+            if schedule == "deepspeed":
                 after_step = _collective("all_gather", weights, group, hw)
             else:  # torch.distributed.optim.ZeroRedundancyOptimizer.step: each rank broadcasts its shard
                 after_step = dims.dp * _collective("broadcast", weights / dims.dp, group, hw)
@@ -400,7 +405,7 @@ def _data_parallel_collectives(model: ModelSpec, run: RunSpec, layout: Layout, h
     sizes: Counter[tuple[float, float]] = Counter()
     if not model.has_shape:
         sizes[(weights, 1.0)] = 1
-    elif engine == "deepspeed" and layout.zero_stage == 3:  # one collective per parameter tensor
+    elif schedule == "deepspeed" and layout.zero_stage == 3:  # one collective per parameter tensor
         for x in block:
             sizes[(x * scale, 1.0)] += layers
         for x in root:
@@ -435,26 +440,32 @@ def _data_parallel_collectives(model: ModelSpec, run: RunSpec, layout: Layout, h
 @remembered
 def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, global_batch: int,
               efficiency: float | None = None, calibration: Calibration | None = None,
-              rates: Rates | None = None, engine: str = "torch") -> StepTime:
+              rates: Rates | None = None, stack: str | Stack = "convoy") -> StepTime:
     """Estimated seconds of one optimizer step processing ``global_batch`` sequences.
 
     ``rates``: the device's rates (``convoy.plan.speed.rates``); by default ``rates_for(hw.gpu, calibration=,
     efficiency=)``: the flat datasheet model when ``efficiency`` is given, else ``calibration`` (measured here),
-    else the GPU's shipped profile, else the shape-aware model. ``engine``: whose collective schedule the
-    data-parallel traffic follows (``ENGINES``; convoy's trainer runs ``"torch"``)."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine {engine!r} is not one of {', '.join(ENGINES)}")
+    else the GPU's shipped profile, else the shape-aware model. ``stack``: the software the step runs on
+    (``convoy.plan.stacks``: its GEMM library, attention, data-parallel schedule and save list); convoy's own by
+    default."""
+    stack = stack_named(stack)
+    run = stack.applied(run)
     if rates is None:
         rates = rates_for(hw.gpu, calibration=calibration, efficiency=efficiency)
+    fraction = stack.gemm_fraction_on(architecture_of(hw.gpu).name)
+    if fraction != 1.0:
+        rates = StackGemms(rates, fraction)
     hw = _with_measured_link(hw, rates)
     tokens = global_batch * run.seq_len
     model_flops = model_flops_per_token(model, run.seq_len, training=run.training) * tokens
     check_fp8(hw.gpu, run)
-    compute, optimizer = _passes(model, run, layout, rates, model_flops=model_flops, gpu=hw.gpu)
+    compute, optimizer = _passes(model, run, layout, rates, model_flops=model_flops, gpu=hw.gpu,
+                                 save_list=stack.save_list)
     overhead = framework_seconds(model, run, layout, rates)
     bubble = _bubble(compute, layout)
     compute += bubble
-    dp_comm, exposed_dp, dp_bytes = _data_parallel(model, run, layout, hw, busy=compute - bubble, engine=engine)
+    dp_comm, exposed_dp, dp_bytes = _data_parallel(model, run, layout, hw, busy=compute - bubble,
+                                                   schedule=stack.dp_schedule)
     tp_comm, tp_bytes = _tensor_parallel(model, local_run(run, layout.dims), layout, hw)
     pp_comm, pp_bytes = _pipeline(model, local_run(run, layout.dims), layout, hw)
     cp_comm, cp_bytes = context_parallel_seconds(model, run, layout, hw, rates)
@@ -476,12 +487,12 @@ def _with_measured_link(hw: Hardware, rates: Rates) -> Hardware:
 
 
 def _passes(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates, *, model_flops: float,
-            gpu: GpuSpec | None = None) -> tuple[float, float]:
+            gpu: GpuSpec | None = None, save_list: str = "convoy") -> tuple[float, float]:
     """(seconds of one GPU's forward and backward passes, of its optimizer step) per step: kernel by kernel for a
     model with a shape, else its ``model_flops`` (plus a forward under full recomputation) at the bulk matmul
     rate."""
     if model.has_shape:
-        return (compute_seconds(model, run, layout, rates, gpu=gpu),
+        return (compute_seconds(model, run, layout, rates, gpu=gpu, save_list=save_list),
                 optimizer_seconds(model, run, layout, rates))
     hw_flops = model_flops
     if run.training and run.recompute == "full":
@@ -501,7 +512,7 @@ def _bubble(busy: float, layout: Layout) -> float:
                                   stages_per_rank=layout.pp_stages_per_rank) if dims.pp_enabled else 0.0
 
 
-def _data_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, busy: float, engine: str
+def _data_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, busy: float, schedule: str
                    ) -> tuple[float, float, float]:
     """(seconds of data-parallel collectives, the part of them nothing hides, bytes each GPU sends) per step, beside
     ``busy`` seconds of forward and backward passes."""
@@ -509,12 +520,50 @@ def _data_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware,
     psi = _stage_params(model, layout.dims.pp) / layout.dims.tp
     grads, weights = psi * run.recipe.grad_bytes, psi * run.recipe.weight_bytes
     dp_comm, sent, after_step = _data_parallel_collectives(model, run, layout, hw, grads=grads, weights=weights,
-                                                           engine=engine)
+                                                           schedule=schedule)
+    if schedule == "fsdp1" and layout.zero_stage >= 2 and model.has_shape and layout.shard_degree > 1:
+        exposed = _fsdp1_exposed(model, run, layout, hw, grads=grads, weights=weights, busy=busy) + after_step
+        return dp_comm + after_step, exposed, sent
     # overlap: DDP hides its all-reduce behind the last micro-batch's backward (2/3 of its compute); FSDP2 prefetches
-    # along the whole forward and backward; ZeRO-1's broadcast after the step is never hidden
+    # along the whole forward and backward; ZeRO-1's broadcast after the step is never hidden. Megatron's DDP of 2021
+    # all-reduces after the whole backward, and DeepSpeed's pipeline engine reduces after its last micro-batch: nothing
+    # hides them
     window = busy if layout.zero_stage >= 2 else busy / layout.microbatches * 2 / 3
+    if layout.zero_stage <= 1 and (schedule == "megatron" or (schedule == "deepspeed" and layout.dims.pp_enabled)):
+        window = 0.0
     exposed = max(0.0, dp_comm - window) + after_step
     return dp_comm + after_step, exposed, sent
+
+
+def _fsdp1_exposed(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, grads: float, weights: float,
+                   busy: float) -> float:
+    """Seconds of FSDP1's collectives nothing hides under ``limit_all_gathers``, beside ``busy`` seconds of passes:
+    each micro-batch's forward starts with the root unit's all-gather and the backward ends with its reduce-scatter
+    (nothing runs beside them), and the rate limiter prefetches one unit ahead, so each block's collectives overlap
+    only that block's own compute (a block whose traffic outlasts it exposes the rest)."""
+    dims, m = layout.dims, layout.microbatches
+    n = layout.shard_degree
+    gathers = 2 if layout.zero_stage == 3 else 1
+    block, root = parameter_tensors(model, tp=dims.tp, pp=dims.pp)
+    layers = math.ceil(cast(int, model.num_layers) / dims.pp)
+    scale = weights / max(1.0, layers * sum(block) + sum(root))
+    grad_ratio = grads / weights if weights else 0.0
+    reduces = 1 if dims.pp_enabled else m
+    shard = _group(hw, max(1, min(n, hw.gpus_per_node // dims.tp)), n)
+    replicas = _group(hw, 1, dims.dp_replicate) if dims.dp_replicate_enabled else None
+
+    def reduce(piece: float) -> float:  # the reduce-scatter, and HSDP's all-reduce of the shard across replicas
+        seconds = _collective("reduce_scatter", piece * grad_ratio, shard, hw)
+        if replicas is not None:
+            seconds += _collective("all_reduce", piece * grad_ratio / n, replicas, hw)
+        return seconds
+
+    unit, top = sum(block) * scale, sum(root) * scale
+    part = gathered_fraction(model, run, layout, sum(block), scale)
+    per_block = gathers * _collective("all_gather", unit * part, shard, hw) + reduces / m * reduce(unit)
+    compute = busy / (m * layers)
+    return (m * (_collective("all_gather", top, shard, hw) + layers * max(0.0, per_block - compute))
+            + reduces * reduce(top))
 
 
 def _tensor_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> tuple[float, float]:

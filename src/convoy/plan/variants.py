@@ -93,10 +93,13 @@ def trainer_refuses(layout: Layout, *, compile: str, fp8: str) -> str | None:
 
 
 def compare(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, global_batch: int, rates: Rates,
-            asked: Mapping[str, str] | None = None, engine: str = "torch") -> tuple[Variant, ...]:
+            asked: Mapping[str, str] | None = None, stack: str = "convoy") -> tuple[Variant, ...]:
     """``layout`` priced eager, compiled and compiled + float8 (``_combinations``) at ``run``'s other settings;
-    ``asked``: the axes (``AXES``) the user fixed, by name."""
+    ``asked``: the axes (``AXES``) the user fixed, by name; ``stack``: the software it runs on
+    (``convoy.plan.stacks``, convoy's own by default)."""
     out = []
+    # convoy's stack is the callers' default: the same remembered step times as theirs
+    mine: dict[str, Any] = {} if stack == "convoy" else {"stack": stack}
     for comp, recipe in _combinations(asked or {}):
         refused = trainer_refuses(layout, compile=comp, fp8=recipe)
         if refused is not None:
@@ -104,11 +107,11 @@ def compare(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, glo
             continue
         try:
             own = replace(run, compile=comp, fp8=recipe)
-            t = step_time(model, own, layout, hw, global_batch=global_batch, rates=rates, engine=engine)
+            t = step_time(model, own, layout, hw, global_batch=global_batch, rates=rates, **mine)
         except PlanError as e:  # no float8 tensor cores, a recipe that is not bf16
             out.append(Variant(compile=comp, fp8=recipe, why_not=str(e).split(";")[0]))
             continue
-        mem = memory_per_gpu(model, own, layout)
+        mem = memory_per_gpu(model, own, layout, **mine)
         out.append(Variant(compile=comp, fp8=recipe, time=t, memory=mem, fits=mem.total <= hw.gpu.memory_bytes,
                            compile_seconds=compile_seconds(model, own)))
     return tuple(out)

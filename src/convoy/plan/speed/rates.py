@@ -27,8 +27,8 @@ from convoy.plan.speed.profiles import profile_for
 from convoy.plan.speed.records import Calibration, attention_key, gemm_key, time_model
 from convoy.plan.units import GB
 
-__all__ = ["Rates", "ModeledRates", "MeasuredRates", "FlatRates", "rates_for", "GEMM_FLOOR_S", "TILE_FILL_K",
-           "UNALIGNED_FACTOR", "ATTENTION_FLOOR_S", "POINTWISE_TRAFFIC", "LAUNCH_S"]
+__all__ = ["Rates", "ModeledRates", "MeasuredRates", "FlatRates", "StackGemms", "rates_for", "GEMM_FLOOR_S",
+           "TILE_FILL_K", "UNALIGNED_FACTOR", "ATTENTION_FLOOR_S", "POINTWISE_TRAFFIC", "LAUNCH_S"]
 
 #: seconds every timed GEMM costs beyond its tiles (the profile's host: launch and synchronisation; least squares
 #: over the H100 profile's 31 products with the tile model's other terms fixed)
@@ -300,6 +300,51 @@ class FlatRates:
     def describe(self) -> str:
         return (f"the datasheet model (GEMMs and attention at {self.efficiency:g} x the {self.gpu.name} peak, "
                 "memory-bound work at its bandwidth), as efficiency= asks")
+
+
+@hashed_once
+@dataclass(frozen=True)
+class StackGemms:
+    """``rates`` with every GEMM at ``fraction`` of their speed: another software stack's GEMM library on the same
+    board (``convoy.plan.stacks.Stack.gemm_fraction``); everything else as ``rates`` has it."""
+
+    rates: Rates
+    fraction: float
+
+    @property
+    def kind(self) -> str:
+        return self.rates.kind
+
+    @property
+    def memory_bytes_per_s(self) -> float:
+        return self.rates.memory_bytes_per_s
+
+    @property
+    def pointwise_seconds_per_byte(self) -> float:
+        return self.rates.pointwise_seconds_per_byte
+
+    @property
+    def launch_seconds(self) -> float:
+        return self.rates.launch_seconds
+
+    @property
+    def peer_bytes_per_s(self) -> float | None:
+        return self.rates.peer_bytes_per_s
+
+    def gemm_seconds(self, m: int, k: int, n: int, dtype: str) -> float:
+        return self.rates.gemm_seconds(m, k, n, dtype) / self.fraction
+
+    def attention_seconds(self, batch: int, heads: int, kv_heads: int, seq: int, head_dim: int, dtype: str) -> float:
+        return self.rates.attention_seconds(batch, heads, kv_heads, seq, head_dim, dtype)
+
+    def peak_seen(self, dtype: str) -> float:
+        return self.rates.peak_seen(dtype) * self.fraction
+
+    def bulk_flops(self, dtype: str) -> float:
+        return self.rates.bulk_flops(dtype) * self.fraction
+
+    def describe(self) -> str:
+        return f"{self.rates.describe()}; GEMMs at {self.fraction:.0%} of that (the run's software stack)"
 
 
 def _dtype_bytes(dtype: str) -> int:

@@ -1,0 +1,210 @@
+"""The software a training run ran on, as an input of the plan: its GEMM library, attention, data-parallel schedule,
+recompute save list and what it reports as memory.
+
+    from convoy.plan.stacks import STACKS, stack_named
+    stack_named("megatron-2021").attention           # "fused-softmax"
+    step_time(model, run, layout, hw, global_batch=512, stack="megatron-2021")   # convoy.plan.timing
+    memory_per_gpu(model, run, layout, stack="torchtitan")                       # convoy.plan.memory
+    stack_named("torchtitan").reported_bytes(memory)  # what its log prints (max_memory_reserved)
+
+A plan is for convoy's own stack (``"convoy"``, the default: what ``convoy launch`` runs); a published run of another
+project states its own (``benchmarks/published_results.py``). Each ``Stack`` says how it differs from convoy's and
+gives the source of each difference beside it, as ``convoy.plan.architectures`` does for the hardware. Nothing here
+is fitted to the published runs the planner is checked against: a factor comes from an independent measurement (a
+kernel benchmark of that library version, a paper's own single-GPU figure for that stack) or the stack's source
+code, and where none was found the factor is convoy's (1.0) and its source says so. Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from convoy.errors import PlanError
+
+if TYPE_CHECKING:  # memory.py imports this module: its names are read inside the functions that need them
+    from convoy.plan.memory import MemoryBreakdown
+    from convoy.plan.run import RunSpec
+
+__all__ = ["Stack", "STACKS", "DEFAULT_STACK", "DP_SCHEDULES", "ATTENTIONS", "MEMORY_REPORTS", "stack_named"]
+
+#: the attention implementations a stack runs: SDPA's fused kernels (no s x s matrix kept), Megatron's fused
+#: scale-mask-softmax kernel (the s x s softmax output kept in 16 bits; ``activations``' eager block), eager PyTorch
+ATTENTIONS = ("flash", "fused-softmax", "eager")
+#: whose data-parallel collective schedule ``convoy.plan.timing`` prices: ``"torch"`` (convoy's engines: DDP's buckets
+#: along the last backward, ZeroRedundancyOptimizer's broadcasts, FSDP2 per unit overlapped along the whole step),
+#: ``"megatron"`` (Megatron-LM's own DDP of 2021: one all-reduce of the gradient buffer after the whole backward),
+#: ``"deepspeed"`` (ZeRO-1: gradients reduced after the pipeline engine's last micro-batch, updated shards
+#: all-gathered; without a pipeline, reduced along the backward as DDP's are, as its ``overlap_comm`` runs them; ZeRO-3
+#: of 2021: one collective per parameter tensor), ``"fsdp1"`` (FSDP1 with ``limit_all_gathers``)
+DP_SCHEDULES = ("torch", "megatron", "deepspeed", "fsdp1")
+#: what a stack prints as a GPU's memory: ``"planned"`` (the plan's own total: allocated, the CUDA context and the
+#: fragmentation allowance), ``"reserved"`` (``torch.cuda.max_memory_reserved``), ``"allocated"``
+MEMORY_REPORTS = ("planned", "reserved", "allocated")
+
+_NONE_FOUND = "no independent measurement found: planned as convoy's"
+_MAMF_GENERATION = ("the generation convoy's GEMM model was measured on (MAMF's cuBLAS 12.x of 2024-25, "
+                    "convoy.plan.architectures)")
+_MEGATRON_2021_CODE = ("Megatron-LM 2021 (v2.x), megatron/training.py train_step: model.allreduce_gradients() runs "
+                       "after forward_backward_func returns, timed as 'backward-params-all-reduce'; overlap of the "
+                       "gradient reduce with the backward came with Megatron-Core's overlap_grad_reduce (2023)")
+_DEEPSPEED_PIPE_CODE = ("DeepSpeed deepspeed/runtime/pipe/schedule.py TrainSchedule: ReduceGrads and OptimizerStep "
+                        "are issued after the last micro-batch's backward; ZeRO-1 then all-gathers the updated "
+                        "partitions (stage_1_and_2.py); ZeRO-3 of 2021 (stage3.py) gathers and reduce-scatters "
+                        "parameter by parameter")
+_FUSED_SOFTMAX = ("Megatron's FusedScaleMaskSoftmax (megatron/model/fused_softmax.py): the s x s softmax output is "
+                  "kept in 16 bits, Korthikanti et al. 2022's 5as^2b term")
+_FSDP1_DOCS = ("PyTorch FSDP1 docs (torch.distributed.fsdp.FullyShardedDataParallel, limit_all_gathers): the CPU "
+               "thread is held so that only two consecutive units' memory is in use, the one computing and the one "
+               "whose all-gather is prefetched; the root unit's all-gather starts the forward and its "
+               "reduce-scatter ends the backward, with nothing left to overlap them (the root stays gathered from "
+               "forward to backward: _runtime_utils._post_forward_reshard)")
+_TORCHTITAN_SAC = ("torchtitan torchtitan/distributed/activation_checkpoint.py (Dec 2024: "
+                   "models/llama3/parallelize_llama.py _save_list): per op, the outputs of mm, SDPA and the tp "
+                   "reduce_scatter are saved except every second mm, counted per block's forward; the rest is "
+                   "recomputed")
+_TORCHTITAN_MEMORY = ("torchtitan torchtitan/metrics.py (Dec 2024; components/metrics.py later): the logged memory "
+                      "is max_memory_reserved (DeviceMemoryMonitor.get_peak_stats: reserved_bytes.all.peak, "
+                      "max_reserved_gib); read as allocated x convoy's measured reserved/allocated ratio "
+                      "(convoy.plan.memory.RESERVED_OVER_ALLOCATED, 18 H100 runs)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stack:
+    """One training software stack, as it differs from convoy's, with the source of each difference."""
+
+    name: str
+    software: str
+    """What it is, in words."""
+    gemm_fraction: float = 1.0
+    """The fraction of convoy's GEMM model (``convoy.plan.speed.rates``) this stack's kernels reach: every GEMM's time
+    is divided by it. 1.0: convoy's library generation, or no independent measurement."""
+    gemm_by_architecture: tuple[tuple[str, float], ...] = ()
+    """(architecture, fraction) where it differs from ``gemm_fraction`` (``convoy.plan.architectures`` names)."""
+    gemm_source: str = ""
+    attention: str | None = None
+    """``ATTENTIONS``; None: the run's own (``RunSpec.attention``; convoy's trainer runs the model's SDPA)."""
+    attention_source: str = ""
+    dp_schedule: str = "torch"
+    """``DP_SCHEDULES``: whose data-parallel collective schedule the step follows."""
+    dp_schedule_source: str = ""
+    save_list: str = "convoy"
+    """What ``recompute="selective"`` keeps (``convoy.plan.activations.SAVE_LISTS``)."""
+    save_list_source: str = ""
+    memory_report: str = "planned"
+    """``MEMORY_REPORTS``: what the stack prints as a GPU's memory."""
+    memory_source: str = ""
+
+    def __post_init__(self) -> None:
+        from convoy.plan.activations import SAVE_LISTS
+
+        for field, value, allowed in (("attention", self.attention, (None, *ATTENTIONS)),
+                                      ("dp_schedule", self.dp_schedule, DP_SCHEDULES),
+                                      ("save_list", self.save_list, SAVE_LISTS),
+                                      ("memory_report", self.memory_report, MEMORY_REPORTS)):
+            if value not in allowed:
+                raise PlanError(f"stack {self.name!r}: {field} {value!r} is not one of "
+                                f"{', '.join(str(a) for a in allowed)}")
+        if not 0 < self.gemm_fraction <= 2 or any(not 0 < f <= 2 for _, f in self.gemm_by_architecture):
+            raise PlanError(f"stack {self.name!r}: a GEMM fraction must be in (0, 2]")
+
+    def gemm_fraction_on(self, architecture: str) -> float:
+        """The fraction of convoy's GEMM model this stack reaches on ``architecture``."""
+        return dict(self.gemm_by_architecture).get(architecture, self.gemm_fraction)
+
+    def applied(self, run: RunSpec) -> RunSpec:
+        """``run`` with this stack's attention (fused softmax keeps and costs what ``activations``' eager block
+        does: the s x s softmax output in 16 bits); the save list travels beside it (``save_list``)."""
+        if self.attention is None:
+            return run
+        attention = "flash" if self.attention == "flash" else "eager"
+        return run if attention == run.attention else replace(run, attention=attention)
+
+    def reported_bytes(self, memory: MemoryBreakdown) -> float:
+        """The peak memory per GPU this stack prints for a step that ``memory`` plans."""
+        from convoy.plan.memory import RESERVED_OVER_ALLOCATED
+
+        if self.memory_report == "reserved":
+            return memory.allocated * RESERVED_OVER_ALLOCATED
+        if self.memory_report == "allocated":
+            return float(memory.allocated)
+        return float(memory.total)
+
+    def sources(self) -> dict[str, str]:
+        """The source of each factor where the stack differs from convoy's (factor name -> source)."""
+        out = {}
+        if self.gemm_fraction != 1.0 or self.gemm_by_architecture:
+            out["gemm"] = self.gemm_source
+        if self.attention is not None:
+            out["attention"] = self.attention_source
+        if self.dp_schedule != DEFAULT_STACK.dp_schedule:
+            out["dp_schedule"] = self.dp_schedule_source
+        if self.save_list != DEFAULT_STACK.save_list:
+            out["save_list"] = self.save_list_source
+        if self.memory_report != DEFAULT_STACK.memory_report:
+            out["memory"] = self.memory_source
+        return out
+
+
+DEFAULT_STACK = Stack(
+    name="convoy", software="convoy's trainer: PyTorch 2.x, DDP / ZeroRedundancyOptimizer / FSDP2, the model's SDPA "
+    "(flash), cuBLAS of 2024-25, convoy's per-op save list",
+    gemm_source=f"the reference: {_MAMF_GENERATION}",
+    attention_source="the run's own (RunSpec.attention)",
+    dp_schedule_source="convoy.plan.timing: DDP, ZeroRedundancyOptimizer and FSDP2 as convoy's trainer runs them",
+    save_list_source="convoy.train.parallel.recompute.SELECTIVE_SAVES (every matmul's and the attention's output)",
+    memory_source="the plan's total: allocated, the CUDA context and the fragmentation allowance (convoy.plan.memory)")
+
+STACKS: dict[str, Stack] = {s.name: s for s in (
+    DEFAULT_STACK,
+    Stack(name="torchtitan", software="torchtitan (PyTorch 2.5+, FSDP2, per-op selective recompute)",
+          gemm_source=f"1.0: PyTorch 2.5+ with cuBLAS 12.x, {_MAMF_GENERATION}",
+          attention="flash", attention_source="torchtitan's Llama 3 runs F.scaled_dot_product_attention (flash)",
+          save_list="torchtitan", save_list_source=_TORCHTITAN_SAC,
+          memory_report="reserved", memory_source=_TORCHTITAN_MEMORY),
+    Stack(name="fsdp1", software="PyTorch FSDP1 of 2023-24 (llm-foundry/Composer, IBM fms-fsdp, HF accelerate): "
+          "limit_all_gathers, flash attention",
+          gemm_source=f"1.0, {_NONE_FOUND} (PyTorch 2.0-2.2, cuBLAS 11.8-12.1)",
+          attention="flash", attention_source="llm-foundry's and fms-fsdp's flash attention (FlashAttention-2 / SDPA)",
+          dp_schedule="fsdp1", dp_schedule_source=_FSDP1_DOCS),
+    Stack(name="megatron-2021", software="Megatron-LM of 2021 (PyTorch 1.8, CUDA/cuBLAS 11.x, fused softmax, "
+          "Megatron's own DDP/TP/PP)",
+          gemm_source=f"1.0, {_NONE_FOUND} (no published GEMM benchmark of cuBLAS 11.x on the A100 was read)",
+          attention="fused-softmax", attention_source=_FUSED_SOFTMAX,
+          dp_schedule="megatron", dp_schedule_source=_MEGATRON_2021_CODE),
+    Stack(name="megatron-deepspeed", software="Megatron-DeepSpeed 2021-22 (BLOOM, MT-NLG): Megatron's 2021 kernels "
+          "with DeepSpeed's ZeRO-1 and pipeline engine",
+          gemm_source=f"1.0, {_NONE_FOUND}",
+          attention="fused-softmax", attention_source=_FUSED_SOFTMAX,
+          dp_schedule="deepspeed", dp_schedule_source=_DEEPSPEED_PIPE_CODE),
+    Stack(name="gpt-neox", software="EleutherAI GPT-NeoX 2022-23 (NeoX-20B, Pythia): Megatron + DeepSpeed lineage, "
+          "ZeRO-1 x TP x PP",
+          gemm_source=f"1.0, {_NONE_FOUND}",
+          attention="fused-softmax", attention_source="GPT-NeoX's megatron/model/fused_softmax.py (Megatron's kernel)",
+          dp_schedule="deepspeed", dp_schedule_source=_DEEPSPEED_PIPE_CODE),
+    Stack(name="deepspeed-zero3-2021", software="DeepSpeed ZeRO-3 of 2021 (one collective per parameter tensor) on "
+          "Megatron's model",
+          gemm_source=f"1.0, {_NONE_FOUND}",
+          attention="fused-softmax", attention_source=_FUSED_SOFTMAX,
+          dp_schedule="deepspeed", dp_schedule_source=_DEEPSPEED_PIPE_CODE),
+    Stack(name="megatron-core", software="Megatron-Core / NeMo 2023-25 (Transformer Engine, flash attention, "
+          "distributed optimizer)",
+          gemm_source=f"1.0, {_NONE_FOUND} (Transformer Engine's GEMMs are cuBLASLt's, {_MAMF_GENERATION})",
+          attention="flash", attention_source="Transformer Engine's fused attention (cuDNN / FlashAttention-2)",
+          dp_schedule_source="overlap_grad_reduce / overlap_param_gather overlap as convoy's engines do: "
+          "planned as convoy's"),
+    Stack(name="llama3-meta", software="Meta's Llama 3 training stack (2024, 4D parallelism on H100s)",
+          gemm_source=f"1.0, {_NONE_FOUND}",
+          attention="flash", attention_source="Llama 3 paper (arXiv:2407.21783) section 3.3: flash attention",
+          dp_schedule_source="FSDP overlapped with compute (Llama 3 paper, section 3.3.2): planned as convoy's"),
+)}
+
+
+def stack_named(stack: str | Stack) -> Stack:
+    """The ``Stack`` ``stack`` names (``STACKS``); a ``Stack`` is returned as it is."""
+    if isinstance(stack, Stack):
+        return stack
+    try:
+        return STACKS[stack]
+    except (KeyError, TypeError):
+        raise PlanError(f"stack {stack!r} is not one of: {', '.join(STACKS)}") from None

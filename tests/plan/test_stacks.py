@@ -1,0 +1,159 @@
+"""The software a run used is an input of the plan (issue 38, item 1): ``convoy.plan.stacks``.
+
+A stack changes the plan only where it differs from convoy's own, each difference with its source; convoy's stack
+plans exactly what a plan without one does."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from convoy.errors import ConvoyError
+from convoy.plan.activations import block_selective
+from convoy.plan.dims import ParallelDims
+from convoy.plan.hardware import Hardware, lookup_gpu
+from convoy.plan.memo import forget
+from convoy.plan.memory import Layout, memory_per_gpu
+from convoy.plan.model import from_hf_config, from_numbers
+from convoy.plan.run import RunSpec
+from convoy.plan.stacks import DEFAULT_STACK, STACKS, Stack, stack_named
+from convoy.plan.timing import step_time
+
+LLAMA_8B = from_hf_config({"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
+                           "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+                           "vocab_size": 128256, "_name_or_path": "Llama 3.1 8B"})
+GPT_18B = from_numbers(18.4e9, layers=40, hidden=6144, heads=48, vocab=51200, ffn=4 * 6144)
+H100X8 = Hardware(gpu=lookup_gpu("H100-80GB"), gpus_per_node=8)
+A100X64 = Hardware(gpu=lookup_gpu("A100-80GB"), gpus_per_node=8, nodes=8, inter_gbps=1600)
+
+#: (model, run, layout, hardware, global batch): FSDP with selective recompute, DDP x TP, DP x TP x PP
+CASES = [
+    (LLAMA_8B, RunSpec(seq_len=8192, micro_batch=1, precision="bf16-fsdp", recompute="selective"),
+     Layout(dims=ParallelDims(dp_shard=8), zero_stage=3), H100X8, 8),
+    (GPT_18B, RunSpec(seq_len=2048, micro_batch=4, precision="bf16", recompute="full"),
+     Layout(dims=ParallelDims(dp_replicate=8, tp=8), zero_stage=0, microbatches=4), A100X64, 128),
+    (GPT_18B, RunSpec(seq_len=2048, micro_batch=2, precision="bf16", recompute="selective"),
+     Layout(dims=ParallelDims(dp_replicate=4, tp=4, pp=4), zero_stage=1, microbatches=8), A100X64, 64),
+]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    forget()  # each comparison computes both sides afresh
+    yield
+
+
+def test_every_stack_names_the_source_of_each_way_it_differs_from_convoys():
+    assert STACKS["convoy"] is DEFAULT_STACK and DEFAULT_STACK.sources() == {}
+    for name, stack in STACKS.items():
+        assert stack.name == name and stack.software
+        for factor, source in stack.sources().items():
+            assert len(source) > 30, (name, factor)
+        # a GEMM factor of 1.0 still says why: convoy's generation, or that no measurement was found
+        assert stack.gemm_source, name
+    differing = {name for name, s in STACKS.items() if s.sources()}
+    assert differing == set(STACKS) - {"convoy"}
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_convoys_stack_plans_exactly_what_a_plan_without_a_stack_does(case):
+    model, run, layout, hw, batch = CASES[case]
+    assert step_time(model, run, layout, hw, global_batch=batch) == step_time(
+        model, run, layout, hw, global_batch=batch, stack="convoy")
+    assert memory_per_gpu(model, run, layout) == memory_per_gpu(model, run, layout, stack=DEFAULT_STACK)
+
+
+def test_a_stack_with_slower_gemms_plans_a_slower_step_and_nothing_else():
+    model, run, layout, hw, batch = CASES[1]
+    slow = Stack(name="slow-gemms", software="a test stack", gemm_fraction=0.8, gemm_source="a test")
+    base = step_time(model, run, layout, hw, global_batch=batch)
+    slower = step_time(model, run, layout, hw, global_batch=batch, stack=slow)
+    assert slower.compute > base.compute * 1.1 and slower.seconds > base.seconds
+    assert (slower.dp_comm, slower.tp_comm) == (base.dp_comm, base.tp_comm)
+    assert memory_per_gpu(model, run, layout, stack=slow) == memory_per_gpu(model, run, layout)
+    # per architecture where it differs: on Hopper this stack is convoy's
+    ampere_only = replace(slow, gemm_fraction=1.0, gemm_by_architecture=(("ampere", 0.8),))
+    assert step_time(model, run, layout, hw, global_batch=batch, stack=ampere_only).compute == slower.compute
+    h100 = replace(hw, gpu=lookup_gpu("H100-80GB"))
+    assert step_time(model, run, layout, h100, global_batch=batch, stack=ampere_only).compute == step_time(
+        model, run, layout, h100, global_batch=batch).compute
+
+
+def test_torchtitans_save_list_keeps_every_other_matmul_so_less_memory_and_more_recompute():
+    model, run, layout, hw, batch = CASES[0]
+    mine = [t.what for t in block_selective(model, run)]
+    theirs = [t.what for t in block_selective(model, run, save_list="torchtitan")]
+    # Llama's q, k, v, o, gate, up, down: torchtitan keeps q, v, gate and down (mm 1, 3, 5, 7 of each block)
+    assert sum(w.startswith("matmul output") for w in mine) == 5  # q; k and v (x2); o; gate and up (x2); down
+    assert [w for w in theirs if w.startswith("matmul output")] == [
+        "matmul output 4096 -> 4096", "matmul output 4096 -> 1024", "matmul output 4096 -> 14336",
+        "matmul output 14336 -> 4096"]
+    convoy_mem = memory_per_gpu(model, run, layout)
+    titan_mem = memory_per_gpu(model, run, layout, stack="torchtitan")
+    assert titan_mem.activations < convoy_mem.activations
+    assert titan_mem.model_states == convoy_mem.model_states
+    convoy_t = step_time(model, run, layout, hw, global_batch=batch)
+    titan_t = step_time(model, run, layout, hw, global_batch=batch, stack="torchtitan")
+    assert titan_t.compute > convoy_t.compute
+    # full recomputation keeps the block's input whatever the save list
+    full = replace(run, recompute="full")
+    assert memory_per_gpu(model, full, layout, stack="torchtitan").activations == \
+        memory_per_gpu(model, full, layout).activations
+
+
+def test_torchtitan_reports_reserved_memory_and_convoy_its_plans_total():
+    model, run, layout, _, _ = CASES[0]
+    mem = memory_per_gpu(model, run, layout)
+    assert DEFAULT_STACK.reported_bytes(mem) == mem.total
+    assert mem.allocated < STACKS["torchtitan"].reported_bytes(mem) < mem.allocated * 1.2
+
+
+def test_fsdp1_exposes_more_of_its_collectives_than_fsdp2_on_the_same_layout():
+    model = LLAMA_8B
+    run = RunSpec(seq_len=2048, micro_batch=2, precision="bf16-fsdp")
+    layout = Layout(dims=ParallelDims(dp_shard=64), zero_stage=3)
+    fsdp2 = step_time(model, run, layout, A100X64, global_batch=128)
+    fsdp1 = step_time(model, run, layout, A100X64, global_batch=128, stack="fsdp1")
+    assert fsdp1.dp_comm == fsdp2.dp_comm  # the same collectives ...
+    assert fsdp1.exposed_dp > fsdp2.exposed_dp  # ... less of them hidden
+    assert fsdp1.seconds > fsdp2.seconds
+
+
+def test_megatrons_2021_ddp_all_reduces_after_the_backward():
+    model, run, layout, hw, batch = CASES[1]
+    convoy = step_time(model, run, layout, hw, global_batch=batch)
+    megatron = step_time(model, run, layout, hw, global_batch=batch, stack="megatron-2021")
+    assert megatron.exposed_dp == pytest.approx(megatron.dp_comm)
+    assert convoy.exposed_dp < convoy.dp_comm
+    # and its fused softmax keeps the s x s probabilities that flash attention does not
+    assert memory_per_gpu(model, replace(run, recompute="none"), layout, stack="megatron-2021").activations > \
+        memory_per_gpu(model, replace(run, recompute="none"), layout).activations
+
+
+def test_a_bad_stack_name_is_one_line_listing_the_names():
+    model, run, layout, hw, batch = CASES[0]
+    for call in (lambda: step_time(model, run, layout, hw, global_batch=batch, stack="megatron"),
+                 lambda: memory_per_gpu(model, run, layout, stack="megatron"),
+                 lambda: stack_named("megatron")):
+        with pytest.raises(ConvoyError) as err:
+            call()
+        message = str(err.value)
+        assert "\n" not in message and "'megatron'" in message
+        assert all(name in message for name in STACKS)
+
+
+def test_a_stack_is_a_hashable_record_the_planner_can_remember():
+    assert len({hash(s) for s in STACKS.values()}) == len(STACKS)
+    with pytest.raises(ConvoyError, match="dp_schedule"):
+        Stack(name="x", software="x", dp_schedule="horovod")
+
+
+def test_deepspeeds_pipeline_engine_reduces_after_its_last_micro_batch():
+    """ZeRO-1 under DeepSpeed's pipeline engine: the gradient reduce waits for the flush and the updated shards are
+    all-gathered after the step; convoy's DDP hides its all-reduce behind the last backward."""
+    model, run, layout, hw, batch = CASES[2]
+    convoy = step_time(model, run, layout, hw, global_batch=batch)
+    deepspeed = step_time(model, run, layout, hw, global_batch=batch, stack="megatron-deepspeed")
+    assert deepspeed.exposed_dp == pytest.approx(deepspeed.dp_comm)
+    assert convoy.exposed_dp < convoy.dp_comm
