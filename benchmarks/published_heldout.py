@@ -96,7 +96,7 @@ def _foundry(key: str, table: str, model, *, gpu: str, board: str, gpus: int, se
     row = Published(key=key, source=f"{_FOUNDRY}, {table} table", model=model, hardware=f"{gpus} x {board}, {links}",
                     gpu=gpu, gpus_per_node=8, nodes=gpus // 8, inter_gbps=inter_gbps,
                     dims=ParallelDims(dp_shard=gpus), zero_stage=3, seq=seq, micro_batch=micro, global_batch=batch,
-                    recompute=recompute, precision=precision, attention="flash", stack="fsdp1", software=software,
+                    recompute=recompute, precision=precision, stack="fsdp1", software=software,
                     step_seconds=batch * seq / tps, derivation=f"{batch:,} x {seq} tokens / {tps:,} tokens/s")
     return row, Printed(tokens_per_s=tps, params=params, params_where="the table's NumParams", mfu=mfu,
                         peak_tflops=peak, mfu_formula="llm-foundry")
@@ -156,8 +156,7 @@ def _tt_a100(key: str, model, *, local: int, recompute: str, what: str, wps: int
     row = Published(key=key, source=f"{_TT_2024}, {model.name[-3:].strip()} {what}, batch {local}", model=model,
                     hardware=f"{gpus} x {_A100_NODES}", gpu="A100-80GB", gpus_per_node=8, nodes=8, inter_gbps=1600,
                     dims=ParallelDims(dp_shard=gpus), zero_stage=3, seq=seq, micro_batch=local,
-                    global_batch=local * gpus, recompute=recompute, precision="bf16-fsdp", attention="flash",
-                    stack="torchtitan", software=_TT_2024_SW + (
+                    global_batch=local * gpus, recompute=recompute, precision="bf16-fsdp", stack="torchtitan", software=_TT_2024_SW + (
                         "; AC 'selective op' is torchtitan's per-op policy (_save_list)" if what == "selective op"
                         else ""),
                     step_seconds=local * seq / wps,
@@ -181,8 +180,7 @@ def _tt_h100(key: str, source: str, model, *, gpus: int, dims: ParallelDims, loc
     batch = local * dims.dp
     row = Published(key=key, source=source, model=model, hardware=f"{gpus} x {hardware}", gpu=gpu, gpus_per_node=8,
                     nodes=gpus // 8, inter_gbps=3200, dims=dims, zero_stage=3, seq=seq, micro_batch=micro,
-                    global_batch=batch, recompute=recompute, precision="bf16-fsdp", attention="flash",
-                    pp_stages_per_rank=virtual, compile="blocks", fp8=fp8, stack="torchtitan", software=software,
+                    global_batch=batch, recompute=recompute, precision="bf16-fsdp", pp_stages_per_rank=virtual, compile="blocks", fp8=fp8, stack="torchtitan", software=software,
                     step_seconds=batch * seq / (tps * gpus), memory_gib=memory,
                     derivation=f"{batch} x {seq} tokens / ({tps:,} tokens/s/GPU x {gpus})")
     size = model.name.split()[-1]
@@ -230,7 +228,7 @@ def _fms(key: str, *, gpus: int, gpu: str, board: str, inter: float, tps: int, m
                     hardware=f"{gpus} x {board}, {inter:,.0f} Gbit/s between nodes", gpu=gpu, gpus_per_node=8,
                     nodes=gpus // 8, inter_gbps=inter, dims=ParallelDims(dp_replicate=gpus // 8, dp_shard=8),
                     zero_stage=3, seq=seq, micro_batch=local, global_batch=local * gpus, recompute="none",
-                    precision="bf16-fsdp", attention="flash", compile="model", stack="fsdp1", software=_FMS_SW,
+                    precision="bf16-fsdp", compile="model", stack="fsdp1", software=_FMS_SW,
                     step_seconds=local * seq / tps,
                     derivation=f"{local * gpus} x {seq} tokens / ({tps:,} tokens/s/GPU x {gpus})")
     # the README names the size only ("7b", 3.7 % above ibm-fms LLaMAConfig()'s 6.74e9): its MFU checks the model

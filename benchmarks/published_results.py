@@ -80,10 +80,6 @@ class Published:
     """Peak memory per GPU as published (GiB), where it is."""
     deviation: str = ""
     """What the plan does not model about this run (shown under the table); required where it is > 25 % off."""
-    stack: str = "convoy"
-    """The software stack the run used, a name of ``convoy.plan.stacks.STACKS`` (``convoy``: convoy's own trainer)."""
-    software: str = ""
-    """What the source says it ran: framework, versions, year."""
 
     @property
     def how(self) -> str:
