@@ -156,7 +156,8 @@ def _tt_a100(key: str, model, *, local: int, recompute: str, what: str, wps: int
     row = Published(key=key, source=f"{_TT_2024}, {model.name[-3:].strip()} {what}, batch {local}", model=model,
                     hardware=f"{gpus} x {_A100_NODES}", gpu="A100-80GB", gpus_per_node=8, nodes=8, inter_gbps=1600,
                     dims=ParallelDims(dp_shard=gpus), zero_stage=3, seq=seq, micro_batch=local,
-                    global_batch=local * gpus, recompute=recompute, precision="bf16-fsdp", stack="torchtitan", software=_TT_2024_SW + (
+                    global_batch=local * gpus, recompute=recompute, precision="bf16-fsdp", stack="torchtitan",
+                    software=_TT_2024_SW + (
                         "; AC 'selective op' is torchtitan's per-op policy (_save_list)" if what == "selective op"
                         else ""),
                     step_seconds=local * seq / wps,
@@ -180,7 +181,8 @@ def _tt_h100(key: str, source: str, model, *, gpus: int, dims: ParallelDims, loc
     batch = local * dims.dp
     row = Published(key=key, source=source, model=model, hardware=f"{gpus} x {hardware}", gpu=gpu, gpus_per_node=8,
                     nodes=gpus // 8, inter_gbps=3200, dims=dims, zero_stage=3, seq=seq, micro_batch=micro,
-                    global_batch=batch, recompute=recompute, precision="bf16-fsdp", pp_stages_per_rank=virtual, compile="blocks", fp8=fp8, stack="torchtitan", software=software,
+                    global_batch=batch, recompute=recompute, precision="bf16-fsdp", pp_stages_per_rank=virtual,
+                    compile="blocks", fp8=fp8, stack="torchtitan", software=software,
                     step_seconds=batch * seq / (tps * gpus), memory_gib=memory,
                     derivation=f"{batch} x {seq} tokens / ({tps:,} tokens/s/GPU x {gpus})")
     size = model.name.split()[-1]

@@ -163,7 +163,8 @@ def _mcore(key: str, layers: int, hidden: int, heads: int, tp: int, name: str) -
                                                   name),
         hardware=f"{gpus} x H100 (memory and network not stated)", gpu="H100-80GB", gpus_per_node=8,
         nodes=gpus // 8, inter_gbps=_H100_GBPS, dims=ParallelDims(dp_replicate=48, tp=tp), zero_stage=1, seq=seq,
-        micro_batch=1, global_batch=batch, recompute="none", precision="bf16", step_seconds=flops / (gpus * tflops * 1e12),
+        micro_batch=1, global_batch=batch, recompute="none", precision="bf16",
+        step_seconds=flops / (gpus * tflops * 1e12),
         derivation=f"Megatron-Core's 72·B·s·l·h²·(1 + s/6h + V/12lh) = {flops:.4g} FLOPs / ({gpus} x {tflops} "
                    "TFLOP/s)",
         stack="megatron-core", software=_MCORE_SOFTWARE)
@@ -204,7 +205,8 @@ ROWS: tuple[Published, ...] = (
                             "tune-up after the FFN size was fixed); shape from train/tr8-104B-wide/README.md",
         model=_gpt(_gpt_params(32, 16384, 50257, 2048), 32, 16384, 32, 50257, "GPT 104B (BigScience tr8)"),
         hardware="128 x V100 32GB (Jean Zay, 32 nodes of 4); network not stated", gpu="V100-32GB",
-        gpus_per_node=4, nodes=32, inter_gbps=_JZ_V100_GBPS, dims=ParallelDims(tp=4, pp=32), zero_stage=1, seq=2048, micro_batch=1, global_batch=2048, recompute="full", precision="fp16",
+        gpus_per_node=4, nodes=32, inter_gbps=_JZ_V100_GBPS, dims=ParallelDims(tp=4, pp=32), zero_stage=1, seq=2048,
+        micro_batch=1, global_batch=2048, recompute="full", precision="fp16",
         step_seconds=PRINTED["BS104"]["seconds"],
         derivation="tabled: 696 s per iteration at GBS 2048 (the table's 39.17 TFLOPs = 104·4·2·2048·2048 / (696 "
                    "s x 128 GPUs x 1e3))",
