@@ -202,3 +202,30 @@ def test_zero3_over_many_ranks_pays_for_its_ring_and_its_collective_count():
         step_time(gpt3, run, tiny, small, global_batch=8).dp_comm, rel=0.05)
     with pytest.raises(ValueError, match="engine"):
         step_time(gpt3, run, layout, big, global_batch=1536, engine="megatron")
+
+
+def test_a_stage_boundary_across_nodes_is_priced_on_the_gpus_nic_and_only_on_the_critical_path():
+    """TP 8 x PP 4 on 4 nodes: every stage fills a node, so each of the 3 boundaries crosses the network and a send
+    of one micro-batch's activations (of one tp rank) runs on that GPU's 400 Gbit/s NIC (a rail-optimized node's
+    eighth of 3,200) at NCCL's fraction of it; the step waits for the sends on the schedule's critical path
+    (2(p-1) + 2(m-1)(1 - 1/p) for 1F1B), not all 2m a rank makes. TP 2 x PP 4 in one node sends over NVLink."""
+    run = RunSpec(seq_len=4096, micro_batch=1)
+    act = 4096 * 4096 * run.recipe.activation_bytes
+    network = parse_hardware("8xH100-80GB", nodes=4, inter_gbps=3200)
+    layout = Layout(dims=ParallelDims(tp=8, pp=4), microbatches=16)
+    t = step_time(MODEL, run, layout, network, global_batch=16)
+    send = act / 8 / (50e9 * NCCL_LINK_FRACTION["net"]) + 25e-6  # the network's small-message latency
+    assert t.pp_comm == pytest.approx((6 + 2 * 15 * 3 / 4) * send)
+    assert t.comm_bytes >= 2 * 16 * act / 8  # every send's bytes are still sent
+    thin = step_time(MODEL, run, layout, parse_hardware("8xH100-80GB", nodes=4, inter_gbps=800), global_batch=16)
+    assert thin.pp_comm > 3 * t.pp_comm  # a quarter of the NIC: about 4x the bytes' time
+    inside = step_time(MODEL, run, Layout(dims=ParallelDims(tp=2, pp=4), microbatches=16),
+                       parse_hardware("8xH100-80GB"), global_batch=16)
+    nvlink = act / 2 / parse_hardware("8xH100-80GB").intra_bandwidth + 10e-6
+    assert inside.pp_comm == pytest.approx((6 + 2 * 15 * 3 / 4) * nvlink)
+    # PP 8 of TP 2 on 2 nodes: 4 stages a node, one boundary of the 7 crosses
+    half = step_time(MODEL, run, Layout(dims=ParallelDims(tp=2, pp=8), microbatches=16),
+                     parse_hardware("8xH100-80GB", nodes=2, inter_gbps=3200), global_batch=16)
+    near = act / 2 / parse_hardware("8xH100-80GB").intra_bandwidth + 10e-6
+    far = act / 2 / (50e9 * NCCL_LINK_FRACTION["net"]) + 25e-6
+    assert half.pp_comm == pytest.approx((14 + 2 * 15 * 7 / 8) * (6 * near + far) / 7)
