@@ -11,7 +11,7 @@ from convoy.plan.activations import block_bytes
 from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import Hardware, lookup_gpu, parse_hardware
 from convoy.plan.memory import Layout
-from convoy.plan.model import ModelSpec, from_numbers
+from convoy.plan.model import ModelSpec, from_hf_config, from_numbers
 from convoy.plan.run import RunSpec
 from convoy.plan.speed.collectives import Group, collective_seconds
 from convoy.plan.speed.rates import rates_for
@@ -202,3 +202,54 @@ def test_zero3_over_many_ranks_pays_for_its_ring_and_its_collective_count():
         step_time(gpt3, run, tiny, small, global_batch=8).dp_comm, rel=0.05)
     with pytest.raises(ValueError, match="stack 'megatron' is not one of"):
         step_time(gpt3, run, layout, big, global_batch=1536, stack="megatron")
+
+
+def test_a_stage_boundary_across_nodes_is_priced_on_the_gpus_nic_and_only_on_the_critical_path():
+    """TP 8 x PP 4 on 4 nodes: every stage fills a node, so each of the 3 boundaries crosses the network and a send
+    of one micro-batch's activations (of one tp rank) runs on that GPU's 400 Gbit/s NIC (a rail-optimized node's
+    eighth of 3,200) at NCCL's fraction of it; the step waits for the sends on the schedule's critical path
+    (2(p-1) + 2(m-1)(1 - 1/p) for 1F1B), not all 2m a rank makes. TP 2 x PP 4 in one node sends over NVLink."""
+    run = RunSpec(seq_len=4096, micro_batch=1)
+    act = 4096 * 4096 * run.recipe.activation_bytes
+    network = parse_hardware("8xH100-80GB", nodes=4, inter_gbps=3200)
+    layout = Layout(dims=ParallelDims(tp=8, pp=4), microbatches=16)
+    t = step_time(MODEL, run, layout, network, global_batch=16)
+    send = act / 8 / (50e9 * NCCL_LINK_FRACTION["net"]) + 25e-6  # the network's small-message latency
+    assert t.pp_comm == pytest.approx((6 + 2 * 15 * 3 / 4) * send)
+    assert t.comm_bytes >= 2 * 16 * act / 8  # every send's bytes are still sent
+    thin = step_time(MODEL, run, layout, parse_hardware("8xH100-80GB", nodes=4, inter_gbps=800), global_batch=16)
+    assert thin.pp_comm > 3 * t.pp_comm  # a quarter of the NIC: about 4x the bytes' time
+    inside = step_time(MODEL, run, Layout(dims=ParallelDims(tp=2, pp=4), microbatches=16),
+                       parse_hardware("8xH100-80GB"), global_batch=16)
+    nvlink = act / 2 / parse_hardware("8xH100-80GB").intra_bandwidth + 10e-6
+    assert inside.pp_comm == pytest.approx((6 + 2 * 15 * 3 / 4) * nvlink)
+    # PP 8 of TP 2 on 2 nodes: 4 stages a node, one boundary of the 7 crosses
+    half = step_time(MODEL, run, Layout(dims=ParallelDims(tp=2, pp=8), microbatches=16),
+                     parse_hardware("8xH100-80GB", nodes=2, inter_gbps=3200), global_batch=16)
+    near = act / 2 / parse_hardware("8xH100-80GB").intra_bandwidth + 10e-6
+    far = act / 2 / (50e9 * NCCL_LINK_FRACTION["net"]) + 25e-6
+    assert half.pp_comm == pytest.approx((14 + 2 * 15 * 7 / 8) * (6 * near + far) / 7)
+
+
+def test_llama3_405b_slows_from_8k_to_16k_gpus_by_the_bubble_the_paper_measured():
+    """The Llama 3 paper (arXiv:2407.21783, table 4 and section 3.3.2): TP 8 x PP 16, 16M tokens of 8192 per step,
+    430 TFLOP/s per GPU on 8,192 GPUs (DP 64, 32 micro-batches) and 400 on 16,384 (DP 128, 16), the drop "due to the
+    lower batch size per DP group": 0.930 of the rate at twice the bubble. Its stage cut puts one block in each
+    chunk, so v = 8; planned with (p-1)/(v m) the per-GPU rate falls to within 3 % of 0.930 of it, where 1F1B's
+    bubble would make it 0.78."""
+    llama = from_hf_config({"model_type": "llama", "num_hidden_layers": 126, "hidden_size": 16384,
+                            "num_attention_heads": 128, "num_key_value_heads": 8, "intermediate_size": 53248,
+                            "vocab_size": 128256})
+    run = RunSpec(seq_len=8192, micro_batch=1, precision="bf16-fsdp", recompute="none")
+
+    def rate_ratio(v: int) -> float:
+        seconds = {}
+        for dp in (64, 128):
+            hw = parse_hardware("8xH100-80GB", nodes=16 * dp, inter_gbps=3200)
+            layout = Layout(dims=ParallelDims(dp_shard=dp, tp=8, pp=16), zero_stage=2, microbatches=2048 // dp,
+                            pp_schedule="interleaved_1f1b" if v > 1 else "1f1b", pp_stages_per_rank=v)
+            seconds[dp] = step_time(llama, run, layout, hw, global_batch=2048).seconds
+        return seconds[64] / 2 / seconds[128]  # per-GPU rate at 16K over that at 8K
+
+    assert rate_ratio(8) == pytest.approx(400 / 430, rel=0.03)
+    assert rate_ratio(1) < 0.85

@@ -4,20 +4,28 @@ transfers between stages, and which schedules a layout can run.
     from convoy.plan.schedules import pipeline_bubble, in_flight, transfers, schedule_options
     pipeline_bubble(16, 16)                                        # 1F1B: (p-1)/m = 0.9375 of the busy time
     pipeline_bubble(16, 16, schedule="interleaved_1f1b", stages_per_rank=4)   # (p-1)/(v m) = 0.234
+    pipeline_bubble(16, 8, schedule="interleaved_1f1b", stages_per_rank=4)    # m < p: (p-1 + (v-1)(p-m))/(v m) = 1.22
+    critical_transfers(16, 16, schedule="interleaved_1f1b", stages_per_rank=4)  # 2(v p - 1) = 126 sends in a row
     in_flight(4, 8, schedule="interleaved_1f1b", stages_per_rank=2)           # 1.375 micro-batches of a rank's layers
     schedule_options(pp=4, microbatches=8, layers=32)              # (("1f1b", 1), ("interleaved_1f1b", 2), ...)
 
 The names are ``SCHEDULES``' (``strategy_options["pp_schedule"]``; v is ``pp_stages_per_rank``). The idle fraction
 is of the busy time (a rank's forward and backward work), so a step takes busy x (1 + bubble); stages are assumed
 to do equal work, which the trainer's even cut of the layer list gives.
+
+The bubble and the transfers on the critical path were checked against an event simulation of torch's own op order
+(``ScheduleInterleaved1F1B._calculate_single_rank_operations``: warm-up of (v-1) r + 2(p-1-rank) chunk forwards,
+then one forward and one backward, r = m / max(1, m // p) micro-batches per round), each op waiting for its input
+from the stage before (``tests/plan/test_schedules.py``): at p = 16, v = 2, 4, 8 and m = 2-48 the simulated idle
+time is the formulas' exactly.
 """
 
 from __future__ import annotations
 
 from convoy.errors import PlanError
 
-__all__ = ["SCHEDULES", "INTERLEAVED", "pipeline_bubble", "in_flight", "transfers", "schedule_options",
-           "check_schedule", "DEFAULT_SCHEDULE"]
+__all__ = ["SCHEDULES", "INTERLEAVED", "pipeline_bubble", "in_flight", "transfers", "critical_transfers",
+           "schedule_options", "check_schedule", "DEFAULT_SCHEDULE"]
 
 #: schedule name -> several stages per rank (the trainer's ``convoy.train.parallel.pipeline.SCHEDULES``):
 #: ``gpipe`` every forward, then every backward (Huang et al. 2019); ``1f1b`` one forward, one backward in the steady
@@ -42,11 +50,16 @@ def check_schedule(schedule: str, stages_per_rank: int) -> None:
 
 def pipeline_bubble(pp: int, microbatches: int, *, schedule: str = DEFAULT_SCHEDULE, stages_per_rank: int = 1
                     ) -> float:
-    """Idle time over busy time of one rank: (p-1)/m, or (p-1)/(v m) for the schedules with v stages per rank."""
+    """Idle time over busy time of one rank: (p-1)/m, or (p-1)/(v m) for the schedules with v stages per rank
+    (Narayanan et al. 2021, section 2.2.2; the Llama 3 paper, section 3.3.2, states the same for its schedule, whose
+    micro-batch count need not be a multiple of p, as torch's need not). With fewer micro-batches than stages a
+    rank's next chunk waits for the first micro-batch to come round the p ranks, p - m chunk slots, at each of
+    the v - 1 chunk changes of the forward and of the backward: (p-1 + (v-1)(p-m)) / (v m)."""
     check_schedule(schedule, stages_per_rank)
     if pp <= 1:
         return 0.0
-    return (pp - 1) / (stages_per_rank * max(1, microbatches))
+    m, v = max(1, microbatches), stages_per_rank
+    return (pp - 1 + (v - 1) * max(0, pp - m)) / (v * m)
 
 
 def in_flight(pp: int, microbatches: int, *, schedule: str = DEFAULT_SCHEDULE, stages_per_rank: int = 1) -> float:
@@ -71,6 +84,27 @@ def transfers(pp: int, microbatches: int, *, stages_per_rank: int = 1) -> int:
     """Activation sends plus gradient sends of the busiest rank per pipeline call: 2 v m (a rank at an end of
     a plain pipeline sends one way only; the planner charges the middle ranks')."""
     return 0 if pp <= 1 else 2 * stages_per_rank * max(1, microbatches)
+
+
+def critical_transfers(pp: int, microbatches: int, *, schedule: str = DEFAULT_SCHEDULE, stages_per_rank: int = 1
+                       ) -> float:
+    """Stage-to-stage sends on a step's critical path, each a wait beside the compute (sends are asynchronous; the
+    rest overlap a rank's other work): the first micro-batch's activations through the p - 1 boundaries and the
+    last one's gradients back, 2(p-1). 1F1B has no slack in its steady state, where each backward waits for the
+    gradient of the forward just sent: 2(m-1)(1 - 1/p) more. Interleaved 1F1B, with one micro-batch per rank per
+    round (r = p, or m < p), waits for the round trip through all v p chunks: 2(v p - 1); with more (r > p) its
+    extra warm-up hides all but 2(p-1). Looped BFS passes every chunk boundary once each way: 2(v p - 1)."""
+    check_schedule(schedule, stages_per_rank)
+    if pp <= 1:
+        return 0.0
+    m, v = max(1, microbatches), stages_per_rank
+    if schedule in ("1f1b",):
+        return 2 * (pp - 1) + 2 * (m - 1) * (1 - 1 / pp)
+    if schedule == "gpipe":
+        return 2.0 * (pp - 1)
+    if schedule == "interleaved_1f1b" and m // max(1, m // pp) > pp:
+        return 2.0 * (pp - 1)
+    return 2.0 * (v * pp - 1)
 
 
 def schedule_options(*, pp: int, microbatches: int, layers: int | None) -> tuple[tuple[str, int], ...]:

@@ -26,7 +26,7 @@ from convoy.plan.memo import remembered
 from convoy.plan.memory import Layout, _stage_params, local_run
 from convoy.plan.model import ModelSpec
 from convoy.plan.run import OPTIMIZER_STATE_BYTES, RunSpec
-from convoy.plan.schedules import pipeline_bubble, transfers
+from convoy.plan.schedules import critical_transfers, pipeline_bubble, transfers
 from convoy.plan.shapes import attention_shape, gemm_shapes
 from convoy.plan.speed.collectives import Group, collective_seconds
 from convoy.plan.speed.rates import Rates, StackGemms, rates_for
@@ -605,16 +605,35 @@ def context_parallel_seconds(model: ModelSpec, run: RunSpec, layout: Layout, hw:
 
 
 def _pipeline(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> tuple[float, float]:
-    """(seconds of the pipeline's sends, all exposed; bytes each GPU sends) per step."""
+    """(seconds of the pipeline's sends on the critical path; bytes each GPU sends) per step.
+
+    Each send is one micro-batch's activations (or their gradient) of a tp rank, ``act``; the sends are
+    asynchronous, so only those on the schedule's critical path wait (``convoy.plan.schedules.critical_transfers``:
+    2(p-1) through the warm-up and cool-down, more where the schedule has no slack). A stage boundary crosses the
+    network when the next stage's ranks are on another node (ranks pp outer x dp x tp inner: every boundary when a
+    stage fills a node, else one in every gpus_per_node / stage boundaries), and is then priced on the sending GPU's
+    NIC (its share of the node's network, one NIC per GPU on a rail-optimized node: all of a stage's ranks send at
+    once) at NCCL's fraction of it, plus the network's small-message latency; inside a node on its link."""
     dims = layout.dims
     if not (dims.pp_enabled and model.hidden):
         return 0.0, 0.0
+    pp = dims.pp
     act = run.seq_len * run.micro_batch * model.hidden * run.recipe.activation_bytes / dims.tp
-    crosses = dims.tp * dims.dp * dims.pp > hw.gpus_per_node
-    bw = _group_bandwidth(hw, 1, 2) if crosses else hw.intra_bandwidth
-    # activations out, gradients back, at every stage boundary a micro-batch crosses (v per rank interleaved)
-    sends = transfers(dims.pp, layout.microbatches, stages_per_rank=layout.pp_stages_per_rank)
-    return sends * (act / bw + collective_latency(hw, across_nodes=crosses)), sends * act
+    stage = max(1, dims.world_size // pp)  # ranks of one stage
+    if hw.nodes == 1:
+        crossing = 0
+    elif stage >= hw.gpus_per_node:
+        crossing = pp - 1
+    else:
+        crossing = min(pp - 1, math.ceil(pp / max(1, hw.gpus_per_node // stage)) - 1)
+    nic = _group_bandwidth(hw, 1, 2) * (1.0 if hw.gpu.kind == "cpu" else NCCL_LINK_FRACTION["net"])
+    over_network = act / nic + collective_latency(hw, across_nodes=True)
+    inside = act / hw.intra_bandwidth + collective_latency(hw, across_nodes=False)
+    per_send = (crossing * over_network + (pp - 1 - crossing) * inside) / (pp - 1)
+    waits = critical_transfers(pp, layout.microbatches, schedule=layout.pp_schedule,
+                               stages_per_rank=layout.pp_stages_per_rank)
+    sends = transfers(pp, layout.microbatches, stages_per_rank=layout.pp_stages_per_rank)
+    return waits * per_send, sends * act
 
 
 def _offload(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> float:
