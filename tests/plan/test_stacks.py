@@ -5,7 +5,10 @@ plans exactly what a plan without one does."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +29,7 @@ LLAMA_8B = from_hf_config({"model_type": "llama", "num_hidden_layers": 32, "hidd
 GPT_18B = from_numbers(18.4e9, layers=40, hidden=6144, heads=48, vocab=51200, ffn=4 * 6144)
 H100X8 = Hardware(gpu=lookup_gpu("H100-80GB"), gpus_per_node=8)
 A100X64 = Hardware(gpu=lookup_gpu("A100-80GB"), gpus_per_node=8, nodes=8, inter_gbps=1600)
+REPO = Path(__file__).resolve().parents[2]
 
 #: (model, run, layout, hardware, global batch): FSDP with selective recompute, DDP x TP, DP x TP x PP
 CASES = [
@@ -157,3 +161,28 @@ def test_deepspeeds_pipeline_engine_reduces_after_its_last_micro_batch():
     deepspeed = step_time(model, run, layout, hw, global_batch=batch, stack="megatron-deepspeed")
     assert deepspeed.exposed_dp == pytest.approx(deepspeed.dp_comm)
     assert convoy.exposed_dp < convoy.dp_comm
+
+
+def _stack_gemm_factors():
+    spec = importlib.util.spec_from_file_location("stack_gemm_factors", REPO / "benchmarks" / "stack_gemm_factors.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("stack_gemm_factors", module)  # its dataclass looks its module up while it loads
+    spec.loader.exec_module(module)
+    return sys.modules["stack_gemm_factors"]
+
+
+def test_the_megatron_stacks_gemm_factor_is_the_one_their_measured_layer_gives():
+    """Korthikanti et al. 2022 timed one Megatron-LM layer on a DGX A100 (no recompute, full recompute): the GEMM
+    factor at which convoy's plan of that layer equals the measurement is each Megatron-lineage stack's, with the
+    source beside it; a change to the GEMM model that moves it fails here until the factor is derived again."""
+    factors = _stack_gemm_factors()
+    derived = factors.layer_factor()
+    for name in factors.MEGATRON_LINEAGE:
+        stack = STACKS[name]
+        assert stack.gemm_fraction_on("ampere") == pytest.approx(derived, abs=0.03), name
+        assert "arXiv:2205.05198" in stack.gemm_source and "CUDA 11" in stack.gemm_source, name
+        for fit in factors.layer_fits():  # both measured layers planned within 3 % at the stack's factor
+            planned = fit.gemm_ms / stack.gemm_fraction_on("ampere") + fit.rest_ms
+            assert planned == pytest.approx(fit.measured_ms, rel=0.03), (name, fit.recompute)
+    doc = (REPO / "docs" / "planner-accuracy.md").read_text()
+    assert factors.report() in doc, "rerun: python benchmarks/stack_gemm_factors.py, and paste its output"

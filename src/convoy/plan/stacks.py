@@ -45,6 +45,12 @@ MEMORY_REPORTS = ("planned", "reserved", "allocated")
 _NONE_FOUND = "no independent measurement found: planned as convoy's"
 _MAMF_GENERATION = ("the generation convoy's GEMM model was measured on (MAMF's cuBLAS 12.x of 2024-25, "
                     "convoy.plan.architectures)")
+_MEGATRON_GEMMS = ("1.0, measured: Korthikanti et al. 2022 (arXiv:2205.05198) table 4, one layer of Megatron-LM's "
+                   "22B GPT (hidden 6144, 64 heads, micro-batch 4, TP 8 on a DGX A100 80GB), 19.6 ms forward + "
+                   "backward and 27.2 ms with full recompute: convoy's plan of that layer equals them with its GEMMs "
+                   "at 1.00 of its model (benchmarks/stack_gemm_factors.py); cuBLAS 11.0 alone (NVIDIA, 'CUDA 11 "
+                   "Features Revealed' 2020, figure 6) reaches 259-292 TFLOPs at m = n = k = 4096-8192, 1.08-1.10 "
+                   "of convoy's model. On the A100: no measurement of this generation on the V100 was found")
 _MEGATRON_2021_CODE = ("Megatron-LM 2021 (v2.x), megatron/training.py train_step: model.allreduce_gradients() runs "
                        "after forward_backward_func returns, timed as 'backward-params-all-reduce'; overlap of the "
                        "gradient reduce with the backward came with Megatron-Core's overlap_grad_reduce (2023)")
@@ -169,22 +175,23 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           dp_schedule="fsdp1", dp_schedule_source=_FSDP1_DOCS),
     Stack(name="megatron-2021", software="Megatron-LM of 2021 (PyTorch 1.8, CUDA/cuBLAS 11.x, fused softmax, "
           "Megatron's own DDP/TP/PP)",
-          gemm_source=f"1.0, {_NONE_FOUND} (no published GEMM benchmark of cuBLAS 11.x on the A100 was read)",
+          gemm_source=f"{_MEGATRON_GEMMS} (the layer ran on Megatron-LM of 2022, the figure on cuBLAS 11.0 of 2020: "
+          "this stack's PyTorch 1.8 and CUDA 11.1 lie between)",
           attention="fused-softmax", attention_source=_FUSED_SOFTMAX,
           dp_schedule="megatron", dp_schedule_source=_MEGATRON_2021_CODE),
     Stack(name="megatron-deepspeed", software="Megatron-DeepSpeed 2021-22 (BLOOM, MT-NLG): Megatron's 2021 kernels "
           "with DeepSpeed's ZeRO-1 and pipeline engine",
-          gemm_source=f"1.0, {_NONE_FOUND}",
+          gemm_source=_MEGATRON_GEMMS,
           attention="fused-softmax", attention_source=_FUSED_SOFTMAX,
           dp_schedule="deepspeed", dp_schedule_source=_DEEPSPEED_PIPE_CODE),
     Stack(name="gpt-neox", software="EleutherAI GPT-NeoX 2022-23 (NeoX-20B, Pythia): Megatron + DeepSpeed lineage, "
           "ZeRO-1 x TP x PP",
-          gemm_source=f"1.0, {_NONE_FOUND}",
+          gemm_source=_MEGATRON_GEMMS,
           attention="fused-softmax", attention_source="GPT-NeoX's megatron/model/fused_softmax.py (Megatron's kernel)",
           dp_schedule="deepspeed", dp_schedule_source=_DEEPSPEED_PIPE_CODE),
     Stack(name="deepspeed-zero3-2021", software="DeepSpeed ZeRO-3 of 2021 (one collective per parameter tensor) on "
           "Megatron's model",
-          gemm_source=f"1.0, {_NONE_FOUND}",
+          gemm_source=_MEGATRON_GEMMS,
           attention="fused-softmax", attention_source=_FUSED_SOFTMAX,
           dp_schedule="deepspeed", dp_schedule_source=_DEEPSPEED_PIPE_CODE),
     Stack(name="megatron-core", software="Megatron-Core / NeMo 2023-25 (Transformer Engine, flash attention, "
