@@ -468,7 +468,7 @@ def speedups() -> str:
 
 
 #: the held-out tables: read only under ``--held-out`` (the development loop and ``--check`` never import them)
-HELD_OUT_MODULES = ("published_heldout", "published_heldout_megatron")
+HELD_OUT_MODULES = ("published_heldout", "published_heldout_megatron", "published_heldout2")
 
 
 def held_out_modules() -> list[Any]:

@@ -1,0 +1,130 @@
+"""The second held-out set (benchmarks/published_heldout2.py) is what its sources print: each step time follows from
+the printed throughput, each model's shape gives the parameter count (or the FLOP column) its source states, each
+layout fills the GPUs the source ran on, and no row repeats a run of the development table or the first held-out
+set. Nothing here plans a row: the held-out rows are planned only after they were frozen."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while it loads
+    spec.loader.exec_module(module)
+    return module
+
+
+development = _load("published_results")
+first = _load("published_heldout")
+megatron = _load("published_heldout_megatron")
+heldout = _load("published_heldout2")
+ROWS = heldout.ROWS
+BY_KEY = {row.key: row for row in ROWS}
+
+try:
+    from convoy.plan.stacks import STACKS as _STACKS
+    STACK_NAMES = set(_STACKS)
+except ImportError:  # the stack names fixed for issue 38
+    STACK_NAMES = {"convoy", "torchtitan", "fsdp1", "megatron-2021", "megatron-deepspeed", "gpt-neox",
+                   "deepspeed-zero3-2021", "megatron-core", "llama3-meta"}
+
+
+def _gpus(row) -> int:
+    return row.gpus_per_node * row.nodes
+
+
+def _run(row) -> tuple:
+    """What makes a run: model, board, GPUs, batch, micro-batch, sequence, and how it computed."""
+    return (row.model.name, row.gpu, _gpus(row), row.global_batch, row.micro_batch, row.seq, row.how)
+
+
+def _nemo_flops_per_token(row) -> float:
+    """nemo/utils/flops_formulas.py's llama2 (gated MLP: 18·f/h) and nemotron (two-matrix MLP: 12·f/h) per token,
+    with full (not causal-halved) attention as the 24.07 table's TFLOP column counts it."""
+    m, s = row.model, row.seq
+    mlp = 18 if m.gated_mlp else 12
+    kv = m.kv_heads or m.heads
+    return m.num_layers * m.hidden**2 * (12 + 12 * kv / m.heads + mlp * m.ffn / m.hidden + 12 * s / m.hidden
+                                         + 6 * m.vocab / (m.num_layers * m.hidden))
+
+
+def test_the_rows_are_new_and_name_their_stack_and_software():
+    assert 15 <= len(ROWS) <= 25
+    assert len(BY_KEY) == len(ROWS)
+    others = (*development._ROWS, *first.ROWS, *megatron.ROWS)
+    assert not set(BY_KEY) & {row.key for row in others}
+    seen = {_run(row) for row in others}
+    for row in ROWS:
+        assert _run(row) not in seen, row.key
+        assert row.stack in STACK_NAMES and row.stack != "convoy" and row.software, row.key
+        assert heldout.PRINTED[row.key] and row.key in heldout.SOURCE_PARAMS
+    assert len({_run(row) for row in ROWS}) == len(ROWS)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r.key)
+def test_the_layout_fills_the_gpus_the_source_ran_on(row):
+    d = row.dims
+    assert d.world_size == _gpus(row)
+    assert row.global_batch % (row.micro_batch * d.dp) == 0
+    assert row.model.heads % d.tp == 0 and row.seq % d.cp == 0 and row.model.num_layers >= d.pp
+    if d.pp > 1:  # a pipeline needs at least as many micro-batches as stages
+        assert row.global_batch // (row.micro_batch * d.dp) >= d.pp
+    if row.pp_stages_per_rank > 1:  # Megatron's interleaved schedule: equal chunks, whole rounds of micro-batches
+        assert row.model.num_layers % (d.pp * row.pp_stages_per_rank) == 0
+        assert (row.global_batch // (row.micro_batch * d.dp)) % d.pp == 0
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r.key)
+def test_the_model_has_the_parameter_count_its_source_gives(row):
+    params, _where = heldout.SOURCE_PARAMS[row.key]
+    tolerance = heldout.ROUNDED_NAMES.get(row.key, 0.03)
+    assert abs(row.model.num_params / params - 1) <= tolerance, row.model.num_params
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r.key)
+def test_the_step_time_follows_from_the_printed_throughput(row):
+    p = heldout.PRINTED[row.key]
+    tokens = row.global_batch * row.seq
+    if "tokens_per_s" in p:  # llm-foundry prints the total and the per-GPU figure
+        assert row.step_seconds * p["tokens_per_s"] == pytest.approx(tokens, rel=1e-9)
+        assert p["tokens_per_s"] / _gpus(row) == pytest.approx(p["tokens_per_gpu"], abs=1)
+    else:
+        assert row.step_seconds * p["tokens_per_gpu"] * _gpus(row) == pytest.approx(tokens, rel=1e-9)
+    assert row.memory_gib == p.get("memory_gib")
+
+
+@pytest.mark.parametrize("key", ["NL1", "NL2", "NL3", "NN1", "NN2", "NN3"])
+def test_nemo_rows_tokens_and_tflops_columns_agree_under_the_shape_taken(key):
+    """The table's two columns agree under NeMo's own FLOP formula with the row's shape and vocabulary: a check of
+    the transcription and of the shapes (Nemotron's 256,000-word vocabulary included) the rows take."""
+    row, p = BY_KEY[key], heldout.PRINTED[key]
+    assert p["tokens_per_gpu"] * _nemo_flops_per_token(row) / 1e12 == pytest.approx(p["tflops"], rel=0.005)
+
+
+@pytest.mark.parametrize("key", ["FL1", "FL2", "FL3", "FL4", "FL5", "FL6"])
+def test_foundry_rows_mfu_column_agrees(key):
+    """MFU = T/s x (6N + 12·l·h·s) / (GPUs x bf16 peak), llm-foundry's formula with the table's NumParams."""
+    row, p = BY_KEY[key], heldout.PRINTED[key]
+    m = row.model
+    peak = 989e12 if row.gpu.startswith("H100") else 312e12
+    per_token = 6 * p["params"] + 12 * m.num_layers * m.hidden * row.seq
+    assert 100 * p["tokens_per_s"] * per_token / (_gpus(row) * peak) == pytest.approx(p["mfu_pct"], abs=0.05)
+    assert m.num_params == p["params"]
+
+
+def test_what_a_source_leaves_unstated_is_named():
+    for key, what in heldout.NOT_STATED.items():
+        assert key in BY_KEY and len(what) > 30
+    assert {"NL1", "NN1", "TQ1", "TW1", "FL1"} <= set(heldout.NOT_STATED)
+    assert all(math.isfinite(row.step_seconds) and row.step_seconds > 0 for row in ROWS)
