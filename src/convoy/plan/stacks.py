@@ -21,12 +21,14 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from convoy.errors import PlanError
+from convoy.plan.speedups import FACTORS
 
 if TYPE_CHECKING:  # memory.py imports this module: its names are read inside the functions that need them
     from convoy.plan.memory import MemoryBreakdown
     from convoy.plan.run import RunSpec
 
-__all__ = ["Stack", "STACKS", "DEFAULT_STACK", "DP_SCHEDULES", "ATTENTIONS", "MEMORY_REPORTS", "stack_named"]
+__all__ = ["Stack", "STACKS", "DEFAULT_STACK", "DP_SCHEDULES", "ATTENTIONS", "MEMORY_REPORTS", "TP_OVERLAPS",
+           "FP8_CASTS", "CommOverlap", "stack_named"]
 
 #: the attention implementations a stack runs: SDPA's fused kernels (no s x s matrix kept), Megatron's fused
 #: scale-mask-softmax kernel (the s x s softmax output kept in 16 bits; ``activations``' eager block), eager PyTorch
@@ -41,6 +43,48 @@ DP_SCHEDULES = ("torch", "megatron", "deepspeed", "fsdp1")
 #: what a stack prints as a GPU's memory: ``"planned"`` (the plan's own total: allocated, the CUDA context and the
 #: fragmentation allowance), ``"reserved"`` (``torch.cuda.max_memory_reserved``), ``"allocated"``
 MEMORY_REPORTS = ("planned", "reserved", "allocated")
+#: how torchao's or Transformer Engine's float8 casts are priced (``convoy.plan.speedups.fp8_cast_seconds``):
+#: ``"torchao"`` (dynamic scaling: an amax pass, then the scale-and-cast, per operand and micro-batch), ``"te"``
+#: (delayed scaling: the scale comes from the amax history, so the cast is one pass that records the amax as it
+#: goes; fused into the LayerNorm before a column-parallel GEMM; the weights cast once per step)
+FP8_CASTS = ("torchao", "te")
+
+
+@dataclass(frozen=True)
+class CommOverlap:
+    """How one kind of a tensor-parallel collective (the all-gather before a column-parallel GEMM, or the
+    reduce-scatter after a row-parallel one) is pipelined with the GEMM it feeds or follows."""
+
+    chunks: int | None
+    """Pieces the GEMM and the collective are cut into; None: one per tp rank (a ring exchange). One piece's
+    collective (or GEMM) has nothing beside it: the first chunk of a reduce-scatter, the last of an all-gather."""
+    comm_units: int
+    """Compute units (SMs) the communication kernels hold while the GEMM runs beside them (0: copy engines)."""
+    source: str
+
+
+_TE_UB = ("Transformer Engine userbuffers (transformer_engine/pytorch/module/base.py initialize_ub, the default "
+          "per-GEMM config; Megatron-Core --tp-comm-overlap, sequence parallel required)")
+_ASYNC_TP = ("PyTorch AsyncTP ('[Distributed w/ TorchTitan] Introducing Async Tensor Parallelism in PyTorch', "
+             "dev-discuss 2024; torch.distributed._symmetric_memory fused_all_gather_matmul / "
+             "fused_matmul_reduce_scatter, torchtitan enable_async_tensor_parallel)")
+#: what each stack's tensor-parallel communication overlaps: name -> (all-gather, reduce-scatter), or None
+TP_OVERLAPS: dict[str, tuple[CommOverlap, CommOverlap] | None] = {
+    "none": None,
+    "userbuffers": (
+        CommOverlap(None, 1, f"{_TE_UB}: the all-gathers (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad) run as a "
+                    "ring_exchange, one chunk per tp rank sent peer to peer by the copy engines while the GEMM "
+                    "computes the chunk already here (num_sm 1)"),
+        CommOverlap(4, 16, f"{_TE_UB}: the reduce-scatters (proj_fprop, fc2_fprop) run as a 'pipeline' of "
+                    "num_splits 4 GEMM chunks, each chunk's reduce-scatter on num_sm 16 SMs beside the next "
+                    "chunk's GEMM; the backward's bulk overlaps (qkv_dgrad, fc1_wgrad) are priced alike")),
+    "async-tp": (
+        CommOverlap(None, 0, f"{_ASYNC_TP}: the all-gather is micro-pipelined into one piece per tp rank, each "
+                    "copied by the copy engines from the peers' symmetric memory while the matmul of the piece "
+                    "already here runs (no SM taken)"),
+        CommOverlap(None, 0, f"{_ASYNC_TP}: each piece of the matmul is written to the peer that reduces it while "
+                    "the next piece computes; the last piece's transfer has nothing beside it")),
+}
 
 _NONE_FOUND = "no independent measurement found: planned as convoy's"
 _MAMF_GENERATION = ("the generation convoy's GEMM model was measured on (MAMF's cuBLAS 12.x of 2024-25, "
@@ -68,6 +112,29 @@ _TORCHTITAN_MEMORY = ("torchtitan torchtitan/metrics.py (Dec 2024; components/me
                       "max_reserved_gib); read as allocated x convoy's measured reserved/allocated ratio "
                       "(convoy.plan.memory.RESERVED_OVER_ALLOCATED, 18 H100 runs)")
 
+_MEGATRON_FUSIONS = ("1.0: Megatron-LM's fused kernels (megatron/model/fused_bias_gelu.py, fused_bias_dropout_add in "
+                     "transformer.py, apex's FusedLayerNorm; the --bias-gelu-fusion, --bias-dropout-fusion and "
+                     "masked-softmax-fusion defaults) replace what eager PyTorch already runs in one kernel each: "
+                     "the linear's bias in addmm's epilogue then one F.gelu, one F.layer_norm, one residual add "
+                     "(bias-dropout-add moves fewer bytes only with dropout, which these plans do not model); the "
+                     "fused softmax is priced by the attention factor")
+_MCORE_FUSIONS = ("Megatron-Core with Transformer Engine fuses what eager PyTorch (transformers' Llama) runs as "
+                  "chains of kernels: RMSNorm in one TE kernel (TELayerNormColumnParallelLinear), rotary "
+                  "(--apply-rope-fusion), SwiGLU (bias_swiglu_fusion), bias-dropout-add: the chains torch.compile "
+                  "fuses in torchtitan's Llama 3 runs, so they are priced at that measurement "
+                  "(convoy.plan.speedups.FACTORS['compile_memory_bound'], 0.65; no measurement of Megatron-Core's "
+                  "fused against unfused kernels on the planner's terms was found). On a GPT (LayerNorm, GELU, no "
+                  "rotary) the fusions replace single kernels, as Megatron-LM's of 2021 do: 1.0")
+_MCORE_TP_OVERLAP = ("Megatron-Core --tp-comm-overlap (Transformer Engine userbuffers), as NVIDIA's published NeMo "
+                     "runs set it: NeMo 2 performance recipes (nemo/collections/llm/recipes/llama3_70b.py "
+                     "pretrain_performance_optimizations: MegatronCommOverlapCallback(tp_comm_overlap=True, "
+                     "userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192)); the all-gathers as TE's ring_exchange "
+                     "(one chunk per tp rank, 1 SM), the reduce-scatters as its pipeline (4 chunks, 16 SMs)")
+_MCORE_FP8 = ("Transformer Engine's float8 (megatron/core/transformer/custom_layers/transformer_engine.py: "
+              "fp8_autocast with recipe.DelayedScaling, NeMo's fp8 default in 2024): delayed scaling, the cast fused "
+              "into TE's LayerNormLinear, weights cast once per step (convoy.plan.speedups "
+              "FACTORS['fp8_cast_bytes_te'])")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Stack:
@@ -94,6 +161,20 @@ class Stack:
     memory_report: str = "planned"
     """``MEMORY_REPORTS``: what the stack prints as a GPU's memory."""
     memory_source: str = ""
+    tp_overlap: str = "none"
+    """``TP_OVERLAPS``: how its tensor-parallel all-gathers and reduce-scatters overlap the GEMMs beside them
+    (``"none"``: on the critical path, as convoy's DTensor TP runs them)."""
+    tp_overlap_source: str = ""
+    memory_bound: float = 1.0
+    """The fraction of convoy's eager memory-bound work (norms, activations, residual adds, rotary:
+    ``convoy.plan.timing``) this stack's kernels take; 1.0: the same passes as eager PyTorch."""
+    memory_bound_by_family: tuple[tuple[str, float], ...] = ()
+    """(model family, fraction) where it differs from ``memory_bound`` (``convoy.plan.activations.FAMILIES``): a
+    fused kernel saves passes only where eager PyTorch runs that op as a chain of kernels."""
+    memory_bound_source: str = ""
+    fp8_cast: str = "torchao"
+    """``FP8_CASTS``: how its float8 training casts the GEMMs' operands."""
+    fp8_cast_source: str = ""
 
     def __post_init__(self) -> None:
         from convoy.plan.activations import SAVE_LISTS
@@ -101,12 +182,25 @@ class Stack:
         for field, value, allowed in (("attention", self.attention, (None, *ATTENTIONS)),
                                       ("dp_schedule", self.dp_schedule, DP_SCHEDULES),
                                       ("save_list", self.save_list, SAVE_LISTS),
-                                      ("memory_report", self.memory_report, MEMORY_REPORTS)):
+                                      ("memory_report", self.memory_report, MEMORY_REPORTS),
+                                      ("tp_overlap", self.tp_overlap, tuple(TP_OVERLAPS)),
+                                      ("fp8_cast", self.fp8_cast, FP8_CASTS)):
             if value not in allowed:
                 raise PlanError(f"stack {self.name!r}: {field} {value!r} is not one of "
                                 f"{', '.join(str(a) for a in allowed)}")
         if not 0 < self.gemm_fraction <= 2 or any(not 0 < f <= 2 for _, f in self.gemm_by_architecture):
             raise PlanError(f"stack {self.name!r}: a GEMM fraction must be in (0, 2]")
+        if not 0 < self.memory_bound <= 1 or any(not 0 < f <= 1 for _, f in self.memory_bound_by_family):
+            raise PlanError(f"stack {self.name!r}: a memory-bound fraction must be in (0, 1]")
+
+    def memory_bound_on(self, family: str) -> float:
+        """The fraction of convoy's eager memory-bound work this stack's kernels take on a ``family`` model."""
+        return dict(self.memory_bound_by_family).get(family, self.memory_bound)
+
+    @property
+    def tp_overlapped(self) -> tuple[CommOverlap, CommOverlap] | None:
+        """(all-gather, reduce-scatter) overlap of its tensor-parallel collectives, None when they are exposed."""
+        return TP_OVERLAPS[self.tp_overlap]
 
     def gemm_fraction_on(self, architecture: str) -> float:
         """The fraction of convoy's GEMM model this stack reaches on ``architecture``."""
@@ -143,6 +237,12 @@ class Stack:
             out["save_list"] = self.save_list_source
         if self.memory_report != DEFAULT_STACK.memory_report:
             out["memory"] = self.memory_source
+        if self.tp_overlap != DEFAULT_STACK.tp_overlap:
+            out["tp_overlap"] = self.tp_overlap_source
+        if self.memory_bound != DEFAULT_STACK.memory_bound or self.memory_bound_by_family:
+            out["memory_bound"] = self.memory_bound_source
+        if self.fp8_cast != DEFAULT_STACK.fp8_cast:
+            out["fp8_cast"] = self.fp8_cast_source
         return out
 
 
@@ -171,28 +271,32 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           "Megatron's own DDP/TP/PP)",
           gemm_source=f"1.0, {_NONE_FOUND} (no published GEMM benchmark of cuBLAS 11.x on the A100 was read)",
           attention="fused-softmax", attention_source=_FUSED_SOFTMAX,
-          dp_schedule="megatron", dp_schedule_source=_MEGATRON_2021_CODE),
+          dp_schedule="megatron", dp_schedule_source=_MEGATRON_2021_CODE, memory_bound_source=_MEGATRON_FUSIONS),
     Stack(name="megatron-deepspeed", software="Megatron-DeepSpeed 2021-22 (BLOOM, MT-NLG): Megatron's 2021 kernels "
           "with DeepSpeed's ZeRO-1 and pipeline engine",
           gemm_source=f"1.0, {_NONE_FOUND}",
           attention="fused-softmax", attention_source=_FUSED_SOFTMAX,
-          dp_schedule="deepspeed", dp_schedule_source=_DEEPSPEED_PIPE_CODE),
+          dp_schedule="deepspeed", dp_schedule_source=_DEEPSPEED_PIPE_CODE, memory_bound_source=_MEGATRON_FUSIONS),
     Stack(name="gpt-neox", software="EleutherAI GPT-NeoX 2022-23 (NeoX-20B, Pythia): Megatron + DeepSpeed lineage, "
           "ZeRO-1 x TP x PP",
           gemm_source=f"1.0, {_NONE_FOUND}",
           attention="fused-softmax", attention_source="GPT-NeoX's megatron/model/fused_softmax.py (Megatron's kernel)",
-          dp_schedule="deepspeed", dp_schedule_source=_DEEPSPEED_PIPE_CODE),
+          dp_schedule="deepspeed", dp_schedule_source=_DEEPSPEED_PIPE_CODE, memory_bound_source=_MEGATRON_FUSIONS),
     Stack(name="deepspeed-zero3-2021", software="DeepSpeed ZeRO-3 of 2021 (one collective per parameter tensor) on "
           "Megatron's model",
           gemm_source=f"1.0, {_NONE_FOUND}",
           attention="fused-softmax", attention_source=_FUSED_SOFTMAX,
-          dp_schedule="deepspeed", dp_schedule_source=_DEEPSPEED_PIPE_CODE),
+          dp_schedule="deepspeed", dp_schedule_source=_DEEPSPEED_PIPE_CODE, memory_bound_source=_MEGATRON_FUSIONS),
     Stack(name="megatron-core", software="Megatron-Core / NeMo 2023-25 (Transformer Engine, flash attention, "
           "distributed optimizer)",
           gemm_source=f"1.0, {_NONE_FOUND} (Transformer Engine's GEMMs are cuBLASLt's, {_MAMF_GENERATION})",
           attention="flash", attention_source="Transformer Engine's fused attention (cuDNN / FlashAttention-2)",
           dp_schedule_source="overlap_grad_reduce / overlap_param_gather overlap as convoy's engines do: "
-          "planned as convoy's"),
+          "planned as convoy's",
+          tp_overlap="userbuffers", tp_overlap_source=_MCORE_TP_OVERLAP,
+          memory_bound_by_family=(("llama", FACTORS["compile_memory_bound"].value),),
+          memory_bound_source=_MCORE_FUSIONS,
+          fp8_cast="te", fp8_cast_source=_MCORE_FP8),
     Stack(name="llama3-meta", software="Meta's Llama 3 training stack (2024, 4D parallelism on H100s)",
           gemm_source=f"1.0, {_NONE_FOUND}",
           attention="flash", attention_source="Llama 3 paper (arXiv:2407.21783) section 3.3: flash attention",

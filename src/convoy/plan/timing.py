@@ -41,7 +41,7 @@ from convoy.plan.speedups import (
     fp8_gemm_factor,
     gathered_fraction,
 )
-from convoy.plan.stacks import Stack, stack_named
+from convoy.plan.stacks import CommOverlap, Stack, stack_named
 
 __all__ = ["StepTime", "step_time", "model_flops_per_token", "ring_all_reduce_seconds", "ring_gather_seconds",
            "CPU_ADAM_PARAMS_PER_S", "gemm_shapes", "attention_shape", "compute_seconds",
@@ -253,16 +253,17 @@ def _kernel_launches(model: ModelSpec, run: RunSpec, pp: int) -> int:
 
 
 def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates, *, gpu: GpuSpec | None = None,
-                    save_list: str = "convoy") -> float:
+                    save_list: str = "convoy", memory_bound: float = 1.0, fp8_cast: str = "torchao") -> float:
     """Seconds of one GPU's forward and backward passes for one optimizer step (its micro-batches; no bubble,
     no communication, no optimizer step) at ``rates``, never less than its kernel launches. Compiled
     (``run.compile``), the memory-bound work takes ``compile_memory_bound`` of its eager time; with float8
     (``run.fp8``, priced on ``gpu``'s peaks) the converted GEMMs run at the fp8 rate, plus their casts
-    (``convoy.plan.speedups``)."""
+    (``convoy.plan.speedups``). A software stack (``convoy.plan.stacks``) states its save list, the fraction of the
+    eager memory-bound work its fused kernels take (``memory_bound``) and how its float8 casts run (``fp8_cast``)."""
     dims = layout.dims
-    gemm, attn, memory_bound, launches = _micro_batch(model, run, dims.tp, dims.pp, dims.cp, rates, gpu, save_list)
-    memory_bound += fp8_cast_seconds(model, local_run(run, dims), layout, rates)
-    return layout.microbatches * max(gemm + attn + memory_bound, launches * rates.launch_seconds)
+    gemm, attn, pointwise, launches = _micro_batch(model, run, dims.tp, dims.pp, dims.cp, rates, gpu, save_list)
+    pointwise = pointwise * memory_bound + fp8_cast_seconds(model, local_run(run, dims), layout, rates, how=fp8_cast)
+    return layout.microbatches * max(gemm + attn + pointwise, launches * rates.launch_seconds)
 
 
 @remembered
@@ -459,14 +460,16 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
     tokens = global_batch * run.seq_len
     model_flops = model_flops_per_token(model, run.seq_len, training=run.training) * tokens
     check_fp8(hw.gpu, run)
-    compute, optimizer = _passes(model, run, layout, rates, model_flops=model_flops, gpu=hw.gpu,
-                                 save_list=stack.save_list)
+    compute, optimizer = _passes(model, run, layout, rates, model_flops=model_flops, gpu=hw.gpu, stack=stack)
     overhead = framework_seconds(model, run, layout, rates)
     bubble = _bubble(compute, layout)
     compute += bubble
     dp_comm, exposed_dp, dp_bytes = _data_parallel(model, run, layout, hw, busy=compute - bubble,
                                                    schedule=stack.dp_schedule)
     tp_comm, tp_bytes = _tensor_parallel(model, local_run(run, layout.dims), layout, hw)
+    if stack.tp_overlapped is not None and tp_comm:
+        tp_comm = _tensor_parallel_overlapped(model, local_run(run, layout.dims), layout, hw, rates,
+                                              stack.tp_overlapped)
     pp_comm, pp_bytes = _pipeline(model, local_run(run, layout.dims), layout, hw)
     cp_comm, cp_bytes = context_parallel_seconds(model, run, layout, hw, rates)
     tp_comm += cp_comm  # exposed ring traffic: on the critical path like tp's (StepTime.tp_comm says so)
@@ -487,12 +490,13 @@ def _with_measured_link(hw: Hardware, rates: Rates) -> Hardware:
 
 
 def _passes(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates, *, model_flops: float,
-            gpu: GpuSpec | None = None, save_list: str = "convoy") -> tuple[float, float]:
+            gpu: GpuSpec | None = None, stack: Stack) -> tuple[float, float]:
     """(seconds of one GPU's forward and backward passes, of its optimizer step) per step: kernel by kernel for a
     model with a shape, else its ``model_flops`` (plus a forward under full recomputation) at the bulk matmul
     rate."""
     if model.has_shape:
-        return (compute_seconds(model, run, layout, rates, gpu=gpu, save_list=save_list),
+        return (compute_seconds(model, run, layout, rates, gpu=gpu, save_list=stack.save_list,
+                                memory_bound=stack.memory_bound_on(model.family), fp8_cast=stack.fp8_cast),
                 optimizer_seconds(model, run, layout, rates))
     hw_flops = model_flops
     if run.training and run.recompute == "full":
@@ -579,6 +583,66 @@ def _tensor_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardwar
     tp_group = _group(hw, min(dims.tp, hw.gpus_per_node), dims.tp)
     seconds = m * layers * per_layer * _collective("all_reduce", act, tp_group, hw)
     return seconds, m * layers * per_layer * 2 * (dims.tp - 1) / dims.tp * act
+
+
+def _tp_segments(model: ModelSpec, run: RunSpec, tp: int, rates: Rates, gpu: GpuSpec) -> list[tuple[bool, float]]:
+    """One block's forward GEMMs on a tp rank as Megatron's sequence-parallel TP runs them between its collectives:
+    (column-parallel?, seconds) per run of consecutive column-parallel GEMMs (q, k, v; gate and up: fed by one
+    all-gather of the normed input) and per row-parallel GEMM (o; down: followed by one reduce-scatter). float8
+    GEMMs at the fp8 rate (``convoy.plan.speedups``)."""
+    layers = cast(int, model.num_layers)
+    fp8 = fp8_gemm_factor(gpu) if run.fp8 != "none" else 1.0
+    segments: list[tuple[bool, float]] = []
+    for (mm, k, n, count), (_, k1, _, _) in zip(gemm_shapes(model, run, tp=tp), gemm_shapes(model, run)):
+        if count == 1:  # the output head: outside the blocks
+            continue
+        seconds = count / layers * rates.gemm_seconds(mm, k, n, run.recipe.compute) * (
+            fp8 if run.fp8 != "none" and converted(k, n, count) else 1.0)
+        column = k == k1
+        if column and segments and segments[-1][0]:
+            segments[-1] = (True, segments[-1][1] + seconds)
+        else:
+            segments.append((column, seconds))
+    return segments
+
+
+def _tensor_parallel_overlapped(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, rates: Rates,
+                                overlap: tuple[CommOverlap, CommOverlap]) -> float:
+    """Seconds of tensor-parallel communication left on the critical path per step when a stack pipelines each
+    collective with its GEMM (Megatron-Core's ``--tp-comm-overlap``, PyTorch's AsyncTP; ``convoy.plan.stacks``).
+
+    Sequence-parallel TP moves the all-reduce-equivalents ``_tensor_parallel`` prices as an all-gather before each
+    run of column-parallel GEMMs and a reduce-scatter after each row-parallel GEMM: in the forward (and the
+    recomputed forward) beside those GEMMs; in the backward a column-parallel run's reduce-scatter of the input
+    gradient beside its dgrad and wgrad GEMMs, a row-parallel GEMM's all-gather of the output gradient beside its
+    dgrad. Cut into ``chunks`` pieces, a collective of ``c`` seconds beside a GEMM of ``g`` leaves
+    ``max(0, c - g') + min(c, g') / chunks`` exposed (the piece with nothing beside it, and what outlasts the GEMM),
+    and the GEMM, run on the units the communication kernels leave it, takes ``g' = g x units / (units -
+    comm_units)``, the difference charged here too. Hidden is at most the GEMM's time."""
+    dims = layout.dims
+    m = layout.microbatches
+    layers = math.ceil(cast(int, model.num_layers) / dims.pp)
+    act = run.seq_len * run.micro_batch * cast(int, model.hidden) * run.recipe.activation_bytes
+    group = _group(hw, min(dims.tp, hw.gpus_per_node), dims.tp)
+    gather, scatter = (_collective(op, act, group, hw) for op in ("all_gather", "reduce_scatter"))
+    units = hw.gpu.units or 0
+
+    def exposed(comm: float, gemm: float, how: CommOverlap) -> float:
+        slowed = gemm * units / (units - how.comm_units) if units > how.comm_units and how.comm_units else gemm
+        chunks = how.chunks or dims.tp
+        return (slowed - gemm) + max(0.0, comm - slowed) + min(comm, slowed) / chunks
+
+    ag, rs = overlap
+    forward = backward = 0.0
+    for column, gemm in _tp_segments(model, run, dims.tp, rates, hw.gpu):
+        if column:
+            forward += exposed(gather, gemm, ag)
+            backward += exposed(scatter, 2 * gemm, rs)  # dgrad and wgrad beside the input gradient's reduce
+        else:
+            forward += exposed(scatter, gemm, rs)
+            backward += exposed(gather, gemm, ag)  # the output gradient gathered beside the dgrad
+    passes = forward * (2 if run.recompute == "full" else 1) + backward if run.training else forward
+    return m * layers * passes
 
 
 def context_parallel_seconds(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, rates: Rates
