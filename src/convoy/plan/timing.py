@@ -82,7 +82,9 @@ class StepTime:
     dp_comm: float
     """Data-parallel collectives (all-reduce / reduce-scatter / all-gather), before overlap."""
     tp_comm: float
-    """Tensor-parallel collectives (exposed), and the context-parallel ring's exposed transfers."""
+    """Tensor-parallel collectives (exposed), and the context-parallel ring's exposed transfers. On a stack that
+    overlaps them with the GEMMs (``convoy.plan.stacks.Stack.tp_overlap``): what stays exposed, and the time the
+    overlapped GEMMs lose to the SMs the communication kernels hold."""
     pp_comm: float
     """Pipeline send/recv of activations (exposed)."""
     offload: float
