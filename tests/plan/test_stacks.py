@@ -275,3 +275,17 @@ def test_a_bad_overlap_or_cast_is_one_line_naming_the_choices():
         assert field in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(ConvoyError, match="memory-bound"):
         Stack(name="x", software="x", memory_bound_by_family=(("llama", 1.5),))
+
+
+def test_each_overlap_names_its_source_and_the_sms_it_takes():
+    from convoy.plan.stacks import TP_OVERLAPS
+
+    assert TP_OVERLAPS["none"] is None
+    for name, overlap in TP_OVERLAPS.items():
+        if overlap is None:
+            continue
+        for how in (overlap.all_gather, overlap.reduce_scatter, overlap.input_gradient):
+            assert len(how.source) > 60 and how.comm_units >= 0, name
+    ub = TP_OVERLAPS["userbuffers"]
+    assert (ub.reduce_scatter.chunks, ub.reduce_scatter.comm_units) == (4, 16)  # TE's pipeline defaults
+    assert ub.all_gather.chunks is None and ub.input_gradient.bulk  # ring exchange (tp chunks); bulk wgrad overlap

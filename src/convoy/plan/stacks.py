@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # memory.py imports this module: its names are read inside th
     from convoy.plan.run import RunSpec
 
 __all__ = ["Stack", "STACKS", "DEFAULT_STACK", "DP_SCHEDULES", "ATTENTIONS", "MEMORY_REPORTS", "TP_OVERLAPS",
-           "FP8_CASTS", "CommOverlap", "stack_named"]
+           "FP8_CASTS", "CommOverlap", "TpOverlap", "stack_named"]
 
 #: the attention implementations a stack runs: SDPA's fused kernels (no s x s matrix kept), Megatron's fused
 #: scale-mask-softmax kernel (the s x s softmax output kept in 16 bits; ``activations``' eager block), eager PyTorch
@@ -50,40 +50,64 @@ MEMORY_REPORTS = ("planned", "reserved", "allocated")
 FP8_CASTS = ("torchao", "te")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CommOverlap:
-    """How one kind of a tensor-parallel collective (the all-gather before a column-parallel GEMM, or the
-    reduce-scatter after a row-parallel one) is pipelined with the GEMM it feeds or follows."""
+    """How one kind of tensor-parallel collective is overlapped with a GEMM beside it."""
 
     chunks: int | None
-    """Pieces the GEMM and the collective are cut into; None: one per tp rank (a ring exchange). One piece's
-    collective (or GEMM) has nothing beside it: the first chunk of a reduce-scatter, the last of an all-gather."""
+    """Pieces the GEMM and the collective are cut into and pipelined; None: one per tp rank (a ring exchange). One
+    piece's collective (or GEMM) has nothing beside it: the first chunk of a reduce-scatter, the last of an
+    all-gather. Ignored when ``bulk``."""
     comm_units: int
-    """Compute units (SMs) the communication kernels hold while the GEMM runs beside them (0: copy engines)."""
+    """Compute units (SMs) the communication kernels take from the GEMM while it runs (0: copy engines, the GEMM
+    keeps every SM)."""
+    bulk: bool = False
+    """The whole collective runs beside a GEMM that does not wait for it (TE's 'bulk' overlap: the reduce-scatter of
+    the input gradient beside the weight-gradient GEMM): no piece is exposed, only what outlasts the GEMM."""
     source: str
 
 
-_TE_UB = ("Transformer Engine userbuffers (transformer_engine/pytorch/module/base.py initialize_ub, the default "
-          "per-GEMM config; Megatron-Core --tp-comm-overlap, sequence parallel required)")
+@dataclass(frozen=True)
+class TpOverlap:
+    """A stack's tensor-parallel overlap: the all-gather before each run of column-parallel GEMMs (forward; the
+    output gradient's before a row-parallel dgrad), the reduce-scatter after each row-parallel GEMM (forward), and
+    the backward's reduce-scatter of a column-parallel run's input gradient."""
+
+    all_gather: CommOverlap
+    reduce_scatter: CommOverlap
+    input_gradient: CommOverlap
+
+
+_TE_UB = ("Transformer Engine userbuffers (transformer_engine/pytorch/module/base.py initialize_ub, "
+          "get_default_config; Megatron-Core --tp-comm-overlap, sequence parallel required)")
 _ASYNC_TP = ("PyTorch AsyncTP ('[Distributed w/ TorchTitan] Introducing Async Tensor Parallelism in PyTorch', "
              "dev-discuss 2024; torch.distributed._symmetric_memory fused_all_gather_matmul / "
-             "fused_matmul_reduce_scatter, torchtitan enable_async_tensor_parallel)")
-#: what each stack's tensor-parallel communication overlaps: name -> (all-gather, reduce-scatter), or None
-TP_OVERLAPS: dict[str, tuple[CommOverlap, CommOverlap] | None] = {
+             "fused_matmul_reduce_scatter, applied by inductor's micro-pipeline pass to the forward and backward "
+             "graphs; torchtitan enable_async_tensor_parallel)")
+#: what each stack's tensor-parallel communication overlaps, or None (exposed)
+TP_OVERLAPS: dict[str, TpOverlap | None] = {
     "none": None,
-    "userbuffers": (
-        CommOverlap(None, 1, f"{_TE_UB}: the all-gathers (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad) run as a "
-                    "ring_exchange, one chunk per tp rank sent peer to peer by the copy engines while the GEMM "
-                    "computes the chunk already here (num_sm 1)"),
-        CommOverlap(4, 16, f"{_TE_UB}: the reduce-scatters (proj_fprop, fc2_fprop) run as a 'pipeline' of "
-                    "num_splits 4 GEMM chunks, each chunk's reduce-scatter on num_sm 16 SMs beside the next "
-                    "chunk's GEMM; the backward's bulk overlaps (qkv_dgrad, fc1_wgrad) are priced alike")),
-    "async-tp": (
-        CommOverlap(None, 0, f"{_ASYNC_TP}: the all-gather is micro-pipelined into one piece per tp rank, each "
-                    "copied by the copy engines from the peers' symmetric memory while the matmul of the piece "
-                    "already here runs (no SM taken)"),
-        CommOverlap(None, 0, f"{_ASYNC_TP}: each piece of the matmul is written to the peer that reduces it while "
-                    "the next piece computes; the last piece's transfer has nothing beside it")),
+    "userbuffers": TpOverlap(
+        all_gather=CommOverlap(chunks=None, comm_units=0, source=(
+            f"{_TE_UB}: the all-gathers (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad) run as a ring_exchange, "
+            "num_splits = tp, one chunk per step sent peer to peer on the copy engines (use_ce) while the GEMM "
+            "computes the chunk already here; set_sm_margin False: the GEMM keeps every SM")),
+        reduce_scatter=CommOverlap(chunks=4, comm_units=16, source=(
+            f"{_TE_UB}: the reduce-scatters (proj_fprop, fc2_fprop) run as a 'pipeline' of num_splits 4 GEMM "
+            "chunks, each chunk's reduce-scatter on num_sm 16 SMs beside the next chunk's GEMM, which runs on the "
+            "rest (set_sm_margin)")),
+        input_gradient=CommOverlap(chunks=None, comm_units=16, bulk=True, source=(
+            f"{_TE_UB}: qkv_wgrad / fc1_wgrad 'bulk': the input gradient's reduce-scatter runs whole beside the "
+            "weight-gradient GEMM on num_sm 16 SMs"))),
+    "async-tp": TpOverlap(
+        all_gather=CommOverlap(chunks=None, comm_units=0, source=(
+            f"{_ASYNC_TP}: the all-gather is cut into one piece per tp rank, each copied by the copy engines from "
+            "a peer's symmetric memory while the matmul of the piece already here runs (no SM taken)")),
+        reduce_scatter=CommOverlap(chunks=None, comm_units=0, source=(
+            f"{_ASYNC_TP}: the matmul is cut into one piece per tp rank, each written to the peer that reduces it "
+            "while the next piece computes; the last piece's transfer has nothing beside it")),
+        input_gradient=CommOverlap(chunks=None, comm_units=0, source=(
+            f"{_ASYNC_TP}: the backward's matmul-reduce-scatter, pipelined as the forward's"))),
 }
 
 _NONE_FOUND = "no independent measurement found: planned as convoy's"
@@ -198,8 +222,8 @@ class Stack:
         return dict(self.memory_bound_by_family).get(family, self.memory_bound)
 
     @property
-    def tp_overlapped(self) -> tuple[CommOverlap, CommOverlap] | None:
-        """(all-gather, reduce-scatter) overlap of its tensor-parallel collectives, None when they are exposed."""
+    def tp_overlapped(self) -> TpOverlap | None:
+        """How its tensor-parallel collectives overlap the GEMMs, None when they are exposed."""
         return TP_OVERLAPS[self.tp_overlap]
 
     def gemm_fraction_on(self, architecture: str) -> float:

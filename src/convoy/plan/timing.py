@@ -41,7 +41,7 @@ from convoy.plan.speedups import (
     fp8_gemm_factor,
     gathered_fraction,
 )
-from convoy.plan.stacks import CommOverlap, Stack, stack_named
+from convoy.plan.stacks import CommOverlap, Stack, TpOverlap, stack_named
 
 __all__ = ["StepTime", "step_time", "model_flops_per_token", "ring_all_reduce_seconds", "ring_gather_seconds",
            "CPU_ADAM_PARAMS_PER_S", "gemm_shapes", "attention_shape", "compute_seconds",
@@ -609,18 +609,19 @@ def _tp_segments(model: ModelSpec, run: RunSpec, tp: int, rates: Rates, gpu: Gpu
 
 
 def _tensor_parallel_overlapped(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, rates: Rates,
-                                overlap: tuple[CommOverlap, CommOverlap]) -> float:
+                                overlap: TpOverlap) -> float:
     """Seconds of tensor-parallel communication left on the critical path per step when a stack pipelines each
     collective with its GEMM (Megatron-Core's ``--tp-comm-overlap``, PyTorch's AsyncTP; ``convoy.plan.stacks``).
 
     Sequence-parallel TP moves the all-reduce-equivalents ``_tensor_parallel`` prices as an all-gather before each
     run of column-parallel GEMMs and a reduce-scatter after each row-parallel GEMM: in the forward (and the
     recomputed forward) beside those GEMMs; in the backward a column-parallel run's reduce-scatter of the input
-    gradient beside its dgrad and wgrad GEMMs, a row-parallel GEMM's all-gather of the output gradient beside its
+    gradient beside its weight-gradient GEMMs, a row-parallel GEMM's all-gather of the output gradient beside its
     dgrad. Cut into ``chunks`` pieces, a collective of ``c`` seconds beside a GEMM of ``g`` leaves
-    ``max(0, c - g') + min(c, g') / chunks`` exposed (the piece with nothing beside it, and what outlasts the GEMM),
-    and the GEMM, run on the units the communication kernels leave it, takes ``g' = g x units / (units -
-    comm_units)``, the difference charged here too. Hidden is at most the GEMM's time."""
+    ``max(0, c - g') + min(c, g') / chunks`` exposed (the piece with nothing beside it, and what outlasts the GEMM;
+    a bulk overlap only the latter), and the GEMM, run on the units the communication kernels leave it, takes
+    ``g' = g x units / (units - comm_units)``, the difference charged here too. Hidden is at most the GEMM's time
+    (``convoy.plan.stacks.TP_OVERLAPS`` has each stack's chunks and units, with their sources)."""
     dims = layout.dims
     m = layout.microbatches
     layers = math.ceil(cast(int, model.num_layers) / dims.pp)
@@ -631,18 +632,17 @@ def _tensor_parallel_overlapped(model: ModelSpec, run: RunSpec, layout: Layout, 
 
     def exposed(comm: float, gemm: float, how: CommOverlap) -> float:
         slowed = gemm * units / (units - how.comm_units) if units > how.comm_units and how.comm_units else gemm
-        chunks = how.chunks or dims.tp
-        return (slowed - gemm) + max(0.0, comm - slowed) + min(comm, slowed) / chunks
+        piece = 0.0 if how.bulk else min(comm, slowed) / (how.chunks or dims.tp)
+        return (slowed - gemm) + max(0.0, comm - slowed) + piece
 
-    ag, rs = overlap
     forward = backward = 0.0
     for column, gemm in _tp_segments(model, run, dims.tp, rates, hw.gpu):
         if column:
-            forward += exposed(gather, gemm, ag)
-            backward += exposed(scatter, 2 * gemm, rs)  # dgrad and wgrad beside the input gradient's reduce
+            forward += exposed(gather, gemm, overlap.all_gather)
+            backward += exposed(scatter, gemm, overlap.input_gradient)  # beside the wgrad GEMM
         else:
-            forward += exposed(scatter, gemm, rs)
-            backward += exposed(gather, gemm, ag)  # the output gradient gathered beside the dgrad
+            forward += exposed(scatter, gemm, overlap.reduce_scatter)
+            backward += exposed(gather, gemm, overlap.all_gather)  # the output gradient gathered beside the dgrad
     passes = forward * (2 if run.recompute == "full" else 1) + backward if run.training else forward
     return m * layers * passes
 
