@@ -29,7 +29,7 @@ from convoy.plan.run import OPTIMIZER_STATE_BYTES, RunSpec
 from convoy.plan.schedules import critical_transfers, pipeline_bubble, transfers
 from convoy.plan.shapes import attention_shape, gemm_shapes
 from convoy.plan.speed.collectives import Group, collective_seconds
-from convoy.plan.speed.rates import Rates, StackGemms, rates_for
+from convoy.plan.speed.rates import GEMM_FLOOR_S, Rates, StackGemms, rates_for
 from convoy.plan.speed.records import Calibration
 from convoy.plan.speedups import (
     FACTORS,
@@ -587,24 +587,21 @@ def _tensor_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardwar
     return seconds, m * layers * per_layer * 2 * (dims.tp - 1) / dims.tp * act
 
 
-def _tp_segments(model: ModelSpec, run: RunSpec, tp: int, rates: Rates, gpu: GpuSpec) -> list[tuple[bool, float]]:
+def _tp_segments(model: ModelSpec, run: RunSpec, tp: int) -> list[tuple[bool, list[tuple[int, int, int, float]]]]:
     """One block's forward GEMMs on a tp rank as Megatron's sequence-parallel TP runs them between its collectives:
-    (column-parallel?, seconds) per run of consecutive column-parallel GEMMs (q, k, v; gate and up: fed by one
-    all-gather of the normed input) and per row-parallel GEMM (o; down: followed by one reduce-scatter). float8
-    GEMMs at the fp8 rate (``convoy.plan.speedups``)."""
+    (column-parallel?, [(m, k, n, times per block)]) per run of consecutive column-parallel GEMMs (q, k, v; gate and
+    up: fed by one all-gather of the normed input) and per row-parallel GEMM (o; down: followed by one
+    reduce-scatter)."""
     layers = cast(int, model.num_layers)
-    fp8 = fp8_gemm_factor(gpu) if run.fp8 != "none" else 1.0
-    segments: list[tuple[bool, float]] = []
+    segments: list[tuple[bool, list[tuple[int, int, int, float]]]] = []
     for (mm, k, n, count), (_, k1, _, _) in zip(gemm_shapes(model, run, tp=tp), gemm_shapes(model, run)):
         if count == 1:  # the output head: outside the blocks
             continue
-        seconds = count / layers * rates.gemm_seconds(mm, k, n, run.recipe.compute) * (
-            fp8 if run.fp8 != "none" and converted(k, n, count) else 1.0)
         column = k == k1
         if column and segments and segments[-1][0]:
-            segments[-1] = (True, segments[-1][1] + seconds)
+            segments[-1][1].append((mm, k, n, count / layers))
         else:
-            segments.append((column, seconds))
+            segments.append((column, [(mm, k, n, count / layers)]))
     return segments
 
 
@@ -619,8 +616,11 @@ def _tensor_parallel_overlapped(model: ModelSpec, run: RunSpec, layout: Layout, 
     gradient beside its weight-gradient GEMMs, a row-parallel GEMM's all-gather of the output gradient beside its
     dgrad. Cut into ``chunks`` pieces, a collective of ``c`` seconds beside a GEMM of ``g`` leaves
     ``max(0, c - g') + min(c, g') / chunks`` exposed (the piece with nothing beside it, and what outlasts the GEMM;
-    a bulk overlap only the latter), and the GEMM, run on the units the communication kernels leave it, takes
-    ``g' = g x units / (units - comm_units)``, the difference charged here too. Hidden is at most the GEMM's time
+    a bulk overlap only the latter), and the GEMM, cut into ``chunks`` GEMMs of m / chunks rows (each priced at its
+    own shape, its waves' tails included; run back to back, each piece past the first costs a kernel launch, not
+    the floor of a GEMM timed alone, ``GEMM_FLOOR_S``) and run on the units the
+    communication kernels leave it, takes ``g' = g_chunks x units / (units - comm_units)``; ``g' - g`` is charged
+    here too. Hidden is at most the GEMM's time
     (``convoy.plan.stacks.TP_OVERLAPS`` has each stack's chunks and units, with their sources)."""
     dims = layout.dims
     m = layout.microbatches
@@ -629,20 +629,34 @@ def _tensor_parallel_overlapped(model: ModelSpec, run: RunSpec, layout: Layout, 
     group = _group(hw, min(dims.tp, hw.gpus_per_node), dims.tp)
     gather, scatter = (_collective(op, act, group, hw) for op in ("all_gather", "reduce_scatter"))
     units = hw.gpu.units or 0
+    fp8 = fp8_gemm_factor(hw.gpu) if run.fp8 != "none" else 1.0
+    dtype = run.recipe.compute
 
-    def exposed(comm: float, gemm: float, how: CommOverlap) -> float:
-        slowed = gemm * units / (units - how.comm_units) if units > how.comm_units and how.comm_units else gemm
-        piece = 0.0 if how.bulk else min(comm, slowed) / (how.chunks or dims.tp)
-        return (slowed - gemm) + max(0.0, comm - slowed) + piece
+    def gemms(shapes: list[tuple[int, int, int, float]], chunks: int) -> float:
+        """The GEMMs' seconds, each cut into ``chunks`` GEMMs of m / chunks rows (float8 ones at the fp8 rate)."""
+        return sum(times * chunks * rates.gemm_seconds(-(-mm // chunks), k, n, dtype)
+                   * (fp8 if run.fp8 != "none" and converted(k, n, int(times * cast(int, model.num_layers))) else 1.0)
+                   for mm, k, n, times in shapes)
+
+    def exposed(comm: float, shapes: list[tuple[int, int, int, float]], how: CommOverlap) -> float:
+        whole = gemms(shapes, 1)
+        chunks = 1 if how.bulk else how.chunks or dims.tp
+        cut = whole
+        if chunks > 1:  # smaller GEMMs, back to back: their waves' tails, and a launch (not a timed GEMM's floor) each
+            extra = gemms(shapes, chunks) - whole - (chunks - 1) * GEMM_FLOOR_S * len(shapes)
+            cut += max(0.0, extra) + (chunks - 1) * len(shapes) * rates.launch_seconds
+        slowed = cut * units / (units - how.comm_units) if units > how.comm_units and how.comm_units else cut
+        piece = 0.0 if how.bulk else min(comm, slowed) / chunks
+        return (slowed - whole) + max(0.0, comm - slowed) + piece
 
     forward = backward = 0.0
-    for column, gemm in _tp_segments(model, run, dims.tp, rates, hw.gpu):
+    for column, shapes in _tp_segments(model, run, dims.tp):
         if column:
-            forward += exposed(gather, gemm, overlap.all_gather)
-            backward += exposed(scatter, gemm, overlap.input_gradient)  # beside the wgrad GEMM
+            forward += exposed(gather, shapes, overlap.all_gather)
+            backward += exposed(scatter, shapes, overlap.input_gradient)  # beside the wgrad GEMM
         else:
-            forward += exposed(scatter, gemm, overlap.reduce_scatter)
-            backward += exposed(gather, gemm, overlap.all_gather)  # the output gradient gathered beside the dgrad
+            forward += exposed(scatter, shapes, overlap.reduce_scatter)
+            backward += exposed(gather, shapes, overlap.all_gather)  # the output gradient gathered beside the dgrad
     passes = forward * (2 if run.recompute == "full" else 1) + backward if run.training else forward
     return m * layers * passes
 
