@@ -174,13 +174,15 @@ def fp8_cast_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rate
                   else "fp8_cast_bytes_eager"].value
     tp = layout.dims.tp
     # a linear whose k tp does not split (q, k, v, gate, up, fc1) reads the normed block input: TE casts it there
+    shapes = gemm_shapes(model, run, tp=tp)
     after_norm = [k == k2 for (_, k, _, _), (_, k2, _, _) in zip(gemm_shapes(model, run),
-                                                               gemm_shapes(model, run, tp=2))]
+                                                               gemm_shapes(model, run, tp=2))] if te else \
+        [False] * len(shapes)
     share = math.ceil(model.num_layers / layout.dims.pp) / model.num_layers
     both_axes = 2 if run.fp8 == "rowwise" else 1
     gathered = fp8_all_gather(run, layout)
     elements = 0.0
-    for (m, k, n, count), normed in zip(gemm_shapes(model, run, tp=tp), after_norm):
+    for (m, k, n, count), normed in zip(shapes, after_norm):
         if not converted(k, n, count):
             continue
         weight = k * n / layout.shard_degree if gathered else 2 * k * n  # forward and backward, or on the shard
