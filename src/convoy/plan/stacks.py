@@ -1,5 +1,6 @@
 """The software a training run ran on, as an input of the plan: its GEMM library, attention, data-parallel schedule,
-recompute save list and what it reports as memory.
+recompute save list, what it reports as memory, whether its tensor-parallel collectives overlap the GEMMs
+(Megatron-Core's userbuffers, PyTorch's AsyncTP), its fused memory-bound kernels and its float8 casts.
 
     from convoy.plan.stacks import STACKS, stack_named
     stack_named("megatron-2021").attention           # "fused-softmax"
