@@ -85,6 +85,12 @@ FACTORS: dict[str, Factor] = {
     "fp8_cast_bytes_eager": Factor(25, (
         "the same in eager PyTorch, each op of torchao's hp_tensor_and_scale_to_float8 path materialised: abs "
         "(2 + 2 B), max (2), upcast and scale (2 + 4), clamp (4 + 4), cast (4 + 1)")),
+    "fp8_cast_bytes_te": Factor(3, (
+        "bytes moved per element by Transformer Engine's cast under delayed scaling (its default recipe, "
+        "transformer_engine.common.recipe.DelayedScaling, amax_history_len, as NeMo 2024 ran it): the scale comes "
+        "from the amax history, so one kernel reads the 16-bit operand (2 B), writes float8 (1 B) and records its "
+        "amax as it goes; the input of a GEMM after a norm is cast inside the norm (LayerNormLinear: nothing "
+        "extra), and a weight is cast once per step (is_first_microbatch), not per micro-batch")),
 }
 
 #: torchao's Float8Linear runs _scaled_mm, which needs both dimensions of the weight to be multiples of 16
@@ -150,27 +156,40 @@ def gathered_fraction(model: ModelSpec, run: RunSpec, layout: Layout, block_para
     return 1 - fp8_params / block_params * (bytes_per_param - 1) / bytes_per_param
 
 
-def fp8_cast_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates) -> float:
+def fp8_cast_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates, *, how: str = "torchao"
+                     ) -> float:
     """Seconds per micro-batch of torchao's amax-and-cast passes on one GPU: per converted linear, the input and
     (unless FSDP gathers it in float8, cast once on its shard) the weight in the forward and again for the
     backward's, and the output's gradient; rowwise scales each activation operand along both axes (the forward's
-    rows, the weight gradient's columns), ``rowwise_with_gw_hp`` keeps the weight gradient in 16 bits."""
+    rows, the weight gradient's columns), ``rowwise_with_gw_hp`` keeps the weight gradient in 16 bits.
+    ``how="te"``: Transformer Engine's casts (``fp8_cast_bytes_te``): one pass per operand, none for a
+    column-parallel linear's input (cast in the norm before it), the weights once per step."""
     from convoy.plan.shapes import gemm_shapes
 
     if run.fp8 == "none" or not model.has_shape:
         return 0.0
     assert model.num_layers is not None
-    per = FACTORS["fp8_cast_bytes_compiled" if run.compile != "none" else "fp8_cast_bytes_eager"].value
+    te = how == "te"
+    per = FACTORS["fp8_cast_bytes_te" if te else "fp8_cast_bytes_compiled" if run.compile != "none"
+                  else "fp8_cast_bytes_eager"].value
     tp = layout.dims.tp
+    # a linear whose k tp does not split (q, k, v, gate, up, fc1) reads the normed block input: TE casts it there
+    shapes = gemm_shapes(model, run, tp=tp)
+    after_norm = [k == k2 for (_, k, _, _), (_, k2, _, _) in zip(gemm_shapes(model, run),
+                                                               gemm_shapes(model, run, tp=2))] if te else \
+        [False] * len(shapes)
     share = math.ceil(model.num_layers / layout.dims.pp) / model.num_layers
     both_axes = 2 if run.fp8 == "rowwise" else 1
     gathered = fp8_all_gather(run, layout)
     elements = 0.0
-    for m, k, n, count in gemm_shapes(model, run, tp=tp):
+    for (m, k, n, count), normed in zip(shapes, after_norm):
         if not converted(k, n, count):
             continue
         weight = k * n / layout.shard_degree if gathered else 2 * k * n  # forward and backward, or on the shard
-        activations = both_axes * (m * k + m * n) if run.training else m * k
+        if te:
+            weight /= layout.microbatches
+        inputs = 0 if te and normed else m * k
+        activations = both_axes * (inputs + m * n) if run.training else inputs
         elements += count * share * (activations + (weight if run.training else k * n))
     return elements * per / (rates.memory_bytes_per_s or float("inf"))
 

@@ -29,7 +29,7 @@ from convoy.plan.run import OPTIMIZER_STATE_BYTES, RunSpec
 from convoy.plan.schedules import critical_transfers, pipeline_bubble, transfers
 from convoy.plan.shapes import attention_shape, gemm_shapes
 from convoy.plan.speed.collectives import Group, collective_seconds
-from convoy.plan.speed.rates import Rates, StackGemms, rates_for
+from convoy.plan.speed.rates import GEMM_FLOOR_S, Rates, StackGemms, rates_for
 from convoy.plan.speed.records import Calibration
 from convoy.plan.speedups import (
     FACTORS,
@@ -41,7 +41,7 @@ from convoy.plan.speedups import (
     fp8_gemm_factor,
     gathered_fraction,
 )
-from convoy.plan.stacks import Stack, stack_named
+from convoy.plan.stacks import CommOverlap, Stack, TpOverlap, stack_named
 
 __all__ = ["StepTime", "step_time", "model_flops_per_token", "ring_all_reduce_seconds", "ring_gather_seconds",
            "CPU_ADAM_PARAMS_PER_S", "gemm_shapes", "attention_shape", "compute_seconds",
@@ -82,7 +82,9 @@ class StepTime:
     dp_comm: float
     """Data-parallel collectives (all-reduce / reduce-scatter / all-gather), before overlap."""
     tp_comm: float
-    """Tensor-parallel collectives (exposed), and the context-parallel ring's exposed transfers."""
+    """Tensor-parallel collectives (exposed), and the context-parallel ring's exposed transfers. On a stack that
+    overlaps them with the GEMMs (``convoy.plan.stacks.Stack.tp_overlap``): what stays exposed, and the time the
+    overlapped GEMMs lose to the SMs the communication kernels hold."""
     pp_comm: float
     """Pipeline send/recv of activations (exposed)."""
     offload: float
@@ -253,16 +255,17 @@ def _kernel_launches(model: ModelSpec, run: RunSpec, pp: int) -> int:
 
 
 def compute_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates, *, gpu: GpuSpec | None = None,
-                    save_list: str = "convoy") -> float:
+                    save_list: str = "convoy", memory_bound: float = 1.0, fp8_cast: str = "torchao") -> float:
     """Seconds of one GPU's forward and backward passes for one optimizer step (its micro-batches; no bubble,
     no communication, no optimizer step) at ``rates``, never less than its kernel launches. Compiled
     (``run.compile``), the memory-bound work takes ``compile_memory_bound`` of its eager time; with float8
     (``run.fp8``, priced on ``gpu``'s peaks) the converted GEMMs run at the fp8 rate, plus their casts
-    (``convoy.plan.speedups``)."""
+    (``convoy.plan.speedups``). A software stack (``convoy.plan.stacks``) states its save list, the fraction of the
+    eager memory-bound work its fused kernels take (``memory_bound``) and how its float8 casts run (``fp8_cast``)."""
     dims = layout.dims
-    gemm, attn, memory_bound, launches = _micro_batch(model, run, dims.tp, dims.pp, dims.cp, rates, gpu, save_list)
-    memory_bound += fp8_cast_seconds(model, local_run(run, dims), layout, rates)
-    return layout.microbatches * max(gemm + attn + memory_bound, launches * rates.launch_seconds)
+    gemm, attn, pointwise, launches = _micro_batch(model, run, dims.tp, dims.pp, dims.cp, rates, gpu, save_list)
+    pointwise = pointwise * memory_bound + fp8_cast_seconds(model, local_run(run, dims), layout, rates, how=fp8_cast)
+    return layout.microbatches * max(gemm + attn + pointwise, launches * rates.launch_seconds)
 
 
 @remembered
@@ -459,14 +462,16 @@ def step_time(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, g
     tokens = global_batch * run.seq_len
     model_flops = model_flops_per_token(model, run.seq_len, training=run.training) * tokens
     check_fp8(hw.gpu, run)
-    compute, optimizer = _passes(model, run, layout, rates, model_flops=model_flops, gpu=hw.gpu,
-                                 save_list=stack.save_list)
+    compute, optimizer = _passes(model, run, layout, rates, model_flops=model_flops, gpu=hw.gpu, stack=stack)
     overhead = framework_seconds(model, run, layout, rates)
     bubble = _bubble(compute, layout)
     compute += bubble
     dp_comm, exposed_dp, dp_bytes = _data_parallel(model, run, layout, hw, busy=compute - bubble,
                                                    schedule=stack.dp_schedule)
     tp_comm, tp_bytes = _tensor_parallel(model, local_run(run, layout.dims), layout, hw)
+    if stack.tp_overlapped is not None and tp_comm:
+        tp_comm = _tensor_parallel_overlapped(model, local_run(run, layout.dims), layout, hw, rates,
+                                              stack.tp_overlapped)
     pp_comm, pp_bytes = _pipeline(model, local_run(run, layout.dims), layout, hw)
     cp_comm, cp_bytes = context_parallel_seconds(model, run, layout, hw, rates)
     tp_comm += cp_comm  # exposed ring traffic: on the critical path like tp's (StepTime.tp_comm says so)
@@ -487,12 +492,13 @@ def _with_measured_link(hw: Hardware, rates: Rates) -> Hardware:
 
 
 def _passes(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rates, *, model_flops: float,
-            gpu: GpuSpec | None = None, save_list: str = "convoy") -> tuple[float, float]:
+            gpu: GpuSpec | None = None, stack: Stack) -> tuple[float, float]:
     """(seconds of one GPU's forward and backward passes, of its optimizer step) per step: kernel by kernel for a
     model with a shape, else its ``model_flops`` (plus a forward under full recomputation) at the bulk matmul
     rate."""
     if model.has_shape:
-        return (compute_seconds(model, run, layout, rates, gpu=gpu, save_list=save_list),
+        return (compute_seconds(model, run, layout, rates, gpu=gpu, save_list=stack.save_list,
+                                memory_bound=stack.memory_bound_on(model.family), fp8_cast=stack.fp8_cast),
                 optimizer_seconds(model, run, layout, rates))
     hw_flops = model_flops
     if run.training and run.recompute == "full":
@@ -579,6 +585,80 @@ def _tensor_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardwar
     tp_group = _group(hw, min(dims.tp, hw.gpus_per_node), dims.tp)
     seconds = m * layers * per_layer * _collective("all_reduce", act, tp_group, hw)
     return seconds, m * layers * per_layer * 2 * (dims.tp - 1) / dims.tp * act
+
+
+def _tp_segments(model: ModelSpec, run: RunSpec, tp: int) -> list[tuple[bool, list[tuple[int, int, int, float]]]]:
+    """One block's forward GEMMs on a tp rank as Megatron's sequence-parallel TP runs them between its collectives:
+    (column-parallel?, [(m, k, n, times per block)]) per run of consecutive column-parallel GEMMs (q, k, v; gate and
+    up: fed by one all-gather of the normed input) and per row-parallel GEMM (o; down: followed by one
+    reduce-scatter)."""
+    layers = cast(int, model.num_layers)
+    segments: list[tuple[bool, list[tuple[int, int, int, float]]]] = []
+    for (mm, k, n, count), (_, k1, _, _) in zip(gemm_shapes(model, run, tp=tp), gemm_shapes(model, run)):
+        if count == 1:  # the output head: outside the blocks
+            continue
+        column = k == k1
+        if column and segments and segments[-1][0]:
+            segments[-1][1].append((mm, k, n, count / layers))
+        else:
+            segments.append((column, [(mm, k, n, count / layers)]))
+    return segments
+
+
+def _tensor_parallel_overlapped(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, rates: Rates,
+                                overlap: TpOverlap) -> float:
+    """Seconds of tensor-parallel communication left on the critical path per step when a stack pipelines each
+    collective with its GEMM (Megatron-Core's ``--tp-comm-overlap``, PyTorch's AsyncTP; ``convoy.plan.stacks``).
+
+    Sequence-parallel TP moves the all-reduce-equivalents ``_tensor_parallel`` prices as an all-gather before each
+    run of column-parallel GEMMs and a reduce-scatter after each row-parallel GEMM: in the forward (and the
+    recomputed forward) beside those GEMMs; in the backward a column-parallel run's reduce-scatter of the input
+    gradient beside its weight-gradient GEMMs, a row-parallel GEMM's all-gather of the output gradient beside its
+    dgrad. Cut into ``chunks`` pieces, a collective of ``c`` seconds beside a GEMM of ``g`` leaves
+    ``max(0, c - g') + min(c, g') / chunks`` exposed (the piece with nothing beside it, and what outlasts the GEMM;
+    a bulk overlap only the latter), and the GEMM, cut into ``chunks`` GEMMs of m / chunks rows (each priced at its
+    own shape, its waves' tails included; run back to back, each piece past the first costs a kernel launch, not
+    the floor of a GEMM timed alone, ``GEMM_FLOOR_S``) and run on the units the
+    communication kernels leave it, takes ``g' = g_chunks x units / (units - comm_units)``; ``g' - g`` is charged
+    here too. Hidden is at most the GEMM's time
+    (``convoy.plan.stacks.TP_OVERLAPS`` has each stack's chunks and units, with their sources)."""
+    dims = layout.dims
+    m = layout.microbatches
+    layers = math.ceil(cast(int, model.num_layers) / dims.pp)
+    act = run.seq_len * run.micro_batch * cast(int, model.hidden) * run.recipe.activation_bytes
+    group = _group(hw, min(dims.tp, hw.gpus_per_node), dims.tp)
+    gather, scatter = (_collective(op, act, group, hw) for op in ("all_gather", "reduce_scatter"))
+    units = hw.gpu.units or 0
+    fp8 = fp8_gemm_factor(hw.gpu) if run.fp8 != "none" else 1.0
+    dtype = run.recipe.compute
+
+    def gemms(shapes: list[tuple[int, int, int, float]], chunks: int) -> float:
+        """The GEMMs' seconds, each cut into ``chunks`` GEMMs of m / chunks rows (float8 ones at the fp8 rate)."""
+        return sum(times * chunks * rates.gemm_seconds(-(-mm // chunks), k, n, dtype)
+                   * (fp8 if run.fp8 != "none" and converted(k, n, int(times * cast(int, model.num_layers))) else 1.0)
+                   for mm, k, n, times in shapes)
+
+    def exposed(comm: float, shapes: list[tuple[int, int, int, float]], how: CommOverlap) -> float:
+        whole = gemms(shapes, 1)
+        chunks = 1 if how.bulk else how.chunks or dims.tp
+        cut = whole
+        if chunks > 1:  # smaller GEMMs, back to back: their waves' tails, and a launch (not a timed GEMM's floor) each
+            extra = gemms(shapes, chunks) - whole - (chunks - 1) * GEMM_FLOOR_S * len(shapes)
+            cut += max(0.0, extra) + (chunks - 1) * len(shapes) * rates.launch_seconds
+        slowed = cut * units / (units - how.comm_units) if units > how.comm_units and how.comm_units else cut
+        piece = 0.0 if how.bulk else min(comm, slowed) / chunks
+        return (slowed - whole) + max(0.0, comm - slowed) + piece
+
+    forward = backward = 0.0
+    for column, shapes in _tp_segments(model, run, dims.tp):
+        if column:
+            forward += exposed(gather, shapes, overlap.all_gather)
+            backward += exposed(scatter, shapes, overlap.input_gradient)  # beside the wgrad GEMM
+        else:
+            forward += exposed(scatter, shapes, overlap.reduce_scatter)
+            backward += exposed(gather, shapes, overlap.all_gather)  # the output gradient gathered beside the dgrad
+    passes = forward * (2 if run.recompute == "full" else 1) + backward if run.training else forward
+    return m * layers * passes
 
 
 def context_parallel_seconds(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, rates: Rates
