@@ -91,6 +91,7 @@ class Published:
     def layout_name(self) -> str:
         d = self.dims
         parts = [f"{'FSDP' if self.zero_stage == 3 else 'ZeRO-1' if self.zero_stage == 1 else 'DP'} {d.dp}"]
+        parts += [f"CP {d.cp}"] if d.cp > 1 else []
         parts += [f"TP {d.tp}"] if d.tp > 1 else []
         parts += [f"PP {d.pp}" + (f" (interleaved, v {self.pp_stages_per_rank})" if self.pp_stages_per_rank > 1
                                   else "")] if d.pp > 1 else []
@@ -497,6 +498,11 @@ def held_out_sets() -> dict[str, str]:
     return {row.key: HELD_OUT_SET[module.__name__] for module in held_out_modules() for row in module.ROWS}
 
 
+def held_out_seen() -> dict[str, str]:
+    """Held-out rows the planner was compared with elsewhere before their set was collected (``SEEN_BEFORE``)."""
+    return {key: why for module in held_out_modules() for key, why in getattr(module, "SEEN_BEFORE", {}).items()}
+
+
 def held_out_rows() -> tuple[Published, ...]:
     """The ``ROWS`` of the held-out modules, in their order."""
     return tuple(row for module in held_out_modules() for row in module.ROWS)
@@ -515,12 +521,13 @@ def _count(ratios: list[float]) -> str:
 
 
 def held_out_report(rows: tuple[Published, ...], unstated: dict[str, str] | None = None,
-                    sets: dict[str, str] | None = None) -> str:
+                    sets: dict[str, str] | None = None, seen: dict[str, str] | None = None) -> str:
     """docs/planner-accuracy.md section 8b: the held-out table, the rows more than 10 % off, and the count (all rows,
     and apart the rows whose source states every input the planner takes, ``unstated`` naming the others; per
     held-out set where ``sets`` names them)."""
     unstated = unstated or {}
     sets = sets or {}
+    seen = seen or {}
     lines = ["| | source | hardware | model | layout | batch x seq, recompute, precision | stack | published step | "
              "planned step (ratio) | published / planned memory |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -546,6 +553,10 @@ def held_out_report(rows: tuple[Published, ...], unstated: dict[str, str] | None
         members = {key: r for key, r in ratios.items() if sets.get(key) == name}
         count += (f"\n\nThe {name} set: {_count(list(members.values()))}; with every input stated: "
                   f"{_count([r for key, r in members.items() if key not in unstated])}.")
+        before = [key for key in members if key in seen]
+        if before:
+            count += (f" Without the rows compared before ({', '.join(before)}: {seen[before[0]]}): "
+                      f"{_count([r for key, r in members.items() if key not in seen])}.")
     return ("\n".join(lines) + "\n\nWhat each source states the run used:\n\n" + software
             + "\n\nInputs the source does not state, and what the plan takes:\n\n" + (taken or "none")
             + "\n\nMore than 10 % off (no explanation required): " + (", ".join(off) or "none") + ".\n\n" + count)
@@ -558,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="plan the held-out rows (benchmarks/published_heldout*.py) instead: docs section 8b")
     args = parser.parse_args(argv)
     if args.held_out:
-        print(held_out_report(held_out_rows(), held_out_unstated(), held_out_sets()))
+        print(held_out_report(held_out_rows(), held_out_unstated(), held_out_sets(), held_out_seen()))
         return 0
     print(table())
     print("\nWhat the planner does not model, row by row:\n" + deviations() + "\n\n" + summary())
