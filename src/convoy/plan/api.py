@@ -143,12 +143,13 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
         # a pipeline loop (model(x, target=y)) runs at pp = 1 too, and a model that fits one device is not split
         facts = replace(facts, pipeline_only=False)
     costing = _Costing(model=model, hw=hw, gb=gb, rates=rates, offload=offload, allowed=allowed, facts=facts,
-                       precision_for=precision_for, observed=observed or {},
-                       answer_only=None if answer_only is None else frozenset(answer_only))
-    rows, applied = costing.rows(run)
+                       precision_for=precision_for, observed=observed or {})
+    read = None if answer_only is None else frozenset(answer_only)
+    rows, applied = costing.rows(run, read=read)
     rec = recommend(rows, model=model, run=run, hw=hw, single=single)
-    if rec.row is None and run.training:
-        rec = turn_knobs(rec, lambda level: costing.rows(replace(run, recompute=level))[0], asked=run.recompute,
+    if rec.row is None and run.training:  # turn_knobs reads the rows that fit at each level, and only those
+        rec = turn_knobs(rec, lambda level: costing.rows(replace(run, recompute=level), read=read or frozenset())[0],
+                         asked=run.recompute,
                          knobs=knobs if offload or "offload" not in knobs else tuple(set(knobs) - {"offload"}),
                          noun=hw.gpu.noun, case=rec.case)
     if explain_breaks and rec.row is not None:
@@ -203,20 +204,23 @@ class _Costing:
     facts: TrainerFacts
     precision_for: Callable[[Candidate], str] | None
     observed: Mapping[str, Observation]
-    answer_only: frozenset[str] | None = None
-    """``plan_for``'s ``answer_only``: the rows that do not fit and are not named here are not timed."""
-    _costed: dict[RunSpec, tuple[list[Row], dict[str, Observation]]] = field(default_factory=dict, repr=False)
-    """``rows`` per run already asked for (``turn_knobs`` asks again for the run the plan was costed at)."""
+    _costed: dict[tuple[RunSpec, frozenset[str] | None], tuple[list[Row], dict[str, Observation]]] = field(
+        default_factory=dict, repr=False)
+    """``rows`` per run (and ``read``) already asked for (``turn_knobs`` asks again for the run the plan was costed
+    at)."""
 
-    def rows(self, run: RunSpec) -> tuple[list[Row], dict[str, Observation]]:
+    def rows(self, run: RunSpec, *, read: frozenset[str] | None = None) -> tuple[list[Row], dict[str, Observation]]:
         """One ``Row`` per candidate the trainer runs and ``allowed`` keeps, costed at ``run``, and the
         measurements applied (candidate name -> observation); the same lists again for the same run (read them,
-        do not change them)."""
-        if run not in self._costed:
-            self._costed[run] = self._rows(run)
-        return self._costed[run]
+        do not change them). ``read``: the names of the rows the caller reads besides those that fit (None: all):
+        a row that does not fit and is not named is not timed (its ``time`` is ``UNTIMED``)."""
+        for key in ((run, None), (run, read)):  # rows timed in full serve any caller
+            if key in self._costed:
+                return self._costed[key]
+        self._costed[run, read] = self._rows(run, read)
+        return self._costed[run, read]
 
-    def _rows(self, run: RunSpec) -> tuple[list[Row], dict[str, Observation]]:
+    def _rows(self, run: RunSpec, read: frozenset[str] | None) -> tuple[list[Row], dict[str, Observation]]:
         model, hw, gb = self.model, self.hw, self.gb
         rows: list[Row] = []
         applied: dict[str, Observation] = {}
@@ -235,7 +239,7 @@ class _Costing:
                                                             rates=self.rates))
             mem = _memory(model, own, cand.layout)
             fits = mem.total <= hw.gpu.memory_bytes
-            if not fits and self.answer_only is not None and cand.name not in self.answer_only:
+            if not fits and read is not None and cand.name not in read:
                 rows.append(Row(candidate=cand, memory=mem, time=UNTIMED, fits=False, precision=own.precision,
                                 recompute=run.recompute, compile=run.compile, fp8=run.fp8))
                 continue
@@ -264,8 +268,8 @@ class _Costing:
         return rows, applied
 
 
-#: the time of a row that a re-plan (``plan_for``'s ``answer_only``) does not read: its layout does not fit, so no
-#: choice weighs its step; infinite compute, so that none could prefer it
+#: the time of a row nobody reads (``plan_for``'s ``answer_only``, the levels ``turn_knobs`` tries): its layout does
+#: not fit, so no choice weighs its step; infinite compute, so that none could prefer it
 UNTIMED = StepTime(compute=math.inf, bubble=0.0, dp_comm=0.0, tp_comm=0.0, pp_comm=0.0, offload=0.0, exposed_dp=0.0,
                    comm_bytes=0.0, tokens=0, world_size=1, model_flops=0.0, peak_flops=0.0)
 
