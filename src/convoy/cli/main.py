@@ -153,8 +153,6 @@ def _one_value_each(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def _run(module, args: argparse.Namespace, *, debug: bool) -> int:
-    import signal
-
     from convoy.errors import ConvoyError, Terminated, stop_report
 
     try:
@@ -166,6 +164,8 @@ def _run(module, args: argparse.Namespace, *, debug: bool) -> int:
         print(f"convoy: {err}", file=sys.stderr)
         return err.exit_code
     except (KeyboardInterrupt, Terminated) as stop:  # a scheduler's SIGTERM (preemption) is not a Ctrl-C's 130
+        import signal  # only here: the device commands start without it
+
         line, code = stop_report(stop.signum if isinstance(stop, Terminated) else signal.SIGINT)
         print(f"convoy: {line}", file=sys.stderr)
         return code
