@@ -59,3 +59,40 @@ def test_an_inventory_path_reads_as_pathlib_reads_it(text):
     from pathlib import Path
 
     assert _path_text(text) == (str(Path(text)), Path(text).name)
+
+
+def test_the_command_starts_without_inspect_and_ast(inventory_path, tmp_path):
+    # the console script's process (entry_point, as `python -m convoy`): dataclasses' import of inspect is deferred
+    env = {**os.environ, "CONVOY_INVENTORY": str(inventory_path("8xh100_nvswitch")), "CONVOY_LEASE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "convoy", "select", "2", "--free", "--format",
+                           "env"], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0 and "CUDA_VISIBLE_DEVICES=0,1" in proc.stdout, proc.stderr
+    imported = {line.rpartition("|")[2].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "dataclasses" in imported  # the check reads the command's own imports
+    assert not imported & {"inspect", "ast", "dis", "tokenize"}
+
+
+_DEFERRED = textwrap.dedent("""
+    import sys
+    from convoy.cli.main import _inspect_when_used
+    _inspect_when_used()
+    import dataclasses
+    assert "ast" not in sys.modules and type(sys.modules["inspect"]).__name__ == "_ImportedWhenUsed"
+
+    @dataclasses.dataclass
+    class Undocumented:  # dataclasses writes its docstring with inspect.signature: the first use imports it
+        a: int
+        b: str = "x"
+
+    import inspect
+    from inspect import signature
+    assert Undocumented.__doc__ == "Undocumented(a: int, b: str = 'x')", Undocumented.__doc__
+    assert str(signature(lambda a, b=1: 0)) == "(a, b=1)" and inspect.isfunction(signature)
+    assert sys.modules["inspect"] is inspect and "ast" in sys.modules
+    print("ok")
+""")
+
+
+def test_inspect_deferred_is_inspect_when_used():
+    proc = subprocess.run([sys.executable, "-c", _DEFERRED], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
