@@ -47,10 +47,10 @@ def test_device_commands_import_only_what_they_use(argv, inventory_path, tmp_pat
     assert not _imported(argv, env) & _NOT_FOR_DEVICES
 
 
-def test_a_plan_by_numbers_imports_neither_torch_nor_shutil():
+def test_a_plan_by_numbers_imports_neither_torch_nor_typing():
     modules = _imported(["plan", "--params", "70e9", "--hardware", "8xH100-80GB"], {})
     assert "convoy.plan.api" in modules  # the check reads the plan's own process
-    assert not modules & {"torch", "shutil", "convoy.plan.plot", "convoy.plan.speed.measure"}
+    assert not modules & {"torch", "shutil", "typing", "signal", "convoy.plan.plot", "convoy.plan.speed.measure"}
 
 
 @pytest.mark.parametrize("text", ["box.json", "./box.json", "a//b/./c/", "/abs/x.json", "//net/x", "///x", ".", "",

@@ -22,7 +22,6 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from convoy.errors import PlanError, shown
 from convoy.plan.candidates import STRATEGY_NAMES, Candidate, TrainerFacts, enumerate_candidates
@@ -40,6 +39,10 @@ from convoy.plan.timing import StepTime, choose_schedule, step_time
 from convoy.plan.units import GiB, format_bytes, format_seconds
 from convoy.plan.variants import AXES, compare
 from convoy.plan.variants import choose as choose_variant
+
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Plan", "plan", "plan_for", "recommend_for_module", "MAX_GPUS_PER_NODE", "MAX_GPUS"]
 

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any
 
 from convoy.errors import PlanError
 from convoy.plan.architectures import power_limited_mhz
 from convoy.plan.memo import hashed_once
 from convoy.plan.units import GB, MiB
+
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["GpuSpec", "Hardware", "GPUS", "CPU", "lookup_gpu", "board_for", "parse_hardware", "hardware_from_inventory"]
 

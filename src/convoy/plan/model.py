@@ -23,12 +23,15 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from convoy.errors import NotSupportedYetError, PlanError, shown
 from convoy.plan.memo import hashed_once
 from convoy.plan.units import format_count
 from convoy.reading import MODEL_CONFIG, load_json
+
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["derive_shape", "ModelSpec", "from_hf_config", "from_factory", "from_numbers", "resolve_model",
            "MAX_PARAMS", "MAX_DIM", "shape_param_range", "check_params_fit_shape", "check_heads_divide_hidden",

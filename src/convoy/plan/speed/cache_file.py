@@ -20,10 +20,13 @@ import pwd
 import stat
 import warnings
 from pathlib import Path
-from typing import Any
 
 from convoy.errors import ConvoyWarning, PlanError
 from convoy.reading import CALIBRATION_CACHE, depth_problem, read_fd
+
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["MAX_BYTES", "read_cache", "write_cache", "parse_json_object"]
 

@@ -21,7 +21,6 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from convoy.errors import ConvoyWarning, PlanError
 from convoy.plan.hardware import Hardware, lookup_gpu
@@ -29,6 +28,10 @@ from convoy.plan.memory import Layout
 from convoy.plan.model import ModelSpec
 from convoy.plan.run import RunSpec
 from convoy.plan.speed.records import LAUNCH_FLOOR_S, Calibration, cache_path, cached_records
+
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Observation", "case_key", "observed_in", "observations_for", "observations_here", "impossible",
            "LONGEST_STEP_S", "BAND", "FUTURE_SLACK_S"]

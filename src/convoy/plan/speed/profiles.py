@@ -21,12 +21,15 @@ import functools
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 from convoy.errors import ConvoyWarning
 from convoy.plan.hardware import GPUS, GpuSpec
 from convoy.plan.speed.cache_file import parse_json_object
 from convoy.plan.speed.records import Calibration, rates_problem
+
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["profile_for", "shipped_profiles"]
 

@@ -22,10 +22,13 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from convoy.errors import ConvoyWarning, PlanError
 from convoy.plan.speed.cache_file import read_cache, write_cache
+
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Calibration", "FORMAT", "cache_path", "calibration_key", "load_calibration", "save_calibration",
            "cached_records", "gemm_key", "attention_key", "time_model", "rates_problem", "LAUNCH_FLOOR_S"]
