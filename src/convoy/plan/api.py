@@ -211,6 +211,8 @@ class _Costing:
         default_factory=dict, repr=False)
     """``rows`` per run (and ``read``) already asked for (``turn_knobs`` asks again for the run the plan was costed
     at)."""
+    _candidates: dict[int, tuple[Candidate, ...]] = field(default_factory=dict, repr=False)
+    """The candidates per micro-batch (what they depend on of the run): the same at every recompute level."""
 
     def rows(self, run: RunSpec, *, read: frozenset[str] | None = None) -> tuple[list[Row], dict[str, Observation]]:
         """One ``Row`` per candidate the trainer runs and ``allowed`` keeps, costed at ``run``, and the
@@ -223,14 +225,20 @@ class _Costing:
         self._costed[run, read] = self._rows(run, read)
         return self._costed[run, read]
 
+    def _candidates_at(self, micro_batch: int) -> tuple[Candidate, ...]:
+        if micro_batch not in self._candidates:
+            alone = {"zero3" if name == "fsdp" else name for name in self.allowed or ()} & {"zero1", "zero2", "zero3"}
+            self._candidates[micro_batch] = tuple(enumerate_candidates(
+                self.model, self.hw, global_batch=self.gb, micro_batch=micro_batch, offload=self.offload, alone=alone,
+                facts=self.facts))
+        return self._candidates[micro_batch]
+
     def _rows(self, run: RunSpec, read: frozenset[str] | None) -> tuple[list[Row], dict[str, Observation]]:
         model, hw, gb = self.model, self.hw, self.gb
         rows: list[Row] = []
         applied: dict[str, Observation] = {}
         uneven: set[int] = set()
-        alone = {"zero3" if name == "fsdp" else name for name in self.allowed or ()} & {"zero1", "zero2", "zero3"}
-        for cand in enumerate_candidates(model, hw, global_batch=gb, micro_batch=run.micro_batch,
-                                         offload=self.offload, alone=alone, facts=self.facts):
+        for cand in self._candidates_at(run.micro_batch):
             if self.allowed is not None and not _allowed(cand, self.allowed):
                 continue
             if gb % (run.micro_batch * cand.layout.dims.dp):  # each dp rank runs whole micro-batches, equally many
