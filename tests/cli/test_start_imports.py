@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from convoy.devices.inventory import _path_text
+from convoy.reading import path_and_name
 
 #: run a command in-process in a fresh interpreter, then print the modules it imported
 _IMPORTED = textwrap.dedent("""
@@ -47,18 +47,19 @@ def test_device_commands_import_only_what_they_use(argv, inventory_path, tmp_pat
     assert not _imported(argv, env) & _NOT_FOR_DEVICES
 
 
-def test_a_plan_by_numbers_imports_neither_torch_nor_typing():
+def test_a_plan_by_numbers_imports_neither_torch_nor_typing_nor_pathlib():
     modules = _imported(["plan", "--params", "70e9", "--hardware", "8xH100-80GB"], {})
     assert "convoy.plan.api" in modules  # the check reads the plan's own process
-    assert not modules & {"torch", "shutil", "typing", "signal", "convoy.plan.plot", "convoy.plan.speed.measure"}
+    assert not modules & {"torch", "shutil", "typing", "signal", "pathlib", "convoy.plan.plot",
+                          "convoy.plan.speed.measure"}
 
 
 @pytest.mark.parametrize("text", ["box.json", "./box.json", "a//b/./c/", "/abs/x.json", "//net/x", "///x", ".", "",
                                   "a/../b", "/"])
-def test_an_inventory_path_reads_as_pathlib_reads_it(text):
+def test_a_path_reads_as_pathlib_reads_it(text):
     from pathlib import Path
 
-    assert _path_text(text) == (str(Path(text)), Path(text).name)
+    assert path_and_name(text) == (str(Path(text)), Path(text).name)
 
 
 def test_the_command_starts_without_inspect_and_ast(inventory_path, tmp_path):

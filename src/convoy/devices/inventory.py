@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from convoy.devices.vendors import DEVICE_VENDORS
 from convoy.errors import InventoryError, shown
-from convoy.reading import INVENTORY, load_json
+from convoy.reading import INVENTORY, load_json, path_and_name
 
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
@@ -210,7 +210,7 @@ class Inventory:
 def load_inventory(path: str | os.PathLike[str]) -> Inventory:
     """Read an inventory file, bounded (``convoy.reading``: a regular file of at most 16 MiB, nesting bounded).
     Raises :class:`InventoryError` naming the file and what is wrong."""
-    path, name = _path_text(path)
+    path, name = path_and_name(path)
     printable = path if path.isprintable() else repr(path)
     try:
         data = load_json(path, INVENTORY)
@@ -218,18 +218,6 @@ def load_inventory(path: str | os.PathLike[str]) -> Inventory:
         raise InventoryError(f"inventory file {path!r} does not exist; write one with "
                              f"'convoy devices --json > {name if name.isprintable() else 'box.json'}'") from None
     return inventory_from_dict(data, source=f"file:{printable}")
-
-
-def _path_text(path: str | os.PathLike[str]) -> tuple[str, str]:
-    """``str(Path(path))`` and ``Path(path).name`` (empty and ``.`` parts dropped, a trailing slash too) without
-    importing pathlib, which imports urllib.parse and ipaddress on every device command's start."""
-    text = os.fspath(path)
-    if not isinstance(text, str):
-        raise TypeError(f"argument should be a str or an os.PathLike object where __fspath__ returns a str, not "
-                        f"{type(text).__name__!r}")
-    root = "//" if text.startswith("//") and not text.startswith("///") else "/" if text.startswith("/") else ""
-    parts = [part for part in text.split("/") if part not in ("", ".")]
-    return root + "/".join(parts) or ".", parts[-1] if parts else ""
 
 
 def as_inventory(value: Any) -> Inventory | None:

@@ -21,7 +21,6 @@ import math
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from convoy.errors import PlanError, shown
 from convoy.plan.candidates import STRATEGY_NAMES, Candidate, TrainerFacts, enumerate_candidates
@@ -39,6 +38,7 @@ from convoy.plan.timing import StepTime, choose_schedule, step_time
 from convoy.plan.units import GiB, format_bytes, format_seconds
 from convoy.plan.variants import AXES, compare
 from convoy.plan.variants import choose as choose_variant
+from convoy.reading import is_pathlib_path
 
 TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
 if TYPE_CHECKING:
@@ -505,7 +505,7 @@ def resolve_hardware(hardware: str | Hardware | None = None, *, inventory: Any =
             raise PlanError(_one_node_too_many(int(count.group(1)), count.group(2).strip(), nodes))
         return parse_hardware(hardware, nodes=nodes, intra=intra, intra_gbs=intra_gbs, inter_gbps=inter_gbps,
                               memory_gib=gpu_memory_gib, peak_tflops=peak_tflops)
-    if isinstance(inventory, (str, Path)):
+    if isinstance(inventory, str) or is_pathlib_path(inventory):
         from convoy.devices.inventory import load_inventory
 
         inventory = load_inventory(inventory)
