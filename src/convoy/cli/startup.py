@@ -7,7 +7,7 @@ program that calls convoy's functions.
 
 ``dataclasses`` writes the source of each record's ``__init__``, ``__repr__``, ``__eq__``, ``__hash__`` (and a
 frozen record's ``__setattr__``/``__delattr__``) and compiles it on every start: about two thirds of importing the
-planner (26 records) and a fifth of ``convoy select``'s start. The same source always compiles to the same code,
+planner (26 records) and ~5 ms of ``convoy select``'s start. The same source always compiles to the same code,
 so the command keeps the code objects of convoy's own records (the source text is the key: a changed record is
 compiled again) in a file beside the package's ``.pyc`` files, ``convoy/__pycache__``, one per command and Python
 version, and runs that code as ``dataclasses`` would have run the source (``exec`` of the compiled source, with no
