@@ -1,14 +1,16 @@
 """Start-up latency of the device commands, next to bare Python and ``import torch``.
 
-    python benchmarks/cli_latency.py              # median of 9 runs each (3 for import torch)
+    python benchmarks/cli_latency.py              # median of 11 runs each (3 for import torch)
     python benchmarks/cli_latency.py --runs 15
 
 Each row is the median wall time of a fresh process (``time.perf_counter`` around it) and its median
-CPU time (user + system, from ``os.wait4``), which a busy machine distorts less. The targets: a 70B plan
-(``convoy plan --params 70e9 --hardware 8xH100-80GB``) under 100 ms in all (issue 38), and (issue 32)
+CPU time (user + system, from ``os.wait4``), which a busy machine distorts less. The commands run in rounds (each
+once per round), so that a load that comes and goes stretches every row alike, bare Python's too. The targets: a
+70B plan (``convoy plan --params 70e9 --hardware 8xH100-80GB``) under 100 ms in all (issue 38), and (issue 32)
 ``convoy select 2 --free`` within 30 ms of bare Python start-up (issue 2's was 150 ms, which holds only as long as
 the device layer never imports torch). Run it with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` unset, as a
-user's install has it): without ``.pyc`` files every module is compiled again on each start.
+user's install has it): without ``.pyc`` files every module is compiled again on each start, and so are convoy's
+records' dataclass methods, which the command otherwise keeps beside them (``convoy.cli.startup``).
 """
 
 from __future__ import annotations
@@ -42,37 +44,40 @@ def _cases(python: str, convoy: list[str]) -> list[tuple[str, list[str], dict[st
     ]
 
 
-def _time(argv: list[str], env: dict[str, str], runs: int) -> tuple[float, float]:
-    """Median wall time and median CPU time (user + system, from wait4) of ``runs`` fresh processes."""
-    full = {**os.environ, "OMP_NUM_THREADS": "1", **env}
-    walls, cpus = [], []
-    for _ in range(runs):
-        start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=full)
-        _, status, usage = os.wait4(proc.pid, 0)
-        walls.append(time.perf_counter() - start)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(argv)} exited {proc.returncode}")
-        cpus.append(usage.ru_utime + usage.ru_stime)
-    return statistics.median(walls), statistics.median(cpus)
+def _once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall time and CPU time (user + system, from wait4) of one fresh process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(argv)} exited {os.waitstatus_to_exitcode(status)}")
+    return wall, usage.ru_utime + usage.ru_stime
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=9, help="runs per command (import torch: a third)")
+    parser.add_argument("--runs", type=int, default=11, help="runs per command (import torch: a third)")
     args = parser.parse_args(argv)
     python = sys.executable
     script = Path(python).with_name("convoy")
     convoy = [str(script)] if script.exists() else [python, "-m", "convoy"]
-    rows = []
-    for label, cmd, env in _cases(python, convoy):
-        runs = max(3, args.runs // 3) if "import torch" in label else args.runs
-        _time(cmd, env, 1)  # warm the page cache
-        rows.append((label, *_time(cmd, env, runs), runs))
+    cases = _cases(python, convoy)
+    runs = {label: max(3, args.runs // 3) if "import torch" in label else args.runs for label, _, _ in cases}
+    times: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in cases}
+    load = os.getloadavg()[0]
+    for _, cmd, env in cases:
+        _once(cmd, env)  # warm the page cache (and write the .pyc files and the kept dataclass methods)
+    for i in range(args.runs):  # round after round of every command: a load that comes and goes hits them alike
+        for label, cmd, env in cases:
+            if i < runs[label]:
+                times[label].append(_once(cmd, env))
+    rows = [(label, statistics.median(w for w, _ in times[label]), statistics.median(c for _, c in times[label]),
+             runs[label]) for label, _, _ in cases]
     base, base_cpu = rows[0][1], rows[0][2]
-    print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall time includes waiting "
-          f"for a core; CPU time does not)")
+    print(f"load average: {load:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} cores (wall time "
+          f"includes waiting for a core; CPU time does not)")
     print(f"{'command':<50} {'wall s':>7} {'x python':>9} {'+ms':>6} {'cpu s':>7} {'x python':>9} {'+ms':>6} "
           f"{'runs':>5}")
     for label, wall, cpu, runs in rows:
@@ -87,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"convoy plan (70B, 8 H100s): {1000 * plan_wall:.0f} ms wall, {1000 * plan_cpu:.0f} ms CPU: {verdict} the "
           f"{1000 * PLAN_TARGET_S:.0f} ms target (on a quiet machine; a loaded one stretches both)")
     if sys.flags.dont_write_bytecode:
-        print("note: PYTHONDONTWRITEBYTECODE is set: modules without a .pyc were compiled on every start")
+        print("note: PYTHONDONTWRITEBYTECODE is set: modules without a .pyc, and convoy's dataclass methods not kept, "
+              "were compiled on every start")
     return 0
 
 

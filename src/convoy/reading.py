@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 from dataclasses import dataclass
 
 from convoy.errors import (
@@ -37,12 +38,32 @@ if TYPE_CHECKING:
 
 __all__ = ["FileKind", "KINDS", "SETTINGS", "ACCELERATE", "DEEPSPEED", "INVENTORY", "MODEL_CONFIG",
            "CALIBRATION_CACHE", "CHECKPOINT_RECORD", "MAX_DEPTH", "read_bytes", "read_text", "read_fd", "parse_json",
-           "parse_yaml", "parse_toml", "load_json", "depth_problem", "shown_path"]
+           "parse_yaml", "parse_toml", "load_json", "depth_problem", "shown_path", "path_and_name",
+           "is_pathlib_path"]
 
 MAX_DEPTH = 64
 """Deepest nesting of lists and mappings any file convoy reads may hold (an Accelerate file nests 3 deep, an
 inventory 4, a Hugging Face config.json 5): far above what they hold, far below Python's recursion limit."""
 MiB = 1024 * 1024
+
+
+def path_and_name(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """``str(Path(path))`` and ``Path(path).name`` (empty and ``.`` parts dropped, a trailing slash too) without
+    importing pathlib, which imports urllib.parse and ipaddress on the start of every command that reads a file."""
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise TypeError(f"argument should be a str or an os.PathLike object where __fspath__ returns a str, not "
+                        f"{type(text).__name__!r}")
+    root = "//" if text.startswith("//") and not text.startswith("///") else "/" if text.startswith("/") else ""
+    parts = [part for part in text.split("/") if part not in ("", ".")]
+    return root + "/".join(parts) or ".", parts[-1] if parts else ""
+
+
+def is_pathlib_path(value: Any) -> bool:
+    """``isinstance(value, pathlib.Path)``, asked without importing pathlib: no object is a ``Path`` before it is
+    imported."""
+    pathlib = sys.modules.get("pathlib")
+    return pathlib is not None and isinstance(value, pathlib.Path)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import sys
 
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
 # name -> (module, one-line summary). Order is the order of ``convoy --help``.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -55,18 +55,44 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"convoy: {where}{message} (see '{self.prog} --help')\n")
 
 
+def _help_width() -> int:
+    """The width argparse's help takes, ``shutil.get_terminal_size().columns - 2``, found as shutil finds it
+    (``$COLUMNS``, else the terminal of stdout, else 80) without importing shutil: argparse imports it (and with it
+    bz2, lzma and zlib, ~2.5 ms) in every help formatter it builds, and it builds one for each ``add_argument``."""
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return (columns or 80) - 2
+
+
+def _formatter(kind: type[argparse.HelpFormatter]) -> Callable[..., argparse.HelpFormatter]:
+    """``kind`` with the width given (``_help_width``), so that argparse does not import shutil to find it."""
+    width = _help_width()
+
+    def formatter(prog: str) -> argparse.HelpFormatter:
+        return kind(prog, width=width)
+
+    return formatter
+
+
 def _top_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="convoy",
         description="Select accelerators, plan parallelism, launch and train on PyTorch's native engines.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_formatter(argparse.RawDescriptionHelpFormatter),
     )
     parser.add_argument("--version", action="store_true", help="print convoy's version and exit")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
     lines = "\n".join(f"  {name:<9} {summary}" for name, (_, summary) in COMMANDS.items())
     parser.add_argument("command", nargs="?", metavar="COMMAND", help=f"one of:\n{lines}")
-    parser.formatter_class = argparse.RawTextHelpFormatter
+    parser.formatter_class = _formatter(argparse.RawTextHelpFormatter)
     return parser
 
 
@@ -75,7 +101,7 @@ def _command_parser(name: str, module) -> argparse.ArgumentParser:
         prog=f"convoy {name}",
         description=getattr(module, "DESCRIPTION", COMMANDS[name][1]),
         epilog=getattr(module, "EPILOG", None),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_formatter(argparse.RawDescriptionHelpFormatter),
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
     module.add_arguments(parser)
@@ -127,8 +153,6 @@ def _one_value_each(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def _run(module, args: argparse.Namespace, *, debug: bool) -> int:
-    import signal
-
     from convoy.errors import ConvoyError, Terminated, stop_report
 
     try:
@@ -140,6 +164,8 @@ def _run(module, args: argparse.Namespace, *, debug: bool) -> int:
         print(f"convoy: {err}", file=sys.stderr)
         return err.exit_code
     except (KeyboardInterrupt, Terminated) as stop:  # a scheduler's SIGTERM (preemption) is not a Ctrl-C's 130
+        import signal  # only here: the device commands start without it
+
         line, code = stop_report(stop.signum if isinstance(stop, Terminated) else signal.SIGINT)
         print(f"convoy: {line}", file=sys.stderr)
         return code
@@ -207,8 +233,13 @@ def _terminated_on_signal(wanted: bool):
 def entry_point() -> None:
     """Console-script entry point. The command's objects are frozen out of the garbage collector as it leaves:
     the interpreter's last collections would walk every object of an imported torch again (~0.4 s of CPU when a
-    launcher exits after torch's agent ran; docs/launching.md), only to free memory the exit frees anyway. Only
-    the command's own process does this (``gc.freeze``), never a program that calls convoy's functions."""
+    launcher exits after torch's agent ran; docs/launching.md), only to free memory the exit frees anyway; and it
+    starts as ``convoy.cli.startup`` says (``inspect`` imported when first used, convoy's records' methods compiled
+    once and kept). Only the command's own process does these, never a program that calls convoy's functions."""
+    from convoy.cli.startup import dataclass_methods_kept, inspect_when_used
+
+    inspect_when_used()
+    dataclass_methods_kept(next((word for word in sys.argv[1:] if not word.startswith("-")), ""))
     code = main()
     import gc
 

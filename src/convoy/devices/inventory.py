@@ -28,11 +28,10 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from convoy.devices.vendors import DEVICE_VENDORS
 from convoy.errors import InventoryError, shown
-from convoy.reading import INVENTORY, load_json
+from convoy.reading import INVENTORY, load_json, path_and_name
 
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
@@ -211,12 +210,12 @@ class Inventory:
 def load_inventory(path: str | os.PathLike[str]) -> Inventory:
     """Read an inventory file, bounded (``convoy.reading``: a regular file of at most 16 MiB, nesting bounded).
     Raises :class:`InventoryError` naming the file and what is wrong."""
-    path = Path(path)
-    name, printable = path.name, str(path) if str(path).isprintable() else repr(str(path))
+    path, name = path_and_name(path)
+    printable = path if path.isprintable() else repr(path)
     try:
         data = load_json(path, INVENTORY)
     except FileNotFoundError:
-        raise InventoryError(f"inventory file {str(path)!r} does not exist; write one with "
+        raise InventoryError(f"inventory file {path!r} does not exist; write one with "
                              f"'convoy devices --json > {name if name.isprintable() else 'box.json'}'") from None
     return inventory_from_dict(data, source=f"file:{printable}")
 

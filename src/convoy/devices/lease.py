@@ -33,15 +33,14 @@ import stat
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from convoy.devices.amounts import parse_duration
 from convoy.devices.inventory import Device
 from convoy.errors import LeaseError, SelectionError
 
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
+    from pathlib import Path
     from typing import Any
 
 __all__ = ["Lease", "lease_devices", "lease_holders", "visible_holders", "select_and_lease", "default_lock_dir",
@@ -53,12 +52,24 @@ _POLL_S = 0.1
 
 def default_lock_dir(env: Mapping[str, str] | None = None) -> Path:
     """``$CONVOY_LEASE_DIR``, else ``/tmp/convoy-leases`` (shared by every user of the machine)."""
+    from pathlib import Path
+
+    return Path(_lock_dir_name(env))
+
+
+def _lock_dir_name(env: Mapping[str, str] | None = None) -> str:
+    """``default_lock_dir`` as a string: what ``convoy select`` reads, without importing pathlib (which imports
+    urllib.parse and ipaddress) when it starts."""
     env = os.environ if env is None else env
-    return Path(env.get(LEASE_DIR_VARIABLE) or "/tmp/convoy-leases")
+    return env.get(LEASE_DIR_VARIABLE) or "/tmp/convoy-leases"
 
 
 def _lock_path(lock_dir: Path, device: Device) -> Path:
-    return lock_dir / (re.sub(r"[^A-Za-z0-9._-]", "_", device.uuid) + ".lock")
+    return lock_dir / _lock_name(device)
+
+
+def _lock_name(device: Device) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", device.uuid) + ".lock"
 
 
 def _ensure_dir(lock_dir: Path) -> None:
@@ -151,7 +162,7 @@ class _Unusable(Exception):
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # NONBLOCK: a planted FIFO cannot stall us
 
 
-def _open(path: Path) -> tuple[int, bool]:
+def _open(path: str | Path) -> tuple[int, bool]:
     """(descriptor, ours): ``ours`` only for a regular file this user owns, the only kind convoy writes to.
 
     Never follows a link, never truncates, and changes the mode only of a file this call created.
@@ -186,7 +197,7 @@ def _open(path: Path) -> tuple[int, bool]:
     return fd, ours
 
 
-def _describe_unopenable(path: Path, err: OSError) -> str:
+def _describe_unopenable(path: str | Path, err: OSError) -> str:
     try:
         info = os.lstat(path)
     except OSError:
@@ -198,7 +209,7 @@ def _describe_unopenable(path: Path, err: OSError) -> str:
             f"{stat.S_IMODE(info.st_mode):04o}); ask {owner} to remove it, or set {LEASE_DIR_VARIABLE}")
 
 
-def _try_lock(path: Path) -> tuple[int, bool] | None:
+def _try_lock(path: str | Path) -> tuple[int, bool] | None:
     fd, writable = _open(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -227,7 +238,7 @@ def _user() -> str:
         return str(os.getuid())
 
 
-def _describe_holder(path: Path) -> str:
+def _describe_holder(path: str | Path) -> str:
     try:
         fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
     except OSError as err:
@@ -254,12 +265,12 @@ def _describe_holder(path: Path) -> str:
 
 def lease_holders(devices: Sequence[Device], *, lock_dir: str | Path | None = None) -> dict[str, str]:
     """UUID -> who holds it, for the devices some other job has leased right now (a snapshot)."""
-    lock_dir = default_lock_dir() if lock_dir is None else Path(lock_dir)
+    lock_dir = _lock_dir_name() if lock_dir is None else os.fspath(lock_dir)
     held: dict[str, str] = {}
-    if not lock_dir.is_dir():
+    if not os.path.isdir(lock_dir):
         return held
     for device in devices:
-        path = _lock_path(lock_dir, device)
+        path = os.path.join(lock_dir, _lock_name(device))
         if not os.path.lexists(path):
             continue
         try:
@@ -282,7 +293,7 @@ def visible_holders(inventory: Any, env: Mapping[str, str]) -> dict[str, str]:
     (in ``env``'s lease directory): ``select_devices``' ``held`` for a ``--free`` request."""
     from convoy.devices.visibility import visible_devices
 
-    return lease_holders(visible_devices(inventory, env).devices, lock_dir=default_lock_dir(env))
+    return lease_holders(visible_devices(inventory, env).devices, lock_dir=_lock_dir_name(env))
 
 
 def lease_devices(devices: Sequence[Device], *, wait: float | str | None = None,
@@ -297,6 +308,10 @@ def lease_devices(devices: Sequence[Device], *, wait: float | str | None = None,
     Raises:
         LeaseError: some device is still held by another job when the wait ends; names the holders.
     """
+    from pathlib import Path
+
+    from convoy.devices.amounts import parse_duration
+
     wait = None if wait is None else parse_duration(wait)  # seconds, or '30s', '5m', '1h', 'inf'
     lock_dir = default_lock_dir() if lock_dir is None else Path(lock_dir)
     _ensure_dir(lock_dir)
@@ -395,6 +410,9 @@ def select_and_lease(spec: Any = "auto", *, wait: float | str | None = None, loc
         LeaseError: not enough devices came free in time; names who holds them.
         SelectionError, DeviceSpecError: as ``select_devices``, for reasons other than leases.
     """
+    from pathlib import Path
+
+    from convoy.devices.amounts import parse_duration
     from convoy.devices.discovery import discover
     from convoy.devices.inventory import as_inventory
     from convoy.devices.selection import select_devices

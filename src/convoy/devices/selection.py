@@ -20,7 +20,6 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from convoy.devices.amounts import MemoryAmount, parse_memory, parse_percent
 from convoy.devices.inventory import Device, Inventory, as_inventory
 from convoy.devices.spec import describe_available, is_count, parse_devices
 from convoy.devices.vendors import vendor_facts
@@ -31,6 +30,8 @@ TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` sta
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
     from typing import Any
+
+    from convoy.devices.amounts import MemoryAmount
 
 __all__ = ["Selection", "select_devices", "ORDERS"]
 
@@ -155,7 +156,11 @@ def _check_order(order: str | None) -> None:
 
 
 def _thresholds(min_free_memory: Any, max_utilization: Any) -> tuple[MemoryAmount | None, float | None]:
-    """The memory and utilisation filters, parsed (``None`` where not given)."""
+    """The memory and utilisation filters, parsed (``None`` where not given; their parser is imported only then)."""
+    if min_free_memory is None and max_utilization is None:
+        return None, None
+    from convoy.devices.amounts import parse_memory, parse_percent
+
     need_mem = None if min_free_memory is None else parse_memory(min_free_memory)
     max_util = None if max_utilization is None else parse_percent(max_utilization)
     return need_mem, max_util

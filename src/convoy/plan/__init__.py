@@ -36,7 +36,10 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["ParallelDims", "plan", "Plan", "recommend_for_module"]
 

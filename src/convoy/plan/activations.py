@@ -16,11 +16,11 @@ the per-family totals and how they were checked: docs/planner.md, "Memory per GP
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
 
 from convoy.plan.memo import remembered
 from convoy.plan.speedups import compiled_saved_fraction
 
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
 if TYPE_CHECKING:  # memory.py imports this module
     from convoy.plan.model import ModelSpec
     from convoy.plan.run import RunSpec
@@ -249,7 +249,7 @@ def matmuls_kept(model: ModelSpec, run: RunSpec, save_list: str = "convoy") -> t
     (0, 1)."""
     from convoy.plan.shapes import gemm_shapes
 
-    L = cast(int, model.num_layers)  # callers pass a model with a shape
+    L = model.num_layers or 0  # callers pass a model with a shape
     out, index = [], 0
     for _, _, _, count in gemm_shapes(model, run):
         if count == 1:
@@ -281,7 +281,7 @@ def block_bytes(model: ModelSpec, run: RunSpec, *, tp: int = 1, stored_only: boo
     compiled = compiled_saved_fraction(run, recompute) if run.compile != "none" else 1.0
     if recompute == "full":
         res, _, _ = _bytes(run)
-        return compiled * res * s * b * cast(int, model.hidden) / tp  # callers pass a model with a shape
+        return compiled * res * s * b * int(model.hidden) / tp  # type: ignore[arg-type]  # a model with a shape
     saved = block_selective(model, run, tp=tp, save_list=save_list) if recompute == "selective" else \
         block_saved(model, run)
     return compiled * sum(x.bytes_per_token * (1 if x.whole else 1 / tp) for x in saved) * s * b
@@ -298,7 +298,7 @@ def weight_cast_bytes(model: ModelSpec, run: RunSpec, *, layers: int, tp: int = 
 
 def head_saved_bytes(model: ModelSpec, run: RunSpec, *, tp: int = 1) -> float:
     """The final norm's and the output head's saved inputs, plus the loss's fp32 log-softmax (s·b·V·4)."""
-    s, b, h = run.seq_len, run.micro_batch, cast(int, model.hidden)  # callers pass a model with a shape
+    s, b, h = run.seq_len, run.micro_batch, int(model.hidden)  # type: ignore[arg-type]  # a model with a shape
     res, lo, _ = _bytes(run)
     norm = (4 + res) * h if model.family == "llama" else _layer_norm_input(run) * h
     extra = 0.0 if model.family == "generic" else (norm + lo * h) * s * b  # generic: Korthikanti's 4sbV only

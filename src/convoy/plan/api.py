@@ -21,8 +21,6 @@ import math
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any
 
 from convoy.errors import PlanError, shown
 from convoy.plan.candidates import STRATEGY_NAMES, Candidate, TrainerFacts, enumerate_candidates
@@ -36,10 +34,15 @@ from convoy.plan.run import COMPILE, FP8_RECIPES, RunSpec
 from convoy.plan.speed.observed import Observation, case_key, impossible, observations_here
 from convoy.plan.speed.rates import Rates, rates_for
 from convoy.plan.speed.records import Calibration
-from convoy.plan.timing import choose_schedule, step_time
+from convoy.plan.timing import StepTime, choose_schedule, step_time
 from convoy.plan.units import GiB, format_bytes, format_seconds
 from convoy.plan.variants import AXES, compare
 from convoy.plan.variants import choose as choose_variant
+from convoy.reading import is_pathlib_path
+
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Plan", "plan", "plan_for", "recommend_for_module", "MAX_GPUS_PER_NODE", "MAX_GPUS"]
 
@@ -113,7 +116,8 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
              facts: TrainerFacts = TrainerFacts(), calibration: Calibration | None = None,
              time_note: str = "", precision_for: Callable[[Candidate], str] | None = None,
              observed: Mapping[str, Observation] | None = None, knobs: Collection[str] = KNOBS,
-             choose: Collection[str] = (), variants: bool = True) -> Plan:
+             choose: Collection[str] = (), variants: bool = True,
+             answer_only: Collection[str] | None = None) -> Plan:
     """The plan for already-resolved inputs (``plan`` resolves names, files and the inventory first).
 
     ``facts``: what the trainer can run of this model and loop (``TrainerFacts``; ``Accelerator(strategy="auto")``
@@ -124,7 +128,10 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
     case is there takes the measured step time. ``knobs``: what may be turned when nothing fits as asked
     (``"recompute"``, ``"offload"``; ``convoy.plan.knobs``). ``choose``: what the plan picks for the chosen layout
     among ``convoy.plan.variants.AXES`` (``"compile"``, ``"fp8"``); the others stay as ``run`` has them.
-    ``variants``: price the chosen layout eager, compiled and compiled + float8 side by side."""
+    ``variants``: price the chosen layout eager, compiled and compiled + float8 side by side.
+    ``answer_only``: the names of the rows a caller reads besides the recommendation (None: all of them), as the
+    re-plans of "what would change it" do: a row that does not fit and is not named is not timed (its ``time`` is
+    ``UNTIMED``); no choice weighs the step of a layout that does not fit, so the recommendation is the same."""
     if efficiency is not None and not 0 < efficiency <= 1:
         raise PlanError(f"efficiency must be in (0, 1], got {efficiency}")
     if allowed is not None and "cp" in allowed:  # the loop splits sequences: cp layouts are candidates too
@@ -140,10 +147,12 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
         facts = replace(facts, pipeline_only=False)
     costing = _Costing(model=model, hw=hw, gb=gb, rates=rates, offload=offload, allowed=allowed, facts=facts,
                        precision_for=precision_for, observed=observed or {})
-    rows, applied = costing.rows(run)
+    read = None if answer_only is None else frozenset(answer_only)
+    rows, applied = costing.rows(run, read=read)
     rec = recommend(rows, model=model, run=run, hw=hw, single=single)
-    if rec.row is None and run.training:
-        rec = turn_knobs(rec, lambda level: costing.rows(replace(run, recompute=level))[0], asked=run.recompute,
+    if rec.row is None and run.training:  # turn_knobs reads the rows that fit at each level, and only those
+        rec = turn_knobs(rec, lambda level: costing.rows(replace(run, recompute=level), read=read or frozenset())[0],
+                         asked=run.recompute,
                          knobs=knobs if offload or "offload" not in knobs else tuple(set(knobs) - {"offload"}),
                          noun=hw.gpu.noun, case=rec.case)
     if explain_breaks and rec.row is not None:
@@ -153,7 +162,7 @@ def plan_for(model: ModelSpec, run: RunSpec, hw: Hardware, *, global_batch: int 
         full = plan_for(model, replace(run, recompute="full"), hw, global_batch=gb, efficiency=efficiency,
                         offload=offload, allowed=allowed, explain_breaks=False, facts=facts,
                         calibration=calibration, precision_for=precision_for,
-                        knobs=("offload",) if offload else (), variants=False).recommendation.row
+                        knobs=("offload",) if offload else (), variants=False, answer_only=()).recommendation.row
         if full is not None:
             rec = replace(rec, breaks=(f"With recompute='full' (checkpoint every block) {full.name} fits at "
                                        f"{format_bytes(full.memory.total, binary=True)} per GPU and takes "
@@ -198,25 +207,38 @@ class _Costing:
     facts: TrainerFacts
     precision_for: Callable[[Candidate], str] | None
     observed: Mapping[str, Observation]
-    _costed: dict[RunSpec, tuple[list[Row], dict[str, Observation]]] = field(default_factory=dict, repr=False)
-    """``rows`` per run already asked for (``turn_knobs`` asks again for the run the plan was costed at)."""
+    _costed: dict[tuple[RunSpec, frozenset[str] | None], tuple[list[Row], dict[str, Observation]]] = field(
+        default_factory=dict, repr=False)
+    """``rows`` per run (and ``read``) already asked for (``turn_knobs`` asks again for the run the plan was costed
+    at)."""
+    _candidates: dict[int, tuple[Candidate, ...]] = field(default_factory=dict, repr=False)
+    """The candidates per micro-batch (what they depend on of the run): the same at every recompute level."""
 
-    def rows(self, run: RunSpec) -> tuple[list[Row], dict[str, Observation]]:
+    def rows(self, run: RunSpec, *, read: frozenset[str] | None = None) -> tuple[list[Row], dict[str, Observation]]:
         """One ``Row`` per candidate the trainer runs and ``allowed`` keeps, costed at ``run``, and the
         measurements applied (candidate name -> observation); the same lists again for the same run (read them,
-        do not change them)."""
-        if run not in self._costed:
-            self._costed[run] = self._rows(run)
-        return self._costed[run]
+        do not change them). ``read``: the names of the rows the caller reads besides those that fit (None: all):
+        a row that does not fit and is not named is not timed (its ``time`` is ``UNTIMED``)."""
+        for key in ((run, None), (run, read)):  # rows timed in full serve any caller
+            if key in self._costed:
+                return self._costed[key]
+        self._costed[run, read] = self._rows(run, read)
+        return self._costed[run, read]
 
-    def _rows(self, run: RunSpec) -> tuple[list[Row], dict[str, Observation]]:
+    def _candidates_at(self, micro_batch: int) -> tuple[Candidate, ...]:
+        if micro_batch not in self._candidates:
+            alone = {"zero3" if name == "fsdp" else name for name in self.allowed or ()} & {"zero1", "zero2", "zero3"}
+            self._candidates[micro_batch] = tuple(enumerate_candidates(
+                self.model, self.hw, global_batch=self.gb, micro_batch=micro_batch, offload=self.offload, alone=alone,
+                facts=self.facts))
+        return self._candidates[micro_batch]
+
+    def _rows(self, run: RunSpec, read: frozenset[str] | None) -> tuple[list[Row], dict[str, Observation]]:
         model, hw, gb = self.model, self.hw, self.gb
         rows: list[Row] = []
         applied: dict[str, Observation] = {}
         uneven: set[int] = set()
-        alone = {"zero3" if name == "fsdp" else name for name in self.allowed or ()} & {"zero1", "zero2", "zero3"}
-        for cand in enumerate_candidates(model, hw, global_batch=gb, micro_batch=run.micro_batch,
-                                         offload=self.offload, alone=alone, facts=self.facts):
+        for cand in self._candidates_at(run.micro_batch):
             if self.allowed is not None and not _allowed(cand, self.allowed):
                 continue
             if gb % (run.micro_batch * cand.layout.dims.dp):  # each dp rank runs whole micro-batches, equally many
@@ -227,6 +249,11 @@ class _Costing:
                 cand = replace(cand, layout=choose_schedule(model, own, cand.layout, hw, global_batch=gb,
                                                             rates=self.rates))
             mem = _memory(model, own, cand.layout)
+            fits = mem.total <= hw.gpu.memory_bytes
+            if not fits and read is not None and cand.name not in read:
+                rows.append(Row(candidate=cand, memory=mem, time=UNTIMED, fits=False, precision=own.precision,
+                                recompute=run.recompute, compile=run.compile, fp8=run.fp8))
+                continue
             t = step_time(model, own, cand.layout, hw, global_batch=gb, rates=self.rates)
             seen = self.observed.get(case_key(model, own, cand.layout, hw))
             if seen is not None and impossible(seen, t, hw):  # no GPU measures that: one warning, the model's time
@@ -234,7 +261,7 @@ class _Costing:
             if seen is not None:  # this job ran here: its measured step, the model's breakdown scaled to it
                 t = replace(t, correction=seen.measured_s / t.seconds)
                 applied[cand.name] = seen
-            rows.append(Row(candidate=cand, memory=mem, time=t, fits=mem.total <= hw.gpu.memory_bytes,
+            rows.append(Row(candidate=cand, memory=mem, time=t, fits=fits,
                             precision=own.precision, recompute=run.recompute, compile=run.compile, fp8=run.fp8,
                             launch_args=launch_args(cand, hw, precision=own.precision, recompute=run.recompute,
                                                     compile=run.compile, fp8=run.fp8)))
@@ -251,6 +278,11 @@ class _Costing:
             raise PlanError(f"no candidate layout is allowed ({', '.join(allowed)}) on {hw.describe()}{hint}")
         return rows, applied
 
+
+#: the time of a row nobody reads (``plan_for``'s ``answer_only``, the levels ``turn_knobs`` tries): its layout does
+#: not fit, so no choice weighs its step; infinite compute, so that none could prefer it
+UNTIMED = StepTime(compute=math.inf, bubble=0.0, dp_comm=0.0, tp_comm=0.0, pp_comm=0.0, offload=0.0, exposed_dp=0.0,
+                   comm_bytes=0.0, tokens=0, world_size=1, model_flops=0.0, peak_flops=0.0)
 
 #: ``memory_per_gpu`` remembered for the plans of one answer (``_breaks`` re-plans the same case on other links
 #: and networks, where the memory is the same); a pure function of frozen records, so only its time is saved
@@ -295,7 +327,7 @@ def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowe
     def again(run_: RunSpec, hw_: Hardware) -> Plan:
         return plan_for(model, run_, hw_, global_batch=gb, efficiency=efficiency, offload=offload, allowed=allowed,
                         explain_breaks=False, facts=facts, calibration=calibration, precision_for=precision_for,
-                        knobs=knobs, variants=False)
+                        knobs=knobs, variants=False, answer_only=(name,))
 
     out = []
     longer = replace(run, seq_len=run.seq_len * 2)
@@ -327,7 +359,7 @@ def _breaks(rec: Recommendation, model, run, hw, gb, efficiency, offload, allowe
         out += _context_parallel_break(rec, plan_for(
             model, run, hw, global_batch=gb, efficiency=efficiency, offload=offload, allowed=None, explain_breaks=False,
             facts=replace(facts, context_parallel=True), calibration=calibration, precision_for=precision_for,
-            knobs=knobs, variants=False))
+            knobs=knobs, variants=False, answer_only=()))
     return tuple(out)
 
 
@@ -473,7 +505,7 @@ def resolve_hardware(hardware: str | Hardware | None = None, *, inventory: Any =
             raise PlanError(_one_node_too_many(int(count.group(1)), count.group(2).strip(), nodes))
         return parse_hardware(hardware, nodes=nodes, intra=intra, intra_gbs=intra_gbs, inter_gbps=inter_gbps,
                               memory_gib=gpu_memory_gib, peak_tflops=peak_tflops)
-    if isinstance(inventory, (str, Path)):
+    if isinstance(inventory, str) or is_pathlib_path(inventory):
         from convoy.devices.inventory import load_inventory
 
         inventory = load_inventory(inventory)

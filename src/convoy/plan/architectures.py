@@ -13,7 +13,10 @@ fractions to another board of the architecture. ``convoy.plan.speed.rates.Modele
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Architecture", "ARCHITECTURES", "DEFAULT_ARCHITECTURE", "power_limited_mhz", "architecture_of"]
 

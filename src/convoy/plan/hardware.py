@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any
 
 from convoy.errors import PlanError
 from convoy.plan.architectures import power_limited_mhz
 from convoy.plan.memo import hashed_once
 from convoy.plan.units import GB, MiB
+
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["GpuSpec", "Hardware", "GPUS", "CPU", "lookup_gpu", "board_for", "parse_hardware", "hardware_from_inventory"]
 
@@ -287,6 +290,23 @@ def board_for(name: str, *, memory_gib: float | None = None, peak_tflops: float 
                           f"Gen4 x16 ({_UNLISTED_PCIE_GBS:g} GB/s), memory bandwidth unknown")
 
 
+def _names_model(key: str, alias: str) -> bool:
+    """``alias`` occurs in ``key`` as a whole model name: no digit or lower-case letter just before it, no digit
+    just after (the regular expression ``(?<![0-9a-z])alias(?![0-9])``, without compiling one per alias when a
+    plan starts)."""
+    start = key.find(alias)
+    while start >= 0:
+        end = start + len(alias)
+        if (start == 0 or key[start - 1] not in _DIGITS_LOWER) and (end == len(key) or key[end] not in _DIGITS):
+            return True
+        start = key.find(alias, start + 1)
+    return False
+
+
+_DIGITS = "0123456789"
+_DIGITS_LOWER = _DIGITS + "abcdefghijklmnopqrstuvwxyz"
+
+
 def lookup_gpu(name: str) -> GpuSpec:
     """The table row for ``name``: a short name (``H100-80GB``, any case) or a device name from NVML."""
     key = name.strip().lower()
@@ -295,7 +315,7 @@ def lookup_gpu(name: str) -> GpuSpec:
     for spec in GPUS.values():  # device names from NVML/ROCm: "NVIDIA H100 80GB HBM3"
         # an alias is a whole model name in the device's: "nvidia a10" is not in "nvidia a100-sxm4-80gb", nor
         # "h200" in "gh200", nor "nvidia l4" in "nvidia l40"
-        if any(re.search(rf"(?<![0-9a-z]){re.escape(alias)}(?![0-9])", key) for alias in spec.aliases):
+        if any(_names_model(key, alias) for alias in spec.aliases):
             return spec
     close = [g.name for g in GPUS.values() if key.split("-")[0] and key.split("-")[0] in g.name.lower()]
     hint = f"did you mean {', '.join(close)}?" if close else "known: " + ", ".join(g.name for g in GPUS.values())

@@ -19,13 +19,16 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
+
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
+if TYPE_CHECKING:
+    from typing import Any, ParamSpec, TypeVar
+
+    P = ParamSpec("P")
+    T = TypeVar("T")
+    C = TypeVar("C", bound=type)
 
 __all__ = ["remembered", "hashed_once", "forget"]
-
-P = ParamSpec("P")
-T = TypeVar("T")
-C = TypeVar("C", bound=type)
 
 #: results kept per function before its cache starts again; a 70B plan on 8 GPUs asks about 1,300 step times and
 #: 550 different ones

@@ -18,17 +18,21 @@ import functools
 import importlib
 import importlib.util
 import math
+import os
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from convoy.errors import NotSupportedYetError, PlanError, shown
 from convoy.plan.memo import hashed_once
 from convoy.plan.units import format_count
-from convoy.reading import MODEL_CONFIG, load_json
+from convoy.reading import MODEL_CONFIG, is_pathlib_path, load_json
+
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
 
 __all__ = ["derive_shape", "ModelSpec", "from_hf_config", "from_factory", "from_numbers", "resolve_model",
            "MAX_PARAMS", "MAX_DIM", "shape_param_range", "check_params_fit_shape", "check_heads_divide_hidden",
@@ -318,6 +322,8 @@ def from_hf_config(path: str | Path | Mapping[str, Any]) -> ModelSpec:
     if isinstance(path, Mapping):
         config, name = dict(path), str(path.get("_name_or_path") or path.get("model_type") or "config")
     else:
+        from pathlib import Path  # only a config file needs it: a plan by numbers starts without it
+
         p = Path(path)
         if p.is_dir():
             p = p / "config.json"
@@ -474,6 +480,8 @@ def from_factory(target: str, *, name: str | None = None) -> ModelSpec:
     module_name, sep, func_name = target.rpartition(":")
     if not sep or not module_name or not func_name.isidentifier():
         raise PlanError(f"model factory {target!r} is not MODULE:FUNCTION (e.g. 'mypkg.models:build')")
+    from pathlib import Path
+
     folder = Path(module_name).resolve().parent if module_name.endswith(".py") else Path.cwd()
     with _importable(folder):
         return _build_factory(target, module_name, func_name, name=name)
@@ -484,7 +492,7 @@ def _importable(folder: Path) -> Iterator[None]:
     """``folder`` first on ``sys.path`` while the factory is imported and called, then taken off again (the
     console script, unlike ``python -m``, does not put the working directory there)."""
     entry = str(folder)
-    present = entry in sys.path or (folder == Path.cwd() and "" in sys.path)
+    present = entry in sys.path or (folder == type(folder).cwd() and "" in sys.path)
     if not present:
         sys.path.insert(0, entry)
     try:
@@ -497,6 +505,8 @@ def _importable(folder: Path) -> Iterator[None]:
 def _build_factory(target: str, module_name: str, func_name: str, *, name: str | None) -> ModelSpec:
     try:
         if module_name.endswith(".py"):
+            from pathlib import Path
+
             path = Path(module_name)
             if not path.exists():
                 raise PlanError(f"model factory file {module_name!r} does not exist")
@@ -591,11 +601,11 @@ def resolve_model(model: Any = None, *, params: float | None = None, **shape: An
         spec = model
     elif isinstance(model, Mapping):
         spec = from_hf_config(model)
-    elif isinstance(model, (str, Path)):
+    elif isinstance(model, str) or is_pathlib_path(model):
         text = str(model)
         if "\0" in text:
             raise PlanError(f"model {shown(text)}: a path or factory name cannot hold a NUL character")
-        is_path = text.endswith(".json") or Path(text).is_dir() or Path(text).exists()
+        is_path = text.endswith(".json") or os.path.isdir(text) or os.path.exists(text)
         spec = from_hf_config(text) if is_path or ":" not in text else from_factory(text)
     elif "torch" in sys.modules and isinstance(model, sys.modules["torch"].nn.Module):
         spec = describe_module(model, name=type(model).__name__)

@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
 if TYPE_CHECKING:  # activations (below memory, which the layouts come from) imports this module
+    from typing import Any
+
     from convoy.plan.hardware import GpuSpec
     from convoy.plan.model import ModelSpec
     from convoy.plan.run import RunSpec
 
-#: a ``convoy.plan.memory.Layout`` (memory imports activations, which imports this module)
-Layout = Any
-#: a ``convoy.plan.speed.rates.Rates`` (likewise)
-Rates = Any
+    #: a ``convoy.plan.memory.Layout`` (memory imports activations, which imports this module)
+    Layout = Any
+    #: a ``convoy.plan.speed.rates.Rates`` (likewise)
+    Rates = Any
 
 __all__ = ["Factor", "FACTORS", "FP8_ALIGN", "compiled_saved_fraction", "converted", "converted_block_params",
            "fp8_gemm_factor", "fp8_cast_seconds", "fp8_all_gather", "gathered_fraction", "compile_seconds", "check_fp8",

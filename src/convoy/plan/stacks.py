@@ -19,11 +19,11 @@ code, and where none was found the factor is convoy's (1.0) and its source says 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from convoy.errors import PlanError
 from convoy.plan.speedups import FACTORS
 
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
 if TYPE_CHECKING:  # memory.py imports this module: its names are read inside the functions that need them
     from convoy.plan.memory import MemoryBreakdown
     from convoy.plan.run import RunSpec

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import cast
 
 from convoy.plan.activations import block_bytes, block_saved, head_saved_bytes, matmuls_kept
 from convoy.plan.architectures import architecture_of
@@ -551,7 +550,7 @@ def _fsdp1_exposed(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware,
     n = layout.shard_degree
     gathers = 2 if layout.zero_stage == 3 else 1
     block, root = parameter_tensors(model, tp=dims.tp, pp=dims.pp)
-    layers = math.ceil(cast(int, model.num_layers) / dims.pp)
+    layers = math.ceil((model.num_layers or 0) / dims.pp)
     scale = weights / max(1.0, layers * sum(block) + sum(root))
     grad_ratio = grads / weights if weights else 0.0
     reduces = 1 if dims.pp_enabled else m
@@ -592,7 +591,7 @@ def _tp_segments(model: ModelSpec, run: RunSpec, tp: int) -> list[tuple[bool, li
     (column-parallel?, [(m, k, n, times per block)]) per run of consecutive column-parallel GEMMs (q, k, v; gate and
     up: fed by one all-gather of the normed input) and per row-parallel GEMM (o; down: followed by one
     reduce-scatter)."""
-    layers = cast(int, model.num_layers)
+    layers = (model.num_layers or 0)
     segments: list[tuple[bool, list[tuple[int, int, int, float]]]] = []
     for (mm, k, n, count), (_, k1, _, _) in zip(gemm_shapes(model, run, tp=tp), gemm_shapes(model, run)):
         if count == 1:  # the output head: outside the blocks
@@ -624,8 +623,8 @@ def _tensor_parallel_overlapped(model: ModelSpec, run: RunSpec, layout: Layout, 
     (``convoy.plan.stacks.TP_OVERLAPS`` has each stack's chunks and units, with their sources)."""
     dims = layout.dims
     m = layout.microbatches
-    layers = math.ceil(cast(int, model.num_layers) / dims.pp)
-    act = run.seq_len * run.micro_batch * cast(int, model.hidden) * run.recipe.activation_bytes
+    layers = math.ceil((model.num_layers or 0) / dims.pp)
+    act = run.seq_len * run.micro_batch * (model.hidden or 0) * run.recipe.activation_bytes
     group = _group(hw, min(dims.tp, hw.gpus_per_node), dims.tp)
     gather, scatter = (_collective(op, act, group, hw) for op in ("all_gather", "reduce_scatter"))
     units = hw.gpu.units or 0
@@ -635,7 +634,7 @@ def _tensor_parallel_overlapped(model: ModelSpec, run: RunSpec, layout: Layout, 
     def gemms(shapes: list[tuple[int, int, int, float]], chunks: int) -> float:
         """The GEMMs' seconds, each cut into ``chunks`` GEMMs of m / chunks rows (float8 ones at the fp8 rate)."""
         return sum(times * chunks * rates.gemm_seconds(-(-mm // chunks), k, n, dtype)
-                   * (fp8 if run.fp8 != "none" and converted(k, n, int(times * cast(int, model.num_layers))) else 1.0)
+                   * (fp8 if run.fp8 != "none" and converted(k, n, int(times * (model.num_layers or 0))) else 1.0)
                    for mm, k, n, times in shapes)
 
     def exposed(comm: float, shapes: list[tuple[int, int, int, float]], how: CommOverlap) -> float:

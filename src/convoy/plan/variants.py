@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from convoy.errors import PlanError
 from convoy.plan.hardware import Hardware
@@ -28,6 +27,10 @@ from convoy.plan.speed.rates import Rates
 from convoy.plan.speedups import compile_seconds
 from convoy.plan.timing import StepTime, step_time
 from convoy.plan.units import format_seconds
+
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Variant", "compare", "choose", "AXES"]
 

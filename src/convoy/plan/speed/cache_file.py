@@ -19,11 +19,14 @@ import os
 import pwd
 import stat
 import warnings
-from pathlib import Path
-from typing import Any
 
 from convoy.errors import ConvoyWarning, PlanError
-from convoy.reading import CALIBRATION_CACHE, depth_problem, read_fd
+from convoy.reading import CALIBRATION_CACHE, depth_problem, path_and_name, read_fd
+
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
 
 __all__ = ["MAX_BYTES", "read_cache", "write_cache", "parse_json_object"]
 
@@ -40,23 +43,33 @@ def _owner(uid: int) -> str:
         return f"uid {uid}"
 
 
-def _resolved(directory: Path) -> tuple[Path, str | None]:
+def _resolved(directory: str | Path) -> tuple[str, str | None]:
     """(where ``directory`` leads, why a link on the way could be another user's or None)."""
     reason = _links_unsafe(directory)
-    return Path(os.path.realpath(directory)), reason
+    return os.path.realpath(directory), reason
 
 
-def _named(directory: Path, real: Path) -> str:
-    return repr(str(directory)) if real == Path(os.path.abspath(directory)) else \
+def _named(directory: str | Path, real: str | Path) -> str:
+    return repr(str(directory)) if os.fspath(real) == os.path.abspath(directory) else \
         f"{str(real)!r} (where {str(directory)!r} leads)"
 
 
-def _links_unsafe(directory: Path) -> str | None:
+def _parent_and_name(path: str | Path) -> tuple[str, str, str]:
+    """``str(path)``, ``str(path.parent)`` and ``path.name`` as ``pathlib`` reads ``path``, without importing it
+    (``convoy.reading.path_and_name``)."""
+    text, name = path_and_name(path)
+    head, sep, tail = text.rpartition("/")
+    if not sep:
+        return text, ".", name
+    return text, head if head.strip("/") else text[:len(text) - len(tail)], name
+
+
+def _links_unsafe(directory: str | Path) -> str | None:
     """Why a symbolic link on the way to ``directory`` (which may not exist yet) could be another user's, or None."""
     me = os.geteuid()
-    current = Path("/")
-    for part in Path(os.path.abspath(directory)).parts[1:]:
-        step = current / part
+    current = "/"
+    for part in [part for part in os.path.abspath(directory).split("/") if part]:
+        step = os.path.join(current, part)
         try:
             info = os.lstat(step)
         except FileNotFoundError:
@@ -66,7 +79,7 @@ def _links_unsafe(directory: Path) -> str | None:
         if stat.S_ISLNK(info.st_mode):
             if info.st_uid not in (me, 0):
                 return f"{str(step)!r} is a link owned by {_owner(info.st_uid)}"
-            current = Path(os.path.realpath(step))
+            current = os.path.realpath(step)
         else:
             current = step
     return None
@@ -89,10 +102,11 @@ def _warn(text: str) -> None:
     warnings.warn(text, ConvoyWarning, stacklevel=3)
 
 
-def read_cache(path: Path) -> dict[str, Any]:
+def read_cache(path: str | Path) -> dict[str, Any]:
     """The cache's JSON object; ``{}`` when there is none, and ``{}`` with one warning when it may not be trusted
     (see the module) or cannot be read."""
-    real, reason = _resolved(path.parent)
+    path, parent, name = _parent_and_name(path)
+    real, reason = _resolved(parent)
     if reason is not None:
         _warn(f"calibration cache {str(path)!r}: {_refusal(reason)}")
         return {}
@@ -104,18 +118,18 @@ def read_cache(path: Path) -> dict[str, Any]:
         _warn(f"calibration cache {str(path)!r}: its directory cannot be opened ({err.strerror}): not read")
         return {}
     try:
-        reason = _stat_unsafe("the directory", _named(path.parent, real), os.fstat(dir_fd))
+        reason = _stat_unsafe("the directory", _named(parent, real), os.fstat(dir_fd))
         if reason is not None:
             _warn(f"calibration cache {str(path)!r}: {_refusal(reason)}")
             return {}
-        return _read_file(path, dir_fd)
+        return _read_file(path, name, dir_fd)
     finally:
         os.close(dir_fd)
 
 
-def _read_file(path: Path, dir_fd: int) -> dict[str, Any]:
+def _read_file(path: str, name: str, dir_fd: int) -> dict[str, Any]:
     try:
-        fd = os.open(path.name, _FILE_FLAGS, dir_fd=dir_fd)
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         return {}
     except OSError as err:
@@ -168,12 +182,15 @@ def parse_json_object(raw: bytes, what: str, *, fix: str) -> dict[str, Any]:
 def write_cache(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` to ``path`` atomically (a temporary file of this writer's own, then a rename, both relative
     to the directory's descriptor), making the directory (0700) if needed. ``PlanError`` where it may not."""
+    from pathlib import Path  # only a write needs it (a plan's start reads the cache without it)
+
+    path = Path(path)
     where = f"the calibration cache {str(path)!r}"
     real, reason = _resolved(path.parent)
     try:
         if reason is None and not os.path.lexists(path.parent):
             path.parent.mkdir(mode=0o700, parents=True)
-            real = Path(os.path.realpath(path.parent))
+            real = os.path.realpath(path.parent)
         dir_fd = os.open(real, _DIR_FLAGS) if reason is None else -1
     except OSError as err:
         raise PlanError(f"cannot write {where} ({err.strerror}); set XDG_CACHE_HOME to a writable directory") from None

@@ -20,15 +20,18 @@ import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
 
 from convoy.errors import ConvoyWarning, PlanError
 from convoy.plan.hardware import Hardware, lookup_gpu
 from convoy.plan.memory import Layout
 from convoy.plan.model import ModelSpec
 from convoy.plan.run import RunSpec
-from convoy.plan.speed.records import LAUNCH_FLOOR_S, Calibration, cache_path, cached_records
+from convoy.plan.speed.records import LAUNCH_FLOOR_S, Calibration, cache_path_text, cached_records
+
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
 
 __all__ = ["Observation", "case_key", "observed_in", "observations_for", "observations_here", "impossible",
            "LONGEST_STEP_S", "BAND", "FUTURE_SLACK_S"]
@@ -147,7 +150,7 @@ def observed_in(record: Calibration | None, *, path: Path | None = None) -> dict
     if record is None:
         return out
     for key, value in record.observed.items():
-        where = f"calibration cache {str(path or cache_path())!r}, entry {record.key!r}, case {key!r}"
+        where = f"calibration cache {str(path or cache_path_text())!r}, entry {record.key!r}, case {key!r}"
         problem = Observation.problem(value)
         if problem is not None:
             warnings.warn(f"{where}: {problem}: ignored", ConvoyWarning, stacklevel=2)

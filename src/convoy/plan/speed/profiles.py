@@ -18,15 +18,18 @@ measurement gives (``records.rates_problem``) is one warning naming the file; th
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
-from typing import Any
 
 from convoy.errors import ConvoyWarning
 from convoy.plan.hardware import GPUS, GpuSpec
 from convoy.plan.speed.cache_file import parse_json_object
 from convoy.plan.speed.records import Calibration, rates_problem
+
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["profile_for", "shipped_profiles"]
 
@@ -55,11 +58,16 @@ def _profile_files() -> Iterator[tuple[str, bytes]]:
     """(file name, its bytes) of each shipped profile."""
     # read from the directory where convoy is installed as files: importlib.resources costs a plan's start
     # (zipfile and its readers, about 10 ms); from a zip or another loader, through it
-    entries: Iterable[Any] = Path(__file__).with_name("device_profiles").iterdir()
-    if not Path(__file__).with_name("device_profiles").is_dir():
-        from importlib import resources
+    folder = os.path.join(os.path.dirname(__file__), "device_profiles")
+    if os.path.isdir(folder):
+        for name in os.listdir(folder):
+            if name.endswith(".json"):
+                with open(os.path.join(folder, name), "rb") as handle:
+                    yield name, handle.read()
+        return
+    from importlib import resources
 
-        entries = resources.files(_PACKAGE).iterdir()
+    entries: Iterable[Any] = resources.files(_PACKAGE).iterdir()
     for entry in entries:
         if entry.name.endswith(".json"):
             yield entry.name, entry.read_bytes()

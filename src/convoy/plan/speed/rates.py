@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from convoy.plan.architectures import Architecture, architecture_of
 from convoy.plan.hardware import GpuSpec
@@ -26,6 +25,12 @@ from convoy.plan.memo import hashed_once
 from convoy.plan.speed.profiles import profile_for
 from convoy.plan.speed.records import Calibration, attention_key, gemm_key, time_model
 from convoy.plan.units import GB
+
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
+if TYPE_CHECKING:
+    from typing import Protocol
+else:
+    Protocol = object  # Rates is a protocol for the type checker; nothing checks an object against it at run time
 
 __all__ = ["Rates", "ModeledRates", "MeasuredRates", "FlatRates", "StackGemms", "rates_for", "GEMM_FLOOR_S",
            "TILE_FILL_K", "UNALIGNED_FACTOR", "ATTENTION_FLOOR_S", "POINTWISE_TRAFFIC", "LAUNCH_S"]

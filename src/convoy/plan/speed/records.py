@@ -21,11 +21,15 @@ import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import Any
 
 from convoy.errors import ConvoyWarning, PlanError
 from convoy.plan.speed.cache_file import read_cache, write_cache
+from convoy.reading import path_and_name
+
+TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
 
 __all__ = ["Calibration", "FORMAT", "cache_path", "calibration_key", "load_calibration", "save_calibration",
            "cached_records", "gemm_key", "attention_key", "time_model", "rates_problem", "LAUNCH_FLOOR_S"]
@@ -156,16 +160,23 @@ def calibration_key(device_name: str, device_uuid: str, torch_version: str) -> s
 
 def cache_path(env: Mapping[str, str] | None = None) -> Path:
     """``$XDG_CACHE_HOME/convoy/calibration.json``, ``~/.cache/convoy/calibration.json`` without it."""
+    from pathlib import Path
+
+    return Path(cache_path_text(env))
+
+
+def cache_path_text(env: Mapping[str, str] | None = None) -> str:
+    """``str(cache_path(env))``, without importing pathlib: what a plan reads when it starts."""
     env = os.environ if env is None else env
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "convoy" / "calibration.json"
+    return path_and_name(os.path.join(base, "convoy", "calibration.json"))[0]
 
 
-def _where(path: Path) -> str:
+def _where(path: str | Path) -> str:
     return f"calibration cache {str(path)!r}"
 
 
-def _record(path: Path, key: Any, entry: Any) -> Calibration | None:
+def _record(path: str | Path, key: Any, entry: Any) -> Calibration | None:
     """The sound record ``entry`` holds, or None: an older format silently (measured again), anything else no
     measurement wrote with one warning naming the file and the entry."""
     def refuse(why: str) -> None:
@@ -198,12 +209,12 @@ def _record(path: Path, key: Any, entry: Any) -> Calibration | None:
 def load_calibration(*, device_name: str, device_uuid: str = "", torch_version: str,
                      path: Path | None = None) -> Calibration | None:
     """The cached record for this device and torch version, or None (absent, other version, older format)."""
-    path = path or cache_path()
+    where = path or cache_path_text()
     key = calibration_key(device_name, device_uuid, torch_version)
-    data = read_cache(path)
+    data = read_cache(where)
     if key not in data:
         return None
-    record = _record(path, key, data[key])
+    record = _record(where, key, data[key])
     if record is None or record.torch_version != torch_version or (device_uuid and record.device_uuid != device_uuid):
         return None
     return record
@@ -211,10 +222,10 @@ def load_calibration(*, device_name: str, device_uuid: str = "", torch_version: 
 
 def cached_records(*, path: Path | None = None) -> list[Calibration]:
     """Every sound entry of the cache, whatever its device and torch version (no torch needed to read them)."""
-    path = path or cache_path()
+    where = path or cache_path_text()
     out = []
-    for key, entry in read_cache(path).items():
-        record = _record(path, key, entry)
+    for key, entry in read_cache(where).items():
+        record = _record(where, key, entry)
         if record is not None:
             out.append(record)
     return out
