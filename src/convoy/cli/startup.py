@@ -111,9 +111,7 @@ def dataclass_methods_kept(command: str) -> None:
                 compiled.append(source)
             used[source] = code
             source = code
-        # what dataclasses runs, as it would (it always passes its class's module's globals; without them exec
-        # would read its caller's, which were dataclasses')
-        exec(source, vars(dataclasses) if globals is None else globals, locals)  # noqa: S102
+        exec(source, globals, locals)  # noqa: S102 -- what dataclasses runs, as it would
 
     def keep() -> None:
         # what this start used, and what the command's other starts did (a file of stale code is dropped when it
