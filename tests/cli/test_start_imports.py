@@ -130,13 +130,9 @@ _METHODS = textwrap.dedent("""
 """)
 
 
-#: Python as a user's install runs it, writing .pyc files (and so keeping the methods)
-_WRITING = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
-
-
 def _methods(cache_dir, *how):
     proc = subprocess.run([sys.executable, "-c", _METHODS, cache_dir, *how], capture_output=True, text=True,
-                          timeout=60, env=_WRITING)
+                          timeout=60)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -157,22 +153,11 @@ def test_a_plan_prints_the_same_with_its_methods_kept(tmp_path):
     argv = ["plan", "--params", "70e9", "--hardware", "8xH100-80GB", "--json"]
     run = ("import sys; import convoy.cli.startup as s; s.CACHE_DIR = sys.argv.pop(1); "
            "from convoy.cli.main import entry_point; entry_point()")
-    # the first keeps the methods, the second reads them
     outputs = [subprocess.run([sys.executable, "-c", run, str(tmp_path), *argv], capture_output=True, text=True,
-                              timeout=60, env=_WRITING) for _ in range(2)]
+                              timeout=60) for _ in range(2)]  # the first keeps the methods, the second reads them
     assert [p.returncode for p in outputs] == [0, 0], outputs[0].stderr + outputs[1].stderr
     assert len(list(tmp_path.iterdir())) == 1
     plain = subprocess.run([sys.executable, "-c", "import sys; from convoy.cli.main import main; main(sys.argv[1:])",
                             *argv], capture_output=True, text=True, timeout=60)  # no start-up help at all
     assert plain.returncode == 0 and plain.stdout.strip(), plain.stderr
     assert outputs[0].stdout == outputs[1].stdout == plain.stdout
-
-
-def test_no_methods_are_kept_where_python_writes_no_pyc_files(tmp_path):
-    _methods(str(tmp_path))  # compiled, kept
-    (kept,) = tmp_path.iterdir()
-    kept.unlink()
-    proc = subprocess.run([sys.executable, "-c", _METHODS, str(tmp_path)], capture_output=True, text=True, timeout=60,
-                          env={**_WRITING, "PYTHONDONTWRITEBYTECODE": "1"})
-    assert proc.returncode == 0, proc.stderr
-    assert not list(tmp_path.iterdir())

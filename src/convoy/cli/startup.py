@@ -11,9 +11,8 @@ planner (26 records) and ~5 ms of ``convoy select``'s start. The same source alw
 so the command keeps the code objects of convoy's own records (the source text is the key: a changed record is
 compiled again) in a file beside the package's ``.pyc`` files, ``convoy/__pycache__``, one per command and Python
 version, and runs that code as ``dataclasses`` would have run the source (``exec`` of the compiled source, with no
-``__future__`` flags, as ``dataclasses`` compiles it). Where that folder is not writable, or Python writes no
-``.pyc`` files (``PYTHONDONTWRITEBYTECODE``), nothing is written. Every other class (torch's, a user's) is made as
-before.
+``__future__`` flags, as ``dataclasses`` compiles it). Where that folder is not writable nothing is kept. Every
+other class (torch's, a user's) is made as before.
 """
 
 from __future__ import annotations
@@ -114,10 +113,8 @@ def dataclass_methods_kept(command: str) -> None:
         exec(source, globals, locals)  # noqa: S102 -- what dataclasses runs, as it would
 
     def keep() -> None:
-        # what this start used, and what the command's other starts did (a file of stale code is dropped when it
-        # outgrows this start's use four times); PYTHONDONTWRITEBYTECODE: no .pyc files, nor this one
-        if compiled and not sys.dont_write_bytecode:
-            codes = {**kept, **used}
+        if compiled:  # what this start used, and what the command's other starts did (a file of stale code is
+            codes = {**kept, **used}  # dropped when it outgrows this start's use four times)
             _write(path, codes if len(codes) <= 4 * len(used) else used)
 
     import atexit
