@@ -75,8 +75,8 @@ def test_the_command_starts_without_inspect_and_ast(inventory_path, tmp_path):
 
 _DEFERRED = textwrap.dedent("""
     import sys
-    from convoy.cli.startup import inspect_when_used
-    inspect_when_used()
+    from convoy.cli.main import _inspect_when_used
+    _inspect_when_used()
     import dataclasses
     assert "ast" not in sys.modules and type(sys.modules["inspect"]).__name__ == "_ImportedWhenUsed"
 
@@ -97,67 +97,3 @@ _DEFERRED = textwrap.dedent("""
 def test_inspect_deferred_is_inspect_when_used():
     proc = subprocess.run([sys.executable, "-c", _DEFERRED], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
-
-
-#: every convoy record's generated methods, as facts that differ when their code does
-_METHODS = textwrap.dedent("""
-    import dataclasses, json, sys
-    import convoy.cli.startup as startup
-    if sys.argv[1] != "-":
-        startup.CACHE_DIR = sys.argv[1]
-        startup.dataclass_methods_kept("check")
-    if sys.argv[2:] == ["all kept"]:  # every method read from the file: compiling one is an error
-        def compile(*args, **kwargs):
-            raise AssertionError("compiled, though kept")
-        startup.compile = compile
-    import convoy.cli.plan, convoy.plan.api, convoy.devices.selection, convoy.devices.lease
-
-    def facts(code):
-        consts = [facts(c) if hasattr(c, "co_code") else repr(c) for c in code.co_consts]
-        return [code.co_code.hex(), consts, code.co_names, code.co_varnames, code.co_freevars, code.co_filename,
-                code.co_flags]
-
-    out = {}
-    for name, module in sorted(sys.modules.items()):
-        for cls in vars(module).values() if name.startswith("convoy.") else ():
-            if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == name:
-                for method in ("__init__", "__repr__", "__eq__", "__hash__", "__setattr__", "__delattr__"):
-                    fn = getattr(vars(cls).get(method), "__wrapped__", vars(cls).get(method))
-                    if hasattr(fn, "__code__"):
-                        out[f"{cls.__qualname__}.{method}"] = [facts(fn.__code__), repr(fn.__defaults__),
-                                                               repr(fn.__kwdefaults__), repr(fn.__annotations__)]
-    print(json.dumps(out))
-""")
-
-
-def _methods(cache_dir, *how):
-    proc = subprocess.run([sys.executable, "-c", _METHODS, cache_dir, *how], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
-
-
-def test_kept_dataclass_methods_are_the_methods_dataclasses_compiles(tmp_path):
-    made = _methods("-")  # as dataclasses makes them
-    assert len(made) > 100  # the check reads the records of the planner and the device layer
-    assert _methods(str(tmp_path)) == made  # compiled by the command, then kept
-    (kept,) = tmp_path.iterdir()
-    assert kept.name.startswith("dataclass-methods.check.")
-    assert _methods(str(tmp_path), "all kept") == made  # read from what was kept
-    kept.write_bytes(b"not marshal")
-    assert _methods(str(tmp_path)) == made  # a damaged file is compiled again, and written anew
-    assert kept.read_bytes() != b"not marshal"
-
-
-def test_a_plan_prints_the_same_with_its_methods_kept(tmp_path):
-    argv = ["plan", "--params", "70e9", "--hardware", "8xH100-80GB", "--json"]
-    run = ("import sys; import convoy.cli.startup as s; s.CACHE_DIR = sys.argv.pop(1); "
-           "from convoy.cli.main import entry_point; entry_point()")
-    outputs = [subprocess.run([sys.executable, "-c", run, str(tmp_path), *argv], capture_output=True, text=True,
-                              timeout=60) for _ in range(2)]  # the first keeps the methods, the second reads them
-    assert [p.returncode for p in outputs] == [0, 0], outputs[0].stderr + outputs[1].stderr
-    assert len(list(tmp_path.iterdir())) == 1
-    plain = subprocess.run([sys.executable, "-c", "import sys; from convoy.cli.main import main; main(sys.argv[1:])",
-                            *argv], capture_output=True, text=True, timeout=60)  # no start-up help at all
-    assert plain.returncode == 0 and plain.stdout.strip(), plain.stderr
-    assert outputs[0].stdout == outputs[1].stdout == plain.stdout
