@@ -18,12 +18,10 @@ import contextlib
 import importlib
 import os
 import sys
-import types
 
 TYPE_CHECKING = False  # typing is not imported at run time: `convoy select` starts without it
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
-    from typing import Any
 
 # name -> (module, one-line summary). Order is the order of ``convoy --help``.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -235,37 +233,13 @@ def _terminated_on_signal(wanted: bool):
 def entry_point() -> None:
     """Console-script entry point. The command's objects are frozen out of the garbage collector as it leaves:
     the interpreter's last collections would walk every object of an imported torch again (~0.4 s of CPU when a
-    launcher exits after torch's agent ran; docs/launching.md), only to free memory the exit frees anyway; and
-    ``inspect`` is imported when first used (``_inspect_when_used``). Only the command's own process does these
-    (``gc.freeze``), never a program that calls convoy's functions."""
-    _inspect_when_used()
+    launcher exits after torch's agent ran; docs/launching.md), only to free memory the exit frees anyway. Only
+    the command's own process does this (``gc.freeze``), never a program that calls convoy's functions."""
     code = main()
     import gc
 
     gc.freeze()
     sys.exit(code)
-
-
-class _ImportedWhenUsed(types.ModuleType):
-    """A module's stand-in in ``sys.modules``: the module itself is imported at the first attribute asked of it,
-    and its names are copied into the stand-in (the module's own functions, classes and globals, so that who
-    imported the stand-in uses them as they are)."""
-
-    def __getattr__(self, name: str) -> Any:
-        if sys.modules.get(self.__name__) is self:
-            del sys.modules[self.__name__]
-        module = importlib.import_module(self.__name__)
-        vars(self).update(vars(module))
-        return getattr(module, name)
-
-
-def _inspect_when_used() -> None:
-    """``inspect`` imported when it is first used, not when ``dataclasses`` imports it: it imports ast, dis and
-    tokenize (~6 ms of the ~40 a device command takes), and dataclasses uses it for one thing only, the
-    docstring of a class that has none (every record of convoy's has one). A command that uses it (torch does)
-    imports it then."""
-    if "inspect" not in sys.modules:
-        sys.modules["inspect"] = _ImportedWhenUsed("inspect")
 
 
 if __name__ == "__main__":
