@@ -9,8 +9,7 @@ once per round), so that a load that comes and goes stretches every row alike, b
 70B plan (``convoy plan --params 70e9 --hardware 8xH100-80GB``) under 100 ms in all (issue 38), and (issue 32)
 ``convoy select 2 --free`` within 30 ms of bare Python start-up (issue 2's was 150 ms, which holds only as long as
 the device layer never imports torch). Run it with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` unset, as a
-user's install has it): without ``.pyc`` files every module is compiled again on each start, and so are convoy's
-records' dataclass methods, which the command otherwise keeps beside them (``convoy.cli.startup``).
+user's install has it): without ``.pyc`` files every module is compiled again on each start.
 """
 
 from __future__ import annotations
@@ -68,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in cases}
     load = os.getloadavg()[0]
     for _, cmd, env in cases:
-        _once(cmd, env)  # warm the page cache (and write the .pyc files and the kept dataclass methods)
+        _once(cmd, env)  # warm the page cache (and write the .pyc files)
     for i in range(args.runs):  # round after round of every command: a load that comes and goes hits them alike
         for label, cmd, env in cases:
             if i < runs[label]:
@@ -92,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"convoy plan (70B, 8 H100s): {1000 * plan_wall:.0f} ms wall, {1000 * plan_cpu:.0f} ms CPU: {verdict} the "
           f"{1000 * PLAN_TARGET_S:.0f} ms target (on a quiet machine; a loaded one stretches both)")
     if sys.flags.dont_write_bytecode:
-        print("note: PYTHONDONTWRITEBYTECODE is set: modules without a .pyc, and convoy's dataclass methods not kept, "
-              "were compiled on every start")
+        print("note: PYTHONDONTWRITEBYTECODE is set: modules without a .pyc were compiled on every start")
     return 0
 
 
