@@ -4,12 +4,13 @@
     t = step_time(model, run, layout, hardware, global_batch=512)
     t.seconds, t.tokens_per_s_per_gpu, t.mfu, t.comm_bytes, t.time_model   # time_model: where the rates came from
 
-``step_time`` adds, in order: the forward and backward passes (every GEMM at its own shape, the fused attention,
-memory-bound work, at ``convoy.plan.speed.rates``; never shorter than the kernels' launches; 6N FLOPs per token at
-the bulk rate for a model known only by its count), the optimizer step, the data-parallel engine's own copies, the
-pipeline bubble (``convoy.plan.schedules``), then data-parallel collectives (priced by
-``convoy.plan.speed.collectives``, overlapped with the backward), tensor-parallel and pipeline traffic and offload
-(exposed). Formulas and sources: docs/planner.md, "Time per step".
+``step_time`` adds, in order: the forward and backward passes (every GEMM at its own shape, the fused attention
+(with cp, as torch's ring runs it: ``convoy.plan.ring``), memory-bound work, at ``convoy.plan.speed.rates``; never
+shorter than the kernels' launches; 6N FLOPs per token at the bulk rate for a model known only by its count), the
+optimizer step, the data-parallel engine's own copies, the pipeline bubble (``convoy.plan.schedules``), then
+data-parallel collectives (priced by ``convoy.plan.speed.collectives``, overlapped with the backward),
+tensor-parallel, context-parallel and pipeline traffic and offload (exposed). Formulas and sources:
+docs/planner.md, "Time per step".
 """
 
 from __future__ import annotations
