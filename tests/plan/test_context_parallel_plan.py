@@ -59,6 +59,16 @@ def test_the_ring_is_exposed_when_the_group_crosses_a_slow_network():
     assert sent == same and on_slow > 50 * on_fast, (on_slow, on_fast)
 
 
+def test_short_blocks_expose_more_of_the_rings_traffic_on_nvlink():
+    """Per byte sent, a ring of 2k-token blocks leaves several times more exposed than one of 32k-token blocks: the
+    kernels beside the transfers shrink as the square of the block, the transfers only as the block."""
+    def exposed_per_byte(local: int) -> float:
+        seconds, sent = context_parallel_seconds(MODEL, RunSpec(seq_len=local * 8), _layout(cp=8), HW, _rates())
+        return seconds / sent
+
+    assert exposed_per_byte(2048) > 3 * exposed_per_byte(32768)
+
+
 def test_the_ring_sends_k_and_v_for_every_query_head():
     """torchtitan's repeat_kv and convoy's enable_gqa repeat K/V before the ring: a GQA model sends what the same
     model with as many K/V heads as query heads sends."""
