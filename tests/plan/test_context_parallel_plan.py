@@ -1,6 +1,6 @@
-"""The planner's context-parallel layouts: activations per GPU divided by cp, the weights sharded over dp x cp, the
-ring's K/V traffic overlapped with the block attention, cp candidates only for a loop that splits sequences, and
-the launch line carrying --cp."""
+"""The planner's context-parallel layouts: activations per GPU divided by cp, the weights sharded over dp x cp, torch's
+ring (its K/V all-gathers and fp32 gradient rotations beside the step kernels, its fp32 merges), cp candidates only
+for a loop that splits sequences, and the launch line carrying --cp."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from convoy.plan.dims import ParallelDims
 from convoy.plan.hardware import parse_hardware
 from convoy.plan.memory import Layout, memory_per_gpu
 from convoy.plan.model import from_numbers
+from convoy.plan.ring import ring_kernels, ring_traffic_bytes
 from convoy.plan.run import RunSpec
 from convoy.plan.timing import context_parallel_seconds, step_time
 
@@ -33,13 +34,76 @@ def test_cp_divides_the_activations_and_shards_the_weights_over_dp_x_cp():
     assert (split.params, split.grads, split.optimizer) == (plain.params, plain.grads, plain.optimizer)
 
 
-def test_the_ring_is_hidden_behind_long_blocks_and_exposed_when_the_group_crosses_nodes():
-    run = RunSpec(seq_len=131072)
-    seconds, sent = context_parallel_seconds(MODEL, run, _layout(dp_shard=4, cp=2), HW, _rates())
-    assert sent > 0 and seconds == 0.0  # 64k-token blocks: their attention outlasts the NVLink transfer
+def test_the_ring_hides_behind_long_blocks_all_but_the_backwards_last_gradient_transfer():
+    """torch's backward sends dk, dv (fp32) on after every step; the last one is awaited after the loop, with no
+    kernel beside it: on NVLink with long blocks that transfer is all that is exposed, the same per layer at any cp
+    with the same tokens per GPU, and small beside the step."""
+    layers = MODEL.num_layers
+    per_layer = []
+    for cp in (2, 4):
+        run = RunSpec(seq_len=32768 * cp, recompute="full")
+        seconds, sent = context_parallel_seconds(MODEL, run, _layout(dp_shard=8 // cp, cp=cp), HW, _rates())
+        step = step_time(MODEL, run, _layout(dp_shard=8 // cp, cp=cp), HW, global_batch=8 // cp)
+        assert sent > 0 and 0 < seconds < 0.02 * step.seconds, (seconds, step.seconds)
+        per_layer.append(seconds / layers)
+    assert abs(per_layer[0] / per_layer[1] - 1) < 0.01, per_layer
+
+
+def test_the_ring_is_exposed_when_the_group_crosses_a_slow_network():
+    run = RunSpec(seq_len=8192 * 16)
+    fast = parse_hardware("8xH100-80GB", nodes=2)
     slow = parse_hardware("8xH100-80GB", nodes=2, inter_gbps=1.0)
-    seconds, _ = context_parallel_seconds(MODEL, RunSpec(seq_len=8192), _layout(dp_shard=1, cp=16), slow, _rates())
-    assert seconds > 0  # short blocks over a slow network: exposed
+    layout = _layout(dp_shard=1, cp=16)
+    on_fast, sent = context_parallel_seconds(MODEL, run, layout, fast, _rates())
+    on_slow, same = context_parallel_seconds(MODEL, run, layout, slow, _rates())
+    assert sent == same and on_slow > 50 * on_fast, (on_slow, on_fast)
+
+
+def test_short_blocks_expose_more_of_the_rings_traffic_on_nvlink():
+    """Per byte sent, a ring of 2k-token blocks leaves several times more exposed than one of 32k-token blocks: the
+    kernels beside the transfers shrink as the square of the block, the transfers only as the block."""
+    def exposed_per_byte(local: int) -> float:
+        seconds, sent = context_parallel_seconds(MODEL, RunSpec(seq_len=local * 8), _layout(cp=8), HW, _rates())
+        return seconds / sent
+
+    assert exposed_per_byte(2048) > 3 * exposed_per_byte(32768)
+
+
+def test_the_ring_sends_k_and_v_for_every_query_head():
+    """torchtitan's repeat_kv and convoy's enable_gqa repeat K/V before the ring: a GQA model sends what the same
+    model with as many K/V heads as query heads sends."""
+    gqa = from_numbers(8e9, layers=32, hidden=4096, heads=32, kv_heads=8, vocab=128256)
+    mha = from_numbers(8e9, layers=32, hidden=4096, heads=32, kv_heads=32, vocab=128256)
+    run, layout = RunSpec(seq_len=65536), _layout(dp_shard=4, cp=2)
+    assert context_parallel_seconds(gqa, run, layout, HW, _rates())[1] == \
+        context_parallel_seconds(mha, run, layout, HW, _rates())[1]
+
+
+def test_cp_costs_more_per_token_at_larger_cp_for_the_same_tokens_per_gpu():
+    """torchtitan's table 2 shape: cp doubles with the sequence, 32k tokens per GPU. The attention per GPU grows as
+    cp (its s^2 / cp), and the ring adds its merges and transfers on top: each step slower than the one before."""
+    steps = []
+    for cp in (1, 2, 4, 8):
+        run = RunSpec(seq_len=32768 * cp, recompute="full")
+        layout = _layout(dp_shard=8 // cp, cp=cp)
+        steps.append(step_time(MODEL, run, layout, HW, global_batch=8 // cp).seconds)
+    assert steps == sorted(steps) and steps[3] > 2 * steps[1], steps
+
+
+def test_the_rings_fp32_merges_weigh_more_beside_short_blocks():
+    """The merge traffic grows as the tokens per rank, the attention kernels as their square: with short blocks the
+    merges are a large part of the ring's time, with long ones a small part."""
+    rates = _rates()
+
+    def merge_share(local: int) -> float:
+        cp = 8
+        first, later = ring_kernels(rates, batch=1, heads=32, seq=local * cp, head_dim=128, cp=cp, dtype="bf16")
+        forward, backward = ring_traffic_bytes(batch=1, heads=32, seq=local * cp, head_dim=128, cp=cp)
+        merges = (forward + backward) / rates.memory_bytes_per_s
+        return merges / (first + (cp - 1) * later + merges)
+
+    assert merge_share(2048) > 3 * merge_share(32768)
+    assert merge_share(32768) < 0.15
 
 
 def test_same_tokens_same_flops_cp_costs_about_what_data_parallel_costs_at_a_sequence_both_fit():

@@ -4,12 +4,13 @@
     t = step_time(model, run, layout, hardware, global_batch=512)
     t.seconds, t.tokens_per_s_per_gpu, t.mfu, t.comm_bytes, t.time_model   # time_model: where the rates came from
 
-``step_time`` adds, in order: the forward and backward passes (every GEMM at its own shape, the fused attention,
-memory-bound work, at ``convoy.plan.speed.rates``; never shorter than the kernels' launches; 6N FLOPs per token at
-the bulk rate for a model known only by its count), the optimizer step, the data-parallel engine's own copies, the
-pipeline bubble (``convoy.plan.schedules``), then data-parallel collectives (priced by
-``convoy.plan.speed.collectives``, overlapped with the backward), tensor-parallel and pipeline traffic and offload
-(exposed). Formulas and sources: docs/planner.md, "Time per step".
+``step_time`` adds, in order: the forward and backward passes (every GEMM at its own shape, the fused attention
+(with cp, as torch's ring runs it: ``convoy.plan.ring``), memory-bound work, at ``convoy.plan.speed.rates``; never
+shorter than the kernels' launches; 6N FLOPs per token at the bulk rate for a model known only by its count), the
+optimizer step, the data-parallel engine's own copies, the pipeline bubble (``convoy.plan.schedules``), then
+data-parallel collectives (priced by ``convoy.plan.speed.collectives``, overlapped with the backward),
+tensor-parallel, context-parallel and pipeline traffic and offload (exposed). Formulas and sources:
+docs/planner.md, "Time per step".
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from convoy.plan.hardware import GpuSpec, Hardware
 from convoy.plan.memo import remembered
 from convoy.plan.memory import Layout, _stage_params, local_run
 from convoy.plan.model import ModelSpec
+from convoy.plan.ring import RING_STEP_KERNELS, ring_exchange, ring_kernels, ring_traffic_bytes
 from convoy.plan.run import OPTIMIZER_STATE_BYTES, RunSpec
 from convoy.plan.schedules import critical_transfers, pipeline_bubble, transfers
 from convoy.plan.shapes import attention_shape, gemm_shapes
@@ -309,12 +311,20 @@ def _micro_batch(model: ModelSpec, run: RunSpec, tp: int, pp: int, cp: int, rate
             passes = (forward + 2) if run.training else 1
         gemm += passes * count * (share if block else 1.0) * rates.gemm_seconds(mm, k, n, dtype)
     b, a, kv, s, d = attention_shape(model, whole, tp=tp)
-    attn_fwd_bwd = rates.attention_seconds(b, a, kv, s, d, dtype) / cp  # load balanced: 1/cp of the work
+    if cp > 1:  # torch's ring (convoy.plan.ring): a causal step and cp - 1 non-causal ones, each its own kernel
+        first, later = ring_kernels(rates, batch=b, heads=a, seq=s, head_dim=d, cp=cp, dtype=dtype)
+        attn_fwd_bwd = first + (cp - 1) * later
+    else:
+        attn_fwd_bwd = rates.attention_seconds(b, a, kv, s, d, dtype)
     if run.attention == "eager":
         attn_fwd_bwd *= 2  # the s x s scores go through memory (a stated factor, not measured)
     # selective with eager attention recomputes the s x s scores: QK^T, half of the attention's forward
     attn_again = 0.5 if selective and run.attention == "eager" else again
     attn = layers * attn_fwd_bwd * ((1 + attn_again / 3) if run.training else 1 / 3)
+    if cp > 1:  # the ring's fp32 merges and gradient accumulation, eager whatever run.compile says
+        merges, grads = ring_traffic_bytes(batch=b, heads=a, seq=s, head_dim=d, cp=cp)
+        traffic = merges * (1 + again) + grads if run.training else merges
+        attn += layers * traffic / (rates.memory_bytes_per_s or float("inf"))
     eager = replace(run, recompute="none", compile="none")  # the eager block's traffic; compile scales it below
     blocks = layers * block_bytes(model, eager, tp=tp)
     saved = blocks + head_saved_bytes(model, run, tp=tp)
@@ -327,6 +337,9 @@ def _micro_batch(model: ModelSpec, run: RunSpec, tp: int, pp: int, cp: int, rate
     if run.compile != "none":
         memory_bound *= FACTORS["compile_memory_bound"].value
     launches = _kernel_launches(model, run, pp) * (1 + again / 3 if run.training else 1 / 3)
+    if cp > 1:
+        forward, backward = RING_STEP_KERNELS
+        launches += layers * (cp - 1) * (forward * (1 + again) + backward if run.training else forward)
     if selective:  # the forward kernel of each tensor a block saves without recomputation, again
         launches += layers * (compiled_block_launches(0) // 3 if run.compile != "none"
                               else len(block_saved(model, run)))
@@ -662,25 +675,33 @@ def _tensor_parallel_overlapped(model: ModelSpec, run: RunSpec, layout: Layout, 
 
 def context_parallel_seconds(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, rates: Rates
                              ) -> tuple[float, float]:
-    """(exposed seconds of the cp ring, bytes each GPU sends) per step. Each layer's forward passes every K/V block
-    around the ring, ``2 (cp-1)/cp x b x s x h_kv x d`` activation bytes, the backward twice that (K/V again, and
-    their gradients back); each of the cp - 1 transfers overlaps the attention of the block before it, so only a
-    transfer longer than one block's attention (short blocks, slow links: the group crossing nodes) is exposed."""
+    """(exposed seconds of the cp ring's collectives, bytes each GPU sends) per step, as torch's ring runs them
+    (``convoy.plan.ring``): each layer's forward all-gathers K and V (every query head, 16 bits) under its first,
+    causal step's kernel, and again when full recomputation runs the forward again; the backward all-gathers them
+    once more under its first step, and sends the fp32 dk and dv to the next rank after every step by all-to-all,
+    each transfer under the next step's kernel and the last under nothing. Only what outlasts the kernel beside it
+    is exposed: little on NVLink with long blocks, much across nodes or with short ones."""
     dims = layout.dims
     if not (dims.cp_enabled and model.has_shape):
         return 0.0, 0.0
     cp, m = dims.cp, layout.microbatches
-    layers = math.ceil(model.num_layers / dims.pp)  # type: ignore[operator]
-    b, a, kv, s, d = attention_shape(model, run, tp=dims.tp)
-    block = 2 * b * (s / cp) * kv * d * run.recipe.activation_bytes  # one rank's K and V
-    passes = 3 if run.training else 1  # the backward sends twice the forward's bytes
+    total = model.num_layers or 1
+    layers = math.ceil(total / dims.pp)
+    b, a, _, s, d = attention_shape(model, run, tp=dims.tp)
+    first, later = ring_kernels(rates, batch=b, heads=a, seq=s, head_dim=d, cp=cp, dtype=run.recipe.compute)
+    sent = ring_exchange(batch=b, heads=a, seq=s, head_dim=d, cp=cp, activation_bytes=run.recipe.activation_bytes)
     ranks_per_node = max(1, min(cp, hw.gpus_per_node // dims.tp))
     group = _group(hw, ranks_per_node, cp)
-    transfer = block / group.bus_bytes_per_s + collective_latency(hw, across_nodes=group.nodes > 1)
-    attention = rates.attention_seconds(b, a, kv, s, d, run.recipe.compute) / (cp * cp)  # one block, fwd + bwd
-    exposed_per_block = max(0.0, passes * transfer - attention)
-    seconds = m * layers * (cp - 1) * exposed_per_block
-    return seconds, m * layers * passes * (cp - 1) * block
+    gather = _collective("all_gather", cp * sent.kv_bytes, group, hw)
+    # the all-to-all rotation: every rank sends its dk, dv to one peer at once, on its own link
+    rotate = sent.gradient_bytes / group.bus_bytes_per_s + collective_latency(hw, across_nodes=group.nodes > 1)
+    forward = max(0.0, gather - first / 3)  # the model's forward is a third of the kernel's forward + backward
+    backward = max(0.0, gather - first * 2 / 3) + (cp - 1) * max(0.0, rotate - later * 2 / 3) + rotate
+    if not run.training:
+        return m * layers * forward, m * layers * (cp - 1) * sent.kv_bytes
+    forwards = 1 + (math.ceil(total / run.recompute_every) / total if run.recompute == "full" else 0.0)
+    seconds = m * layers * (forwards * forward + backward)
+    return seconds, m * layers * ((forwards + 1) * (cp - 1) * sent.kv_bytes + cp * sent.gradient_bytes)
 
 
 def _pipeline(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> tuple[float, float]:
