@@ -5,39 +5,21 @@ set. Nothing here plans a row: the held-out rows are planned only after they wer
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from convoy.plan.stacks import STACKS
+from tests.plan.benchmark_tables import load
 
-
-def _load(name: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
-
-
-development = _load("published_results")
-first = _load("published_heldout")
-megatron = _load("published_heldout_megatron")
-heldout = _load("published_heldout2")
+development = load("published_results")
+first = load("published_heldout")
+megatron = load("published_heldout_megatron")
+heldout = load("published_heldout2")
 ROWS = heldout.ROWS
 BY_KEY = {row.key: row for row in ROWS}
 
-try:
-    from convoy.plan.stacks import STACKS as _STACKS
-    STACK_NAMES = set(_STACKS)
-except ImportError:  # the stack names fixed for issue 38
-    STACK_NAMES = {"convoy", "torchtitan", "fsdp1", "megatron-2021", "megatron-deepspeed", "gpt-neox",
-                   "deepspeed-zero3-2021", "megatron-core", "llama3-meta"}
+STACK_NAMES = set(STACKS)
 
 
 def _gpus(row) -> int:

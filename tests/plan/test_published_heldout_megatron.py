@@ -5,38 +5,19 @@ planned only after it was frozen (benchmarks/published_results.py --held-out).""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from convoy.plan.stacks import STACKS
+from tests.plan.benchmark_tables import load
 
-
-def _load(name: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
-
-
-development = _load("published_results")
-heldout = _load("published_heldout_megatron")
+development = load("published_results")
+heldout = load("published_heldout_megatron")
 ROWS = heldout.ROWS
 BY_KEY = {row.key: row for row in ROWS}
 
-#: docs: the stack names fixed for issue 38 (convoy.plan.stacks.STACKS where that module exists)
-try:
-    from convoy.plan.stacks import STACKS as _STACKS
-    STACK_NAMES = set(_STACKS)
-except ImportError:
-    STACK_NAMES = {"convoy", "torchtitan", "fsdp1", "megatron-2021", "megatron-deepspeed", "gpt-neox",
-                   "deepspeed-zero3-2021", "megatron-core", "llama3-meta"}
+STACK_NAMES = set(STACKS)
 
 
 def _narayanan(batch, seq, layers, hidden, vocab):

@@ -4,18 +4,14 @@ misses by more than 25 % carries its explanation."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("published_results", REPO / "benchmarks" / "published_results.py")
-published = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("published_results", published)  # dataclasses look their module up while it loads
-_spec.loader.exec_module(published)
+from tests.plan.benchmark_tables import REPO, load
+
+published = load("published_results")
 
 
 def test_the_documented_table_is_what_the_planner_gives():
@@ -55,15 +51,7 @@ def test_each_run_is_planned_within_25_percent_or_says_why_not(row):
         assert len(row.deviation) > 80  # an explanation, not a label
 
 
-def _held_out(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-heldout = _held_out("published_heldout")
+heldout = load("published_heldout")
 
 
 def _printed_mfu(row, printed) -> float:
