@@ -20,13 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from convoy.plan.dims import ParallelDims  # noqa: E402
 from convoy.plan.hardware import Hardware, lookup_gpu  # noqa: E402
-from convoy.plan.memory import Layout, memory_per_gpu  # noqa: E402
+from convoy.plan.memory import Layout, memory_per_gpu, reported_bytes  # noqa: E402
 from convoy.plan.model import from_hf_config  # noqa: E402
 from convoy.plan.ring import ring_kernels, ring_traffic_bytes  # noqa: E402
 from convoy.plan.run import RunSpec  # noqa: E402
 from convoy.plan.shapes import attention_shape  # noqa: E402
 from convoy.plan.speed.rates import rates_for  # noqa: E402
-from convoy.plan.stacks import stack_named  # noqa: E402
 from convoy.plan.timing import step_time  # noqa: E402
 
 #: (sequence, cp, tokens/s per GPU, memory GiB) of table 2
@@ -54,7 +53,7 @@ def table() -> str:
     for seq, cp, published, gib in PUBLISHED:
         run, layout = _run(seq), _layout(cp)
         t = step_time(MODEL, run, layout, HARDWARE, global_batch=layout.dims.dp, stack=STACK)
-        memory = stack_named(STACK).reported_bytes(memory_per_gpu(MODEL, run, layout, stack=STACK)) / 2**30
+        memory = reported_bytes(memory_per_gpu(MODEL, run, layout, stack=STACK), STACK) / 2**30
         lines.append(f"| {8 // cp} x {cp} | {seq} | {published:,} | {t.tokens_per_s_per_gpu:,.0f} "
                      f"({t.tokens_per_s_per_gpu / published:.2f}x) | {gib} / {memory:.1f} GiB |")
     return "\n".join(lines)

@@ -29,10 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from convoy.plan.dims import ParallelDims  # noqa: E402
 from convoy.plan.hardware import Hardware, lookup_gpu  # noqa: E402
-from convoy.plan.memory import Layout, memory_per_gpu  # noqa: E402
+from convoy.plan.memory import Layout, memory_per_gpu, reported_bytes  # noqa: E402
 from convoy.plan.model import ModelSpec, from_hf_config, from_numbers  # noqa: E402
 from convoy.plan.run import RunSpec  # noqa: E402
-from convoy.plan.stacks import stack_named  # noqa: E402
 from convoy.plan.timing import step_time  # noqa: E402
 
 TARGET = 0.25
@@ -397,7 +396,7 @@ def planned(row: Published) -> tuple[float, float]:
                     pp_stages_per_rank=row.pp_stages_per_rank)
     t = step_time(row.model, run, layout, hardware(row), global_batch=row.global_batch, stack=row.stack)
     memory = memory_per_gpu(row.model, run, layout, stack=row.stack)
-    return t.seconds, stack_named(row.stack).reported_bytes(memory) / 2**30
+    return t.seconds, reported_bytes(memory, row.stack) / 2**30
 
 
 def within(row: Published) -> bool:

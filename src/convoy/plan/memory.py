@@ -29,7 +29,7 @@ from convoy.plan.stacks import Stack, stack_named
 from convoy.plan.units import MiB
 
 __all__ = ["Layout", "MemoryBreakdown", "memory_per_gpu", "korthikanti_layer_bytes", "layer_activation_bytes",
-           "CUDA_CONTEXT_BYTES", "FRAGMENTATION", "RESERVED_OVER_ALLOCATED"]
+           "CUDA_CONTEXT_BYTES", "FRAGMENTATION", "RESERVED_OVER_ALLOCATED", "reported_bytes"]
 
 #: CUDA context plus cuBLAS/cuDNN workspaces a PyTorch process holds outside the caching allocator; a typical
 #: figure for recent PyTorch on Hopper/Ampere with lazy module loading (nvidia-smi minus max_memory_reserved). Not
@@ -180,7 +180,7 @@ def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout, *, stack: str
                    ) -> MemoryBreakdown:
     """Per-GPU bytes of ``model`` trained as ``run`` under ``layout``, on the software ``stack``
     (``convoy.plan.stacks``: its attention and selective save list; convoy's own by default). What a stack prints as
-    its memory: ``Stack.reported_bytes``."""
+    its memory: ``reported_bytes``."""
     stack = stack_named(stack)
     run = stack.applied(run)
     dims, recipe = layout.dims, run.recipe
@@ -276,3 +276,14 @@ def _activations(model: ModelSpec, run: RunSpec, layout: Layout, *, save_list: s
     last = math.ceil(model.num_layers / pp) * layer_activation_bytes(model, run, tp=tp, save_list=save_list) + \
         casts + head
     return max(kept + casts, last), recomputing
+
+
+def reported_bytes(memory: MemoryBreakdown, stack: str | Stack = "convoy") -> float:
+    """The peak memory per GPU that ``stack`` prints for a step that ``memory`` plans (``Stack.memory_report``):
+    the plan's total, ``max_memory_reserved`` (allocated x ``RESERVED_OVER_ALLOCATED``) or the allocated bytes."""
+    report = stack_named(stack).memory_report
+    if report == "reserved":
+        return memory.allocated * RESERVED_OVER_ALLOCATED
+    if report == "allocated":
+        return float(memory.allocated)
+    return float(memory.total)

@@ -6,7 +6,7 @@ recompute save list, what it reports as memory, whether its tensor-parallel coll
     stack_named("megatron-2021").attention           # "fused-softmax"
     step_time(model, run, layout, hw, global_batch=512, stack="megatron-2021")   # convoy.plan.timing
     memory_per_gpu(model, run, layout, stack="torchtitan")                       # convoy.plan.memory
-    stack_named("torchtitan").reported_bytes(memory)  # what its log prints (max_memory_reserved)
+    reported_bytes(memory, "torchtitan")  # what its log prints (max_memory_reserved): convoy.plan.memory
 
 A plan is for convoy's own stack (``"convoy"``, the default: what ``convoy launch`` runs); a published run of another
 project states its own (``benchmarks/published_results.py``). Each ``Stack`` says how it differs from convoy's and
@@ -24,8 +24,7 @@ from convoy.errors import PlanError
 from convoy.plan.speedups import FACTORS
 
 TYPE_CHECKING = False  # typing is not imported at run time: a plan starts without it
-if TYPE_CHECKING:  # memory.py imports this module: its names are read inside the functions that need them
-    from convoy.plan.memory import MemoryBreakdown
+if TYPE_CHECKING:
     from convoy.plan.run import RunSpec
 
 __all__ = ["Stack", "STACKS", "DEFAULT_STACK", "DP_SCHEDULES", "ATTENTIONS", "MEMORY_REPORTS", "TP_OVERLAPS",
@@ -244,16 +243,6 @@ class Stack:
             return run
         attention = "flash" if self.attention == "flash" else "eager"
         return run if attention == run.attention else replace(run, attention=attention)
-
-    def reported_bytes(self, memory: MemoryBreakdown) -> float:
-        """The peak memory per GPU this stack prints for a step that ``memory`` plans."""
-        from convoy.plan.memory import RESERVED_OVER_ALLOCATED
-
-        if self.memory_report == "reserved":
-            return memory.allocated * RESERVED_OVER_ALLOCATED
-        if self.memory_report == "allocated":
-            return float(memory.allocated)
-        return float(memory.total)
 
     def sources(self) -> dict[str, str]:
         """The source of each factor where the stack differs from convoy's (factor name -> source)."""
