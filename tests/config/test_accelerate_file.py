@@ -3,6 +3,7 @@ convoy's settings, each value with the key it came from; every key convoy cannot
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,12 @@ READ = {
                                "num_processes": 4, "nnodes": "1", "mixed_precision": "bf16"},
     "deepspeed_inline.yaml": {"strategy": "zero2", "cpu_offload": True, "gradient_accumulation_steps": 4,
                               "num_processes": 2, "nnodes": "1", "rdzv_backend": "static", "mixed_precision": "fp16"},
-    "deepspeed_zero3_file.yaml": {"strategy": "zero3", "gradient_accumulation_steps": 2, "num_processes": 2},
+    # a deepspeed_config_file's JSON is also handed to the ranks whole (CONVOY_DEEPSPEED_CONFIG): state.deepspeed_plugin
+    "deepspeed_zero3_file.yaml": {"strategy": "zero3", "gradient_accumulation_steps": 2, "num_processes": 2,
+                                  "deepspeed_config": json.loads((FILES / "zero3.json").read_text())},
+    # ... and its optimizer / scheduler sections build the script's DummyOptim / DummyScheduler
+    "deepspeed_optimizer_file.yaml": {"strategy": "zero2", "mixed_precision": "bf16", "num_processes": 2,
+                                      "deepspeed_config": json.loads((FILES / "zero2_optimizer.json").read_text())},
     "multi_gpu.yaml": {"strategy": "ddp", "num_processes": 2, "nnodes": "1", "rdzv_backend": "static",
                        "devices": "2,0", "mixed_precision": "bf16"},
     "multi_node.yaml": {"strategy": "ddp", "num_processes": 8, "nnodes": "2", "node_rank": 0, "rdzv_backend": "static",
@@ -58,8 +64,6 @@ REFUSED = {
     "megatron.yaml": (NotSupportedYetError, "megatron.yaml: megatron_lm_config = {...}: Megatron-LM"),
     "tpu.yaml": (NotSupportedYetError, "tpu.yaml: distributed_type = XLA: TPUs"),
     "deepspeed_nvme.yaml": (NotSupportedYetError, "deepspeed_config.offload_optimizer_device = nvme"),
-    "deepspeed_optimizer_file.yaml": (NotSupportedYetError, "zero2_optimizer.json: optimizer = {...}: convoy "
-                                                            "launch does not carry DeepSpeed's optimizer"),
 }
 RECOMPUTE = "fsdp_recompute.yaml"
 
@@ -78,7 +82,7 @@ def test_each_file_maps_onto_convoys_settings_with_the_key_that_set_it(name):
     translated = read_accelerate_config(FILES / name)
     assert {m.name: m.value for m in translated.values} == READ[name]
     for mapped in translated.values:
-        assert mapped.origin.startswith(f"{name}: ") or mapped.origin.startswith(("zero3.json: ",)), mapped
+        assert mapped.origin.startswith((f"{name}: ", "zero3.json: ", "zero2_optimizer.json: ")), mapped
 
 
 def test_origins_name_the_key_as_the_file_writes_it():
@@ -176,7 +180,9 @@ def test_deepspeed_json_values_win_and_auto_takes_the_rest(tmp_path):
                                       '"gradient_accumulation_steps": "auto", "fp16": {"enabled": false}}')
     translated = read_accelerate_config(_write(tmp_path, "distributed_type: DEEPSPEED\ndeepspeed_config:\n"
                                                          "  deepspeed_config_file: ds.json\n"), cwd=tmp_path)
-    assert {m.name: m.value for m in translated.values} == {"strategy": "zero1", "mixed_precision": "bf16"}
+    values = {m.name: m.value for m in translated.values}
+    assert values.pop("deepspeed_config") == json.loads((tmp_path / "ds.json").read_text())  # for the ranks, whole
+    assert values == {"strategy": "zero1", "mixed_precision": "bf16"}
     (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 2, "zero_quantized_weights": true}}')
     with pytest.raises(NotSupportedYetError, match="zero_optimization.zero_quantized_weights = true: ZeRO"):
         read_accelerate_config(tmp_path / "a.yaml", cwd=tmp_path)

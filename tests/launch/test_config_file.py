@@ -120,7 +120,6 @@ def test_flags_and_torchruns_variables_win_over_the_file_and_the_file_over_convo
 @pytest.mark.parametrize("name, code, words", [
     ("fp8.yaml", 2, "fp8.yaml: fp8_config.backend = TE: Transformer Engine fp8 is not in convoy"),
     ("megatron.yaml", 2, "megatron.yaml: megatron_lm_config = {...}: Megatron-LM is not in convoy"),
-    ("deepspeed_optimizer_file.yaml", 2, "zero2_optimizer.json: optimizer = {...}: convoy launch does not carry"),
     ("tpu.yaml", 2, "tpu.yaml: distributed_type = XLA: TPUs (torch_xla) are not in convoy"),
 ])
 def test_refused_files_exit_with_one_line_naming_the_key(box, capsys, name, code, words):

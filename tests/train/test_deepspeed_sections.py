@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -76,3 +78,62 @@ def test_a_section_and_the_scripts_own_optimizer_are_one_line_as_in_accelerate()
     model = torch.nn.Linear(2, 1)
     with pytest.raises(ConfigError, match="config's 'optimizer' section and the script's own optimizer: give one"):
         accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+#: an Accelerate file's DeepSpeed JSON as `convoy launch --config_file` hands it to the ranks
+LAUNCHED = {"zero_optimization": {"stage": 1},
+            "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": "auto"}},
+            "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 4, "warmup_max_lr": 0.02,
+                                                         "warmup_type": "linear"}}}
+
+
+def test_the_launchers_deepspeed_file_is_the_states_plugin_and_builds_the_placeholders(monkeypatch):
+    monkeypatch.setenv("CONVOY_DEEPSPEED_CONFIG", json.dumps(LAUNCHED))
+    accelerator = Accelerator()
+    plugin = accelerator.state.deepspeed_plugin
+    assert plugin is not None and accelerator.deepspeed_plugin is plugin
+    # what Accelerate's deepspeed_with_config_support.py reads: the sections, and the accumulation steps filled
+    assert "optimizer" in plugin.deepspeed_config and "scheduler" in plugin.deepspeed_config
+    assert (plugin.zero_stage, plugin.deepspeed_config["gradient_accumulation_steps"]) == (1, 1)
+    model = torch.nn.Linear(2, 1)
+    optimizer = DummyOptim(model.parameters(), lr=1.0, weight_decay=0.25)
+    _, optimizer, scheduler = accelerator.prepare(model, optimizer, DummyScheduler(optimizer, warmup_num_steps=9))
+    inner = optimizer.optimizer
+    assert type(inner) is torch.optim.AdamW and inner.defaults["weight_decay"] == 0.25  # "auto": DummyOptim's
+    lrs = []
+    for _ in range(6):
+        optimizer.step()
+        scheduler.step()
+        lrs.append(inner.param_groups[0]["lr"])
+    # DeepSpeed's WarmupLR, linear: min + (max - min) * it / warmup_num_steps after step it + 1, then max
+    assert lrs == pytest.approx([0.02 * min(1.0, it / 4) for it in range(6)]), lrs
+
+
+def test_a_file_section_beside_the_scripts_own_optimizer_is_accelerates_one_line(monkeypatch):
+    monkeypatch.setenv("CONVOY_DEEPSPEED_CONFIG", json.dumps(LAUNCHED))
+    accelerator = Accelerator()
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ConfigError, match="config's 'optimizer' section and the script's own optimizer: give one"):
+        accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_the_scripts_plugin_wins_over_the_launchers_file_said_once(monkeypatch, caplog):
+    monkeypatch.setenv("CONVOY_DEEPSPEED_CONFIG", json.dumps(LAUNCHED))
+    mine = {"zero_optimization": {"stage": 0}}
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=mine))
+    assert accelerator.state.deepspeed_plugin.deepspeed_config["zero_optimization"] == {"stage": 0}
+    assert "optimizer" not in accelerator.state.deepspeed_plugin.deepspeed_config
+    said = [r.getMessage() for r in caplog.records if "deepspeed_config_file" in r.getMessage()]
+    assert len(said) == 1 and "the script's wins" in said[0], said
+
+
+def test_without_a_deepspeed_config_the_state_has_no_plugin(monkeypatch):
+    monkeypatch.delenv("CONVOY_DEEPSPEED_CONFIG", raising=False)
+    assert Accelerator().state.deepspeed_plugin is None
+    PartialState._reset_state()
+    plugin = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3)).state.deepspeed_plugin
+    assert plugin.zero_stage == 3 and plugin.deepspeed_config["zero_optimization"]["stage"] == 3  # built from fields
+    monkeypatch.setenv("CONVOY_DEEPSPEED_CONFIG", "[1]")
+    PartialState._reset_state()
+    with pytest.raises(ConfigError, match="environment CONVOY_DEEPSPEED_CONFIG: .* is not a DeepSpeed config JSON"):
+        Accelerator()

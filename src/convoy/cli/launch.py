@@ -332,6 +332,9 @@ def _accelerate_file(args: argparse.Namespace, given: dict, env: dict) -> tuple[
         if name in LAUNCHED_OPTIONS:
             options[name] = mapped.value
             origins[name] = source
+        elif name == "deepspeed_config":  # the DeepSpeed JSON, handed to the script's Accelerator whole
+            args.deepspeed_config = mapped.value
+            origins[name] = source
         elif name == "num_processes":
             if args.num_processes is None and args.nproc_per_node is None and unset(name):
                 args.num_processes, origins[name] = mapped.value, source
@@ -461,6 +464,7 @@ def _settings(args: argparse.Namespace, options: dict):
         compile=args.compile, compile_backend=args.compile_backend, compile_mode=args.compile_mode,
         compile_dynamic=args.compile_dynamic, strategy_options=options or None,
         gradient_clipping=getattr(args, "gradient_clipping", None),
+        deepspeed_config=getattr(args, "deepspeed_config", None),
     )
 
 

@@ -322,16 +322,15 @@ def _deepspeed(block: Mapping[str, Any], data: Mapping[str, Any], file: Path, ci
         def json_cite(key: str, value: Any) -> str:
             return f"{found.name}: {key} = {_yaml_text(value)}"
 
-        section = next((key for key in ("optimizer", "scheduler") if key in json_config), None)
-        if section is not None:  # built for DummyOptim/DummyScheduler by a DeepSpeedPlugin in the script only
-            raise NotSupportedYetError(
-                f"{json_cite(section, json_config[section])}: convoy launch does not carry DeepSpeed's optimizer and "
-                f"scheduler sections to the script yet; give Accelerator(deepspeed_plugin=DeepSpeedPlugin("
-                f"hf_ds_config={str(json_file)!r})) in the script (DummyOptim/DummyScheduler are built from it), or "
-                f"make them in the script and drop the sections")
-
-    return deepspeed_translation(fields, cite=lambda f, v: cite(f"deepspeed_config.{keys.get(f, f)}", v),
-                                 json_config=json_config, json_cite=json_cite)
+    translated = deepspeed_translation(fields, cite=lambda f, v: cite(f"deepspeed_config.{keys.get(f, f)}", v),
+                                       json_config=json_config, json_cite=json_cite)
+    if json_config is None:
+        return translated
+    # the JSON itself, for the script's Accelerator: its optimizer / scheduler sections build DummyOptim /
+    # DummyScheduler, and accelerator.state.deepspeed_plugin.deepspeed_config holds it (as Accelerate's launcher
+    # hands the file to the script)
+    carried = Mapped("deepspeed_config", dict(json_config), cite("deepspeed_config.deepspeed_config_file", json_file))
+    return Translation(values=(*translated.values, carried), notes=translated.notes, family=translated.family)
 
 
 def _parallelism(block: Mapping[str, Any], values: list[Mapped], *, fsdp: bool, cite: Callable[[str, Any], str],

@@ -52,6 +52,7 @@ __all__ = [
     "RANK_VARIABLES",
     "CONVOY_VARIABLES",
     "STRATEGY_OPTIONS_VARIABLE",
+    "DEEPSPEED_CONFIG_VARIABLE",
     "LAUNCHED_OPTIONS",
     "ConvoyEnv",
     "RankEnv",
@@ -60,6 +61,7 @@ __all__ = [
     "check_launch_settings",
     "check_rank",
     "read_convoy_env",
+    "read_deepspeed_config",
     "read_rank_env",
     "read_collective_timeout",
     "read_debug_mode",
@@ -78,6 +80,10 @@ SETTING_NAMES = ("mixed_precision", "strategy", "parallelism", "cpu_offload", "p
                  "pp_microbatches", "gradient_accumulation_steps", "collective_timeout", "recompute", "fp8_recipe",
                  "fp8_emulate", "compile", "compile_backend", "compile_mode", "compile_dynamic", "gradient_clipping")
 STRATEGY_OPTIONS_VARIABLE = "CONVOY_STRATEGY_OPTIONS"
+#: an Accelerate file's DeepSpeed JSON (``deepspeed_config_file``), handed to the ranks whole, as a JSON object: its
+#: ``optimizer`` / ``scheduler`` sections build ``DummyOptim`` / ``DummyScheduler``, and it is what
+#: ``accelerator.state.deepspeed_plugin.deepspeed_config`` holds (Accelerate's ``ACCELERATE_DEEPSPEED_CONFIG_FILE``)
+DEEPSPEED_CONFIG_VARIABLE = "CONVOY_DEEPSPEED_CONFIG"
 CONVOY_VARIABLES = tuple(KEYS[name].env_var for name in SETTING_NAMES)
 #: the strategy options a launcher hands to the ranks (an Accelerate config file's), and the strategies that read
 #: each (``"parallel"`` with its FSDP2 dp engine): FSDP2's ``CPUOffloadPolicy``, the module classes sharded one by one
@@ -245,6 +251,9 @@ class ConvoyEnv:
     """torch.compile's ``dynamic``."""
     strategy_options: Mapping[str, Any] | None = None
     """Strategy options of ``LAUNCHED_OPTIONS`` (``{"auto_wrap": ("LlamaDecoderLayer",)}``)."""
+    deepspeed_config: Mapping[str, Any] | None = None
+    """An Accelerate file's DeepSpeed JSON object (``DEEPSPEED_CONFIG_VARIABLE``), read by the script's Accelerator
+    as if it had passed ``DeepSpeedPlugin(hf_ds_config=...)``."""
 
     def __post_init__(self) -> None:
         # each value is checked by the schema key the trainer reads it with, so the parent refuses exactly
@@ -257,6 +266,9 @@ class ConvoyEnv:
         if self.strategy_options is not None:
             object.__setattr__(self, "strategy_options", launched_options(self.strategy_options,
                                                                           where=STRATEGY_OPTIONS_VARIABLE))
+        if self.deepspeed_config is not None and not isinstance(self.deepspeed_config, Mapping):
+            raise ConfigError(f"{DEEPSPEED_CONFIG_VARIABLE}: {shown(self.deepspeed_config)} is not a DeepSpeed config "
+                              f"object")
 
 
 def launched_options(options: Any, *, where: str) -> dict[str, Any]:
@@ -346,6 +358,8 @@ def convoy_env(settings: ConvoyEnv) -> dict[str, str]:
     if settings.strategy_options:
         env[STRATEGY_OPTIONS_VARIABLE] = json.dumps({k: list(v) if isinstance(v, tuple) else v
                                                     for k, v in sorted(settings.strategy_options.items())})
+    if settings.deepspeed_config is not None:
+        env[DEEPSPEED_CONFIG_VARIABLE] = json.dumps(settings.deepspeed_config)
     return env
 
 
@@ -380,7 +394,24 @@ def read_convoy_env(env: Mapping[str, str], *, skip: Collection[str] = ()) -> Co
             raise ConfigError(f"{where}: {shown(raw)} is not a JSON object such as "
                               f"{{\"auto_wrap\": [\"Block\"]}}") from None
         values["strategy_options"] = launched_options(parsed, where=where)
+    values["deepspeed_config"] = read_deepspeed_config(env)
     return ConvoyEnv(**values)
+
+
+def read_deepspeed_config(env: Mapping[str, str]) -> Mapping[str, Any] | None:
+    """The DeepSpeed JSON object the launcher handed over (``DEEPSPEED_CONFIG_VARIABLE``), None when unset;
+    ``ConfigError`` naming the variable if it is not a JSON object."""
+    raw = env.get(DEEPSPEED_CONFIG_VARIABLE, "")
+    if not raw.strip():
+        return None
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, Mapping):
+        raise ConfigError(f"environment {DEEPSPEED_CONFIG_VARIABLE}: {shown(raw)} is not a DeepSpeed config JSON "
+                          f"object")
+    return parsed
 
 
 def read_collective_timeout(env: Mapping[str, str]) -> float:

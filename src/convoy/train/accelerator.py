@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader
 
 from convoy.config.schema import is_whole
 from convoy.errors import ConfigError, shown
+from convoy.launch.rank_env import read_deepspeed_config
 from convoy.train import checkpoint, collectives, data, operations, profiling, tracking
 from convoy.train.arguments import check_arguments, check_plain_arguments, is_flag
 from convoy.train.checkpoint.hooks import StateHooks
@@ -37,6 +38,7 @@ from convoy.train.coordination import Trigger, join_uneven_inputs
 from convoy.train.data import DataLoaderConfiguration, PreparedDataLoader
 from convoy.train.data.loop import LoopPosition
 from convoy.train.deepspeed_sections import build_placeholders, steps_once
+from convoy.train.deepspeed_view import deepspeed_in_effect
 from convoy.train.kwargs_handlers import (
     AutocastKwargs,
     DistributedDataParallelKwargs,
@@ -163,7 +165,13 @@ class Accelerator:
         self._set_accumulation(gradient_accumulation_plugin)
         # a DeepSpeed config's (the script's plugin, else the launcher's file), clipped at each optimizer step
         self._gradient_clipping = plugins.gradient_clipping or self.settings.gradient_clipping
-        self._ds_config = deepspeed_plugin.ds_config() if deepspeed_plugin is not None else None  # its sections
+        # the DeepSpeed config in effect (the script's plugin, else the launcher's file): its sections build
+        # DummyOptim/DummyScheduler, and it is state.deepspeed_plugin
+        self._deepspeed, differ = deepspeed_in_effect(deepspeed_plugin, fsdp_plugin=fsdp_plugin,
+                                                      launched=read_deepspeed_config(os.environ),
+                                                      accumulation_steps=self._accumulation_steps)
+        if differ:
+            get_logger(__name__).warning("convoy: %s", differ)
         # 4. strategy: its name and options checked now, the strategy itself built at the first prepare()
         self._check_strategy(plugins.options, dataloader_config=dataloader_config, project_config=project_config)
         # 5. precision: one object, handed to the strategy when it is built
@@ -181,6 +189,7 @@ class Accelerator:
         # 9. the job: this process's device and process group, and the process state Accelerate's names read
         start_job(self.settings)
         self.state = AcceleratorState._from_settings(self.settings, declared_distributed_type(self.settings))
+        self.state.deepspeed_plugin = self._deepspeed
         GradientState._register(self)
         # the handlers as given (Accelerate's attributes; each None when not given)
         self.profile_handler = self._handlers.profile
@@ -411,7 +420,8 @@ class Accelerator:
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
         """Prepare models, optimizers, dataloaders and schedulers (any order); returned in the same order."""
         self.state.device  # noqa: B018 - after AcceleratorState._reset_state() this raises Accelerate's error
-        args = build_placeholders(args, self._ds_config, processes=self.num_processes,  # DummyOptim/DummyScheduler
+        ds_config = None if self._deepspeed is None else self._deepspeed.deepspeed_config
+        args = build_placeholders(args, ds_config, processes=self.num_processes,  # DummyOptim/DummyScheduler
                                   split_batches=self.split_batches)
         out: list[Any] = list(args)
         kinds = [self._kind(obj) for obj in args]
@@ -950,7 +960,8 @@ class Accelerator:
     # --- Accelerate's other attributes: the same meaning (docs/migrating.md) -------------------------------
     @property
     def deepspeed_plugin(self) -> Any:
-        """None: convoy runs ZeRO on PyTorch's engines, with no DeepSpeed engine (``state.deepspeed_plugin``)."""
+        """The DeepSpeed config in effect, as Accelerate's scripts read it (``state.deepspeed_plugin``): the script's
+        ``DeepSpeedPlugin`` or the launcher's ``deepspeed_config_file``, else None (``convoy.train.deepspeed_view``)."""
         return self.state.deepspeed_plugin
 
     @property

@@ -291,8 +291,9 @@ class AcceleratorState(PartialState):
         return super().__repr__() + f"\nMixed precision type: {self.mixed_precision}\n"
 
     # Accelerate's plugin slots for engines convoy does not run (it runs ZeRO on PyTorch's own FSDP2/DDP, compiles
-    # with the script's torch.compile): None, as Accelerate has them when that engine is off. A script's
-    # `deepspeed_plugin is None` branch (make a torch optimizer) is then the one taken.
+    # with the script's torch.compile): None, as Accelerate has them when that engine is off. deepspeed_plugin is
+    # the DeepSpeed config in effect where one was given (convoy.train.deepspeed_view: the script's plugin or the
+    # launcher's deepspeed_config_file), so a script's `"optimizer" in ...deepspeed_config` branch reads its sections
     deepspeed_plugin: Any = None
     deepspeed_plugins: Any = None
     dynamo_plugin: Any = None
