@@ -4,6 +4,8 @@ parameters that convoy's own flags (``--strategy zero3 --gradient-accumulation-s
 
 from __future__ import annotations
 
+import json
+import math
 import sys
 from pathlib import Path
 
@@ -74,3 +76,30 @@ def test_an_fsdp_plugin_trains_as_the_flags(tmp_path, by_flags, plugin):
     run = launch(tmp_path, plugin, "--nproc-per-node", "2", "--gradient-accumulation-steps", "2", plugin=plugin)
     assert (run["strategy"], run["accumulation"]) == ("zero3", 2)
     assert_same_parameters(run, by_flags)
+
+
+def test_a_deepspeed_files_optimizer_and_scheduler_sections_build_the_scripts_placeholders(tmp_path):
+    """Accelerate's deepspeed_with_config_support.py flow under `convoy launch --config_file`: the script sees the
+    JSON's sections on accelerator.state.deepspeed_plugin, and DummyOptim / DummyScheduler are built from them (the
+    JSON's lr and warmup, not the script's), the lr after each step DeepSpeed's WarmupLR (log warmup)."""
+    lr, warmup = 0.01, 3
+    (tmp_path / "ds.json").write_text(json.dumps({
+        "zero_optimization": {"stage": 1},
+        "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.95], "weight_decay": 0.1}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": lr,
+                                                     "warmup_num_steps": warmup}}}))
+    (tmp_path / "ds.yaml").write_text("distributed_type: DEEPSPEED\ndeepspeed_config:\n"
+                                      "  deepspeed_config_file: ds.json\nnum_processes: 2\n")
+    out = tmp_path / "run.json"
+    proc = start([sys.executable, "-m", "convoy", "launch", "--devices", "0", "--config_file", "ds.yaml",
+                  str(Path(__file__).parent / "scripts" / "deepspeed_config_file.py"), "--out", str(out)],
+                 env=cpu_env(), cwd=tmp_path)
+    output = finish(proc, timeout=240)
+    assert proc.returncode == 0, output[-4000:]
+    run = json.loads(out.read_text())
+    assert (run["plugin"], run["zero_stage"], run["processes"], run["strategy"]) == (True, 1, 2, "zero1"), run
+    assert (run["optimizer"], run["initial_lr"], run["betas"], run["weight_decay"]) == ("AdamW", lr, [0.9, 0.95], 0.1)
+    # DeepSpeed's WarmupLR after step n (its last_batch_iteration n - 1): lr * log(n) / log(warmup) while
+    # n - 1 < warmup, then lr; 24 samples in batches of 2 on 2 processes: 6 steps
+    expected = [lr * (math.log(n) / math.log(warmup) if n - 1 < warmup else 1.0) for n in range(1, 7)]
+    assert run["lrs"] == pytest.approx(expected, rel=1e-12), run["lrs"]
