@@ -162,8 +162,8 @@ def build_placeholders(args: tuple[Any, ...], ds_config: Mapping[str, Any] | Non
         if isinstance(obj, DummyOptim):
             if "optimizer" not in config:
                 raise ConfigError("prepare(DummyOptim): the DeepSpeed config has no 'optimizer' section; give "
-                                  "Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=...)) with one, or make "
-                                  "a torch optimizer")
+                                  "Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=...)) with one (or a "
+                                  "--config_file whose deepspeed_config_file has one), or make a torch optimizer")
             out[i] = built[id(obj)] = build_optimizer(config["optimizer"], obj)
     for i, obj in enumerate(args):
         if isinstance(obj, DummyScheduler):

@@ -7,9 +7,10 @@ and one ``NotSupportedYetError`` line naming what to do instead when used.
 
 ``prepare`` replaces a ``DummyOptim`` / ``DummyScheduler`` with the torch optimizer and schedule the
 ``DeepSpeedPlugin(hf_ds_config=...)``'s ``optimizer`` / ``scheduler`` sections describe
-(``convoy.train.deepspeed_sections``). Accelerate's ``deepspeed_with_config_support.py`` picks ``DummyOptim`` only
-when ``accelerator.state.deepspeed_plugin`` has an ``optimizer`` section; convoy's state has no such plugin (its
-ZeRO runs on PyTorch's engines), so that script takes its ``torch.optim.AdamW`` branch and runs.
+(``convoy.train.deepspeed_sections``), or those of a ``convoy launch --config_file``'s ``deepspeed_config_file``.
+Accelerate's ``deepspeed_with_config_support.py`` picks ``DummyOptim`` only when
+``accelerator.state.deepspeed_plugin.deepspeed_config`` has an ``optimizer`` section: convoy's state holds the
+DeepSpeed config in effect there (``convoy.train.deepspeed_view``), None when none was given.
 """
 
 from __future__ import annotations
