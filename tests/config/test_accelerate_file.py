@@ -14,6 +14,16 @@ from convoy.errors import ConfigError, NotSupportedYetError
 
 FILES = Path(__file__).parent / "accelerate"
 
+def accelerate_built(stage: int, accumulation: int, offload_optimizer: str = "none", **extra) -> dict:
+    """The DeepSpeed config Accelerate's DeepSpeedPlugin builds from inline deepspeed_config keys (its __post_init__),
+    which the ranks' state.deepspeed_plugin.deepspeed_config holds."""
+    return {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": accumulation,
+            "zero_optimization": {"stage": stage, "offload_optimizer": {"device": offload_optimizer},
+                                  "offload_param": {"device": "none"},
+                                  "stage3_gather_16bit_weights_on_model_save": False}, **extra}
+
+
 #: each file -> the convoy values it sets (every one; num_processes is the total over the machines)
 READ = {
     "fsdp1_questionnaire.yaml": {"strategy": "zero2", "auto_wrap": ("Block",), "num_processes": 2, "nnodes": "1",
@@ -32,7 +42,8 @@ READ = {
     "fsdp2_parallelism.yaml": {"strategy": "zero3", "parallelism": "dp_replicate=1,dp_shard=2,tp=2",
                                "num_processes": 4, "nnodes": "1", "mixed_precision": "bf16"},
     "deepspeed_inline.yaml": {"strategy": "zero2", "cpu_offload": True, "gradient_accumulation_steps": 4,
-                              "num_processes": 2, "nnodes": "1", "rdzv_backend": "static", "mixed_precision": "fp16"},
+                              "num_processes": 2, "nnodes": "1", "rdzv_backend": "static", "mixed_precision": "fp16",
+                              "deepspeed_config": accelerate_built(2, 4, "cpu")},
     # a deepspeed_config_file's JSON is also handed to the ranks whole (CONVOY_DEEPSPEED_CONFIG): state.deepspeed_plugin
     "deepspeed_zero3_file.yaml": {"strategy": "zero3", "gradient_accumulation_steps": 2, "num_processes": 2,
                                   "deepspeed_config": json.loads((FILES / "zero3.json").read_text())},
@@ -54,7 +65,8 @@ READ = {
                              "compile_mode": "max-autotune", "compile_dynamic": False},
     # DeepSpeed's gradient_clipping: carried to the ranks (CONVOY_GRADIENT_CLIPPING), clipped at each optimizer step
     "deepspeed_clipping.yaml": {"strategy": "zero1", "num_processes": 2, "gradient_accumulation_steps": 1,
-                                "gradient_clipping": 0.05},
+                                "gradient_clipping": 0.05,
+                                "deepspeed_config": accelerate_built(1, 1, gradient_clipping=0.05)},
     "default_config.yaml": {"num_processes": 1, "nnodes": "1", "rdzv_backend": "static", "devices": "0",
                             "mixed_precision": "no"},
 }

@@ -4,6 +4,7 @@ default file is named, never read."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -176,3 +177,13 @@ def test_strategy_options_travel_to_the_ranks_and_back():
         with pytest.raises(ConfigError, match="environment CONVOY_STRATEGY_OPTIONS") as caught:
             read_convoy_env({"CONVOY_STRATEGY_OPTIONS": raw})
         assert words in str(caught.value), caught.value
+
+
+def test_a_deepspeed_files_json_is_handed_to_every_rank_whole(box, capsys):
+    """Its optimizer / scheduler sections build the script's DummyOptim / DummyScheduler there (as the plugin's)."""
+    code, out, err = dry_run(capsys, "--config_file", str(FILES / "deepspeed_optimizer_file.yaml"), box)
+    assert code == 0, err
+    assert "deepspeed_config = {optimizer, zero_optimization, bf16} (deepspeed_optimizer_file.yaml: deepspeed_config." \
+           "deepspeed_config_file = zero2_optimizer.json)" in config_lines(out)
+    carried = next(line.strip() for line in out.splitlines() if line.strip().startswith("CONVOY_DEEPSPEED_CONFIG="))
+    assert json.loads(carried.split("=", 1)[1]) == json.loads((FILES / "zero2_optimizer.json").read_text())

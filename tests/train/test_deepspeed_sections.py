@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -123,7 +124,7 @@ def test_the_scripts_plugin_wins_over_the_launchers_file_said_once(monkeypatch, 
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=mine))
     assert accelerator.state.deepspeed_plugin.deepspeed_config["zero_optimization"] == {"stage": 0}
     assert "optimizer" not in accelerator.state.deepspeed_plugin.deepspeed_config
-    said = [r.getMessage() for r in caplog.records if "deepspeed_config_file" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "--config_file's deepspeed_config" in r.getMessage()]
     assert len(said) == 1 and "the script's wins" in said[0], said
 
 
@@ -137,3 +138,21 @@ def test_without_a_deepspeed_config_the_state_has_no_plugin(monkeypatch):
     PartialState._reset_state()
     with pytest.raises(ConfigError, match="environment CONVOY_DEEPSPEED_CONFIG: .* is not a DeepSpeed config JSON"):
         Accelerator()
+
+
+def test_the_same_config_from_the_script_and_the_launchers_inline_keys_is_not_said():
+    """An Accelerate file's inline deepspeed_config keys reach the ranks as the config Accelerate's plugin builds
+    from them: the same plugin in the script is no difference to say; another one is."""
+    from convoy.config.accelerate_file import read_accelerate_config
+    from convoy.train.deepspeed_view import deepspeed_in_effect
+
+    files = Path(__file__).resolve().parents[1] / "config" / "accelerate"
+    launched = read_accelerate_config(files / "deepspeed_clipping.yaml").value("deepspeed_config")
+    same = DeepSpeedPlugin(zero_stage=1, gradient_accumulation_steps=1, gradient_clipping=0.05)
+    view, said = deepspeed_in_effect(same, fsdp_plugin=None, launched=launched, accumulation_steps=1)
+    assert said is None and (view.zero_stage, view.gradient_clipping) == (1, 0.05), (view, said)
+    view, said = deepspeed_in_effect(None, fsdp_plugin=None, launched=launched, accumulation_steps=1)
+    assert said is None and view.get_value("zero_optimization.stage") == 1 and view.deepspeed_config == launched
+    _, said = deepspeed_in_effect(DeepSpeedPlugin(zero_stage=2), fsdp_plugin=None, launched=launched,
+                                  accumulation_steps=1)
+    assert said is not None and "the script's wins" in said

@@ -28,6 +28,7 @@ from convoy.config.accelerate_mapping import (
     Mapped,
     Translation,
     block_fields,
+    deepspeed_fields_config,
     deepspeed_translation,
     dynamo_translation,
     fsdp_translation,
@@ -324,12 +325,14 @@ def _deepspeed(block: Mapping[str, Any], data: Mapping[str, Any], file: Path, ci
 
     translated = deepspeed_translation(fields, cite=lambda f, v: cite(f"deepspeed_config.{keys.get(f, f)}", v),
                                        json_config=json_config, json_cite=json_cite)
-    if json_config is None:
-        return translated
-    # the JSON itself, for the script's Accelerator: its optimizer / scheduler sections build DummyOptim /
-    # DummyScheduler, and accelerator.state.deepspeed_plugin.deepspeed_config holds it (as Accelerate's launcher
-    # hands the file to the script)
-    carried = Mapped("deepspeed_config", dict(json_config), cite("deepspeed_config.deepspeed_config_file", json_file))
+    # the JSON itself (or, with the keys inline, the config Accelerate's plugin builds from them), for the script's
+    # Accelerator: its optimizer / scheduler sections build DummyOptim / DummyScheduler, and
+    # accelerator.state.deepspeed_plugin.deepspeed_config holds it (as Accelerate's launcher hands it to the script)
+    if json_config is not None:
+        carried = Mapped("deepspeed_config", dict(json_config),
+                         cite("deepspeed_config.deepspeed_config_file", json_file))
+    else:
+        carried = Mapped("deepspeed_config", deepspeed_fields_config(fields), cite("deepspeed_config", block))
     return Translation(values=(*translated.values, carried), notes=translated.notes, family=translated.family)
 
 

@@ -25,7 +25,8 @@ from convoy.errors import ConfigError, NotSupportedYetError, shown
 
 __all__ = ["Row", "ROWS", "Mapped", "Translation", "fsdp_translation", "deepspeed_translation",
            "parallelism_translation", "plugin_cite", "block_fields", "FSDP_FAMILY", "DEEPSPEED_FAMILY",
-           "ZERO_STRATEGIES", "DYNAMO_KEYS", "dynamo_translation", "DS_OPTIMIZERS", "DS_SCHEDULERS"]
+           "ZERO_STRATEGIES", "DYNAMO_KEYS", "dynamo_translation", "DS_OPTIMIZERS", "DS_SCHEDULERS",
+           "deepspeed_fields_config"]
 
 #: the strategies a plugin given without its sharding field keeps when the launcher set one (its default first;
 #: not ddp, which a plain multi-GPU launch sets too)
@@ -442,6 +443,23 @@ def _ds_json(json_config: Mapping[str, Any], cite: Callable[[str, Any], str]) ->
     if dtype not in (None, "fp32", "float32"):
         raise NotSupportedYetError(f"{cite('communication_data_type', dtype)}: convoy reduces gradients in fp32")
     return fields
+
+
+def deepspeed_fields_config(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The DeepSpeed config Accelerate's ``DeepSpeedPlugin`` builds from its fields (``zero_stage``,
+    ``offload_*_device``, ...) when no JSON is given: what ``accelerator.state.deepspeed_plugin.deepspeed_config``
+    holds then. "auto" is filled later, as Accelerate fills it (the accumulation steps from the Accelerator)."""
+    config: dict[str, Any] = {
+        "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": fields.get("gradient_accumulation_steps") or "auto",
+        "zero_optimization": {
+            "stage": 2 if fields.get("zero_stage") is None else fields["zero_stage"],  # Accelerate's default
+            "offload_optimizer": {"device": fields.get("offload_optimizer_device") or "none"},
+            "offload_param": {"device": fields.get("offload_param_device") or "none"},
+            "stage3_gather_16bit_weights_on_model_save": bool(fields.get("zero3_save_16bit_model"))}}
+    if fields.get("gradient_clipping"):
+        config["gradient_clipping"] = fields["gradient_clipping"]
+    return config
 
 
 def deepspeed_translation(fields: Mapping[str, Any], *, cite: Callable[[str, Any], str],

@@ -470,6 +470,8 @@ def _given_elsewhere(request: LaunchRequest, *, from_file: bool) -> list[str]:
         if name in options:
             value = options[name]
             given.append(source.said(name, ",".join(value) if isinstance(value, tuple) else value))
+        elif name == "deepspeed_config":  # the JSON object, named by its sections (the environment shows it whole)
+            given.append(source.said(name, "{" + ", ".join(request.settings.deepspeed_config or {}) + "}"))
         else:
             given.append(source.said(name, getattr(holder, name)) if holder is not None else str(source))
     return given

@@ -1,6 +1,7 @@
 """What ``accelerator.state.deepspeed_plugin`` holds: the DeepSpeed config in effect, with the attributes Accelerate's
 scripts read, whether the script passed ``DeepSpeedPlugin(hf_ds_config=...)`` or the launcher's Accelerate file named
-a ``deepspeed_config_file``.
+a ``deepspeed_config`` (its ``deepspeed_config_file``'s JSON, or the config Accelerate's plugin builds from the
+keys given inline).
 
     accelerator = Accelerator()      # under convoy launch --config_file ds.yaml (deepspeed_config_file: ds.json)
     plugin = accelerator.state.deepspeed_plugin
@@ -15,9 +16,12 @@ gave a DeepSpeed config (or the script gave an FSDP plugin), as Accelerate has i
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from convoy.config.accelerate_mapping import deepspeed_fields_config
 
 __all__ = ["DeepSpeedView", "deepspeed_in_effect"]
 
@@ -54,17 +58,7 @@ class DeepSpeedView:
 
 def _from_fields(plugin: Any) -> dict[str, Any]:
     """The config Accelerate's ``DeepSpeedPlugin`` builds from its fields when no ``hf_ds_config`` is given."""
-    config: dict[str, Any] = {
-        "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
-        "gradient_accumulation_steps": plugin.gradient_accumulation_steps or "auto",
-        "zero_optimization": {
-            "stage": 2 if plugin.zero_stage is None else plugin.zero_stage,
-            "offload_optimizer": {"device": plugin.offload_optimizer_device or "none"},
-            "offload_param": {"device": plugin.offload_param_device or "none"},
-            "stage3_gather_16bit_weights_on_model_save": bool(plugin.zero3_save_16bit_model)}}
-    if plugin.gradient_clipping:
-        config["gradient_clipping"] = plugin.gradient_clipping
-    return config
+    return deepspeed_fields_config({f.name: getattr(plugin, f.name) for f in dataclasses.fields(plugin)})
 
 
 def _view(config: Mapping[str, Any], *, hf_ds_config: Any, accumulation_steps: int, source: str,
@@ -96,17 +90,18 @@ def deepspeed_in_effect(plugin: Any, *, fsdp_plugin: Any, launched: Mapping[str,
     None) and the line to say once where the script's plugin replaces a launcher's config that differs."""
     if plugin is not None:
         config = plugin.ds_config()
-        view = _view(config if config is not None else _from_fields(plugin), hf_ds_config=plugin.hf_ds_config,
-                     accumulation_steps=accumulation_steps, source="Accelerator(deepspeed_plugin=...)", plugin=plugin)
-        if launched is not None and dict(launched) != dict(config or {}):
+        own = dict(config) if config is not None else _from_fields(plugin)
+        view = _view(own, hf_ds_config=plugin.hf_ds_config, accumulation_steps=accumulation_steps,
+                     source="Accelerator(deepspeed_plugin=...)", plugin=plugin)
+        if launched is not None and dict(launched) != own:
             return view, ("Accelerator(deepspeed_plugin=...) is used; the launcher's DeepSpeed config "
-                          "(--config_file's deepspeed_config_file), which differs, is not read (the script's wins, as "
-                          "in Accelerate)")
+                          "(--config_file's deepspeed_config), which differs, is not read (the script's wins, as in "
+                          "Accelerate)")
         return view, None
     if launched is None:
         return None, None
     if fsdp_plugin is not None:
         return None, ("Accelerator(fsdp_plugin=...) is used; the launcher's DeepSpeed config (--config_file's "
-                      "deepspeed_config_file) is not read (the script's wins, as in Accelerate)")
+                      "deepspeed_config) is not read (the script's wins, as in Accelerate)")
     return _view(launched, hf_ds_config=dict(launched), accumulation_steps=accumulation_steps,
-                 source="--config_file's deepspeed_config_file"), None
+                 source="--config_file's deepspeed_config"), None
