@@ -75,6 +75,13 @@ def test_convoy_env_round_trips_and_rejects_bad_values():
         check_launch_settings(ConvoyEnv(strategy="bogus"))  # the parent's refusal; a rank may name its own
     with pytest.raises(ConfigError, match="not KEY=NUMBER"):
         ConvoyEnv(parallelism="dp2")
+    # an Accelerate file's DeepSpeed JSON travels whole, as a JSON object
+    ds = {"zero_optimization": {"stage": 1}, "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "eps": 1e-8}}}
+    env = convoy_env(ConvoyEnv(deepspeed_config=ds))
+    assert set(env) == {"CONVOY_DEEPSPEED_CONFIG"} and read_convoy_env(env).deepspeed_config == ds
+    for bad in ("[1]", "{", "3"):
+        with pytest.raises(ConfigError, match="CONVOY_DEEPSPEED_CONFIG: .* is not a DeepSpeed config JSON object"):
+            read_convoy_env({"CONVOY_DEEPSPEED_CONFIG": bad})
 
 
 def test_free_port_is_bindable_and_never_torchruns_default():
