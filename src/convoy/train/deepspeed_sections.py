@@ -9,6 +9,9 @@ Accelerate's ``DummyOptim`` / ``DummyScheduler`` placeholders as torch objects.
     scheduler = DummyScheduler(optimizer, total_num_steps=100, warmup_num_steps=10)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)  # torch AdamW, LambdaLR
 
+The sections are the ``DeepSpeedPlugin``'s, or, without one, those of the ``deepspeed_config_file`` that a
+``convoy launch --config_file`` handed to the ranks (``convoy.train.deepspeed_view``).
+
 "auto" values are filled as Accelerate's ``_prepare_deepspeed`` fills them: the optimizer's ``lr`` and
 ``weight_decay`` from the ``DummyOptim``; the scheduler's ``warmup_min_lr`` 0, ``warmup_max_lr`` the
 ``DummyOptim``'s lr, ``warmup_num_steps`` ``max(1, DummyScheduler.warmup_num_steps)`` and ``total_num_steps``
