@@ -384,6 +384,23 @@ def framework_seconds(model: ModelSpec, run: RunSpec, layout: Layout, rates: Rat
     return moved / (rates.memory_bytes_per_s or float("inf"))
 
 
+def _sharded_tensors(model: ModelSpec, layout: Layout, weights: float) -> tuple[list[float], list[float], int, float]:
+    """(one block's parameter tensors, the root's, the blocks on the busiest stage, bytes per counted parameter so
+    that the stage's tensors add up to its ``weights`` bytes): what FSDP's units and DeepSpeed's per-tensor
+    collectives move."""
+    dims = layout.dims
+    block, root = parameter_tensors(model, tp=dims.tp, pp=dims.pp)
+    layers = math.ceil((model.num_layers or 0) / dims.pp)
+    scale = weights / max(1.0, layers * sum(block) + sum(root)) if model.has_shape else 1.0
+    return block, root, layers, scale
+
+
+def _shard_group(hw: Hardware, layout: Layout) -> Group:
+    """The group a layout's weights are sharded over (``shard_degree`` ranks, as many per node as tp leaves)."""
+    n = layout.shard_degree
+    return _group(hw, max(1, min(n, hw.gpus_per_node // layout.dims.tp)), n)
+
+
 def _data_parallel_collectives(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, grads: float,
                                 weights: float, schedule: str) -> tuple[float, float, float]:
     """(seconds of data-parallel collectives before overlap, bytes each GPU sends, seconds after the optimizer step
@@ -412,9 +429,7 @@ def _data_parallel_collectives(model: ModelSpec, run: RunSpec, layout: Layout, h
         return dp_comm, comm, after_step
     n = layout.shard_degree
     gathers = 2 if layout.zero_stage == 3 else 1
-    block, root = parameter_tensors(model, tp=dims.tp, pp=dims.pp)
-    layers = math.ceil((model.num_layers or 0) / dims.pp)
-    scale = weights / max(1.0, layers * sum(block) + sum(root)) if model.has_shape else 1.0
+    block, root, layers, scale = _sharded_tensors(model, layout, weights)
     # collectives by (size, fraction of it the all-gather moves: float8 all-gather sends the converted linears'
     # weights in 1 byte); many share one, each is priced once
     sizes: Counter[tuple[float, float]] = Counter()
@@ -433,7 +448,7 @@ def _data_parallel_collectives(model: ModelSpec, run: RunSpec, layout: Layout, h
     # before it), and keeps the weights gathered from a micro-batch's forward to its backward
     reduces = 1 if dims.pp_enabled else m
     if n > 1:
-        shard = _group(hw, max(1, min(n, hw.gpus_per_node // dims.tp)), n)
+        shard = _shard_group(hw, layout)
         gathered = 0.0
         for (piece, part), count in sizes.items():
             dp_comm += count * (m * gathers * _collective("all_gather", piece * part, shard, hw)
@@ -562,12 +577,10 @@ def _fsdp1_exposed(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware,
     dims, m = layout.dims, layout.microbatches
     n = layout.shard_degree
     gathers = 2 if layout.zero_stage == 3 else 1
-    block, root = parameter_tensors(model, tp=dims.tp, pp=dims.pp)
-    layers = math.ceil((model.num_layers or 0) / dims.pp)
-    scale = weights / max(1.0, layers * sum(block) + sum(root))
+    block, root, layers, scale = _sharded_tensors(model, layout, weights)
     grad_ratio = grads / weights if weights else 0.0
     reduces = 1 if dims.pp_enabled else m
-    shard = _group(hw, max(1, min(n, hw.gpus_per_node // dims.tp)), n)
+    shard = _shard_group(hw, layout)
     replicas = _group(hw, 1, dims.dp_replicate) if dims.dp_replicate_enabled else None
 
     def reduce(piece: float) -> float:  # the reduce-scatter, and HSDP's all-reduce of the shard across replicas
