@@ -27,13 +27,7 @@ from convoy.train.process_group import stop_process_group
 from tests.distributed import cpu_env, run_script
 from tests.train.test_scripts import SCRIPTS
 
-
-@pytest.fixture(autouse=True)
-def _fresh_state():
-    PartialState._reset_state()
-    yield
-    PartialState._reset_state()
-    stop_process_group()
+pytestmark = pytest.mark.usefixtures("accelerator_in_this_process")
 
 
 def test_distributed_type_is_accelerates_str_enum():

@@ -15,7 +15,6 @@ import torch
 import convoy
 from convoy import Accelerator, PartialState
 from convoy.errors import ConfigError, NotSupportedYetError
-from convoy.train.process_group import stop_process_group
 
 accelerate = pytest.importorskip("accelerate")
 
@@ -69,12 +68,8 @@ def accelerate_surface():
 
 
 @pytest.fixture
-def ours():
-    PartialState._reset_state()
-    accelerator = Accelerator()
-    yield accelerator
-    PartialState._reset_state()
-    stop_process_group()
+def ours(accelerator_in_this_process):
+    return Accelerator()
 
 
 def _lacking(theirs: set[str], ours: object, *allowed: object) -> list[str]:

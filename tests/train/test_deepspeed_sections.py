@@ -12,18 +12,11 @@ import torch
 
 from convoy import Accelerator, DeepSpeedPlugin, PartialState
 from convoy.errors import ConfigError, NotSupportedYetError
-from convoy.train.process_group import stop_process_group
 from convoy.utils import DummyOptim, DummyScheduler
 from tests.distributed import run_script
 from tests.train.test_scripts import SCRIPTS
 
-
-@pytest.fixture(autouse=True)
-def _fresh_state():
-    PartialState._reset_state()
-    yield
-    PartialState._reset_state()
-    stop_process_group()
+pytestmark = pytest.mark.usefixtures("accelerator_in_this_process")
 
 
 @pytest.mark.parametrize("nproc, kind", [(1, "WarmupDecayLR"), (2, "WarmupCosineLR")])

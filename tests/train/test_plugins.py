@@ -18,12 +18,7 @@ from convoy.utils import TorchContextParallelConfig
 ZERO3_JSON = Path(__file__).resolve().parents[1] / "config" / "accelerate" / "zero3.json"
 
 
-@pytest.fixture(autouse=True)
-def _fresh_state():
-    PartialState._reset_state()
-    yield
-    PartialState._reset_state()
-    stop_process_group()
+pytestmark = pytest.mark.usefixtures("accelerator_in_this_process")
 
 
 def test_importable_where_accelerate_puts_them():
