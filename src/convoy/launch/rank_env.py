@@ -385,32 +385,38 @@ def read_convoy_env(env: Mapping[str, str], *, skip: Collection[str] = ()) -> Co
             if raw is not None and raw.strip():
                 values[name] = KEYS[name].parse(raw, where=f"environment {variable}")
                 break
-    raw = env.get(STRATEGY_OPTIONS_VARIABLE, "")
-    if raw.strip():
-        where = f"environment {STRATEGY_OPTIONS_VARIABLE}"
-        try:
-            parsed = json.loads(raw)
-        except ValueError:
-            raise ConfigError(f"{where}: {shown(raw)} is not a JSON object such as "
-                              f"{{\"auto_wrap\": [\"Block\"]}}") from None
-        values["strategy_options"] = launched_options(parsed, where=where)
+    options = _json_variable(env, STRATEGY_OPTIONS_VARIABLE, 'a JSON object such as {"auto_wrap": ["Block"]}')
+    if options is not _UNSET:
+        values["strategy_options"] = launched_options(options, where=f"environment {STRATEGY_OPTIONS_VARIABLE}")
     values["deepspeed_config"] = read_deepspeed_config(env)
     return ConvoyEnv(**values)
+
+
+_UNSET = object()
+
+
+def _json_variable(env: Mapping[str, str], variable: str, what: str) -> Any:
+    """The JSON value of ``variable`` in ``env`` (``_UNSET`` when unset or blank; JSON's null is None);
+    ``ConfigError`` saying it is not ``what`` when it does not parse."""
+    raw = env.get(variable, "")
+    if not raw.strip():
+        return _UNSET
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise ConfigError(f"environment {variable}: {shown(raw)} is not {what}") from None
 
 
 def read_deepspeed_config(env: Mapping[str, str]) -> Mapping[str, Any] | None:
     """The DeepSpeed JSON object the launcher handed over (``DEEPSPEED_CONFIG_VARIABLE``), None when unset;
     ``ConfigError`` naming the variable if it is not a JSON object."""
-    raw = env.get(DEEPSPEED_CONFIG_VARIABLE, "")
-    if not raw.strip():
+    what = "a DeepSpeed config JSON object"
+    parsed = _json_variable(env, DEEPSPEED_CONFIG_VARIABLE, what)
+    if parsed is _UNSET:
         return None
-    try:
-        parsed = json.loads(raw)
-    except ValueError:
-        parsed = None
     if not isinstance(parsed, Mapping):
-        raise ConfigError(f"environment {DEEPSPEED_CONFIG_VARIABLE}: {shown(raw)} is not a DeepSpeed config JSON "
-                          f"object")
+        raise ConfigError(f"environment {DEEPSPEED_CONFIG_VARIABLE}: {shown(env[DEEPSPEED_CONFIG_VARIABLE])} is not "
+                          f"{what}")
     return parsed
 
 
