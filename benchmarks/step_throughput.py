@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -318,6 +319,10 @@ def main() -> None:
                 results[row, side] = measure(make, data, args.warmup, device)
             except Exception as err:  # one failing cell is reported, the others still run
                 results[row, side] = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:80]}"
+            if rank == 0:  # a progress line per cell, so that a run stopped by a time limit still says something
+                cell = results[row, side]
+                said = cell if isinstance(cell, str) else f"{cell.tokens_per_s:,.0f} tokens/s, {cell.peak_gib:.1f} GiB"
+                print(f"[{time.strftime('%H:%M:%S')}] {row} {side}: {said}", file=sys.stderr, flush=True)
     if rank != 0:
         return
     per_token = flops_per_token(shape, layers)
