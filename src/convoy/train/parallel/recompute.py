@@ -73,20 +73,26 @@ def selective_saves() -> frozenset:
     return frozenset(found)
 
 
-def _scores(func: Any, args: tuple, output: Any) -> bool:
+def _scores(func: Any, args: tuple) -> bool:
     """True for a batched matmul whose output is larger than both its operands: eager attention's s x s scores
-    (QK^T), which ``"selective"`` recomputes as Korthikanti et al. 2022 do, where the AV product (s x d) is kept."""
+    (QK^T), which ``"selective"`` recomputes as Korthikanti et al. 2022 do, where the AV product (s x d) is kept.
+    The output's size is read off the operands' shapes (``(b, n, k) @ (b, k, m)`` gives ``b n m``): the policy
+    runs before the op, and torch before 2.12 gives it no output."""
     name = getattr(func, "__name__", "")
-    if not name.startswith(("bmm", "baddbmm")) or not isinstance(output, torch.Tensor):
+    if not name.startswith(("bmm", "baddbmm")):
         return False
-    operands = args[1:3] if name.startswith("baddbmm") else args[:2]
-    return all(isinstance(t, torch.Tensor) and output.numel() > t.numel() for t in operands)
+    left, right = args[1:3] if name.startswith("baddbmm") else args[:2]
+    if not (isinstance(left, torch.Tensor) and isinstance(right, torch.Tensor)) or left.dim() != 3 \
+            or right.dim() != 3:
+        return False
+    output = left.shape[0] * left.shape[1] * right.shape[2]
+    return output > left.numel() and output > right.numel()
 
 
 def _policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
     from torch.utils.checkpoint import CheckpointPolicy
 
-    if func in selective_saves() and not _scores(func, args, ctx.op_output):
+    if func in selective_saves() and not _scores(func, args):
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 
