@@ -24,12 +24,17 @@ class Done:
     output: str
 
 
+def _pythonpath() -> str:
+    """The checkout first, then what the shell's PYTHONPATH holds (wheels installed with ``pip --target``)."""
+    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def run(argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 300) -> Done:
     """``argv`` (``convoy ...`` means ``python -m convoy ...``) with this environment plus ``env``."""
     argv = list(argv)
     if argv[0] == "convoy":
         argv = [sys.executable, "-m", "convoy", *argv[1:]]
-    full = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **(env or {})}
+    full = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _pythonpath(), **(env or {})}
     proc = start(argv, env=full, cwd=str(REPO))
     out = finish(proc, timeout=timeout)
     return Done(proc.returncode, out)
@@ -41,7 +46,7 @@ def run_json(argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeo
     import subprocess
 
     argv = [sys.executable, "-m", "convoy", *argv[1:]] if argv[0] == "convoy" else list(argv)
-    proc = start(argv, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, cwd=str(REPO),
+    proc = start(argv, env={**os.environ, "PYTHONPATH": _pythonpath(), **(env or {})}, cwd=str(REPO),
                  stderr=subprocess.PIPE)
     try:
         out, err = proc.communicate(timeout=timeout)
