@@ -232,10 +232,29 @@ def test_fp8_emulate_from_the_environment(monkeypatch):
 
 
 def test_without_torchao_fp8_is_one_line_with_the_install_command(monkeypatch):
-    monkeypatch.setitem(sys.modules, "torchao.float8", None)  # import torchao.float8 raises ImportError
+    class NoTorchao:  # what a Python without torchao says to ``import torchao.float8``
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name == "torchao":
+                raise ModuleNotFoundError("No module named 'torchao'", name="torchao")
+
+    for name in [name for name in sys.modules if name == "torchao" or name.startswith("torchao.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [NoTorchao, *sys.meta_path])
     with pytest.raises(NotSupportedYetError) as info:
         Accelerator(cpu=True, mixed_precision="fp8", fp8_emulate=True)
     assert _one_line(info) == "mixed_precision='fp8' needs torchao: pip install 'convoy[fp8]'"
+
+
+def test_a_torchao_that_cannot_be_imported_is_named_with_its_error_and_this_torch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchao.float8", None)  # torchao is there, its float8 fails to import
+    with pytest.raises(NotSupportedYetError) as info:
+        Accelerator(cpu=True, mixed_precision="fp8", fp8_emulate=True)
+    line = _one_line(info)
+    assert line.startswith("mixed_precision='fp8': torchao 0.18.0 is installed but cannot be imported with "
+                           f"torch {torch.__version__} ("), line
+    assert "torchao.float8" in line and line.endswith("install the torchao release made for this torch "
+                                                      "(convoy[fp8] pins torchao 0.18.0, for torch 2.11 to 2.13)")
 
 
 @pytest.mark.parametrize("name, backend", [("TERecipeKwargs", "Transformer Engine"), ("MSAMPRecipeKwargs", "MS-AMP"),

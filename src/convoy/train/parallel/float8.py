@@ -92,6 +92,19 @@ class Float8Training:
         return self.recipe == "tensorwise"
 
 
+def _broken_torchao(err: ImportError) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = f"torchao {version('torchao')}"
+    except PackageNotFoundError:
+        installed = "torchao"
+    first = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return (f"mixed_precision='fp8': {installed} is installed but cannot be imported with torch {torch.__version__} "
+            f"({first}); install the torchao release made for this torch (convoy[fp8] pins torchao 0.18.0, "
+            f"for torch 2.11 to 2.13)")
+
+
 def import_torchao() -> Any:
     """``torchao.float8``; ``NotSupportedYetError`` with the install line when torchao is missing. What its import
     logs about itself (CUDA kernels a CPU build cannot load; torch 2.13's deprecation of its pytree registration of
@@ -102,8 +115,12 @@ def import_torchao() -> Any:
         logger.setLevel(logging.ERROR)
     try:
         import torchao.float8 as float8
-    except ImportError:
+    except ModuleNotFoundError as err:
+        if err.name != "torchao":
+            raise NotSupportedYetError(_broken_torchao(err)) from None
         raise NotSupportedYetError(MISSING_TORCHAO) from None
+    except ImportError as err:  # installed, but built for another torch
+        raise NotSupportedYetError(_broken_torchao(err)) from None
     finally:
         for logger, level in zip(quiet, levels):
             logger.setLevel(level)
