@@ -244,12 +244,14 @@ def board(device: torch.device) -> tuple[str | None, float | None, bool]:
     """(convoy's hardware name for this GPU, its dense bf16 TFLOP/s, whether it has float8 tensor cores)."""
     if device.type != "cuda":
         return None, None, False
-    from convoy.plan.hardware import gpu_for_name
+    from convoy.errors import PlanError
+    from convoy.plan.hardware import lookup_gpu
 
-    gpu = gpu_for_name(torch.cuda.get_device_name(device))
-    if gpu is None:
+    try:
+        gpu = lookup_gpu(torch.cuda.get_device_name(device))
+    except PlanError:
         return None, None, torch.cuda.get_device_capability(device) >= (8, 9)
-    return gpu.name, gpu.bf16_tflops, bool(getattr(gpu, "fp8_tflops", None))
+    return gpu.name, gpu.bf16_tflops, bool(gpu.fp8_tflops)
 
 
 def predicted(shape: dict, layers: int, hardware: str | None, world: int, compile_: str, fp8: str | None) -> str:
