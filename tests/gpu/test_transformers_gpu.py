@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+import torch
 
 from tests.gpu.gpu_run import SCRIPTS, checks, run
 
@@ -22,7 +23,12 @@ def _checks(*args: str) -> list[str]:
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", "phi3", "qwen3"])
 def test_tensor_parallel_styles_of_transformers_models_on_cuda(family):
+    from convoy.train.parallel.styles import packed_weights_gather
+
     found = _checks("styles", family)
+    if family == "gpt2" and not packed_weights_gather():  # its packed c_attn, on a torch that cannot gather it
+        assert found == [f"gpt2 packed weights refused on torch {torch.__version__}"], found
+        return
     assert len(found) == 1 and found[0].startswith(f"{family} styles") and found[0].endswith("on cuda"), found
 
 

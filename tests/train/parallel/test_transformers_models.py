@@ -81,6 +81,21 @@ def test_gpt2_gets_convoys_plan_with_packed_qkv_and_its_tied_embedding_left_whol
         check_tp_plan(model, plan, 3)
 
 
+def test_packed_weights_are_refused_before_training_where_torch_cannot_gather_them(monkeypatch):
+    from convoy.train.parallel import tensor
+
+    assert styles.packed_weights_gather()  # the torch the suite pins gathers a _StridedShard
+    monkeypatch.setattr(tensor, "packed_weights_gather", lambda: False)  # torch 2.11's DTensor, seen on an H200
+    model = tiny("gpt2")
+    with pytest.raises(NotSupportedYetError) as caught:
+        check_tp_plan(model, resolve_tp_plan(model), 2)
+    assert str(caught.value) == (
+        f"tp plan gives 'transformer.h.0.attn.c_attn' 'packed_qkv', a packed weight (a _StridedShard DTensor), which "
+        f"torch {torch.__version__}'s DTensor cannot gather or checkpoint ('cannot be interpreted into a corresponding "
+        f"shard_order'); use torch 2.13 or later, or train this model with fsdp/zero3")
+    check_tp_plan(tiny("llama"), resolve_tp_plan(tiny("llama")), 2)  # a plan without packed weights still runs
+
+
 def test_a_models_unknown_style_is_one_line_naming_the_module_its_plan_and_the_override():
     model = tiny("llama")
     model._tp_plan = {**model._tp_plan, "model.layers.*.mlp.gate_proj": "colwise_hypothetical"}

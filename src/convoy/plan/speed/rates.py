@@ -40,7 +40,12 @@ __all__ = ["Rates", "ModeledRates", "MeasuredRates", "FlatRates", "StackGemms", 
 GEMM_FLOOR_S = 22.5e-6
 #: a tile's pipeline fill and drain, in k (two 64-deep k-steps of the main loop that no MMA overlaps)
 TILE_FILL_K = 128
-#: the compute rate of a GEMM with a dimension that is not a multiple of 8 elements, as a fraction of an aligned one
+#: the compute rate of a GEMM with a feature dimension (k or n) that is not a multiple of 8 elements, as a fraction
+#: of an aligned one: a row of such a matrix does not start on a 16-byte boundary, so the tensor-core kernels' vector
+#: and bulk-copy loads cannot be used (the H100 profile: n = 50257, GPT-2's vocabulary). The token count m is never a
+#: row length (the activations are m rows of k, the outputs m rows of n; the weight gradient reads them transposed),
+#: so an odd m costs only its tiles: measured on an H200, 8191 tokens through a Llama 3 8B block trained at 53-58 %
+#: MFU (benchmarks/step_throughput.py, docs/planner-accuracy.md section 12)
 UNALIGNED_FACTOR = 1 / 5.5
 #: seconds each attention forward + backward costs beyond its FLOPs (least squares over the H100 profile)
 ATTENTION_FLOOR_S = 207e-6
@@ -98,8 +103,9 @@ class Rates(Protocol):
         ...
 
 
-def _aligned(*dims: int) -> bool:
-    return all(d % _ALIGN == 0 for d in dims)
+def _aligned(k: int, n: int) -> bool:
+    """Whether the rows of a GEMM's operands and output (k and n elements long) start on 16-byte boundaries."""
+    return k % _ALIGN == 0 and n % _ALIGN == 0
 
 
 @hashed_once
@@ -112,10 +118,10 @@ class ModeledRates:
     Multiplication Background User's Guide", tile and wave quantization): ``ceil(m/tm) x ceil(n/tn)`` tiles in
     ``ceil(tiles / units)`` waves, each tile ``2·tm·tn·(k + TILE_FILL_K)`` FLOPs at one unit's share of the
     architecture's best GEMM fraction of the power-limited peak, the fastest tile shape winning; divided by
-    ``UNALIGNED_FACTOR`` when a dimension is not a multiple of 8 elements; never faster than its operands' bytes at
-    the memory bandwidth; plus ``GEMM_FLOOR_S``. A fused causal attention forward + backward is ``12·b·a·s²·d``
-    FLOPs at the architecture's attention fraction, plus ``ATTENTION_FLOOR_S``. Memory-bound work moves
-    ``POINTWISE_TRAFFIC`` bytes per byte it saves for backward at the bandwidth a large copy reaches."""
+    ``UNALIGNED_FACTOR`` when k or n (a row's length) is not a multiple of 8 elements; never faster than its
+    operands' bytes at the memory bandwidth; plus ``GEMM_FLOOR_S``. A fused causal attention forward + backward
+    is ``12·b·a·s²·d`` FLOPs at the architecture's attention fraction, plus ``ATTENTION_FLOOR_S``. Memory-bound
+    work moves ``POINTWISE_TRAFFIC`` bytes per byte it saves for backward at the bandwidth a large copy reaches."""
 
     gpu: GpuSpec
     gemm_scale: float = 1.0
@@ -155,7 +161,7 @@ class ModeledRates:
             # whole waves over the units; a board without a unit count spreads its tiles evenly
             waves = math.ceil(tiles / units) if units else tiles / 1.0
             compute = min(compute, waves * tile_flops / (rate / units if units else rate))
-        if not _aligned(m, k, n):
+        if not _aligned(k, n):
             compute /= UNALIGNED_FACTOR
         moved = (m * k + k * n + m * n) * _dtype_bytes(dtype)
         bandwidth = self.memory_bytes_per_s or math.inf

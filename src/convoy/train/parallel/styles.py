@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["STYLES", "ALIASES", "EXPERT_STYLES", "PARAMETER_STYLES", "canonical_style", "parameter_dim",
            "style_object", "is_conv1d", "split_dim",
-           "packed_parts", "plain_shards", "strided_like"]
+           "packed_parts", "packed_weights_gather", "plain_shards", "strided_like"]
 
 #: the styles convoy applies (canonical names), with what each does
 STYLES: dict[str, str] = {
@@ -251,6 +251,18 @@ def _plain_input(x: Any, style: str) -> torch.Tensor:
 
 
 # --- the styles ------------------------------------------------------------------------------------------
+
+
+def packed_weights_gather() -> bool:
+    """Whether this torch's DTensor can redistribute a lone ``_StridedShard`` (gather a packed weight, save it).
+    torch 2.11 reads every ``_StridedShard`` as a shard order and raises where one cannot be one (any dim, any
+    split factor; measured on an H200 with torch 2.11.0); torch 2.13 falls back to a general path, which it marks
+    with ``_StridedShardNotDecodableError``. Earlier torch has neither field nor fallback, and no such reading."""
+    from torch.distributed.tensor import _dtensor_spec
+
+    reads_shard_order = "use_strided_shard_as_shard_order" in getattr(_dtensor_spec.DTensorSpec,
+                                                                      "__dataclass_fields__", {})
+    return not reads_shard_order or hasattr(_dtensor_spec, "_StridedShardNotDecodableError")
 
 
 def _weight_placement(module: nn.Module, style: str) -> Any:

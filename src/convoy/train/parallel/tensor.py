@@ -44,6 +44,7 @@ from convoy.train.parallel.styles import (
     canonical_style,
     is_conv1d,
     packed_parts,
+    packed_weights_gather,
     parameter_dim,
     split_dim,
     style_object,
@@ -267,6 +268,11 @@ def check_tp_plan(model: nn.Module, plan: TPPlan, tp: int) -> None:
         if found is None:
             continue
         _, size, what = found
+        if packed_parts(style) > 1 and not packed_weights_gather():
+            raise NotSupportedYetError(
+                f"tp plan gives {name!r} {style!r}, a packed weight (a _StridedShard DTensor), which torch "
+                f"{torch.__version__}'s DTensor cannot gather or checkpoint ('cannot be interpreted into a "
+                f"corresponding shard_order'); use torch 2.13 or later, or train this model with fsdp/zero3")
         step = tp * packed_parts(style)
         if size % step:
             parts = f" ({packed_parts(style)} packed parts)" if packed_parts(style) > 1 else ""
