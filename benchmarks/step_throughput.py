@@ -29,6 +29,7 @@ import dataclasses
 import os
 import sys
 import time
+import traceback
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -320,8 +321,9 @@ def main() -> None:
                     sides[side](shape, layers, device, compile_, fp8, emulate))
             try:
                 results[row, side] = measure(make, data, args.warmup, device)
-            except Exception as err:  # one failing cell is reported, the others still run
+            except Exception as err:  # one failing cell is reported (its traceback on stderr), the others still run
                 results[row, side] = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:80]}"
+                traceback.print_exc(file=sys.stderr)
             if rank == 0:  # a progress line per cell, so that a run stopped by a time limit still says something
                 cell = results[row, side]
                 said = cell if isinstance(cell, str) else f"{cell.tokens_per_s:,.0f} tokens/s, {cell.peak_gib:.1f} GiB"
