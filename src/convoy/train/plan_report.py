@@ -233,7 +233,7 @@ def _model_spec(model: Any) -> ModelSpec:
 
 
 def _run_spec(model: Any, optimizer: Any, *, precision: str, batch: tuple[int, int], chunks: int,
-              recompute: str = "none") -> RunSpec:
+              recompute: str = "none", compile: str = "none", fp8: str = "none") -> RunSpec:
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer holds the local one
     kind = _OPTIMIZERS.get(type(inner))
     if isinstance(inner, torch.optim.SGD):
@@ -241,7 +241,8 @@ def _run_spec(model: Any, optimizer: Any, *, precision: str, batch: tuple[int, i
     config = getattr(model, "config", None)
     eager = getattr(config, "_attn_implementation", None) == "eager"
     return RunSpec(seq_len=batch[1], micro_batch=max(1, batch[0] // chunks), precision=precision,
-                   optimizer=kind or "adamw", recompute=recompute, attention="eager" if eager else "flash")
+                   optimizer=kind or "adamw", recompute=recompute, attention="eager" if eager else "flash",
+                   compile=compile, fp8=fp8)
 
 
 def _hardware(device: torch.device, context: Any) -> Hardware:
@@ -429,15 +430,17 @@ class PlanWatch:
         context = strategy.context
         device = self._device if self._device is not None else torch.device("cpu")
         candidate, chunks = trainer_layout(strategy, accumulation=accumulation)
-        # fp8: planned as the bf16 recipe around its float8 GEMMs, which the planner does not price yet
+        hw = _hardware(device, context)
+        # fp8: the bf16 recipe around torchao's float8 GEMMs (RunSpec.fp8), as convoy plan prices them on a board
+        # with float8 tensor cores; emulated float8 (a CPU, fp8_emulate) is planned as its bf16 recipe
+        fp8 = context.fp8_recipe if context.mixed_precision == "fp8" and hw.gpu.fp8_tflops is not None else "none"
         mixed = "bf16" if context.mixed_precision == "fp8" else str(context.mixed_precision)
         precision = trainer_precision(mixed, candidate) if mixed in ("bf16", "fp16") else "fp32"
         # the trainer's recomputation (Accelerator(recompute=...)), or a transformers model's own checkpointing
         recompute = context.recompute if context.recompute != "none" else (
             "full" if checkpoints_itself(self._model) else "none")
         run = _run_spec(self._model, self._optimizer, precision=precision, batch=self._batch, chunks=chunks,
-                        recompute=recompute)
-        hw = _hardware(device, context)
+                        recompute=recompute, compile=context.compile, fp8=fp8)
         layout = candidate.layout
         name, uuid, version = device_identity(str(device))
         mem = memory_per_gpu(spec, run, layout)
