@@ -197,6 +197,7 @@ def test_factory_is_built_on_meta_and_counted_exactly(tmp_path):
     block = (64 * 192 + 192) + (64 * 64 + 64) + (64 * 256 + 256) + (256 * 64 + 64)
     assert spec.num_params == 1000 * 64 + 3 * block
     assert (spec.num_layers, spec.hidden, spec.heads, spec.vocab, spec.layer_params) == (3, 64, 4, 1000, block)
+    assert (spec.ffn, spec.gated_mlp, spec.kv_heads) == (256, False, None)  # a plain 4h MLP; q, k, v fused
     with pytest.raises(PlanError, match="not a torch.nn.Module"):
         from_factory(f"{path}:not_a_module")
     with pytest.raises(PlanError, match="no function"):
@@ -205,6 +206,49 @@ def test_factory_is_built_on_meta_and_counted_exactly(tmp_path):
         from_factory("justaname:")
     with pytest.raises(PlanError, match="cannot import"):
         from_factory("no_such_package_xyz.mod:build")
+
+
+def test_a_plain_llama_style_module_is_read_with_its_kv_heads_and_gated_mlp():
+    """A model written in plain PyTorch (torchtitan's, the step benchmark's) has no config: the plan report read
+    it as 4h GELU with no heads and planned 29.3 GiB where an H200 measured 40-48 GiB. Its heads, KV heads and
+    SwiGLU width are read off the modules; the memory is then the config's."""
+    import torch
+    from torch import nn
+
+    from convoy.plan.memory import Layout, memory_per_gpu
+    from convoy.plan.model import describe_module
+    from convoy.plan.run import RunSpec
+
+    class Block(nn.Module):
+        def __init__(self, h, heads, kv_heads, ffn):
+            super().__init__()
+            self.heads, self.kv_heads = heads, kv_heads
+            self.wq, self.wo = nn.Linear(h, h, bias=False), nn.Linear(h, h, bias=False)
+            self.wk = nn.Linear(h, kv_heads * h // heads, bias=False)
+            self.wv = nn.Linear(h, kv_heads * h // heads, bias=False)
+            self.w1, self.w3 = nn.Linear(h, ffn, bias=False), nn.Linear(h, ffn, bias=False)
+            self.w2 = nn.Linear(ffn, h, bias=False)
+            self.norms = nn.ModuleList([nn.RMSNorm(h), nn.RMSNorm(h)])
+
+    class Llama(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(32000, 1024)
+            self.layers = nn.ModuleList(Block(1024, 16, 4, 2816) for _ in range(4))
+            self.norm = nn.RMSNorm(1024)
+            self.output = nn.Linear(1024, 32000, bias=False)
+
+    with torch.device("meta"):
+        spec = describe_module(Llama(), name="Llama")
+    assert (spec.num_layers, spec.hidden, spec.heads, spec.kv_heads, spec.ffn, spec.gated_mlp, spec.activation) == \
+        (4, 1024, 16, 4, 2816, True, "silu")
+    config = resolve_model({"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 4,
+                            "num_attention_heads": 16, "num_key_value_heads": 4, "intermediate_size": 2816,
+                            "vocab_size": 32000, "tie_word_embeddings": False})
+    assert spec.num_params == config.num_params
+    run, layout = RunSpec(seq_len=2048, micro_batch=4, precision="bf16", recompute="selective"), Layout()
+    planned, wanted = memory_per_gpu(spec, run, layout).allocated, memory_per_gpu(config, run, layout).allocated
+    assert abs(planned / wanted - 1) < 0.03, (planned, wanted)
 
 
 def test_a_bare_parameter_count_gets_the_usual_shape_and_says_so():

@@ -565,23 +565,46 @@ def describe_module(module: Any, *, name: str) -> ModelSpec:
     layer_params = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=None) or None
     embeds = [m for m in module.modules() if isinstance(m, torch.nn.Embedding)]
     emb = max(embeds, key=lambda m: m.num_embeddings, default=None)
-    heads = None
-    for sub in module.modules():
-        for attr in ("num_heads", "n_head", "num_attention_heads", "n_heads"):
-            value = getattr(sub, attr, None)
-            if isinstance(value, int) and value > 0:
-                heads = value
-                break
-        if heads:
-            break
+    heads = _count_attribute(module, ("num_heads", "n_head", "num_attention_heads", "n_heads", "heads"))
+    kv_heads = _count_attribute(module, ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "kv_heads",
+                                         "n_kv_head"))
     hidden = emb.embedding_dim if emb is not None else None
+    ffn, gated = _mlp_shape(blocks[0], hidden) if blocks and hidden else (None, False)
     # a learned position embedding (GPT-2's wpe, a 'pos' table) bounds the sequence; rotary models have none
     positions = [m.num_embeddings for n, m in module.named_modules() if isinstance(m, torch.nn.Embedding)
                  and m is not emb and any(k in n.rsplit(".", 1)[-1].lower() for k in ("pos", "wpe"))]
     return ModelSpec(name=name, num_params=int(total), num_layers=len(blocks) or None, hidden=hidden, heads=heads,
-                     ffn=4 * hidden if hidden else None, vocab=emb.num_embeddings if emb is not None else None,
-                     layer_params=layer_params, max_positions=min(positions) if positions else None,
+                     kv_heads=kv_heads if heads and kv_heads and heads % kv_heads == 0 else None,
+                     ffn=ffn or (4 * hidden if hidden else None), vocab=emb.num_embeddings if emb is not None else None,
+                     layer_params=layer_params, gated_mlp=gated, activation="silu" if gated else "gelu",
+                     max_positions=min(positions) if positions else None,
                      source="module built on the meta device (exact parameter count)")
+
+
+def _count_attribute(module: Any, names: tuple[str, ...]) -> int | None:
+    """The first positive int attribute of these ``names`` on ``module`` or a submodule, in module order."""
+    for sub in module.modules():
+        for attr in names:
+            value = getattr(sub, attr, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def _mlp_shape(block: Any, hidden: int) -> tuple[int | None, bool]:
+    """(the MLP's inner width, whether it is gated) read off a block's ``nn.Linear`` layers: a width f that some
+    layer maps hidden -> f and another f -> hidden; two hidden -> f layers (SwiGLU's gate and up) make it gated.
+    (None, False) where no such pair exists (the caller then takes 4 x hidden)."""
+    import torch
+
+    linears = [m for m in block.modules() if isinstance(m, torch.nn.Linear)]
+    widths = [m.out_features for m in linears if m.in_features == hidden and m.out_features > hidden]
+    back = {m.in_features for m in linears if m.out_features == hidden}
+    inner = [f for f in widths if f in back]
+    if not inner:
+        return None, False
+    ffn = max(inner)
+    return ffn, widths.count(ffn) >= 2
 
 
 def resolve_model(model: Any = None, *, params: float | None = None, **shape: Any) -> ModelSpec:
