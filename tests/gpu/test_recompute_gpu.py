@@ -40,7 +40,17 @@ def test_recompute_lowers_the_peak_as_planned_and_trains_the_same_parameters(str
     measured = [reports[mode]["measured_peak_bytes"] for mode in MODES]
     planned = [reports[mode]["planned_peak_bytes"] for mode in MODES]
     assert measured[0] > measured[1] > measured[2] and planned[0] > planned[1] > planned[2], (measured, planned)
-    params = {mode: torch.load(tmp_path / f"{mode}.pt") for mode in MODES}
+    # the run without recomputation once more: what two identical runs differ by on this GPU (the attention
+    # backward's atomics; AdamW turns a gradient's noise into up to lr per step where the gradient is near 0)
+    again = run([sys.executable, str(SCRIPTS / "recompute_cuda.py"), "none", strategy, str(tmp_path / "again.pt")],
+                env={"XDG_CACHE_HOME": str(tmp_path)}, timeout=300)
+    assert again.returncode == 0, again.output[-6000:]
+    params = {mode: torch.load(tmp_path / f"{mode}.pt") for mode in (*MODES, "again")}
+
+    def differ(mode: str) -> float:
+        return max((params[mode][k] - params["none"][k]).abs().max().item() for k in params["none"])
+
+    noise = differ("again")
     for mode in ("selective", "full"):  # recomputation replays the same kernels; bf16 autocast, 9 AdamW steps
-        diff = max((params[mode][k] - params["none"][k]).abs().max().item() for k in params["none"])
-        assert diff < 1e-4, (mode, diff)
+        diff = differ(mode)
+        assert diff < max(1e-4, 3 * noise), (mode, diff, noise)  # no further from eager than eager from itself
