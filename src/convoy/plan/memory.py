@@ -110,11 +110,8 @@ class MemoryBreakdown:
         Static states + buffers, plus activations and temporaries (start of backward) or the gradients (end
         of backward), whichever is larger; both when gradients live through the step (accumulation).
         """
-        static = self.params + self.optimizer + self.master + self.buffers
-        live = self.activations + self.temporary
-        if self.grads_at_peak:
-            return static + max(live, self.late) + self.grads
-        return static + max(live, self.grads + self.late)
+        return _peak(self.params + self.optimizer + self.master + self.buffers, self.activations + self.temporary,
+                     self.grads, self.late, self.grads_at_peak)
 
     @property
     def total(self) -> int:
@@ -125,6 +122,13 @@ class MemoryBreakdown:
                 "activations": self.activations, "buffers": self.buffers, "temporary": self.temporary,
                 "reserve": self.reserve, "allocated": self.allocated, "total": self.total,
                 "late": self.late, "grads_at_peak": self.grads_at_peak, "host": self.host}
+
+
+def _peak(static: int, live: int, grads: int, late: int, grads_at_peak: bool) -> int:
+    """``MemoryBreakdown.allocated`` from its parts (``memory_per_gpu`` sizes the reserve before building one)."""
+    if grads_at_peak:
+        return static + max(live, late) + grads
+    return static + max(live, grads + late)
 
 
 def korthikanti_layer_bytes(*, s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
@@ -231,14 +235,26 @@ def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout, *, stack: str
     # measured with MemTracker on CPU (docs/planner-accuracy.md); with full recomputation the first block,
     # recomputed at the end of the backward, is alive next to the gradients (``late``)
     temporary = 2 * 4 * run.seq_len * run.micro_batch * (model.vocab or 0) / dims.tp if train else 0.0
-    mem = MemoryBreakdown(params=round(weight + stored_shard), grads=round(grads), optimizer=round(optimizer),
-                          master=round(master), activations=round(activations), buffers=round(buffers),
-                          temporary=round(temporary), reserve=0, grads_at_peak=layout.microbatches > 1,
-                          host=round(host), late=round(recomputing))
-    return replace(mem, reserve=round(CUDA_CONTEXT_BYTES + FRAGMENTATION * mem.allocated))
+    parts = {"params": round(weight + stored_shard), "grads": round(grads), "optimizer": round(optimizer),
+             "master": round(master), "activations": round(activations), "buffers": round(buffers),
+             "temporary": round(temporary), "late": round(recomputing)}
+    at_peak = layout.microbatches > 1
+    allocated = _peak(parts["params"] + parts["optimizer"] + parts["master"] + parts["buffers"],
+                      parts["activations"] + parts["temporary"], parts["grads"], parts["late"], at_peak)
+    return MemoryBreakdown(**parts, reserve=round(CUDA_CONTEXT_BYTES + FRAGMENTATION * allocated),
+                           grads_at_peak=at_peak, host=round(host))
 
 
 def _activations(model: ModelSpec, run: RunSpec, layout: Layout, *, save_list: str) -> tuple[float, float]:
+    """``_stage_activations`` of what of ``layout`` they depend on: the layouts of one model-parallel cut (ddp,
+    zero1-3, offload) share them."""
+    return _stage_activations(model, run, layout.dims.tp, layout.dims.pp, layout.microbatches, layout.pp_schedule,
+                              layout.pp_stages_per_rank, save_list)
+
+
+@remembered
+def _stage_activations(model: ModelSpec, run: RunSpec, tp: int, pp: int, microbatches: int, schedule: str,
+                       stages_per_rank: int, save_list: str) -> tuple[float, float]:
     """Activation bytes on the first pipeline stage (or the only one) when the backward starts -- the blocks'
     saved tensors, autocast's weight copies, the final norm / head inputs and the loss's fp32 log-softmax -- and,
     with full recomputation, the working set of the block being recomputed (which the backward reaches after
@@ -246,14 +262,13 @@ def _activations(model: ModelSpec, run: RunSpec, layout: Layout, *, save_list: s
     the trainer's per-op save list of each block and recomputes the rest of one block at a time, likewise."""
     if not model.has_shape:
         return 0.0, 0.0
-    tp, pp = layout.dims.tp, layout.dims.pp
     assert model.num_layers is not None
     if not run.training:  # inference: one block's working set at a time, nothing kept for backward
         return layer_activation_bytes(model, run, tp=tp, stored_only=False) / 2, 0.0
     layers = math.ceil(model.num_layers / pp)
     # micro-batches of its layers the first rank holds at its peak, by schedule (1F1B: pp of them)
-    in_flight = schedule_in_flight(pp, layout.microbatches, schedule=layout.pp_schedule,
-                                   stages_per_rank=layout.pp_stages_per_rank) if pp > 1 else 1
+    in_flight = schedule_in_flight(pp, microbatches, schedule=schedule, stages_per_rank=stages_per_rank) \
+        if pp > 1 else 1
     full = layer_activation_bytes(model, run, tp=tp, stored_only=False)
     head = head_saved_bytes(model, run, tp=tp) + weight_cast_bytes(model, run, layers=0, tp=tp)
     recomputing = 0.0
