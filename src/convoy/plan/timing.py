@@ -763,6 +763,7 @@ def _offload(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> fl
     return transfer / hw.host_bandwidth + shard / CPU_ADAM_PARAMS_PER_S
 
 
+@remembered
 def choose_schedule(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, global_batch: int,
                     rates: Rates | None = None) -> Layout:
     """``layout`` with the pipeline schedule the planner runs it with: of the schedules its degrees and
