@@ -250,6 +250,28 @@ def test_a_plain_llama_style_module_is_read_with_its_kv_heads_and_gated_mlp():
     planned, wanted = memory_per_gpu(spec, run, layout).allocated, memory_per_gpu(config, run, layout).allocated
     assert abs(planned / wanted - 1) < 0.03, (planned, wanted)
 
+    class Expert(nn.Module):  # a mixture of plain GELU experts: two of them are not a gate and an up
+        def __init__(self, h, f):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(h, f), nn.Linear(f, h)
+
+    class MoeBlock(nn.Module):
+        def __init__(self, h):
+            super().__init__()
+            self.num_heads = 4
+            self.qkv, self.out = nn.Linear(h, 3 * h), nn.Linear(h, h)
+            self.experts = nn.ModuleList(Expert(h, 4 * h) for _ in range(4))
+
+    class Moe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(1000, 64)
+            self.layers = nn.ModuleList(MoeBlock(64) for _ in range(2))
+
+    with torch.device("meta"):
+        moe = describe_module(Moe(), name="Moe")
+    assert (moe.ffn, moe.gated_mlp, moe.activation) == (256, False, "gelu")
+
 
 def test_a_bare_parameter_count_gets_the_usual_shape_and_says_so():
     """`convoy plan --params 7e9` had no shape: no activations, ZeRO-3 buffers of whole models, offload needing

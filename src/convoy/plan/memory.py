@@ -111,7 +111,7 @@ class MemoryBreakdown:
         of backward), whichever is larger; both when gradients live through the step (accumulation).
         """
         return _peak(self.params + self.optimizer + self.master + self.buffers, self.activations + self.temporary,
-                     self.grads, self.late, self.grads_at_peak)
+                     grads=self.grads, late=self.late, grads_at_peak=self.grads_at_peak)
 
     @property
     def total(self) -> int:
@@ -124,7 +124,7 @@ class MemoryBreakdown:
                 "late": self.late, "grads_at_peak": self.grads_at_peak, "host": self.host}
 
 
-def _peak(static: int, live: int, grads: int, late: int, grads_at_peak: bool) -> int:
+def _peak(static: int, live: int, *, grads: int, late: int, grads_at_peak: bool) -> int:
     """``MemoryBreakdown.allocated`` from its parts (``memory_per_gpu`` sizes the reserve before building one)."""
     if grads_at_peak:
         return static + max(live, late) + grads
@@ -240,7 +240,8 @@ def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout, *, stack: str
              "temporary": round(temporary), "late": round(recomputing)}
     at_peak = layout.microbatches > 1
     allocated = _peak(parts["params"] + parts["optimizer"] + parts["master"] + parts["buffers"],
-                      parts["activations"] + parts["temporary"], parts["grads"], parts["late"], at_peak)
+                      parts["activations"] + parts["temporary"], grads=parts["grads"], late=parts["late"],
+                      grads_at_peak=at_peak)
     return MemoryBreakdown(**parts, reserve=round(CUDA_CONTEXT_BYTES + FRAGMENTATION * allocated),
                            grads_at_peak=at_peak, host=round(host))
 
@@ -248,12 +249,13 @@ def memory_per_gpu(model: ModelSpec, run: RunSpec, layout: Layout, *, stack: str
 def _activations(model: ModelSpec, run: RunSpec, layout: Layout, *, save_list: str) -> tuple[float, float]:
     """``_stage_activations`` of what of ``layout`` they depend on: the layouts of one model-parallel cut (ddp,
     zero1-3, offload) share them."""
-    return _stage_activations(model, run, layout.dims.tp, layout.dims.pp, layout.microbatches, layout.pp_schedule,
-                              layout.pp_stages_per_rank, save_list)
+    return _stage_activations(model, run, tp=layout.dims.tp, pp=layout.dims.pp, microbatches=layout.microbatches,
+                              schedule=layout.pp_schedule, stages_per_rank=layout.pp_stages_per_rank,
+                              save_list=save_list)
 
 
 @remembered
-def _stage_activations(model: ModelSpec, run: RunSpec, tp: int, pp: int, microbatches: int, schedule: str,
+def _stage_activations(model: ModelSpec, run: RunSpec, *, tp: int, pp: int, microbatches: int, schedule: str,
                        stages_per_rank: int, save_list: str) -> tuple[float, float]:
     """Activation bytes on the first pipeline stage (or the only one) when the backward starts -- the blocks'
     saved tensors, autocast's weight copies, the final norm / head inputs and the loss's fp32 log-softmax -- and,

@@ -546,7 +546,9 @@ def describe_module(module: Any, *, name: str) -> ModelSpec:
     """A ``ModelSpec`` from an ``nn.Module`` (real or meta): exact parameter count, blocks found by structure.
 
     The blocks are the longest ``ModuleList``/``Sequential`` of same-typed modules; hidden size and vocabulary come
-    from the largest ``nn.Embedding``; heads from a ``num_heads``/``n_head``/``num_attention_heads`` attribute.
+    from the largest ``nn.Embedding``; heads and KV heads from an attribute that names them (``num_heads``,
+    ``n_heads``, ``heads``, ``num_key_value_heads``, ``n_kv_heads``, ...); the MLP's width and gating from the
+    largest block's ``nn.Linear`` layers (``_mlp_shape``).
     """
     import torch
 
@@ -569,7 +571,9 @@ def describe_module(module: Any, *, name: str) -> ModelSpec:
     kv_heads = _count_attribute(module, ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "kv_heads",
                                          "n_kv_head"))
     hidden = emb.embedding_dim if emb is not None else None
-    ffn, gated = _mlp_shape(blocks[0], hidden) if blocks and hidden else (None, False)
+    # the largest block (a model whose first blocks are dense and the rest mixtures of experts: the latter)
+    largest = max(blocks, key=lambda b: sum(p.numel() for p in b.parameters()), default=None)
+    ffn, gated = _mlp_shape(largest, hidden) if largest is not None and hidden else (None, False)
     # a learned position embedding (GPT-2's wpe, a 'pos' table) bounds the sequence; rotary models have none
     positions = [m.num_embeddings for n, m in module.named_modules() if isinstance(m, torch.nn.Embedding)
                  and m is not emb and any(k in n.rsplit(".", 1)[-1].lower() for k in ("pos", "wpe"))]
@@ -593,8 +597,9 @@ def _count_attribute(module: Any, names: tuple[str, ...]) -> int | None:
 
 def _mlp_shape(block: Any, hidden: int) -> tuple[int | None, bool]:
     """(the MLP's inner width, whether it is gated) read off a block's ``nn.Linear`` layers: a width f that some
-    layer maps hidden -> f and another f -> hidden; two hidden -> f layers (SwiGLU's gate and up) make it gated.
-    (None, False) where no such pair exists (the caller then takes 4 x hidden)."""
+    layer maps hidden -> f and another f -> hidden; two hidden -> f layers side by side in one module (SwiGLU's gate
+    and up, an expert's) make it gated, not two experts' plain ones or a fused q/k/v of that width. (None, False)
+    where no such pair exists (the caller then takes 4 x hidden)."""
     import torch
 
     linears = [m for m in block.modules() if isinstance(m, torch.nn.Linear)]
@@ -604,7 +609,11 @@ def _mlp_shape(block: Any, hidden: int) -> tuple[int | None, bool]:
     if not inner:
         return None, False
     ffn = max(inner)
-    return ffn, widths.count(ffn) >= 2
+
+    def into_ffn(module: Any) -> bool:
+        return isinstance(module, torch.nn.Linear) and module.in_features == hidden and module.out_features == ffn
+
+    return ffn, any(sum(map(into_ffn, parent.children())) >= 2 for parent in block.modules())
 
 
 def resolve_model(model: Any = None, *, params: float | None = None, **shape: Any) -> ModelSpec:

@@ -19,7 +19,7 @@ from torch import nn
 
 from convoy import Accelerator
 from convoy.errors import NotSupportedYetError, StrategyError
-from convoy.train.parallel.recompute import apply_recompute, recompute_units
+from convoy.train.parallel.recompute import _policy, _scores, apply_recompute, recompute_units
 from tests.distributed import run_script
 from tests.train.parallel.tiny_gpt import TinyConfig, TinyGPT, batch, lm_loss
 
@@ -157,3 +157,21 @@ def test_parallel_combinations_train_the_same_with_recomputation():
         name, _, modes = layout.partition("@")
         for mode in modes.split("/"):
             assert _ok(result.output, name, mode) == 4, (layout, mode, result.output)
+
+
+def test_selective_tells_the_attention_scores_from_their_operands_alone():
+    """torch before 2.12 gives the policy no ``op_output`` (every selective step raised on an H200 with torch
+    2.11): eager attention's s x s scores are known by their operands' shapes, and the policy needs nothing else."""
+    from types import SimpleNamespace
+
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    aten = torch.ops.aten
+    q, k_t, probs, v = torch.empty(2, 64, 16), torch.empty(2, 16, 64), torch.empty(2, 64, 64), torch.empty(2, 64, 16)
+    assert _scores(aten.bmm.default, (q, k_t))  # QK^T: 64 x 64 from 64 x 16 and 16 x 64
+    assert not _scores(aten.bmm.default, (probs, v))  # AV: 64 x 16, kept
+    assert _scores(aten.baddbmm.default, (torch.empty(2, 64, 64), q, k_t))  # the bias first, as aten takes it
+    assert not _scores(aten.mm.default, (torch.empty(64, 16), torch.empty(16, 64)))
+    ctx = SimpleNamespace()  # a context without op_output
+    assert _policy(ctx, aten.bmm.default, q, k_t) == CheckpointPolicy.PREFER_RECOMPUTE
+    assert _policy(ctx, aten.bmm.default, probs, v) == CheckpointPolicy.MUST_SAVE

@@ -94,6 +94,12 @@ def test_packed_weights_are_refused_before_training_where_torch_cannot_gather_th
         f"torch {torch.__version__}'s DTensor cannot gather or checkpoint ('cannot be interpreted into a corresponding "
         f"shard_order'); use torch 2.13 or later, or train this model with fsdp/zero3")
     check_tp_plan(tiny("llama"), resolve_tp_plan(tiny("llama")), 2)  # a plan without packed weights still runs
+    # strategy="auto" then plans gpt2 without tp (fsdp/zero3, which the line names), rather than stopping on it
+    from convoy.train.strategies.auto import tp_degrees
+
+    assert tp_degrees(model, world_size=2, options={}) == ()
+    monkeypatch.setattr(tensor, "packed_weights_gather", lambda: True)
+    assert tp_degrees(model, world_size=2, options={}) == (2,)
 
 
 def test_a_models_unknown_style_is_one_line_naming_the_module_its_plan_and_the_override():

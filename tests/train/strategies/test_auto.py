@@ -65,7 +65,7 @@ def test_rule_answers_when_nothing_fits_for_the_planner():
 def test_a_model_too_big_for_sharded_data_parallel_gets_tensor_parallel():
     model = meta_gpt()
     # fp32, 4 x 32 GiB: zero3 needs 42.5-43 GiB per device, zero3 + tp2 37.8 GiB, tp4 31.6 GiB (the blocks read as
-    # the SwiGLU MLP of width 11008 they hold, not a 4h GELU one)
+    # the SwiGLU MLP of width 11008 they hold)
     layout = auto(model, world_size=4, device_gib=32, precision="no")
     assert layout.name == "parallel" and layout.dims.tp == 4 and layout.dims.world_size == 4
     assert "tp4 fits" in layout.reason and "case 2" in layout.reason
@@ -81,8 +81,7 @@ def test_a_model_too_big_for_sharded_data_parallel_gets_tensor_parallel():
 def test_mixed_precision_costs_each_candidate_as_the_trainer_runs_it():
     """Under mixed_precision="bf16" FSDP2 over the whole model (zero3) gathers bf16 weights and reduces fp32
     gradients, while tp alone keeps fp32 weights under autocast, whose bf16 copies live until the backward: on this
-    generic PCIe device tp4 needs 32.6 GiB. The model is read as the SwiGLU blocks it holds (width 11008; until
-    2026-11-28 as a 4h GELU MLP, when zero3 fit at 32 GiB)."""
+    generic PCIe device tp4 needs 32.6 GiB (the model read as the SwiGLU blocks of width 11008 it holds)."""
     model = meta_gpt()
     # nothing fits as asked: auto turns the planner's knobs, recomputation first, then offload, and applies them
     recomputed = auto(model, world_size=4, device_gib=31.5)

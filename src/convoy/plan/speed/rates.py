@@ -45,7 +45,7 @@ TILE_FILL_K = 128
 #: and bulk-copy loads cannot be used (the H100 profile: n = 50257, GPT-2's vocabulary). The token count m is never a
 #: row length (the activations are m rows of k, the outputs m rows of n; the weight gradient reads them transposed),
 #: so an odd m costs only its tiles: measured on an H200, 8191 tokens through a Llama 3 8B block trained at 53-58 %
-#: MFU (benchmarks/step_throughput.py, docs/planner-accuracy.md section 12)
+#: MFU (benchmarks/step_throughput.py, docs/planner-accuracy.md section 7)
 UNALIGNED_FACTOR = 1 / 5.5
 #: seconds each attention forward + backward costs beyond its FLOPs (least squares over the H100 profile)
 ATTENTION_FLOOR_S = 207e-6

@@ -93,13 +93,14 @@ class Float8Training:
 
 
 def _broken_torchao(err: ImportError) -> str:
+    """The line for a torchao that is installed but fails to import (built for another torch, a missing piece)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         installed = f"torchao {version('torchao')}"
     except PackageNotFoundError:
         installed = "torchao"
-    first = str(err).splitlines()[0] if str(err) else type(err).__name__
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     return (f"mixed_precision='fp8': {installed} is installed but cannot be imported with torch {torch.__version__} "
             f"({first}); install the torchao release made for this torch (convoy[fp8] pins torchao 0.18.0, "
             f"for torch 2.11 to 2.13)")

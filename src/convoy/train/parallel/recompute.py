@@ -82,8 +82,7 @@ def _scores(func: Any, args: tuple) -> bool:
     if not name.startswith(("bmm", "baddbmm")):
         return False
     left, right = args[1:3] if name.startswith("baddbmm") else args[:2]
-    if not (isinstance(left, torch.Tensor) and isinstance(right, torch.Tensor)) or left.dim() != 3 \
-            or right.dim() != 3:
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 3 for t in (left, right)):
         return False
     output = left.shape[0] * left.shape[1] * right.shape[2]
     return output > left.numel() and output > right.numel()

@@ -250,7 +250,8 @@ def model_num_heads(model: nn.Module) -> int | None:
 
 
 def check_tp_plan(model: nn.Module, plan: TPPlan, tp: int) -> None:
-    """Raise ``StrategyError`` unless tp divides every split dimension and the heads."""
+    """Raise ``StrategyError`` unless tp divides every split dimension and the heads; ``NotSupportedYetError``
+    for packed weights on a torch whose DTensor cannot gather them (``styles.packed_weights_gather``)."""
 
     heads = model_num_heads(model)
     if heads is not None and heads % tp:

@@ -201,7 +201,7 @@ def tp_degrees(model: Any, *, world_size: int, options: Mapping[str, Any] | Para
             continue
         try:
             check_tp_plan(model, plan, tp)
-        except StrategyError:
+        except (StrategyError, NotSupportedYetError):  # the degree breaks a split, or this torch cannot run it
             continue
         out.append(tp)
     return tuple(out)
@@ -259,7 +259,7 @@ def auto_strategy(*, num_parameters: int, world_size: int, device_bytes: int, pr
     # the trainer's facts are the planner's inputs: convoy plan with the same facts gives the same answer
     facts = TrainerFacts(tp_degrees=tp_degrees, pp_degrees=pp_degrees, pipeline_only=pipeline and bool(pp_degrees),
                          fsdp=not fsdp_limit)
-    if mixed_precision == "fp8":  # float8's GEMMs are not priced yet: planned as the bf16 recipe around them
+    if mixed_precision == "fp8":  # the bf16 recipe around float8's GEMMs (priced by fp8= below)
         mixed_precision = "bf16"
     if mixed_precision in ("bf16", "fp16"):
         precision = f"{mixed_precision}-autocast"
