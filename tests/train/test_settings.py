@@ -135,3 +135,14 @@ def test_a_script_argument_that_differs_from_the_launcher_is_named_with_the_laun
     assert overridden(explicit={"strategy": "zero3"}, options=None, env={}) is None
     assert overridden(explicit={"strategy": None}, options={"pp_schedule": "1f1b"},
                       env={"CONVOY_PP_SCHEDULE": "1f1b"}) is None
+
+
+def test_a_plan_prices_float8_only_where_the_run_computes_in_float8():
+    """The plan report and strategy="auto" price the run's float8 recipe; torchao's emulation runs the GEMMs in
+    bf16, so an emulated run is planned as bf16."""
+    def planned(**explicit):
+        return resolve_settings(explicit=explicit, env={}, cpu=True).planned_fp8
+
+    assert planned(mixed_precision="fp8", fp8_recipe="rowwise") == "rowwise"
+    assert planned(mixed_precision="fp8", fp8_recipe="rowwise", fp8_emulate=True) == "none"
+    assert planned(mixed_precision="bf16", fp8_recipe="rowwise") == "none"

@@ -432,9 +432,8 @@ class PlanWatch:
         candidate, chunks = trainer_layout(strategy, accumulation=accumulation)
         hw = _hardware(device, context)
         # fp8: the bf16 recipe around torchao's float8 GEMMs (RunSpec.fp8), as convoy plan prices them on a board
-        # with float8 tensor cores; emulated float8 (a CPU, fp8_emulate) is planned as its bf16 recipe
-        fp8 = context.fp8_recipe if context.mixed_precision == "fp8" and not context.fp8_emulate \
-            and hw.gpu.fp8_tflops is not None else "none"
+        # with float8 tensor cores
+        fp8 = context.planned_fp8 if hw.gpu.fp8_tflops is not None else "none"
         mixed = "bf16" if context.mixed_precision == "fp8" else str(context.mixed_precision)
         precision = trainer_precision(mixed, candidate) if mixed in ("bf16", "fp16") else "fp32"
         # the trainer's recomputation (Accelerator(recompute=...)), or a transformers model's own checkpointing

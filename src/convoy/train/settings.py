@@ -113,6 +113,13 @@ class TrainSettings(RankEnv):
     def distributed(self) -> bool:
         return self.world_size > 1
 
+    @property
+    def planned_fp8(self) -> str:
+        """The float8 recipe a plan of this run prices (``RunSpec.fp8``): ``fp8_recipe`` under
+        ``mixed_precision="fp8"``, ``"none"`` for 16-bit GEMMs and for torchao's emulation (``fp8_emulate``), which
+        runs them in bf16."""
+        return self.fp8_recipe if self.mixed_precision == "fp8" and not self.fp8_emulate else "none"
+
 
 def _setting(name: str, given: Mapping[str, Any], launched: ConvoyEnv) -> Any:
     """The constructor argument ``name`` (checked by the schema key the launcher uses), else what the launcher

@@ -116,12 +116,9 @@ def import_torchao() -> Any:
         logger.setLevel(logging.ERROR)
     try:
         import torchao.float8 as float8
-    except ModuleNotFoundError as err:
-        if err.name != "torchao":
-            raise NotSupportedYetError(_broken_torchao(err)) from None
-        raise NotSupportedYetError(MISSING_TORCHAO) from None
-    except ImportError as err:  # installed, but built for another torch
-        raise NotSupportedYetError(_broken_torchao(err)) from None
+    except ImportError as err:  # missing, or installed but built for another torch
+        missing = isinstance(err, ModuleNotFoundError) and err.name == "torchao"
+        raise NotSupportedYetError(MISSING_TORCHAO if missing else _broken_torchao(err)) from None
     finally:
         for logger, level in zip(quiet, levels):
             logger.setLevel(level)

@@ -104,9 +104,7 @@ def build_strategy(settings: TrainSettings, *, model: Any, planner: Callable[...
             world_size=settings.world_size, num_parameters=count,
             planner=planner or planner_hook(settings.mixed_precision, device=_measured_here(settings),
                                             device_type=settings.device_type, recompute=settings.recompute,
-                                            compile=settings.compile,
-                                            fp8=settings.fp8_recipe if settings.mixed_precision == "fp8"
-                                            and not settings.fp8_emulate else "none"),
+                                            compile=settings.compile, fp8=settings.planned_fp8),
             device_bytes=min(collectives.gather_object(
                 device_memory_bytes(settings.device_type, settings.local_world_size))),
             model=model, split=dims is None, options=options,  # degrees given: data parallel only
