@@ -564,15 +564,15 @@ def describe_module(module: Any, *, name: str) -> ModelSpec:
             kinds = {type(m) for m in sub}
             if len(kinds) == 1:
                 blocks = list(sub)
-    layer_params = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=None) or None
+    # the largest block (a model whose first blocks are dense and the rest mixtures of experts: the latter)
+    sizes = [(sum(p.numel() for p in b.parameters()), b) for b in blocks]
+    layer_params, largest = max(sizes, key=lambda size_block: size_block[0], default=(None, None))
     embeds = [m for m in module.modules() if isinstance(m, torch.nn.Embedding)]
     emb = max(embeds, key=lambda m: m.num_embeddings, default=None)
     heads = _count_attribute(module, ("num_heads", "n_head", "num_attention_heads", "n_heads", "heads"))
     kv_heads = _count_attribute(module, ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "kv_heads",
                                          "n_kv_head"))
     hidden = emb.embedding_dim if emb is not None else None
-    # the largest block (a model whose first blocks are dense and the rest mixtures of experts: the latter)
-    largest = max(blocks, key=lambda b: sum(p.numel() for p in b.parameters()), default=None)
     ffn, gated = _mlp_shape(largest, hidden) if largest is not None and hidden else (None, False)
     # a learned position embedding (GPT-2's wpe, a 'pos' table) bounds the sequence; rotary models have none
     positions = [m.num_embeddings for n, m in module.named_modules() if isinstance(m, torch.nn.Embedding)
@@ -580,7 +580,7 @@ def describe_module(module: Any, *, name: str) -> ModelSpec:
     return ModelSpec(name=name, num_params=int(total), num_layers=len(blocks) or None, hidden=hidden, heads=heads,
                      kv_heads=kv_heads if heads and kv_heads and heads % kv_heads == 0 else None,
                      ffn=ffn or (4 * hidden if hidden else None), vocab=emb.num_embeddings if emb is not None else None,
-                     layer_params=layer_params, gated_mlp=gated, activation="silu" if gated else "gelu",
+                     layer_params=layer_params or None, gated_mlp=gated, activation="silu" if gated else "gelu",
                      max_positions=min(positions) if positions else None,
                      source="module built on the meta device (exact parameter count)")
 

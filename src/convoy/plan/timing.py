@@ -605,11 +605,16 @@ def _tensor_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardwar
         return 0.0, 0.0
     m = layout.microbatches
     layers = math.ceil(model.num_layers / dims.pp)  # type: ignore[operator]
-    act = run.seq_len * run.micro_batch * model.hidden * run.recipe.activation_bytes  # type: ignore[operator]
+    act, tp_group = _tp_traffic(model, run, layout, hw)
     per_layer = 4 + (2 if run.recompute == "full" else 0)
-    tp_group = _group(hw, min(dims.tp, hw.gpus_per_node), dims.tp)
     seconds = m * layers * per_layer * _collective("all_reduce", act, tp_group, hw)
     return seconds, m * layers * per_layer * 2 * (dims.tp - 1) / dims.tp * act
+
+
+def _tp_traffic(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware) -> tuple[float, Group]:
+    """(the bytes one tensor-parallel collective moves: a micro-batch's activations, the group it runs over)."""
+    act = run.seq_len * run.micro_batch * (model.hidden or 0) * run.recipe.activation_bytes
+    return act, _group(hw, min(layout.dims.tp, hw.gpus_per_node), layout.dims.tp)
 
 
 def _tp_segments(model: ModelSpec, run: RunSpec, tp: int) -> list[tuple[bool, list[tuple[int, int, int, float]]]]:
@@ -650,8 +655,7 @@ def _tensor_parallel_overlapped(model: ModelSpec, run: RunSpec, layout: Layout, 
     dims = layout.dims
     m = layout.microbatches
     layers = math.ceil((model.num_layers or 0) / dims.pp)
-    act = run.seq_len * run.micro_batch * (model.hidden or 0) * run.recipe.activation_bytes
-    group = _group(hw, min(dims.tp, hw.gpus_per_node), dims.tp)
+    act, group = _tp_traffic(model, run, layout, hw)
     gather, scatter = (_collective(op, act, group, hw) for op in ("all_gather", "reduce_scatter"))
     units = hw.gpu.units or 0
     fp8 = fp8_gemm_factor(hw.gpu) if run.fp8 != "none" else 1.0
