@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from convoy.errors import PlanError
+from convoy.plan.speed import measure_cpu
 from convoy.plan.speed.cpu_step import FSDP_UNIT_OPS, TP_MODULE_OPS, CpuRates, StepOps, cpu_step, rates_key
 from convoy.plan.speed.measure import device_identity
 from convoy.plan.speed.measure_cpu import OpCounter, cpu_rates, measure_cpu_rates
@@ -63,6 +64,8 @@ def test_a_counter_not_stopped_has_no_count_and_stops_once():
 def test_rates_are_measured_once_then_read_from_the_cache_by_threads_and_processes(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     first = cpu_rates(processes=2)
+    # a quick timing now that agrees with the cache (a real one could meet a busy moment of the machine)
+    monkeypatch.setattr(measure_cpu, "_op_seconds_now", lambda: first.op_seconds * 2)
     assert first.op_seconds > 0 and first.gemm_flops_per_s > 0 and first.memory_bytes_per_s > 0
     assert first.dtensor_op_seconds == 0 and first.threads == torch.get_num_threads()
     assert cpu_rates(processes=2) == first  # cached: not measured again
@@ -70,6 +73,33 @@ def test_rates_are_measured_once_then_read_from_the_cache_by_threads_and_process
     record = load_calibration(device_name=name, torch_version=version)
     assert set(record.cpu_ops) == {rates_key(torch.get_num_threads(), 2)} and not record.has_rates
     assert cpu_rates(processes=1) != first  # another case of the machine: measured
+
+
+@pytest.mark.parametrize("off", [1 / 100, 100])
+def test_rates_cached_under_other_load_are_measured_again_and_replace_the_entry(off, tmp_path, monkeypatch):
+    """A demo's plan line said "ran 36x faster than planned": its rates had been cached while the machine was busy
+    (530 us per operator, 10 us when quiet) and were read back by every later job."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    name, uuid, version = device_identity("cpu")
+    key = rates_key(torch.get_num_threads(), 1)
+    now = measure_cpu._op_seconds_now()
+    stale = {"op_seconds": now * off, "gemm_flops_per_s": 1.0, "memory_bytes_per_s": 1.0}
+    save_calibration(Calibration(device_name=name, torch_version=version, device_type="cpu", cpu_ops={key: stale}))
+    rates = cpu_rates()
+    assert rates.gemm_flops_per_s > 1.0 and now / 10 < rates.op_seconds < now * 10  # measured, not the cache's
+    record = load_calibration(device_name=name, torch_version=version)
+    assert CpuRates.from_dict(record.cpu_ops[key]) == rates  # and kept for the next job
+    random_before = torch.random.get_rng_state()
+    monkeypatch.setattr(measure_cpu, "measure_cpu_rates", lambda **_: pytest.fail("measured again"))
+    monkeypatch.setattr(measure_cpu, "_op_seconds_now", lambda: rates.op_seconds)
+    assert cpu_rates() == rates  # a cache that agrees with the quick timing is read back
+    assert torch.equal(torch.random.get_rng_state(), random_before)
+
+
+def test_the_quick_timing_leaves_the_random_generator_as_it_found_it():
+    before = torch.random.get_rng_state()
+    assert measure_cpu._op_seconds_now() > 0
+    assert torch.equal(torch.random.get_rng_state(), before)
 
 
 @pytest.mark.parametrize("entry", [{}, {"op_seconds": 0.0, "gemm_flops_per_s": 1.0, "memory_bytes_per_s": 1.0},

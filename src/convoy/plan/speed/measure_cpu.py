@@ -5,7 +5,7 @@
     with counter:                      # or counter.start() ... counter.stop(), from two hooks
         train_one_step()
     counter.ops                        # a StepOps
-    rates = cpu_rates(processes=2)     # cached per CPU, torch version, threads, processes; measured once (~0.2 s)
+    rates = cpu_rates(processes=2)     # cached per CPU, torch version, threads, processes (~0.2 s when measured)
     collective, transfer, bandwidth = round_trip_seconds()             # every rank of the job, at once
     rates = replace(rates, collective_seconds=collective, transfer_seconds=transfer,
                     collective_bytes_per_s=bandwidth)
@@ -13,9 +13,12 @@
 ``OpCounter`` is a ``TorchDispatchMode``: it counts every operator the dispatcher runs on this thread (the CPU
 autograd engine's too) and runs it unchanged; an operator on DTensors is counted once, before DTensor unwraps it.
 ``measure_cpu_rates`` times a small reference training step per counted operator, AdamW steps and a
-forward-backward over DTensor parameters, a matmul and a copy. ``round_trip_seconds`` is not cached: it depends
-on the job's processes and on what else the machine runs. The measurements leave the job's random generator as
-they found it. torch is imported inside functions only.
+forward-backward over DTensor parameters, a matmul and a copy. ``cpu_rates`` keeps them in the calibration cache and
+reads them back only while a quick timing of the reference step (a few milliseconds) agrees with the cached cost per
+operator within ``STALE_FACTOR``: rates measured while the machine was busy (two intra-op threads beside other work
+can cost 50x per operator), or on a machine since changed, are measured again and replace the entry.
+``round_trip_seconds`` is not cached: it depends on the job's processes and on what else the machine runs. The
+measurements leave the job's random generator as they found it. torch is imported inside functions only.
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ from convoy.errors import PlanError
 from convoy.plan.speed.cpu_step import CpuRates, StepOps, rates_key
 from convoy.plan.speed.records import Calibration, load_calibration, save_calibration
 
-__all__ = ["OpCounter", "measure_cpu_rates", "cpu_rates", "round_trip_seconds"]
+__all__ = ["OpCounter", "measure_cpu_rates", "cpu_rates", "round_trip_seconds", "STALE_FACTOR"]
+
+#: a cached cost per operator further than this from one timed now (either way) is measured again
+STALE_FACTOR = 3.0
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -183,6 +189,28 @@ def _reference_step() -> Any:
     return step
 
 
+def _op_seconds(reps: int) -> float:
+    """Seconds per counted operator of the reference step (median of ``reps`` timings)."""
+    step = _reference_step()
+    step()
+    with OpCounter() as counter:
+        step()
+    return _median_seconds(step, reps) / max(1, counter.ops.ops)
+
+
+@_keeps_random_state
+def _op_seconds_now() -> float:
+    """A quick ``_op_seconds`` (5 timings, a few milliseconds), to check a cached cost against."""
+    return _op_seconds(5)
+
+
+def _current(cached: CpuRates) -> bool:
+    """Whether ``cached`` still holds on this machine now: its cost per operator within ``STALE_FACTOR`` of a quick
+    timing."""
+    now = _op_seconds_now()
+    return cached.op_seconds / STALE_FACTOR <= now <= cached.op_seconds * STALE_FACTOR
+
+
 @_keeps_random_state
 def measure_cpu_rates(*, mesh: Any = None, reps: int = 15) -> CpuRates:
     """Measure this process's rates on the CPU: the cost per operator is a small training step (three Linear
@@ -195,11 +223,7 @@ def measure_cpu_rates(*, mesh: Any = None, reps: int = 15) -> CpuRates:
     import torch
 
     g = torch.Generator().manual_seed(0)
-    step = _reference_step()
-    step()
-    with OpCounter() as counter:
-        step()
-    op = _median_seconds(step, reps) / max(1, counter.ops.ops)
+    op = _op_seconds(reps)
     single = foreach = 0.0
     if mesh is not None:
         single, foreach = _dtensor_seconds(mesh, op, reps)
@@ -308,8 +332,9 @@ def round_trip_seconds(reps: int = 31) -> tuple[float, float, float]:
 
 def cpu_rates(*, mesh: Any = None, processes: int = 1, save: bool = True) -> CpuRates:
     """This CPU's rates at this process's thread count with ``processes`` processes of the job on the machine
-    (each of which measures at the same point): the calibration cache's, else measured now (and cached when
-    ``save``). Rates cached without a DTensor cost are measured again when ``mesh`` is given."""
+    (each of which measures at the same point): the calibration cache's while a quick timing agrees with it
+    (``STALE_FACTOR``), else measured now (and cached when ``save``). Rates cached without a DTensor cost are
+    measured again when ``mesh`` is given."""
     import torch
 
     from convoy.plan.speed.measure import device_identity
@@ -318,7 +343,7 @@ def cpu_rates(*, mesh: Any = None, processes: int = 1, save: bool = True) -> Cpu
     key = rates_key(torch.get_num_threads(), processes)
     record = load_calibration(device_name=name, device_uuid=uuid, torch_version=version)
     cached = CpuRates.from_dict(record.cpu_ops.get(key, {})) if record is not None else None
-    if cached is not None and (mesh is None or cached.dtensor_op_seconds > 0):
+    if cached is not None and (mesh is None or cached.dtensor_op_seconds > 0) and _current(cached):
         return cached
     rates = measure_cpu_rates(mesh=mesh)
     if save:
