@@ -395,29 +395,26 @@ def read_convoy_env(env: Mapping[str, str], *, skip: Collection[str] = ()) -> Co
 _UNSET = object()
 
 
-def _json_variable(env: Mapping[str, str], variable: str, what: str) -> Any:
+def _json_variable(env: Mapping[str, str], variable: str, what: str, *, mapping: bool = False) -> Any:
     """The JSON value of ``variable`` in ``env`` (``_UNSET`` when unset or blank; JSON's null is None);
-    ``ConfigError`` saying it is not ``what`` when it does not parse."""
+    ``ConfigError`` saying it is not ``what`` when it does not parse (or, with ``mapping``, is not an object)."""
     raw = env.get(variable, "")
     if not raw.strip():
         return _UNSET
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
     except ValueError:
-        raise ConfigError(f"environment {variable}: {shown(raw)} is not {what}") from None
+        value = _UNSET
+    if value is _UNSET or (mapping and not isinstance(value, Mapping)):
+        raise ConfigError(f"environment {variable}: {shown(raw)} is not {what}")
+    return value
 
 
 def read_deepspeed_config(env: Mapping[str, str]) -> Mapping[str, Any] | None:
     """The DeepSpeed JSON object the launcher handed over (``DEEPSPEED_CONFIG_VARIABLE``), None when unset;
     ``ConfigError`` naming the variable if it is not a JSON object."""
-    what = "a DeepSpeed config JSON object"
-    parsed = _json_variable(env, DEEPSPEED_CONFIG_VARIABLE, what)
-    if parsed is _UNSET:
-        return None
-    if not isinstance(parsed, Mapping):
-        raise ConfigError(f"environment {DEEPSPEED_CONFIG_VARIABLE}: {shown(env[DEEPSPEED_CONFIG_VARIABLE])} is not "
-                          f"{what}")
-    return parsed
+    parsed = _json_variable(env, DEEPSPEED_CONFIG_VARIABLE, "a DeepSpeed config JSON object", mapping=True)
+    return None if parsed is _UNSET else parsed
 
 
 def read_collective_timeout(env: Mapping[str, str]) -> float:
