@@ -28,10 +28,11 @@ Sources read (no number here comes from anything but the file named, at the comm
   vocabulary from the README's FLOP note), no activation recompute except Nemotron-4 340B
   (``activations_checkpoint_granularity: selective``, Megatron's selective recompute of core attention), sequence
   parallelism, TP communication overlap (userbuffers), ``distributed_fused_adam`` (the distributed optimizer), FP8
-  through Transformer Engine with the hybrid format and delayed scaling (``fp8_hybrid``; launch.sh DTYPE=fp8), cuDNN
-  fused attention for Llama 3.1 and Nemotron-4 15B (``NVTE_FUSED_ATTN=1``). The hardware is the repository README's
-  reference: NVIDIA's EOS, DGX H100 (8 x H100 80GB HBM3, 700 W, NVLink 4), 8 x 400 Gbit/s InfiniBand compute links
-  per node.
+  through Transformer Engine with the hybrid format, delayed scaling and FP8 parameters (``fp8_hybrid``,
+  ``fp8_params``; launch.sh DTYPE=fp8, the configure.sh overrides), cuDNN fused attention for Llama 3.1 and
+  Nemotron-4 15B (``NVTE_FUSED_ATTN=1``), flash attention for Nemotron-4 340B and GPT-3 175B. The hardware is the
+  repository README's reference: NVIDIA's EOS, DGX H100 (8 x H100 80GB HBM3, 700 W, NVLink 4), 8 x 400 Gbit/s
+  InfiniBand compute links per node.
 - NVIDIA/dgxc-benchmarking at 85380ffe02 (v25.04.01, committed 2025-05-21; FW_VERSION 25.02.01, NeMo 2.0's
   scripts/performance recipes), keys N3R*: llama3.1/README.md (the Llama 3 70B FP8 layout TP 4 x PP 8 x VP 5
   without CP, new against 24.11's TP 4 x PP 4 x CP 2) and nemotron/README.md (Nemotron-4 15B at TP 2, MBS 2, new
@@ -66,9 +67,9 @@ model. Left out, and why:
   with VP 12 they are 24.11's layout and batch re-run (256 GPUs, GBS 64). Its Llama 3.1 8B and 70B BF16 rows: 24.11's
   layouts and batches re-run on a newer container. Later dgxc releases (68eaf7e, v25.05, on) print GB200/B200 tables
   only for these models ("For H100 support: see the previous release").
-- Megatron-Bridge's other DGX-H100 rows: LLAMA3_8B (25.09, 25.11: FSDP 8, whose H100 config sets
-  ``recompute_num_layers=5``, a partial recompute a row cannot state), LLAMA3_70B at GBS 128 (25.09, 25.11: the same
-  GPUs and batch as NM4), the same 70B run re-timed in 26.02.01-26.04.01, and the MoE rows.
+- Megatron-Bridge's other DGX-H100 rows: LLAMA3_8B (25.09, 25.11: the table says FSDP 8, the H100 FP8-CS config
+  at 97ad8cc6f sets no FSDP and ``recompute_num_layers=5``: not pinned down), LLAMA3_70B at GBS 128 (25.09, 25.11:
+  the same GPUs and batch as NM4), the same 70B run re-timed in 26.02.01-26.04.01, and the MoE rows.
 - The Megatron-LM README of other commits: its 2022-24 text table (22B-1T) prints MFU and HFU only, no layout,
   measured "using a data parallel size of one"; its 2024-25 figures are images (images/model_table.png is the one
   the first held-out set read); its 2025-10 table lists layouts without throughput. Korthikanti et al. 2022
@@ -77,8 +78,9 @@ model. Left out, and why:
   (the pages and code indexes hold its abstract and the README's MFU table only), and Megatron-LM's examples hold no
   script for it. MT-NLG (Smith et al. 2022, arXiv:2201.11990): its throughput table could not be read either (the
   first held-out set found only a third party's transcription). NeMo's repository holds performance_summary.md for
-  24.07 only (docs/source/performance/, 4c73f77670..d31653f792, then a link); its later releases are the Megatron-Bridge
-  archive above.
+  24.07 only (docs/source/performance/, 4c73f77670..d31653f792, then a link); of the docs pages of 24.09-25.07 the
+  second held-out set found the DGX-H100 tables unreadable but for a GPT-3 175B row (the first set's NM2 layout);
+  from 25.09 on they are the Megatron-Bridge summaries above.
 """
 
 from __future__ import annotations
@@ -226,7 +228,7 @@ def _llama31(key: str, size: str, dtype: str, gpus: int, batch: int) -> Publishe
                            gpus, batch, f"llama3.1/llama3.1_{size}.yaml and configure.sh"),
                 model, f"llama3.1-{size}", gpus=gpus, batch=batch, seq=8192, micro=1, tp=tp, pp=pp, cp=2,
                 virtual=virtual, dtype=dtype, recompute="none",
-                software=_SW_2411.format(container="24.09", dtype=_dtype(dtype),
+                software=_SW_2411.format(container="24.09", dtype=_dtype(dtype, ", fp8 params"),
                                          attn="cuDNN fused attention (NVTE_FUSED_ATTN=1)",
                                          tp=_TP_2411 if tp > 1 else "", extra=", overlapped P2P" if pp > 1 else ""),
                 params=float(size[:-1]) * 1e9, params_where=f"the recipe's name Llama 3.1 {size}")
@@ -282,7 +284,7 @@ ROWS: tuple[Published, ...] = (
                         "the README's layout table (70b FP8: TP 4, PP 8, CP 1, VP 5, MBS 1, GBS 2048 at 1024 GPUs), "
                         "NeMo model_configs_h100.csv (4411158716), recipes/llama3_70b.py"),
          LLAMA3_70B, "llama3.1-70b", gpus=1024, batch=2048, seq=8192, micro=1, tp=4, pp=8, cp=1, virtual=5,
-         dtype="fp8", recompute="none", software=_SW_2504.format(dtype=_dtype("fp8") + ", overlapped P2P"),
+         dtype="fp8", recompute="none", software=_SW_2504.format(dtype=_dtype("fp8")),
          params=70e9, params_where="the README's name Llama 3.1 70b"),
     _row("N3R15a", _dgxc(_V2504, "nemotron/README.md", "Nemotron4 15b BF16", 16, 64,
                          "the README's layout table (15b: TP 2, PP 1, MBS 2, GA 4), launch.sh, NeMo "
