@@ -32,6 +32,16 @@ Sources read (no number here comes from anything but the file named, at the comm
   commit: micro_batch_size 8, 8 devices per node, Lightning Fabric FSDPStrategy (FULL_SHARD by default, block
   auto-wrap, no activation checkpointing, limit_all_gathers), precision "bf16-mixed" on A100
   (lit_gpt/utils.py); PRETRAIN.md runs it on two nodes of 8. lit_gpt/config.py's tiny_LLaMA_1b: vocabulary 32,000.
+- microsoft/Megatron-DeepSpeed examples_deepspeed/rebase/README.md at d4a1532c (2023-08-08, the July 2023 sync with
+  Megatron-LM): "After sync, GPT-3 13B, 3D parallelism | 55.6" TFLOPs per GPU, on "128 V100 GPUs (8 DGX-2 nodes, 16
+  GPU per node, inter-node network is InfiniBand with around 660 Gbps measured bandwidth)", DeepSpeed v0.9.5. The
+  layout is the row's training script, examples_deepspeed/rebase/ds_pretrain_gpt_13B.sh at that commit: 40 layers,
+  5120 wide, 40 heads, sequence 2048, global batch 1024, micro-batch 2, TP 4, PP 8 (so DP 4), ZeRO-1, fp16,
+  --checkpoint-activations with DeepSpeed's activation checkpointing, no flash attention, GPT-2 BPE vocabulary. The
+  TFLOPs are megatron/utils.py's throughput_calculator (Narayanan et al.'s equation 3 with the factor 4 of
+  checkpointing, the padded vocabulary). The "Before sync" row (50 TFLOPs) ran a script of the backup branch, not
+  read: left out; so are the README's flash-attention figures (2.7B on 8 A100s "using the same script": model, batch
+  and board memory would all be inferred) and the DeepSpeed4Science long-sequence table (its model is not named).
 - huggingface/nanotron README.md "Benchmarks" and docs/benchmark_summary.svg (added c2528430, 2025-03-10; the plot of
   2025-02-13), "MFU and Memory Usage for Best Configurations" and "Best Configuration by Model Size and Number of
   Nodes": for each model (1.34B, 3.57B, 8.86B, 80.0B parameters) and node count (1-64 nodes of 8 H100s) the best
@@ -57,8 +67,10 @@ TinyLlama's README quotes one figure second hand), OPT-175B (arXiv:2205.01068; n
 992 GPUs with TP 8 leave 124 data-parallel ranks for a 1,024-sequence batch: the layout cannot be pinned down),
 Falcon (arXiv:2311.16867; only abstracts and third-party summaries stored), LLM360 (LLM360/amber-train and k2-train
 READMEs state no throughput), Colossal-AI's Llama example (the stored README has no benchmark table; its published
-figures are for A800/H800 boards convoy does not list), litgpt, MosaicML/Databricks blogs and DeepSpeed's blogs (not
-reached in the time: no row read).
+figures are for A800/H800 boards convoy does not list), litgpt (tutorials/pretrain_tinyllama.md at 0495ecb gives
+"~ 4 weeks with 64 A100 GPUs" and 52 % MFU for TinyLlama: no batch, layout or throughput figure to derive a step
+from), EleutherAI/pythia and gpt-neox READMEs (no throughput in any version), DeepSpeed's ZeRO++ and Ulysses
+blogs (their throughput is in figures) and MosaicML/Databricks blogs (not read in the time).
 """
 
 from __future__ import annotations
@@ -72,7 +84,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from convoy.plan.dims import ParallelDims  # noqa: E402
 from convoy.plan.model import ModelSpec, from_hf_config  # noqa: E402
 from published_heldout import LLAMA3_405B  # noqa: E402
-from published_results import Published  # noqa: E402
+from published_heldout_megatron import _gpt_params  # noqa: E402
+from published_results import Published, _gpt, _megatron_flops  # noqa: E402
 
 #: the numbers each source prints, as it prints them (the step times below follow from these)
 PRINTED: dict[str, dict[str, float]] = {
@@ -82,6 +95,9 @@ PRINTED: dict[str, dict[str, float]] = {
     # TinyLlama README.md (bf12224): tokens/s per A100-40G, MFU (%), per-GPU batch tokens, A100 GPU hours on 300B
     # tokens
     "O3L1": {"tokens_per_gpu": 24000, "mfu_pct": 56, "per_gpu_batch_tokens": 16384, "gpu_hours_300b": 3456},
+    # Megatron-DeepSpeed examples_deepspeed/rebase/README.md (d4a1532c): "After sync, GPT-3 13B, 3D parallelism | 55.6"
+    # TFLOPs (per GPU); 128 V100 GPUs, 8 DGX-2 nodes of 16, "around 660 Gbps measured bandwidth" between nodes
+    "O3D1": {"tflops": 55.6, "gpus": 128, "gpus_per_node": 16, "inter_gbps": 660},
     # nanotron docs/benchmark_summary.svg: MFU (%), memory (GB), DP, TP, PP, GAS, MBS, ZeRO, by (model B, nodes)
     "O3N1x1": {"mfu_pct": 44.32, "memory_gb": 41.76, "dp": 4, "tp": 1, "pp": 2, "gas": 16, "mbs": 4, "zero": 1},
     "O3N3x1": {"mfu_pct": 46.68, "memory_gb": 56.87, "dp": 4, "tp": 1, "pp": 2, "gas": 32, "mbs": 2, "zero": 1},
@@ -104,6 +120,7 @@ PRINTED: dict[str, dict[str, float]] = {
 SOURCE_PARAMS: dict[str, tuple[float, str]] = {
     "O3T1": (405e9, "the table's model size 405B"), "O3T2": (405e9, "the table's model size 405B"),
     "O3L1": (1.1e9, "the Training Details table's 1.1B"),
+    "O3D1": (13e9, "the README's and script's name GPT-3 13B (model_size=13)"),
 }
 
 #: rows whose source names a rounded size only, and how far the shape's count may be from it
@@ -162,6 +179,34 @@ def _tinyllama() -> Published:
         software="TinyLlama (lit-gpt fork) on Lightning Fabric: PyTorch FSDP1 (FULL_SHARD, block auto-wrap, "
                  "limit_all_gathers), bf16-mixed, FlashAttention-2, fused RMSNorm, xformers fused SwiGLU, fused "
                  "rotary and cross entropy; 2023-09")
+
+
+# --- Megatron-DeepSpeed after its July 2023 rebase: GPT-3 13B on 128 V100s ----------------------------------------
+
+#: Megatron pads the GPT-2 BPE's 50,257 words to a multiple of 128 x TP (4): the vocabulary its TFLOPs line counts
+_DS13B_PADDED_VOCAB = 50688
+
+
+def _megatron_deepspeed_13b() -> Published:
+    p = PRINTED["O3D1"]
+    layers, hidden, heads, seq, batch, micro, tp, pp = 40, 5120, 40, 2048, 1024, 2, 4, 8
+    gpus, per_node = int(p["gpus"]), int(p["gpus_per_node"])
+    flops = _megatron_flops(batch, seq, layers, hidden, _DS13B_PADDED_VOCAB)
+    return Published(
+        key="O3D1", source="microsoft/Megatron-DeepSpeed examples_deepspeed/rebase/README.md at d4a1532c (2023-08-08), "
+                           "row 'After sync, GPT-3 13B, 3D parallelism'; layout from its ds_pretrain_gpt_13B.sh",
+        model=_gpt(_gpt_params(layers, hidden, 50257, seq), layers, hidden, heads, 50257, "GPT-3 13B (Megatron-DS)"),
+        hardware=f"{gpus} x V100 (8 DGX-2 nodes of 16, NVSwitch), InfiniBand 'around 660 Gbps measured' between "
+                 "nodes", gpu="V100-32GB", gpus_per_node=per_node, nodes=gpus // per_node, inter_gbps=p["inter_gbps"],
+        dims=ParallelDims(dp_replicate=gpus // (tp * pp), tp=tp, pp=pp), zero_stage=1, seq=seq, micro_batch=micro,
+        global_batch=batch, recompute="full", precision="fp16",
+        step_seconds=flops / (gpus * p["tflops"] * 1e12),
+        derivation=f"Megatron-DeepSpeed's throughput_calculator, 24·4·B·s·l·h²·(1 + s/6h + V/16lh) with V = 50,688 "
+                   f"(padded) = {flops:.4g} FLOPs / ({gpus} x {p['tflops']} TFLOP/s)",
+        stack="megatron-deepspeed",
+        software="Megatron-DeepSpeed after the July 2023 sync with Megatron-LM, DeepSpeed v0.9.5: ZeRO-1, Megatron "
+                 "TP 4, DeepSpeed pipeline engine PP 8, fp16, DeepSpeed activation checkpointing, fused softmax "
+                 "(no --use-flash-attn), learned positions")
 
 
 # --- nanotron, the Ultra-Scale Playbook's best layouts (2025-02) ----------------------------------------------------
@@ -238,6 +283,7 @@ ROWS: tuple[Published, ...] = (
     _tt405("O3T1", "None", "none"),
     _tt405("O3T2", "Float8", "tensorwise"),
     _tinyllama(),
+    _megatron_deepspeed_13b(),
     *(_nanotron(key) for key in _NANOTRON_KEYS),
 )
 
@@ -256,6 +302,9 @@ NOT_STATED: dict[str, str] = {
     "O3L1": "the GPU count behind the 24k tokens/s/GPU (the README's training hardware, 16 A100-40G in 2 nodes of 8, "
             "taken; the GPU-hours table agrees at 24.1k), network (1,600 Gbit/s per node taken, a DGX A100's), the "
             "FSDP sharding strategy (Lightning's default FULL_SHARD over all 16 GPUs taken)",
+    "O3D1": "board memory (DGX-2's V100 32GB taken; the README says V100 only), the vocabulary "
+            "(ds_pretrain_gpt_13B.sh's GPT-2 BPE files: 50,257 words, padded to 50,688 as Megatron does at TP 4), "
+            "sequence parallelism (not passed: off)",
     **{key: "sequence (4096, scaling_benchmarks.py's SEQUENCE_LENGTHS), board and network (H100 80GB SXM, 3,200 "
             "Gbit/s per node taken: the Hugging Face cluster's, not stated in the source), the peak the MFU divides "
             "by (989 TFLOP/s, the H100 SXM's dense bf16, taken), what the memory column measures (allocated or "

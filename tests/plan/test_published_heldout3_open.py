@@ -81,6 +81,19 @@ def test_tinyllama_row_follows_from_the_readme_and_its_gpu_hours_agree():
     assert 300e9 / (p["gpu_hours_300b"] * 3600) == pytest.approx(p["tokens_per_gpu"], rel=0.01)
 
 
+def test_megatron_deepspeed_row_follows_from_its_tflops_line():
+    """throughput_calculator (megatron/utils.py at d4a1532c): 24 x 4 (activation checkpointing) x B·s·l·h² x (1 +
+    s/6h + V/16lh) over GPUs x TFLOP/s, V the vocabulary padded to a multiple of 128 x TP."""
+    row, p = BY_KEY["O3D1"], heldout.PRINTED["O3D1"]
+    m, tp = row.model, row.dims.tp
+    vocab = math.ceil(m.vocab / (128 * tp)) * 128 * tp
+    flops = 96 * row.global_batch * row.seq * m.num_layers * m.hidden**2 * (
+        1 + row.seq / (6 * m.hidden) + vocab / (16 * m.num_layers * m.hidden))
+    assert row.step_seconds * _gpus(row) * p["tflops"] * 1e12 == pytest.approx(flops, rel=1e-9)
+    assert (_gpus(row), row.gpus_per_node, row.inter_gbps) == (p["gpus"], p["gpus_per_node"], p["inter_gbps"])
+    assert (row.dims.dp, tp, row.dims.pp, row.micro_batch, row.recompute) == (4, 4, 8, 2, "full")
+
+
 def test_nanotron_flop_formula_gives_the_scaling_scripts_logged_pair():
     """scaling_benchmarks.py's TP sweep prints 363.66 TFLOPs at 14,167.25 tok/s/gpu and 345.51 at 13,460.16 for its
     3B shape: FLOPs per token that nanotron's get_flops gives the 3.57B shape at 4096 tokens (so shape, vocabulary
