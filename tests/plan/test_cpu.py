@@ -4,6 +4,7 @@ measured here (``convoy.plan.speed.measure_cpu``)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -31,6 +32,19 @@ def test_a_step_is_its_operators_at_the_rates_plus_the_pipelines_idle_share():
     assert step.seconds == pytest.approx(step.dispatch + step.gemm + step.memory + step.collectives)
     idle = cpu_step(ops, RATES, bubble=0.25)
     assert idle.bubble == pytest.approx(0.25 * step.seconds) and idle.seconds == pytest.approx(1.25 * step.seconds)
+
+
+def test_a_step_that_recomputes_its_layers_costs_each_operator_what_a_recomputing_step_measured():
+    """tiny_gpt with --recompute selective ran 2.8x slower than planned while its operators were priced as a plain
+    step's: per-op selective checkpointing runs a dispatch mode and a policy call around every operator."""
+    ops = StepOps(ops=100, dtensor_ops=10, fsdp_units=1, gemm_flops=2e9)
+    rates = replace(RATES, checkpoint_op_seconds=15e-6, selective_op_seconds=25e-6)
+    plain = cpu_step(ops, rates)
+    for mode, per_op in (("full", 15e-6), ("selective", 25e-6)):
+        step = cpu_step(ops, rates, recompute=mode)
+        assert step.dispatch - plain.dispatch == pytest.approx((100 + FSDP_UNIT_OPS) * (per_op - 10e-6))
+        assert step.gemm == plain.gemm
+    assert cpu_step(ops, RATES, recompute="selective") == plain  # not measured (an older entry): a plain step's
 
 
 def test_the_counter_sees_every_operator_of_forward_backward_and_the_optimizer_and_the_matmul_flops():
@@ -83,7 +97,8 @@ def test_rates_cached_under_other_load_are_measured_again_and_replace_the_entry(
     name, uuid, version = device_identity("cpu")
     key = rates_key(torch.get_num_threads(), 1)
     now = measure_cpu._op_seconds_now()
-    stale = {"op_seconds": now * off, "gemm_flops_per_s": 1.0, "memory_bytes_per_s": 1.0}
+    stale = {"op_seconds": now * off, "checkpoint_op_seconds": now * off, "selective_op_seconds": now * off,
+             "gemm_flops_per_s": 1.0, "memory_bytes_per_s": 1.0}
     save_calibration(Calibration(device_name=name, torch_version=version, device_type="cpu", cpu_ops={key: stale}))
     rates = cpu_rates()
     assert rates.gemm_flops_per_s > 1.0 and now / 10 < rates.op_seconds < now * 10  # measured, not the cache's
@@ -114,6 +129,22 @@ def test_a_damaged_cache_entry_is_measured_again(entry, tmp_path, monkeypatch):
     key = rates_key(torch.get_num_threads(), 1)
     save_calibration(Calibration(device_name=name, torch_version=version, device_type="cpu", cpu_ops={key: entry}))
     assert cpu_rates().op_seconds > 0
+
+
+def test_an_entry_cached_before_recomputation_was_measured_is_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    name, uuid, version = device_identity("cpu")
+    older = {"op_seconds": measure_cpu._op_seconds_now(), "gemm_flops_per_s": 1.0, "memory_bytes_per_s": 1.0}
+    key = rates_key(torch.get_num_threads(), 1)
+    save_calibration(Calibration(device_name=name, torch_version=version, device_type="cpu", cpu_ops={key: older}))
+    rates = cpu_rates()
+    assert rates.selective_op_seconds > 0 and rates.checkpoint_op_seconds > 0 and rates.gemm_flops_per_s > 1.0
+
+
+def test_a_selectively_recomputing_step_costs_more_per_operator_than_a_plain_one():
+    rates = measure_cpu_rates(reps=9)
+    assert rates.checkpoint_op_seconds > 0
+    assert rates.selective_op_seconds > rates.op_seconds  # about 2x on the project's machine
 
 
 def test_dtensor_operators_are_costed_on_a_mesh(tmp_path):

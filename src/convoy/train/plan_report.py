@@ -445,7 +445,7 @@ class PlanWatch:
         name, uuid, version = device_identity(str(device))
         mem = memory_per_gpu(spec, run, layout)
         if device.type == "cpu":
-            planned, kind, source = self._cpu_plan(layout, chunks)
+            planned, kind, source = self._cpu_plan(layout, chunks, recompute)
         else:
             record = load_calibration(device_name=name, device_uuid=uuid, torch_version=version)
             rates = rates_for(hw.gpu, calibration=record if record is not None and record.has_rates else None)
@@ -476,9 +476,10 @@ class PlanWatch:
         return replace(report, case=key)
 
 
-    def _cpu_plan(self, layout: Layout, chunks: int) -> tuple[float, str, str]:
+    def _cpu_plan(self, layout: Layout, chunks: int, recompute: str) -> tuple[float, str, str]:
         """(seconds, rates kind, where they come from) of the CPU step: the operators counted on the last warm-up
-        step at this CPU's rates (``convoy.plan.speed.cpu_step``), plus the pipeline's idle time for its schedule."""
+        step at this CPU's rates for a step that recomputes as ``recompute`` says (``convoy.plan.speed.cpu_step``),
+        plus the pipeline's idle time for its schedule."""
         if self._counter is None:
             why = "the model is compiled" if self._compiled is not None or _compiled(self._model) else \
                 "no operators were counted on the CPU"
@@ -497,7 +498,7 @@ class PlanWatch:
         dims = layout.dims
         bubble = pipeline_bubble(dims.pp, chunks, schedule=layout.pp_schedule,
                                  stages_per_rank=layout.pp_stages_per_rank) if dims.pp_enabled else 0.0
-        step = cpu_step(ops, rates, bubble=bubble)
+        step = cpu_step(ops, rates, bubble=bubble, recompute=recompute)
         logger.debug("plan report: %s at %s: %s", ops, rates, step)
         return step.seconds, "cpu-ops", rates.describe()
 

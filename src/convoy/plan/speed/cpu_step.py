@@ -77,6 +77,13 @@ class CpuRates:
     op_seconds: float
     """Seconds per counted operator of a small training step (module call, autograd and optimizer Python
     included, divided over the operators the step runs)."""
+    checkpoint_op_seconds: float = 0.0
+    """Seconds per counted operator of the same step with its layers recomputed under torch's non-reentrant
+    checkpoint (``recompute="full"``: the saved-tensor hooks' Python and the recomputation's own context), its
+    recomputed operators counted too (0: not measured; ``op_seconds`` then)."""
+    selective_op_seconds: float = 0.0
+    """The same under per-op selective checkpointing (``recompute="selective"``: a dispatch mode's Python and the
+    policy's call around every operator of the layers, in the forward and again in the recomputation)."""
     dtensor_op_seconds: float = 0.0
     """Seconds per operator on DTensors (0: not measured, no DTensor at hand)."""
     dtensor_foreach_seconds: float = 0.0
@@ -113,8 +120,15 @@ class CpuRates:
 
         positive = all(number(v, 0) for v in (rates.op_seconds, rates.gemm_flops_per_s, rates.memory_bytes_per_s))
         rest = all(number(v, -1e-300) for v in (rates.dtensor_op_seconds, rates.dtensor_foreach_seconds,
-                                                 rates.collective_seconds, rates.transfer_seconds))
+                                                 rates.collective_seconds, rates.transfer_seconds,
+                                                 rates.checkpoint_op_seconds, rates.selective_op_seconds))
         return rates if positive and rest and isinstance(rates.threads, int) else None
+
+    def op_seconds_for(self, recompute: str) -> float:
+        """Seconds per counted operator of a step that recomputes its layers as ``recompute`` says (``"none"``,
+        ``"full"``, ``"selective"``)."""
+        measured = {"full": self.checkpoint_op_seconds, "selective": self.selective_op_seconds}.get(recompute, 0.0)
+        return measured or self.op_seconds
 
     def describe(self) -> str:
         """One sentence: where a CPU plan's step time comes from."""
@@ -148,18 +162,20 @@ class CpuStep:
         return self.dispatch + self.gemm + self.memory + self.collectives + self.bubble
 
 
-def cpu_step(ops: StepOps, rates: CpuRates, *, bubble: float = 0.0) -> CpuStep:
+def cpu_step(ops: StepOps, rates: CpuRates, *, bubble: float = 0.0, recompute: str = "none") -> CpuStep:
     """One step of ``ops`` at ``rates``::
 
-        seconds = ((ops + fsdp_units x FSDP_UNIT_OPS + tp_modules x TP_MODULE_OPS) x op_seconds
+        seconds = ((ops + fsdp_units x FSDP_UNIT_OPS + tp_modules x TP_MODULE_OPS) x op_seconds_for(recompute)
                    + dtensor_ops x dtensor_op_seconds + dtensor_foreach x dtensor_foreach_seconds
                    + gemm_flops / gemm_flops_per_s + bytes_moved / memory_bytes_per_s
                    + (collectives - transfers) x collective_seconds + transfers x transfer_seconds
                    + collective_bytes / collective_bytes_per_s) x (1 + bubble)
 
     ``bubble``: the pipeline's idle fraction of the busy time (``convoy.plan.schedules.pipeline_bubble``; 0 without
-    pp): a stage's own operators are counted, its waiting for the other stages is not."""
-    dispatch = ((ops.ops + ops.fsdp_units * FSDP_UNIT_OPS + ops.tp_modules * TP_MODULE_OPS) * rates.op_seconds
+    pp): a stage's own operators are counted, its waiting for the other stages is not. ``recompute``: how the step
+    recomputes its layers, which costs every operator more (``CpuRates.op_seconds_for``)."""
+    per_op = rates.op_seconds_for(recompute)
+    dispatch = ((ops.ops + ops.fsdp_units * FSDP_UNIT_OPS + ops.tp_modules * TP_MODULE_OPS) * per_op
                 + ops.dtensor_ops * rates.dtensor_op_seconds + ops.dtensor_foreach * rates.dtensor_foreach_seconds)
     gemm = ops.gemm_flops / rates.gemm_flops_per_s
     memory = ops.bytes_moved / rates.memory_bytes_per_s

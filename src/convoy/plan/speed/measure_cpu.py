@@ -171,27 +171,47 @@ def _median_seconds(fn: Any, reps: int, inner: int = 1) -> float:
     return statistics.median(times)
 
 
-def _reference_step() -> Any:
-    """A small training step (module docstring): three Linear layers, ReLU, cross-entropy, backward, AdamW."""
+def _keep_matmuls(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+    """The reference step's selective policy: keep the matrix products' outputs, recompute the rest (the shape of
+    the trainer's save list, ``convoy.train.parallel.recompute.SELECTIVE_SAVES``)."""
     import torch
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    kept = func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+    return CheckpointPolicy.MUST_SAVE if kept else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _reference_step(recompute: str = "none") -> Any:
+    """A small training step (module docstring): three Linear layers, ReLU, cross-entropy, backward, AdamW; with
+    ``recompute`` "full" or "selective" the layers run under torch's non-reentrant checkpoint, as the trainer's
+    blocks do (``convoy.train.parallel.recompute``)."""
+    import torch
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
     g = torch.Generator().manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(),
                                 torch.nn.Linear(32, 4))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = torch.randn(8, 32, generator=g), torch.randint(0, 4, (8,), generator=g)
+    contexts: dict[str, Any] = {"context_fn": functools.partial(create_selective_checkpoint_contexts, _keep_matmuls)} \
+        if recompute == "selective" else {}
+
+    def forward(inputs: Any) -> Any:
+        if recompute == "none":
+            return model(inputs)
+        return checkpoint(model, inputs, use_reentrant=False, **contexts)
 
     def step() -> None:
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        torch.nn.functional.cross_entropy(forward(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
 
     return step
 
 
-def _op_seconds(reps: int) -> float:
+def _op_seconds(reps: int, recompute: str = "none") -> float:
     """Seconds per counted operator of the reference step (median of ``reps`` timings)."""
-    step = _reference_step()
+    step = _reference_step(recompute)
     step()
     with OpCounter() as counter:
         step()
@@ -215,7 +235,8 @@ def _current(cached: CpuRates) -> bool:
 def measure_cpu_rates(*, mesh: Any = None, reps: int = 15) -> CpuRates:
     """Measure this process's rates on the CPU: the cost per operator is a small training step (three Linear
     layers, ReLU, cross-entropy, backward, AdamW, ``zero_grad``) timed and divided by the operators the counter
-    counts in it, so the Python of modules, autograd and the optimizer is in it as in a user's step; the DTensor
+    counts in it, so the Python of modules, autograd and the optimizer is in it as in a user's step, and the same
+    with its layers recomputed (full, and per-op selective keeping the matrix products' outputs); the DTensor
     costs are AdamW steps over DTensor parameters (per parameter, then ``foreach``) and a forward-backward
     through two sharded linears (the dearer per operator) on ``mesh``, a DeviceMesh of the job (without one they
     are 0); the matmul rate a 256 x 512 x 512 product, the bandwidth a 16 MiB copy. The
@@ -224,6 +245,7 @@ def measure_cpu_rates(*, mesh: Any = None, reps: int = 15) -> CpuRates:
 
     g = torch.Generator().manual_seed(0)
     op = _op_seconds(reps)
+    checkpointed, selective = _op_seconds(reps, "full"), _op_seconds(reps, "selective")
     single = foreach = 0.0
     if mesh is not None:
         single, foreach = _dtensor_seconds(mesh, op, reps)
@@ -232,7 +254,8 @@ def measure_cpu_rates(*, mesh: Any = None, reps: int = 15) -> CpuRates:
     src = torch.empty(1 << 22)
     dst = torch.empty_like(src)
     bandwidth = 2 * src.numel() * 4 / _median_seconds(lambda: dst.copy_(src), max(3, reps // 3))
-    return CpuRates(op_seconds=op, dtensor_op_seconds=single, dtensor_foreach_seconds=foreach,
+    return CpuRates(op_seconds=op, checkpoint_op_seconds=checkpointed, selective_op_seconds=selective,
+                    dtensor_op_seconds=single, dtensor_foreach_seconds=foreach,
                     gemm_flops_per_s=gemm, memory_bytes_per_s=bandwidth, threads=torch.get_num_threads(),
                     measured_at=time.time())
 
@@ -334,7 +357,7 @@ def cpu_rates(*, mesh: Any = None, processes: int = 1, save: bool = True) -> Cpu
     """This CPU's rates at this process's thread count with ``processes`` processes of the job on the machine
     (each of which measures at the same point): the calibration cache's while a quick timing agrees with it
     (``STALE_FACTOR``), else measured now (and cached when ``save``). Rates cached without a DTensor cost are
-    measured again when ``mesh`` is given."""
+    measured again when ``mesh`` is given, and older entries without the recomputing steps' costs always."""
     import torch
 
     from convoy.plan.speed.measure import device_identity
@@ -343,7 +366,8 @@ def cpu_rates(*, mesh: Any = None, processes: int = 1, save: bool = True) -> Cpu
     key = rates_key(torch.get_num_threads(), processes)
     record = load_calibration(device_name=name, device_uuid=uuid, torch_version=version)
     cached = CpuRates.from_dict(record.cpu_ops.get(key, {})) if record is not None else None
-    if cached is not None and (mesh is None or cached.dtensor_op_seconds > 0) and _current(cached):
+    if cached is not None and cached.selective_op_seconds > 0 and (mesh is None or cached.dtensor_op_seconds > 0) \
+            and _current(cached):
         return cached
     rates = measure_cpu_rates(mesh=mesh)
     if save:
