@@ -39,7 +39,7 @@ ATTENTIONS = ("flash", "fused-softmax", "eager")
 #: ``"deepspeed"`` (ZeRO-1: gradients reduced after the pipeline engine's last micro-batch, updated shards
 #: all-gathered; without a pipeline, reduced along the backward as DDP's are, as its ``overlap_comm`` runs them; ZeRO-3
 #: of 2021: one collective per parameter tensor), ``"fsdp1"`` (FSDP1 with ``limit_all_gathers``)
-DP_SCHEDULES = ("torch", "megatron", "deepspeed", "fsdp1")
+DP_SCHEDULES = ("torch", "megatron", "deepspeed", "fsdp1", "megatron-core")
 #: what a stack prints as a GPU's memory: ``"planned"`` (the plan's own total: allocated, the CUDA context and the
 #: fragmentation allowance), ``"reserved"`` (``torch.cuda.max_memory_reserved``), ``"allocated"``
 MEMORY_REPORTS = ("planned", "reserved", "allocated")
@@ -160,6 +160,11 @@ _MCORE_TP_OVERLAP = ("Megatron-Core --tp-comm-overlap (Transformer Engine userbu
                      "pretrain_performance_optimizations: MegatronCommOverlapCallback(tp_comm_overlap=True, "
                      "userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192)); the all-gathers as TE's ring_exchange "
                      "(one chunk per tp rank, 1 SM), the reduce-scatters as its pipeline (4 chunks, 16 SMs)")
+_MCORE_DP = ("Megatron-Core's DDP and distributed optimizer with --overlap-grad-reduce --overlap-param-gather (the "
+             "flags of Megatron-LM's published runs; NeMo 2's DistributedDataParallelConfig default): "
+             "megatron/core/distributed/distributed_data_parallel.py (buckets of max(40e6, 1e6 x dp) parameters, "
+             "each reduce-scattered when its last gradient of the last micro-batch is ready; the next forward's "
+             "pre-hooks dispatch each bucket's parameter all-gather) and param_and_grad_buffer.py")
 _MCORE_FP8 = ("Transformer Engine's float8 (megatron/core/transformer/custom_layers/transformer_engine.py: "
               "fp8_autocast with recipe.DelayedScaling, NeMo's fp8 default in 2024): delayed scaling, the cast fused "
               "into TE's LayerNormLinear, weights cast once per step (convoy.plan.speedups "
@@ -312,8 +317,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           "distributed optimizer)",
           gemm_source=f"1.0, {_NONE_FOUND} (Transformer Engine's GEMMs are cuBLASLt's, {_MAMF_GENERATION})",
           attention="flash", attention_source="Transformer Engine's fused attention (cuDNN / FlashAttention-2)",
-          dp_schedule_source="overlap_grad_reduce / overlap_param_gather overlap as convoy's engines do: "
-          "planned as convoy's",
+          dp_schedule="megatron-core", dp_schedule_source=_MCORE_DP,
           tp_overlap="userbuffers", tp_overlap_source=_MCORE_TP_OVERLAP,
           memory_bound_by_family=(("llama", FACTORS["compile_memory_bound"].value),),
           memory_bound_source=_MCORE_FUSIONS,

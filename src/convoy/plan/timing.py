@@ -60,6 +60,10 @@ CPU_ADAM_PARAMS_PER_S = 1.0e9
 COLLECTIVE_LATENCY_S = {"nvlink": 10e-6, "pcie": 15e-6, "inter": 25e-6, "cpu": 100e-6}
 #: DDP's bucket size (``bucket_cap_mb`` = 25 MiB): one all-reduce per bucket
 DDP_BUCKET_BYTES = 25 * 2**20
+#: Megatron-Core's gradient buckets, in parameters: ``max(40e6, 1e6 x dp)`` (megatron/core/distributed/
+#: distributed_data_parallel.py: larger at large dp "so that chunks used in NCCL ring-reduce implementations are
+#: large enough to remain bandwidth-bound rather than latency-bound")
+MCORE_BUCKET_PARAMS, MCORE_BUCKET_PARAMS_PER_RANK = 40e6, 1e6
 #: the fraction of a datasheet link NCCL's topology model credits it with (src/graph/topo.h): an NVLink at 20 GB/s
 #: each way of an A100's 25 (20.6 of a Hopper's 25, 40.1 of a Blackwell's 50), a PCIe Gen3 x16 at 12 of 16, a NIC
 #: at 12 GB/s per 100 Gbit/s (12.5)
@@ -415,6 +419,11 @@ def _data_parallel_collectives(model: ModelSpec, run: RunSpec, layout: Layout, h
     m = layout.microbatches
     per_node = max(1, min(dims.dp, hw.gpus_per_node // dims.tp))
     dp_comm = comm = after_step = 0.0
+    if schedule == "megatron-core" and layout.zero_stage <= 1:
+        reduce, gather, _, _ = _megatron_core_buckets(model, layout, hw, grads=grads, weights=weights)
+        n = dims.dp * dims.cp
+        comm = ((n - 1) / n * (grads + weights)) if layout.zero_stage == 1 else 2 * (n - 1) / n * grads
+        return reduce + gather, comm, 0.0
     if layout.zero_stage <= 1:  # DDP: one all-reduce per bucket, along the last backward
         group = _group(hw, per_node, dims.dp)
         buckets = max(1, math.ceil(grads / DDP_BUCKET_BYTES))
@@ -557,6 +566,11 @@ def _data_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware,
     if schedule == "fsdp1" and layout.zero_stage >= 2 and model.has_shape and layout.shard_degree > 1:
         exposed = _fsdp1_exposed(model, run, layout, hw, grads=grads, weights=weights, busy=busy) + after_step
         return dp_comm + after_step, exposed, sent
+    if schedule == "megatron-core" and layout.zero_stage <= 1:
+        reduce, gather, last, first = _megatron_core_buckets(model, layout, hw, grads=grads, weights=weights)
+        micro = busy / layout.microbatches  # the last micro-batch's backward, the next step's first forward
+        exposed = max(last, reduce - micro * 2 / 3) + max(first, gather - micro / 3)
+        return dp_comm, exposed, sent
     # overlap: DDP hides its all-reduce behind the last micro-batch's backward (2/3 of its compute); FSDP2 prefetches
     # along the whole forward and backward; ZeRO-1's broadcast after the step is never hidden. Megatron's DDP of 2021
     # all-reduces after the whole backward, and DeepSpeed's pipeline engine reduces after its last micro-batch: nothing
@@ -566,6 +580,32 @@ def _data_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware,
         window = 0.0
     exposed = max(0.0, dp_comm - window) + after_step
     return dp_comm + after_step, exposed, sent
+
+
+def _megatron_core_buckets(model: ModelSpec, layout: Layout, hw: Hardware, *, grads: float, weights: float
+                           ) -> tuple[float, float, float, float]:
+    """(seconds of all gradient buckets' reductions, of all parameter buckets' all-gathers, of one bucket's
+    reduction, of one bucket's all-gather) per step under Megatron-Core's DDP with ``--overlap-grad-reduce`` and,
+    for ZeRO-1, its distributed optimizer with ``--overlap-param-gather`` (megatron/core/distributed/
+    distributed_data_parallel.py and param_and_grad_buffer.py): gradients accumulate in buckets of
+    ``max(40e6, 1e6 x dp)`` parameters (``MCORE_BUCKET_PARAMS``), each reduce-scattered (all-reduced without the
+    distributed optimizer) over the data-parallel and context-parallel ranks as soon as its last gradient of the
+    last micro-batch is ready; the optimizer updates its shard, and each bucket's parameters are all-gathered in
+    the next forward, dispatched by the forward pre-hook of the bucket before it. So all but the last reduction
+    run beside the last micro-batch's backward and all but the first all-gather beside the first forward."""
+    dims = layout.dims
+    n = dims.dp * dims.cp
+    if n <= 1:
+        return 0.0, 0.0, 0.0, 0.0
+    group = _group(hw, max(1, min(n, hw.gpus_per_node // dims.tp)), n)
+    params = _stage_params(model, dims.pp) / dims.tp
+    buckets = max(1, math.ceil(params / max(MCORE_BUCKET_PARAMS, MCORE_BUCKET_PARAMS_PER_RANK * dims.dp)))
+    if layout.zero_stage == 1:
+        last = _collective("reduce_scatter", grads / buckets, group, hw)
+        first = _collective("all_gather", weights / buckets, group, hw)
+    else:
+        last, first = _collective("all_reduce", grads / buckets, group, hw), 0.0
+    return buckets * last, buckets * first, last, first
 
 
 def _fsdp1_exposed(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, grads: float, weights: float,
