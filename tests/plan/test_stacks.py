@@ -163,6 +163,41 @@ def test_deepspeeds_pipeline_engine_reduces_after_its_last_micro_batch():
     assert convoy.exposed_dp < convoy.dp_comm
 
 
+def test_megatron_cores_distributed_optimizer_reduce_scatters_and_all_gathers_bucket_by_bucket_beside_compute():
+    """--overlap-grad-reduce --overlap-param-gather: a bucket's reduce-scatter starts as its last gradient is ready
+    in the last micro-batch's backward, its all-gather in the next forward; only the last reduction and the first
+    all-gather wait. torch's ZeroRedundancyOptimizer (convoy's zero1) all-reduces, then every rank broadcasts its
+    shard after the step, all exposed."""
+    model, run, layout, hw, batch = CASES[2]
+    layout = replace(layout, dims=ParallelDims(dp_replicate=16, tp=4), microbatches=2)
+    mcore = step_time(model, run, layout, hw, global_batch=batch, stack="megatron-core")
+    convoy = step_time(model, run, layout, hw, global_batch=batch)
+    assert 0 < mcore.exposed_dp < mcore.dp_comm < convoy.dp_comm  # half the bytes of an all-reduce, no broadcasts
+    assert mcore.exposed_dp < convoy.exposed_dp
+    assert mcore.comm_bytes < convoy.comm_bytes
+    # with little compute beside them, more of them waits
+    idle = step_time(model, replace(run, micro_batch=1, seq_len=16), replace(layout, microbatches=1), hw,
+                     global_batch=16, stack="megatron-core")
+    assert idle.exposed_dp / idle.dp_comm > 0.8 > mcore.exposed_dp / mcore.dp_comm
+
+
+def test_megatron_cores_buckets_grow_with_the_data_parallel_degree():
+    """max(40e6, 1e6 x dp) parameters a bucket (megatron/core/distributed/distributed_data_parallel.py): at dp 1024
+    a 7.8B-parameter rank reduces in 8 buckets, not 195, and what waits is one of them."""
+    from convoy.plan.timing import _megatron_core_buckets
+
+    model = from_numbers(15.6e9, layers=32, hidden=6144, heads=48, vocab=256000, ffn=4 * 6144)
+    hw = Hardware(gpu=lookup_gpu("H100-80GB"), gpus_per_node=8, nodes=256, inter_gbps=3200)
+    weights = 15.6e9 / 2 * 2
+    small = _megatron_core_buckets(model, Layout(dims=ParallelDims(dp_replicate=8, tp=2), zero_stage=1), hw,
+                                   grads=weights, weights=weights)
+    large = _megatron_core_buckets(model, Layout(dims=ParallelDims(dp_replicate=1024, tp=2), zero_stage=1), hw,
+                                   grads=weights, weights=weights)
+    for reduce, gather, last, first in (small, large):
+        assert reduce > last > 0 and gather > first > 0
+    assert round(small[0] / small[2]) == 195 and round(large[0] / large[2]) == 8
+
+
 def _stack_gemm_factors():
     spec = importlib.util.spec_from_file_location("stack_gemm_factors", REPO / "benchmarks" / "stack_gemm_factors.py")
     module = importlib.util.module_from_spec(spec)
