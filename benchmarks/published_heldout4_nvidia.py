@@ -56,8 +56,12 @@ Sources read (no number here comes from anything but the page or file named, at 
   (``recompute_num_layers`` is set for B200's FSDP layout only); ``grad_reduce_in_fp32: false``. The TFLOP column
   agrees with the tokens column under the Llama formula with causal (halved) attention: the test checks it.
 
-Taken: every dense row of those tables whose layout can be pinned down and that no other table holds. Left out, and
-why:
+Taken: every dense row of those tables whose layout can be pinned down and that no other table holds. A run here is
+its model, board, GPUs, batch, micro-batch, sequence, layout and precision (the test's key): N4M8 and N4M70 ran the
+GPUs and batch of the first set's NM3 and NM4 (NeMo 24.07: CP 2 and ZeRO-1; TP 4 x PP 4 x CP 2) in other layouts
+(Megatron-FSDP over 8; TP 4 x PP 8 without CP), and N4D15 the 16 GPUs and batch of the third set's N3N15c (TP 4,
+micro-batch 4) and N3R15a (BF16) at TP 2 with micro-batch 2 in FP8: taken, since the layout is what the planner
+chooses (the third set kept one row per batch and GPU count instead). Left out, and why:
 - NeMo 25.02's LLAMA3-405B row on 128 B200s (TP 4 x PP 8 x CP 2 x VP 8: 64 pipeline chunks for 126 layers, which
   the recipe splits unevenly; the third set left Megatron-Bridge's 405B rows out for the same reason), its MoE rows
   (Mixtral) and its DGX-H100 table (only the first row, GPT3-175B on 512 GPUs, is readable in the stored page: the
@@ -171,9 +175,10 @@ def _published(key: str, source: str, model: ModelSpec, *, gpu: str, hardware: s
     if "step_s" in p:
         step = p["step_s"]
         dtype = "fp8" if fp8 else "bf16"
+        flops = MODEL_FLOPS[DGXC_FLOPS_OF[key]]
         derivation = (f"printed: training step time {step} s (the table's {p['tokens_per_s']:,.0f} tokens/s = "
-                      f"{batch:,} x {seq} / {step}; its MFU {p['mfu_pct']} % = {batch:,} x "
-                      f"{MODEL_FLOPS[DGXC_FLOPS_OF[key]]:.6g} FLOPs / {step} s / {gpus} / {_PEAK_TFLOPS[dtype]} TFLOP/s)")
+                      f"{batch:,} x {seq} / {step}; its MFU {p['mfu_pct']} % = {batch:,} x {flops:.6g} FLOPs / "
+                      f"{step} s / {gpus} / {_PEAK_TFLOPS[dtype]} TFLOP/s)")
     else:
         step = batch * seq / (p["tokens_per_gpu"] * gpus)
         derivation = (f"{batch:,} x {seq} tokens / ({p['tokens_per_gpu']:,.0f} tokens/s/GPU x {gpus}) "
@@ -202,8 +207,8 @@ def _nemo(key: str, row: str, script: str, model: ModelSpec, *, gpus: int, batch
 
 
 _SW_DGXC = ("NeMo 25.04.00 container, NeMo 2.0 scripts/performance recipe at b4148d2169 (Megatron-Core, Transformer "
-            "Engine), {dtype}; sequence parallel, TP communication overlap (userbuffers), distributed optimizer{extra}, "
-            "no recompute, no CUDA graphs; dgxc-benchmarking 25.05")
+            "Engine), {dtype}; sequence parallel, TP communication overlap (userbuffers), distributed "
+            "optimizer{extra}, no recompute, no CUDA graphs; dgxc-benchmarking 25.05")
 
 
 def _dgxc(key: str, size: str, dtype: str, gpus: int) -> Published:
