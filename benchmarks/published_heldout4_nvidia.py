@@ -23,14 +23,15 @@ Sources read (no number here comes from anything but the page or file named, at 
   formulas (nemo/utils/flops_formulas.py gpt3, llama3, nemotron, with the vocabularies of
   nemo/collections/common/parts/perf_metrics_utils.py LLM_VOCAB_SIZE_MAP: gpt3 51,200, llama3 128,256, nemotron
   256,000; full, not causal-halved, attention), which agree within 0.1 %. The page does not name the recipe's
-  commit: NVIDIA/NeMo at d3f25b1210 (2025-03-08, "updated model configs", the first version of
-  scripts/performance/recommended_model_configs/model_configs_b200.csv after the 25.02 container) is taken. Its csv
-  rows agree with the page's layouts (GPT-3 175B's 512-GPU row, labelled h100 there, with TP 4, PP 4, VP 6; its
-  dp_size column for Nemotron-4 15B, 32, is a leftover the page's GA of 2 contradicts: 256 / (2 x 64 GPUs)), set
-  CUDA graphs for Llama 3 8B, 70B and the Nemotrons, and no recompute; scripts/performance/llm/pretrain_*.py at the
-  same commit train FP8 with ``bf16_with_fp8_mixed`` (Transformer Engine, delayed scaling) and the recipes
-  (nemo/collections/llm/recipes/{gpt3_175b,llama3_8b,llama3_70b,nemotron4_15b,nemotron4_340b}.py) set sequence
-  parallelism and TP communication overlap (userbuffers) where TP > 1, the distributed optimizer, no recompute.
+  commit: NVIDIA/NeMo at d3f25b1210 (2025-03-08, "updated model configs"; its
+  scripts/performance/recommended_model_configs/model_configs_b200.csv gives these rows the layouts of the version of
+  2025-02-26, a0ea8f16a2, and adds the CUDA-graph column) is taken. Its csv rows agree with the page's layouts
+  (GPT-3 175B's 512-GPU row, labelled h100 there, with TP 4, PP 4, VP 6; its dp_size column for Nemotron-4 15B, 32,
+  is a leftover the page's GA of 2 contradicts: 256 / (2 x 64 GPUs)), set CUDA graphs for Llama 3 8B, 70B and the
+  Nemotrons, and no recompute; scripts/performance/llm/pretrain_*.py at the same commit train FP8 with
+  ``bf16_with_fp8_mixed`` (Transformer Engine, delayed scaling) and set B200 userbuffers configs for TP > 1, and the
+  recipes (nemo/collections/llm/recipes/{gpt3_175b,llama3_8b,llama3_70b,nemotron4_15b,nemotron4_340b}.py) set
+  sequence parallelism and TP communication overlap where TP > 1, the distributed optimizer, no recompute.
   Shapes: nemo/collections/llm/gpt/model/base.py GPTConfig175B (96 x 12288, 96 heads, FFN 4h, learned positions;
   the script's tokenizer is megatron-gpt2-345m, the GPT-2 BPE) and nemotron.py Nemotron4Config15B/340B (32 x 6144,
   48 heads, 8 groups; 96 x 18432, 96 heads, 8 groups; squared-ReLU FFN 4h), Llama 3 as Meta's.
@@ -49,12 +50,16 @@ Sources read (no number here comes from anything but the page or file named, at 
 - NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md at 3b9c7c701 (2025-10-10, "update 25.09 performance
   summary"), "25.09 NeMo Container", DGX-H100 table, keys N4M*: LLAMA3_8B (8 GPUs, GBS 128, MBS 1, FSDP 1, TP 1, PP
   1, CP 1, GA 16) and LLAMA3_70B (64 GPUs, GBS 128, MBS 1, FSDP 0, TP 4, PP 8, CP 1, VP 5, GA 64), Tokens / sec /
-  GPU and Model TFLOP / sec / GPU; the table's precision is FP8 with current scaling (the 25.11 table, 97ad8cc6f,
-  labels the same rows FP8-CS). The recipe is the same commit's scripts/performance/configs/llama3/
-  llama3_{8b,70b}_llm_pretrain.yaml, perf_matrix h100, fp8_cs: 8B with ``use_megatron_fsdp: true`` (Megatron-FSDP
-  over the 8 GPUs), CP 1, no CUDA graphs, no recompute; 70B with TP 4, PP 8, CP 1, VP 5, no FSDP, no recompute
-  (``recompute_num_layers`` is set for B200's FSDP layout only); ``grad_reduce_in_fp32: false``. The TFLOP column
-  agrees with the tokens column under the Llama formula with causal (halved) attention: the test checks it.
+  GPU and Model TFLOP / sec / GPU. The 25.09 table names no precision: FP8 with current scaling is taken (its note
+  speaks of quantization granularities; 725 and 727 model TFLOP/s/GPU are 73 % of H100's dense BF16 peak; the 25.11
+  table, 97ad8cc6f, labels the same layouts FP8-CS; NOT_STATED says so). The recipe is the same commit's
+  scripts/performance/configs/llama3/llama3_{8b,70b}_llm_pretrain.yaml, perf_matrix h100, fp8_cs: 8B with
+  ``use_megatron_fsdp: true`` (Megatron-FSDP over the 8 GPUs), CP 1, no CUDA graphs, no recompute; 70B with TP 4,
+  PP 8, CP 1, VP 5, no FSDP, no recompute (``recompute_num_layers`` is set for B200's FSDP layout only);
+  ``grad_reduce_in_fp32: false``; the recipes (src/megatron/bridge/recipes/llama/llama3_{8b,70b}.py) set the
+  distributed optimizer with overlapped grad reduce and param gather, and run_script.py the H100 TP-overlap config
+  (userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192) for 70B. The TFLOP column agrees with the tokens column under the
+  Llama formula with causal (halved) attention: the test checks it.
 
 Taken: every dense row of those tables whose layout can be pinned down and that no other table holds. A run here is
 its model, board, GPUs, batch, micro-batch, sequence, layout and precision (the test's key): N4M8 and N4M70 ran the
@@ -65,19 +70,22 @@ chooses (the third set kept one row per batch and GPU count instead). Left out, 
 - NeMo 25.02's LLAMA3-405B row on 128 B200s (TP 4 x PP 8 x CP 2 x VP 8: 64 pipeline chunks for 126 layers, which
   the recipe splits unevenly; the third set left Megatron-Bridge's 405B rows out for the same reason), its MoE rows
   (Mixtral) and its DGX-H100 table (only the first row, GPT3-175B on 512 GPUs, is readable in the stored page: the
-  first held-out set's NM2 layout). NeMo 24.09, 24.12, 25.04 and 25.07: the stored pages show the 25.04 and 25.07
-  DGX-GB200 tables only (their DGX-B200 and DGX-H100 tables follow and are cut off); no B200 row of theirs could be
-  read, and GB200 rows are taken only beside a B200 row of the same table. NVIDIA/NeMo's
-  docs/source/performance/performance_summary.md holds 24.07 only (the first and second sets' source).
+  first held-out set's NM2 layout). NeMo 24.09, 24.12, 25.04 and 25.07: no stored page of 24.09 or 24.12 was
+  found; the stored 25.04 and 25.07 pages show their DGX-GB200 tables only (the DGX-B200 and DGX-H100 tables follow
+  and are cut off); no B200 row of theirs could be read, and GB200 rows are taken only beside a B200 row of the same
+  table. NVIDIA/NeMo's docs/source/performance/performance_summary.md holds 24.07 only (the first and second sets'
+  source); its performance_long_sequence.md gained a DGX-B200 Llama 3 8B table (a2c4cc8ee6, 2025-05-08, NeMo
+  25.04.rc2) whose rows state TFLOP/s only, no micro-batch, recompute or FLOP formula, and layouts that do not fill
+  their GPUs (8K: 8 GPUs with TP 1, PP 1, CP 1 and DP 2).
 - Megatron-Bridge's DGX-B200 LLAMA3_8B rows (25.09: 29994 tokens/s/GPU FP8-CS, 25.11: 30624): the same run (8
   GPUs, GBS 128, MBS 2, TP 1, CUDA graphs) as NeMo 25.02's B200 row N4B8, re-timed on newer containers; one row per
   run is kept, the older. Their FP8-MX figures (in parentheses): MXFP8 (32-element block scaling) is no planner
   float8 recipe. Its LLAMA3.1_405B rows on B200 (TP 4 x PP 8 x VP 8) and H100 (TP 8 x PP 8 x VP 8): the uneven
-  split above. 25.11's DGX-H100 rows: the 25.09 runs re-timed (the 8B table cell says FSDP 1 where its commit's
-  config, 97ad8cc6f, sets no FSDP and ``recompute_num_layers: 5``: not pinned down). 26.02 on: the DGX-H100
-  LLAMA3_70B GBS-256 run is the third set's N3B70 (re-timed in 26.02.01-26.04.01); 26.06's LLAMA3_70B rows on 8
-  and 32 H100s are its SFT and LoRA tables; Nemotron_3 and Nemotron-H rows are MoE or hybrid Mamba; the B200 rows of
-  26.02-26.08 are MoE.
+  split above. 25.11's DGX-H100 rows: the 25.09 layouts re-timed (and its 8B row not pinned down, as the third set
+  found: the table says FSDP 1 or 8 where the config of 97ad8cc6f sets no FSDP and ``recompute_num_layers: 5``).
+  26.02 on: the DGX-H100 LLAMA3_70B GBS-256 run is the third set's N3B70 (re-timed in 26.02.01-26.04.01); 26.06's
+  LLAMA3_70B rows on 8 and 32 H100s are its SFT and LoRA tables; Nemotron_3 and Nemotron-H rows are MoE or hybrid
+  Mamba; the B200 rows of 26.02-26.08 are MoE or hybrid.
 - dgxc-benchmarking v25.05's Nemotron4 15b BF16 H100 row (16 GPUs, TP 2, MBS 2, GBS 64): the run of the third set's
   N3R15a (25.04.01) re-timed; v25.04 (741c886) prints 25.04.01's step times with other MFU notes; v25.05.01 on add
   Llama 3.1 405B on 512 H100s (TP 8 x PP 8 x CP 2 x VP 8: the uneven split); from v25.07 (856bfc4) on the READMEs
@@ -207,14 +215,14 @@ def _nemo(key: str, row: str, script: str, model: ModelSpec, *, gpus: int, batch
 
 
 _SW_DGXC = ("NeMo 25.04.00 container, NeMo 2.0 scripts/performance recipe at b4148d2169 (Megatron-Core, Transformer "
-            "Engine), {dtype}; sequence parallel, TP communication overlap (userbuffers), distributed "
-            "optimizer{extra}, no recompute, no CUDA graphs; dgxc-benchmarking 25.05")
+            "Engine), {dtype}; sequence parallel, TP communication overlap (the recipe's tp_comm_overlap), "
+            "distributed optimizer{extra}, no recompute, no CUDA graphs; dgxc-benchmarking 25.05")
 
 
 def _dgxc(key: str, size: str, dtype: str, gpus: int) -> Published:
     if size == "340b":
         model, tp, pp, virtual, micro, batch = NEMOTRON_340B, 8, 8, 12, 1, gpus // 4
-        extra = ", deferred embedding wgrad (the recipe's MegatronCommOverlapCallback)"
+        extra = ", deferred embedding wgrad"
     else:
         model, tp, pp, virtual, micro, batch = NEMOTRON4_15B, 2, 1, 1, 2, 4 * gpus
         extra = ""
@@ -231,7 +239,7 @@ def _dgxc(key: str, size: str, dtype: str, gpus: int) -> Published:
 
 ROWS: tuple[Published, ...] = (
     _nemo("N4B175", "GPT3-175B", "gpt3_175b", _NEMO_GPT3, gpus=512, batch=2048, micro=2, seq=2048, tp=4, pp=4, cp=1,
-          virtual=6, formula="gpt", params=175e9, extra=" (GPTConfig175B: attention and hidden dropout 0)"),
+          virtual=6, formula="gpt", params=175e9, extra=", no dropout (GPTConfig175B)"),
     _nemo("N4B8", "LLAMA3-8B", "llama3_8b", LLAMA3_8B, gpus=8, batch=128, micro=2, seq=8192, tp=1, pp=1, cp=1,
           virtual=1, formula="llama", params=8e9, extra=", CUDA graphs"),
     _nemo("N4B70", "LLAMA3-70B", "llama3_70b", LLAMA3_70B, gpus=64, batch=128, micro=1, seq=8192, tp=2, pp=4, cp=2,
@@ -247,7 +255,7 @@ ROWS: tuple[Published, ...] = (
     _published("N4M8", _BRIDGE.format(row="LLAMA3_8B", size="8b"), LLAMA3_8B, gpu="H100-80GB", hardware=_DGX_H100,
                gpus=8, dims=ParallelDims(dp_shard=8), zero=3, seq=8192, micro=1, batch=128, virtual=1, fp8=True,
                software="NeMo 25.09 container, Megatron-Bridge performance recipe (Megatron-Core, Transformer "
-                        "Engine): FP8 with per-tensor current scaling (FP8-CS), Megatron-FSDP over the 8 GPUs "
+                        "Engine): FP8 (taken as FP8-CS, per-tensor current scaling), Megatron-FSDP over the 8 GPUs "
                         "(use_megatron_fsdp, keep_fp8_transpose_cache_when_using_custom_fsdp, NCCL user buffers), "
                         "bf16 gradient reduction, no CUDA graphs, no recompute",
                formula="llama-causal", params=8e9, params_where="the table's name LLAMA3_8B"),
@@ -255,9 +263,9 @@ ROWS: tuple[Published, ...] = (
                hardware=_DGX_H100, gpus=64, dims=ParallelDims(dp_replicate=2, tp=4, pp=8), zero=1, seq=8192, micro=1,
                batch=128, virtual=5, fp8=True,
                software="NeMo 25.09 container, Megatron-Bridge performance recipe (Megatron-Core, Transformer "
-                        "Engine): FP8 with per-tensor current scaling (FP8-CS), TP communication overlap, sequence "
-                        "parallel, distributed optimizer with overlapped grad reduce and param gather, bf16 gradient "
-                        "reduction, no CUDA graphs, no recompute",
+                        "Engine): FP8 (taken as FP8-CS, per-tensor current scaling), TP communication overlap, "
+                        "sequence parallel, distributed optimizer with overlapped grad reduce and param gather, "
+                        "bf16 gradient reduction, no CUDA graphs, no recompute",
                formula="llama-causal", params=70e9, params_where="the table's name LLAMA3_70B"),
 )
 
@@ -274,8 +282,12 @@ _B200_NET = ("the network (the page says DGX-B200 only: a DGX B200's 8 x 400 Gbi
 NOT_STATED: dict[str, str] = {}
 for _row in ROWS:
     _parts = [] if _row.zero_stage == 3 else [_NEMO_OPT]
-    if _row.fp8 != "none":
-        _parts.append(_FP8_RECIPE.format(scaling="current" if _row.key.startswith("N4M") else "delayed"))
+    if _row.key.startswith("N4M"):
+        _parts.append("the precision (the 25.09 table names none: FP8 with Transformer Engine's per-tensor current "
+                      "scaling taken, the 25.11 table's FP8-CS for the same layouts and the recipe's fp8_cs entry; "
+                      "the planner's per-tensor 'tensorwise' taken)")
+    elif _row.fp8 != "none":
+        _parts.append(_FP8_RECIPE.format(scaling="delayed"))
     if _row.gpu == "B200":
         _parts.append(_B200_NET)
         _parts.append("the NeMo commit inside the 25.02 container (the page names none: NVIDIA/NeMo d3f25b1210, "
