@@ -469,7 +469,8 @@ def speedups() -> str:
 
 #: the held-out tables: read only under ``--held-out`` (the development loop and ``--check`` never import them)
 HELD_OUT_MODULES = ("published_heldout", "published_heldout_megatron", "published_heldout2",
-                    "published_heldout3_nvidia", "published_heldout3_open")
+                    "published_heldout3_nvidia", "published_heldout3_open", "published_heldout4_nvidia",
+                    "published_heldout4_other")
 
 
 def held_out_modules() -> list[Any]:
@@ -491,7 +492,8 @@ def held_out_modules() -> list[Any]:
 #: which held-out set each module belongs to: the first was collected before issue 38's model changes and its
 #: baseline printed while they were under way; the second after, and planned only once they were all merged
 HELD_OUT_SET = {"published_heldout": "first", "published_heldout_megatron": "first", "published_heldout2": "second",
-                "published_heldout3_nvidia": "third", "published_heldout3_open": "third"}
+                "published_heldout3_nvidia": "third", "published_heldout3_open": "third",
+                "published_heldout4_nvidia": "fourth", "published_heldout4_other": "fourth"}
 
 
 def held_out_sets() -> dict[str, str]:
