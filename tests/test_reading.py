@@ -51,6 +51,28 @@ def test_nesting_at_the_bound_is_read_one_past_it_refused():
             parse(wrap(MAX_DEPTH + 1), "f", ACCELERATE)
 
 
+def test_a_file_nested_past_the_bound_says_so_in_the_same_words_whatever_the_recursion_limit():
+    """1,000 nested lists hit json's recursion limit at Python's default, and parse when other code (torch.compile)
+    raised the limit: the two refusals once had other words, and the suite's check of them broke by test order."""
+    import sys
+
+    texts = {parse_json: "[" * 1000 + "]" * 1000, parse_yaml: "[" * 1000 + "]" * 1000,
+             parse_toml: "a = " + "[" * 1000 + "]" * 1000}
+    seen: dict[object, set[str]] = {parse: set() for parse in texts}
+    before = sys.getrecursionlimit()
+    try:
+        for limit in (1_000, 100_000):
+            sys.setrecursionlimit(limit)
+            for parse, text in texts.items():
+                with pytest.raises(ConfigError) as err:
+                    parse(text, "f", ACCELERATE)
+                assert f"too deeply (more than {MAX_DEPTH} deep) to be an Accelerate config file" in str(err.value)
+                seen[parse].add(str(err.value))
+    finally:
+        sys.setrecursionlimit(before)
+    assert all(len(lines) == 1 for lines in seen.values()), [sorted(v) for v in seen.values()]
+
+
 def test_yaml_anchors_are_read_aliases_refused():
     assert parse_yaml("a: &x 1\nb: 2\n", "f", ACCELERATE) == {"a": 1, "b": 2}
     with pytest.raises(ConfigError, match=r"line 2: alias 'x' refused \(an Accelerate config file has no aliases"):

@@ -186,7 +186,7 @@ def read_text(path: str | os.PathLike[str], kind: FileKind) -> str:
     return decode(read_bytes(path, kind), path, kind)
 
 
-def depth_problem(data: Any, kind: FileKind, *, most: int = MAX_DEPTH) -> str | None:
+def depth_problem(data: Any, kind: FileKind, *, most: int = MAX_DEPTH, what: str = "lists or mappings") -> str | None:
     """Why ``data`` (parsed) nests too deeply for ``kind``, or None; walked without recursion."""
     stack = [(data, 1)]
     while stack:
@@ -198,13 +198,19 @@ def depth_problem(data: Any, kind: FileKind, *, most: int = MAX_DEPTH) -> str | 
         else:
             continue
         if depth > most:
-            return f"nests lists or mappings more than {most} deep, deeper than any {kind.name}"
+            return _too_deep(kind, most, what)
         stack.extend((child, depth + 1) for child in children)
     return None
 
 
-def _checked_depth(data: Any, path: str | os.PathLike[str], kind: FileKind) -> Any:
-    problem = depth_problem(data, kind)
+def _too_deep(kind: FileKind, most: int = MAX_DEPTH, what: str = "lists or mappings") -> str:
+    """The one wording of a file nested past ``most``, whichever reader noticed (the parser's recursion limit, which
+    other code may have raised, or the walk after it)."""
+    return f"nests {what} too deeply (more than {most} deep) to be {_a(kind.name)}"
+
+
+def _checked_depth(data: Any, path: str | os.PathLike[str], kind: FileKind, what: str = "lists or mappings") -> Any:
+    problem = depth_problem(data, kind, what=what)
     if problem is not None:
         raise kind.error(f"{kind.name} {shown_path(path)} {problem}")
     return data
@@ -223,8 +229,7 @@ def parse_json(text: str, path: str | os.PathLike[str], kind: FileKind) -> Any:
     except json.JSONDecodeError as err:
         raise kind.error(f"{where} is not valid JSON (line {err.lineno} column {err.colno}: {err.msg})") from None
     except RecursionError:
-        raise kind.error(f"{where} nests lists or mappings too deeply (more than {MAX_DEPTH} deep) to be "
-                         f"{_a(kind.name)}") from None
+        raise kind.error(f"{where} {_too_deep(kind)}") from None
     except ValueError as err:  # an integer past 4300 digits; NaN/Infinity (_no_constant)
         raise kind.error(f"{where} is not valid JSON ({str(err).split(';')[0]})") from None
     return _checked_depth(data, path, kind)
@@ -248,15 +253,14 @@ def parse_toml(text: str, path: str | os.PathLike[str], kind: FileKind) -> dict[
     try:
         data = tomllib.loads(text)
     except RecursionError:
-        raise kind.error(f"{kind.name} {shown_path(path)} nests arrays or tables too deeply (more than {MAX_DEPTH} "
-                         f"deep) to be {_a(kind.name)}") from None
+        raise kind.error(f"{kind.name} {shown_path(path)} {_too_deep(kind, what='arrays or tables')}") from None
     except ValueError as err:  # TOMLDecodeError is one; int() of a literal past 4300 digits is another
         message = str(err) if isinstance(err, tomllib.TOMLDecodeError) else str(err).split(";")[0]
         found = re.search(r"\(at line (\d+), column (\d+)\)", message)
         reason = message[: found.start()].strip() if found else message
         at = f"line {found.group(1)}, column {found.group(2)}: " if found else ""
         raise kind.error(f"{kind.name} {shown_path(path)}, {at}not valid TOML: {_cut(reason)}") from None
-    return _checked_depth(data, path, kind)
+    return _checked_depth(data, path, kind, "arrays or tables")
 
 
 def parse_yaml(text: str, path: str | os.PathLike[str], kind: FileKind) -> Any:
@@ -274,8 +278,7 @@ def parse_yaml(text: str, path: str | os.PathLike[str], kind: FileKind) -> Any:
 
         def fetch_flow_collection_start(self, token_class: Any) -> None:  # the scanner, before the parser sees it
             if self.flow_level >= MAX_DEPTH:  # each open '[' slows the scanner's every later token: stop early
-                raise Refused(f"line {self.line + 1}: nests lists or mappings more than {MAX_DEPTH} deep, deeper "
-                              f"than any {kind.name}")
+                raise Refused(f"line {self.line + 1}: {_too_deep(kind)}")
             super().fetch_flow_collection_start(token_class)
 
         def compose_node(self, parent: Any, index: Any) -> Any:
@@ -287,8 +290,7 @@ def parse_yaml(text: str, path: str | os.PathLike[str], kind: FileKind) -> Any:
             try:
                 if self.depth > MAX_DEPTH:
                     mark = self.peek_event().start_mark
-                    raise Refused(f"line {mark.line + 1}: nests lists or mappings more than {MAX_DEPTH} deep, deeper "
-                                  f"than any {kind.name}")
+                    raise Refused(f"line {mark.line + 1}: {_too_deep(kind)}")
                 return super().compose_node(parent, index)
             finally:
                 self.depth -= 1
@@ -300,7 +302,7 @@ def parse_yaml(text: str, path: str | os.PathLike[str], kind: FileKind) -> Any:
     except Refused as err:
         raise kind.error(f"{where}, {err}") from None
     except RecursionError:
-        raise kind.error(f"{where} nests too deeply to be {_a(kind.name)}") from None
+        raise kind.error(f"{where} {_too_deep(kind)}") from None
     except yaml.YAMLError as err:
         raise kind.error(f"{where} is not valid YAML ({_cut(' '.join(str(err).split()))})") from None
     except ValueError as err:  # e.g. an integer past 4300 digits
