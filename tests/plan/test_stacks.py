@@ -182,20 +182,22 @@ def test_megatron_cores_distributed_optimizer_reduce_scatters_and_all_gathers_bu
 
 
 def test_megatron_cores_buckets_grow_with_the_data_parallel_degree():
-    """max(40e6, 1e6 x dp) parameters a bucket (megatron/core/distributed/distributed_data_parallel.py): at dp 1024
-    a 7.8B-parameter rank reduces in 8 buckets, not 195, and what waits is one of them."""
-    from convoy.plan.timing import _megatron_core_buckets
+    """max(40e6, 1e6 x dp x cp) parameters a bucket (megatron/core/distributed/distributed_data_parallel.py): at dp
+    1024 a 7.8B-parameter rank reduces in 8 buckets, not 195; beside a long enough backward and forward, what waits
+    is one bucket's reduce-scatter and one bucket's all-gather."""
+    from convoy.plan.timing import _megatron_core
 
-    model = from_numbers(15.6e9, layers=32, hidden=6144, heads=48, vocab=256000, ffn=4 * 6144)
     hw = Hardware(gpu=lookup_gpu("H100-80GB"), gpus_per_node=8, nodes=256, inter_gbps=3200)
-    weights = 15.6e9 / 2 * 2
-    small = _megatron_core_buckets(model, Layout(dims=ParallelDims(dp_replicate=8, tp=2), zero_stage=1), hw,
-                                   grads=weights, weights=weights)
-    large = _megatron_core_buckets(model, Layout(dims=ParallelDims(dp_replicate=1024, tp=2), zero_stage=1), hw,
-                                   grads=weights, weights=weights)
-    for reduce, gather, last, first in (small, large):
-        assert reduce > last > 0 and gather > first > 0
-    assert round(small[0] / small[2]) == 195 and round(large[0] / large[2]) == 8
+    run = RunSpec(seq_len=4096, micro_batch=2, precision="bf16")
+    params = 15.6e9 / 2
+    counts = []
+    for dp in (8, 1024):
+        layout = Layout(dims=ParallelDims(dp_replicate=dp, tp=2), zero_stage=1, microbatches=4)
+        total, exposed, sent = _megatron_core(run, layout, hw, params=params, grads=2 * params, weights=2 * params,
+                                              busy=1e6)
+        assert sent == pytest.approx((dp - 1) / dp * 4 * params)
+        counts.append(round(total / exposed))
+    assert counts == [195, 8]
 
 
 def _stack_gemm_factors():

@@ -403,9 +403,10 @@ def _json_variable(env: Mapping[str, str], variable: str, what: str, *, mapping:
         return _UNSET
     try:
         value = json.loads(raw)
+        parsed = True
     except ValueError:
-        value = _UNSET
-    if value is _UNSET or (mapping and not isinstance(value, Mapping)):
+        parsed = False
+    if not parsed or (mapping and not isinstance(value, Mapping)):
         raise ConfigError(f"environment {variable}: {shown(raw)} is not {what}")
     return value
 

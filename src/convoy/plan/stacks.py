@@ -38,7 +38,9 @@ ATTENTIONS = ("flash", "fused-softmax", "eager")
 #: ``"megatron"`` (Megatron-LM's own DDP of 2021: one all-reduce of the gradient buffer after the whole backward),
 #: ``"deepspeed"`` (ZeRO-1: gradients reduced after the pipeline engine's last micro-batch, updated shards
 #: all-gathered; without a pipeline, reduced along the backward as DDP's are, as its ``overlap_comm`` runs them; ZeRO-3
-#: of 2021: one collective per parameter tensor), ``"fsdp1"`` (FSDP1 with ``limit_all_gathers``)
+#: of 2021: one collective per parameter tensor), ``"fsdp1"`` (FSDP1 with ``limit_all_gathers``), ``"megatron-core"``
+#: (its DDP and distributed optimizer: bucket by bucket reduce-scatters beside the last micro-batch's backward and
+#: all-gathers beside the next forward)
 DP_SCHEDULES = ("torch", "megatron", "deepspeed", "fsdp1", "megatron-core")
 #: what a stack prints as a GPU's memory: ``"planned"`` (the plan's own total: allocated, the CUDA context and the
 #: fragmentation allowance), ``"reserved"`` (``torch.cuda.max_memory_reserved``), ``"allocated"``
@@ -162,7 +164,7 @@ _MCORE_TP_OVERLAP = ("Megatron-Core --tp-comm-overlap (Transformer Engine userbu
                      "(one chunk per tp rank, 1 SM), the reduce-scatters as its pipeline (4 chunks, 16 SMs)")
 _MCORE_DP = ("Megatron-Core's DDP and distributed optimizer with --overlap-grad-reduce --overlap-param-gather (the "
              "flags of Megatron-LM's published runs; NeMo 2's DistributedDataParallelConfig default): "
-             "megatron/core/distributed/distributed_data_parallel.py (buckets of max(40e6, 1e6 x dp) parameters, "
+             "megatron/core/distributed/distributed_data_parallel.py (buckets of max(40e6, 1e6 x dp x cp) parameters, "
              "each reduce-scattered when its last gradient of the last micro-batch is ready; the next forward's "
              "pre-hooks dispatch each bucket's parameter all-gather) and param_and_grad_buffer.py")
 _MCORE_FP8 = ("Transformer Engine's float8 (megatron/core/transformer/custom_layers/transformer_engine.py: "

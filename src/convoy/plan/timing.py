@@ -60,7 +60,7 @@ CPU_ADAM_PARAMS_PER_S = 1.0e9
 COLLECTIVE_LATENCY_S = {"nvlink": 10e-6, "pcie": 15e-6, "inter": 25e-6, "cpu": 100e-6}
 #: DDP's bucket size (``bucket_cap_mb`` = 25 MiB): one all-reduce per bucket
 DDP_BUCKET_BYTES = 25 * 2**20
-#: Megatron-Core's gradient buckets, in parameters: ``max(40e6, 1e6 x dp)`` (megatron/core/distributed/
+#: Megatron-Core's gradient buckets, in parameters: ``max(40e6, 1e6 x dp x cp)`` (megatron/core/distributed/
 #: distributed_data_parallel.py: larger at large dp "so that chunks used in NCCL ring-reduce implementations are
 #: large enough to remain bandwidth-bound rather than latency-bound")
 MCORE_BUCKET_PARAMS, MCORE_BUCKET_PARAMS_PER_RANK = 40e6, 1e6
@@ -412,18 +412,14 @@ def _data_parallel_collectives(model: ModelSpec, run: RunSpec, layout: Layout, h
     own size: DDP one all-reduce per 25 MiB bucket; ZeRO-1 then the updated shards (torch: one broadcast per rank;
     DeepSpeed: one all-gather); FSDP2 per micro-batch one all-gather per unit (ZeRO-3: again for the backward) and
     one reduce-scatter, DeepSpeed's ZeRO-3 the same per parameter tensor; HSDP, hierarchically, an all-reduce of
-    each unit's gradient shard across the replicas (one rank per replica group on each node)."""
+    each unit's gradient shard across the replicas (one rank per replica group on each node). Megatron-Core's
+    buckets are priced apart (``_megatron_core``)."""
     dims = layout.dims
     if not run.training or not (dims.dp_enabled or dims.cp_enabled):
         return 0.0, 0.0, 0.0
     m = layout.microbatches
     per_node = max(1, min(dims.dp, hw.gpus_per_node // dims.tp))
     dp_comm = comm = after_step = 0.0
-    if schedule == "megatron-core" and layout.zero_stage <= 1:
-        reduce, gather, _, _ = _megatron_core_buckets(model, layout, hw, grads=grads, weights=weights)
-        n = dims.dp * dims.cp
-        comm = ((n - 1) / n * (grads + weights)) if layout.zero_stage == 1 else 2 * (n - 1) / n * grads
-        return reduce + gather, comm, 0.0
     if layout.zero_stage <= 1:  # DDP: one all-reduce per bucket, along the last backward
         group = _group(hw, per_node, dims.dp)
         buckets = max(1, math.ceil(grads / DDP_BUCKET_BYTES))
@@ -561,16 +557,13 @@ def _data_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware,
     # rank layout pp (outer) x dp x tp (inner), so a dp group has gpus_per_node/tp ranks per node
     psi = _stage_params(model, layout.dims.pp) / layout.dims.tp
     grads, weights = psi * run.recipe.grad_bytes, psi * run.recipe.weight_bytes
+    if schedule == "megatron-core" and layout.zero_stage <= 1:
+        return _megatron_core(run, layout, hw, params=psi, grads=grads, weights=weights, busy=busy)
     dp_comm, sent, after_step = _data_parallel_collectives(model, run, layout, hw, grads=grads, weights=weights,
                                                            schedule=schedule)
     if schedule == "fsdp1" and layout.zero_stage >= 2 and model.has_shape and layout.shard_degree > 1:
         exposed = _fsdp1_exposed(model, run, layout, hw, grads=grads, weights=weights, busy=busy) + after_step
         return dp_comm + after_step, exposed, sent
-    if schedule == "megatron-core" and layout.zero_stage <= 1:
-        reduce, gather, last, first = _megatron_core_buckets(model, layout, hw, grads=grads, weights=weights)
-        micro = busy / layout.microbatches  # the last micro-batch's backward, the next step's first forward
-        exposed = max(last, reduce - micro * 2 / 3) + max(first, gather - micro / 3)
-        return dp_comm, exposed, sent
     # overlap: DDP hides its all-reduce behind the last micro-batch's backward (2/3 of its compute); FSDP2 prefetches
     # along the whole forward and backward; ZeRO-1's broadcast after the step is never hidden. Megatron's DDP of 2021
     # all-reduces after the whole backward, and DeepSpeed's pipeline engine reduces after its last micro-batch: nothing
@@ -582,30 +575,35 @@ def _data_parallel(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware,
     return dp_comm + after_step, exposed, sent
 
 
-def _megatron_core_buckets(model: ModelSpec, layout: Layout, hw: Hardware, *, grads: float, weights: float
-                           ) -> tuple[float, float, float, float]:
-    """(seconds of all gradient buckets' reductions, of all parameter buckets' all-gathers, of one bucket's
-    reduction, of one bucket's all-gather) per step under Megatron-Core's DDP with ``--overlap-grad-reduce`` and,
-    for ZeRO-1, its distributed optimizer with ``--overlap-param-gather`` (megatron/core/distributed/
-    distributed_data_parallel.py and param_and_grad_buffer.py): gradients accumulate in buckets of
-    ``max(40e6, 1e6 x dp)`` parameters (``MCORE_BUCKET_PARAMS``), each reduce-scattered (all-reduced without the
-    distributed optimizer) over the data-parallel and context-parallel ranks as soon as its last gradient of the
-    last micro-batch is ready; the optimizer updates its shard, and each bucket's parameters are all-gathered in
-    the next forward, dispatched by the forward pre-hook of the bucket before it. So all but the last reduction
-    run beside the last micro-batch's backward and all but the first all-gather beside the first forward."""
+def _megatron_core(run: RunSpec, layout: Layout, hw: Hardware, *, params: float, grads: float, weights: float,
+                   busy: float) -> tuple[float, float, float]:
+    """(seconds of data-parallel collectives, the part of them nothing hides, bytes each GPU sends) per step beside
+    ``busy`` seconds of passes, under Megatron-Core's DDP with ``--overlap-grad-reduce`` and, for ZeRO-1, its
+    distributed optimizer with ``--overlap-param-gather`` (megatron/core/distributed/distributed_data_parallel.py
+    and param_and_grad_buffer.py). Gradients accumulate in buckets of ``max(40e6, 1e6 x n)`` parameters
+    (``MCORE_BUCKET_PARAMS``; n the data- x context-parallel ranks they are reduced over), each reduce-scattered
+    (all-reduced without the distributed optimizer) as soon as its last gradient of the last micro-batch is ready;
+    the optimizer updates its shard, and each bucket's parameters are all-gathered in the next forward, dispatched
+    by the forward pre-hook of the bucket before it. With B buckets ready evenly along that backward (forward), all
+    but the last reduction (the first all-gather) run beside it; what exceeds it waits."""
     dims = layout.dims
     n = dims.dp * dims.cp
-    if n <= 1:
-        return 0.0, 0.0, 0.0, 0.0
+    if not run.training or n <= 1:
+        return 0.0, 0.0, 0.0
     group = _group(hw, max(1, min(n, hw.gpus_per_node // dims.tp)), n)
-    params = _stage_params(model, dims.pp) / dims.tp
-    buckets = max(1, math.ceil(params / max(MCORE_BUCKET_PARAMS, MCORE_BUCKET_PARAMS_PER_RANK * dims.dp)))
+    buckets = max(1, math.ceil(params / max(MCORE_BUCKET_PARAMS, MCORE_BUCKET_PARAMS_PER_RANK * n)))
     if layout.zero_stage == 1:
         last = _collective("reduce_scatter", grads / buckets, group, hw)
         first = _collective("all_gather", weights / buckets, group, hw)
+        sent = (n - 1) / n * (grads + weights)
     else:
         last, first = _collective("all_reduce", grads / buckets, group, hw), 0.0
-    return buckets * last, buckets * first, last, first
+        sent = 2 * (n - 1) / n * grads
+    micro = busy / layout.microbatches  # the last micro-batch's backward (2/3), the next step's first forward (1/3)
+    beside = (buckets - 1) / buckets
+    exposed = (max(last, buckets * last - micro * 2 / 3 * beside)
+               + (max(first, buckets * first - micro / 3 * beside) if first else 0.0))
+    return buckets * (last + first), exposed, sent
 
 
 def _fsdp1_exposed(model: ModelSpec, run: RunSpec, layout: Layout, hw: Hardware, *, grads: float, weights: float,

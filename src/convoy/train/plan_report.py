@@ -500,7 +500,7 @@ class PlanWatch:
                                  stages_per_rank=layout.pp_stages_per_rank) if dims.pp_enabled else 0.0
         step = cpu_step(ops, rates, bubble=bubble, recompute=recompute)
         logger.debug("plan report: %s at %s: %s", ops, rates, step)
-        return step.seconds, "cpu-ops", rates.describe()
+        return step.seconds, "cpu-ops", rates.describe(recompute)
 
 
 def _compiled(model: Any) -> bool:

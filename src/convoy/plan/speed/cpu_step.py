@@ -130,10 +130,11 @@ class CpuRates:
         measured = {"full": self.checkpoint_op_seconds, "selective": self.selective_op_seconds}.get(recompute, 0.0)
         return measured or self.op_seconds
 
-    def describe(self) -> str:
-        """One sentence: where a CPU plan's step time comes from."""
-        return (f"PyTorch's cost per operator measured on this CPU ({self.op_seconds * 1e6:.0f} us, "
-                f"{self.threads} thread{'s' if self.threads > 1 else ''}) x the operators one step runs")
+    def describe(self, recompute: str = "none") -> str:
+        """One sentence: where a CPU plan's step time comes from (for a step recomputing as ``recompute`` says)."""
+        mode = f", {recompute} recompute" if self.op_seconds_for(recompute) != self.op_seconds else ""
+        return (f"PyTorch's cost per operator measured on this CPU ({self.op_seconds_for(recompute) * 1e6:.0f} us"
+                f"{mode}, {self.threads} thread{'s' if self.threads > 1 else ''}) x the operators one step runs")
 
 
 def rates_key(threads: int, processes: int = 1) -> str:
@@ -165,7 +166,8 @@ class CpuStep:
 def cpu_step(ops: StepOps, rates: CpuRates, *, bubble: float = 0.0, recompute: str = "none") -> CpuStep:
     """One step of ``ops`` at ``rates``::
 
-        seconds = ((ops + fsdp_units x FSDP_UNIT_OPS + tp_modules x TP_MODULE_OPS) x op_seconds_for(recompute)
+        seconds = (ops x op_seconds_for(recompute) + (fsdp_units x FSDP_UNIT_OPS + tp_modules x TP_MODULE_OPS)
+                   x op_seconds
                    + dtensor_ops x dtensor_op_seconds + dtensor_foreach x dtensor_foreach_seconds
                    + gemm_flops / gemm_flops_per_s + bytes_moved / memory_bytes_per_s
                    + (collectives - transfers) x collective_seconds + transfers x transfer_seconds
@@ -173,9 +175,10 @@ def cpu_step(ops: StepOps, rates: CpuRates, *, bubble: float = 0.0, recompute: s
 
     ``bubble``: the pipeline's idle fraction of the busy time (``convoy.plan.schedules.pipeline_bubble``; 0 without
     pp): a stage's own operators are counted, its waiting for the other stages is not. ``recompute``: how the step
-    recomputes its layers, which costs every operator more (``CpuRates.op_seconds_for``)."""
-    per_op = rates.op_seconds_for(recompute)
-    dispatch = ((ops.ops + ops.fsdp_units * FSDP_UNIT_OPS + ops.tp_modules * TP_MODULE_OPS) * per_op
+    recomputes its layers, which costs every plain operator more (``CpuRates.op_seconds_for``); FSDP2's and the
+    parallel styles' hooks run once per unit and module whether or not it recomputes."""
+    dispatch = (ops.ops * rates.op_seconds_for(recompute)
+                + (ops.fsdp_units * FSDP_UNIT_OPS + ops.tp_modules * TP_MODULE_OPS) * rates.op_seconds
                 + ops.dtensor_ops * rates.dtensor_op_seconds + ops.dtensor_foreach * rates.dtensor_foreach_seconds)
     gemm = ops.gemm_flops / rates.gemm_flops_per_s
     memory = ops.bytes_moved / rates.memory_bytes_per_s

@@ -16,7 +16,8 @@ autograd engine's too) and runs it unchanged; an operator on DTensors is counted
 forward-backward over DTensor parameters, a matmul and a copy. ``cpu_rates`` keeps them in the calibration cache and
 reads them back only while a quick timing of the reference step (a few milliseconds) agrees with the cached cost per
 operator within ``STALE_FACTOR``: rates measured while the machine was busy (two intra-op threads beside other work
-can cost 50x per operator), or on a machine since changed, are measured again and replace the entry.
+can cost 50x per operator), or on a machine since changed, are measured again and replace the entry (for a job
+without DTensors: a DeviceMesh's measurement runs collectives, so there the shared cache decides for every rank).
 ``round_trip_seconds`` is not cached: it depends on the job's processes and on what else the machine runs. The
 measurements leave the job's random generator as they found it. torch is imported inside functions only.
 """
@@ -263,7 +264,8 @@ def measure_cpu_rates(*, mesh: Any = None, reps: int = 15) -> CpuRates:
 def _dtensor_seconds(mesh: Any, op: float, reps: int) -> tuple[float, float]:
     """(seconds per operator on DTensors, per DTensor of a ``_foreach_*`` operator) on ``mesh``: ``add_`` and
     AdamW steps over 8 sharded parameters of different shapes, per parameter then ``foreach``, with their plain
-    operators (the step counters) taken out at ``op`` each. Local work only: no collective runs."""
+    operators (the step counters) taken out at ``op`` each; with the forward-backward's, which runs collectives
+    on ``mesh``."""
     import torch
     from torch.distributed.tensor import DTensor, Shard
 
@@ -292,7 +294,10 @@ def _dtensor_seconds(mesh: Any, op: float, reps: int) -> tuple[float, float]:
 def _dtensor_forward_backward_seconds(mesh: Any, op: float, reps: int) -> float:
     """Seconds per operator on DTensors in a forward and backward (layer norm, two sharded linears, SiLU, a view,
     a sum), where most of a tensor-parallel step's DTensor operators are: their sharding propagation costs about
-    twice an optimizer's pointwise operator. Local work only (no operator here needs a collective)."""
+    twice an optimizer's pointwise operator. Not local: ``distribute_tensor`` scatters and broadcasts, and the
+    backward all-reduces the sharded linears' input gradient (the counter does not see that collective, and the
+    measured cost holds its wait, as a tensor-parallel step's does), so every rank of ``mesh`` must measure at the
+    same point (``cpu_rates``)."""
     import torch
     import torch.nn.functional as F
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -356,7 +361,8 @@ def round_trip_seconds(reps: int = 31) -> tuple[float, float, float]:
 def cpu_rates(*, mesh: Any = None, processes: int = 1, save: bool = True) -> CpuRates:
     """This CPU's rates at this process's thread count with ``processes`` processes of the job on the machine
     (each of which measures at the same point): the calibration cache's while a quick timing agrees with it
-    (``STALE_FACTOR``), else measured now (and cached when ``save``). Rates cached without a DTensor cost are
+    (``STALE_FACTOR``; not checked when ``mesh`` is given: then the measurement runs collectives on it, and the
+    ranks must decide alike), else measured now (and cached when ``save``). Rates cached without a DTensor cost are
     measured again when ``mesh`` is given, and older entries without the recomputing steps' costs always."""
     import torch
 
@@ -366,9 +372,13 @@ def cpu_rates(*, mesh: Any = None, processes: int = 1, save: bool = True) -> Cpu
     key = rates_key(torch.get_num_threads(), processes)
     record = load_calibration(device_name=name, device_uuid=uuid, torch_version=version)
     cached = CpuRates.from_dict(record.cpu_ops.get(key, {})) if record is not None else None
-    if cached is not None and cached.selective_op_seconds > 0 and (mesh is None or cached.dtensor_op_seconds > 0) \
-            and _current(cached):
-        return cached
+    if cached is not None and cached.selective_op_seconds > 0:
+        if mesh is None and _current(cached):
+            return cached
+        # with a mesh the measurement runs collectives: every rank must decide alike, so the cache (one file, the
+        # same for all of them) decides, not each rank's own quick timing
+        if mesh is not None and cached.dtensor_op_seconds > 0:
+            return cached
     rates = measure_cpu_rates(mesh=mesh)
     if save:
         try:
