@@ -10,7 +10,13 @@ import math
 import pytest
 
 from convoy.plan.stacks import STACKS
-from tests.plan.benchmark_tables import load
+from tests.plan.benchmark_tables import (
+    check_layout_fills_the_gpus,
+    check_parameter_count,
+    check_rows_are_new,
+    gpus,
+    load,
+)
 
 development = load("published_results")
 first = load("published_heldout")
@@ -21,14 +27,6 @@ BY_KEY = {row.key: row for row in ROWS}
 
 STACK_NAMES = set(STACKS)
 
-
-def _gpus(row) -> int:
-    return row.gpus_per_node * row.nodes
-
-
-def _run(row) -> tuple:
-    """What makes a run: model, board, GPUs, batch, micro-batch, sequence, and how it computed."""
-    return (row.model.name, row.gpu, _gpus(row), row.global_batch, row.micro_batch, row.seq, row.how)
 
 
 def _nemo_flops_per_token(row) -> float:
@@ -45,33 +43,20 @@ def test_the_rows_are_new_and_name_their_stack_and_software():
     assert 15 <= len(ROWS) <= 25
     assert len(BY_KEY) == len(ROWS)
     others = (*development._ROWS, *first.ROWS, *megatron.ROWS)
-    assert not set(BY_KEY) & {row.key for row in others}
-    seen = {_run(row) for row in others}
+    check_rows_are_new(ROWS, others)
     for row in ROWS:
-        assert _run(row) not in seen, row.key
         assert row.stack in STACK_NAMES and row.stack != "convoy" and row.software, row.key
         assert heldout.PRINTED[row.key] and row.key in heldout.SOURCE_PARAMS
-    assert len({_run(row) for row in ROWS}) == len(ROWS)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.key)
 def test_the_layout_fills_the_gpus_the_source_ran_on(row):
-    d = row.dims
-    assert d.world_size == _gpus(row)
-    assert row.global_batch % (row.micro_batch * d.dp) == 0
-    assert row.model.heads % d.tp == 0 and row.seq % d.cp == 0 and row.model.num_layers >= d.pp
-    if d.pp > 1:  # a pipeline needs at least as many micro-batches as stages
-        assert row.global_batch // (row.micro_batch * d.dp) >= d.pp
-    if row.pp_stages_per_rank > 1:  # Megatron's interleaved schedule: equal chunks, whole rounds of micro-batches
-        assert row.model.num_layers % (d.pp * row.pp_stages_per_rank) == 0
-        assert (row.global_batch // (row.micro_batch * d.dp)) % d.pp == 0
+    check_layout_fills_the_gpus(row)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.key)
 def test_the_model_has_the_parameter_count_its_source_gives(row):
-    params, _where = heldout.SOURCE_PARAMS[row.key]
-    tolerance = heldout.ROUNDED_NAMES.get(row.key, 0.03)
-    assert abs(row.model.num_params / params - 1) <= tolerance, row.model.num_params
+    check_parameter_count(row, heldout)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.key)
@@ -80,9 +65,9 @@ def test_the_step_time_follows_from_the_printed_throughput(row):
     tokens = row.global_batch * row.seq
     if "tokens_per_s" in p:  # llm-foundry prints the total and the per-GPU figure
         assert row.step_seconds * p["tokens_per_s"] == pytest.approx(tokens, rel=1e-9)
-        assert p["tokens_per_s"] / _gpus(row) == pytest.approx(p["tokens_per_gpu"], abs=1)
+        assert p["tokens_per_s"] / gpus(row) == pytest.approx(p["tokens_per_gpu"], abs=1)
     else:
-        assert row.step_seconds * p["tokens_per_gpu"] * _gpus(row) == pytest.approx(tokens, rel=1e-9)
+        assert row.step_seconds * p["tokens_per_gpu"] * gpus(row) == pytest.approx(tokens, rel=1e-9)
     assert row.memory_gib == p.get("memory_gib")
 
 
@@ -101,7 +86,7 @@ def test_foundry_rows_mfu_column_agrees(key):
     m = row.model
     peak = 989e12 if row.gpu.startswith("H100") else 312e12
     per_token = 6 * p["params"] + 12 * m.num_layers * m.hidden * row.seq
-    assert 100 * p["tokens_per_s"] * per_token / (_gpus(row) * peak) == pytest.approx(p["mfu_pct"], abs=0.05)
+    assert 100 * p["tokens_per_s"] * per_token / (gpus(row) * peak) == pytest.approx(p["mfu_pct"], abs=0.05)
     assert m.num_params == p["params"]
 
 

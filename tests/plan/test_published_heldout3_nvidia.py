@@ -11,7 +11,13 @@ import math
 import pytest
 
 from convoy.plan.stacks import STACKS
-from tests.plan.benchmark_tables import load
+from tests.plan.benchmark_tables import (
+    check_layout_fills_the_gpus,
+    check_parameter_count,
+    check_rows_are_new,
+    gpus,
+    load,
+)
 
 development = load("published_results")
 first = load("published_heldout")
@@ -21,14 +27,6 @@ heldout = load("published_heldout3_nvidia")
 ROWS = heldout.ROWS
 BY_KEY = {row.key: row for row in ROWS}
 
-
-def _gpus(row) -> int:
-    return row.gpus_per_node * row.nodes
-
-
-def _run(row) -> tuple:
-    """What makes a run: model, board, GPUs, batch, micro-batch, sequence, and how it computed."""
-    return (row.model.name, row.gpu, _gpus(row), row.global_batch, row.micro_batch, row.seq, row.how)
 
 
 def _flops_per_sample(row) -> float:
@@ -50,33 +48,20 @@ def test_the_rows_are_new_and_name_their_stack_and_software():
     assert 10 <= len(ROWS) <= 20
     assert len(BY_KEY) == len(ROWS) and all(key.startswith("N3") for key in BY_KEY)
     others = (*development._ROWS, *first.ROWS, *megatron.ROWS, *second.ROWS)
-    assert not set(BY_KEY) & {row.key for row in others}
-    seen = {_run(row) for row in others}
+    check_rows_are_new(ROWS, others)
     for row in ROWS:
-        assert _run(row) not in seen, row.key
         assert row.stack in STACKS and row.stack != "convoy" and row.software, row.key
         assert heldout.PRINTED[row.key] and row.key in heldout.SOURCE_PARAMS and row.key in heldout.NOT_STATED
-    assert len({_run(row) for row in ROWS}) == len(ROWS)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.key)
 def test_the_layout_fills_the_gpus_the_source_ran_on(row):
-    d = row.dims
-    assert d.world_size == _gpus(row)
-    assert row.global_batch % (row.micro_batch * d.dp) == 0
-    assert row.model.heads % d.tp == 0 and row.seq % d.cp == 0 and row.model.num_layers >= d.pp
-    if d.pp > 1:  # a pipeline needs at least as many micro-batches as stages
-        assert row.global_batch // (row.micro_batch * d.dp) >= d.pp
-    if row.pp_stages_per_rank > 1:  # Megatron's interleaved schedule: equal chunks, whole rounds of micro-batches
-        assert row.model.num_layers % (d.pp * row.pp_stages_per_rank) == 0
-        assert (row.global_batch // (row.micro_batch * d.dp)) % d.pp == 0
+    check_layout_fills_the_gpus(row)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.key)
 def test_the_model_has_the_parameter_count_its_source_gives(row):
-    params, _where = heldout.SOURCE_PARAMS[row.key]
-    tolerance = heldout.ROUNDED_NAMES.get(row.key, 0.03)
-    assert abs(row.model.num_params / params - 1) <= tolerance, row.model.num_params
+    check_parameter_count(row, heldout)
 
 
 _DGXC = [row for row in ROWS if "step_s" in heldout.PRINTED[row.key]]
@@ -91,7 +76,7 @@ def test_the_step_time_is_the_printed_one_and_agrees_with_tokens_and_mfu(row):
     assert row.step_seconds == p["step_s"]
     assert row.global_batch * row.seq / row.step_seconds == pytest.approx(p["tokens_per_s"], rel=2e-4)
     flops, _, _ = heldout.MODEL_FLOPS[heldout.FLOPS_OF[row.key]]
-    peak = (1979e12 if row.fp8 != "none" else 989e12) * _gpus(row)
+    peak = (1979e12 if row.fp8 != "none" else 989e12) * gpus(row)
     assert 100 * row.global_batch * flops / (row.step_seconds * peak) == pytest.approx(p["mfu_pct"], abs=0.05)
 
 
@@ -105,7 +90,7 @@ def test_the_printed_flops_per_sample_follow_from_the_shape_taken(row):
 @pytest.mark.parametrize("row", _BRIDGE, ids=lambda r: r.key)
 def test_megatron_bridge_step_time_follows_from_tokens_and_agrees_with_tflops(row):
     p = heldout.PRINTED[row.key]
-    assert row.step_seconds * p["tokens_per_gpu"] * _gpus(row) == pytest.approx(row.global_batch * row.seq,
+    assert row.step_seconds * p["tokens_per_gpu"] * gpus(row) == pytest.approx(row.global_batch * row.seq,
                                                                                  rel=1e-9)
     per_token = _flops_per_sample(row) / row.seq
     assert p["tokens_per_gpu"] * per_token / 1e12 == pytest.approx(p["tflops"], rel=0.005)

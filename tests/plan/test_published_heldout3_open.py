@@ -11,7 +11,13 @@ import math
 import pytest
 
 from convoy.plan.stacks import STACKS
-from tests.plan.benchmark_tables import load
+from tests.plan.benchmark_tables import (
+    check_layout_fills_the_gpus,
+    check_parameter_count,
+    check_rows_are_new,
+    gpus,
+    load,
+)
 
 development = load("published_results")
 first = load("published_heldout")
@@ -23,41 +29,26 @@ BY_KEY = {row.key: row for row in ROWS}
 NANOTRON = [row for row in ROWS if row.key.startswith("O3N")]
 
 
-def _gpus(row) -> int:
-    return row.gpus_per_node * row.nodes
-
-
-def _run(row) -> tuple:
-    """What makes a run: model, board, GPUs, batch, micro-batch, sequence, and how it computed."""
-    return (row.model.name, row.gpu, _gpus(row), row.global_batch, row.micro_batch, row.seq, row.how)
-
 
 def test_the_rows_are_new_and_name_their_stack_and_software():
     assert 10 <= len(ROWS) <= 20
     assert len(BY_KEY) == len(ROWS) and all(key.startswith("O3") for key in BY_KEY)
     others = (*development._ROWS, *first.ROWS, *megatron.ROWS, *second.ROWS)
-    assert not set(BY_KEY) & {row.key for row in others}
-    seen = {_run(row) for row in others}
+    check_rows_are_new(ROWS, others)
     for row in ROWS:
-        assert _run(row) not in seen, row.key
         assert row.stack in STACKS and row.software and row.source and row.derivation, row.key
         assert heldout.PRINTED[row.key] and row.key in heldout.SOURCE_PARAMS and row.key in heldout.NOT_STATED
-    assert len({_run(row) for row in ROWS}) == len(ROWS)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.key)
 def test_the_layout_fills_the_gpus_the_source_ran_on(row):
-    d = row.dims
-    assert d.world_size == _gpus(row)
-    assert row.global_batch % (row.micro_batch * d.dp) == 0
-    assert row.model.heads % d.tp == 0 and row.seq % d.cp == 0 and row.model.num_layers >= d.pp
+    check_layout_fills_the_gpus(row, pipeline=False)
     assert math.isfinite(row.step_seconds) and row.step_seconds > 0
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.key)
 def test_the_model_has_the_parameter_count_its_source_gives(row):
-    params, _where = heldout.SOURCE_PARAMS[row.key]
-    assert abs(row.model.num_params / params - 1) <= heldout.ROUNDED_NAMES.get(row.key, 0.03), row.model.num_params
+    check_parameter_count(row, heldout)
 
 
 @pytest.mark.parametrize("key", ["O3T1", "O3T2"])
@@ -66,7 +57,7 @@ def test_torchtitan_405b_rows_follow_from_wps_and_agree_with_the_mfu_column(key)
     989 TFLOP/s, and over twice that for the Float8 row."""
     row, p = BY_KEY[key], heldout.PRINTED[key]
     assert row.global_batch == p["local_batch"] * row.dims.dp and row.micro_batch == p["local_batch"]
-    assert row.step_seconds * p["wps"] * _gpus(row) == pytest.approx(row.global_batch * row.seq, rel=1e-9)
+    assert row.step_seconds * p["wps"] * gpus(row) == pytest.approx(row.global_batch * row.seq, rel=1e-9)
     m = row.model
     per_token = 6 * (m.num_params - m.vocab * m.hidden) + 12 * m.num_layers * m.hidden * row.seq
     peak = 989e12 * (2 if row.fp8 != "none" else 1)
@@ -75,7 +66,7 @@ def test_torchtitan_405b_rows_follow_from_wps_and_agree_with_the_mfu_column(key)
 
 def test_tinyllama_row_follows_from_the_readme_and_its_gpu_hours_agree():
     row, p = BY_KEY["O3L1"], heldout.PRINTED["O3L1"]
-    assert row.step_seconds * p["tokens_per_gpu"] * _gpus(row) == pytest.approx(row.global_batch * row.seq, rel=1e-9)
+    assert row.step_seconds * p["tokens_per_gpu"] * gpus(row) == pytest.approx(row.global_batch * row.seq, rel=1e-9)
     assert row.micro_batch * row.seq == p["per_gpu_batch_tokens"]
     assert row.global_batch * row.seq == 2048 * 1024  # "2 million tokens (2048 * 1024)"
     assert 300e9 / (p["gpu_hours_300b"] * 3600) == pytest.approx(p["tokens_per_gpu"], rel=0.01)
@@ -89,8 +80,8 @@ def test_megatron_deepspeed_row_follows_from_its_tflops_line():
     vocab = math.ceil(m.vocab / (128 * tp)) * 128 * tp
     flops = 96 * row.global_batch * row.seq * m.num_layers * m.hidden**2 * (
         1 + row.seq / (6 * m.hidden) + vocab / (16 * m.num_layers * m.hidden))
-    assert row.step_seconds * _gpus(row) * p["tflops"] * 1e12 == pytest.approx(flops, rel=1e-9)
-    assert (_gpus(row), row.gpus_per_node, row.inter_gbps) == (p["gpus"], p["gpus_per_node"], p["inter_gbps"])
+    assert row.step_seconds * gpus(row) * p["tflops"] * 1e12 == pytest.approx(flops, rel=1e-9)
+    assert (gpus(row), row.gpus_per_node, row.inter_gbps) == (p["gpus"], p["gpus_per_node"], p["inter_gbps"])
     assert (row.dims.dp, tp, row.dims.pp, row.micro_batch, row.recompute) == (4, 4, 8, 2, "full")
 
 
@@ -110,10 +101,10 @@ def test_nanotron_rows_are_the_plots_cell_and_follow_from_its_mfu(row):
     nodes = int(row.key.split("x")[1])
     d = row.dims
     assert (d.dp, d.tp, d.pp, row.zero_stage, row.micro_batch) == (p["dp"], p["tp"], p["pp"], p["zero"], p["mbs"])
-    assert _gpus(row) == 8 * nodes and row.nodes == nodes
+    assert gpus(row) == 8 * nodes and row.nodes == nodes
     assert row.global_batch == p["dp"] * p["gas"] * p["mbs"] == 256 and row.seq == 4096
     flops = heldout.nanotron_flops(row.model, row.global_batch, row.seq)
-    assert row.step_seconds * _gpus(row) * p["mfu_pct"] / 100 * 989e12 == pytest.approx(flops, rel=1e-9)
+    assert row.step_seconds * gpus(row) * p["mfu_pct"] / 100 * 989e12 == pytest.approx(flops, rel=1e-9)
     assert row.memory_gib is None  # the plot's memory column is not said to be allocated or reserved
 
 

@@ -11,7 +11,13 @@ import math
 import pytest
 
 from convoy.plan.stacks import STACKS
-from tests.plan.benchmark_tables import load
+from tests.plan.benchmark_tables import (
+    check_layout_fills_the_gpus,
+    check_parameter_count,
+    check_rows_are_new,
+    gpus,
+    load,
+)
 
 development = load("published_results")
 OTHERS = {name: load(name) for name in ("published_heldout", "published_heldout_megatron", "published_heldout2",
@@ -20,15 +26,6 @@ heldout = load("published_heldout4_nvidia")
 ROWS = heldout.ROWS
 BY_KEY = {row.key: row for row in ROWS}
 
-
-def _gpus(row) -> int:
-    return row.gpus_per_node * row.nodes
-
-
-def _run(row) -> tuple:
-    """What makes a run: model, board, GPUs, batch, micro-batch, sequence, layout, and how it computed."""
-    return (row.model.name, row.gpu, _gpus(row), row.global_batch, row.micro_batch, row.seq, row.layout_name,
-            row.how)
 
 
 def _flops_per_token(row) -> float:
@@ -51,27 +48,16 @@ def test_the_rows_are_new_and_name_their_stack_and_software():
     assert 10 <= len(ROWS) <= 20
     assert len(BY_KEY) == len(ROWS) and all(key.startswith("N4") for key in BY_KEY)
     others = [*development._ROWS, *(row for module in OTHERS.values() for row in module.ROWS)]
-    assert not set(BY_KEY) & {row.key for row in others}
-    seen = {_run(row) for row in others}
+    check_rows_are_new(ROWS, others, layout=True)
     for row in ROWS:
-        assert _run(row) not in seen, row.key
         assert row.stack in STACKS and row.stack != "convoy" and row.software, row.key
         assert heldout.PRINTED[row.key] and row.key in heldout.SOURCE_PARAMS and row.key in heldout.NOT_STATED
-    assert len({_run(row) for row in ROWS}) == len(ROWS)
     assert {row.gpu for row in ROWS} == {"B200", "H100-80GB"}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.key)
 def test_the_layout_fills_the_gpus_the_source_ran_on(row):
-    d = row.dims
-    assert d.world_size == _gpus(row)
-    assert row.global_batch % (row.micro_batch * d.dp) == 0
-    assert row.model.heads % d.tp == 0 and row.seq % d.cp == 0 and row.model.num_layers >= d.pp
-    if d.pp > 1:  # a pipeline needs at least as many micro-batches as stages
-        assert row.global_batch // (row.micro_batch * d.dp) >= d.pp
-    if row.pp_stages_per_rank > 1:  # Megatron's interleaved schedule: equal chunks, whole rounds of micro-batches
-        assert row.model.num_layers % (d.pp * row.pp_stages_per_rank) == 0
-        assert (row.global_batch // (row.micro_batch * d.dp)) % d.pp == 0
+    check_layout_fills_the_gpus(row)
 
 
 # the gradient accumulation (GA) column each table prints, which the layout must give
@@ -86,9 +72,7 @@ def test_the_layout_gives_the_gradient_accumulation_the_source_prints(row):
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.key)
 def test_the_model_has_the_parameter_count_its_source_gives(row):
-    params, _where = heldout.SOURCE_PARAMS[row.key]
-    tolerance = heldout.ROUNDED_NAMES.get(row.key, 0.03)
-    assert abs(row.model.num_params / params - 1) <= tolerance, row.model.num_params
+    check_parameter_count(row, heldout)
 
 
 _DGXC = [row for row in ROWS if "step_s" in heldout.PRINTED[row.key]]
@@ -103,7 +87,7 @@ def test_the_step_time_is_the_printed_one_and_agrees_with_tokens_and_mfu(row):
     assert row.step_seconds == p["step_s"]
     assert row.global_batch * row.seq / row.step_seconds == pytest.approx(p["tokens_per_s"], rel=2e-4)
     flops = heldout.MODEL_FLOPS[heldout.DGXC_FLOPS_OF[row.key]]
-    peak = (1979e12 if row.fp8 != "none" else 989e12) * _gpus(row)
+    peak = (1979e12 if row.fp8 != "none" else 989e12) * gpus(row)
     printed_to = 0.5 if float(p["mfu_pct"]).is_integer() else 0.05
     assert 100 * row.global_batch * flops / (row.step_seconds * peak) == pytest.approx(p["mfu_pct"], abs=printed_to)
 
@@ -121,7 +105,7 @@ def test_the_step_time_follows_from_tokens_and_agrees_with_the_tflop_column(row)
     tokens of all GPUs, and the TFLOP column is the tokens column times the source's FLOPs per token of the row's
     shape (a check of the transcription and of the shape)."""
     p = heldout.PRINTED[row.key]
-    assert row.step_seconds * p["tokens_per_gpu"] * _gpus(row) == pytest.approx(row.global_batch * row.seq,
+    assert row.step_seconds * p["tokens_per_gpu"] * gpus(row) == pytest.approx(row.global_batch * row.seq,
                                                                                  rel=1e-9)
     assert p["tokens_per_gpu"] * _flops_per_token(row) / 1e12 == pytest.approx(p["tflops"], rel=0.002)
 

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from convoy.plan.stacks import STACKS
-from tests.plan.benchmark_tables import load
+from tests.plan.benchmark_tables import check_layout_fills_the_gpus, check_parameter_count, gpus, load, run_of
 
 development = load("published_results")
 first = load("published_heldout")
@@ -26,19 +26,11 @@ FMS = [row for row in ROWS if row.key.startswith("O4I")]
 TOGETHER = [row for row in ROWS if row.key.startswith("O4T")]
 
 
-def _gpus(row) -> int:
-    return row.gpus_per_node * row.nodes
-
-
-def _run(row) -> tuple:
-    """What makes a run: model, board, GPUs, batch, micro-batch, sequence, and how it computed."""
-    return (row.model.name, row.gpu, _gpus(row), row.global_batch, row.micro_batch, row.seq, row.how)
-
 
 def _shape(row) -> tuple:
     """The model's shape, whatever its name: a run of another table under another name is still a repeat."""
     m = row.model
-    return (m.num_layers, m.hidden, m.heads, m.kv_heads, m.ffn, m.vocab, row.gpu, _gpus(row), row.global_batch,
+    return (m.num_layers, m.hidden, m.heads, m.kv_heads, m.ffn, m.vocab, row.gpu, gpus(row), row.global_batch,
             row.micro_batch, row.seq, row.how)
 
 
@@ -58,27 +50,21 @@ def test_the_rows_are_new_and_name_their_stack_and_software():
     assert len(BY_KEY) == len(ROWS) and all(key.startswith("O4") for key in BY_KEY)
     others = (*development._ROWS, *first.ROWS, *megatron.ROWS, *second.ROWS, *third_nvidia.ROWS, *third_open.ROWS)
     assert not set(BY_KEY) & {row.key for row in others}
-    seen, seen_shapes = {_run(row) for row in others}, {_shape(row) for row in others}
+    seen, seen_shapes = {run_of(row) for row in others}, {_shape(row) for row in others}
     for row in ROWS:
-        assert _run(row) not in seen and _shape(row) not in seen_shapes, row.key
+        assert run_of(row) not in seen and _shape(row) not in seen_shapes, row.key
         assert row.stack in STACKS and row.stack != "convoy" and row.software, row.key
         assert heldout.PRINTED[row.key] and row.key in heldout.SOURCE_PARAMS
-    assert len({_run(row) for row in ROWS}) == len(ROWS)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.key)
 def test_the_layout_fills_the_gpus_the_source_ran_on(row):
-    d = row.dims
-    assert d.world_size == _gpus(row)
-    assert row.global_batch % (row.micro_batch * d.dp) == 0
-    assert row.model.heads % d.tp == 0 and row.seq % d.cp == 0 and row.model.num_layers >= d.pp
+    check_layout_fills_the_gpus(row, pipeline=False)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.key)
 def test_the_model_has_the_parameter_count_its_source_gives(row):
-    params, _where = heldout.SOURCE_PARAMS[row.key]
-    tolerance = heldout.ROUNDED_NAMES.get(row.key, 0.03)
-    assert abs(row.model.num_params / params - 1) <= tolerance, row.model.num_params
+    check_parameter_count(row, heldout)
 
 
 @pytest.mark.parametrize("row", FMS, ids=lambda r: r.key)
@@ -86,8 +72,8 @@ def test_fms_step_time_follows_from_tokens_and_the_mfu_column_agrees(row):
     """Two per GPU of 4096 tokens over the printed tokens/s/GPU; the MFU table (nanoGPT/PaLM: 6N + 12·l·h·s per
     token over the bf16 peak) within 10 % of the row's shape, which would catch a swapped column or board."""
     p = heldout.PRINTED[row.key]
-    assert row.step_seconds * p["tokens_per_gpu"] * _gpus(row) == pytest.approx(row.global_batch * row.seq, rel=1e-9)
-    assert row.micro_batch == 2 and row.global_batch == 2 * _gpus(row)
+    assert row.step_seconds * p["tokens_per_gpu"] * gpus(row) == pytest.approx(row.global_batch * row.seq, rel=1e-9)
+    assert row.micro_batch == 2 and row.global_batch == 2 * gpus(row)
     m = row.model
     peak = 312e12 if row.gpu.startswith("A100") else 989e12
     mfu = p["tokens_per_gpu"] * (6 * m.num_params + 12 * m.num_layers * m.hidden * row.seq) / peak
@@ -100,7 +86,7 @@ def test_together_step_time_is_printed_and_agrees_with_the_tflops_column(row):
     under the container's formula: a check of the transcription and of the shape and sequence taken."""
     p = heldout.PRINTED[row.key]
     assert row.step_seconds == pytest.approx(p["step_ms"] / 1000 if "step_ms" in p else p["step_s"], rel=1e-12)
-    tflops = row.global_batch * _megatron_flops_per_sample(row) / (row.step_seconds * _gpus(row)) / 1e12
+    tflops = row.global_batch * _megatron_flops_per_sample(row) / (row.step_seconds * gpus(row)) / 1e12
     assert tflops == pytest.approx(p["tflops"], rel=0.005)
 
 
