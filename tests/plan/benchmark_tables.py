@@ -24,6 +24,17 @@ def load(name: str) -> ModuleType:
     return module
 
 
+def earlier_rows(name: str) -> list[Any]:
+    """The development table's rows and those of every held-out table of an earlier set than ``name``'s
+    (``published_results.HELD_OUT_MODULES``, in the order the sets were collected, and ``HELD_OUT_SET``): what a
+    held-out table's rows must not repeat. The tables of one set were collected side by side from other sources, and
+    two publications of one run's inputs may stand in both (the fourth set's N4B8 and O4T2, N4B15 and O4T5)."""
+    development = load("published_results")
+    names, sets = development.HELD_OUT_MODULES, development.HELD_OUT_SET
+    earlier = [other for other in names[:names.index(name)] if sets[other] != sets[name]]
+    return [*development._ROWS, *(row for other in earlier for row in load(other).ROWS)]
+
+
 def gpus(row: Any) -> int:
     """The GPUs a published row ran on."""
     return row.gpus_per_node * row.nodes

@@ -15,14 +15,11 @@ from tests.plan.benchmark_tables import (
     check_layout_fills_the_gpus,
     check_parameter_count,
     check_rows_are_new,
+    earlier_rows,
     gpus,
     load,
 )
 
-development = load("published_results")
-first = load("published_heldout")
-megatron = load("published_heldout_megatron")
-second = load("published_heldout2")
 heldout = load("published_heldout3_nvidia")
 ROWS = heldout.ROWS
 BY_KEY = {row.key: row for row in ROWS}
@@ -47,7 +44,7 @@ def _flops_per_sample(row) -> float:
 def test_the_rows_are_new_and_name_their_stack_and_software():
     assert 10 <= len(ROWS) <= 20
     assert len(BY_KEY) == len(ROWS) and all(key.startswith("N3") for key in BY_KEY)
-    others = (*development._ROWS, *first.ROWS, *megatron.ROWS, *second.ROWS)
+    others = earlier_rows("published_heldout3_nvidia")
     check_rows_are_new(ROWS, others)
     for row in ROWS:
         assert row.stack in STACKS and row.stack != "convoy" and row.software, row.key

@@ -15,13 +15,11 @@ from tests.plan.benchmark_tables import (
     check_layout_fills_the_gpus,
     check_parameter_count,
     check_rows_are_new,
+    earlier_rows,
     gpus,
     load,
 )
 
-development = load("published_results")
-OTHERS = {name: load(name) for name in ("published_heldout", "published_heldout_megatron", "published_heldout2",
-                                        "published_heldout3_nvidia", "published_heldout3_open")}
 heldout = load("published_heldout4_nvidia")
 ROWS = heldout.ROWS
 BY_KEY = {row.key: row for row in ROWS}
@@ -47,7 +45,7 @@ def _flops_per_token(row) -> float:
 def test_the_rows_are_new_and_name_their_stack_and_software():
     assert 10 <= len(ROWS) <= 20
     assert len(BY_KEY) == len(ROWS) and all(key.startswith("N4") for key in BY_KEY)
-    others = [*development._ROWS, *(row for module in OTHERS.values() for row in module.ROWS)]
+    others = earlier_rows("published_heldout4_nvidia")
     check_rows_are_new(ROWS, others, layout=True)
     for row in ROWS:
         assert row.stack in STACKS and row.stack != "convoy" and row.software, row.key

@@ -11,14 +11,15 @@ import math
 import pytest
 
 from convoy.plan.stacks import STACKS
-from tests.plan.benchmark_tables import check_layout_fills_the_gpus, check_parameter_count, gpus, load, run_of
+from tests.plan.benchmark_tables import (
+    check_layout_fills_the_gpus,
+    check_parameter_count,
+    check_rows_are_new,
+    earlier_rows,
+    gpus,
+    load,
+)
 
-development = load("published_results")
-first = load("published_heldout")
-megatron = load("published_heldout_megatron")
-second = load("published_heldout2")
-third_nvidia = load("published_heldout3_nvidia")
-third_open = load("published_heldout3_open")
 heldout = load("published_heldout4_other")
 ROWS = heldout.ROWS
 BY_KEY = {row.key: row for row in ROWS}
@@ -48,11 +49,11 @@ def _megatron_flops_per_sample(row) -> float:
 def test_the_rows_are_new_and_name_their_stack_and_software():
     assert 10 <= len(ROWS) <= 20
     assert len(BY_KEY) == len(ROWS) and all(key.startswith("O4") for key in BY_KEY)
-    others = (*development._ROWS, *first.ROWS, *megatron.ROWS, *second.ROWS, *third_nvidia.ROWS, *third_open.ROWS)
-    assert not set(BY_KEY) & {row.key for row in others}
-    seen, seen_shapes = {run_of(row) for row in others}, {_shape(row) for row in others}
+    others = earlier_rows("published_heldout4_other")
+    check_rows_are_new(ROWS, others)
+    seen_shapes = {_shape(row) for row in others}  # and no run of another table under another model name
     for row in ROWS:
-        assert run_of(row) not in seen and _shape(row) not in seen_shapes, row.key
+        assert _shape(row) not in seen_shapes, row.key
         assert row.stack in STACKS and row.stack != "convoy" and row.software, row.key
         assert heldout.PRINTED[row.key] and row.key in heldout.SOURCE_PARAMS
 
