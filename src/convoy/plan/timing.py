@@ -586,11 +586,10 @@ def _megatron_core(run: RunSpec, layout: Layout, hw: Hardware, *, params: float,
     the optimizer updates its shard, and each bucket's parameters are all-gathered in the next forward, dispatched
     by the forward pre-hook of the bucket before it. With B buckets ready evenly along that backward (forward), all
     but the last reduction (the first all-gather) run beside it; what exceeds it waits."""
-    dims = layout.dims
-    n = dims.dp * dims.cp
+    n = layout.shard_degree  # dp x cp at ZeRO-0/1: the ranks the optimizer shards over, and the gradients' group
     if not run.training or n <= 1:
         return 0.0, 0.0, 0.0
-    group = _group(hw, max(1, min(n, hw.gpus_per_node // dims.tp)), n)
+    group = _shard_group(hw, layout)
     buckets = max(1, math.ceil(params / max(MCORE_BUCKET_PARAMS, MCORE_BUCKET_PARAMS_PER_RANK * n)))
     if layout.zero_stage == 1:
         last = _collective("reduce_scatter", grads / buckets, group, hw)
